@@ -1,0 +1,115 @@
+// Package algo holds the vocabulary of ratelimitd (Limit, Hit, Decision,
+// State) and the pure rate-limiting algorithms: fixed window, sliding window
+// counter, sliding window log, token bucket (GCRA) and concurrency leases.
+//
+// Every function takes the current instant as an argument; nothing in this
+// package reads a clock, starts a goroutine or touches global state. The
+// Redis backend implements the same algorithms in Lua; the conformance suite
+// in package algotest proves both agree step by step.
+//
+// The package imports the standard library only.
+package algo
+
+import "time"
+
+// Kind names an algorithm. The zero value is FixedWindow, the behaviour of
+// envoyproxy/ratelimit.
+type Kind uint8
+
+const (
+	// FixedWindow counts cost per epoch-aligned window of length Period
+	// (window start = floor(now/Period)*Period). Config name "fixed_window".
+	FixedWindow Kind = iota
+	// SlidingWindow is the sliding window counter: the estimate
+	// prev*(1-elapsed/Period) + curr over two epoch-aligned windows.
+	// Config name "sliding_window".
+	SlidingWindow
+	// SlidingLog keeps one timestamp per admitted unit of cost and admits
+	// while fewer than Rate timestamps lie in (now-Period, now]. Exact.
+	// Config name "sliding_log".
+	SlidingLog
+	// TokenBucket is GCRA: Rate tokens per Period, capacity Burst, state is
+	// the theoretical arrival time (TAT). Config name "token_bucket".
+	TokenBucket
+	// Concurrency holds at most Rate leases at once; each lease expires
+	// Period after it was taken unless released earlier. Config name
+	// "concurrency".
+	Concurrency
+)
+
+// Calendar selects calendar-aligned windows for MONTH and YEAR units.
+// The zero value CalendarNone means epoch-aligned windows of fixed Period
+// (30 and 365 days, as envoyproxy/ratelimit does).
+type Calendar uint8
+
+const (
+	CalendarNone Calendar = iota
+	// CalendarMonth: windows are UTC calendar months × Multiplier
+	// (months counted from January 1970).
+	CalendarMonth
+	// CalendarYear: windows are UTC calendar years × Multiplier
+	// (years counted from 1970).
+	CalendarYear
+)
+
+// Limit is one compiled rate limit. Values are validated at config load;
+// algorithms may assume Rate > 0 (or Rate == 0 meaning "deny everything",
+// the envoyproxy/ratelimit meaning of requests_per_unit: 0), Period > 0,
+// Burst >= 0.
+type Limit struct {
+	Kind Kind
+	// Rate is the number of requests (units of cost) admitted per Period;
+	// for Concurrency, the number of leases held at once.
+	Rate int64
+	// Period is the window length (unit × unit_multiplier) or the token
+	// bucket refill period, or the Concurrency lease lifetime. Whole
+	// microseconds (the Redis script's resolution).
+	Period time.Duration
+	// Burst is the token bucket capacity in requests; 0 means Rate.
+	// Ignored by other kinds.
+	Burst int64
+	// Calendar, when not CalendarNone, replaces Period-based window
+	// alignment by calendar months or years; Multiplier counts them.
+	Calendar   Calendar
+	Multiplier int64
+}
+
+// Hit is one limit to apply within a request: the backend key (already
+// injective over domain, rule, limit and descriptor entries; see
+// policy.Keys), the limit, and the cost.
+type Hit struct {
+	// Key identifies the counter state. Backends may append a window
+	// suffix; they never parse it.
+	Key   string
+	Limit Limit
+	// Cost is the number of units to take (hits_addend). 0 means check
+	// only: consume nothing, deny only when nothing at all remains.
+	// Never negative.
+	Cost int64
+	// Release, for Concurrency limits only, returns Cost leases (the
+	// oldest first) instead of taking them. A release is always allowed.
+	Release bool
+}
+
+// Decision is the outcome of one Hit.
+type Decision struct {
+	// Allowed reports whether the hit may pass.
+	Allowed bool
+	// Remaining is the number of whole units admissible right after this
+	// decision (>= 0, rounded down). When a request is denied as a whole,
+	// backends report the value before the request for the hits that did
+	// not deny (nothing was consumed).
+	Remaining int64
+	// RetryAfter is 0 when Allowed; otherwise the wait until the same cost
+	// can pass (exact, before rounding).
+	RetryAfter time.Duration
+	// ResetAfter is the time until the state is full again (the counter
+	// resets, the bucket refills, the log empties). It is the minimum TTL
+	// of the backend key and the source of duration_until_reset.
+	ResetAfter time.Duration
+	// WindowAfter is the draft-ietf-httpapi-ratelimit-headers "t": seconds
+	// within which the client can use no more than Remaining; for windows
+	// it equals ResetAfter, for a token bucket that is not full it is the
+	// time until the next token.
+	WindowAfter time.Duration
+}

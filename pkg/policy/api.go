@@ -1,0 +1,162 @@
+package policy
+
+// This file fixes the API that pkg/service and cmd/ratelimitd build on.
+// Signatures here are a contract between packages: extend, do not break.
+
+import (
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// Unit is a rate_limit unit as envoyproxy/ratelimit spells it
+// (case-insensitive in YAML). The zero value UnitUnknown is invalid.
+type Unit uint8
+
+const (
+	UnitUnknown Unit = iota
+	Second
+	Minute
+	Hour
+	Day
+	Week
+	Month // 30 days epoch-aligned, or a calendar month with calendar: true
+	Year  // 365 days epoch-aligned, or a calendar year with calendar: true
+)
+
+// FailureMode is what a limit does when the backend cannot decide
+// (contract: failure_mode). The zero value FailOpen allows.
+type FailureMode uint8
+
+const (
+	FailOpen   FailureMode = iota // allow, counted as failed_open
+	FailClosed                    // deny (temporary-reduced-capacity), counted as failed_closed
+	FailLocal                     // decide with the in-process limiter
+)
+
+// Spec is one limit on a descriptor node: a `rate_limit:` object or one item
+// of `rate_limits:`.
+type Spec struct {
+	// Name is rate_limit.name ("" when absent); echoed as current_limit.name
+	// and the target of `replaces`.
+	Name string
+	// Policy is the name clients see in RateLimit/RateLimit-Policy headers:
+	// Name when set, else a stable name derived from the config path (keys,
+	// configured values, wildcard patterns; never request values), plus a
+	// suffix for the 2nd.. item of rate_limits.
+	Policy          string
+	Unit            Unit
+	RequestsPerUnit uint32
+	UnitMultiplier  uint32 // >= 1
+	Algorithm       algo.Kind
+	Burst           int64 // token bucket capacity; 0 = RequestsPerUnit
+	Calendar        bool
+	FailureMode     FailureMode
+	// Limit is the compiled algorithm input.
+	Limit algo.Limit
+	// Window is the quota window for RateLimit-Policy w= (unit × multiplier;
+	// the calendar unit's nominal length when Calendar).
+	Window time.Duration
+}
+
+// Rule is a descriptor node that answers a request descriptor: it carries
+// `rate_limit`, `rate_limits` or `unlimited: true`. Rules are immutable.
+type Rule struct {
+	Domain string
+	// Path is the node's stat key as envoyproxy/ratelimit builds it:
+	// "domain.k1_v1.k2" (value omitted where the config node has none;
+	// wildcard nodes show their pattern). Bounded by the config.
+	Path string
+	// Name is the first limit's rate_limit.name (for `replaces` matching,
+	// the names of all Specs count).
+	Limits         []Spec // empty iff Unlimited
+	Unlimited      bool
+	Replaces       []string
+	ShadowMode     bool
+	QuotaMode      bool
+	DetailedMetric bool
+	// Metadata is the node's `metadata:` map (JSON-compatible values), nil
+	// when absent.
+	Metadata map[string]any
+	// File and Line locate the node in the config.
+	File string
+	Line int
+}
+
+// Entry is one request descriptor entry (Envoy RateLimitDescriptor.Entry).
+type Entry struct {
+	Key   string
+	Value string
+}
+
+// Match is a request descriptor resolved against a Set.
+type Match struct {
+	Rule *Rule
+	// MetricKey is the stat key for this match (Rule.Path, or with
+	// detailed_metric / value_to_metric the request-value form). It may
+	// carry request values: only use it as a label under a cardinality cap.
+	MetricKey string
+	// id holds the counter identity values (request values, or the
+	// wildcard pattern on share_threshold levels); used by Key.
+	id []Entry
+}
+
+// KeyOptions shape backend keys.
+type KeyOptions struct {
+	// Prefix is prepended to every backend key (CACHE_KEY_PREFIX).
+	Prefix string
+	// ClearText keeps descriptor values readable in keys instead of
+	// hashing them. Development only: credentials then sit in the store.
+	ClearText bool
+}
+
+// LoadOptions control Load.
+type LoadOptions struct {
+	// MergeDomains lets several files contribute descriptors to one domain
+	// (envoyproxy/ratelimit MERGE_DOMAIN_CONFIG).
+	MergeDomains bool
+	// IgnoreDotFiles skips files and directories whose name starts with a
+	// dot (Kubernetes ConfigMap ..data and timestamped directories).
+	IgnoreDotFiles bool
+	Keys           KeyOptions
+}
+
+// Warning is a lint finding that does not reject a load.
+type Warning struct {
+	File    string
+	Line    int
+	Message string
+}
+
+func (w Warning) String() string { return formatPos(w.File, w.Line) + ": warning: " + w.Message }
+
+// Load reads YAML files (a path may be a file or a directory, walked
+// recursively, .yaml/.yml files only) and compiles them into a Set. Every
+// problem is reported at once: the returned error joins errors that each
+// start with "file:line: ". A non-nil error means no Set.
+// func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error)
+
+// Set methods the service relies on (implemented in set.go):
+//   (*Set).HasDomain(domain string) bool
+//   (*Set).Match(domain string, entries []Entry) (Match, bool)
+//     ok=false: no rule applies (unknown domain, no node, depth mismatch).
+//   (*Set).Override(domain string, entries []Entry, requestsPerUnit uint32, unit Unit) Match
+//     a Match for a request-supplied RateLimitOverride (fixed window).
+//   (*Set).Key(m Match, i int) string
+//     backend key for m.Rule.Limits[i]; injective over (domain, rule path,
+//     limit index and algorithm, identity entries); values hashed unless
+//     KeyOptions.ClearText.
+//   (*Set).Hash() string      hex digest of the loaded config (metrics)
+//   (*Set).Domains() []string
+//   (*Set).Rules() []*Rule    every rule, in config order (for /rlconfig)
+//   (*Set).WriteExplain(w io.Writer) error   human dump for /rlconfig and validate --explain
+
+// Watch loads paths, then reloads whenever a file or directory under them
+// changes (fsnotify on directories; Kubernetes ..data symlink swaps and
+// write-then-rename editors included). It calls apply with each good Set
+// and fail with each load error (the previous Set stays in force). The
+// first load's result is delivered before Watch blocks. Watch returns when
+// ctx is done.
+// func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Set, []Warning), fail func(error)) error
+
+

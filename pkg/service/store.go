@@ -1,0 +1,37 @@
+package service
+
+import (
+	"context"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// Store decides the hits of one request. Implementations: the memory
+// backend (pkg/backend/memory) and the Redis backend (pkg/backend/redis).
+// The service never imports a concrete backend; cmd/ratelimitd wires one in.
+type Store interface {
+	// Take decides all hits of one request atomically and all-or-nothing:
+	// when any hit with Cost > 0 is denied, no hit of the request consumes
+	// anything (Decision.Remaining then reports the value before the
+	// request). len(result) == len(hits), same order. Hits with the same
+	// Key are applied in order, each seeing the previous one.
+	//
+	// An error means the backend could not decide (unreachable, timeout,
+	// out of memory, read-only, circuit open); the service then applies
+	// each rule's failure mode. Errors should wrap ErrUnavailable-style
+	// causes so that Cause(err) gives a bounded metric label.
+	Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
+}
+
+// Causer is implemented by backend errors that know a bounded cause label
+// for ratelimitd_backend_errors_total{cause} (e.g. "timeout", "refused",
+// "oom", "readonly", "circuit_open", "other").
+type Causer interface {
+	Cause() string
+}
+
+// Healther is optionally implemented by a Store that can report whether its
+// backend is currently reachable (for /healthcheck and gRPC health).
+type Healther interface {
+	Healthy() bool
+}
