@@ -89,6 +89,10 @@ type Entry struct {
 	Value string
 }
 
+// ReleaseKey is the key of the trailing entry that turns a descriptor into a
+// concurrency lease release (see Match.Release).
+const ReleaseKey = "ratelimitd.release"
+
 // Match is a request descriptor resolved against a Set.
 type Match struct {
 	Rule *Rule
@@ -96,6 +100,11 @@ type Match struct {
 	// detailed_metric / value_to_metric the request-value form). It may
 	// carry request values: only use it as a label under a cardinality cap.
 	MetricKey string
+	// Release is true when the request descriptor is a concurrency lease
+	// release: the entries of a node holding a concurrency limit followed
+	// by one trailing entry whose key is ReleaseKey (value ignored), sent
+	// by Envoy through a route rate_limit with apply_on_stream_done: true.
+	Release bool
 	// id holds the counter identity values (request values, or the
 	// wildcard pattern on share_threshold levels); used by Key.
 	id []Entry
