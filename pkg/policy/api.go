@@ -167,5 +167,3 @@ func (w Warning) String() string { return formatPos(w.File, w.Line) + ": warning
 // first load's result is delivered before Watch blocks. Watch returns when
 // ctx is done.
 // func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Set, []Warning), fail func(error)) error
-
-
