@@ -1,0 +1,496 @@
+package algo
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is the stored state of one key. The zero value is the state of a key
+// that was never used (or has expired); every algorithm accepts it. Fields by
+// Kind (all instants are microseconds since the Unix epoch):
+//
+//	FixedWindow    Time = window start, Count = cost admitted in that window
+//	SlidingWindow  Time = current window start, Count = cost admitted in it,
+//	               Prev = cost admitted in the window before it
+//	TokenBucket    Time = TAT (theoretical arrival time), whole µs part;
+//	               Count = TAT fraction numerator in units of 1/Rate µs,
+//	               0 <= Count < Rate (the exact TAT is Time + Count/Rate)
+//	SlidingLog     Log = one timestamp per admitted unit of cost, ascending
+//	Concurrency    Log = one acquisition timestamp per live lease, ascending
+//
+// A State is a value: functions in this package never modify a State (or
+// the backing array of its Log) passed to them; they return a new one.
+type State struct {
+	Time  int64
+	Count int64
+	Prev  int64
+	Log   []int64
+}
+
+// MaxExact is 2^53, the bound below which every integer is exact in an IEEE
+// double (a Lua 5.1 number in the Redis script). Limit.Validate keeps every
+// integer the algorithms store or multiply below it.
+const MaxExact = int64(1) << 53
+
+// MaxSlidingLogRate bounds Rate for SlidingLog limits: the log holds up to
+// Rate timestamps per key (8 bytes each in memory, a sorted-set member in
+// Redis). Higher rates should use SlidingWindow.
+const MaxSlidingLogRate = 10_000
+
+// MaxConcurrencyRate bounds Rate for Concurrency limits (one timestamp per
+// live lease is stored).
+const MaxConcurrencyRate = 100_000
+
+// MaxPeriod bounds Period (and, with a calendar, the window length): 100
+// years, far below 2^53 µs, so that instants plus periods stay exact.
+const MaxPeriod = 100 * 366 * 24 * time.Hour
+
+// ErrInvalidLimit is wrapped by every Limit.Validate error.
+var ErrInvalidLimit = errors.New("algo: invalid limit")
+
+// Validate reports whether l respects the bounds every algorithm (and its
+// Redis port) assumes. The config loader calls it and shows the message.
+// Bounds: Rate >= 0 (0 denies everything); Period a whole number of
+// microseconds in [1 µs, MaxPeriod]; Burst >= 0; Calendar only with
+// FixedWindow or SlidingWindow, and then Multiplier >= 1; SlidingLog Rate
+// <= MaxSlidingLogRate; Concurrency Rate <= MaxConcurrencyRate; TokenBucket
+// capacity × Period(µs) <= 2^53 and capacity × Rate <= 2^53 (see the
+// porting contract).
+func (l Limit) Validate() error {
+	if l.Kind > Concurrency {
+		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidLimit, l.Kind)
+	}
+	if l.Rate < 0 {
+		return fmt.Errorf("%w: requests_per_unit %d is negative", ErrInvalidLimit, l.Rate)
+	}
+	if l.Period < time.Microsecond || l.Period > MaxPeriod {
+		return fmt.Errorf("%w: period %v outside [1µs, %v]", ErrInvalidLimit, l.Period, MaxPeriod)
+	}
+	if l.Period%time.Microsecond != 0 {
+		return fmt.Errorf("%w: period %v is not a whole number of microseconds", ErrInvalidLimit, l.Period)
+	}
+	if l.Burst < 0 {
+		return fmt.Errorf("%w: burst %d is negative", ErrInvalidLimit, l.Burst)
+	}
+	if l.Calendar != CalendarNone {
+		if l.Kind != FixedWindow && l.Kind != SlidingWindow {
+			return fmt.Errorf("%w: calendar windows apply to fixed_window and sliding_window only", ErrInvalidLimit)
+		}
+		if l.Calendar > CalendarYear {
+			return fmt.Errorf("%w: unknown calendar %d", ErrInvalidLimit, l.Calendar)
+		}
+		if l.Multiplier < 1 || l.Multiplier > 1200 {
+			return fmt.Errorf("%w: calendar multiplier %d outside [1, 1200]", ErrInvalidLimit, l.Multiplier)
+		}
+	}
+	switch l.Kind {
+	case SlidingLog:
+		if l.Rate > MaxSlidingLogRate {
+			return fmt.Errorf("%w: sliding_log requests_per_unit %d exceeds %d (one timestamp is stored per request); use sliding_window", ErrInvalidLimit, l.Rate, MaxSlidingLogRate)
+		}
+	case Concurrency:
+		if l.Rate > MaxConcurrencyRate {
+			return fmt.Errorf("%w: concurrency requests_per_unit %d exceeds %d", ErrInvalidLimit, l.Rate, MaxConcurrencyRate)
+		}
+	case TokenBucket:
+		c := capacity(l)
+		p := l.Period.Microseconds()
+		if c > 0 && (c > MaxExact/p || c > MaxExact/max(l.Rate, 1)) {
+			return fmt.Errorf("%w: token_bucket burst %d × period %v exceeds 2^53 µs; use a shorter unit or a smaller burst", ErrInvalidLimit, c, l.Period)
+		}
+	default:
+		if l.Rate >= MaxExact {
+			return fmt.Errorf("%w: requests_per_unit %d exceeds 2^53", ErrInvalidLimit, l.Rate)
+		}
+	}
+	return nil
+}
+
+// capacity is the token bucket capacity: Burst, or Rate when Burst is 0.
+func capacity(l Limit) int64 {
+	if l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Rate
+}
+
+// periodUs is Period in whole microseconds (at least 1).
+func periodUs(l Limit) int64 {
+	p := l.Period.Microseconds()
+	if p < 1 {
+		p = 1
+	}
+	return p
+}
+
+// decision is a Decision in integer microseconds.
+type decision struct {
+	allowed                    bool
+	remaining                  int64
+	retryUs, resetUs, windowUs int64
+}
+
+func (d decision) out() Decision {
+	return Decision{
+		Allowed:     d.allowed,
+		Remaining:   max(d.remaining, 0),
+		RetryAfter:  time.Duration(d.retryUs) * time.Microsecond,
+		ResetAfter:  time.Duration(max(d.resetUs, 0)) * time.Microsecond,
+		WindowAfter: time.Duration(max(d.windowUs, 0)) * time.Microsecond,
+	}
+}
+
+// Take applies cost units of l to prev at now and returns the next state and
+// the decision. cost 0 is a check: it consumes nothing and is denied only
+// when not even one unit remains. A denied hit and a check return prev
+// unchanged. A cost above the capacity (Rate, or Burst for a token bucket)
+// is always denied. Negative costs count as 0.
+func Take(l Limit, prev State, now time.Time, cost int64) (State, Decision) {
+	s, d := decide(l, prev, now.UnixMicro(), cost, false)
+	return s, d.out()
+}
+
+// Release returns n leases of a Concurrency limit, the oldest first (at
+// most the live ones). It is always allowed. For other kinds it is Take
+// with cost 0.
+func Release(l Limit, prev State, now time.Time, n int64) (State, Decision) {
+	s, d := decide(l, prev, now.UnixMicro(), n, true)
+	return s, d.out()
+}
+
+// Apply is Take or Release as h.Release says, on h.Limit and h.Cost.
+func Apply(prev State, h Hit, now time.Time) (State, Decision) {
+	if h.Release {
+		return Release(h.Limit, prev, now, h.Cost)
+	}
+	return Take(h.Limit, prev, now, h.Cost)
+}
+
+// ExpiresAt returns the instant from which s is equivalent to the zero
+// State for l (the counter reset, the bucket is full, the log is empty), so
+// a store may drop the key; the zero time.Time when s is already empty.
+func ExpiresAt(l Limit, s State) time.Time {
+	us := ExpiresAtUs(l, s)
+	if us == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(us)
+}
+
+// ExpiresAtUs is ExpiresAt in microseconds since the epoch; 0 means
+// already empty.
+func ExpiresAtUs(l Limit, s State) int64 {
+	switch l.Kind {
+	case FixedWindow:
+		if s.Count == 0 {
+			return 0
+		}
+		_, end := WindowBoundsUs(l, s.Time)
+		return end
+	case SlidingWindow:
+		_, end := WindowBoundsUs(l, s.Time)
+		if s.Count > 0 {
+			_, end = WindowBoundsUs(l, end)
+			return end
+		}
+		if s.Prev > 0 {
+			return end
+		}
+		return 0
+	case TokenBucket:
+		if s.Time == 0 && s.Count == 0 {
+			return 0
+		}
+		if s.Count > 0 {
+			return s.Time + 1
+		}
+		return s.Time
+	default: // SlidingLog, Concurrency
+		if len(s.Log) == 0 {
+			return 0
+		}
+		return s.Log[len(s.Log)-1] + periodUs(l)
+	}
+}
+
+// decide dispatches on l.Kind; t is now in µs.
+func decide(l Limit, st State, t, cost int64, release bool) (State, decision) {
+	cost = max(cost, 0)
+	if release {
+		if l.Kind == Concurrency {
+			return release1(l, st, t, cost)
+		}
+		cost = 0
+	}
+	if l.Rate <= 0 {
+		w := periodUs(l)
+		if l.Kind == FixedWindow || l.Kind == SlidingWindow {
+			_, end := WindowBoundsUs(l, t)
+			w = end - t
+		}
+		return st, decision{retryUs: w, resetUs: w, windowUs: w}
+	}
+	switch l.Kind {
+	case FixedWindow:
+		return fixedWindow(l, st, t, cost)
+	case SlidingWindow:
+		return slidingWindow(l, st, t, cost)
+	case TokenBucket:
+		return tokenBucket(l, st, t, cost)
+	default: // SlidingLog, Concurrency: one timestamp per unit
+		return timestampLog(l, st, t, cost)
+	}
+}
+
+// fixedWindow: see the porting contract in doc.go.
+func fixedWindow(l Limit, st State, t, cost int64) (State, decision) {
+	ws, we := WindowBoundsUs(l, t)
+	count := int64(0)
+	if st.Time == ws {
+		count = st.Count
+	} else if st.Time > ws { // the clock went back into an earlier window: keep the later one
+		ws = st.Time
+		_, we = WindowBoundsUs(l, ws)
+		count = st.Count
+	}
+	rem := max(l.Rate-count, 0)
+	reset := we - t
+	if max(cost, 1) > rem {
+		return st, decision{remaining: rem, retryUs: reset, resetUs: reset, windowUs: reset}
+	}
+	if cost == 0 {
+		return st, decision{allowed: true, remaining: rem, resetUs: reset, windowUs: reset}
+	}
+	return State{Time: ws, Count: count + cost}, decision{allowed: true, remaining: rem - cost, resetUs: reset, windowUs: reset}
+}
+
+// slidingWindow: see the porting contract in doc.go.
+func slidingWindow(l Limit, st State, t, cost int64) (State, decision) {
+	ws, we := WindowBoundsUs(l, t)
+	var curr, prev int64
+	if st.Time == ws {
+		curr, prev = st.Count, st.Prev
+	} else if st.Time > ws { // clock went back into an earlier window: keep the later one
+		ws = st.Time
+		_, we = WindowBoundsUs(l, ws)
+		curr, prev = st.Count, st.Prev
+	} else if ps, _ := WindowBoundsUs(l, ws-1); st.Time == ps {
+		prev = st.Count
+	}
+	tw := max(t, ws) // weights never exceed 1
+	_, we2 := WindowBoundsUs(l, we)
+	sw := swin{rate: l.Rate, t: t, tw: tw, ws: ws, we: we, we2: we2, prev: prev}
+	rem := sw.remaining(curr)
+	need := max(cost, 1)
+	if need > rem {
+		retry := we - t // never admissible
+		if need <= l.Rate {
+			retry = sw.wait(curr, need)
+		}
+		return st, decision{remaining: rem, retryUs: retry, resetUs: sw.reset(curr), windowUs: sw.window(curr, rem)}
+	}
+	ns := st
+	if cost > 0 {
+		curr += cost
+		rem -= cost
+		ns = State{Time: ws, Count: curr, Prev: prev}
+	}
+	return ns, decision{allowed: true, remaining: rem, resetUs: sw.reset(curr), windowUs: sw.window(curr, rem)}
+}
+
+// swin holds the sliding window counter's inputs at one instant.
+type swin struct {
+	rate, t, tw, ws, we, we2, prev int64
+}
+
+// remaining returns max(0, floor(Rate - est)) with
+// est = float64(float64(prev)*w) + float64(curr), w = (we-tw)/(we-ws).
+func (s swin) remaining(curr int64) int64 {
+	w := float64(s.we-s.tw) / float64(s.we-s.ws)
+	est := float64(float64(s.prev)*w) + float64(curr)
+	r := int64(floor(float64(s.rate) - est))
+	return max(r, 0)
+}
+
+// wait returns the µs from t until est <= Rate-k (k <= Rate), at least 1.
+func (s swin) wait(curr, k int64) int64 {
+	var t2 int64
+	if avail := s.rate - k - curr; avail >= 0 && s.prev > 0 {
+		x := float64(float64(avail)*float64(s.we-s.ws)) / float64(s.prev)
+		t2 = s.we - int64(floor(x))
+	} else if curr > 0 {
+		x := float64(float64(s.rate-k)*float64(s.we2-s.we)) / float64(curr)
+		t2 = s.we2 - int64(floor(x))
+	} else {
+		t2 = s.t + 1
+	}
+	return max(t2-s.t, 1)
+}
+
+// reset returns the µs until the estimate is 0.
+func (s swin) reset(curr int64) int64 {
+	if curr > 0 {
+		return s.we2 - s.t
+	}
+	return s.we - s.t
+}
+
+// window returns the µs until one more unit than rem is available (the
+// draft's effective window), or until the window ends when rem >= Rate.
+func (s swin) window(curr, rem int64) int64 {
+	if rem >= s.rate {
+		return s.we - s.t
+	}
+	return s.wait(curr, rem+1)
+}
+
+// floor is math.Floor without importing math into the porting surface.
+func floor(x float64) float64 {
+	i := float64(int64(x))
+	if i > x {
+		i--
+	}
+	return i
+}
+
+// tokenBucket: GCRA with an exact rational TAT; see the porting contract.
+func tokenBucket(l Limit, st State, t, cost int64) (State, decision) {
+	r := l.Rate
+	b := capacity(l)
+	p := periodUs(l)
+	q, m := p/r, p%r // emission interval T = q + m/r µs
+	tat, frac := st.Time, st.Count
+	if frac < 0 || frac >= r { // state from another rate: round the TAT up
+		tat, frac = tat+1, 0
+	}
+	if tat < t {
+		tat, frac = t, 0
+	}
+	// tau = b*T = (tauUs, tauFrac/r)
+	tauUs, tauFrac := b*q+(b*m)/r, (b*m)%r
+	// slack S = tau - (TAT - t) = (sUs, sFrac/r), 0 <= sFrac < r
+	sUs, sFrac := tauUs-(tat-t), tauFrac-frac
+	if sFrac < 0 {
+		sFrac += r
+		sUs--
+	}
+	rem := int64(0)
+	if sUs >= 0 {
+		rem = (sUs*r + sFrac) / p
+	}
+	// waitFor returns the µs until the slack reaches k*T: ceil(k*T - S).
+	waitFor := func(sUs, sFrac, k int64) int64 {
+		du, df := k*q+(k*m)/r-sUs, (k*m)%r-sFrac
+		if df < 0 {
+			df += r
+			du--
+		}
+		if df > 0 {
+			du++
+		}
+		return du
+	}
+	fullIn := func(tat, frac int64) int64 { // ceil(TAT - t)
+		d := tat - t
+		if frac > 0 {
+			d++
+		}
+		return max(d, 0)
+	}
+	next := func(tat, frac, sUs, sFrac, rem int64) int64 { // effective window
+		if rem >= b || fullIn(tat, frac) == 0 {
+			return q + min(m, 1) // full: ceil(T)
+		}
+		return waitFor(sUs, sFrac, rem+1)
+	}
+	need := max(cost, 1)
+	if need > rem {
+		retry := p
+		if need <= b {
+			retry = waitFor(sUs, sFrac, need)
+		}
+		return st, decision{remaining: rem, retryUs: retry, resetUs: fullIn(tat, frac), windowUs: next(tat, frac, sUs, sFrac, rem)}
+	}
+	if cost == 0 {
+		return st, decision{allowed: true, remaining: rem, resetUs: fullIn(tat, frac), windowUs: next(tat, frac, sUs, sFrac, rem)}
+	}
+	// TAT += cost*T
+	n := frac + cost*m
+	tat, frac = tat+cost*q+n/r, n%r
+	sUs, sFrac = tauUs-(tat-t), tauFrac-frac
+	if sFrac < 0 {
+		sFrac += r
+		sUs--
+	}
+	rem -= cost
+	return State{Time: tat, Count: frac}, decision{allowed: true, remaining: rem, resetUs: fullIn(tat, frac), windowUs: next(tat, frac, sUs, sFrac, rem)}
+}
+
+// live returns the suffix of log with timestamps > t - P (not expired).
+func live(log []int64, t, p int64) []int64 {
+	i := 0
+	for i < len(log) && log[i] <= t-p {
+		i++
+	}
+	return log[i:]
+}
+
+// logDecision fills the durations of a log-based decision.
+func logDecision(d decision, lv []int64, t, p int64) decision {
+	if len(lv) > 0 {
+		d.resetUs = lv[len(lv)-1] + p - t
+		d.windowUs = lv[0] + p - t
+	} else {
+		d.windowUs = p
+	}
+	return d
+}
+
+// timestampLog is SlidingLog and Concurrency take: one timestamp per unit.
+func timestampLog(l Limit, st State, t, cost int64) (State, decision) {
+	p := periodUs(l)
+	lv := live(st.Log, t, p)
+	rem := max(l.Rate-int64(len(lv)), 0)
+	need := max(cost, 1)
+	if need > rem {
+		retry := p
+		if need <= l.Rate {
+			e := int64(len(lv)) + need - l.Rate // entries that must expire
+			retry = lv[e-1] + p - t
+		}
+		return st, logDecision(decision{remaining: rem, retryUs: retry}, lv, t, p)
+	}
+	if cost == 0 {
+		return st, logDecision(decision{allowed: true, remaining: rem}, lv, t, p)
+	}
+	ts := t
+	if len(lv) > 0 {
+		ts = max(ts, lv[len(lv)-1]) // keep the log sorted if the clock went back
+	}
+	nl := make([]int64, len(lv), len(lv)+int(cost))
+	copy(nl, lv)
+	for range cost {
+		nl = append(nl, ts)
+	}
+	return State{Log: nl}, logDecision(decision{allowed: true, remaining: rem - cost}, nl, t, p)
+}
+
+// release1 returns n Concurrency leases, oldest first.
+func release1(l Limit, st State, t, n int64) (State, decision) {
+	p := periodUs(l)
+	lv := live(st.Log, t, p)
+	ns := st
+	if n > 0 {
+		k := min(n, int64(len(lv)))
+		nl := make([]int64, len(lv)-int(k))
+		copy(nl, lv[k:])
+		lv = nl
+		ns = State{Log: nl}
+		if len(nl) == 0 {
+			ns = State{}
+		}
+	}
+	rem := max(l.Rate-int64(len(lv)), 0)
+	return ns, logDecision(decision{allowed: true, remaining: rem}, lv, t, p)
+}
