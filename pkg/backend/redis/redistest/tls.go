@@ -1,0 +1,127 @@
+package redistest
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// TLSFiles are PEM files generated for a test: a self-signed CA, a server
+// certificate for 127.0.0.1 / ::1 / localhost and a client certificate, both
+// signed by the CA (ECDSA P-256, valid from one hour ago for one day).
+type TLSFiles struct {
+	CAFile         string
+	CertFile       string // server certificate
+	KeyFile        string // server key
+	ClientCertFile string
+	ClientKeyFile  string
+
+	caPool     *x509.CertPool
+	clientCert tls.Certificate
+}
+
+// ClientConfig is a client tls.Config trusting the generated CA and
+// presenting the generated client certificate (TLS 1.2 minimum).
+func (f *TLSFiles) ClientConfig() *tls.Config {
+	return &tls.Config{
+		RootCAs:      f.caPool,
+		Certificates: []tls.Certificate{f.clientCert},
+		MinVersion:   tls.VersionTLS12,
+	}
+}
+
+// GenerateTLS writes ca.crt, server.crt, server.key, client.crt and
+// client.key into dir.
+func GenerateTLS(dir string) (*TLSFiles, error) {
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: ca key: %w", err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "redistest CA"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: ca cert: %w", err)
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: ca cert: %w", err)
+	}
+	f := &TLSFiles{
+		CAFile:         filepath.Join(dir, "ca.crt"),
+		CertFile:       filepath.Join(dir, "server.crt"),
+		KeyFile:        filepath.Join(dir, "server.key"),
+		ClientCertFile: filepath.Join(dir, "client.crt"),
+		ClientKeyFile:  filepath.Join(dir, "client.key"),
+		caPool:         x509.NewCertPool(),
+	}
+	f.caPool.AddCert(caCert)
+	if err := writePEM(f.CAFile, "CERTIFICATE", caDER); err != nil {
+		return nil, err
+	}
+	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage, certFile, keyFile string) error {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return fmt.Errorf("redistest: %s key: %w", cn, err)
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial),
+			Subject:      pkix.Name{CommonName: cn},
+			NotBefore:    now.Add(-time.Hour),
+			NotAfter:     now.Add(24 * time.Hour),
+			KeyUsage:     x509.KeyUsageDigitalSignature,
+			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+			DNSNames:     []string{"localhost"},
+			IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+		if err != nil {
+			return fmt.Errorf("redistest: %s cert: %w", cn, err)
+		}
+		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+		if err != nil {
+			return fmt.Errorf("redistest: %s key: %w", cn, err)
+		}
+		if err := writePEM(certFile, "CERTIFICATE", der); err != nil {
+			return err
+		}
+		return writePEM(keyFile, "PRIVATE KEY", keyDER)
+	}
+	if err := leaf(2, "redistest server", x509.ExtKeyUsageServerAuth, f.CertFile, f.KeyFile); err != nil {
+		return nil, err
+	}
+	if err := leaf(3, "redistest client", x509.ExtKeyUsageClientAuth, f.ClientCertFile, f.ClientKeyFile); err != nil {
+		return nil, err
+	}
+	f.clientCert, err = tls.LoadX509KeyPair(f.ClientCertFile, f.ClientKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: client key pair: %w", err)
+	}
+	return f, nil
+}
+
+func writePEM(path, typ string, der []byte) error {
+	b := pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("redistest: %w", err)
+	}
+	return nil
+}
