@@ -67,8 +67,10 @@ type Rule struct {
 	// "domain.k1_v1.k2" (value omitted where the config node has none;
 	// wildcard nodes show their pattern). Bounded by the config.
 	Path string
-	// Name is the first limit's rate_limit.name (for `replaces` matching,
-	// the names of all Specs count).
+	// Name is the first limit's rate_limit.name ("" when absent; for an
+	// unlimited rule, its rate_limit.name). For `replaces` matching, the
+	// names of all Specs count.
+	Name           string
 	Limits         []Spec // empty iff Unlimited
 	Unlimited      bool
 	Replaces       []string
@@ -81,6 +83,18 @@ type Rule struct {
 	// File and Line locate the node in the config.
 	File string
 	Line int
+
+	// nodes is the config path from the top level to this rule's node.
+	nodes []*node
+	// keyPre[i] is the canonical, length-prefixed encoding of (domain,
+	// rule path, limit index i, algorithm, window) that starts every key
+	// of Limits[i].
+	keyPre [][]byte
+	// needsPath: some node on the path has share_threshold or
+	// value_to_metric, or the rule has detailed_metric.
+	needsPath bool
+	// override marks an ad hoc rule built by (*Set).Override.
+	override bool
 }
 
 // Entry is one request descriptor entry (Envoy RateLimitDescriptor.Entry).

@@ -1,0 +1,263 @@
+package policy
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// level holds the compiled children of one tree level.
+type level struct {
+	exact map[entryKey]*node // key + exact value
+	wild  map[string][]*node // key -> wildcard nodes in declaration order
+	bare  map[string]*node   // value-less key defaults
+}
+
+type entryKey struct{ k, v string }
+
+// find resolves one request entry at this level: exact value, then the
+// first declared wildcard for the key, then the value-less default.
+func (lv *level) find(e Entry) *node {
+	if e.Value != "" {
+		if n := lv.exact[entryKey{e.Key, e.Value}]; n != nil {
+			return n
+		}
+	}
+	for _, n := range lv.wild[e.Key] {
+		if n.pat.match(e.Value) {
+			return n
+		}
+	}
+	return lv.bare[e.Key]
+}
+
+type domainTree struct {
+	name string
+	top  *level
+}
+
+// compile builds a Set from parsed files (already in load order).
+func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
+	type domainSrc struct {
+		file  string
+		line  int
+		descs []*node
+	}
+	var order []string
+	byDomain := map[string]*domainSrc{}
+	for _, fc := range files {
+		if fc == nil || fc.domain == "" {
+			continue
+		}
+		d := byDomain[fc.domain]
+		if d == nil {
+			byDomain[fc.domain] = &domainSrc{file: fc.file, line: fc.domainLine, descs: fc.descs}
+			order = append(order, fc.domain)
+			continue
+		}
+		if !opts.MergeDomains {
+			errs.add(fc.file, fc.domainLine, "duplicate domain %q in config file (first defined at %s; set the merge-domains option to combine files)", fc.domain, formatPos(d.file, d.line))
+			continue
+		}
+		d.descs = append(d.descs, fc.descs...)
+	}
+	s := &Set{keys: opts.Keys, domains: make(map[string]*domainTree, len(order))}
+	for _, name := range order {
+		src := byDomain[name]
+		dt := &domainTree{name: name}
+		dt.top = s.buildLevel(name, nil, src.descs, errs)
+		s.domains[name] = dt
+	}
+	s.names = sortedKeys(s.domains)
+	return s
+}
+
+// buildLevel compiles sibling descriptors (path is the list of ancestors).
+func (s *Set) buildLevel(domain string, path []*node, descs []*node, errs *errList) *level {
+	if len(descs) == 0 {
+		return nil
+	}
+	lv := &level{}
+	type sib struct {
+		key  string
+		kind valueKind
+		val  string
+	}
+	seen := make(map[sib]*node, len(descs))
+	for _, n := range descs {
+		if n.key == "" {
+			continue // reported at parse
+		}
+		id := sib{n.key, n.kind, n.value}
+		if first, dup := seen[id]; dup {
+			errs.add(n.file, n.line, "duplicate descriptor composite key '%s' (first at %s)", statPath(domain, path, n), formatPos(first.file, first.line))
+			continue
+		}
+		seen[id] = n
+		switch n.kind {
+		case valueExact:
+			if lv.exact == nil {
+				lv.exact = map[entryKey]*node{}
+			}
+			lv.exact[entryKey{n.key, n.value}] = n
+		case valuePattern:
+			if lv.wild == nil {
+				lv.wild = map[string][]*node{}
+			}
+			lv.wild[n.key] = append(lv.wild[n.key], n)
+		default:
+			if lv.bare == nil {
+				lv.bare = map[string]*node{}
+			}
+			lv.bare[n.key] = n
+		}
+		np := append(path[:len(path):len(path)], n)
+		if len(n.limits) > 0 {
+			s.buildRule(domain, np, errs)
+		}
+		n.level = s.buildLevel(domain, np, n.children, errs)
+	}
+	return lv
+}
+
+func statPath(domain string, path []*node, n *node) string {
+	var b strings.Builder
+	b.WriteString(domain)
+	for _, p := range path {
+		b.WriteByte('.')
+		b.WriteString(p.seg)
+	}
+	if n != nil {
+		b.WriteByte('.')
+		b.WriteString(n.seg)
+	}
+	return b.String()
+}
+
+var authWords = []string{"login", "password", "passwd", "auth", "otp", "token", "signin", "sign_in"}
+
+func looksLikeAuth(path []*node) string {
+	for _, n := range path {
+		for _, s := range [2]string{n.key, n.value} {
+			ls := strings.ToLower(s)
+			for _, w := range authWords {
+				if strings.Contains(ls, w) {
+					return s
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// buildRule compiles the limits of the last node of path into a Rule.
+func (s *Set) buildRule(domain string, path []*node, errs *errList) {
+	n := path[len(path)-1]
+	r := &Rule{
+		Domain:         domain,
+		Path:           statPath(domain, path[:len(path)-1], n),
+		ShadowMode:     n.shadow,
+		QuotaMode:      n.quota,
+		DetailedMetric: n.detailed,
+		Metadata:       n.metadata,
+		File:           n.file,
+		Line:           n.line,
+		nodes:          path,
+	}
+	for _, p := range path {
+		if p.share || p.valueToMetric {
+			r.needsPath = true
+		}
+	}
+	if n.detailed {
+		r.needsPath = true
+	}
+	authHit := looksLikeAuth(path)
+	names := map[string]bool{}
+	for i, l := range n.limits {
+		if i == 0 {
+			r.Name = l.name
+		}
+		if l.name != "" {
+			names[l.name] = true
+		}
+		r.Replaces = append(r.Replaces, l.replaces...)
+		if l.unlimited {
+			r.Unlimited = true
+			continue
+		}
+		sp := Spec{
+			Name:            l.name,
+			Unit:            l.unit,
+			RequestsPerUnit: uint32(l.rpu),
+			UnitMultiplier:  uint32(l.mult),
+			Algorithm:       l.algorithm,
+			Burst:           l.burst,
+			Calendar:        l.calendar,
+			FailureMode:     l.failure,
+		}
+		sp.Window = l.unit.Duration() * time_Duration(l.mult)
+		sp.Limit = algo.Limit{Kind: l.algorithm, Rate: l.rpu, Period: sp.Window, Burst: l.burst, Multiplier: l.mult}
+		if l.calendar {
+			if l.unit == Month {
+				sp.Limit.Calendar = algo.CalendarMonth
+			} else {
+				sp.Limit.Calendar = algo.CalendarYear
+			}
+		}
+		switch {
+		case l.name != "":
+			sp.Policy = sfSafe(l.name)
+		case i == 0:
+			sp.Policy = sfSafe(r.Path)
+		default:
+			sp.Policy = sfSafe(r.Path) + "#" + strconv.Itoa(i+1)
+		}
+		if authHit != "" && l.algorithm == algo.FixedWindow {
+			errs.warn(n.file, l.line, "fixed_window limit on descriptor %q, which looks like authentication (%q): a fixed window lets a client make up to twice the limit around a window boundary; use algorithm sliding_log (exact) or sliding_window", r.Path, authHit)
+		}
+		r.Limits = append(r.Limits, sp)
+		r.keyPre = append(r.keyPre, rulePrefix(domain, path, i, &sp))
+	}
+	for i, l := range n.limits {
+		for j, rep := range l.replaces {
+			if names[rep] && rep != l.name {
+				errs.add(n.file, l.replacesLines[j], "replaces: rate limit %q cannot replace a limit of its own descriptor", rep)
+			}
+		}
+		_ = i
+	}
+	n.rule = r
+	s.rules = append(s.rules, r)
+}
+
+// sfSafe makes s a valid RFC 9651 sf-string body: printable ASCII
+// (0x20-0x7E) is kept; other bytes become %XX (uppercase hex); '%' itself
+// is kept, so the mapping is readable but not guaranteed reversible.
+// Serializers still escape '"' and '\' as RFC 9651 section 4.1.6 requires.
+func sfSafe(s string) string {
+	ok := true
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			ok = false
+			break
+		}
+	}
+	if ok {
+		return s
+	}
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e {
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}

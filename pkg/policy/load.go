@@ -1,0 +1,108 @@
+package policy
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Load reads YAML files (a path may be a file or a directory, walked
+// recursively in lexical order; under a directory only .yaml and .yml files
+// count, and symbolic links to files are followed while symbolic links to
+// directories are not) and compiles them into a Set. With
+// opts.IgnoreDotFiles, entries below a given directory whose name starts
+// with '.' are skipped (Kubernetes ConfigMap ..data and ..<timestamp>).
+//
+// Every problem is reported at once: the error joins *ConfigError values,
+// each printing as "file:line: message". A non-nil error means no Set.
+// Warnings (lint findings) are returned with or without an error.
+func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
+	errs := &errList{}
+	files := collectFiles(opts, paths, errs)
+	var parsed []*fileConfig
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			errs.add(f, 0, "cannot read config file: %v", err)
+			continue
+		}
+		parsed = append(parsed, parseFile(f, data, errs))
+	}
+	s := compile(parsed, opts, errs)
+	if len(errs.errs) > 0 {
+		return nil, errs.warnings, errors.Join(errs.errs...)
+	}
+	s.computeHash()
+	return s, errs.warnings, nil
+}
+
+func isYAML(name string) bool {
+	ext := strings.ToLower(filepath.Ext(name))
+	return ext == ".yaml" || ext == ".yml"
+}
+
+// collectFiles expands paths into the list of files to load, in order,
+// without duplicates.
+func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
+	var out []string
+	seen := map[string]bool{}
+	addFile := func(p string) {
+		c := filepath.Clean(p)
+		if !seen[c] {
+			seen[c] = true
+			out = append(out, p)
+		}
+	}
+	if len(paths) == 0 {
+		errs.add("config", 0, "no config path given")
+	}
+	for _, root := range paths {
+		st, err := os.Stat(root)
+		if err != nil {
+			errs.add(root, 0, "cannot read config path: %v", err)
+			continue
+		}
+		if !st.IsDir() {
+			addFile(root)
+			continue
+		}
+		err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				errs.add(p, 0, "cannot read config path: %v", err)
+				return nil
+			}
+			if p == root {
+				return nil
+			}
+			if opts.IgnoreDotFiles && strings.HasPrefix(d.Name(), ".") {
+				if d.IsDir() {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+			if d.IsDir() || !isYAML(d.Name()) {
+				return nil
+			}
+			if d.Type()&fs.ModeSymlink != 0 {
+				st, err := os.Stat(p)
+				if err != nil {
+					errs.add(p, 0, "cannot read config file: %v", err)
+					return nil
+				}
+				if !st.Mode().IsRegular() {
+					return nil
+				}
+			} else if !d.Type().IsRegular() {
+				return nil
+			}
+			addFile(p)
+			return nil
+		})
+		if err != nil {
+			errs.add(root, 0, "cannot walk config directory: %v", err)
+		}
+	}
+	return out
+}

@@ -1,0 +1,624 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// fileConfig is one parsed config file.
+type fileConfig struct {
+	file       string
+	domain     string
+	domainLine int
+	descs      []*node
+}
+
+// valueKind says how a descriptor node matches a request value.
+type valueKind uint8
+
+const (
+	valueNone    valueKind = iota // no value: the key's default
+	valueExact                    // value without '*'
+	valuePattern                  // value with one or more '*'
+)
+
+// node is one descriptor of the config tree.
+type node struct {
+	key     string
+	value   string
+	kind    valueKind
+	pat     pattern
+	line    int
+	keyLine int
+	file    string
+
+	rule     *Rule // nil: no limit here (placeholder or whitelist)
+	children []*node
+	level    *level // compiled children
+
+	share         bool // share_threshold
+	valueToMetric bool
+	detailed      bool
+	shadow        bool
+	quota         bool
+	metadata      map[string]any
+	limits        []rawLimit // parsed rate_limit / rate_limits items
+	// seg is the node's stat key segment: "key" or "key_value".
+	seg string
+}
+
+// parser turns one file's YAML into a fileConfig, reporting to errs.
+type parser struct {
+	file string
+	errs *errList
+}
+
+var yamlLineRE = regexp.MustCompile(`line (\d+)`)
+
+func parseFile(file string, data []byte, errs *errList) *fileConfig {
+	p := &parser{file: file, errs: errs}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			errs.add(file, 1, "empty config file: domain is required")
+			return nil
+		}
+		p.yamlError(err)
+		return nil
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		errs.add(file, extra.Line, "a config file holds one YAML document; found a second one")
+		return nil
+	} else if !errors.Is(err, io.EOF) {
+		p.yamlError(err)
+		return nil
+	}
+	root := deref(&doc)
+	if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
+		root = deref(root.Content[0])
+	}
+	if isNull(root) {
+		errs.add(file, root.Line, "empty config file: domain is required")
+		return nil
+	}
+	if root.Kind != yaml.MappingNode {
+		errs.add(file, root.Line, "config file must be a mapping with domain and descriptors, got %s", kindName(root))
+		return nil
+	}
+	fc := &fileConfig{file: file}
+	seenDomain := false
+	p.mapping(root, func(k string, kn, v *yaml.Node) {
+		switch k {
+		case "domain":
+			seenDomain = true
+			fc.domainLine = kn.Line
+			if s, ok := p.str(v, "domain"); ok {
+				fc.domain = s
+			}
+			if fc.domain == "" {
+				p.errs.add(file, kn.Line, "config file cannot have empty domain")
+			}
+		case "descriptors":
+			fc.descs = p.descriptors(v, nil)
+		default:
+			p.unknown(kn, k, "top level", topHints)
+		}
+	})
+	if !seenDomain {
+		p.errs.add(file, root.Line, "config file cannot have empty domain: domain is required")
+	}
+	return fc
+}
+
+func (p *parser) yamlError(err error) {
+	line := 0
+	msg := err.Error()
+	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+		line, _ = strconv.Atoi(m[1])
+	}
+	p.errs.add(p.file, line, "YAML syntax error: %s", strings.TrimPrefix(msg, "yaml: "))
+}
+
+func deref(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == 0 || (n.Kind == yaml.ScalarNode && n.Tag == "!!null")
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "null"
+		}
+		return strings.TrimPrefix(n.Tag, "!!") + " " + strconv.Quote(n.Value)
+	}
+	return "an unsupported YAML node"
+}
+
+// mapping calls f for each key of a mapping node in order, reporting
+// non-string and duplicate keys.
+func (p *parser) mapping(m *yaml.Node, f func(k string, kn, v *yaml.Node)) {
+	seen := make(map[string]int, len(m.Content)/2)
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		kn, v := deref(m.Content[i]), deref(m.Content[i+1])
+		if kn.Kind != yaml.ScalarNode || kn.Tag != "!!str" {
+			p.errs.add(p.file, kn.Line, "key is not of type string: %s", kindName(kn))
+			continue
+		}
+		if first, dup := seen[kn.Value]; dup {
+			p.errs.add(p.file, kn.Line, "duplicate key %q (first at line %d)", kn.Value, first)
+			continue
+		}
+		seen[kn.Value] = kn.Line
+		f(kn.Value, kn, v)
+	}
+}
+
+var (
+	topHints = map[string]string{
+		"descriptor": "descriptors", "descriptor_list": "descriptors", "domains": "domain",
+		"key": "(belongs in a descriptor under descriptors)", "rate_limit": "(belongs in a descriptor under descriptors)",
+	}
+	descHints = map[string]string{
+		"ratelimit": "rate_limit", "ratelimits": "rate_limits", "ratelimit_": "rate_limit", "limit": "rate_limit",
+		"descriptor": "descriptors", "shadowmode": "shadow_mode", "quotamode": "quota_mode",
+		"detailedmetric": "detailed_metric", "sharethreshold": "share_threshold", "valuetometric": "value_to_metric",
+		"unit": "(belongs in rate_limit)", "requests_per_unit": "(belongs in rate_limit)", "unlimited": "(belongs in rate_limit)",
+		"name": "(belongs in rate_limit)", "replaces": "(belongs in rate_limit)", "algorithm": "(belongs in rate_limit)",
+		"burst": "(belongs in rate_limit)", "unit_multiplier": "(belongs in rate_limit)", "failure_mode": "(belongs in rate_limit)",
+		"calendar": "(belongs in rate_limit)", "requestsperunit": "(rate_limit.requests_per_unit)",
+		"domain": "(belongs at the top level of the file)",
+	}
+	limitHints = map[string]string{
+		"requestsperunit": "requests_per_unit", "requests_per_second": "requests_per_unit", "rpu": "requests_per_unit",
+		"units": "unit", "unitmultiplier": "unit_multiplier", "multiplier": "unit_multiplier", "algo": "algorithm",
+		"failuremode": "failure_mode", "replace": "replaces", "shadow_mode": "(belongs in the descriptor, next to rate_limit)",
+		"quota_mode": "(belongs in the descriptor, next to rate_limit)", "key": "(belongs in the descriptor)",
+		"value": "(belongs in the descriptor)", "descriptors": "(belongs in the descriptor)",
+		"metadata": "(belongs in the descriptor)", "detailed_metric": "(belongs in the descriptor)",
+	}
+)
+
+func (p *parser) unknown(kn *yaml.Node, k, where string, hints map[string]string) {
+	msg := "unknown key " + strconv.Quote(k) + " in " + where
+	if h, ok := hints[strings.ToLower(k)]; ok {
+		if strings.HasPrefix(h, "(") {
+			msg += " " + h
+		} else {
+			msg += "; did you mean " + strconv.Quote(h) + "?"
+		}
+	}
+	p.errs.add(p.file, kn.Line, "%s", msg)
+}
+
+// str decodes a scalar as a string (ints and bools keep their YAML text, as
+// envoyproxy/ratelimit's decoder does). Null gives "", true.
+func (p *parser) str(v *yaml.Node, field string) (string, bool) {
+	if isNull(v) {
+		return "", true
+	}
+	if v.Kind != yaml.ScalarNode {
+		p.errs.add(p.file, v.Line, "%s must be a string, got %s", field, kindName(v))
+		return "", false
+	}
+	return v.Value, true
+}
+
+func (p *parser) boolean(v *yaml.Node, field string) bool {
+	var b bool
+	if v.Kind != yaml.ScalarNode || v.Decode(&b) != nil {
+		p.errs.add(p.file, v.Line, "%s must be true or false, got %s", field, kindName(v))
+		return false
+	}
+	return b
+}
+
+// integer decodes a non-negative integer no larger than max.
+func (p *parser) integer(v *yaml.Node, field string, min, max int64) (int64, bool) {
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
+		p.errs.add(p.file, v.Line, "%s must be an integer, got %s", field, kindName(v))
+		return 0, false
+	}
+	var i int64
+	if err := v.Decode(&i); err != nil {
+		p.errs.add(p.file, v.Line, "%s: %q is out of range (maximum %d)", field, v.Value, max)
+		return 0, false
+	}
+	if i < min {
+		if i < 0 {
+			p.errs.add(p.file, v.Line, "%s must not be negative, got %d", field, i)
+		} else {
+			p.errs.add(p.file, v.Line, "%s must be at least %d, got %d", field, min, i)
+		}
+		return 0, false
+	}
+	if i > max {
+		p.errs.add(p.file, v.Line, "%s: %d is out of range (maximum %d)", field, i, max)
+		return 0, false
+	}
+	return i, true
+}
+
+// descriptors parses a list of descriptor mappings. parent is nil at the
+// top level.
+func (p *parser) descriptors(v *yaml.Node, parent *node) []*node {
+	if isNull(v) {
+		return nil
+	}
+	if v.Kind != yaml.SequenceNode {
+		p.errs.add(p.file, v.Line, "descriptors must be a list of mappings, got %s", kindName(v))
+		return nil
+	}
+	var out []*node
+	for _, it := range v.Content {
+		it = deref(it)
+		if it.Kind != yaml.MappingNode {
+			p.errs.add(p.file, it.Line, "descriptors: list of type other than map: item is %s", kindName(it))
+			continue
+		}
+		if n := p.descriptor(it); n != nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// rawLimit is a parsed rate_limit object before compilation.
+type rawLimit struct {
+	line            int
+	unit            Unit
+	unitSet         bool
+	rpu             int64
+	unlimited       bool
+	name            string
+	replaces        []string
+	replacesLines   []int
+	algorithm       algo.Kind
+	algoSet         bool
+	burst           int64
+	mult            int64
+	failure         FailureMode
+	calendar        bool
+	ok              bool
+	nameLine        int
+	calendarLine    int
+	burstLine       int
+	rpuLine         int
+	multLine        int
+	algorithmLine   int
+	unlimitedLine   int
+	extensionFields []string
+}
+
+func (p *parser) descriptor(m *yaml.Node) *node {
+	n := &node{line: m.Line, file: p.file}
+	var hasKey bool
+	var limits []rawLimit
+	var rlLine, rlsLine int
+	var shareLine int
+	var meta *yaml.Node
+	p.mapping(m, func(k string, kn, v *yaml.Node) {
+		switch k {
+		case "key":
+			hasKey = true
+			n.keyLine = kn.Line
+			n.key, _ = p.str(v, "key")
+			if n.key == "" {
+				p.errs.add(p.file, kn.Line, "descriptor has empty key")
+			} else if n.key == ReleaseKey {
+				p.errs.add(p.file, v.Line, "descriptor key %q is reserved for concurrency lease releases", ReleaseKey)
+			}
+		case "value":
+			n.value, _ = p.str(v, "value")
+		case "rate_limit":
+			rlLine = kn.Line
+			if isNull(v) {
+				p.errs.add(p.file, v.Line, "rate_limit must be a mapping, got null")
+				return
+			}
+			if l, ok := p.limit(v, "rate_limit"); ok {
+				limits = append(limits, l)
+			}
+		case "rate_limits":
+			rlsLine = kn.Line
+			if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
+				p.errs.add(p.file, v.Line, "rate_limits must be a non-empty list of rate_limit mappings, got %s", kindName(v))
+				return
+			}
+			for i, it := range v.Content {
+				it = deref(it)
+				l, ok := p.limit(it, "rate_limits["+strconv.Itoa(i)+"]")
+				if !ok {
+					continue
+				}
+				if l.unlimited {
+					p.errs.add(p.file, l.unlimitedLine, "unlimited is only allowed in rate_limit, not in rate_limits")
+					continue
+				}
+				limits = append(limits, l)
+			}
+		case "descriptors":
+			n.children = p.descriptors(v, n)
+		case "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold":
+			b := p.boolean(v, k)
+			switch k {
+			case "shadow_mode":
+				n.shadow = b
+			case "quota_mode":
+				n.quota = b
+			case "detailed_metric":
+				n.detailed = b
+			case "value_to_metric":
+				n.valueToMetric = b
+			case "share_threshold":
+				n.share = b
+				shareLine = kn.Line
+			}
+		case "metadata":
+			meta = v
+		default:
+			p.unknown(kn, k, "descriptor", descHints)
+		}
+	})
+	if !hasKey {
+		p.errs.add(p.file, m.Line, "descriptor has empty key: key is required")
+	}
+	if rlLine != 0 && rlsLine != 0 {
+		p.errs.add(p.file, rlsLine, "rate_limit (line %d) and rate_limits on the same descriptor; use rate_limits only", rlLine)
+	}
+	switch {
+	case n.value == "":
+		n.kind = valueNone
+		n.seg = n.key
+	case strings.Contains(n.value, "*"):
+		n.kind = valuePattern
+		n.pat = compilePattern(n.value)
+		n.seg = n.key + "_" + n.value
+	default:
+		n.kind = valueExact
+		n.seg = n.key + "_" + n.value
+	}
+	if n.share && n.kind != valuePattern {
+		p.errs.add(p.file, shareLine, "share_threshold requires a value with a '*' wildcard (value is %q)", n.value)
+	}
+	if meta != nil {
+		md := p.metadata(meta)
+		if mm, ok := md.(map[string]any); ok {
+			n.metadata = mm
+		} else if md != nil || !isNull(meta) {
+			p.errs.add(p.file, meta.Line, "metadata must be a mapping, got %s", kindName(meta))
+		}
+	}
+	n.limits = limits
+	return n
+}
+
+func (p *parser) limit(v *yaml.Node, where string) (rawLimit, bool) {
+	l := rawLimit{line: v.Line, mult: 1, ok: true}
+	if v.Kind != yaml.MappingNode {
+		p.errs.add(p.file, v.Line, "%s must be a mapping, got %s", where, kindName(v))
+		return l, false
+	}
+	before := len(p.errs.errs)
+	var unitLine int
+	var unitText string
+	p.mapping(v, func(k string, kn, v *yaml.Node) {
+		switch k {
+		case "unit":
+			unitLine = kn.Line
+			l.unitSet = true
+			unitText, _ = p.str(v, "unit")
+		case "requests_per_unit":
+			l.rpuLine = kn.Line
+			l.rpu, _ = p.integer(v, "requests_per_unit", 0, MaxRequestsPerUnit)
+		case "unlimited":
+			l.unlimitedLine = kn.Line
+			l.unlimited = p.boolean(v, "unlimited")
+		case "name":
+			l.nameLine = kn.Line
+			l.name, _ = p.str(v, "name")
+		case "replaces":
+			if isNull(v) {
+				return
+			}
+			if v.Kind != yaml.SequenceNode {
+				p.errs.add(p.file, v.Line, "replaces must be a list of {name: ...} mappings, got %s", kindName(v))
+				return
+			}
+			for _, it := range v.Content {
+				it = deref(it)
+				if it.Kind != yaml.MappingNode {
+					p.errs.add(p.file, it.Line, "replaces: list of type other than map: item is %s", kindName(it))
+					continue
+				}
+				name, line := "", it.Line
+				p.mapping(it, func(k string, kn, v *yaml.Node) {
+					if k != "name" {
+						p.unknown(kn, k, "replaces item", nil)
+						return
+					}
+					line = kn.Line
+					name, _ = p.str(v, "replaces name")
+				})
+				if name == "" {
+					p.errs.add(p.file, line, "replaces: name must not be empty")
+					continue
+				}
+				l.replaces = append(l.replaces, name)
+				l.replacesLines = append(l.replacesLines, line)
+			}
+		case "algorithm":
+			l.algorithmLine = kn.Line
+			s, _ := p.str(v, "algorithm")
+			a, ok := parseAlgorithm(s)
+			if !ok {
+				p.errs.add(p.file, v.Line, "invalid algorithm %q: want fixed_window, sliding_window, sliding_log, token_bucket or concurrency", s)
+				break
+			}
+			l.algorithm, l.algoSet = a, true
+			l.extensionFields = append(l.extensionFields, k)
+		case "burst":
+			l.burstLine = kn.Line
+			l.burst, _ = p.integer(v, "burst", 1, MaxRequestsPerUnit)
+			l.extensionFields = append(l.extensionFields, k)
+		case "unit_multiplier":
+			l.multLine = kn.Line
+			if m, ok := p.integer(v, "unit_multiplier", 1, math.MaxUint32); ok {
+				l.mult = m
+			}
+			l.extensionFields = append(l.extensionFields, k)
+		case "failure_mode":
+			s, _ := p.str(v, "failure_mode")
+			f, ok := parseFailureMode(s)
+			if !ok {
+				p.errs.add(p.file, v.Line, "invalid failure_mode %q: want open, closed or local", s)
+				break
+			}
+			l.failure = f
+			l.extensionFields = append(l.extensionFields, k)
+		case "calendar":
+			l.calendarLine = kn.Line
+			l.calendar = p.boolean(v, "calendar")
+			l.extensionFields = append(l.extensionFields, k)
+		default:
+			p.unknown(kn, k, "rate_limit", limitHints)
+		}
+	})
+	if l.unlimited {
+		if l.unitSet && unitText != "" {
+			if _, ok := ParseUnit(unitText); ok {
+				p.errs.add(p.file, unitLine, "should not specify rate limit unit when unlimited")
+			} else {
+				p.errs.add(p.file, unitLine, "invalid rate limit unit %q", unitText)
+			}
+		}
+		if len(l.extensionFields) > 0 {
+			p.errs.add(p.file, l.unlimitedLine, "unlimited rate_limit must not set %s", strings.Join(l.extensionFields, ", "))
+		}
+	} else {
+		u, ok := ParseUnit(unitText)
+		switch {
+		case !l.unitSet || unitText == "":
+			p.errs.add(p.file, v.Line, "invalid rate limit unit '': unit is required (second, minute, hour, day, week, month or year) unless unlimited: true")
+		case !ok:
+			p.errs.add(p.file, unitLine, "invalid rate limit unit %q: want second, minute, hour, day, week, month or year", unitText)
+		default:
+			l.unit = u
+		}
+	}
+	if !l.unlimited && l.unit.Valid() {
+		p.checkLimit(&l)
+	}
+	if l.name != "" {
+		for i, r := range l.replaces {
+			if r == l.name {
+				p.errs.add(p.file, l.replacesLines[i], "replaces: rate limit %q cannot replace itself", r)
+			}
+		}
+	}
+	l.ok = len(p.errs.errs) == before
+	return l, l.ok
+}
+
+// metadata converts a YAML node to JSON-compatible values: map[string]any,
+// []any, string, bool, int64, float64, nil.
+func (p *parser) metadata(v *yaml.Node) any {
+	v = deref(v)
+	switch v.Kind {
+	case yaml.MappingNode:
+		m := make(map[string]any, len(v.Content)/2)
+		p.mapping(v, func(k string, _, val *yaml.Node) { m[k] = p.metadata(val) })
+		return m
+	case yaml.SequenceNode:
+		s := make([]any, 0, len(v.Content))
+		for _, it := range v.Content {
+			s = append(s, p.metadata(it))
+		}
+		return s
+	case yaml.ScalarNode:
+		switch v.Tag {
+		case "!!null":
+			return nil
+		case "!!bool":
+			var b bool
+			if v.Decode(&b) == nil {
+				return b
+			}
+		case "!!int":
+			var i int64
+			if v.Decode(&i) == nil {
+				return i
+			}
+			var f float64
+			if v.Decode(&f) == nil {
+				return f
+			}
+		case "!!float":
+			var f float64
+			if v.Decode(&f) == nil {
+				return f
+			}
+		}
+		return v.Value
+	}
+	return nil
+}
+
+// checkLimit validates the extension fields of a limit with a valid unit.
+func (p *parser) checkLimit(l *rawLimit) {
+	at := func(line int) int {
+		if line == 0 {
+			return l.line
+		}
+		return line
+	}
+	if l.burst != 0 && l.algorithm != algo.TokenBucket {
+		p.errs.add(p.file, l.burstLine, "burst applies to algorithm token_bucket only (algorithm is %s)", AlgorithmName(l.algorithm))
+	}
+	if l.algorithm == algo.SlidingLog && l.rpu > MaxSlidingLogRate {
+		p.errs.add(p.file, at(l.rpuLine), "sliding_log keeps one entry per admitted request: requests_per_unit %d is above its bound %d; use algorithm sliding_window for large limits", l.rpu, MaxSlidingLogRate)
+	}
+	if l.calendar {
+		if l.unit != Month && l.unit != Year {
+			p.errs.add(p.file, l.calendarLine, "calendar: true applies to units month and year only (unit is %s)", strings.ToLower(l.unit.String()))
+		}
+		if l.algorithm != algo.FixedWindow && l.algorithm != algo.SlidingWindow {
+			p.errs.add(p.file, l.calendarLine, "calendar: true applies to fixed_window and sliding_window only (algorithm is %s)", AlgorithmName(l.algorithm))
+		}
+	}
+	window := float64(l.unit.Duration()) * float64(l.mult)
+	if window > float64(MaxWindow) {
+		p.errs.add(p.file, at(l.multLine), "window %s × %d is longer than the maximum of 10 years (3650 days)", strings.ToLower(l.unit.String()), l.mult)
+		return
+	}
+	if l.algorithm == algo.TokenBucket && l.rpu > 0 {
+		capacity := l.burst
+		if capacity == 0 {
+			capacity = l.rpu
+		}
+		if window*float64(capacity)/float64(l.rpu) > float64(MaxWindow) {
+			p.errs.add(p.file, at(l.burstLine), "token bucket takes longer than 10 years to refill (burst %d at %d per %s × %d); lower burst or raise requests_per_unit", capacity, l.rpu, strings.ToLower(l.unit.String()), l.mult)
+		}
+	}
+}

@@ -1,0 +1,329 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+type time_Duration = time.Duration
+
+// Set is a compiled, immutable configuration snapshot: per domain a
+// descriptor tree, every Rule, and the key options. Safe for concurrent
+// use; a reload builds a new Set. The zero value and nil match nothing.
+type Set struct {
+	keys    KeyOptions
+	domains map[string]*domainTree
+	names   []string // sorted domain names
+	rules   []*Rule  // config order
+	hash    string
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// HasDomain reports whether the config defines domain.
+func (s *Set) HasDomain(domain string) bool {
+	if s == nil {
+		return false
+	}
+	_, ok := s.domains[domain]
+	return ok
+}
+
+// Domains returns the configured domains, sorted.
+func (s *Set) Domains() []string {
+	if s == nil {
+		return nil
+	}
+	return slices.Clone(s.names)
+}
+
+// Rules returns every rule in config order (files in load order, then
+// depth-first declaration order). The Rules are shared and must not be
+// modified.
+func (s *Set) Rules() []*Rule {
+	if s == nil {
+		return nil
+	}
+	return slices.Clone(s.rules)
+}
+
+// Match resolves one request descriptor (envoyproxy/ratelimit GetLimit,
+// reference-semantics 1.4): level by level, the entry's key and value pick
+// the node with that exact value, else the first declared wildcard pattern
+// of that key matching the value, else the key's value-less default; the
+// node reached by the last entry must hold a rule (a limit on an
+// intermediate node is ignored when the request is deeper, and a request
+// deeper than the config matches nothing).
+//
+// Unlike envoyproxy/ratelimit, the key is compared exactly and a wildcard
+// pattern is matched against the value only (the reference matches
+// "key_value" strings, so key "a" value "b*" also matched key "a_b").
+//
+// A descriptor whose last entry has key ReleaseKey (and at least one entry
+// before it) is a concurrency lease release: the entries before it are
+// matched, and the match holds only when the rule has a concurrency limit.
+//
+// ok is false when no rule applies: unknown domain, no entries, no node, a
+// depth mismatch, or a node without rate_limit (a whitelist). An
+// `unlimited` rule matches (Rule.Unlimited). The returned Match may retain
+// entries; callers must not modify them while using the Match.
+func (s *Set) Match(domain string, entries []Entry) (Match, bool) {
+	if s == nil || len(entries) == 0 {
+		return Match{}, false
+	}
+	d := s.domains[domain]
+	if d == nil {
+		return Match{}, false
+	}
+	release := false
+	if n := len(entries); n > 1 && entries[n-1].Key == ReleaseKey {
+		entries, release = entries[:n-1], true
+	}
+	lv := d.top
+	var nd *node
+	for _, e := range entries {
+		if lv == nil {
+			return Match{}, false
+		}
+		if nd = lv.find(e); nd == nil {
+			return Match{}, false
+		}
+		lv = nd.level
+	}
+	r := nd.rule
+	if r == nil {
+		return Match{}, false
+	}
+	if release && !r.hasConcurrency() {
+		return Match{}, false
+	}
+	m := Match{Rule: r, MetricKey: r.Path, Release: release, id: entries}
+	if r.needsPath {
+		m.MetricKey = r.metricKey(entries)
+		m.id = r.identity(entries)
+	}
+	return m, true
+}
+
+func (r *Rule) hasConcurrency() bool {
+	for i := range r.Limits {
+		if r.Limits[i].Algorithm == algo.Concurrency {
+			return true
+		}
+	}
+	return false
+}
+
+// metricKey builds the stat key of reference-semantics section 4:
+// detailed_metric on the rule: every level "key_value" with the request
+// value (the pattern on share_threshold levels); else value_to_metric
+// levels matched by default or wildcard show "key_<request value>" (the
+// pattern with share_threshold); other levels show the config segment.
+func (r *Rule) metricKey(entries []Entry) string {
+	var b strings.Builder
+	b.WriteString(r.Domain)
+	for i, n := range r.nodes {
+		b.WriteByte('.')
+		e := entries[i]
+		switch {
+		case r.DetailedMetric:
+			v := e.Value
+			if n.share {
+				v = n.value
+			}
+			b.WriteString(n.key)
+			if v != "" {
+				b.WriteByte('_')
+				b.WriteString(v)
+			}
+		case n.valueToMetric && n.kind != valueExact:
+			v := e.Value
+			if n.share {
+				v = n.value
+			}
+			b.WriteString(n.key)
+			b.WriteByte('_')
+			b.WriteString(v)
+		default:
+			b.WriteString(n.seg)
+		}
+	}
+	return b.String()
+}
+
+// identity returns the counter identity: the request entries, with the
+// wildcard pattern in place of the value on share_threshold levels.
+func (r *Rule) identity(entries []Entry) []Entry {
+	shared := false
+	for _, n := range r.nodes {
+		shared = shared || n.share
+	}
+	if !shared {
+		return entries
+	}
+	id := slices.Clone(entries)
+	for i, n := range r.nodes {
+		if n.share {
+			id[i].Value = n.value
+		}
+	}
+	return id
+}
+
+// Override builds the Match for a request-supplied RateLimitOverride
+// (Envoy RateLimitDescriptor.limit): one fixed_window limit of
+// requestsPerUnit per unit, counted per request entries, outside the
+// config tree (no shadow, quota, name or replaces), as envoyproxy/ratelimit
+// does. MetricKey is "domain.k1_v1.k2_v2" (request values: cap its
+// cardinality). Keys never collide with config rules. An invalid unit
+// gives a Match with a nil Rule; callers reject it as InvalidArgument.
+func (s *Set) Override(domain string, entries []Entry, requestsPerUnit uint32, unit Unit) Match {
+	if !unit.Valid() {
+		return Match{}
+	}
+	var path, pol strings.Builder
+	path.WriteString(domain)
+	pol.WriteString(domain)
+	for _, e := range entries {
+		path.WriteByte('.')
+		path.WriteString(e.Key)
+		pol.WriteByte('.')
+		pol.WriteString(e.Key)
+		if e.Value != "" {
+			path.WriteByte('_')
+			path.WriteString(e.Value)
+		}
+	}
+	sp := Spec{
+		Policy:          sfSafe(pol.String()) + "#override",
+		Unit:            unit,
+		RequestsPerUnit: requestsPerUnit,
+		UnitMultiplier:  1,
+		Algorithm:       algo.FixedWindow,
+		Window:          unit.Duration(),
+	}
+	sp.Limit = algo.Limit{Kind: algo.FixedWindow, Rate: int64(requestsPerUnit), Period: sp.Window, Multiplier: 1}
+	r := &Rule{
+		Domain:   domain,
+		Path:     path.String(),
+		Limits:   []Spec{sp},
+		override: true,
+		keyPre:   [][]byte{overridePrefix(domain, &sp)},
+	}
+	return Match{Rule: r, MetricKey: r.Path, id: entries}
+}
+
+// Hash returns the hex SHA-256 of the canonical compiled content (domains,
+// rule paths, limits, flags, metadata; not file names or lines), for a
+// config-version metric. Equal configs give equal hashes.
+func (s *Set) Hash() string {
+	if s == nil {
+		return ""
+	}
+	return s.hash
+}
+
+func (s *Set) computeHash() {
+	h := sha256.New()
+	for _, d := range s.names {
+		fmt.Fprintf(h, "domain %q\n", d)
+		for _, r := range s.rules {
+			if r.Domain != d {
+				continue
+			}
+			fmt.Fprintf(h, "rule")
+			for _, n := range r.nodes {
+				fmt.Fprintf(h, " %q/%d/%q/%t/%t", n.key, n.kind, n.value, n.share, n.valueToMetric)
+			}
+			fmt.Fprintf(h, " unlimited=%t shadow=%t quota=%t detailed=%t name=%q replaces=%q\n", r.Unlimited, r.ShadowMode, r.QuotaMode, r.DetailedMetric, r.Name, r.Replaces)
+			for _, l := range r.Limits {
+				fmt.Fprintf(h, " limit %q %q %d %d %d %d %d %t %d\n", l.Name, l.Policy, l.Unit, l.RequestsPerUnit, l.UnitMultiplier, l.Algorithm, l.Burst, l.Calendar, l.FailureMode)
+			}
+			if r.Metadata != nil {
+				j, _ := json.Marshal(r.Metadata) // map keys sorted
+				fmt.Fprintf(h, " metadata %s\n", j)
+			}
+		}
+	}
+	s.hash = hex.EncodeToString(h.Sum(nil))
+}
+
+// WriteExplain writes one line per rule, in config order:
+//
+//	<path>: <limit>[; <limit>…] [shadow_mode] [quota_mode] [detailed_metric] [replaces=a,b] (file:line)
+//
+// where <limit> is `<algorithm> <requests_per_unit>/<unit>[×<multiplier>]
+// [burst=<n>] [calendar] failure_mode=<mode> policy="<policy>"` or
+// `unlimited`. Used by /rlconfig and `ratelimitd validate --explain`.
+func (s *Set) WriteExplain(w io.Writer) error {
+	if s == nil {
+		return nil
+	}
+	var b strings.Builder
+	for _, r := range s.rules {
+		b.Reset()
+		b.WriteString(r.Path)
+		b.WriteString(": ")
+		if r.Unlimited {
+			b.WriteString("unlimited")
+			if r.Name != "" {
+				fmt.Fprintf(&b, " name=%q", r.Name)
+			}
+		}
+		for i, l := range r.Limits {
+			if i > 0 {
+				b.WriteString("; ")
+			}
+			fmt.Fprintf(&b, "%s %d/%s", AlgorithmName(l.Algorithm), l.RequestsPerUnit, strings.ToLower(l.Unit.String()))
+			if l.UnitMultiplier != 1 {
+				fmt.Fprintf(&b, "×%d", l.UnitMultiplier)
+			}
+			if l.Algorithm == algo.TokenBucket {
+				burst := l.Burst
+				if burst == 0 {
+					burst = int64(l.RequestsPerUnit)
+				}
+				fmt.Fprintf(&b, " burst=%d", burst)
+			}
+			if l.Calendar {
+				b.WriteString(" calendar")
+			}
+			fmt.Fprintf(&b, " failure_mode=%s policy=%q", l.FailureMode, l.Policy)
+			if l.Name != "" {
+				fmt.Fprintf(&b, " name=%q", l.Name)
+			}
+		}
+		if r.ShadowMode {
+			b.WriteString(" shadow_mode")
+		}
+		if r.QuotaMode {
+			b.WriteString(" quota_mode")
+		}
+		if r.DetailedMetric {
+			b.WriteString(" detailed_metric")
+		}
+		if len(r.Replaces) > 0 {
+			fmt.Fprintf(&b, " replaces=%s", strings.Join(r.Replaces, ","))
+		}
+		fmt.Fprintf(&b, " (%s)\n", formatPos(r.File, r.Line))
+		if _, err := io.WriteString(w, b.String()); err != nil {
+			return fmt.Errorf("policy: explain: %w", err)
+		}
+	}
+	return nil
+}

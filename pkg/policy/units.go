@@ -1,0 +1,119 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// Numeric bounds enforced at load. They keep every value exact in the Redis
+// script, where Lua numbers are IEEE-754 doubles (integers exact below 2^53)
+// and times are integer microseconds.
+const (
+	// MaxRequestsPerUnit is the largest requests_per_unit (and burst): the
+	// Envoy proto field RateLimitResponse.RateLimit.requests_per_unit is a
+	// uint32.
+	MaxRequestsPerUnit = 1<<32 - 1
+	// MaxSlidingLogRate bounds requests_per_unit of a sliding_log limit:
+	// the log keeps one entry per admitted unit of cost, so its memory and
+	// per-request work grow with the limit. Larger limits must use
+	// sliding_window.
+	MaxSlidingLogRate = 10000
+	// MaxWindow bounds unit × unit_multiplier (and, for a token bucket, the
+	// time to refill a full bucket, burst × window / requests_per_unit):
+	// ten 365-day years, 3.15e14 µs, so that now + window in microseconds
+	// stays far below 2^53.
+	MaxWindow = 10 * 365 * 24 * time.Hour
+)
+
+var unitNames = [...]string{UnitUnknown: "UNKNOWN", Second: "SECOND", Minute: "MINUTE", Hour: "HOUR", Day: "DAY", Week: "WEEK", Month: "MONTH", Year: "YEAR"}
+
+var unitDurations = [...]time.Duration{
+	Second: time.Second,
+	Minute: time.Minute,
+	Hour:   time.Hour,
+	Day:    24 * time.Hour,
+	Week:   7 * 24 * time.Hour,
+	Month:  30 * 24 * time.Hour,  // envoyproxy/ratelimit: fixed 30 days
+	Year:   365 * 24 * time.Hour, // envoyproxy/ratelimit: fixed 365 days
+}
+
+// String returns the unit as the Envoy RateLimitUnit enum spells it
+// ("SECOND" … "YEAR", "UNKNOWN").
+func (u Unit) String() string {
+	if int(u) < len(unitNames) {
+		return unitNames[u]
+	}
+	return fmt.Sprintf("Unit(%d)", uint8(u))
+}
+
+// Valid reports whether u is one of Second … Year.
+func (u Unit) Valid() bool { return u >= Second && u <= Year }
+
+// Duration is the unit's nominal length: 1 s … 7 days, 30 days for Month,
+// 365 days for Year (envoyproxy/ratelimit's fixed lengths). 0 when invalid.
+func (u Unit) Duration() time.Duration {
+	if !u.Valid() {
+		return 0
+	}
+	return unitDurations[u]
+}
+
+// ParseUnit parses a config unit name, case-insensitively ("second" …
+// "year"). ok is false for anything else.
+func ParseUnit(s string) (u Unit, ok bool) {
+	for i := Second; i <= Year; i++ {
+		if strings.EqualFold(s, unitNames[i]) {
+			return i, true
+		}
+	}
+	return UnitUnknown, false
+}
+
+var algoNames = [...]string{
+	algo.FixedWindow:   "fixed_window",
+	algo.SlidingWindow: "sliding_window",
+	algo.SlidingLog:    "sliding_log",
+	algo.TokenBucket:   "token_bucket",
+	algo.Concurrency:   "concurrency",
+}
+
+// AlgorithmName returns the config name of k ("fixed_window", …), or
+// "algorithm(N)" for an unknown kind.
+func AlgorithmName(k algo.Kind) string {
+	if int(k) < len(algoNames) {
+		return algoNames[k]
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(k))
+}
+
+func parseAlgorithm(s string) (algo.Kind, bool) {
+	for i, n := range algoNames {
+		if s == n {
+			return algo.Kind(i), true
+		}
+	}
+	return 0, false
+}
+
+var failureNames = [...]string{FailOpen: "open", FailClosed: "closed", FailLocal: "local"}
+
+// String returns the config name of the failure mode: "open", "closed",
+// "local".
+func (f FailureMode) String() string {
+	if int(f) < len(failureNames) {
+		return failureNames[f]
+	}
+	return fmt.Sprintf("FailureMode(%d)", uint8(f))
+}
+
+func parseFailureMode(s string) (FailureMode, bool) {
+	for i, n := range failureNames {
+		if s == n {
+			return FailureMode(i), true
+		}
+	}
+	return 0, false
+}
