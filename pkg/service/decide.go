@@ -1,0 +1,279 @@
+package service
+
+import (
+	"context"
+	"math"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+)
+
+// outcome says how a hit's decision was reached.
+type outcome uint8
+
+const (
+	byStore        outcome = iota // the primary Store decided
+	byFallback                    // failure_mode: local, the Fallback store decided
+	byFailedOpen                  // backend failed, failure_mode open (or local without a fallback)
+	byFailedClosed                // backend failed, failure_mode closed
+)
+
+// applied is one limit (Spec) applied to one descriptor.
+type applied struct {
+	spec *policy.Spec
+	hit  int // index into the request's hits
+}
+
+// descState is one request descriptor after matching.
+type descState struct {
+	match    policy.Match
+	matched  bool // a rule (or an override) answers the descriptor
+	override bool
+	cost     int64
+	applied  []applied // non-replaced limits, config order
+	shadow   bool
+	quota    bool
+
+	// results
+	denied bool // some applied limit denied (before shadow)
+	status *rlsv3.RateLimitResponse_DescriptorStatus
+}
+
+// maxTakeRounds bounds the Store calls of one request. A second round
+// happens only when every denial of the first was non-enforcing (shadow
+// rules, or quota-mode descriptors while another quota descriptor
+// passes): the store rolled the whole request back, so it is retried
+// without the non-enforcing hits, so that the enforcing limits consume.
+const maxTakeRounds = 3
+
+func (s *Service) decide(ctx context.Context, set *policy.Set, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	domain := req.GetDomain()
+	reqCost := int64(req.GetHitsAddend())
+	if reqCost == 0 {
+		reqCost = 1
+	}
+	ds := make([]descState, len(req.GetDescriptors()))
+	hasDomain := set.HasDomain(domain)
+	replaced := map[string]bool{}
+
+	// 1. Match every descriptor.
+	for i, d := range req.GetDescriptors() {
+		st := &ds[i]
+		st.cost = reqCost
+		if h := d.GetHitsAddend(); h != nil {
+			st.cost = int64(min(h.GetValue(), math.MaxInt64))
+		}
+		entries := make([]policy.Entry, len(d.GetEntries()))
+		for j, e := range d.GetEntries() {
+			entries[j] = policy.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
+			u, err := overrideUnit(l)
+			if err == nil {
+				st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
+				st.matched = st.match.Rule != nil
+				st.override = true
+			}
+		} else if hasDomain {
+			st.match, st.matched = set.Match(domain, entries)
+			st.matched = st.matched && st.match.Rule != nil
+		}
+		if st.matched {
+			for _, n := range st.match.Rule.Replaces {
+				replaced[n] = true
+			}
+			st.shadow = st.match.Rule.ShadowMode && !st.override
+			st.quota = st.match.Rule.QuotaMode || s.opts.QuotaMode
+		}
+	}
+
+	// 2. Build the hits: one per applied limit, descriptor order then
+	// config order. `replaces` drops limits by name (reference 1.5).
+	var hits []algo.Hit
+	var specs []*policy.Spec
+	for i := range ds {
+		st := &ds[i]
+		if !st.matched || st.match.Rule.Unlimited {
+			continue
+		}
+		r := st.match.Rule
+		for k := range r.Limits {
+			sp := &r.Limits[k]
+			if sp.Name != "" && replaced[sp.Name] {
+				continue
+			}
+			if st.match.Release && sp.Limit.Kind != algo.Concurrency {
+				continue
+			}
+			st.applied = append(st.applied, applied{spec: sp, hit: len(hits)})
+			specs = append(specs, sp)
+			hits = append(hits, algo.Hit{
+				Key:     set.Key(st.match, k),
+				Limit:   sp.Limit,
+				Cost:    st.cost,
+				Release: st.match.Release,
+			})
+		}
+	}
+
+	// 3. One Store call (more only for non-enforcing denials, see
+	// maxTakeRounds), failure modes on error.
+	decs := make([]algo.Decision, len(hits))
+	outs := make([]outcome, len(hits))
+	active := make([]int, len(hits))
+	for i := range active {
+		active[i] = i
+	}
+	for round := 0; round < maxTakeRounds && len(active) > 0; round++ {
+		sub := make([]algo.Hit, len(active))
+		for j, h := range active {
+			sub[j] = hits[h]
+		}
+		res, err := s.take(ctx, s.opts.Store, "primary", sub)
+		if err != nil {
+			s.fail(ctx, err, hits, specs, active, decs, outs)
+			break
+		}
+		for j, h := range active {
+			decs[h], outs[h] = res[j], byStore
+		}
+		if s.evaluate(ds, decs) {
+			break // denied as a whole: nothing was consumed
+		}
+		next := active[:0:0]
+		for _, h := range active {
+			if decs[h].Allowed {
+				next = append(next, h)
+			}
+		}
+		if len(next) == len(active) {
+			break // all allowed: consumed
+		}
+		active = next
+	}
+	denied := s.evaluate(ds, decs)
+
+	// 4. Statuses.
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds)),
+	}
+	for i := range ds {
+		resp.Statuses[i] = s.status(&ds[i], decs, outs)
+	}
+	if denied {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		if s.opts.ShadowMode {
+			resp.OverallCode = rlsv3.RateLimitResponse_OK
+			s.m.globalShadow.Inc()
+		}
+	}
+	s.observeDecisions(domain, ds, decs, outs)
+	s.addHeaders(resp, ds, decs, outs, denied && !s.opts.ShadowMode)
+	if s.opts.DynamicMetadata {
+		resp.DynamicMetadata = s.dynamicMetadata(req, ds)
+	}
+	return resp
+}
+
+// evaluate sets each descriptor's denied flag from decs and reports
+// whether the request as a whole is denied (reference 1.5 and 3.9): any
+// non-shadow, non-quota descriptor denied, or at least one quota
+// descriptor with a limit and every such descriptor denied.
+func (s *Service) evaluate(ds []descState, decs []algo.Decision) bool {
+	enforced := false
+	quotaN, quotaOver := 0, 0
+	for i := range ds {
+		st := &ds[i]
+		st.denied = false
+		for _, a := range st.applied {
+			if !decs[a.hit].Allowed {
+				st.denied = true
+			}
+		}
+		if len(st.applied) == 0 || st.shadow {
+			continue
+		}
+		if st.quota {
+			quotaN++
+			if st.denied {
+				quotaOver++
+			}
+			continue
+		}
+		if st.denied {
+			enforced = true
+		}
+	}
+	return enforced || (quotaN > 0 && quotaOver == quotaN)
+}
+
+// take calls st.Take with the request deadline and measures it.
+func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.Hit) ([]algo.Decision, error) {
+	t0 := s.opts.Now()
+	res, err := st.Take(ctx, hits)
+	s.m.backendDuration.WithLabelValues(label).Observe(s.opts.Now().Sub(t0).Seconds())
+	if err == nil && len(res) != len(hits) {
+		err = errBadResult
+	}
+	return res, err
+}
+
+type storeError string
+
+func (e storeError) Error() string { return string(e) }
+func (e storeError) Cause() string { return "bad_result" }
+
+const errBadResult = storeError("service: store returned a decision count different from the hit count")
+
+// fail applies each hit's failure_mode after the primary store failed on
+// the hits listed in active.
+func (s *Service) fail(ctx context.Context, err error, hits []algo.Hit, specs []*policy.Spec, active []int, decs []algo.Decision, outs []outcome) {
+	cause := causeOf(err)
+	s.m.backendErrors.WithLabelValues(cause).Inc()
+	s.logBackendError(cause, err, "service: rate limit backend failed; applying failure modes")
+	var local []int
+	for _, h := range active {
+		switch specs[h].FailureMode {
+		case policy.FailClosed:
+			if hits[h].Release {
+				decs[h], outs[h] = algo.Decision{Allowed: true}, byFailedOpen
+				continue
+			}
+			d := s.opts.FailClosedRetryAfter
+			decs[h] = algo.Decision{RetryAfter: d, ResetAfter: d, WindowAfter: d}
+			outs[h] = byFailedClosed
+		case policy.FailLocal:
+			local = append(local, h)
+		default:
+			decs[h], outs[h] = algo.Decision{Allowed: true}, byFailedOpen
+		}
+	}
+	if len(local) == 0 {
+		return
+	}
+	var res []algo.Decision
+	var ferr error = errNoFallback
+	if s.opts.Fallback != nil {
+		sub := make([]algo.Hit, len(local))
+		for j, h := range local {
+			sub[j] = hits[h]
+		}
+		res, ferr = s.take(ctx, s.opts.Fallback, "fallback", sub)
+	}
+	if ferr != nil {
+		s.m.backendErrors.WithLabelValues("fallback").Inc()
+		s.logBackendError("fallback", ferr, "service: local fallback limiter failed; failing open")
+		for _, h := range local {
+			decs[h], outs[h] = algo.Decision{Allowed: true}, byFailedOpen
+		}
+		return
+	}
+	for j, h := range local {
+		decs[h], outs[h] = res[j], byFallback
+	}
+}
+
+const errNoFallback = storeError("service: failure_mode local without a fallback store")

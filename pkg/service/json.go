@@ -1,0 +1,82 @@
+package service
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// MaxJSONBodyBytes bounds the /json request body.
+const MaxJSONBodyBytes = 1 << 20
+
+// JSONHandler serves POST /json, the HTTP twin of ShouldRateLimit: the
+// body is a protojson RateLimitRequest (camelCase or snake_case field
+// names), the answer a protojson RateLimitResponse with Content-Type
+// application/json. Status: 200 when the overall code is OK, 429 when
+// OVER_LIMIT, 400 for an unreadable body, bad JSON or an invalid request,
+// 503 before the first config, 405 for methods other than POST.
+// The response's response_headers_to_add (RateLimit-Policy, RateLimit,
+// Retry-After, ...) are also set as HTTP headers, except Content-Type: the
+// body stays the protojson response, whose rawBody field carries the
+// problem document.
+func (s *Service) JSONHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "service: /json accepts POST only", http.StatusMethodNotAllowed)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBodyBytes))
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				http.Error(w, "service: request body larger than 1 MiB", http.StatusRequestEntityTooLarge)
+				return
+			}
+			http.Error(w, "service: read body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		req := &rlsv3.RateLimitRequest{}
+		if err := protojson.Unmarshal(body, req); err != nil {
+			http.Error(w, "service: bad RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		resp, err := s.ShouldRateLimit(r.Context(), req)
+		if err != nil {
+			code := http.StatusInternalServerError
+			switch status.Code(err) {
+			case codes.InvalidArgument:
+				code = http.StatusBadRequest
+			case codes.Unavailable:
+				code = http.StatusServiceUnavailable
+			}
+			http.Error(w, status.Convert(err).Message(), code)
+			return
+		}
+		out, err := protojson.Marshal(resp)
+		if err != nil {
+			http.Error(w, "service: marshal response: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		h := w.Header()
+		for _, hv := range resp.GetResponseHeadersToAdd() {
+			if strings.EqualFold(hv.GetKey(), HeaderContentType) {
+				continue
+			}
+			h.Add(hv.GetKey(), hv.GetValue())
+		}
+		h.Set("Content-Type", "application/json")
+		code := http.StatusOK
+		if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+			code = http.StatusTooManyRequests
+		}
+		w.WriteHeader(code)
+		_, _ = w.Write(out)
+	})
+}

@@ -1,0 +1,192 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// HeaderMode selects which rate-limit response headers the service adds to
+// response_headers_to_add. The zero value HeadersIETF is the default.
+type HeaderMode uint8
+
+const (
+	// HeadersIETF emits RateLimit-Policy and RateLimit
+	// (draft-ietf-httpapi-ratelimit-headers-10, RFC 9651 lists).
+	HeadersIETF HeaderMode = iota
+	// HeadersLegacy emits X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset (seconds) for one chosen limit, as
+	// envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED does.
+	HeadersLegacy
+	// HeadersBoth emits the IETF and the legacy set.
+	HeadersBoth
+	// HeadersNone emits no rate-limit headers. Retry-After, Content-Type
+	// and the problem body are still sent on OVER_LIMIT.
+	HeadersNone
+)
+
+// String returns the flag spelling: "ietf", "legacy", "both" or "none".
+func (m HeaderMode) String() string {
+	switch m {
+	case HeadersIETF:
+		return "ietf"
+	case HeadersLegacy:
+		return "legacy"
+	case HeadersBoth:
+		return "both"
+	case HeadersNone:
+		return "none"
+	}
+	return fmt.Sprintf("HeaderMode(%d)", uint8(m))
+}
+
+func (m HeaderMode) ietf() bool   { return m == HeadersIETF || m == HeadersBoth }
+func (m HeaderMode) legacy() bool { return m == HeadersLegacy || m == HeadersBoth }
+
+// ParseHeaderMode parses "ietf", "legacy", "both" or "none"
+// (case-insensitive; "" means ietf).
+func ParseHeaderMode(s string) (HeaderMode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "ietf":
+		return HeadersIETF, nil
+	case "legacy":
+		return HeadersLegacy, nil
+	case "both":
+		return HeadersBoth, nil
+	case "none":
+		return HeadersNone, nil
+	}
+	return 0, fmt.Errorf("service: unknown header mode %q (want ietf, legacy, both or none)", s)
+}
+
+// Defaults applied by New to zero-valued Options fields.
+const (
+	// DefaultNearLimitRatio is the share of a quota used after which an
+	// allowed decision counts as near_limit (envoyproxy/ratelimit
+	// NEAR_LIMIT_RATIO default).
+	DefaultNearLimitRatio = 0.8
+	// DefaultRetryJitter is the maximum jitter added to Retry-After.
+	DefaultRetryJitter = time.Second
+	// DefaultProblemTypeBase prefixes the problem type names
+	// (RFC 9457 §3.1.1; IANA HTTP Problem Types registry).
+	DefaultProblemTypeBase = "https://iana.org/assignments/http-problem-types#"
+	// DefaultDetailedMetricCap bounds the number of distinct rule label
+	// values that detailed_metric rules may create per loaded config;
+	// further values are counted under the label "_other".
+	DefaultDetailedMetricCap = 1000
+	// DefaultFailClosedRetryAfter is the Retry-After base of a
+	// failure_mode: closed denial (temporary-reduced-capacity).
+	DefaultFailClosedRetryAfter = time.Second
+)
+
+// Options configure a Service. Zero values take the documented defaults;
+// only Store is required.
+type Options struct {
+	// Store decides the hits of a request (memory or Redis backend).
+	// Required.
+	Store Store
+	// Fallback is the in-process limiter used by rules with
+	// failure_mode: local when Store fails. nil makes local behave as
+	// open (logged).
+	Fallback Store
+	// Registerer receives the service's metrics; nil disables metrics.
+	Registerer prometheus.Registerer
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// ShadowMode is the global shadow mode (--shadow-mode, SHADOW_MODE):
+	// an OVER_LIMIT overall code is reported as OK; statuses keep
+	// OVER_LIMIT (envoyproxy/ratelimit semantics).
+	ShadowMode bool
+	// QuotaMode treats every descriptor as quota_mode (QUOTA_MODE).
+	QuotaMode bool
+	// Headers selects the response header set; zero is HeadersIETF.
+	Headers HeaderMode
+	// NearLimitRatio in (0, 1]: an allowed decision that leaves
+	// used >= ratio × quota counts as near_limit. 0 means 0.8.
+	NearLimitRatio float64
+	// NearLimitHeader adds "Ratelimitd-Near-Limit", an RFC 9651 list of
+	// the policy names past NearLimitRatio, to responses.
+	NearLimitHeader bool
+	// RetryJitter is the maximum jitter added on top of the exact wait in
+	// Retry-After. 0 means 1s; negative disables jitter.
+	RetryJitter time.Duration
+	// FailClosedRetryAfter is the wait announced when failure_mode: closed
+	// denies because the backend failed. 0 means 1s.
+	FailClosedRetryAfter time.Duration
+	// ProblemTypeBase is prepended to "quota-exceeded" and
+	// "temporary-reduced-capacity" in the problem type. "" means
+	// DefaultProblemTypeBase.
+	ProblemTypeBase string
+	// ProblemDetail, when not empty, is the problem "detail" template; the
+	// placeholders {policy}, {quota}, {window} (seconds) and {retry_after}
+	// (seconds) are replaced. "" uses a built-in sentence.
+	ProblemDetail string
+	// RequestOverrides honours RateLimitDescriptor.limit (the request
+	// limit override) as envoyproxy/ratelimit does: when the domain exists,
+	// the override replaces the config match. The contract default is
+	// true (--request-overrides); note that the Go zero value (false)
+	// ignores overrides, so wiring must set it explicitly.
+	RequestOverrides bool
+	// DynamicMetadata fills RateLimitResponse.dynamic_metadata as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
+	DynamicMetadata bool
+	// DetailedMetricCap bounds rule label values from detailed_metric
+	// rules per loaded config. 0 means DefaultDetailedMetricCap; negative
+	// disables detailed labels (Rule.Path is used).
+	DetailedMetricCap int
+	// Now is the clock for durations measured by the service; nil means
+	// time.Now.
+	Now func() time.Time
+	// Rand returns a float in [0, 1) for Retry-After jitter; nil uses
+	// math/rand/v2.
+	Rand func() float64
+}
+
+// Validate reports an error for a missing Store, an unknown header mode,
+// a near-limit ratio outside [0, 1] or a negative cap.
+func (o Options) Validate() error {
+	var errs []error
+	if o.Store == nil {
+		errs = append(errs, errors.New("service: Options.Store is required"))
+	}
+	if o.Headers > HeadersNone {
+		errs = append(errs, fmt.Errorf("service: unknown header mode %d", o.Headers))
+	}
+	if o.NearLimitRatio < 0 || o.NearLimitRatio > 1 || o.NearLimitRatio != o.NearLimitRatio {
+		errs = append(errs, fmt.Errorf("service: near-limit ratio %v outside [0, 1]", o.NearLimitRatio))
+	}
+	if o.FailClosedRetryAfter < 0 {
+		errs = append(errs, fmt.Errorf("service: negative FailClosedRetryAfter %v", o.FailClosedRetryAfter))
+	}
+	return errors.Join(errs...)
+}
+
+func (o *Options) setDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.NearLimitRatio == 0 {
+		o.NearLimitRatio = DefaultNearLimitRatio
+	}
+	if o.RetryJitter == 0 {
+		o.RetryJitter = DefaultRetryJitter
+	} else if o.RetryJitter < 0 {
+		o.RetryJitter = 0
+	}
+	if o.FailClosedRetryAfter == 0 {
+		o.FailClosedRetryAfter = DefaultFailClosedRetryAfter
+	}
+	if o.ProblemTypeBase == "" {
+		o.ProblemTypeBase = DefaultProblemTypeBase
+	}
+	if o.DetailedMetricCap == 0 {
+		o.DetailedMetricCap = DefaultDetailedMetricCap
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}

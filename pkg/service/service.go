@@ -1,0 +1,207 @@
+// Package service implements the Envoy rate limit service
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) and its
+// HTTP twin POST /json: it validates a request, matches its descriptors
+// against one policy snapshot, asks the Store once for all hits, applies
+// the rules' failure modes when the Store fails, and builds the Envoy
+// response: statuses, IETF RateLimit headers, Retry-After and an RFC 9457
+// problem body.
+//
+// The package owns the Store interface; it never imports a concrete
+// backend.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+)
+
+// Service answers ShouldRateLimit. It is safe for concurrent use; the
+// policy snapshot is swapped atomically by SetPolicy.
+type Service struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	opts     Options
+	set      atomic.Pointer[policy.Set]
+	shutdown atomic.Bool
+	m        *metrics
+	detailed atomic.Pointer[labelCap]
+	errLog   *logLimiter
+}
+
+var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
+
+// New validates opts, applies defaults and registers the metrics on
+// opts.Registerer. The Service is not Ready until SetPolicy is called.
+func New(opts Options) (*Service, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts.setDefaults()
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{opts: opts, m: m, errLog: newLogLimiter(time.Second)}
+	s.detailed.Store(newLabelCap(max(opts.DetailedMetricCap, 0)))
+	return s, nil
+}
+
+// SetPolicy swaps the policy snapshot in force (atomically; requests in
+// flight finish on the snapshot they started with). A nil set is ignored.
+// It also resets the detailed_metric label budget.
+func (s *Service) SetPolicy(set *policy.Set) {
+	if set == nil {
+		return
+	}
+	s.set.Store(set)
+	s.detailed.Store(newLabelCap(max(s.opts.DetailedMetricCap, 0)))
+}
+
+// Policy returns the snapshot in force, nil before the first SetPolicy.
+func (s *Service) Policy() *policy.Set { return s.set.Load() }
+
+// Ready reports whether a config has loaded and SetShuttingDown has not
+// been called (gRPC health SERVING, /healthcheck 200).
+func (s *Service) Ready() bool { return s.set.Load() != nil && !s.shutdown.Load() }
+
+// SetShuttingDown makes Ready report false from now on (graceful drain).
+// Requests are still answered.
+func (s *Service) SetShuttingDown() { s.shutdown.Store(true) }
+
+// Register registers the service on g as envoy.service.ratelimit.v3.RateLimitService.
+func (s *Service) Register(g *grpc.Server) { rlsv3.RegisterRateLimitServiceServer(g, s) }
+
+// ObserveReload records the outcome of one config load in
+// ratelimitd_config_reloads_total{result="success"|"failure"} and, on
+// success with a non-nil set, sets ratelimitd_config_info{hash} to 1 for
+// set.Hash() only. It does not swap the policy: call SetPolicy as well.
+func (s *Service) ObserveReload(ok bool, set *policy.Set) {
+	if !ok {
+		s.m.reloads.WithLabelValues("failure").Inc()
+		return
+	}
+	s.m.reloads.WithLabelValues("success").Inc()
+	if set != nil {
+		s.m.configInfo.Reset()
+		s.m.configInfo.WithLabelValues(set.Hash()).Set(1)
+	}
+}
+
+// ShouldRateLimit implements rlsv3.RateLimitServiceServer. Errors are gRPC
+// status errors: InvalidArgument for a malformed request (see
+// validateRequest and the Max* bounds), Unavailable before the first
+// config. A backend failure is never an error: the rules' failure modes
+// decide.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := s.opts.Now()
+	s.m.inflight.Inc()
+	defer func() {
+		s.m.inflight.Dec()
+		s.m.requestDuration.Observe(s.opts.Now().Sub(start).Seconds())
+	}()
+	set := s.set.Load()
+	domainLabel := LabelUnknownDomain
+	if set != nil && set.HasDomain(req.GetDomain()) {
+		domainLabel = req.GetDomain()
+	}
+	if err := validateRequest(req); err != nil {
+		s.m.requests.WithLabelValues(domainLabel, "invalid_argument").Inc()
+		return nil, err
+	}
+	if set == nil {
+		s.m.requests.WithLabelValues(domainLabel, "unavailable").Inc()
+		return nil, status.Error(codes.Unavailable, "service: no rate limit configuration loaded")
+	}
+	if domainLabel == LabelUnknownDomain {
+		s.m.unknownDomain.Inc()
+	}
+	resp := s.decide(ctx, set, req)
+	code := "ok"
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		code = "over_limit"
+	}
+	s.m.requests.WithLabelValues(domainLabel, code).Inc()
+	return resp, nil
+}
+
+// jitter returns a duration in [0, RetryJitter).
+func (s *Service) jitter() time.Duration {
+	if s.opts.RetryJitter <= 0 {
+		return 0
+	}
+	f := rand.Float64
+	if s.opts.Rand != nil {
+		f = s.opts.Rand
+	}
+	r := f()
+	if r < 0 || r >= 1 || math.IsNaN(r) {
+		r = 0
+	}
+	return time.Duration(r * float64(s.opts.RetryJitter))
+}
+
+// causeOf gives the bounded metric label of a Store error.
+func causeOf(err error) string {
+	var c Causer
+	if errors.As(err, &c) {
+		if v := c.Cause(); v != "" {
+			return v
+		}
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	}
+	return "other"
+}
+
+// logLimiter lets one log line per key through per interval and counts
+// the suppressed ones.
+type logLimiter struct {
+	mu         sync.Mutex
+	every      time.Duration
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+func newLogLimiter(every time.Duration) *logLimiter {
+	return &logLimiter{every: every, last: map[string]time.Time{}, suppressed: map[string]int{}}
+}
+
+// allow reports whether a line for key may be logged at now, and how many
+// were suppressed since the last one.
+func (l *logLimiter) allow(key string, now time.Time) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t, ok := l.last[key]; ok && now.Sub(t) < l.every {
+		l.suppressed[key]++
+		return false, 0
+	}
+	n := l.suppressed[key]
+	l.suppressed[key] = 0
+	l.last[key] = now
+	return true, n
+}
+
+func (s *Service) logBackendError(cause string, err error, msg string) {
+	if ok, n := s.errLog.allow(cause, s.opts.Now()); ok {
+		s.opts.Logger.Warn(msg, "cause", cause, "error", err, "suppressed", n)
+	}
+}
+
+func (s *Service) String() string { return fmt.Sprintf("service.Service(headers=%s)", s.opts.Headers) }
