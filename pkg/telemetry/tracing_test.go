@@ -1,0 +1,214 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type fakeStore struct{ err error }
+
+func (f fakeStore) Take(_ context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	d := make([]algo.Decision, len(hits))
+	for i := range d {
+		d[i].Allowed = i == 0
+	}
+	return d, nil
+}
+
+type causeErr struct{}
+
+func (causeErr) Error() string { return "redis: i/o timeout" }
+func (causeErr) Cause() string { return "timeout" }
+
+// rls is a minimal RateLimitService that calls the (traced) store with the
+// request context, as pkg/service does.
+type rls struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	store Store
+}
+
+func (r rls) ShouldRateLimit(ctx context.Context, _ *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	_, _ = r.store.Take(ctx, []algo.Hit{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}})
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+func TestServerSpanContinuesEnvoyTraceAndBackendSpanIsChild(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tr, err := Setup(context.Background(), Options{Enabled: true, Exporter: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(tr.ServerOption())
+	rlsv3.RegisterRateLimitServiceServer(srv, rls{store: tr.Store(fakeStore{})})
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	cc, err := grpc.NewClient("passthrough:///buf",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+
+	// Envoy propagates W3C trace context as the traceparent header.
+	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+traceID+"-"+parentID+"-01")
+	req := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*commonv3.RateLimitDescriptor{{
+		Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}}
+	if _, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.sdk.ForceFlush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := exp.GetSpans()
+	defer tr.Shutdown(context.Background()) //nolint:errcheck
+	var server, backend *tracetest.SpanStub
+	for i := range spans {
+		switch spans[i].SpanKind {
+		case trace.SpanKindServer:
+			server = &spans[i]
+		case trace.SpanKindClient:
+			backend = &spans[i]
+		}
+	}
+	if server == nil || backend == nil {
+		t.Fatalf("want a server and a backend span, got %d spans: %+v", len(spans), spans)
+	}
+	if got := server.SpanContext.TraceID().String(); got != traceID {
+		t.Errorf("server span trace id = %s, want Envoy's %s", got, traceID)
+	}
+	if got := server.Parent.SpanID().String(); got != parentID {
+		t.Errorf("server span parent = %s, want Envoy's span %s", got, parentID)
+	}
+	if backend.Parent.SpanID() != server.SpanContext.SpanID() {
+		t.Errorf("backend span parent = %s, want the server span %s", backend.Parent.SpanID(), server.SpanContext.SpanID())
+	}
+	if backend.Name != "ratelimitd.backend.take" {
+		t.Errorf("backend span name = %q", backend.Name)
+	}
+	attrs := map[string]int64{}
+	for _, a := range backend.Attributes {
+		attrs[string(a.Key)] = a.Value.AsInt64()
+	}
+	if attrs["ratelimitd.hits"] != 2 || attrs["ratelimitd.denied"] != 1 {
+		t.Errorf("backend span attributes = %v, want hits=2 denied=1", attrs)
+	}
+}
+
+func TestBackendErrorRecorded(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tr, err := Setup(context.Background(), Options{Enabled: true, Exporter: exp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := tr.Store(fakeStore{err: causeErr{}})
+	if _, err := s.Take(context.Background(), []algo.Hit{{Key: "k", Cost: 1}}); !errors.As(err, new(causeErr)) {
+		t.Fatalf("Take error = %v, want the backend's error unchanged", err)
+	}
+	_ = tr.sdk.ForceFlush(context.Background())
+	spans := exp.GetSpans()
+	defer tr.Shutdown(context.Background()) //nolint:errcheck
+	if len(spans) != 1 || spans[0].Status.Description != "backend error" {
+		t.Fatalf("spans = %+v, want one errored span", spans)
+	}
+	var cause string
+	for _, a := range spans[0].Attributes {
+		if a.Key == "ratelimitd.backend.cause" {
+			cause = a.Value.AsString()
+		}
+	}
+	if cause != "timeout" {
+		t.Errorf("cause attribute = %q, want timeout", cause)
+	}
+}
+
+func TestDisabledIsPassThrough(t *testing.T) {
+	tr, err := Setup(context.Background(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Store = fakeStore{}
+	if got := tr.Store(s); got != s {
+		t.Errorf("disabled tracing wrapped the store: %T", got)
+	}
+	if _, err := Setup(context.Background(), Options{Enabled: true, SampleRatio: 2}); err == nil {
+		t.Error("sample ratio 2 accepted")
+	}
+}
+
+// collector is a minimal OTLP/gRPC trace collector.
+type collector struct {
+	collectortrace.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	names []string
+}
+
+func (c *collector) Export(_ context.Context, r *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, rs := range r.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			for _, s := range ss.GetSpans() {
+				c.names = append(c.names, s.GetName())
+			}
+		}
+	}
+	return &collectortrace.ExportTraceServiceResponse{}, nil
+}
+
+func TestOTLPExportReachesCollector(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := &collector{}
+	srv := grpc.NewServer()
+	collectortrace.RegisterTraceServiceServer(srv, col)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+
+	tr, err := Setup(context.Background(), Options{Enabled: true, Endpoint: lis.Addr().String(), Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Store(fakeStore{}).Take(context.Background(), []algo.Hit{{Key: "k", Cost: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tr.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	if len(col.names) != 1 || col.names[0] != "ratelimitd.backend.take" {
+		t.Fatalf("collector received %v, want [ratelimitd.backend.take]", col.names)
+	}
+}
+
+var _ sdktrace.SpanExporter = (*tracetest.InMemoryExporter)(nil)
