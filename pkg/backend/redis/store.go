@@ -1,0 +1,348 @@
+package redis
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// Store decides hits with one EVALSHA of the embedded script per request
+// (standalone, Sentinel) or per hash-slot group of the request (Cluster).
+// It implements service.Store. Safe for concurrent use; concurrent
+// requests share the go-redis connection pool (Options.PoolSize).
+type Store struct {
+	client  goredis.UniversalClient
+	cluster bool
+	now     func() time.Time // nil: the script uses the server's TIME
+	cache   *overLimitCache
+
+	noncePrefix string
+	seq         atomic.Uint64
+
+	// refundErrors counts failed compensating refunds (Cluster only).
+	refundErrors atomic.Uint64
+}
+
+// New connects a Store per opts. It does not wait for Redis: the client
+// connects lazily, so the service starts while Redis is down. Errors come
+// from invalid options only.
+func New(opts Options) (*Store, error) {
+	c, err := newClient(opts)
+	if err != nil {
+		return nil, err
+	}
+	return newStore(c, opts), nil
+}
+
+func newStore(c goredis.UniversalClient, opts Options) *Store {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	s := &Store{
+		client:      c,
+		now:         opts.Now,
+		cache:       newOverLimitCache(opts.LocalCacheSize),
+		noncePrefix: hex.EncodeToString(b[:]),
+	}
+	_, s.cluster = c.(*goredis.ClusterClient)
+	return s
+}
+
+// Close closes the connection pool. Take must not be called afterwards.
+func (s *Store) Close() error {
+	if err := s.client.Close(); err != nil {
+		return fmt.Errorf("redis: close: %w", err)
+	}
+	return nil
+}
+
+// CacheHits is the number of hits answered by the local over-limit cache
+// since the Store was created (0 when the cache is disabled).
+func (s *Store) CacheHits() uint64 {
+	if s.cache == nil {
+		return 0
+	}
+	return s.cache.hits.Load()
+}
+
+// ResetCache drops every entry of the local over-limit cache. Call it on a
+// config reload so that no denial computed under an old limit survives.
+func (s *Store) ResetCache() { s.cache.reset() }
+
+// RefundErrors is the number of Cluster compensating refunds that failed
+// (each one leaves a request's consumption in place until its keys reset).
+func (s *Store) RefundErrors() uint64 { return s.refundErrors.Load() }
+
+func (s *Store) nowUS() int64 {
+	if s.now == nil {
+		return -1
+	}
+	return s.now().UnixMicro()
+}
+
+func (s *Store) nonce() string {
+	return s.noncePrefix + strconv.FormatUint(s.seq.Add(1), 36)
+}
+
+// Take decides all hits of one request atomically and all-or-nothing (see
+// service.Store). On Cluster, hits are grouped by hash slot and the groups
+// run in parallel; when a group denies, the groups that allowed are
+// reversed by a compensating refund (see docs/redis.md for the bounded
+// transient). Errors wrap the go-redis error, prefixed "redis:".
+func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+	out := make([]algo.Decision, len(hits))
+	if len(hits) == 0 {
+		return out, nil
+	}
+	if s.cache != nil && s.fromCache(hits, out) {
+		return out, nil
+	}
+	var err error
+	if !s.cluster {
+		_, err = s.run(ctx, modeTake, s.nowUS(), s.nonce(), hits, out)
+	} else {
+		err = s.takeCluster(ctx, hits, out)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if s.cache != nil {
+		s.remember(hits, out)
+	}
+	return out, nil
+}
+
+// run executes the script once for hits (all in one slot on Cluster).
+func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string, hits []algo.Hit, out []algo.Decision) (int64, error) {
+	v, err := takeScript.Run(ctx, s.client, hitKeys(hits), scriptArgs(mode, nowUS, nonce, hits)...).Result()
+	if err != nil {
+		return 0, fmt.Errorf("redis: take: %w", err)
+	}
+	return parseReply(v, out)
+}
+
+// group is the hits of one hash slot within a request.
+type group struct {
+	idx   []int // positions in the request
+	hits  []algo.Hit
+	out   []algo.Decision
+	nowUS int64
+	err   error
+}
+
+func (g *group) denied() bool {
+	for i, d := range g.out {
+		if !d.Allowed && g.hits[i].Cost > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
+	bySlot := make(map[uint16]*group, 2)
+	var groups []*group
+	for i, h := range hits {
+		sl := Slot(h.Key)
+		g := bySlot[sl]
+		if g == nil {
+			g = &group{}
+			bySlot[sl] = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+		g.hits = append(g.hits, h)
+	}
+	nonce := s.nonce()
+	nowUS := s.nowUS()
+	if len(groups) == 1 {
+		_, err := s.run(ctx, modeTake, nowUS, nonce, hits, out)
+		return err
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		g.out = make([]algo.Decision, len(g.hits))
+		wg.Go(func() {
+			g.nowUS, g.err = s.run(ctx, modeTake, nowUS, nonce, g.hits, g.out)
+		})
+	}
+	wg.Wait()
+	var errs []error
+	denied := false
+	for _, g := range groups {
+		if g.err != nil {
+			errs = append(errs, g.err)
+		} else if g.denied() {
+			denied = true
+		}
+	}
+	if denied || len(errs) > 0 {
+		// Compensate: reverse every group that consumed, so that a denied
+		// (or failed) request consumes nothing. Refund replies are the
+		// check-only decisions on the restored state: the values before
+		// the request.
+		for _, g := range groups {
+			if g.err != nil || g.denied() {
+				continue
+			}
+			wg.Go(func() {
+				if _, err := s.run(context.WithoutCancel(ctx), modeRefund, g.nowUS, nonce, g.hits, g.out); err != nil {
+					s.refundErrors.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	for _, g := range groups {
+		for j, i := range g.idx {
+			out[i] = g.out[j]
+		}
+	}
+	return nil
+}
+
+// cacheable reports whether a denial of h may be answered locally until
+// its RetryAfter: concurrency leases can be released early, so they never
+// are.
+func cacheable(h algo.Hit) bool {
+	return h.Limit.Kind != algo.Concurrency && !h.Release
+}
+
+func (s *Store) clock() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
+}
+
+// fromCache answers the request locally when every hit is a known denial.
+func (s *Store) fromCache(hits []algo.Hit, out []algo.Decision) bool {
+	now := s.clock()
+	for i, h := range hits {
+		if !cacheable(h) {
+			return false
+		}
+		e, ok := s.cache.lookup(h.Key, h.Cost, now)
+		if !ok {
+			return false
+		}
+		out[i] = algo.Decision{
+			Allowed:     false,
+			Remaining:   e.dec.remaining,
+			RetryAfter:  e.until.Sub(now),
+			ResetAfter:  max(0, e.dec.reset.Sub(now)),
+			WindowAfter: max(0, e.dec.window.Sub(now)),
+		}
+	}
+	return true
+}
+
+// remember caches the denials of hits whose key occurs once in the request
+// (a repeated key's denial depends on the request's earlier hits).
+func (s *Store) remember(hits []algo.Hit, out []algo.Decision) {
+	now := s.clock()
+	for i, h := range hits {
+		d := out[i]
+		if d.Allowed || d.RetryAfter <= 0 || !cacheable(h) {
+			continue
+		}
+		dup := false
+		for j := range hits {
+			if j != i && hits[j].Key == h.Key {
+				dup = true
+				break
+			}
+		}
+		if dup {
+			continue
+		}
+		s.cache.add(cacheEntry{
+			key:   h.Key,
+			until: now.Add(d.RetryAfter),
+			cost:  h.Cost,
+			dec: cacheDecision{
+				remaining: d.Remaining,
+				reset:     now.Add(d.ResetAfter),
+				window:    now.Add(d.WindowAfter),
+			},
+		})
+	}
+}
+
+// Slot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of the key,
+// or of its hash tag (the bytes between the first '{' and the next '}',
+// when non-empty), modulo 16384. Source: Redis Cluster specification,
+// "Keys distribution model".
+func Slot(key string) uint16 {
+	if i := indexByte(key, '{'); i >= 0 {
+		if j := indexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return crc16(key) & 16383
+}
+
+func indexByte(s string, c byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			return i
+		}
+	}
+	return -1
+}
+
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for range 8 {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()
+
+func crc16(s string) uint16 {
+	var c uint16
+	for i := 0; i < len(s); i++ {
+		c = c<<8 ^ crcTable[byte(c>>8)^s[i]]
+	}
+	return c
+}
+
+// newClient is TEMPORARY (helper C1) until options.go (helper C2) provides
+// the real constructor with URL/mode/TLS/ACL/pool handling: C2 deletes this
+// function in the same change that adds its own newClient(Options).
+func newClient(opts Options) (goredis.UniversalClient, error) {
+	switch opts.Mode {
+	case Cluster:
+		return goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: opts.Addrs, PoolSize: opts.PoolSize}), nil
+	case Standalone, "":
+		o, err := goredis.ParseURL(opts.URL)
+		if err != nil {
+			return nil, fmt.Errorf("redis: url: %w", err)
+		}
+		if opts.PoolSize > 0 {
+			o.PoolSize = opts.PoolSize
+		}
+		return goredis.NewClient(o), nil
+	default:
+		return nil, fmt.Errorf("redis: mode %q not supported yet", opts.Mode)
+	}
+}

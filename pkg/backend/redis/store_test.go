@@ -1,0 +1,293 @@
+package redis_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// The Redis store is a service.Store.
+var _ service.Store = (*redis.Store)(nil)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// go-redis' pool keeps background goroutines until Close; every
+		// test closes its stores, these are the process-wide ones.
+		goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
+	)
+}
+
+// clock is a pinned, manually advanced clock for Options.Now.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock(t time.Time) *clock { return &clock{t: t} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// newStore returns a Store on srv (nil now: the server's TIME).
+func newStore(t testing.TB, srv *redistest.Server, now func() time.Time, cacheSize int) *redis.Store {
+	t.Helper()
+	s, err := redis.New(redis.Options{
+		URL:            srv.URL(),
+		Mode:           redis.Standalone,
+		Timeout:        2 * time.Second,
+		PoolSize:       8,
+		LocalCacheSize: cacheSize,
+		Now:            now,
+	})
+	if err != nil {
+		t.Fatalf("redis.New: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+var t0 = time.Date(2026, 3, 14, 15, 9, 26, 535897000, time.UTC)
+
+// allKinds is one limit of every algorithm, 3 units per 10 s.
+func allKinds() []algo.Limit {
+	p := 10 * time.Second
+	return []algo.Limit{
+		{Kind: algo.FixedWindow, Rate: 3, Period: p},
+		{Kind: algo.SlidingWindow, Rate: 3, Period: p},
+		{Kind: algo.SlidingLog, Rate: 3, Period: p},
+		{Kind: algo.TokenBucket, Rate: 3, Period: p},
+		{Kind: algo.Concurrency, Rate: 3, Period: p},
+		{Kind: algo.FixedWindow, Rate: 3, Calendar: algo.CalendarMonth, Multiplier: 1, Period: 30 * 24 * time.Hour},
+	}
+}
+
+func kindName(l algo.Limit) string {
+	n := [...]string{"fixed_window", "sliding_window", "sliding_log", "token_bucket", "concurrency"}[l.Kind]
+	if l.Calendar != algo.CalendarNone {
+		n += "_calendar"
+	}
+	return n
+}
+
+func keys(t testing.TB, c *goredis.Client) []string {
+	t.Helper()
+	var out []string
+	iter := c.Scan(context.Background(), 0, "*", 100).Iterator()
+	for iter.Next(context.Background()) {
+		out = append(out, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatalf("scan: %v", err)
+	}
+	return out
+}
+
+// TestAllOrNothing: a request whose last hit denies writes no key at all,
+// for every algorithm, and reports the values before the request.
+func TestAllOrNothing(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	for _, l := range allKinds() {
+		t.Run(kindName(l), func(t *testing.T) {
+			c := srv.Client()
+			if err := c.FlushAll(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			clk := newClock(t0)
+			s := newStore(t, srv, clk.Now, 0)
+			blocker := algo.Hit{Key: "blocker", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}, Cost: 1}
+			if _, err := s.Take(ctx, []algo.Hit{blocker}); err != nil {
+				t.Fatal(err)
+			}
+			before := keys(t, c)
+			hits := []algo.Hit{{Key: "k", Limit: l, Cost: 2}, blocker}
+			d, err := s.Take(ctx, hits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d[1].Allowed || !d[0].Allowed {
+				t.Fatalf("decisions %+v: want hit 0 allowed (it did not deny) and hit 1 denied", d)
+			}
+			if d[0].Remaining != 3 {
+				t.Errorf("remaining of the non-denying hit = %d, want 3 (value before the request)", d[0].Remaining)
+			}
+			if after := keys(t, c); strings.Join(after, ",") != strings.Join(before, ",") {
+				t.Errorf("keys after denied request %v, before %v: a denied request wrote", after, before)
+			}
+			// The full cost is still available.
+			d, err = s.Take(ctx, []algo.Hit{{Key: "k", Limit: l, Cost: 3}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d[0].Allowed || d[0].Remaining != 0 {
+				t.Errorf("after the denied request, cost 3 gave %+v; want allowed with 0 remaining", d[0])
+			}
+		})
+	}
+}
+
+// TestTTLInvariant: after random traffic on every algorithm, every key has
+// a TTL, and the TTL is at least the decision's ResetAfter.
+func TestTTLInvariant(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	c := srv.Client()
+	s := newStore(t, srv, nil, 0) // server clock: TTLs are relative to it
+	for i, l := range allKinds() {
+		for j := range 4 {
+			key := fmt.Sprintf("ttl:%d:%d", i, j)
+			for n := range 3 {
+				d, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: int64(n%2 + 1)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pttl, err := c.PTTL(ctx, key).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d[0].Allowed && pttl < d[0].ResetAfter-time.Millisecond {
+					t.Errorf("%s: PTTL %v < ResetAfter %v", key, pttl, d[0].ResetAfter)
+				}
+			}
+		}
+	}
+	ks := keys(t, c)
+	if len(ks) == 0 {
+		t.Fatal("no keys written")
+	}
+	for _, k := range ks {
+		pttl, err := c.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pttl <= 0 {
+			t.Errorf("key %q has PTTL %v: every key must expire", k, pttl)
+		}
+	}
+}
+
+// TestNoScript: the script cache flushed between two calls (a Redis
+// restart or failover) is reloaded transparently.
+func TestNoScript(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	s := newStore(t, srv, newClock(t0).Now, 0)
+	h := []algo.Hit{{Key: "ns", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Minute}, Cost: 1}}
+	for i := range 3 {
+		if i == 1 {
+			if err := srv.Client().ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := s.Take(ctx, h)
+		if err != nil {
+			t.Fatalf("take %d: %v", i, err)
+		}
+		if want := int64(4 - i); d[0].Remaining != want {
+			t.Fatalf("take %d: remaining %d, want %d", i, d[0].Remaining, want)
+		}
+	}
+}
+
+// TestSharedExactness: three Stores on one Redis, 60 concurrent calls on a
+// 30/minute key, with the server's clock: exactly 30 are allowed.
+func TestSharedExactness(t *testing.T) {
+	srv := redistest.Standalone(t)
+	stores := []*redis.Store{newStore(t, srv, nil, 0), newStore(t, srv, nil, 0), newStore(t, srv, nil, 0)}
+	for _, kind := range []algo.Kind{algo.FixedWindow, algo.SlidingLog, algo.TokenBucket} {
+		l := algo.Limit{Kind: kind, Rate: 30, Period: time.Minute}
+		t.Run(kindName(l), func(t *testing.T) {
+			if kind == algo.FixedWindow {
+				// Stay clear of a minute boundary (the window resets there).
+				if s := time.Now().Second(); s >= 55 {
+					time.Sleep(time.Duration(61-s) * time.Second)
+				}
+			}
+			var allowed atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, 60)
+			for i := range 60 {
+				s := stores[i%3]
+				wg.Go(func() {
+					d, err := s.Take(context.Background(), []algo.Hit{{Key: "shared:" + kindName(l), Limit: l, Cost: 1}})
+					if err != nil {
+						errs <- err
+						return
+					}
+					if d[0].Allowed {
+						allowed.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			if n := allowed.Load(); n != 30 {
+				t.Fatalf("allowed %d of 60, want exactly 30", n)
+			}
+		})
+	}
+}
+
+// TestSameKeyTwice: two hits on one key in one request are applied in
+// order, the second seeing the first.
+func TestSameKeyTwice(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	for _, l := range allKinds() {
+		t.Run(kindName(l), func(t *testing.T) {
+			s := newStore(t, srv, newClock(t0).Now, 0)
+			key := "twice:" + kindName(l)
+			d, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}, {Key: key, Limit: l, Cost: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d[0].Allowed || !d[1].Allowed || d[0].Remaining != 2 || d[1].Remaining != 1 {
+				t.Fatalf("decisions %+v, want remaining 2 then 1", d)
+			}
+			d, err = s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}, {Key: key, Limit: l, Cost: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d[0].Allowed || d[1].Allowed {
+				t.Fatalf("decisions %+v, want the first allowed and the second denied", d)
+			}
+			d, err = s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d[0].Allowed || d[0].Remaining != 0 {
+				t.Fatalf("after the denied pair: %+v, want allowed with 0 remaining (the pair consumed nothing)", d[0])
+			}
+		})
+	}
+}

@@ -1,0 +1,610 @@
+-- ratelimitd: decide every hit of one request (or of one Cluster slot
+-- group) atomically, all-or-nothing. A line-by-line port of pkg/algo
+-- (take.go, calendar.go); see docs/redis.md for the protocol.
+--
+-- KEYS[i]  the state key of hit i. One key per hit and never a derived
+--          key: every key the script touches is declared, so Cluster slot
+--          routing is exact.
+-- ARGV[1]  mode: "t" take, "r" refund (reverse a previous take exactly and
+--          reply with check-only decisions on the restored state).
+-- ARGV[2]  now in integer microseconds since the Unix epoch, or "" to use
+--          redis.call('TIME'). Tests pin it; refunds pass the take's now.
+-- ARGV[3]  request nonce: makes log members unique across requests.
+-- ARGV[4 + (i-1)*8 ..] per hit: kind, rate, period_us, burst, calendar,
+--          multiplier, cost, release (0/1).
+--
+-- Reply: { now_us, then per hit: allowed (0/1), remaining, retry_us,
+--          reset_us, window_us }. Durations are integer microseconds.
+--
+-- Values (all instants in µs since the epoch):
+--   fixed_window    string "<window_start> <count>"
+--   sliding_window  string "<window_start> <count> <prev_count>"
+--   token_bucket    string "<tat_us> <tat_frac>" (TAT = tat_us + frac/rate)
+--   sliding_log,
+--   concurrency     sorted set, score = timestamp, member = nonce.hit.unit
+-- Every write sets a TTL equal to the time until the state is empty again
+-- (algo.ExpiresAtUs - now); an empty state deletes the key.
+--
+-- Numbers are Lua doubles; pkg/algo keeps every integer below 2^53 and
+-- uses only +, -, *, floor division and the same float operations in the
+-- same order, so results are bit-identical.
+
+local NF = 8
+local mode = ARGV[1]
+local now
+if ARGV[2] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[2])
+end
+local nonce = ARGV[3]
+
+local floor = math.floor
+local max = math.max
+local min = math.min
+
+-- idiv is exact floor division of integers (a double quotient may round
+-- up to the next integer; correct it).
+local function idiv(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function imod(a, b)
+  return a - idiv(a, b) * b
+end
+
+-- Calendar (calendar.go) ----------------------------------------------------
+local DAY = 86400000000
+
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = idiv(y, 400)
+  local yoe = y - era * 400
+  local mp = imod(m + 9, 12)
+  local doy = idiv(153 * mp + 2, 5) + d - 1
+  local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  local m
+  if mp < 10 then m = mp + 3 else m = mp - 9 end
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+
+local function month_start(mi)
+  local y = 1970 + idiv(mi, 12)
+  local m = mi - idiv(mi, 12) * 12 + 1
+  return days_from_civil(y, m, 1) * DAY
+end
+
+-- bounds(h, t) is algo.WindowBoundsUs.
+local function bounds(h, t)
+  if h.cal == 1 or h.cal == 2 then
+    local y, m = civil_from_days(idiv(t, DAY))
+    local mult = h.mult
+    if h.cal == 1 then
+      local mi = (y - 1970) * 12 + (m - 1)
+      local k = idiv(mi, mult) * mult
+      return month_start(k), month_start(k + mult)
+    end
+    local k = idiv(y - 1970, mult) * mult
+    return month_start(k * 12), month_start((k + mult) * 12)
+  end
+  local s = idiv(t, h.period) * h.period
+  return s, s + h.period
+end
+
+-- Helpers ---------------------------------------------------------------------
+
+local function fields(v)
+  local out = {}
+  for w in string.gmatch(v, '%S+') do out[#out + 1] = tonumber(w) end
+  return out
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- ttl_ms turns an expiry instant into a PX value (ceil to ms, >= 1).
+local function ttl_ms(at)
+  local us = at - now
+  local ms = idiv(us + 999, 1000)
+  if ms < 1 then ms = 1 end
+  return ms
+end
+
+-- decision constructor: d(allowed, remaining, retry, reset, window)
+local function dec(allowed, rem, retry, reset, window)
+  return { allowed = allowed, rem = rem, retry = retry or 0, reset = reset or 0, window = window or 0 }
+end
+
+local K = {}
+
+-- fixed_window (take.go fixedWindow) ----------------------------------------
+K[0] = {
+  load = function(h)
+    local v = redis.call('GET', h.key)
+    if not v then return { time = 0, count = 0 } end
+    local f = fields(v)
+    return { time = f[1], count = f[2] }
+  end,
+  decide = function(h, st, cost)
+    local ws, we = bounds(h, now)
+    local count = 0
+    if st.time == ws then
+      count = st.count
+    elseif st.time > ws then
+      ws = st.time
+      local _
+      _, we = bounds(h, ws)
+      count = st.count
+    end
+    local rem = max(h.rate - count, 0)
+    local reset = we - now
+    if max(cost, 1) > rem then
+      return st, dec(false, rem, reset, reset, reset)
+    end
+    if cost == 0 then
+      return st, dec(true, rem, 0, reset, reset)
+    end
+    return { time = ws, count = count + cost, dirty = true }, dec(true, rem - cost, 0, reset, reset)
+  end,
+  save = function(h, st)
+    if st.count > 0 then
+      local _, we = bounds(h, st.time)
+      redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count), 'PX', fmt(ttl_ms(we)))
+    else
+      redis.call('DEL', h.key)
+    end
+  end,
+  refund = function(h, st, cost)
+    local ws = bounds(h, now)
+    if st.time ~= ws or st.count <= 0 then return st end
+    return { time = st.time, count = max(st.count - cost, 0), dirty = true }
+  end,
+}
+
+-- sliding_window (take.go slidingWindow, swin) ------------------------------
+local function sw_remaining(s, curr)
+  local w = (s.we - s.tw) / (s.we - s.ws)
+  local est = s.prev * w + curr
+  local r = floor(s.rate - est)
+  return max(r, 0)
+end
+
+local function sw_wait(s, curr, k)
+  local t2
+  local avail = s.rate - k - curr
+  if avail >= 0 and s.prev > 0 then
+    local x = (avail * (s.we - s.ws)) / s.prev
+    t2 = s.we - floor(x)
+  elseif curr > 0 then
+    local x = ((s.rate - k) * (s.we2 - s.we)) / curr
+    t2 = s.we2 - floor(x)
+  else
+    t2 = s.t + 1
+  end
+  return max(t2 - s.t, 1)
+end
+
+local function sw_reset(s, curr)
+  if curr > 0 then return s.we2 - s.t end
+  return s.we - s.t
+end
+
+local function sw_window(s, curr, rem)
+  if rem >= s.rate then return s.we - s.t end
+  return sw_wait(s, curr, rem + 1)
+end
+
+K[1] = {
+  load = function(h)
+    local v = redis.call('GET', h.key)
+    if not v then return { time = 0, count = 0, prev = 0 } end
+    local f = fields(v)
+    return { time = f[1], count = f[2], prev = f[3] }
+  end,
+  decide = function(h, st, cost)
+    local ws, we = bounds(h, now)
+    local curr, prev = 0, 0
+    if st.time == ws then
+      curr, prev = st.count, st.prev
+    elseif st.time > ws then
+      ws = st.time
+      local _
+      _, we = bounds(h, ws)
+      curr, prev = st.count, st.prev
+    else
+      local ps = bounds(h, ws - 1)
+      if st.time == ps then prev = st.count end
+    end
+    local tw = max(now, ws)
+    local _, we2 = bounds(h, we)
+    local s = { rate = h.rate, t = now, tw = tw, ws = ws, we = we, we2 = we2, prev = prev }
+    local rem = sw_remaining(s, curr)
+    local need = max(cost, 1)
+    if need > rem then
+      local retry = we - now
+      if need <= h.rate then retry = sw_wait(s, curr, need) end
+      return st, dec(false, rem, retry, sw_reset(s, curr), sw_window(s, curr, rem))
+    end
+    local ns = st
+    if cost > 0 then
+      curr = curr + cost
+      rem = rem - cost
+      ns = { time = ws, count = curr, prev = prev, dirty = true }
+    end
+    return ns, dec(true, rem, 0, sw_reset(s, curr), sw_window(s, curr, rem))
+  end,
+  save = function(h, st)
+    -- algo.ExpiresAtUs
+    local _, e = bounds(h, st.time)
+    if st.count > 0 then
+      local _2
+      _2, e = bounds(h, e)
+    elseif st.prev <= 0 then
+      redis.call('DEL', h.key)
+      return
+    end
+    redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count) .. ' ' .. fmt(st.prev), 'PX', fmt(ttl_ms(e)))
+  end,
+  refund = function(h, st, cost)
+    local ws, we = bounds(h, now)
+    if st.time == ws then
+      return { time = st.time, count = max(st.count - cost, 0), prev = st.prev, dirty = true }
+    elseif st.time == we then -- the window rolled over since the take
+      return { time = st.time, count = st.count, prev = max(st.prev - cost, 0), dirty = true }
+    end
+    return st
+  end,
+}
+
+-- token_bucket (take.go tokenBucket): GCRA with an exact rational TAT --------
+K[3] = {
+  load = function(h)
+    local v = redis.call('GET', h.key)
+    if not v then return { time = 0, count = 0 } end
+    local f = fields(v)
+    return { time = f[1], count = f[2] }
+  end,
+  decide = function(h, st, cost)
+    local t = now
+    local r = h.rate
+    local b = h.burst
+    if b <= 0 then b = r end
+    local p = h.period
+    local q, m = idiv(p, r), imod(p, r)
+    local tat, frac = st.time, st.count
+    if frac < 0 or frac >= r then tat, frac = tat + 1, 0 end
+    if tat < t then tat, frac = t, 0 end
+    local tauUs, tauFrac = b * q + idiv(b * m, r), imod(b * m, r)
+    local sUs, sFrac = tauUs - (tat - t), tauFrac - frac
+    if sFrac < 0 then
+      sFrac = sFrac + r
+      sUs = sUs - 1
+    end
+    local rem = 0
+    if sUs >= 0 then rem = idiv(sUs * r + sFrac, p) end
+    local function waitFor(sUs, sFrac, k)
+      local du, df = k * q + idiv(k * m, r) - sUs, imod(k * m, r) - sFrac
+      if df < 0 then
+        df = df + r
+        du = du - 1
+      end
+      if df > 0 then du = du + 1 end
+      return du
+    end
+    local function fullIn(tat, frac)
+      local d = tat - t
+      if frac > 0 then d = d + 1 end
+      return max(d, 0)
+    end
+    local function nextw(tat, frac, sUs, sFrac, rem)
+      if rem >= b or fullIn(tat, frac) == 0 then return q + min(m, 1) end
+      return waitFor(sUs, sFrac, rem + 1)
+    end
+    local need = max(cost, 1)
+    if need > rem then
+      local retry = p
+      if need <= b then retry = waitFor(sUs, sFrac, need) end
+      return st, dec(false, rem, retry, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
+    end
+    if cost == 0 then
+      return st, dec(true, rem, 0, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
+    end
+    local n = frac + cost * m
+    tat, frac = tat + cost * q + idiv(n, r), imod(n, r)
+    sUs, sFrac = tauUs - (tat - t), tauFrac - frac
+    if sFrac < 0 then
+      sFrac = sFrac + r
+      sUs = sUs - 1
+    end
+    rem = rem - cost
+    return { time = tat, count = frac, dirty = true },
+      dec(true, rem, 0, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
+  end,
+  save = function(h, st)
+    -- algo.ExpiresAtUs
+    local e = st.time
+    if st.count > 0 then e = e + 1 end
+    if e <= now then
+      redis.call('DEL', h.key)
+      return
+    end
+    redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count), 'PX', fmt(ttl_ms(e)))
+  end,
+  refund = function(h, st, cost)
+    if st.time == 0 and st.count == 0 then return st end
+    local r = h.rate
+    local q, m = idiv(h.period, r), imod(h.period, r)
+    local n = st.count - cost * m
+    return { time = st.time - cost * q + idiv(n, r), count = imod(n, r), dirty = true }
+  end,
+}
+
+-- sliding_log and concurrency (take.go timestampLog, release1) --------------
+-- The state is the live part of the sorted set (scores > now - period),
+-- read lazily: n0 live entries in Redis of which `dropped` oldest are
+-- released, then the `added` timestamps of this request (all >= the
+-- newest live entry, so the order is the sorted set's).
+local function log_len(st) return st.n0 - st.dropped + #st.added end
+
+-- log_at returns the i-th (1-based) live timestamp.
+local function log_at(st, i)
+  local j = i + st.dropped
+  if j <= st.n0 then
+    local rank = fmt(st.off + j - 1)
+    local r = redis.call('ZRANGE', st.key, rank, rank, 'WITHSCORES')
+    return tonumber(r[2])
+  end
+  return st.added[j - st.n0]
+end
+
+local function log_decision(d, st, p)
+  local n = log_len(st)
+  if n > 0 then
+    d.reset = log_at(st, n) + p - now
+    d.window = log_at(st, 1) + p - now
+  else
+    d.window = p
+  end
+  return d
+end
+
+local function log_copy(st)
+  local a = {}
+  for i, x in ipairs(st.added) do a[i] = x end
+  return { key = st.key, off = st.off, n0 = st.n0, dropped = st.dropped, added = a, dirty = st.dirty }
+end
+
+local LOG = {
+  load = function(h)
+    local cut = now - h.period
+    local off = redis.call('ZCOUNT', h.key, '-inf', fmt(cut))
+    local n0 = redis.call('ZCOUNT', h.key, '(' .. fmt(cut), '+inf')
+    return { key = h.key, off = off, n0 = n0, dropped = 0, added = {} }
+  end,
+  decide = function(h, st, cost)
+    local p = h.period
+    local rem = max(h.rate - log_len(st), 0)
+    local need = max(cost, 1)
+    if need > rem then
+      local retry = p
+      if need <= h.rate then
+        local e = log_len(st) + need - h.rate
+        retry = log_at(st, e) + p - now
+      end
+      return st, log_decision(dec(false, rem, retry), st, p)
+    end
+    if cost == 0 then
+      return st, log_decision(dec(true, rem), st, p)
+    end
+    local ns = log_copy(st)
+    local ts = now
+    local n = log_len(st)
+    if n > 0 then ts = max(ts, log_at(st, n)) end
+    for _ = 1, cost do ns.added[#ns.added + 1] = ts end
+    ns.dirty = true
+    ns.hit = h.idx
+    ns.marks = ns.marks or {}
+    return ns, log_decision(dec(true, rem - cost), ns, p)
+  end,
+  release = function(h, st, n)
+    local p = h.period
+    local ns = st
+    if n > 0 then
+      ns = log_copy(st)
+      local k = min(n, log_len(ns))
+      local fromRedis = min(k, ns.n0 - ns.dropped)
+      ns.dropped = ns.dropped + fromRedis
+      for _ = 1, k - fromRedis do table.remove(ns.added, 1) end
+      ns.dirty = true
+    end
+    local rem = max(h.rate - log_len(ns), 0)
+    return ns, log_decision(dec(true, rem), ns, p)
+  end,
+}
+
+-- Members of added timestamps: nonce.hit.unit, unique per request and hit.
+-- `owner` records, per added timestamp, the hit index that added it.
+local function log_save(h, st, members)
+  local cut = now - h.period
+  if st.off > 0 then redis.call('ZREMRANGEBYSCORE', h.key, '-inf', fmt(cut)) end
+  if st.dropped > 0 then redis.call('ZREMRANGEBYRANK', h.key, '0', fmt(st.dropped - 1)) end
+  if #members > 0 then
+    local args = {}
+    for i = 1, #members do
+      args[#args + 1] = fmt(st.added[i])
+      args[#args + 1] = members[i]
+    end
+    redis.call('ZADD', h.key, unpack(args))
+  end
+  local n = log_len(st)
+  if n == 0 then
+    redis.call('DEL', h.key)
+    return
+  end
+  redis.call('PEXPIRE', h.key, fmt(ttl_ms(log_at(st, n) + h.period)))
+end
+
+K[2] = LOG
+K[4] = LOG
+
+-- Main ----------------------------------------------------------------------
+
+local hits = {}
+for i = 1, #KEYS do
+  local o = 3 + (i - 1) * NF
+  hits[i] = {
+    key = KEYS[i],
+    kind = tonumber(ARGV[o + 1]),
+    rate = tonumber(ARGV[o + 2]),
+    period = tonumber(ARGV[o + 3]),
+    burst = tonumber(ARGV[o + 4]),
+    cal = tonumber(ARGV[o + 5]),
+    mult = tonumber(ARGV[o + 6]),
+    cost = max(tonumber(ARGV[o + 7]), 0),
+    release = ARGV[o + 8] == '1',
+    idx = i,
+  }
+end
+
+-- apply is algo.Apply / decide: release, rate 0, then the kind.
+local function apply(h, st, cost)
+  local k = K[h.kind]
+  if h.release then
+    if h.kind == 4 then return k.release(h, st, cost) end
+    cost = 0
+  end
+  if h.rate <= 0 then
+    local w = h.period
+    if h.kind == 0 or h.kind == 1 then
+      local _, e = bounds(h, now)
+      w = e - now
+    end
+    return st, dec(false, 0, w, w, w)
+  end
+  return k.decide(h, st, cost)
+end
+
+local function reply(decisions)
+  local out = { now }
+  for _, d in ipairs(decisions) do
+    local n = #out
+    if d.allowed then out[n + 1] = 1 else out[n + 1] = 0 end
+    out[n + 2] = max(d.rem, 0)
+    out[n + 3] = d.retry
+    out[n + 4] = max(d.reset, 0)
+    out[n + 5] = max(d.window, 0)
+  end
+  return out
+end
+
+local states = {}   -- key -> current (tentative) state
+local initial = {}  -- key -> state before the request
+local first = {}    -- keys in first-use order, with the hit that loaded them
+local members = {}  -- key -> list of new log members, in added order
+
+for _, h in ipairs(hits) do
+  if not states[h.key] then
+    local st = K[h.kind].load(h)
+    states[h.key] = st
+    initial[h.key] = st
+    first[#first + 1] = h
+    members[h.key] = {}
+  end
+end
+
+if mode == 'r' then
+  -- Refund: reverse each take in reverse order, then reply with check-only
+  -- decisions on the restored state (the values before the request).
+  for i = #hits, 1, -1 do
+    local h = hits[i]
+    if h.cost > 0 and not h.release and h.rate > 0 then
+      if h.kind == 2 or h.kind == 4 then
+        for j = 1, h.cost do
+          redis.call('ZREM', h.key, nonce .. '.' .. h.idx .. '.' .. j)
+        end
+      else
+        states[h.key] = K[h.kind].refund(h, states[h.key], h.cost)
+      end
+    end
+  end
+  for _, h in ipairs(first) do
+    local st = states[h.key]
+    if st.dirty then K[h.kind].save(h, st) end
+  end
+  local decisions = {}
+  for i, h in ipairs(hits) do
+    local _, d = apply(h, K[h.kind].load(h), 0)
+    d.allowed = true
+    d.retry = 0
+    decisions[i] = d
+  end
+  return reply(decisions)
+end
+
+local decisions = {}
+local denied = false
+for i, h in ipairs(hits) do
+  local st = states[h.key]
+  local before = st
+  local ns, d = apply(h, st, h.cost)
+  if (h.kind == 2 or h.kind == 4) and ns ~= before and #ns.added > #before.added then
+    local ms = members[h.key]
+    for j = 1, #ns.added - #before.added do
+      ms[#ms + 1] = nonce .. '.' .. h.idx .. '.' .. j
+    end
+  end
+  states[h.key] = ns
+  if not d.allowed and h.cost > 0 then denied = true end
+  decisions[i] = d
+end
+
+if denied then
+  -- Nothing is written. Hits that did not deny report the value before the
+  -- request: a check on the state before the request.
+  for i, h in ipairs(hits) do
+    if decisions[i].allowed then
+      local _, d = apply(h, initial[h.key], 0)
+      d.allowed = true
+      d.retry = 0
+      decisions[i] = d
+    end
+  end
+else
+  for _, h in ipairs(first) do
+    local st = states[h.key]
+    if st.dirty then
+      if h.kind == 2 or h.kind == 4 then
+        -- a release may have dropped added entries: keep the newest members
+        local ms = members[h.key]
+        local extra = #ms - #st.added
+        local keep = {}
+        for j = extra + 1, #ms do keep[#keep + 1] = ms[j] end
+        log_save(h, st, keep)
+      else
+        K[h.kind].save(h, st)
+      end
+    end
+  end
+end
+
+return reply(decisions)
