@@ -197,15 +197,8 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 			Calendar:        l.calendar,
 			FailureMode:     l.failure,
 		}
-		sp.Window = l.unit.Duration() * time_Duration(l.mult)
-		sp.Limit = algo.Limit{Kind: l.algorithm, Rate: l.rpu, Period: sp.Window, Burst: l.burst, Multiplier: l.mult}
-		if l.calendar {
-			if l.unit == Month {
-				sp.Limit.Calendar = algo.CalendarMonth
-			} else {
-				sp.Limit.Calendar = algo.CalendarYear
-			}
-		}
+		sp.Limit = compileLimit(&l)
+		sp.Window = sp.Limit.Period
 		switch {
 		case l.name != "":
 			sp.Policy = sfSafe(l.name)

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -585,40 +586,60 @@ func (p *parser) metadata(v *yaml.Node) any {
 	return nil
 }
 
-// checkLimit validates the extension fields of a limit with a valid unit.
+// checkLimit validates the extension fields of a limit with a valid unit,
+// then the compiled algo.Limit against algo's bounds.
 func (p *parser) checkLimit(l *rawLimit) {
+	before := len(p.errs.errs)
 	at := func(line int) int {
 		if line == 0 {
 			return l.line
 		}
 		return line
 	}
+	unit := strings.ToLower(l.unit.String())
 	if l.burst != 0 && l.algorithm != algo.TokenBucket {
 		p.errs.add(p.file, l.burstLine, "burst applies to algorithm token_bucket only (algorithm is %s)", AlgorithmName(l.algorithm))
 	}
 	if l.algorithm == algo.SlidingLog && l.rpu > MaxSlidingLogRate {
 		p.errs.add(p.file, at(l.rpuLine), "sliding_log keeps one entry per admitted request: requests_per_unit %d is above its bound %d; use algorithm sliding_window for large limits", l.rpu, MaxSlidingLogRate)
 	}
+	if l.algorithm == algo.Concurrency && l.rpu > algo.MaxConcurrencyRate {
+		p.errs.add(p.file, at(l.rpuLine), "concurrency keeps one entry per lease: requests_per_unit %d is above its bound %d", l.rpu, algo.MaxConcurrencyRate)
+	}
 	if l.calendar {
 		if l.unit != Month && l.unit != Year {
-			p.errs.add(p.file, l.calendarLine, "calendar: true applies to units month and year only (unit is %s)", strings.ToLower(l.unit.String()))
+			p.errs.add(p.file, l.calendarLine, "calendar: true applies to units month and year only (unit is %s)", unit)
 		}
 		if l.algorithm != algo.FixedWindow && l.algorithm != algo.SlidingWindow {
 			p.errs.add(p.file, l.calendarLine, "calendar: true applies to fixed_window and sliding_window only (algorithm is %s)", AlgorithmName(l.algorithm))
 		}
 	}
-	window := float64(l.unit.Duration()) * float64(l.mult)
-	if window > float64(MaxWindow) {
-		p.errs.add(p.file, at(l.multLine), "window %s × %d is longer than the maximum of 10 years (3650 days)", strings.ToLower(l.unit.String()), l.mult)
+	if float64(l.unit.Duration())*float64(l.mult) > float64(MaxWindow) {
+		p.errs.add(p.file, at(l.multLine), "window %s × %d is longer than the maximum of %d days", unit, l.mult, MaxWindow/(24*time.Hour))
+	}
+	if len(p.errs.errs) > before {
 		return
 	}
-	if l.algorithm == algo.TokenBucket && l.rpu > 0 {
-		capacity := l.burst
-		if capacity == 0 {
-			capacity = l.rpu
-		}
-		if window*float64(capacity)/float64(l.rpu) > float64(MaxWindow) {
-			p.errs.add(p.file, at(l.burstLine), "token bucket takes longer than 10 years to refill (burst %d at %d per %s × %d); lower burst or raise requests_per_unit", capacity, l.rpu, strings.ToLower(l.unit.String()), l.mult)
+	if err := compileLimit(l).Validate(); err != nil {
+		msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), algo.ErrInvalidLimit.Error()), ": ")
+		p.errs.add(p.file, l.line, "rate limit out of bounds: %s", msg)
+	}
+}
+
+// compileLimit is the algo.Limit of a validated rawLimit with a valid unit.
+func compileLimit(l *rawLimit) algo.Limit {
+	lim := algo.Limit{
+		Kind:       l.algorithm,
+		Rate:       l.rpu,
+		Period:     l.unit.Duration() * time.Duration(l.mult),
+		Burst:      l.burst,
+		Multiplier: l.mult,
+	}
+	if l.calendar {
+		lim.Calendar = algo.CalendarMonth
+		if l.unit == Year {
+			lim.Calendar = algo.CalendarYear
 		}
 	}
+	return lim
 }

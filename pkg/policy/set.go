@@ -7,13 +7,11 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
-	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
-
-type time_Duration = time.Duration
 
 // Set is a compiled, immutable configuration snapshot: per domain a
 // descriptor tree, every Rule, and the key options. Safe for concurrent
@@ -277,7 +275,7 @@ func (s *Set) WriteExplain(w io.Writer) error {
 	var b strings.Builder
 	for _, r := range s.rules {
 		b.Reset()
-		b.WriteString(r.Path)
+		b.WriteString(explainPath(r.Path))
 		b.WriteString(": ")
 		if r.Unlimited {
 			b.WriteString("unlimited")
@@ -326,4 +324,15 @@ func (s *Set) WriteExplain(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// explainPath keeps one rule per line: a path with control characters is
+// shown Go-quoted.
+func explainPath(p string) string {
+	for i := 0; i < len(p); i++ {
+		if p[i] < 0x20 || p[i] == 0x7f {
+			return strconv.Quote(p)
+		}
+	}
+	return p
 }

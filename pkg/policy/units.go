@@ -8,24 +8,21 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// Numeric bounds enforced at load. They keep every value exact in the Redis
-// script, where Lua numbers are IEEE-754 doubles (integers exact below 2^53)
-// and times are integer microseconds.
+// Numeric bounds enforced at load, on top of algo.Limit.Validate (which
+// keeps every integer the algorithms and the Redis script use below 2^53:
+// Lua numbers are IEEE-754 doubles and times are integer microseconds).
 const (
-	// MaxRequestsPerUnit is the largest requests_per_unit (and burst): the
+	// MaxRequestsPerUnit is the largest requests_per_unit and burst: the
 	// Envoy proto field RateLimitResponse.RateLimit.requests_per_unit is a
 	// uint32.
 	MaxRequestsPerUnit = 1<<32 - 1
-	// MaxSlidingLogRate bounds requests_per_unit of a sliding_log limit:
-	// the log keeps one entry per admitted unit of cost, so its memory and
-	// per-request work grow with the limit. Larger limits must use
-	// sliding_window.
-	MaxSlidingLogRate = 10000
-	// MaxWindow bounds unit × unit_multiplier (and, for a token bucket, the
-	// time to refill a full bucket, burst × window / requests_per_unit):
-	// ten 365-day years, 3.15e14 µs, so that now + window in microseconds
-	// stays far below 2^53.
-	MaxWindow = 10 * 365 * 24 * time.Hour
+	// MaxSlidingLogRate bounds requests_per_unit of a sliding_log limit
+	// (algo.MaxSlidingLogRate): the log keeps one entry per admitted unit
+	// of cost. Larger limits must use sliding_window.
+	MaxSlidingLogRate = algo.MaxSlidingLogRate
+	// MaxWindow bounds unit × unit_multiplier: 36,500 days (100 years of
+	// 365 days, within algo.MaxPeriod).
+	MaxWindow = 100 * 365 * 24 * time.Hour
 )
 
 var unitNames = [...]string{UnitUnknown: "UNKNOWN", Second: "SECOND", Minute: "MINUTE", Hour: "HOUR", Day: "DAY", Week: "WEEK", Month: "MONTH", Year: "YEAR"}
