@@ -1,0 +1,343 @@
+package policy
+
+// The plans form: the field's standard API design (plan tiers keyed by a
+// credential, per-route cost classes, a per-IP layer for anonymous traffic,
+// explicit exemptions by credential) written as a few lines of config and
+// expanded into the ordinary descriptor tree at parse time. Everything
+// after expansion (validation, compilation, matching, keys, /rlconfig and
+// `ratelimitd validate --explain`) is the same code as for hand-written
+// descriptors, and every generated node keeps the line of the plans entry
+// it came from, so errors point at what the user wrote.
+//
+//	domain: api
+//	plans:
+//	  plan_key: plan              # entry naming the plan (Envoy: request_headers x-plan)
+//	  credential_key: api_key     # entry keying the counters (api_key, tenant, user)
+//	  tiers:
+//	    free:     {requests_per_unit: 60, unit: minute, algorithm: token_bucket, burst: 10}
+//	    internal: {unlimited: true}
+//	  route_key: route            # entry naming the route class (Envoy: generic_key)
+//	  routes:
+//	    search: {requests_per_unit: 60, unit: minute}
+//	    ai:
+//	      rate_limit: {requests_per_unit: 10, unit: minute}
+//	      tiers: {enterprise: {requests_per_unit: 100, unit: minute}}
+//	  exempt:
+//	    - credential: k8s-probe
+//	      reason: health checks through the mesh
+//	  anonymous:
+//	    key: remote_address
+//	    rate_limit: {requests_per_unit: 30, unit: minute, algorithm: token_bucket, burst: 20}
+//
+// expands to
+//
+//	- key: plan
+//	  value: free
+//	  descriptors:
+//	    - key: api_key            # exemptions first: exact values beat the default
+//	      value: k8s-probe
+//	      rate_limit: {unlimited: true}
+//	      descriptors: [{key: route, rate_limit: {unlimited: true}}]
+//	    - key: api_key
+//	      rate_limit: {name: free, requests_per_unit: 60, ...}
+//	      descriptors:
+//	        - key: route
+//	          value: search
+//	          rate_limit: {name: free/search, requests_per_unit: 60, unit: minute}
+//	- key: remote_address
+//	  rate_limit: {name: anonymous, ...}
+//
+// Envoy sends [(plan, P), (api_key, K)] for the plan limit and
+// [(plan, P), (api_key, K), (route, R)] for the route limit (see
+// examples/plans). Policy names carry the plan, so clients see their plan
+// in RateLimit-Policy.
+
+import (
+	"sort"
+	"strconv"
+
+	"gopkg.in/yaml.v3"
+)
+
+var plansHints = map[string]string{
+	"plan": "plan_key", "credential": "credential_key", "key": "plan_key or credential_key",
+	"plans": "tiers", "tier": "tiers", "route": "routes", "exemptions": "exempt", "anon": "anonymous",
+}
+
+// plans expands a `plans:` mapping into a descriptors sequence node.
+func (p *parser) plans(v *yaml.Node) *yaml.Node {
+	out := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Line: v.Line, Column: v.Column}
+	if v.Kind != yaml.MappingNode {
+		p.errs.add(p.file, v.Line, "plans must be a mapping, got %s", kindName(v))
+		return out
+	}
+	var (
+		planKey, credKey, routeKey string
+		tiers, routes, exempt      *yaml.Node
+		anon                       *yaml.Node
+		routeKeyLine               int
+	)
+	p.mapping(v, func(k string, kn, val *yaml.Node) {
+		switch k {
+		case "plan_key":
+			planKey, _ = p.str(val, k)
+		case "credential_key":
+			credKey, _ = p.str(val, k)
+		case "route_key":
+			routeKey, _ = p.str(val, k)
+			routeKeyLine = kn.Line
+		case "tiers":
+			tiers = val
+		case "routes":
+			routes = val
+		case "exempt":
+			exempt = val
+		case "anonymous":
+			anon = val
+		default:
+			p.unknown(kn, k, "plans", plansHints)
+		}
+	})
+	if planKey == "" {
+		p.errs.add(p.file, v.Line, "plans: plan_key is required (the descriptor entry that names the plan)")
+	}
+	if credKey == "" {
+		p.errs.add(p.file, v.Line, "plans: credential_key is required (the descriptor entry that keys the counters)")
+	}
+	if tiers == nil || tiers.Kind != yaml.MappingNode || len(tiers.Content) == 0 {
+		p.errs.add(p.file, v.Line, "plans: tiers must be a non-empty mapping of plan name to rate_limit")
+		return out
+	}
+	if routes != nil && routeKey == "" {
+		p.errs.add(p.file, routes.Line, "plans: routes need route_key (the descriptor entry that names the route class)")
+	}
+	if routeKey != "" && routes == nil {
+		p.errs.add(p.file, routeKeyLine, "plans: route_key without routes")
+	}
+
+	type route struct {
+		name     string
+		line     int
+		limit    *yaml.Node            // default rate_limit for every tier
+		perTier  map[string]*yaml.Node // tier overrides
+		tierLine map[string]int
+	}
+	var rts []route
+	if routes != nil && routeKey != "" {
+		if routes.Kind != yaml.MappingNode {
+			p.errs.add(p.file, routes.Line, "plans: routes must be a mapping of route class to rate_limit, got %s", kindName(routes))
+		} else {
+			p.mapping(routes, func(name string, kn, val *yaml.Node) {
+				r := route{name: name, line: kn.Line, perTier: map[string]*yaml.Node{}, tierLine: map[string]int{}}
+				if val.Kind != yaml.MappingNode {
+					p.errs.add(p.file, val.Line, "plans: route %q must be a rate_limit mapping, got %s", name, kindName(val))
+					return
+				}
+				if hasKey(val, "rate_limit") || hasKey(val, "tiers") {
+					p.mapping(val, func(k string, kn2, v2 *yaml.Node) {
+						switch k {
+						case "rate_limit":
+							r.limit = v2
+						case "tiers":
+							if v2.Kind != yaml.MappingNode {
+								p.errs.add(p.file, v2.Line, "plans: route %q tiers must be a mapping of plan name to rate_limit", name)
+								return
+							}
+							p.mapping(v2, func(tier string, kn3, v3 *yaml.Node) {
+								r.perTier[tier] = v3
+								r.tierLine[tier] = kn3.Line
+							})
+						default:
+							p.unknown(kn2, k, "plans route "+strconv.Quote(name)+" (rate_limit, tiers)", nil)
+						}
+					})
+				} else {
+					r.limit = val
+				}
+				rts = append(rts, r)
+			})
+		}
+	}
+
+	type exemption struct {
+		credential string
+		line       int
+	}
+	var exs []exemption
+	if exempt != nil {
+		if exempt.Kind != yaml.SequenceNode {
+			p.errs.add(p.file, exempt.Line, "plans: exempt must be a list of {credential, reason}, got %s", kindName(exempt))
+		} else {
+			for _, it := range exempt.Content {
+				it = deref(it)
+				if it.Kind != yaml.MappingNode {
+					p.errs.add(p.file, it.Line, "plans: exempt: list of type other than map: item is %s", kindName(it))
+					continue
+				}
+				var e exemption
+				var reason string
+				p.mapping(it, func(k string, kn, val *yaml.Node) {
+					switch k {
+					case "credential":
+						e.credential, _ = p.str(val, "credential")
+						e.line = kn.Line
+					case "reason":
+						reason, _ = p.str(val, "reason")
+					default:
+						p.unknown(kn, k, "plans exempt entry (credential, reason)", nil)
+					}
+				})
+				switch {
+				case e.credential == "":
+					p.errs.add(p.file, it.Line, "plans: exempt entry needs a non-empty credential (exemptions are by credential, never by IP range)")
+				case reason == "":
+					p.errs.add(p.file, it.Line, "plans: exempt entry %q needs a reason (exemptions must be explained)", e.credential)
+				default:
+					exs = append(exs, e)
+				}
+			}
+		}
+	}
+
+	tierNames := map[string]bool{}
+	for i := 0; i+1 < len(tiers.Content); i += 2 {
+		kn, val := deref(tiers.Content[i]), deref(tiers.Content[i+1])
+		if kn.Kind != yaml.ScalarNode || kn.Tag != "!!str" || kn.Value == "" {
+			p.errs.add(p.file, kn.Line, "plans: tier names must be non-empty strings")
+			continue
+		}
+		tier := kn.Value
+		tierNames[tier] = true
+		if val.Kind != yaml.MappingNode {
+			p.errs.add(p.file, val.Line, "plans: tier %q must be a rate_limit mapping, got %s", tier, kindName(val))
+			continue
+		}
+		unlimited := isUnlimited(val)
+		var credChildren []*yaml.Node
+		for _, e := range exs {
+			credChildren = append(credChildren, mapNode(e.line,
+				"key", scalar(credKey, e.line),
+				"value", scalar(e.credential, e.line),
+				"rate_limit", mapNode(e.line, "unlimited", boolNode(e.line)),
+				"descriptors", seqIf(routeKey != "" && len(rts) > 0, mapNode(e.line,
+					"key", scalar(routeKey, e.line),
+					"rate_limit", mapNode(e.line, "unlimited", boolNode(e.line))))))
+		}
+		var routeNodes []*yaml.Node
+		for _, r := range rts {
+			lim, line := r.limit, r.line
+			if o, ok := r.perTier[tier]; ok {
+				lim, line = o, r.tierLine[tier]
+			}
+			if unlimited {
+				lim = mapNode(line, "unlimited", boolNode(line))
+			}
+			if lim == nil {
+				continue // route limited only for some tiers
+			}
+			routeNodes = append(routeNodes, mapNode(line,
+				"key", scalar(routeKey, line),
+				"value", scalar(r.name, line),
+				"rate_limit", withName(lim, tier+"/"+r.name)))
+		}
+		credChildren = append(credChildren, mapNode(kn.Line,
+			"key", scalar(credKey, kn.Line),
+			"rate_limit", withName(val, tier),
+			"descriptors", seqIf(len(routeNodes) > 0, routeNodes...)))
+		out.Content = append(out.Content, mapNode(kn.Line,
+			"key", scalar(planKey, kn.Line),
+			"value", scalar(tier, kn.Line),
+			"descriptors", seqIf(true, credChildren...)))
+	}
+	for _, r := range rts {
+		var unknownTiers []string
+		for t := range r.perTier {
+			if !tierNames[t] {
+				unknownTiers = append(unknownTiers, t)
+			}
+		}
+		sort.Strings(unknownTiers)
+		for _, t := range unknownTiers {
+			p.errs.add(p.file, r.tierLine[t], "plans: route %q overrides unknown tier %q", r.name, t)
+		}
+	}
+	if anon != nil {
+		if anon.Kind != yaml.MappingNode {
+			p.errs.add(p.file, anon.Line, "plans: anonymous must be a descriptor mapping (key, rate_limit), got %s", kindName(anon))
+		} else {
+			out.Content = append(out.Content, withDefaultName(anon, "anonymous"))
+		}
+	}
+	return out
+}
+
+func hasKey(m *yaml.Node, k string) bool {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == k {
+			return true
+		}
+	}
+	return false
+}
+
+func isUnlimited(m *yaml.Node) bool {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == "unlimited" && m.Content[i+1].Value == "true" {
+			return true
+		}
+	}
+	return false
+}
+
+// withName returns a copy of a rate_limit mapping with name set, unless the
+// user named it or it is unlimited.
+func withName(lim *yaml.Node, name string) *yaml.Node {
+	if lim.Kind != yaml.MappingNode || hasKey(lim, "name") || isUnlimited(lim) {
+		return lim
+	}
+	c := *lim
+	c.Content = append(append([]*yaml.Node(nil), lim.Content...), scalar("name", lim.Line), scalar(name, lim.Line))
+	return &c
+}
+
+// withDefaultName names the rate_limit of a descriptor mapping.
+func withDefaultName(desc *yaml.Node, name string) *yaml.Node {
+	c := *desc
+	c.Content = append([]*yaml.Node(nil), desc.Content...)
+	for i := 0; i+1 < len(c.Content); i += 2 {
+		if c.Content[i].Value == "rate_limit" {
+			c.Content[i+1] = withName(deref(c.Content[i+1]), name)
+		}
+	}
+	return &c
+}
+
+func scalar(s string, line int) *yaml.Node {
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Line: line}
+}
+
+func boolNode(line int) *yaml.Node {
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true", Line: line}
+}
+
+// mapNode builds a mapping from key, value pairs; nil values are skipped.
+func mapNode(line int, kv ...any) *yaml.Node {
+	m := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Line: line}
+	for i := 0; i+1 < len(kv); i += 2 {
+		v, _ := kv[i+1].(*yaml.Node)
+		if v == nil {
+			continue
+		}
+		m.Content = append(m.Content, scalar(kv[i].(string), line), v)
+	}
+	return m
+}
+
+// seqIf builds a sequence of items, or nil when cond is false or no items.
+func seqIf(cond bool, items ...*yaml.Node) *yaml.Node {
+	if !cond || len(items) == 0 {
+		return nil
+	}
+	line := items[0].Line
+	return &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Content: items, Line: line}
+}
