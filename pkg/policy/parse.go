@@ -111,7 +111,9 @@ func parseFile(file string, data []byte, errs *errList) *fileConfig {
 				p.errs.add(file, kn.Line, "config file cannot have empty domain")
 			}
 		case "descriptors":
-			fc.descs = p.descriptors(v, nil)
+			fc.descs = append(fc.descs, p.descriptors(v, nil)...)
+		case "plans": // plan tiers × route classes, expanded in plans.go
+			fc.descs = append(fc.descs, p.descriptors(p.plans(v), nil)...)
 		default:
 			p.unknown(kn, k, "top level", topHints)
 		}
