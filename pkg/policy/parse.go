@@ -130,7 +130,10 @@ func (p *parser) yamlError(err error) {
 	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
 		line, _ = strconv.Atoi(m[1])
 	}
-	p.errs.add(p.file, line, "YAML syntax error: %s", strings.TrimPrefix(msg, "yaml: "))
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	msg = yamlLineRE.ReplaceAllString(msg, "")
+	msg = strings.TrimPrefix(msg, ": ")
+	p.errs.add(p.file, line, "YAML syntax error: %s", msg)
 }
 
 func deref(n *yaml.Node) *yaml.Node {
@@ -340,7 +343,7 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 				p.errs.add(p.file, v.Line, "rate_limit must be a mapping, got null")
 				return
 			}
-			if l, ok := p.limit(v, "rate_limit"); ok {
+			if l, ok := p.limit(v, kn.Line, "rate_limit"); ok {
 				limits = append(limits, l)
 			}
 		case "rate_limits":
@@ -351,7 +354,7 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 			}
 			for i, it := range v.Content {
 				it = deref(it)
-				l, ok := p.limit(it, "rate_limits["+strconv.Itoa(i)+"]")
+				l, ok := p.limit(it, it.Line, "rate_limits["+strconv.Itoa(i)+"]")
 				if !ok {
 					continue
 				}
@@ -417,8 +420,10 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 	return n
 }
 
-func (p *parser) limit(v *yaml.Node, where string) (rawLimit, bool) {
-	l := rawLimit{line: v.Line, mult: 1, ok: true}
+// limit parses one rate_limit object; line is where it starts (the
+// `rate_limit:` key, or the rate_limits item).
+func (p *parser) limit(v *yaml.Node, line int, where string) (rawLimit, bool) {
+	l := rawLimit{line: line, mult: 1, ok: true}
 	if v.Kind != yaml.MappingNode {
 		p.errs.add(p.file, v.Line, "%s must be a mapping, got %s", where, kindName(v))
 		return l, false
@@ -523,7 +528,7 @@ func (p *parser) limit(v *yaml.Node, where string) (rawLimit, bool) {
 		u, ok := ParseUnit(unitText)
 		switch {
 		case !l.unitSet || unitText == "":
-			p.errs.add(p.file, v.Line, "invalid rate limit unit '': unit is required (second, minute, hour, day, week, month or year) unless unlimited: true")
+			p.errs.add(p.file, l.line, "invalid rate limit unit '': unit is required (second, minute, hour, day, week, month or year) unless unlimited: true")
 		case !ok:
 			p.errs.add(p.file, unitLine, "invalid rate limit unit %q: want second, minute, hour, day, week, month or year", unitText)
 		default:

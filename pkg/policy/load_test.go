@@ -1,0 +1,271 @@
+package policy
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// writeFiles creates files (name -> content) under a new temp dir.
+func writeFiles(t testing.TB, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+const head = "domain: d\ndescriptors:\n"
+
+func TestLoadErrors(t *testing.T) {
+	cases := []struct {
+		name  string
+		files map[string]string
+		merge bool
+		// want: "file:line: substring", one per expected error, in any order
+		want []string
+	}{
+		{"yaml syntax", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: a\n    value: [b\n"}, false,
+			[]string{"a.yaml:3: YAML syntax error: did not find expected"}},
+		{"yaml bad indent", map[string]string{"a.yaml": "domain: d\n  x: y\n"}, false,
+			[]string{"a.yaml:2: YAML syntax error: mapping values are not allowed"}},
+		{"unknown top key", map[string]string{"a.yaml": "domain: d\nfoo: 1\n"}, false,
+			[]string{`a.yaml:2: unknown key "foo" in top level`}},
+		{"ratelimit misspelled", map[string]string{"a.yaml": head + "  - key: a\n    ratelimit:\n      unit: second\n"}, false,
+			[]string{`a.yaml:4: unknown key "ratelimit" in descriptor; did you mean "rate_limit"?`}},
+		{"requestsperunit", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      requestsperunit: 5\n"}, false,
+			[]string{`a.yaml:6: unknown key "requestsperunit" in rate_limit; did you mean "requests_per_unit"?`}},
+		{"unit at descriptor level", map[string]string{"a.yaml": head + "  - key: a\n    unit: second\n"}, false,
+			[]string{`a.yaml:4: unknown key "unit" in descriptor (belongs in rate_limit)`}},
+		{"shadow_mode inside rate_limit", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      shadow_mode: true\n"}, false,
+			[]string{`a.yaml:6: unknown key "shadow_mode" in rate_limit (belongs in the descriptor`}},
+		{"empty domain", map[string]string{"a.yaml": "domain: \"\"\ndescriptors: []\n"}, false,
+			[]string{"a.yaml:1: config file cannot have empty domain"}},
+		{"missing domain", map[string]string{"a.yaml": "descriptors: []\n"}, false,
+			[]string{"a.yaml:1: config file cannot have empty domain"}},
+		{"empty file", map[string]string{"a.yaml": "# nothing\n"}, false,
+			[]string{"a.yaml:1: empty config file"}},
+		{"not a mapping", map[string]string{"a.yaml": "- a\n- b\n"}, false,
+			[]string{"a.yaml:1: config file must be a mapping"}},
+		{"two documents", map[string]string{"a.yaml": "domain: d\n---\ndomain: e\n"}, false,
+			[]string{"a.yaml:2: a config file holds one YAML document"}},
+		{"duplicate domain", map[string]string{"a.yaml": "domain: d\n", "b.yaml": "\ndomain: d\n"}, false,
+			[]string{`b.yaml:2: duplicate domain "d" in config file (first defined at `}},
+		{"merge duplicate sibling across files", map[string]string{
+			"a.yaml": head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			"b.yaml": head + "  - key: j\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n"}, true,
+			[]string{"b.yaml:5: duplicate descriptor composite key 'd.k' (first at "}},
+		{"empty key", map[string]string{"a.yaml": head + "  - key: \"\"\n"}, false,
+			[]string{"a.yaml:3: descriptor has empty key"}},
+		{"missing key", map[string]string{"a.yaml": head + "  - value: v\n"}, false,
+			[]string{"a.yaml:3: descriptor has empty key"}},
+		{"duplicate key/value", map[string]string{"a.yaml": head + "  - key: a\n    value: b\n  - key: a\n    value: b\n"}, false,
+			[]string{"a.yaml:5: duplicate descriptor composite key 'd.a_b' (first at "}},
+		{"duplicate value-less", map[string]string{"a.yaml": head + "  - key: a\n    descriptors:\n      - key: x\n      - key: x\n"}, false,
+			[]string{"a.yaml:6: duplicate descriptor composite key 'd.a.x'"}},
+		{"duplicate wildcard", map[string]string{"a.yaml": head + "  - key: a\n    value: b*\n  - key: a\n    value: b*\n"}, false,
+			[]string{"a.yaml:5: duplicate descriptor composite key 'd.a_b*'"}},
+		{"invalid unit", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n"}, false,
+			[]string{`a.yaml:5: invalid rate limit unit "fortnight"`}},
+		{"missing unit", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      requests_per_unit: 1\n"}, false,
+			[]string{"a.yaml:4: invalid rate limit unit '': unit is required"}},
+		{"unit with unlimited", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unlimited: true\n      unit: second\n"}, false,
+			[]string{"a.yaml:6: should not specify rate limit unit when unlimited"}},
+		{"unlimited with extension", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unlimited: true\n      algorithm: token_bucket\n"}, false,
+			[]string{"a.yaml:5: unlimited rate_limit must not set algorithm"}},
+		{"replaces empty name", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      replaces:\n        - name: \"\"\n"}, false,
+			[]string{"a.yaml:7: replaces: name must not be empty"}},
+		{"replaces itself", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      name: me\n      unit: second\n      replaces:\n        - name: me\n"}, false,
+			[]string{`a.yaml:8: replaces: rate limit "me" cannot replace itself`}},
+		{"replaces sibling limit", map[string]string{"a.yaml": head + "  - key: a\n    rate_limits:\n      - name: one\n        unit: second\n      - unit: day\n        replaces:\n          - name: one\n"}, false,
+			[]string{`a.yaml:9: replaces: rate limit "one" cannot replace a limit of its own descriptor`}},
+		{"replaces unknown field", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      replaces:\n        - nam: x\n"}, false,
+			[]string{`a.yaml:7: unknown key "nam" in replaces item`, "a.yaml:7: replaces: name must not be empty"}},
+		{"share_threshold without wildcard", map[string]string{"a.yaml": head + "  - key: a\n    value: b\n    share_threshold: true\n"}, false,
+			[]string{`a.yaml:5: share_threshold requires a value with a '*' wildcard`}},
+		{"non-map list items", map[string]string{"a.yaml": head + "  - a\n  - b\n"}, false,
+			[]string{"a.yaml:3: descriptors: list of type other than map", "a.yaml:4: descriptors: list of type other than map"}},
+		{"descriptors not a list", map[string]string{"a.yaml": head + "  key: a\n"}, false,
+			[]string{"a.yaml:3: descriptors must be a list"}},
+		{"non-string key", map[string]string{"a.yaml": head + "  - key: a\n    0.25: x\n"}, false,
+			[]string{"a.yaml:4: key is not of type string"}},
+		{"duplicate yaml key", map[string]string{"a.yaml": head + "  - key: a\n    key: b\n"}, false,
+			[]string{`a.yaml:4: duplicate key "key" (first at line 3)`}},
+		{"float requests_per_unit", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1.5\n"}, false,
+			[]string{"a.yaml:6: requests_per_unit must be an integer, got float \"1.5\""}},
+		{"negative requests_per_unit", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: -1\n"}, false,
+			[]string{"a.yaml:6: requests_per_unit must not be negative"}},
+		{"requests_per_unit above uint32", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 4294967296\n"}, false,
+			[]string{"a.yaml:6: requests_per_unit: 4294967296 is out of range (maximum 4294967295)"}},
+		{"string requests_per_unit", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: ten\n"}, false,
+			[]string{`a.yaml:6: requests_per_unit must be an integer, got str "ten"`}},
+		{"bool not bool", map[string]string{"a.yaml": head + "  - key: a\n    shadow_mode: maybe\n"}, false,
+			[]string{`a.yaml:4: shadow_mode must be true or false`}},
+		{"sliding_log bound", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      algorithm: sliding_log\n      unit: minute\n      requests_per_unit: 10001\n"}, false,
+			[]string{"a.yaml:7: sliding_log keeps one entry per admitted request: requests_per_unit 10001 is above its bound 10000; use algorithm sliding_window"}},
+		{"burst on fixed window", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      burst: 5\n"}, false,
+			[]string{"a.yaml:6: burst applies to algorithm token_bucket only"}},
+		{"burst zero", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      algorithm: token_bucket\n      unit: second\n      burst: 0\n"}, false,
+			[]string{"a.yaml:7: burst must be at least 1, got 0"}},
+		{"unit_multiplier zero", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      unit_multiplier: 0\n"}, false,
+			[]string{"a.yaml:6: unit_multiplier must be at least 1, got 0"}},
+		{"bad algorithm", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      algorithm: leaky\n"}, false,
+			[]string{`a.yaml:6: invalid algorithm "leaky"`}},
+		{"bad failure_mode", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n      failure_mode: maybe\n"}, false,
+			[]string{`a.yaml:6: invalid failure_mode "maybe"`}},
+		{"calendar with minute", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: minute\n      calendar: true\n"}, false,
+			[]string{"a.yaml:6: calendar: true applies to units month and year only (unit is minute)"}},
+		{"calendar with token bucket", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: month\n      algorithm: token_bucket\n      calendar: true\n"}, false,
+			[]string{"a.yaml:7: calendar: true applies to fixed_window and sliding_window only"}},
+		{"window too long", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: year\n      unit_multiplier: 101\n"}, false,
+			[]string{"a.yaml:6: window year × 101 is longer than the maximum of 36500 days"}},
+		{"token bucket out of bounds", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      algorithm: token_bucket\n      unit: year\n      unit_multiplier: 100\n      requests_per_unit: 1\n      burst: 4000000000\n"}, false,
+			[]string{"a.yaml:4: rate limit out of bounds: token_bucket burst 4000000000"}},
+		{"rate_limit and rate_limits", map[string]string{"a.yaml": head + "  - key: a\n    rate_limit:\n      unit: second\n    rate_limits:\n      - unit: day\n"}, false,
+			[]string{"a.yaml:6: rate_limit (line 4) and rate_limits on the same descriptor"}},
+		{"unlimited in rate_limits", map[string]string{"a.yaml": head + "  - key: a\n    rate_limits:\n      - unlimited: true\n"}, false,
+			[]string{"a.yaml:5: unlimited is only allowed in rate_limit"}},
+		{"empty rate_limits", map[string]string{"a.yaml": head + "  - key: a\n    rate_limits: []\n"}, false,
+			[]string{"a.yaml:4: rate_limits must be a non-empty list"}},
+		{"reserved key", map[string]string{"a.yaml": head + "  - key: ratelimitd.release\n"}, false,
+			[]string{`a.yaml:3: descriptor key "ratelimitd.release" is reserved`}},
+		{"metadata not a map", map[string]string{"a.yaml": head + "  - key: a\n    metadata: [1]\n"}, false,
+			[]string{"a.yaml:4: metadata must be a mapping"}},
+		{"metadata non-string key", map[string]string{"a.yaml": head + "  - key: a\n    metadata:\n      1: x\n"}, false,
+			[]string{"a.yaml:5: key is not of type string"}},
+		{"multi-error, every file", map[string]string{
+			"a.yaml":     head + "  - key: a\n    rate_limit:\n      unit: sec\n  - key: \"\"\n  - key: b\n    value: c\n    share_threshold: true\n",
+			"sub/b.yml":  "domain: e\nbogus: 1\n",
+			"sub/c.txt":  "not yaml at all: [",
+			"sub/d.yaml": "domain: f\ndescriptors:\n  - key: x\n    rate_limit:\n      unit: day\n      requests_per_unit: -5\n"}, false,
+			[]string{`a.yaml:5: invalid rate limit unit "sec"`, "a.yaml:6: descriptor has empty key",
+				"a.yaml:9: share_threshold requires", `sub/b.yml:2: unknown key "bogus"`, "sub/d.yaml:6: requests_per_unit must not be negative"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := writeFiles(t, c.files)
+			s, _, err := Load(LoadOptions{MergeDomains: c.merge}, dir)
+			if err == nil {
+				t.Fatalf("Load succeeded, want errors %q", c.want)
+			}
+			if s != nil {
+				t.Errorf("Set returned with an error")
+			}
+			var joined interface{ Unwrap() []error }
+			if !errors.As(err, &joined) {
+				t.Fatalf("error is not joined: %v", err)
+			}
+			got := joined.Unwrap()
+			for _, e := range got {
+				var ce *ConfigError
+				if !errors.As(e, &ce) {
+					t.Errorf("not a *ConfigError: %v", e)
+				}
+			}
+			if len(got) != len(c.want) {
+				t.Errorf("got %d errors, want %d:\n%v", len(got), len(c.want), err)
+			}
+			for _, w := range c.want {
+				found := false
+				for _, e := range got {
+					if strings.HasPrefix(e.Error(), filepath.Join(dir, w[:strings.Index(w, ":")])) &&
+						strings.Contains(e.Error(), w[strings.Index(w, ":"):]) {
+						found = true
+					}
+				}
+				if !found {
+					t.Errorf("missing error %q in:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestMergeDomains(t *testing.T) {
+	dir := writeFiles(t, map[string]string{
+		"a.yaml": head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+		"b.yaml": head + "  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+	})
+	if _, _, err := Load(LoadOptions{}, dir); err == nil || !strings.Contains(err.Error(), "duplicate domain") {
+		t.Fatalf("without merge: err = %v", err)
+	}
+	s := mustLoad(t, LoadOptions{MergeDomains: true}, dir)
+	runMatch(t, s, []matchCase{
+		{"from a", "d", ents("k", "x"), "sec:1", ""},
+		{"from b", "d", ents("j", "x"), "min:2", ""},
+	})
+}
+
+func TestLoadWalk(t *testing.T) {
+	dir := writeFiles(t, map[string]string{
+		"a.yaml":            "domain: a\n",
+		"sub/b.YML":         "domain: b\n",
+		"sub/readme.md":     "not: [yaml",
+		".hidden/c.yaml":    "domain: c\n",
+		"sub/.d.yaml":       "domain: d\n",
+		"sub/deeper/e.yaml": "domain: e\n",
+	})
+	s := mustLoad(t, LoadOptions{IgnoreDotFiles: true}, dir)
+	if got := strings.Join(s.Domains(), ","); got != "a,b,e" {
+		t.Errorf("IgnoreDotFiles domains = %s", got)
+	}
+	s = mustLoad(t, LoadOptions{}, dir)
+	if got := strings.Join(s.Domains(), ","); got != "a,b,c,d,e" {
+		t.Errorf("domains = %s", got)
+	}
+	// A file path is loaded whatever its extension; repeated paths once.
+	s = mustLoad(t, LoadOptions{}, filepath.Join(dir, "a.yaml"), filepath.Join(dir, "a.yaml"))
+	if got := strings.Join(s.Domains(), ","); got != "a" {
+		t.Errorf("file path domains = %s", got)
+	}
+	if _, _, err := Load(LoadOptions{}, filepath.Join(dir, "missing")); err == nil {
+		t.Errorf("missing path loaded")
+	}
+	// Symlinked files are followed (ConfigMap layout).
+	link := t.TempDir()
+	if err := os.Symlink(filepath.Join(dir, "a.yaml"), filepath.Join(link, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	s = mustLoad(t, LoadOptions{}, link)
+	if !s.HasDomain("a") {
+		t.Errorf("symlinked file not loaded")
+	}
+}
+
+func TestWarnings(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"a.yaml": head +
+		"  - key: path\n    value: /api/login\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n" +
+		"  - key: Authorization\n    descriptors:\n      - key: user\n        rate_limits:\n          - unit: minute\n            algorithm: sliding_window\n          - unit: day\n" +
+		"  - key: ok\n    rate_limit:\n      unit: minute\n"})
+	_, warns, err := Load(LoadOptions{}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warns) != 2 {
+		t.Fatalf("warnings = %v", warns)
+	}
+	if warns[0].Line != 5 || !strings.Contains(warns[0].Message, `"/api/login"`) || !strings.Contains(warns[0].String(), "a.yaml:5: warning: fixed_window limit") {
+		t.Errorf("warning 0 = %s", warns[0])
+	}
+	if warns[1].Line != 14 || !strings.Contains(warns[1].Message, "Authorization") {
+		t.Errorf("warning 1 = %s", warns[1])
+	}
+}
+
+func TestDropInStrings(t *testing.T) {
+	// envoyproxy/ratelimit decodes ints and bools as strings for key/value.
+	dir := writeFiles(t, map[string]string{"a.yaml": head + "  - key: code\n    value: 429\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n"})
+	s := mustLoad(t, LoadOptions{}, dir)
+	if _, ok := s.Match("d", ents("code", "429")); !ok {
+		t.Errorf("int value did not match")
+	}
+}
