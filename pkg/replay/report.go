@@ -1,0 +1,361 @@
+package replay
+
+import (
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"math"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is the outcome of a replay. Request counts add up:
+// Requests = Allowed + Denied + ShadowDenied + NotChecked. For every rule,
+// Allowed + Denied + Shadow is the number of request descriptors it
+// answered; over all rules plus Unmatched it is Descriptors.
+type Report struct {
+	Domain     string `json:"domain"`
+	Order      string `json:"order"`
+	ShadowMode bool   `json:"shadow_mode"`
+	// Lines is the number of non-blank log lines; Malformed of them did
+	// not parse (MalformedLines lists the first ones with line numbers).
+	Lines          int         `json:"lines"`
+	Malformed      int         `json:"malformed"`
+	MalformedLines []Malformed `json:"malformed_lines,omitempty"`
+	// First and Last are the simulated instants of the first and the last
+	// replayed request.
+	First time.Time `json:"first"`
+	Last  time.Time `json:"last"`
+
+	Requests int `json:"requests"`
+	// Allowed: the service answered OK and no shadow rule was over.
+	Allowed int `json:"allowed"`
+	// Denied: overall OVER_LIMIT (Envoy would answer 429).
+	Denied int `json:"denied"`
+	// ShadowDenied: allowed only because a rule (or the service) is in
+	// shadow mode; would be denied once enforced.
+	ShadowDenied int `json:"shadow_denied"`
+	// NotChecked: no descriptor was sent (no route matched, NoRoute of
+	// them, or every rate_limit's actions yielded nothing).
+	NotChecked int `json:"not_checked"`
+	NoRoute    int `json:"no_route"`
+	// DeniedShare = Denied / Requests; ShadowShare = ShadowDenied / Requests.
+	DeniedShare float64 `json:"denied_share"`
+	ShadowShare float64 `json:"shadow_share"`
+
+	// Descriptors sent (enforced ones, not apply_on_stream_done).
+	Descriptors int `json:"descriptors"`
+	// Unmatched descriptors matched no rule (sent for nothing); their
+	// key shapes are in UnmatchedShapes (Denied holds the count).
+	Unmatched       int         `json:"unmatched"`
+	UnmatchedShapes []TopEntry  `json:"unmatched_shapes,omitempty"`
+	Rules           []RuleStats `json:"rules"`
+	// StreamDoneCalls counts apply_on_stream_done calls (lease releases).
+	StreamDoneCalls int `json:"stream_done_calls"`
+
+	TopDeniedClients []TopEntry `json:"top_denied_clients"`
+	TopDeniedPaths   []TopEntry `json:"top_denied_paths"`
+	// Minutes holds one entry per minute of log time that had requests.
+	Minutes []Minute `json:"minutes"`
+}
+
+// RuleStats counts the request descriptors one rule answered.
+type RuleStats struct {
+	Domain string `json:"domain"`
+	// Path is the rule's stat key (policy.Rule.Path).
+	Path string `json:"path"`
+	// Name is the first limit's policy name.
+	Name       string   `json:"name,omitempty"`
+	Limits     []string `json:"limits,omitempty"`
+	ShadowMode bool     `json:"shadow_mode,omitempty"`
+	Unlimited  bool     `json:"unlimited,omitempty"`
+	// Allowed: the descriptor passed (or its request was denied by
+	// another descriptor: nothing was consumed, status OK).
+	Allowed int `json:"allowed"`
+	// Denied: this descriptor's status was OVER_LIMIT in a denied request.
+	Denied int `json:"denied"`
+	// Shadow: over the limit but not enforced (shadow_mode rule or global
+	// shadow mode).
+	Shadow int `json:"shadow"`
+}
+
+// TopEntry is a client, path or descriptor shape with its counts.
+type TopEntry struct {
+	Key    string `json:"key"`
+	Denied int    `json:"denied"`
+	Shadow int    `json:"shadow,omitempty"`
+}
+
+// Minute summarises one minute of log time.
+type Minute struct {
+	Start    time.Time `json:"start"`
+	Requests int       `json:"requests"`
+	Denied   int       `json:"denied"`
+	Shadow   int       `json:"shadow"`
+	// Busiest are the clients with the most requests in the minute.
+	Busiest []ClientMinute `json:"busiest"`
+}
+
+// ClientMinute is one client's traffic within a minute against its limits.
+type ClientMinute struct {
+	Client   string `json:"client"`
+	Requests int    `json:"requests"`
+	Denied   int    `json:"denied"`
+	Shadow   int    `json:"shadow"`
+	// MinRemaining is the lowest limit_remaining the service reported for
+	// the client's descriptors in the minute (-1: no counted limit);
+	// Limit names that limit ("policy rate/unit").
+	MinRemaining int64  `json:"min_remaining"`
+	Limit        string `json:"limit,omitempty"`
+}
+
+// WriteJSON writes r as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+func pct(f float64) string { return fmt.Sprintf("%.2f%%", 100*f) }
+
+// WriteText writes a human-readable summary. Minutes are listed only when
+// something was denied or shadowed in them, plus the busiest overall (at
+// most 20 lines).
+func (r *Report) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	p := func(format string, a ...any) { fmt.Fprintf(tw, format, a...) }
+	p("replay of domain %q (order: %s, shadow mode: %v)\n", r.Domain, r.Order, r.ShadowMode)
+	p("log:\t%d lines, %d malformed, %s .. %s\n", r.Lines, r.Malformed, r.First.Format(time.RFC3339), r.Last.Format(time.RFC3339))
+	if len(r.MalformedLines) > 0 {
+		var ns []string
+		for i, m := range r.MalformedLines {
+			if i == 20 {
+				ns = append(ns, "...")
+				break
+			}
+			ns = append(ns, fmt.Sprint(m.Line))
+		}
+		p("malformed lines:\t%s\n", strings.Join(ns, ", "))
+	}
+	p("requests:\t%d\n", r.Requests)
+	p("  allowed:\t%d\n", r.Allowed)
+	p("  denied (429):\t%d\t%s\n", r.Denied, pct(r.DeniedShare))
+	p("  shadow (would be denied):\t%d\t%s\n", r.ShadowDenied, pct(r.ShadowShare))
+	p("  not checked:\t%d\t(no route: %d)\n", r.NotChecked, r.NoRoute)
+	p("descriptors:\t%d\t(unmatched: %d)\n", r.Descriptors, r.Unmatched)
+	if r.StreamDoneCalls > 0 {
+		p("stream-done calls:\t%d\n", r.StreamDoneCalls)
+	}
+	p("\nrule\tallowed\tdenied\tshadow\tlimits\n")
+	for _, rs := range r.Rules {
+		lim := strings.Join(rs.Limits, "; ")
+		if rs.Unlimited {
+			lim = "unlimited"
+		}
+		if rs.ShadowMode {
+			lim += " (shadow_mode)"
+		}
+		p("%s\t%d\t%d\t%d\t%s\n", rs.Path, rs.Allowed, rs.Denied, rs.Shadow, lim)
+	}
+	for _, s := range r.UnmatchedShapes {
+		p("(no rule) %s\t%d\t\t\t\n", s.Key, s.Denied)
+	}
+	writeTop := func(title string, es []TopEntry) {
+		p("\n%s\tdenied\tshadow\n", title)
+		if len(es) == 0 {
+			p("(none)\t\t\n")
+		}
+		for _, e := range es {
+			p("%s\t%d\t%d\n", e.Key, e.Denied, e.Shadow)
+		}
+	}
+	writeTop("top denied clients", r.TopDeniedClients)
+	writeTop("top denied paths", r.TopDeniedPaths)
+	p("\nminute (UTC)\tbusiest clients: requests (denied/shadow) [tightest limit, min remaining]\n")
+	shown := 0
+	for _, m := range r.hotMinutes(20) {
+		var cs []string
+		for _, c := range m.Busiest {
+			s := fmt.Sprintf("%s: %d (%d/%d)", c.Client, c.Requests, c.Denied, c.Shadow)
+			if c.MinRemaining >= 0 {
+				s += fmt.Sprintf(" [%s, %d left]", c.Limit, c.MinRemaining)
+			}
+			cs = append(cs, s)
+		}
+		p("%s\t%s\n", m.Start.Format("2006-01-02 15:04"), strings.Join(cs, "; "))
+		shown++
+	}
+	if shown == 0 {
+		p("(none)\t\n")
+	}
+	return tw.Flush()
+}
+
+// hotMinutes returns up to n minutes, in time order: those with denials or
+// shadow denials first, then those whose busiest client sent the most.
+func (r *Report) hotMinutes(n int) []Minute {
+	idx := make([]int, len(r.Minutes))
+	for i := range idx {
+		idx[i] = i
+	}
+	score := func(m Minute) int {
+		s := m.Denied + m.Shadow
+		b := 0
+		if len(m.Busiest) > 0 {
+			b = m.Busiest[0].Requests
+		}
+		return s*1_000_000 + b
+	}
+	sortIdx(idx, func(a, b int) bool { return score(r.Minutes[a]) > score(r.Minutes[b]) })
+	if len(idx) > n {
+		idx = idx[:n]
+	}
+	sortIdx(idx, func(a, b int) bool { return a < b })
+	out := make([]Minute, len(idx))
+	for i, k := range idx {
+		out[i] = r.Minutes[k]
+	}
+	return out
+}
+
+func sortIdx(idx []int, less func(a, b int) bool) {
+	sort.SliceStable(idx, func(i, j int) bool { return less(idx[i], idx[j]) })
+}
+
+// plotBucket is one bar of the HTML plot.
+type plotBucket struct {
+	X, W                         float64
+	YAllowed, HAllowed           float64
+	YShadow, HShadow             float64
+	YDenied, HDenied             float64
+	Title                        string
+	BusiestY                     float64
+	Requests, Denied, Shadow, Bz int
+}
+
+// WriteHTML writes one self-contained HTML page (no scripts, no external
+// resources): the totals, an inline SVG plot of requests per minute over
+// log time (allowed, shadow, denied stacked; the busiest client's requests
+// per minute as a line), the rules table and the top lists.
+func (r *Report) WriteHTML(w io.Writer) error {
+	const width, height, left, bottom, top = 960.0, 300.0, 50.0, 30.0, 10.0
+	plotW, plotH := width-left-10, height-bottom-top
+	// Aggregate minutes into at most 480 buckets over [First, Last].
+	var buckets []plotBucket
+	maxY := 1
+	span := r.Last.Sub(r.First)
+	nb := 1
+	per := time.Minute
+	if len(r.Minutes) > 0 {
+		nb = int(span/time.Minute) + 1
+		for nb > 480 {
+			per *= 2
+			nb = int(span/per) + 1
+		}
+	}
+	type acc struct{ req, den, sh, busiest int }
+	accs := make([]acc, nb)
+	for _, m := range r.Minutes {
+		i := int(m.Start.Sub(r.First.Truncate(time.Minute)) / per)
+		if i < 0 {
+			i = 0
+		}
+		if i >= nb {
+			i = nb - 1
+		}
+		a := &accs[i]
+		a.req += m.Requests
+		a.den += m.Denied
+		a.sh += m.Shadow
+		if len(m.Busiest) > 0 && m.Busiest[0].Requests > a.busiest {
+			a.busiest = m.Busiest[0].Requests
+		}
+	}
+	perMin := float64(per / time.Minute)
+	for _, a := range accs {
+		if v := int(math.Ceil(float64(a.req) / perMin)); v > maxY {
+			maxY = v
+		}
+		if a.busiest > maxY {
+			maxY = a.busiest
+		}
+	}
+	bw := plotW / float64(nb)
+	y := func(v float64) float64 { return top + plotH - v/float64(maxY)*plotH }
+	var line []string
+	for i, a := range accs {
+		allowed := float64(a.req-a.den-a.sh) / perMin
+		sh, den := float64(a.sh)/perMin, float64(a.den)/perMin
+		b := plotBucket{X: left + float64(i)*bw, W: math.Max(bw-0.5, 0.5), Requests: a.req, Denied: a.den, Shadow: a.sh, Bz: a.busiest}
+		b.YAllowed, b.HAllowed = y(allowed), top+plotH-y(allowed)
+		b.YShadow, b.HShadow = y(allowed+sh), y(allowed)-y(allowed+sh)
+		b.YDenied, b.HDenied = y(allowed+sh+den), y(allowed+sh)-y(allowed+sh+den)
+		t0 := r.First.Truncate(time.Minute).Add(time.Duration(i) * per)
+		b.Title = fmt.Sprintf("%s: %d requests, %d denied, %d shadow; busiest client %d/min", t0.Format("Jan 2 15:04"), a.req, a.den, a.sh, a.busiest)
+		b.BusiestY = y(float64(a.busiest))
+		line = append(line, fmt.Sprintf("%.1f,%.1f", b.X+b.W/2, b.BusiestY))
+		buckets = append(buckets, b)
+	}
+	var ticks []map[string]any
+	for i := 0; i <= 4; i++ {
+		v := float64(maxY) * float64(i) / 4
+		ticks = append(ticks, map[string]any{"Y": y(v), "Label": fmt.Sprintf("%.0f", v)})
+	}
+	var xticks []map[string]any
+	if nb > 0 && len(r.Minutes) > 0 {
+		for i := 0; i <= 4; i++ {
+			t := r.First.Add(time.Duration(float64(span) * float64(i) / 4))
+			xticks = append(xticks, map[string]any{"X": left + plotW*float64(i)/4, "Label": t.Format("Jan 2 15:04")})
+		}
+	}
+	data := map[string]any{
+		"R": r, "Buckets": buckets, "Line": strings.Join(line, " "), "Ticks": ticks, "XTicks": xticks,
+		"W": width, "H": height, "Left": left, "PlotW": plotW, "Base": top + plotH, "Per": per.String(),
+		"Hot": r.hotMinutes(20), "DeniedPct": pct(r.DeniedShare), "ShadowPct": pct(r.ShadowShare),
+	}
+	return htmlPage.Execute(w, data)
+}
+
+var htmlPage = template.Must(template.New("page").Parse(`<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>ratelimitd replay: {{.R.Domain}}</title>
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1000px}
+table{border-collapse:collapse;margin:1em 0}td,th{padding:2px 10px;border-bottom:1px solid #ddd;text-align:right}
+td:first-child,th:first-child{text-align:left}.big{font-size:28px;font-weight:600}
+.k{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}
+</style></head><body>
+<h1>Replay of domain “{{.R.Domain}}”</h1>
+<p>{{.R.Requests}} requests from {{.R.First.Format "2006-01-02 15:04:05"}} to {{.R.Last.Format "2006-01-02 15:04:05"}} UTC
+({{.R.Malformed}} malformed lines, order: {{.R.Order}}{{if .R.ShadowMode}}, global shadow mode{{end}}).</p>
+<p><span class="big" style="color:#c62828">{{.DeniedPct}}</span> would be denied ({{.R.Denied}}),
+<span class="big" style="color:#ef6c00">{{.ShadowPct}}</span> only pass because of shadow mode ({{.R.ShadowDenied}}),
+{{.R.Allowed}} allowed, {{.R.NotChecked}} not checked.</p>
+<h2>Requests per minute</h2>
+<p><span class="k" style="background:#90a4ae"></span>allowed<span class="k" style="background:#ef6c00"></span>shadow (would be denied)<span class="k" style="background:#c62828"></span>denied<span class="k" style="background:#1565c0;height:3px"></span>busiest client's requests per minute (bars: mean per minute over {{.Per}})</p>
+<svg xmlns="http://www.w3.org/2000/svg" width="{{.W}}" height="{{.H}}" viewBox="0 0 {{.W}} {{.H}}" role="img" aria-label="requests per minute">
+{{range .Ticks}}<line x1="{{$.Left}}" x2="{{$.W}}" y1="{{printf "%.1f" .Y}}" y2="{{printf "%.1f" .Y}}" stroke="#eee"/><text x="{{$.Left}}" dx="-4" y="{{printf "%.1f" .Y}}" dy="4" text-anchor="end" font-size="11">{{.Label}}</text>
+{{end}}{{range .XTicks}}<text x="{{printf "%.1f" .X}}" y="{{$.H}}" dy="-8" text-anchor="middle" font-size="11">{{.Label}}</text>
+{{end}}{{range .Buckets}}<g><title>{{.Title}}</title><rect x="{{printf "%.1f" .X}}" y="{{printf "%.1f" .YAllowed}}" width="{{printf "%.2f" .W}}" height="{{printf "%.1f" .HAllowed}}" fill="#90a4ae"/>{{if .Shadow}}<rect x="{{printf "%.1f" .X}}" y="{{printf "%.1f" .YShadow}}" width="{{printf "%.2f" .W}}" height="{{printf "%.1f" .HShadow}}" fill="#ef6c00"/>{{end}}{{if .Denied}}<rect x="{{printf "%.1f" .X}}" y="{{printf "%.1f" .YDenied}}" width="{{printf "%.2f" .W}}" height="{{printf "%.1f" .HDenied}}" fill="#c62828"/>{{end}}</g>
+{{end}}<polyline points="{{.Line}}" fill="none" stroke="#1565c0" stroke-width="1"/>
+<line x1="{{.Left}}" x2="{{.W}}" y1="{{.Base}}" y2="{{.Base}}" stroke="#444"/>
+</svg>
+<h2>Rules</h2>
+<table><tr><th>rule</th><th>allowed</th><th>denied</th><th>shadow</th><th>limits</th></tr>
+{{range .R.Rules}}<tr><td>{{.Path}}</td><td>{{.Allowed}}</td><td>{{.Denied}}</td><td>{{.Shadow}}</td><td style="text-align:left">{{if .Unlimited}}unlimited{{else}}{{range $i, $l := .Limits}}{{if $i}}; {{end}}{{$l}}{{end}}{{end}}{{if .ShadowMode}} (shadow_mode){{end}}</td></tr>
+{{end}}{{range .R.UnmatchedShapes}}<tr><td>(no rule) {{.Key}}</td><td colspan="4" style="text-align:left">{{.Denied}} descriptors matched no rule</td></tr>
+{{end}}</table>
+<h2>Top denied clients</h2>
+<table><tr><th>client</th><th>denied</th><th>shadow</th></tr>{{range .R.TopDeniedClients}}<tr><td>{{.Key}}</td><td>{{.Denied}}</td><td>{{.Shadow}}</td></tr>{{else}}<tr><td colspan="3">none</td></tr>{{end}}</table>
+<h2>Top denied paths</h2>
+<table><tr><th>path</th><th>denied</th><th>shadow</th></tr>{{range .R.TopDeniedPaths}}<tr><td>{{.Key}}</td><td>{{.Denied}}</td><td>{{.Shadow}}</td></tr>{{else}}<tr><td colspan="3">none</td></tr>{{end}}</table>
+<h2>Busiest minutes</h2>
+<table><tr><th>minute (UTC)</th><th style="text-align:left">busiest clients: requests (denied/shadow) [tightest limit, min remaining]</th></tr>
+{{range .Hot}}<tr><td>{{.Start.Format "2006-01-02 15:04"}}</td><td style="text-align:left">{{range $i, $c := .Busiest}}{{if $i}}; {{end}}{{$c.Client}}: {{$c.Requests}} ({{$c.Denied}}/{{$c.Shadow}}){{if ge $c.MinRemaining 0}} [{{$c.Limit}}, {{$c.MinRemaining}} left]{{end}}{{end}}</td></tr>
+{{end}}</table>
+{{if .R.MalformedLines}}<h2>Malformed lines</h2><p>{{range $i, $m := .R.MalformedLines}}{{if $i}}, {{end}}{{$m.Line}}{{end}}</p>{{end}}
+</body></html>
+`))
