@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -209,4 +210,11 @@ func headers(t testing.TB, resp *rlsv3.RateLimitResponse) map[string]string {
 		h[hv.GetKey()] = hv.GetValue()
 	}
 	return h
+}
+
+func writeFile(t testing.TB, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
