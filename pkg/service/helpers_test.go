@@ -3,6 +3,8 @@ package service_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -136,6 +138,7 @@ func newEnv(t testing.TB, mutate func(*service.Options)) *env {
 	e := &env{clock: c, store: newFakeStore(c), fallback: newFakeStore(c), reg: prometheus.NewRegistry()}
 	opts := service.Options{
 		Store:            e.store,
+		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Fallback:         e.fallback,
 		Registerer:       e.reg,
 		Now:              c.Now,
