@@ -806,4 +806,3 @@ func TestValidateCommand(t *testing.T) {
 		t.Errorf("ratelimitd validate accepted a bad unit:\n%s", out)
 	}
 }
-
