@@ -17,6 +17,8 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
 	"gopkg.in/yaml.v3"
 
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -48,7 +50,58 @@ func DecodeBootstrap(data []byte) (*bootstrapv3.Bootstrap, error) {
 	if err := b.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("replay: envoy bootstrap invalid: %w", err)
 	}
+	if err := validateAnys(b.ProtoReflect(), "bootstrap"); err != nil {
+		return nil, fmt.Errorf("replay: envoy bootstrap invalid: %w", err)
+	}
 	return &b, nil
+}
+
+// validateAnys runs ValidateAll on the message inside every Any (the
+// generated ValidateAll stops at an Any) and recurses into it, so that
+// typed_config contents (HTTP connection manager, routes, filters) are
+// checked too.
+func validateAnys(m protoreflect.Message, path string) error {
+	var errs []error
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		p := path + "." + string(fd.Name())
+		visit := func(x protoreflect.Message, p string) {
+			if a, ok := x.Interface().(*anypb.Any); ok {
+				inner, err := a.UnmarshalNew()
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", p, err))
+					return
+				}
+				if va, ok := inner.(interface{ ValidateAll() error }); ok {
+					if err := va.ValidateAll(); err != nil {
+						errs = append(errs, fmt.Errorf("%s (%s): %w", p, a.GetTypeUrl(), err))
+					}
+				}
+				if err := validateAnys(inner.ProtoReflect(), p); err != nil {
+					errs = append(errs, err)
+				}
+				return
+			}
+			if err := validateAnys(x, p); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		switch {
+		case fd.IsList() && fd.Message() != nil:
+			l := v.List()
+			for i := 0; i < l.Len(); i++ {
+				visit(l.Get(i).Message(), fmt.Sprintf("%s[%d]", p, i))
+			}
+		case fd.IsMap() && fd.MapValue().Message() != nil:
+			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				visit(mv.Message(), fmt.Sprintf("%s[%v]", p, k.Interface()))
+				return true
+			})
+		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
+			visit(v.Message(), p)
+		}
+		return true
+	})
+	return errors.Join(errs...)
 }
 
 // jsonable turns yaml.v3's decoded values into values encoding/json accepts

@@ -1,0 +1,190 @@
+package replay
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	rlfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+)
+
+// Shape is one way a route rate_limit can produce a descriptor: which of its
+// actions yield an entry. Variants holds concrete descriptors of that shape
+// (free values, such as header values, taken from the sample function).
+type Shape struct {
+	// ID is "vhost/route/rate_limits[i]/<present action indexes>".
+	ID           string
+	Domain       string
+	OnStreamDone bool
+	Variants     [][]policy.Entry
+}
+
+// SampleAddrs are the client addresses Shapes uses for remote_address and
+// masked_remote_address (documentation ranges, RFC 5737 and RFC 3849).
+var SampleAddrs = []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8:1:2::10")}
+
+// Shapes enumerates every descriptor shape the routes of e can send (route
+// rate_limits, plus the virtual host's when they apply, with the filter's
+// stage). sample gives candidate values for an entry whose value comes from
+// the request (request_headers, query_parameters: called with the
+// descriptor_key); remote addresses come from SampleAddrs. Use it to check
+// that a ratelimitd config answers everything an Envoy config sends.
+func (e *Envoy) Shapes(sample func(descriptorKey string) []string) []Shape {
+	var out []Shape
+	for _, vh := range e.routes.GetVirtualHosts() {
+		for ri, rt := range vh.GetRoutes() {
+			ra := rt.GetRoute()
+			cluster := ra.GetCluster()
+			domain := e.Domain
+			routeLimits := ra.GetRateLimits()
+			vhMode := rlfilterv3.RateLimitPerRoute_OVERRIDE
+			if per := e.perRoute(rt); per != nil {
+				vhMode = per.GetVhRateLimits()
+				if len(per.GetRateLimits()) > 0 {
+					routeLimits = per.GetRateLimits()
+				}
+				if per.GetDomain() != "" {
+					domain = per.GetDomain()
+				}
+			}
+			limits := append([]*routev3.RateLimit(nil), routeLimits...)
+			if ra.GetIncludeVhRateLimits().GetValue() || vhMode == rlfilterv3.RateLimitPerRoute_INCLUDE ||
+				(vhMode == rlfilterv3.RateLimitPerRoute_OVERRIDE && len(routeLimits) == 0) {
+				limits = append(limits, vh.GetRateLimits()...)
+			}
+			for li, rl := range limits {
+				if rl.GetStage().GetValue() != e.Stage {
+					continue
+				}
+				prefix := fmt.Sprintf("%s/%d/rate_limits[%d]", vh.GetName(), ri, li)
+				for _, s := range e.shapesOf(rl, cluster, sample) {
+					s.ID = prefix + "/" + s.ID
+					s.Domain = domain
+					s.OnStreamDone = rl.GetApplyOnStreamDone()
+					out = append(out, s)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// option is one possible outcome of an action: an entry (present) or none.
+type option struct {
+	present bool
+	entries []policy.Entry // candidates when present
+	drop    bool           // when absent: the whole descriptor is dropped
+}
+
+func (e *Envoy) shapesOf(rl *routev3.RateLimit, cluster string, sample func(string) []string) []Shape {
+	var acts [][]option
+	one := func(k string, vs ...string) option {
+		o := option{present: true}
+		for _, v := range vs {
+			o.entries = append(o.entries, policy.Entry{Key: k, Value: v})
+		}
+		return o
+	}
+	for _, a := range rl.GetActions() {
+		var opts []option
+		switch s := a.GetActionSpecifier().(type) {
+		case *routev3.RateLimit_Action_SourceCluster_:
+			opts = []option{one("source_cluster", e.ServiceCluster)}
+		case *routev3.RateLimit_Action_DestinationCluster_:
+			if cluster == "" {
+				opts = []option{{drop: true}}
+			} else {
+				opts = []option{one("destination_cluster", cluster)}
+			}
+		case *routev3.RateLimit_Action_RequestHeaders_:
+			k := s.RequestHeaders.GetDescriptorKey()
+			opts = []option{one(k, sample(k)...), {drop: !s.RequestHeaders.GetSkipIfAbsent()}}
+		case *routev3.RateLimit_Action_QueryParameters_:
+			k := s.QueryParameters.GetDescriptorKey()
+			opts = []option{one(k, sample(k)...), {drop: !s.QueryParameters.GetSkipIfAbsent()}}
+		case *routev3.RateLimit_Action_RemoteAddress_:
+			var vs []string
+			for _, a := range SampleAddrs {
+				vs = append(vs, a.String())
+			}
+			opts = []option{one("remote_address", vs...)}
+		case *routev3.RateLimit_Action_MaskedRemoteAddress_:
+			var vs []string
+			for _, a := range SampleAddrs {
+				v, _ := MaskedRemoteAddress(a, s.MaskedRemoteAddress)
+				vs = append(vs, v)
+			}
+			opts = []option{one("masked_remote_address", vs...)}
+		case *routev3.RateLimit_Action_GenericKey_:
+			k := s.GenericKey.GetDescriptorKey()
+			if k == "" {
+				k = "generic_key"
+			}
+			opts = []option{one(k, s.GenericKey.GetDescriptorValue())}
+		case *routev3.RateLimit_Action_HeaderValueMatch_:
+			hv := s.HeaderValueMatch
+			k := hv.GetDescriptorKey()
+			if k == "" {
+				k = "header_match"
+			}
+			opts = []option{one(k, hv.GetDescriptorValue())}
+			if hv.GetDefaultValue() != "" {
+				opts = append(opts, one(k, hv.GetDefaultValue()))
+			} else {
+				opts = append(opts, option{drop: true})
+			}
+		case *routev3.RateLimit_Action_QueryParameterValueMatch_:
+			qv := s.QueryParameterValueMatch
+			k := qv.GetDescriptorKey()
+			if k == "" {
+				k = "query_match"
+			}
+			opts = []option{one(k, qv.GetDescriptorValue()), {drop: true}}
+		default:
+			opts = []option{{drop: true}}
+		}
+		acts = append(acts, opts)
+	}
+	var out []Shape
+	var rec func(i int, id []string, chosen []option)
+	rec = func(i int, id []string, chosen []option) {
+		if i == len(acts) {
+			var variants [][]policy.Entry
+			variants = append(variants, nil)
+			for _, o := range chosen {
+				if !o.present {
+					continue
+				}
+				var next [][]policy.Entry
+				for _, v := range variants {
+					for _, en := range o.entries {
+						next = append(next, append(append([]policy.Entry(nil), v...), en))
+					}
+				}
+				variants = next
+			}
+			if len(variants) > 0 && len(variants[0]) > 0 {
+				out = append(out, Shape{ID: strings.Join(id, ","), Variants: variants})
+			}
+			return
+		}
+		for _, o := range acts[i] {
+			if o.drop {
+				continue
+			}
+			if o.present && len(o.entries) == 0 {
+				continue // no sample value: cannot build it
+			}
+			nid := id
+			if o.present {
+				nid = append(append([]string(nil), id...), fmt.Sprint(i))
+			}
+			rec(i+1, nid, append(append([]option(nil), chosen...), o))
+		}
+	}
+	rec(0, nil, nil)
+	return out
+}
