@@ -1,0 +1,185 @@
+package algo_test
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+var base = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+
+type event struct {
+	t       int64 // µs
+	cost    int64
+	release bool
+	allowed bool
+}
+
+// schedule draws a limit of kind k and a non-decreasing schedule of hits
+// (several at the same instant allowed), applies it, and checks the
+// properties every algorithm shares: Remaining >= 0; a hit is allowed iff
+// max(cost, 1) <= the Remaining a check reports just before it; a denied
+// hit and a check leave the state unchanged; RetryAfter > 0 iff denied.
+func schedule(rt *rapid.T, k algo.Kind) (algo.Limit, []event) {
+	l := algo.Limit{
+		Kind:   k,
+		Rate:   rapid.Int64Range(1, 12).Draw(rt, "rate"),
+		Period: time.Duration(rapid.Int64Range(1, 3_000_000).Draw(rt, "period_us")) * time.Microsecond,
+	}
+	if k == algo.TokenBucket {
+		l.Burst = rapid.Int64Range(0, 20).Draw(rt, "burst")
+	}
+	capa := l.Rate
+	if l.Burst > 0 {
+		capa = l.Burst
+	}
+	p := l.Period.Microseconds()
+	n := rapid.IntRange(1, 150).Draw(rt, "n")
+	var st algo.State
+	t := base + rapid.Int64Range(0, p).Draw(rt, "start")
+	events := make([]event, 0, n)
+	for i := range n {
+		switch rapid.IntRange(0, 3).Draw(rt, "gapkind") {
+		case 0: // same instant
+		case 1:
+			t += rapid.Int64Range(1, max(p/20, 1)).Draw(rt, "small")
+		case 2:
+			t += rapid.Int64Range(1, p).Draw(rt, "medium")
+		default:
+			t += rapid.Int64Range(1, 3*p).Draw(rt, "large")
+		}
+		e := event{t: t, cost: rapid.Int64Range(0, capa+1).Draw(rt, "cost")}
+		if k == algo.Concurrency {
+			e.release = rapid.IntRange(0, 3).Draw(rt, "release") == 0
+		}
+		now := time.UnixMicro(t)
+		_, check := algo.Take(l, st, now, 0)
+		prev := st
+		var d algo.Decision
+		st, d = algo.Apply(st, algo.Hit{Limit: l, Cost: e.cost, Release: e.release}, now)
+		if d.Remaining < 0 || check.Remaining < 0 {
+			rt.Fatalf("event %d: negative remaining %+v %+v", i, d, check)
+		}
+		if !e.release && d.Allowed != (max(e.cost, 1) <= check.Remaining) {
+			rt.Fatalf("event %d cost %d: allowed %v but check says remaining %d", i, e.cost, d.Allowed, check.Remaining)
+		}
+		if (!d.Allowed || (e.cost == 0 && !e.release)) && !reflect.DeepEqual(prev, st) {
+			rt.Fatalf("event %d: denied or check changed the state %+v -> %+v", i, prev, st)
+		}
+		if d.Allowed != (d.RetryAfter == 0) || d.RetryAfter < 0 {
+			rt.Fatalf("event %d: allowed %v with RetryAfter %v", i, d.Allowed, d.RetryAfter)
+		}
+		if d.Allowed && !e.release && d.Remaining != check.Remaining-e.cost {
+			rt.Fatalf("event %d: remaining %d after cost %d, before %d", i, d.Remaining, e.cost, check.Remaining)
+		}
+		e.allowed = d.Allowed
+		events = append(events, e)
+	}
+	return l, events
+}
+
+// admitted sums the admitted cost of events with time in (lo, hi].
+func admitted(events []event, lo, hi int64) int64 {
+	var s int64
+	for _, e := range events {
+		if e.allowed && !e.release && e.t > lo && e.t <= hi {
+			s += e.cost
+		}
+	}
+	return s
+}
+
+func TestPropTokenBucket(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		l, ev := schedule(rt, algo.TokenBucket)
+		capa := max(l.Burst, 0)
+		if capa == 0 {
+			capa = l.Rate
+		}
+		p := l.Period.Microseconds()
+		// any interval [ti, tj]: admitted <= capacity + Rate*(tj-ti)/P
+		for i := range ev {
+			for j := i; j < len(ev); j++ {
+				sum := admitted(ev, ev[i].t-1, ev[j].t)
+				if sum*p > capa*p+l.Rate*(ev[j].t-ev[i].t) {
+					rt.Fatalf("%d admitted in [%d, %d] µs > %d + %d*%d/%d", sum, ev[i].t, ev[j].t, capa, l.Rate, ev[j].t-ev[i].t, p)
+				}
+			}
+		}
+	})
+}
+
+func TestPropFixedWindow(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		l, ev := schedule(rt, algo.FixedWindow)
+		per := map[int64]int64{}
+		for _, e := range ev {
+			if e.allowed {
+				ws, _ := algo.WindowBoundsUs(l, e.t)
+				per[ws] += e.cost
+				if per[ws] > l.Rate {
+					rt.Fatalf("window %d admitted %d > %d", ws, per[ws], l.Rate)
+				}
+			}
+		}
+	})
+}
+
+func TestPropSlidingLog(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		l, ev := schedule(rt, algo.SlidingLog)
+		p := l.Period.Microseconds()
+		for _, e := range ev {
+			if s := admitted(ev, e.t-p, e.t); s > l.Rate {
+				rt.Fatalf("%d admitted in (%d, %d] > %d", s, e.t-p, e.t, l.Rate)
+			}
+		}
+	})
+}
+
+func TestPropSlidingWindow(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		l, ev := schedule(rt, algo.SlidingWindow)
+		p := l.Period.Microseconds()
+		for _, e := range ev {
+			if s := admitted(ev, e.t-p, e.t); s > 2*l.Rate {
+				rt.Fatalf("%d admitted in (%d, %d] > 2*%d", s, e.t-p, e.t, l.Rate)
+			}
+		}
+	})
+}
+
+func TestPropConcurrency(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		l, ev := schedule(rt, algo.Concurrency)
+		p := l.Period.Microseconds()
+		var leases []int64 // model: acquisition times, oldest first
+		for i, e := range ev {
+			kept := leases[:0]
+			for _, x := range leases {
+				if x+p > e.t {
+					kept = append(kept, x)
+				}
+			}
+			leases = kept
+			switch {
+			case e.release:
+				leases = leases[min(int(e.cost), len(leases)):]
+			case e.allowed:
+				for range e.cost {
+					leases = append(leases, e.t)
+				}
+			}
+			if int64(len(leases)) > l.Rate {
+				rt.Fatalf("event %d: %d live leases > %d", i, len(leases), l.Rate)
+			}
+			if !e.release && !e.allowed && int64(len(leases))+max(e.cost, 1) <= l.Rate {
+				rt.Fatalf("event %d: denied cost %d with %d of %d leases live", i, e.cost, len(leases), l.Rate)
+			}
+		}
+	})
+}
