@@ -1,0 +1,362 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Migration from envoyproxy/ratelimit: its environment variables
+// (src/settings/settings.go of that project) are read where their meaning
+// maps onto ratelimitd; docs/migrating.md has the table. They rank below
+// the RATELIMITD_* twins and the flags.
+
+// legacyIgnored are envoyproxy/ratelimit variables that need no setting here
+// because ratelimitd already behaves that way (or the variable only tunes a
+// mechanism ratelimitd does not have), whatever their value.
+var legacyIgnored = map[string]string{
+	"CONFIG_TYPE":                             "FILE is the only provider; checked below",
+	"RUNTIME_WATCH_ROOT":                      "config directories are always watched",
+	"USE_STATSD":                              "checked below",
+	"DISABLE_STATS":                           "no effect: metrics are pulled from /metrics",
+	"STATS_FLUSH_INTERVAL":                    "no effect: metrics are pulled",
+	"REDIS_SOCKET_TYPE":                       "read with REDIS_URL",
+	"REDIS_PIPELINE_WINDOW":                   "no effect: one script call per request",
+	"REDIS_PIPELINE_LIMIT":                    "no effect: one script call per request",
+	"REDIS_CLUSTER_PIPELINE_PARALLELISM":      "no effect: one script call per request",
+	"REDIS_POOL_ON_EMPTY_BEHAVIOR":            "no effect",
+	"EXPIRATION_JITTER_MAX_SECONDS":           "no effect: keys expire exactly when their state is full again",
+	"GRPC_MAX_CONNECTION_AGE":                 "not tunable",
+	"GRPC_MAX_CONNECTION_AGE_GRACE":           "not tunable",
+	"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "always: health is NOT_SERVING until the first good config",
+	"FORCE_START_WITHOUT_INITIAL_CONFIG":      "ratelimitd starts its listeners at once and reports NOT_SERVING until a config loads",
+	"PROMETHEUS_PATH":                         "checked below",
+	"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "always: a denied request consumes nothing",
+}
+
+// legacyUnsupported lists variables (or prefixes, ending in "_") whose
+// meaning has no ratelimitd equivalent; any that is set is named in the one
+// startup warning.
+var legacyUnsupported = []string{
+	"GRPC_UDS",
+	"STATSD_HOST", "STATSD_PORT", "USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS", "EXTRA_TAGS",
+	"PROMETHEUS_MAPPER_YAML", "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+	"LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER", "LIMIT_RESET_HEADER",
+	"REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+	"REDIS_SENTINEL_AUTH", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME",
+	"REDIS_PERSECOND", "REDIS_PERSECOND_SOCKET_TYPE", "REDIS_PERSECOND_TYPE", "REDIS_PERSECOND_URL",
+	"REDIS_PERSECOND_POOL_SIZE", "REDIS_PERSECOND_AUTH", "REDIS_PERSECOND_TLS", "REDIS_PERSECOND_SENTINEL_AUTH",
+	"REDIS_PERSECOND_TIMEOUT", "REDIS_PERSECOND_PIPELINE_WINDOW", "REDIS_PERSECOND_PIPELINE_LIMIT",
+	"REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+	"MEMCACHE_HOST_PORT", "MEMCACHE_SRV", "MEMCACHE_SRV_REFRESH", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_TLS",
+	"TRACING_ENABLED", "TRACING_EXPORTER_PROTOCOL", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE",
+	"TRACING_SERVICE_INSTANCE_ID", "TRACING_SAMPLING_RATE",
+	"CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA", "CONFIG_GRPC_XDS_SERVER_URL",
+	"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+	"CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+	"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+	"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+	"XDS_CLIENT_BACKOFF_JITTER", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+}
+
+// legacyCacheEntryBytes converts LOCAL_CACHE_SIZE_IN_BYTES (a freecache
+// size) into --local-cache-size entries: one entry per this many bytes.
+const legacyCacheEntryBytes = 128
+
+// applyLegacyEnv maps envoyproxy/ratelimit variables onto o. It returns at
+// most one warning, naming every set variable that ratelimitd cannot honour,
+// and an error for a set variable whose value is malformed or that selects
+// something ratelimitd refuses to imitate silently (BACKEND_TYPE=memcache,
+// CONFIG_TYPE=GRPC_XDS_SOTW).
+func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, error) {
+	var errs []error
+	var unsupported []string
+	get := func(name string) (string, bool) {
+		v, ok := lookup(name)
+		return strings.TrimSpace(v), ok
+	}
+	boolVar := func(name string, dst *bool) {
+		if v, ok := get(name); ok && v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+				return
+			}
+			*dst = b
+		}
+	}
+	intVar := func(name string, dst *int) {
+		if v, ok := get(name); ok && v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+				return
+			}
+			*dst = n
+		}
+	}
+	unsupportedIf := func(name string, cond bool) {
+		if cond {
+			unsupported = append(unsupported, name)
+		}
+	}
+
+	// Listeners: HOST/PORT, GRPC_HOST/GRPC_PORT, DEBUG_HOST/DEBUG_PORT.
+	addr := func(hostVar, portVar string, dst *string) {
+		h, hok := get(hostVar)
+		p, pok := get(portVar)
+		if !hok && !pok {
+			return
+		}
+		host, port, err := net.SplitHostPort(*dst)
+		if err != nil {
+			host, port = "", *dst
+		}
+		if hok {
+			host = h
+		}
+		if pok {
+			if _, err := strconv.ParseUint(p, 10, 16); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: not a port number", portVar, p))
+				return
+			}
+			port = p
+		}
+		*dst = net.JoinHostPort(host, port)
+	}
+	addr("GRPC_HOST", "GRPC_PORT", &o.GRPCAddr)
+	addr("HOST", "PORT", &o.HTTPAddr)
+	addr("DEBUG_HOST", "DEBUG_PORT", &o.DebugAddr)
+
+	// Config location: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
+	root, rok := get("RUNTIME_ROOT")
+	sub, sok := get("RUNTIME_SUBDIRECTORY")
+	app, aok := get("RUNTIME_APPDIRECTORY")
+	if rok || sok || aok {
+		if root == "" {
+			root = "/srv/runtime_data/current"
+		}
+		if app == "" {
+			app = "config"
+		}
+		o.Config = []string{filepath.Join(root, sub, app)}
+	}
+	boolVar("RUNTIME_IGNOREDOTFILES", &o.IgnoreDotfiles)
+	if v, ok := get("CONFIG_TYPE"); ok && v != "" && !strings.EqualFold(v, "FILE") {
+		errs = append(errs, fmt.Errorf("CONFIG_TYPE=%q: only FILE is supported (config from files or directories)", v))
+	}
+
+	// Backend.
+	redisType, typeSet := get("REDIS_TYPE")
+	redisURL, urlSet := get("REDIS_URL")
+	if v, ok := get("BACKEND_TYPE"); ok {
+		switch strings.ToLower(v) {
+		case "redis", "":
+			o.Backend = "redis"
+		case "memcache":
+			errs = append(errs, errors.New("BACKEND_TYPE=memcache: not supported; use --backend=redis or memory"))
+		default:
+			errs = append(errs, fmt.Errorf("BACKEND_TYPE=%q: want redis", v))
+		}
+	} else if typeSet || urlSet {
+		// envoyproxy/ratelimit's default backend is Redis.
+		o.Backend = "redis"
+	}
+	if typeSet || urlSet {
+		if err := legacyRedis(o, redisType, redisURL, urlSet, lookup); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	intVar("REDIS_POOL_SIZE", &o.RedisPoolSize)
+	if v, ok := get("REDIS_TIMEOUT"); ok && v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("REDIS_TIMEOUT=%q: %w", v, err))
+		} else {
+			o.RedisTimeout = d
+		}
+	}
+	if v, ok := get("LOCAL_CACHE_SIZE_IN_BYTES"); ok && v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			errs = append(errs, fmt.Errorf("LOCAL_CACHE_SIZE_IN_BYTES=%q: not a size in bytes", v))
+		} else if n > 0 {
+			o.LocalCacheSize = max(1, n/legacyCacheEntryBytes)
+		}
+	}
+	if v, ok := get("CACHE_KEY_PREFIX"); ok {
+		o.KeyPrefix = v
+	}
+
+	// Service behaviour.
+	boolVar("SHADOW_MODE", &o.ShadowMode)
+	boolVar("QUOTA_MODE", &o.QuotaMode)
+	boolVar("MERGE_DOMAIN_CONFIG", &o.MergeDomains)
+	boolVar("RESPONSE_DYNAMIC_METADATA", &o.DynamicMetadata)
+	if v, ok := get("NEAR_LIMIT_RATIO"); ok && v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("NEAR_LIMIT_RATIO=%q: %w", v, err))
+		} else {
+			o.NearLimitRatio = f
+		}
+	}
+	if v, ok := get("LIMIT_RESPONSE_HEADERS_ENABLED"); ok && v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED=%q: %w", v, err))
+		} else if b {
+			o.Headers = "legacy"
+		} else {
+			o.Headers = "none"
+		}
+	}
+
+	// Logging (logrus level names).
+	if v, ok := get("LOG_LEVEL"); ok && v != "" {
+		switch strings.ToLower(v) {
+		case "trace", "debug":
+			o.LogLevel = "debug"
+		case "info":
+			o.LogLevel = "info"
+		case "warn", "warning":
+			o.LogLevel = "warn"
+		case "error", "fatal", "panic":
+			o.LogLevel = "error"
+		default:
+			errs = append(errs, fmt.Errorf("LOG_LEVEL=%q: unknown level", v))
+		}
+	}
+	if v, ok := get("LOG_FORMAT"); ok && v != "" {
+		o.LogFormat = strings.ToLower(v)
+	}
+
+	// Metrics: statsd sinks have no equivalent; Prometheus maps.
+	if v, ok := get("USE_STATSD"); ok && v != "" {
+		if b, err := strconv.ParseBool(v); err == nil && b {
+			unsupported = append(unsupported, "USE_STATSD")
+		}
+	}
+	if v, ok := get("USE_PROMETHEUS"); ok && v != "" {
+		if b, err := strconv.ParseBool(v); err == nil && b {
+			o.MetricsAddr = ":9090"
+			if a, ok := get("PROMETHEUS_ADDR"); ok && a != "" {
+				o.MetricsAddr = a
+			}
+		}
+	}
+	if v, ok := get("PROMETHEUS_PATH"); ok && v != "" && v != "/metrics" {
+		unsupported = append(unsupported, "PROMETHEUS_PATH")
+	}
+
+	// gRPC server TLS.
+	if v, ok := get("GRPC_SERVER_USE_TLS"); ok && v != "" {
+		if b, err := strconv.ParseBool(v); err == nil && b {
+			o.GRPCTLSCert, _ = get("GRPC_SERVER_TLS_CERT")
+			o.GRPCTLSKey, _ = get("GRPC_SERVER_TLS_KEY")
+			o.GRPCTLSClientCA, _ = get("GRPC_CLIENT_TLS_CACERT")
+			o.GRPCTLSClientSAN, _ = get("GRPC_CLIENT_TLS_SAN")
+		}
+	}
+
+	for _, name := range legacyUnsupported {
+		_, ok := lookup(name)
+		unsupportedIf(name, ok)
+	}
+	var warnings []string
+	if len(unsupported) > 0 {
+		warnings = append(warnings, "envoyproxy/ratelimit environment variables set but not supported by ratelimitd (ignored; see docs/migrating.md): "+strings.Join(unsupported, ", "))
+	}
+	return warnings, errors.Join(errs...)
+}
+
+// legacyRedis maps REDIS_TYPE, REDIS_URL, REDIS_SOCKET_TYPE, REDIS_AUTH and
+// REDIS_TLS. envoyproxy/ratelimit's REDIS_URL is not a URL: single mode
+// takes host:port or a unix socket path, cluster mode "h:p,h:p", sentinel
+// mode "master,h:p,h:p". A value that already is a redis:// or rediss://
+// URL is taken as is.
+func legacyRedis(o *Options, typ, raw string, urlSet bool, lookup func(string) (string, bool)) error {
+	get := func(name string) string { v, _ := lookup(name); return strings.TrimSpace(v) }
+	auth := get("REDIS_AUTH")
+	useTLS := false
+	if v := get("REDIS_TLS"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("REDIS_TLS=%q: %w", v, err)
+		}
+		useTLS = b
+	}
+	scheme := "redis"
+	if useTLS {
+		scheme = "rediss"
+	}
+	build := func(host string) string {
+		u := url.URL{Scheme: scheme, Host: host}
+		if auth != "" {
+			if user, pass, ok := strings.Cut(auth, ":"); ok {
+				u.User = url.UserPassword(user, pass)
+			} else {
+				u.User = url.UserPassword("", auth)
+			}
+		}
+		return u.String()
+	}
+	if !urlSet {
+		raw = "/var/run/nutcracker/ratelimit.sock"
+	}
+	switch strings.ToLower(typ) {
+	case "", "single":
+		o.RedisMode = "standalone"
+		switch {
+		case strings.Contains(raw, "://"):
+			o.RedisURL = raw
+		case strings.HasPrefix(raw, "/") || (get("REDIS_SOCKET_TYPE") != "tcp" && !strings.Contains(raw, ":")):
+			u := url.URL{Scheme: "unix", Path: raw}
+			if auth != "" {
+				if user, pass, ok := strings.Cut(auth, ":"); ok {
+					u.User = url.UserPassword(user, pass)
+				} else {
+					u.User = url.UserPassword("", auth)
+				}
+			}
+			o.RedisURL = u.String()
+		default:
+			o.RedisURL = build(raw)
+		}
+	case "cluster":
+		o.RedisMode = "cluster"
+		o.RedisAddrs = splitList(raw)
+		if len(o.RedisAddrs) == 0 {
+			return errors.New("REDIS_TYPE=cluster: REDIS_URL must list nodes as host:port,host:port")
+		}
+		o.RedisURL = build(o.RedisAddrs[0])
+	case "sentinel":
+		parts := splitList(raw)
+		if len(parts) < 2 {
+			return fmt.Errorf("REDIS_TYPE=sentinel: REDIS_URL=%q must be master,host:port[,host:port...]", raw)
+		}
+		o.RedisMode = "sentinel"
+		o.RedisMaster = parts[0]
+		o.RedisAddrs = parts[1:]
+		o.RedisURL = build(parts[1])
+	default:
+		return fmt.Errorf("REDIS_TYPE=%q: want single, cluster or sentinel", typ)
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,297 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Options is everything `ratelimitd serve` reads from its command line and
+// environment, validated. Each field has a flag (see registerServeFlags), an
+// environment twin RATELIMITD_<FLAG_IN_UPPER_SNAKE>, and possibly an
+// envoyproxy/ratelimit variable (see legacy.go). Precedence: flag >
+// RATELIMITD_* > legacy variable > default.
+type Options struct {
+	Config    []string // YAML files or directories (watched)
+	GRPCAddr  string   // host:port of the Envoy RLS v3 gRPC server
+	HTTPAddr  string   // host:port of /healthcheck, /json, /metrics
+	DebugAddr string   // host:port of /rlconfig, /debug/pprof/; "" disables
+	// MetricsAddr, when set, also serves /metrics on its own listener
+	// (envoyproxy/ratelimit PROMETHEUS_ADDR); "" = only on HTTPAddr.
+	MetricsAddr string
+
+	Backend        string // "memory" or "redis"
+	RedisURL       string // redis:// or rediss://, user:password@ for ACL
+	RedisMode      string // "standalone", "cluster" or "sentinel"
+	RedisAddrs     []string
+	RedisMaster    string
+	RedisTimeout   time.Duration // per-operation budget
+	RedisPoolSize  int           // connections; 0 = the store's default
+	LocalCacheSize int           // over-limit cache entries; 0 disables
+
+	ShadowMode       bool
+	QuotaMode        bool
+	LogLevel         string // debug, info, warn, error
+	LogFormat        string // text or json
+	MergeDomains     bool
+	IgnoreDotfiles   bool
+	KeyPrefix        string
+	KeyValues        string // "hash" or "clear" (development only)
+	Headers          string // ietf, legacy, both or none
+	NearLimitRatio   float64
+	RetryJitter      time.Duration // maximum jitter added to Retry-After
+	RequestOverrides bool
+	DynamicMetadata  bool
+
+	// Drain is how long the health checks report NOT_SERVING before the
+	// listeners stop accepting (lets load balancers notice).
+	Drain time.Duration
+	// ShutdownGrace bounds the wait for in-flight calls after the
+	// listeners stop; calls still running then are cut.
+	ShutdownGrace time.Duration
+
+	// gRPC server TLS (empty = plaintext). ClientCA turns on mTLS; ClientSAN
+	// additionally requires that SAN (DNS, URI, IP or e-mail) in the client
+	// certificate.
+	GRPCTLSCert      string
+	GRPCTLSKey       string
+	GRPCTLSClientCA  string
+	GRPCTLSClientSAN string
+}
+
+// defaultOptions are the contract's defaults.
+func defaultOptions() Options {
+	return Options{
+		Config:           []string{"./config"},
+		GRPCAddr:         ":8081",
+		HTTPAddr:         ":8080",
+		DebugAddr:        ":6070",
+		Backend:          "memory",
+		RedisURL:         "redis://127.0.0.1:6379/0",
+		RedisMode:        "standalone",
+		RedisTimeout:     10 * time.Millisecond,
+		LogLevel:         "info",
+		LogFormat:        "text",
+		KeyValues:        "hash",
+		Headers:          "ietf",
+		NearLimitRatio:   0.8,
+		RetryJitter:      time.Second,
+		RequestOverrides: true,
+		ShutdownGrace:    15 * time.Second,
+	}
+}
+
+// listValue is a repeatable/comma-separated string list flag. The first Set
+// from each source (environment, then command line) replaces the value
+// inherited from the previous source; later Sets of the same source append.
+type listValue struct {
+	p       *[]string
+	touched bool
+}
+
+func (v *listValue) String() string {
+	if v == nil || v.p == nil {
+		return ""
+	}
+	return strings.Join(*v.p, ",")
+}
+
+func (v *listValue) Set(s string) error {
+	if !v.touched {
+		*v.p = nil
+		v.touched = true
+	}
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			*v.p = append(*v.p, part)
+		}
+	}
+	return nil
+}
+
+// registerServeFlags binds every serve flag to a field of o; the field's
+// current value is the flag's default.
+func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
+	config := &listValue{p: &o.Config}
+	addrs := &listValue{p: &o.RedisAddrs}
+	fs.Var(config, "config", "YAML config file or directory (repeatable, or comma-separated); directories are watched")
+	fs.StringVar(&o.GRPCAddr, "grpc-addr", o.GRPCAddr, "Envoy RLS v3 gRPC listen address (+ gRPC health, reflection)")
+	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "HTTP listen address: /healthcheck, /json, /metrics")
+	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "debug listen address: /rlconfig, /debug/pprof/ (empty disables)")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "optional extra listen address serving only /metrics")
+	fs.StringVar(&o.Backend, "backend", o.Backend, "store: memory or redis")
+	fs.StringVar(&o.RedisURL, "redis-url", o.RedisURL, "redis:// or rediss:// URL, with user:password@ for ACL and /db")
+	fs.StringVar(&o.RedisMode, "redis-mode", o.RedisMode, "standalone, cluster (seeds in --redis-addrs) or sentinel (--redis-addrs sentinels + --redis-master)")
+	fs.Var(addrs, "redis-addrs", "host:port list: cluster seed nodes or sentinels (repeatable, or comma-separated)")
+	fs.StringVar(&o.RedisMaster, "redis-master", o.RedisMaster, "sentinel master name")
+	fs.DurationVar(&o.RedisTimeout, "redis-timeout", o.RedisTimeout, "per-operation Redis budget (dial, read, write)")
+	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", o.RedisPoolSize, "Redis connections per node (0 = store default)")
+	fs.IntVar(&o.LocalCacheSize, "local-cache-size", o.LocalCacheSize, "entries in the local over-limit cache (0 disables)")
+	fs.BoolVar(&o.ShadowMode, "shadow-mode", o.ShadowMode, "global shadow mode: evaluate and report, never deny")
+	fs.BoolVar(&o.QuotaMode, "quota-mode", o.QuotaMode, "global quota mode: every descriptor is soft (denies only when all do)")
+	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "text or json")
+	fs.BoolVar(&o.MergeDomains, "merge-domains", o.MergeDomains, "let several files contribute to one domain")
+	fs.BoolVar(&o.IgnoreDotfiles, "ignore-dotfiles", o.IgnoreDotfiles, "skip config files and directories whose name starts with a dot")
+	fs.StringVar(&o.KeyPrefix, "key-prefix", o.KeyPrefix, "prefix of every backend key")
+	fs.StringVar(&o.KeyValues, "key-values", o.KeyValues, "descriptor values in backend keys: hash, or clear (development only)")
+	fs.StringVar(&o.Headers, "headers", o.Headers, "response headers: ietf, legacy (X-RateLimit-*), both or none")
+	fs.Float64Var(&o.NearLimitRatio, "near-limit-ratio", o.NearLimitRatio, "fraction of a limit used above which a decision counts as near_limit")
+	fs.DurationVar(&o.RetryJitter, "retry-jitter", o.RetryJitter, "maximum jitter added to Retry-After")
+	fs.BoolVar(&o.RequestOverrides, "request-overrides", o.RequestOverrides, "honour per-descriptor limit overrides sent by Envoy")
+	fs.BoolVar(&o.DynamicMetadata, "dynamic-metadata", o.DynamicMetadata, "fill RateLimitResponse.dynamic_metadata")
+	fs.DurationVar(&o.Drain, "drain", o.Drain, "on SIGTERM, report NOT_SERVING this long before closing listeners")
+	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", o.ShutdownGrace, "on SIGTERM, wait at most this long for in-flight calls")
+	fs.StringVar(&o.GRPCTLSCert, "grpc-tls-cert", o.GRPCTLSCert, "gRPC server certificate chain (PEM); enables TLS, reloaded on change")
+	fs.StringVar(&o.GRPCTLSKey, "grpc-tls-key", o.GRPCTLSKey, "gRPC server private key (PEM)")
+	fs.StringVar(&o.GRPCTLSClientCA, "grpc-tls-client-ca", o.GRPCTLSClientCA, "CA bundle (PEM) for client certificates: enables mTLS")
+	fs.StringVar(&o.GRPCTLSClientSAN, "grpc-tls-client-san", o.GRPCTLSClientSAN, "required SAN in client certificates (with --grpc-tls-client-ca)")
+	return []*listValue{config, addrs}
+}
+
+// envName is the RATELIMITD_* twin of a flag: "redis-url" → "RATELIMITD_REDIS_URL".
+func envName(flagName string) string {
+	return "RATELIMITD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseServe turns serve's arguments and the environment into validated
+// Options. getenv is os.LookupEnv in production. Warnings are non-fatal
+// remarks for the startup log (at most one line naming every unsupported
+// envoyproxy/ratelimit variable). Errors name the offending flag or
+// variable; flag.ErrHelp is returned for -h.
+func parseServe(args []string, lookup func(string) (string, bool), usage io.Writer) (Options, []string, error) {
+	o := defaultOptions()
+	warnings, err := applyLegacyEnv(&o, lookup)
+	if err != nil {
+		return o, warnings, err
+	}
+	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
+	fs.SetOutput(usage)
+	lists := registerServeFlags(fs, &o)
+	fs.Usage = func() {
+		fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envName(f.Name)
+		if v, ok := lookup(name); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return o, warnings, err
+	}
+	for _, l := range lists {
+		l.touched = false
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, warnings, err
+	}
+	if fs.NArg() > 0 {
+		return o, warnings, fmt.Errorf("serve takes no arguments, got %q (use --config)", fs.Args())
+	}
+	return o, warnings, o.Validate()
+}
+
+func oneOf(name, v string, allowed ...string) error {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return fmt.Errorf("--%s=%q: want one of %s", name, v, strings.Join(allowed, ", "))
+}
+
+func checkAddr(name, v string, optional bool) error {
+	if v == "" && optional {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		return fmt.Errorf("--%s=%q: %w", name, v, err)
+	}
+	return nil
+}
+
+// Validate reports every invalid field at once.
+func (o Options) Validate() error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(o.Config) == 0 {
+		add(errors.New("--config: at least one path is required"))
+	}
+	add(checkAddr("grpc-addr", o.GRPCAddr, false))
+	add(checkAddr("http-addr", o.HTTPAddr, false))
+	add(checkAddr("debug-addr", o.DebugAddr, true))
+	add(checkAddr("metrics-addr", o.MetricsAddr, true))
+	add(oneOf("backend", o.Backend, "memory", "redis"))
+	add(oneOf("redis-mode", o.RedisMode, "standalone", "cluster", "sentinel"))
+	add(oneOf("log-level", o.LogLevel, "debug", "info", "warn", "error"))
+	add(oneOf("log-format", o.LogFormat, "text", "json"))
+	add(oneOf("key-values", o.KeyValues, "hash", "clear"))
+	add(oneOf("headers", o.Headers, "ietf", "legacy", "both", "none"))
+	if o.Backend == "redis" {
+		switch o.RedisMode {
+		case "cluster":
+			if len(o.RedisAddrs) == 0 {
+				add(errors.New("--redis-mode=cluster needs --redis-addrs (seed nodes)"))
+			}
+		case "sentinel":
+			if len(o.RedisAddrs) == 0 || o.RedisMaster == "" {
+				add(errors.New("--redis-mode=sentinel needs --redis-addrs (sentinels) and --redis-master"))
+			}
+		}
+	}
+	if o.RedisTimeout <= 0 {
+		add(fmt.Errorf("--redis-timeout=%s: must be > 0", o.RedisTimeout))
+	}
+	if o.RedisPoolSize < 0 {
+		add(fmt.Errorf("--redis-pool-size=%d: must be >= 0", o.RedisPoolSize))
+	}
+	if o.LocalCacheSize < 0 {
+		add(fmt.Errorf("--local-cache-size=%d: must be >= 0", o.LocalCacheSize))
+	}
+	if !(o.NearLimitRatio > 0 && o.NearLimitRatio <= 1) {
+		add(fmt.Errorf("--near-limit-ratio=%v: must be in (0, 1]", o.NearLimitRatio))
+	}
+	if o.RetryJitter < 0 {
+		add(fmt.Errorf("--retry-jitter=%s: must be >= 0", o.RetryJitter))
+	}
+	if o.Drain < 0 || o.ShutdownGrace < 0 {
+		add(errors.New("--drain and --shutdown-grace must be >= 0"))
+	}
+	if (o.GRPCTLSCert == "") != (o.GRPCTLSKey == "") {
+		add(errors.New("--grpc-tls-cert and --grpc-tls-key go together"))
+	}
+	if o.GRPCTLSClientCA != "" && o.GRPCTLSCert == "" {
+		add(errors.New("--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key"))
+	}
+	if o.GRPCTLSClientSAN != "" && o.GRPCTLSClientCA == "" {
+		add(errors.New("--grpc-tls-client-san needs --grpc-tls-client-ca"))
+	}
+	return errors.Join(errs...)
+}
+
+// sortedKeys is a small helper for deterministic messages.
+func sortedKeys(m map[string]string) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+var _ = os.LookupEnv // production lookup (main.go)

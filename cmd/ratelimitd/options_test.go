@@ -1,0 +1,235 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func env(kv ...string) func(string) (string, bool) {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestParseServeDefaults(t *testing.T) {
+	o, warnings, err := parseServe(nil, env(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warnings) != 0 {
+		t.Errorf("warnings = %q, want none", warnings)
+	}
+	want := defaultOptions()
+	if diff := cmp.Diff(want, o); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+	// The contract's table.
+	for _, c := range []struct{ got, want string }{
+		{strings.Join(o.Config, ","), "./config"},
+		{o.GRPCAddr, ":8081"}, {o.HTTPAddr, ":8080"}, {o.DebugAddr, ":6070"},
+		{o.Backend, "memory"}, {o.RedisURL, "redis://127.0.0.1:6379/0"}, {o.RedisMode, "standalone"},
+		{o.LogLevel, "info"}, {o.LogFormat, "text"}, {o.Headers, "ietf"}, {o.KeyValues, "hash"},
+	} {
+		if c.got != c.want {
+			t.Errorf("default %q, want %q", c.got, c.want)
+		}
+	}
+	if o.RedisTimeout <= 0 || o.RedisTimeout >= 20*time.Millisecond {
+		t.Errorf("redis timeout default %v, want well under Envoy's 20ms", o.RedisTimeout)
+	}
+	if o.ShadowMode || !o.RequestOverrides {
+		t.Errorf("shadow=%v overrides=%v, want false true", o.ShadowMode, o.RequestOverrides)
+	}
+}
+
+func TestParseServePrecedence(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		get  func(Options) any
+		want any
+	}{
+		{"default", nil, nil, func(o Options) any { return o.GRPCAddr }, ":8081"},
+		{"legacy", nil, []string{"GRPC_PORT", "9000"}, func(o Options) any { return o.GRPCAddr }, ":9000"},
+		{"legacy host+port", nil, []string{"GRPC_HOST", "127.0.0.1", "GRPC_PORT", "9000"}, func(o Options) any { return o.GRPCAddr }, "127.0.0.1:9000"},
+		{"twin beats legacy", nil, []string{"GRPC_PORT", "9000", "RATELIMITD_GRPC_ADDR", ":9100"}, func(o Options) any { return o.GRPCAddr }, ":9100"},
+		{"flag beats twin", []string{"--grpc-addr", ":9200"}, []string{"GRPC_PORT", "9000", "RATELIMITD_GRPC_ADDR", ":9100"}, func(o Options) any { return o.GRPCAddr }, ":9200"},
+		{"bool twin", nil, []string{"RATELIMITD_SHADOW_MODE", "true"}, func(o Options) any { return o.ShadowMode }, true},
+		{"bool flag beats twin", []string{"--shadow-mode=false"}, []string{"RATELIMITD_SHADOW_MODE", "true", "SHADOW_MODE", "true"}, func(o Options) any { return o.ShadowMode }, false},
+		{"legacy bool", nil, []string{"SHADOW_MODE", "true"}, func(o Options) any { return o.ShadowMode }, true},
+		{"config repeated", []string{"--config", "a", "--config", "b"}, nil, func(o Options) any { return o.Config }, []string{"a", "b"}},
+		{"config twin list", nil, []string{"RATELIMITD_CONFIG", "x,y"}, func(o Options) any { return o.Config }, []string{"x", "y"}},
+		{"config flag replaces twin", []string{"--config=c"}, []string{"RATELIMITD_CONFIG", "x,y"}, func(o Options) any { return o.Config }, []string{"c"}},
+		{"runtime layout", nil, []string{"RUNTIME_ROOT", "/tmp/x/current", "RUNTIME_SUBDIRECTORY", "ratelimit"}, func(o Options) any { return o.Config }, []string{"/tmp/x/current/ratelimit/config"}},
+		{"runtime appdir", nil, []string{"RUNTIME_ROOT", "/r", "RUNTIME_SUBDIRECTORY", "s", "RUNTIME_APPDIRECTORY", "app"}, func(o Options) any { return o.Config }, []string{"/r/s/app"}},
+		{"twin beats runtime", nil, []string{"RUNTIME_ROOT", "/r", "RATELIMITD_CONFIG", "mine"}, func(o Options) any { return o.Config }, []string{"mine"}},
+		{"duration twin", nil, []string{"RATELIMITD_REDIS_TIMEOUT", "3ms"}, func(o Options) any { return o.RedisTimeout }, 3 * time.Millisecond},
+		{"legacy duration", nil, []string{"REDIS_TIMEOUT", "7ms"}, func(o Options) any { return o.RedisTimeout }, 7 * time.Millisecond},
+		{"legacy headers on", nil, []string{"LIMIT_RESPONSE_HEADERS_ENABLED", "true"}, func(o Options) any { return o.Headers }, "legacy"},
+		{"legacy headers off", nil, []string{"LIMIT_RESPONSE_HEADERS_ENABLED", "false"}, func(o Options) any { return o.Headers }, "none"},
+		{"headers flag beats legacy", []string{"--headers=both"}, []string{"LIMIT_RESPONSE_HEADERS_ENABLED", "true"}, func(o Options) any { return o.Headers }, "both"},
+		{"log level logrus", nil, []string{"LOG_LEVEL", "WARNING"}, func(o Options) any { return o.LogLevel }, "warn"},
+		{"log level trace", nil, []string{"LOG_LEVEL", "trace"}, func(o Options) any { return o.LogLevel }, "debug"},
+		{"log format", nil, []string{"LOG_FORMAT", "json"}, func(o Options) any { return o.LogFormat }, "json"},
+		{"near limit", nil, []string{"NEAR_LIMIT_RATIO", "0.9"}, func(o Options) any { return o.NearLimitRatio }, 0.9},
+		{"cache bytes", nil, []string{"LOCAL_CACHE_SIZE_IN_BYTES", "1048576"}, func(o Options) any { return o.LocalCacheSize }, 1048576 / legacyCacheEntryBytes},
+		{"key prefix", nil, []string{"CACHE_KEY_PREFIX", "rl:"}, func(o Options) any { return o.KeyPrefix }, "rl:"},
+		{"merge", nil, []string{"MERGE_DOMAIN_CONFIG", "true"}, func(o Options) any { return o.MergeDomains }, true},
+		{"quota", nil, []string{"QUOTA_MODE", "true"}, func(o Options) any { return o.QuotaMode }, true},
+		{"dynamic metadata", nil, []string{"RESPONSE_DYNAMIC_METADATA", "true"}, func(o Options) any { return o.DynamicMetadata }, true},
+		{"dotfiles", nil, []string{"RUNTIME_IGNOREDOTFILES", "true"}, func(o Options) any { return o.IgnoreDotfiles }, true},
+		{"http port", nil, []string{"PORT", "18080"}, func(o Options) any { return o.HTTPAddr }, ":18080"},
+		{"debug host", nil, []string{"DEBUG_HOST", "127.0.0.1"}, func(o Options) any { return o.DebugAddr }, "127.0.0.1:6070"},
+		{"prometheus", nil, []string{"USE_PROMETHEUS", "true"}, func(o Options) any { return o.MetricsAddr }, ":9090"},
+		{"prometheus addr", nil, []string{"USE_PROMETHEUS", "true", "PROMETHEUS_ADDR", "127.0.0.1:9191"}, func(o Options) any { return o.MetricsAddr }, "127.0.0.1:9191"},
+		{"backend implied by REDIS_URL", nil, []string{"REDIS_URL", "127.0.0.1:6379", "REDIS_SOCKET_TYPE", "tcp"}, func(o Options) any { return o.Backend + " " + o.RedisURL }, "redis redis://127.0.0.1:6379"},
+		{"redis auth tls", nil, []string{"REDIS_URL", "r.example:6380", "REDIS_AUTH", "u:p@ss", "REDIS_TLS", "true"}, func(o Options) any { return o.RedisURL }, "rediss://u:p%40ss@r.example:6380"},
+		{"redis auth password only", nil, []string{"REDIS_URL", "r:6379", "REDIS_AUTH", "secret"}, func(o Options) any { return o.RedisURL }, "redis://:secret@r:6379"},
+		{"redis unix socket", nil, []string{"REDIS_URL", "/var/run/redis.sock"}, func(o Options) any { return o.RedisURL }, "unix:///var/run/redis.sock"},
+		{"redis cluster", nil, []string{"REDIS_TYPE", "CLUSTER", "REDIS_URL", "a:1,b:2"}, func(o Options) any { return []string{o.RedisMode, o.RedisURL, strings.Join(o.RedisAddrs, " ")} }, []string{"cluster", "redis://a:1", "a:1 b:2"}},
+		{"redis sentinel", nil, []string{"REDIS_TYPE", "sentinel", "REDIS_URL", "mymaster,s1:26379,s2:26379"}, func(o Options) any { return []string{o.RedisMode, o.RedisMaster, strings.Join(o.RedisAddrs, " ")} }, []string{"sentinel", "mymaster", "s1:26379 s2:26379"}},
+		{"redis twin beats legacy", nil, []string{"REDIS_URL", "a:1", "RATELIMITD_REDIS_URL", "redis://b:2/0"}, func(o Options) any { return o.RedisURL }, "redis://b:2/0"},
+		{"backend flag beats legacy", []string{"--backend=memory"}, []string{"BACKEND_TYPE", "redis"}, func(o Options) any { return o.Backend }, "memory"},
+		{"pool size", nil, []string{"REDIS_POOL_SIZE", "42"}, func(o Options) any { return o.RedisPoolSize }, 42},
+		{"grpc tls", nil, []string{"GRPC_SERVER_USE_TLS", "true", "GRPC_SERVER_TLS_CERT", "c.pem", "GRPC_SERVER_TLS_KEY", "k.pem"}, func(o Options) any { return o.GRPCTLSCert + " " + o.GRPCTLSKey }, "c.pem k.pem"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, _, err := parseServe(tt.args, env(tt.env...), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, tt.get(o)); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseServeErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want string // regexp on the error
+	}{
+		{"bad backend", []string{"--backend=etcd"}, nil, `--backend="etcd"`},
+		{"bad headers", []string{"--headers=x"}, nil, `--headers="x"`},
+		{"bad log format", nil, []string{"RATELIMITD_LOG_FORMAT", "xml"}, `--log-format="xml"`},
+		{"bad twin bool", nil, []string{"RATELIMITD_SHADOW_MODE", "maybe"}, `RATELIMITD_SHADOW_MODE="maybe"`},
+		{"bad legacy bool", nil, []string{"SHADOW_MODE", "maybe"}, `SHADOW_MODE="maybe"`},
+		{"bad legacy port", nil, []string{"GRPC_PORT", "http"}, `GRPC_PORT="http"`},
+		{"memcache", nil, []string{"BACKEND_TYPE", "memcache"}, `BACKEND_TYPE=memcache`},
+		{"xds", nil, []string{"CONFIG_TYPE", "GRPC_XDS_SOTW"}, `CONFIG_TYPE`},
+		{"sentinel short", nil, []string{"REDIS_TYPE", "sentinel", "REDIS_URL", "onlymaster"}, `REDIS_TYPE=sentinel`},
+		{"cluster without addrs", []string{"--backend=redis", "--redis-mode=cluster"}, nil, `--redis-addrs`},
+		{"ratio", []string{"--near-limit-ratio=1.5"}, nil, `near-limit-ratio`},
+		{"tls half", []string{"--grpc-tls-cert=c"}, nil, `go together`},
+		{"san without ca", []string{"--grpc-tls-cert=c", "--grpc-tls-key=k", "--grpc-tls-client-san=x"}, nil, `needs --grpc-tls-client-ca`},
+		{"bad addr", []string{"--grpc-addr=8081"}, nil, `--grpc-addr`},
+		{"positional", []string{"extra"}, nil, `no arguments`},
+		{"several at once", []string{"--backend=x", "--log-level=loud"}, nil, `(?s)backend.*log-level`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := parseServe(tt.args, env(tt.env...), io.Discard)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if !regexp.MustCompile(tt.want).MatchString(err.Error()) {
+				t.Errorf("error %q does not match %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestLegacyUnsupportedOneWarning(t *testing.T) {
+	_, warnings, err := parseServe(nil, env("USE_STATSD", "true", "STATSD_HOST", "x", "TRACING_ENABLED", "true", "REDIS_PERSECOND", "true", "RUNTIME_WATCH_ROOT", "false", "SHADOW_MODE", "true"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warnings) != 1 {
+		t.Fatalf("warnings = %q, want exactly one", warnings)
+	}
+	for _, name := range []string{"USE_STATSD", "STATSD_HOST", "TRACING_ENABLED", "REDIS_PERSECOND"} {
+		if !strings.Contains(warnings[0], name) {
+			t.Errorf("warning %q does not name %s", warnings[0], name)
+		}
+	}
+	for _, name := range []string{"RUNTIME_WATCH_ROOT", "SHADOW_MODE"} {
+		if strings.Contains(warnings[0], name+",") || strings.HasSuffix(warnings[0], name) {
+			t.Errorf("warning %q names supported/ignored %s", warnings[0], name)
+		}
+	}
+	// USE_STATSD=false is what a Prometheus deployment sets: no warning.
+	_, warnings, _ = parseServe(nil, env("USE_STATSD", "false", "USE_PROMETHEUS", "true"), io.Discard)
+	if len(warnings) != 0 {
+		t.Errorf("warnings = %q, want none", warnings)
+	}
+}
+
+// Every flag has a RATELIMITD_* twin that sets it.
+func TestEveryFlagHasTwin(t *testing.T) {
+	o := defaultOptions()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	registerServeFlags(fs, &o)
+	n := 0
+	fs.VisitAll(func(f *flag.Flag) {
+		n++
+		if got := envName(f.Name); !regexp.MustCompile(`^RATELIMITD_[A-Z_]+$`).MatchString(got) {
+			t.Errorf("twin of --%s is %q", f.Name, got)
+		}
+	})
+	if n < 30 {
+		t.Errorf("only %d flags", n)
+	}
+	// A twin really sets its flag: compare against the flag's own effect.
+	for _, c := range []struct{ flag, val string }{
+		{"http-addr", "127.0.0.1:1"}, {"debug-addr", ""}, {"key-prefix", "p"}, {"redis-pool-size", "9"},
+		{"retry-jitter", "2s"}, {"request-overrides", "false"}, {"drain", "3s"}, {"local-cache-size", "5"},
+	} {
+		viaFlag, _, err1 := parseServe([]string{"--" + c.flag + "=" + c.val}, env(), io.Discard)
+		viaEnv, _, err2 := parseServe(nil, env(envName(c.flag), c.val), io.Discard)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("%s: %v %v", c.flag, err1, err2)
+		}
+		if diff := cmp.Diff(viaFlag, viaEnv); diff != "" {
+			t.Errorf("--%s vs %s (-flag +env):\n%s", c.flag, envName(c.flag), diff)
+		}
+		if cmp.Equal(viaFlag, defaultOptions()) {
+			t.Errorf("--%s=%s changed nothing", c.flag, c.val)
+		}
+	}
+}
+
+// docs/migrating.md names every envoyproxy/ratelimit variable this command
+// reads, ignores or warns about.
+func TestMigratingDocCoversVariables(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/migrating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := append([]string{}, legacyUnsupported...)
+	names = append(names, sortedKeys(legacyIgnored)...)
+	names = append(names, "REDIS_URL", "REDIS_TYPE", "REDIS_AUTH", "REDIS_TLS", "REDIS_POOL_SIZE", "RUNTIME_ROOT",
+		"RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY", "RUNTIME_IGNOREDOTFILES", "GRPC_PORT", "GRPC_HOST", "PORT", "HOST",
+		"DEBUG_PORT", "DEBUG_HOST", "SHADOW_MODE", "LOG_LEVEL", "LOG_FORMAT", "LIMIT_RESPONSE_HEADERS_ENABLED",
+		"NEAR_LIMIT_RATIO", "LOCAL_CACHE_SIZE_IN_BYTES", "CACHE_KEY_PREFIX", "BACKEND_TYPE", "MERGE_DOMAIN_CONFIG",
+		"QUOTA_MODE", "RESPONSE_DYNAMIC_METADATA", "REDIS_TIMEOUT", "USE_PROMETHEUS", "PROMETHEUS_ADDR",
+		"GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN")
+	for _, n := range names {
+		if !strings.Contains(string(doc), "`"+n+"`") {
+			t.Errorf("docs/migrating.md does not mention `%s`", n)
+		}
+	}
+}

@@ -1,0 +1,401 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// Health service names reported by grpc.health.v1. "" and the RLS service
+// name follow the contract; "ratelimit" is the name envoyproxy/ratelimit
+// reports, kept so existing probes keep working.
+const (
+	rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+	legacyHealth   = "ratelimit"
+	// backendHealth reports the store's reachability (service.Healther)
+	// on its own: an unreachable backend does not make the service
+	// NOT_SERVING, since every rule has a failure mode (contract, HTTP).
+	backendHealth = "ratelimitd.backend"
+)
+
+// newLogger builds the process logger from --log-level and --log-format.
+func newLogger(o Options, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(o.LogLevel)) // validated by Options.Validate
+	ho := &slog.HandlerOptions{Level: level}
+	if o.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, ho))
+	}
+	return slog.New(slog.NewTextHandler(w, ho))
+}
+
+// resetter is implemented by stores with a local cache that must be
+// dropped when the config changes (the Redis store's over-limit cache).
+type resetter interface{ ResetCache() }
+
+// newStore builds the configured backend store and the in-process fallback
+// for failure_mode: local (nil for the memory backend, which cannot fail).
+func newStore(o Options) (service.Store, service.Store, func() error, error) {
+	mem := func() (*memory.Store, error) { return memory.New(memory.Options{}) }
+	switch o.Backend {
+	case "redis":
+		ro := redis.Options{
+			URL:            o.RedisURL,
+			Mode:           redis.Mode(o.RedisMode),
+			Addrs:          o.RedisAddrs,
+			MasterName:     o.RedisMaster,
+			Timeout:        o.RedisTimeout,
+			PoolSize:       o.RedisPoolSize,
+			LocalCacheSize: o.LocalCacheSize,
+		}
+		rs, err := redis.New(ro)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		fb, err := mem()
+		if err != nil {
+			_ = rs.Close()
+			return nil, nil, nil, err
+		}
+		return rs, fb, func() error { return errors.Join(rs.Close(), fb.Close()) }, nil
+	default:
+		ms, err := mem()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return ms, nil, ms.Close, nil
+	}
+}
+
+// server holds the running pieces of `ratelimitd serve`.
+type server struct {
+	opts     Options
+	log      *slog.Logger
+	svc      *service.Service
+	store    service.Store
+	health   *health.Server
+	loaded   atomic.Bool // a good config is in force
+	stopping atomic.Bool // shutdown started
+}
+
+// serving is the health of "" and the RLS service: a config is loaded and
+// shutdown has not started.
+func (s *server) serving() bool { return s.svc.Ready() && !s.stopping.Load() }
+
+func (s *server) updateHealth() {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if s.serving() {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, name := range []string{"", rlsServiceName, legacyHealth} {
+		s.health.SetServingStatus(name, st)
+	}
+	if h, ok := s.store.(service.Healther); ok {
+		bs := healthpb.HealthCheckResponse_NOT_SERVING
+		if h.Healthy() && !s.stopping.Load() {
+			bs = healthpb.HealthCheckResponse_SERVING
+		}
+		s.health.SetServingStatus(backendHealth, bs)
+	}
+}
+
+// serve runs the service until ctx is done (SIGTERM/SIGINT), then shuts
+// down gracefully: health NOT_SERVING, --drain, stop accepting, in-flight
+// calls finish within --shutdown-grace. It returns nil after a clean
+// shutdown.
+func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) error {
+	log := newLogger(o, logOut)
+	slog.SetDefault(log)
+	log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
+	for _, w := range warnings {
+		log.Warn(w)
+	}
+	if o.KeyValues == "clear" {
+		log.Warn("--key-values=clear: descriptor values are stored in clear text in backend keys (development only)")
+	}
+
+	store, fallback, closeStore, err := newStore(o)
+	if err != nil {
+		return fmt.Errorf("backend: %w", err)
+	}
+	defer func() {
+		if err := closeStore(); err != nil {
+			log.Warn("closing backend", "err", err)
+		}
+	}()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	headers, err := service.ParseHeaderMode(o.Headers)
+	if err != nil {
+		return err
+	}
+	svc, err := service.New(service.Options{
+		Store:            store,
+		Fallback:         fallback,
+		Registerer:       reg,
+		Logger:           log,
+		ShadowMode:       o.ShadowMode,
+		QuotaMode:        o.QuotaMode,
+		Headers:          headers,
+		NearLimitRatio:   o.NearLimitRatio,
+		RetryJitter:      o.RetryJitter,
+		RequestOverrides: o.RequestOverrides,
+		DynamicMetadata:  o.DynamicMetadata,
+	})
+	if err != nil {
+		return err
+	}
+	s := &server{opts: o, log: log, svc: svc, store: store, health: health.NewServer()}
+	s.updateHealth()
+
+	// Listeners first, so a taken port fails startup before anything runs.
+	var lns []net.Listener
+	closeAll := func() {
+		for _, l := range lns {
+			_ = l.Close()
+		}
+	}
+	listen := func(name, addr string) (net.Listener, error) {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("%s listener: %w", name, err)
+		}
+		lns = append(lns, l)
+		return l, nil
+	}
+	grpcLn, err := listen("grpc", o.GRPCAddr)
+	if err != nil {
+		return err
+	}
+	httpLn, err := listen("http", o.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	var debugLn, metricsLn net.Listener
+	if o.DebugAddr != "" {
+		if debugLn, err = listen("debug", o.DebugAddr); err != nil {
+			return err
+		}
+	}
+	if o.MetricsAddr != "" {
+		if metricsLn, err = listen("metrics", o.MetricsAddr); err != nil {
+			return err
+		}
+	}
+
+	var gopts []grpc.ServerOption
+	if o.GRPCTLSCert != "" {
+		tc, err := newTLSReloader(o.GRPCTLSCert, o.GRPCTLSKey, o.GRPCTLSClientCA, o.GRPCTLSClientSAN, log)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc.Config())))
+	}
+	gs := grpc.NewServer(gopts...)
+	svc.Register(gs)
+	healthpb.RegisterHealthServer(gs, s.health)
+	reflection.Register(gs)
+
+	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, r *http.Request) {
+		if !s.serving() {
+			http.Error(w, "NOT SERVING", http.StatusInternalServerError)
+			return
+		}
+		_, _ = io.WriteString(w, "OK")
+	})
+	mux.Handle("/json", svc.JSONHandler())
+	mux.Handle("/metrics", metrics)
+	servers := []*http.Server{{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
+	serveLns := []net.Listener{httpLn}
+	if debugLn != nil {
+		servers = append(servers, &http.Server{Handler: s.debugMux(), ReadHeaderTimeout: 10 * time.Second})
+		serveLns = append(serveLns, debugLn)
+	}
+	if metricsLn != nil {
+		mm := http.NewServeMux()
+		mm.Handle("/metrics", metrics)
+		servers = append(servers, &http.Server{Handler: mm, ReadHeaderTimeout: 10 * time.Second})
+		serveLns = append(serveLns, metricsLn)
+	}
+
+	// Config: first load and hot reload.
+	loadOpts := policy.LoadOptions{
+		MergeDomains:   o.MergeDomains,
+		IgnoreDotFiles: o.IgnoreDotfiles,
+		Keys:           policy.KeyOptions{Prefix: o.KeyPrefix, ClearText: o.KeyValues == "clear"},
+	}
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	var wg sync.WaitGroup
+	fatal := make(chan error, 4)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		err := policy.Watch(watchCtx, loadOpts, o.Config, s.apply, s.fail)
+		if err != nil && watchCtx.Err() == nil {
+			fatal <- fmt.Errorf("config watch: %w", err)
+		}
+	}()
+
+	// Backend health poll (only when the store reports it).
+	if _, ok := store.(service.Healther); ok {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-watchCtx.Done():
+					return
+				case <-t.C:
+					s.updateHealth()
+				}
+			}
+		}()
+	}
+
+	log.Info("listening", "server", "grpc", "addr", grpcLn.Addr().String(), "tls", o.GRPCTLSCert != "", "mtls", o.GRPCTLSClientCA != "")
+	log.Info("listening", "server", "http", "addr", httpLn.Addr().String())
+	if debugLn != nil {
+		log.Info("listening", "server", "debug", "addr", debugLn.Addr().String())
+	}
+	if metricsLn != nil {
+		log.Info("listening", "server", "metrics", "addr", metricsLn.Addr().String())
+	}
+	wg.Add(1 + len(servers))
+	go func() {
+		defer wg.Done()
+		if err := gs.Serve(grpcLn); err != nil {
+			fatal <- fmt.Errorf("grpc server: %w", err)
+		}
+	}()
+	for i, hs := range servers {
+		go func() {
+			defer wg.Done()
+			if err := hs.Serve(serveLns[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				fatal <- fmt.Errorf("http server: %w", err)
+			}
+		}()
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "drain", o.Drain, "grace", o.ShutdownGrace)
+	case runErr = <-fatal:
+		log.Error("fatal", "err", runErr)
+	}
+
+	// Shutdown: NOT_SERVING, drain, stop accepting, finish in-flight calls.
+	s.stopping.Store(true)
+	svc.SetShuttingDown()
+	s.updateHealth()
+	s.health.Shutdown()
+	if runErr == nil && o.Drain > 0 {
+		time.Sleep(o.Drain)
+	}
+	stopWatch()
+	graceCtx, cancel := context.WithTimeout(context.Background(), o.ShutdownGrace)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	var hwg sync.WaitGroup
+	for _, hs := range servers {
+		hwg.Add(1)
+		go func() {
+			defer hwg.Done()
+			if err := hs.Shutdown(graceCtx); err != nil {
+				_ = hs.Close()
+			}
+		}()
+	}
+	select {
+	case <-done:
+	case <-graceCtx.Done():
+		log.Warn("shutdown grace expired: cutting in-flight gRPC calls")
+		gs.Stop()
+		<-done
+	}
+	hwg.Wait()
+	wg.Wait()
+	log.Info("stopped")
+	return runErr
+}
+
+// apply installs a freshly loaded config.
+func (s *server) apply(set *policy.Set, warnings []policy.Warning) {
+	for _, w := range warnings {
+		s.log.Warn("config warning", "warning", w.String())
+	}
+	s.svc.SetPolicy(set)
+	if r, ok := s.store.(resetter); ok {
+		r.ResetCache()
+	}
+	s.svc.ObserveReload(true, set)
+	first := !s.loaded.Swap(true)
+	s.updateHealth()
+	s.log.Info("config loaded", "domains", len(set.Domains()), "rules", len(set.Rules()), "hash", set.Hash(), "first", first)
+}
+
+// fail records a rejected config; the last good one stays in force.
+func (s *server) fail(err error) {
+	s.svc.ObserveReload(false, nil)
+	s.log.Error("config rejected; keeping the last good config", "loaded", s.loaded.Load(), "err", err.Error())
+}
+
+// debugMux serves /rlconfig and /debug/pprof/.
+func (s *server) debugMux() http.Handler {
+	m := http.NewServeMux()
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, "/rlconfig: compiled rate-limit rules\n/debug/pprof/: Go profiles\n")
+	})
+	m.HandleFunc("/rlconfig", func(w http.ResponseWriter, r *http.Request) {
+		set := s.svc.Policy()
+		if set == nil {
+			http.Error(w, "no rate limit configuration loaded", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := set.WriteExplain(w); err != nil {
+			s.log.Warn("rlconfig", "err", err)
+		}
+	})
+	m.HandleFunc("/debug/pprof/", pprof.Index)
+	m.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	m.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	m.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	m.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return m
+}
