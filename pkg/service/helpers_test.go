@@ -21,11 +21,17 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// useReferenceStore runs the handler tests on the in-test reference store
+// instead of pkg/backend/memory (RATELIMITD_SERVICE_REFERENCE_STORE=1), to
+// tell a service bug from a backend bug.
+var useReferenceStore = os.Getenv("RATELIMITD_SERVICE_REFERENCE_STORE") == "1"
 
 // t0 is 30 s into a minute (and 3570 s before the end of the hour).
 var t0 = time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC)
@@ -39,12 +45,15 @@ type clock struct {
 func (c *clock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
 func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
 
-// fakeStore is an all-or-nothing Store on algo.Take with a test clock:
-// the contract of service.Store (denied request consumes nothing; hits
-// that did not deny report the value before).
+// fakeStore counts calls and injects errors in front of a real store:
+// the memory backend (inner) when set, else an all-or-nothing reference
+// implementation on algo.Take with the service.Store contract (a denied
+// request consumes nothing; hits that did not deny report the value
+// before).
 type fakeStore struct {
 	mu    sync.Mutex
 	clock *clock
+	inner service.Store
 	state map[string]algo.State
 	calls int
 	err   error // when set, Take fails with it
@@ -52,13 +61,32 @@ type fakeStore struct {
 
 func newFakeStore(c *clock) *fakeStore { return &fakeStore{clock: c, state: map[string]algo.State{}} }
 
+// newMemoryStore is a fakeStore over pkg/backend/memory on the test clock.
+func newMemoryStore(t testing.TB, c *clock) *fakeStore {
+	t.Helper()
+	m, err := memory.New(memory.Options{Now: c.Now, Shards: 4, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	f := newFakeStore(c)
+	f.inner = m
+	return f
+}
+
 func (f *fakeStore) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.calls++
-	if f.err != nil {
-		return nil, f.err
+	err, inner := f.err, f.inner
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
 	}
+	if inner != nil {
+		return inner.Take(ctx, hits)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	now := f.clock.Now()
 	next := map[string]algo.State{}
 	get := func(k string) algo.State {
@@ -135,7 +163,10 @@ func loadSet(t testing.TB, paths ...string) *policy.Set {
 func newEnv(t testing.TB, mutate func(*service.Options)) *env {
 	t.Helper()
 	c := &clock{now: t0}
-	e := &env{clock: c, store: newFakeStore(c), fallback: newFakeStore(c), reg: prometheus.NewRegistry()}
+	e := &env{clock: c, store: newMemoryStore(t, c), fallback: newMemoryStore(t, c), reg: prometheus.NewRegistry()}
+	if useReferenceStore {
+		e.store, e.fallback = newFakeStore(c), newFakeStore(c)
+	}
 	opts := service.Options{
 		Store:            e.store,
 		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
