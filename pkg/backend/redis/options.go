@@ -3,7 +3,14 @@
 // Sentinel or Cluster deployments.
 package redis
 
-import "time"
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
 
 // Mode is the Redis deployment topology.
 type Mode string
@@ -14,25 +21,204 @@ const (
 	Sentinel   Mode = "sentinel" // Addrs are sentinels, MasterName the monitored master
 )
 
-// Options configure a Store. The zero value is not valid; start from
-// DefaultOptions. (Skeleton: the Redis helpers complete and own this file.)
+// Defaults of DefaultOptions.
+const (
+	// DefaultURL is the contract's --redis-url default.
+	DefaultURL = "redis://127.0.0.1:6379/0"
+	// DefaultTimeout bounds one backend call (pool wait, dial, write, read).
+	// Envoy's ext rate-limit filter gives up after 20 ms by default; a
+	// healthy Redis answers an EVALSHA in well under 1 ms, so 10 ms leaves
+	// room for scheduling and GC on a loaded host while a dead or frozen
+	// Redis costs at most 10 ms before the failure mode decides.
+	DefaultTimeout = 10 * time.Millisecond
+	// DefaultDialTimeout bounds background dials (idle-pool refill and the
+	// pool's reconnect probe). Dials made on behalf of a request are bounded
+	// by that request's Timeout instead, so this never delays a decision.
+	DefaultDialTimeout = 250 * time.Millisecond
+	// DefaultPoolSize is the connections per Redis node. Concurrent requests
+	// share them (go-redis pipelines nothing by itself; the Store batches).
+	DefaultPoolSize = 16
+	// DefaultMinIdleConns keeps connections dialed ahead of traffic so that
+	// requests do not pay for dials (TLS handshakes in particular).
+	DefaultMinIdleConns = 2
+)
+
+// Options configure the Redis client and Store. The zero value is not
+// valid; start from DefaultOptions and call Validate.
 type Options struct {
 	// URL is redis:// or rediss:// (TLS) with optional user:password@ and
-	// /db. Standalone mode dials its host; other modes take credentials,
-	// TLS and DB from it.
-	URL        string
-	Mode       Mode
-	Addrs      []string
+	// /db, e.g. "rediss://alice:pw@redis:6380/2". Standalone mode dials its
+	// host; cluster and sentinel modes take only credentials, TLS and DB from
+	// it (its host is ignored; an empty URL means no auth, no TLS, DB 0).
+	URL  string
+	Mode Mode
+	// Addrs are "host:port" seed nodes (Cluster) or sentinels (Sentinel);
+	// empty in Standalone mode.
+	Addrs []string
+	// MasterName is the master's name monitored by the sentinels (Sentinel
+	// mode only; required there).
 	MasterName string
-	// Timeout bounds every operation (dial, read, write); it must stay well
-	// under Envoy's 20 ms filter timeout.
-	Timeout  time.Duration
+	// Username and Password, when non-empty, override the URL's credentials
+	// (envoyproxy/ratelimit's REDIS_AUTH "password" or "user:password").
+	Username string
+	Password string
+	// SentinelUsername and SentinelPassword authenticate to the sentinels
+	// themselves (REDIS_SENTINEL_AUTH); empty means none.
+	SentinelUsername string
+	SentinelPassword string
+
+	// TLS forces TLS even with a redis:// URL (REDIS_TLS); rediss:// implies
+	// it. TLSCAFile is a PEM bundle of trusted CAs (empty: system roots);
+	// TLSCertFile and TLSKeyFile are a PEM client certificate and key for
+	// mutual TLS (both or neither). TLSSkipVerify disables server
+	// certificate verification (REDIS_TLS_SKIP_HOSTNAME_VERIFICATION).
+	TLS           bool
+	TLSCAFile     string
+	TLSCertFile   string
+	TLSKeyFile    string
+	TLSSkipVerify bool
+
+	// Timeout bounds every backend call: waiting for a pooled connection, a
+	// dial made for the call, the write and the read. It must stay well
+	// under Envoy's 20 ms filter timeout. Default DefaultTimeout.
+	Timeout time.Duration
+	// DialTimeout bounds background dials. Default DefaultDialTimeout.
+	DialTimeout time.Duration
+	// PoolSize is the maximum connections per Redis node (>= 1). Default
+	// DefaultPoolSize.
 	PoolSize int
-	// KeyPrefix is prepended by the policy package already; kept here only
-	// for documentation of what ends up in Redis.
+	// MinIdleConns connections per node are kept dialed (0..PoolSize).
+	// Default DefaultMinIdleConns.
+	MinIdleConns int
+
+	// KeyPrefix is prepended by the policy package already; nothing is added
+	// here.
+
 	// LocalCacheSize bounds the local over-limit cache (entries); 0 disables it.
 	LocalCacheSize int
+
+	// Breaker configures the circuit breaker guarding every call. Default
+	// DefaultBreakerOptions.
+	Breaker BreakerOptions
+
 	// Now, when set (tests only), pins the script's clock instead of the
-	// server's TIME.
+	// server's TIME. The breaker also reads it when set.
 	Now func() time.Time
+}
+
+// DefaultOptions returns standalone options for DefaultURL with the default
+// timeouts, pool and breaker; the local over-limit cache is disabled.
+func DefaultOptions() Options {
+	return Options{
+		URL:          DefaultURL,
+		Mode:         Standalone,
+		Timeout:      DefaultTimeout,
+		DialTimeout:  DefaultDialTimeout,
+		PoolSize:     DefaultPoolSize,
+		MinIdleConns: DefaultMinIdleConns,
+		Breaker:      DefaultBreakerOptions(),
+	}
+}
+
+// ParseMode parses "standalone", "cluster" or "sentinel" (case-insensitive;
+// envoyproxy/ratelimit's REDIS_TYPE "single" means standalone).
+func ParseMode(s string) (Mode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "standalone", "single", "":
+		return Standalone, nil
+	case "cluster":
+		return Cluster, nil
+	case "sentinel":
+		return Sentinel, nil
+	}
+	return "", fmt.Errorf("redis: unknown mode %q (want standalone, cluster or sentinel)", s)
+}
+
+// Validate reports every problem of o, joined: unknown mode, unparsable
+// URL, addrs missing or misplaced for the mode, missing master name, a DB
+// other than 0 in cluster mode, TLS settings with TLS off, half a client
+// key pair, non-positive
+// timeouts or pool size, and invalid breaker options.
+func (o Options) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("redis: "+format, args...))
+	}
+	var url *goredis.Options
+	if o.URL != "" {
+		var err error
+		if url, err = goredis.ParseURL(o.URL); err != nil {
+			bad("url %q: %v", redactURL(o.URL), err)
+		}
+	}
+	switch o.Mode {
+	case Standalone:
+		if o.URL == "" {
+			bad("standalone mode needs a url")
+		}
+		if len(o.Addrs) > 0 {
+			bad("addrs are for cluster and sentinel modes; standalone dials the url's host")
+		}
+	case Cluster:
+		if len(o.Addrs) == 0 {
+			bad("cluster mode needs at least one seed node in addrs")
+		}
+		if url != nil && url.DB != 0 {
+			bad("cluster mode supports only db 0, url selects db %d", url.DB)
+		}
+	case Sentinel:
+		if len(o.Addrs) == 0 {
+			bad("sentinel mode needs at least one sentinel in addrs")
+		}
+		if o.MasterName == "" {
+			bad("sentinel mode needs a master name")
+		}
+	default:
+		bad("unknown mode %q (want standalone, cluster or sentinel)", o.Mode)
+	}
+	for _, a := range o.Addrs {
+		if !strings.Contains(a, ":") {
+			bad("addr %q is not host:port", a)
+		}
+	}
+	tlsOn := o.TLS || (url != nil && url.TLSConfig != nil)
+	if !tlsOn && (o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSSkipVerify) {
+		bad("tls files or skip-verify given but tls is off (use rediss:// or enable tls)")
+	}
+	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
+		bad("tls client certificate and key must be given together")
+	}
+	if o.Timeout <= 0 {
+		bad("timeout must be positive, got %v", o.Timeout)
+	}
+	if o.DialTimeout <= 0 {
+		bad("dial timeout must be positive, got %v", o.DialTimeout)
+	}
+	if o.PoolSize < 1 {
+		bad("pool size must be at least 1, got %d", o.PoolSize)
+	}
+	if o.MinIdleConns < 0 || o.MinIdleConns > o.PoolSize {
+		bad("min idle conns must be within 0..pool size (%d), got %d", o.PoolSize, o.MinIdleConns)
+	}
+	if o.LocalCacheSize < 0 {
+		bad("local cache size must not be negative, got %d", o.LocalCacheSize)
+	}
+	if err := o.Breaker.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// redactURL hides the password of a Redis URL for error messages.
+func redactURL(s string) string {
+	at := strings.LastIndex(s, "@")
+	scheme := strings.Index(s, "://")
+	if at < 0 || scheme < 0 || at < scheme {
+		return s
+	}
+	cred := s[scheme+3 : at]
+	if i := strings.Index(cred, ":"); i >= 0 {
+		cred = cred[:i+1] + "xxx"
+	}
+	return s[:scheme+3] + cred + s[at:]
 }

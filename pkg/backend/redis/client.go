@@ -1,0 +1,160 @@
+package redis
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// NewClient builds the go-redis client for o: a *goredis.Client
+// (standalone), a *goredis.ClusterClient (cluster) or a failover
+// *goredis.Client (sentinel). It validates o and reads the TLS files but
+// never contacts Redis: connections are dialed lazily (and MinIdleConns in
+// the background), so the service starts while Redis is down.
+//
+// Every call is bounded by Options.Timeout (connection-pool wait, dial,
+// TLS handshake, write and read; the caller's context deadline is honoured
+// too) and is never retried by go-redis: one failed call costs at most one
+// Timeout, and the circuit breaker (Breaker) stops the next ones from
+// waiting at all. Cluster MOVED/ASK redirections are still followed (up to
+// 3). A connection that got a READONLY reply is closed by go-redis, and
+// the Sentinel client re-resolves the master on every new connection and on
+// the sentinels' +switch-master, so no connection stays stuck on a demoted
+// master.
+func NewClient(o Options) (goredis.UniversalClient, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	base := &goredis.Options{}
+	if o.URL != "" {
+		var err error
+		if base, err = goredis.ParseURL(o.URL); err != nil {
+			return nil, fmt.Errorf("redis: url %q: %w", redactURL(o.URL), err)
+		}
+	}
+	if o.Username != "" {
+		base.Username = o.Username
+	}
+	if o.Password != "" {
+		base.Password = o.Password
+	}
+	var tlsCfg *tls.Config
+	if o.TLS || base.TLSConfig != nil {
+		var err error
+		serverName := ""
+		if o.Mode == Standalone && base.TLSConfig != nil {
+			serverName = base.TLSConfig.ServerName
+		}
+		if tlsCfg, err = o.tlsConfig(serverName); err != nil {
+			return nil, err
+		}
+	}
+	dial := dialer(o.DialTimeout, tlsCfg)
+	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+
+	switch o.Mode {
+	case Cluster:
+		return goredis.NewClusterClient(&goredis.ClusterOptions{
+			Addrs:                    o.Addrs,
+			Dialer:                   dial,
+			Username:                 base.Username,
+			Password:                 base.Password,
+			MaxRedirects:             3,
+			MaxRetries:               -1,
+			DialTimeout:              o.DialTimeout,
+			DialerRetries:            1,
+			ReadTimeout:              o.Timeout,
+			WriteTimeout:             o.Timeout,
+			ContextTimeoutEnabled:    true,
+			PoolSize:                 o.PoolSize,
+			PoolTimeout:              o.Timeout,
+			MinIdleConns:             o.MinIdleConns,
+			DisableIdentity:          true,
+			MaintNotificationsConfig: maint,
+		}), nil
+	case Sentinel:
+		return goredis.NewFailoverClient(&goredis.FailoverOptions{
+			MasterName:            o.MasterName,
+			SentinelAddrs:         o.Addrs,
+			SentinelUsername:      o.SentinelUsername,
+			SentinelPassword:      o.SentinelPassword,
+			Dialer:                dial,
+			Username:              base.Username,
+			Password:              base.Password,
+			DB:                    base.DB,
+			MaxRetries:            -1,
+			DialTimeout:           o.DialTimeout,
+			DialerRetries:         1,
+			ReadTimeout:           o.Timeout,
+			WriteTimeout:          o.Timeout,
+			ContextTimeoutEnabled: true,
+			PoolSize:              o.PoolSize,
+			PoolTimeout:           o.Timeout,
+			MinIdleConns:          o.MinIdleConns,
+			DisableIdentity:       true,
+		}), nil
+	default:
+		base.Dialer = dial
+		base.TLSConfig = nil // TLS is done by dial, bounded by the context
+		base.MaxRetries = -1
+		base.DialTimeout = o.DialTimeout
+		base.DialerRetries = 1
+		base.ReadTimeout = o.Timeout
+		base.WriteTimeout = o.Timeout
+		base.ContextTimeoutEnabled = true
+		base.PoolSize = o.PoolSize
+		base.PoolTimeout = o.Timeout
+		base.MinIdleConns = o.MinIdleConns
+		base.DisableIdentity = true
+		base.MaintNotificationsConfig = maint
+		return goredis.NewClient(base), nil
+	}
+}
+
+// dialer dials TCP, then TLS when cfg is set, both bounded by the caller's
+// context and by timeout. (go-redis' own TLS dialing ignores the context.)
+func dialer(timeout time.Duration, cfg *tls.Config) func(context.Context, string, string) (net.Conn, error) {
+	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
+	if cfg == nil {
+		return nd.DialContext
+	}
+	td := &tls.Dialer{NetDialer: nd, Config: cfg}
+	return td.DialContext
+}
+
+// tlsConfig builds the client TLS configuration (TLS 1.2 minimum).
+// serverName "" lets each dial verify the dialed host (cluster nodes,
+// sentinels, the current master).
+func (o Options) tlsConfig(serverName string) (*tls.Config, error) {
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         serverName,
+		InsecureSkipVerify: o.TLSSkipVerify, //nolint:gosec // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION, opt-in
+	}
+	if o.TLSCAFile != "" {
+		pem, err := os.ReadFile(o.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis: tls ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis: tls ca %s: no PEM certificate found", o.TLSCAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if o.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.TLSCertFile, o.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis: tls client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}

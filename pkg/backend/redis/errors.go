@@ -1,0 +1,180 @@
+package redis
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Causes are the bounded labels of backend errors, used for
+// ratelimitd_backend_errors_total{cause} and failure-mode logs.
+const (
+	// CauseTimeout: the call did not finish within Options.Timeout (frozen
+	// or overloaded Redis, pool exhausted, network black hole).
+	CauseTimeout = "timeout"
+	// CauseRefused: no usable connection (connection refused, reset,
+	// closed mid-reply, unreachable host, TLS handshake failure).
+	CauseRefused = "refused"
+	// CauseOOM: Redis answered "OOM command not allowed when used memory >
+	// 'maxmemory'" (maxmemory with a noeviction policy).
+	CauseOOM = "oom"
+	// CauseReadonly: Redis answered READONLY (a replica, e.g. a former
+	// master right after a Sentinel failover).
+	CauseReadonly = "readonly"
+	// CauseLoading: Redis answered LOADING (loading its dataset at startup)
+	// or MASTERDOWN (a replica that lost its master).
+	CauseLoading = "loading"
+	// CauseClusterDown: Redis Cluster answered CLUSTERDOWN or TRYAGAIN
+	// (slots not served, resharding), or MOVED/ASK beyond the redirect limit.
+	CauseClusterDown = "clusterdown"
+	// CauseNoScript: Redis answered NOSCRIPT (script cache flushed); the
+	// Store reloads the script and retries, so this rarely escapes.
+	CauseNoScript = "noscript"
+	// CauseAuth: authentication or ACL permission failure (WRONGPASS,
+	// NOAUTH, NOPERM) or an untrusted server certificate: a configuration
+	// error, not an outage.
+	CauseAuth = "auth"
+	// CauseCircuitOpen: the circuit breaker is open; Redis was not called.
+	CauseCircuitOpen = "circuit_open"
+	// CauseCanceled: the caller canceled the request's context before
+	// Redis answered (not a backend failure).
+	CauseCanceled = "canceled"
+	// CauseOther: anything else (script error replies, unexpected replies).
+	CauseOther = "other"
+)
+
+// Causes lists every cause label, for pre-initialising metric series.
+var Causes = []string{
+	CauseTimeout, CauseRefused, CauseOOM, CauseReadonly, CauseLoading,
+	CauseClusterDown, CauseNoScript, CauseAuth, CauseCircuitOpen,
+	CauseCanceled, CauseOther,
+}
+
+// Error is a classified backend error. It implements service.Causer
+// (Cause returns one of the Cause* labels) and unwraps to the go-redis or
+// network error it classifies.
+type Error struct {
+	cause string
+	// outage marks errors that suggest Redis is unreachable or not serving
+	// (they feed the circuit breaker); error replies from a live server
+	// (OOM, READONLY, auth, script errors) do not.
+	outage bool
+	err    error
+}
+
+// Cause is the bounded label of the error (one of Causes).
+func (e *Error) Cause() string { return e.cause }
+
+// Outage reports whether the error counts as a failure for the circuit
+// breaker: timeout, refused, loading, clusterdown, and connection-level
+// "other" errors.
+func (e *Error) Outage() bool { return e.outage }
+
+func (e *Error) Error() string { return "redis: " + e.cause + ": " + e.err.Error() }
+
+// Unwrap returns the classified error.
+func (e *Error) Unwrap() error { return e.err }
+
+// ErrCircuitOpen is returned, without calling Redis, while the circuit
+// breaker is open. Its Cause is CauseCircuitOpen.
+var ErrCircuitOpen = &Error{cause: CauseCircuitOpen, err: errors.New("circuit open, not calling redis")}
+
+// Classify wraps err in an *Error with its cause; nil stays nil and an err
+// that already has an *Error in its chain is returned unchanged.
+func Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	cause, outage := classify(err)
+	return &Error{cause: cause, outage: outage, err: err}
+}
+
+// CauseOf returns the cause label of err: its Cause() when err (or an error
+// it wraps) implements it, otherwise the classification of err; "" for nil.
+func CauseOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	var c interface{ Cause() string }
+	if errors.As(err, &c) {
+		return c.Cause()
+	}
+	cause, _ := classify(err)
+	return cause
+}
+
+func classify(err error) (cause string, outage bool) {
+	// Error replies first: a live server answered.
+	var re goredis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		switch {
+		case strings.HasPrefix(msg, "OOM "):
+			return CauseOOM, false
+		case strings.HasPrefix(msg, "READONLY "):
+			return CauseReadonly, false
+		case strings.HasPrefix(msg, "LOADING "), strings.HasPrefix(msg, "MASTERDOWN "):
+			return CauseLoading, true
+		case strings.HasPrefix(msg, "CLUSTERDOWN "), strings.HasPrefix(msg, "TRYAGAIN "),
+			strings.HasPrefix(msg, "MOVED "), strings.HasPrefix(msg, "ASK "):
+			return CauseClusterDown, true
+		case strings.HasPrefix(msg, "NOSCRIPT "):
+			return CauseNoScript, false
+		case strings.HasPrefix(msg, "WRONGPASS "), strings.HasPrefix(msg, "NOAUTH "),
+			strings.HasPrefix(msg, "NOPERM "):
+			return CauseAuth, false
+		}
+		// go-redis also reports some client-side conditions as Error
+		// values (pool timeout, closed client); fall through for those.
+		if !errors.Is(err, goredis.ErrPoolTimeout) && !errors.Is(err, goredis.ErrClosed) {
+			return CauseOther, false
+		}
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return CauseCanceled, false
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
+		errors.Is(err, goredis.ErrPoolTimeout):
+		return CauseTimeout, true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return CauseTimeout, true
+	}
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
+		errors.Is(err, goredis.ErrClosed):
+		return CauseRefused, true
+	}
+	var cve *tls.CertificateVerificationError
+	if errors.As(err, &cve) {
+		return CauseAuth, false
+	}
+	var rhe tls.RecordHeaderError
+	if errors.As(err, &rhe) {
+		return CauseRefused, true
+	}
+	var de *net.DNSError
+	if errors.As(err, &de) {
+		return CauseRefused, true
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		return CauseRefused, true
+	}
+	return CauseOther, true
+}
