@@ -1,0 +1,438 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+)
+
+const oneFile = `domain: e2e
+descriptors:
+  - key: k
+    rate_limit:
+      name: per-k
+      unit: minute
+      requests_per_unit: %d
+`
+
+// The shipped example config serves correct answers over real gRPC.
+func TestServeExampleConfig(t *testing.T) {
+	p := start(t, startOpts{args: []string{"--config", filepath.Join(repoRoot(t), "examples/config")}})
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	p.waitServing(t, cc, "envoy.service.ratelimit.v3.RateLimitService")
+
+	resp := call(t, cc, "example", desc("remote_address", "10.0.0.1"))
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("overall %v, want OK", resp.GetOverallCode())
+	}
+	st := resp.GetStatuses()[0]
+	if got := st.GetCurrentLimit().GetRequestsPerUnit(); got != 100 {
+		t.Errorf("requests_per_unit %d, want 100", got)
+	}
+	if st.GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+		t.Errorf("unit %v, want MINUTE", st.GetCurrentLimit().GetUnit())
+	}
+	if st.GetLimitRemaining() != 99 {
+		t.Errorf("remaining %d, want 99", st.GetLimitRemaining())
+	}
+	// Internal plan is unlimited.
+	resp = call(t, cc, "example", desc("plan", "internal", "api_key", "k1"))
+	if st := resp.GetStatuses()[0]; st.GetLimitRemaining() != 4294967295 || st.GetCurrentLimit() != nil {
+		t.Errorf("unlimited status %v", st)
+	}
+	// Unknown domain: OK, no limit.
+	resp = call(t, cc, "nope", desc("a", "b"))
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+		t.Errorf("unknown domain: %v", resp)
+	}
+}
+
+// grpc.health.v1 is NOT_SERVING until the first good config, then SERVING;
+// /healthcheck follows.
+func TestHealthTransitions(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "bad.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
+	p := start(t, startOpts{args: []string{"--config", dir}})
+	cc := p.dial(t)
+	for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService"} {
+		if got := health(t, cc, svc); got != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("health %q before a good config: %v, want NOT_SERVING", svc, got)
+		}
+	}
+	if code, _ := httpGet(t, "http://"+p.http+"/healthcheck"); code != 500 {
+		t.Errorf("/healthcheck before a good config: %d, want 500", code)
+	}
+	writeFile(t, dir, "bad.yaml", fmt.Sprintf(oneFile, 3))
+	start := time.Now()
+	p.waitServing(t, cc, "")
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("first good config served after %v, want within 2s", d)
+	}
+	if got := health(t, cc, "envoy.service.ratelimit.v3.RateLimitService"); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("RLS health %v", got)
+	}
+	if code, body := httpGet(t, "http://"+p.http+"/healthcheck"); code != 200 || body != "OK" {
+		t.Errorf("/healthcheck: %d %q, want 200 OK", code, body)
+	}
+}
+
+// Server reflection lists the services, so grpcurl works without protos.
+func TestReflection(t *testing.T) {
+	p := start(t, startOpts{args: []string{"--config", filepath.Join(repoRoot(t), "examples/config")}})
+	cc := p.dial(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := reflectionpb.NewServerReflectionClient(cc).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	for _, want := range []string{"envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health"} {
+		if !contains(names, want) {
+			t.Errorf("reflection lists %v, missing %s", names, want)
+		}
+	}
+	// The RLS proto's file descriptor is resolvable (what grpcurl describe needs).
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_FileContainingSymbol{FileContainingSymbol: "envoy.service.ratelimit.v3.RateLimitService"}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetFileDescriptorResponse().GetFileDescriptorProto()) == 0 {
+		t.Errorf("no file descriptor for the RLS service: %v", resp)
+	}
+	_ = stream.CloseSend()
+}
+
+func contains(xs []string, s string) bool {
+	for _, x := range xs {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// POST /json answers 200, 429 and 400; /metrics, /rlconfig and pprof serve.
+func TestHTTPEndpoints(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 1))
+	p := start(t, startOpts{args: []string{"--config", dir}})
+	p.waitServing(t, p.dial(t), "")
+
+	req := `{"domain":"e2e","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}`
+	code, body := httpPost(t, "http://"+p.http+"/json", req)
+	if code != 200 || !strings.Contains(body, `"overallCode":"OK"`) {
+		t.Errorf("first /json: %d %s", code, body)
+	}
+	code, body = httpPost(t, "http://"+p.http+"/json", req)
+	if code != 429 || !strings.Contains(body, `"overallCode":"OVER_LIMIT"`) {
+		t.Errorf("second /json: %d %s, want 429 OVER_LIMIT", code, body)
+	}
+	for _, bad := range []string{`{not json`, `{"domain":"","descriptors":[{"entries":[{"key":"k"}]}]}`, `{"domain":"e2e"}`} {
+		if code, body := httpPost(t, "http://"+p.http+"/json", bad); code != 400 {
+			t.Errorf("/json %s: %d %s, want 400", bad, code, body)
+		}
+	}
+
+	code, metrics := httpGet(t, "http://"+p.http+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	}
+	for _, name := range []string{
+		"ratelimitd_requests_total", "ratelimitd_decisions_total", "ratelimitd_request_duration_seconds",
+		"ratelimitd_config_reloads_total", "go_goroutines", "process_cpu_seconds_total",
+	} {
+		if !regexp.MustCompile(`(?m)^` + name + `(_bucket|_count)?[{ ]`).MatchString(metrics) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	if strings.Contains(metrics, `"v"`) {
+		t.Errorf("/metrics carries a raw descriptor value")
+	}
+
+	code, rl := httpGet(t, "http://"+p.debug+"/rlconfig")
+	if code != 200 || !strings.Contains(rl, "e2e") {
+		t.Errorf("/rlconfig: %d %q", code, rl)
+	}
+	if code, body := httpGet(t, "http://"+p.debug+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Errorf("/debug/pprof/: %d", code)
+	}
+}
+
+// metricValue returns the value of the sample line that starts with prefix.
+func metricValue(metrics, prefix string) float64 {
+	for _, line := range strings.Split(metrics, "\n") {
+		if strings.HasPrefix(line, prefix) {
+			f, err := strconv.ParseFloat(strings.TrimSpace(line[len(prefix):]), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return 0
+}
+
+// A changed file is in force within 2 s; a bad change keeps the old config
+// and counts a failed reload.
+func TestHotReload(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
+	p := start(t, startOpts{args: []string{"--config", dir}})
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	limit := func() uint32 {
+		return call(t, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
+	}
+	if got := limit(); got != 5 {
+		t.Fatalf("limit %d, want 5", got)
+	}
+
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 50))
+	changed := time.Now()
+	eventually(t, 2*time.Second, func() string {
+		if got := limit(); got != 50 {
+			return fmt.Sprintf("limit %d after %v, want 50", got, time.Since(changed))
+		}
+		return ""
+	})
+
+	failures := func() float64 {
+		_, m := httpGet(t, "http://"+p.http+"/metrics")
+		return metricValue(m, `ratelimitd_config_reloads_total{result="failure"}`)
+	}
+	before := failures()
+	writeFile(t, dir, "e2e.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    ratelimit: {unit: minute}\n")
+	eventually(t, 2*time.Second, func() string {
+		if f := failures(); f <= before {
+			return fmt.Sprintf("failure counter %v, want > %v", f, before)
+		}
+		return ""
+	})
+	if got := limit(); got != 50 {
+		t.Errorf("after a bad change, limit %d, want the last good 50", got)
+	}
+	if !strings.Contains(p.Logs(), "e2e.yaml:") {
+		t.Errorf("the rejected config's error (file:line) is not logged:\n%s", p.Logs())
+	}
+	if got := health(t, cc, ""); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health after a bad reload %v, want SERVING", got)
+	}
+}
+
+// SIGTERM: health goes NOT_SERVING during the drain, an in-flight call
+// completes, and the process exits 0.
+func TestGracefulShutdown(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
+	p := start(t, startOpts{args: []string{"--config", dir, "--drain=500ms", "--shutdown-grace=20s"}})
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+
+	// An in-flight call: the stream is open but its request is not sent
+	// yet, so the server's handler is waiting for it when SIGTERM arrives.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := cc.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true},
+		"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the stream's headers reach the server
+
+	signalled := time.Now()
+	exited := p.terminate()
+	if got := health(t, cc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health during drain: %v, want NOT_SERVING", got)
+	}
+	if code, _ := httpGet(t, "http://"+p.http+"/healthcheck"); code != 500 {
+		t.Errorf("/healthcheck during drain: %d, want 500", code)
+	}
+	time.Sleep(time.Until(signalled.Add(1500 * time.Millisecond)))
+	select {
+	case <-exited:
+		t.Fatalf("exited before the in-flight call finished\n%s", p.Logs())
+	default:
+	}
+
+	if err := stream.SendMsg(&rlsv3.RateLimitRequest{Domain: "e2e", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "v")}}); err != nil {
+		t.Fatalf("send on the in-flight call: %v", err)
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	resp := &rlsv3.RateLimitResponse{}
+	if err := stream.RecvMsg(resp); err != nil {
+		t.Fatalf("in-flight call failed: %v\n%s", err, p.Logs())
+	}
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetLimitRemaining() != 4 {
+		t.Errorf("in-flight call answered %v", resp)
+	}
+	if code := p.exitCode(t, 15*time.Second); code != 0 {
+		t.Errorf("exit code %d, want 0\n%s", code, p.Logs())
+	}
+}
+
+// SIGINT also exits 0.
+func TestSIGINT(t *testing.T) {
+	p := start(t, startOpts{args: []string{"--config", filepath.Join(repoRoot(t), "examples/config")}})
+	p.waitServing(t, p.dial(t), "")
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	if code := p.exitCode(t, 15*time.Second); code != 0 {
+		t.Errorf("exit code %d, want 0", code)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, out, _ := runCmd(t, "version")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{testVersion, testCommit, runtime.Version()} {
+		if !strings.Contains(out, want) {
+			t.Errorf("version output %q lacks %q", out, want)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	bad := filepath.Join(dir, "bad")
+	warn := filepath.Join(dir, "warn")
+	for _, d := range []string{good, bad, warn} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, good, "a.yaml", fmt.Sprintf(oneFile, 3))
+	// Two bad files: both must be reported, each error with file:line.
+	writeFile(t, bad, "one.yaml", "domain: one\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n")
+	writeFile(t, bad, "two.yaml", "domain: two\ndescriptors:\n  - key: k\n    ratelimit:\n      unit: second\n")
+	// A fixed window on a login key: a lint warning.
+	writeFile(t, warn, "login.yaml", "domain: login\ndescriptors:\n  - key: login\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n")
+
+	tests := []struct {
+		name string
+		args []string
+		code int
+		out  []string // regexps on stdout
+	}{
+		{"good", []string{good}, 0, nil},
+		{"good explain", []string{"--explain", good}, 0, []string{`e2e`}},
+		{"bad", []string{bad}, 1, []string{`one\.yaml:5:`, `two\.yaml:4:`}},
+		{"bad and good", []string{good, bad}, 1, []string{`one\.yaml:5:`}},
+		{"warning", []string{warn}, 0, []string{`login\.yaml:\d+: warning:`}},
+		{"warning strict", []string{"--strict", warn}, 1, []string{`login\.yaml:\d+: warning:`}},
+		{"flag after path", []string{warn, "--strict"}, 1, nil},
+		{"missing path", []string{filepath.Join(dir, "nope")}, 1, nil},
+		{"no path", nil, 2, nil},
+		{"reference examples", []string{filepath.Join(repoRoot(t), "examples/config-reference")}, 0, nil},
+		{"example config", []string{"--strict", filepath.Join(repoRoot(t), "examples/config")}, 0, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errOut := runCmd(t, append([]string{"validate"}, tt.args...)...)
+			if code != tt.code {
+				t.Errorf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", code, tt.code, out, errOut)
+			}
+			for _, re := range tt.out {
+				if !regexp.MustCompile(re).MatchString(out) {
+					t.Errorf("stdout lacks %s:\n%s", re, out)
+				}
+			}
+		})
+	}
+}
+
+// An envoyproxy/ratelimit deployment's environment and config layout work
+// unchanged.
+func TestMigrationEnvironment(t *testing.T) {
+	root := t.TempDir()
+	cfg := filepath.Join(root, "current", "ratelimit", "config")
+	if err := os.MkdirAll(cfg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, cfg, "e2e.yaml", fmt.Sprintf(oneFile, 7))
+	// A Kubernetes-style dot directory that must be ignored.
+	if err := os.Mkdir(filepath.Join(cfg, "..2026_01_01"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(cfg, "..2026_01_01"), "dup.yaml", fmt.Sprintf(oneFile, 1))
+	grpcPort, httpPort, debugPort, promPort := freePort(t), freePort(t), freePort(t), freePort(t)
+	p := start(t, startOpts{legacyAddrs: true, env: []string{
+		"RUNTIME_ROOT=" + filepath.Join(root, "current"),
+		"RUNTIME_SUBDIRECTORY=ratelimit",
+		"RUNTIME_WATCH_ROOT=false",
+		"RUNTIME_IGNOREDOTFILES=true",
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
+		"HOST=127.0.0.1", "PORT=" + httpPort,
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + debugPort,
+		"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:" + promPort,
+		"LOG_LEVEL=debug", "LOG_FORMAT=json",
+		"LIMIT_RESPONSE_HEADERS_ENABLED=true",
+		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=127.0.0.1:1", "REDIS_TIMEOUT=5ms",
+		"STATSD_HOST=statsd.local",
+	}, args: []string{"--backend=memory"}}) // a flag beats BACKEND_TYPE
+	if p.grpc != "127.0.0.1:"+grpcPort || p.http != "127.0.0.1:"+httpPort || p.debug != "127.0.0.1:"+debugPort {
+		t.Errorf("listeners %s %s %s, want ports %s %s %s", p.grpc, p.http, p.debug, grpcPort, httpPort, debugPort)
+	}
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	p.waitServing(t, cc, "ratelimit") // envoyproxy/ratelimit's health service name
+	resp := call(t, cc, "e2e", desc("k", "v"))
+	if got := resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 7 {
+		t.Errorf("limit %d, want 7 (from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config)", got)
+	}
+	var legacyHeader bool
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		if strings.EqualFold(h.GetKey(), "X-RateLimit-Limit") {
+			legacyHeader = true
+		}
+	}
+	if !legacyHeader {
+		t.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED=true: no X-RateLimit-Limit in %v", resp.GetResponseHeadersToAdd())
+	}
+	if code, m := httpGet(t, "http://127.0.0.1:"+promPort+"/metrics"); code != 200 || !strings.Contains(m, "ratelimitd_requests_total") {
+		t.Errorf("PROMETHEUS_ADDR /metrics: %d", code)
+	}
+	// One warning naming the unsupported variable.
+	var warnings []string
+	for _, line := range strings.Split(p.Logs(), "\n") {
+		var rec struct{ Level, Msg string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Level == "WARN" && strings.Contains(rec.Msg, "envoyproxy/ratelimit") {
+			warnings = append(warnings, rec.Msg)
+		}
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "STATSD_HOST") {
+		t.Errorf("startup warnings %q, want one naming STATSD_HOST", warnings)
+	}
+}
