@@ -24,6 +24,8 @@ type Store struct {
 	client  goredis.UniversalClient
 	cluster bool
 	now     func() time.Time // nil: the script uses the server's TIME
+	timeout time.Duration    // per script call (Options.Timeout)
+	breaker *Breaker
 	cache   *overLimitCache
 
 	noncePrefix string
@@ -33,11 +35,12 @@ type Store struct {
 	refundErrors atomic.Uint64
 }
 
-// New connects a Store per opts. It does not wait for Redis: the client
-// connects lazily, so the service starts while Redis is down. Errors come
-// from invalid options only.
+// New returns a Store for opts (start from DefaultOptions). It does not
+// wait for Redis: the client connects lazily, so the service starts while
+// Redis is down. Errors come from invalid options (Options.Validate) or
+// unreadable TLS files only.
 func New(opts Options) (*Store, error) {
-	c, err := newClient(opts)
+	c, err := NewClient(opts) // validates opts
 	if err != nil {
 		return nil, err
 	}
@@ -50,6 +53,8 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	s := &Store{
 		client:      c,
 		now:         opts.Now,
+		timeout:     opts.Timeout,
+		breaker:     NewBreaker(opts.Breaker, opts.Now),
 		cache:       newOverLimitCache(opts.LocalCacheSize),
 		noncePrefix: hex.EncodeToString(b[:]),
 	}
@@ -121,13 +126,24 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	return out, nil
 }
 
-// run executes the script once for hits (all in one slot on Cluster).
+// Healthy reports whether the circuit breaker is closed (Redis answered
+// recently); it implements service.Healther.
+func (s *Store) Healthy() bool { return s.breaker.Healthy() }
+
+// run executes the script once for hits (all in one slot on Cluster),
+// under the circuit breaker and Options.Timeout. Errors are classified
+// (*Error with a Cause).
 func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string, hits []algo.Hit, out []algo.Decision) (int64, error) {
-	v, err := takeScript.Run(ctx, s.client, hitKeys(hits), scriptArgs(mode, nowUS, nonce, hits)...).Result()
-	if err != nil {
-		return 0, fmt.Errorf("redis: take: %w", err)
-	}
-	return parseReply(v, out)
+	var scriptNow int64
+	err := s.breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
+		v, err := takeScript.Run(ctx, s.client, hitKeys(hits), scriptArgs(mode, nowUS, nonce, hits)...).Result()
+		if err != nil {
+			return err
+		}
+		scriptNow, err = parseReply(v, out)
+		return err
+	})
+	return scriptNow, err
 }
 
 // group is the hits of one hash slot within a request.
@@ -324,25 +340,4 @@ func crc16(s string) uint16 {
 		c = c<<8 ^ crcTable[byte(c>>8)^s[i]]
 	}
 	return c
-}
-
-// newClient is TEMPORARY (helper C1) until options.go (helper C2) provides
-// the real constructor with URL/mode/TLS/ACL/pool handling: C2 deletes this
-// function in the same change that adds its own newClient(Options).
-func newClient(opts Options) (goredis.UniversalClient, error) {
-	switch opts.Mode {
-	case Cluster:
-		return goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: opts.Addrs, PoolSize: opts.PoolSize}), nil
-	case Standalone, "":
-		o, err := goredis.ParseURL(opts.URL)
-		if err != nil {
-			return nil, fmt.Errorf("redis: url: %w", err)
-		}
-		if opts.PoolSize > 0 {
-			o.PoolSize = opts.PoolSize
-		}
-		return goredis.NewClient(o), nil
-	default:
-		return nil, fmt.Errorf("redis: mode %q not supported yet", opts.Mode)
-	}
 }

@@ -29,43 +29,42 @@ func TestMain(m *testing.M) {
 	)
 }
 
-// clock is a pinned, manually advanced clock for Options.Now.
-type clock struct {
+// pinnedClock is a pinned, manually advanced clock for Options.Now.
+type pinnedClock struct {
 	mu sync.Mutex
 	t  time.Time
 }
 
-func newClock(t time.Time) *clock { return &clock{t: t} }
+func newPinnedClock(t time.Time) *pinnedClock { return &pinnedClock{t: t} }
 
-func (c *clock) Now() time.Time {
+func (c *pinnedClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.t
 }
 
-func (c *clock) Set(t time.Time) {
+func (c *pinnedClock) Set(t time.Time) {
 	c.mu.Lock()
 	c.t = t
 	c.mu.Unlock()
 }
 
-func (c *clock) Advance(d time.Duration) {
+func (c *pinnedClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
 }
 
 // newStore returns a Store on srv (nil now: the server's TIME).
-func newStore(t testing.TB, srv *redistest.Server, now func() time.Time, cacheSize int) *redis.Store {
+func newTestStore(t testing.TB, srv *redistest.Server, now func() time.Time, cacheSize int) *redis.Store {
 	t.Helper()
-	s, err := redis.New(redis.Options{
-		URL:            srv.URL(),
-		Mode:           redis.Standalone,
-		Timeout:        2 * time.Second,
-		PoolSize:       8,
-		LocalCacheSize: cacheSize,
-		Now:            now,
-	})
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	o.Timeout = 2 * time.Second
+	o.PoolSize = 8
+	o.LocalCacheSize = cacheSize
+	o.Now = now
+	s, err := redis.New(o)
 	if err != nil {
 		t.Fatalf("redis.New: %v", err)
 	}
@@ -73,7 +72,7 @@ func newStore(t testing.TB, srv *redistest.Server, now func() time.Time, cacheSi
 	return s
 }
 
-var t0 = time.Date(2026, 3, 14, 15, 9, 26, 535897000, time.UTC)
+var epoch0 = time.Date(2026, 3, 14, 15, 9, 26, 535897000, time.UTC)
 
 // allKinds is one limit of every algorithm, 3 units per 10 s.
 func allKinds() []algo.Limit {
@@ -96,7 +95,7 @@ func kindName(l algo.Limit) string {
 	return n
 }
 
-func keys(t testing.TB, c *goredis.Client) []string {
+func scanKeys(t testing.TB, c *goredis.Client) []string {
 	t.Helper()
 	var out []string
 	iter := c.Scan(context.Background(), 0, "*", 100).Iterator()
@@ -120,13 +119,13 @@ func TestAllOrNothing(t *testing.T) {
 			if err := c.FlushAll(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
-			clk := newClock(t0)
-			s := newStore(t, srv, clk.Now, 0)
+			clk := newPinnedClock(epoch0)
+			s := newTestStore(t, srv, clk.Now, 0)
 			blocker := algo.Hit{Key: "blocker", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}, Cost: 1}
 			if _, err := s.Take(ctx, []algo.Hit{blocker}); err != nil {
 				t.Fatal(err)
 			}
-			before := keys(t, c)
+			before := scanKeys(t, c)
 			hits := []algo.Hit{{Key: "k", Limit: l, Cost: 2}, blocker}
 			d, err := s.Take(ctx, hits)
 			if err != nil {
@@ -138,7 +137,7 @@ func TestAllOrNothing(t *testing.T) {
 			if d[0].Remaining != 3 {
 				t.Errorf("remaining of the non-denying hit = %d, want 3 (value before the request)", d[0].Remaining)
 			}
-			if after := keys(t, c); strings.Join(after, ",") != strings.Join(before, ",") {
+			if after := scanKeys(t, c); strings.Join(after, ",") != strings.Join(before, ",") {
 				t.Errorf("keys after denied request %v, before %v: a denied request wrote", after, before)
 			}
 			// The full cost is still available.
@@ -159,7 +158,7 @@ func TestTTLInvariant(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
 	c := srv.Client()
-	s := newStore(t, srv, nil, 0) // server clock: TTLs are relative to it
+	s := newTestStore(t, srv, nil, 0) // server clock: TTLs are relative to it
 	for i, l := range allKinds() {
 		for j := range 4 {
 			key := fmt.Sprintf("ttl:%d:%d", i, j)
@@ -178,7 +177,7 @@ func TestTTLInvariant(t *testing.T) {
 			}
 		}
 	}
-	ks := keys(t, c)
+	ks := scanKeys(t, c)
 	if len(ks) == 0 {
 		t.Fatal("no keys written")
 	}
@@ -198,7 +197,7 @@ func TestTTLInvariant(t *testing.T) {
 func TestNoScript(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
-	s := newStore(t, srv, newClock(t0).Now, 0)
+	s := newTestStore(t, srv, newPinnedClock(epoch0).Now, 0)
 	h := []algo.Hit{{Key: "ns", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Minute}, Cost: 1}}
 	for i := range 3 {
 		if i == 1 {
@@ -220,7 +219,7 @@ func TestNoScript(t *testing.T) {
 // 30/minute key, with the server's clock: exactly 30 are allowed.
 func TestSharedExactness(t *testing.T) {
 	srv := redistest.Standalone(t)
-	stores := []*redis.Store{newStore(t, srv, nil, 0), newStore(t, srv, nil, 0), newStore(t, srv, nil, 0)}
+	stores := []*redis.Store{newTestStore(t, srv, nil, 0), newTestStore(t, srv, nil, 0), newTestStore(t, srv, nil, 0)}
 	for _, kind := range []algo.Kind{algo.FixedWindow, algo.SlidingLog, algo.TokenBucket} {
 		l := algo.Limit{Kind: kind, Rate: 30, Period: time.Minute}
 		t.Run(kindName(l), func(t *testing.T) {
@@ -265,7 +264,7 @@ func TestSameKeyTwice(t *testing.T) {
 	ctx := context.Background()
 	for _, l := range allKinds() {
 		t.Run(kindName(l), func(t *testing.T) {
-			s := newStore(t, srv, newClock(t0).Now, 0)
+			s := newTestStore(t, srv, newPinnedClock(epoch0).Now, 0)
 			key := "twice:" + kindName(l)
 			d, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}, {Key: key, Limit: l, Cost: 1}})
 			if err != nil {

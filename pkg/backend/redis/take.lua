@@ -32,7 +32,8 @@
 local NF = 8
 local mode = ARGV[1]
 local now
-if ARGV[2] == '' then
+local pinned = ARGV[2] ~= ''
+if not pinned then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 else
@@ -122,11 +123,14 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
--- ttl_ms turns an expiry instant into a PX value (ceil to ms, >= 1).
+-- ttl_ms turns an expiry instant into a PX value (ceil to ms, >= 1). With
+-- a pinned clock (tests) a second of slack keeps real time, which passes
+-- between a test's steps, from expiring a key the pinned clock still needs.
 local function ttl_ms(at)
   local us = at - now
   local ms = idiv(us + 999, 1000)
   if ms < 1 then ms = 1 end
+  if pinned then ms = ms + 1000 end
   return ms
 end
 
@@ -446,6 +450,9 @@ local LOG = {
 -- `owner` records, per added timestamp, the hit index that added it.
 local function log_save(h, st, members)
   local cut = now - h.period
+  local n = log_len(st)
+  local last
+  if n > 0 then last = log_at(st, n) end -- read before the ranks shift
   if st.off > 0 then redis.call('ZREMRANGEBYSCORE', h.key, '-inf', fmt(cut)) end
   if st.dropped > 0 then redis.call('ZREMRANGEBYRANK', h.key, '0', fmt(st.dropped - 1)) end
   if #members > 0 then
@@ -456,12 +463,11 @@ local function log_save(h, st, members)
     end
     redis.call('ZADD', h.key, unpack(args))
   end
-  local n = log_len(st)
   if n == 0 then
     redis.call('DEL', h.key)
     return
   end
-  redis.call('PEXPIRE', h.key, fmt(ttl_ms(log_at(st, n) + h.period)))
+  redis.call('PEXPIRE', h.key, fmt(ttl_ms(last + h.period)))
 end
 
 K[2] = LOG
@@ -502,6 +508,18 @@ local function apply(h, st, cost)
     return st, dec(false, 0, w, w, w)
   end
   return k.decide(h, st, cost)
+end
+
+-- check is the decision of a check (cost 0, not a release) of h on st,
+-- reported as allowed: the value before the request.
+local function check(h, st)
+  local c = {}
+  for k, v in pairs(h) do c[k] = v end
+  c.release = false
+  local _, d = apply(c, st, 0)
+  d.allowed = true
+  d.retry = 0
+  return d
 end
 
 local function reply(decisions)
@@ -553,10 +571,7 @@ if mode == 'r' then
   end
   local decisions = {}
   for i, h in ipairs(hits) do
-    local _, d = apply(h, K[h.kind].load(h), 0)
-    d.allowed = true
-    d.retry = 0
-    decisions[i] = d
+    decisions[i] = check(h, K[h.kind].load(h))
   end
   return reply(decisions)
 end
@@ -582,12 +597,7 @@ if denied then
   -- Nothing is written. Hits that did not deny report the value before the
   -- request: a check on the state before the request.
   for i, h in ipairs(hits) do
-    if decisions[i].allowed then
-      local _, d = apply(h, initial[h.key], 0)
-      d.allowed = true
-      d.retry = 0
-      decisions[i] = d
-    end
+    if decisions[i].allowed then decisions[i] = check(h, initial[h.key]) end
   end
 else
   for _, h in ipairs(first) do

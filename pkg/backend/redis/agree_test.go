@@ -1,0 +1,152 @@
+package redis_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+)
+
+// reference decides a request the way the Store contract says, with
+// pkg/algo: hits in order on tentative states; when a hit with Cost > 0 is
+// denied nothing is kept and the hits that did not deny report a check
+// against the state before the request.
+func reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []algo.Decision {
+	tent := make(map[string]algo.State, len(hits))
+	get := func(k string) algo.State {
+		if s, ok := tent[k]; ok {
+			return s
+		}
+		return states[k]
+	}
+	out := make([]algo.Decision, len(hits))
+	denied := false
+	for i, h := range hits {
+		ns, d := algo.Apply(get(h.Key), h, now)
+		tent[h.Key] = ns
+		out[i] = d
+		if !d.Allowed && h.Cost > 0 {
+			denied = true
+		}
+	}
+	if !denied {
+		for k, s := range tent {
+			states[k] = s
+		}
+		return out
+	}
+	for i, h := range hits {
+		if out[i].Allowed {
+			c := h
+			c.Cost, c.Release = 0, false
+			_, d := algo.Apply(states[h.Key], c, now)
+			d.Allowed, d.RetryAfter = true, 0
+			out[i] = d
+		}
+	}
+	return out
+}
+
+func genLimit(t *rapid.T, kind algo.Kind) algo.Limit {
+	l := algo.Limit{
+		Kind: kind,
+		Rate: rapid.Int64Range(0, 12).Draw(t, "rate"),
+		// Periods of seconds and more (plus odd microseconds, so that
+		// P/R has a fraction): the test's pinned clock then runs far ahead
+		// of real time and no key expires in Redis before its state is
+		// empty for pkg/algo.
+		Period: time.Duration(rapid.Int64Range(5, 120).Draw(t, "period_s"))*time.Second +
+			time.Duration(rapid.Int64Range(0, 999_999).Draw(t, "period_us"))*time.Microsecond,
+	}
+	if rapid.IntRange(0, 9).Draw(t, "rate0") != 0 && l.Rate == 0 {
+		l.Rate = 1
+	}
+	switch kind {
+	case algo.TokenBucket:
+		l.Burst = rapid.Int64Range(0, 15).Draw(t, "burst")
+	case algo.FixedWindow, algo.SlidingWindow:
+		if rapid.IntRange(0, 3).Draw(t, "calendar?") == 0 {
+			l.Calendar = algo.Calendar(rapid.IntRange(1, 2).Draw(t, "calendar"))
+			l.Multiplier = rapid.Int64Range(1, 3).Draw(t, "multiplier")
+			l.Period = 30 * 24 * time.Hour
+		}
+	}
+	return l
+}
+
+var agreeCase atomic.Int64
+
+// TestAgreement: random schedules of (advance, hits) give identical
+// decisions from the Lua script (pinned clock, real redis-server) and from
+// pkg/algo, step by step, for every algorithm, including multi-hit
+// requests with repeated keys, checks, costs above capacity, releases and
+// the clock going backwards.
+func TestAgreement(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clk := newPinnedClock(epoch0)
+	s := newTestStore(t, srv, clk.Now, 0)
+	ctx := context.Background()
+	kinds := []algo.Kind{algo.FixedWindow, algo.SlidingWindow, algo.SlidingLog, algo.TokenBucket, algo.Concurrency}
+	for _, kind := range kinds {
+		t.Run(kindName(algo.Limit{Kind: kind}), func(t *testing.T) {
+			rapid.Check(t, func(rt *rapid.T) {
+				n := agreeCase.Add(1)
+				limits := map[string]algo.Limit{
+					fmt.Sprintf("agree:%d:a", n): genLimit(rt, kind),
+					fmt.Sprintf("agree:%d:b", n): genLimit(rt, kind),
+				}
+				var names []string
+				for k := range limits {
+					names = append(names, k)
+				}
+				now := epoch0.Add(time.Duration(rapid.Int64Range(0, 1e12).Draw(rt, "start_us")) * time.Microsecond)
+				states := map[string]algo.State{}
+				steps := rapid.IntRange(1, 40).Draw(rt, "steps")
+				for step := range steps {
+					l0 := limits[names[0]]
+					span := l0.Period
+					if l0.Calendar != algo.CalendarNone {
+						span = 400 * 24 * time.Hour
+					}
+					switch rapid.IntRange(0, 9).Draw(rt, "advance_kind") {
+					case 0: // same instant
+					case 1: // clock goes back a little
+						now = now.Add(-time.Duration(rapid.Int64Range(1, 2_000_000).Draw(rt, "back_us")) * time.Microsecond)
+					case 2: // long idle
+						now = now.Add(time.Duration(rapid.Int64Range(0, int64(3*span/time.Microsecond)).Draw(rt, "idle_us")) * time.Microsecond)
+					default:
+						now = now.Add(time.Duration(rapid.Int64Range(0, int64(span/time.Microsecond)/4).Draw(rt, "adv_us")) * time.Microsecond)
+					}
+					nh := rapid.IntRange(1, 3).Draw(rt, "hits")
+					hits := make([]algo.Hit, nh)
+					for i := range hits {
+						k := names[rapid.IntRange(0, 1).Draw(rt, "key")]
+						l := limits[k]
+						hits[i] = algo.Hit{Key: k, Limit: l, Cost: rapid.Int64Range(0, l.Rate+l.Burst+2).Draw(rt, "cost")}
+						if kind == algo.Concurrency && rapid.IntRange(0, 3).Draw(rt, "release?") == 0 {
+							hits[i].Release = true
+						}
+					}
+					want := reference(states, hits, now)
+					rt.Logf("step %d at %d: hits %+v -> %+v", step, now.UnixMicro(), hits, want)
+					clk.Set(now)
+					got, err := s.Take(ctx, hits)
+					if err != nil {
+						rt.Fatalf("step %d: %v", step, err)
+					}
+					for i := range hits {
+						if got[i] != want[i] {
+							rt.Fatalf("step %d at %d µs, hit %d %+v:\n redis %+v\n  algo %+v", step, now.UnixMicro(), i, hits[i], got[i], want[i])
+						}
+					}
+				}
+			})
+		})
+	}
+}

@@ -1,0 +1,131 @@
+package redis
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+)
+
+func TestOverLimitCacheLRU(t *testing.T) {
+	base := time.Unix(1000, 0)
+	c := newOverLimitCache(2)
+	c.add(cacheEntry{key: "a", until: base.Add(time.Second), cost: 1})
+	c.add(cacheEntry{key: "b", until: base.Add(time.Second), cost: 1})
+	if _, ok := c.lookup("a", 1, base); !ok { // a is now most recent
+		t.Fatal("a missing")
+	}
+	c.add(cacheEntry{key: "c", until: base.Add(time.Second), cost: 1}) // evicts b
+	if c.len() != 2 {
+		t.Fatalf("len %d, want 2 (bounded)", c.len())
+	}
+	if _, ok := c.lookup("b", 1, base); ok {
+		t.Error("b should have been evicted (least recently used)")
+	}
+	steps := []struct {
+		key  string
+		cost int64
+		at   time.Duration
+		hit  bool
+	}{
+		{"a", 1, 0, true},
+		{"a", 5, 0, true},  // a larger cost is denied too
+		{"a", 0, 0, false}, // a check may pass where cost 1 did not
+		{"c", 1, time.Second - time.Microsecond, true},  // until RetryAfter...
+		{"c", 1, time.Second, false},                    // ...not after
+		{"c", 1, time.Second - time.Microsecond, false}, // expired entries are dropped
+		{"zz", 1, 0, false},
+	}
+	for i, s := range steps {
+		if _, ok := c.lookup(s.key, s.cost, base.Add(s.at)); ok != s.hit {
+			t.Errorf("step %d %+v: hit=%v", i, s, ok)
+		}
+	}
+	if got := c.hits.Load(); got != 4 {
+		t.Errorf("hits counter %d, want 4", got)
+	}
+	c.reset()
+	if c.len() != 0 {
+		t.Error("reset left entries")
+	}
+	var nilCache *overLimitCache // size 0 disables the cache
+	if newOverLimitCache(0) != nil {
+		t.Error("size 0 should disable the cache")
+	}
+	nilCache.add(cacheEntry{key: "x", until: base.Add(time.Hour)})
+	if _, ok := nilCache.lookup("x", 1, base); ok {
+		t.Error("disabled cache answered")
+	}
+}
+
+// TestStoreLocalCache: a denied single-hit key is answered locally until
+// its RetryAfter (not the whole window), counted, and ResetCache clears it.
+func TestStoreLocalCache(t *testing.T) {
+	srv := redistest.Standalone(t)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	o := DefaultOptions()
+	o.URL, o.Timeout, o.PoolSize, o.MinIdleConns, o.LocalCacheSize, o.Now = srv.URL(), time.Second, 2, 0, 16, clock
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	// Token bucket 1 per second, capacity 2: the retry time is far shorter
+	// than any window.
+	h := []algo.Hit{{Key: "tb", Limit: algo.Limit{Kind: algo.TokenBucket, Rate: 1, Period: time.Second, Burst: 2}, Cost: 1}}
+	take := func() algo.Decision {
+		t.Helper()
+		d, err := s.Take(ctx, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d[0]
+	}
+	take()
+	take()
+	d := take() // denied by Redis, cached until now+1s
+	if d.Allowed || d.RetryAfter != time.Second {
+		t.Fatalf("third take %+v, want denied with RetryAfter 1s", d)
+	}
+	if s.CacheHits() != 0 {
+		t.Fatal("cache hit before any cached denial")
+	}
+	if _, err := srv.Client().FlushAll(ctx).Result(); err != nil { // Redis would now allow
+		t.Fatal(err)
+	}
+	now = now.Add(400 * time.Millisecond)
+	d = take()
+	if d.Allowed || d.RetryAfter != 600*time.Millisecond || s.CacheHits() != 1 {
+		t.Fatalf("cached take %+v (hits %d), want a local denial with RetryAfter 600ms", d, s.CacheHits())
+	}
+	now = now.Add(600 * time.Millisecond) // RetryAfter reached: back to Redis
+	if d = take(); !d.Allowed || s.CacheHits() != 1 {
+		t.Fatalf("take at RetryAfter %+v (hits %d), want allowed by Redis", d, s.CacheHits())
+	}
+	// Deny again, then ResetCache (config reload): the next call goes to Redis.
+	take()
+	if d = take(); d.Allowed {
+		t.Fatalf("expected a denial, got %+v", d)
+	}
+	s.ResetCache()
+	if _, err := srv.Client().FlushAll(ctx).Result(); err != nil {
+		t.Fatal(err)
+	}
+	if d = take(); !d.Allowed {
+		t.Fatalf("after ResetCache %+v, want allowed by Redis", d)
+	}
+	// Concurrency denials are never cached (a release may free a lease).
+	c := []algo.Hit{{Key: "cc", Limit: algo.Limit{Kind: algo.Concurrency, Rate: 1, Period: time.Minute}, Cost: 1}}
+	for range 3 {
+		if _, err := s.Take(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.cache.len() != 0 {
+		t.Errorf("cache holds %d entries after concurrency denials, want 0", s.cache.len())
+	}
+}
