@@ -61,6 +61,28 @@ type node struct {
 type parser struct {
 	file string
 	errs *errList
+	// budget bounds the nodes visited, so YAML aliases cannot expand a
+	// small file into an exponential tree ("billion laughs").
+	budget int
+	over   bool
+}
+
+// maxNodes bounds the descriptors, limits and metadata values of one file
+// after alias expansion.
+const maxNodes = 200000
+
+// spend takes one node from the budget; false (reported once) when the
+// file expands to more than maxNodes.
+func (p *parser) spend(n *yaml.Node) bool {
+	p.budget++
+	if p.budget <= maxNodes {
+		return true
+	}
+	if !p.over {
+		p.over = true
+		p.errs.add(p.file, n.Line, "config too large: more than %d descriptors, limits and metadata values after expanding YAML aliases", maxNodes)
+	}
+	return false
 }
 
 var yamlLineRE = regexp.MustCompile(`line (\d+)`)
@@ -318,6 +340,9 @@ type rawLimit struct {
 }
 
 func (p *parser) descriptor(m *yaml.Node) *node {
+	if !p.spend(m) {
+		return nil
+	}
 	n := &node{line: m.Line, file: p.file}
 	var hasKey bool
 	var limits []rawLimit
@@ -553,6 +578,9 @@ func (p *parser) limit(v *yaml.Node, line int, where string) (rawLimit, bool) {
 // []any, string, bool, int64, float64, nil.
 func (p *parser) metadata(v *yaml.Node) any {
 	v = deref(v)
+	if !p.spend(v) {
+		return nil
+	}
 	switch v.Kind {
 	case yaml.MappingNode:
 		m := make(map[string]any, len(v.Content)/2)
