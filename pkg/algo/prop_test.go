@@ -58,6 +58,17 @@ func schedule(rt *rapid.T, k algo.Kind) (algo.Limit, []event) {
 		}
 		now := time.UnixMicro(t)
 		_, check := algo.Take(l, st, now, 0)
+		// The clock going backwards never admits extra: the same state is
+		// never more permissive at an earlier instant.
+		back := time.UnixMicro(t - rapid.Int64Range(1, 3*p).Draw(rt, "back"))
+		if _, bd := algo.Take(l, st, back, e.cost); bd.Allowed && !e.release {
+			if _, nd := algo.Take(l, st, now, e.cost); !nd.Allowed {
+				rt.Fatalf("event %d: cost %d allowed at %d but denied at %d", i, e.cost, back.UnixMicro(), t)
+			}
+		}
+		if _, bc := algo.Take(l, st, back, 0); bc.Remaining > check.Remaining {
+			rt.Fatalf("event %d: remaining %d at %d > %d at %d", i, bc.Remaining, back.UnixMicro(), check.Remaining, t)
+		}
 		prev := st
 		var d algo.Decision
 		st, d = algo.Apply(st, algo.Hit{Limit: l, Cost: e.cost, Release: e.release}, now)
@@ -179,6 +190,38 @@ func TestPropConcurrency(t *testing.T) {
 			}
 			if !e.release && !e.allowed && int64(len(leases))+max(e.cost, 1) <= l.Rate {
 				rt.Fatalf("event %d: denied cost %d with %d of %d leases live", i, e.cost, len(leases), l.Rate)
+			}
+		}
+	})
+}
+
+// FuzzTake: any valid limit, state produced by the algorithm and instant:
+// no panic, Remaining within [0, capacity], durations non-negative.
+func FuzzTake(f *testing.F) {
+	f.Add(uint8(0), int64(10), int64(60_000_000), int64(0), uint8(0), int64(1), int64(0), int64(5), int64(1))
+	f.Add(uint8(3), int64(3), int64(1_000_000), int64(7), uint8(0), int64(1), int64(-5_000_000), int64(2), int64(4))
+	f.Add(uint8(1), int64(2), int64(86_400_000_000), int64(0), uint8(1), int64(3), int64(40*86_400_000_000), int64(1), int64(1))
+	f.Fuzz(func(t *testing.T, kind uint8, rate, periodUs, burst int64, cal uint8, mult, offUs, cost1, cost2 int64) {
+		l := algo.Limit{Kind: algo.Kind(kind % 5), Rate: rate, Period: time.Duration(periodUs) * time.Microsecond,
+			Burst: burst, Calendar: algo.Calendar(cal % 3), Multiplier: mult}
+		if periodUs <= 0 || periodUs > int64(algo.MaxPeriod/time.Microsecond) || l.Validate() != nil {
+			return
+		}
+		off := offUs % (1 << 50) // within about ±35 years of base
+		capa := l.Rate
+		if l.Kind == algo.TokenBucket && l.Burst > 0 {
+			capa = l.Burst
+		}
+		var st algo.State
+		for i, c := range []int64{cost1, cost2, cost1, 0} {
+			now := time.UnixMicro(base + off + int64(i)*periodUs/3)
+			var d algo.Decision
+			st, d = algo.Apply(st, algo.Hit{Limit: l, Cost: c, Release: c < 0}, now)
+			if d.Remaining < 0 || d.Remaining > capa || d.RetryAfter < 0 || d.ResetAfter < 0 || d.WindowAfter < 0 {
+				t.Fatalf("%+v cost %d at %v: %+v", l, c, now, d)
+			}
+			if d.Allowed == (d.RetryAfter > 0) {
+				t.Fatalf("%+v: allowed %v with retry %v", l, d.Allowed, d.RetryAfter)
 			}
 		}
 	})

@@ -53,7 +53,8 @@ var ErrInvalidLimit = errors.New("algo: invalid limit")
 // Redis port) assumes. The config loader calls it and shows the message.
 // Bounds: Rate >= 0 (0 denies everything); Period a whole number of
 // microseconds in [1 µs, MaxPeriod]; Burst >= 0; Calendar only with
-// FixedWindow or SlidingWindow, and then Multiplier >= 1; SlidingLog Rate
+// FixedWindow or SlidingWindow, and then Multiplier in [1, 1200] months
+// or [1, 100] years; SlidingLog Rate
 // <= MaxSlidingLogRate; Concurrency Rate <= MaxConcurrencyRate; TokenBucket
 // capacity × Period(µs) <= 2^53 and capacity × Rate <= 2^53 (see the
 // porting contract).
@@ -80,8 +81,12 @@ func (l Limit) Validate() error {
 		if l.Calendar > CalendarYear {
 			return fmt.Errorf("%w: unknown calendar %d", ErrInvalidLimit, l.Calendar)
 		}
-		if l.Multiplier < 1 || l.Multiplier > 1200 {
-			return fmt.Errorf("%w: calendar multiplier %d outside [1, 1200]", ErrInvalidLimit, l.Multiplier)
+		maxMult := int64(1200) // 100 years of months, as MaxPeriod
+		if l.Calendar == CalendarYear {
+			maxMult = 100
+		}
+		if l.Multiplier < 1 || l.Multiplier > maxMult {
+			return fmt.Errorf("%w: calendar unit_multiplier %d outside [1, %d]", ErrInvalidLimit, l.Multiplier, maxMult)
 		}
 	}
 	switch l.Kind {
