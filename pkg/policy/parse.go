@@ -215,7 +215,7 @@ var (
 		"unit": "(belongs in rate_limit)", "requests_per_unit": "(belongs in rate_limit)", "unlimited": "(belongs in rate_limit)",
 		"name": "(belongs in rate_limit)", "replaces": "(belongs in rate_limit)", "algorithm": "(belongs in rate_limit)",
 		"burst": "(belongs in rate_limit)", "unit_multiplier": "(belongs in rate_limit)", "failure_mode": "(belongs in rate_limit)",
-		"calendar": "(belongs in rate_limit)", "requestsperunit": "(rate_limit.requests_per_unit)",
+		"calendar": "(belongs in rate_limit)", "requestsperunit": "(did you mean requests_per_unit inside rate_limit?)",
 		"domain": "(belongs at the top level of the file)",
 	}
 	limitHints = map[string]string{
