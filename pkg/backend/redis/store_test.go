@@ -290,3 +290,86 @@ func TestSameKeyTwice(t *testing.T) {
 		})
 	}
 }
+
+// TestMemoryUsage measures MEMORY USAGE (bytes, Redis 7, jemalloc) of one
+// key per algorithm with a 22-byte key (policy.Set.Key's hashed form) and
+// logs the table reproduced in docs/redis.md:
+//
+//	go test ./pkg/backend/redis -run TestMemoryUsage -v
+func TestMemoryUsage(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	c := srv.Client()
+	s := newTestStore(t, srv, newPinnedClock(epoch0).Now, 0)
+	const key = "AAECAwQFBgcICQoLDA0ODw" // 22 bytes, like a hashed policy key
+	cases := []struct {
+		name  string
+		limit algo.Limit
+		takes int // hits of cost 1
+	}{
+		{"fixed_window", algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Minute}, 1},
+		{"sliding_window", algo.Limit{Kind: algo.SlidingWindow, Rate: 1000, Period: time.Minute}, 1},
+		{"token_bucket", algo.Limit{Kind: algo.TokenBucket, Rate: 1000, Period: time.Minute}, 1},
+		{"sliding_log, 1 entry", algo.Limit{Kind: algo.SlidingLog, Rate: 1000, Period: time.Minute}, 1},
+		{"sliding_log, 100 entries", algo.Limit{Kind: algo.SlidingLog, Rate: 1000, Period: time.Minute}, 100},
+		{"sliding_log, 1000 entries", algo.Limit{Kind: algo.SlidingLog, Rate: 1000, Period: time.Minute}, 1000},
+		{"concurrency, 1 lease", algo.Limit{Kind: algo.Concurrency, Rate: 1000, Period: time.Minute}, 1},
+		{"concurrency, 100 leases", algo.Limit{Kind: algo.Concurrency, Rate: 1000, Period: time.Minute}, 100},
+	}
+	var prev int64
+	for i, tc := range cases {
+		if err := c.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for range tc.takes {
+			if _, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: tc.limit, Cost: 1}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n, err := c.MemoryUsage(ctx, key, 0).Result() // SAMPLES 0: every element
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n <= int64(len(key)) {
+			t.Errorf("%s: MEMORY USAGE %d bytes, not plausible", tc.name, n)
+		}
+		if i > 0 && cases[i-1].limit.Kind == tc.limit.Kind && n <= prev {
+			t.Errorf("%s: %d bytes, not more than with fewer entries (%d)", tc.name, n, prev)
+		}
+		prev = n
+		t.Logf("| %-26s | %6d |", tc.name, n)
+	}
+}
+
+// BenchmarkTake measures Store.Take (one hit, token bucket 1000/s, server
+// clock) against a real redis-server, from parallel goroutines over 10,000
+// keys; all goroutines share the Store's pool:
+//
+//	go test ./pkg/backend/redis -run '^$' -bench Take -benchtime 5s
+func BenchmarkTake(b *testing.B) {
+	srv := redistest.Standalone(b)
+	for _, kind := range []algo.Kind{algo.FixedWindow, algo.TokenBucket, algo.SlidingWindow, algo.SlidingLog} {
+		b.Run(kindName(algo.Limit{Kind: kind}), func(b *testing.B) {
+			s := newTestStore(b, srv, nil, 0)
+			l := algo.Limit{Kind: kind, Rate: 1000, Period: time.Second}
+			keys := make([]string, 10_000)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("bench:%d:%d", kind, i)
+			}
+			var seq atomic.Uint64
+			b.SetParallelism(8) // 8 × GOMAXPROCS concurrent callers
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					k := keys[seq.Add(1)%uint64(len(keys))]
+					if _, err := s.Take(ctx, []algo.Hit{{Key: k, Limit: l, Cost: 1}}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
