@@ -233,3 +233,19 @@ func TestMigratingDocCoversVariables(t *testing.T) {
 		}
 	}
 }
+
+// README.md's flags table lists every serve flag.
+func TestReadmeListsEveryFlag(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := defaultOptions()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	registerServeFlags(fs, &o)
+	fs.VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(string(readme), "`--"+f.Name+"`") {
+			t.Errorf("README.md does not document `--%s`", f.Name)
+		}
+	})
+}
