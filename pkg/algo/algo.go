@@ -86,6 +86,10 @@ type Hit struct {
 	// only: consume nothing, deny only when nothing at all remains.
 	// Never negative.
 	Cost int64
+	// Soft marks a hit whose denial does not fail the request (shadow mode,
+	// quota mode): stores still decide it and write nothing for it when it
+	// is denied, but they do not roll back the request's other hits.
+	Soft bool
 	// Release, for Concurrency limits only, returns Cost leases (the
 	// oldest first) instead of taking them. A release is always allowed.
 	Release bool
