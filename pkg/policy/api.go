@@ -159,7 +159,8 @@ func (w Warning) String() string { return formatPos(w.File, w.Line) + ": warning
 // start with "file:line: ". A non-nil error means no Set.
 // func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error)
 
-// Set methods the service relies on (implemented in set.go):
+// Set methods the service relies on (implemented in set.go and key.go;
+// Load in load.go, Watch in watch.go; docs/config.md is the user reference):
 //   (*Set).HasDomain(domain string) bool
 //   (*Set).Match(domain string, entries []Entry) (Match, bool)
 //     ok=false: no rule applies (unknown domain, no node, depth mismatch).
