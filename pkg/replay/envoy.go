@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -408,8 +409,9 @@ type Route struct {
 
 // Match routes r as Envoy would (virtual host by host, then the first
 // matching route) and evaluates the rate_limits actions that apply. host
-// selects the virtual host; "" means the first virtual host (an access log
-// of one site rarely records the Host header). ok is false when no route
+// selects the virtual host; "" (an access log of one site rarely records
+// the Host header) means the virtual host with domain "*", else the first
+// one. ok is false when no route
 // matches (Envoy answers 404 without calling the rate-limit service).
 func (e *Envoy) Match(host string, r *Request) (Route, bool) {
 	vh := e.virtualHost(host)
@@ -489,6 +491,11 @@ func (e *Envoy) virtualHost(host string) *routev3.VirtualHost {
 		return nil
 	}
 	if host == "" {
+		for _, vh := range vhs {
+			if slices.Contains(vh.GetDomains(), "*") {
+				return vh
+			}
+		}
 		return vhs[0]
 	}
 	host = strings.ToLower(host)

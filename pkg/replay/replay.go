@@ -74,7 +74,8 @@ type Options struct {
 	Clock *Clock
 	// ShadowMode is the service's global shadow mode (--shadow-mode).
 	ShadowMode bool
-	// Host selects the Envoy virtual host ("" = the first one).
+	// Host selects the Envoy virtual host ("" = the one with domain "*",
+	// else the first; combined logs do not record the Host header).
 	Host string
 	// Order is OrderTime (default, "") or OrderFile.
 	Order Order
