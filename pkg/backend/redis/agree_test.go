@@ -13,9 +13,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// reference decides a request the way the Store contract says, with
-// pkg/algo: hits in order on tentative states; when a hit with Cost > 0 is
-// denied nothing is kept and the hits that did not deny report a check
+// reference decides a request the way the Store contract says (the
+// reference store of pkg/algo/algotest), with pkg/algo: hits in order on
+// tentative states; when a hit with Cost > 0 is denied nothing is kept and
+// the hits that did not deny report a check (algo.Take with cost 0)
 // against the state before the request.
 func reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []algo.Decision {
 	tent := make(map[string]algo.State, len(hits))
@@ -43,11 +44,7 @@ func reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []a
 	}
 	for i, h := range hits {
 		if out[i].Allowed {
-			c := h
-			c.Cost, c.Release = 0, false
-			_, d := algo.Apply(states[h.Key], c, now)
-			d.Allowed, d.RetryAfter = true, 0
-			out[i] = d
+			_, out[i] = algo.Take(h.Limit, states[h.Key], now, 0)
 		}
 	}
 	return out

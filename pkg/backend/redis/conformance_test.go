@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -136,5 +137,28 @@ func TestCluster(t *testing.T) {
 				}
 			})
 		}
+	})
+}
+
+// TestConformance runs the shared conformance tables (the same the memory
+// store runs) against a real redis-server, with the script's clock pinned
+// to the suite's.
+func TestConformance(t *testing.T) {
+	srv := redistest.Standalone(t)
+	algotest.Run(t, func(t *testing.T, now func() time.Time) algotest.Store {
+		return newTestStore(t, srv, now, 0)
+	})
+}
+
+// TestConformanceCluster runs the same tables through a 3-master Redis
+// Cluster: every table's keys are spread over slots, so multi-hit steps
+// go through slot grouping and the compensating refund.
+func TestConformanceCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	g := redistest.Cluster(t, 3)
+	algotest.Run(t, func(t *testing.T, now func() time.Time) algotest.Store {
+		return newClusterStore(t, g, now)
 	})
 }

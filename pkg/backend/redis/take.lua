@@ -510,15 +510,13 @@ local function apply(h, st, cost)
   return k.decide(h, st, cost)
 end
 
--- check is the decision of a check (cost 0, not a release) of h on st,
--- reported as allowed: the value before the request.
+-- check is the decision of a check (cost 0, not a release) of h on st:
+-- the value before the request (algo.Take(l, st, now, 0)).
 local function check(h, st)
   local c = {}
   for k, v in pairs(h) do c[k] = v end
   c.release = false
   local _, d = apply(c, st, 0)
-  d.allowed = true
-  d.retry = 0
   return d
 end
 
