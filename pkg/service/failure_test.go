@@ -3,6 +3,7 @@ package service_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"encoding/json"
 	"log/slog"
 	"strings"
@@ -160,7 +161,7 @@ func (blockingStore) Take(ctx context.Context, _ []algo.Hit) ([]algo.Decision, e
 
 func TestStoreGetsRequestDeadline(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	svc, err := service.New(service.Options{Store: blockingStore{}, Registerer: reg})
+	svc, err := service.New(service.Options{Store: blockingStore{}, Registerer: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
