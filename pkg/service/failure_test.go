@@ -3,8 +3,8 @@ package service_test
 import (
 	"bytes"
 	"context"
-	"io"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
