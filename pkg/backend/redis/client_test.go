@@ -312,11 +312,19 @@ func TestStartupWithRedisDown(t *testing.T) {
 	call := func() error {
 		return b.Do(ctx, o.Timeout, func(ctx context.Context) error { _, err := evalIncr(ctx, c, "k"); return err })
 	}
-	for i := 0; i < 20; i++ {
+	// Stay down long enough for the breaker's probes to exhaust go-redis'
+	// dial-error budget (PoolSize failed dials), after which go-redis
+	// probes by itself once a second: recovery must still take < 2 s.
+	down := 5 * time.Second
+	if testing.Short() {
+		down = 300 * time.Millisecond
+	}
+	for i := 0; time.Since(start) < down; i++ {
 		err := call()
 		if cause := redis.CauseOf(err); cause != redis.CauseRefused && cause != redis.CauseCircuitOpen {
 			t.Fatalf("call %d with Redis down: %v (cause %q)", i, err, cause)
 		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	if b.Healthy() {
 		t.Fatal("breaker healthy with Redis down")

@@ -102,7 +102,7 @@ type Options struct {
 	Breaker BreakerOptions
 
 	// Now, when set (tests only), pins the script's clock instead of the
-	// server's TIME. The breaker also reads it when set.
+	// server's TIME. The breaker always uses the real clock.
 	Now func() time.Time
 }
 
