@@ -3,6 +3,7 @@ package k8s_test
 import (
 	"bytes"
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -19,7 +20,12 @@ var (
 	buildDir  string
 )
 
-// buildRatelimitd builds ./cmd/ratelimitd once per test binary. While the
+// testVersion is stamped into the test build as the Dockerfile stamps
+// VERSION (-X main.version).
+const testVersion = "v9.9.9-k8s-test"
+
+// buildRatelimitd builds ./cmd/ratelimitd once per test binary, with the
+// Dockerfile's flags (CGO_ENABLED=0, -trimpath, version ldflags). While the
 // command does not build yet, tests that need it are skipped, naming why.
 func buildRatelimitd(t *testing.T) string {
 	t.Helper()
@@ -36,7 +42,10 @@ func buildRatelimitd(t *testing.T) string {
 		buildBin = filepath.Join(dir, "ratelimitd")
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", buildBin, "../cmd/ratelimitd")
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath",
+			"-ldflags", "-s -w -X main.version="+testVersion+" -X main.commit=abc123",
+			"-o", buildBin, "../cmd/ratelimitd")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		buildOut, buildErr = cmd.CombinedOutput()
 	})
 	if buildErr != nil {
