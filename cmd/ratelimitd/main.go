@@ -71,6 +71,8 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		return 0
 	case "validate":
 		return validate(args[1:], lookup, stdout, stderr)
+	case "replay":
+		return replayMain(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintf(stdout, "ratelimitd %s (commit %s, %s %s/%s)\n", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return 0

@@ -34,6 +34,14 @@ type Options struct {
 	RedisTimeout   time.Duration // per-operation budget
 	RedisPoolSize  int           // connections; 0 = the store's default
 	LocalCacheSize int           // over-limit cache entries; 0 disables
+	// Redis TLS files (PEM) and options; rediss:// turns TLS on.
+	RedisTLSCA         string
+	RedisTLSCert       string
+	RedisTLSKey        string
+	RedisTLSSkipVerify bool
+	// RedisSentinelAuth authenticates to the sentinels: "password" or
+	// "user:password".
+	RedisSentinelAuth string
 
 	ShadowMode       bool
 	QuotaMode        bool
@@ -132,6 +140,11 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.RedisMaster, "redis-master", o.RedisMaster, "sentinel master name")
 	fs.DurationVar(&o.RedisTimeout, "redis-timeout", o.RedisTimeout, "per-operation Redis budget (dial, read, write)")
 	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", o.RedisPoolSize, "Redis connections per node (0 = store default)")
+	fs.StringVar(&o.RedisTLSCA, "redis-tls-ca", o.RedisTLSCA, "PEM CA bundle trusted for Redis TLS (default: system roots)")
+	fs.StringVar(&o.RedisTLSCert, "redis-tls-cert", o.RedisTLSCert, "PEM client certificate for Redis mutual TLS")
+	fs.StringVar(&o.RedisTLSKey, "redis-tls-key", o.RedisTLSKey, "PEM client key for Redis mutual TLS")
+	fs.BoolVar(&o.RedisTLSSkipVerify, "redis-tls-skip-verify", o.RedisTLSSkipVerify, "do not verify the Redis server certificate (insecure)")
+	fs.StringVar(&o.RedisSentinelAuth, "redis-sentinel-auth", o.RedisSentinelAuth, "sentinel credentials: password or user:password")
 	fs.IntVar(&o.LocalCacheSize, "local-cache-size", o.LocalCacheSize, "entries in the local over-limit cache (0 disables)")
 	fs.BoolVar(&o.ShadowMode, "shadow-mode", o.ShadowMode, "global shadow mode: evaluate and report, never deny")
 	fs.BoolVar(&o.QuotaMode, "quota-mode", o.QuotaMode, "global quota mode: every descriptor is soft (denies only when all do)")
@@ -256,6 +269,9 @@ func (o Options) Validate() error {
 	}
 	if o.RedisTimeout <= 0 {
 		add(fmt.Errorf("--redis-timeout=%s: must be > 0", o.RedisTimeout))
+	}
+	if (o.RedisTLSCert == "") != (o.RedisTLSKey == "") {
+		add(errors.New("--redis-tls-cert and --redis-tls-key go together"))
 	}
 	if o.RedisPoolSize < 0 {
 		add(fmt.Errorf("--redis-pool-size=%d: must be >= 0", o.RedisPoolSize))

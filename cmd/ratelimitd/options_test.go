@@ -100,6 +100,8 @@ func TestParseServePrecedence(t *testing.T) {
 		{"redis sentinel", nil, []string{"REDIS_TYPE", "sentinel", "REDIS_URL", "mymaster,s1:26379,s2:26379"}, func(o Options) any { return []string{o.RedisMode, o.RedisMaster, strings.Join(o.RedisAddrs, " ")} }, []string{"sentinel", "mymaster", "s1:26379 s2:26379"}},
 		{"redis twin beats legacy", nil, []string{"REDIS_URL", "a:1", "RATELIMITD_REDIS_URL", "redis://b:2/0"}, func(o Options) any { return o.RedisURL }, "redis://b:2/0"},
 		{"backend flag beats legacy", []string{"--backend=memory"}, []string{"BACKEND_TYPE", "redis"}, func(o Options) any { return o.Backend }, "memory"},
+		{"redis tls files", nil, []string{"REDIS_TLS_CACERT", "ca.pem", "REDIS_TLS_CLIENT_CERT", "c.pem", "REDIS_TLS_CLIENT_KEY", "k.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"}, func(o Options) any { return []any{o.RedisTLSCA, o.RedisTLSCert, o.RedisTLSKey, o.RedisTLSSkipVerify} }, []any{"ca.pem", "c.pem", "k.pem", true}},
+		{"sentinel auth", nil, []string{"REDIS_SENTINEL_AUTH", "u:p"}, func(o Options) any { return o.RedisSentinelAuth }, "u:p"},
 		{"pool size", nil, []string{"REDIS_POOL_SIZE", "42"}, func(o Options) any { return o.RedisPoolSize }, 42},
 		{"grpc tls", nil, []string{"GRPC_SERVER_USE_TLS", "true", "GRPC_SERVER_TLS_CERT", "c.pem", "GRPC_SERVER_TLS_KEY", "k.pem"}, func(o Options) any { return o.GRPCTLSCert + " " + o.GRPCTLSKey }, "c.pem k.pem"},
 	}
@@ -226,6 +228,7 @@ func TestMigratingDocCoversVariables(t *testing.T) {
 		"DEBUG_PORT", "DEBUG_HOST", "SHADOW_MODE", "LOG_LEVEL", "LOG_FORMAT", "LIMIT_RESPONSE_HEADERS_ENABLED",
 		"NEAR_LIMIT_RATIO", "LOCAL_CACHE_SIZE_IN_BYTES", "CACHE_KEY_PREFIX", "BACKEND_TYPE", "MERGE_DOMAIN_CONFIG",
 		"QUOTA_MODE", "RESPONSE_DYNAMIC_METADATA", "REDIS_TIMEOUT", "USE_PROMETHEUS", "PROMETHEUS_ADDR",
+		"REDIS_TLS_CACERT", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "REDIS_SENTINEL_AUTH",
 		"GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN")
 	for _, n := range names {
 		if !strings.Contains(string(doc), "`"+n+"`") {

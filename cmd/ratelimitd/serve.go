@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,14 +62,26 @@ func newStore(o Options) (service.Store, service.Store, func() error, error) {
 	mem := func() (*memory.Store, error) { return memory.New(memory.Options{}) }
 	switch o.Backend {
 	case "redis":
-		ro := redis.Options{
-			URL:            o.RedisURL,
-			Mode:           redis.Mode(o.RedisMode),
-			Addrs:          o.RedisAddrs,
-			MasterName:     o.RedisMaster,
-			Timeout:        o.RedisTimeout,
-			PoolSize:       o.RedisPoolSize,
-			LocalCacheSize: o.LocalCacheSize,
+		ro := redis.DefaultOptions()
+		ro.URL = o.RedisURL
+		ro.Mode = redis.Mode(o.RedisMode)
+		ro.Addrs = o.RedisAddrs
+		ro.MasterName = o.RedisMaster
+		ro.Timeout = o.RedisTimeout
+		if o.RedisPoolSize > 0 {
+			ro.PoolSize = o.RedisPoolSize
+			ro.MinIdleConns = min(ro.MinIdleConns, o.RedisPoolSize)
+		}
+		ro.LocalCacheSize = o.LocalCacheSize
+		ro.TLSCAFile, ro.TLSCertFile, ro.TLSKeyFile = o.RedisTLSCA, o.RedisTLSCert, o.RedisTLSKey
+		ro.TLSSkipVerify = o.RedisTLSSkipVerify
+		ro.TLS = o.RedisTLSCA != "" || o.RedisTLSCert != "" || o.RedisTLSSkipVerify
+		if o.RedisSentinelAuth != "" {
+			if u, p, ok := strings.Cut(o.RedisSentinelAuth, ":"); ok {
+				ro.SentinelUsername, ro.SentinelPassword = u, p
+			} else {
+				ro.SentinelPassword = o.RedisSentinelAuth
+			}
 		}
 		rs, err := redis.New(ro)
 		if err != nil {
