@@ -11,6 +11,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -483,4 +484,60 @@ func percentile(d []time.Duration, p float64) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[int(p*float64(len(s)-1))]
+}
+
+// TestStoreFailFast is TestKilledAndFrozen through Store.Take with the
+// default options: the Store's own breaker and timeout keep every decision
+// fast while Redis is dead or frozen, Healthy follows, and decisions resume
+// within 2 s.
+func TestStoreFailFast(t *testing.T) {
+	if testing.Short() {
+		t.Skip("latency under failure: -short")
+	}
+	srv := redistest.Standalone(t)
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	st, err := redis.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	ctx := context.Background()
+	hits := []algo.Hit{{Key: "failfast", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 40, Period: time.Minute}, Cost: 1}}
+	call := func() error {
+		d, err := st.Take(ctx, hits)
+		if err == nil && (len(d) != 1 || !d[0].Allowed) {
+			return fmt.Errorf("decision %+v", d)
+		}
+		return err
+	}
+	waitOK(t, call, 2*time.Second)
+	if !st.Healthy() {
+		t.Fatal("unhealthy with Redis up")
+	}
+	for _, fault := range []struct {
+		name         string
+		inject, heal func()
+	}{
+		{"killed", srv.Kill, srv.Restart},
+		{"frozen", srv.Stop, srv.Cont},
+	} {
+		fault.inject()
+		lat, causes := load(call, 16, 700*time.Millisecond)
+		p99 := percentile(lat, 0.99)
+		t.Logf("Store, Redis %s: %d decisions, p50 %v p99 %v max %v, causes %v",
+			fault.name, len(lat), percentile(lat, 0.5), p99, slices.Max(lat), causes)
+		if p99 > 50*time.Millisecond {
+			t.Errorf("Redis %s: Take p99 %v, want < 50 ms", fault.name, p99)
+		}
+		if causes[redis.CauseCircuitOpen] == 0 || st.Healthy() {
+			t.Errorf("Redis %s: breaker never opened (causes %v, healthy %v)", fault.name, causes, st.Healthy())
+		}
+		fault.heal()
+		d := waitOK(t, call, 2*time.Second)
+		t.Logf("Store, Redis %s healed: first decision after %v", fault.name, d)
+		if !st.Healthy() {
+			t.Errorf("unhealthy after Redis %s healed", fault.name)
+		}
+	}
 }
