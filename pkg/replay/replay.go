@@ -376,8 +376,12 @@ func (b *builder) request(ctx context.Context, svc *service.Service, rec *record
 		default:
 			rs.Allowed++
 		}
-		if cl := st.GetCurrentLimit(); cl != nil {
-			if cm.MinRemaining < 0 || int64(st.GetLimitRemaining()) < cm.MinRemaining {
+		if cl := st.GetCurrentLimit(); cl != nil && cl.GetRequestsPerUnit() > 0 {
+			// The tightest limit is the one with the least remaining
+			// relative to its size.
+			ratio := float64(st.GetLimitRemaining()) / float64(cl.GetRequestsPerUnit())
+			if cm.MinRemaining < 0 || ratio < cm.ratio {
+				cm.ratio = ratio
 				cm.MinRemaining = int64(st.GetLimitRemaining())
 				cm.Limit = fmt.Sprintf("%s %d/%s", cl.GetName(), cl.GetRequestsPerUnit(), strings.ToLower(cl.GetUnit().String()))
 				if cl.GetName() == "" {

@@ -105,11 +105,14 @@ type ClientMinute struct {
 	Requests int    `json:"requests"`
 	Denied   int    `json:"denied"`
 	Shadow   int    `json:"shadow"`
-	// MinRemaining is the lowest limit_remaining the service reported for
-	// the client's descriptors in the minute (-1: no counted limit);
-	// Limit names that limit ("policy rate/unit").
+	// MinRemaining is the limit_remaining of the client's tightest limit
+	// in the minute: the lowest limit_remaining relative to the limit's
+	// requests_per_unit (-1: no counted limit). Limit names that limit
+	// ("policy rate/unit").
 	MinRemaining int64  `json:"min_remaining"`
 	Limit        string `json:"limit,omitempty"`
+
+	ratio float64 // MinRemaining / requests_per_unit of Limit
 }
 
 // WriteJSON writes r as indented JSON.
