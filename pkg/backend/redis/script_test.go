@@ -3,6 +3,9 @@ package redis
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -44,5 +47,74 @@ func TestSlotMatchesServer(t *testing.T) {
 func TestScriptArgsShape(t *testing.T) {
 	if want := fmt.Sprintf("local NF = %d", fieldsPerHit); !strings.Contains(takeLua, want) {
 		t.Fatalf("take.lua does not declare %q", want)
+	}
+}
+
+// TestTTLInvariant: with the server's clock, every key written has an
+// expiry at or after the instant its state is empty again (script now +
+// ResetAfter, compared with PEXPIRETIME), and no key lives without one.
+func TestTTLInvariant(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	c := srv.Client()
+	o := DefaultOptions()
+	o.URL, o.Timeout = srv.URL(), 2*time.Second
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p := 3 * time.Second
+	limits := []algo.Limit{
+		{Kind: algo.FixedWindow, Rate: 3, Period: p},
+		{Kind: algo.SlidingWindow, Rate: 3, Period: p},
+		{Kind: algo.SlidingLog, Rate: 3, Period: p},
+		{Kind: algo.TokenBucket, Rate: 3, Period: p + 7*time.Microsecond, Burst: 5},
+		{Kind: algo.Concurrency, Rate: 3, Period: p},
+		{Kind: algo.FixedWindow, Rate: 3, Calendar: algo.CalendarMonth, Multiplier: 1, Period: 30 * 24 * time.Hour},
+		{Kind: algo.SlidingWindow, Rate: 3, Calendar: algo.CalendarYear, Multiplier: 2, Period: 365 * 24 * time.Hour},
+	}
+	written := 0
+	for i, l := range limits {
+		for j := range 3 {
+			key := fmt.Sprintf("ttl:%d:%d", i, j)
+			for n := range 4 {
+				h := []algo.Hit{{Key: key, Limit: l, Cost: int64(n%2 + 1)}}
+				out := make([]algo.Decision, 1)
+				nowUS, err := s.run(ctx, modeTake, -1, s.nonce(), h, out)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !out[0].Allowed {
+					continue
+				}
+				written++
+				at, err := c.PExpireTime(ctx, key).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if need := nowUS + out[0].ResetAfter.Microseconds(); at.Microseconds() < need {
+					t.Errorf("%s %+v: expires at %d µs, state empty only at %d µs", key, l, at.Microseconds(), need)
+				}
+			}
+		}
+	}
+	if written == 0 {
+		t.Fatal("nothing written")
+	}
+	iter := c.Scan(ctx, 0, "*", 100).Iterator()
+	n := 0
+	for iter.Next(ctx) {
+		n++
+		pttl, err := c.PTTL(ctx, iter.Val()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pttl <= 0 {
+			t.Errorf("key %q has PTTL %v: every key must expire", iter.Val(), pttl)
+		}
+	}
+	if err := iter.Err(); err != nil || n == 0 {
+		t.Fatalf("scan: %d keys, %v", n, err)
 	}
 }

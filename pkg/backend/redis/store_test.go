@@ -152,46 +152,6 @@ func TestAllOrNothing(t *testing.T) {
 	}
 }
 
-// TestTTLInvariant: after random traffic on every algorithm, every key has
-// a TTL, and the TTL is at least the decision's ResetAfter.
-func TestTTLInvariant(t *testing.T) {
-	srv := redistest.Standalone(t)
-	ctx := context.Background()
-	c := srv.Client()
-	s := newTestStore(t, srv, nil, 0) // server clock: TTLs are relative to it
-	for i, l := range allKinds() {
-		for j := range 4 {
-			key := fmt.Sprintf("ttl:%d:%d", i, j)
-			for n := range 3 {
-				d, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: int64(n%2 + 1)}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				pttl, err := c.PTTL(ctx, key).Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d[0].Allowed && pttl < d[0].ResetAfter-time.Millisecond {
-					t.Errorf("%s: PTTL %v < ResetAfter %v", key, pttl, d[0].ResetAfter)
-				}
-			}
-		}
-	}
-	ks := scanKeys(t, c)
-	if len(ks) == 0 {
-		t.Fatal("no keys written")
-	}
-	for _, k := range ks {
-		pttl, err := c.PTTL(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if pttl <= 0 {
-			t.Errorf("key %q has PTTL %v: every key must expire", k, pttl)
-		}
-	}
-}
-
 // TestNoScript: the script cache flushed between two calls (a Redis
 // restart or failover) is reloaded transparently.
 func TestNoScript(t *testing.T) {

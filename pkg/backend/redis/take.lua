@@ -123,12 +123,14 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
--- ttl_ms turns an expiry instant into a PX value (ceil to ms, >= 1). With
--- a pinned clock (tests) a second of slack keeps real time, which passes
--- between a test's steps, from expiring a key the pinned clock still needs.
+-- ttl_ms turns an expiry instant into a PX value: rounded up to the ms,
+-- plus 1 ms because Redis adds PX to its command-start time in whole ms
+-- (up to 1 ms before TIME). With a pinned clock (tests) a second of slack
+-- keeps real time, which passes between a test's steps, from expiring a key
+-- the pinned clock still needs.
 local function ttl_ms(at)
   local us = at - now
-  local ms = idiv(us + 999, 1000)
+  local ms = idiv(us + 999, 1000) + 1
   if ms < 1 then ms = 1 end
   if pinned then ms = ms + 1000 end
   return ms
