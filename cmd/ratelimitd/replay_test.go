@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const (
+	websiteConfig = "../../examples/website"
+	websiteEnvoy  = "../../envoy/website.yaml"
+	websiteLog    = "../../examples/website/testdata/semicomplete-2015.log"
+)
+
+func TestReplayUsage(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		code int
+		msg  string
+	}{
+		{"help", []string{"-h"}, 0, "Usage: ratelimitd replay"},
+		{"nothing", nil, 2, "--config is required"},
+		{"bad output", []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", websiteLog, "--output", "pdf"}, 2, "output"},
+		{"bad format", []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", websiteLog, "--format", "json"}, 2, "only combined"},
+		{"negative speed", []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", websiteLog, "--speed", "-1"}, 2, "--speed"},
+		{"domain not in config", []string{"--config", websiteConfig, "--envoy", "../../envoy/edge.yaml", "--log", websiteLog}, 1, `domain "example" is not in the config`},
+		{"missing log", []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", "nosuch.log"}, 1, "nosuch.log"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := run(t.Context(), append([]string{"replay"}, tc.args...), func(string) (string, bool) { return "", false }, &out, &errb); code != tc.code {
+				t.Fatalf("exit %d, want %d; stderr:\n%s", code, tc.code, errb.String())
+			}
+			if !strings.Contains(errb.String()+out.String(), tc.msg) {
+				t.Errorf("output lacks %q:\n%s%s", tc.msg, out.String(), errb.String())
+			}
+		})
+	}
+}
+
+func TestReplayOutputs(t *testing.T) {
+	dir := t.TempDir()
+	jsonOut := filepath.Join(dir, "report.json")
+	var out, errb bytes.Buffer
+	base := []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", websiteLog}
+	if code := replayMain(append(base, "--output", "json", "--out", jsonOut), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	data, err := os.ReadFile(jsonOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Requests, Denied int
+		Rules            []struct{ Allowed, Denied, Shadow int }
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests != 10000 || len(rep.Rules) == 0 || rep.Denied == 0 {
+		t.Errorf("report: %+v", rep)
+	}
+	out.Reset()
+	if code := replayMain(append(base, "--output", "html", "--order", "file"), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if page := out.String(); !strings.HasPrefix(page, "<!DOCTYPE html>") || !strings.Contains(page, "<svg") {
+		t.Errorf("html output: %.200s", page)
+	}
+	out.Reset()
+	if code := replayMain(append(base, "--shadow-mode"), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if text := out.String(); !strings.Contains(text, "denied (429):              0") || !strings.Contains(text, "shadow mode: true") {
+		t.Errorf("text output with --shadow-mode:\n%s", text)
+	}
+}
