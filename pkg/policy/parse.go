@@ -355,9 +355,10 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 			hasKey = true
 			n.keyLine = kn.Line
 			n.key, _ = p.str(v, "key")
-			if n.key == "" {
+			switch n.key {
+			case "":
 				p.errs.add(p.file, kn.Line, "descriptor has empty key")
-			} else if n.key == ReleaseKey {
+			case ReleaseKey:
 				p.errs.add(p.file, v.Line, "descriptor key %q is reserved for concurrency lease releases", ReleaseKey)
 			}
 		case "value":
