@@ -44,9 +44,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = filepath.Join(dir, "ratelimitd")
-	build := exec.Command("go", "build", "-o", bin,
-		"-ldflags", "-X main.version="+testVersion+" -X main.commit="+testCommit,
-		"github.com/ratelimitd/ratelimitd/cmd/ratelimitd")
+	args := []string{"build", "-o", bin, "-ldflags", "-X main.version=" + testVersion + " -X main.commit=" + testCommit}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "github.com/ratelimitd/ratelimitd/cmd/ratelimitd")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: go build:", err)
@@ -196,6 +198,10 @@ func (p *proc) stop(t testing.TB) {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
+		// A clean shutdown exits 0; a -race binary exits 66 after a race.
+		if code := p.cmd.ProcessState.ExitCode(); code != 0 || strings.Contains(p.Logs(), "DATA RACE") {
+			t.Errorf("ratelimitd exited %d after SIGTERM\n%s", code, p.Logs())
+		}
 	case <-time.After(20 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
