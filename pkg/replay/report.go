@@ -246,29 +246,27 @@ type plotBucket struct {
 func (r *Report) WriteHTML(w io.Writer) error {
 	const width, height, left, bottom, top = 960.0, 300.0, 50.0, 30.0, 10.0
 	plotW, plotH := width-left-10, height-bottom-top
-	// Aggregate minutes into at most 480 buckets over [First, Last].
+	// Aggregate minutes into at most 480 buckets of a round duration over
+	// [First, Last]. Bars are request counts per bucket.
 	var buckets []plotBucket
 	maxY := 1
-	span := r.Last.Sub(r.First)
-	nb := 1
 	per := time.Minute
-	if len(r.Minutes) > 0 {
-		nb = int(span/time.Minute) + 1
-		for nb > 480 {
-			per *= 2
-			nb = int(span/per) + 1
+	for _, d := range []time.Duration{time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute,
+		30 * time.Minute, time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour, 7 * 24 * time.Hour} {
+		per = d
+		if r.Last.Sub(r.First.Truncate(d))/d < 480 {
+			break
 		}
+	}
+	origin := r.First.Truncate(per)
+	nb := int(r.Last.Sub(origin)/per) + 1
+	if len(r.Minutes) == 0 {
+		nb = 1
 	}
 	type acc struct{ req, den, sh, busiest int }
 	accs := make([]acc, nb)
 	for _, m := range r.Minutes {
-		i := int(m.Start.Sub(r.First.Truncate(time.Minute)) / per)
-		if i < 0 {
-			i = 0
-		}
-		if i >= nb {
-			i = nb - 1
-		}
+		i := min(max(int(m.Start.Sub(origin)/per), 0), nb-1)
 		a := &accs[i]
 		a.req += m.Requests
 		a.den += m.Denied
@@ -277,31 +275,38 @@ func (r *Report) WriteHTML(w io.Writer) error {
 			a.busiest = m.Busiest[0].Requests
 		}
 	}
-	perMin := float64(per / time.Minute)
 	for _, a := range accs {
-		if v := int(math.Ceil(float64(a.req) / perMin)); v > maxY {
-			maxY = v
-		}
-		if a.busiest > maxY {
-			maxY = a.busiest
-		}
+		maxY = max(maxY, a.req, a.busiest)
 	}
 	bw := plotW / float64(nb)
 	y := func(v float64) float64 { return top + plotH - v/float64(maxY)*plotH }
+	// visible keeps a non-empty segment at least 2px tall.
+	visible := func(h float64, n int) float64 {
+		if n > 0 && h < 2 {
+			return 2
+		}
+		return h
+	}
 	var line []string
 	for i, a := range accs {
-		allowed := float64(a.req-a.den-a.sh) / perMin
-		sh, den := float64(a.sh)/perMin, float64(a.den)/perMin
+		allowed := float64(a.req - a.den - a.sh)
+		sh, den := float64(a.sh), float64(a.den)
 		b := plotBucket{X: left + float64(i)*bw, W: math.Max(bw-0.5, 0.5), Requests: a.req, Denied: a.den, Shadow: a.sh, Bz: a.busiest}
-		b.YAllowed, b.HAllowed = y(allowed), top+plotH-y(allowed)
-		b.YShadow, b.HShadow = y(allowed+sh), y(allowed)-y(allowed+sh)
-		b.YDenied, b.HDenied = y(allowed+sh+den), y(allowed+sh)-y(allowed+sh+den)
-		t0 := r.First.Truncate(time.Minute).Add(time.Duration(i) * per)
-		b.Title = fmt.Sprintf("%s: %d requests, %d denied, %d shadow; busiest client %d/min", t0.Format("Jan 2 15:04"), a.req, a.den, a.sh, a.busiest)
+		b.HAllowed = top + plotH - y(allowed)
+		b.YAllowed = top + plotH - b.HAllowed
+		b.HShadow = visible(y(allowed)-y(allowed+sh), a.sh)
+		b.YShadow = b.YAllowed - b.HShadow
+		b.HDenied = visible(y(allowed+sh)-y(allowed+sh+den), a.den)
+		b.YDenied = b.YShadow - b.HDenied
+		t0 := origin.Add(time.Duration(i) * per)
+		b.Title = fmt.Sprintf("%s +%s: %d requests, %d denied, %d shadow; busiest client %d in one minute", t0.Format("Jan 2 15:04"), per, a.req, a.den, a.sh, a.busiest)
 		b.BusiestY = y(float64(a.busiest))
-		line = append(line, fmt.Sprintf("%.1f,%.1f", b.X+b.W/2, b.BusiestY))
+		if a.busiest > 0 {
+			line = append(line, fmt.Sprintf(`<circle cx="%.1f" cy="%.1f" r="2.5" fill="#1565c0"/>`, b.X+b.W/2, b.BusiestY))
+		}
 		buckets = append(buckets, b)
 	}
+	span := r.Last.Sub(r.First)
 	var ticks []map[string]any
 	for i := 0; i <= 4; i++ {
 		v := float64(maxY) * float64(i) / 4
@@ -311,12 +316,16 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	if nb > 0 && len(r.Minutes) > 0 {
 		for i := 0; i <= 4; i++ {
 			t := r.First.Add(time.Duration(float64(span) * float64(i) / 4))
-			xticks = append(xticks, map[string]any{"X": left + plotW*float64(i)/4, "Label": t.Format("Jan 2 15:04")})
+			anchor := map[int]string{0: "start", 4: "end"}[i]
+			if anchor == "" {
+				anchor = "middle"
+			}
+			xticks = append(xticks, map[string]any{"X": left + plotW*float64(i)/4, "Label": t.Format("Jan 2 15:04"), "Anchor": anchor})
 		}
 	}
 	data := map[string]any{
-		"R": r, "Buckets": buckets, "Line": strings.Join(line, " "), "Ticks": ticks, "XTicks": xticks,
-		"W": width, "H": height, "Left": left, "PlotW": plotW, "Base": top + plotH, "Per": per.String(),
+		"R": r, "Buckets": buckets, "Line": template.HTML(strings.Join(line, "")), "Ticks": ticks, "XTicks": xticks,
+		"W": width, "H": height, "Left": left, "PlotW": plotW, "Base": top + plotH, "Per": strings.TrimSuffix(strings.TrimSuffix(per.String(), "0s"), "0m"),
 		"Hot": r.hotMinutes(20), "DeniedPct": pct(r.DeniedShare), "ShadowPct": pct(r.ShadowShare),
 	}
 	return htmlPage.Execute(w, data)
@@ -337,17 +346,17 @@ td:first-child,th:first-child{text-align:left}.big{font-size:28px;font-weight:60
 <p><span class="big" style="color:#c62828">{{.DeniedPct}}</span> would be denied ({{.R.Denied}}),
 <span class="big" style="color:#ef6c00">{{.ShadowPct}}</span> only pass because of shadow mode ({{.R.ShadowDenied}}),
 {{.R.Allowed}} allowed, {{.R.NotChecked}} not checked.</p>
-<h2>Requests per minute</h2>
-<p><span class="k" style="background:#90a4ae"></span>allowed<span class="k" style="background:#ef6c00"></span>shadow (would be denied)<span class="k" style="background:#c62828"></span>denied<span class="k" style="background:#1565c0;height:3px"></span>busiest client's requests per minute (bars: mean per minute over {{.Per}})</p>
-<svg xmlns="http://www.w3.org/2000/svg" width="{{.W}}" height="{{.H}}" viewBox="0 0 {{.W}} {{.H}}" role="img" aria-label="requests per minute">
+<h2>Requests over time</h2>
+<p><span class="k" style="background:#90a4ae"></span>allowed<span class="k" style="background:#ef6c00"></span>shadow (would be denied)<span class="k" style="background:#c62828"></span>denied<span class="k" style="background:#1565c0;border-radius:6px"></span>busiest client's requests in one minute (bars: requests per {{.Per}})</p>
+<svg xmlns="http://www.w3.org/2000/svg" width="{{.W}}" height="{{.H}}" viewBox="0 0 {{.W}} {{.H}}" role="img" aria-label="requests over time">
 {{range .Ticks}}<line x1="{{$.Left}}" x2="{{$.W}}" y1="{{printf "%.1f" .Y}}" y2="{{printf "%.1f" .Y}}" stroke="#eee"/><text x="{{$.Left}}" dx="-4" y="{{printf "%.1f" .Y}}" dy="4" text-anchor="end" font-size="11">{{.Label}}</text>
-{{end}}{{range .XTicks}}<text x="{{printf "%.1f" .X}}" y="{{$.H}}" dy="-8" text-anchor="middle" font-size="11">{{.Label}}</text>
+{{end}}{{range .XTicks}}<text x="{{printf "%.1f" .X}}" y="{{$.H}}" dy="-8" text-anchor="{{.Anchor}}" font-size="11">{{.Label}}</text>
 {{end}}{{range .Buckets}}<g><title>{{.Title}}</title><rect x="{{printf "%.1f" .X}}" y="{{printf "%.1f" .YAllowed}}" width="{{printf "%.2f" .W}}" height="{{printf "%.1f" .HAllowed}}" fill="#90a4ae"/>{{if .Shadow}}<rect x="{{printf "%.1f" .X}}" y="{{printf "%.1f" .YShadow}}" width="{{printf "%.2f" .W}}" height="{{printf "%.1f" .HShadow}}" fill="#ef6c00"/>{{end}}{{if .Denied}}<rect x="{{printf "%.1f" .X}}" y="{{printf "%.1f" .YDenied}}" width="{{printf "%.2f" .W}}" height="{{printf "%.1f" .HDenied}}" fill="#c62828"/>{{end}}</g>
-{{end}}<polyline points="{{.Line}}" fill="none" stroke="#1565c0" stroke-width="1"/>
+{{end}}{{.Line}}
 <line x1="{{.Left}}" x2="{{.W}}" y1="{{.Base}}" y2="{{.Base}}" stroke="#444"/>
 </svg>
 <h2>Rules</h2>
-<table><tr><th>rule</th><th>allowed</th><th>denied</th><th>shadow</th><th>limits</th></tr>
+<table><tr><th>rule</th><th>allowed</th><th>denied</th><th>shadow</th><th style="text-align:left">limits</th></tr>
 {{range .R.Rules}}<tr><td>{{.Path}}</td><td>{{.Allowed}}</td><td>{{.Denied}}</td><td>{{.Shadow}}</td><td style="text-align:left">{{if .Unlimited}}unlimited{{else}}{{range $i, $l := .Limits}}{{if $i}}; {{end}}{{$l}}{{end}}{{end}}{{if .ShadowMode}} (shadow_mode){{end}}</td></tr>
 {{end}}{{range .R.UnmatchedShapes}}<tr><td>(no rule) {{.Key}}</td><td colspan="4" style="text-align:left">{{.Denied}} descriptors matched no rule</td></tr>
 {{end}}</table>
