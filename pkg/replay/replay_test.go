@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -201,5 +202,20 @@ func TestRunSpeedCancels(t *testing.T) {
 	defer f.Close()
 	if _, err := Run(ctx, f, opts); err == nil {
 		t.Error("cancelled replay returned no error")
+	}
+}
+
+// TestRunSpeedPaces checks --speed: the small log spans 62 s of log time, so
+// at 620 times real time the replay cannot finish in less than 100 ms.
+func TestRunSpeedPaces(t *testing.T) {
+	opts := smallOptions(t)
+	opts.Speed = 620
+	start := time.Now()
+	rep := runSmall(t, opts)
+	if el := time.Since(start); el < 100*time.Millisecond {
+		t.Errorf("replay at speed 620 took %v, want at least 100ms", el)
+	}
+	if rep.Requests != 7 || rep.Denied != 1 {
+		t.Errorf("paced replay decided differently: %+v", rep)
 	}
 }
