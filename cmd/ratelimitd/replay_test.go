@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
 const (
@@ -78,5 +80,26 @@ func TestReplayOutputs(t *testing.T) {
 	}
 	if text := out.String(); !strings.Contains(text, "denied (429):              0") || !strings.Contains(text, "shadow mode: true") {
 		t.Errorf("text output with --shadow-mode:\n%s", text)
+	}
+}
+
+// TestReplayRedisBackend runs the CLI with --backend redis on a real
+// redis-server: the simulated clock must reach the Lua script (Options.Now)
+// and the report must equal the memory backend's.
+func TestReplayRedisBackend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts redis-server")
+	}
+	srv := redistest.Standalone(t)
+	base := []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", websiteLog, "--output", "json"}
+	var mem, rds, errb bytes.Buffer
+	if code := replayMain(base, &mem, &errb); code != 0 {
+		t.Fatalf("memory: exit %d: %s", code, errb.String())
+	}
+	if code := replayMain(append(base, "--backend", "redis", "--redis-url", srv.URL()), &rds, &errb); code != 0 {
+		t.Fatalf("redis: exit %d: %s", code, errb.String())
+	}
+	if !bytes.Equal(mem.Bytes(), rds.Bytes()) {
+		t.Errorf("redis report differs from memory report:\n%.1500s\n---\n%.1500s", mem.String(), rds.String())
 	}
 }
