@@ -54,8 +54,7 @@ var legacyUnsupported = []string{
 	"REDIS_PERSECOND_TIMEOUT", "REDIS_PERSECOND_PIPELINE_WINDOW", "REDIS_PERSECOND_PIPELINE_LIMIT",
 	"REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
 	"MEMCACHE_HOST_PORT", "MEMCACHE_SRV", "MEMCACHE_SRV_REFRESH", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_TLS",
-	"TRACING_ENABLED", "TRACING_EXPORTER_PROTOCOL", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE",
-	"TRACING_SERVICE_INSTANCE_ID", "TRACING_SAMPLING_RATE",
+	"TRACING_SERVICE_NAMESPACE", "TRACING_SERVICE_INSTANCE_ID",
 	"CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA", "CONFIG_GRPC_XDS_SERVER_URL",
 	"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
 	"CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
@@ -147,6 +146,23 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		o.Config = []string{filepath.Join(root, sub, app)}
 	}
 	boolVar("RUNTIME_IGNOREDOTFILES", &o.IgnoreDotfiles)
+
+	// Tracing: OTLP over gRPC only (TRACING_EXPORTER_PROTOCOL=http is not).
+	boolVar("TRACING_ENABLED", &o.Tracing)
+	if v, ok := get("TRACING_SERVICE_NAME"); ok && v != "" {
+		o.TracingServiceName = v
+	}
+	if v, ok := get("TRACING_SAMPLING_RATE"); ok && v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("TRACING_SAMPLING_RATE=%q: %w", v, err))
+		} else {
+			o.TracingSampleRatio = f
+		}
+	}
+	if v, ok := get("TRACING_EXPORTER_PROTOCOL"); ok && !strings.EqualFold(v, "grpc") {
+		unsupportedIf("TRACING_EXPORTER_PROTOCOL="+v+" (only grpc)", true)
+	}
 	if v, ok := get("CONFIG_TYPE"); ok && v != "" && !strings.EqualFold(v, "FILE") {
 		errs = append(errs, fmt.Errorf("CONFIG_TYPE=%q: only FILE is supported (config from files or directories)", v))
 	}

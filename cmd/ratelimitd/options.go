@@ -71,6 +71,15 @@ type Options struct {
 	GRPCTLSKey       string
 	GRPCTLSClientCA  string
 	GRPCTLSClientSAN string
+
+	// OpenTelemetry tracing (off by default): OTLP/gRPC export to
+	// TracingEndpoint (empty = OTEL_EXPORTER_OTLP_* environment, else
+	// localhost:4317); W3C trace context from Envoy is continued.
+	Tracing            bool
+	TracingEndpoint    string
+	TracingInsecure    bool
+	TracingSampleRatio float64
+	TracingServiceName string
 }
 
 // defaultOptions are the contract's defaults.
@@ -92,6 +101,11 @@ func defaultOptions() Options {
 		RetryJitter:      time.Second,
 		RequestOverrides: true,
 		ShutdownGrace:    15 * time.Second,
+		// Kubernetes ConfigMap mounts hold ..data and timestamped dot
+		// directories; loading them would load every file twice.
+		IgnoreDotfiles:     true,
+		TracingSampleRatio: 1,
+		TracingServiceName: "ratelimitd",
 	}
 }
 
@@ -165,6 +179,11 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.GRPCTLSKey, "grpc-tls-key", o.GRPCTLSKey, "gRPC server private key (PEM)")
 	fs.StringVar(&o.GRPCTLSClientCA, "grpc-tls-client-ca", o.GRPCTLSClientCA, "CA bundle (PEM) for client certificates: enables mTLS")
 	fs.StringVar(&o.GRPCTLSClientSAN, "grpc-tls-client-san", o.GRPCTLSClientSAN, "required SAN in client certificates (with --grpc-tls-client-ca)")
+	fs.BoolVar(&o.Tracing, "tracing", o.Tracing, "export OpenTelemetry spans over OTLP/gRPC (continues Envoy's W3C trace context)")
+	fs.StringVar(&o.TracingEndpoint, "tracing-endpoint", o.TracingEndpoint, "OTLP/gRPC collector host:port (empty: OTEL_EXPORTER_OTLP_* environment, else localhost:4317)")
+	fs.BoolVar(&o.TracingInsecure, "tracing-insecure", o.TracingInsecure, "plaintext to the OTLP collector (node-local collector or mesh sidecar)")
+	fs.Float64Var(&o.TracingSampleRatio, "tracing-sample-ratio", o.TracingSampleRatio, "fraction of root spans sampled; a sampled parent from Envoy is always followed")
+	fs.StringVar(&o.TracingServiceName, "tracing-service-name", o.TracingServiceName, "service.name resource attribute of exported spans")
 	return []*listValue{config, addrs}
 }
 

@@ -87,7 +87,7 @@ func TestParseServePrecedence(t *testing.T) {
 		{"merge", nil, []string{"MERGE_DOMAIN_CONFIG", "true"}, func(o Options) any { return o.MergeDomains }, true},
 		{"quota", nil, []string{"QUOTA_MODE", "true"}, func(o Options) any { return o.QuotaMode }, true},
 		{"dynamic metadata", nil, []string{"RESPONSE_DYNAMIC_METADATA", "true"}, func(o Options) any { return o.DynamicMetadata }, true},
-		{"dotfiles", nil, []string{"RUNTIME_IGNOREDOTFILES", "true"}, func(o Options) any { return o.IgnoreDotfiles }, true},
+		{"dotfiles", nil, []string{"RUNTIME_IGNOREDOTFILES", "false"}, func(o Options) any { return o.IgnoreDotfiles }, false},
 		{"http port", nil, []string{"PORT", "18080"}, func(o Options) any { return o.HTTPAddr }, ":18080"},
 		{"debug host", nil, []string{"DEBUG_HOST", "127.0.0.1"}, func(o Options) any { return o.DebugAddr }, "127.0.0.1:6070"},
 		{"prometheus", nil, []string{"USE_PROMETHEUS", "true"}, func(o Options) any { return o.MetricsAddr }, ":9090"},
@@ -156,19 +156,19 @@ func TestParseServeErrors(t *testing.T) {
 }
 
 func TestLegacyUnsupportedOneWarning(t *testing.T) {
-	_, warnings, err := parseServe(nil, env("USE_STATSD", "true", "STATSD_HOST", "x", "TRACING_ENABLED", "true", "REDIS_PERSECOND", "true", "RUNTIME_WATCH_ROOT", "false", "SHADOW_MODE", "true"), io.Discard)
+	_, warnings, err := parseServe(nil, env("USE_STATSD", "true", "STATSD_HOST", "x", "TRACING_SERVICE_NAMESPACE", "ns", "TRACING_ENABLED", "true", "REDIS_PERSECOND", "true", "RUNTIME_WATCH_ROOT", "false", "SHADOW_MODE", "true"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(warnings) != 1 {
 		t.Fatalf("warnings = %q, want exactly one", warnings)
 	}
-	for _, name := range []string{"USE_STATSD", "STATSD_HOST", "TRACING_ENABLED", "REDIS_PERSECOND"} {
+	for _, name := range []string{"USE_STATSD", "STATSD_HOST", "TRACING_SERVICE_NAMESPACE", "REDIS_PERSECOND"} {
 		if !strings.Contains(warnings[0], name) {
 			t.Errorf("warning %q does not name %s", warnings[0], name)
 		}
 	}
-	for _, name := range []string{"RUNTIME_WATCH_ROOT", "SHADOW_MODE"} {
+	for _, name := range []string{"RUNTIME_WATCH_ROOT", "SHADOW_MODE", "TRACING_ENABLED"} {
 		if strings.Contains(warnings[0], name+",") || strings.HasSuffix(warnings[0], name) {
 			t.Errorf("warning %q names supported/ignored %s", warnings[0], name)
 		}
@@ -251,4 +251,21 @@ func TestReadmeListsEveryFlag(t *testing.T) {
 			t.Errorf("README.md does not document `--%s`", f.Name)
 		}
 	})
+}
+
+func TestTracingOptions(t *testing.T) {
+	o, _, err := parseServe([]string{"--tracing-endpoint=collector:4317"}, env("TRACING_ENABLED", "true", "TRACING_SAMPLING_RATE", "0.25", "TRACING_SERVICE_NAME", "edge-rl"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.Tracing || o.TracingSampleRatio != 0.25 || o.TracingServiceName != "edge-rl" || o.TracingEndpoint != "collector:4317" {
+		t.Errorf("tracing options = %v %v %q %q", o.Tracing, o.TracingSampleRatio, o.TracingServiceName, o.TracingEndpoint)
+	}
+	d, _, err := parseServe(nil, env(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Tracing || !d.IgnoreDotfiles {
+		t.Errorf("defaults: tracing %v (want off), ignore-dotfiles %v (want on)", d.Tracing, d.IgnoreDotfiles)
+	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 )
 
 // Health service names reported by grpc.health.v1. "" and the RLS service
@@ -159,6 +160,21 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 		}
 	}()
 
+	tr, err := telemetry.Setup(ctx, telemetry.Options{
+		Enabled: o.Tracing, Endpoint: o.TracingEndpoint, Insecure: o.TracingInsecure,
+		SampleRatio: o.TracingSampleRatio, ServiceName: o.TracingServiceName,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tr.Shutdown(sctx); err != nil {
+			log.Warn("flushing traces", "err", err)
+		}
+	}()
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	headers, err := service.ParseHeaderMode(o.Headers)
@@ -166,7 +182,7 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 		return err
 	}
 	svc, err := service.New(service.Options{
-		Store:            store,
+		Store:            tr.Store(store),
 		Fallback:         fallback,
 		Registerer:       reg,
 		Logger:           log,
@@ -220,7 +236,7 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 		}
 	}
 
-	var gopts []grpc.ServerOption
+	gopts := []grpc.ServerOption{tr.ServerOption()}
 	if o.GRPCTLSCert != "" {
 		tc, err := newTLSReloader(o.GRPCTLSCert, o.GRPCTLSKey, o.GRPCTLSClientCA, o.GRPCTLSClientSAN, log)
 		if err != nil {

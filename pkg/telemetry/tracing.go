@@ -28,8 +28,9 @@ import (
 type Options struct {
 	// Enabled turns tracing on (flag --tracing, default false).
 	Enabled bool
-	// Endpoint is the OTLP/gRPC collector address, host:port
-	// (default "127.0.0.1:4317", the OTLP gRPC port).
+	// Endpoint is the OTLP/gRPC collector address, host:port. Empty means
+	// the standard OTEL_EXPORTER_OTLP_ENDPOINT / _TRACES_ENDPOINT
+	// environment, else localhost:4317 (the OTLP gRPC port).
 	Endpoint string
 	// Insecure disables TLS to the collector (typical for a node-local
 	// collector or an Istio sidecar that handles mTLS).
@@ -78,12 +79,12 @@ func Setup(ctx context.Context, o Options) (*Tracing, error) {
 	if o.ServiceName == "" {
 		o.ServiceName = "ratelimitd"
 	}
-	if o.Endpoint == "" {
-		o.Endpoint = "127.0.0.1:4317"
-	}
 	exp := o.Exporter
 	if exp == nil {
-		opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(o.Endpoint)}
+		var opts []otlptracegrpc.Option
+		if o.Endpoint != "" {
+			opts = append(opts, otlptracegrpc.WithEndpoint(o.Endpoint))
+		}
 		if o.Insecure {
 			opts = append(opts, otlptracegrpc.WithInsecure())
 		}
