@@ -61,42 +61,66 @@ local function imod(a, b)
   return a - idiv(a, b) * b
 end
 
+-- Hits, and the kinds this call needs: only their code is instantiated
+-- (closures are created on every EVALSHA, so defining less is faster).
+local used = {}
+local anycal = false
+local hits = {}
+for i = 1, #KEYS do
+  local o = 3 + (i - 1) * NF
+  hits[i] = {
+    key = KEYS[i],
+    kind = tonumber(ARGV[o + 1]),
+    rate = tonumber(ARGV[o + 2]),
+    period = tonumber(ARGV[o + 3]),
+    burst = tonumber(ARGV[o + 4]),
+    cal = tonumber(ARGV[o + 5]),
+    mult = tonumber(ARGV[o + 6]),
+    cost = max(tonumber(ARGV[o + 7]), 0),
+    release = ARGV[o + 8] == '1',
+    idx = i,
+  }
+  used[hits[i].kind] = true
+  if hits[i].cal ~= 0 then anycal = true end
+end
+
+
 -- Calendar (calendar.go) ----------------------------------------------------
-local DAY = 86400000000
+local cal_bounds
+if anycal then
+  local DAY = 86400000000
 
-local function days_from_civil(y, m, d)
-  if m <= 2 then y = y - 1 end
-  local era = idiv(y, 400)
-  local yoe = y - era * 400
-  local mp = imod(m + 9, 12)
-  local doy = idiv(153 * mp + 2, 5) + d - 1
-  local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
-  return era * 146097 + doe - 719468
-end
+  local function days_from_civil(y, m, d)
+    if m <= 2 then y = y - 1 end
+    local era = idiv(y, 400)
+    local yoe = y - era * 400
+    local mp = imod(m + 9, 12)
+    local doy = idiv(153 * mp + 2, 5) + d - 1
+    local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
+    return era * 146097 + doe - 719468
+  end
 
-local function civil_from_days(z)
-  z = z + 719468
-  local era = idiv(z, 146097)
-  local doe = z - era * 146097
-  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
-  local y = yoe + era * 400
-  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
-  local mp = idiv(5 * doy + 2, 153)
-  local m
-  if mp < 10 then m = mp + 3 else m = mp - 9 end
-  if m <= 2 then y = y + 1 end
-  return y, m
-end
+  local function civil_from_days(z)
+    z = z + 719468
+    local era = idiv(z, 146097)
+    local doe = z - era * 146097
+    local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+    local y = yoe + era * 400
+    local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+    local mp = idiv(5 * doy + 2, 153)
+    local m
+    if mp < 10 then m = mp + 3 else m = mp - 9 end
+    if m <= 2 then y = y + 1 end
+    return y, m
+  end
 
-local function month_start(mi)
-  local y = 1970 + idiv(mi, 12)
-  local m = mi - idiv(mi, 12) * 12 + 1
-  return days_from_civil(y, m, 1) * DAY
-end
+  local function month_start(mi)
+    local y = 1970 + idiv(mi, 12)
+    local m = mi - idiv(mi, 12) * 12 + 1
+    return days_from_civil(y, m, 1) * DAY
+  end
 
--- bounds(h, t) is algo.WindowBoundsUs.
-local function bounds(h, t)
-  if h.cal == 1 or h.cal == 2 then
+  cal_bounds = function(h, t)
     local y, m = civil_from_days(idiv(t, DAY))
     local mult = h.mult
     if h.cal == 1 then
@@ -107,6 +131,11 @@ local function bounds(h, t)
     local k = idiv(y - 1970, mult) * mult
     return month_start(k * 12), month_start((k + mult) * 12)
   end
+end
+
+-- bounds(h, t) is algo.WindowBoundsUs.
+local function bounds(h, t)
+  if h.cal == 1 or h.cal == 2 then return cal_bounds(h, t) end
   local s = idiv(t, h.period) * h.period
   return s, s + h.period
 end
@@ -114,9 +143,16 @@ end
 -- Helpers ---------------------------------------------------------------------
 
 local function fields(v)
-  local out = {}
-  for w in string.gmatch(v, '%S+') do out[#out + 1] = tonumber(w) end
-  return out
+  local out, i = {}, 1
+  while true do
+    local j = string.find(v, ' ', i, true)
+    if not j then
+      out[#out + 1] = tonumber(string.sub(v, i))
+      return out
+    end
+    out[#out + 1] = tonumber(string.sub(v, i, j - 1))
+    i = j + 1
+  end
 end
 
 local function fmt(n)
@@ -144,355 +180,356 @@ end
 local K = {}
 
 -- fixed_window (take.go fixedWindow) ----------------------------------------
-K[0] = {
-  load = function(h)
-    local v = redis.call('GET', h.key)
-    if not v then return { time = 0, count = 0 } end
-    local f = fields(v)
-    return { time = f[1], count = f[2] }
-  end,
-  decide = function(h, st, cost)
-    local ws, we = bounds(h, now)
-    local count = 0
-    if st.time == ws then
-      count = st.count
-    elseif st.time > ws then
-      ws = st.time
-      local _
-      _, we = bounds(h, ws)
-      count = st.count
-    end
-    local rem = max(h.rate - count, 0)
-    local reset = we - now
-    if max(cost, 1) > rem then
-      return st, dec(false, rem, reset, reset, reset)
-    end
-    if cost == 0 then
-      return st, dec(true, rem, 0, reset, reset)
-    end
-    return { time = ws, count = count + cost, dirty = true }, dec(true, rem - cost, 0, reset, reset)
-  end,
-  save = function(h, st)
-    if st.count > 0 then
-      local _, we = bounds(h, st.time)
-      redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count), 'PX', fmt(ttl_ms(we)))
-    else
-      redis.call('DEL', h.key)
-    end
-  end,
-  refund = function(h, st, cost)
-    local ws = bounds(h, now)
-    if st.time ~= ws or st.count <= 0 then return st end
-    return { time = st.time, count = max(st.count - cost, 0), dirty = true }
-  end,
-}
-
--- sliding_window (take.go slidingWindow, swin) ------------------------------
-local function sw_remaining(s, curr)
-  local w = (s.we - s.tw) / (s.we - s.ws)
-  local est = s.prev * w + curr
-  local r = floor(s.rate - est)
-  return max(r, 0)
-end
-
-local function sw_wait(s, curr, k)
-  local t2
-  local avail = s.rate - k - curr
-  if avail >= 0 and s.prev > 0 then
-    local x = (avail * (s.we - s.ws)) / s.prev
-    t2 = s.we - floor(x)
-  elseif curr > 0 then
-    local x = ((s.rate - k) * (s.we2 - s.we)) / curr
-    t2 = s.we2 - floor(x)
-  else
-    t2 = s.t + 1
-  end
-  return max(t2 - s.t, 1)
-end
-
-local function sw_reset(s, curr)
-  if curr > 0 then return s.we2 - s.t end
-  return s.we - s.t
-end
-
-local function sw_window(s, curr, rem)
-  if rem >= s.rate then return s.we - s.t end
-  return sw_wait(s, curr, rem + 1)
-end
-
-K[1] = {
-  load = function(h)
-    local v = redis.call('GET', h.key)
-    if not v then return { time = 0, count = 0, prev = 0 } end
-    local f = fields(v)
-    return { time = f[1], count = f[2], prev = f[3] }
-  end,
-  decide = function(h, st, cost)
-    local ws, we = bounds(h, now)
-    local curr, prev = 0, 0
-    if st.time == ws then
-      curr, prev = st.count, st.prev
-    elseif st.time > ws then
-      ws = st.time
-      local _
-      _, we = bounds(h, ws)
-      curr, prev = st.count, st.prev
-    else
-      local ps = bounds(h, ws - 1)
-      if st.time == ps then prev = st.count end
-    end
-    local tw = max(now, ws)
-    local _, we2 = bounds(h, we)
-    local s = { rate = h.rate, t = now, tw = tw, ws = ws, we = we, we2 = we2, prev = prev }
-    local rem = sw_remaining(s, curr)
-    local need = max(cost, 1)
-    if need > rem then
-      local retry = we - now
-      if need <= h.rate then retry = sw_wait(s, curr, need) end
-      return st, dec(false, rem, retry, sw_reset(s, curr), sw_window(s, curr, rem))
-    end
-    local ns = st
-    if cost > 0 then
-      curr = curr + cost
-      rem = rem - cost
-      ns = { time = ws, count = curr, prev = prev, dirty = true }
-    end
-    return ns, dec(true, rem, 0, sw_reset(s, curr), sw_window(s, curr, rem))
-  end,
-  save = function(h, st)
-    -- algo.ExpiresAtUs
-    local _, e = bounds(h, st.time)
-    if st.count > 0 then
-      local _2
-      _2, e = bounds(h, e)
-    elseif st.prev <= 0 then
-      redis.call('DEL', h.key)
-      return
-    end
-    redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count) .. ' ' .. fmt(st.prev), 'PX', fmt(ttl_ms(e)))
-  end,
-  refund = function(h, st, cost)
-    local ws, we = bounds(h, now)
-    if st.time == ws then
-      return { time = st.time, count = max(st.count - cost, 0), prev = st.prev, dirty = true }
-    elseif st.time == we then -- the window rolled over since the take
-      return { time = st.time, count = st.count, prev = max(st.prev - cost, 0), dirty = true }
-    end
-    return st
-  end,
-}
-
--- token_bucket (take.go tokenBucket): GCRA with an exact rational TAT --------
-K[3] = {
-  load = function(h)
-    local v = redis.call('GET', h.key)
-    if not v then return { time = 0, count = 0 } end
-    local f = fields(v)
-    return { time = f[1], count = f[2] }
-  end,
-  decide = function(h, st, cost)
-    local t = now
-    local r = h.rate
-    local b = h.burst
-    if b <= 0 then b = r end
-    local p = h.period
-    local q, m = idiv(p, r), imod(p, r)
-    local tat, frac = st.time, st.count
-    if frac < 0 or frac >= r then tat, frac = tat + 1, 0 end
-    if tat < t then tat, frac = t, 0 end
-    local tauUs, tauFrac = b * q + idiv(b * m, r), imod(b * m, r)
-    local sUs, sFrac = tauUs - (tat - t), tauFrac - frac
-    if sFrac < 0 then
-      sFrac = sFrac + r
-      sUs = sUs - 1
-    end
-    local rem = 0
-    if sUs >= 0 then rem = idiv(sUs * r + sFrac, p) end
-    local function waitFor(sUs, sFrac, k)
-      local du, df = k * q + idiv(k * m, r) - sUs, imod(k * m, r) - sFrac
-      if df < 0 then
-        df = df + r
-        du = du - 1
+if used[0] then
+  K[0] = {
+    load = function(h)
+      local v = redis.call('GET', h.key)
+      if not v then return { time = 0, count = 0 } end
+      local f = fields(v)
+      return { time = f[1], count = f[2] }
+    end,
+    decide = function(h, st, cost)
+      local ws, we = bounds(h, now)
+      local count = 0
+      if st.time == ws then
+        count = st.count
+      elseif st.time > ws then
+        ws = st.time
+        local _
+        _, we = bounds(h, ws)
+        count = st.count
       end
-      if df > 0 then du = du + 1 end
-      return du
-    end
-    local function fullIn(tat, frac)
-      local d = tat - t
-      if frac > 0 then d = d + 1 end
-      return max(d, 0)
-    end
-    local function nextw(tat, frac, sUs, sFrac, rem)
-      if rem >= b or fullIn(tat, frac) == 0 then return q + min(m, 1) end
-      return waitFor(sUs, sFrac, rem + 1)
-    end
-    local need = max(cost, 1)
-    if need > rem then
-      local retry = p
-      if need <= b then retry = waitFor(sUs, sFrac, need) end
-      return st, dec(false, rem, retry, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
-    end
-    if cost == 0 then
-      return st, dec(true, rem, 0, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
-    end
-    local n = frac + cost * m
-    tat, frac = tat + cost * q + idiv(n, r), imod(n, r)
-    sUs, sFrac = tauUs - (tat - t), tauFrac - frac
-    if sFrac < 0 then
-      sFrac = sFrac + r
-      sUs = sUs - 1
-    end
-    rem = rem - cost
-    return { time = tat, count = frac, dirty = true },
-      dec(true, rem, 0, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
-  end,
-  save = function(h, st)
-    -- algo.ExpiresAtUs
-    local e = st.time
-    if st.count > 0 then e = e + 1 end
-    if e <= now then
-      redis.call('DEL', h.key)
-      return
-    end
-    redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count), 'PX', fmt(ttl_ms(e)))
-  end,
-  refund = function(h, st, cost)
-    if st.time == 0 and st.count == 0 then return st end
-    local r = h.rate
-    local q, m = idiv(h.period, r), imod(h.period, r)
-    local n = st.count - cost * m
-    return { time = st.time - cost * q + idiv(n, r), count = imod(n, r), dirty = true }
-  end,
-}
-
--- sliding_log and concurrency (take.go timestampLog, release1) --------------
--- The state is the live part of the sorted set (scores > now - period),
--- read lazily: n0 live entries in Redis of which `dropped` oldest are
--- released, then the `added` timestamps of this request (all >= the
--- newest live entry, so the order is the sorted set's).
-local function log_len(st) return st.n0 - st.dropped + #st.added end
-
--- log_at returns the i-th (1-based) live timestamp.
-local function log_at(st, i)
-  local j = i + st.dropped
-  if j <= st.n0 then
-    local rank = fmt(st.off + j - 1)
-    local r = redis.call('ZRANGE', st.key, rank, rank, 'WITHSCORES')
-    return tonumber(r[2])
-  end
-  return st.added[j - st.n0]
-end
-
-local function log_decision(d, st, p)
-  local n = log_len(st)
-  if n > 0 then
-    d.reset = log_at(st, n) + p - now
-    d.window = log_at(st, 1) + p - now
-  else
-    d.window = p
-  end
-  return d
-end
-
-local function log_copy(st)
-  local a = {}
-  for i, x in ipairs(st.added) do a[i] = x end
-  return { key = st.key, off = st.off, n0 = st.n0, dropped = st.dropped, added = a, dirty = st.dirty }
-end
-
-local LOG = {
-  load = function(h)
-    local cut = now - h.period
-    local off = redis.call('ZCOUNT', h.key, '-inf', fmt(cut))
-    local n0 = redis.call('ZCOUNT', h.key, '(' .. fmt(cut), '+inf')
-    return { key = h.key, off = off, n0 = n0, dropped = 0, added = {} }
-  end,
-  decide = function(h, st, cost)
-    local p = h.period
-    local rem = max(h.rate - log_len(st), 0)
-    local need = max(cost, 1)
-    if need > rem then
-      local retry = p
-      if need <= h.rate then
-        local e = log_len(st) + need - h.rate
-        retry = log_at(st, e) + p - now
+      local rem = max(h.rate - count, 0)
+      local reset = we - now
+      if max(cost, 1) > rem then
+        return st, dec(false, rem, reset, reset, reset)
       end
-      return st, log_decision(dec(false, rem, retry), st, p)
-    end
-    if cost == 0 then
-      return st, log_decision(dec(true, rem), st, p)
-    end
-    local ns = log_copy(st)
-    local ts = now
-    local n = log_len(st)
-    if n > 0 then ts = max(ts, log_at(st, n)) end
-    for _ = 1, cost do ns.added[#ns.added + 1] = ts end
-    ns.dirty = true
-    ns.hit = h.idx
-    ns.marks = ns.marks or {}
-    return ns, log_decision(dec(true, rem - cost), ns, p)
-  end,
-  release = function(h, st, n)
-    local p = h.period
-    local ns = st
-    if n > 0 then
-      ns = log_copy(st)
-      local k = min(n, log_len(ns))
-      local fromRedis = min(k, ns.n0 - ns.dropped)
-      ns.dropped = ns.dropped + fromRedis
-      for _ = 1, k - fromRedis do table.remove(ns.added, 1) end
-      ns.dirty = true
-    end
-    local rem = max(h.rate - log_len(ns), 0)
-    return ns, log_decision(dec(true, rem), ns, p)
-  end,
-}
-
--- Members of added timestamps: nonce.hit.unit, unique per request and hit.
--- `owner` records, per added timestamp, the hit index that added it.
-local function log_save(h, st, members)
-  local cut = now - h.period
-  local n = log_len(st)
-  local last
-  if n > 0 then last = log_at(st, n) end -- read before the ranks shift
-  if st.off > 0 then redis.call('ZREMRANGEBYSCORE', h.key, '-inf', fmt(cut)) end
-  if st.dropped > 0 then redis.call('ZREMRANGEBYRANK', h.key, '0', fmt(st.dropped - 1)) end
-  if #members > 0 then
-    local args = {}
-    for i = 1, #members do
-      args[#args + 1] = fmt(st.added[i])
-      args[#args + 1] = members[i]
-    end
-    redis.call('ZADD', h.key, unpack(args))
-  end
-  if n == 0 then
-    redis.call('DEL', h.key)
-    return
-  end
-  redis.call('PEXPIRE', h.key, fmt(ttl_ms(last + h.period)))
-end
-
-K[2] = LOG
-K[4] = LOG
-
--- Main ----------------------------------------------------------------------
-
-local hits = {}
-for i = 1, #KEYS do
-  local o = 3 + (i - 1) * NF
-  hits[i] = {
-    key = KEYS[i],
-    kind = tonumber(ARGV[o + 1]),
-    rate = tonumber(ARGV[o + 2]),
-    period = tonumber(ARGV[o + 3]),
-    burst = tonumber(ARGV[o + 4]),
-    cal = tonumber(ARGV[o + 5]),
-    mult = tonumber(ARGV[o + 6]),
-    cost = max(tonumber(ARGV[o + 7]), 0),
-    release = ARGV[o + 8] == '1',
-    idx = i,
+      if cost == 0 then
+        return st, dec(true, rem, 0, reset, reset)
+      end
+      return { time = ws, count = count + cost, dirty = true }, dec(true, rem - cost, 0, reset, reset)
+    end,
+    save = function(h, st)
+      if st.count > 0 then
+        local _, we = bounds(h, st.time)
+        redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count), 'PX', fmt(ttl_ms(we)))
+      else
+        redis.call('DEL', h.key)
+      end
+    end,
+    refund = function(h, st, cost)
+      local ws = bounds(h, now)
+      if st.time ~= ws or st.count <= 0 then return st end
+      return { time = st.time, count = max(st.count - cost, 0), dirty = true }
+    end,
   }
 end
+
+-- sliding_window (take.go slidingWindow, swin) ------------------------------
+if used[1] then
+  local function sw_remaining(s, curr)
+    local w = (s.we - s.tw) / (s.we - s.ws)
+    local est = s.prev * w + curr
+    local r = floor(s.rate - est)
+    return max(r, 0)
+  end
+
+  local function sw_wait(s, curr, k)
+    local t2
+    local avail = s.rate - k - curr
+    if avail >= 0 and s.prev > 0 then
+      local x = (avail * (s.we - s.ws)) / s.prev
+      t2 = s.we - floor(x)
+    elseif curr > 0 then
+      local x = ((s.rate - k) * (s.we2 - s.we)) / curr
+      t2 = s.we2 - floor(x)
+    else
+      t2 = s.t + 1
+    end
+    return max(t2 - s.t, 1)
+  end
+
+  local function sw_reset(s, curr)
+    if curr > 0 then return s.we2 - s.t end
+    return s.we - s.t
+  end
+
+  local function sw_window(s, curr, rem)
+    if rem >= s.rate then return s.we - s.t end
+    return sw_wait(s, curr, rem + 1)
+  end
+
+  K[1] = {
+    load = function(h)
+      local v = redis.call('GET', h.key)
+      if not v then return { time = 0, count = 0, prev = 0 } end
+      local f = fields(v)
+      return { time = f[1], count = f[2], prev = f[3] }
+    end,
+    decide = function(h, st, cost)
+      local ws, we = bounds(h, now)
+      local curr, prev = 0, 0
+      if st.time == ws then
+        curr, prev = st.count, st.prev
+      elseif st.time > ws then
+        ws = st.time
+        local _
+        _, we = bounds(h, ws)
+        curr, prev = st.count, st.prev
+      else
+        local ps = bounds(h, ws - 1)
+        if st.time == ps then prev = st.count end
+      end
+      local tw = max(now, ws)
+      local _, we2 = bounds(h, we)
+      local s = { rate = h.rate, t = now, tw = tw, ws = ws, we = we, we2 = we2, prev = prev }
+      local rem = sw_remaining(s, curr)
+      local need = max(cost, 1)
+      if need > rem then
+        local retry = we - now
+        if need <= h.rate then retry = sw_wait(s, curr, need) end
+        return st, dec(false, rem, retry, sw_reset(s, curr), sw_window(s, curr, rem))
+      end
+      local ns = st
+      if cost > 0 then
+        curr = curr + cost
+        rem = rem - cost
+        ns = { time = ws, count = curr, prev = prev, dirty = true }
+      end
+      return ns, dec(true, rem, 0, sw_reset(s, curr), sw_window(s, curr, rem))
+    end,
+    save = function(h, st)
+      -- algo.ExpiresAtUs
+      local _, e = bounds(h, st.time)
+      if st.count > 0 then
+        local _2
+        _2, e = bounds(h, e)
+      elseif st.prev <= 0 then
+        redis.call('DEL', h.key)
+        return
+      end
+      redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count) .. ' ' .. fmt(st.prev), 'PX', fmt(ttl_ms(e)))
+    end,
+    refund = function(h, st, cost)
+      local ws, we = bounds(h, now)
+      if st.time == ws then
+        return { time = st.time, count = max(st.count - cost, 0), prev = st.prev, dirty = true }
+      elseif st.time == we then -- the window rolled over since the take
+        return { time = st.time, count = st.count, prev = max(st.prev - cost, 0), dirty = true }
+      end
+      return st
+    end,
+  }
+end
+
+-- token_bucket (take.go tokenBucket): GCRA with an exact rational TAT --------
+if used[3] then
+  K[3] = {
+    load = function(h)
+      local v = redis.call('GET', h.key)
+      if not v then return { time = 0, count = 0 } end
+      local f = fields(v)
+      return { time = f[1], count = f[2] }
+    end,
+    decide = function(h, st, cost)
+      local t = now
+      local r = h.rate
+      local b = h.burst
+      if b <= 0 then b = r end
+      local p = h.period
+      local q, m = idiv(p, r), imod(p, r)
+      local tat, frac = st.time, st.count
+      if frac < 0 or frac >= r then tat, frac = tat + 1, 0 end
+      if tat < t then tat, frac = t, 0 end
+      local tauUs, tauFrac = b * q + idiv(b * m, r), imod(b * m, r)
+      local sUs, sFrac = tauUs - (tat - t), tauFrac - frac
+      if sFrac < 0 then
+        sFrac = sFrac + r
+        sUs = sUs - 1
+      end
+      local rem = 0
+      if sUs >= 0 then rem = idiv(sUs * r + sFrac, p) end
+      local function waitFor(sUs, sFrac, k)
+        local du, df = k * q + idiv(k * m, r) - sUs, imod(k * m, r) - sFrac
+        if df < 0 then
+          df = df + r
+          du = du - 1
+        end
+        if df > 0 then du = du + 1 end
+        return du
+      end
+      local function fullIn(tat, frac)
+        local d = tat - t
+        if frac > 0 then d = d + 1 end
+        return max(d, 0)
+      end
+      local function nextw(tat, frac, sUs, sFrac, rem)
+        if rem >= b or fullIn(tat, frac) == 0 then return q + min(m, 1) end
+        return waitFor(sUs, sFrac, rem + 1)
+      end
+      local need = max(cost, 1)
+      if need > rem then
+        local retry = p
+        if need <= b then retry = waitFor(sUs, sFrac, need) end
+        return st, dec(false, rem, retry, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
+      end
+      if cost == 0 then
+        return st, dec(true, rem, 0, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
+      end
+      local n = frac + cost * m
+      tat, frac = tat + cost * q + idiv(n, r), imod(n, r)
+      sUs, sFrac = tauUs - (tat - t), tauFrac - frac
+      if sFrac < 0 then
+        sFrac = sFrac + r
+        sUs = sUs - 1
+      end
+      rem = rem - cost
+      return { time = tat, count = frac, dirty = true },
+        dec(true, rem, 0, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
+    end,
+    save = function(h, st)
+      -- algo.ExpiresAtUs
+      local e = st.time
+      if st.count > 0 then e = e + 1 end
+      if e <= now then
+        redis.call('DEL', h.key)
+        return
+      end
+      redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count), 'PX', fmt(ttl_ms(e)))
+    end,
+    refund = function(h, st, cost)
+      if st.time == 0 and st.count == 0 then return st end
+      local r = h.rate
+      local q, m = idiv(h.period, r), imod(h.period, r)
+      local n = st.count - cost * m
+      return { time = st.time - cost * q + idiv(n, r), count = imod(n, r), dirty = true }
+    end,
+  }
+end
+
+-- sliding_log and concurrency (take.go timestampLog, release1) --------------
+local log_save
+if used[2] or used[4] then
+  -- The state is the live part of the sorted set (scores > now - period),
+  -- read lazily: n0 live entries in Redis of which `dropped` oldest are
+  -- released, then the `added` timestamps of this request (all >= the
+  -- newest live entry, so the order is the sorted set's).
+  local function log_len(st) return st.n0 - st.dropped + #st.added end
+
+  -- log_at returns the i-th (1-based) live timestamp.
+  local function log_at(st, i)
+    local j = i + st.dropped
+    if j <= st.n0 then
+      local rank = st.off + j - 1
+      local v = st.memo[rank] -- ranks are stable until the script writes
+      if not v then
+        local r = redis.call('ZRANGE', st.key, fmt(rank), fmt(rank), 'WITHSCORES')
+        v = tonumber(r[2])
+        st.memo[rank] = v
+      end
+      return v
+    end
+    return st.added[j - st.n0]
+  end
+
+  local function log_decision(d, st, p)
+    local n = log_len(st)
+    if n > 0 then
+      d.reset = log_at(st, n) + p - now
+      d.window = log_at(st, 1) + p - now
+    else
+      d.window = p
+    end
+    return d
+  end
+
+  local function log_copy(st)
+    local a = {}
+    for i, x in ipairs(st.added) do a[i] = x end
+    return { key = st.key, off = st.off, n0 = st.n0, dropped = st.dropped, added = a, dirty = st.dirty, memo = st.memo }
+  end
+
+  local LOG = {
+    load = function(h)
+      local cut = now - h.period
+      local total = redis.call('ZCARD', h.key)
+      local off, n0 = 0, 0
+      if total > 0 then
+        off = redis.call('ZCOUNT', h.key, '-inf', fmt(cut))
+        n0 = total - off
+      end
+      return { key = h.key, off = off, n0 = n0, dropped = 0, added = {}, memo = {} }
+    end,
+    decide = function(h, st, cost)
+      local p = h.period
+      local rem = max(h.rate - log_len(st), 0)
+      local need = max(cost, 1)
+      if need > rem then
+        local retry = p
+        if need <= h.rate then
+          local e = log_len(st) + need - h.rate
+          retry = log_at(st, e) + p - now
+        end
+        return st, log_decision(dec(false, rem, retry), st, p)
+      end
+      if cost == 0 then
+        return st, log_decision(dec(true, rem), st, p)
+      end
+      local ns = log_copy(st)
+      local ts = now
+      local n = log_len(st)
+      if n > 0 then ts = max(ts, log_at(st, n)) end
+      for _ = 1, cost do ns.added[#ns.added + 1] = ts end
+      ns.dirty = true
+      ns.hit = h.idx
+      ns.marks = ns.marks or {}
+      return ns, log_decision(dec(true, rem - cost), ns, p)
+    end,
+    release = function(h, st, n)
+      local p = h.period
+      local ns = st
+      if n > 0 then
+        ns = log_copy(st)
+        local k = min(n, log_len(ns))
+        local fromRedis = min(k, ns.n0 - ns.dropped)
+        ns.dropped = ns.dropped + fromRedis
+        for _ = 1, k - fromRedis do table.remove(ns.added, 1) end
+        ns.dirty = true
+      end
+      local rem = max(h.rate - log_len(ns), 0)
+      return ns, log_decision(dec(true, rem), ns, p)
+    end,
+  }
+
+  -- Members of added timestamps: nonce.hit.unit, unique per request and hit.
+  -- `owner` records, per added timestamp, the hit index that added it.
+  log_save = function(h, st, members)
+    local cut = now - h.period
+    local n = log_len(st)
+    local last
+    if n > 0 then last = log_at(st, n) end -- read before the ranks shift
+    if st.off > 0 then redis.call('ZREMRANGEBYSCORE', h.key, '-inf', fmt(cut)) end
+    if st.dropped > 0 then redis.call('ZREMRANGEBYRANK', h.key, '0', fmt(st.dropped - 1)) end
+    if #members > 0 then
+      local args = {}
+      for i = 1, #members do
+        args[#args + 1] = fmt(st.added[i])
+        args[#args + 1] = members[i]
+      end
+      redis.call('ZADD', h.key, unpack(args))
+    end
+    if n == 0 then
+      redis.call('DEL', h.key)
+      return
+    end
+    redis.call('PEXPIRE', h.key, fmt(ttl_ms(last + h.period)))
+  end
+
+  K[2] = LOG
+  K[4] = LOG
+end
+
+-- Main ----------------------------------------------------------------------
 
 -- apply is algo.Apply / decide: release, rate 0, then the kind.
 local function apply(h, st, cost)
