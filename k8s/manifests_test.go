@@ -129,6 +129,10 @@ func TestKustomizeLayout(t *testing.T) {
 		}
 	}
 	filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
 		if d.IsDir() && d.Name() == "config" {
 			return filepath.SkipDir
 		}
