@@ -17,6 +17,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
@@ -26,17 +27,28 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// go-redis logs every failed background dial; the outages here are
+	// deliberate.
+	goredis.SetLogger(quiet{})
 	goleak.VerifyTestMain(m)
 }
 
-// loadSet writes yaml to a temporary file and loads it with policy.Load.
-func loadSet(t testing.TB, yaml string) *policy.Set {
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+// loadSet writes each YAML document to its own file of a temporary
+// directory (one domain per file) and loads the directory with policy.Load.
+func loadSet(t testing.TB, yamls ...string) *policy.Set {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
+	dir := t.TempDir()
+	for i, y := range yamls {
+		p := filepath.Join(dir, "config"+strconv.Itoa(i)+".yaml")
+		if err := os.WriteFile(p, []byte(y), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
-	set, _, err := policy.Load(policy.LoadOptions{}, p)
+	set, _, err := policy.Load(policy.LoadOptions{}, dir)
 	if err != nil {
 		t.Fatalf("policy.Load: %v", err)
 	}

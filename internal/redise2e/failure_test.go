@@ -1,0 +1,318 @@
+package redise2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// failureRules is one rule per failure mode, 5 per hour per value; the
+// domain is filled in (fm: the explicit checks, load: background load, so
+// that the checks can count their own decisions exactly).
+const failureRules = `
+domain: %s
+descriptors:
+  - key: open
+    rate_limit: {unit: hour, requests_per_unit: 5, failure_mode: open}
+  - key: closed
+    rate_limit: {unit: hour, requests_per_unit: 5, failure_mode: closed}
+  - key: local
+    rate_limit: {unit: hour, requests_per_unit: 5, failure_mode: local}
+`
+
+// latencyBound is the generous p99 bound of ShouldRateLimit while Redis is
+// dead or frozen. The issue's target is 20 ms (Envoy's default filter
+// timeout) with real numbers reported in BENCHMARKS.md; the test allows
+// 50 ms because it runs under -race on a shared 2-core host.
+const latencyBound = 50 * time.Millisecond
+
+// recoveryBound: after Redis answers again, normal answers resume within it.
+const recoveryBound = 2 * time.Second
+
+var fresh atomic.Uint64
+
+// freshValue is a descriptor value no earlier call used.
+func freshValue() string { return "v" + strconv.FormatUint(fresh.Add(1), 10) }
+
+// failureSet loads failureRules for the fm and load domains.
+func failureSet(t testing.TB) *policy.Set {
+	return loadSet(t, fmt.Sprintf(failureRules, "fm"), fmt.Sprintf(failureRules, "load"))
+}
+
+// decided reports whether Redis decided a call: a closed-mode rule on a
+// fresh value answers OK only when the store answered (a failure gives
+// OVER_LIMIT temporary-reduced-capacity).
+func decided(t testing.TB, in *instance) bool {
+	return isOK(call(t, in, req("load", []string{"closed", freshValue()})))
+}
+
+// checkFailureModes asserts, while the backend fails, the answer and the
+// metrics of each failure mode, and that one of wantCauses was counted.
+func checkFailureModes(t *testing.T, in *instance, wantCauses ...string) {
+	t.Helper()
+	dec := func(result string) float64 {
+		return counter(t, in.reg, "ratelimitd_decisions_total", map[string]string{"domain": "fm", "result": result})
+	}
+	open0, closed0, causes0 := dec("failed_open"), dec("failed_closed"), causes(t, in.reg)
+
+	// open: allowed and counted failed_open; never over the limit.
+	v := freshValue()
+	for i := range 7 {
+		if r := call(t, in, req("fm", []string{"open", v})); !isOK(r) {
+			t.Errorf("failure_mode open, call %d: %v, want OK", i+1, r.GetOverallCode())
+		}
+	}
+	if d := dec("failed_open") - open0; d != 7 {
+		t.Errorf("failed_open counted %v, want 7", d)
+	}
+
+	// closed: OVER_LIMIT, Retry-After, temporary-reduced-capacity.
+	r := call(t, in, req("fm", []string{"closed", freshValue()}))
+	if r.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("failure_mode closed: %v, want OVER_LIMIT", r.GetOverallCode())
+	}
+	if ra, err := strconv.Atoi(header(r, service.HeaderRetryAfter)); err != nil || ra < 1 {
+		t.Errorf("failure_mode closed: Retry-After %q, want an integer >= 1", header(r, service.HeaderRetryAfter))
+	}
+	if pt := problemType(t, r); !strings.HasSuffix(pt, "#"+service.ProblemTemporaryReducedCapacity) {
+		t.Errorf("failure_mode closed: problem type %q, want ...#%s", pt, service.ProblemTemporaryReducedCapacity)
+	}
+	if d := dec("failed_closed") - closed0; d != 1 {
+		t.Errorf("failed_closed counted %v, want 1", d)
+	}
+
+	// local: the memory fallback enforces the limit: 5 of 8 allowed.
+	v = freshValue()
+	ok := 0
+	for range 8 {
+		r := call(t, in, req("fm", []string{"local", v}))
+		if isOK(r) {
+			ok++
+		} else if pt := problemType(t, r); strings.HasSuffix(pt, service.ProblemTemporaryReducedCapacity) {
+			t.Errorf("failure_mode local denied with %q, want quota-exceeded from the fallback", pt)
+		}
+	}
+	if ok != 5 {
+		t.Errorf("failure_mode local: %d of 8 allowed on a 5/hour rule, want 5 (decided by the memory fallback)", ok)
+	}
+
+	causes1 := causes(t, in.reg)
+	grew := false
+	for _, c := range wantCauses {
+		if causes1[c] > causes0[c] {
+			grew = true
+		}
+	}
+	if !grew {
+		t.Errorf("ratelimitd_backend_errors_total %v (before %v): none of %v grew", causes1, causes0, wantCauses)
+	}
+}
+
+// loadGen runs goroutines calling ShouldRateLimit on the load domain
+// (random mode, 1,000 values) and records each call's start and latency.
+type loadGen struct {
+	in   *instance
+	stop chan struct{}
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	recs []rec
+	errs atomic.Int64
+}
+
+type rec struct {
+	start time.Time
+	d     time.Duration
+	ok    bool
+}
+
+var modes = []string{"open", "closed", "local"}
+
+func startLoad(in *instance, workers int) *loadGen {
+	g := &loadGen{in: in, stop: make(chan struct{})}
+	for w := range workers {
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			var local []rec
+			defer func() { g.mu.Lock(); g.recs = append(g.recs, local...); g.mu.Unlock() }()
+			for {
+				select {
+				case <-g.stop:
+					return
+				default:
+				}
+				r := req("load", []string{modes[rng.IntN(3)], "u" + strconv.Itoa(rng.IntN(1000))})
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				t0 := time.Now()
+				resp, err := in.svc.ShouldRateLimit(ctx, r)
+				local = append(local, rec{start: t0, d: time.Since(t0), ok: err == nil && isOK(resp)})
+				cancel()
+				if err != nil {
+					g.errs.Add(1)
+				}
+				time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
+			}
+		}()
+	}
+	return g
+}
+
+// finish stops the load and returns the latencies of calls started in
+// [from, to).
+func (g *loadGen) finish(t *testing.T, from, to time.Time) latencies {
+	close(g.stop)
+	g.wg.Wait()
+	if n := g.errs.Load(); n != 0 {
+		t.Errorf("%d ShouldRateLimit calls returned an error (a failing backend must never be an error)", n)
+	}
+	var l latencies
+	for _, r := range g.recs {
+		if !r.start.Before(from) && r.start.Before(to) {
+			l = append(l, r.d)
+		}
+	}
+	return l
+}
+
+// TestFailureModesKilledAndFrozen: with production defaults (10 ms timeout,
+// circuit breaker), Redis is SIGKILLed or SIGSTOPped while 6 goroutines
+// call the service; each rule's failure mode decides, p99 latency stays
+// under latencyBound, and after Restart / SIGCONT normal answers resume
+// within recoveryBound.
+func TestFailureModesKilledAndFrozen(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		fault   func(*redistest.Server)
+		recover func(*redistest.Server)
+		causes  []string
+	}{
+		{"killed", (*redistest.Server).Kill, (*redistest.Server).Restart, []string{redis.CauseRefused, redis.CauseCircuitOpen}},
+		{"frozen", (*redistest.Server).Stop, (*redistest.Server).Cont, []string{redis.CauseTimeout, redis.CauseCircuitOpen}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			redistest.Require(t)
+			srv := redistest.Standalone(t)
+			in := newInstance(t, standaloneOpts(srv.URL()), failureSet(t))
+			warm(t, []*instance{in})
+			if !decided(t, in) {
+				t.Fatal("Redis did not decide before the fault")
+			}
+			lg := startLoad(in, 6)
+			time.Sleep(300 * time.Millisecond)
+			faultAt := time.Now()
+			tc.fault(srv)
+			t.Cleanup(func() {
+				if srv.Alive() {
+					srv.Cont()
+				}
+			})
+			time.Sleep(time.Second) // mid-load outage
+			checkFailureModes(t, in, tc.causes...)
+			time.Sleep(500 * time.Millisecond)
+			outageEnd := time.Now()
+			tc.recover(srv)
+			took := waitFor(t, 10*time.Second, "normal answers after recovery", func() bool { return decided(t, in) })
+			time.Sleep(200 * time.Millisecond)
+			l := lg.finish(t, faultAt, outageEnd)
+			t.Logf("%s: ShouldRateLimit latency during the outage (6 goroutines): %v; backend errors %v", tc.name, l, causes(t, in.reg))
+			t.Logf("%s: normal answers %v after Redis answered again", tc.name, took.Round(time.Millisecond))
+			if p := l.pct(0.99); p > latencyBound {
+				t.Errorf("%s: p99 %v during the outage, want <= %v", tc.name, p, latencyBound)
+			}
+			if len(l) < 50 {
+				t.Errorf("%s: only %d calls during the outage", tc.name, len(l))
+			}
+			if took > recoveryBound {
+				t.Errorf("%s: normal answers resumed %v after Redis returned, want <= %v", tc.name, took, recoveryBound)
+			}
+			if !in.store.Healthy() {
+				t.Errorf("%s: store not healthy after recovery", tc.name)
+			}
+		})
+	}
+}
+
+// TestFailureModesOOMReadonlyStartup: Redis out of memory (maxmemory with
+// noeviction, filled), read-only (the Store points at a replica) and down
+// at startup; each rule's failure mode decides with the right cause, and
+// normal answers resume within recoveryBound once Redis can write again.
+func TestFailureModesOOMReadonlyStartup(t *testing.T) {
+	ctx := context.Background()
+	t.Run("oom", func(t *testing.T) {
+		redistest.Require(t)
+		srv := redistest.Standalone(t, redistest.WithMaxMemory("3mb"))
+		in := newInstance(t, standaloneOpts(srv.URL()), failureSet(t))
+		warm(t, []*instance{in})
+		ctl := srv.Client()
+		big := strings.Repeat("x", 64<<10)
+		filled := false
+		for i := range 1000 {
+			if err := ctl.Set(ctx, "fill:"+strconv.Itoa(i), big, 0).Err(); err != nil {
+				if !strings.HasPrefix(err.Error(), "OOM ") {
+					t.Fatalf("filling: %v", err)
+				}
+				filled = true
+				break
+			}
+		}
+		if !filled {
+			t.Fatal("maxmemory never reached")
+		}
+		checkFailureModes(t, in, redis.CauseOOM)
+		if !in.store.Healthy() {
+			t.Error("an OOM reply opened the circuit breaker (a live server answered)")
+		}
+		if err := ctl.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, 10*time.Second, "normal answers after FLUSHALL", func() bool { return decided(t, in) })
+		t.Logf("oom: normal answers %v after memory was freed", took.Round(time.Millisecond))
+		if took > recoveryBound {
+			t.Errorf("normal answers resumed %v after memory was freed, want <= %v", took, recoveryBound)
+		}
+	})
+	t.Run("readonly", func(t *testing.T) {
+		redistest.Require(t)
+		master := redistest.Standalone(t)
+		replica := redistest.Standalone(t, redistest.WithReplicaOf(master))
+		in := newInstance(t, standaloneOpts(replica.URL()), failureSet(t))
+		checkFailureModes(t, in, redis.CauseReadonly)
+		// Promote the replica (as a failover would): it accepts writes.
+		if _, err := replica.Do(ctx, "REPLICAOF", "NO", "ONE"); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, 10*time.Second, "normal answers after promotion", func() bool { return decided(t, in) })
+		t.Logf("readonly: normal answers %v after REPLICAOF NO ONE", took.Round(time.Millisecond))
+		if took > recoveryBound {
+			t.Errorf("normal answers resumed %v after promotion, want <= %v", took, recoveryBound)
+		}
+	})
+	t.Run("startup_down", func(t *testing.T) {
+		redistest.Require(t)
+		srv := redistest.Standalone(t)
+		srv.Kill() // the port stays reserved for Start
+		in := newInstance(t, standaloneOpts(srv.URL()), failureSet(t))
+		checkFailureModes(t, in, redis.CauseRefused, redis.CauseCircuitOpen, redis.CauseTimeout)
+		srv.Start()
+		srv.WaitReady()
+		took := waitFor(t, 10*time.Second, "normal answers after Redis started", func() bool { return decided(t, in) })
+		t.Logf("startup_down: normal answers %v after Redis started", took.Round(time.Millisecond))
+		if took > recoveryBound {
+			t.Errorf("normal answers resumed %v after Redis started, want <= %v", took, recoveryBound)
+		}
+	})
+}
