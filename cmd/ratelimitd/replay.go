@@ -179,7 +179,7 @@ func runReplay(ctx context.Context, o replayOptions, stdout, stderr io.Writer) e
 		if err != nil {
 			return err
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }()
 		in = f
 	}
 	rep, err := replay.Run(ctx, in, replay.Options{
@@ -189,7 +189,7 @@ func runReplay(ctx context.Context, o replayOptions, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	var out io.Writer = stdout
+	out := stdout
 	var file *os.File
 	if o.Out != "" {
 		if file, err = os.Create(o.Out); err != nil {

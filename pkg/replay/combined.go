@@ -21,12 +21,15 @@ type LogLine struct {
 	Client netip.Addr
 	Method string
 	// Target is the request target as logged (path and query).
-	Target   string
-	Proto    string
-	Status   int
-	Bytes    int64
-	Referer  string // "" when logged as "-"
-	UA       string // "" when logged as "-"
+	Target string
+	Proto  string
+	Status int
+	Bytes  int64
+	// Referer and UA are the Referer and User-Agent headers; HasRefer and
+	// HasUA are false when the log shows "-" (header absent) or the line
+	// has no such field (common log format).
+	Referer  string
+	UA       string
 	HasRefer bool
 	HasUA    bool
 }
@@ -110,7 +113,7 @@ func ParseCombinedLine(s string) (LogLine, error) {
 		return l, errors.New("missing quoted request line")
 	}
 	parts := strings.Fields(req)
-	if len(parts) < 2 || len(parts) > 3 || !isToken(parts[0]) || !(strings.HasPrefix(parts[1], "/") || parts[1] == "*" || strings.Contains(parts[1], "://")) {
+	if len(parts) < 2 || len(parts) > 3 || !isToken(parts[0]) || !validTarget(parts[1]) {
 		return l, fmt.Errorf("request line %q is not \"METHOD target [protocol]\"", truncate(req, 80))
 	}
 	l.Method, l.Target = parts[0], parts[1]
@@ -148,10 +151,17 @@ func ParseCombinedLine(s string) (LogLine, error) {
 	return l, nil
 }
 
+// validTarget accepts origin-form ("/..."), asterisk-form and
+// absolute-form request targets (RFC 9112 §3.2).
+func validTarget(s string) bool {
+	return strings.HasPrefix(s, "/") || s == "*" || strings.Contains(s, "://")
+}
+
 func isToken(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+		alnum := c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && strings.IndexByte("!#$%&'*+-.^_`|~", c) < 0 {
 			return false
 		}
 	}

@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -301,7 +300,7 @@ func (e *Envoy) compileHeader(h *routev3.HeaderMatcher) error {
 	if h.GetRangeMatch() != nil {
 		return errors.New("range_match header matchers are not supported")
 	}
-	if re := h.GetSafeRegexMatch(); re != nil {
+	if re := h.GetSafeRegexMatch(); re != nil { //nolint:staticcheck // deprecated fields still occur in deployed configs
 		return e.addRegexp(re.GetRegex())
 	}
 	return e.compileString(h.GetStringMatch())
@@ -449,7 +448,7 @@ func (e *Envoy) Match(host string, r *Request) (Route, bool) {
 		}
 		limits := append([]*routev3.RateLimit(nil), routeLimits...)
 		switch {
-		case ra.GetIncludeVhRateLimits().GetValue() || vhMode == rlfilterv3.RateLimitPerRoute_INCLUDE:
+		case ra.GetIncludeVhRateLimits().GetValue() || vhMode == rlfilterv3.RateLimitPerRoute_INCLUDE: //nolint:staticcheck // deprecated, still honoured by Envoy
 			limits = append(limits, vh.GetRateLimits()...)
 		case vhMode == rlfilterv3.RateLimitPerRoute_OVERRIDE && len(routeLimits) == 0:
 			limits = append(limits, vh.GetRateLimits()...)
@@ -606,7 +605,10 @@ func (e *Envoy) stringMatches(sm *matcherv3.StringMatcher, v string) bool {
 }
 
 // headerMatches implements config.route.v3.HeaderMatcher on the headers a
-// log records (plus :path and :method).
+// log records (plus :path and :method). The deprecated direct matchers
+// (exact_match, prefix_match, ...) are still honoured, as by Envoy.
+//
+//nolint:staticcheck // deprecated fields still occur in deployed configs
 func (e *Envoy) headerMatches(h *routev3.HeaderMatcher, r *Request) bool {
 	v, ok := r.header(h.GetName())
 	if !ok && h.GetTreatMissingHeaderAsEmpty() {
@@ -768,18 +770,4 @@ func MaskedRemoteAddress(addr netip.Addr, a *routev3.RateLimit_Action_MaskedRemo
 		return "", false
 	}
 	return p.String(), true
-}
-
-// compact is a helper for tests and reports: entries as "k=v,k=v".
-func compact(es []policy.Entry) string {
-	var b bytes.Buffer
-	for i, x := range es {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(x.Key)
-		b.WriteByte('=')
-		b.WriteString(x.Value)
-	}
-	return b.String()
 }

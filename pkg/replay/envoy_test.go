@@ -2,9 +2,12 @@ package replay
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
 func TestMatchSmall(t *testing.T) {
@@ -148,4 +151,13 @@ static_resources:
 	if _, err := NewEnvoy(b); err == nil {
 		t.Fatal("metadata action accepted; a log cannot reproduce it")
 	}
+}
+
+// compact renders entries as "k=v,k=v".
+func compact(es []policy.Entry) string {
+	var parts []string
+	for _, e := range es {
+		parts = append(parts, e.Key+"="+e.Value)
+	}
+	return strings.Join(parts, ",")
 }

@@ -51,7 +51,7 @@ func (e *Envoy) Shapes(sample func(descriptorKey string) []string) []Shape {
 				}
 			}
 			limits := append([]*routev3.RateLimit(nil), routeLimits...)
-			if ra.GetIncludeVhRateLimits().GetValue() || vhMode == rlfilterv3.RateLimitPerRoute_INCLUDE ||
+			if ra.GetIncludeVhRateLimits().GetValue() || vhMode == rlfilterv3.RateLimitPerRoute_INCLUDE || //nolint:staticcheck // deprecated, still honoured by Envoy
 				(vhMode == rlfilterv3.RateLimitPerRoute_OVERRIDE && len(routeLimits) == 0) {
 				limits = append(limits, vh.GetRateLimits()...)
 			}
