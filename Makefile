@@ -5,7 +5,9 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: run build test test-short vet fmt lint bench fuzz redis-deps
+.PHONY: run build test test-short vet fmt lint bench redis-deps image
+
+IMAGE ?= ghcr.io/ratelimitd/ratelimitd
 
 ## run: serve the shipped example config with the in-memory backend
 run:
@@ -33,8 +35,13 @@ vet:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
+## lint: golangci-lint (installed with `go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0`)
 lint:
 	golangci-lint run ./...
+
+## image: build the container image (needs a Docker engine and a reachable registry for the base images; CI does not build it)
+image:
+	docker build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMAGE):$(VERSION) .
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
