@@ -5,6 +5,7 @@
 //
 //	ratelimitd serve    [flags]                      run the service
 //	ratelimitd validate [--strict] [--explain] PATH... check config files/directories
+//	ratelimitd replay   --config DIR --envoy FILE --log FILE [flags]
 //	ratelimitd version
 //
 // The command is wiring only: flags and environment become per-component
@@ -37,6 +38,8 @@ const usageText = `ratelimitd: a global rate-limit service for Envoy (RLS v3).
 Usage:
   ratelimitd serve    [flags]                          run the service (ratelimitd serve -h for flags)
   ratelimitd validate [--strict] [--explain] PATH...   check config files or directories; exit 0 ok, 1 invalid
+  ratelimitd replay --config DIR --envoy FILE --log FILE [flags]
+                                                       replay an access log through the decision path (docs/replay.md)
   ratelimitd version                                   print version, commit and Go version
 `
 
