@@ -21,7 +21,12 @@ import (
 // It implements service.Store. Safe for concurrent use; concurrent
 // requests share the go-redis connection pool (Options.PoolSize).
 type Store struct {
-	client  goredis.UniversalClient
+	client goredis.UniversalClient
+	// scripter runs the script: the client's blocking autopipeliner, which
+	// batches concurrent requests into pipelines on a few connections (one
+	// write and one read syscall per batch instead of per request), or the
+	// client itself when autopipelining is unavailable.
+	scripter goredis.Scripter
 	cluster bool
 	now     func() time.Time // nil: the script uses the server's TIME
 	timeout time.Duration    // per script call (Options.Timeout)
@@ -58,7 +63,18 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		cache:       newOverLimitCache(opts.LocalCacheSize),
 		noncePrefix: hex.EncodeToString(b[:]),
 	}
-	_, s.cluster = c.(*goredis.ClusterClient)
+	s.scripter = c
+	switch c := c.(type) {
+	case *goredis.Client: // standalone and Sentinel (failover client)
+		if ap, err := c.AutoPipeline(); err == nil {
+			s.scripter = ap
+		}
+	case *goredis.ClusterClient:
+		s.cluster = true
+		if ap, err := c.AutoPipeline(); err == nil {
+			s.scripter = ap
+		}
+	}
 	return s
 }
 
@@ -136,7 +152,7 @@ func (s *Store) Healthy() bool { return s.breaker.Healthy() }
 func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string, hits []algo.Hit, out []algo.Decision) (int64, error) {
 	var scriptNow int64
 	err := s.breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
-		v, err := takeScript.Run(ctx, s.client, hitKeys(hits), scriptArgs(mode, nowUS, nonce, hits)...).Result()
+		v, err := takeScript.Run(ctx, s.scripter, hitKeys(hits), scriptArgs(mode, nowUS, nonce, hits)...).Result()
 		if err != nil {
 			return err
 		}

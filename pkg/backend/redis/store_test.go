@@ -333,3 +333,51 @@ func BenchmarkTake(b *testing.B) {
 		})
 	}
 }
+
+// TestSentinelStore: Store.Take through Sentinel (with the autopipeliner)
+// keeps deciding after the master is killed and a replica promoted: errors
+// stop within seconds of the promotion.
+func TestSentinelStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sentinel: -short")
+	}
+	g := redistest.Sentinel(t)
+	o := redis.DefaultOptions()
+	o.Mode, o.URL, o.Addrs, o.MasterName = redis.Sentinel, "", g.SentinelAddrs(), redistest.MasterName
+	o.Timeout = 50 * time.Millisecond
+	s, err := redis.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	h := []algo.Hit{{Key: "sentinel", Limit: algo.Limit{Kind: algo.TokenBucket, Rate: 1 << 30, Period: time.Second}, Cost: 1}}
+	okWithin := func(limit time.Duration) time.Duration {
+		t.Helper()
+		start := time.Now()
+		var last error
+		for time.Since(start) < limit {
+			if _, last = s.Take(ctx, h); last == nil {
+				// require a quiet stretch: 20 consecutive successes
+				ok := true
+				for range 20 {
+					if _, last = s.Take(ctx, h); last != nil {
+						ok = false
+						break
+					}
+				}
+				if ok {
+					return time.Since(start)
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("no stable decisions within %v: %v", limit, last)
+		return 0
+	}
+	okWithin(5 * time.Second)
+	old := g.KillMaster()
+	g.WaitFailover(old, 30*time.Second)
+	d := okWithin(10 * time.Second)
+	t.Logf("decisions stable %v after the promotion", d)
+}
