@@ -27,11 +27,11 @@ type Store struct {
 	// write and one read syscall per batch instead of per request), or the
 	// client itself when autopipelining is unavailable.
 	scripter goredis.Scripter
-	cluster bool
-	now     func() time.Time // nil: the script uses the server's TIME
-	timeout time.Duration    // per script call (Options.Timeout)
-	breaker *Breaker
-	cache   *overLimitCache
+	cluster  bool
+	now      func() time.Time // nil: the script uses the server's TIME
+	timeout  time.Duration    // per script call (Options.Timeout)
+	breaker  *Breaker
+	cache    *overLimitCache
 
 	noncePrefix string
 	seq         atomic.Uint64
