@@ -26,6 +26,7 @@ var files = map[string]struct {
 	hops   uint32
 }{
 	"edge.yaml":    {"../examples/config", 0},
+	"plans.yaml":   {"../examples/plans", 1},
 	"sidecar.yaml": {"../examples/config", 1},
 	"website.yaml": {"../examples/website", 0},
 }
@@ -182,6 +183,11 @@ func samples(t *testing.T, dir string) func(string) []string {
 			if k != "" && v != "" {
 				vals[k] = append(vals[k], strings.ReplaceAll(v, "*", "x"))
 			}
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				if n.Content[i].Value == "plans" {
+					plansSamples(n.Content[i+1], vals)
+				}
+			}
 			for i := 1; i < len(n.Content); i += 2 {
 				walk(n.Content[i], key)
 			}
@@ -204,6 +210,45 @@ func samples(t *testing.T, dir string) func(string) []string {
 		walk(&n, "")
 	}
 	return func(k string) []string { return append([]string{"k-3f9a1c"}, vals[k]...) }
+}
+
+// plansSamples adds the values a `plans:` block (docs/plans.md) names: its
+// tier names for plan_key, route classes for route_key and exempt
+// credentials for credential_key. The block has no key/value nodes of its
+// own: they exist only in the expanded tree.
+func plansSamples(p *yaml.Node, vals map[string][]string) {
+	if p.Kind != yaml.MappingNode {
+		return
+	}
+	field := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(p.Content); i += 2 {
+		field[p.Content[i].Value] = p.Content[i+1]
+	}
+	str := func(k string) string {
+		if n := field[k]; n != nil {
+			return n.Value
+		}
+		return ""
+	}
+	names := func(key string, m *yaml.Node) {
+		if key == "" || m == nil || m.Kind != yaml.MappingNode {
+			return
+		}
+		for i := 0; i+1 < len(m.Content); i += 2 {
+			vals[key] = append(vals[key], m.Content[i].Value)
+		}
+	}
+	names(str("plan_key"), field["tiers"])
+	names(str("route_key"), field["routes"])
+	if ex := field["exempt"]; ex != nil && str("credential_key") != "" {
+		for _, it := range ex.Content {
+			for i := 0; i+1 < len(it.Content); i += 2 {
+				if it.Content[i].Value == "credential" {
+					vals[str("credential_key")] = append(vals[str("credential_key")], it.Content[i+1].Value)
+				}
+			}
+		}
+	}
 }
 
 // TestDescriptorsMatchConfig enumerates every descriptor shape each Envoy
