@@ -316,3 +316,35 @@ func TestFailureModesOOMReadonlyStartup(t *testing.T) {
 		}
 	})
 }
+
+// TestBriefStallDoesNotOpenCircuit: Redis frozen for 30 ms (three
+// timeouts' worth, e.g. a scheduling stall on a busy host) while 50
+// goroutines call the service. The calls in flight and those started
+// during the stall may fail (timeout), but Redis is not dead, so the
+// circuit breaker must not open: no decision may be answered
+// circuit_open, and once Redis answers, every call is decided by it.
+//
+// This failed when written: the breaker's "5 consecutive failures" rule
+// counts the ~50 calls that were in flight during one stall, and that all
+// time out together, as 50 consecutive failures, so one 10 ms hiccup under
+// load opened the circuit for OpenFor (250 ms) and failed open thousands
+// of decisions (the same happens, unprovoked, in
+// BenchmarkShouldRateLimitRedis on a loaded 2-core host).
+func TestBriefStallDoesNotOpenCircuit(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	in := newInstance(t, standaloneOpts(srv.URL()), failureSet(t))
+	warm(t, []*instance{in})
+	lg := startLoad(in, 50)
+	time.Sleep(500 * time.Millisecond)
+	srv.Stop()
+	time.Sleep(30 * time.Millisecond)
+	srv.Cont()
+	time.Sleep(500 * time.Millisecond)
+	lg.finish(t, time.Time{}, time.Now())
+	c := causes(t, in.reg)
+	t.Logf("backend errors after a 30 ms freeze under 50 concurrent callers: %v", c)
+	if c[redis.CauseCircuitOpen] > 0 {
+		t.Errorf("a 30 ms stall opened the circuit breaker: %v decisions answered circuit_open (timeouts %v)", c[redis.CauseCircuitOpen], c[redis.CauseTimeout])
+	}
+}
