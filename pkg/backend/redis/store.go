@@ -227,8 +227,18 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 				continue
 			}
 			wg.Go(func() {
-				if _, err := s.run(context.WithoutCancel(ctx), modeRefund, g.nowUS, nonce, g.hits, g.out); err != nil {
+				checks := make([]algo.Decision, len(g.hits))
+				if _, err := s.run(context.WithoutCancel(ctx), modeRefund, g.nowUS, nonce, g.hits, checks); err != nil {
 					s.refundErrors.Add(1)
+					return
+				}
+				// Hits that did not deny report the value before the
+				// request; a hit denied on its own (a check, or a second
+				// hit on a key) keeps its decision.
+				for j, d := range g.out {
+					if d.Allowed {
+						g.out[j] = checks[j]
+					}
 				}
 			})
 		}
