@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Measures ratelimitd against a real redis-server on this machine, with Redis'
-# own ceiling (redis-benchmark running EVALSHA of similar work) in the same
-# run. Load client, service and Redis share the machine's cores, as in the
-# reference measurement of envoyproxy/ratelimit quoted in BENCHMARKS.md.
+# own ceiling (redis-benchmark running EVALSHA of the service's own script,
+# and of a minimal INCRBY+PEXPIRE script) in the same run. Load client,
+# service and Redis share the machine's cores, as in the reference
+# measurement of envoyproxy/ratelimit quoted in BENCHMARKS.md.
 #
 #   scripts/bench.sh [duration=10s] [concurrency=50] [keys=10000]
+#
+# Environment: REDIS_TIMEOUT (e.g. 50ms) passes --redis-timeout to the
+# service (default: the service's default); BACKENDS (default "redis
+# memory") selects the runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10s}; CONC=${2:-50}; KEYS=${3:-10000}
+BACKENDS=${BACKENDS:-redis memory}
 ./scripts/ensure-redis.sh
 work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -17,26 +23,53 @@ for _ in $(seq 50); do redis-cli -p "$RP" ping >/dev/null 2>&1 && break; sleep 0
 go build -o "$work/ratelimitd" ./cmd/ratelimitd
 go build -o "$work/rlload" ./cmd/rlload
 
+extra=()
+if [ -n "${REDIS_TIMEOUT:-}" ]; then extra+=(--redis-timeout "$REDIS_TIMEOUT"); fi
+
 run_service() { # backend
   "$work/ratelimitd" serve --config scripts/bench/bench.yaml --backend "$1" \
     --redis-url "redis://127.0.0.1:$RP/0" --grpc-addr "127.0.0.1:$GP" --http-addr "127.0.0.1:$HP" \
-    --debug-addr "127.0.0.1:$DP" --log-level warn >"$work/svc-$1.log" 2>&1 &
+    --debug-addr "127.0.0.1:$DP" --log-level error "${extra[@]}" >"$work/svc-$1.log" 2>&1 &
   SVC=$!
   for _ in $(seq 100); do curl -fs "http://127.0.0.1:$HP/healthcheck" >/dev/null 2>&1 && return; sleep 0.1; done
   echo "service did not become healthy"; cat "$work/svc-$1.log"; exit 1
 }
 
-echo "== machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(go version | cut -d' ' -f3)"
-for backend in redis memory; do
+# backend_failures prints the service's backend errors and failure-mode
+# decisions: a run with any is not a measurement of Redis decisions (a
+# failed-open decision costs no Redis round trip).
+backend_failures() {
+  curl -fs "http://127.0.0.1:$HP/metrics" | awk '
+    /^ratelimitd_backend_errors_total\{/ && $2 > 0 { e += $2; s = s " " $1 "=" $2 }
+    /^ratelimitd_decisions_total\{/ && /result="failed_(open|closed)"/ { f += $2 }
+    END { printf "backend errors %d%s; failure-mode decisions %d\n", e, s, f }'
+}
+
+echo "== machine: $(nproc) cores, redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2), $(go version | cut -d' ' -f3)"
+echo "== load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+for backend in $BACKENDS; do
   run_service "$backend"
-  echo "== ratelimitd --backend $backend: concurrency $CONC, keys $KEYS, $DUR"
+  echo "== ratelimitd --backend $backend ${extra[*]}: concurrency $CONC, keys $KEYS, $DUR"
   "$work/rlload" --addr "127.0.0.1:$GP" --concurrency "$CONC" --keys "$KEYS" --duration "$DUR" \
     --metrics "http://127.0.0.1:$HP/metrics"
+  backend_failures
   kill "$SVC"; wait "$SVC" 2>/dev/null || true
 done
 
-# Redis' own ceiling for a comparable script: one INCRBY + PEXPIRE per call
-# on 10,000 keys, 50 clients, from redis-benchmark on the same machine.
-SHA=$(redis-cli -p "$RP" SCRIPT LOAD "local c = redis.call('INCRBY', KEYS[1], ARGV[1]); redis.call('PEXPIRE', KEYS[1], 60000); return c")
-echo "== redis-benchmark EVALSHA ceiling (INCRBY+PEXPIRE, $CONC clients, $KEYS keys)"
-redis-benchmark -p "$RP" -c "$CONC" -n 300000 -r "$KEYS" -q EVALSHA "$SHA" 1 "bench:__rand_int__" 1
+# Redis' own ceiling, from redis-benchmark on the same machine, 50 clients,
+# 10,000 keys: (1) the service's own script (take.lua) deciding one
+# fixed-window hit with the server's TIME, exactly the call the service
+# makes per decision; (2) a minimal INCRBY+PEXPIRE script (about the work
+# of envoyproxy/ratelimit's pipelined INCRBY+EXPIRE).
+# last_line keeps redis-benchmark's summary (it redraws progress with \r).
+last_line() { tr '\r' '\n' | grep -v '^ *$' | tail -1 | sed 's/^.*: \([0-9.]* requests per second\)/\1/'; }
+SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat pkg/backend/redis/take.lua)")
+echo "== redis-benchmark EVALSHA take.lua (fixed_window, 1 hit), $CONC clients, $KEYS keys"
+# ARGV: mode t, now "" (server TIME), nonce, kind 0 (fixed_window), rate,
+# period_us, burst, calendar, multiplier, cost, release.
+redis-benchmark -p "$RP" -c "$CONC" -n 300000 -r "$KEYS" -q \
+  EVALSHA "$SHA" 1 "bench:__rand_int__" t "" n 0 1000 1000000 0 0 1 1 0 | last_line
+SHA2=$(redis-cli -p "$RP" SCRIPT LOAD "local c = redis.call('INCRBY', KEYS[1], ARGV[1]); redis.call('PEXPIRE', KEYS[1], 60000); return c")
+echo "== redis-benchmark EVALSHA INCRBY+PEXPIRE, $CONC clients, $KEYS keys"
+redis-benchmark -p "$RP" -c "$CONC" -n 300000 -r "$KEYS" -q EVALSHA "$SHA2" 1 "incr:__rand_int__" 1 | last_line
+echo "== load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
