@@ -51,13 +51,6 @@ type envoyRequest struct {
 // returns the descriptors sent before the request is forwarded.
 func envoyDescriptors(t *testing.T, r envoyRequest) []*rlcommon.RateLimitDescriptor {
 	t.Helper()
-	e, err := replay.LoadEnvoy(plansEnvoy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e.Domain != "api" {
-		t.Fatalf("%s: domain %q, want api", plansEnvoy, e.Domain)
-	}
 	h := map[string]string{}
 	if r.plan != "" {
 		h["x-plan"] = r.plan
@@ -69,15 +62,35 @@ func envoyDescriptors(t *testing.T, r envoyRequest) []*rlcommon.RateLimitDescrip
 	if client == "" {
 		client = "192.0.2.10"
 	}
-	rt, ok := e.Match("", &replay.Request{Client: netip.MustParseAddr(client), Method: "GET", Path: r.path, Headers: h})
-	if !ok {
-		t.Fatalf("%s: no route for %s", plansEnvoy, r.path)
-	}
+	rt := envoyRoute(t, plansEnvoy, "api", &replay.Request{Client: netip.MustParseAddr(client), Method: "GET", Path: r.path, Headers: h})
 	if len(rt.OnStreamDone) != 0 {
 		t.Errorf("%s: unexpected apply_on_stream_done descriptors %v", r.path, rt.OnStreamDone)
 	}
+	return rlsDescriptors(rt.Descriptors)
+}
+
+// envoyRoute loads an Envoy bootstrap, checks its rate-limit domain and
+// matches one request as Envoy would.
+func envoyRoute(t *testing.T, file, domain string, r *replay.Request) replay.Route {
+	t.Helper()
+	e, err := replay.LoadEnvoy(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Domain != domain {
+		t.Fatalf("%s: domain %q, want %q", file, e.Domain, domain)
+	}
+	rt, ok := e.Match("", r)
+	if !ok {
+		t.Fatalf("%s: no route for %s", file, r.Path)
+	}
+	return rt
+}
+
+// rlsDescriptors converts replay descriptors to the RLS request form.
+func rlsDescriptors(ds []replay.Descriptor) []*rlcommon.RateLimitDescriptor {
 	var out []*rlcommon.RateLimitDescriptor
-	for _, d := range rt.Descriptors {
+	for _, d := range ds {
 		x := &rlcommon.RateLimitDescriptor{}
 		for _, en := range d.Entries {
 			x.Entries = append(x.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: en.Key, Value: en.Value})
