@@ -126,6 +126,7 @@ type Breaker struct {
 	probing     bool      // a half-open probe is in flight
 	probeAt     time.Time // when the probe was allowed
 	consecutive int
+	lastFailAt  time.Time // when the last failure counted in consecutive was recorded
 	buckets     [breakerBuckets]breakerBucket
 	opened      uint64 // times the circuit opened
 }
@@ -169,7 +170,14 @@ func (b *Breaker) Allow(now time.Time) error {
 // Record reports the outcome of an allowed call that ended at now. err is
 // classified (Classify); only outage errors count as failures, and
 // cancellations by the caller count as nothing.
-func (b *Breaker) Record(now time.Time, err error) {
+func (b *Breaker) Record(now time.Time, err error) { b.record(now, now, err) }
+
+// record is Record for a call that started at start. A failed call that
+// was already in flight when the previous failure was recorded waited on
+// the same stall: it counts for the failure ratio but not as another
+// consecutive failure (otherwise N concurrent calls timing out together on
+// one brief stall would open the circuit at once).
+func (b *Breaker) record(start, now time.Time, err error) {
 	if b.opts.Disabled {
 		return
 	}
@@ -205,7 +213,10 @@ func (b *Breaker) Record(now time.Time, err error) {
 		return
 	}
 	bk.failed++
-	b.consecutive++
+	if !start.Before(b.lastFailAt) {
+		b.consecutive++
+		b.lastFailAt = now
+	}
 	if b.consecutive >= b.opts.Failures {
 		b.openLocked(now)
 		return
@@ -253,8 +264,9 @@ func (b *Breaker) Do(ctx context.Context, timeout time.Duration, fn func(context
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
+	start := b.now()
 	err := Classify(fn(ctx))
-	b.Record(b.now(), err)
+	b.record(start, b.now(), err)
 	return err
 }
 
