@@ -16,7 +16,8 @@ import (
 
 // reference decides a request the way the Store contract says (the
 // reference store of pkg/algo/algotest), with pkg/algo: hits in order on
-// tentative states; when a hit with Cost > 0 is denied nothing is kept and
+// tentative states; when a hit with Cost > 0 that is not Soft is denied
+// nothing is kept and
 // the hits that did not deny report a check (algo.Take with cost 0)
 // against the state before the request.
 func reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []algo.Decision {
@@ -33,7 +34,7 @@ func reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []a
 		ns, d := algo.Apply(get(h.Key), h, now)
 		tent[h.Key] = ns
 		out[i] = d
-		if !d.Allowed && h.Cost > 0 {
+		if !d.Allowed && h.Cost > 0 && !h.Soft {
 			denied = true
 		}
 	}
@@ -155,6 +156,7 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
 						k := names[rapid.IntRange(0, 1).Draw(rt, "key")]
 						l := limits[k]
 						hits[i] = algo.Hit{Key: k, Limit: l, Cost: rapid.Int64Range(0, l.Rate+l.Burst+2).Draw(rt, "cost")}
+						hits[i].Soft = rapid.IntRange(0, 4).Draw(rt, "soft?") == 0
 						if !compensated && kind == algo.Concurrency && rapid.IntRange(0, 3).Draw(rt, "release?") == 0 {
 							hits[i].Release = true
 						}

@@ -37,7 +37,7 @@ const replyPerHit = 5
 
 // scriptArgs encodes the ARGV of one script call: mode, now_us ("" for the
 // server's TIME), nonce, then per hit kind, rate, period_us, burst,
-// calendar, multiplier, cost, release.
+// calendar, multiplier, cost, flags (1 release, 2 soft).
 func scriptArgs(mode string, nowUS int64, nonce string, hits []algo.Hit) []any {
 	args := make([]any, 0, 3+fieldsPerHit*len(hits))
 	now := ""
@@ -47,9 +47,12 @@ func scriptArgs(mode string, nowUS int64, nonce string, hits []algo.Hit) []any {
 	args = append(args, mode, now, nonce)
 	for _, h := range hits {
 		l := h.Limit
-		rel := "0"
+		flags := 0 // take.lua: 1 release, 2 soft
 		if h.Release {
-			rel = "1"
+			flags |= 1
+		}
+		if h.Soft {
+			flags |= 2
 		}
 		mult := l.Multiplier
 		if mult < 1 {
@@ -57,7 +60,7 @@ func scriptArgs(mode string, nowUS int64, nonce string, hits []algo.Hit) []any {
 		}
 		args = append(args,
 			int64(l.Kind), l.Rate, l.Period.Microseconds(), l.Burst,
-			int64(l.Calendar), mult, h.Cost, rel)
+			int64(l.Calendar), mult, h.Cost, flags)
 	}
 	return args
 }

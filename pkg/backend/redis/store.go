@@ -171,9 +171,11 @@ type group struct {
 	err   error
 }
 
+// denied reports whether the group denied the request: a hit with Cost > 0
+// that is not Soft was denied (the script then wrote nothing).
 func (g *group) denied() bool {
 	for i, d := range g.out {
-		if !d.Allowed && g.hits[i].Cost > 0 {
+		if !d.Allowed && g.hits[i].Cost > 0 && !g.hits[i].Soft {
 			return true
 		}
 	}
@@ -227,8 +229,17 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 				continue
 			}
 			wg.Go(func() {
+				// Reverse only what the take consumed: a hit denied on
+				// its own (Soft) wrote nothing.
+				rh := make([]algo.Hit, len(g.hits))
+				for j, h := range g.hits {
+					if !g.out[j].Allowed {
+						h.Cost = 0
+					}
+					rh[j] = h
+				}
 				checks := make([]algo.Decision, len(g.hits))
-				if _, err := s.run(context.WithoutCancel(ctx), modeRefund, g.nowUS, nonce, g.hits, checks); err != nil {
+				if _, err := s.run(context.WithoutCancel(ctx), modeRefund, g.nowUS, nonce, rh, checks); err != nil {
 					s.refundErrors.Add(1)
 					return
 				}

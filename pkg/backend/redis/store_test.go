@@ -381,3 +381,34 @@ func TestSentinelStore(t *testing.T) {
 	d := okWithin(10 * time.Second)
 	t.Logf("decisions stable %v after the promotion", d)
 }
+
+// TestSoftHit: a denied Soft hit (shadow or quota mode) does not roll back
+// the request's other hits and writes nothing itself; on a cluster too.
+func TestSoftHit(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	s := newTestStore(t, srv, newPinnedClock(epoch0).Now, 0)
+	one := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}
+	three := algo.Limit{Kind: algo.TokenBucket, Rate: 3, Period: time.Hour}
+	steps := []struct {
+		hits []algo.Hit
+		want []bool  // Allowed
+		rem  []int64 // Remaining
+	}{
+		{[]algo.Hit{{Key: "soft", Limit: one, Cost: 1, Soft: true}, {Key: "hard", Limit: three, Cost: 1}}, []bool{true, true}, []int64{0, 2}},
+		{[]algo.Hit{{Key: "soft", Limit: one, Cost: 1, Soft: true}, {Key: "hard", Limit: three, Cost: 1}}, []bool{false, true}, []int64{0, 1}},
+		{[]algo.Hit{{Key: "soft", Limit: one, Cost: 1}, {Key: "hard", Limit: three, Cost: 1}}, []bool{false, true}, []int64{0, 1}}, // not soft: rolled back
+		{[]algo.Hit{{Key: "hard", Limit: three, Cost: 1}}, []bool{true}, []int64{0}},
+	}
+	for i, st := range steps {
+		d, err := s.Take(ctx, st.hits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range d {
+			if d[j].Allowed != st.want[j] || d[j].Remaining != st.rem[j] {
+				t.Errorf("step %d hit %d: %+v, want allowed=%v remaining=%d", i, j, d[j], st.want[j], st.rem[j])
+			}
+		}
+	}
+}

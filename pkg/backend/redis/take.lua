@@ -11,7 +11,8 @@
 --          redis.call('TIME'). Tests pin it; refunds pass the take's now.
 -- ARGV[3]  request nonce: makes log members unique across requests.
 -- ARGV[4 + (i-1)*8 ..] per hit: kind, rate, period_us, burst, calendar,
---          multiplier, cost, release (0/1).
+--          multiplier, cost, flags (1 = release: return concurrency
+--          leases; 2 = soft: a denial does not deny the request).
 --
 -- Reply: { now_us, then per hit: allowed (0/1), remaining, retry_us,
 --          reset_us, window_us }. Durations are integer microseconds.
@@ -77,7 +78,8 @@ for i = 1, #KEYS do
     cal = tonumber(ARGV[o + 5]),
     mult = tonumber(ARGV[o + 6]),
     cost = max(tonumber(ARGV[o + 7]), 0),
-    release = ARGV[o + 8] == '1',
+    release = ARGV[o + 8] == '1' or ARGV[o + 8] == '3',
+    soft = ARGV[o + 8] == '2' or ARGV[o + 8] == '3',
     idx = i,
   }
   used[hits[i].kind] = true
@@ -626,7 +628,7 @@ for i, h in ipairs(hits) do
     end
   end
   states[h.key] = ns
-  if not d.allowed and h.cost > 0 then denied = true end
+  if not d.allowed and h.cost > 0 and not h.soft then denied = true end
   decisions[i] = d
 end
 
