@@ -325,11 +325,14 @@ func TestFailureModesOOMReadonlyStartup(t *testing.T) {
 // circuit_open, and once Redis answers, every call is decided by it.
 //
 // This failed when written: the breaker's "5 consecutive failures" rule
-// counts the ~50 calls that were in flight during one stall, and that all
+// counted the ~50 calls that were in flight during one stall, and that all
 // time out together, as 50 consecutive failures, so one 10 ms hiccup under
 // load opened the circuit for OpenFor (250 ms) and failed open thousands
-// of decisions (the same happens, unprovoked, in
-// BenchmarkShouldRateLimitRedis on a loaded 2-core host).
+// of decisions (the same happened, unprovoked, in
+// BenchmarkShouldRateLimitRedis on a loaded 2-core host). Fixed in
+// pkg/backend/redis/breaker.go: a failed call that was already in flight
+// when the previous failure was recorded is not another consecutive
+// failure.
 func TestBriefStallDoesNotOpenCircuit(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
