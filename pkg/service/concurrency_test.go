@@ -142,3 +142,150 @@ func TestConcurrencyLeaseEnvoy(t *testing.T) {
 	}
 	leaseStatus(t, "t0+35s", s21, resp, st(OK, inFlight, 18, 30*time.Second))
 }
+
+// gatedRelease is the Envoy configuration of docs/algorithms/concurrency.md
+// ("Release only leases that were taken"), keep the two in sync: the
+// stream-done descriptor takes its ratelimitd.release entry from a request
+// header that a header_mutation filter placed AFTER the rate-limit filter
+// adds, so it exists only on requests the rate-limit filter let through.
+// Envoy sends stream-done descriptors for denied requests too (its filter's
+// onDestroy runs them whenever no call is in flight).
+const gatedRelease = `
+static_resources:
+  listeners:
+    - name: http
+      address: {socket_address: {address: 0.0.0.0, port_value: 8080}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: edge
+                use_remote_address: true
+                route_config:
+                  virtual_hosts:
+                    - name: site
+                      domains: ["*"]
+                      routes:
+                        - match: {prefix: "/search"}
+                          route:
+                            cluster: search
+                            rate_limits:
+                              - actions:
+                                  - destination_cluster: {}
+                              - apply_on_stream_done: true
+                                actions:
+                                  - destination_cluster: {}
+                                  - request_headers: {header_name: x-ratelimitd-lease, descriptor_key: ratelimitd.release}
+                http_filters:
+                  - name: envoy.filters.http.header_mutation
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+                      mutations:
+                        request_mutations:
+                          - remove: x-ratelimitd-lease
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: website
+                      timeout: 0.020s
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: {envoy_grpc: {cluster_name: ratelimitd}}
+                  - name: envoy.filters.http.header_mutation
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+                      mutations:
+                        request_mutations:
+                          - append:
+                              header: {key: x-ratelimitd-lease, value: "1"}
+                              append_action: OVERWRITE_IF_EXISTS_OR_ADD
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: search
+      connect_timeout: 1s
+    - name: ratelimitd
+      connect_timeout: 0.25s
+`
+
+// TestConcurrencyReleaseOnlyWhenAdmitted: with the gated release, 40
+// searches arriving while the first ones are in flight leave exactly 20
+// leases held (the denied 20 send no release), and releasing the 20
+// admitted ones lets 20 more in.
+func TestConcurrencyReleaseOnlyWhenAdmitted(t *testing.T) {
+	b, err := replay.DecodeBootstrap([]byte(gatedRelease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	en, err := replay.NewEnvoy(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, nil)
+	// examples/website: destination_cluster=search holds search-in-flight
+	// (20 leases, 30 s).
+	e.svc.SetPolicy(loadSet(t, "../../examples/website"))
+
+	// stream runs one search through Envoy: the rate-limit call, then the
+	// header_mutation after it only if the request was let through, then
+	// the stream-done descriptors when it completes (done).
+	type stream struct {
+		done []*rlcommon.RateLimitDescriptor
+	}
+	start := func(client string) (admitted bool, s stream) {
+		r := &replay.Request{Client: netip.MustParseAddr(client), Method: "GET", Path: "/search?q=x",
+			// A client-supplied copy is removed by the first header_mutation.
+			Headers: map[string]string{}}
+		rt, ok := en.Match("", r)
+		if !ok {
+			t.Fatal("no route for /search")
+		}
+		resp := e.call(t, req(rt.Domain, rlsDescriptors(rt.Descriptors)...))
+		admitted = resp.GetOverallCode() == OK
+		if admitted {
+			r.Headers["x-ratelimitd-lease"] = "1" // the second header_mutation
+			rt, _ = en.Match("", r)
+		}
+		return admitted, stream{done: rlsDescriptors(rt.OnStreamDone)}
+	}
+	end := func(s stream) {
+		if len(s.done) > 0 {
+			if resp := e.call(t, req("website", s.done...)); resp.GetOverallCode() != OK {
+				t.Fatalf("release denied: %v", resp.GetStatuses())
+			}
+		}
+	}
+
+	var inFlight []stream
+	for i := 1; i <= 40; i++ {
+		ok, s := start(fmt.Sprintf("192.0.2.%d", i))
+		if !ok {
+			if len(s.done) != 0 {
+				t.Fatalf("search %d: denied, yet Envoy would send a release: %v", i, entriesOf(s.done))
+			}
+			end(s) // a denied request completes at once (429)
+			continue
+		}
+		want := [][]policy.Entry{entryList("destination_cluster", "search", policy.ReleaseKey, "1")}
+		if diff := cmp.Diff(want, entriesOf(s.done)); diff != "" {
+			t.Fatalf("search %d: release (-want +got):\n%s", i, diff)
+		}
+		inFlight = append(inFlight, s)
+	}
+	if len(inFlight) != 20 {
+		t.Fatalf("%d searches in flight, want 20 (the limit)", len(inFlight))
+	}
+	for _, s := range inFlight {
+		end(s)
+	}
+	for i := 41; i <= 60; i++ {
+		if ok, _ := start(fmt.Sprintf("192.0.2.%d", i)); !ok {
+			t.Fatalf("search %d denied after 20 releases", i)
+		}
+	}
+	if ok, _ := start("192.0.2.61"); ok {
+		t.Fatal("a 21st lease was granted")
+	}
+}
