@@ -289,3 +289,29 @@ func TestConcurrencyReleaseOnlyWhenAdmitted(t *testing.T) {
 		t.Fatal("a 21st lease was granted")
 	}
 }
+
+// TestConcurrencyUngatedReleaseOverAdmits documents why the gated release
+// exists (docs/algorithms/concurrency.md, "Release only leases that were
+// taken"): with envoy/website.yaml's unconditional release, Envoy also
+// releases after its own 429, which frees a lease held by another request.
+// 40 searches arriving while the admitted ones are still in flight: every
+// denial frees a slot for the next search, so 30 are admitted against a
+// limit of 20. If this fails, the service now tells a release without a
+// lease apart: update the documentation.
+func TestConcurrencyUngatedReleaseOverAdmits(t *testing.T) {
+	e := newEnv(t, nil)
+	e.svc.SetPolicy(loadSet(t, "../../examples/website"))
+	admitted := 0
+	for i := 1; i <= 40; i++ {
+		s := websiteSearch(t, fmt.Sprintf("192.0.2.%d", i))
+		if e.call(t, req("website", s.acquire...)).GetOverallCode() == OK {
+			admitted++ // still in flight: no release yet
+			continue
+		}
+		// Denied by Envoy: the stream ends and Envoy sends the release.
+		e.call(t, req("website", s.release...))
+	}
+	if admitted != 30 {
+		t.Fatalf("%d searches in flight, the documentation says 30 (limit 20)", admitted)
+	}
+}
