@@ -113,7 +113,8 @@
 //
 // Multi-hit requests (the Store contract): hits are applied in request
 // order, a hit on a key already touched by the request sees the tentative
-// state left by the earlier hit; if any hit with Cost > 0 is denied,
+// state left by the earlier hit; if any hit that is not Soft is denied (a
+// check-only hit with Cost 0 included: the request is then denied),
 // nothing is written and every decision of a hit that was not itself
 // denied reports the values computed against the state before the request
 // (see algotest).

@@ -41,13 +41,6 @@ type descState struct {
 	status *rlsv3.RateLimitResponse_DescriptorStatus
 }
 
-// maxTakeRounds bounds the Store calls of one request. A second round
-// happens only when every denial of the first was non-enforcing (shadow
-// rules, or quota-mode descriptors while another quota descriptor
-// passes): the store rolled the whole request back, so it is retried
-// without the non-enforcing hits, so that the enforcing limits consume.
-const maxTakeRounds = 3
-
 func (s *Service) decide(ctx context.Context, set *policy.Set, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
 	domain := req.GetDomain()
 	reqCost := int64(req.GetHitsAddend())
@@ -114,44 +107,28 @@ func (s *Service) decide(ctx context.Context, set *policy.Set, req *rlsv3.RateLi
 				Limit:   sp.Limit,
 				Cost:    st.cost,
 				Release: st.match.Release,
+				// A shadow or quota descriptor's denial does not fail the
+				// request, and in global shadow mode nothing does: the
+				// store must not roll the request back for them.
+				Soft: st.shadow || st.quota || s.opts.ShadowMode,
 			})
 		}
 	}
 
-	// 3. One Store call (more only for non-enforcing denials, see
-	// maxTakeRounds), failure modes on error.
+	// 3. One Store call; failure modes on error.
 	decs := make([]algo.Decision, len(hits))
 	outs := make([]outcome, len(hits))
-	active := make([]int, len(hits))
-	for i := range active {
-		active[i] = i
-	}
-	for round := 0; round < maxTakeRounds && len(active) > 0; round++ {
-		sub := make([]algo.Hit, len(active))
-		for j, h := range active {
-			sub[j] = hits[h]
-		}
-		res, err := s.take(ctx, s.opts.Store, "primary", sub)
+	if len(hits) > 0 {
+		res, err := s.take(ctx, s.opts.Store, "primary", hits)
 		if err != nil {
-			s.fail(ctx, err, hits, specs, active, decs, outs)
-			break
-		}
-		for j, h := range active {
-			decs[h], outs[h] = res[j], byStore
-		}
-		if s.evaluate(ds, decs) {
-			break // denied as a whole: nothing was consumed
-		}
-		next := active[:0:0]
-		for _, h := range active {
-			if decs[h].Allowed {
-				next = append(next, h)
+			all := make([]int, len(hits))
+			for i := range all {
+				all[i] = i
 			}
+			s.fail(ctx, err, hits, specs, all, decs, outs)
+		} else {
+			copy(decs, res)
 		}
-		if len(next) == len(active) {
-			break // all allowed: consumed
-		}
-		active = next
 	}
 	denied := s.evaluate(ds, decs)
 

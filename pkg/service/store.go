@@ -11,8 +11,8 @@ import (
 // The service never imports a concrete backend; cmd/ratelimitd wires one in.
 type Store interface {
 	// Take decides all hits of one request atomically and all-or-nothing:
-	// when any hit with Cost > 0 is denied, no hit of the request consumes
-	// anything (Decision.Remaining then reports the value before the
+	// when any hit that is not Soft is denied (check-only hits with Cost 0
+	// included), no hit of the request consumes anything (Decision.Remaining then reports the value before the
 	// request). len(result) == len(hits), same order. Hits with the same
 	// Key are applied in order, each seeing the previous one.
 	//

@@ -29,7 +29,7 @@ func (s *refStore) Take(_ context.Context, hits []algo.Hit) ([]algo.Decision, er
 		ns, d := algo.Apply(st, h, now)
 		tent[h.Key] = ns
 		out[i] = d
-		if !d.Allowed && h.Cost > 0 {
+		if !d.Allowed && !h.Soft {
 			denied = true
 		}
 	}

@@ -179,6 +179,7 @@ func multiHit() Table {
 	k := algo.Limit{Kind: algo.FixedWindow, Rate: 3, Period: time.Minute}
 	c := algo.Limit{Kind: algo.Concurrency, Rate: 1, Period: time.Minute}
 	h := func(key string, l algo.Limit, cost int64) algo.Hit { return algo.Hit{Key: key, Limit: l, Cost: cost} }
+	soft := func(x algo.Hit) algo.Hit { x.Soft = true; return x }
 	return Table{Name: "multi_hit", Steps: []Step{
 		{At: 0, Hits: []algo.Hit{h("a", a, 1), h("b", b, 1)}, Want: []algo.Decision{OK(4, 60*sec, 60*sec), OK(0, 60*sec, 60*sec)}},
 		// b denies: a consumes nothing and reports the value before the request
@@ -193,8 +194,13 @@ func multiHit() Table {
 		// the second denies against the first's tentative state; nothing is written
 		{At: 5 * sec, Hits: []algo.Hit{h("k", k, 1), h("k", k, 1)}, Want: []algo.Decision{OK(1, 55*sec, 55*sec), Deny(0, 55*sec, 55*sec, 55*sec)}},
 		{At: 5 * sec, Hits: []algo.Hit{h("k", k, 0)}, Want: []algo.Decision{OK(1, 55*sec, 55*sec)}},
-		// a denied check (cost 0) does not deny the others at the store (the service decides the code)
-		{At: 6 * sec, Hits: []algo.Hit{h("a", a, 1), h("b", b, 0)}, Want: []algo.Decision{OK(3, 54*sec, 54*sec), Deny(0, 54*sec, 54*sec, 54*sec)}},
+		// a denied check (cost 0) denies the request: a consumes nothing
+		{At: 6 * sec, Hits: []algo.Hit{h("a", a, 1), h("b", b, 0)}, Want: []algo.Decision{OK(4, 54*sec, 54*sec), Deny(0, 54*sec, 54*sec, 54*sec)}},
+		// a Soft hit (shadow, quota) that denies does not roll the request back: a consumes
+		{At: 6 * sec, Hits: []algo.Hit{h("a", a, 1), soft(h("b", b, 1))}, Want: []algo.Decision{OK(3, 54*sec, 54*sec), Deny(0, 54*sec, 54*sec, 54*sec)}},
+		// ... and a Soft hit that is allowed is rolled back with the rest when a hard hit denies
+		{At: 6 * sec, Hits: []algo.Hit{soft(h("a", a, 1)), h("b", b, 1)}, Want: []algo.Decision{OK(3, 54*sec, 54*sec), Deny(0, 54*sec, 54*sec, 54*sec)}},
+		{At: 6 * sec, Hits: []algo.Hit{h("a", a, 0)}, Want: []algo.Decision{OK(3, 54*sec, 54*sec)}},
 		// a lease and a denied hit: the lease is not taken
 		{At: 7 * sec, Hits: []algo.Hit{h("c", c, 1), h("b", b, 1)}, Want: []algo.Decision{OK(1, 0, 60*sec), Deny(0, 53*sec, 53*sec, 53*sec)}},
 		{At: 7 * sec, Hits: []algo.Hit{h("c", c, 1)}, Want: []algo.Decision{OK(0, 60*sec, 60*sec)}},

@@ -169,8 +169,9 @@ func (s *Store) shardOf(key string) int {
 // Take decides all hits of one request atomically (service.Store): the
 // shards of every hit are locked in ascending order, hits are applied in
 // request order (a repeated key sees the earlier hit's tentative state),
-// and the new states are committed only if no hit with Cost > 0 was
-// denied. Otherwise nothing is written and every hit that did not deny
+// and the new states are committed only if no hit was denied, except
+// Soft hits (shadow, quota), whose denial writes nothing for that hit but
+// does not roll the request back. Otherwise nothing is written and every hit that did not deny
 // reports a check (cost 0) on the state before the request.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	if err := ctx.Err(); err != nil {
@@ -238,7 +239,7 @@ func (s *Store) take(hits []algo.Hit, now time.Time, out []algo.Decision) ([]alg
 		}
 		ns, d := algo.Apply(st, h, now)
 		out[i] = d
-		if !d.Allowed && h.Cost > 0 {
+		if !d.Allowed && !h.Soft {
 			denied = true
 		}
 		if pending != nil {

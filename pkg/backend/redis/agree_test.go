@@ -16,7 +16,7 @@ import (
 
 // reference decides a request the way the Store contract says (the
 // reference store of pkg/algo/algotest), with pkg/algo: hits in order on
-// tentative states; when a hit with Cost > 0 that is not Soft is denied
+// tentative states; when a hit that is not Soft is denied (a check-only hit too)
 // nothing is kept and
 // the hits that did not deny report a check (algo.Take with cost 0)
 // against the state before the request.
@@ -34,7 +34,7 @@ func reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []a
 		ns, d := algo.Apply(get(h.Key), h, now)
 		tent[h.Key] = ns
 		out[i] = d
-		if !d.Allowed && h.Cost > 0 && !h.Soft {
+		if !d.Allowed && !h.Soft {
 			denied = true
 		}
 	}

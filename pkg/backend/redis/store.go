@@ -171,11 +171,11 @@ type group struct {
 	err   error
 }
 
-// denied reports whether the group denied the request: a hit with Cost > 0
-// that is not Soft was denied (the script then wrote nothing).
+// denied reports whether the group denied the request: a hit that is not
+// Soft was denied (the script then wrote nothing).
 func (g *group) denied() bool {
 	for i, d := range g.out {
-		if !d.Allowed && g.hits[i].Cost > 0 && !g.hits[i].Soft {
+		if !d.Allowed && !g.hits[i].Soft {
 			return true
 		}
 	}

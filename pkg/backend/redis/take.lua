@@ -628,7 +628,7 @@ for i, h in ipairs(hits) do
     end
   end
   states[h.key] = ns
-  if not d.allowed and h.cost > 0 and not h.soft then denied = true end
+  if not d.allowed and not h.soft then denied = true end
   decisions[i] = d
 end
 
