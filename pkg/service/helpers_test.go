@@ -105,7 +105,7 @@ func (f *fakeStore) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision,
 			s, decs[i] = algo.Take(h.Limit, get(h.Key), now, h.Cost)
 		}
 		next[h.Key] = s
-		denied = denied || !decs[i].Allowed
+		denied = denied || (!decs[i].Allowed && !h.Soft)
 	}
 	if denied {
 		for i, h := range hits {

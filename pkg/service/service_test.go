@@ -375,3 +375,41 @@ func TestFiftyConcurrentCallsTenPerMinute(t *testing.T) {
 		t.Fatalf("ok=%d over=%d, want 10 and 40", ok, over)
 	}
 }
+
+// A check-only descriptor (hits_addend 0) that is OVER_LIMIT denies the
+// request, so the request's other limits consume nothing; a shadow rule's
+// denial does not, and the enforced limit counts the request in the same
+// single store call.
+func TestCheckOnlyDenialConsumesNothingShadowDenialDoes(t *testing.T) {
+	e := newEnv(t, nil)
+	// exhaust small (2/minute)
+	for i := 0; i < 2; i++ {
+		if r := e.call(t, req("svc", d("small", "x"))); r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("call %d: %v", i, r.GetOverallCode())
+		}
+	}
+	calls := e.store.Calls()
+	r := e.call(t, req("svc", d("user", "u1"), withHits(d("small", "x"), 0)))
+	if r.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("check-only on an exhausted limit: %v, want OVER_LIMIT", r.GetOverallCode())
+	}
+	if got := r.GetStatuses()[0].GetLimitRemaining(); got != 10 {
+		t.Errorf("user remaining in the denied request = %d, want 10 (value before)", got)
+	}
+	if r := e.call(t, req("svc", d("user", "u1"))); r.GetStatuses()[0].GetLimitRemaining() != 9 {
+		t.Errorf("after the denied request user remaining = %d, want 9 (nothing consumed before)", r.GetStatuses()[0].GetLimitRemaining())
+	}
+	// shadowed: 1/minute; the first request passes it, the second is over
+	// (shadow) yet allowed, and user counts both.
+	e.call(t, req("svc", d("shadowed", "s"), d("user", "u2")))
+	r = e.call(t, req("svc", d("shadowed", "s"), d("user", "u2")))
+	if r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("shadow denial: overall %v, want OK", r.GetOverallCode())
+	}
+	if got := r.GetStatuses()[1].GetLimitRemaining(); got != 8 {
+		t.Errorf("user remaining after two requests with a shadow denial = %d, want 8", got)
+	}
+	if got := e.store.Calls() - calls; got != 4 {
+		t.Errorf("store calls for 4 requests = %d, want 4 (one per request)", got)
+	}
+}
