@@ -82,11 +82,18 @@ func TestServerSpanContinuesEnvoyTraceAndBackendSpanIsChild(t *testing.T) {
 	if _, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.sdk.ForceFlush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	spans := exp.GetSpans()
 	defer tr.Shutdown(context.Background()) //nolint:errcheck
+	// The server span ends after the response reached the client: flush
+	// until both spans are exported.
+	var spans tracetest.SpanStubs
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if err := tr.sdk.ForceFlush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if spans = exp.GetSpans(); len(spans) >= 2 {
+			break
+		}
+	}
 	var server, backend *tracetest.SpanStub
 	for i := range spans {
 		switch spans[i].SpanKind {
