@@ -412,3 +412,30 @@ func TestSoftHit(t *testing.T) {
 		}
 	}
 }
+
+// TestSlidingLogLargeCost: a request may add up to MaxSlidingLogRate log
+// entries at once (one per unit of cost); the script must not hit Lua's
+// unpack limit, and must agree with pkg/algo.
+func TestSlidingLogLargeCost(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	clock := newPinnedClock(epoch0)
+	s := newTestStore(t, srv, clock.Now, 0)
+	l := algo.Limit{Kind: algo.SlidingLog, Rate: algo.MaxSlidingLogRate, Period: time.Minute}
+	var st algo.State
+	for i, cost := range []int64{4000, 3999, 2001, 1, 1} {
+		d, err := s.Take(ctx, []algo.Hit{{Key: "biglog", Limit: l, Cost: cost}})
+		if err != nil {
+			t.Fatalf("step %d cost %d: %v", i, cost, err)
+		}
+		var want algo.Decision
+		st, want = algo.Take(l, st, clock.Now(), cost)
+		if d[0] != want {
+			t.Errorf("step %d cost %d: redis %+v, algo %+v", i, cost, d[0], want)
+		}
+		clock.Advance(time.Second)
+	}
+	if n := srv.Client().ZCard(ctx, "biglog").Val(); n != algo.MaxSlidingLogRate {
+		t.Errorf("log holds %d entries, want %d", n, algo.MaxSlidingLogRate)
+	}
+}

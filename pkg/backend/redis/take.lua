@@ -512,13 +512,16 @@ if used[2] or used[4] then
     if n > 0 then last = log_at(st, n) end -- read before the ranks shift
     if st.off > 0 then redis.call('ZREMRANGEBYSCORE', h.key, '-inf', fmt(cut)) end
     if st.dropped > 0 then redis.call('ZREMRANGEBYRANK', h.key, '0', fmt(st.dropped - 1)) end
-    if #members > 0 then
-      local args = {}
-      for i = 1, #members do
-        args[#args + 1] = fmt(st.added[i])
-        args[#args + 1] = members[i]
+    -- ZADD in batches: unpack() of more than LUAI_MAXCSTACK (8000) values
+    -- fails, and a request may add up to MaxSlidingLogRate members.
+    local args = {}
+    for i = 1, #members do
+      args[#args + 1] = fmt(st.added[i])
+      args[#args + 1] = members[i]
+      if #args >= 1000 or i == #members then
+        redis.call('ZADD', h.key, unpack(args))
+        args = {}
       end
-      redis.call('ZADD', h.key, unpack(args))
     end
     if n == 0 then
       redis.call('DEL', h.key)
