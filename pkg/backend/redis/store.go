@@ -146,6 +146,10 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 // recently); it implements service.Healther.
 func (s *Store) Healthy() bool { return s.breaker.Healthy() }
 
+// BreakerState is the circuit breaker's state now: "closed", "open" or
+// "half_open" (the label of ratelimitd_backend_circuit_state).
+func (s *Store) BreakerState() string { return s.breaker.State().String() }
+
 // run executes the script once for hits (all in one slot on Cluster),
 // under the circuit breaker and Options.Timeout. Errors are classified
 // (*Error with a Cause).

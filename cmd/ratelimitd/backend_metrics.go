@@ -1,0 +1,54 @@
+package main
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Optional store interfaces read by the backend metrics (implemented by the
+// Redis store; the memory store has none of them).
+type (
+	breakerStater interface{ BreakerState() string }
+	cacheHitter   interface{ CacheHits() uint64 }
+	refundCounter interface{ RefundErrors() uint64 }
+)
+
+// breakerStates are the label values of ratelimitd_backend_circuit_state.
+var breakerStates = []string{"closed", "open", "half_open"}
+
+// registerBackendMetrics exports what the store reports about itself:
+// circuit-breaker state (one series per state, 1 for the current one),
+// local over-limit cache hits, and failed Cluster compensating refunds.
+// Stores without these methods export nothing.
+func registerBackendMetrics(reg prometheus.Registerer, store any) error {
+	var cs []prometheus.Collector
+	if b, ok := store.(breakerStater); ok {
+		for _, st := range breakerStates {
+			cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name:        "ratelimitd_backend_circuit_state",
+				Help:        "Circuit breaker in front of the backend: 1 for the current state (closed, open, half_open), else 0.",
+				ConstLabels: prometheus.Labels{"state": st},
+			}, func() float64 {
+				if b.BreakerState() == st {
+					return 1
+				}
+				return 0
+			}))
+		}
+	}
+	if c, ok := store.(cacheHitter); ok {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimitd_local_cache_hits_total",
+			Help: "Hits answered OVER_LIMIT by the local over-limit cache without a backend round trip.",
+		}, func() float64 { return float64(c.CacheHits()) }))
+	}
+	if r, ok := store.(refundCounter); ok {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimitd_cluster_refund_errors_total",
+			Help: "Redis Cluster compensating refunds that failed (a slot group that allowed could not be undone after another denied).",
+		}, func() float64 { return float64(r.RefundErrors()) }))
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+type fakeBackend struct {
+	state string
+	hits  uint64
+}
+
+func (f *fakeBackend) BreakerState() string { return f.state }
+func (f *fakeBackend) CacheHits() uint64    { return f.hits }
+func (f *fakeBackend) RefundErrors() uint64 { return 2 }
+
+func TestBackendMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b := &fakeBackend{state: "closed", hits: 5}
+	if err := registerBackendMetrics(reg, b); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP ratelimitd_backend_circuit_state Circuit breaker in front of the backend: 1 for the current state (closed, open, half_open), else 0.
+# TYPE ratelimitd_backend_circuit_state gauge
+ratelimitd_backend_circuit_state{state="closed"} 0
+ratelimitd_backend_circuit_state{state="half_open"} 0
+ratelimitd_backend_circuit_state{state="open"} 1
+`
+	b.state = "open"
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratelimitd_backend_circuit_state"); err != nil {
+		t.Error(err)
+	}
+	if got := testutil.ToFloat64(mustCollector(t, reg, "ratelimitd_local_cache_hits_total")); got != 5 {
+		t.Errorf("cache hits = %v, want 5", got)
+	}
+	// A store without these methods exports nothing.
+	empty := prometheus.NewRegistry()
+	if err := registerBackendMetrics(empty, struct{}{}); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := testutil.GatherAndCount(empty); n != 0 {
+		t.Errorf("memory-like store exported %d series", n)
+	}
+}
+
+func mustCollector(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			v := mf.GetMetric()[0].GetCounter().GetValue()
+			c := prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
+			c.Add(v)
+			return c
+		}
+	}
+	t.Fatalf("%s not exported", name)
+	return nil
+}
