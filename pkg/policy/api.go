@@ -151,7 +151,14 @@ type Warning struct {
 	Message string
 }
 
-func (w Warning) String() string { return formatPos(w.File, w.Line) + ": warning: " + w.Message }
+// String returns "file:line: warning: message", or "warning: message" for a
+// warning about the load as a whole (File "", e.g. no domains loaded).
+func (w Warning) String() string {
+	if w.File == "" {
+		return "warning: " + w.Message
+	}
+	return formatPos(w.File, w.Line) + ": warning: " + w.Message
+}
 
 // Load reads YAML files (a path may be a file or a directory, walked
 // recursively, .yaml/.yml files only) and compiles them into a Set. Every

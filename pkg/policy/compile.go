@@ -135,14 +135,73 @@ func statPath(domain string, path []*node, n *node) string {
 	return b.String()
 }
 
-var authWords = []string{"login", "password", "passwd", "auth", "otp", "token", "signin", "sign_in"}
+// authWords are the whole words (after splitting keys and values into
+// words, see words) that make a descriptor look like an authentication
+// endpoint for the fixed_window lint. Authorization words (authz,
+// authorization) and plural or compound forms (tokens, author, hotpath)
+// are deliberately absent: only exact authentication words count, so
+// llm_tokens or author_id do not warn.
+var authWords = map[string]bool{
+	"login": true, "logon": true, "signin": true,
+	"password": true, "passwd": true, "pwd": true,
+	"auth": true, "authn": true, "authenticate": true, "authentication": true,
+	"otp": true, "totp": true, "mfa": true, "2fa": true,
+	"token": true,
+}
 
+// authPairs are two consecutive words that form an authentication word
+// when written apart: sign_in, logIn, log-on, pass_word.
+var authPairs = map[[2]string]bool{
+	{"sign", "in"}: true, {"log", "in"}: true, {"log", "on"}: true, {"pass", "word"}: true,
+}
+
+// words splits s into lower-case words: at every byte that is not an ASCII
+// letter or digit, and at camelCase boundaries (a lower-case letter or digit
+// followed by an upper-case letter, a digit after a letter followed by an
+// upper-case letter, and the last letter of an upper-case run followed by a
+// lower-case letter: "OTPCode" → otp, code; "v1Login" → v1, login; "2FA"
+// stays 2fa). "/api/v1/signIn" → api, v1, sign, in.
+func words(s string) []string {
+	var out []string
+	isUpper := func(c byte) bool { return c >= 'A' && c <= 'Z' }
+	isLower := func(c byte) bool { return c >= 'a' && c <= 'z' }
+	isDigit := func(c byte) bool { return c >= '0' && c <= '9' }
+	start := -1
+	flush := func(end int) {
+		if start >= 0 && end > start {
+			out = append(out, strings.ToLower(s[start:end]))
+		}
+		start = -1
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !isUpper(c) && !isLower(c) && !isDigit(c) {
+			flush(i)
+			continue
+		}
+		if start >= 0 && isUpper(c) {
+			p := s[i-1]
+			digitAfterLetter := isDigit(p) && strings.ContainsFunc(s[start:i], func(r rune) bool { return r > '9' })
+			if isLower(p) || digitAfterLetter || (isUpper(p) && i+1 < len(s) && isLower(s[i+1])) {
+				flush(i)
+			}
+		}
+		if start < 0 {
+			start = i
+		}
+	}
+	flush(len(s))
+	return out
+}
+
+// looksLikeAuth returns the first key or value along path that contains an
+// authentication word (authWords, authPairs), or "".
 func looksLikeAuth(path []*node) string {
 	for _, n := range path {
 		for _, s := range [2]string{n.key, n.value} {
-			ls := strings.ToLower(s)
-			for _, w := range authWords {
-				if strings.Contains(ls, w) {
+			ws := words(s)
+			for i, w := range ws {
+				if authWords[w] || (i+1 < len(ws) && authPairs[[2]string{w, ws[i+1]}]) {
 					return s
 				}
 			}

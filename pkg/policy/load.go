@@ -17,7 +17,12 @@ import (
 //
 // Every problem is reported at once: the error joins *ConfigError values,
 // each printing as "file:line: message". A non-nil error means no Set.
-// Warnings (lint findings) are returned with or without an error.
+// Warnings (lint findings) are returned with or without an error. A load
+// that finds no config file (an empty directory, or one whose files were
+// all deleted) is valid and yields an empty Set, with one warning whose
+// File is "" (every request is then answered OK without limits). A path
+// that does not exist is an error, so a deleted file given directly keeps
+// the previous Set in force under Watch.
 func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 	errs := &errList{}
 	files := collectFiles(opts, paths, errs)
@@ -33,6 +38,12 @@ func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 	s := compile(parsed, opts, errs)
 	if len(errs.errs) > 0 {
 		return nil, errs.warnings, errors.Join(errs.errs...)
+	}
+	if len(s.domains) == 0 {
+		// Valid but almost certainly not meant: a directory without
+		// config files (or whose files were all deleted) loads an empty
+		// Set, and the service then answers every request OK.
+		errs.warn("", 0, "no rate-limit domains loaded from %s (no .yaml or .yml config files): every request is answered OK without limits", strings.Join(paths, ", "))
 	}
 	s.computeHash()
 	return s, errs.warnings, nil

@@ -244,7 +244,7 @@ func TestLoadWalk(t *testing.T) {
 func TestWarnings(t *testing.T) {
 	dir := writeFiles(t, map[string]string{"a.yaml": head +
 		"  - key: path\n    value: /api/login\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n" +
-		"  - key: Authorization\n    descriptors:\n      - key: user\n        rate_limits:\n          - unit: minute\n            algorithm: sliding_window\n          - unit: day\n" +
+		"  - key: X-Auth-Token\n    descriptors:\n      - key: user\n        rate_limits:\n          - unit: minute\n            algorithm: sliding_window\n          - unit: day\n" +
 		"  - key: ok\n    rate_limit:\n      unit: minute\n"})
 	_, warns, err := Load(LoadOptions{}, dir)
 	if err != nil {
@@ -256,7 +256,7 @@ func TestWarnings(t *testing.T) {
 	if warns[0].Line != 5 || !strings.Contains(warns[0].Message, `"/api/login"`) || !strings.Contains(warns[0].String(), "a.yaml:5: warning: fixed_window limit") {
 		t.Errorf("warning 0 = %s", warns[0])
 	}
-	if warns[1].Line != 14 || !strings.Contains(warns[1].Message, "Authorization") {
+	if warns[1].Line != 14 || !strings.Contains(warns[1].Message, "X-Auth-Token") {
 		t.Errorf("warning 1 = %s", warns[1])
 	}
 }
@@ -267,5 +267,116 @@ func TestDropInStrings(t *testing.T) {
 	s := mustLoad(t, LoadOptions{}, dir)
 	if _, ok := s.Match("d", ents("code", "429")); !ok {
 		t.Errorf("int value did not match")
+	}
+}
+
+// The fixed_window authentication lint matches whole words of keys and
+// values, not substrings.
+func TestAuthLintWholeWords(t *testing.T) {
+	tests := []struct {
+		key, value string
+		warn       bool
+	}{
+		// Positives.
+		{"path", "/api/login", true},
+		{"path", "/v1/signIn", true},
+		{"path", "/account/sign_in", true},
+		{"path", "/Log-On", true},
+		{"login_user", "", true},
+		{"loginUser", "", true},
+		{"x-auth-token", "", true},
+		{"user", "password", true},
+		{"passwd", "", true},
+		{"pwd_reset", "", true},
+		{"op", "authn", true},
+		{"step", "OTPCode", true},
+		{"step", "totp", true},
+		{"step", "mfa-verify", true},
+		{"step", "2FA", true},
+		{"v1Login", "", true},
+		{"route", "token", true},
+		{"AUTH", "", true},
+		{"endpoint", "/authenticate", true},
+		// Negatives: substrings that are not authentication words.
+		{"author_id", "", false},
+		{"path", "/hotpath", false},
+		{"llm_tokens", "", false},
+		{"authz", "", false},
+		{"Authorization", "", false},
+		{"path", "/blog/authors", false},
+		{"catalog", "", false},
+		{"tenant", "signing-key", false},
+		{"path", "/option", false},
+		{"remote_address", "", false},
+	}
+	for _, tt := range tests {
+		name := tt.key + "=" + tt.value
+		t.Run(name, func(t *testing.T) {
+			entry := "  - key: " + tt.key + "\n"
+			if tt.value != "" {
+				entry += "    value: " + tt.value + "\n"
+			}
+			dir := writeFiles(t, map[string]string{"a.yaml": head + entry + "    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n"})
+			_, warns, err := Load(LoadOptions{}, dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := false
+			for _, w := range warns {
+				if strings.Contains(w.Message, "looks like authentication") {
+					got = true
+				}
+			}
+			if got != tt.warn {
+				t.Errorf("warned %v, want %v (warnings %v)", got, tt.warn, warns)
+			}
+		})
+	}
+	// A sliding window on the same descriptor does not warn.
+	dir := writeFiles(t, map[string]string{"a.yaml": head + "  - key: login\n    rate_limit:\n      unit: minute\n      algorithm: sliding_window\n      requests_per_unit: 5\n"})
+	if _, warns, err := Load(LoadOptions{}, dir); err != nil || len(warns) != 0 {
+		t.Errorf("sliding_window on login: warnings %v, err %v", warns, err)
+	}
+}
+
+func TestWords(t *testing.T) {
+	for in, want := range map[string]string{
+		"/api/v1/signIn": "api v1 sign in",
+		"OTPCode":        "otp code",
+		"x-auth-token":   "x auth token",
+		"2FA":            "2fa",
+		"v1Login":        "v1 login",
+		"llm_tokens":     "llm tokens",
+		"":               "",
+		"caf\u00e9Login":  "caf login",
+	} {
+		if got := strings.Join(words(in), " "); got != want {
+			t.Errorf("words(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// A directory without config files is a valid, empty config with one
+// warning; a missing path is an error; a config with a domain has no such
+// warning.
+func TestEmptyConfigWarning(t *testing.T) {
+	empty := writeFiles(t, map[string]string{"README.txt": "not yaml"})
+	s, warns, err := Load(LoadOptions{}, empty)
+	if err != nil {
+		t.Fatalf("empty directory: %v", err)
+	}
+	if len(s.Domains()) != 0 {
+		t.Errorf("domains %v", s.Domains())
+	}
+	if len(warns) != 1 || warns[0].File != "" ||
+		warns[0].String() != "warning: no rate-limit domains loaded from "+empty+" (no .yaml or .yml config files): every request is answered OK without limits" {
+		t.Errorf("warnings = %q", warns)
+	}
+	if _, _, err := Load(LoadOptions{}, filepath.Join(empty, "gone.yaml")); err == nil {
+		t.Error("missing file: no error")
+	}
+	full := writeFiles(t, map[string]string{"a.yaml": head + "  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n"})
+	if _, warns, err := Load(LoadOptions{}, empty, full); err != nil || len(warns) != 0 {
+		t.Errorf("with a domain: warnings %v, err %v", warns, err)
 	}
 }
