@@ -152,13 +152,20 @@ type Envoy struct {
 	routes    *routev3.RouteConfiguration
 	regexps   map[string]*regexp.Regexp
 	perFilter string // filter name under which typed_per_filter_config is read
+
+	// before and after are the header_mutation filters placed before the
+	// rate-limit filter (they run on every request) and between it and the
+	// router (they run only on requests it let through), in chain order.
+	before, after []headerMutationFilter
 }
 
 // LoadEnvoy reads an Envoy bootstrap file (see DecodeBootstrap) and extracts
 // what Descriptors needs. Errors: no HTTP connection manager with the
 // rate-limit filter, routes not static (RDS), rate_limits actions this
 // package cannot reproduce (metadata, extension, dynamic_metadata,
-// remote_address_match), or a regex Go's RE2 engine rejects.
+// remote_address_match), header_mutation filters it cannot reproduce
+// (query_parameter_mutations, formatters, pseudo-headers, per-route
+// HeaderMutationPerRoute), or a regex Go's RE2 engine rejects.
 func LoadEnvoy(path string) (*Envoy, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -191,41 +198,69 @@ func NewEnvoy(b *bootstrapv3.Bootstrap) (*Envoy, error) {
 				} else {
 					continue
 				}
-				for _, hf := range hcm.GetHttpFilters() {
-					var rl rlfilterv3.RateLimit
-					if hf.GetTypedConfig() == nil || !hf.GetTypedConfig().MessageIs(&rl) {
-						continue
-					}
-					if err := hf.GetTypedConfig().UnmarshalTo(&rl); err != nil {
-						return nil, fmt.Errorf("replay: listener %s: %w", l.GetName(), err)
-					}
-					rc := hcm.GetRouteConfig()
-					if rc == nil {
-						return nil, fmt.Errorf("replay: listener %s: only a static route_config can be replayed (not RDS or scoped routes)", l.GetName())
-					}
-					if len(rl.GetRateLimits()) > 0 {
-						return nil, fmt.Errorf("replay: listener %s: filter-level rate_limits are not supported; put actions on routes", l.GetName())
-					}
-					e := &Envoy{
-						Domain:            rl.GetDomain(),
-						Stage:             rl.GetStage(),
-						ServiceCluster:    b.GetNode().GetCluster(),
-						Listener:          l.GetName(),
-						XFFNumTrustedHops: hcm.GetXffNumTrustedHops(),
-						UseRemoteAddress:  hcm.GetUseRemoteAddress().GetValue(),
-						routes:            rc,
-						regexps:           map[string]*regexp.Regexp{},
-						perFilter:         hf.GetName(),
-					}
-					if err := e.compile(); err != nil {
-						return nil, fmt.Errorf("replay: listener %s: %w", l.GetName(), err)
-					}
-					return e, nil
+				filters := hcm.GetHttpFilters()
+				rlAt := slices.IndexFunc(filters, func(hf *hcmv3.HttpFilter) bool {
+					return hf.GetTypedConfig() != nil && hf.GetTypedConfig().MessageIs(&rlfilterv3.RateLimit{})
+				})
+				if rlAt < 0 {
+					continue
 				}
+				hf := filters[rlAt]
+				var rl rlfilterv3.RateLimit
+				if err := hf.GetTypedConfig().UnmarshalTo(&rl); err != nil {
+					return nil, fmt.Errorf("replay: listener %s: %w", l.GetName(), err)
+				}
+				rc := hcm.GetRouteConfig()
+				if rc == nil {
+					return nil, fmt.Errorf("replay: listener %s: only a static route_config can be replayed (not RDS or scoped routes)", l.GetName())
+				}
+				if len(rl.GetRateLimits()) > 0 {
+					return nil, fmt.Errorf("replay: listener %s: filter-level rate_limits are not supported; put actions on routes", l.GetName())
+				}
+				e := &Envoy{
+					Domain:            rl.GetDomain(),
+					Stage:             rl.GetStage(),
+					ServiceCluster:    b.GetNode().GetCluster(),
+					Listener:          l.GetName(),
+					XFFNumTrustedHops: hcm.GetXffNumTrustedHops(),
+					UseRemoteAddress:  hcm.GetUseRemoteAddress().GetValue(),
+					routes:            rc,
+					regexps:           map[string]*regexp.Regexp{},
+					perFilter:         hf.GetName(),
+				}
+				if err := e.compileFilters(filters, rlAt); err != nil {
+					return nil, fmt.Errorf("replay: listener %s: %w", l.GetName(), err)
+				}
+				if err := e.compile(); err != nil {
+					return nil, fmt.Errorf("replay: listener %s: %w", l.GetName(), err)
+				}
+				return e, nil
 			}
 		}
 	}
 	return nil, errors.New("replay: no http_connection_manager with an envoy.filters.http.ratelimit filter in static listeners")
+}
+
+// compileFilters records the header_mutation filters before and after the
+// rate-limit filter (filters[rlAt]); see headerMutationFilter. Other filter
+// types are not simulated.
+func (e *Envoy) compileFilters(filters []*hcmv3.HttpFilter, rlAt int) error {
+	var errs []error
+	for i, hf := range filters {
+		hm, ok, err := e.compileHeaderMutation(hf)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case ok && i < rlAt:
+			e.before = append(e.before, hm)
+		case ok && i > rlAt:
+			e.after = append(e.after, hm)
+		}
+	}
+	if err := checkNoPerRouteHeaderMutation(e.routes); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // compile checks every action is reproducible and precompiles regexes.
@@ -399,15 +434,29 @@ type Route struct {
 	// Domain is the domain the descriptors are sent under (the filter's,
 	// or a per-route override from RateLimitPerRoute.domain).
 	Domain string
-	// Descriptors are sent before the request is forwarded (enforced).
+	// Descriptors are sent before the request is forwarded (enforced),
+	// evaluated on the request headers as the header_mutation filters before
+	// the rate-limit filter left them.
 	Descriptors []Descriptor
-	// OnStreamDone are sent when the stream completes (apply_on_stream_done:
-	// true): fire and forget, never enforced on this request.
+	// OnStreamDone are sent when the stream of a request the rate-limit
+	// filter let through completes (allowed, or its call failed open):
+	// apply_on_stream_done: true, fire and forget, never enforced. Envoy
+	// evaluates them in the rate-limit filter's onDestroy on the live request
+	// headers, so the header_mutation filters after the rate-limit filter
+	// have run on them.
 	OnStreamDone []Descriptor
+	// OnStreamDoneDenied are sent instead when the rate-limit filter answered
+	// the request itself (over limit: a local 429 reply stops the decoder
+	// filter chain, so the header_mutation filters after the rate-limit
+	// filter never ran). With the gated release of
+	// docs/algorithms/concurrency.md it holds no release.
+	OnStreamDoneDenied []Descriptor
 }
 
 // Match routes r as Envoy would (virtual host by host, then the first
-// matching route) and evaluates the rate_limits actions that apply. host
+// matching route) and evaluates the rate_limits actions that apply, with the
+// request headers as Envoy's header_mutation filters leave them (request
+// mutations only; other filters are not simulated; r is not modified). host
 // selects the virtual host; "" (an access log of one site rarely records
 // the Host header) means the virtual host with domain "*", else the first
 // one. ok is false when no route
@@ -453,18 +502,26 @@ func (e *Envoy) Match(host string, r *Request) (Route, bool) {
 		case vhMode == rlfilterv3.RateLimitPerRoute_OVERRIDE && len(routeLimits) == 0:
 			limits = append(limits, vh.GetRateLimits()...)
 		}
+		// The route is chosen on the request as received (Envoy caches it
+		// before the filter chain runs); descriptors are evaluated on the
+		// headers as the header_mutation filters leave them.
+		seen := e.mutate(e.before, r)     // what the rate-limit filter sees
+		passed := e.mutate(e.after, seen) // after it let the request through
 		for _, rl := range limits {
 			if rl.GetStage().GetValue() != e.Stage {
 				continue
 			}
-			d, ok := e.descriptor(rl, r, out.Cluster)
-			if !ok {
+			if !rl.GetApplyOnStreamDone() {
+				if d, ok := e.descriptor(rl, seen, out.Cluster); ok {
+					out.Descriptors = append(out.Descriptors, d)
+				}
 				continue
 			}
-			if rl.GetApplyOnStreamDone() {
+			if d, ok := e.descriptor(rl, passed, out.Cluster); ok {
 				out.OnStreamDone = append(out.OnStreamDone, d)
-			} else {
-				out.Descriptors = append(out.Descriptors, d)
+			}
+			if d, ok := e.descriptor(rl, seen, out.Cluster); ok {
+				out.OnStreamDoneDenied = append(out.OnStreamDoneDenied, d)
 			}
 		}
 		return out, true

@@ -339,7 +339,9 @@ func (b *builder) request(ctx context.Context, svc *service.Service, rec *record
 			rep.NoRoute++
 		}
 		rep.NotChecked++
-		return nil
+		// No call before the request: the rate-limit filter lets it through
+		// and still sends its stream-done descriptors.
+		return b.streamDone(ctx, svc, l, route.Domain, route.OnStreamDone)
 	}
 	rec.reset()
 	resp, err := svc.ShouldRateLimit(ctx, toRLS(route.Domain, route.Descriptors))
@@ -406,13 +408,26 @@ func (b *builder) request(ctx context.Context, svc *service.Service, rec *record
 	default:
 		rep.Allowed++
 	}
-	if len(route.OnStreamDone) > 0 {
-		// Envoy sends these when the stream completes, fire and forget;
-		// a log line's request has completed by definition.
-		rep.StreamDoneCalls++
-		if _, err := svc.ShouldRateLimit(ctx, toRLS(route.Domain, route.OnStreamDone)); err != nil {
-			return fmt.Errorf("replay: log line %d (apply_on_stream_done): %w", l.Line, err)
-		}
+	// Envoy answers a denied request itself (429): the filters after the
+	// rate-limit filter never run, so a release gated on a header they add
+	// is not sent (docs/algorithms/concurrency.md).
+	done := route.OnStreamDone
+	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+		done = route.OnStreamDoneDenied
+	}
+	return b.streamDone(ctx, svc, l, route.Domain, done)
+}
+
+// streamDone sends the apply_on_stream_done descriptors of a request. Envoy
+// sends them when the stream completes, fire and forget; a log line's
+// request has completed by definition.
+func (b *builder) streamDone(ctx context.Context, svc *service.Service, l *LogLine, domain string, done []Descriptor) error {
+	if len(done) == 0 {
+		return nil
+	}
+	b.rep.StreamDoneCalls++
+	if _, err := svc.ShouldRateLimit(ctx, toRLS(domain, done)); err != nil {
+		return fmt.Errorf("replay: log line %d (apply_on_stream_done): %w", l.Line, err)
 	}
 	return nil
 }

@@ -2,10 +2,11 @@ package service_test
 
 // Concurrency leases end to end with the descriptors envoy/website.yaml
 // sends for /search (docs/algorithms/concurrency.md): the lease taken before
-// the request, the release Envoy sends when the stream completes
-// (apply_on_stream_done: true, same actions plus a trailing generic_key
-// ratelimitd.release=1), and expiry when no release ever comes. Issue 4
-// item 1.
+// the request, the release Envoy sends when the stream of an admitted search
+// completes (apply_on_stream_done: true, same actions plus a trailing
+// ratelimitd.release entry taken from the x-ratelimitd-lease header that a
+// header_mutation filter after the rate-limit filter adds), no release for a
+// search Envoy denied, and expiry when no release ever comes. Issue 4 item 1.
 //
 // Units: search-in-flight in examples/website is 20 leases, unit second,
 // unit_multiplier 30: a lease never released expires 30 s after it was
@@ -14,6 +15,8 @@ package service_test
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,7 +32,8 @@ import (
 // search is one GET /search from client through envoy/website.yaml.
 type search struct {
 	acquire []*rlcommon.RateLimitDescriptor // sent before the request
-	release []*rlcommon.RateLimitDescriptor // sent when the stream completes
+	release []*rlcommon.RateLimitDescriptor // sent when the stream of an admitted search completes
+	denied  []*rlcommon.RateLimitDescriptor // sent when Envoy denied it (429) and the stream completes
 	lease   int                             // index of the in-flight descriptor in acquire
 }
 
@@ -37,9 +41,12 @@ func websiteSearch(t *testing.T, client string) search {
 	t.Helper()
 	rt := envoyRoute(t, "../../envoy/website.yaml", "website", &replay.Request{
 		Client: netip.MustParseAddr(client), Method: "GET", Path: "/search?q=envoy",
-		Headers: map[string]string{"user-agent": "Mozilla/5.0"},
+		// A client-supplied lease marker is stripped before the rate-limit
+		// filter: it must not produce a release for a denied search.
+		Headers: map[string]string{"user-agent": "Mozilla/5.0", "x-ratelimitd-lease": "1"},
 	})
-	s := search{acquire: rlsDescriptors(rt.Descriptors), release: rlsDescriptors(rt.OnStreamDone), lease: -1}
+	s := search{acquire: rlsDescriptors(rt.Descriptors), release: rlsDescriptors(rt.OnStreamDone),
+		denied: rlsDescriptors(rt.OnStreamDoneDenied), lease: -1}
 	for i, d := range entriesOf(s.acquire) {
 		if cmp.Equal(d, entryList("destination_cluster", "search")) {
 			s.lease = i
@@ -52,6 +59,10 @@ func websiteSearch(t *testing.T, client string) search {
 	want := [][]policy.Entry{entryList("destination_cluster", "search", policy.ReleaseKey, "1")}
 	if diff := cmp.Diff(want, entriesOf(s.release)); diff != "" {
 		t.Fatalf("apply_on_stream_done descriptors (-want +got):\n%s", diff)
+	}
+	// The gate: no release when Envoy answered 429 itself.
+	if len(s.denied) != 0 {
+		t.Fatalf("apply_on_stream_done descriptors of a denied search: %v", entriesOf(s.denied))
 	}
 	return s
 }
@@ -143,142 +154,52 @@ func TestConcurrencyLeaseEnvoy(t *testing.T) {
 	leaseStatus(t, "t0+35s", s21, resp, st(OK, inFlight, 18, 30*time.Second))
 }
 
-// gatedRelease is the Envoy configuration of docs/algorithms/concurrency.md
-// ("Release only leases that were taken"), keep the two in sync: the
-// stream-done descriptor takes its ratelimitd.release entry from a request
-// header that a header_mutation filter placed AFTER the rate-limit filter
-// adds, so it exists only on requests the rate-limit filter let through.
-// Envoy sends stream-done descriptors for denied requests too (its filter's
-// onDestroy runs them whenever no call is in flight).
-const gatedRelease = `
-static_resources:
-  listeners:
-    - name: http
-      address: {socket_address: {address: 0.0.0.0, port_value: 8080}}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: edge
-                use_remote_address: true
-                route_config:
-                  virtual_hosts:
-                    - name: site
-                      domains: ["*"]
-                      routes:
-                        - match: {prefix: "/search"}
-                          route:
-                            cluster: search
-                            rate_limits:
-                              - actions:
-                                  - destination_cluster: {}
-                              - apply_on_stream_done: true
-                                actions:
-                                  - destination_cluster: {}
-                                  - request_headers: {header_name: x-ratelimitd-lease, descriptor_key: ratelimitd.release}
-                http_filters:
-                  - name: envoy.filters.http.header_mutation
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
-                      mutations:
-                        request_mutations:
-                          - remove: x-ratelimitd-lease
-                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: website
-                      timeout: 0.020s
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service: {envoy_grpc: {cluster_name: ratelimitd}}
-                  - name: envoy.filters.http.header_mutation
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
-                      mutations:
-                        request_mutations:
-                          - append:
-                              header: {key: x-ratelimitd-lease, value: "1"}
-                              append_action: OVERWRITE_IF_EXISTS_OR_ADD
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: search
-      connect_timeout: 1s
-    - name: ratelimitd
-      connect_timeout: 0.25s
-`
-
-// TestConcurrencyReleaseOnlyWhenAdmitted: with the gated release, 40
-// searches arriving while the first ones are in flight leave exactly 20
-// leases held (the denied 20 send no release), and releasing the 20
-// admitted ones lets 20 more in.
+// TestConcurrencyReleaseOnlyWhenAdmitted: with envoy/website.yaml's gated
+// release (docs/algorithms/concurrency.md), 40 searches arriving while the
+// first ones are in flight leave exactly 20 leases held (the denied 20 send
+// no release), and releasing the 20 admitted ones lets 20 more in.
 func TestConcurrencyReleaseOnlyWhenAdmitted(t *testing.T) {
-	b, err := replay.DecodeBootstrap([]byte(gatedRelease))
-	if err != nil {
-		t.Fatal(err)
-	}
-	en, err := replay.NewEnvoy(b)
-	if err != nil {
-		t.Fatal(err)
-	}
 	e := newEnv(t, nil)
 	// examples/website: destination_cluster=search holds search-in-flight
 	// (20 leases, 30 s).
 	e.svc.SetPolicy(loadSet(t, "../../examples/website"))
 
-	// stream runs one search through Envoy: the rate-limit call, then the
-	// header_mutation after it only if the request was let through, then
-	// the stream-done descriptors when it completes (done).
-	type stream struct {
-		done []*rlcommon.RateLimitDescriptor
-	}
-	start := func(client string) (admitted bool, s stream) {
-		r := &replay.Request{Client: netip.MustParseAddr(client), Method: "GET", Path: "/search?q=x",
-			// A client-supplied copy is removed by the first header_mutation.
-			Headers: map[string]string{}}
-		rt, ok := en.Match("", r)
-		if !ok {
-			t.Fatal("no route for /search")
-		}
-		resp := e.call(t, req(rt.Domain, rlsDescriptors(rt.Descriptors)...))
-		admitted = resp.GetOverallCode() == OK
+	// start runs one search through Envoy: the rate-limit call, then, when
+	// it completes, the stream-done descriptors of an admitted or a denied
+	// request (pkg/replay simulates the header_mutation filters).
+	start := func(client string) (admitted bool, done []*rlcommon.RateLimitDescriptor) {
+		s := websiteSearch(t, client)
+		admitted = e.call(t, req("website", s.acquire...)).GetOverallCode() == OK
 		if admitted {
-			r.Headers["x-ratelimitd-lease"] = "1" // the second header_mutation
-			rt, _ = en.Match("", r)
+			return true, s.release
 		}
-		return admitted, stream{done: rlsDescriptors(rt.OnStreamDone)}
+		return false, s.denied
 	}
-	end := func(s stream) {
-		if len(s.done) > 0 {
-			if resp := e.call(t, req("website", s.done...)); resp.GetOverallCode() != OK {
+	end := func(done []*rlcommon.RateLimitDescriptor) {
+		if len(done) > 0 {
+			if resp := e.call(t, req("website", done...)); resp.GetOverallCode() != OK {
 				t.Fatalf("release denied: %v", resp.GetStatuses())
 			}
 		}
 	}
 
-	var inFlight []stream
+	var inFlight [][]*rlcommon.RateLimitDescriptor
 	for i := 1; i <= 40; i++ {
-		ok, s := start(fmt.Sprintf("192.0.2.%d", i))
+		ok, done := start(fmt.Sprintf("192.0.2.%d", i))
 		if !ok {
-			if len(s.done) != 0 {
-				t.Fatalf("search %d: denied, yet Envoy would send a release: %v", i, entriesOf(s.done))
+			if len(done) != 0 {
+				t.Fatalf("search %d: denied, yet Envoy would send a release: %v", i, entriesOf(done))
 			}
-			end(s) // a denied request completes at once (429)
+			end(done) // a denied request completes at once (429)
 			continue
 		}
-		want := [][]policy.Entry{entryList("destination_cluster", "search", policy.ReleaseKey, "1")}
-		if diff := cmp.Diff(want, entriesOf(s.done)); diff != "" {
-			t.Fatalf("search %d: release (-want +got):\n%s", i, diff)
-		}
-		inFlight = append(inFlight, s)
+		inFlight = append(inFlight, done)
 	}
 	if len(inFlight) != 20 {
 		t.Fatalf("%d searches in flight, want 20 (the limit)", len(inFlight))
 	}
-	for _, s := range inFlight {
-		end(s)
+	for _, done := range inFlight {
+		end(done)
 	}
 	for i := 41; i <= 60; i++ {
 		if ok, _ := start(fmt.Sprintf("192.0.2.%d", i)); !ok {
@@ -290,26 +211,53 @@ func TestConcurrencyReleaseOnlyWhenAdmitted(t *testing.T) {
 	}
 }
 
-// TestConcurrencyUngatedReleaseOverAdmits documents why the gated release
-// exists (docs/algorithms/concurrency.md, "Release only leases that were
-// taken"): with envoy/website.yaml's unconditional release, Envoy also
-// releases after its own 429, which frees a lease held by another request.
-// 40 searches arriving while the admitted ones are still in flight: every
+// TestConcurrencyUngatedReleaseOverAdmits documents why the release is gated
+// (docs/algorithms/concurrency.md, "Why the release is gated"): with an
+// unconditional release (envoy/website.yaml with the release entry from a
+// generic_key instead of the x-ratelimitd-lease header), Envoy also releases
+// after its own 429, which frees a lease held by another request. 40
+// searches arriving while the admitted ones are still in flight: every
 // denial frees a slot for the next search, so 30 are admitted against a
 // limit of 20. If this fails, the service now tells a release without a
 // lease apart: update the documentation.
 func TestConcurrencyUngatedReleaseOverAdmits(t *testing.T) {
+	gated, err := os.ReadFile("../../envoy/website.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ungated := strings.Replace(string(gated), `                                  - request_headers:
+                                      header_name: x-ratelimitd-lease
+                                      descriptor_key: ratelimitd.release`,
+		`                                  - generic_key: {descriptor_key: ratelimitd.release, descriptor_value: "1"}`, 1)
+	if ungated == string(gated) {
+		t.Fatal("envoy/website.yaml: the gated release was not found")
+	}
+	b, err := replay.DecodeBootstrap([]byte(ungated))
+	if err != nil {
+		t.Fatal(err)
+	}
+	en, err := replay.NewEnvoy(b)
+	if err != nil {
+		t.Fatal(err)
+	}
 	e := newEnv(t, nil)
 	e.svc.SetPolicy(loadSet(t, "../../examples/website"))
 	admitted := 0
 	for i := 1; i <= 40; i++ {
-		s := websiteSearch(t, fmt.Sprintf("192.0.2.%d", i))
-		if e.call(t, req("website", s.acquire...)).GetOverallCode() == OK {
+		rt, ok := en.Match("", &replay.Request{Client: netip.MustParseAddr(fmt.Sprintf("192.0.2.%d", i)),
+			Method: "GET", Path: "/search?q=x", Headers: map[string]string{"user-agent": "Mozilla/5.0"}})
+		if !ok {
+			t.Fatal("no route for /search")
+		}
+		if e.call(t, req("website", rlsDescriptors(rt.Descriptors)...)).GetOverallCode() == OK {
 			admitted++ // still in flight: no release yet
 			continue
 		}
 		// Denied by Envoy: the stream ends and Envoy sends the release.
-		e.call(t, req("website", s.release...))
+		if len(rt.OnStreamDoneDenied) == 0 {
+			t.Fatal("the ungated release is not sent for a denied search")
+		}
+		e.call(t, req("website", rlsDescriptors(rt.OnStreamDoneDenied)...))
 	}
 	if admitted != 30 {
 		t.Fatalf("%d searches in flight, the documentation says 30 (limit 20)", admitted)
