@@ -49,6 +49,7 @@ type metrics struct {
 	inflight        prometheus.Gauge
 	unknownDomain   prometheus.Counter
 	globalShadow    prometheus.Counter
+	invalidUTF8     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -95,6 +96,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ratelimitd_global_shadow_total",
 			Help: "Requests whose OVER_LIMIT overall code global shadow mode turned into OK.",
 		}),
+		invalidUTF8: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_invalid_utf8_requests_total",
+			Help: "gRPC RateLimitRequests whose domain or descriptor entry key/value held invalid UTF-8 and were decoded with those strings escaped (U+FFFD + hex of the raw bytes) instead of failing.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -102,7 +107,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var errs []error
 	for _, c := range []prometheus.Collector{
 		m.requests, m.decisions, m.requestDuration, m.backendDuration, m.backendErrors,
-		m.reloads, m.configInfo, m.inflight, m.unknownDomain, m.globalShadow,
+		m.reloads, m.configInfo, m.inflight, m.unknownDomain, m.globalShadow, m.invalidUTF8,
 	} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)

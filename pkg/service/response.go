@@ -351,7 +351,7 @@ func (s *Service) observeDecisions(domain string, ds []descState, decs []algo.De
 		case st.override:
 			rule = LabelOverride
 		case st.match.Rule.DetailedMetric && s.opts.DetailedMetricCap > 0 && st.match.MetricKey != "":
-			rule = capper.label(st.match.MetricKey)
+			rule = capper.label(validUTF8(st.match.MetricKey)) // request values: labels must be UTF-8
 		}
 		result := resultOK
 		closed, open, near := false, false, false
@@ -386,13 +386,15 @@ func (s *Service) observeDecisions(domain string, ds []descState, decs []algo.De
 // envoyproxy/ratelimit (reference 3.9): domain, descriptors (entries as
 // "key=value", limit override as text, hitsAddend), request hitsAddend,
 // and metadata = deep merge (first value wins) of the config metadata of
-// every matched descriptor that is not OVER_LIMIT.
+// every matched descriptor that is not OVER_LIMIT. Request strings that
+// are not valid UTF-8 (possible only for in-process callers; the gRPC codec
+// escapes them) appear in their escaped form (InvalidUTF8Prefix + hex).
 func (s *Service) dynamicMetadata(req *rlsv3.RateLimitRequest, ds []descState) *structpb.Struct {
 	descs := make([]any, len(req.GetDescriptors()))
 	for i, d := range req.GetDescriptors() {
 		es := make([]any, len(d.GetEntries()))
 		for j, e := range d.GetEntries() {
-			es[j] = e.GetKey() + "=" + e.GetValue()
+			es[j] = validUTF8(e.GetKey()) + "=" + validUTF8(e.GetValue()) // structpb strings must be UTF-8
 		}
 		m := map[string]any{"entries": es}
 		if l := d.GetLimit(); l != nil {
@@ -403,7 +405,7 @@ func (s *Service) dynamicMetadata(req *rlsv3.RateLimitRequest, ds []descState) *
 		}
 		descs[i] = m
 	}
-	out := map[string]any{"domain": req.GetDomain(), "descriptors": descs}
+	out := map[string]any{"domain": validUTF8(req.GetDomain()), "descriptors": descs}
 	if h := req.GetHitsAddend(); h != 0 {
 		out["hitsAddend"] = float64(h)
 	}
