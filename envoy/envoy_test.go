@@ -2,6 +2,7 @@ package envoy_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,9 +11,13 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	hmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	rlfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 	"gopkg.in/yaml.v3"
 
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -309,4 +314,174 @@ func entries(es []policy.Entry) string {
 		b.WriteString(e.Key + "=" + e.Value)
 	}
 	return "[" + b.String() + "]"
+}
+
+// leaseHeader is the request header that marks a request the rate-limit
+// filter let through (docs/algorithms/concurrency.md, envoy/website.yaml).
+const leaseHeader = "x-ratelimitd-lease"
+
+// leaseGateErrors checks the gated lease release of docs/algorithms/
+// concurrency.md in every HTTP connection manager of b: every route
+// rate_limit with apply_on_stream_done: true (a lease release, see
+// TestDescriptorsMatchConfig) takes its trailing ratelimitd.release entry
+// from x-ratelimitd-lease with request_headers (no skip_if_absent: no
+// header, no release); a header_mutation filter after the rate-limit filter
+// adds that header (it runs only for requests the rate-limit filter let
+// through) and one before it removes client copies, with nothing in between
+// adding it back. releases is the number of release rate_limits found.
+func leaseGateErrors(b *bootstrapv3.Bootstrap) (releases int, errs []error) {
+	for _, l := range b.GetStaticResources().GetListeners() {
+		for _, fc := range l.GetFilterChains() {
+			for _, f := range fc.GetFilters() {
+				var hcm hcmv3.HttpConnectionManager
+				if f.GetTypedConfig().UnmarshalTo(&hcm) != nil {
+					continue
+				}
+				n, e := hcmLeaseGate(&hcm)
+				releases += n
+				for _, err := range e {
+					errs = append(errs, fmt.Errorf("listener %s: %w", l.GetName(), err))
+				}
+			}
+		}
+	}
+	return releases, errs
+}
+
+func hcmLeaseGate(hcm *hcmv3.HttpConnectionManager) (releases int, errs []error) {
+	check := func(where string, rls []*routev3.RateLimit) {
+		for i, rl := range rls {
+			if !rl.GetApplyOnStreamDone() {
+				continue
+			}
+			releases++
+			acts := rl.GetActions()
+			var rh *routev3.RateLimit_Action_RequestHeaders
+			if len(acts) > 0 {
+				rh = acts[len(acts)-1].GetRequestHeaders()
+			}
+			if rh == nil || !strings.EqualFold(rh.GetHeaderName(), leaseHeader) ||
+				rh.GetDescriptorKey() != policy.ReleaseKey || rh.GetSkipIfAbsent() {
+				errs = append(errs, fmt.Errorf("%s rate_limits[%d]: an apply_on_stream_done release must end with request_headers {header_name: %s, descriptor_key: %s} without skip_if_absent, got %v",
+					where, i, leaseHeader, policy.ReleaseKey, acts))
+			}
+		}
+	}
+	perRoute := func(where string, m map[string]*anypb.Any) {
+		var per rlfilterv3.RateLimitPerRoute
+		for k, a := range m {
+			if a.MessageIs(&per) && a.UnmarshalTo(&per) == nil {
+				check(where+" typed_per_filter_config "+k, per.GetRateLimits())
+			}
+		}
+	}
+	for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
+		check("virtual host "+vh.GetName(), vh.GetRateLimits())
+		perRoute("virtual host "+vh.GetName(), vh.GetTypedPerFilterConfig())
+		for ri, r := range vh.GetRoutes() {
+			where := fmt.Sprintf("virtual host %s route %d", vh.GetName(), ri)
+			check(where, r.GetRoute().GetRateLimits())
+			perRoute(where, r.GetTypedPerFilterConfig())
+		}
+	}
+	if releases == 0 {
+		return 0, errs
+	}
+	filters := hcm.GetHttpFilters()
+	rlAt := slices.IndexFunc(filters, func(hf *hcmv3.HttpFilter) bool { return hf.GetName() == replay.RateLimitFilterName })
+	if rlAt < 0 {
+		return releases, append(errs, errors.New("releases without a rate-limit filter"))
+	}
+	stripped, marked := false, false
+	for i, hf := range filters {
+		var hm hmv3.HeaderMutation
+		if hf.GetTypedConfig().UnmarshalTo(&hm) != nil {
+			continue
+		}
+		for _, m := range hm.GetMutations().GetRequestMutations() {
+			removes := strings.EqualFold(m.GetRemove(), leaseHeader)
+			a := m.GetAppend()
+			adds := a != nil && strings.EqualFold(a.GetHeader().GetKey(), leaseHeader) && a.GetHeader().GetValue() != "" &&
+				a.GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS
+			switch {
+			case i < rlAt && removes:
+				stripped = true
+			case i < rlAt && a != nil && strings.EqualFold(a.GetHeader().GetKey(), leaseHeader):
+				stripped = false // added back before the rate-limit filter
+				errs = append(errs, fmt.Errorf("filter %d (%s) sets %s before the rate-limit filter: denied requests would release", i, hf.GetName(), leaseHeader))
+			case i > rlAt && adds:
+				marked = true
+			case i > rlAt && removes:
+				marked = false
+			}
+		}
+	}
+	if !stripped {
+		errs = append(errs, fmt.Errorf("no header_mutation filter before %s removes %s: a client could forge a release for its denied request", replay.RateLimitFilterName, leaseHeader))
+	}
+	if !marked {
+		errs = append(errs, fmt.Errorf("no header_mutation filter after %s sets %s: admitted requests would never release", replay.RateLimitFilterName, leaseHeader))
+	}
+	return releases, errs
+}
+
+// TestLeaseReleaseGated: every shipped Envoy file that releases concurrency
+// leases gates the release on x-ratelimitd-lease (see leaseGateErrors), and
+// the check rejects the ungated form, a missing strip and a marker placed
+// before the rate-limit filter.
+func TestLeaseReleaseGated(t *testing.T) {
+	total := 0
+	for name := range files {
+		t.Run(name, func(t *testing.T) {
+			n, errs := leaseGateErrors(decode(t, name))
+			total += n
+			if err := errors.Join(errs...); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if total == 0 {
+		t.Fatal("no shipped file sends a lease release: the check checks nothing")
+	}
+
+	good, err := os.ReadFile("website.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := `                  - name: ratelimitd.lease
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+                      mutations:
+                        request_mutations:
+                          - append:
+                              header: { key: x-ratelimitd-lease, value: "1" }
+                              append_action: OVERWRITE_IF_EXISTS_OR_ADD
+`
+	rlFilter := "                  - name: envoy.filters.http.ratelimit\n"
+	noMarker := strings.Replace(string(good), marker, "", 1)
+	cases := map[string]string{
+		"ungated release": strings.Replace(string(good), `                                  - request_headers:
+                                      header_name: x-ratelimitd-lease
+                                      descriptor_key: ratelimitd.release`,
+			`                                  - generic_key: { descriptor_key: ratelimitd.release, descriptor_value: "1" }`, 1),
+		"skip_if_absent": strings.Replace(string(good), "                                      descriptor_key: ratelimitd.release\n",
+			"                                      descriptor_key: ratelimitd.release\n                                      skip_if_absent: true\n", 1),
+		"no strip":                 strings.Replace(string(good), "                          - remove: x-ratelimitd-lease\n", "", 1),
+		"no marker":                noMarker,
+		"marker before the filter": strings.Replace(noMarker, rlFilter, marker+rlFilter, 1),
+	}
+	for name, doc := range cases {
+		t.Run(name, func(t *testing.T) {
+			if doc == string(good) || (name == "marker before the filter" && doc == noMarker) {
+				t.Fatal("replacement did not apply")
+			}
+			b, err := replay.DecodeBootstrap([]byte(doc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, errs := leaseGateErrors(b); len(errs) == 0 {
+				t.Error("accepted")
+			}
+		})
+	}
 }
