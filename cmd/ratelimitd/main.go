@@ -24,8 +24,13 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 )
+
+// environ lists the process environment for the unknown RATELIMITD_*
+// check (os.Environ; tests replace it).
+var environ = os.Environ
 
 // Set at build time: go build -ldflags "-X main.version=v1.2.3 -X main.commit=abc".
 var (
@@ -64,8 +69,19 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 			return 0
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)
+			fmt.Fprintf(stderr, "ratelimitd serve: %v\nRun 'ratelimitd serve -h' for the flags.\n", err)
 			return 2
+		}
+		var set []string // the environment as lookup sees it
+		for _, kv := range environ() {
+			if name, _, _ := strings.Cut(kv, "="); name != "" {
+				if _, ok := lookup(name); ok {
+					set = append(set, kv)
+				}
+			}
+		}
+		if w := unknownTwins(set); w != "" {
+			warnings = append(warnings, w)
 		}
 		if err := serve(ctx, opts, warnings, stderr); err != nil {
 			fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)

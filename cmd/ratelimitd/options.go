@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // Options is everything `ratelimitd serve` reads from its command line and
@@ -56,6 +58,25 @@ type Options struct {
 	RetryJitter      time.Duration // maximum jitter added to Retry-After
 	RequestOverrides bool
 	DynamicMetadata  bool
+	// NearLimitHeader adds Ratelimitd-Near-Limit (service.Options).
+	NearLimitHeader bool
+	// ProblemTypeBase prefixes the RFC 9457 problem type names.
+	ProblemTypeBase string
+	// ProblemDetail is the problem "detail" template ("" = built-in).
+	ProblemDetail string
+	// DetailedMetricCap bounds detailed_metric rule label values per
+	// loaded config; negative disables detailed labels.
+	DetailedMetricCap int
+	// FailClosedRetryAfter is the Retry-After base of a failure_mode:
+	// closed denial.
+	FailClosedRetryAfter time.Duration
+
+	// MemoryMaxKeys bounds the keys of the in-memory store (the memory
+	// backend, and the failure_mode: local fallback of the Redis
+	// backend); 0 = unbounded. A request needing a new key beyond it
+	// fails with memory.ErrFull (cause "oom"): its rule's failure mode
+	// decides.
+	MemoryMaxKeys int
 
 	// Drain is how long the health checks report NOT_SERVING before the
 	// listeners stop accepting (lets load balancers notice).
@@ -101,6 +122,13 @@ func defaultOptions() Options {
 		RetryJitter:      time.Second,
 		RequestOverrides: true,
 		ShutdownGrace:    15 * time.Second,
+		// service defaults, spelled out so -h shows them.
+		ProblemTypeBase:      service.DefaultProblemTypeBase,
+		DetailedMetricCap:    service.DefaultDetailedMetricCap,
+		FailClosedRetryAfter: service.DefaultFailClosedRetryAfter,
+		// ≈ 153 bytes per key for fixed/sliding window and token bucket
+		// (docs/algorithms/index.md): about 150 MB at the bound.
+		MemoryMaxKeys: 1_000_000,
 		// Kubernetes ConfigMap mounts hold ..data and timestamped dot
 		// directories; loading them would load every file twice.
 		IgnoreDotfiles:     true,
@@ -173,6 +201,12 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.DurationVar(&o.RetryJitter, "retry-jitter", o.RetryJitter, "maximum jitter added to Retry-After")
 	fs.BoolVar(&o.RequestOverrides, "request-overrides", o.RequestOverrides, "honour per-descriptor limit overrides sent by Envoy")
 	fs.BoolVar(&o.DynamicMetadata, "dynamic-metadata", o.DynamicMetadata, "fill RateLimitResponse.dynamic_metadata")
+	fs.BoolVar(&o.NearLimitHeader, "near-limit-header", o.NearLimitHeader, "add Ratelimitd-Near-Limit listing the policies past --near-limit-ratio")
+	fs.StringVar(&o.ProblemTypeBase, "problem-type-base", o.ProblemTypeBase, "prefix of the RFC 9457 problem type (quota-exceeded, temporary-reduced-capacity)")
+	fs.StringVar(&o.ProblemDetail, "problem-detail", o.ProblemDetail, "problem detail template with {policy}, {quota}, {window}, {retry_after} (empty: built-in sentence)")
+	fs.IntVar(&o.DetailedMetricCap, "detailed-metric-cap", o.DetailedMetricCap, "distinct rule label values from detailed_metric rules per loaded config, then \"_other\" (negative disables detailed labels)")
+	fs.DurationVar(&o.FailClosedRetryAfter, "fail-closed-retry-after", o.FailClosedRetryAfter, "Retry-After base when failure_mode: closed denies because the backend failed")
+	fs.IntVar(&o.MemoryMaxKeys, "memory-max-keys", o.MemoryMaxKeys, "keys the in-memory store (and the failure_mode: local fallback) may hold; when full, new keys get the rule's failure mode (0 = unbounded)")
 	fs.DurationVar(&o.Drain, "drain", o.Drain, "on SIGTERM, report NOT_SERVING this long before closing listeners")
 	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", o.ShutdownGrace, "on SIGTERM, wait at most this long for in-flight calls")
 	fs.StringVar(&o.GRPCTLSCert, "grpc-tls-cert", o.GRPCTLSCert, "gRPC server certificate chain (PEM); enables TLS, reloaded on change")
@@ -204,12 +238,12 @@ func parseServe(args []string, lookup func(string) (string, bool), usage io.Writ
 		return o, warnings, err
 	}
 	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
-	fs.SetOutput(usage)
+	// The flag package prints a parse error and the whole usage itself;
+	// the caller prints the error once with a short hint instead, and the
+	// usage goes out only for -h.
+	fs.SetOutput(io.Discard)
 	lists := registerServeFlags(fs, &o)
-	fs.Usage = func() {
-		fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() {}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		name := envName(f.Name)
@@ -226,12 +260,57 @@ func parseServe(args []string, lookup func(string) (string, bool), usage io.Writ
 		l.touched = false
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
+			fs.SetOutput(usage)
+			fs.PrintDefaults()
+		}
 		return o, warnings, err
 	}
 	if fs.NArg() > 0 {
 		return o, warnings, fmt.Errorf("serve takes no arguments, got %q (use --config)", fs.Args())
 	}
+	// Level names are case-insensitive (RATELIMITD_LOG_LEVEL=DEBUG), as
+	// are the formats.
+	o.LogLevel = strings.ToLower(strings.TrimSpace(o.LogLevel))
+	if o.LogLevel == "warning" {
+		o.LogLevel = "warn"
+	}
+	o.LogFormat = strings.ToLower(strings.TrimSpace(o.LogFormat))
 	return o, warnings, o.Validate()
+}
+
+// nonFlagVariables are RATELIMITD_* variables read by the project's tests
+// and scripts, not by `serve`; they are not reported as unknown.
+var nonFlagVariables = map[string]bool{
+	"RATELIMITD_REQUIRE_REDIS":           true,
+	"RATELIMITD_SERVICE_REFERENCE_STORE": true,
+	"RATELIMITD_BENCH_TIMEOUT":           true,
+	"RATELIMITD_BENCH_POOL":              true,
+}
+
+// unknownTwins returns the one startup warning naming every RATELIMITD_*
+// variable of environ ("NAME=value" entries, as os.Environ returns) that is
+// the twin of no serve flag (a typo such as RATELIMITD_REDIS_ULR would
+// otherwise be ignored silently), or "" when there is none.
+func unknownTwins(environ []string) string {
+	o := defaultOptions()
+	fs := flag.NewFlagSet("twins", flag.ContinueOnError)
+	registerServeFlags(fs, &o)
+	known := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { known[envName(f.Name)] = true })
+	var unknown []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "RATELIMITD_") && !known[name] && !nonFlagVariables[name] {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) == 0 {
+		return ""
+	}
+	sort.Strings(unknown)
+	return "RATELIMITD_* environment variables that match no serve flag (ignored; misspelled?): " + strings.Join(unknown, ", ")
 }
 
 func oneOf(name, v string, allowed ...string) error {
@@ -303,6 +382,15 @@ func (o Options) Validate() error {
 	}
 	if o.RetryJitter < 0 {
 		add(fmt.Errorf("--retry-jitter=%s: must be >= 0", o.RetryJitter))
+	}
+	if o.FailClosedRetryAfter <= 0 {
+		add(fmt.Errorf("--fail-closed-retry-after=%s: must be > 0", o.FailClosedRetryAfter))
+	}
+	if o.DetailedMetricCap == 0 {
+		add(errors.New("--detailed-metric-cap=0: want > 0, or negative to disable detailed labels"))
+	}
+	if o.MemoryMaxKeys < 0 {
+		add(fmt.Errorf("--memory-max-keys=%d: must be >= 0 (0 = unbounded)", o.MemoryMaxKeys))
 	}
 	if o.Drain < 0 || o.ShutdownGrace < 0 {
 		add(errors.New("--drain and --shutdown-grace must be >= 0"))

@@ -9,14 +9,18 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"os/signal"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -58,9 +62,12 @@ func newLogger(o Options, w io.Writer) *slog.Logger {
 type resetter interface{ ResetCache() }
 
 // newStore builds the configured backend store and the in-process fallback
-// for failure_mode: local (nil for the memory backend, which cannot fail).
+// for failure_mode: local (nil for the memory backend). Both in-memory
+// stores hold at most --memory-max-keys keys; beyond that a request that
+// needs a new key fails with memory.ErrFull (cause "oom") and its rule's
+// failure mode decides.
 func newStore(o Options) (service.Store, service.Store, func() error, error) {
-	mem := func() (*memory.Store, error) { return memory.New(memory.Options{}) }
+	mem := func() (*memory.Store, error) { return memory.New(memory.Options{MaxKeys: o.MemoryMaxKeys}) }
 	switch o.Backend {
 	case "redis":
 		ro := redis.DefaultOptions()
@@ -111,6 +118,7 @@ type server struct {
 	store    service.Store
 	health   *health.Server
 	loaded   atomic.Bool // a good config is in force
+	reloadMu sync.Mutex  // serializes apply and fail (watcher, SIGHUP)
 	stopping atomic.Bool // shutdown started
 }
 
@@ -140,8 +148,15 @@ func (s *server) updateHealth() {
 // calls finish within --shutdown-grace. It returns nil after a clean
 // shutdown.
 func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) error {
+	// SIGHUP reloads the config (below) instead of ending the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
 	log := newLogger(o, logOut)
 	slog.SetDefault(log)
+	// go-redis' own log lines (pool dial errors, …) go through slog too.
+	goredis.SetLogger(newRedisLogger(log, redisLogEvery, time.Now))
 	log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
 	for _, w := range warnings {
 		log.Warn(w)
@@ -193,6 +208,12 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 		RetryJitter:      o.RetryJitter,
 		RequestOverrides: o.RequestOverrides,
 		DynamicMetadata:  o.DynamicMetadata,
+		NearLimitHeader:  o.NearLimitHeader,
+		ProblemTypeBase:  o.ProblemTypeBase,
+		ProblemDetail:    o.ProblemDetail,
+		// Validated > 0 or negative (disabled); never 0.
+		DetailedMetricCap:    o.DetailedMetricCap,
+		FailClosedRetryAfter: o.FailClosedRetryAfter,
 	})
 	if err != nil {
 		return err
@@ -292,6 +313,27 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 			fatal <- fmt.Errorf("config watch: %w", err)
 		}
 	}()
+	// SIGHUP: load the config now (a file given directly whose directory
+	// is not watchable, or a change the watcher cannot see, e.g. on some
+	// network file systems); the process keeps running.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-watchCtx.Done():
+				return
+			case <-hup:
+				log.Info("SIGHUP: reloading config", "config", o.Config)
+				set, warns, err := policy.Load(loadOpts, o.Config...)
+				if err != nil {
+					s.fail(err)
+				} else {
+					s.apply(set, warns)
+				}
+			}
+		}
+	}()
 
 	// Backend health poll (only when the store reports it).
 	if _, ok := store.(service.Healther); ok {
@@ -379,9 +421,19 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 	return runErr
 }
 
-// apply installs a freshly loaded config.
+// apply installs a freshly loaded config. It runs on the watcher's and on
+// the SIGHUP goroutine, one at a time.
 func (s *server) apply(set *policy.Set, warnings []policy.Warning) {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
 	for _, w := range warnings {
+		if w.File == "" {
+			// About the load as a whole, e.g. "no rate-limit domains
+			// loaded from …: every request is answered OK without
+			// limits": the message is the log line.
+			s.log.Warn(w.Message)
+			continue
+		}
 		s.log.Warn("config warning", "warning", w.String())
 	}
 	s.svc.SetPolicy(set)
@@ -394,10 +446,17 @@ func (s *server) apply(set *policy.Set, warnings []policy.Warning) {
 	s.log.Info("config loaded", "domains", len(set.Domains()), "rules", len(set.Rules()), "hash", set.Hash(), "first", first)
 }
 
-// fail records a rejected config; the last good one stays in force.
+// fail records a rejected config; the last good one, if any, stays in
+// force.
 func (s *server) fail(err error) {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
 	s.svc.ObserveReload(false, nil)
-	s.log.Error("config rejected; keeping the last good config", "loaded", s.loaded.Load(), "err", err.Error())
+	if s.loaded.Load() {
+		s.log.Error("config rejected; keeping the last good config", "err", err.Error())
+		return
+	}
+	s.log.Error("config rejected; no config loaded yet: not serving (health NOT_SERVING, requests fail with Unavailable) until a good config loads", "err", err.Error())
 }
 
 // debugMux serves /rlconfig and /debug/pprof/.

@@ -14,27 +14,32 @@ import (
 // it loads the paths as serve would, prints every error (each starting with
 // file:line) and every warning, and with --explain the compiled rules.
 // Exit 0 valid, 1 invalid (or warnings with --strict), 2 usage error.
-// --merge-domains, --ignore-dotfiles, --key-prefix and --key-values (and
-// their RATELIMITD_* twins) shape the load as they do for serve.
+// --merge-domains and --ignore-dotfiles (and their RATELIMITD_* twins and
+// envoyproxy/ratelimit variables) shape the load as they do for serve. A
+// path set with no config file is valid but warned (so --strict fails).
 func validate(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ratelimitd validate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // errors are printed once below, usage only for -h
 	strict := fs.Bool("strict", false, "treat warnings as errors")
 	explain := fs.Bool("explain", false, "print the compiled rules")
 	merge := fs.Bool("merge-domains", envBool(lookup, "RATELIMITD_MERGE_DOMAINS", "MERGE_DOMAIN_CONFIG"), "let several files contribute to one domain")
 	dot := fs.Bool("ignore-dotfiles", envBool(lookup, "RATELIMITD_IGNORE_DOTFILES", "RUNTIME_IGNOREDOTFILES"), "skip files and directories whose name starts with a dot")
-	fs.Usage = func() {
+	printUsage := func() {
 		fmt.Fprintf(stderr, "Usage: ratelimitd validate [--strict] [--explain] PATH...\n\nExit status: 0 valid, 1 invalid, 2 usage error.\n\nFlags:\n")
+		fs.SetOutput(stderr)
 		fs.PrintDefaults()
 	}
+	fs.Usage = func() {}
 	if err := fs.Parse(interleave(fs, args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			printUsage()
 			return 0
 		}
+		fmt.Fprintf(stderr, "ratelimitd validate: %v\nRun 'ratelimitd validate -h' for the flags.\n", err)
 		return 2
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
+		printUsage()
 		return 2
 	}
 	set, warnings, err := policy.Load(policy.LoadOptions{MergeDomains: *merge, IgnoreDotFiles: *dot}, fs.Args()...)

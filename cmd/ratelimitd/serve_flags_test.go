@@ -1,0 +1,190 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// The service options exposed as flags: defaults, flags and twins.
+func TestServiceOptionFlags(t *testing.T) {
+	d, _, err := parseServe(nil, env(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.NearLimitHeader || d.ProblemTypeBase != service.DefaultProblemTypeBase || d.ProblemDetail != "" ||
+		d.DetailedMetricCap != service.DefaultDetailedMetricCap || d.FailClosedRetryAfter != service.DefaultFailClosedRetryAfter ||
+		d.MemoryMaxKeys != 1_000_000 {
+		t.Errorf("defaults: %+v", d)
+	}
+	args := []string{"--near-limit-header", "--problem-type-base=https://errors.example/", "--problem-detail={policy} is over",
+		"--detailed-metric-cap=-1", "--fail-closed-retry-after=5s", "--memory-max-keys=0"}
+	o, _, err := parseServe(args, env(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.NearLimitHeader || o.ProblemTypeBase != "https://errors.example/" || o.ProblemDetail != "{policy} is over" ||
+		o.DetailedMetricCap != -1 || o.FailClosedRetryAfter != 5*time.Second || o.MemoryMaxKeys != 0 {
+		t.Errorf("flags: %+v", o)
+	}
+	e, _, err := parseServe(nil, env("RATELIMITD_NEAR_LIMIT_HEADER", "true", "RATELIMITD_PROBLEM_TYPE_BASE", "https://errors.example/",
+		"RATELIMITD_PROBLEM_DETAIL", "{policy} is over", "RATELIMITD_DETAILED_METRIC_CAP", "-1",
+		"RATELIMITD_FAIL_CLOSED_RETRY_AFTER", "5s", "RATELIMITD_MEMORY_MAX_KEYS", "0"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(o, e); diff != "" {
+		t.Errorf("twins differ from flags (-flags +twins):\n%s", diff)
+	}
+	for _, bad := range [][]string{{"--fail-closed-retry-after=0s"}, {"--detailed-metric-cap=0"}, {"--memory-max-keys=-1"}} {
+		if _, _, err := parseServe(bad, env(), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(bad[0], "=", 2)[0]) {
+			t.Errorf("%v: err %v", bad, err)
+		}
+	}
+}
+
+// Log levels and formats are case-insensitive, from flags and twins.
+func TestLogLevelCaseInsensitive(t *testing.T) {
+	for _, c := range []struct {
+		args, env []string
+		want      string
+	}{
+		{nil, []string{"RATELIMITD_LOG_LEVEL", "DEBUG"}, "debug"},
+		{[]string{"--log-level=Warn"}, nil, "warn"},
+		{nil, []string{"RATELIMITD_LOG_LEVEL", "WARNING"}, "warn"},
+		{[]string{"--log-level", " ERROR "}, nil, "error"},
+	} {
+		o, _, err := parseServe(c.args, env(c.env...), io.Discard)
+		if err != nil {
+			t.Fatalf("%v %v: %v", c.args, c.env, err)
+		}
+		if o.LogLevel != c.want {
+			t.Errorf("%v %v: level %q, want %q", c.args, c.env, o.LogLevel, c.want)
+		}
+	}
+	o, _, err := parseServe(nil, env("RATELIMITD_LOG_FORMAT", "JSON"), io.Discard)
+	if err != nil || o.LogFormat != "json" {
+		t.Errorf("format %q, %v", o.LogFormat, err)
+	}
+	if _, _, err := parseServe([]string{"--log-level=LOUD"}, env(), io.Discard); err == nil {
+		t.Error("unknown level accepted")
+	}
+}
+
+func TestUnknownTwins(t *testing.T) {
+	w := unknownTwins([]string{"PATH=/bin", "RATELIMITD_REDIS_ULR=redis://x", "RATELIMITD_REDIS_URL=redis://y",
+		"RATELIMITD_REQUIRE_REDIS=1", "RATELIMITD_LOGLEVEL=debug", "RATELIMITD_MEMORY_MAX_KEYS=5"})
+	if !strings.Contains(w, "RATELIMITD_LOGLEVEL, RATELIMITD_REDIS_ULR") {
+		t.Errorf("warning %q does not name the two unknown variables (sorted)", w)
+	}
+	for _, known := range []string{"RATELIMITD_REDIS_URL", "RATELIMITD_REQUIRE_REDIS", "RATELIMITD_MEMORY_MAX_KEYS", "PATH"} {
+		if strings.Contains(w, known+",") || strings.HasSuffix(w, known) {
+			t.Errorf("warning %q names %s", w, known)
+		}
+	}
+	if w := unknownTwins([]string{"RATELIMITD_CONFIG=/x", "HOME=/root"}); w != "" {
+		t.Errorf("no unknown variable, warning %q", w)
+	}
+}
+
+// A bad flag value is printed once, with a short hint, not the whole usage.
+func TestServeFlagErrorOnce(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--shutdown-grace", "abc"}, env(), &out, &errb)
+	if code != 2 {
+		t.Errorf("exit %d, want 2", code)
+	}
+	got := errb.String()
+	if n := strings.Count(got, `invalid value "abc"`); n != 1 {
+		t.Errorf("error printed %d times:\n%s", n, got)
+	}
+	if strings.Contains(got, "-redis-url") || !strings.Contains(got, "ratelimitd serve -h") {
+		t.Errorf("want a short hint, not the usage:\n%s", got)
+	}
+	errb.Reset()
+	if code := run(context.Background(), []string{"serve", "-h"}, env(), &out, &errb); code != 0 || !strings.Contains(errb.String(), "-memory-max-keys") {
+		t.Errorf("-h: exit %d, usage:\n%s", code, errb.String())
+	}
+}
+
+func TestValidateEmptyConfig(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"validate", dir}, env(), &out, &errb); code != 0 {
+		t.Errorf("validate: exit %d, want 0\n%s%s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(out.String(), "warning: no rate-limit domains loaded from "+dir) {
+		t.Errorf("no warning:\n%s", out.String())
+	}
+	out.Reset()
+	errb.Reset()
+	if code := run(context.Background(), []string{"validate", "--strict", dir}, env(), &out, &errb); code != 1 {
+		t.Errorf("validate --strict: exit %d, want 1\n%s%s", code, out.String(), errb.String())
+	}
+	errb.Reset()
+	if code := run(context.Background(), []string{"validate", "--nope", dir}, env(), &out, &errb); code != 2 ||
+		strings.Count(errb.String(), "-nope") != 1 || strings.Contains(errb.String(), "-merge-domains") {
+		t.Errorf("bad flag: exit %d\n%s", code, errb.String())
+	}
+}
+
+func TestRedisLogger(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	now := time.Unix(1000, 0)
+	l := newRedisLogger(log, 10*time.Second, func() time.Time { return now })
+	dial := "redis: connection pool: failed to dial after %d attempts: %v"
+	steps := []struct {
+		at     time.Duration
+		format string
+		level  string
+		supp   int // for WARN lines
+	}{
+		{0, dial, "WARN", 0},
+		{time.Second, dial, "DEBUG", 0},
+		{2 * time.Second, dial, "DEBUG", 0},
+		{3 * time.Second, "redis: sentinel: %v %d", "WARN", 0}, // another kind has its own budget
+		{10 * time.Second, dial, "WARN", 2},
+		{11 * time.Second, dial, "DEBUG", 0},
+	}
+	for i, st := range steps {
+		now = time.Unix(1000, 0).Add(st.at)
+		buf.Reset()
+		l.Printf(context.Background(), st.format, 5, "dial tcp 127.0.0.1:1: connect: connection refused")
+		var rec struct {
+			Level, Msg, Line string
+			Suppressed       *int
+		}
+		if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
+			t.Fatalf("step %d: %v: %q", i, err, buf.String())
+		}
+		if rec.Level != st.level || rec.Msg != "redis client" || !strings.HasPrefix(rec.Line, "connection pool") && !strings.HasPrefix(rec.Line, "sentinel") {
+			t.Errorf("step %d: %+v", i, rec)
+		}
+		if st.level == "WARN" && (rec.Suppressed == nil || *rec.Suppressed != st.supp) {
+			t.Errorf("step %d: suppressed %v, want %d", i, rec.Suppressed, st.supp)
+		}
+	}
+	// At --log-level info the suppressed lines vanish.
+	buf.Reset()
+	quiet := newRedisLogger(slog.New(slog.NewJSONHandler(&buf, nil)), time.Hour, time.Now)
+	for range 100 {
+		quiet.Printf(context.Background(), dial, 1, "refused")
+	}
+	if n := strings.Count(buf.String(), "\n"); n != 1 {
+		t.Errorf("%d lines at info for 100 identical errors, want 1", n)
+	}
+}
