@@ -20,9 +20,9 @@ import (
 //
 // Only the filters after the rate-limit filter are applied (Request is what
 // the rate-limit filter sees). Why they are simulated: Envoy's rate-limit
-// filter evaluates the route
-// rate_limits with apply_on_stream_done: true in its onDestroy, on the live
-// request header map. A header_mutation filter placed after the rate-limit
+// filter evaluates the route rate_limits with apply_on_stream_done: true in
+// its onDestroy, on the live request header map (source/extensions/filters/
+// http/ratelimit/ratelimit.cc). A header_mutation filter placed after the rate-limit
 // filter runs only when the rate-limit filter let the request through (on an
 // over-limit answer the filter sends a local reply and stops the decoder
 // chain), so a header it adds tells an admitted request from a denied one at
