@@ -9,12 +9,18 @@ LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
 IMAGE ?= ghcr.io/ratelimitd/ratelimitd
 
-## run: serve the shipped example config with the in-memory backend
-run:
-	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/ratelimitd serve --config $(CONFIG) --backend memory
+BIN ?= bin/ratelimitd
+## RUN_ARGS: extra serve flags for `make run`, e.g. RUN_ARGS='--log-format=json'
+RUN_ARGS ?=
+
+## run: build bin/ratelimitd and serve the shipped example config with the in-memory backend.
+## The recipe execs the binary (no `go run` in between), so Ctrl-C or a SIGTERM to make reaches the server
+## and it shuts down gracefully, freeing its ports.
+run: build
+	exec $(BIN) serve --config $(CONFIG) --backend memory $(RUN_ARGS)
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/ratelimitd ./cmd/ratelimitd
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/ratelimitd
 
 ## test: everything, with -race, including real redis-server tests
 ## (RATELIMITD_REQUIRE_REDIS=1: a test that needs redis-server fails instead of skipping)

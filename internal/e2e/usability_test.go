@@ -1,0 +1,325 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// logRecords parses the JSON log lines of p (every line must be JSON: no
+// library writes unstructured lines with --log-format=json).
+func logRecords(t testing.TB, p *proc) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(p.Logs()), "\n") {
+		if line == "" {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Errorf("log line is not JSON: %q", line)
+			continue
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+// countLogs counts the records with msg (prefix) and, when attrs are
+// given, those attribute values.
+func countLogs(t testing.TB, p *proc, msgPrefix string, attrs map[string]any) int {
+	t.Helper()
+	n := 0
+	for _, rec := range logRecords(t, p) {
+		msg, _ := rec["msg"].(string)
+		if !strings.HasPrefix(msg, msgPrefix) {
+			continue
+		}
+		ok := true
+		for k, v := range attrs {
+			if rec[k] != v {
+				ok = false
+			}
+		}
+		if ok {
+			n++
+		}
+	}
+	return n
+}
+
+// SIGHUP reloads the config and the process keeps running.
+func TestSIGHUPReloads(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
+	p := start(t, startOpts{args: []string{"--config", filepath.Join(dir, "e2e.yaml")}})
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, func() string {
+		if n := countLogs(t, p, "config loaded", map[string]any{"first": false}); n < 1 {
+			return "no reload logged after SIGHUP\n" + p.Logs()
+		}
+		return ""
+	})
+	if countLogs(t, p, "SIGHUP: reloading config", nil) != 1 {
+		t.Errorf("SIGHUP not logged\n%s", p.Logs())
+	}
+	if countLogs(t, p, "config loaded", map[string]any{"first": true}) != 1 {
+		t.Errorf("want exactly one first=true load\n%s", p.Logs())
+	}
+	select {
+	case <-p.done:
+		t.Fatalf("exited after SIGHUP: %v\n%s", p.err, p.Logs())
+	default:
+	}
+	if got := call(t, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 5 {
+		t.Errorf("limit %d after SIGHUP, want 5", got)
+	}
+}
+
+// An empty config directory is a valid, empty config: SERVING, every
+// request OK, and a WARN on each such load. Deleting the last file of a
+// watched directory loads the empty config; deleting a file given directly
+// keeps the last good config.
+func TestEmptyConfig(t *testing.T) {
+	dir := t.TempDir()
+	p := start(t, startOpts{args: []string{"--config", dir}})
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	want := "no rate-limit domains loaded from " + dir
+	if countLogs(t, p, want, map[string]any{"level": "WARN"}) != 1 {
+		t.Errorf("no WARN %q\n%s", want, p.Logs())
+	}
+	if resp := call(t, cc, "e2e", desc("k", "x")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+		t.Errorf("empty config: %v", resp)
+	}
+
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
+	limit := func() uint32 {
+		return call(t, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
+	}
+	eventually(t, 2*time.Second, func() string {
+		if got := limit(); got != 5 {
+			return fmt.Sprintf("limit %d, want 5", got)
+		}
+		return ""
+	})
+	if err := os.Remove(filepath.Join(dir, "e2e.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, func() string {
+		if got := limit(); got != 0 {
+			return fmt.Sprintf("limit %d after deleting the directory's last file, want none", got)
+		}
+		return ""
+	})
+	if n := countLogs(t, p, want, map[string]any{"level": "WARN"}); n != 2 {
+		t.Errorf("%d empty-config warnings, want 2\n%s", n, p.Logs())
+	}
+	if got := health(t, cc, ""); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health %v with an empty config, want SERVING", got)
+	}
+
+	// A file given directly: deleting it is an error, the config stays.
+	fdir := t.TempDir()
+	writeFile(t, fdir, "one.yaml", fmt.Sprintf(oneFile, 7))
+	q := start(t, startOpts{args: []string{"--config", filepath.Join(fdir, "one.yaml")}})
+	qc := q.dial(t)
+	q.waitServing(t, qc, "")
+	if err := os.Remove(filepath.Join(fdir, "one.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, func() string {
+		if countLogs(t, q, "config rejected; keeping the last good config", nil) == 0 {
+			return "deleting the file was not rejected\n" + q.Logs()
+		}
+		return ""
+	})
+	if got := call(t, qc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 7 {
+		t.Errorf("limit %d after deleting the file given directly, want the last good 7", got)
+	}
+}
+
+// Before any config loaded, a rejected config does not claim to keep a
+// "last good config"; the first good load logs first=true.
+func TestFirstLoadLogging(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "e2e.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n")
+	p := start(t, startOpts{args: []string{"--config", dir}})
+	eventually(t, 5*time.Second, func() string {
+		if countLogs(t, p, "config rejected; no config loaded yet", map[string]any{"level": "ERROR"}) == 0 {
+			return "no rejection logged\n" + p.Logs()
+		}
+		return ""
+	})
+	if strings.Contains(p.Logs(), "last good config") {
+		t.Errorf("claims a last good config before any load\n%s", p.Logs())
+	}
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	if n := countLogs(t, p, "config loaded", map[string]any{"first": true}); n != 1 {
+		t.Errorf("%d first=true loads, want 1\n%s", n, p.Logs())
+	}
+}
+
+// --memory-max-keys bounds the memory store: a request that needs a new key
+// beyond it gets its rule's failure mode, counted with cause "oom".
+func TestMemoryMaxKeys(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "e2e.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10, failure_mode: closed}\n")
+	p := start(t, startOpts{args: []string{"--config", dir, "--memory-max-keys=2"}})
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	for i, v := range []string{"a", "b", "a", "b"} {
+		if resp := call(t, cc, "e2e", desc("k", v)); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("call %d (%s): %v, want OK", i, v, resp.GetOverallCode())
+		}
+	}
+	if resp := call(t, cc, "e2e", desc("k", "c")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("third key with the store full and failure_mode closed: %v, want OVER_LIMIT", resp.GetOverallCode())
+	}
+	_, m := httpGet(t, "http://"+p.http+"/metrics")
+	if v := metricValue(m, `ratelimitd_backend_errors_total{cause="oom"}`); v != 1 {
+		t.Errorf(`ratelimitd_backend_errors_total{cause="oom"} = %v, want 1`, v)
+	}
+}
+
+// With --log-format=json every line is JSON, go-redis' own pool errors
+// included, and they are rate-limited; a misspelled RATELIMITD_* variable is
+// named in a startup warning.
+func TestRedisLogsAreStructured(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
+	p := start(t, startOpts{
+		args: []string{"--config", dir, "--backend=redis", "--redis-url=redis://127.0.0.1:" + freePort(t), "--redis-timeout=50ms"},
+		env:  []string{"RATELIMITD_REDIS_ULR=redis://typo:6379"},
+	})
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	for range 20 {
+		call(t, cc, "e2e", desc("k", "x")) // fail open: the backend is down
+	}
+	time.Sleep(500 * time.Millisecond) // background pool dials
+	recs := logRecords(t, p)
+	warned := false
+	for _, r := range recs {
+		if msg, _ := r["msg"].(string); strings.Contains(msg, "match no serve flag") && strings.Contains(msg, "RATELIMITD_REDIS_ULR") {
+			warned = true
+		}
+	}
+	if !warned {
+		t.Errorf("no warning naming RATELIMITD_REDIS_ULR\n%s", p.Logs())
+	}
+	warns := countLogs(t, p, "redis client", map[string]any{"level": "WARN"})
+	kinds := map[string]bool{}
+	for _, r := range recs {
+		if r["msg"] == "redis client" && r["level"] == "WARN" {
+			line, _ := r["line"].(string)
+			kinds[strings.SplitN(line, ":", 2)[0]] = true
+		}
+	}
+	if warns == 0 {
+		t.Errorf("go-redis' dial errors were not logged as \"redis client\" records\n%s", p.Logs())
+	}
+	if warns > 3*len(kinds)+3 {
+		t.Errorf("%d WARN lines from go-redis (kinds %v): not rate-limited\n%s", warns, kinds, p.Logs())
+	}
+}
+
+// `make run` execs the server: a SIGTERM to make reaches it, and it exits
+// (its ports are free again) instead of being orphaned.
+func TestMakeRunStops(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds with make")
+	}
+	makeBin, err := exec.LookPath("make")
+	if err != nil {
+		t.Skip("make not installed")
+	}
+	built := filepath.Join(t.TempDir(), "ratelimitd")
+	cmd := exec.Command(makeBin, "-s", "run", "BIN="+built,
+		"RUN_ARGS=--grpc-addr=127.0.0.1:0 --http-addr=127.0.0.1:0 --debug-addr= --log-format=json")
+	cmd.Dir = repoRoot(t)
+	cmd.Env = append(baseEnv(), "GOFLAGS="+os.Getenv("GOFLAGS"), "GOCACHE="+goEnv(t, "GOCACHE"), "GOPATH="+goEnv(t, "GOPATH"))
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	// The server is make's child (exec): find it by its parent.
+	var server int
+	deadline := time.Now().Add(3 * time.Minute)
+	for server == 0 {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-done
+			t.Fatalf("make run: no server after 3 minutes\n%s", logs.String())
+		}
+		server = childRunning(cmd.Process.Pid, built)
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Wait until it serves (the listening lines), then SIGTERM make only.
+	for !strings.Contains(logs.String(), `"config loaded"`) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(server, syscall.SIGKILL)
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("make run did not end 30s after SIGTERM\n%s", logs.String())
+	}
+	if err := syscall.Kill(server, 0); err == nil {
+		_ = syscall.Kill(server, syscall.SIGKILL)
+		t.Errorf("server %d still running after make got SIGTERM (orphaned)", server)
+	}
+	if !strings.Contains(logs.String(), `"stopped"`) {
+		t.Errorf("server did not shut down gracefully\n%s", logs.String())
+	}
+}
+
+// childRunning returns the pid of a child of parent running exe, or 0.
+func childRunning(parent int, exe string) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", parent, parent))
+	if err != nil {
+		return 0
+	}
+	for _, f := range strings.Fields(string(b)) {
+		var pid int
+		if _, err := fmt.Sscan(f, &pid); err != nil {
+			continue
+		}
+		if target, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && target == exe {
+			return pid
+		}
+	}
+	return 0
+}
+
+func goEnv(t testing.TB, name string) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", name).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(out))
+}
