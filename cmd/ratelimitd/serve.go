@@ -192,6 +192,9 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := registerBackendMetrics(reg, store); err != nil {
+		return fmt.Errorf("backend metrics: %w", err)
+	}
 	headers, err := service.ParseHeaderMode(o.Headers)
 	if err != nil {
 		return err
