@@ -110,6 +110,16 @@ func newStore(o Options) (service.Store, service.Store, func() error, error) {
 	}
 }
 
+// retryJitter maps --retry-jitter onto service.Options.RetryJitter, where 0
+// means the default (1s) and a negative value disables jitter: the flag's 0
+// means no jitter.
+func retryJitter(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
 // server holds the running pieces of `ratelimitd serve`.
 type server struct {
 	opts     Options
@@ -208,7 +218,7 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 		QuotaMode:        o.QuotaMode,
 		Headers:          headers,
 		NearLimitRatio:   o.NearLimitRatio,
-		RetryJitter:      o.RetryJitter,
+		RetryJitter:      retryJitter(o.RetryJitter),
 		RequestOverrides: o.RequestOverrides,
 		DynamicMetadata:  o.DynamicMetadata,
 		NearLimitHeader:  o.NearLimitHeader,

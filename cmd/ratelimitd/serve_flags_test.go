@@ -188,3 +188,11 @@ func TestRedisLogger(t *testing.T) {
 		t.Errorf("%d lines at info for 100 identical errors, want 1", n)
 	}
 }
+
+func TestRetryJitterZeroDisables(t *testing.T) {
+	for in, want := range map[time.Duration]time.Duration{0: -1, time.Second: time.Second, 250 * time.Millisecond: 250 * time.Millisecond} {
+		if got := retryJitter(in); got != want {
+			t.Errorf("retryJitter(%v) = %v, want %v", in, got, want)
+		}
+	}
+}

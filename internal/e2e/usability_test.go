@@ -223,6 +223,9 @@ func TestRedisLogsAreStructured(t *testing.T) {
 	if !warned {
 		t.Errorf("no warning naming RATELIMITD_REDIS_ULR\n%s", p.Logs())
 	}
+	if _, m := httpGet(t, "http://"+p.http+"/metrics"); !strings.Contains(m, "ratelimitd_backend_circuit_state{") {
+		t.Errorf("no ratelimitd_backend_circuit_state in /metrics with the Redis backend")
+	}
 	warns := countLogs(t, p, "redis client", map[string]any{"level": "WARN"})
 	kinds := map[string]bool{}
 	for _, r := range recs {
@@ -322,4 +325,37 @@ func goEnv(t testing.TB, name string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// The service options exposed as serve flags reach the responses.
+func TestServiceFlagsWired(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "e2e.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    rate_limit: {name: one, unit: minute, requests_per_unit: 1}\n")
+	p := start(t, startOpts{args: []string{"--config", dir, "--near-limit-header", "--retry-jitter=0s",
+		"--problem-type-base=https://errors.example/", "--problem-detail={policy}: {quota} per {window}s"}})
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	header := func(resp *rlsv3.RateLimitResponse, name string) string {
+		for _, h := range resp.GetResponseHeadersToAdd() {
+			if strings.EqualFold(h.GetKey(), name) {
+				return h.GetValue()
+			}
+		}
+		return ""
+	}
+	first := call(t, cc, "e2e", desc("k", "x"))
+	if got := header(first, "Ratelimitd-Near-Limit"); got != `"one"` {
+		t.Errorf("Ratelimitd-Near-Limit %q, want \"one\" (--near-limit-header)", got)
+	}
+	second := call(t, cc, "e2e", desc("k", "x"))
+	if second.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("second call %v, want OVER_LIMIT", second.GetOverallCode())
+	}
+	var body struct{ Type, Detail string }
+	if err := json.Unmarshal(second.GetRawBody(), &body); err != nil {
+		t.Fatalf("raw body %q: %v", second.GetRawBody(), err)
+	}
+	if body.Type != "https://errors.example/quota-exceeded" || body.Detail != "one: 1 per 60s" {
+		t.Errorf("problem type %q detail %q (--problem-type-base, --problem-detail)", body.Type, body.Detail)
+	}
 }
