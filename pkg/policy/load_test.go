@@ -348,7 +348,7 @@ func TestWords(t *testing.T) {
 		"v1Login":        "v1 login",
 		"llm_tokens":     "llm tokens",
 		"":               "",
-		"caf\u00e9Login":  "caf login",
+		"caf\u00e9Login": "caf login",
 	} {
 		if got := strings.Join(words(in), " "); got != want {
 			t.Errorf("words(%q) = %q, want %q", in, got, want)
