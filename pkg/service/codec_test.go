@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -406,6 +408,33 @@ func TestInProcessInvalidUTF8(t *testing.T) {
 	}
 	if got := e.invalidCount(); got != 0 {
 		t.Errorf("in-process calls counted as invalid UTF-8 requests: %v", got)
+	}
+}
+
+// POST /json keeps rejecting invalid UTF-8 (JSON text is UTF-8) with 400,
+// raw bytes and lone surrogate escapes alike, and does not count it; the
+// character escape of the same code point is answered.
+func TestJSONInvalidUTF8Is400(t *testing.T) {
+	e := newCodecEnv(t, true, nil)
+	h := e.svc.JSONHandler()
+	for _, tc := range []struct {
+		name, value string
+		code        int
+	}{
+		{"raw \\xff", "\xff", http.StatusBadRequest},
+		{"raw a\\x80b", "a\x80b", http.StatusBadRequest},
+		{"lone surrogate escape", `\udc80`, http.StatusBadRequest},
+		{"escaped U+00FF", `\u00ff`, http.StatusOK},
+	} {
+		body := `{"domain":"svc","descriptors":[{"entries":[{"key":"small","value":"` + tc.value + `"}]}]}`
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body)))
+		if rec.Code != tc.code {
+			t.Errorf("%s: status %d, want %d (%s)", tc.name, rec.Code, tc.code, rec.Body)
+		}
+	}
+	if got := e.invalidCount(); got != 0 {
+		t.Errorf("/json counted in ratelimitd_invalid_utf8_requests_total: %v", got)
 	}
 }
 
