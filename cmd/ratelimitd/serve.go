@@ -270,7 +270,7 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 		}
 	}
 
-	gopts := []grpc.ServerOption{tr.ServerOption()}
+	gopts := []grpc.ServerOption{tr.ServerOption(), svc.ServerOption()}
 	if o.GRPCTLSCert != "" {
 		tc, err := newTLSReloader(o.GRPCTLSCert, o.GRPCTLSKey, o.GRPCTLSClientCA, o.GRPCTLSClientSAN, log)
 		if err != nil {

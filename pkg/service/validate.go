@@ -20,8 +20,13 @@ const (
 	// MaxEntries is the maximum number of entries per descriptor.
 	MaxEntries = 32
 	// MaxValueBytes is the maximum length in bytes of the domain, of an
-	// entry key and of an entry value.
-	MaxValueBytes = 4096
+	// entry key and of an entry value. Only values are client-controlled
+	// (Envoy copies header values into them), and an InvalidArgument makes
+	// Envoy fail open by default: the bound is above Envoy's default
+	// max_request_headers_kb (60 KiB), so no header Envoy accepts by default
+	// can switch the limits of its request off. Values are hashed in keys,
+	// so their length costs nothing in the store.
+	MaxValueBytes = 64 << 10
 )
 
 // invalid returns a gRPC InvalidArgument status error.
