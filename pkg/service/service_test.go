@@ -73,14 +73,14 @@ func TestInvalidArgument(t *testing.T) {
 		msg  string
 	}{
 		{"empty domain", req("", d("user", "u")), "domain must not be empty"},
-		{"long domain", req(long, d("user", "u")), "domain is 4097 bytes"},
+		{"long domain", req(long, d("user", "u")), "domain is 65537 bytes"},
 		{"no descriptors", req("svc"), "descriptor list must not be empty"},
 		{"too many descriptors", req("svc", many(service.MaxDescriptors+1)...), "65 descriptors, more than the bound of 64"},
 		{"no entries", req("svc", d("user", "u"), d()), "descriptor 1 has no entries"},
 		{"too many entries", req("svc", manyEntries), "33 entries, more than the bound of 32"},
 		{"empty key", req("svc", d("", "u")), "descriptor 0 entry 0: key must not be empty"},
-		{"long key", req("svc", d(long, "u")), "key is 4097 bytes"},
-		{"long value", req("svc", d("user", long)), "value is 4097 bytes"},
+		{"long key", req("svc", d(long, "u")), "key is 65537 bytes"},
+		{"long value", req("svc", d("user", long)), "value is 65537 bytes"},
 		{"unknown override unit", req("svc", badUnit), "limit override unit UNKNOWN is invalid"},
 		{"out of range override unit", req("svc", outOfRange), "limit override unit 42 is invalid"},
 		{"nil entry", req("svc", &rlcommon.RateLimitDescriptor{Entries: []*rlcommon.RateLimitDescriptor_Entry{nil}}), "key must not be empty"},
