@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -257,8 +259,8 @@ func TestMakeRunStops(t *testing.T) {
 		"RUN_ARGS=--grpc-addr=127.0.0.1:0 --http-addr=127.0.0.1:0 --debug-addr= --log-format=json")
 	cmd.Dir = repoRoot(t)
 	cmd.Env = append(baseEnv(), "GOFLAGS="+os.Getenv("GOFLAGS"), "GOCACHE="+goEnv(t, "GOCACHE"), "GOPATH="+goEnv(t, "GOPATH"))
-	var logs strings.Builder
-	cmd.Stdout, cmd.Stderr = &logs, &logs
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -298,6 +300,25 @@ func TestMakeRunStops(t *testing.T) {
 	if !strings.Contains(logs.String(), `"stopped"`) {
 		t.Errorf("server did not shut down gracefully\n%s", logs.String())
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for exec's copying goroutine and the
+// test reading it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // childRunning returns the pid of a child of parent running exe, or 0.
