@@ -90,6 +90,11 @@ type Options struct {
 	// MinIdleConns connections per node are kept dialed (0..PoolSize).
 	// Default DefaultMinIdleConns.
 	MinIdleConns int
+	// Pipelines is how many pipelines of batched requests may be in flight
+	// at once (each on its own pooled connection; capped at PoolSize). A
+	// request that finds them all busy joins the next batch. 0 means
+	// DefaultPipelines.
+	Pipelines int
 
 	// KeyPrefix is prepended by the policy package already; nothing is added
 	// here.
@@ -199,6 +204,9 @@ func (o Options) Validate() error {
 	}
 	if o.MinIdleConns < 0 || o.MinIdleConns > o.PoolSize {
 		bad("min idle conns must be within 0..pool size (%d), got %d", o.PoolSize, o.MinIdleConns)
+	}
+	if o.Pipelines < 0 {
+		bad("pipelines must not be negative, got %d", o.Pipelines)
 	}
 	if o.LocalCacheSize < 0 {
 		bad("local cache size must not be negative, got %d", o.LocalCacheSize)

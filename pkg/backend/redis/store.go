@@ -19,15 +19,16 @@ import (
 // Store decides hits with one EVALSHA of the embedded script per request
 // (standalone, Sentinel) or per hash-slot group of the request (Cluster).
 // It implements service.Store. Safe for concurrent use; concurrent
-// requests share the go-redis connection pool (Options.PoolSize).
+// requests are pipelined together on at most Options.Pipelines pooled
+// connections at a time (see batcher), and every call returns within its
+// deadline: min(the caller's context deadline, Options.Timeout).
 type Store struct {
 	client goredis.UniversalClient
-	// scripter runs the script: the client's blocking autopipeliner, which
-	// batches concurrent requests into pipelines on a few connections (one
-	// write and one read syscall per batch instead of per request), or the
-	// client itself when autopipelining is unavailable.
-	scripter goredis.Scripter
-	cluster  bool
+	// batch runs the script: it pipelines concurrent requests (one write
+	// and one read syscall per batch instead of per request) and lets each
+	// caller go at its own deadline.
+	batch   *batcher
+	cluster bool
 	now      func() time.Time // nil: the script uses the server's TIME
 	timeout  time.Duration    // per script call (Options.Timeout)
 	breaker  *Breaker
@@ -63,23 +64,19 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		cache:       newOverLimitCache(opts.LocalCacheSize),
 		noncePrefix: hex.EncodeToString(b[:]),
 	}
-	s.scripter = c
-	switch c := c.(type) {
-	case *goredis.Client: // standalone and Sentinel (failover client)
-		if ap, err := c.AutoPipeline(); err == nil {
-			s.scripter = ap
-		}
-	case *goredis.ClusterClient:
-		s.cluster = true
-		if ap, err := c.AutoPipeline(); err == nil {
-			s.scripter = ap
-		}
+	pipelines := opts.Pipelines
+	if pipelines == 0 {
+		pipelines = DefaultPipelines
 	}
+	s.batch = newBatcher(c, min(pipelines, max(1, opts.PoolSize)))
+	_, s.cluster = c.(*goredis.ClusterClient)
 	return s
 }
 
-// Close closes the connection pool. Take must not be called afterwards.
+// Close waits for the pipelines in flight (at most one Timeout) and closes
+// the connection pool. Take must not be called afterwards (it then fails).
 func (s *Store) Close() error {
+	s.batch.close()
 	if err := s.client.Close(); err != nil {
 		return fmt.Errorf("redis: close: %w", err)
 	}
@@ -156,7 +153,7 @@ func (s *Store) BreakerState() string { return s.breaker.State().String() }
 func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string, hits []algo.Hit, out []algo.Decision) (int64, error) {
 	var scriptNow int64
 	err := s.breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
-		v, err := takeScript.Run(ctx, s.scripter, hitKeys(hits), scriptArgs(mode, nowUS, nonce, hits)...).Result()
+		v, err := s.batch.do(ctx, hitKeys(hits), scriptArgs(mode, nowUS, nonce, hits))
 		if err != nil {
 			return err
 		}
