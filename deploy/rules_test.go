@@ -48,6 +48,8 @@ var queried = []family{
 		Values: map[string][]string{"result": {"success", "failure"}}},
 	{Name: "ratelimitd_config_info", Type: "gauge", Labels: []string{"hash"}},
 	{Name: "ratelimitd_inflight_requests", Type: "gauge"},
+	{Name: "ratelimitd_backend_circuit_state", Type: "gauge", Labels: []string{"state"},
+		Values: map[string][]string{"state": {"closed", "open", "half_open"}}},
 }
 
 // targetLabels are attached by Prometheus' scrape config (Kubernetes
