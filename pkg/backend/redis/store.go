@@ -29,10 +29,10 @@ type Store struct {
 	// caller go at its own deadline.
 	batch   *batcher
 	cluster bool
-	now      func() time.Time // nil: the script uses the server's TIME
-	timeout  time.Duration    // per script call (Options.Timeout)
-	breaker  *Breaker
-	cache    *overLimitCache
+	now     func() time.Time // nil: the script uses the server's TIME
+	timeout time.Duration    // per script call (Options.Timeout)
+	breaker *Breaker
+	cache   *overLimitCache
 
 	noncePrefix string
 	seq         atomic.Uint64
