@@ -81,15 +81,19 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 	redistest.Require(b)
 	srv := redistest.Standalone(b)
 	o := standaloneOpts(srv.URL())
-	// RATELIMITD_BENCH_POOL and RATELIMITD_BENCH_TIMEOUT override the
-	// defaults (to compare pool sizes and budgets); unset means defaults.
+	// RATELIMITD_BENCH_POOL, RATELIMITD_BENCH_TIMEOUT and
+	// RATELIMITD_BENCH_PIPELINES override the defaults (to compare pool
+	// sizes, budgets and pipelines in flight); unset means defaults.
 	if v, err := strconv.Atoi(os.Getenv("RATELIMITD_BENCH_POOL")); err == nil {
 		o.PoolSize = v
 	}
 	if v, err := time.ParseDuration(os.Getenv("RATELIMITD_BENCH_TIMEOUT")); err == nil {
 		o.Timeout = v
 	}
-	b.Logf("redis options: pool %d, timeout %v", o.PoolSize, o.Timeout)
+	if v, err := strconv.Atoi(os.Getenv("RATELIMITD_BENCH_PIPELINES")); err == nil {
+		o.Pipelines = v
+	}
+	b.Logf("redis options: pool %d, timeout %v, pipelines %d", o.PoolSize, o.Timeout, o.Pipelines)
 	in := newInstance(b, o, loadSet(b, benchConfig(b)))
 	warm(b, []*instance{in})
 	runBench(b, in.svc)

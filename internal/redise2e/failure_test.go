@@ -41,6 +41,12 @@ descriptors:
 // 50 ms because it runs under -race on a shared 2-core host.
 const latencyBound = 50 * time.Millisecond
 
+// openBound: with Redis dead or frozen under load, the circuit opens
+// within it. The breaker's design target is 50-100 ms (Timeout +
+// FailFor: 60 ms with the defaults); the bound is generous for -race on a
+// shared 2-core host.
+const openBound = 300 * time.Millisecond
+
 // recoveryBound: after Redis answers again, normal answers resume within it.
 const recoveryBound = 2 * time.Second
 
@@ -232,7 +238,18 @@ func TestFailureModesKilledAndFrozen(t *testing.T) {
 			}
 			lg := startLoad(in, 6)
 			time.Sleep(300 * time.Millisecond)
+			opened := make(chan time.Duration, 1)
 			faultAt := time.Now()
+			go func() { // when the circuit opens, polled every 1 ms
+				for time.Since(faultAt) < 2*time.Second {
+					if in.store.BreakerState() != "closed" {
+						opened <- time.Since(faultAt)
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+				opened <- -1
+			}()
 			tc.fault(srv)
 			t.Cleanup(func() {
 				if srv.Alive() {
@@ -240,6 +257,11 @@ func TestFailureModesKilledAndFrozen(t *testing.T) {
 				}
 			})
 			time.Sleep(time.Second) // mid-load outage
+			openedAfter := <-opened
+			t.Logf("%s: circuit opened %v after the fault", tc.name, openedAfter.Round(time.Millisecond))
+			if openedAfter < 0 || openedAfter > openBound {
+				t.Errorf("%s: circuit opened %v after the fault (-1: not within 2 s), want <= %v", tc.name, openedAfter, openBound)
+			}
 			checkFailureModes(t, in, tc.causes...)
 			time.Sleep(500 * time.Millisecond)
 			outageEnd := time.Now()
@@ -348,10 +370,11 @@ func TestFailureModesOOMReadonlyStartup(t *testing.T) {
 // time out together, as 50 consecutive failures, so one 10 ms hiccup under
 // load opened the circuit for OpenFor (250 ms) and failed open thousands
 // of decisions (the same happened, unprovoked, in
-// BenchmarkShouldRateLimitRedis on a loaded 2-core host). Fixed in
-// pkg/backend/redis/breaker.go: a failed call that was already in flight
-// when the previous failure was recorded is not another consecutive
-// failure.
+// BenchmarkShouldRateLimitRedis on a loaded 2-core host). With calls that
+// time out promptly (each at its own deadline) the same stall produced
+// several waves of timeouts. Fixed in pkg/backend/redis/breaker.go: either
+// rule opens the circuit only once failures have lasted FailFor (50 ms,
+// at least 2 × Timeout), and a success ends the streak.
 func TestBriefStallDoesNotOpenCircuit(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
@@ -377,15 +400,16 @@ func TestBriefStallDoesNotOpenCircuit(t *testing.T) {
 // backend call: waiting for a pooled connection, a dial made for the call,
 // the write and the read") plus slack for the failure mode itself.
 //
-// This fails since commit 7b7f145 (the Store runs the script through
-// go-redis' blocking AutoPipeliner; it passes on 7b7f145^): every call
-// takes about two Timeouts (41-45 ms with 20 ms here, 21 ms with the
-// default 10 ms). go-redis' AutoPipeliner does not honour a command's
-// context once it is enqueued (AutoPipeliner.processBlocking calls
-// AutoFuture.Wait, not WaitContext): a call queued behind a batch that is
-// waiting on the frozen server waits for that batch's read timeout, then
-// for its own. Envoy's filter gives up at 20 ms, so with the default
-// Timeout these failure-mode answers arrive too late to matter.
+// This failed from commit 7b7f145 (the Store ran the script through
+// go-redis' blocking AutoPipeliner) until the Store's own batching layer
+// (pkg/backend/redis/batch.go): every call took about two Timeouts (41-45
+// ms with 20 ms here, 21 ms with the default 10 ms). go-redis'
+// AutoPipeliner does not honour a command's context once it is enqueued
+// (AutoPipeliner.processBlocking calls AutoFuture.Wait, not WaitContext),
+// so a call queued behind a batch that was waiting on the frozen server
+// waited for that batch's read timeout, then for its own. Envoy's filter
+// gives up at 20 ms, so with the default Timeout these failure-mode
+// answers arrived too late to matter.
 func TestFrozenCallWithinTimeout(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)

@@ -16,9 +16,10 @@ const (
 	BreakerClosed BreakerState = iota
 	// BreakerOpen: calls fail immediately with ErrCircuitOpen.
 	BreakerOpen
-	// BreakerHalfOpen: OpenFor has passed; one probe call at a time goes to
-	// Redis, the others fail immediately. A successful probe closes the
-	// circuit, a failed one opens it again.
+	// BreakerHalfOpen: OpenFor has passed; up to Probes probe calls at a
+	// time go to Redis, the others fail immediately. A successful probe
+	// closes the circuit; when every probe in flight has failed, it opens
+	// again.
 	BreakerHalfOpen
 )
 
@@ -42,6 +43,8 @@ const (
 	DefaultBreakerMinCalls     = 20
 	DefaultBreakerFailureRatio = 0.5
 	DefaultBreakerOpenFor      = 250 * time.Millisecond
+	DefaultBreakerFailFor      = 50 * time.Millisecond
+	DefaultBreakerProbes       = 3
 )
 
 // BreakerOptions configure a Breaker. Only outage errors (Error.Outage:
@@ -49,8 +52,20 @@ const (
 // as failures; replies from a live server (OOM, READONLY, auth, script
 // errors) and caller cancellations do not.
 type BreakerOptions struct {
-	// Failures consecutive failures open the circuit (>= 1).
+	// Failures consecutive failures (no success in between) open the
+	// circuit (>= 1), once they span at least FailFor.
 	Failures int
+	// FailFor is how long failures must have been observed, from the first
+	// to the latest, before either rule (Failures consecutive, or
+	// FailureRatio) opens the circuit (>= 0; 0: no minimum). A call fails
+	// one Timeout after its Redis stalled, and a call pending when Redis
+	// answers again succeeds, so a stall of S produces failures spanning
+	// about S − Timeout: with FailFor F, stalls shorter than F + Timeout
+	// never open the circuit, and a dead or frozen Redis opens it about
+	// Timeout + F after it stopped answering. The Store raises FailFor to
+	// at least 2 × Options.Timeout, so that a stall of 3 timeouts never
+	// opens it.
+	FailFor time.Duration
 	// Window is the sliding window of the failure ratio rule (>= 10 ms).
 	Window time.Duration
 	// MinCalls is the minimum of calls within Window before FailureRatio
@@ -59,23 +74,30 @@ type BreakerOptions struct {
 	// FailureRatio of failed calls within Window (when at least MinCalls)
 	// opens the circuit; in (0, 1].
 	FailureRatio float64
-	// OpenFor is how long the circuit stays open before a half-open probe
+	// OpenFor is how long the circuit stays open before half-open probes
 	// (> 0). With Redis back, normal answers resume within OpenFor plus
 	// go-redis' 1 s reconnect probe.
 	OpenFor time.Duration
+	// Probes is how many half-open probe calls may be in flight at once
+	// (>= 0; 0 means 1). Several probes keep one call that lands on a
+	// stale connection from reopening the circuit for another OpenFor.
+	Probes int
 	// Disabled turns the breaker off: every call goes to Redis.
 	Disabled bool
 }
 
 // DefaultBreakerOptions: open after 5 consecutive failures or >= 50% failed
-// of >= 20 calls within 1 s; probe after 250 ms.
+// of >= 20 calls within 1 s, either only once failures have lasted 50 ms;
+// up to 3 probes after 250 ms.
 func DefaultBreakerOptions() BreakerOptions {
 	return BreakerOptions{
 		Failures:     DefaultBreakerFailures,
+		FailFor:      DefaultBreakerFailFor,
 		Window:       DefaultBreakerWindow,
 		MinCalls:     DefaultBreakerMinCalls,
 		FailureRatio: DefaultBreakerFailureRatio,
 		OpenFor:      DefaultBreakerOpenFor,
+		Probes:       DefaultBreakerProbes,
 	}
 }
 
@@ -100,6 +122,12 @@ func (o BreakerOptions) Validate() error {
 	if o.OpenFor <= 0 {
 		errs = append(errs, fmt.Errorf("redis: breaker open-for must be positive, got %v", o.OpenFor))
 	}
+	if o.FailFor < 0 {
+		errs = append(errs, fmt.Errorf("redis: breaker fail-for must not be negative, got %v", o.FailFor))
+	}
+	if o.Probes < 0 {
+		errs = append(errs, fmt.Errorf("redis: breaker probes must not be negative, got %d", o.Probes))
+	}
 	return errors.Join(errs...)
 }
 
@@ -108,6 +136,7 @@ const breakerBuckets = 10
 type breakerBucket struct {
 	epoch         int64 // bucket index in time (UnixNano / width)
 	calls, failed int
+	firstFail     int64 // UnixNano of the bucket's first failure
 }
 
 // Breaker is a circuit breaker: it stops calls to a Redis that keeps
@@ -123,10 +152,10 @@ type Breaker struct {
 	mu          sync.Mutex
 	state       BreakerState // closed or open; half-open is derived
 	openedAt    time.Time
-	probing     bool      // a half-open probe is in flight
-	probeAt     time.Time // when the probe was allowed
+	probes      int       // half-open probes in flight
+	probeAt     time.Time // when the latest probe was allowed
 	consecutive int
-	lastFailAt  time.Time // when the last failure counted in consecutive was recorded
+	streakStart time.Time // when the first of the consecutive failures was recorded
 	buckets     [breakerBuckets]breakerBucket
 	opened      uint64 // times the circuit opened
 }
@@ -145,8 +174,8 @@ func NewBreaker(o BreakerOptions, now func() time.Time) *Breaker {
 }
 
 // Allow reports whether a call may go to Redis at now: nil, or
-// ErrCircuitOpen while the circuit is open or a half-open probe is in
-// flight. Every allowed call must be followed by exactly one Record.
+// ErrCircuitOpen while the circuit is open or Probes half-open probes are
+// in flight. Every allowed call must be followed by exactly one Record.
 func (b *Breaker) Allow(now time.Time) error {
 	if b.opts.Disabled {
 		return nil
@@ -157,10 +186,14 @@ func (b *Breaker) Allow(now time.Time) error {
 	case BreakerClosed:
 		return nil
 	case BreakerHalfOpen:
-		// One probe at a time; a probe that never recorded (lost) is
-		// replaced after another OpenFor.
-		if !b.probing || now.Sub(b.probeAt) >= b.opts.OpenFor {
-			b.probing, b.probeAt = true, now
+		// Probes that never recorded (lost) are replaced after another
+		// OpenFor.
+		if b.probes > 0 && now.Sub(b.probeAt) >= b.opts.OpenFor {
+			b.probes = 0
+		}
+		if b.probes < max(1, b.opts.Probes) {
+			b.probes++
+			b.probeAt = now
 			return nil
 		}
 	}
@@ -172,11 +205,8 @@ func (b *Breaker) Allow(now time.Time) error {
 // cancellations by the caller count as nothing.
 func (b *Breaker) Record(now time.Time, err error) { b.record(now, now, err) }
 
-// record is Record for a call that started at start. A failed call that
-// was already in flight when the previous failure was recorded waited on
-// the same stall: it counts for the failure ratio but not as another
-// consecutive failure (otherwise N concurrent calls timing out together on
-// one brief stall would open the circuit at once).
+// record is Record for a call that started at start: a call that started
+// before the circuit last opened is a straggler and counts for nothing.
 func (b *Breaker) record(start, now time.Time, err error) {
 	if b.opts.Disabled {
 		return
@@ -191,19 +221,25 @@ func (b *Breaker) record(start, now time.Time, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	st := b.stateLocked(now)
+	if st != BreakerClosed && start.Before(b.openedAt) {
+		// A straggler that started before the circuit opened.
+		return
+	}
 	if st == BreakerHalfOpen {
-		b.probing = false
+		// A probe.
+		b.probes = max(0, b.probes-1)
 		switch {
 		case neutral:
 		case failed:
-			b.openLocked(now)
+			if b.probes == 0 {
+				b.openLocked(now)
+			}
 		default:
 			b.closeLocked()
 		}
 		return
 	}
 	if st == BreakerOpen || neutral {
-		// Stragglers that started before the circuit opened.
 		return
 	}
 	bk := b.bucketLocked(now)
@@ -213,16 +249,20 @@ func (b *Breaker) record(start, now time.Time, err error) {
 		return
 	}
 	bk.failed++
-	if !start.Before(b.lastFailAt) {
-		b.consecutive++
-		b.lastFailAt = now
+	if bk.failed == 1 {
+		bk.firstFail = now.UnixNano()
 	}
-	if b.consecutive >= b.opts.Failures {
+	b.consecutive++
+	if b.consecutive == 1 {
+		b.streakStart = now
+	}
+	if b.consecutive >= b.opts.Failures && now.Sub(b.streakStart) >= b.opts.FailFor {
 		b.openLocked(now)
 		return
 	}
-	calls, fails := b.windowLocked(now)
-	if calls >= b.opts.MinCalls && float64(fails) >= b.opts.FailureRatio*float64(calls) {
+	calls, fails, first := b.windowLocked(now)
+	if calls >= b.opts.MinCalls && float64(fails) >= b.opts.FailureRatio*float64(calls) &&
+		now.UnixNano()-first >= int64(b.opts.FailFor) {
 		b.openLocked(now)
 	}
 }
@@ -278,12 +318,12 @@ func (b *Breaker) stateLocked(now time.Time) BreakerState {
 }
 
 func (b *Breaker) openLocked(now time.Time) {
-	b.state, b.openedAt, b.probing = BreakerOpen, now, false
+	b.state, b.openedAt, b.probes = BreakerOpen, now, 0
 	b.opened++
 }
 
 func (b *Breaker) closeLocked() {
-	b.state, b.consecutive, b.probing = BreakerClosed, 0, false
+	b.state, b.consecutive, b.probes = BreakerClosed, 0, 0
 	b.buckets = [breakerBuckets]breakerBucket{}
 }
 
@@ -296,15 +336,20 @@ func (b *Breaker) bucketLocked(now time.Time) *breakerBucket {
 	return bk
 }
 
-// windowLocked sums the buckets within Window of now.
-func (b *Breaker) windowLocked(now time.Time) (calls, failed int) {
+// windowLocked sums the buckets within Window of now; first is the
+// UnixNano of the earliest failure among them (now when none).
+func (b *Breaker) windowLocked(now time.Time) (calls, failed int, first int64) {
 	cur := now.UnixNano() / b.width
+	first = now.UnixNano()
 	for i := range b.buckets {
 		bk := &b.buckets[i]
 		if bk.epoch > cur-breakerBuckets && bk.epoch <= cur {
 			calls += bk.calls
 			failed += bk.failed
+			if bk.failed > 0 && bk.firstFail < first {
+				first = bk.firstFail
+			}
 		}
 	}
-	return calls, failed
+	return calls, failed, first
 }

@@ -96,25 +96,30 @@ func TestBreakerSteps(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			b := redis.NewBreaker(opts, nil)
-			for i, s := range tc.steps {
-				now := bt0.Add(s.at)
-				err := b.Allow(now)
-				if got := err == nil; got != s.wantAllow {
-					t.Fatalf("step %d (+%v): allowed = %v, want %v", i, s.at, got, s.wantAllow)
-				}
-				if err != nil {
-					if redis.CauseOf(err) != redis.CauseCircuitOpen || !errors.Is(err, redis.ErrCircuitOpen) {
-						t.Fatalf("step %d: refusal %v has cause %q", i, err, redis.CauseOf(err))
-					}
-				} else {
-					b.Record(now, s.err)
-				}
-				if got := b.StateAt(now); got != s.wantState {
-					t.Fatalf("step %d (+%v): state = %v, want %v", i, s.at, got, s.wantState)
-				}
-			}
+			runSteps(t, redis.NewBreaker(opts, nil), tc.steps)
 		})
+	}
+}
+
+// runSteps applies steps to b in order.
+func runSteps(t *testing.T, b *redis.Breaker, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		now := bt0.Add(s.at)
+		err := b.Allow(now)
+		if got := err == nil; got != s.wantAllow {
+			t.Fatalf("step %d (+%v): allowed = %v, want %v", i, s.at, got, s.wantAllow)
+		}
+		if err != nil {
+			if redis.CauseOf(err) != redis.CauseCircuitOpen || !errors.Is(err, redis.ErrCircuitOpen) {
+				t.Fatalf("step %d: refusal %v has cause %q", i, err, redis.CauseOf(err))
+			}
+		} else {
+			b.Record(now, s.err)
+		}
+		if got := b.StateAt(now); got != s.wantState {
+			t.Fatalf("step %d (+%v): state = %v, want %v", i, s.at, got, s.wantState)
+		}
 	}
 }
 
@@ -131,41 +136,160 @@ func alternate(n int, dt time.Duration) []step {
 	return s
 }
 
-func TestBreakerHalfOpenAllowsOneProbe(t *testing.T) {
+// TestBreakerFailFor: with FailFor, neither rule opens the circuit on
+// failures that span less than FailFor (a brief stall), and a continuous
+// outage opens it as soon as they do.
+func TestBreakerFailFor(t *testing.T) {
+	opts := redis.BreakerOptions{Failures: 3, FailFor: 50 * time.Millisecond, Window: time.Second, MinCalls: 10, FailureRatio: 0.5, OpenFor: 250 * time.Millisecond}
+	ms := time.Millisecond
+	// every is n steps dt apart from `from`, all failing with err.
+	every := func(from time.Duration, n int, dt time.Duration, err error, want redis.BreakerState) []step {
+		var s []step
+		for i := range n {
+			s = append(s, step{from + time.Duration(i)*dt, err, true, want})
+		}
+		return s
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"50 callers timing out together on one stall stay closed",
+			append(every(10*ms, 50, 0, outage, redis.BreakerClosed),
+				step{11 * ms, nil, true, redis.BreakerClosed})},
+		{"a 40 ms stall of failures, then a success: closed",
+			append(every(10*ms, 41, ms, outage, redis.BreakerClosed), // failures at 10..50 ms: span 40 ms
+				step{51 * ms, nil, true, redis.BreakerClosed})},
+		{"continuous failures open once they span FailFor",
+			append(every(10*ms, 50, ms, outage, redis.BreakerClosed), // 10..59 ms: span 49 ms
+				step{60 * ms, outage, true, redis.BreakerOpen})},
+		{"a success restarts the span (the ratio stays below FailureRatio)",
+			append(append(append(every(0, 100, 0, nil, redis.BreakerClosed),
+				every(0, 40, ms, outage, redis.BreakerClosed)...), // 0..39 ms
+				step{40 * ms, nil, true, redis.BreakerClosed}),
+				append(every(41*ms, 50, ms, outage, redis.BreakerClosed), // 41..90 ms: span 49 ms
+					step{91 * ms, outage, true, redis.BreakerOpen})...)},
+		{"the ratio rule waits for FailFor too",
+			append(append(alternate(40, ms), // 0..39 ms: 20 of 40 failed, never 2 in a row
+				step{40 * ms, nil, true, redis.BreakerClosed}),
+				step{51 * ms, outage, true, redis.BreakerOpen})}, // first failure at 1 ms: span 50 ms, 21/42
+		{"sparse failures open once Failures of them span FailFor",
+			[]step{{0, outage, true, redis.BreakerClosed}, {100 * ms, outage, true, redis.BreakerClosed}, {200 * ms, outage, true, redis.BreakerOpen}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			runSteps(t, redis.NewBreaker(opts, nil), tc.steps)
+		})
+	}
+}
+
+// TestBreakerProbes: half-open allows Probes concurrent probes; a success
+// closes, and only when every probe in flight failed does it open again.
+func TestBreakerProbes(t *testing.T) {
+	opts := redis.BreakerOptions{Failures: 1, Window: time.Second, MinCalls: 1, FailureRatio: 1, OpenFor: 250 * time.Millisecond, Probes: 3}
+	ms := time.Millisecond
+	type ev struct {
+		at     time.Duration
+		op     string // "allow", "deny" (Allow must refuse), "ok", "fail", "cancel" (Record)
+		want   redis.BreakerState
+		opened uint64
+	}
+	cases := []struct {
+		name string
+		evs  []ev
+	}{
+		{"three probes, the fourth refused, one success closes", []ev{
+			{0, "allow", redis.BreakerClosed, 0}, {0, "fail", redis.BreakerOpen, 1},
+			{250 * ms, "allow", redis.BreakerHalfOpen, 1},
+			{250 * ms, "allow", redis.BreakerHalfOpen, 1},
+			{251 * ms, "allow", redis.BreakerHalfOpen, 1},
+			{252 * ms, "deny", redis.BreakerHalfOpen, 1},
+			{253 * ms, "fail", redis.BreakerHalfOpen, 1}, // two probes still in flight
+			{254 * ms, "allow", redis.BreakerHalfOpen, 1}, // a freed probe slot
+			{255 * ms, "ok", redis.BreakerClosed, 1},
+			{256 * ms, "fail", redis.BreakerOpen, 2}, // a late probe counts as a normal call (Failures 1, FailFor 0)
+		}},
+		{"every probe failing reopens", []ev{
+			{0, "allow", redis.BreakerClosed, 0}, {0, "fail", redis.BreakerOpen, 1},
+			{250 * ms, "allow", redis.BreakerHalfOpen, 1},
+			{250 * ms, "allow", redis.BreakerHalfOpen, 1},
+			{260 * ms, "fail", redis.BreakerHalfOpen, 1},
+			{261 * ms, "cancel", redis.BreakerHalfOpen, 1}, // canceled: neither
+			{262 * ms, "allow", redis.BreakerHalfOpen, 1},
+			{263 * ms, "fail", redis.BreakerOpen, 2}, // the last probe in flight failed
+			{264 * ms, "deny", redis.BreakerOpen, 2},
+			{513 * ms, "allow", redis.BreakerHalfOpen, 2},
+			{514 * ms, "ok", redis.BreakerClosed, 2},
+		}},
+		{"lost probes are replaced after OpenFor", []ev{
+			{0, "allow", redis.BreakerClosed, 0}, {0, "fail", redis.BreakerOpen, 1},
+			{250 * ms, "allow", redis.BreakerHalfOpen, 1},
+			{250 * ms, "allow", redis.BreakerHalfOpen, 1},
+			{250 * ms, "allow", redis.BreakerHalfOpen, 1},
+			{499 * ms, "deny", redis.BreakerHalfOpen, 1},
+			{500 * ms, "allow", redis.BreakerHalfOpen, 1},
+			{500 * ms, "ok", redis.BreakerClosed, 1},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := redis.NewBreaker(opts, nil)
+			for i, e := range tc.evs {
+				now := bt0.Add(e.at)
+				switch e.op {
+				case "allow", "deny":
+					err := b.Allow(now)
+					if (err == nil) != (e.op == "allow") {
+						t.Fatalf("event %d (+%v %s): Allow = %v", i, e.at, e.op, err)
+					}
+				case "ok":
+					b.Record(now, nil)
+				case "fail":
+					b.Record(now, outage)
+				case "cancel":
+					b.Record(now, context.Canceled)
+				}
+				if got := b.StateAt(now); got != e.want {
+					t.Fatalf("event %d (+%v %s): state %v, want %v", i, e.at, e.op, got, e.want)
+				}
+				if got := b.Opened(); got != e.opened {
+					t.Fatalf("event %d (+%v %s): opened %d times, want %d", i, e.at, e.op, got, e.opened)
+				}
+			}
+		})
+	}
+}
+
+// TestBreakerDefaults: with DefaultBreakerOptions a dead Redis answering
+// every 1 ms opens the circuit 50 ms after the first failure, and the
+// half-open state admits DefaultBreakerProbes probes.
+func TestBreakerDefaults(t *testing.T) {
 	opts := redis.DefaultBreakerOptions()
 	b := redis.NewBreaker(opts, nil)
-	for i := 0; i < opts.Failures; i++ {
-		if err := b.Allow(bt0); err != nil {
+	var at time.Duration
+	for ; b.StateAt(bt0.Add(at)) == redis.BreakerClosed; at += time.Millisecond {
+		if at > time.Second {
+			t.Fatal("never opened")
+		}
+		if err := b.Allow(bt0.Add(at)); err != nil {
 			t.Fatal(err)
 		}
-		b.Record(bt0, outage)
+		b.Record(bt0.Add(at), outage)
 	}
-	if got := b.StateAt(bt0); got != redis.BreakerOpen {
-		t.Fatalf("state %v", got)
+	if opened := at - time.Millisecond; opened != opts.FailFor {
+		t.Fatalf("opened %v after the first failure, want %v", opened, opts.FailFor)
 	}
-	half := bt0.Add(opts.OpenFor)
+	half := bt0.Add(at + opts.OpenFor)
 	if got := b.StateAt(half); got != redis.BreakerHalfOpen || got.String() != "half_open" {
 		t.Fatalf("state at +OpenFor = %v", got)
 	}
-	if err := b.Allow(half); err != nil {
-		t.Fatalf("probe refused: %v", err)
-	}
-	// The probe is in flight: everyone else fails fast.
-	for i := 0; i < 3; i++ {
-		if err := b.Allow(half.Add(time.Millisecond)); !errors.Is(err, redis.ErrCircuitOpen) {
-			t.Fatalf("second caller during probe: %v", err)
+	for i := range opts.Probes {
+		if err := b.Allow(half); err != nil {
+			t.Fatalf("probe %d refused: %v", i+1, err)
 		}
 	}
-	// A probe that never reports is replaced after another OpenFor.
-	if err := b.Allow(half.Add(opts.OpenFor)); err != nil {
-		t.Fatalf("replacement probe refused: %v", err)
-	}
-	b.Record(half.Add(opts.OpenFor), nil)
-	if got := b.StateAt(half.Add(opts.OpenFor)); got != redis.BreakerClosed {
-		t.Fatalf("after probe success: %v", got)
-	}
-	if b.Opened() != 1 {
-		t.Fatalf("Opened = %d", b.Opened())
+	if err := b.Allow(half); !errors.Is(err, redis.ErrCircuitOpen) {
+		t.Fatalf("probe %d: %v, want ErrCircuitOpen", opts.Probes+1, err)
 	}
 }
 
@@ -218,8 +342,8 @@ func TestBreakerOptionsValidate(t *testing.T) {
 	if err := redis.DefaultBreakerOptions().Validate(); err != nil {
 		t.Fatal(err)
 	}
-	err := redis.BreakerOptions{FailureRatio: 2}.Validate()
-	for _, want := range []string{"failures", "window", "min calls", "ratio", "open-for"} {
+	err := redis.BreakerOptions{FailureRatio: 2, FailFor: -1, Probes: -1}.Validate()
+	for _, want := range []string{"failures", "window", "min calls", "ratio", "open-for", "fail-for", "probes"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want mention of %q", err, want)
 		}

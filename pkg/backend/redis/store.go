@@ -60,7 +60,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		client:      c,
 		now:         opts.Now,
 		timeout:     opts.Timeout,
-		breaker:     NewBreaker(opts.Breaker, opts.Now),
+		breaker:     NewBreaker(breakerOptions(opts), opts.Now),
 		cache:       newOverLimitCache(opts.LocalCacheSize),
 		noncePrefix: hex.EncodeToString(b[:]),
 	}
@@ -71,6 +71,15 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	s.batch = newBatcher(c, min(pipelines, max(1, opts.PoolSize)))
 	_, s.cluster = c.(*goredis.ClusterClient)
 	return s
+}
+
+// breakerOptions are opts.Breaker with FailFor raised to 2 × Timeout (see
+// BreakerOptions.FailFor): a stall of up to 3 timeouts never opens the
+// circuit.
+func breakerOptions(opts Options) BreakerOptions {
+	b := opts.Breaker
+	b.FailFor = max(b.FailFor, 2*opts.Timeout)
+	return b
 }
 
 // Close waits for the pipelines in flight (at most one Timeout) and closes
