@@ -204,7 +204,7 @@ func TestBreakerProbes(t *testing.T) {
 			{250 * ms, "allow", redis.BreakerHalfOpen, 1},
 			{251 * ms, "allow", redis.BreakerHalfOpen, 1},
 			{252 * ms, "deny", redis.BreakerHalfOpen, 1},
-			{253 * ms, "fail", redis.BreakerHalfOpen, 1}, // two probes still in flight
+			{253 * ms, "fail", redis.BreakerHalfOpen, 1},  // two probes still in flight
 			{254 * ms, "allow", redis.BreakerHalfOpen, 1}, // a freed probe slot
 			{255 * ms, "ok", redis.BreakerClosed, 1},
 			{256 * ms, "fail", redis.BreakerOpen, 2}, // a late probe counts as a normal call (Failures 1, FailFor 0)
