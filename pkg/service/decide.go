@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"math"
+	"sync"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
@@ -23,7 +24,8 @@ const (
 // applied is one limit (Spec) applied to one descriptor.
 type applied struct {
 	spec *policy.Spec
-	hit  int // index into the request's hits
+	info *specInfo // the Spec's response strings
+	hit  int       // index into the request's hits
 }
 
 // descState is one request descriptor after matching.
@@ -41,27 +43,73 @@ type descState struct {
 	status *rlsv3.RateLimitResponse_DescriptorStatus
 }
 
-func (s *Service) decide(ctx context.Context, set *policy.Set, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+// Sizes of the per-request arrays that live on decide's stack; larger
+// requests allocate.
+const (
+	smallDescriptors = 2
+	smallEntries     = 8
+	smallHits        = 4
+)
+
+// scratch holds per-request arrays that descState slices point into
+// (stores through ds's pointer make stack arrays escape); decide takes one
+// from scratchPool and returns it, cleared, when it returns. Nothing
+// outside decide keeps a pointer into it.
+type scratch struct {
+	entries [smallEntries]policy.Entry
+	applied [smallHits]applied
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+func (sc *scratch) release() {
+	clear(sc.entries[:])
+	clear(sc.applied[:])
+	scratchPool.Put(sc)
+}
+
+func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	set := sn.set
 	domain := req.GetDomain()
 	reqCost := int64(req.GetHitsAddend())
 	if reqCost == 0 {
 		reqCost = 1
 	}
-	ds := make([]descState, len(req.GetDescriptors()))
+	descs := req.GetDescriptors()
+	var dsArr [smallDescriptors]descState
+	ds := dsArr[:0]
+	if len(descs) <= len(dsArr) {
+		ds = dsArr[:len(descs)]
+	} else {
+		ds = make([]descState, len(descs))
+	}
+	// One backing array for the entries of every descriptor (Match
+	// retains them in descState.match for the keys).
+	nEntries := 0
+	for _, d := range descs {
+		nEntries += len(d.GetEntries())
+	}
+	sc := scratchPool.Get().(*scratch)
+	defer sc.release()
+	allEntries := sc.entries[:0]
+	if nEntries > len(sc.entries) {
+		allEntries = make([]policy.Entry, 0, nEntries)
+	}
 	hasDomain := set.HasDomain(domain)
-	replaced := map[string]bool{}
+	var replaced map[string]bool // names of replaced limits; nil when none
 
 	// 1. Match every descriptor.
-	for i, d := range req.GetDescriptors() {
+	for i, d := range descs {
 		st := &ds[i]
 		st.cost = reqCost
 		if h := d.GetHitsAddend(); h != nil {
 			st.cost = int64(min(h.GetValue(), math.MaxInt64))
 		}
-		entries := make([]policy.Entry, len(d.GetEntries()))
-		for j, e := range d.GetEntries() {
-			entries[j] = policy.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		start := len(allEntries)
+		for _, e := range d.GetEntries() {
+			allEntries = append(allEntries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
+		entries := allEntries[start:len(allEntries):len(allEntries)]
 		if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
 			u, err := overrideUnit(l)
 			if err == nil {
@@ -75,6 +123,9 @@ func (s *Service) decide(ctx context.Context, set *policy.Set, req *rlsv3.RateLi
 		}
 		if st.matched {
 			for _, n := range st.match.Rule.Replaces {
+				if replaced == nil {
+					replaced = map[string]bool{}
+				}
 				replaced[n] = true
 			}
 			st.shadow = st.match.Rule.ShadowMode && !st.override
@@ -84,14 +135,27 @@ func (s *Service) decide(ctx context.Context, set *policy.Set, req *rlsv3.RateLi
 
 	// 2. Build the hits: one per applied limit, descriptor order then
 	// config order. `replaces` drops limits by name (reference 1.5).
+	nHits := 0
+	for i := range ds {
+		if st := &ds[i]; st.matched && !st.match.Rule.Unlimited {
+			nHits += len(st.match.Rule.Limits)
+		}
+	}
+	// hits goes to the Store (which may keep it past Take): always its
+	// own allocation.
 	var hits []algo.Hit
-	var specs []*policy.Spec
+	if nHits > 0 {
+		hits = make([]algo.Hit, 0, nHits)
+	}
+	var specArr [smallHits]*policy.Spec
+	specs, allApplied := specArr[:0], sc.applied[:0]
 	for i := range ds {
 		st := &ds[i]
 		if !st.matched || st.match.Rule.Unlimited {
 			continue
 		}
 		r := st.match.Rule
+		start := len(allApplied)
 		for k := range r.Limits {
 			sp := &r.Limits[k]
 			if sp.Name != "" && replaced[sp.Name] {
@@ -100,7 +164,7 @@ func (s *Service) decide(ctx context.Context, set *policy.Set, req *rlsv3.RateLi
 			if st.match.Release && sp.Limit.Kind != algo.Concurrency {
 				continue
 			}
-			st.applied = append(st.applied, applied{spec: sp, hit: len(hits)})
+			allApplied = append(allApplied, applied{spec: sp, info: sn.spec(r, sp), hit: len(hits)})
 			specs = append(specs, sp)
 			hits = append(hits, algo.Hit{
 				Key:     set.Key(st.match, k),
@@ -113,11 +177,20 @@ func (s *Service) decide(ctx context.Context, set *policy.Set, req *rlsv3.RateLi
 				Soft: st.shadow || st.quota || s.opts.ShadowMode,
 			})
 		}
+		if len(allApplied) > start {
+			ds[i].applied = allApplied[start:len(allApplied):len(allApplied)]
+		}
 	}
 
 	// 3. One Store call; failure modes on error.
-	decs := make([]algo.Decision, len(hits))
-	outs := make([]outcome, len(hits))
+	var decArr [smallHits]algo.Decision
+	var outArr [smallHits]outcome
+	decs, outs := decArr[:0], outArr[:0]
+	if len(hits) <= smallHits {
+		decs, outs = decArr[:len(hits)], outArr[:len(hits)]
+	} else {
+		decs, outs = make([]algo.Decision, len(hits)), make([]outcome, len(hits))
+	}
 	if len(hits) > 0 {
 		res, err := s.take(ctx, s.opts.Store, "primary", hits)
 		if err != nil {
@@ -133,12 +206,11 @@ func (s *Service) decide(ctx context.Context, set *policy.Set, req *rlsv3.RateLi
 	denied := s.evaluate(ds, decs)
 
 	// 4. Statuses.
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds)),
-	}
+	blk := newResponseBlock(len(ds))
+	resp := &blk.resp
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	for i := range ds {
-		resp.Statuses[i] = s.status(&ds[i], decs, outs)
+		resp.Statuses[i] = s.status(&ds[i], decs, outs, blk.statusParts(i))
 	}
 	if denied {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -147,8 +219,8 @@ func (s *Service) decide(ctx context.Context, set *policy.Set, req *rlsv3.RateLi
 			s.m.globalShadow.Inc()
 		}
 	}
-	s.observeDecisions(domain, ds, decs, outs)
-	s.addHeaders(resp, ds, decs, outs, denied && !s.opts.ShadowMode)
+	s.observeDecisions(sn, domain, ds, decs, outs)
+	s.addHeaders(blk, ds, decs, outs, denied && !s.opts.ShadowMode)
 	if s.opts.DynamicMetadata {
 		resp.DynamicMetadata = s.dynamicMetadata(req, ds)
 	}
@@ -191,7 +263,11 @@ func (s *Service) evaluate(ds []descState, decs []algo.Decision) bool {
 func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.Hit) ([]algo.Decision, error) {
 	t0 := s.opts.Now()
 	res, err := st.Take(ctx, hits)
-	s.m.backendDuration.WithLabelValues(label).Observe(s.opts.Now().Sub(t0).Seconds())
+	o := &s.m.primaryDuration
+	if label != "primary" {
+		o = &s.m.fallbackDuration
+	}
+	o.get(s.m.backendDuration, label).Observe(s.opts.Now().Sub(t0).Seconds())
 	if err == nil && len(res) != len(hits) {
 		err = errBadResult
 	}

@@ -50,6 +50,9 @@ type metrics struct {
 	unknownDomain   prometheus.Counter
 	globalShadow    prometheus.Counter
 	invalidUTF8     prometheus.Counter
+
+	// children of backendDuration, created on first use
+	primaryDuration, fallbackDuration lazyObserver
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {

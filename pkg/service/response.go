@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dunglas/httpsfv"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -72,8 +71,9 @@ func clampU32(n int64) uint32 {
 
 // status builds the DescriptorStatus of one descriptor (contract,
 // "Statuses without a counted limit" and "Several limits on one node").
-func (s *Service) status(st *descState, decs []algo.Decision, outs []outcome) *rlsv3.RateLimitResponse_DescriptorStatus {
-	ds := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+func (s *Service) status(st *descState, decs []algo.Decision, outs []outcome, p *statusParts) *rlsv3.RateLimitResponse_DescriptorStatus {
+	ds := &p.status
+	ds.Code = rlsv3.RateLimitResponse_OK
 	st.status = ds
 	if !st.matched {
 		return ds
@@ -90,14 +90,65 @@ func (s *Service) status(st *descState, decs []algo.Decision, outs []outcome) *r
 	if st.denied && !st.shadow {
 		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	ds.CurrentLimit = currentLimit(a.spec)
+	ds.CurrentLimit = currentLimit(a.spec, &p.limit)
 	ds.LimitRemaining = clampU32(d.Remaining)
 	reset := d.ResetAfter
 	if outs[a.hit] == byFailedOpen {
 		reset = window(a.spec)
 	}
-	ds.DurationUntilReset = durationpb.New(time.Duration(atLeast1(ceilSeconds(reset))) * time.Second)
+	ds.DurationUntilReset = setDuration(&p.duration, time.Duration(atLeast1(ceilSeconds(reset)))*time.Second)
 	return ds
+}
+
+// setDuration sets p to d as durationpb.New does and returns p.
+func setDuration(p *durationpb.Duration, d time.Duration) *durationpb.Duration {
+	nanos := d.Nanoseconds()
+	p.Seconds = nanos / 1e9
+	p.Nanos = int32(nanos % 1e9)
+	return p
+}
+
+// statusParts are the messages of one DescriptorStatus, allocated together.
+type statusParts struct {
+	status   rlsv3.RateLimitResponse_DescriptorStatus
+	limit    rlsv3.RateLimitResponse_RateLimit
+	duration durationpb.Duration
+}
+
+// blockHeaders is the number of response headers a responseBlock holds
+// without allocating (RateLimit-Policy, RateLimit, Retry-After,
+// Content-Type; more allocate).
+const blockHeaders = 4
+
+// responseBlock is a response with the messages a one-descriptor answer
+// needs, allocated in one piece; the response points into it.
+type responseBlock struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	parts    [1]statusParts
+	more     []statusParts // parts of the descriptors after the first
+	hv       [blockHeaders]corev3.HeaderValue
+	hp       [blockHeaders]*corev3.HeaderValue
+}
+
+// newResponseBlock returns a block whose resp.Statuses has n (nil) entries.
+func newResponseBlock(n int) *responseBlock {
+	b := &responseBlock{}
+	if n <= len(b.statuses) {
+		b.resp.Statuses = b.statuses[:n]
+	} else {
+		b.resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+		b.more = make([]statusParts, n-1)
+	}
+	return b
+}
+
+// statusParts returns the parts of descriptor i.
+func (b *responseBlock) statusParts(i int) *statusParts {
+	if i == 0 {
+		return &b.parts[0]
+	}
+	return &b.more[i-1]
 }
 
 // reported picks the limit a descriptor's status reports: the first that
@@ -122,12 +173,11 @@ func reported(st *descState, decs []algo.Decision, outs []outcome) applied {
 	return st.applied[best]
 }
 
-func currentLimit(sp *policy.Spec) *rlsv3.RateLimitResponse_RateLimit {
-	rl := &rlsv3.RateLimitResponse_RateLimit{
-		Name:            sp.Name,
-		RequestsPerUnit: sp.RequestsPerUnit,
-		Unit:            responseUnit(sp.Unit),
-	}
+// currentLimit fills rl with the Spec's limit and returns it.
+func currentLimit(sp *policy.Spec, rl *rlsv3.RateLimitResponse_RateLimit) *rlsv3.RateLimitResponse_RateLimit {
+	rl.Name = sp.Name
+	rl.RequestsPerUnit = sp.RequestsPerUnit
+	rl.Unit = responseUnit(sp.Unit)
 	if sp.UnitMultiplier > 1 {
 		rl.UnitMultiplier = wrapperspb.UInt32(sp.UnitMultiplier)
 	}
@@ -165,13 +215,16 @@ func (s *Service) nearLimit(sp *policy.Spec, d algo.Decision) bool {
 
 // policyName is the Spec's policy name made safe for an RFC 9651 String
 // (printable ASCII; other bytes become '_').
-func policyName(st *descState, sp *policy.Spec) string {
+func policyName(st *descState, sp *policy.Spec) string { return specPolicyName(st.match.Rule, sp) }
+
+// specPolicyName is policyName of a Spec of rule r.
+func specPolicyName(r *policy.Rule, sp *policy.Spec) string {
 	n := sp.Policy
 	if n == "" {
 		n = sp.Name
 	}
 	if n == "" {
-		n = st.match.Rule.Path
+		n = r.Path
 	}
 	return strings.Map(func(r rune) rune {
 		if r < 0x20 || r > 0x7e {
@@ -181,14 +234,21 @@ func policyName(st *descState, sp *policy.Spec) string {
 	}, n)
 }
 
-func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
-
 // addHeaders fills response_headers_to_add and, when the request is
 // denied (after global shadow mode), Retry-After, Content-Type and
 // raw_body.
-func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, ds []descState, decs []algo.Decision, outs []outcome, deny bool) {
-	var policies, limits httpsfv.List
-	var near []string
+func (s *Service) addHeaders(blk *responseBlock, ds []descState, decs []algo.Decision, outs []outcome, deny bool) {
+	resp := &blk.resp
+	// The header values are RFC 9651 Lists serialized directly (as
+	// httpsfv.Marshal would; a header with an out-of-range Integer is
+	// omitted as Marshal fails) into buffers on the stack, then into one
+	// string.
+	var polArr, limArr [256]byte
+	policies, limits := polArr[:0], limArr[:0]
+	nPolicies, nLimits := 0, 0
+	policiesOK, limitsOK := true, true
+	var nearArr [smallHits]*specInfo
+	near := nearArr[:0]
 	type pick struct {
 		a  applied
 		ok bool
@@ -196,29 +256,31 @@ func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, ds []descState, decs
 	var legacy pick
 	legacyDenied := false
 	var violated []applied
-	var violatedDesc []*descState
+	var violatedDesc []int // index in ds of violated[i]
 	for i := range ds {
 		st := &ds[i]
 		for _, a := range st.applied {
 			d := decs[a.hit]
-			name := policyName(st, a.spec)
-			pi := httpsfv.NewItem(name)
-			pi.Params.Add("q", a.spec.Limit.Rate)
-			if a.spec.Limit.Kind == algo.Concurrency {
-				pi.Params.Add("qu", "concurrent-requests")
-			} else {
-				pi.Params.Add("w", atLeast1(ceilSeconds(window(a.spec))))
+			if nPolicies > 0 {
+				policies = append(policies, ", "...)
 			}
-			policies = append(policies, pi)
+			policies = append(policies, a.info.policyItem...)
+			policiesOK = policiesOK && a.info.policyOK
+			nPolicies++
 			if outs[a.hit] == byFailedOpen {
 				continue // state unknown: no RateLimit item, no legacy pick
 			}
-			li := httpsfv.NewItem(name)
-			li.Params.Add("r", max(d.Remaining, 0))
-			li.Params.Add("t", atLeast1(ceilSeconds(d.WindowAfter)))
-			limits = append(limits, li)
+			if nLimits > 0 {
+				limits = append(limits, ", "...)
+			}
+			limits = append(limits, a.info.quoted...)
+			var ok1, ok2 bool
+			limits, ok1 = appendSFIntParam(limits, "r", max(d.Remaining, 0))
+			limits, ok2 = appendSFIntParam(limits, "t", atLeast1(ceilSeconds(d.WindowAfter)))
+			limitsOK = limitsOK && ok1 && ok2
+			nLimits++
 			if s.nearLimit(a.spec, d) {
-				near = append(near, name)
+				near = append(near, a.info)
 			}
 			// Legacy: a denying (non-shadow) limit wins, the last one
 			// (reference 3.7); else the least remaining, first on ties.
@@ -230,37 +292,37 @@ func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, ds []descState, decs
 			}
 			if deny && !d.Allowed && !st.shadow {
 				violated = append(violated, a)
-				violatedDesc = append(violatedDesc, st)
+				violatedDesc = append(violatedDesc, i)
 			}
 		}
 	}
-	var hs []*corev3.HeaderValue
-	if s.opts.Headers.ietf() && len(policies) > 0 {
-		if v, err := httpsfv.Marshal(policies); err == nil {
-			hs = append(hs, header(HeaderRateLimitPolicy, v))
+	var hb headerBuilder
+	var bufArr [512]byte
+	buf := bufArr[:0]
+	if s.opts.Headers.ietf() && nPolicies > 0 {
+		if policiesOK {
+			buf = hb.add(buf, HeaderRateLimitPolicy, policies...)
 		}
-		if len(limits) > 0 {
-			if v, err := httpsfv.Marshal(limits); err == nil {
-				hs = append(hs, header(HeaderRateLimit, v))
-			}
+		if nLimits > 0 && limitsOK {
+			buf = hb.add(buf, HeaderRateLimit, limits...)
 		}
 	}
 	if s.opts.Headers.legacy() && legacy.ok {
 		d := decs[legacy.a.hit]
-		hs = append(hs,
-			header(HeaderLegacyLimit, strconv.FormatInt(legacy.a.spec.Limit.Rate, 10)),
-			header(HeaderLegacyRemaining, strconv.FormatInt(max(d.Remaining, 0), 10)),
-			header(HeaderLegacyReset, strconv.FormatInt(atLeast1(ceilSeconds(d.ResetAfter)), 10)),
-		)
+		buf = hb.addInt(buf, HeaderLegacyLimit, legacy.a.spec.Limit.Rate)
+		buf = hb.addInt(buf, HeaderLegacyRemaining, max(d.Remaining, 0))
+		buf = hb.addInt(buf, HeaderLegacyReset, atLeast1(ceilSeconds(d.ResetAfter)))
 	}
 	if s.opts.NearLimitHeader && len(near) > 0 {
-		l := make(httpsfv.List, len(near))
-		for i, n := range near {
-			l[i] = httpsfv.NewItem(n)
+		var arr [128]byte
+		b := arr[:0]
+		for i, in := range near {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = append(b, in.quoted...)
 		}
-		if v, err := httpsfv.Marshal(l); err == nil {
-			hs = append(hs, header(HeaderNearLimit, v))
-		}
+		buf = hb.add(buf, HeaderNearLimit, b...)
 	}
 	if deny {
 		var exact time.Duration
@@ -274,13 +336,13 @@ func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, ds []descState, decs
 			exact = max(exact, d.RetryAfter, d.WindowAfter)
 			if outs[a.hit] != byFailedClosed {
 				if closedOnly || firstDesc == nil {
-					first, firstDesc = a, violatedDesc[i]
+					first, firstDesc = a, &ds[violatedDesc[i]]
 				}
 				closedOnly = false
 			} else if firstDesc == nil {
-				first, firstDesc = a, violatedDesc[i]
+				first, firstDesc = a, &ds[violatedDesc[i]]
 			}
-			n := policyName(violatedDesc[i], a.spec)
+			n := a.info.name
 			if !seen[n] {
 				seen[n] = true
 				names = append(names, n)
@@ -305,11 +367,81 @@ func (s *Service) addHeaders(resp *rlsv3.RateLimitResponse, ds []descState, decs
 		body, err := json.Marshal(p)
 		if err == nil {
 			resp.RawBody = body
-			hs = append(hs, header(HeaderContentType, ProblemContentType))
+			hb.addConst(HeaderContentType, ProblemContentType)
 		}
-		hs = append(hs, header(HeaderRetryAfter, strconv.FormatInt(secs, 10)))
+		buf = hb.addInt(buf, HeaderRetryAfter, secs)
 	}
-	resp.ResponseHeadersToAdd = hs
+	resp.ResponseHeadersToAdd = hb.build(blk, buf)
+}
+
+// maxHeaders bounds the headers one response sets: RateLimit-Policy,
+// RateLimit, the three legacy headers, Ratelimitd-Near-Limit,
+// Content-Type, Retry-After.
+const maxHeaders = 8
+
+// headerBuilder collects response headers in order; their computed values
+// are appended to one buffer (owned by the caller, so that it can live on
+// the stack) and share one string in the response.
+type headerBuilder struct {
+	n    int
+	hdrs [maxHeaders]struct {
+		key, constant string // constant: the value, when not in the buffer
+		start, end    int
+	}
+}
+
+// add appends header key with value v (copied to buf); it returns buf.
+func (h *headerBuilder) add(buf []byte, key string, v ...byte) []byte {
+	e := &h.hdrs[h.n]
+	e.key, e.start = key, len(buf)
+	buf = append(buf, v...)
+	e.end = len(buf)
+	h.n++
+	return buf
+}
+
+// addInt appends header key with the decimal value n; it returns buf.
+func (h *headerBuilder) addInt(buf []byte, key string, n int64) []byte {
+	e := &h.hdrs[h.n]
+	e.key, e.start = key, len(buf)
+	buf = strconv.AppendInt(buf, n, 10)
+	e.end = len(buf)
+	h.n++
+	return buf
+}
+
+// addConst appends header key with the constant value v.
+func (h *headerBuilder) addConst(key, v string) {
+	e := &h.hdrs[h.n]
+	e.key, e.constant = key, v
+	h.n++
+}
+
+// build returns the headers (nil when none), the first blockHeaders of
+// them in blk.
+func (h *headerBuilder) build(blk *responseBlock, buf []byte) []*corev3.HeaderValue {
+	if h.n == 0 {
+		return nil
+	}
+	all := string(buf)
+	hs := blk.hp[:0]
+	for i := range h.n {
+		e := &h.hdrs[i]
+		var hv *corev3.HeaderValue
+		if i < len(blk.hv) {
+			hv = &blk.hv[i]
+		} else {
+			hv = new(corev3.HeaderValue)
+		}
+		hv.Key = e.key
+		if e.constant != "" {
+			hv.Value = e.constant
+		} else {
+			hv.Value = all[e.start:e.end]
+		}
+		hs = append(hs, hv)
+	}
+	return hs
 }
 
 // detail renders the problem "detail" member.
@@ -339,7 +471,7 @@ func (s *Service) detail(st *descState, a applied, closed bool, retry int64) str
 
 // observeDecisions counts one decision per descriptor with an applied
 // limit.
-func (s *Service) observeDecisions(domain string, ds []descState, decs []algo.Decision, outs []outcome) {
+func (s *Service) observeDecisions(sn *snapshot, domain string, ds []descState, decs []algo.Decision, outs []outcome) {
 	capper := s.detailed.Load()
 	for i := range ds {
 		st := &ds[i]
@@ -347,13 +479,17 @@ func (s *Service) observeDecisions(domain string, ds []descState, decs []algo.De
 			continue
 		}
 		rule := st.match.Rule.Path
+		cached := sn.rules[st.match.Rule]
 		switch {
 		case st.override:
-			rule = LabelOverride
+			rule, cached = LabelOverride, nil
 		case st.match.Rule.DetailedMetric && s.opts.DetailedMetricCap > 0 && st.match.MetricKey != "":
-			rule = capper.label(validUTF8(st.match.MetricKey)) // request values: labels must be UTF-8
+			rule, cached = capper.label(validUTF8(st.match.MetricKey)), nil // request values: labels must be UTF-8
 		}
-		result := resultOK
+		if cached != nil && st.match.Rule.Domain != domain {
+			cached = nil // the cache is labelled with the rule's domain
+		}
+		result := idxOK
 		closed, open, near := false, false, false
 		for _, a := range st.applied {
 			switch outs[a.hit] {
@@ -368,17 +504,21 @@ func (s *Service) observeDecisions(domain string, ds []descState, decs []algo.De
 		}
 		switch {
 		case st.denied && closed:
-			result = resultFailedClosed
+			result = idxFailedClosed
 		case st.denied && st.shadow:
-			result = resultShadow
+			result = idxShadow
 		case st.denied:
-			result = resultOverLimit
+			result = idxOverLimit
 		case open:
-			result = resultFailedOpen
+			result = idxFailedOpen
 		case near:
-			result = resultNearLimit
+			result = idxNearLimit
 		}
-		s.m.decisions.WithLabelValues(domain, rule, result).Inc()
+		if cached != nil {
+			cached.decisions[result].get(s.m.decisions, domain, rule, resultLabels[result]).Inc()
+		} else {
+			s.m.decisions.WithLabelValues(domain, rule, resultLabels[result]).Inc()
+		}
 	}
 }
 

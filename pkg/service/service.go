@@ -34,7 +34,8 @@ type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
 	opts     Options
-	set      atomic.Pointer[policy.Set]
+	snap     atomic.Pointer[snapshot] // nil before the first SetPolicy
+	unknown  domainInfo               // requests of domains not in the config
 	shutdown atomic.Bool
 	m        *metrics
 	detailed atomic.Pointer[labelCap]
@@ -54,7 +55,7 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{opts: opts, m: m, errLog: newLogLimiter(time.Second)}
+	s := &Service{opts: opts, m: m, errLog: newLogLimiter(time.Second), unknown: domainInfo{label: LabelUnknownDomain}}
 	s.detailed.Store(newLabelCap(max(opts.DetailedMetricCap, 0)))
 	return s, nil
 }
@@ -66,16 +67,21 @@ func (s *Service) SetPolicy(set *policy.Set) {
 	if set == nil {
 		return
 	}
-	s.set.Store(set)
+	s.snap.Store(newSnapshot(set))
 	s.detailed.Store(newLabelCap(max(s.opts.DetailedMetricCap, 0)))
 }
 
 // Policy returns the snapshot in force, nil before the first SetPolicy.
-func (s *Service) Policy() *policy.Set { return s.set.Load() }
+func (s *Service) Policy() *policy.Set {
+	if sn := s.snap.Load(); sn != nil {
+		return sn.set
+	}
+	return nil
+}
 
 // Ready reports whether a config has loaded and SetShuttingDown has not
 // been called (gRPC health SERVING, /healthcheck 200).
-func (s *Service) Ready() bool { return s.set.Load() != nil && !s.shutdown.Load() }
+func (s *Service) Ready() bool { return s.snap.Load() != nil && !s.shutdown.Load() }
 
 // SetShuttingDown makes Ready report false from now on (graceful drain).
 // Requests are still answered.
@@ -112,28 +118,30 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.m.inflight.Dec()
 		s.m.requestDuration.Observe(s.opts.Now().Sub(start).Seconds())
 	}()
-	set := s.set.Load()
-	domainLabel := LabelUnknownDomain
-	if set != nil && set.HasDomain(req.GetDomain()) {
-		domainLabel = req.GetDomain()
+	sn := s.snap.Load()
+	dom := &s.unknown
+	if sn != nil {
+		if di := sn.domains[req.GetDomain()]; di != nil {
+			dom = di
+		}
 	}
 	if err := validateRequest(req); err != nil {
-		s.m.requests.WithLabelValues(domainLabel, "invalid_argument").Inc()
+		dom.count(s.m, codeInvalidArgument)
 		return nil, err
 	}
-	if set == nil {
-		s.m.requests.WithLabelValues(domainLabel, "unavailable").Inc()
+	if sn == nil {
+		dom.count(s.m, codeUnavailable)
 		return nil, status.Error(codes.Unavailable, "service: no rate limit configuration loaded")
 	}
-	if domainLabel == LabelUnknownDomain {
+	if dom == &s.unknown {
 		s.m.unknownDomain.Inc()
 	}
-	resp := s.decide(ctx, set, req)
-	code := "ok"
+	resp := s.decide(ctx, sn, req)
+	code := codeOK
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
-		code = "over_limit"
+		code = codeOverLimit
 	}
-	s.m.requests.WithLabelValues(domainLabel, code).Inc()
+	dom.count(s.m, code)
 	return resp, nil
 }
 

@@ -1,0 +1,182 @@
+package service
+
+import (
+	"strconv"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+)
+
+// snapshot is one policy Set with what the hot path derives from it,
+// computed once by SetPolicy instead of on every request: the
+// RateLimit-Policy item of every Spec and per rule and domain the metric
+// children (looked up lazily, on first use, so that /metrics shows the
+// same series as without the cache).
+type snapshot struct {
+	set     *policy.Set
+	specs   map[*policy.Spec]*specInfo
+	rules   map[*policy.Rule]*ruleInfo
+	domains map[string]*domainInfo
+}
+
+func newSnapshot(set *policy.Set) *snapshot {
+	sn := &snapshot{
+		set:     set,
+		specs:   map[*policy.Spec]*specInfo{},
+		rules:   map[*policy.Rule]*ruleInfo{},
+		domains: map[string]*domainInfo{},
+	}
+	for _, d := range set.Domains() {
+		sn.domains[d] = &domainInfo{label: d}
+	}
+	for _, r := range set.Rules() {
+		sn.rules[r] = &ruleInfo{}
+		for k := range r.Limits {
+			sp := &r.Limits[k]
+			sn.specs[sp] = newSpecInfo(r, sp)
+		}
+	}
+	return sn
+}
+
+// spec returns the cached specInfo of sp (a Limit of r), or a new one for
+// a Spec outside the snapshot (a request limit override).
+func (sn *snapshot) spec(r *policy.Rule, sp *policy.Spec) *specInfo {
+	if in, ok := sn.specs[sp]; ok {
+		return in
+	}
+	return newSpecInfo(r, sp)
+}
+
+// specInfo is what the response needs of one Spec independently of the
+// decision.
+type specInfo struct {
+	// name is the policy name made safe for an RFC 9651 String (see
+	// policyName).
+	name string
+	// quoted is name serialized as an RFC 9651 sf-string (quotes,
+	// backslash escapes).
+	quoted string
+	// policyItem is the RateLimit-Policy list member
+	// (draft-ietf-httpapi-ratelimit-headers-10 §5):
+	// quoted;q=<rate>;w=<window seconds> or quoted;q=<rate>;qu="concurrent-requests".
+	// policyOK is false when an integer is outside RFC 9651's range (the
+	// header is then omitted, as httpsfv.Marshal fails).
+	policyItem string
+	policyOK   bool
+}
+
+func newSpecInfo(r *policy.Rule, sp *policy.Spec) *specInfo {
+	n := specPolicyName(r, sp)
+	in := &specInfo{name: n, quoted: string(appendSFString(nil, n))}
+	b := []byte(in.quoted)
+	b, ok := appendSFIntParam(b, "q", sp.Limit.Rate)
+	if sp.Limit.Kind == algo.Concurrency {
+		b = append(b, `;qu="concurrent-requests"`...)
+	} else {
+		var ok2 bool
+		b, ok2 = appendSFIntParam(b, "w", atLeast1(ceilSeconds(window(sp))))
+		ok = ok && ok2
+	}
+	in.policyItem, in.policyOK = string(b), ok
+	return in
+}
+
+// sfIntMax is the largest magnitude of an RFC 9651 Integer (§3.3.1).
+const sfIntMax = 999_999_999_999_999
+
+// appendSFIntParam appends ";key=n" and reports whether n is a valid RFC
+// 9651 Integer.
+func appendSFIntParam(b []byte, key string, n int64) ([]byte, bool) {
+	b = append(b, ';')
+	b = append(b, key...)
+	b = append(b, '=')
+	return strconv.AppendInt(b, n, 10), n >= -sfIntMax && n <= sfIntMax
+}
+
+// appendSFString appends s as an RFC 9651 sf-string (§4.1.6): quoted, with
+// '"' and '\' escaped. s must be printable ASCII (policyName guarantees
+// it).
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' || s[i] == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return append(b, '"')
+}
+
+// ruleInfo caches the ratelimitd_decisions_total children of one rule
+// (labels rule.Domain, rule.Path, result).
+type ruleInfo struct {
+	decisions [numResults]lazyCounter
+}
+
+// domainInfo caches the ratelimitd_requests_total children of one domain
+// label.
+type domainInfo struct {
+	label    string
+	requests [numCodes]lazyCounter
+}
+
+// Result and code indices of the cached counters.
+const (
+	idxOK = iota
+	idxNearLimit
+	idxOverLimit
+	idxShadow
+	idxFailedOpen
+	idxFailedClosed
+	numResults
+)
+
+var resultLabels = [numResults]string{resultOK, resultNearLimit, resultOverLimit, resultShadow, resultFailedOpen, resultFailedClosed}
+
+const (
+	codeOK = iota
+	codeOverLimit
+	codeInvalidArgument
+	codeUnavailable
+	numCodes
+)
+
+var codeLabels = [numCodes]string{"ok", "over_limit", "invalid_argument", "unavailable"}
+
+// lazyCounter holds a CounterVec child once it was first used. Vectors
+// whose children it caches are never Reset.
+type lazyCounter struct {
+	p atomic.Pointer[prometheus.Counter]
+}
+
+func (l *lazyCounter) get(vec *prometheus.CounterVec, lvs ...string) prometheus.Counter {
+	if c := l.p.Load(); c != nil {
+		return *c
+	}
+	c := vec.WithLabelValues(lvs...)
+	l.p.Store(&c)
+	return c
+}
+
+// lazyObserver is lazyCounter for a HistogramVec child.
+type lazyObserver struct {
+	p atomic.Pointer[prometheus.Observer]
+}
+
+func (l *lazyObserver) get(vec *prometheus.HistogramVec, lvs ...string) prometheus.Observer {
+	if o := l.p.Load(); o != nil {
+		return *o
+	}
+	o := vec.WithLabelValues(lvs...)
+	l.p.Store(&o)
+	return o
+}
+
+// count increments ratelimitd_requests_total{domain=d.label, code}.
+func (d *domainInfo) count(m *metrics, code int) {
+	d.requests[code].get(m.requests, d.label, codeLabels[code]).Inc()
+}
