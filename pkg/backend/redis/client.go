@@ -19,6 +19,9 @@ import (
 // never contacts Redis: connections are dialed lazily (and MinIdleConns in
 // the background), so the service starts while Redis is down.
 //
+// Pipelines (the Store's batches) run on the main pool, not on go-redis'
+// separate pipeline pool: PoolSize bounds all connections to a node.
+//
 // Every call is bounded by Options.Timeout (connection-pool wait, dial,
 // TLS handshake, write and read; the caller's context deadline is honoured
 // too) and is never retried by go-redis: one failed call costs at most one
@@ -98,6 +101,7 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 			PoolSize:              o.PoolSize,
 			PoolTimeout:           o.Timeout,
 			MinIdleConns:          o.MinIdleConns,
+			PipelinePoolSize:      -1, // pipelines share the main pool (PoolSize, PoolTimeout)
 			DisableIdentity:       true,
 		}), nil
 	default:
@@ -112,6 +116,7 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 		base.PoolSize = o.PoolSize
 		base.PoolTimeout = o.Timeout
 		base.MinIdleConns = o.MinIdleConns
+		base.PipelinePoolSize = -1 // pipelines share the main pool (PoolSize, PoolTimeout)
 		base.DisableIdentity = true
 		base.MaintNotificationsConfig = maint
 		return goredis.NewClient(base), nil

@@ -39,6 +39,8 @@ type Store struct {
 
 	// refundErrors counts failed compensating refunds (Cluster only).
 	refundErrors atomic.Uint64
+	// bg tracks compensating refunds, which may outlive their Take.
+	bg sync.WaitGroup
 }
 
 // New returns a Store for opts (start from DefaultOptions). It does not
@@ -85,6 +87,7 @@ func breakerOptions(opts Options) BreakerOptions {
 // Close waits for the pipelines in flight (at most one Timeout) and closes
 // the connection pool. Take must not be called afterwards (it then fails).
 func (s *Store) Close() error {
+	s.bg.Wait()
 	s.batch.close()
 	if err := s.client.Close(); err != nil {
 		return fmt.Errorf("redis: close: %w", err)
@@ -178,6 +181,7 @@ type group struct {
 	hits  []algo.Hit
 	out   []algo.Decision
 	nowUS int64
+	nonce string
 	err   error
 }
 
@@ -193,6 +197,7 @@ func (g *group) denied() bool {
 }
 
 func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
+	start := time.Now()
 	bySlot := make(map[uint16]*group, 2)
 	var groups []*group
 	for i, h := range hits {
@@ -215,6 +220,7 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 	var wg sync.WaitGroup
 	for _, g := range groups {
 		g.out = make([]algo.Decision, len(g.hits))
+		g.nonce = nonce
 		wg.Go(func() {
 			g.nowUS, g.err = s.run(ctx, modeTake, nowUS, nonce, g.hits, g.out)
 		})
@@ -230,40 +236,7 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 		}
 	}
 	if denied || len(errs) > 0 {
-		// Compensate: reverse every group that consumed, so that a denied
-		// (or failed) request consumes nothing. Refund replies are the
-		// check-only decisions on the restored state: the values before
-		// the request.
-		for _, g := range groups {
-			if g.err != nil || g.denied() {
-				continue
-			}
-			wg.Go(func() {
-				// Reverse only what the take consumed: a hit denied on
-				// its own (Soft) wrote nothing.
-				rh := make([]algo.Hit, len(g.hits))
-				for j, h := range g.hits {
-					if !g.out[j].Allowed {
-						h.Cost = 0
-					}
-					rh[j] = h
-				}
-				checks := make([]algo.Decision, len(g.hits))
-				if _, err := s.run(context.WithoutCancel(ctx), modeRefund, g.nowUS, nonce, rh, checks); err != nil {
-					s.refundErrors.Add(1)
-					return
-				}
-				// Hits that did not deny report the value before the
-				// request; a hit denied on its own (a check, or a second
-				// hit on a key) keeps its decision.
-				for j, d := range g.out {
-					if d.Allowed {
-						g.out[j] = checks[j]
-					}
-				}
-			})
-		}
-		wg.Wait()
+		s.compensate(ctx, start.Add(s.timeout), groups, len(errs) > 0)
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
@@ -274,6 +247,74 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 		}
 	}
 	return nil
+}
+
+// compensate reverses every group of a denied or failed request that
+// consumed, so that the request consumes nothing. Each refund runs in the
+// background under its own Timeout (it completes even when the caller has
+// gone; Close waits for it). When the request failed, its decisions are
+// not used and compensate does not wait. When it was denied, compensate
+// waits for the refunds until deadline (the take's start + Timeout) or
+// ctx's end, whichever is first: the refund replies are the check-only
+// decisions on the restored state (the values before the request) and
+// replace the allowed groups' decisions. A refund that has not answered by
+// then leaves those groups' take decisions (the remaining after the
+// request) and still completes in the background.
+func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*group, failed bool) {
+	type refunded struct {
+		g      *group
+		checks []algo.Decision
+	}
+	done := make(chan refunded, len(groups))
+	n := 0
+	for _, g := range groups {
+		if g.err != nil || g.denied() {
+			continue
+		}
+		n++
+		// Reverse only what the take consumed: a hit denied on its own
+		// (Soft) wrote nothing.
+		rh := make([]algo.Hit, len(g.hits))
+		for j, h := range g.hits {
+			if !g.out[j].Allowed {
+				h.Cost = 0
+			}
+			rh[j] = h
+		}
+		s.bg.Go(func() {
+			checks := make([]algo.Decision, len(rh))
+			if _, err := s.run(context.WithoutCancel(ctx), modeRefund, g.nowUS, g.nonce, rh, checks); err != nil {
+				s.refundErrors.Add(1)
+				checks = nil
+			}
+			done <- refunded{g, checks}
+		})
+	}
+	if failed || n == 0 {
+		return
+	}
+	wait := time.NewTimer(time.Until(deadline))
+	defer wait.Stop()
+	for range n {
+		select {
+		case r := <-done:
+			if r.checks == nil {
+				continue
+			}
+			// Hits that did not deny report the value before the request;
+			// a hit denied on its own (a check, or a second hit on a key)
+			// keeps its decision.
+			for j, d := range r.g.out {
+				if d.Allowed {
+					r.g.out[j] = r.checks[j]
+				}
+			}
+		case <-wait.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // cacheable reports whether a denial of h may be answered locally until
