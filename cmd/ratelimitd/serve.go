@@ -270,7 +270,13 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 		}
 	}
 
-	gopts := []grpc.ServerOption{tr.ServerOption(), svc.ServerOption()}
+	gopts := append([]grpc.ServerOption{svc.ServerOption()}, grpcServerOptions()...)
+	if o.Tracing {
+		// With tracing off the otelgrpc stats handler would only start
+		// no-op spans, at ~1-2 µs of CPU per call (BENCHMARKS.md, "CPU
+		// per decision").
+		gopts = append(gopts, tr.ServerOption())
+	}
 	if o.GRPCTLSCert != "" {
 		tc, err := newTLSReloader(o.GRPCTLSCert, o.GRPCTLSKey, o.GRPCTLSClientCA, o.GRPCTLSClientSAN, log)
 		if err != nil {
@@ -499,4 +505,30 @@ func (s *server) debugMux() http.Handler {
 	m.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	m.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return m
+}
+
+// grpcStreamWorkers is the number of goroutines that serve gRPC streams
+// (grpc.NumStreamWorkers): a call is handed to an idle worker instead of a
+// new goroutine, whose stack would grow (copy) on every call; a call
+// arriving while all are busy still gets its own goroutine. It covers the
+// calls in flight of a few busy Envoys (each worker costs one idle
+// goroutine).
+const grpcStreamWorkers = 128
+
+// grpcWindow is the initial HTTP/2 flow-control window of every stream
+// and connection, in bytes. Setting it turns off grpc-go's dynamic window
+// (BDP estimation), which sends a PING whenever data arrives and none is
+// outstanding, i.e. about one per round trip on a busy connection; 1 MiB
+// never limits RateLimitRequests (a few hundred bytes each).
+const grpcWindow = 1 << 20
+
+// grpcServerOptions are the transport options of the gRPC server, chosen
+// for many small unary calls on few long-lived connections (Envoy's
+// pattern); see BENCHMARKS.md, "CPU per decision".
+func grpcServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.NumStreamWorkers(grpcStreamWorkers),
+		grpc.InitialWindowSize(grpcWindow),
+		grpc.InitialConnWindowSize(grpcWindow),
+	}
 }
