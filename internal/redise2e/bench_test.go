@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,11 +55,17 @@ func runBench(b *testing.B, svc *service.Service) {
 	b.ReportAllocs()
 	b.SetParallelism(max(1, benchConcurrency/max(1, parallelism())))
 	b.ResetTimer()
+	var mu sync.Mutex
+	var lat latencies
 	b.RunParallel(func(pb *testing.PB) {
 		rng := rand.New(rand.NewPCG(seed.Add(1), 1))
 		ctx := context.Background()
+		local := make(latencies, 0, 1024)
+		defer func() { mu.Lock(); lat = append(lat, local...); mu.Unlock() }()
 		for pb.Next() {
+			t0 := time.Now()
 			resp, err := svc.ShouldRateLimit(ctx, reqs[rng.IntN(len(reqs))])
+			local = append(local, time.Since(t0))
 			if err != nil {
 				b.Error(err)
 				return
@@ -71,6 +78,13 @@ func runBench(b *testing.B, svc *service.Service) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 	b.ReportMetric(float64(over.Load()), "over_limit")
+	// Latency of ShouldRateLimit in µs (in-process: no gRPC), to judge
+	// Options.Timeout against the tail on this host.
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	b.ReportMetric(us(lat.pct(0.5)), "p50_us")
+	b.ReportMetric(us(lat.pct(0.99)), "p99_us")
+	b.ReportMetric(us(lat.pct(0.999)), "p99.9_us")
+	b.ReportMetric(us(lat.pct(1)), "max_us")
 }
 
 // BenchmarkShouldRateLimitRedis measures the whole decision path (request

@@ -12,14 +12,15 @@ import (
 )
 
 // takeLua is the one script that decides the hits of a request. It is
-// embedded from take.lua and loaded into Redis' script cache once per
-// server (EVALSHA; go-redis' Script.Run falls back to EVAL on NOSCRIPT,
-// which caches it again).
+// embedded from take.lua and called with EVALSHA; a call answered NOSCRIPT
+// (first call on a server, SCRIPT FLUSH, restart, failover) is sent again
+// as EVAL, which caches it again (batcher.exec).
 //
 //go:embed take.lua
 var takeLua string
 
-// takeScript is the shared script handle; its SHA1 is computed once.
+// takeScript is the shared script handle; its SHA1 (EVALSHA's argument) is
+// computed once.
 var takeScript = goredis.NewScript(takeLua)
 
 // Script modes (ARGV[1]).
