@@ -156,40 +156,52 @@ func (b *batcher) exec(batch []*scriptCall) {
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	b.pipeline(ctx, live, func(c *scriptCall) *goredis.Cmd { return c.cmd })
-	var retry []*scriptCall
-	for _, c := range live {
-		if isNoScript(c.cmd.Err()) {
-			c.cmd = evalCmd(c.ctx, false, c.keys, c.args)
-			retry = append(retry, c)
-			continue
-		}
-		close(c.done)
-	}
-	if len(retry) > 0 {
-		b.pipeline(ctx, retry, func(c *scriptCall) *goredis.Cmd { return c.cmd })
-		for _, c := range retry {
+	b.pipeline(ctx, live)
+	// NOSCRIPT: the server does not have the script (first call, SCRIPT
+	// FLUSH, restart, failover). Round 1 sends it once, as EVAL (which
+	// caches it), followed by EVALSHA for the other calls in the same
+	// pipeline: Redis runs a connection's commands in order, so they find
+	// it (a burst does not send the 20 KiB script once per call). Round 2
+	// sends EVAL for any call still answered NOSCRIPT (Cluster: a call for
+	// another node than the first one's).
+	for round := 1; round <= 2; round++ {
+		var retry []*scriptCall
+		for _, c := range live {
+			if isNoScript(c.cmd.Err()) {
+				sha := round == 1 && len(retry) > 0
+				c.cmd = evalCmd(c.ctx, sha, c.keys, c.args)
+				retry = append(retry, c)
+				continue
+			}
 			close(c.done)
 		}
+		if len(retry) == 0 {
+			return
+		}
+		b.pipeline(ctx, retry)
+		live = retry
+	}
+	for _, c := range live {
+		close(c.done)
 	}
 }
 
 // pipeline runs the commands of calls in one pipeline; each command gets
 // its own result or error.
-func (b *batcher) pipeline(ctx context.Context, calls []*scriptCall, cmd func(*scriptCall) *goredis.Cmd) {
+func (b *batcher) pipeline(ctx context.Context, calls []*scriptCall) {
 	if len(calls) == 1 {
-		_ = b.client.Process(ctx, cmd(calls[0]))
+		_ = b.client.Process(ctx, calls[0].cmd)
 		return
 	}
 	p := b.client.Pipeline()
 	for _, c := range calls {
-		_ = p.Process(ctx, cmd(c))
+		_ = p.Process(ctx, c.cmd)
 	}
 	_, _ = p.Exec(ctx)
 }
 
-// evalCmd is the script call as EVALSHA (sha) or EVAL: command, script or
-// SHA1, numkeys, keys, args. The first key is at position 3 (Cluster
+// evalCmd is the script call as EVALSHA (sha) or EVAL: command, SHA1 or
+// script, numkeys, keys, args. The first key is at position 3 (Cluster
 // routing).
 func evalCmd(ctx context.Context, sha bool, keys []string, args []any) *goredis.Cmd {
 	a := make([]any, 0, 3+len(keys)+len(args))

@@ -185,3 +185,65 @@ func infoField(t *testing.T, info, name, field string) int {
 	t.Fatalf("INFO has no %s %s:\n%s", name, field, info)
 	return 0
 }
+
+// TestNoScriptBurst: after SCRIPT FLUSH, a burst of 100 concurrent Takes
+// sends the 20 KiB script at most once per pipeline in flight (EVAL, then
+// EVALSHA behind it in the same pipeline), not once per call, and every
+// Take is decided exactly (100 of a 60-per-hour key).
+func TestNoScriptBurst(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	o.Timeout = 2 * time.Second // exactness of the counts, not latency
+	s, err := redis.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 60, Period: time.Hour}
+	if _, err := s.Take(ctx, []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	ctl := srv.Client()
+	if err := ctl.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	allowed := 0
+	for range 100 {
+		wg.Go(func() {
+			d, err := s.Take(ctx, []algo.Hit{{Key: "burst", Limit: l, Cost: 1}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d[0].Allowed {
+				mu.Lock()
+				allowed++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if allowed != 60 {
+		t.Errorf("%d of 100 Takes allowed on a 60-per-hour key, want 60", allowed)
+	}
+	info, err := ctl.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	evals := 0
+	if strings.Contains(info, "cmdstat_eval:") {
+		evals = infoField(t, info, "cmdstat_eval", "calls")
+	}
+	t.Logf("100 concurrent Takes after SCRIPT FLUSH: %d EVAL", evals)
+	if evals < 1 || evals > redis.DefaultPipelines {
+		t.Errorf("%d EVAL for a burst of 100 after SCRIPT FLUSH, want 1..%d (one per pipeline in flight)", evals, redis.DefaultPipelines)
+	}
+}
