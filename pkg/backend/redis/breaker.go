@@ -61,10 +61,14 @@ type BreakerOptions struct {
 	// one Timeout after its Redis stalled, and a call pending when Redis
 	// answers again succeeds, so a stall of S produces failures spanning
 	// about S − Timeout: with FailFor F, stalls shorter than F + Timeout
-	// never open the circuit, and a dead or frozen Redis opens it about
-	// Timeout + F after it stopped answering. The Store raises FailFor to
-	// at least 2 × Options.Timeout, so that a stall of 3 timeouts never
-	// opens it.
+	// never open the circuit, and a frozen Redis opens it about Timeout + F
+	// after it stopped answering. The Store raises FailFor to at least
+	// 2 × Options.Timeout, so that a stall of 3 timeouts never opens it.
+	// It applies to timeouts only: a run of Failures consecutive failures
+	// that includes another outage error (refused, loading, clusterdown:
+	// Redis answered that it is not serving) opens at once, which also
+	// keeps go-redis' pool from reaching PoolSize failed dials (after
+	// which it dials only once a second, delaying recovery).
 	FailFor time.Duration
 	// Window is the sliding window of the failure ratio rule (>= 10 ms).
 	Window time.Duration
@@ -156,6 +160,7 @@ type Breaker struct {
 	probeAt     time.Time // when the latest probe was allowed
 	consecutive int
 	streakStart time.Time // when the first of the consecutive failures was recorded
+	streakHard  bool      // the consecutive failures include a non-timeout outage
 	buckets     [breakerBuckets]breakerBucket
 	opened      uint64 // times the circuit opened
 }
@@ -211,12 +216,13 @@ func (b *Breaker) record(start, now time.Time, err error) {
 	if b.opts.Disabled {
 		return
 	}
-	failed, neutral := false, false
+	failed, neutral, hard := false, false, false
 	if err != nil {
 		var e *Error
 		errors.As(Classify(err), &e) // always true for err != nil
 		failed = e.outage
 		neutral = e.cause == CauseCanceled || e.cause == CauseCircuitOpen
+		hard = failed && e.cause != CauseTimeout
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -254,9 +260,10 @@ func (b *Breaker) record(start, now time.Time, err error) {
 	}
 	b.consecutive++
 	if b.consecutive == 1 {
-		b.streakStart = now
+		b.streakStart, b.streakHard = now, false
 	}
-	if b.consecutive >= b.opts.Failures && now.Sub(b.streakStart) >= b.opts.FailFor {
+	b.streakHard = b.streakHard || hard
+	if b.consecutive >= b.opts.Failures && (b.streakHard || now.Sub(b.streakStart) >= b.opts.FailFor) {
 		b.openLocked(now)
 		return
 	}

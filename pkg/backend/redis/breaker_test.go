@@ -14,8 +14,10 @@ import (
 
 var (
 	bt0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	// outage and reply stand for a refused connection and an OOM reply.
+	// outage, stall and reply stand for a refused connection, a timeout
+	// and an OOM reply.
 	outage = fmt.Errorf("dial: %w", syscall.ECONNREFUSED)
+	stall  = fmt.Errorf("read: %w", context.DeadlineExceeded)
 	reply  = oomReply{}
 )
 
@@ -137,8 +139,8 @@ func alternate(n int, dt time.Duration) []step {
 }
 
 // TestBreakerFailFor: with FailFor, neither rule opens the circuit on
-// failures that span less than FailFor (a brief stall), and a continuous
-// outage opens it as soon as they do.
+// timeouts that span less than FailFor (a brief stall), and a continuous
+// outage opens it as soon as they do; refused connections open it at once.
 func TestBreakerFailFor(t *testing.T) {
 	opts := redis.BreakerOptions{Failures: 3, FailFor: 50 * time.Millisecond, Window: time.Second, MinCalls: 10, FailureRatio: 0.5, OpenFor: 250 * time.Millisecond}
 	ms := time.Millisecond
@@ -155,26 +157,31 @@ func TestBreakerFailFor(t *testing.T) {
 		steps []step
 	}{
 		{"50 callers timing out together on one stall stay closed",
-			append(every(10*ms, 50, 0, outage, redis.BreakerClosed),
+			append(every(10*ms, 50, 0, stall, redis.BreakerClosed),
 				step{11 * ms, nil, true, redis.BreakerClosed})},
 		{"a 40 ms stall of failures, then a success: closed",
-			append(every(10*ms, 41, ms, outage, redis.BreakerClosed), // failures at 10..50 ms: span 40 ms
+			append(every(10*ms, 41, ms, stall, redis.BreakerClosed), // failures at 10..50 ms: span 40 ms
 				step{51 * ms, nil, true, redis.BreakerClosed})},
 		{"continuous failures open once they span FailFor",
-			append(every(10*ms, 50, ms, outage, redis.BreakerClosed), // 10..59 ms: span 49 ms
-				step{60 * ms, outage, true, redis.BreakerOpen})},
+			append(every(10*ms, 50, ms, stall, redis.BreakerClosed), // 10..59 ms: span 49 ms
+				step{60 * ms, stall, true, redis.BreakerOpen})},
 		{"a success restarts the span (the ratio stays below FailureRatio)",
 			append(append(append(every(0, 100, 0, nil, redis.BreakerClosed),
-				every(0, 40, ms, outage, redis.BreakerClosed)...), // 0..39 ms
+				every(0, 40, ms, stall, redis.BreakerClosed)...), // 0..39 ms
 				step{40 * ms, nil, true, redis.BreakerClosed}),
-				append(every(41*ms, 50, ms, outage, redis.BreakerClosed), // 41..90 ms: span 49 ms
-					step{91 * ms, outage, true, redis.BreakerOpen})...)},
+				append(every(41*ms, 50, ms, stall, redis.BreakerClosed), // 41..90 ms: span 49 ms
+					step{91 * ms, stall, true, redis.BreakerOpen})...)},
 		{"the ratio rule waits for FailFor too",
 			append(append(alternate(40, ms), // 0..39 ms: 20 of 40 failed, never 2 in a row
 				step{40 * ms, nil, true, redis.BreakerClosed}),
-				step{51 * ms, outage, true, redis.BreakerOpen})}, // first failure at 1 ms: span 50 ms, 21/42
+				step{51 * ms, stall, true, redis.BreakerOpen})}, // first failure at 1 ms: span 50 ms, 21/42
+		{"refused connections open at once (Failures), without FailFor",
+			[]step{{0, outage, true, redis.BreakerClosed}, {1 * ms, outage, true, redis.BreakerClosed}, {2 * ms, outage, true, redis.BreakerOpen}}},
+		{"a refused connection in a run of timeouts lifts FailFor",
+			[]step{{0, stall, true, redis.BreakerClosed}, {1 * ms, stall, true, redis.BreakerClosed}, {2 * ms, stall, true, redis.BreakerClosed},
+				{3 * ms, outage, true, redis.BreakerOpen}}},
 		{"sparse failures open once Failures of them span FailFor",
-			[]step{{0, outage, true, redis.BreakerClosed}, {100 * ms, outage, true, redis.BreakerClosed}, {200 * ms, outage, true, redis.BreakerOpen}}},
+			[]step{{0, stall, true, redis.BreakerClosed}, {100 * ms, stall, true, redis.BreakerClosed}, {200 * ms, stall, true, redis.BreakerOpen}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -260,8 +267,8 @@ func TestBreakerProbes(t *testing.T) {
 	}
 }
 
-// TestBreakerDefaults: with DefaultBreakerOptions a dead Redis answering
-// every 1 ms opens the circuit 50 ms after the first failure, and the
+// TestBreakerDefaults: with DefaultBreakerOptions a frozen Redis timing
+// out a call every 1 ms opens the circuit 50 ms after the first failure, and the
 // half-open state admits DefaultBreakerProbes probes.
 func TestBreakerDefaults(t *testing.T) {
 	opts := redis.DefaultBreakerOptions()
@@ -274,7 +281,7 @@ func TestBreakerDefaults(t *testing.T) {
 		if err := b.Allow(bt0.Add(at)); err != nil {
 			t.Fatal(err)
 		}
-		b.Record(bt0.Add(at), outage)
+		b.Record(bt0.Add(at), stall)
 	}
 	if opened := at - time.Millisecond; opened != opts.FailFor {
 		t.Fatalf("opened %v after the first failure, want %v", opened, opts.FailFor)
