@@ -133,7 +133,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		dom.count(s.m, codeUnavailable)
 		return nil, status.Error(codes.Unavailable, "service: no rate limit configuration loaded")
 	}
-	if dom == &s.unknown {
+	if dom.label == LabelUnknownDomain { // also a domain literally named so, as before the cache
 		s.m.unknownDomain.Inc()
 	}
 	resp := s.decide(ctx, sn, req)
