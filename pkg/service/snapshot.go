@@ -1,6 +1,8 @@
 package service
 
 import (
+	"github.com/dunglas/httpsfv"
+
 	"strconv"
 	"sync/atomic"
 
@@ -69,19 +71,28 @@ type specInfo struct {
 	policyOK   bool
 }
 
+// newSpecInfo serializes the static parts of a limit's header items once
+// per config load, with httpsfv (RFC 9651): the quoted policy name and the
+// whole RateLimit-Policy item. Only the RateLimit item's integers (r, t)
+// are written per request (appendSFIntParam).
 func newSpecInfo(r *policy.Rule, sp *policy.Spec) *specInfo {
 	n := specPolicyName(r, sp)
-	in := &specInfo{name: n, quoted: string(appendSFString(nil, n))}
-	b := []byte(in.quoted)
-	b, ok := appendSFIntParam(b, "q", sp.Limit.Rate)
-	if sp.Limit.Kind == algo.Concurrency {
-		b = append(b, `;qu="concurrent-requests"`...)
-	} else {
-		var ok2 bool
-		b, ok2 = appendSFIntParam(b, "w", atLeast1(ceilSeconds(window(sp))))
-		ok = ok && ok2
+	in := &specInfo{name: n}
+	name := httpsfv.NewItem(n)
+	quoted, err := httpsfv.Marshal(name)
+	if err != nil { // not reachable: policyName yields printable ASCII
+		quoted = `"_"`
 	}
-	in.policyItem, in.policyOK = string(b), ok
+	in.quoted = quoted
+	item := httpsfv.NewItem(n)
+	item.Params.Add("q", sp.Limit.Rate)
+	if sp.Limit.Kind == algo.Concurrency {
+		item.Params.Add("qu", "concurrent-requests")
+	} else {
+		item.Params.Add("w", atLeast1(ceilSeconds(window(sp))))
+	}
+	pol, err := httpsfv.Marshal(item)
+	in.policyItem, in.policyOK = pol, err == nil // out-of-range Integer: header omitted
 	return in
 }
 
@@ -89,26 +100,13 @@ func newSpecInfo(r *policy.Rule, sp *policy.Spec) *specInfo {
 const sfIntMax = 999_999_999_999_999
 
 // appendSFIntParam appends ";key=n" and reports whether n is a valid RFC
-// 9651 Integer.
+// 9651 Integer (per-request integers of the RateLimit item; everything
+// else is serialized by httpsfv in newSpecInfo).
 func appendSFIntParam(b []byte, key string, n int64) ([]byte, bool) {
 	b = append(b, ';')
 	b = append(b, key...)
 	b = append(b, '=')
 	return strconv.AppendInt(b, n, 10), n >= -sfIntMax && n <= sfIntMax
-}
-
-// appendSFString appends s as an RFC 9651 sf-string (§4.1.6): quoted, with
-// '"' and '\' escaped. s must be printable ASCII (policyName guarantees
-// it).
-func appendSFString(b []byte, s string) []byte {
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' || s[i] == '\\' {
-			b = append(b, '\\')
-		}
-		b = append(b, s[i])
-	}
-	return append(b, '"')
 }
 
 // ruleInfo caches the ratelimitd_decisions_total children of one rule
