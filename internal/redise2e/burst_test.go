@@ -54,7 +54,8 @@ func loadAvg1() float64 {
 // may decide at most 10 OK whatever happens; when the machine's 1-minute
 // load average is below maxExactLoad at the start, exactly 10 must be
 // allowed with no backend error (no timeout, no circuit_open, so no
-// fail-open). Above it, the exactness is logged, not asserted.
+// fail-open). Above it, or under the race detector, the exactness is
+// logged, not asserted.
 func TestFreshBurstDefaultOptions(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
@@ -113,6 +114,10 @@ func TestFreshBurstDefaultOptions(t *testing.T) {
 	}
 	if load < 0 || load >= maxExactLoad {
 		t.Logf("load average %.2f >= %.1f (or unknown) at start: exactness not asserted on a busy shared machine", load, maxExactLoad)
+		return
+	}
+	if raceEnabled {
+		t.Log("race detector on: the decision path is several times slower than in production, so the 10 ms budget is not representative: exactness not asserted")
 		return
 	}
 	if ok.Load() != 10 || len(c) > 0 {
