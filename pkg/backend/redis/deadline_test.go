@@ -16,9 +16,13 @@ import (
 )
 
 // deadlineSlack is how far past its deadline a Take may return in these
-// tests: generous for -race on a shared 2-core host (the real overrun is
-// well under 1 ms, see BENCHMARKS.md).
-const deadlineSlack = 10 * time.Millisecond
+// tests: generous for -race on a shared 2-core host, where waking the
+// caller at its deadline took up to 5.8 ms more when measured, and over
+// 10 ms with other test packages running (without -race the overrun is
+// about 1-2 ms, see BENCHMARKS.md). It stays below the 20 ms Timeout, so
+// the old behaviour (a call waiting for the pipeline ahead of it, then for
+// its own Timeout: 40-45 ms) fails.
+const deadlineSlack = 15 * time.Millisecond
 
 // TestTakeWithinDeadlineRedisFrozen: with Redis frozen (SIGSTOP) and the
 // breaker disabled, 40 concurrent callers each make 3 Takes; every Take
