@@ -157,6 +157,10 @@ func (s *server) updateHealth() {
 // down gracefully: health NOT_SERVING, --drain, stop accepting, in-flight
 // calls finish within --shutdown-grace. It returns nil after a clean
 // shutdown.
+// envoyFilterTimeout is the default timeout of Envoy's HTTP rate-limit
+// filter (envoy.extensions.filters.http.ratelimit.v3.RateLimit.timeout).
+const envoyFilterTimeout = 20 * time.Millisecond
+
 func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) error {
 	// SIGHUP reloads the config (below) instead of ending the process.
 	hup := make(chan os.Signal, 1)
@@ -170,6 +174,10 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 	log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
 	for _, w := range warnings {
 		log.Warn(w)
+	}
+	if o.Backend == "redis" && o.RedisTimeout >= envoyFilterTimeout {
+		log.Warn("--redis-timeout is not below Envoy's default rate-limit filter timeout: with Redis slow or frozen, Envoy gives up (and fails open or closed by its own setting) before ratelimitd's per-rule failure modes can answer; keep it well under the filter's timeout",
+			"redis_timeout", o.RedisTimeout.String(), "envoy_default_timeout", envoyFilterTimeout.String())
 	}
 	if o.KeyValues == "clear" {
 		log.Warn("--key-values=clear: descriptor values are stored in clear text in backend keys (development only)")

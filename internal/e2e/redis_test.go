@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -39,5 +40,10 @@ func TestRedisBackendSharedAcrossReplicas(t *testing.T) {
 	}
 	if resp := call(t, cb, "e2e", desc("k", "shared")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("4th call across replicas: %v, want OVER_LIMIT", resp.GetOverallCode())
+	}
+	// REDIS_TIMEOUT=500ms is honoured, with a warning: it exceeds Envoy's
+	// 20 ms filter timeout.
+	if !strings.Contains(b.Logs(), "--redis-timeout is not below Envoy's default rate-limit filter timeout") {
+		t.Errorf("no warning about REDIS_TIMEOUT=500ms:\n%s", b.Logs())
 	}
 }
