@@ -208,6 +208,11 @@ func runReplay(ctx context.Context, o replayOptions, stdout, stderr io.Writer) e
 	if file != nil {
 		err = errors.Join(err, file.Close())
 	}
+	if err == nil && rep.Lines > 0 && rep.Malformed == rep.Lines {
+		// The report is written (it lists the malformed lines), but a log
+		// of which no line parsed is almost always the wrong format.
+		err = fmt.Errorf("none of the %d lines of %s is a combined log line (--format %s): nothing was replayed", rep.Lines, o.Log, o.Format)
+	}
 	return err
 }
 

@@ -103,3 +103,21 @@ func TestReplayRedisBackend(t *testing.T) {
 		t.Errorf("redis report differs from memory report:\n%.1500s\n---\n%.1500s", mem.String(), rds.String())
 	}
 }
+
+// A log of which no line parses is almost always the wrong format: the
+// report (listing the malformed lines) is still written, the exit code is 1.
+func TestReplayAllMalformed(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "garbage.log")
+	if err := os.WriteFile(log, []byte("not a log line\n{\"json\": true}\n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code := replayMain([]string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", log}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "none of the 2 lines") {
+		t.Errorf("exit %d, stderr %q; want 1 and a message naming the 2 lines", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "2 malformed") {
+		t.Errorf("report not written:\n%s", out.String())
+	}
+}
