@@ -66,8 +66,10 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 	for _, name := range order {
 		src := byDomain[name]
 		dt := &domainTree{name: name}
+		first := len(s.rules)
 		dt.top = s.buildLevel(name, nil, src.descs, errs)
 		s.domains[name] = dt
+		warnPolicyCollisions(s.rules[first:], errs)
 	}
 	s.names = sortedKeys(s.domains)
 	return s
@@ -119,6 +121,37 @@ func (s *Set) buildLevel(domain string, path []*node, descs []*node, errs *errLi
 		n.level = s.buildLevel(domain, np, n.children, errs)
 	}
 	return lv
+}
+
+// warnPolicyCollisions warns when limits of two different rules of one
+// domain have the same RateLimit-Policy name (an explicit name reused, or a
+// name equal to another rule's derived descriptor path): a client then
+// cannot tell from RateLimit-Policy / RateLimit which limit it hit. Limits
+// of one rule are checked at parse (a duplicate name there is an error).
+func warnPolicyCollisions(rules []*Rule, errs *errList) {
+	type pos struct {
+		rule *Rule
+		file string
+		line int
+	}
+	seen := map[string]pos{}
+	for _, r := range rules {
+		n := r.nodes[len(r.nodes)-1]
+		for i, sp := range r.Limits {
+			line := r.Line
+			if i < len(n.limits) {
+				line = n.limits[i].line
+			}
+			f, dup := seen[sp.Policy]
+			if !dup {
+				seen[sp.Policy] = pos{r, r.File, line}
+				continue
+			}
+			if f.rule != r {
+				errs.warn(r.File, line, "RateLimit-Policy name %q of descriptor %q is also used by descriptor %q (%s): clients cannot tell the two limits apart; give one a different name", sp.Policy, r.Path, f.rule.Path, formatPos(f.file, f.line))
+			}
+		}
+	}
 }
 
 func statPath(domain string, path []*node, n *node) string {

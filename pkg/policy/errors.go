@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strconv"
 )
 
@@ -37,4 +39,21 @@ func (l *errList) add(file string, line int, format string, args ...any) {
 
 func (l *errList) warn(file string, line int, format string, args ...any) {
 	l.warnings = append(l.warnings, Warning{File: file, Line: line, Message: fmt.Sprintf(format, args...)})
+}
+
+// sort orders errors and warnings by file, then line (stable, so problems
+// on one line keep the order they were found in): compile-time errors such
+// as duplicate composite keys land next to the parse errors of their file.
+func (l *errList) sort() {
+	slices.SortStableFunc(l.errs, func(a, b error) int {
+		ca, _ := a.(*ConfigError)
+		cb, _ := b.(*ConfigError)
+		if ca == nil || cb == nil {
+			return 0
+		}
+		return cmp.Or(cmp.Compare(ca.File, cb.File), cmp.Compare(ca.Line, cb.Line))
+	})
+	slices.SortStableFunc(l.warnings, func(a, b Warning) int {
+		return cmp.Or(cmp.Compare(a.File, b.File), cmp.Compare(a.Line, b.Line))
+	})
 }

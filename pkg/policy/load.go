@@ -36,6 +36,7 @@ func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 		parsed = append(parsed, parseFile(f, data, errs))
 	}
 	s := compile(parsed, opts, errs)
+	errs.sort()
 	if len(errs.errs) > 0 {
 		return nil, errs.warnings, errors.Join(errs.errs...)
 	}

@@ -65,6 +65,9 @@ type parser struct {
 	// small file into an exponential tree ("billion laughs").
 	budget int
 	over   bool
+	// merging holds the mappings whose merge keys are being expanded, to
+	// report a merge cycle (`a: &x {<<: *x}` parses) instead of looping.
+	merging map[*yaml.Node]bool
 }
 
 // maxNodes bounds the descriptors, limits and metadata values of one file
@@ -137,7 +140,7 @@ func parseFile(file string, data []byte, errs *errList) *fileConfig {
 		case "plans": // plan tiers × route classes, expanded in plans.go
 			fc.descs = append(fc.descs, p.descriptors(p.plans(v), nil)...)
 		default:
-			p.unknown(kn, k, "top level", topHints)
+			p.unknown(kn, k, "top level", topHints, topKeys)
 		}
 	})
 	if !seenDomain {
@@ -169,6 +172,14 @@ func isNull(n *yaml.Node) bool {
 	return n.Kind == 0 || (n.Kind == yaml.ScalarNode && n.Tag == "!!null")
 }
 
+// listKindName is kindName, saying "an empty list" for an empty sequence.
+func listKindName(n *yaml.Node) string {
+	if n.Kind == yaml.SequenceNode && len(n.Content) == 0 {
+		return "an empty list"
+	}
+	return kindName(n)
+}
+
 func kindName(n *yaml.Node) string {
 	switch n.Kind {
 	case yaml.MappingNode:
@@ -185,11 +196,14 @@ func kindName(n *yaml.Node) string {
 }
 
 // mapping calls f for each key of a mapping node in order, reporting
-// non-string and duplicate keys.
+// non-string and duplicate keys. YAML merge keys (`<<: *alias` or
+// `<<: [*a, *b]`, tag !!merge) are expanded as yaml.v2 (and so
+// envoyproxy/ratelimit) resolves them: see pairs.
 func (p *parser) mapping(m *yaml.Node, f func(k string, kn, v *yaml.Node)) {
-	seen := make(map[string]int, len(m.Content)/2)
-	for i := 0; i+1 < len(m.Content); i += 2 {
-		kn, v := deref(m.Content[i]), deref(m.Content[i+1])
+	kv := p.pairs(m)
+	seen := make(map[string]int, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		kn, v := kv[i], kv[i+1]
 		if kn.Kind != yaml.ScalarNode || kn.Tag != "!!str" {
 			p.errs.add(p.file, kn.Line, "key is not of type string: %s", kindName(kn))
 			continue
@@ -201,6 +215,126 @@ func (p *parser) mapping(m *yaml.Node, f func(k string, kn, v *yaml.Node)) {
 		seen[kn.Value] = kn.Line
 		f(kn.Value, kn, v)
 	}
+}
+
+// isMergeKey reports whether a mapping key is the YAML merge key: a plain
+// `<<` (yaml.v3 tags it !!merge; a quoted "<<" is an ordinary string key).
+func isMergeKey(kn *yaml.Node) bool {
+	return kn.Kind == yaml.ScalarNode && kn.Tag == "!!merge"
+}
+
+// maxMergeDepth bounds nested merge keys (a merged mapping that itself
+// merges), well above any hand-written config.
+const maxMergeDepth = 32
+
+// pairs returns the key and value nodes (dereferenced, alternating) of a
+// mapping with merge keys expanded, following the YAML merge key type
+// (yaml.org/type/merge.html) as yaml.v2 implements it: the value of `<<` is
+// a mapping (or alias of one) or a list of them; an explicit key of the
+// mapping overrides a merged one wherever the `<<` stands, and an earlier
+// mapping of a merge list wins over a later one. Merged pairs are placed
+// where the `<<` stands and keep their own nodes, so errors point at the
+// line of the anchored mapping. Explicit duplicates are kept (mapping
+// reports them); merged keys never count as duplicates. A merge value that
+// is not a mapping, or a merge cycle, is reported.
+func (p *parser) pairs(m *yaml.Node) []*yaml.Node {
+	return p.pairsDepth(m, 0)
+}
+
+func (p *parser) pairsDepth(m *yaml.Node, depth int) []*yaml.Node {
+	hasMerge := false
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if isMergeKey(deref(m.Content[i])) {
+			hasMerge = true
+			break
+		}
+	}
+	if !hasMerge {
+		out := make([]*yaml.Node, 0, len(m.Content))
+		for _, n := range m.Content {
+			out = append(out, deref(n))
+		}
+		return out
+	}
+	if p.merging == nil {
+		p.merging = map[*yaml.Node]bool{}
+	}
+	p.merging[m] = true
+	defer delete(p.merging, m)
+	explicit := map[string]bool{}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if kn := deref(m.Content[i]); !isMergeKey(kn) && kn.Kind == yaml.ScalarNode {
+			explicit[kn.Value] = true
+		}
+	}
+	merged := map[string]bool{}
+	var out []*yaml.Node
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		kn, v := deref(m.Content[i]), deref(m.Content[i+1])
+		if !isMergeKey(kn) {
+			out = append(out, kn, v)
+			continue
+		}
+		var srcs []*yaml.Node
+		switch v.Kind {
+		case yaml.MappingNode:
+			srcs = []*yaml.Node{v}
+		case yaml.SequenceNode:
+			for _, it := range v.Content {
+				if it = deref(it); it.Kind != yaml.MappingNode {
+					p.errs.add(p.file, it.Line, "merge key << (line %d): list item must be a mapping or an alias of one, got %s", kn.Line, kindName(it))
+					continue
+				}
+				srcs = append(srcs, it)
+			}
+		default:
+			p.errs.add(p.file, v.Line, "merge key << must be a mapping, an alias of one or a list of them, got %s", kindName(v))
+			continue
+		}
+		for _, src := range srcs {
+			if p.merging[src] || depth >= maxMergeDepth {
+				p.errs.add(p.file, kn.Line, "merge key << refers to a mapping that contains itself (or nests merges deeper than %d)", maxMergeDepth)
+				continue
+			}
+			if !p.spend(src) {
+				return out
+			}
+			sub := p.pairsDepth(src, depth+1)
+			for j := 0; j+1 < len(sub); j += 2 {
+				skn := sub[j]
+				if skn.Kind == yaml.ScalarNode {
+					if explicit[skn.Value] || merged[skn.Value] {
+						continue
+					}
+					merged[skn.Value] = true
+				}
+				out = append(out, skn, sub[j+1])
+			}
+		}
+	}
+	return out
+}
+
+// flat returns a mapping node equal to m with its merge keys expanded (m
+// itself when it has none), for code that inspects keys directly (plans).
+func (p *parser) flat(m *yaml.Node) *yaml.Node {
+	m = deref(m)
+	if m == nil || m.Kind != yaml.MappingNode {
+		return m
+	}
+	kv := p.pairs(m)
+	same := len(kv) == len(m.Content)
+	for i := range kv {
+		if same && kv[i] != m.Content[i] {
+			same = false
+		}
+	}
+	if same {
+		return m
+	}
+	c := *m
+	c.Content = kv
+	return &c
 }
 
 var (
@@ -228,7 +362,23 @@ var (
 	}
 )
 
-func (p *parser) unknown(kn *yaml.Node, k, where string, hints map[string]string) {
+// Keys valid at each level, for edit-distance suggestions.
+var (
+	topKeys      = []string{"domain", "descriptors", "plans"}
+	descKeys     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata"}
+	limitKeys    = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "failure_mode", "calendar"}
+	plansKeys    = []string{"plan_key", "credential_key", "route_key", "tiers", "routes", "exempt", "anonymous"}
+	replacesKeys = []string{"name"}
+	routeKeys    = []string{"rate_limit", "tiers"}
+	exemptKeys   = []string{"credential", "reason"}
+)
+
+// unknown reports an unknown key k at a level (where), with a suggestion:
+// the hint table first (hints, keyed by lower-case key), else the closest
+// key of valid by optimal-string-alignment distance (Damerau-Levenshtein
+// without repeated edits of one substring), case-insensitive, when that
+// distance is at most 1 for keys of up to 4 bytes and at most 2 otherwise.
+func (p *parser) unknown(kn *yaml.Node, k, where string, hints map[string]string, valid []string) {
 	msg := "unknown key " + strconv.Quote(k) + " in " + where
 	if h, ok := hints[strings.ToLower(k)]; ok {
 		if strings.HasPrefix(h, "(") {
@@ -236,8 +386,56 @@ func (p *parser) unknown(kn *yaml.Node, k, where string, hints map[string]string
 		} else {
 			msg += "; did you mean " + strconv.Quote(h) + "?"
 		}
+	} else if s := suggest(k, valid); s != "" {
+		msg += "; did you mean " + strconv.Quote(s) + "?"
 	}
 	p.errs.add(p.file, kn.Line, "%s", msg)
+}
+
+// suggest returns the key of valid closest to k (see unknown), or "".
+func suggest(k string, valid []string) string {
+	limit := 2
+	if len(k) <= 4 {
+		limit = 1
+	}
+	best, bestD := "", limit+1
+	lk := strings.ToLower(k)
+	for _, v := range valid {
+		if d := osaDistance(lk, v); d < bestD {
+			best, bestD = v, d
+		}
+	}
+	return best
+}
+
+// osaDistance is the optimal string alignment distance between a and b
+// (bytes): insertions, deletions, substitutions and transpositions of two
+// adjacent bytes, each costing 1.
+func osaDistance(a, b string) int {
+	if len(a) > 64 || len(b) > 64 {
+		return math.MaxInt32 // no suggestion for long keys; bounds the work
+	}
+	d := make([][]int, len(a)+1)
+	for i := range d {
+		d[i] = make([]int, len(b)+1)
+		d[i][0] = i
+	}
+	for j := 0; j <= len(b); j++ {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(a)][len(b)]
 }
 
 // str decodes a scalar as a string (ints and bools keep their YAML text, as
@@ -375,7 +573,7 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 		case "rate_limits":
 			rlsLine = kn.Line
 			if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
-				p.errs.add(p.file, v.Line, "rate_limits must be a non-empty list of rate_limit mappings, got %s", kindName(v))
+				p.errs.add(p.file, v.Line, "rate_limits must be a non-empty list of rate_limit mappings, got %s", listKindName(v))
 				return
 			}
 			for i, it := range v.Content {
@@ -410,11 +608,22 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 		case "metadata":
 			meta = v
 		default:
-			p.unknown(kn, k, "descriptor", descHints)
+			p.unknown(kn, k, "descriptor", descHints, descKeys)
 		}
 	})
 	if !hasKey {
 		p.errs.add(p.file, m.Line, "descriptor has empty key: key is required")
+	}
+	names := map[string]int{}
+	for _, l := range limits {
+		if l.name == "" {
+			continue
+		}
+		if first, dup := names[l.name]; dup {
+			p.errs.add(p.file, l.nameLine, "rate_limits: two limits named %q on one descriptor (first at line %d): RateLimit-Policy could not tell them apart", l.name, first)
+			continue
+		}
+		names[l.name] = l.nameLine
 	}
 	if rlLine != 0 && rlsLine != 0 {
 		p.errs.add(p.file, rlsLine, "rate_limit (line %d) and rate_limits on the same descriptor; use rate_limits only", rlLine)
@@ -489,7 +698,7 @@ func (p *parser) limit(v *yaml.Node, line int, where string) (rawLimit, bool) {
 				name, line := "", it.Line
 				p.mapping(it, func(k string, kn, v *yaml.Node) {
 					if k != "name" {
-						p.unknown(kn, k, "replaces item", nil)
+						p.unknown(kn, k, "replaces item", nil, replacesKeys)
 						return
 					}
 					line = kn.Line
@@ -536,7 +745,7 @@ func (p *parser) limit(v *yaml.Node, line int, where string) (rawLimit, bool) {
 			l.calendar = p.boolean(v, "calendar")
 			l.extensionFields = append(l.extensionFields, k)
 		default:
-			p.unknown(kn, k, "rate_limit", limitHints)
+			p.unknown(kn, k, "rate_limit", limitHints, limitKeys)
 		}
 	})
 	if l.unlimited {

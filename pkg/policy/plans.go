@@ -95,7 +95,7 @@ func (p *parser) plans(v *yaml.Node) *yaml.Node {
 		case "anonymous":
 			anon = val
 		default:
-			p.unknown(kn, k, "plans", plansHints)
+			p.unknown(kn, k, "plans", plansHints, plansKeys)
 		}
 	})
 	if planKey == "" {
@@ -103,6 +103,16 @@ func (p *parser) plans(v *yaml.Node) *yaml.Node {
 	}
 	if credKey == "" {
 		p.errs.add(p.file, v.Line, "plans: credential_key is required (the descriptor entry that keys the counters)")
+	}
+	// With a key missing the expansion still runs (so tier and route
+	// limits are checked) under a placeholder key, so the error above is
+	// the only one reported for it (not "descriptor has empty key" on
+	// every tier line).
+	if planKey == "" {
+		planKey = "<plan_key>"
+	}
+	if credKey == "" {
+		credKey = "<credential_key>"
 	}
 	if tiers == nil || tiers.Kind != yaml.MappingNode || len(tiers.Content) == 0 {
 		p.errs.add(p.file, v.Line, "plans: tiers must be a non-empty mapping of plan name to rate_limit")
@@ -129,6 +139,7 @@ func (p *parser) plans(v *yaml.Node) *yaml.Node {
 		} else {
 			p.mapping(routes, func(name string, kn, val *yaml.Node) {
 				r := route{name: name, line: kn.Line, perTier: map[string]*yaml.Node{}, tierLine: map[string]int{}}
+				val = p.flat(val)
 				if val.Kind != yaml.MappingNode {
 					p.errs.add(p.file, val.Line, "plans: route %q must be a rate_limit mapping, got %s", name, kindName(val))
 					return
@@ -137,22 +148,22 @@ func (p *parser) plans(v *yaml.Node) *yaml.Node {
 					p.mapping(val, func(k string, kn2, v2 *yaml.Node) {
 						switch k {
 						case "rate_limit":
-							r.limit = v2
+							r.limit = p.flat(v2)
 						case "tiers":
 							if v2.Kind != yaml.MappingNode {
 								p.errs.add(p.file, v2.Line, "plans: route %q tiers must be a mapping of plan name to rate_limit", name)
 								return
 							}
 							p.mapping(v2, func(tier string, kn3, v3 *yaml.Node) {
-								r.perTier[tier] = v3
+								r.perTier[tier] = p.flat(v3)
 								r.tierLine[tier] = kn3.Line
 							})
 						default:
-							p.unknown(kn2, k, "plans route "+strconv.Quote(name)+" (rate_limit, tiers)", nil)
+							p.unknown(kn2, k, "plans route "+strconv.Quote(name)+" (rate_limit, tiers)", nil, routeKeys)
 						}
 					})
 				} else {
-					r.limit = val
+					r.limit = val // flattened above
 				}
 				rts = append(rts, r)
 			})
@@ -184,7 +195,7 @@ func (p *parser) plans(v *yaml.Node) *yaml.Node {
 					case "reason":
 						reason, _ = p.str(val, "reason")
 					default:
-						p.unknown(kn, k, "plans exempt entry (credential, reason)", nil)
+						p.unknown(kn, k, "plans exempt entry (credential, reason)", nil, exemptKeys)
 					}
 				})
 				switch {
@@ -200,8 +211,10 @@ func (p *parser) plans(v *yaml.Node) *yaml.Node {
 	}
 
 	tierNames := map[string]bool{}
-	for i := 0; i+1 < len(tiers.Content); i += 2 {
-		kn, val := deref(tiers.Content[i]), deref(tiers.Content[i+1])
+	unlimitedTier := map[string]bool{}
+	tierKV := p.pairs(tiers)
+	for i := 0; i+1 < len(tierKV); i += 2 {
+		kn, val := tierKV[i], p.flat(tierKV[i+1])
 		if kn.Kind != yaml.ScalarNode || kn.Tag != "!!str" || kn.Value == "" {
 			p.errs.add(p.file, kn.Line, "plans: tier names must be non-empty strings")
 			continue
@@ -213,6 +226,7 @@ func (p *parser) plans(v *yaml.Node) *yaml.Node {
 			continue
 		}
 		unlimited := isUnlimited(val)
+		unlimitedTier[tier] = unlimited
 		var credChildren []*yaml.Node
 		for _, e := range exs {
 			credChildren = append(credChildren, mapNode(e.line,
@@ -260,12 +274,26 @@ func (p *parser) plans(v *yaml.Node) *yaml.Node {
 		for _, t := range unknownTiers {
 			p.errs.add(p.file, r.tierLine[t], "plans: route %q overrides unknown tier %q", r.name, t)
 		}
+		var unlimitedTiers []string
+		for t := range r.perTier {
+			if unlimitedTier[t] {
+				unlimitedTiers = append(unlimitedTiers, t)
+			}
+		}
+		sort.Strings(unlimitedTiers)
+		for _, t := range unlimitedTiers {
+			p.errs.add(p.file, r.tierLine[t], "plans: route %q overrides tier %q, which is unlimited (every route of an unlimited tier is unlimited); remove the override or give tier %q a limit", r.name, t, t)
+		}
 	}
 	if anon != nil {
 		if anon.Kind != yaml.MappingNode {
 			p.errs.add(p.file, anon.Line, "plans: anonymous must be a descriptor mapping (key, rate_limit), got %s", kindName(anon))
 		} else {
-			out.Content = append(out.Content, withDefaultName(anon, "anonymous"))
+			anon = p.flat(anon)
+			if !hasKey(anon, "rate_limit") && !hasKey(anon, "rate_limits") {
+				p.errs.add(p.file, anon.Line, "plans: anonymous needs a rate_limit (without one it limits nothing)")
+			}
+			out.Content = append(out.Content, p.withDefaultName(anon, "anonymous"))
 		}
 	}
 	return out
@@ -301,12 +329,12 @@ func withName(lim *yaml.Node, name string) *yaml.Node {
 }
 
 // withDefaultName names the rate_limit of a descriptor mapping.
-func withDefaultName(desc *yaml.Node, name string) *yaml.Node {
+func (p *parser) withDefaultName(desc *yaml.Node, name string) *yaml.Node {
 	c := *desc
 	c.Content = append([]*yaml.Node(nil), desc.Content...)
 	for i := 0; i+1 < len(c.Content); i += 2 {
 		if c.Content[i].Value == "rate_limit" {
-			c.Content[i+1] = withName(deref(c.Content[i+1]), name)
+			c.Content[i+1] = withName(p.flat(c.Content[i+1]), name)
 		}
 	}
 	return &c
