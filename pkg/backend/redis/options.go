@@ -106,6 +106,14 @@ type Options struct {
 	// DefaultBreakerOptions.
 	Breaker BreakerOptions
 
+	// HealthInterval is the period of the Store's health probe (see
+	// Healthy): every HealthInterval, when no call succeeded within the
+	// last HealthInterval or the circuit is not closed, one PING (Cluster:
+	// one per master, in turn) goes through the breaker. 0 disables the
+	// probe (Healthy then changes only with traffic); >= 0. Default
+	// DefaultHealthInterval (1 s).
+	HealthInterval time.Duration
+
 	// Now, when set (tests only), pins the script's clock instead of the
 	// server's TIME. The breaker always uses the real clock.
 	Now func() time.Time
@@ -122,6 +130,8 @@ func DefaultOptions() Options {
 		PoolSize:     DefaultPoolSize,
 		MinIdleConns: DefaultMinIdleConns,
 		Breaker:      DefaultBreakerOptions(),
+
+		HealthInterval: DefaultHealthInterval,
 	}
 }
 
@@ -143,7 +153,8 @@ func ParseMode(s string) (Mode, error) {
 // URL, addrs missing or misplaced for the mode, missing master name, a DB
 // other than 0 in cluster mode, TLS settings with TLS off, half a client
 // key pair, non-positive
-// timeouts or pool size, and invalid breaker options.
+// timeouts or pool size, a negative health interval, and invalid breaker
+// options.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -207,6 +218,9 @@ func (o Options) Validate() error {
 	}
 	if o.Pipelines < 0 {
 		bad("pipelines must not be negative, got %d", o.Pipelines)
+	}
+	if o.HealthInterval < 0 {
+		bad("health interval must not be negative, got %v", o.HealthInterval)
 	}
 	if o.LocalCacheSize < 0 {
 		bad("local cache size must not be negative, got %d", o.LocalCacheSize)

@@ -41,18 +41,24 @@ type Store struct {
 	refundErrors atomic.Uint64
 	// bg tracks compensating refunds, which may outlive their Take.
 	bg sync.WaitGroup
+	// health PINGs Redis when no call succeeded lately (nil: disabled by
+	// Options.HealthInterval 0); see healthProbe.
+	health *healthProbe
 }
 
 // New returns a Store for opts (start from DefaultOptions). It does not
 // wait for Redis: the client connects lazily, so the service starts while
-// Redis is down. Errors come from invalid options (Options.Validate) or
-// unreadable TLS files only.
+// Redis is down. Unless Options.HealthInterval is 0 it starts the
+// background health probe (see Healthy); Close stops it. Errors come from
+// invalid options (Options.Validate) or unreadable TLS files only.
 func New(opts Options) (*Store, error) {
 	c, err := NewClient(opts) // validates opts
 	if err != nil {
 		return nil, err
 	}
-	return newStore(c, opts), nil
+	s := newStore(c, opts)
+	s.startHealth(opts.HealthInterval)
+	return s, nil
 }
 
 func newStore(c goredis.UniversalClient, opts Options) *Store {
@@ -84,9 +90,11 @@ func breakerOptions(opts Options) BreakerOptions {
 	return b
 }
 
-// Close waits for the pipelines in flight (at most one Timeout) and closes
-// the connection pool. Take must not be called afterwards (it then fails).
+// Close stops the health probe, waits for the pipelines in flight (at most
+// one Timeout) and closes the connection pool. Take must not be called
+// afterwards (it then fails).
 func (s *Store) Close() error {
+	s.stopHealth()
 	s.bg.Wait()
 	s.batch.close()
 	if err := s.client.Close(); err != nil {
@@ -152,11 +160,17 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 }
 
 // Healthy reports whether the circuit breaker is closed (Redis answered
-// recently); it implements service.Healther.
+// recently); it implements service.Healther. Without traffic it follows
+// the health probe's PINGs (every Options.HealthInterval): it turns false
+// about one interval after Redis stops answering (plus Failures PINGs one
+// Timeout apart, FailFor for timeouts) and true again about one interval
+// after Redis answers (plus Breaker.OpenFor, and go-redis' 1 s redial
+// after PoolSize failed dials).
 func (s *Store) Healthy() bool { return s.breaker.Healthy() }
 
 // BreakerState is the circuit breaker's state now: "closed", "open" or
-// "half_open" (the label of ratelimitd_backend_circuit_state).
+// "half_open" (the label of ratelimitd_backend_circuit_state). Kept
+// current without traffic by the health probe, like Healthy.
 func (s *Store) BreakerState() string { return s.breaker.State().String() }
 
 // run executes the script once for hits (all in one slot on Cluster),
@@ -172,6 +186,9 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 		scriptNow, err = parseReply(v, out)
 		return err
 	})
+	if err == nil {
+		s.callSucceeded()
+	}
 	return scriptNow, err
 }
 

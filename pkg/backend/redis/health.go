@@ -1,0 +1,138 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// DefaultHealthInterval is Options.HealthInterval in DefaultOptions.
+const DefaultHealthInterval = time.Second
+
+// healthProbe keeps Store.Healthy and Store.BreakerState current without
+// traffic. Every interval it checks whether a call succeeded within the
+// last interval; when none did, or the circuit is not closed, it sends one
+// PING (Cluster: to every master, one after the other) through the
+// breaker, as a request would be: an open circuit is not called, a
+// half-open one takes the PING as a probe, and the outcome is recorded
+// like a call's (refused opens the circuit after Failures consecutive
+// failures, timeouts once they also span FailFor). While PINGs fail and
+// the circuit is still closed, the next one follows one Timeout later
+// instead of one interval, so that an idle Store opens its circuit about
+// as fast as a busy one. At most one PING is in flight at a time, on one
+// pooled connection (per Cluster node), in a goroutine of its own: it never
+// holds anything a request waits for.
+type healthProbe struct {
+	interval time.Duration
+	epoch    time.Time // origin of lastOK (monotonic)
+	// lastOK is when a call last succeeded, in ns since epoch; -1: never.
+	lastOK atomic.Int64
+
+	ctx    context.Context // canceled by stop
+	cancel context.CancelFunc
+	once   sync.Once
+	done   chan struct{} // closed when the loop has returned
+}
+
+// startHealth starts s's probe loop (nothing when interval is 0).
+func (s *Store) startHealth(interval time.Duration) {
+	if interval <= 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &healthProbe{
+		interval: interval,
+		epoch:    time.Now(),
+		ctx:      ctx,
+		cancel:   cancel,
+		done:     make(chan struct{}),
+	}
+	h.lastOK.Store(-1)
+	s.health = h
+	go s.healthLoop(h)
+}
+
+// stopHealth stops the probe loop and waits for it (at most one Timeout,
+// the PING in flight is canceled). Safe to call more than once.
+func (s *Store) stopHealth() {
+	h := s.health
+	if h == nil {
+		return
+	}
+	h.once.Do(h.cancel)
+	<-h.done
+}
+
+// callSucceeded notes that a call just succeeded (Redis answered).
+func (s *Store) callSucceeded() {
+	h := s.health
+	if h == nil {
+		return
+	}
+	n := int64(time.Since(h.epoch))
+	// Skip the shared write when it would move lastOK by under 1 ms: under
+	// load, concurrent callers then mostly only read the cache line.
+	if n-h.lastOK.Load() >= int64(time.Millisecond) {
+		h.lastOK.Store(n)
+	}
+}
+
+func (s *Store) healthLoop(h *healthProbe) {
+	defer close(h.done)
+	t := time.NewTimer(h.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.ctx.Done():
+			return
+		case <-t.C:
+		}
+		next := h.interval
+		if s.needPing(h) {
+			err := s.breaker.Do(h.ctx, s.timeout, s.ping)
+			if isOutage(err) && s.breaker.Healthy() {
+				// Not yet enough failures to open the circuit: confirm soon.
+				next = s.timeout
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+// needPing reports whether the probe must PING now: no call succeeded
+// within the last interval, or the circuit is not closed.
+func (s *Store) needPing(h *healthProbe) bool {
+	if !s.breaker.Healthy() {
+		return true
+	}
+	last := h.lastOK.Load()
+	return last < 0 || time.Since(h.epoch)-time.Duration(last) >= h.interval
+}
+
+// ping sends PING to the standalone server or the Sentinel master, or to
+// every Cluster master one after the other (ForEachMaster runs its calls
+// concurrently; the mutex keeps one PING in flight).
+func (s *Store) ping(ctx context.Context) error {
+	if cc, ok := s.client.(*goredis.ClusterClient); ok {
+		var mu sync.Mutex
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return c.Ping(ctx).Err()
+		})
+	}
+	return s.client.Ping(ctx).Err()
+}
+
+// isOutage reports whether err (from Breaker.Do) is an outage failure.
+func isOutage(err error) bool {
+	var e *Error
+	return err != nil && errors.As(err, &e) && e.outage
+}
