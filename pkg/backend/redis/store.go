@@ -68,7 +68,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		client:      c,
 		now:         opts.Now,
 		timeout:     opts.Timeout,
-		breaker:     NewBreaker(breakerOptions(opts), opts.Now),
+		breaker:     NewBreaker(breakerOptions(opts), nil), // real clock: Options.Now pins only the script
 		cache:       newOverLimitCache(opts.LocalCacheSize),
 		noncePrefix: hex.EncodeToString(b[:]),
 	}
