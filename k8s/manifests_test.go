@@ -60,7 +60,7 @@ func TestEveryManifestDecodesStrictly(t *testing.T) {
 		if d.IsDir() && d.Name() == "config" {
 			return filepath.SkipDir // ratelimitd config, checked by policy.Load
 		}
-		if d.IsDir() || !(strings.HasSuffix(p, ".yaml") || strings.HasSuffix(p, ".yml")) {
+		if d.IsDir() || (!strings.HasSuffix(p, ".yaml") && !strings.HasSuffix(p, ".yml")) {
 			return nil
 		}
 		objs, err := decodeFile(p)

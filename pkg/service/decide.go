@@ -77,7 +77,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	}
 	descs := req.GetDescriptors()
 	var dsArr [smallDescriptors]descState
-	ds := dsArr[:0]
+	var ds []descState
 	if len(descs) <= len(dsArr) {
 		ds = dsArr[:len(descs)]
 	} else {
@@ -185,7 +185,8 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	// 3. One Store call; failure modes on error.
 	var decArr [smallHits]algo.Decision
 	var outArr [smallHits]outcome
-	decs, outs := decArr[:0], outArr[:0]
+	var decs []algo.Decision
+	var outs []outcome
 	if len(hits) <= smallHits {
 		decs, outs = decArr[:len(hits)], outArr[:len(hits)]
 	} else {

@@ -14,11 +14,11 @@ import (
 
 var (
 	bt0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	// outage, stall and reply stand for a refused connection, a timeout
+	// errOutage, errStall and reply stand for a refused connection, a timeout
 	// and an OOM reply.
-	outage = fmt.Errorf("dial: %w", syscall.ECONNREFUSED)
-	stall  = fmt.Errorf("read: %w", context.DeadlineExceeded)
-	reply  = oomReply{}
+	errOutage = fmt.Errorf("dial: %w", syscall.ECONNREFUSED)
+	errStall  = fmt.Errorf("read: %w", context.DeadlineExceeded)
+	reply     = oomReply{}
 )
 
 // oomReply is an error reply from a live server (go-redis' Error shape).
@@ -45,29 +45,29 @@ func TestBreakerSteps(t *testing.T) {
 	}{
 		{"consecutive failures open, probe closes", []step{
 			{0, nil, true, redis.BreakerClosed},
-			{1 * ms, outage, true, redis.BreakerClosed},
-			{2 * ms, outage, true, redis.BreakerClosed},
-			{3 * ms, outage, true, redis.BreakerOpen},
+			{1 * ms, errOutage, true, redis.BreakerClosed},
+			{2 * ms, errOutage, true, redis.BreakerClosed},
+			{3 * ms, errOutage, true, redis.BreakerOpen},
 			{4 * ms, nil, false, redis.BreakerOpen},
 			{252 * ms, nil, false, redis.BreakerOpen},
 			{253 * ms, nil, true, redis.BreakerClosed}, // half-open probe succeeds
-			{254 * ms, outage, true, redis.BreakerClosed},
+			{254 * ms, errOutage, true, redis.BreakerClosed},
 		}},
 		{"failed probe reopens for another OpenFor", []step{
-			{0, outage, true, redis.BreakerClosed},
-			{0, outage, true, redis.BreakerClosed},
-			{0, outage, true, redis.BreakerOpen},
-			{250 * ms, outage, true, redis.BreakerOpen}, // probe fails
+			{0, errOutage, true, redis.BreakerClosed},
+			{0, errOutage, true, redis.BreakerClosed},
+			{0, errOutage, true, redis.BreakerOpen},
+			{250 * ms, errOutage, true, redis.BreakerOpen}, // probe fails
 			{499 * ms, nil, false, redis.BreakerOpen},
 			{500 * ms, nil, true, redis.BreakerClosed},
 		}},
 		{"a success resets the consecutive count", []step{
-			{0, outage, true, redis.BreakerClosed},
-			{1 * ms, outage, true, redis.BreakerClosed},
+			{0, errOutage, true, redis.BreakerClosed},
+			{1 * ms, errOutage, true, redis.BreakerClosed},
 			{2 * ms, nil, true, redis.BreakerClosed},
-			{3 * ms, outage, true, redis.BreakerClosed},
-			{4 * ms, outage, true, redis.BreakerClosed},
-			{5 * ms, outage, true, redis.BreakerOpen},
+			{3 * ms, errOutage, true, redis.BreakerClosed},
+			{4 * ms, errOutage, true, redis.BreakerClosed},
+			{5 * ms, errOutage, true, redis.BreakerOpen},
 		}},
 		{"replies from a live server never open", []step{
 			{0, reply, true, redis.BreakerClosed},
@@ -79,19 +79,19 @@ func TestBreakerSteps(t *testing.T) {
 			{6 * ms, context.Canceled, true, redis.BreakerClosed},
 		}},
 		{"failure ratio over the window opens", append(alternate(9, ms), // 4 of 9 failed, never 2 in a row
-			step{9 * ms, nil, true, redis.BreakerClosed},     // 4/10 < 0.5
-			step{10 * ms, outage, true, redis.BreakerClosed}, // 5/11 < 0.5
-			step{11 * ms, outage, true, redis.BreakerOpen},   // 6/12 >= 0.5
+			step{9 * ms, nil, true, redis.BreakerClosed},        // 4/10 < 0.5
+			step{10 * ms, errOutage, true, redis.BreakerClosed}, // 5/11 < 0.5
+			step{11 * ms, errOutage, true, redis.BreakerOpen},   // 6/12 >= 0.5
 		)},
 		{"failures older than the window are forgotten", append(alternate(9, 100*ms), // t = 0..800 ms
 			// Within 1 s of 1500 ms: the calls at 600..800 ms and this one,
 			// below MinCalls; counting all of them would be 5/10 and open.
-			step{1500 * ms, outage, true, redis.BreakerClosed},
+			step{1500 * ms, errOutage, true, redis.BreakerClosed},
 		)},
 		{"a canceled probe leaves half-open for the next call", []step{
-			{0, outage, true, redis.BreakerClosed},
-			{0, outage, true, redis.BreakerClosed},
-			{0, outage, true, redis.BreakerOpen},
+			{0, errOutage, true, redis.BreakerClosed},
+			{0, errOutage, true, redis.BreakerClosed},
+			{0, errOutage, true, redis.BreakerOpen},
 			{300 * ms, context.Canceled, true, redis.BreakerHalfOpen},
 			{301 * ms, nil, true, redis.BreakerClosed},
 		}},
@@ -131,7 +131,7 @@ func alternate(n int, dt time.Duration) []step {
 	for i := 0; i < n; i++ {
 		var err error
 		if i%2 == 1 {
-			err = outage
+			err = errOutage
 		}
 		s = append(s, step{time.Duration(i) * dt, err, true, redis.BreakerClosed})
 	}
@@ -139,8 +139,8 @@ func alternate(n int, dt time.Duration) []step {
 }
 
 // TestBreakerFailFor: with FailFor, neither rule opens the circuit on
-// timeouts that span less than FailFor (a brief stall), and a continuous
-// outage opens it as soon as they do; refused connections open it at once.
+// timeouts that span less than FailFor (a brief errStall), and a continuous
+// errOutage opens it as soon as they do; refused connections open it at once.
 func TestBreakerFailFor(t *testing.T) {
 	opts := redis.BreakerOptions{Failures: 3, FailFor: 50 * time.Millisecond, Window: time.Second, MinCalls: 10, FailureRatio: 0.5, OpenFor: 250 * time.Millisecond}
 	ms := time.Millisecond
@@ -156,32 +156,32 @@ func TestBreakerFailFor(t *testing.T) {
 		name  string
 		steps []step
 	}{
-		{"50 callers timing out together on one stall stay closed",
-			append(every(10*ms, 50, 0, stall, redis.BreakerClosed),
+		{"50 callers timing out together on one errStall stay closed",
+			append(every(10*ms, 50, 0, errStall, redis.BreakerClosed),
 				step{11 * ms, nil, true, redis.BreakerClosed})},
-		{"a 40 ms stall of failures, then a success: closed",
-			append(every(10*ms, 41, ms, stall, redis.BreakerClosed), // failures at 10..50 ms: span 40 ms
+		{"a 40 ms errStall of failures, then a success: closed",
+			append(every(10*ms, 41, ms, errStall, redis.BreakerClosed), // failures at 10..50 ms: span 40 ms
 				step{51 * ms, nil, true, redis.BreakerClosed})},
 		{"continuous failures open once they span FailFor",
-			append(every(10*ms, 50, ms, stall, redis.BreakerClosed), // 10..59 ms: span 49 ms
-				step{60 * ms, stall, true, redis.BreakerOpen})},
+			append(every(10*ms, 50, ms, errStall, redis.BreakerClosed), // 10..59 ms: span 49 ms
+				step{60 * ms, errStall, true, redis.BreakerOpen})},
 		{"a success restarts the span (the ratio stays below FailureRatio)",
 			append(append(append(every(0, 100, 0, nil, redis.BreakerClosed),
-				every(0, 40, ms, stall, redis.BreakerClosed)...), // 0..39 ms
+				every(0, 40, ms, errStall, redis.BreakerClosed)...), // 0..39 ms
 				step{40 * ms, nil, true, redis.BreakerClosed}),
-				append(every(41*ms, 50, ms, stall, redis.BreakerClosed), // 41..90 ms: span 49 ms
-					step{91 * ms, stall, true, redis.BreakerOpen})...)},
+				append(every(41*ms, 50, ms, errStall, redis.BreakerClosed), // 41..90 ms: span 49 ms
+					step{91 * ms, errStall, true, redis.BreakerOpen})...)},
 		{"the ratio rule waits for FailFor too",
 			append(append(alternate(40, ms), // 0..39 ms: 20 of 40 failed, never 2 in a row
 				step{40 * ms, nil, true, redis.BreakerClosed}),
-				step{51 * ms, stall, true, redis.BreakerOpen})}, // first failure at 1 ms: span 50 ms, 21/42
+				step{51 * ms, errStall, true, redis.BreakerOpen})}, // first failure at 1 ms: span 50 ms, 21/42
 		{"refused connections open at once (Failures), without FailFor",
-			[]step{{0, outage, true, redis.BreakerClosed}, {1 * ms, outage, true, redis.BreakerClosed}, {2 * ms, outage, true, redis.BreakerOpen}}},
+			[]step{{0, errOutage, true, redis.BreakerClosed}, {1 * ms, errOutage, true, redis.BreakerClosed}, {2 * ms, errOutage, true, redis.BreakerOpen}}},
 		{"a refused connection in a run of timeouts lifts FailFor",
-			[]step{{0, stall, true, redis.BreakerClosed}, {1 * ms, stall, true, redis.BreakerClosed}, {2 * ms, stall, true, redis.BreakerClosed},
-				{3 * ms, outage, true, redis.BreakerOpen}}},
+			[]step{{0, errStall, true, redis.BreakerClosed}, {1 * ms, errStall, true, redis.BreakerClosed}, {2 * ms, errStall, true, redis.BreakerClosed},
+				{3 * ms, errOutage, true, redis.BreakerOpen}}},
 		{"sparse failures open once Failures of them span FailFor",
-			[]step{{0, stall, true, redis.BreakerClosed}, {100 * ms, stall, true, redis.BreakerClosed}, {200 * ms, stall, true, redis.BreakerOpen}}},
+			[]step{{0, errStall, true, redis.BreakerClosed}, {100 * ms, errStall, true, redis.BreakerClosed}, {200 * ms, errStall, true, redis.BreakerOpen}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -252,7 +252,7 @@ func TestBreakerProbes(t *testing.T) {
 				case "ok":
 					b.Record(now, nil)
 				case "fail":
-					b.Record(now, outage)
+					b.Record(now, errOutage)
 				case "cancel":
 					b.Record(now, context.Canceled)
 				}
@@ -281,7 +281,7 @@ func TestBreakerDefaults(t *testing.T) {
 		if err := b.Allow(bt0.Add(at)); err != nil {
 			t.Fatal(err)
 		}
-		b.Record(bt0.Add(at), stall)
+		b.Record(bt0.Add(at), errStall)
 	}
 	if opened := at - time.Millisecond; opened != opts.FailFor {
 		t.Fatalf("opened %v after the first failure, want %v", opened, opts.FailFor)
@@ -306,7 +306,7 @@ func TestBreakerDisabled(t *testing.T) {
 		if err := b.Allow(bt0); err != nil {
 			t.Fatal(err)
 		}
-		b.Record(bt0, outage)
+		b.Record(bt0, errOutage)
 	}
 	if !b.Healthy() {
 		t.Fatal("disabled breaker unhealthy")

@@ -322,7 +322,7 @@ func (s *Server) Client() *goredis.Client {
 // and returns its reply.
 func (s *Server) Do(ctx context.Context, args ...any) (any, error) {
 	c := goredis.NewClient(s.ClientOptions())
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	return c.Do(ctx, args...).Result()
 }
 
@@ -339,13 +339,13 @@ func (s *Server) start() {
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		out.Close()
+		_ = out.Close()
 		s.t.Fatalf("redistest: start redis-server: %v", err)
 	}
 	done := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
-		out.Close()
+		_ = out.Close()
 		close(done)
 	}()
 	s.cmd, s.done, s.stopped = cmd, done, false
@@ -405,7 +405,7 @@ func (s *Server) LogTail(n int) string {
 				lines = lines[1:]
 			}
 		}
-		f.Close()
+		_ = f.Close()
 		fmt.Fprintf(&b, "--- %s (%s)\n%s\n", name, s.Addr(), strings.Join(lines, "\n"))
 	}
 	return b.String()
@@ -503,6 +503,6 @@ func freePort(t testing.TB) int {
 	if err != nil {
 		t.Fatalf("redistest: free port: %v", err)
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port
 }
