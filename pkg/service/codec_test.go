@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -19,12 +18,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -162,53 +159,11 @@ func rawReq(domain string, kv ...string) rawBytes {
 
 // codecEnv is one service behind a bufconn gRPC server with (or without)
 // the service's codec.
-type codecEnv struct {
-	svc  *service.Service
-	reg  *prometheus.Registry
-	conn *grpc.ClientConn
-}
+type codecEnv = env
 
 func newCodecEnv(t testing.TB, withCodec bool, mutate func(*service.Options)) *codecEnv {
 	t.Helper()
-	c := &clock{now: t0}
-	e := &codecEnv{reg: prometheus.NewRegistry()}
-	opts := service.Options{
-		Store:            newMemoryStore(t, c),
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Registerer:       e.reg,
-		Now:              c.Now,
-		RequestOverrides: true,
-		Rand:             func() float64 { return 0 },
-	}
-	if mutate != nil {
-		mutate(&opts)
-	}
-	svc, err := service.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc.SetPolicy(loadSet(t))
-	e.svc = svc
-	lis := bufconn.Listen(1 << 20)
-	var gopts []grpc.ServerOption
-	if withCodec {
-		gopts = append(gopts, svc.ServerOption())
-	}
-	g := grpc.NewServer(gopts...)
-	svc.Register(g)
-	go func() { _ = g.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufconn",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = conn.Close()
-		g.Stop()
-	})
-	e.conn = conn
-	return e
+	return startEnv(t, withCodec, mutate)
 }
 
 func (e *codecEnv) send(b rawBytes) (*rlsv3.RateLimitResponse, error) {

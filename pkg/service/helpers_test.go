@@ -146,6 +146,7 @@ type env struct {
 	clock    *clock
 	reg      *prometheus.Registry
 	client   rlsv3.RateLimitServiceClient
+	conn     *grpc.ClientConn
 }
 
 func loadSet(t testing.TB, paths ...string) *policy.Set {
@@ -161,6 +162,13 @@ func loadSet(t testing.TB, paths ...string) *policy.Set {
 }
 
 func newEnv(t testing.TB, mutate func(*service.Options)) *env {
+	t.Helper()
+	return startEnv(t, false, mutate)
+}
+
+// startEnv is newEnv with, when withCodec, the service's own gRPC server
+// codec (Service.ServerOption) installed, as cmd/ratelimitd does.
+func startEnv(t testing.TB, withCodec bool, mutate func(*service.Options)) *env {
 	t.Helper()
 	c := &clock{now: t0}
 	e := &env{clock: c, store: newMemoryStore(t, c), fallback: newMemoryStore(t, c), reg: prometheus.NewRegistry()}
@@ -187,7 +195,11 @@ func newEnv(t testing.TB, mutate func(*service.Options)) *env {
 	e.svc = svc
 
 	lis := bufconn.Listen(1 << 20)
-	g := grpc.NewServer()
+	var gopts []grpc.ServerOption
+	if withCodec {
+		gopts = append(gopts, svc.ServerOption())
+	}
+	g := grpc.NewServer(gopts...)
 	svc.Register(g)
 	go func() { _ = g.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///bufconn",
@@ -200,6 +212,7 @@ func newEnv(t testing.TB, mutate func(*service.Options)) *env {
 		_ = conn.Close()
 		g.Stop()
 	})
+	e.conn = conn
 	e.client = rlsv3.NewRateLimitServiceClient(conn)
 	return e
 }
