@@ -3,8 +3,6 @@ package redis_test
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,28 +59,7 @@ func TestCluster(t *testing.T) {
 	t.Run("exactness", func(t *testing.T) {
 		stores := []*redis.Store{newClusterStore(t, g, nil), newClusterStore(t, g, nil), newClusterStore(t, g, nil)}
 		l := algo.Limit{Kind: algo.SlidingLog, Rate: 30, Period: time.Minute}
-		var allowed atomic.Int64
-		var wg sync.WaitGroup
-		errs := make(chan error, 60)
-		for i := range 60 {
-			s := stores[i%3]
-			wg.Go(func() {
-				d, err := s.Take(ctx, []algo.Hit{{Key: "cluster:shared", Limit: l, Cost: 1}})
-				if err != nil {
-					errs <- err
-					return
-				}
-				if d[0].Allowed {
-					allowed.Add(1)
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-		if n := allowed.Load(); n != 30 {
+		if n := concurrentAllowed(t, stores, "cluster:shared", l, 60); n != 30 {
 			t.Fatalf("allowed %d of 60, want exactly 30", n)
 		}
 	})

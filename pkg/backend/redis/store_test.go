@@ -189,28 +189,7 @@ func TestSharedExactness(t *testing.T) {
 					time.Sleep(time.Duration(61-s) * time.Second)
 				}
 			}
-			var allowed atomic.Int64
-			var wg sync.WaitGroup
-			errs := make(chan error, 60)
-			for i := range 60 {
-				s := stores[i%3]
-				wg.Go(func() {
-					d, err := s.Take(context.Background(), []algo.Hit{{Key: "shared:" + kindName(l), Limit: l, Cost: 1}})
-					if err != nil {
-						errs <- err
-						return
-					}
-					if d[0].Allowed {
-						allowed.Add(1)
-					}
-				})
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
-			if n := allowed.Load(); n != 30 {
+			if n := concurrentAllowed(t, stores, "shared:"+kindName(l), l, 60); n != 30 {
 				t.Fatalf("allowed %d of 60, want exactly 30", n)
 			}
 		})
@@ -438,4 +417,33 @@ func TestSlidingLogLargeCost(t *testing.T) {
 	if n := srv.Client().ZCard(ctx, "biglog").Val(); n != algo.MaxSlidingLogRate {
 		t.Errorf("log holds %d entries, want %d", n, algo.MaxSlidingLogRate)
 	}
+}
+
+// concurrentAllowed sends n concurrent one-hit requests on key, spread
+// round-robin over stores, and returns how many were allowed. Any error
+// fails the test.
+func concurrentAllowed(t *testing.T, stores []*redis.Store, key string, l algo.Limit, n int) int64 {
+	t.Helper()
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		s := stores[i%len(stores)]
+		wg.Go(func() {
+			d, err := s.Take(context.Background(), []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+			if err != nil {
+				errs <- err
+				return
+			}
+			if d[0].Allowed {
+				allowed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return allowed.Load()
 }
