@@ -26,11 +26,17 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
 )
 
 // environ lists the process environment for the unknown RATELIMITD_*
 // check (os.Environ; tests replace it).
 var environ = os.Environ
+
+// cgroupMemoryLimit reads the container's memory limit for the GC policy
+// (memlimit.FromCgroup; tests replace it).
+var cgroupMemoryLimit = memlimit.FromCgroup
 
 // Set at build time: go build -ldflags "-X main.version=v1.2.3 -X main.commit=abc".
 var (
@@ -83,7 +89,12 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		if w := unknownTwins(set); w != "" {
 			warnings = append(warnings, w)
 		}
-		if err := serve(ctx, opts, warnings, stderr); err != nil {
+		gc, err := chooseGC(opts, lookup, cgroupMemoryLimit, runtimeGC)
+		if err != nil {
+			fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)
+			return 2
+		}
+		if err := serve(ctx, opts, gc, warnings, stderr); err != nil {
 			fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)
 			return 1
 		}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -36,6 +37,24 @@ type Options struct {
 	RedisTimeout   time.Duration // per-operation budget
 	RedisPoolSize  int           // connections; 0 = the store's default
 	LocalCacheSize int           // over-limit cache entries; 0 disables
+	// Redis pool, batching and health tuning: redis.Options.DialTimeout,
+	// MinIdleConns (capped at the pool size), Pipelines and
+	// HealthInterval (0 disables the probe).
+	RedisDialTimeout    time.Duration
+	RedisMinIdleConns   int
+	RedisPipelines      int
+	RedisHealthInterval time.Duration
+	// The Redis circuit breaker (redis.BreakerOptions). RedisBreaker false
+	// disables it (every call goes to Redis); the other fields are then
+	// not validated.
+	RedisBreaker             bool
+	RedisBreakerFailures     int
+	RedisBreakerFailFor      time.Duration
+	RedisBreakerWindow       time.Duration
+	RedisBreakerMinCalls     int
+	RedisBreakerFailureRatio float64
+	RedisBreakerOpenFor      time.Duration
+	RedisBreakerProbes       int
 	// Redis TLS files (PEM) and options; rediss:// turns TLS on.
 	RedisTLSCA         string
 	RedisTLSCert       string
@@ -77,6 +96,15 @@ type Options struct {
 	// fails with memory.ErrFull (cause "oom"): its rule's failure mode
 	// decides.
 	MemoryMaxKeys int
+
+	// GCPercent is the Go GC target (debug.SetGCPercent) unless GOGC is
+	// set; -1 turns the GC off and is accepted only with a memory limit.
+	GCPercent int
+	// MemoryLimit is the Go soft memory limit in bytes
+	// (debug.SetMemoryLimit) unless GOMEMLIMIT is set; 0 derives it from
+	// the cgroup memory limit times MemoryLimitRatio (0: no limit).
+	MemoryLimit      byteSize
+	MemoryLimitRatio float64
 
 	// Drain is how long the health checks report NOT_SERVING before the
 	// listeners stop accepting (lets load balancers notice).
@@ -134,6 +162,23 @@ func defaultOptions() Options {
 		IgnoreDotfiles:     true,
 		TracingSampleRatio: 1,
 		TracingServiceName: "ratelimitd",
+
+		// redis package defaults, spelled out so -h shows them.
+		RedisDialTimeout:         redis.DefaultDialTimeout,
+		RedisMinIdleConns:        redis.DefaultMinIdleConns,
+		RedisPipelines:           redis.DefaultPipelines,
+		RedisHealthInterval:      redis.DefaultHealthInterval,
+		RedisBreaker:             true,
+		RedisBreakerFailures:     redis.DefaultBreakerFailures,
+		RedisBreakerFailFor:      redis.DefaultBreakerFailFor,
+		RedisBreakerWindow:       redis.DefaultBreakerWindow,
+		RedisBreakerMinCalls:     redis.DefaultBreakerMinCalls,
+		RedisBreakerFailureRatio: redis.DefaultBreakerFailureRatio,
+		RedisBreakerOpenFor:      redis.DefaultBreakerOpenFor,
+		RedisBreakerProbes:       redis.DefaultBreakerProbes,
+
+		GCPercent:        defaultGCPercent,
+		MemoryLimitRatio: defaultMemoryLimitRatio,
 	}
 }
 
@@ -187,6 +232,18 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.RedisTLSKey, "redis-tls-key", o.RedisTLSKey, "PEM client key for Redis mutual TLS")
 	fs.BoolVar(&o.RedisTLSSkipVerify, "redis-tls-skip-verify", o.RedisTLSSkipVerify, "do not verify the Redis server certificate (insecure)")
 	fs.StringVar(&o.RedisSentinelAuth, "redis-sentinel-auth", o.RedisSentinelAuth, "sentinel credentials: password or user:password")
+	fs.DurationVar(&o.RedisDialTimeout, "redis-dial-timeout", o.RedisDialTimeout, "bound of background Redis dials (idle-pool refill, reconnect probe); a request's dial is bounded by --redis-timeout")
+	fs.IntVar(&o.RedisMinIdleConns, "redis-min-idle-conns", o.RedisMinIdleConns, "Redis connections per node kept dialed ahead of traffic (at most the pool size)")
+	fs.IntVar(&o.RedisPipelines, "redis-pipelines", o.RedisPipelines, "pipelines of batched Redis requests in flight at once, each on one pooled connection (at most the pool size)")
+	fs.DurationVar(&o.RedisHealthInterval, "redis-health-interval", o.RedisHealthInterval, "period of the Redis health probe (PING when idle or the circuit is not closed); 0 disables it")
+	fs.BoolVar(&o.RedisBreaker, "redis-breaker", o.RedisBreaker, "circuit breaker around Redis calls (false: every call goes to Redis)")
+	fs.IntVar(&o.RedisBreakerFailures, "redis-breaker-failures", o.RedisBreakerFailures, "consecutive Redis failures that open the circuit")
+	fs.DurationVar(&o.RedisBreakerFailFor, "redis-breaker-fail-for", o.RedisBreakerFailFor, "how long timeouts must have lasted before they open the circuit (raised to 2 x --redis-timeout)")
+	fs.DurationVar(&o.RedisBreakerWindow, "redis-breaker-window", o.RedisBreakerWindow, "sliding window of the breaker's failure-ratio rule")
+	fs.IntVar(&o.RedisBreakerMinCalls, "redis-breaker-min-calls", o.RedisBreakerMinCalls, "calls within --redis-breaker-window before the failure ratio applies")
+	fs.Float64Var(&o.RedisBreakerFailureRatio, "redis-breaker-failure-ratio", o.RedisBreakerFailureRatio, "share of failed calls within --redis-breaker-window that opens the circuit, in (0, 1]")
+	fs.DurationVar(&o.RedisBreakerOpenFor, "redis-breaker-open-for", o.RedisBreakerOpenFor, "how long the circuit stays open before half-open probes")
+	fs.IntVar(&o.RedisBreakerProbes, "redis-breaker-probes", o.RedisBreakerProbes, "half-open probe calls in flight at once (0 means 1)")
 	fs.IntVar(&o.LocalCacheSize, "local-cache-size", o.LocalCacheSize, "entries in the local over-limit cache (0 disables)")
 	fs.BoolVar(&o.ShadowMode, "shadow-mode", o.ShadowMode, "global shadow mode: evaluate and report, never deny")
 	fs.BoolVar(&o.QuotaMode, "quota-mode", o.QuotaMode, "global quota mode: every descriptor is soft (denies only when all do)")
@@ -207,6 +264,9 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.IntVar(&o.DetailedMetricCap, "detailed-metric-cap", o.DetailedMetricCap, "distinct rule label values from detailed_metric rules per loaded config, then \"_other\" (negative disables detailed labels)")
 	fs.DurationVar(&o.FailClosedRetryAfter, "fail-closed-retry-after", o.FailClosedRetryAfter, "Retry-After base when failure_mode: closed denies because the backend failed")
 	fs.IntVar(&o.MemoryMaxKeys, "memory-max-keys", o.MemoryMaxKeys, "keys the in-memory store (and the failure_mode: local fallback) may hold; when full, new keys get the rule's failure mode (0 = unbounded)")
+	fs.IntVar(&o.GCPercent, "gc-percent", o.GCPercent, "Go GC target percent unless GOGC is set (-1 turns the GC off; needs a memory limit)")
+	fs.Var(&o.MemoryLimit, "memory-limit", "Go soft memory limit unless GOMEMLIMIT is set, e.g. 400MiB (0: --memory-limit-ratio of the cgroup memory limit)")
+	fs.Float64Var(&o.MemoryLimitRatio, "memory-limit-ratio", o.MemoryLimitRatio, "Go soft memory limit as a share of the cgroup memory limit, without --memory-limit or GOMEMLIMIT (0: none)")
 	fs.DurationVar(&o.Drain, "drain", o.Drain, "on SIGTERM, report NOT_SERVING this long before closing listeners")
 	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", o.ShutdownGrace, "on SIGTERM, wait at most this long for in-flight calls")
 	fs.StringVar(&o.GRPCTLSCert, "grpc-tls-cert", o.GRPCTLSCert, "gRPC server certificate chain (PEM); enables TLS, reloaded on change")
@@ -376,6 +436,16 @@ func (o Options) Validate() error {
 	}
 	if o.LocalCacheSize < 0 {
 		add(fmt.Errorf("--local-cache-size=%d: must be >= 0", o.LocalCacheSize))
+	}
+	add(o.validateRedisTuning())
+	if o.GCPercent < -1 {
+		add(fmt.Errorf("--gc-percent=%d: must be >= 0, or -1 (off, with a memory limit)", o.GCPercent))
+	}
+	if o.MemoryLimit < 0 {
+		add(fmt.Errorf("--memory-limit=%d: must be >= 0", o.MemoryLimit))
+	}
+	if !(o.MemoryLimitRatio >= 0 && o.MemoryLimitRatio <= 1) {
+		add(fmt.Errorf("--memory-limit-ratio=%v: must be in [0, 1] (0: no limit from the cgroup)", o.MemoryLimitRatio))
 	}
 	if !(o.NearLimitRatio > 0 && o.NearLimitRatio <= 1) {
 		add(fmt.Errorf("--near-limit-ratio=%v: must be in (0, 1]", o.NearLimitRatio))

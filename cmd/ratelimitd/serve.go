@@ -11,7 +11,6 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -70,28 +69,7 @@ func newStore(o Options) (service.Store, service.Store, func() error, error) {
 	mem := func() (*memory.Store, error) { return memory.New(memory.Options{MaxKeys: o.MemoryMaxKeys}) }
 	switch o.Backend {
 	case "redis":
-		ro := redis.DefaultOptions()
-		ro.URL = o.RedisURL
-		ro.Mode = redis.Mode(o.RedisMode)
-		ro.Addrs = o.RedisAddrs
-		ro.MasterName = o.RedisMaster
-		ro.Timeout = o.RedisTimeout
-		if o.RedisPoolSize > 0 {
-			ro.PoolSize = o.RedisPoolSize
-			ro.MinIdleConns = min(ro.MinIdleConns, o.RedisPoolSize)
-		}
-		ro.LocalCacheSize = o.LocalCacheSize
-		ro.TLSCAFile, ro.TLSCertFile, ro.TLSKeyFile = o.RedisTLSCA, o.RedisTLSCert, o.RedisTLSKey
-		ro.TLSSkipVerify = o.RedisTLSSkipVerify
-		ro.TLS = o.RedisTLSCA != "" || o.RedisTLSCert != "" || o.RedisTLSSkipVerify
-		if o.RedisSentinelAuth != "" {
-			if u, p, ok := strings.Cut(o.RedisSentinelAuth, ":"); ok {
-				ro.SentinelUsername, ro.SentinelPassword = u, p
-			} else {
-				ro.SentinelPassword = o.RedisSentinelAuth
-			}
-		}
-		rs, err := redis.New(ro)
+		rs, err := redis.New(redisOptions(o))
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -153,15 +131,16 @@ func (s *server) updateHealth() {
 	}
 }
 
-// serve runs the service until ctx is done (SIGTERM/SIGINT), then shuts
-// down gracefully: health NOT_SERVING, --drain, stop accepting, in-flight
-// calls finish within --shutdown-grace. It returns nil after a clean
-// shutdown.
 // envoyFilterTimeout is the default timeout of Envoy's HTTP rate-limit
 // filter (envoy.extensions.filters.http.ratelimit.v3.RateLimit.timeout).
 const envoyFilterTimeout = 20 * time.Millisecond
 
-func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) error {
+// serve runs the service until ctx is done (SIGTERM/SIGINT), then shuts
+// down gracefully: health NOT_SERVING, --drain, stop accepting, in-flight
+// calls finish within --shutdown-grace. It returns nil after a clean
+// shutdown. It applies the GC policy gc (chooseGC) and logs it first.
+
+func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOut io.Writer) error {
 	// SIGHUP reloads the config (below) instead of ending the process.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -172,6 +151,8 @@ func serve(ctx context.Context, o Options, warnings []string, logOut io.Writer) 
 	// go-redis' own log lines (pool dial errors, …) go through slog too.
 	goredis.SetLogger(newRedisLogger(log, redisLogEvery, time.Now))
 	log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
+	gc.apply()
+	gc.log(log)
 	for _, w := range warnings {
 		log.Warn(w)
 	}
