@@ -109,8 +109,8 @@ func TestTakeWithinDeadlineRedisFrozen(t *testing.T) {
 
 // TestConcurrentTakesShareConnections: 200 concurrent Takes (issue 3 item
 // 5) use at most Options.Pipelines connections at a time plus the idle
-// ones (MinIdleConns), never a connection per request, and cost Redis one
-// EVALSHA each (no extra round trip).
+// ones (MinIdleConns), never a connection per request, and cost Redis at
+// most one EVALSHA each (no extra round trip; concurrent ones share one).
 func TestConcurrentTakesShareConnections(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
@@ -146,8 +146,13 @@ func TestConcurrentTakesShareConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if calls := infoField(t, info, "cmdstat_evalsha", "calls"); calls != 200 {
-		t.Errorf("cmdstat_evalsha calls = %d for 200 Takes, want 200\n%s", calls, info)
+	// Concurrent Takes share script invocations (batch.go): at most one
+	// EVALSHA per Take, never more (TestConcurrentCallsShareInvocation
+	// checks the sharing itself).
+	calls := infoField(t, info, "cmdstat_evalsha", "calls")
+	t.Logf("200 concurrent Takes: %d EVALSHA", calls)
+	if calls < 1 || calls > 200 {
+		t.Errorf("cmdstat_evalsha calls = %d for 200 Takes, want 1..200\n%s", calls, info)
 	}
 	// Connections of the Store: all but the control connection (the
 	// one running CLIENT LIST).

@@ -1,9 +1,11 @@
 package redis
 
 import (
+	"context"
 	_ "embed"
+	"errors"
 	"fmt"
-	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -11,10 +13,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// takeLua is the one script that decides the hits of a request. It is
-// embedded from take.lua and called with EVALSHA; a call answered NOSCRIPT
-// (first call on a server, SCRIPT FLUSH, restart, failover) is sent again
-// as EVAL, which caches it again (batcher.exec).
+// takeLua is the one script that decides a batch of requests (segments).
+// It is embedded from take.lua and called with EVALSHA; a call answered
+// NOSCRIPT (first call on a server, SCRIPT FLUSH, restart, failover) is
+// sent again as EVAL, which caches it again (batcher.exec).
 //
 //go:embed take.lua
 var takeLua string
@@ -23,89 +25,192 @@ var takeLua string
 // computed once.
 var takeScript = goredis.NewScript(takeLua)
 
-// Script modes (ARGV[1]).
+// Script modes (a segment's first header field).
 const (
 	modeTake   = "t"
 	modeRefund = "r"
 )
 
-// fieldsPerHit is the number of ARGV entries per hit after the 3 header
-// fields; it must match NF in take.lua.
+// fieldsPerHit is the number of ARGV entries per hit after a segment's
+// header; it must match NF in take.lua.
 const fieldsPerHit = 8
 
-// replyPerHit is the number of integers per hit in the reply after now_us.
+// segmentHeader is the number of ARGV entries before a segment's hits
+// (mode, now_us, nonce, number of hits); it must match NS in take.lua.
+const segmentHeader = 4
+
+// replyPerHit is the number of integers per hit in a segment's reply line
+// after now_us.
 const replyPerHit = 5
 
-// scriptArgs encodes the ARGV of one script call: mode, now_us ("" for the
-// server's TIME), nonce, then per hit kind, rate, period_us, burst,
-// calendar, multiplier, cost, flags (1 release, 2 soft).
-func scriptArgs(mode string, nowUS int64, nonce string, hits []algo.Hit) []any {
-	args := make([]any, 0, 3+fieldsPerHit*len(hits))
-	now := ""
-	if nowUS >= 0 {
-		now = strconv.FormatInt(nowUS, 10)
+// Pre-boxed ARGV values: converting a string to an interface allocates,
+// a pre-boxed one does not.
+var (
+	argModeTake   any = modeTake
+	argModeRefund any = modeRefund
+	argServerNow  any = ""
+)
+
+// segment is one request's hits (Cluster: one hash slot's hits of a
+// request) as one part of a script invocation: decided atomically and
+// all-or-nothing on its own, in order with the other segments of the
+// invocation.
+type segment struct {
+	mode  string
+	nowUS int64 // < 0: the server's TIME
+	nonce string
+	hits  []algo.Hit
+}
+
+// appendArgs appends the segment's ARGV entries to args: mode, now_us
+// ("" for the server's TIME), nonce, number of hits, then per hit kind,
+// rate, period_us, burst, calendar, multiplier, cost, flags (1 release,
+// 2 soft).
+func (sg *segment) appendArgs(args []any) []any {
+	mode := argModeTake
+	if sg.mode == modeRefund {
+		mode = argModeRefund
 	}
-	args = append(args, mode, now, nonce)
-	for _, h := range hits {
-		l := h.Limit
-		flags := 0 // take.lua: 1 release, 2 soft
+	now := argServerNow
+	if sg.nowUS >= 0 {
+		now = sg.nowUS
+	}
+	args = append(args, mode, now, sg.nonce, int64(len(sg.hits)))
+	for i := range sg.hits {
+		h := &sg.hits[i]
+		l := &h.Limit
+		flags := int64(0) // take.lua: 1 release, 2 soft
 		if h.Release {
 			flags |= 1
 		}
 		if h.Soft {
 			flags |= 2
 		}
-		mult := l.Multiplier
-		if mult < 1 {
-			mult = 1
-		}
 		args = append(args,
 			int64(l.Kind), l.Rate, l.Period.Microseconds(), l.Burst,
-			int64(l.Calendar), mult, h.Cost, flags)
+			int64(l.Calendar), max(l.Multiplier, 1), h.Cost, flags)
 	}
 	return args
 }
 
-func hitKeys(hits []algo.Hit) []string {
-	keys := make([]string, len(hits))
-	for i, h := range hits {
-		keys[i] = h.Key
+// scriptCmd is one script invocation deciding segs in order, as EVALSHA
+// (sha) or EVAL: command, SHA1 or script, numkeys, keys, segment count,
+// segments. The first key is at position 3 (Cluster routing).
+func scriptCmd(ctx context.Context, sha bool, segs []*segment) *goredis.Cmd {
+	nkeys, nargs := 0, 1
+	for _, sg := range segs {
+		nkeys += len(sg.hits)
+		nargs += segmentHeader + fieldsPerHit*len(sg.hits)
 	}
-	return keys
+	a := make([]any, 0, 3+nkeys+nargs)
+	if sha {
+		a = append(a, "evalsha", takeScript.Hash())
+	} else {
+		a = append(a, "eval", takeLua)
+	}
+	a = append(a, int64(nkeys))
+	for _, sg := range segs {
+		for i := range sg.hits {
+			a = append(a, sg.hits[i].Key)
+		}
+	}
+	a = append(a, int64(len(segs)))
+	for _, sg := range segs {
+		a = sg.appendArgs(a)
+	}
+	cmd := goredis.NewCmd(ctx, a...)
+	if nkeys > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
 }
 
-// parseReply decodes the script's reply into decisions (written into out,
-// len(out) == number of hits) and returns the script's now in microseconds.
-func parseReply(v any, out []algo.Decision) (int64, error) {
-	arr, ok := v.([]any)
-	if !ok || len(arr) != 1+replyPerHit*len(out) {
-		return 0, fmt.Errorf("redis: unexpected script reply %T of length %d for %d hits", v, lenOf(v), len(out))
+// SegmentError is the error of one segment that the script reported in its
+// reply ("!<error>") while the invocation's other segments were decided:
+// a Redis error reply such as "OOM ...", "READONLY ..." or "WRONGTYPE ...",
+// or a Lua error. It is a go-redis error reply (goredis.Error), so
+// Classify gives it the cause of its prefix; the segment wrote nothing.
+type SegmentError string
+
+func (e SegmentError) Error() string { return string(e) }
+
+// RedisError marks SegmentError as an error reply of a live server.
+func (SegmentError) RedisError() {}
+
+var _ goredis.Error = SegmentError("")
+
+// errReply is a reply the Store cannot parse (a take.lua/Go mismatch).
+var errReply = errors.New("redis: unexpected script reply")
+
+// parseSegment decodes the reply line of one segment at the start of r
+// into out (len(out) == the segment's hits) and returns the segment's now
+// in µs and the rest of r after the line's "\n". A "!" line is returned as
+// a SegmentError (rest still advances past it). It allocates nothing
+// unless it fails.
+func parseSegment(r string, out []algo.Decision) (nowUS int64, rest string, err error) {
+	line := r
+	if i := strings.IndexByte(r, '\n'); i >= 0 {
+		line, rest = r[:i], r[i+1:]
 	}
-	ints := make([]int64, len(arr))
-	for i, x := range arr {
-		n, ok := x.(int64)
-		if !ok {
-			return 0, fmt.Errorf("redis: unexpected script reply element %d: %T", i, x)
+	if len(line) > 0 && line[0] == '!' {
+		return 0, rest, SegmentError(line[1:])
+	}
+	p := line
+	next := func() (int64, bool) {
+		var n int64
+		neg := false
+		i := 0
+		if i < len(p) && p[i] == '-' {
+			neg = true
+			i++
 		}
-		ints[i] = n
+		start := i
+		for ; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
+			if n > (1<<63-1-9)/10 {
+				return 0, false
+			}
+			n = n*10 + int64(p[i]-'0')
+		}
+		if i == start || (i < len(p) && p[i] != ' ') {
+			return 0, false
+		}
+		if i < len(p) {
+			i++ // the separator
+		}
+		p = p[i:]
+		if neg {
+			n = -n
+		}
+		return n, true
 	}
-	us := func(n int64) time.Duration { return time.Duration(n) * time.Microsecond }
+	nowUS, ok := next()
+	if !ok {
+		return 0, rest, fmt.Errorf("%w: segment line %q", errReply, truncate(line))
+	}
+	var v [replyPerHit]int64
 	for i := range out {
-		r := ints[1+i*replyPerHit:]
+		for j := range v {
+			if v[j], ok = next(); !ok {
+				return 0, rest, fmt.Errorf("%w: segment line %q for %d hits", errReply, truncate(line), len(out))
+			}
+		}
 		out[i] = algo.Decision{
-			Allowed:     r[0] == 1,
-			Remaining:   r[1],
-			RetryAfter:  us(r[2]),
-			ResetAfter:  us(r[3]),
-			WindowAfter: us(r[4]),
+			Allowed:     v[0] == 1,
+			Remaining:   v[1],
+			RetryAfter:  time.Duration(v[2]) * time.Microsecond,
+			ResetAfter:  time.Duration(v[3]) * time.Microsecond,
+			WindowAfter: time.Duration(v[4]) * time.Microsecond,
 		}
 	}
-	return ints[0], nil
+	if len(p) != 0 {
+		return 0, rest, fmt.Errorf("%w: segment line %q longer than %d hits", errReply, truncate(line), len(out))
+	}
+	return nowUS, rest, nil
 }
 
-func lenOf(v any) int {
-	if a, ok := v.([]any); ok {
-		return len(a)
+func truncate(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "…"
 	}
-	return -1
+	return s
 }

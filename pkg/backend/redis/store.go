@@ -179,11 +179,8 @@ func (s *Store) BreakerState() string { return s.breaker.State().String() }
 func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string, hits []algo.Hit, out []algo.Decision) (int64, error) {
 	var scriptNow int64
 	err := s.breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
-		v, err := s.batch.do(ctx, hitKeys(hits), scriptArgs(mode, nowUS, nonce, hits))
-		if err != nil {
-			return err
-		}
-		scriptNow, err = parseReply(v, out)
+		var err error
+		scriptNow, err = s.batch.do(ctx, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
 		return err
 	})
 	if err == nil {

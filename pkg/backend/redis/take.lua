@@ -1,21 +1,43 @@
--- ratelimitd: decide every hit of one request (or of one Cluster slot
--- group) atomically, all-or-nothing. A line-by-line port of pkg/algo
--- (take.go, calendar.go); see docs/redis.md for the protocol.
+-- ratelimitd: decide a batch of requests ("segments") in one invocation.
+-- Each segment is the hits of one request (or of one Cluster slot group of
+-- a request), decided atomically and all-or-nothing exactly as if it were
+-- the only one; segments run in order, so a later segment sees an earlier
+-- one's writes. A line-by-line port of pkg/algo (take.go, calendar.go); see
+-- docs/redis.md for the protocol.
 --
--- KEYS[i]  the state key of hit i. One key per hit and never a derived
---          key: every key the script touches is declared, so Cluster slot
---          routing is exact.
--- ARGV[1]  mode: "t" take, "r" refund (reverse a previous take exactly and
---          reply with check-only decisions on the restored state).
--- ARGV[2]  now in integer microseconds since the Unix epoch, or "" to use
---          redis.call('TIME'). Tests pin it; refunds pass the take's now.
--- ARGV[3]  request nonce: makes log members unique across requests.
--- ARGV[4 + (i-1)*8 ..] per hit: kind, rate, period_us, burst, calendar,
---          multiplier, cost, flags (1 = release: return concurrency
---          leases; 2 = soft: a denial does not deny the request).
+-- KEYS     the state keys of every hit of every segment, in order. One key
+--          per hit and never a derived key: every key the script touches is
+--          declared, so Cluster slot routing is exact (a Cluster batch only
+--          holds segments of one slot).
+-- ARGV[1]  S, the number of segments (>= 1). Then per segment:
+--   mode   "t" take, "r" refund (reverse a previous take exactly and reply
+--          with check-only decisions on the restored state).
+--   now    integer microseconds since the Unix epoch, or "" for the
+--          server's TIME (read once per invocation). Tests pin it; refunds
+--          pass the take's now.
+--   nonce  request nonce: makes log members unique across requests.
+--   n      number of hits of the segment (>= 0), followed by n × NF fields:
+--          kind, rate, period_us, burst, calendar, multiplier, cost, flags
+--          (1 = release: return concurrency leases; 2 = soft: a denial
+--          does not deny the request).
 --
--- Reply: { now_us, then per hit: allowed (0/1), remaining, retry_us,
---          reset_us, window_us }. Durations are integer microseconds.
+-- Reply: one bulk string, one line per segment, lines joined by "\n":
+--   "<now_us> then per hit: <allowed 0/1> <remaining> <retry_us>
+--    <reset_us> <window_us>" (integers separated by one space), or
+--   "!<error>" when that segment failed (nothing of it was written; see
+--          Errors). Durations are integer microseconds.
+--
+-- Errors. A malformed ARGV/KEYS layout fails the whole invocation before
+-- anything is read or written. Each segment runs under pcall in two
+-- phases: (1) reads and decisions, no write; (2) writes, only when it
+-- allowed. An error in phase 1 (e.g. WRONGTYPE, a corrupted value) becomes
+-- that segment's "!" line and nothing of it is written. In phase 2 the
+-- only errors Redis can raise are write refusals (OOM under noeviction,
+-- READONLY, MISCONF, NOREPLICAS), and Redis raises those only before the
+-- first write of an invocation (a script that already wrote is never
+-- failed on server state): such a segment wrote nothing either. Redis does
+-- not roll scripts back, so this split is what keeps a failing segment
+-- from leaving partial writes or affecting the others.
 --
 -- Values (all instants in µs since the epoch):
 --   fixed_window    string "<window_start> <count>"
@@ -30,21 +52,87 @@
 -- uses only +, -, *, floor division and the same float operations in the
 -- same order, so results are bit-identical.
 
-local NF = 8
-local mode = ARGV[1]
-local now
-local pinned = ARGV[2] ~= ''
-if not pinned then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[2])
-end
-local nonce = ARGV[3]
+local NF = 8 -- fields per hit
+local NS = 4 -- header fields per segment
 
 local floor = math.floor
 local max = math.max
 local min = math.min
+
+-- Parse and validate every segment before anything runs. Functions below
+-- are defined once per invocation, and only for the kinds it uses.
+local function isint(x)
+  return x ~= nil and x == floor(x) and x > -9007199254740992 and x < 9007199254740992
+end
+
+local used = {}
+local anycal = false
+local segs = {}
+local needtime = false
+do
+  local bad = function(what)
+    return redis.error_reply('ERR ratelimitd take.lua: malformed arguments: ' .. what)
+  end
+  local nseg = tonumber(ARGV[1])
+  if not isint(nseg) or nseg < 1 then return bad('segment count') end
+  local a, k = 2, 1 -- next ARGV, next KEYS
+  for s = 1, nseg do
+    local mode, nowarg, nonce, nh = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])
+    if (mode ~= 't' and mode ~= 'r') or nonce == nil or not isint(nh) or nh < 0 then
+      return bad('header of segment ' .. s)
+    end
+    local snow = false
+    if nowarg == '' then
+      needtime = true
+    else
+      snow = tonumber(nowarg)
+      if not isint(snow) then return bad('now of segment ' .. s) end
+    end
+    a = a + NS
+    local hits = {}
+    for i = 1, nh do
+      local h = {
+        key = KEYS[k],
+        kind = tonumber(ARGV[a]),
+        rate = tonumber(ARGV[a + 1]),
+        period = tonumber(ARGV[a + 2]),
+        burst = tonumber(ARGV[a + 3]),
+        cal = tonumber(ARGV[a + 4]),
+        mult = tonumber(ARGV[a + 5]),
+        cost = tonumber(ARGV[a + 6]),
+        idx = i,
+      }
+      local flags = ARGV[a + 7]
+      if h.key == nil or not (isint(h.kind) and h.kind >= 0 and h.kind <= 4)
+        or not isint(h.rate) or not (isint(h.period) and h.period > 0) or not isint(h.burst)
+        or not (isint(h.cal) and h.cal >= 0 and h.cal <= 2) or not (isint(h.mult) and h.mult >= 1)
+        or not isint(h.cost)
+        or (flags ~= '0' and flags ~= '1' and flags ~= '2' and flags ~= '3') then
+        return bad('hit ' .. i .. ' of segment ' .. s)
+      end
+      h.cost = max(h.cost, 0)
+      h.release = flags == '1' or flags == '3'
+      h.soft = flags == '2' or flags == '3'
+      hits[i] = h
+      used[h.kind] = true
+      if h.cal ~= 0 then anycal = true end
+      a = a + NF
+      k = k + 1
+    end
+    segs[s] = { mode = mode, now = snow, nonce = nonce, hits = hits }
+  end
+  if a - 1 ~= #ARGV or k - 1 ~= #KEYS then return bad('length') end
+end
+
+-- now is the instant of the segment being decided (set per segment below);
+-- every function reads it. pinned: the segment's now came from ARGV.
+local now
+local pinned = false
+local server_now = 0
+if needtime then
+  local t = redis.call('TIME')
+  server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 
 -- idiv is exact floor division of integers (a double quotient may round
 -- up to the next integer; correct it).
@@ -61,31 +149,6 @@ end
 local function imod(a, b)
   return a - idiv(a, b) * b
 end
-
--- Hits, and the kinds this call needs: only their code is instantiated
--- (closures are created on every EVALSHA, so defining less is faster).
-local used = {}
-local anycal = false
-local hits = {}
-for i = 1, #KEYS do
-  local o = 3 + (i - 1) * NF
-  hits[i] = {
-    key = KEYS[i],
-    kind = tonumber(ARGV[o + 1]),
-    rate = tonumber(ARGV[o + 2]),
-    period = tonumber(ARGV[o + 3]),
-    burst = tonumber(ARGV[o + 4]),
-    cal = tonumber(ARGV[o + 5]),
-    mult = tonumber(ARGV[o + 6]),
-    cost = max(tonumber(ARGV[o + 7]), 0),
-    release = ARGV[o + 8] == '1' or ARGV[o + 8] == '3',
-    soft = ARGV[o + 8] == '2' or ARGV[o + 8] == '3',
-    idx = i,
-  }
-  used[hits[i].kind] = true
-  if hits[i].cal ~= 0 then anycal = true end
-end
-
 
 -- Calendar (calendar.go) ----------------------------------------------------
 local cal_bounds
@@ -564,48 +627,37 @@ local function check(h, st)
   return d
 end
 
+-- reply is the segment's line: now, then 5 integers per hit.
 local function reply(decisions)
-  local out = { now }
-  for _, d in ipairs(decisions) do
-    local n = #out
-    if d.allowed then out[n + 1] = 1 else out[n + 1] = 0 end
-    out[n + 2] = max(d.rem, 0)
-    out[n + 3] = d.retry
-    out[n + 4] = max(d.reset, 0)
-    out[n + 5] = max(d.window, 0)
+  local out = { fmt(now) }
+  for i, d in ipairs(decisions) do
+    local a = 0
+    if d.allowed then a = 1 end
+    out[i + 1] = string.format('%d %d %d %d %d', a, max(d.rem, 0), d.retry, max(d.reset, 0), max(d.window, 0))
   end
-  return out
+  return table.concat(out, ' ')
 end
 
-local states = {}   -- key -> current (tentative) state
-local initial = {}  -- key -> state before the request
-local first = {}    -- keys in first-use order, with the hit that loaded them
-local members = {}  -- key -> list of new log members, in added order
-
-for _, h in ipairs(hits) do
-  if not states[h.key] then
-    local st = K[h.kind].load(h)
-    states[h.key] = st
-    initial[h.key] = st
-    first[#first + 1] = h
-    members[h.key] = {}
-  end
-end
-
-if mode == 'r' then
-  -- Refund: reverse each take in reverse order, then reply with check-only
-  -- decisions on the restored state (the values before the request).
+-- refund reverses a take (mode "r"): each hit in reverse order, then the
+-- check-only decisions on the restored state (the values before the take).
+-- Every refunded state is computed before the first write.
+local function refund(seg, hits, states, first)
+  local zrem = {}
   for i = #hits, 1, -1 do
     local h = hits[i]
     if h.cost > 0 and not h.release and h.rate > 0 then
       if h.kind == 2 or h.kind == 4 then
         for j = 1, h.cost do
-          redis.call('ZREM', h.key, nonce .. '.' .. h.idx .. '.' .. j)
+          zrem[#zrem + 1] = h.key
+          zrem[#zrem + 1] = seg.nonce .. '.' .. h.idx .. '.' .. j
         end
       else
         states[h.key] = K[h.kind].refund(h, states[h.key], h.cost)
       end
     end
+  end
+  for j = 1, #zrem, 2 do
+    redis.call('ZREM', zrem[j], zrem[j + 1])
   end
   for _, h in ipairs(first) do
     local st = states[h.key]
@@ -618,30 +670,53 @@ if mode == 'r' then
   return reply(decisions)
 end
 
-local decisions = {}
-local denied = false
-for i, h in ipairs(hits) do
-  local st = states[h.key]
-  local before = st
-  local ns, d = apply(h, st, h.cost)
-  if (h.kind == 2 or h.kind == 4) and ns ~= before and #ns.added > #before.added then
-    local ms = members[h.key]
-    for j = 1, #ns.added - #before.added do
-      ms[#ms + 1] = nonce .. '.' .. h.idx .. '.' .. j
+-- segment decides one segment and returns its reply line. Phase 1 (loads
+-- and decisions) only reads; phase 2 writes, and only when it allowed.
+local function segment(seg)
+  local hits = seg.hits
+  local states = {}   -- key -> current (tentative) state
+  local initial = {}  -- key -> state before the request
+  local first = {}    -- keys in first-use order, with the hit that loaded them
+  local members = {}  -- key -> list of new log members, in added order
+
+  for _, h in ipairs(hits) do
+    if not states[h.key] then
+      local st = K[h.kind].load(h)
+      states[h.key] = st
+      initial[h.key] = st
+      first[#first + 1] = h
+      members[h.key] = {}
     end
   end
-  states[h.key] = ns
-  if not d.allowed and not h.soft then denied = true end
-  decisions[i] = d
-end
 
-if denied then
-  -- Nothing is written. Hits that did not deny report the value before the
-  -- request: a check on the state before the request.
+  if seg.mode == 'r' then return refund(seg, hits, states, first) end
+
+  local decisions = {}
+  local denied = false
   for i, h in ipairs(hits) do
-    if decisions[i].allowed then decisions[i] = check(h, initial[h.key]) end
+    local st = states[h.key]
+    local before = st
+    local ns, d = apply(h, st, h.cost)
+    if (h.kind == 2 or h.kind == 4) and ns ~= before and #ns.added > #before.added then
+      local ms = members[h.key]
+      for j = 1, #ns.added - #before.added do
+        ms[#ms + 1] = seg.nonce .. '.' .. h.idx .. '.' .. j
+      end
+    end
+    states[h.key] = ns
+    if not d.allowed and not h.soft then denied = true end
+    decisions[i] = d
   end
-else
+
+  if denied then
+    -- Nothing is written. Hits that did not deny report the value before the
+    -- request: a check on the state before the request.
+    for i, h in ipairs(hits) do
+      if decisions[i].allowed then decisions[i] = check(h, initial[h.key]) end
+    end
+    return reply(decisions)
+  end
+  local line = reply(decisions)
   for _, h in ipairs(first) do
     local st = states[h.key]
     if st.dirty then
@@ -657,6 +732,28 @@ else
       end
     end
   end
+  return line
 end
 
-return reply(decisions)
+-- errtext is a caught error as one line: a Redis error reply ("OOM ...",
+-- "READONLY ...", "WRONGTYPE ...") or a Lua error message.
+local function errtext(e)
+  if type(e) == 'table' then e = e.err end
+  return (string.gsub(tostring(e), '[\r\n]', ' '))
+end
+
+local lines = {}
+for s, seg in ipairs(segs) do
+  if seg.now then
+    now, pinned = seg.now, true
+  else
+    now, pinned = server_now, false
+  end
+  local ok, line = pcall(segment, seg)
+  if ok then
+    lines[s] = line
+  else
+    lines[s] = '!' .. errtext(line)
+  end
+end
+return table.concat(lines, '\n')
