@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -179,8 +180,9 @@ type h2Conn struct {
 	wake chan struct{}
 
 	// writer only
-	henc *hpack.Encoder
-	hbuf bytes.Buffer
+	henc   *hpack.Encoder
+	hbuf   bytes.Buffer
+	hblock []byte // header block made only of indexed fields, replayable as is
 
 	// reader only
 	hdec    *hpack.Decoder
@@ -590,7 +592,7 @@ func (h *h2Conn) writeLoop() {
 		h.settingsAcks, h.windowUpdate = 0, 0
 		if h.tableChanged {
 			h.henc.SetMaxDynamicTableSizeLimit(h.peerTableSize)
-			h.tableChanged = false
+			h.tableChanged, h.hblock = false, nil
 		}
 		out = h.openStreams(out[:0])
 		h.mu.Unlock()
@@ -666,13 +668,23 @@ func (h *h2Conn) sweep(now time.Time) {
 	}
 }
 
-// headerBlock HPACK-encodes the request headers (with the dynamic table:
-// after the first request each field is a one-byte index). The result is
-// valid until the next call.
+// headerBlock HPACK-encodes the request headers with the dynamic table:
+// the first request adds them to it, later ones refer to them by index.
+// Once a block is made only of one-byte indexed fields (RFC 7541 §6.1,
+// which leave the dynamic table unchanged) it is kept and replayed as is,
+// until the server changes SETTINGS_HEADER_TABLE_SIZE. The result is valid
+// until the next call.
 func (h *h2Conn) headerBlock() []byte {
+	if h.hblock != nil {
+		return h.hblock
+	}
 	h.hbuf.Reset()
 	for _, f := range h.d.hdrs {
 		_ = h.henc.WriteField(f)
 	}
-	return h.hbuf.Bytes()
+	b := h.hbuf.Bytes()
+	if len(b) == len(h.d.hdrs) && !slices.ContainsFunc(b, func(c byte) bool { return c&0x80 == 0 || c == 0xff }) {
+		h.hblock = slices.Clone(b)
+	}
+	return b
 }

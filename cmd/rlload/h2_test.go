@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.uber.org/goleak"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -166,10 +168,9 @@ func TestClientsCountExactly(t *testing.T) {
 
 // serveStalling starts an HTTP/2 (h2c, net/http) gRPC server that
 // answers OK, except for keys where stall(i) holds: those get no answer
-// until the client resets the stream or the test ends. Unlike grpc-go the
-// net/http server
-// does not enforce grpc-timeout, so only the client's own timeout ends the
-// stalled calls.
+// until the client resets the stream or the test ends. Unlike grpc-go, the
+// net/http server does not enforce grpc-timeout, so only the client's own
+// timeout ends the stalled calls.
 func serveStalling(t *testing.T, stall func(i int) bool) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -386,4 +387,35 @@ func BenchmarkOverallCode(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestHeaderBlock checks that the replayed header block decodes to the
+// request headers, that it is kept once made of indexed fields only, and
+// that it is dropped and not kept when the server forbids a dynamic table.
+func TestHeaderBlock(t *testing.T) {
+	d, err := newH2Driver(testConfig("rls.example:8081", "h2", 1, 1, 1, 1), newLoad(config{keys: 1}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tableSize := range []int{-1, 0} {
+		h := newH2Conn(d, nil, 1, 0)
+		dec := hpack.NewDecoder(4096, nil)
+		for i := range 4 {
+			if tableSize >= 0 && i == 2 {
+				h.henc.SetMaxDynamicTableSizeLimit(uint32(tableSize))
+				h.hblock = nil
+			}
+			got, err := dec.DecodeFull(h.headerBlock())
+			if err != nil {
+				t.Fatalf("table %d, request %d: %v", tableSize, i, err)
+			}
+			if !slices.Equal(got, d.hdrs) {
+				t.Fatalf("table %d, request %d: decoded %v, want %v", tableSize, i, got, d.hdrs)
+			}
+			kept := h.hblock != nil
+			if want := i >= 1 && (tableSize < 0 || i < 2); kept != want {
+				t.Errorf("table %d, request %d: block kept = %v, want %v", tableSize, i, kept, want)
+			}
+		}
+	}
 }

@@ -27,6 +27,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,6 +53,7 @@ type config struct {
 	metrics     string
 	timeout     time.Duration
 	jsonOut     bool
+	cpuProfile  string
 }
 
 // Result is the outcome of one run. Latencies are client-observed, in
@@ -93,6 +95,7 @@ func main() {
 	fs.StringVar(&c.metrics, "metrics", "", "service /metrics URL for CPU per decision (optional)")
 	fs.DurationVar(&c.timeout, "timeout", time.Second, "per-call timeout (sent as grpc-timeout)")
 	fs.BoolVar(&c.jsonOut, "json", false, "print the result as JSON")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write rlload's own CPU profile (pprof) of the measured interval to this file")
 	_ = fs.Parse(os.Args[1:])
 	r, err := run(context.Background(), c)
 	if err != nil {
@@ -221,12 +224,18 @@ func run(ctx context.Context, c config) (Result, error) {
 		cpu1, cpuErr1 = scrapeCPU(c.metrics)
 	} else {
 		time.Sleep(c.warmup)
+		stopProfile, err := startProfile(c.cpuProfile)
+		if err != nil {
+			d.stop()
+			return Result{}, err
+		}
 		cpu0, cpuErr = scrapeCPU(c.metrics)
 		ru0 = selfCPU()
 		start = time.Now()
 		ld.measuring.Store(true)
 		time.Sleep(c.duration)
 		ld.measuring.Store(false)
+		stopProfile()
 		elapsed = time.Since(start)
 		ru1 = selfCPU()
 		cpu1, cpuErr1 = scrapeCPU(c.metrics)
@@ -254,6 +263,23 @@ func run(ctx context.Context, c config) (Result, error) {
 		}
 	}
 	return r, nil
+}
+
+// startProfile starts a CPU profile into path (nothing when path is
+// empty) and returns the function that stops it.
+func startProfile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("rlload: cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("rlload: cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }
 
 // selfCPU is rlload's user plus system CPU time so far (getrusage
