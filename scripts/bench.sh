@@ -9,11 +9,22 @@
 #
 # Environment: REDIS_TIMEOUT (e.g. 50ms) passes --redis-timeout to the
 # service (default: the service's default); BACKENDS (default "redis
-# memory") selects the runs.
+# memory") selects the runs; CLIENT (h2, grpc or both; default h2) selects
+# rlload's --client: h2 frames gRPC by hand over HTTP/2 and costs a few µs
+# of CPU per call, like Envoy; grpc is grpc-go, about as costly as the
+# service itself, so on a shared machine it takes cores from the service and
+# Redis. With both, each backend is measured with h2 then grpc on the same
+# service process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10s}; CONC=${2:-50}; KEYS=${3:-10000}
 BACKENDS=${BACKENDS:-redis memory}
+CLIENT=${CLIENT:-h2}
+case "$CLIENT" in
+  h2|grpc) CLIENTS=$CLIENT ;;
+  both) CLIENTS="h2 grpc" ;;
+  *) echo "CLIENT must be h2, grpc or both" >&2; exit 2 ;;
+esac
 ./scripts/ensure-redis.sh
 work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -30,29 +41,36 @@ run_service() { # backend
   "$work/ratelimitd" serve --config scripts/bench/bench.yaml --backend "$1" \
     --redis-url "redis://127.0.0.1:$RP/0" --grpc-addr "127.0.0.1:$GP" --http-addr "127.0.0.1:$HP" \
     --debug-addr "127.0.0.1:$DP" --log-level error "${extra[@]}" >"$work/svc-$1.log" 2>&1 &
-  SVC=$!
+  SVC=$!; SVC_E=0; SVC_F=0
   for _ in $(seq 100); do curl -fs "http://127.0.0.1:$HP/healthcheck" >/dev/null 2>&1 && return; sleep 0.1; done
   echo "service did not become healthy"; cat "$work/svc-$1.log"; exit 1
 }
 
 # backend_failures prints the service's backend errors and failure-mode
-# decisions: a run with any is not a measurement of Redis decisions (a
-# failed-open decision costs no Redis round trip).
+# decisions since the previous call (counters of the current service
+# process; SVC_E and SVC_F are reset when it starts): a run with any is not
+# a measurement of Redis decisions (a failed-open decision costs no Redis
+# round trip).
 backend_failures() {
-  curl -fs "http://127.0.0.1:$HP/metrics" | awk '
+  local e f s
+  read -r e f s < <(curl -fs "http://127.0.0.1:$HP/metrics" | awk '
     /^ratelimitd_backend_errors_total\{/ && $2 > 0 { e += $2; s = s " " $1 "=" $2 }
     /^ratelimitd_decisions_total\{/ && /result="failed_(open|closed)"/ { f += $2 }
-    END { printf "backend errors %d%s; failure-mode decisions %d\n", e, s, f }'
+    END { printf "%d %d%s\n", e, f, s }')
+  echo "backend errors $((e - SVC_E)); failure-mode decisions $((f - SVC_F))${s:+ (since service start:$s)}"
+  SVC_E=$e; SVC_F=$f
 }
 
-echo "== machine: $(nproc) cores, redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2), $(go version | cut -d' ' -f3)"
+echo "== machine: $(nproc) cores, redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2), $(go version | cut -d' ' -f3); load client: rlload --client $CLIENTS"
 echo "== load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for backend in $BACKENDS; do
   run_service "$backend"
-  echo "== ratelimitd --backend $backend ${extra[*]}: concurrency $CONC, keys $KEYS, $DUR"
-  "$work/rlload" --addr "127.0.0.1:$GP" --concurrency "$CONC" --keys "$KEYS" --duration "$DUR" \
-    --metrics "http://127.0.0.1:$HP/metrics"
-  backend_failures
+  for client in $CLIENTS; do
+    echo "== ratelimitd --backend $backend ${extra[*]}: rlload --client $client, concurrency $CONC, keys $KEYS, $DUR"
+    "$work/rlload" --client "$client" --addr "127.0.0.1:$GP" --concurrency "$CONC" --keys "$KEYS" --duration "$DUR" \
+      --metrics "http://127.0.0.1:$HP/metrics"
+    backend_failures
+  done
   kill "$SVC"; wait "$SVC" 2>/dev/null || true
 done
 
@@ -65,11 +83,14 @@ done
 last_line() { tr '\r' '\n' | grep -v '^ *$' | tail -1 | sed 's/^.*: \([0-9.]* requests per second\)/\1/'; }
 SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat pkg/backend/redis/take.lua)")
 echo "== redis-benchmark EVALSHA take.lua (fixed_window, 1 hit), $CONC clients, $KEYS keys"
-# ARGV: mode t, now "" (server TIME), nonce, kind 0 (fixed_window), rate,
-# period_us, burst, calendar, multiplier, cost, release.
+# ARGV (docs in take.lua): 1 segment: mode t, now "" (server TIME), nonce,
+# 1 hit: kind 0 (fixed_window), rate, period_us, burst, calendar,
+# multiplier, cost, flags.
 redis-benchmark -p "$RP" -c "$CONC" -n 300000 -r "$KEYS" -q \
-  EVALSHA "$SHA" 1 "bench:__rand_int__" t "" n 0 1000 1000000 0 0 1 1 0 | last_line
+  EVALSHA "$SHA" 1 "bench:__rand_int__" 1 t "" n 1 0 1000 1000000 0 0 1 1 0 2>&1 | last_line ||
+  echo "redis-benchmark failed (do the ARGV above still match take.lua?)"
 SHA2=$(redis-cli -p "$RP" SCRIPT LOAD "local c = redis.call('INCRBY', KEYS[1], ARGV[1]); redis.call('PEXPIRE', KEYS[1], 60000); return c")
 echo "== redis-benchmark EVALSHA INCRBY+PEXPIRE, $CONC clients, $KEYS keys"
-redis-benchmark -p "$RP" -c "$CONC" -n 300000 -r "$KEYS" -q EVALSHA "$SHA2" 1 "incr:__rand_int__" 1 | last_line
+redis-benchmark -p "$RP" -c "$CONC" -n 300000 -r "$KEYS" -q EVALSHA "$SHA2" 1 "incr:__rand_int__" 1 2>&1 | last_line ||
+  echo "redis-benchmark failed"
 echo "== load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -139,7 +139,17 @@ func (d *h2Driver) start(ctx context.Context) error {
 	return nil
 }
 
+// stop lets the calls in flight finish (for at most --timeout, so the
+// server sees no cancelled calls), then closes the connections.
 func (d *h2Driver) stop() tally {
+	for _, h := range d.conns {
+		h.mu.Lock()
+		h.draining = true
+		h.mu.Unlock()
+	}
+	for deadline := time.Now().Add(d.c.timeout); d.busy() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	close(d.quit)
 	for _, h := range d.conns {
 		h.mu.Lock()
@@ -153,6 +163,20 @@ func (d *h2Driver) stop() tally {
 		all.add(h.tally)
 	}
 	return all
+}
+
+// busy reports whether a connection still has calls in flight or queued.
+func (d *h2Driver) busy() bool {
+	for _, h := range d.conns {
+		h.mu.Lock()
+		n := len(h.streams) + len(h.ready)
+		closed := h.closed
+		h.mu.Unlock()
+		if n > 0 && !closed {
+			return true
+		}
+	}
+	return false
 }
 
 // h2Slot is one call in flight (or queued for the writer) and the state of
@@ -208,7 +232,8 @@ type h2Conn struct {
 	windowUpdate   uint32 // connection WINDOW_UPDATE increment to send
 	rsts           []uint32
 	goaway         bool // no new streams (GOAWAY received or stream ids exhausted)
-	closed         bool // connection failed or driver stopping
+	closed         bool // connection failed or driver stopped
+	draining       bool // driver stopping: no new calls
 	tally          tally
 }
 
@@ -303,7 +328,7 @@ func (h *h2Conn) signal() {
 // issue starts slot s's next call, if the run wants one, queueing it for
 // the writer. Called with mu held.
 func (h *h2Conn) issue(s *h2Slot, now time.Time) {
-	if h.goaway || h.closed {
+	if h.goaway || h.closed || h.draining {
 		return
 	}
 	k, ok := h.d.ld.next(h.rng)
