@@ -265,7 +265,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.DurationVar(&o.FailClosedRetryAfter, "fail-closed-retry-after", o.FailClosedRetryAfter, "Retry-After base when failure_mode: closed denies because the backend failed")
 	fs.IntVar(&o.MemoryMaxKeys, "memory-max-keys", o.MemoryMaxKeys, "keys the in-memory store (and the failure_mode: local fallback) may hold; when full, new keys get the rule's failure mode (0 = unbounded)")
 	fs.IntVar(&o.GCPercent, "gc-percent", o.GCPercent, "Go GC target percent unless GOGC is set (-1 turns the GC off; needs a memory limit)")
-	fs.Var(&o.MemoryLimit, "memory-limit", "Go soft memory limit unless GOMEMLIMIT is set, e.g. 400MiB (0: --memory-limit-ratio of the cgroup memory limit)")
+	fs.Var(&o.MemoryLimit, "memory-limit", "Go soft memory limit in `bytes` (e.g. 400MiB) unless GOMEMLIMIT is set; 0: --memory-limit-ratio of the cgroup memory limit")
 	fs.Float64Var(&o.MemoryLimitRatio, "memory-limit-ratio", o.MemoryLimitRatio, "Go soft memory limit as a share of the cgroup memory limit, without --memory-limit or GOMEMLIMIT (0: none)")
 	fs.DurationVar(&o.Drain, "drain", o.Drain, "on SIGTERM, report NOT_SERVING this long before closing listeners")
 	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", o.ShutdownGrace, "on SIGTERM, wait at most this long for in-flight calls")
