@@ -79,6 +79,10 @@ func (g *grpcDriver) caller(ctx context.Context, w int, cl rlsv3.RateLimitServic
 	}
 }
 
+// allFailed never fires: grpc-go reconnects, and its failed calls end
+// as errors.
+func (g *grpcDriver) allFailed() <-chan struct{} { return nil }
+
 func (g *grpcDriver) stop() tally {
 	close(g.quit)
 	g.wg.Wait()

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -53,10 +54,14 @@ type h2Driver struct {
 	conns []*h2Conn
 	quit  chan struct{}
 	wg    sync.WaitGroup
+	// failed counts connections ended by an error; lost is closed when all
+	// of them have (a --requests run cannot finish then).
+	failed atomic.Int32
+	lost   chan struct{}
 }
 
 func newH2Driver(c config, ld *load, reqs []*rlsv3.RateLimitRequest) (*h2Driver, error) {
-	d := &h2Driver{c: c, ld: ld, msgs: make([][]byte, len(reqs)), quit: make(chan struct{})}
+	d := &h2Driver{c: c, ld: ld, msgs: make([][]byte, len(reqs)), quit: make(chan struct{}), lost: make(chan struct{})}
 	for i, r := range reqs {
 		b, err := proto.Marshal(r)
 		if err != nil {
@@ -164,6 +169,9 @@ func (d *h2Driver) stop() tally {
 	}
 	return all
 }
+
+// allFailed is closed when every connection has failed.
+func (d *h2Driver) allFailed() <-chan struct{} { return d.lost }
 
 // busy reports whether a connection still has calls in flight or queued.
 func (d *h2Driver) busy() bool {
@@ -571,6 +579,9 @@ func (h *h2Conn) fail(err error) {
 		}
 		h.ready = h.ready[:0]
 		_ = err // the counts carry it; a run with errors says so
+		if int(h.d.failed.Add(1)) == len(h.d.conns) {
+			close(h.d.lost)
+		}
 	}
 	h.mu.Unlock()
 	_ = h.nc.Close()

@@ -419,3 +419,34 @@ func TestHeaderBlock(t *testing.T) {
 		}
 	}
 }
+
+// TestH2ServerGoesAway checks that a --requests run ends (with errors for
+// the calls it could not make) when the server stops mid-run, instead of
+// waiting for answers that cannot come.
+func TestH2ServerGoesAway(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeRLS{rule: func(int) answer { return ansOK }}
+	g := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(g, f)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	go func() {
+		for f.calls.Load() < 100 {
+			time.Sleep(time.Millisecond)
+		}
+		g.Stop()
+	}()
+	const requests = 100_000_000
+	r, err := run(context.Background(), testConfig(lis.Addr().String(), "h2", requests, 10, 8, 2))
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OK == 0 || r.OK > f.calls.Load() || r.Errors == 0 || r.OK+r.Errors >= requests {
+		t.Errorf("server stopped after %d calls: %+v; want some OK (at most that many), then errors, and the run over early",
+			f.calls.Load(), r)
+	}
+}

@@ -166,10 +166,12 @@ func (t *tally) add(o tally) {
 }
 
 // driver is one client implementation: start launches the callers, stop
-// ends them and returns their merged tally.
+// ends them and returns their merged tally; allFailed is closed when no
+// caller can make progress any more (every connection lost).
 type driver interface {
 	start(ctx context.Context) error
 	stop() tally
+	allFailed() <-chan struct{}
 }
 
 func run(ctx context.Context, c config) (Result, error) {
@@ -217,6 +219,7 @@ func run(ctx context.Context, c config) (Result, error) {
 		start = time.Now()
 		select {
 		case <-ld.finished:
+		case <-d.allFailed():
 		case <-ctx.Done():
 		}
 		elapsed = time.Since(start)
