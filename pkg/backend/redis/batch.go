@@ -17,14 +17,18 @@ import (
 )
 
 // DefaultPipelines is the number of flushes a Store keeps in flight at
-// once (Options.Pipelines when 0).
-const DefaultPipelines = 4
+// once (Options.Pipelines when 0). Two rather than more: fewer flushes in
+// flight make larger batches, and a larger batch costs Redis less CPU per
+// decision (internal/redise2e BenchmarkShouldRateLimitRedis: 2 gave about
+// 20% more decisions/s and a lower p99 than 4, see docs/redis.md).
+const DefaultPipelines = 2
 
 // maxBatch bounds the segments (requests, or Cluster slot groups of
 // requests) of one flush, and so of one script invocation. Redis runs an
-// invocation atomically and serves nothing else meanwhile: about 2.5 µs
-// per one-hit segment, so a full batch holds Redis for about 160 µs (see
-// docs/redis.md, "Throughput").
+// invocation atomically and serves nothing else meanwhile: measured 8–14
+// µs of Redis time per one-hit segment on the shared 2-core host, so a
+// full batch holds Redis for about 0.5–0.9 ms (256 segments: about 4.8 ms,
+// too long for a 2 ms p99; see docs/redis.md, "Throughput").
 const maxBatch = 64
 
 // maxBatchHits bounds the hits of one flush (a batch of many-hit requests

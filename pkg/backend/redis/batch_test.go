@@ -528,3 +528,53 @@ func TestClusterBatchBySlot(t *testing.T) {
 		t.Errorf("%d EVALSHA (per master %v) for 12 calls on 3 slots, want 3", total, perNode)
 	}
 }
+
+// BenchmarkInvocation measures Redis' own time for one script invocation
+// of n one-hit fixed_window segments on distinct keys (server clock), from
+// INFO commandstats: redis_us/invocation is how long one batch holds Redis
+// (a script blocks it), redis_us/segment the cost per decision.
+//
+//	go test ./pkg/backend/redis -run '^$' -bench Invocation
+func BenchmarkInvocation(b *testing.B) {
+	srv := redistest.Standalone(b)
+	c := srv.Client()
+	ctx := context.Background()
+	if err := c.ScriptLoad(ctx, takeLua).Err(); err != nil {
+		b.Fatal(err)
+	}
+	for _, kind := range []algo.Kind{algo.FixedWindow, algo.TokenBucket, algo.SlidingLog} {
+		for _, n := range []int{1, 16, 64, 256} {
+			b.Run(fmt.Sprintf("%s/segments=%d", [...]string{"fixed_window", "sliding_window", "sliding_log", "token_bucket"}[kind], n), func(b *testing.B) {
+				l := algo.Limit{Kind: kind, Rate: 1 << 20, Period: time.Second}
+				segs := make([]*segment, n)
+				for i := range segs {
+					segs[i] = &segment{mode: modeTake, nowUS: -1, nonce: "n" + strconv.Itoa(i),
+						hits: []algo.Hit{{Key: fmt.Sprintf("inv:%d:%d:%d", kind, n, i), Limit: l, Cost: 1}}}
+				}
+				if err := c.ConfigResetStat(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				b.ResetTimer()
+				for range b.N {
+					if err := c.Process(ctx, scriptCmd(ctx, true, segs)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				info := c.Info(ctx, "commandstats").Val()
+				var usec float64
+				for line := range strings.SplitSeq(info, "\n") {
+					if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:"); ok {
+						for kv := range strings.SplitSeq(v, ",") {
+							if x, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
+								usec, _ = strconv.ParseFloat(x, 64)
+							}
+						}
+					}
+				}
+				b.ReportMetric(usec, "redis_us/invocation")
+				b.ReportMetric(usec/float64(n), "redis_us/segment")
+			})
+		}
+	}
+}

@@ -16,11 +16,13 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// Store decides hits with one EVALSHA of the embedded script per request
-// (standalone, Sentinel) or per hash-slot group of the request (Cluster).
-// It implements service.Store. Safe for concurrent use; concurrent
-// requests are pipelined together on at most Options.Pipelines pooled
-// connections at a time (see batcher), and every call returns within its
+// Store decides hits with the embedded script: each request (standalone,
+// Sentinel) or each hash-slot group of a request (Cluster) is one segment,
+// and the segments of concurrent requests are decided together by one
+// EVALSHA per flush (Cluster: one per hash slot). It implements
+// service.Store. Safe for concurrent use; at most Options.Pipelines
+// flushes are in flight at a time, each on one pooled connection (see
+// batcher), and every call returns within its
 // deadline: min(the caller's context deadline, Options.Timeout).
 type Store struct {
 	client goredis.UniversalClient
@@ -173,9 +175,10 @@ func (s *Store) Healthy() bool { return s.breaker.Healthy() }
 // current without traffic by the health probe, like Healthy.
 func (s *Store) BreakerState() string { return s.breaker.State().String() }
 
-// run executes the script once for hits (all in one slot on Cluster),
-// under the circuit breaker and Options.Timeout. Errors are classified
-// (*Error with a Cause).
+// run decides hits (all in one slot on Cluster) as one segment of a
+// batched script invocation, under the circuit breaker and
+// Options.Timeout. Errors are classified (*Error with a Cause): the
+// invocation's error, or this segment's SegmentError.
 func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string, hits []algo.Hit, out []algo.Decision) (int64, error) {
 	var scriptNow int64
 	err := s.breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
