@@ -46,28 +46,56 @@ const maxBatchHits = 4 * maxBatch
 // command and one reply; no connection of its own. Under light load a call
 // finds a free flush loop and goes out alone at once (no coalescing wait).
 //
-// Unlike go-redis' AutoPipeliner, every caller stops waiting when its own
-// context ends (its deadline: min(caller's deadline, Options.Timeout)),
+// Unlike go-redis' AutoPipeliner, every caller stops waiting at its own
+// deadline, min(its context's deadline, enqueue time + Options.Timeout),
 // whatever the invocation it rides does: a call never waits for another
-// call's timeout. Calls whose context ended while queued are not sent. A
-// flush is bounded by the latest deadline of its calls and by the client's
-// read/write timeouts (Options.Timeout), so a stuck Redis holds a flush
-// loop for at most one Timeout. An error of the invocation (timeout,
+// call's timeout. The context's end is watched by the caller itself; the
+// Timeout is enforced without a runtime timer per call: one sweeper
+// goroutine per batcher, running while calls are pending, completes every
+// queued or in-flight call whose Timeout has passed (with ErrCallTimeout)
+// every sweepTick. A caller therefore waits at most sweepTick (plus
+// scheduling) past its Timeout, and never past its context's deadline by
+// more than scheduling. Calls whose deadline passed while queued are not
+// sent. A flush is bounded by the latest deadline of its calls and by the
+// client's read/write timeouts (Options.Timeout), so a stuck Redis holds a
+// flush loop for at most one Timeout. An error of the invocation (timeout,
 // refused, OOM, READONLY, NOSCRIPT after the retry...) reaches every call
 // of it; an error the script reports for one segment reaches that call
 // only (SegmentError).
 type batcher struct {
 	client    goredis.UniversalClient
 	pipelines int
-	cluster   bool // group by hash slot: one invocation per slot
+	cluster   bool          // group by hash slot: one invocation per slot
+	timeout   time.Duration // per call from enqueueing (0: none)
+	tick      time.Duration // the sweeper's period
+	epoch     time.Time     // origin of scriptCall.deadline (monotonic)
 
 	mu       sync.Mutex
 	queue    []*scriptCall
-	spare    []*scriptCall // the previous queue's backing array, for reuse
-	inFlight int           // running flush loops
+	spare    []*scriptCall   // the previous queue's backing array, for reuse
+	flights  [][]*scriptCall // per flush loop slot: the batch in flight
+	busy     []bool          // per flush loop slot: a loop runs in it
+	inFlight int             // running flush loops
+	sweeping bool            // the sweeper runs
 	wg       sync.WaitGroup
 	closed   bool
 }
+
+// sweepTick is the sweeper's period for a Timeout: a tenth of it, between
+// 100 µs and 1 ms. It is the slack of the Timeout (see batcher).
+func sweepTick(timeout time.Duration) time.Duration {
+	return min(time.Millisecond, max(100*time.Microsecond, timeout/10))
+}
+
+// sweepIdleTicks is how many ticks without a pending call the sweeper
+// waits for before it ends (a new call starts it again).
+const sweepIdleTicks = 64
+
+// ErrCallTimeout is the error of a call that got no reply within
+// Options.Timeout (its cause is CauseTimeout; errors.Is
+// context.DeadlineExceeded).
+var ErrCallTimeout error = &Error{cause: CauseTimeout, outage: true,
+	err: fmt.Errorf("redis: no reply within the timeout: %w", context.DeadlineExceeded)}
 
 // Call states: a flush completes a pending call only after claiming it,
 // and a caller leaving at its deadline abandons it, so the flush never
@@ -80,14 +108,15 @@ const (
 
 // scriptCall is one queued segment and, once done is closed, its result.
 type scriptCall struct {
-	ctx   context.Context
-	seg   segment
-	slot  uint16          // Cluster: the hash slot of every key of seg
-	out   []algo.Decision // the segment's decisions, written on success
-	now   int64           // the segment's now in µs, on success
-	err   error
-	state atomic.Int32
-	done  chan struct{} // closed once claimed and completed
+	ctx      context.Context
+	deadline int64 // ns since batcher.epoch; 0: none
+	seg      segment
+	slot     uint16          // Cluster: the hash slot of every key of seg
+	out      []algo.Decision // the segment's decisions, written on success
+	now      int64           // the segment's now in µs, on success
+	err      error
+	state    atomic.Int32
+	done     chan struct{} // closed once claimed and completed
 }
 
 func (c *scriptCall) claim() bool { return c.state.CompareAndSwap(callPending, callClaimed) }
@@ -98,13 +127,23 @@ func (c *scriptCall) finish(now int64, err error) {
 	close(c.done)
 }
 
-func newBatcher(c goredis.UniversalClient, pipelines int) *batcher {
+// newBatcher batches script calls on c with at most pipelines flushes in
+// flight (< 1: DefaultPipelines); timeout bounds every call from its
+// enqueueing (0: only the caller's context does).
+func newBatcher(c goredis.UniversalClient, pipelines int, timeout time.Duration) *batcher {
 	if pipelines < 1 {
 		pipelines = DefaultPipelines
 	}
 	_, cluster := c.(*goredis.ClusterClient)
-	return &batcher{client: c, pipelines: pipelines, cluster: cluster}
+	return &batcher{
+		client: c, pipelines: pipelines, cluster: cluster,
+		timeout: max(0, timeout), tick: sweepTick(timeout), epoch: time.Now(),
+		flights: make([][]*scriptCall, pipelines), busy: make([]bool, pipelines),
+	}
 }
+
+// clock is the monotonic time in ns since b.epoch.
+func (b *batcher) clock() int64 { return int64(time.Since(b.epoch)) }
 
 // errClosed is the error of a call made after Close.
 var errClosed = errors.New("redis: store closed")
@@ -113,12 +152,16 @@ var errClosed = errors.New("redis: store closed")
 // batched with the segments of concurrent calls, writes its decisions into
 // out (len(out) == len(seg.hits)) and returns the segment's now in µs; or
 // the go-redis error of the invocation, or the segment's SegmentError, or
-// ctx's error when ctx ends first (out is then left untouched).
+// ctx's error when ctx ends first, or ErrCallTimeout when the batcher's
+// timeout passes first (out is then left untouched).
 func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	c := &scriptCall{ctx: ctx, seg: seg, out: out, done: make(chan struct{})}
+	if b.timeout > 0 {
+		c.deadline = b.clock() + int64(b.timeout)
+	}
 	if b.cluster && len(seg.hits) > 0 {
 		c.slot = Slot(seg.hits[0].Key)
 	}
@@ -128,14 +171,24 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 		return 0, errClosed
 	}
 	b.queue = append(b.queue, c)
-	start := b.inFlight < b.pipelines
-	if start {
+	slot := -1
+	if b.inFlight < b.pipelines {
+		slot = slices.Index(b.busy, false)
+		b.busy[slot] = true
 		b.inFlight++
 		b.wg.Add(1)
 	}
+	sweep := !b.sweeping && b.timeout > 0
+	if sweep {
+		b.sweeping = true
+		b.wg.Add(1)
+	}
 	b.mu.Unlock()
-	if start {
-		go b.flushLoop()
+	if slot >= 0 {
+		go b.flushLoop(slot)
+	}
+	if sweep {
+		go b.sweeper()
 	}
 	select {
 	case <-c.done:
@@ -148,6 +201,55 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 	return c.now, c.err
 }
 
+// sweeper completes, every tick, the pending calls (queued or in flight)
+// whose timeout has passed; it ends after sweepIdleTicks ticks without a
+// pending call, or once the batcher is closed and nothing is pending.
+func (b *batcher) sweeper() {
+	defer b.wg.Done()
+	t := time.NewTicker(b.tick)
+	defer t.Stop()
+	idle := 0
+	for range t.C {
+		now := b.clock()
+		b.mu.Lock()
+		pending := b.sweepLocked(b.queue, now)
+		for _, f := range b.flights {
+			pending += b.sweepLocked(f, now)
+		}
+		if pending > 0 {
+			idle = 0
+		} else {
+			idle++
+		}
+		if pending == 0 && (b.closed || idle >= sweepIdleTicks) {
+			b.sweeping = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+	}
+}
+
+// sweepLocked completes the calls of cs whose deadline is at or before now
+// with ErrCallTimeout and returns how many of the others are still
+// pending. b.mu is held.
+func (b *batcher) sweepLocked(cs []*scriptCall, now int64) int {
+	pending := 0
+	for _, c := range cs {
+		if c.state.Load() != callPending {
+			continue
+		}
+		if c.deadline == 0 || c.deadline > now {
+			pending++
+			continue
+		}
+		if c.claim() {
+			c.finish(0, ErrCallTimeout)
+		}
+	}
+	return pending
+}
+
 // close stops accepting calls and waits for the flush loops to end (each
 // within one Timeout).
 func (b *batcher) close() {
@@ -157,12 +259,14 @@ func (b *batcher) close() {
 	b.wg.Wait()
 }
 
-// flushLoop sends the queue as script invocations until it is empty.
-func (b *batcher) flushLoop() {
+// flushLoop sends the queue as script invocations until it is empty. slot
+// is its index in b.flights and b.busy.
+func (b *batcher) flushLoop(slot int) {
 	defer b.wg.Done()
 	var batch []*scriptCall
 	for {
 		b.mu.Lock()
+		clear(batch) // under mu: the sweeper reads b.flights[slot]
 		n, hits := 0, 0
 		for n < len(b.queue) && n < maxBatch {
 			h := len(b.queue[n].seg.hits)
@@ -174,10 +278,13 @@ func (b *batcher) flushLoop() {
 		}
 		if n == 0 {
 			b.inFlight--
+			b.busy[slot] = false
+			b.flights[slot] = nil
 			b.mu.Unlock()
 			return
 		}
 		batch = append(batch[:0], b.queue[:n]...)
+		b.flights[slot] = batch
 		if n == len(b.queue) {
 			// Swap in the spare backing array so that the next calls do not
 			// reallocate the queue.
@@ -188,7 +295,6 @@ func (b *batcher) flushLoop() {
 		}
 		b.mu.Unlock()
 		b.exec(batch)
-		clear(batch)
 	}
 }
 
@@ -205,14 +311,30 @@ type invocation struct {
 func (b *batcher) exec(batch []*scriptCall) {
 	live := make([]*scriptCall, 0, len(batch))
 	var deadline time.Time
+	now := b.clock()
 	for _, c := range batch {
+		if c.state.Load() != callPending { // abandoned, or timed out by the sweeper
+			continue
+		}
+		if c.deadline != 0 && c.deadline <= now {
+			if c.claim() {
+				c.finish(0, ErrCallTimeout)
+			}
+			continue
+		}
 		if err := c.ctx.Err(); err != nil { // the caller is gone: do not send
 			if c.claim() {
 				c.finish(0, err)
 			}
 			continue
 		}
-		if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
+		d, ok := c.ctx.Deadline()
+		if c.deadline != 0 {
+			if own := b.epoch.Add(time.Duration(c.deadline)); !ok || own.Before(d) {
+				d, ok = own, true
+			}
+		}
+		if ok && d.After(deadline) {
 			deadline = d
 		}
 		live = append(live, c)

@@ -78,7 +78,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	if pipelines == 0 {
 		pipelines = DefaultPipelines
 	}
-	s.batch = newBatcher(c, min(pipelines, max(1, opts.PoolSize)))
+	s.batch = newBatcher(c, min(pipelines, max(1, opts.PoolSize)), opts.Timeout)
 	_, s.cluster = c.(*goredis.ClusterClient)
 	return s
 }
@@ -177,15 +177,17 @@ func (s *Store) BreakerState() string { return s.breaker.State().String() }
 
 // run decides hits (all in one slot on Cluster) as one segment of a
 // batched script invocation, under the circuit breaker and
-// Options.Timeout. Errors are classified (*Error with a Cause): the
-// invocation's error, or this segment's SegmentError.
+// Options.Timeout (enforced by the batcher's sweeper, not by a timer per
+// call: see batcher). Errors are classified (*Error with a Cause): the
+// invocation's error, or this segment's SegmentError, or ErrCallTimeout.
 func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string, hits []algo.Hit, out []algo.Decision) (int64, error) {
-	var scriptNow int64
-	err := s.breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
-		var err error
-		scriptNow, err = s.batch.do(ctx, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
-		return err
-	})
+	start := s.breaker.now()
+	if err := s.breaker.Allow(start); err != nil {
+		return 0, err
+	}
+	scriptNow, err := s.batch.do(ctx, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
+	err = Classify(err)
+	s.breaker.record(start, s.breaker.now(), err)
 	if err == nil {
 		s.callSucceeded()
 	}
