@@ -52,33 +52,57 @@
 -- uses only +, -, *, floor division and the same float operations in the
 -- same order, so results are bit-identical.
 
+-- Cost (docs/redis.md "Script cost"). Most of a segment's time in Redis
+-- is its redis.calls; the Lua around them is kept small: the string kinds
+-- (fixed_window, sliding_window, token_bucket) keep their state as plain
+-- numbers, not tables; a take segment of string kinds on distinct keys
+-- (the common case) runs a direct path without per-hit decision tables;
+-- the values of every string key of the invocation are read with one MGET
+-- up front (a key MGET reports missing is confirmed absent with one
+-- EXISTS, or read with its own GET, so a wrong-type key still fails its
+-- own segment with WRONGTYPE); a value this script wrote is remembered,
+-- so a later segment reads it without a call. Numbers are formatted with
+-- string.format('%d') wherever they are stored or replied (tostring's
+-- %.14g differs above 10^14).
+
 local NF = 8 -- fields per hit
 local NS = 4 -- header fields per segment
 
 local floor = math.floor
 local max = math.max
 local min = math.min
+local tonumber = tonumber
+local format = string.format
+local find = string.find
+local sub = string.sub
+local concat = table.concat
+local call = redis.call
+local pcall = pcall
+local unpack = unpack
+local ARGV = ARGV
+local KEYS = KEYS
+
+local BIG = 9007199254740992 -- 2^53
 
 -- Parse and validate every segment before anything runs. Functions below
 -- are defined once per invocation, and only for the kinds it uses.
-local function isint(x)
-  return x ~= nil and x == floor(x) and x > -9007199254740992 and x < 9007199254740992
-end
-
 local used = {}
 local anycal = false
 local segs = {}
 local needtime = false
+local anyslow = false -- a segment not seg.fast
+local skeys, nskeys = {}, 0 -- keys of string-kind hits, for the MGET
 do
   local bad = function(what)
     return redis.error_reply('ERR ratelimitd take.lua: malformed arguments: ' .. what)
   end
   local nseg = tonumber(ARGV[1])
-  if not isint(nseg) or nseg < 1 then return bad('segment count') end
+  if not (nseg and nseg % 1 == 0 and nseg < BIG) or nseg < 1 then return bad('segment count') end
   local a, k = 2, 1 -- next ARGV, next KEYS
   for s = 1, nseg do
     local mode, nowarg, nonce, nh = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])
-    if (mode ~= 't' and mode ~= 'r') or nonce == nil or not isint(nh) or nh < 0 then
+    if (mode ~= 't' and mode ~= 'r') or nonce == nil
+      or not (nh and nh % 1 == 0 and nh < BIG) or nh < 0 then
       return bad('header of segment ' .. s)
     end
     local snow = false
@@ -86,40 +110,58 @@ do
       needtime = true
     else
       snow = tonumber(nowarg)
-      if not isint(snow) then return bad('now of segment ' .. s) end
+      if not (snow and snow % 1 == 0 and snow > -BIG and snow < BIG) then return bad('now of segment ' .. s) end
     end
     a = a + NS
     local hits = {}
+    -- fast: a take of string kinds on distinct keys (checked below)
+    local fast = mode == 't'
     for i = 1, nh do
-      local h = {
-        key = KEYS[k],
-        kind = tonumber(ARGV[a]),
-        rate = tonumber(ARGV[a + 1]),
-        period = tonumber(ARGV[a + 2]),
-        burst = tonumber(ARGV[a + 3]),
-        cal = tonumber(ARGV[a + 4]),
-        mult = tonumber(ARGV[a + 5]),
-        cost = tonumber(ARGV[a + 6]),
-        idx = i,
-      }
-      local flags = ARGV[a + 7]
-      if h.key == nil or not (isint(h.kind) and h.kind >= 0 and h.kind <= 4)
-        or not isint(h.rate) or not (isint(h.period) and h.period > 0) or not isint(h.burst)
-        or not (isint(h.cal) and h.cal >= 0 and h.cal <= 2) or not (isint(h.mult) and h.mult >= 1)
-        or not isint(h.cost)
+      local key, kind, rate, period, burst, cal, mult, cost, flags =
+        KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+        tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), ARGV[a + 7]
+      -- x % 1 == 0 is false for nil-free non-integers, inf and nan
+      if key == nil
+        or not (kind and kind % 1 == 0 and kind >= 0 and kind <= 4)
+        or not (rate and rate % 1 == 0 and rate > -BIG and rate < BIG)
+        or not (period and period % 1 == 0 and period > 0 and period < BIG)
+        or not (burst and burst % 1 == 0 and burst > -BIG and burst < BIG)
+        or not (cal and cal % 1 == 0 and cal >= 0 and cal <= 2)
+        or not (mult and mult % 1 == 0 and mult >= 1 and mult < BIG)
+        or not (cost and cost % 1 == 0 and cost > -BIG and cost < BIG)
         or (flags ~= '0' and flags ~= '1' and flags ~= '2' and flags ~= '3') then
         return bad('hit ' .. i .. ' of segment ' .. s)
       end
-      h.cost = max(h.cost, 0)
-      h.release = flags == '1' or flags == '3'
-      h.soft = flags == '2' or flags == '3'
-      hits[i] = h
-      used[h.kind] = true
-      if h.cal ~= 0 then anycal = true end
+      if cost < 0 then cost = 0 end
+      hits[i] = {
+        key = key, kind = kind, rate = rate, period = period, burst = burst, cal = cal, mult = mult,
+        cost = cost, idx = i, release = flags == '1' or flags == '3', soft = flags == '2' or flags == '3',
+      }
+      used[kind] = true
+      if cal ~= 0 then anycal = true end
+      if kind == 2 or kind == 4 then
+        fast = false
+      else
+        nskeys = nskeys + 1
+        skeys[nskeys] = key
+      end
       a = a + NF
       k = k + 1
     end
-    segs[s] = { mode = mode, now = snow, nonce = nonce, hits = hits }
+    if fast and nh > 1 then
+      if nh == 2 then
+        fast = hits[1].key ~= hits[2].key
+      else
+        local seen = {}
+        for i = 1, nh do
+          local key = hits[i].key
+          if seen[key] then fast = false break end
+          seen[key] = true
+        end
+      end
+    end
+    if not fast then anyslow = true end
+    segs[s] = { mode = mode, now = snow, nonce = nonce, hits = hits, fast = fast }
   end
   if a - 1 ~= #ARGV or k - 1 ~= #KEYS then return bad('length') end
 end
@@ -130,8 +172,49 @@ local now
 local pinned = false
 local server_now = 0
 if needtime then
-  local t = redis.call('TIME')
+  local t = call('TIME')
   server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- cache: key -> its current string value, or false when it is known to
+-- be absent; nil (not in the table): unknown, read it with GET. Filled
+-- by the MGET below, updated by every SET/DEL of a string kind, cleared
+-- for a key a sorted-set write touches.
+local cache = {}
+if nskeys > 0 then
+  -- In chunks (unpack of more than LUAI_MAXCSTACK values fails). An MGET
+  -- or EXISTS the server refuses (e.g. ACL) only leaves keys unknown.
+  local missing, nmissing = {}, 0
+  for c0 = 1, nskeys, 1000 do
+    local c1 = min(c0 + 999, nskeys)
+    local ok, vals = pcall(call, 'MGET', unpack(skeys, c0, c1))
+    if ok then
+      for i = c0, c1 do
+        local v = vals[i - c0 + 1]
+        if v then
+          cache[skeys[i]] = v
+        else
+          nmissing = nmissing + 1
+          missing[nmissing] = skeys[i]
+        end
+      end
+    end
+  end
+  -- MGET answers nil for an absent key and for a key of another type
+  -- (which GET fails with WRONGTYPE): absent only if none exists.
+  if nmissing > 0 and nmissing <= 1000 then
+    local ok, n = pcall(call, 'EXISTS', unpack(missing, 1, nmissing))
+    if ok and n == 0 then
+      for i = 1, nmissing do cache[missing[i]] = false end
+    end
+  end
+end
+
+-- sget is GET through the cache.
+local function sget(key)
+  local v = cache[key]
+  if v == nil then v = call('GET', key) end
+  return v
 end
 
 -- idiv is exact floor division of integers (a double quotient may round
@@ -149,7 +232,6 @@ end
 local function imod(a, b)
   return a - idiv(a, b) * b
 end
-
 -- Calendar (calendar.go) ----------------------------------------------------
 local cal_bounds
 if anycal then
@@ -207,21 +289,8 @@ end
 
 -- Helpers ---------------------------------------------------------------------
 
-local function fields(v)
-  local out, i = {}, 1
-  while true do
-    local j = string.find(v, ' ', i, true)
-    if not j then
-      out[#out + 1] = tonumber(string.sub(v, i))
-      return out
-    end
-    out[#out + 1] = tonumber(string.sub(v, i, j - 1))
-    i = j + 1
-  end
-end
-
 local function fmt(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
 -- ttl_ms turns an expiry instant into a PX value: rounded up to the ms,
@@ -234,7 +303,7 @@ local function ttl_ms(at)
   local ms = idiv(us + 999, 1000) + 1
   if ms < 1 then ms = 1 end
   if pinned then ms = ms + 1000 end
-  return ms
+  return fmt(ms)
 end
 
 -- decision constructor: d(allowed, remaining, retry, reset, window)
@@ -242,234 +311,283 @@ local function dec(allowed, rem, retry, reset, window)
   return { allowed = allowed, rem = rem, retry = retry or 0, reset = reset or 0, window = window or 0 }
 end
 
-local K = {}
+-- String kinds ------------------------------------------------------------------
+-- State as up to three numbers (a, b, c); a missing key is 0, 0, 0.
+-- parse(v) splits a value like pkg/algo's reader: the first three
+-- space-separated fields, tonumber each (nil when missing).
+local function parse(v)
+  if not v then return 0, 0, 0 end
+  local i = find(v, ' ', 1, true)
+  if not i then return tonumber(v) end
+  local j = find(v, ' ', i + 1, true)
+  if not j then return tonumber(sub(v, 1, i - 1)), tonumber(sub(v, i + 1)) end
+  local l = find(v, ' ', j + 1, true)
+  if not l then
+    return tonumber(sub(v, 1, i - 1)), tonumber(sub(v, i + 1, j - 1)), tonumber(sub(v, j + 1))
+  end
+  return tonumber(sub(v, 1, i - 1)), tonumber(sub(v, i + 1, j - 1)), tonumber(sub(v, j + 1, l - 1))
+end
 
--- fixed_window (take.go fixedWindow) ----------------------------------------
+-- sset writes a string state value with its TTL, or deletes it; the cache
+-- follows only a write that happened.
+local function sset(key, v, at)
+  call('SET', key, v, 'PX', ttl_ms(at))
+  cache[key] = v
+end
+
+local function sdel(key)
+  call('DEL', key)
+  cache[key] = false
+end
+
+-- Each kind: decide(h, a, b, c, cost) -> allowed, remaining, retry, reset,
+-- window, changed, na, nb, nc (the new state when changed);
+-- save(h, a, b, c); refund(h, a, b, c, cost) -> changed, na, nb, nc.
+local DECIDE, SAVE, REFUND = {}, {}, {}
+
+-- fixed_window (take.go fixedWindow): a = window start, b = count.
 if used[0] then
-  K[0] = {
-    load = function(h)
-      local v = redis.call('GET', h.key)
-      if not v then return { time = 0, count = 0 } end
-      local f = fields(v)
-      return { time = f[1], count = f[2] }
-    end,
-    decide = function(h, st, cost)
-      local ws, we = bounds(h, now)
-      local count = 0
-      if st.time == ws then
-        count = st.count
-      elseif st.time > ws then
-        ws = st.time
-        local _
-        _, we = bounds(h, ws)
-        count = st.count
-      end
-      local rem = max(h.rate - count, 0)
-      local reset = we - now
-      if max(cost, 1) > rem then
-        return st, dec(false, rem, reset, reset, reset)
-      end
-      if cost == 0 then
-        return st, dec(true, rem, 0, reset, reset)
-      end
-      return { time = ws, count = count + cost, dirty = true }, dec(true, rem - cost, 0, reset, reset)
-    end,
-    save = function(h, st)
-      if st.count > 0 then
-        local _, we = bounds(h, st.time)
-        redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count), 'PX', fmt(ttl_ms(we)))
-      else
-        redis.call('DEL', h.key)
-      end
-    end,
-    refund = function(h, st, cost)
-      local ws = bounds(h, now)
-      if st.time ~= ws or st.count <= 0 then return st end
-      return { time = st.time, count = max(st.count - cost, 0), dirty = true }
-    end,
-  }
-end
-
--- sliding_window (take.go slidingWindow, swin) ------------------------------
-if used[1] then
-  local function sw_remaining(s, curr)
-    local w = (s.we - s.tw) / (s.we - s.ws)
-    local est = s.prev * w + curr
-    local r = floor(s.rate - est)
-    return max(r, 0)
-  end
-
-  local function sw_wait(s, curr, k)
-    local t2
-    local avail = s.rate - k - curr
-    if avail >= 0 and s.prev > 0 then
-      local x = (avail * (s.we - s.ws)) / s.prev
-      t2 = s.we - floor(x)
-    elseif curr > 0 then
-      local x = ((s.rate - k) * (s.we2 - s.we)) / curr
-      t2 = s.we2 - floor(x)
-    else
-      t2 = s.t + 1
+  DECIDE[0] = function(h, time, cnt, _, cost)
+    local ws, we = bounds(h, now)
+    local count = 0
+    if time == ws then
+      count = cnt
+    elseif time > ws then
+      ws = time
+      local _
+      _, we = bounds(h, ws)
+      count = cnt
     end
-    return max(t2 - s.t, 1)
+    local rem = max(h.rate - count, 0)
+    local reset = we - now
+    if max(cost, 1) > rem then
+      return false, rem, reset, reset, reset, false
+    end
+    if cost == 0 then
+      return true, rem, 0, reset, reset, false
+    end
+    return true, rem - cost, 0, reset, reset, true, ws, count + cost, 0
   end
-
-  local function sw_reset(s, curr)
-    if curr > 0 then return s.we2 - s.t end
-    return s.we - s.t
+  SAVE[0] = function(h, time, count)
+    if count > 0 then
+      local _, we = bounds(h, time)
+      sset(h.key, format('%d %d', time, count), we)
+    else
+      sdel(h.key)
+    end
   end
-
-  local function sw_window(s, curr, rem)
-    if rem >= s.rate then return s.we - s.t end
-    return sw_wait(s, curr, rem + 1)
+  REFUND[0] = function(h, time, count, _, cost)
+    local ws = bounds(h, now)
+    if time ~= ws or count <= 0 then return false end
+    return true, time, max(count - cost, 0), 0
   end
-
-  K[1] = {
-    load = function(h)
-      local v = redis.call('GET', h.key)
-      if not v then return { time = 0, count = 0, prev = 0 } end
-      local f = fields(v)
-      return { time = f[1], count = f[2], prev = f[3] }
-    end,
-    decide = function(h, st, cost)
-      local ws, we = bounds(h, now)
-      local curr, prev = 0, 0
-      if st.time == ws then
-        curr, prev = st.count, st.prev
-      elseif st.time > ws then
-        ws = st.time
-        local _
-        _, we = bounds(h, ws)
-        curr, prev = st.count, st.prev
-      else
-        local ps = bounds(h, ws - 1)
-        if st.time == ps then prev = st.count end
-      end
-      local tw = max(now, ws)
-      local _, we2 = bounds(h, we)
-      local s = { rate = h.rate, t = now, tw = tw, ws = ws, we = we, we2 = we2, prev = prev }
-      local rem = sw_remaining(s, curr)
-      local need = max(cost, 1)
-      if need > rem then
-        local retry = we - now
-        if need <= h.rate then retry = sw_wait(s, curr, need) end
-        return st, dec(false, rem, retry, sw_reset(s, curr), sw_window(s, curr, rem))
-      end
-      local ns = st
-      if cost > 0 then
-        curr = curr + cost
-        rem = rem - cost
-        ns = { time = ws, count = curr, prev = prev, dirty = true }
-      end
-      return ns, dec(true, rem, 0, sw_reset(s, curr), sw_window(s, curr, rem))
-    end,
-    save = function(h, st)
-      -- algo.ExpiresAtUs
-      local _, e = bounds(h, st.time)
-      if st.count > 0 then
-        local _2
-        _2, e = bounds(h, e)
-      elseif st.prev <= 0 then
-        redis.call('DEL', h.key)
-        return
-      end
-      redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count) .. ' ' .. fmt(st.prev), 'PX', fmt(ttl_ms(e)))
-    end,
-    refund = function(h, st, cost)
-      local ws, we = bounds(h, now)
-      if st.time == ws then
-        return { time = st.time, count = max(st.count - cost, 0), prev = st.prev, dirty = true }
-      elseif st.time == we then -- the window rolled over since the take
-        return { time = st.time, count = st.count, prev = max(st.prev - cost, 0), dirty = true }
-      end
-      return st
-    end,
-  }
 end
 
--- token_bucket (take.go tokenBucket): GCRA with an exact rational TAT --------
-if used[3] then
-  K[3] = {
-    load = function(h)
-      local v = redis.call('GET', h.key)
-      if not v then return { time = 0, count = 0 } end
-      local f = fields(v)
-      return { time = f[1], count = f[2] }
-    end,
-    decide = function(h, st, cost)
-      local t = now
-      local r = h.rate
-      local b = h.burst
-      if b <= 0 then b = r end
-      local p = h.period
-      local q, m = idiv(p, r), imod(p, r)
-      local tat, frac = st.time, st.count
-      if frac < 0 or frac >= r then tat, frac = tat + 1, 0 end
-      if tat < t then tat, frac = t, 0 end
-      local tauUs, tauFrac = b * q + idiv(b * m, r), imod(b * m, r)
-      local sUs, sFrac = tauUs - (tat - t), tauFrac - frac
-      if sFrac < 0 then
-        sFrac = sFrac + r
-        sUs = sUs - 1
-      end
-      local rem = 0
-      if sUs >= 0 then rem = idiv(sUs * r + sFrac, p) end
-      local function waitFor(sUs, sFrac, k)
-        local du, df = k * q + idiv(k * m, r) - sUs, imod(k * m, r) - sFrac
-        if df < 0 then
-          df = df + r
-          du = du - 1
-        end
-        if df > 0 then du = du + 1 end
-        return du
-      end
-      local function fullIn(tat, frac)
-        local d = tat - t
-        if frac > 0 then d = d + 1 end
-        return max(d, 0)
-      end
-      local function nextw(tat, frac, sUs, sFrac, rem)
-        if rem >= b or fullIn(tat, frac) == 0 then return q + min(m, 1) end
-        return waitFor(sUs, sFrac, rem + 1)
-      end
-      local need = max(cost, 1)
-      if need > rem then
-        local retry = p
-        if need <= b then retry = waitFor(sUs, sFrac, need) end
-        return st, dec(false, rem, retry, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
-      end
-      if cost == 0 then
-        return st, dec(true, rem, 0, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
-      end
-      local n = frac + cost * m
-      tat, frac = tat + cost * q + idiv(n, r), imod(n, r)
-      sUs, sFrac = tauUs - (tat - t), tauFrac - frac
-      if sFrac < 0 then
-        sFrac = sFrac + r
-        sUs = sUs - 1
-      end
+-- sliding_window (take.go slidingWindow, swin): a = window start, b =
+-- count, c = previous window's count.
+if used[1] then
+  -- swin's fields: rate, t (= now), tw, ws, we, we2, prev.
+  local function sw_wait(rate, ws, we, we2, prev, curr, k)
+    local t2
+    local avail = rate - k - curr
+    if avail >= 0 and prev > 0 then
+      local x = (avail * (we - ws)) / prev
+      t2 = we - floor(x)
+    elseif curr > 0 then
+      local x = ((rate - k) * (we2 - we)) / curr
+      t2 = we2 - floor(x)
+    else
+      t2 = now + 1
+    end
+    return max(t2 - now, 1)
+  end
+
+  local function sw_reset(we, we2, curr)
+    if curr > 0 then return we2 - now end
+    return we - now
+  end
+
+  local function sw_window(rate, ws, we, we2, prev, curr, rem)
+    if rem >= rate then return we - now end
+    return sw_wait(rate, ws, we, we2, prev, curr, rem + 1)
+  end
+
+  DECIDE[1] = function(h, time, cnt, pcnt, cost)
+    local ws, we = bounds(h, now)
+    local curr, prev = 0, 0
+    if time == ws then
+      curr, prev = cnt, pcnt
+    elseif time > ws then
+      ws = time
+      local _
+      _, we = bounds(h, ws)
+      curr, prev = cnt, pcnt
+    else
+      local ps = bounds(h, ws - 1)
+      if time == ps then prev = cnt end
+    end
+    local tw = max(now, ws)
+    local _, we2 = bounds(h, we)
+    local rate = h.rate
+    -- sw_remaining
+    local w = (we - tw) / (we - ws)
+    local est = prev * w + curr
+    local rem = max(floor(rate - est), 0)
+    local need = max(cost, 1)
+    if need > rem then
+      local retry = we - now
+      if need <= rate then retry = sw_wait(rate, ws, we, we2, prev, curr, need) end
+      return false, rem, retry, sw_reset(we, we2, curr), sw_window(rate, ws, we, we2, prev, curr, rem), false
+    end
+    if cost > 0 then
+      curr = curr + cost
       rem = rem - cost
-      return { time = tat, count = frac, dirty = true },
-        dec(true, rem, 0, fullIn(tat, frac), nextw(tat, frac, sUs, sFrac, rem))
-    end,
-    save = function(h, st)
-      -- algo.ExpiresAtUs
-      local e = st.time
-      if st.count > 0 then e = e + 1 end
-      if e <= now then
-        redis.call('DEL', h.key)
-        return
-      end
-      redis.call('SET', h.key, fmt(st.time) .. ' ' .. fmt(st.count), 'PX', fmt(ttl_ms(e)))
-    end,
-    refund = function(h, st, cost)
-      if st.time == 0 and st.count == 0 then return st end
-      local r = h.rate
-      local q, m = idiv(h.period, r), imod(h.period, r)
-      local n = st.count - cost * m
-      return { time = st.time - cost * q + idiv(n, r), count = imod(n, r), dirty = true }
-    end,
-  }
+      return true, rem, 0, sw_reset(we, we2, curr), sw_window(rate, ws, we, we2, prev, curr, rem), true,
+        ws, curr, prev
+    end
+    return true, rem, 0, sw_reset(we, we2, curr), sw_window(rate, ws, we, we2, prev, curr, rem), false
+  end
+  SAVE[1] = function(h, time, count, prev)
+    -- algo.ExpiresAtUs
+    local _, e = bounds(h, time)
+    if count > 0 then
+      local _2
+      _2, e = bounds(h, e)
+    elseif prev <= 0 then
+      sdel(h.key)
+      return
+    end
+    sset(h.key, format('%d %d %d', time, count, prev), e)
+  end
+  REFUND[1] = function(h, time, count, prev, cost)
+    local ws, we = bounds(h, now)
+    if time == ws then
+      return true, time, max(count - cost, 0), prev
+    elseif time == we then -- the window rolled over since the take
+      return true, time, count, max(prev - cost, 0)
+    end
+    return false
+  end
+end
+
+-- token_bucket (take.go tokenBucket): GCRA with an exact rational TAT;
+-- a = tat_us, b = tat_frac.
+if used[3] then
+  local function waitFor(q, m, r, sUs, sFrac, k)
+    local du, df = k * q + idiv(k * m, r) - sUs, imod(k * m, r) - sFrac
+    if df < 0 then
+      df = df + r
+      du = du - 1
+    end
+    if df > 0 then du = du + 1 end
+    return du
+  end
+  local function fullIn(tat, frac)
+    local d = tat - now
+    if frac > 0 then d = d + 1 end
+    return max(d, 0)
+  end
+  local function nextw(q, m, r, b, tat, frac, sUs, sFrac, rem)
+    if rem >= b or fullIn(tat, frac) == 0 then return q + min(m, 1) end
+    return waitFor(q, m, r, sUs, sFrac, rem + 1)
+  end
+
+  DECIDE[3] = function(h, tat, frac, _, cost)
+    local t = now
+    local r = h.rate
+    local b = h.burst
+    if b <= 0 then b = r end
+    local p = h.period
+    local q, m = idiv(p, r), imod(p, r)
+    if frac < 0 or frac >= r then tat, frac = tat + 1, 0 end
+    if tat < t then tat, frac = t, 0 end
+    local tauUs, tauFrac = b * q + idiv(b * m, r), imod(b * m, r)
+    local sUs, sFrac = tauUs - (tat - t), tauFrac - frac
+    if sFrac < 0 then
+      sFrac = sFrac + r
+      sUs = sUs - 1
+    end
+    local rem = 0
+    if sUs >= 0 then rem = idiv(sUs * r + sFrac, p) end
+    local need = max(cost, 1)
+    if need > rem then
+      local retry = p
+      if need <= b then retry = waitFor(q, m, r, sUs, sFrac, need) end
+      return false, rem, retry, fullIn(tat, frac), nextw(q, m, r, b, tat, frac, sUs, sFrac, rem), false
+    end
+    if cost == 0 then
+      return true, rem, 0, fullIn(tat, frac), nextw(q, m, r, b, tat, frac, sUs, sFrac, rem), false
+    end
+    local n = frac + cost * m
+    tat, frac = tat + cost * q + idiv(n, r), imod(n, r)
+    sUs, sFrac = tauUs - (tat - t), tauFrac - frac
+    if sFrac < 0 then
+      sFrac = sFrac + r
+      sUs = sUs - 1
+    end
+    rem = rem - cost
+    return true, rem, 0, fullIn(tat, frac), nextw(q, m, r, b, tat, frac, sUs, sFrac, rem), true, tat, frac, 0
+  end
+  SAVE[3] = function(h, tat, frac)
+    -- algo.ExpiresAtUs
+    local e = tat
+    if frac > 0 then e = e + 1 end
+    if e <= now then
+      sdel(h.key)
+      return
+    end
+    sset(h.key, format('%d %d', tat, frac), e)
+  end
+  REFUND[3] = function(h, tat, frac, _, cost)
+    if tat == 0 and frac == 0 then return false end
+    local r = h.rate
+    local q, m = idiv(h.period, r), imod(h.period, r)
+    local n = frac - cost * m
+    return true, tat - cost * q + idiv(n, r), imod(n, r), 0
+  end
+end
+
+-- sdecide is algo.Apply for a string kind: release (returns nothing
+-- outside concurrency: a check), rate 0, then the kind.
+local function sdecide(h, a, b, c, cost)
+  if h.release then cost = 0 end
+  if h.rate <= 0 then
+    local w = h.period
+    if h.kind == 0 or h.kind == 1 then
+      local _, e = bounds(h, now)
+      w = e - now
+    end
+    return false, 0, w, w, w, false
+  end
+  return DECIDE[h.kind](h, a, b, c, cost)
+end
+
+-- K: the table-state interface of every kind, for the general path
+-- (repeated keys, sorted sets, refunds): load(h) -> st; decide(h, st,
+-- cost) -> st', decision; save(h, st); refund(h, st, cost) -> st'.
+local K = {}
+for _, kind in ipairs({ 0, 1, 3 }) do
+  if used[kind] and anyslow then
+    local decide, save, refund = DECIDE[kind], SAVE[kind], REFUND[kind]
+    K[kind] = {
+      load = function(h)
+        local a, b, c = parse(sget(h.key))
+        return { time = a, count = b, prev = c }
+      end,
+      decide = function(h, st, cost)
+        local al, rem, retry, reset, window, changed, a, b, c = decide(h, st.time, st.count, st.prev, cost)
+        local d = dec(al, rem, retry, reset, window)
+        if changed then return { time = a, count = b, prev = c, dirty = true }, d end
+        return st, d
+      end,
+      save = function(h, st) save(h, st.time, st.count, st.prev) end,
+      refund = function(h, st, cost)
+        local changed, a, b, c = refund(h, st.time, st.count, st.prev, cost)
+        if changed then return { time = a, count = b, prev = c, dirty = true } end
+        return st
+      end,
+    }
+  end
 end
 
 -- sliding_log and concurrency (take.go timestampLog, release1) --------------
@@ -573,6 +691,7 @@ if used[2] or used[4] then
     local n = log_len(st)
     local last
     if n > 0 then last = log_at(st, n) end -- read before the ranks shift
+    cache[h.key] = nil -- no longer a known string value
     if st.off > 0 then redis.call('ZREMRANGEBYSCORE', h.key, '-inf', fmt(cut)) end
     if st.dropped > 0 then redis.call('ZREMRANGEBYRANK', h.key, '0', fmt(st.dropped - 1)) end
     -- ZADD in batches: unpack() of more than LUAI_MAXCSTACK (8000) values
@@ -590,7 +709,7 @@ if used[2] or used[4] then
       redis.call('DEL', h.key)
       return
     end
-    redis.call('PEXPIRE', h.key, fmt(ttl_ms(last + h.period)))
+    redis.call('PEXPIRE', h.key, ttl_ms(last + h.period))
   end
 
   K[2] = LOG
@@ -627,15 +746,29 @@ local function check(h, st)
   return d
 end
 
+-- nowstr is fmt(now), formatted once per distinct instant.
+local nowstr, nowstr_of = '', nil
+local function now_text()
+  if nowstr_of ~= now then
+    nowstr, nowstr_of = fmt(now), now
+  end
+  return nowstr
+end
+
+-- hit_text is a hit's part of a reply line: 5 integers.
+local function hit_text(allowed, rem, retry, reset, window)
+  local a = 0
+  if allowed then a = 1 end
+  return format('%d %d %d %d %d', a, max(rem, 0), retry, max(reset, 0), max(window, 0))
+end
+
 -- reply is the segment's line: now, then 5 integers per hit.
 local function reply(decisions)
-  local out = { fmt(now) }
+  local out = { now_text() }
   for i, d in ipairs(decisions) do
-    local a = 0
-    if d.allowed then a = 1 end
-    out[i + 1] = string.format('%d %d %d %d %d', a, max(d.rem, 0), d.retry, max(d.reset, 0), max(d.window, 0))
+    out[i + 1] = hit_text(d.allowed, d.rem, d.retry, d.reset, d.window)
   end
-  return table.concat(out, ' ')
+  return concat(out, ' ')
 end
 
 -- refund reverses a take (mode "r"): each hit in reverse order, then the
@@ -657,7 +790,8 @@ local function refund(seg, hits, states, first)
     end
   end
   for j = 1, #zrem, 2 do
-    redis.call('ZREM', zrem[j], zrem[j + 1])
+    cache[zrem[j]] = nil
+    call('ZREM', zrem[j], zrem[j + 1])
   end
   for _, h in ipairs(first) do
     local st = states[h.key]
@@ -735,6 +869,50 @@ local function segment(seg)
   return line
 end
 
+-- fast_segment is segment for a take of string kinds on distinct keys
+-- (seg.fast): each hit loads, decides and saves its own key once, so the
+-- states are plain numbers and no per-hit table is built. Same phases.
+-- A, B, C hold the states before the request, NA, NB, NC the new ones
+-- (AL: allowed, CH: changed), R the hits' reply texts; reused by every segment.
+local A, B, C, NA, NB, NC, AL, CH, R = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local function fast_segment(seg)
+  local hits = seg.hits
+  local n = #hits
+  for i = 1, n do
+    A[i], B[i], C[i] = parse(sget(hits[i].key))
+  end
+  local denied = false
+  for i = 1, n do
+    local h = hits[i]
+    local al, rem, retry, reset, window, changed, a, b, c = sdecide(h, A[i], B[i], C[i], h.cost)
+    if not al and not h.soft then denied = true end
+    AL[i], CH[i], NA[i], NB[i], NC[i] = al, changed, a, b, c
+    R[i] = hit_text(al, rem, retry, reset, window)
+  end
+  if denied then
+    -- Nothing is written. Hits that did not deny report the value before
+    -- the request: a check (cost 0) on the state before it.
+    for i = 1, n do
+      if AL[i] then R[i] = hit_text(sdecide(hits[i], A[i], B[i], C[i], 0)) end
+    end
+  end
+  local line
+  if n == 1 then
+    line = now_text() .. ' ' .. R[1]
+  else
+    R[0] = now_text()
+    line = concat(R, ' ', 0, n)
+  end
+  if denied then return line end
+  for i = 1, n do
+    if CH[i] then
+      local h = hits[i]
+      SAVE[h.kind](h, NA[i], NB[i], NC[i])
+    end
+  end
+  return line
+end
+
 -- errtext is a caught error as one line: a Redis error reply ("OOM ...",
 -- "READONLY ...", "WRONGTYPE ...") or a Lua error message.
 local function errtext(e)
@@ -743,17 +921,23 @@ local function errtext(e)
 end
 
 local lines = {}
-for s, seg in ipairs(segs) do
+for s = 1, #segs do
+  local seg = segs[s]
   if seg.now then
     now, pinned = seg.now, true
   else
     now, pinned = server_now, false
   end
-  local ok, line = pcall(segment, seg)
+  local ok, line
+  if seg.fast then
+    ok, line = pcall(fast_segment, seg)
+  else
+    ok, line = pcall(segment, seg)
+  end
   if ok then
     lines[s] = line
   else
     lines[s] = '!' .. errtext(line)
   end
 end
-return table.concat(lines, '\n')
+return concat(lines, '\n')
