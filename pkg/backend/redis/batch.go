@@ -109,14 +109,21 @@ const (
 // scriptCall is one queued segment and, once done is closed, its result.
 type scriptCall struct {
 	ctx      context.Context
-	deadline int64 // ns since batcher.epoch; 0: none
-	seg      segment
+	deadline int64           // ns since batcher.epoch; 0: none
+	args     segArgs         // the segment's script arguments
 	slot     uint16          // Cluster: the hash slot of every key of seg
 	out      []algo.Decision // the segment's decisions, written on success
 	now      int64           // the segment's now in µs, on success
 	err      error
 	state    atomic.Int32
 	done     chan struct{} // closed once claimed and completed
+}
+
+// newCall is a pending call deciding seg into out.
+func newCall(ctx context.Context, seg *segment, out []algo.Decision) *scriptCall {
+	c := &scriptCall{ctx: ctx, out: out, done: make(chan struct{})}
+	c.args.init(seg)
+	return c
 }
 
 func (c *scriptCall) claim() bool { return c.state.CompareAndSwap(callPending, callClaimed) }
@@ -158,7 +165,7 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	c := &scriptCall{ctx: ctx, seg: seg, out: out, done: make(chan struct{})}
+	c := newCall(ctx, &seg, out)
 	if b.timeout > 0 {
 		c.deadline = b.clock() + int64(b.timeout)
 	}
@@ -269,7 +276,7 @@ func (b *batcher) flushLoop(slot int) {
 		clear(batch) // under mu: the sweeper reads b.flights[slot]
 		n, hits := 0, 0
 		for n < len(b.queue) && n < maxBatch {
-			h := len(b.queue[n].seg.hits)
+			h := b.queue[n].args.hits()
 			if n > 0 && hits+h > maxBatchHits {
 				break
 			}
@@ -361,7 +368,7 @@ func (b *batcher) exec(batch []*scriptCall) {
 		for _, inv := range invs {
 			if isNoScript(inv.cmd.Err()) {
 				sha := round == 1 && len(retry) > 0
-				inv.cmd = scriptCmd(ctx, sha, segmentsOf(inv.calls))
+				inv.cmd = argsCmd(ctx, sha, segmentsOf(inv.calls))
 				retry = append(retry, inv)
 				continue
 			}
@@ -383,7 +390,7 @@ func (b *batcher) exec(batch []*scriptCall) {
 // the calls' order within each.
 func (b *batcher) group(ctx context.Context, calls []*scriptCall) []*invocation {
 	if !b.cluster {
-		return []*invocation{{calls: calls, cmd: scriptCmd(ctx, true, segmentsOf(calls))}}
+		return []*invocation{{calls: calls, cmd: argsCmd(ctx, true, segmentsOf(calls))}}
 	}
 	slices.SortStableFunc(calls, func(x, y *scriptCall) int { return cmp.Compare(x.slot, y.slot) })
 	var invs []*invocation
@@ -393,16 +400,16 @@ func (b *batcher) group(ctx context.Context, calls []*scriptCall) []*invocation 
 			j++
 		}
 		g := calls[i:j:j]
-		invs = append(invs, &invocation{calls: g, cmd: scriptCmd(ctx, true, segmentsOf(g))})
+		invs = append(invs, &invocation{calls: g, cmd: argsCmd(ctx, true, segmentsOf(g))})
 		i = j
 	}
 	return invs
 }
 
-func segmentsOf(calls []*scriptCall) []*segment {
-	segs := make([]*segment, len(calls))
+func segmentsOf(calls []*scriptCall) []*segArgs {
+	segs := make([]*segArgs, len(calls))
 	for i, c := range calls {
-		segs[i] = &c.seg
+		segs[i] = &c.args
 	}
 	return segs
 }

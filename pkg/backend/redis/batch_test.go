@@ -489,9 +489,9 @@ func TestClusterBatchBySlot(t *testing.T) {
 	var batch []*scriptCall
 	for i := range 12 {
 		k := keys[i%3]
-		c := &scriptCall{ctx: ctx, seg: segment{mode: modeTake, nowUS: -1, nonce: "c" + strconv.Itoa(i),
-			hits: []algo.Hit{{Key: k, Limit: l, Cost: 1}}}, slot: Slot(k), done: make(chan struct{})}
-		c.out = make([]algo.Decision, 1)
+		c := newCall(ctx, &segment{mode: modeTake, nowUS: -1, nonce: "c" + strconv.Itoa(i),
+			hits: []algo.Hit{{Key: k, Limit: l, Cost: 1}}}, make([]algo.Decision, 1))
+		c.slot = Slot(k)
 		batch = append(batch, c)
 	}
 	calls := slices.Clone(batch)
@@ -504,7 +504,7 @@ func TestClusterBatchBySlot(t *testing.T) {
 		// per key: calls 0..3 in order; the first 3 are allowed
 		nth := i / 3
 		if want := nth < 3; c.out[0].Allowed != want || (want && c.out[0].Remaining != int64(2-nth)) {
-			t.Errorf("call %d (key %s, #%d): %+v, want allowed %v", i, c.seg.hits[0].Key, nth, c.out[0], want)
+			t.Errorf("call %d (key %s, #%d): %+v, want allowed %v", i, c.args.keys[0], nth, c.out[0], want)
 		}
 	}
 	var mu sync.Mutex

@@ -49,6 +49,10 @@ var (
 	argModeTake   any = modeTake
 	argModeRefund any = modeRefund
 	argServerNow  any = ""
+	argEvalSHA    any = "evalsha"
+	argEval       any = "eval"
+	argSHA        any = takeScript.Hash()
+	argScript     any = takeLua
 )
 
 // segment is one request's hits (Cluster: one hash slot's hits of a
@@ -62,20 +66,43 @@ type segment struct {
 	hits  []algo.Hit
 }
 
-// appendArgs appends the segment's ARGV entries to args: mode, now_us
-// ("" for the server's TIME), nonce, number of hits, then per hit kind,
-// rate, period_us, burst, calendar, multiplier, cost, flags (1 release,
-// 2 soft).
-func (sg *segment) appendArgs(args []any) []any {
-	mode := argModeTake
+// segArgs is a segment's script arguments, copied from its hits when the
+// call is queued (so that a flush never reads a caller's hits, which the
+// caller may reuse once it has returned) and stored so that the command's
+// []any holds pointers into it (*string, *int64: go-redis writes them
+// without boxing allocations). It must not be copied after init.
+type segArgs struct {
+	mode  any // argModeTake or argModeRefund
+	now   any // argServerNow or &ints[0]
+	nonce string
+	keys  []string // KEYS of the segment's hits, in order
+	// ints are now_us, the number of hits, then per hit kind, rate,
+	// period_us, burst, calendar, multiplier, cost, flags (1 release,
+	// 2 soft).
+	ints []int64
+
+	keyBuf [1]string
+	intBuf [2 + fieldsPerHit]int64
+}
+
+// init copies sg's arguments into a.
+func (a *segArgs) init(sg *segment) {
+	n := len(sg.hits)
+	a.mode = argModeTake
 	if sg.mode == modeRefund {
-		mode = argModeRefund
+		a.mode = argModeRefund
 	}
-	now := argServerNow
+	a.nonce = sg.nonce
+	a.keys, a.ints = a.keyBuf[:0], a.intBuf[:0]
+	if n > len(a.keyBuf) {
+		a.keys = make([]string, 0, n)
+		a.ints = make([]int64, 0, 2+fieldsPerHit*n)
+	}
+	a.ints = append(a.ints, sg.nowUS, int64(n))
+	a.now = argServerNow
 	if sg.nowUS >= 0 {
-		now = sg.nowUS
+		a.now = &a.ints[0]
 	}
-	args = append(args, mode, now, sg.nonce, int64(len(sg.hits)))
 	for i := range sg.hits {
 		h := &sg.hits[i]
 		l := &h.Limit
@@ -86,33 +113,65 @@ func (sg *segment) appendArgs(args []any) []any {
 		if h.Soft {
 			flags |= 2
 		}
-		args = append(args,
+		a.keys = append(a.keys, h.Key)
+		a.ints = append(a.ints,
 			int64(l.Kind), l.Rate, l.Period.Microseconds(), l.Burst,
 			int64(l.Calendar), max(l.Multiplier, 1), h.Cost, flags)
+	}
+}
+
+// hits is the number of hits of the segment.
+func (a *segArgs) hits() int { return len(a.keys) }
+
+// appendKeys appends the segment's KEYS to args.
+func (a *segArgs) appendKeys(args []any) []any {
+	for i := range a.keys {
+		args = append(args, &a.keys[i])
 	}
 	return args
 }
 
-// scriptCmd is one script invocation deciding segs in order, as EVALSHA
-// (sha) or EVAL: command, SHA1 or script, numkeys, keys, segment count,
-// segments. The first key is at position 3 (Cluster routing).
+// appendArgs appends the segment's ARGV entries to args: mode, now_us
+// ("" for the server's TIME), nonce, number of hits, then per hit kind,
+// rate, period_us, burst, calendar, multiplier, cost, flags.
+func (a *segArgs) appendArgs(args []any) []any {
+	args = append(args, a.mode, a.now, &a.nonce)
+	for i := 1; i < len(a.ints); i++ {
+		args = append(args, &a.ints[i])
+	}
+	return args
+}
+
+// scriptCmd is one script invocation deciding segs in order (see
+// argsCmd).
 func scriptCmd(ctx context.Context, sha bool, segs []*segment) *goredis.Cmd {
+	as := make([]*segArgs, len(segs))
+	for i, sg := range segs {
+		as[i] = new(segArgs)
+		as[i].init(sg)
+	}
+	return argsCmd(ctx, sha, as)
+}
+
+// argsCmd is one script invocation deciding the segments of segs in order,
+// as EVALSHA (sha) or EVAL: command, SHA1 or script, numkeys, keys,
+// segment count, segments. The first key is at position 3 (Cluster
+// routing).
+func argsCmd(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	nkeys, nargs := 0, 1
 	for _, sg := range segs {
-		nkeys += len(sg.hits)
-		nargs += segmentHeader + fieldsPerHit*len(sg.hits)
+		nkeys += sg.hits()
+		nargs += segmentHeader + fieldsPerHit*sg.hits()
 	}
 	a := make([]any, 0, 3+nkeys+nargs)
 	if sha {
-		a = append(a, "evalsha", takeScript.Hash())
+		a = append(a, argEvalSHA, argSHA)
 	} else {
-		a = append(a, "eval", takeLua)
+		a = append(a, argEval, argScript)
 	}
 	a = append(a, int64(nkeys))
 	for _, sg := range segs {
-		for i := range sg.hits {
-			a = append(a, sg.hits[i].Key)
-		}
+		a = sg.appendKeys(a)
 	}
 	a = append(a, int64(len(segs)))
 	for _, sg := range segs {

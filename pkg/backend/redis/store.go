@@ -129,8 +129,12 @@ func (s *Store) nowUS() int64 {
 	return s.now().UnixMicro()
 }
 
+// nonce is a request's unique id for the script (one allocation).
 func (s *Store) nonce() string {
-	return s.noncePrefix + strconv.FormatUint(s.seq.Add(1), 36)
+	var b [32]byte
+	n := append(b[:0], s.noncePrefix...)
+	n = strconv.AppendUint(n, s.seq.Add(1), 36)
+	return string(n)
 }
 
 // Take decides all hits of one request atomically and all-or-nothing (see
