@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -577,4 +578,70 @@ func BenchmarkInvocation(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestCallTimeoutError: the sweeper's error is a timeout outage
+// (CauseTimeout, errors.Is context.DeadlineExceeded), so the breaker and
+// the failure modes treat it like a go-redis read timeout.
+func TestCallTimeoutError(t *testing.T) {
+	if got := CauseOf(ErrCallTimeout); got != CauseTimeout {
+		t.Errorf("CauseOf(ErrCallTimeout) = %q, want %q", got, CauseTimeout)
+	}
+	if !errors.Is(ErrCallTimeout, context.DeadlineExceeded) {
+		t.Error("ErrCallTimeout does not wrap context.DeadlineExceeded")
+	}
+	if !isOutage(ErrCallTimeout) {
+		t.Error("ErrCallTimeout is not an outage")
+	}
+	for _, tc := range []struct{ timeout, want time.Duration }{
+		{10 * time.Millisecond, time.Millisecond},
+		{20 * time.Millisecond, time.Millisecond},
+		{5 * time.Millisecond, 500 * time.Microsecond},
+		{100 * time.Microsecond, 100 * time.Microsecond},
+	} {
+		if got := sweepTick(tc.timeout); got != tc.want {
+			t.Errorf("sweepTick(%v) = %v, want %v", tc.timeout, got, tc.want)
+		}
+	}
+}
+
+// TestSegArgsCopiesHits: a call's arguments are copied from its hits when
+// it is queued, so a caller that reuses its hits after leaving at its
+// deadline cannot change what a flush sends.
+func TestSegArgsCopiesHits(t *testing.T) {
+	l := algo.Limit{Kind: algo.TokenBucket, Rate: 1000, Period: time.Minute, Burst: 300}
+	hits := []algo.Hit{{Key: "a", Limit: l, Cost: 2, Soft: true}, {Key: "b", Limit: l, Cost: 1, Release: true}}
+	for _, n := range []int{1, 2} {
+		var a segArgs
+		a.init(&segment{mode: modeRefund, nowUS: 1234, nonce: "n1", hits: hits[:n]})
+		want := cmdArgs(argsCmd(context.Background(), true, []*segArgs{&a}))
+		for i := range hits {
+			hits[i] = algo.Hit{Key: "changed", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 7, Period: time.Second}}
+		}
+		got := cmdArgs(argsCmd(context.Background(), true, []*segArgs{&a}))
+		if !slices.Equal(got, want) {
+			t.Errorf("%d hits: args after the hits changed %v, want %v", n, got, want)
+		}
+		wantTail := []string{"1", "r", "1234", "n1", strconv.Itoa(n)}
+		if k := 3 + n; !slices.Equal(got[k:k+5], wantTail) || got[3] != "a" || got[2] != strconv.Itoa(n) {
+			t.Errorf("%d hits: args %v, want keys from a and ARGV starting %v", n, got, wantTail)
+		}
+		hits = []algo.Hit{{Key: "a", Limit: l, Cost: 2, Soft: true}, {Key: "b", Limit: l, Cost: 1, Release: true}}
+	}
+}
+
+// cmdArgs is cmd's arguments as go-redis writes them (pointers
+// dereferenced), formatted.
+func cmdArgs(cmd *goredis.Cmd) []string {
+	var out []string
+	for _, a := range cmd.Args() {
+		switch v := a.(type) {
+		case *string:
+			a = *v
+		case *int64:
+			a = *v
+		}
+		out = append(out, fmt.Sprint(a))
+	}
+	return out
 }

@@ -22,8 +22,10 @@ import (
 // EVALSHA per flush (Cluster: one per hash slot). It implements
 // service.Store. Safe for concurrent use; at most Options.Pipelines
 // flushes are in flight at a time, each on one pooled connection (see
-// batcher), and every call returns within its
-// deadline: min(the caller's context deadline, Options.Timeout).
+// batcher), and every call returns by its deadline: min(the caller's
+// context deadline, Options.Timeout after it was queued), plus scheduling
+// delay, and for the Timeout plus at most one sweeper tick
+// (min(1 ms, max(100 µs, Timeout/10))).
 type Store struct {
 	client goredis.UniversalClient
 	// batch runs the script: it pipelines concurrent requests (one write
