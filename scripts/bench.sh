@@ -61,14 +61,22 @@ backend_failures() {
   SVC_E=$e; SVC_F=$f
 }
 
+redis_cpu() { redis-cli -p "$RP" info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.6f", s }'; }
+
 echo "== machine: $(nproc) cores, redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2), $(go version | cut -d' ' -f3); load client: rlload --client $CLIENTS"
 echo "== load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for backend in $BACKENDS; do
   run_service "$backend"
   for client in $CLIENTS; do
     echo "== ratelimitd --backend $backend ${extra[*]}: rlload --client $client, concurrency $CONC, keys $KEYS, $DUR"
+    r0=$(redis_cpu)
     "$work/rlload" --client "$client" --addr "127.0.0.1:$GP" --concurrency "$CONC" --keys "$KEYS" --duration "$DUR" \
-      --metrics "http://127.0.0.1:$HP/metrics"
+      --metrics "http://127.0.0.1:$HP/metrics" | tee "$work/run.txt"
+    if [ "$backend" = redis ]; then
+      # Redis' CPU (INFO cpu, user+sys) over the run, warm-up included, per
+      # measured decision: an upper bound of the true share.
+      echo "redis CPU $(awk -v a="$r0" -v b="$(redis_cpu)" '/^decisions /{printf "%.1f", (b-a)*1e6/$2}' "$work/run.txt") µs per decision (warm-up included)"
+    fi
     backend_failures
   done
   kill "$SVC"; wait "$SVC" 2>/dev/null || true
@@ -88,6 +96,14 @@ echo "== redis-benchmark EVALSHA take.lua (fixed_window, 1 hit), $CONC clients, 
 # multiplier, cost, flags.
 redis-benchmark -p "$RP" -c "$CONC" -n 300000 -r "$KEYS" -q \
   EVALSHA "$SHA" 1 "bench:__rand_int__" 1 t "" n 1 0 1000 1000000 0 0 1 1 0 2>&1 | last_line ||
+  echo "redis-benchmark failed (do the ARGV above still match take.lua?)"
+# The same script deciding 16 requests (segments) per call, as the service
+# batches concurrent requests: the ceiling in decisions/s is 16× the calls/s.
+seg=(); keys16=()
+for _ in $(seq 16); do keys16+=("bench:__rand_int__"); seg+=(t "" n 1 0 1000 1000000 0 0 1 1 0); done
+echo "== redis-benchmark EVALSHA take.lua, 16 segments per call (decisions/s = 16 x calls/s), $CONC clients, $KEYS keys"
+redis-benchmark -p "$RP" -c "$CONC" -n 30000 -r "$KEYS" -q \
+  EVALSHA "$SHA" 16 "${keys16[@]}" 16 "${seg[@]}" 2>&1 | last_line ||
   echo "redis-benchmark failed (do the ARGV above still match take.lua?)"
 SHA2=$(redis-cli -p "$RP" SCRIPT LOAD "local c = redis.call('INCRBY', KEYS[1], ARGV[1]); redis.call('PEXPIRE', KEYS[1], 60000); return c")
 echo "== redis-benchmark EVALSHA INCRBY+PEXPIRE, $CONC clients, $KEYS keys"
