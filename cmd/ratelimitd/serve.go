@@ -119,6 +119,8 @@ func (s *server) updateHealth() {
 	if s.serving() {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
+	// SetServingStatus is cheap, and grpc-go's Watch sends a status to a
+	// stream only when it changed, so polling often costs nothing visible.
 	for _, name := range []string{"", rlsServiceName, legacyHealth} {
 		s.health.SetServingStatus(name, st)
 	}
@@ -130,6 +132,11 @@ func (s *server) updateHealth() {
 		s.health.SetServingStatus(backendHealth, bs)
 	}
 }
+
+// backendHealthPoll is how often the gRPC health of the backend
+// ("ratelimitd.backend") is brought up to date with the Store's Healthy:
+// the status lags the circuit breaker by at most this much.
+const backendHealthPoll = 100 * time.Millisecond
 
 // envoyFilterTimeout is the default timeout of Envoy's HTTP rate-limit
 // filter (envoy.extensions.filters.http.ratelimit.v3.RateLimit.timeout).
@@ -348,7 +355,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t := time.NewTicker(time.Second)
+			t := time.NewTicker(backendHealthPoll)
 			defer t.Stop()
 			for {
 				select {

@@ -37,9 +37,12 @@ const (
 	// CauseNoScript: Redis answered NOSCRIPT (script cache flushed); the
 	// Store reloads the script and retries, so this rarely escapes.
 	CauseNoScript = "noscript"
-	// CauseAuth: authentication or ACL permission failure (WRONGPASS,
-	// NOAUTH, NOPERM) or an untrusted server certificate: a configuration
-	// error, not an outage.
+	// CauseAuth: the server refused the Store's configuration:
+	// authentication or ACL permission failure (WRONGPASS, NOAUTH, NOPERM),
+	// a database index it does not have (the URL's /N beyond its
+	// `databases`), or an untrusted server certificate. A configuration
+	// error, not an outage: it does not open the circuit, but Store.Healthy
+	// is false until a call succeeds.
 	CauseAuth = "auth"
 	// CauseCircuitOpen: the circuit breaker is open; Redis was not called.
 	CauseCircuitOpen = "circuit_open"
@@ -132,7 +135,7 @@ func classify(err error) (cause string, outage bool) {
 		case strings.HasPrefix(msg, "NOSCRIPT "):
 			return CauseNoScript, false
 		case strings.HasPrefix(msg, "WRONGPASS "), strings.HasPrefix(msg, "NOAUTH "),
-			strings.HasPrefix(msg, "NOPERM "):
+			strings.HasPrefix(msg, "NOPERM "), strings.HasPrefix(msg, "ERR DB index is out of range"):
 			return CauseAuth, false
 		}
 		// go-redis also reports some client-side conditions as Error

@@ -54,6 +54,7 @@ func TestClassify(t *testing.T) {
 		{replyErr("NOSCRIPT No matching script. Please use EVAL."), redis.CauseNoScript, false},
 		{replyErr("WRONGPASS invalid username-password pair or user is disabled."), redis.CauseAuth, false},
 		{replyErr("NOPERM this user has no permissions to run the 'evalsha' command"), redis.CauseAuth, false},
+		{replyErr("ERR DB index is out of range"), redis.CauseAuth, false},
 		{replyErr("ERR Error running script (call to f_x): @user_script:1: oops"), redis.CauseOther, false},
 		{errors.New("something odd"), redis.CauseOther, true},
 		{redis.ErrCircuitOpen, redis.CauseCircuitOpen, false},

@@ -94,6 +94,9 @@ func (s *Store) healthLoop(h *healthProbe) {
 		next := h.interval
 		if s.needPing(h) {
 			err := s.breaker.Do(h.ctx, s.timeout, s.ping)
+			if !errors.Is(err, ErrCircuitOpen) && h.ctx.Err() == nil {
+				s.noteOutcome(err)
+			}
 			if isOutage(err) && s.breaker.Healthy() {
 				// Not yet enough failures to open the circuit: confirm soon.
 				next = s.timeout

@@ -227,3 +227,52 @@ func TestHealthProbeCluster(t *testing.T) {
 	t.Logf("cluster: circuit closed %v after the master answers again (cluster_state:ok after %v), no traffic",
 		time.Since(back), ok)
 }
+
+// TestHealthRefusedConfiguration: a server that refuses the Store's
+// configuration (a database index it does not have, a wrong password)
+// answers fast, so the circuit stays closed, but the Store is not healthy:
+// with traffic and, through the probe, without; and healthy again once the
+// server accepts the configuration.
+func TestHealthRefusedConfiguration(t *testing.T) {
+	redistest.Require(t)
+	ctx := context.Background()
+	hit := []algo.Hit{{Key: "refused", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Minute}, Cost: 1}}
+
+	t.Run("db index", func(t *testing.T) {
+		srv := redistest.Standalone(t)
+		o := redis.DefaultOptions()
+		o.URL = strings.TrimSuffix(srv.URL(), "/0") + "/99" // redis-server has 16 databases
+		s := newHealthStore(t, o)
+		_, err := s.Take(ctx, hit)
+		if redis.CauseOf(err) != redis.CauseAuth {
+			t.Fatalf("Take on db 99: %v (cause %q), want cause auth", err, redis.CauseOf(err))
+		}
+		waitState(t, s, false, 10*healthInterval, "closed")
+		// The probe alone keeps it so (no more traffic).
+		time.Sleep(3 * healthInterval)
+		waitState(t, s, false, 0, "closed")
+		// (redis-server cannot gain databases at runtime; recovery is
+		// checked with the password below.)
+	})
+
+	t.Run("password", func(t *testing.T) {
+		srv := redistest.Standalone(t, redistest.WithACLUser("alice", "right"))
+		o := redis.DefaultOptions()
+		o.URL = srv.URL()
+		o.Username, o.Password = "alice", "wrong"
+		s := newHealthStore(t, o)
+		// Without traffic: the probe's PING is refused.
+		waitState(t, s, false, 20*healthInterval, "closed")
+		if _, err := s.Take(ctx, hit); redis.CauseOf(err) != redis.CauseAuth {
+			t.Fatalf("Take with a wrong password: %v (cause %q), want cause auth", err, redis.CauseOf(err))
+		}
+		// The operator fixes the ACL: the next PING (or call) succeeds.
+		if _, err := srv.Do(ctx, "ACL", "SETUSER", "alice", "resetpass", ">wrong"); err != nil {
+			t.Fatalf("ACL SETUSER: %v", err)
+		}
+		waitState(t, s, true, 30*healthInterval, "closed")
+		if _, err := s.Take(ctx, hit); err != nil {
+			t.Fatalf("Take after the ACL fix: %v", err)
+		}
+	})
+}

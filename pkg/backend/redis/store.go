@@ -48,6 +48,10 @@ type Store struct {
 	// health PINGs Redis when no call succeeded lately (nil: disabled by
 	// Options.HealthInterval 0); see healthProbe.
 	health *healthProbe
+	// refused is set when a call or PING failed with CauseAuth (the server
+	// refused our credentials, ACL permissions, database index or
+	// certificate) and cleared by the next success: see Healthy.
+	refused atomic.Bool
 }
 
 // New returns a Store for opts (start from DefaultOptions). It does not
@@ -174,7 +178,31 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 // Timeout apart, FailFor for timeouts) and true again about one interval
 // after Redis answers (plus Breaker.OpenFor, and go-redis' 1 s redial
 // after PoolSize failed dials).
-func (s *Store) Healthy() bool { return s.breaker.Healthy() }
+//
+// It is also false while the server refuses the Store's configuration:
+// from a call or PING that failed with CauseAuth (WRONGPASS, NOAUTH,
+// NOPERM, a database index the server does not have, an untrusted server
+// certificate) until the next call or PING that succeeds. Such replies
+// come fast from a live server, so they do not open the circuit (each
+// request still asks Redis and gets its failure mode), but the backend is
+// not serving. Without traffic the probe's PING keeps this current; an
+// ACL that allows PING but refuses EVALSHA makes it alternate with the
+// probe (one interval each way).
+func (s *Store) Healthy() bool { return s.breaker.Healthy() && !s.refused.Load() }
+
+// noteOutcome keeps refused current from the classified outcome of a call
+// or PING (nil: success).
+func (s *Store) noteOutcome(err error) {
+	if err == nil {
+		if s.refused.Load() {
+			s.refused.Store(false)
+		}
+		return
+	}
+	if CauseOf(err) == CauseAuth {
+		s.refused.Store(true)
+	}
+}
 
 // BreakerState is the circuit breaker's state now: "closed", "open" or
 // "half_open" (the label of ratelimitd_backend_circuit_state). Kept
@@ -194,6 +222,7 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 	scriptNow, err := s.batch.do(ctx, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
 	err = Classify(err)
 	s.breaker.record(start, s.breaker.now(), err)
+	s.noteOutcome(err)
 	if err == nil {
 		s.callSucceeded()
 	}
