@@ -129,6 +129,11 @@ func (p gcPolicy) log(log *slog.Logger) {
 		attrs = append(attrs, "cgroup", p.CgroupNote)
 	}
 	log.Info("go gc policy", attrs...)
+	if p.Percent < 0 && p.Limit == noMemoryLimit {
+		// Only GOGC=off gets here (--gc-percent=-1 is refused without a
+		// limit): the runtime's choice, but the heap grows without bound.
+		log.Warn("GOGC=off without a memory limit: the heap is never collected and grows until the process is killed; set GOMEMLIMIT or --memory-limit")
+	}
 }
 
 // runtimeGC reads the GC percent and soft memory limit in force from
@@ -150,7 +155,12 @@ func runtimeGC() (int, int64) {
 	return percent, limit
 }
 
-// byteSize is a flag.Value of bytes: a non-negative number (decimals
+// minMemoryLimit is the smallest --memory-limit accepted (0 aside): the
+// service's own heap is several MiB before any key is stored.
+const minMemoryLimit = 16 << 20
+
+// byteSize is a flag.Value of bytes (--memory-limit: 0, or at least
+// minMemoryLimit): a non-negative number (decimals
 // allowed) with an optional unit, case-insensitive: B; KiB, MiB, GiB, TiB
 // (or Ki, Mi, Gi, Ti as in Kubernetes quantities) are powers of 1024; KB,
 // MB, GB, TB (or K, M, G, T) powers of 1000. "400MiB" = 419430400.
@@ -168,6 +178,9 @@ func (b *byteSize) Set(s string) error {
 	if err != nil {
 		return err
 	}
+	if n > 0 && n < minMemoryLimit {
+		return fmt.Errorf("%q is below %s: a soft memory limit that small makes the GC run all the time (is a unit missing? e.g. 400MiB)", s, formatBytes(minMemoryLimit))
+	}
 	*b = byteSize(n)
 	return nil
 }
@@ -183,6 +196,9 @@ var byteUnits = map[string]int64{
 // a byte (1.5 KB = 1500, 0.3 KiB = 307) are dropped.
 func parseBytes(s string) (int64, error) {
 	t := strings.TrimSpace(s)
+	if strings.HasPrefix(t, "-") {
+		return 0, fmt.Errorf("%q is negative", s)
+	}
 	i := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
 	if i < 0 {
 		i = len(t)
@@ -215,6 +231,9 @@ func parseBytes(s string) (int64, error) {
 	}
 	if v *= float64(mult); v >= math.MaxInt64 {
 		return 0, tooLarge
+	}
+	if v > 0 && v < 1 {
+		return 0, fmt.Errorf("%q is less than one byte", s)
 	}
 	return int64(v), nil
 }

@@ -166,13 +166,18 @@ func TestGCPolicyLog(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	gcPolicy{Percent: 400, PercentSource: "flag", Limit: 429496729, LimitSource: "cgroup", Cgroup: 512 * mib}.log(log)
 	gcPolicy{Percent: 100, PercentSource: "env", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "the cgroup sets no memory limit"}.log(log)
+	gcPolicy{Percent: -1, PercentSource: "env", Limit: math.MaxInt64, LimitSource: "none"}.log(log) // GOGC=off alone: warned
+	gcPolicy{Percent: -1, PercentSource: "env", Limit: 200 * mib, LimitSource: "env"}.log(log)      // with a limit: fine
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 2 {
+	if len(lines) != 5 {
 		t.Fatalf("%d lines:\n%s", len(lines), buf.String())
 	}
 	for i, want := range [][]string{
 		{"level=INFO", `msg="go gc policy"`, "gc_percent=400", "gc_percent_source=flag", "memory_limit=429496729", "memory_limit_bytes=429496729", "memory_limit_source=cgroup", "cgroup_memory_limit_bytes=536870912"},
 		{"gc_percent=100", "gc_percent_source=env", "memory_limit=none", "memory_limit_source=none", `cgroup="the cgroup sets no memory limit"`},
+		{"gc_percent=-1", "memory_limit=none"},
+		{"level=WARN", "GOGC=off without a memory limit"},
+		{"level=INFO", "gc_percent=-1", "memory_limit=200MiB"},
 	} {
 		for _, w := range want {
 			if !strings.Contains(lines[i], w) {
@@ -193,9 +198,20 @@ func TestParseBytes(t *testing.T) {
 			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "MiB", "-1", "-5MiB", "1XB", "1.2.3", "1e3", "NaN", "99999999999TiB", "9223372036854775808", "8388608TiB", "10 iB", "0x10", "."} {
+	for _, in := range []string{"", "MiB", "-1", "-5MiB", "0.5", "0.9B", "1XB", "1.2.3", "1e3", "NaN", "99999999999TiB", "9223372036854775808", "8388608TiB", "10 iB", "0x10", "."} {
 		if got, err := parseBytes(in); err == nil {
 			t.Errorf("parseBytes(%q) = %d, want an error", in, got)
+		}
+	}
+	var b byteSize
+	for in, want := range map[string]string{"400": "below 16MiB", "15MiB": "below 16MiB", "-5MiB": "negative", "0.5": "less than one byte"} {
+		if err := b.Set(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("--memory-limit=%s: %v, want an error with %q", in, err, want)
+		}
+	}
+	for in, want := range map[string]byteSize{"0": 0, "16MiB": 16 * mib, "400MiB": 400 * mib} {
+		if err := b.Set(in); err != nil || b != want {
+			t.Errorf("--memory-limit=%s: %d, %v; want %d", in, b, err, want)
 		}
 	}
 	for n, want := range map[int64]string{0: "0", 1: "1", 1023: "1023", 1024: "1KiB", 400 * mib: "400MiB", 1 << 30: "1GiB", 1<<30 + 1: "1073741825", 5 << 40: "5TiB"} {
@@ -222,4 +238,25 @@ func FuzzParseBytes(f *testing.F) {
 			t.Fatalf("parseBytes(formatBytes(%d)) = %d, %v", n, back, err)
 		}
 	})
+}
+
+// TestEnvTwinNamedInErrors: a bad value set through a RATELIMITD_* twin is
+// reported with the variable's name, and not when the command line
+// overrides it.
+func TestEnvTwinNamedInErrors(t *testing.T) {
+	env := map[string]string{"RATELIMITD_REDIS_PIPELINES": "-1", "RATELIMITD_LOG_LEVEL": "loud"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	_, _, err := parseServe([]string{"--config", "x.yaml"}, lookup, io.Discard)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"--redis-pipelines=-1", "(set by RATELIMITD_REDIS_PIPELINES)", "(set by RATELIMITD_LOG_LEVEL)"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	_, _, err = parseServe([]string{"--config", "x.yaml", "--log-level", "loud2", "--redis-pipelines", "2"}, lookup, io.Discard)
+	if err == nil || strings.Contains(err.Error(), "set by") || !strings.Contains(err.Error(), "loud2") {
+		t.Errorf("command-line values: error %v, want one naming loud2 and no variable", err)
+	}
 }

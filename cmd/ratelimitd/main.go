@@ -91,6 +91,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		}
 		gc, err := chooseGC(opts, lookup, cgroupMemoryLimit, runtimeGC)
 		if err != nil {
+			err = opts.annotateEnv(err)
 			fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)
 			return 2
 		}

@@ -129,6 +129,11 @@ type Options struct {
 	TracingInsecure    bool
 	TracingSampleRatio float64
 	TracingServiceName string
+
+	// fromEnv maps the name of each flag whose value came from its
+	// RATELIMITD_* twin (not overridden on the command line) to that
+	// variable, so that errors name where a bad value was set.
+	fromEnv map[string]string
 }
 
 // defaultOptions are the contract's defaults.
@@ -319,6 +324,12 @@ func parseServe(args []string, lookup func(string) (string, bool), usage io.Writ
 	for _, l := range lists {
 		l.touched = false
 	}
+	envValues := map[string]string{} // flag name → its value as set from the twin
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := lookup(envName(f.Name)); ok {
+			envValues[f.Name] = f.Value.String()
+		}
+	})
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
@@ -337,7 +348,44 @@ func parseServe(args []string, lookup func(string) (string, bool), usage io.Writ
 		o.LogLevel = "warn"
 	}
 	o.LogFormat = strings.ToLower(strings.TrimSpace(o.LogFormat))
-	return o, warnings, o.Validate()
+	for name, v := range envValues {
+		if fs.Lookup(name).Value.String() == v {
+			if o.fromEnv == nil {
+				o.fromEnv = map[string]string{}
+			}
+			o.fromEnv[name] = envName(name)
+		}
+	}
+	return o, warnings, o.annotateEnv(o.Validate())
+}
+
+// annotateEnv returns err with every line that starts with a flag whose
+// value came from its environment twin ("--gc-percent=-1: ...") followed
+// by " (set by RATELIMITD_GC_PERCENT)"; nil stays nil.
+func (o Options) annotateEnv(err error) error {
+	if err == nil || len(o.fromEnv) == 0 {
+		return err
+	}
+	lines := strings.Split(err.Error(), "\n")
+	changed := false
+	for i, l := range lines {
+		rest, ok := strings.CutPrefix(l, "--")
+		if !ok {
+			continue
+		}
+		end := strings.IndexFunc(rest, func(r rune) bool { return r != '-' && (r < 'a' || r > 'z') && (r < '0' || r > '9') })
+		if end < 0 {
+			end = len(rest)
+		}
+		if v, ok := o.fromEnv[rest[:end]]; ok {
+			lines[i] = l + " (set by " + v + ")"
+			changed = true
+		}
+	}
+	if !changed {
+		return err
+	}
+	return fmt.Errorf("%s", strings.Join(lines, "\n"))
 }
 
 // nonFlagVariables are RATELIMITD_* variables read by the project's tests

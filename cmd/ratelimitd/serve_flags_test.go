@@ -43,7 +43,7 @@ func TestServiceOptionFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(o, e); diff != "" {
+	if diff := cmp.Diff(o, e, ignoreFromEnv); diff != "" {
 		t.Errorf("twins differ from flags (-flags +twins):\n%s", diff)
 	}
 	for _, bad := range [][]string{{"--fail-closed-retry-after=0s"}, {"--detailed-metric-cap=0"}, {"--memory-max-keys=-1"}} {
