@@ -7,7 +7,8 @@
 #
 #   scripts/bench.sh [duration=10s] [concurrency=50] [keys=10000]
 #
-# Environment: REDIS_TIMEOUT (e.g. 50ms) passes --redis-timeout to the
+# Environment: SERVICE_ENV (e.g. "GOMAXPROCS=1") is the service's extra
+# environment; REDIS_TIMEOUT (e.g. 50ms) passes --redis-timeout to the
 # service (default: the service's default); BACKENDS (default "redis
 # memory") selects the runs; CLIENT (h2, grpc or both; default h2) selects
 # rlload's --client: h2 frames gRPC by hand over HTTP/2 and costs a few µs
@@ -38,7 +39,7 @@ extra=()
 if [ -n "${REDIS_TIMEOUT:-}" ]; then extra+=(--redis-timeout "$REDIS_TIMEOUT"); fi
 
 run_service() { # backend
-  "$work/ratelimitd" serve --config scripts/bench/bench.yaml --backend "$1" \
+  env ${SERVICE_ENV:-} "$work/ratelimitd" serve --config scripts/bench/bench.yaml --backend "$1" \
     --redis-url "redis://127.0.0.1:$RP/0" --grpc-addr "127.0.0.1:$GP" --http-addr "127.0.0.1:$HP" \
     --debug-addr "127.0.0.1:$DP" --log-level error "${extra[@]}" >"$work/svc-$1.log" 2>&1 &
   SVC=$!; SVC_E=0; SVC_F=0
@@ -68,7 +69,7 @@ echo "== load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for backend in $BACKENDS; do
   run_service "$backend"
   for client in $CLIENTS; do
-    echo "== ratelimitd --backend $backend ${extra[*]}: rlload --client $client, concurrency $CONC, keys $KEYS, $DUR"
+    echo "== ${SERVICE_ENV:+$SERVICE_ENV }ratelimitd --backend $backend ${extra[*]}: rlload --client $client, concurrency $CONC, keys $KEYS, $DUR"
     r0=$(redis_cpu)
     "$work/rlload" --client "$client" --addr "127.0.0.1:$GP" --concurrency "$CONC" --keys "$KEYS" --duration "$DUR" \
       --metrics "http://127.0.0.1:$HP/metrics" | tee "$work/run.txt"
