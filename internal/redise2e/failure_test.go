@@ -314,6 +314,20 @@ func TestFailureModesOOMReadonlyStartup(t *testing.T) {
 		if !filled {
 			t.Fatal("maxmemory never reached")
 		}
+		// The SET refused above leaves used_memory within a 64 KB query
+		// buffer of maxmemory: once that buffer is freed, small writes fit
+		// again (a script's SET did, every run, once warm had loaded the
+		// script: before, the first EVAL's ~40 KB body tipped it over).
+		// Lower maxmemory 1 MB below used_memory so that every write is
+		// refused whatever buffers come and go; FLUSHALL frees ~2 MB.
+		info, err := ctl.Info(ctx, "memory").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		used := infoInt(t, info, "used_memory")
+		if err := ctl.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used-1<<20, 10)).Err(); err != nil {
+			t.Fatal(err)
+		}
 		checkFailureModes(t, in, redis.CauseOOM)
 		if !in.store.Healthy() {
 			t.Error("an OOM reply opened the circuit breaker (a live server answered)")
@@ -357,6 +371,22 @@ func TestFailureModesOOMReadonlyStartup(t *testing.T) {
 			t.Errorf("normal answers resumed %v after Redis started, want <= %v", took, recoveryBound)
 		}
 	})
+}
+
+// infoInt is the integer field name of an INFO reply.
+func infoInt(t testing.TB, info, name string) int64 {
+	t.Helper()
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("INFO %s: %v", name, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO has no %s", name)
+	return 0
 }
 
 // TestBriefStallDoesNotOpenCircuit: Redis frozen for 30 ms (three
