@@ -317,7 +317,7 @@ func TestFailureModesOOMReadonlyStartup(t *testing.T) {
 		// The SET refused above leaves used_memory within a 64 KB query
 		// buffer of maxmemory: once that buffer is freed, small writes fit
 		// again (a script's SET did, every run, once warm had loaded the
-		// script: before, the first EVAL's ~40 KB body tipped it over).
+		// script: before, the first EVAL's 32 KB body tipped it over).
 		// Lower maxmemory 1 MB below used_memory so that every write is
 		// refused whatever buffers come and go; FLUSHALL frees ~2 MB.
 		info, err := ctl.Info(ctx, "memory").Result()
