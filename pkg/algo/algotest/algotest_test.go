@@ -17,34 +17,7 @@ type refStore struct {
 }
 
 func (s *refStore) Take(_ context.Context, hits []algo.Hit) ([]algo.Decision, error) {
-	now := s.now()
-	tent := map[string]algo.State{}
-	out := make([]algo.Decision, len(hits))
-	denied := false
-	for i, h := range hits {
-		st, ok := tent[h.Key]
-		if !ok {
-			st = s.states[h.Key]
-		}
-		ns, d := algo.Apply(st, h, now)
-		tent[h.Key] = ns
-		out[i] = d
-		if !d.Allowed && !h.Soft {
-			denied = true
-		}
-	}
-	if denied {
-		for i, h := range hits {
-			if out[i].Allowed {
-				_, out[i] = algo.Take(h.Limit, s.states[h.Key], now, 0)
-			}
-		}
-		return out, nil
-	}
-	for k, v := range tent {
-		s.states[k] = v
-	}
-	return out, nil
+	return algotest.Reference(s.states, hits, s.now()), nil
 }
 
 func TestReferenceStore(t *testing.T) {

@@ -10,47 +10,10 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
-
-// reference decides a request the way the Store contract says (the
-// reference store of pkg/algo/algotest), with pkg/algo: hits in order on
-// tentative states; when a hit that is not Soft is denied (a check-only hit too)
-// nothing is kept and
-// the hits that did not deny report a check (algo.Take with cost 0)
-// against the state before the request.
-func reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []algo.Decision {
-	tent := make(map[string]algo.State, len(hits))
-	get := func(k string) algo.State {
-		if s, ok := tent[k]; ok {
-			return s
-		}
-		return states[k]
-	}
-	out := make([]algo.Decision, len(hits))
-	denied := false
-	for i, h := range hits {
-		ns, d := algo.Apply(get(h.Key), h, now)
-		tent[h.Key] = ns
-		out[i] = d
-		if !d.Allowed && !h.Soft {
-			denied = true
-		}
-	}
-	if !denied {
-		for k, s := range tent {
-			states[k] = s
-		}
-		return out
-	}
-	for i, h := range hits {
-		if out[i].Allowed {
-			_, out[i] = algo.Take(h.Limit, states[h.Key], now, 0)
-		}
-	}
-	return out
-}
 
 func genLimit(t *rapid.T, kind algo.Kind) algo.Limit {
 	l := algo.Limit{
@@ -161,7 +124,7 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
 							hits[i].Release = true
 						}
 					}
-					want := reference(states, hits, now)
+					want := algotest.Reference(states, hits, now)
 					rt.Logf("step %d at %d: hits %+v -> %+v", step, now.UnixMicro(), hits, want)
 					clk.Set(now)
 					got, err := s.Take(ctx, hits)

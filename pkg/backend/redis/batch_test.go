@@ -15,6 +15,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -106,7 +107,7 @@ func TestBatchMixedSegments(t *testing.T) {
 		if errs[i] != nil {
 			t.Fatalf("segment %d: %v", i, errs[i])
 		}
-		want := referenceTake(states, h, batchEpoch)
+		want := algotest.Reference(states, h, batchEpoch)
 		if !slices.Equal(outs[i], want) {
 			t.Errorf("segment %d %+v:\n redis %+v\n  algo %+v", i, h, outs[i], want)
 		}
@@ -143,40 +144,6 @@ func requestAllowed(hits []algo.Hit, out []algo.Decision) bool {
 		}
 	}
 	return true
-}
-
-// referenceTake is the Store contract with pkg/algo (the reference store
-// of algotest): hits in order on tentative states, nothing kept when a hit
-// that is not Soft is denied, and then the hits that did not deny report a
-// check on the state before the request.
-func referenceTake(states map[string]algo.State, hits []algo.Hit, now time.Time) []algo.Decision {
-	tent := map[string]algo.State{}
-	get := func(k string) algo.State {
-		if s, ok := tent[k]; ok {
-			return s
-		}
-		return states[k]
-	}
-	out := make([]algo.Decision, len(hits))
-	denied := false
-	for i, h := range hits {
-		ns, d := algo.Apply(get(h.Key), h, now)
-		tent[h.Key] = ns
-		out[i] = d
-		denied = denied || !d.Allowed && !h.Soft
-	}
-	if !denied {
-		for k, s := range tent {
-			states[k] = s
-		}
-		return out
-	}
-	for i, h := range hits {
-		if out[i].Allowed {
-			_, out[i] = algo.Take(h.Limit, states[h.Key], now, 0)
-		}
-	}
-	return out
 }
 
 // TestBatchSegmentError: a segment that fails (WRONGTYPE: its key holds a

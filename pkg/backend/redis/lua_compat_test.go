@@ -14,6 +14,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -198,7 +199,7 @@ func TestLuaCrossVersion(t *testing.T) {
 							rt.Fatalf("step %d segment %d: %s", step, s, oldLines[s])
 						}
 						if checked && segs[s].mode == "t" {
-							want := reference(states, segs[s].hits, now)
+							want := algotest.Reference(states, segs[s].hits, now)
 							got := luaDecisions(rt, oldLines[s], len(segs[s].hits))
 							for i := range want {
 								if got[i] != want[i] {
