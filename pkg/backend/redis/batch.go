@@ -442,7 +442,7 @@ func (inv *invocation) deliver() {
 	}
 	for _, c := range inv.calls {
 		if !c.claim() {
-			r = skipLine(r)
+			_, r, _ = strings.Cut(r, "\n")
 			continue
 		}
 		if err != nil {
@@ -453,14 +453,6 @@ func (inv *invocation) deliver() {
 		r = rest
 		c.finish(now, perr)
 	}
-}
-
-// skipLine is r after its first "\n" ("" when there is none).
-func skipLine(r string) string {
-	if i := strings.IndexByte(r, '\n'); i >= 0 {
-		return r[i+1:]
-	}
-	return ""
 }
 
 // isNoScript reports a NOSCRIPT error reply (the script cache was flushed,

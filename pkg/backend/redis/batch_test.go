@@ -21,6 +21,17 @@ import (
 
 var batchEpoch = time.Date(2026, 3, 14, 15, 9, 26, 535897000, time.UTC)
 
+// scriptCmd is one script invocation deciding segs in order (see
+// argsCmd).
+func scriptCmd(ctx context.Context, sha bool, segs []*segment) *goredis.Cmd {
+	as := make([]*segArgs, len(segs))
+	for i, sg := range segs {
+		as[i] = new(segArgs)
+		as[i].init(sg)
+	}
+	return argsCmd(ctx, sha, as)
+}
+
 // invoke runs segs as one script invocation on c (EVAL: no script cache
 // needed) and returns each segment's decisions and error.
 func invoke(t testing.TB, c goredis.UniversalClient, segs []*segment) ([][]algo.Decision, []error) {

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -142,17 +143,6 @@ func (a *segArgs) appendArgs(args []any) []any {
 	return args
 }
 
-// scriptCmd is one script invocation deciding segs in order (see
-// argsCmd).
-func scriptCmd(ctx context.Context, sha bool, segs []*segment) *goredis.Cmd {
-	as := make([]*segArgs, len(segs))
-	for i, sg := range segs {
-		as[i] = new(segArgs)
-		as[i].init(sg)
-	}
-	return argsCmd(ctx, sha, as)
-}
-
 // argsCmd is one script invocation deciding the segments of segs in order,
 // as EVALSHA (sha) or EVAL: command, SHA1 or script, numkeys, keys,
 // segment count, segments. The first key is at position 3 (Cluster
@@ -207,40 +197,16 @@ var errReply = errors.New("redis: unexpected script reply")
 // a SegmentError (rest still advances past it). It allocates nothing
 // unless it fails.
 func parseSegment(r string, out []algo.Decision) (nowUS int64, rest string, err error) {
-	line := r
-	if i := strings.IndexByte(r, '\n'); i >= 0 {
-		line, rest = r[:i], r[i+1:]
-	}
+	line, rest, _ := strings.Cut(r, "\n")
 	if len(line) > 0 && line[0] == '!' {
 		return 0, rest, SegmentError(line[1:])
 	}
 	p := line
 	next := func() (int64, bool) {
-		var n int64
-		neg := false
-		i := 0
-		if i < len(p) && p[i] == '-' {
-			neg = true
-			i++
-		}
-		start := i
-		for ; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
-			if n > (1<<63-1-9)/10 {
-				return 0, false
-			}
-			n = n*10 + int64(p[i]-'0')
-		}
-		if i == start || (i < len(p) && p[i] != ' ') {
-			return 0, false
-		}
-		if i < len(p) {
-			i++ // the separator
-		}
-		p = p[i:]
-		if neg {
-			n = -n
-		}
-		return n, true
+		var f string
+		f, p, _ = strings.Cut(p, " ")
+		n, err := strconv.ParseInt(f, 10, 64)
+		return n, err == nil
 	}
 	nowUS, ok := next()
 	if !ok {

@@ -547,16 +547,23 @@ if used[3] then
   end
 end
 
+-- rate0_window is the retry, reset and window of a rate-0 limit (always
+-- denied): the rest of the window for fixed and sliding windows, else the
+-- period.
+local function rate0_window(h)
+  if h.kind == 0 or h.kind == 1 then
+    local _, e = bounds(h, now)
+    return e - now
+  end
+  return h.period
+end
+
 -- sdecide is algo.Apply for a string kind: release (returns nothing
 -- outside concurrency: a check), rate 0, then the kind.
 local function sdecide(h, a, b, c, cost)
   if h.release then cost = 0 end
   if h.rate <= 0 then
-    local w = h.period
-    if h.kind == 0 or h.kind == 1 then
-      local _, e = bounds(h, now)
-      w = e - now
-    end
+    local w = rate0_window(h)
     return false, 0, w, w, w, false
   end
   return DECIDE[h.kind](h, a, b, c, cost)
@@ -726,11 +733,7 @@ local function apply(h, st, cost)
     cost = 0
   end
   if h.rate <= 0 then
-    local w = h.period
-    if h.kind == 0 or h.kind == 1 then
-      local _, e = bounds(h, now)
-      w = e - now
-    end
+    local w = rate0_window(h)
     return st, dec(false, 0, w, w, w)
   end
   return k.decide(h, st, cost)
