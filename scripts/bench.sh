@@ -7,7 +7,8 @@
 #
 #   scripts/bench.sh [duration=10s] [concurrency=50] [keys=10000]
 #
-# Environment: SERVICE_ENV (e.g. "GOMAXPROCS=1") is the service's extra
+# Environment: SERVICE_ARGS (e.g. "--redis-pipelines 4") are extra serve
+# flags; SERVICE_ENV (e.g. "GOMAXPROCS=1") is the service's extra
 # environment; REDIS_TIMEOUT (e.g. 50ms) passes --redis-timeout to the
 # service (default: the service's default); BACKENDS (default "redis
 # memory") selects the runs; CLIENT (h2, grpc or both; default h2) selects
@@ -37,6 +38,8 @@ go build -o "$work/rlload" ./cmd/rlload
 
 extra=()
 if [ -n "${REDIS_TIMEOUT:-}" ]; then extra+=(--redis-timeout "$REDIS_TIMEOUT"); fi
+# SERVICE_ARGS: extra serve flags, e.g. "--redis-pipelines 4" (word-split).
+if [ -n "${SERVICE_ARGS:-}" ]; then read -r -a sa <<<"$SERVICE_ARGS"; extra+=("${sa[@]}"); fi
 
 run_service() { # backend
   env ${SERVICE_ENV:-} "$work/ratelimitd" serve --config scripts/bench/bench.yaml --backend "$1" \
@@ -62,6 +65,10 @@ backend_failures() {
   SVC_E=$e; SVC_F=$f
 }
 
+# cpu_idle prints the jiffies "total idle" of /proc/stat; cpu_idle_since
+# the idle share since such a reading.
+cpu_idle() { awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print t, $5 + $6 }' /proc/stat; }
+cpu_idle_since() { read -r t0 i0 <<<"$1"; read -r t1 i1 <<<"$(cpu_idle)"; awk -v a="$((t1 - t0))" -v b="$((i1 - i0))" 'BEGIN { printf "%.0f", a ? 100 * b / a : 0 }'; }
 redis_cpu() { redis-cli -p "$RP" info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.6f", s }'; }
 
 echo "== machine: $(nproc) cores, redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2), $(go version | cut -d' ' -f3); load client: rlload --client $CLIENTS"
@@ -70,9 +77,10 @@ for backend in $BACKENDS; do
   run_service "$backend"
   for client in $CLIENTS; do
     echo "== ${SERVICE_ENV:+$SERVICE_ENV }ratelimitd --backend $backend ${extra[*]}: rlload --client $client, concurrency $CONC, keys $KEYS, $DUR"
-    r0=$(redis_cpu)
+    r0=$(redis_cpu); c0=$(cpu_idle)
     "$work/rlload" --client "$client" --addr "127.0.0.1:$GP" --concurrency "$CONC" --keys "$KEYS" --duration "$DUR" \
       --metrics "http://127.0.0.1:$HP/metrics" | tee "$work/run.txt"
+    echo "machine idle $(cpu_idle_since "$c0")% of the cores during the run (warm-up included)"
     if [ "$backend" = redis ]; then
       # Redis' CPU (INFO cpu, user+sys) over the run, warm-up included, per
       # measured decision: an upper bound of the true share.
