@@ -449,41 +449,44 @@ const frozenSlack = 15 * time.Millisecond
 
 // TestFrozenCallWithinTimeout: with Redis frozen (SIGSTOP) and the
 // circuit breaker disabled, so that every decision goes to Redis, each
-// ShouldRateLimit must return within Options.Timeout ("bounds every
-// backend call: waiting for a pooled connection, a dial made for the call,
-// the write and the read") plus slack for the failure mode itself (frozenSlack).
+// ShouldRateLimit with Envoy's 20 ms deadline must return within that
+// deadline plus slack for the failure mode itself (frozenSlack): the Store
+// decides by the caller's deadline less a margin, and Redis has then been
+// silent for a Timeout (10 ms), so the rule's failure mode (closed)
+// answers.
 //
-// This failed from commit 7b7f145 (the Store ran the script through
-// go-redis' blocking AutoPipeliner) until the Store's own batching layer
-// (pkg/backend/redis/batch.go): every call took about two Timeouts (41-45
-// ms with 20 ms here, 21 ms with the default 10 ms). go-redis'
+// An older Store (running the script through go-redis' blocking
+// AutoPipeliner) took about two Timeouts per call: go-redis'
 // AutoPipeliner does not honour a command's context once it is enqueued
 // (AutoPipeliner.processBlocking calls AutoFuture.Wait, not WaitContext),
 // so a call queued behind a batch that was waiting on the frozen server
-// waited for that batch's read timeout, then for its own. Envoy's filter
-// gives up at 20 ms, so with the default Timeout these failure-mode
-// answers arrived too late to matter.
+// waited for that batch's read timeout, then for its own.
 func TestFrozenCallWithinTimeout(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
 	o := standaloneOpts(srv.URL())
-	o.Timeout = 20 * time.Millisecond
 	o.Breaker.Disabled = true
 	in := newInstance(t, o, failureSet(t))
 	warm(t, []*instance{in})
 	srv.Stop()
 	t.Cleanup(srv.Cont)
+	const envoyDeadline = 20 * time.Millisecond
 	var l latencies
 	for range 10 {
+		ctx, cancel := context.WithTimeout(context.Background(), envoyDeadline)
 		t0 := time.Now()
-		r := call(t, in, req("fm", []string{"closed", freshValue()}))
+		r, err := in.svc.ShouldRateLimit(ctx, req("fm", []string{"closed", freshValue()}))
 		l = append(l, time.Since(t0))
+		cancel()
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
 		if isOK(r) {
 			t.Fatal("a frozen Redis decided a call")
 		}
 	}
-	t.Logf("ShouldRateLimit with Redis frozen, Timeout %v, breaker disabled: %v (each: %v)", o.Timeout, l, []time.Duration(l))
-	if max := l.pct(1); max > o.Timeout+frozenSlack {
-		t.Errorf("a call took %v with Redis frozen, want <= Timeout %v + %v", max, o.Timeout, frozenSlack)
+	t.Logf("ShouldRateLimit with Redis frozen, deadline %v, breaker disabled: %v (each: %v)", envoyDeadline, l, []time.Duration(l))
+	if max := l.pct(1); max > envoyDeadline+frozenSlack {
+		t.Errorf("a call took %v with Redis frozen, want <= its deadline %v + %v", max, envoyDeadline, frozenSlack)
 	}
 }

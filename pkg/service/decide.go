@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -68,7 +70,16 @@ func (sc *scratch) release() {
 	scratchPool.Put(sc)
 }
 
-func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+// errUndecided is ShouldRateLimit's error for a request that the Store
+// could not decide within the caller's deadline while the backend was
+// answering (cause "deadline") and that only a failure_mode open would
+// have admitted: admitting it uncounted would over-admit on a healthy
+// backend, denying it would punish the client for ratelimitd's own delay,
+// so the caller's own failure policy decides (Envoy: failure_mode_deny).
+var errUndecided = status.Error(codes.DeadlineExceeded, "service: not decided within the caller's deadline (the backend is answering; ratelimitd is overloaded)")
+
+// decide answers req, or returns errUndecided (see there).
+func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	set := sn.set
 	domain := req.GetDomain()
 	reqCost := int64(req.GetHitsAddend())
@@ -192,6 +203,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	} else {
 		decs, outs = make([]algo.Decision, len(hits)), make([]outcome, len(hits))
 	}
+	undecided := false
 	if len(hits) > 0 {
 		res, err := s.take(ctx, s.opts.Store, "primary", hits)
 		if err != nil {
@@ -200,11 +212,19 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 				all[i] = i
 			}
 			s.fail(ctx, err, hits, specs, all, decs, outs)
+			if causeOf(err) == causeDeadline {
+				for h, o := range outs {
+					undecided = undecided || (o == byFailedOpen && !hits[h].Release)
+				}
+			}
 		} else {
 			copy(decs, res)
 		}
 	}
 	denied := s.evaluate(ds, decs)
+	if undecided && !denied {
+		return nil, errUndecided
+	}
 
 	// 4. Statuses.
 	blk := newResponseBlock(len(ds))
@@ -225,7 +245,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	if s.opts.DynamicMetadata {
 		resp.DynamicMetadata = s.dynamicMetadata(req, ds)
 	}
-	return resp
+	return resp, nil
 }
 
 // evaluate sets each descriptor's denied flag from decs and reports

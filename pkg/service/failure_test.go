@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -281,5 +283,48 @@ func TestBackendErrorLogRateLimited(t *testing.T) {
 	e.call(t, req("svc", d("open", "k")))
 	if n := strings.Count(buf.String(), "cause=timeout"); n != 1 {
 		t.Fatalf("another cause is logged on its own:\n%s", buf.String())
+	}
+}
+
+// errNotDecided is a Store's "not decided within the caller's deadline
+// while the backend answers" (the Redis store's ErrDeadline).
+var errNotDecided = causeErr{"deadline"}
+
+// TestUndecidedIsNotAdmitted: a request the Store could not decide in time
+// while the backend was answering (cause "deadline") is never admitted
+// uncounted: with only failure_mode open rules it is DeadlineExceeded (the
+// caller's own failure policy decides); a closed rule still answers
+// OVER_LIMIT and a local rule its fallback's decision. It is metered as
+// backend_errors{cause="deadline"} and requests{code="deadline_exceeded"}.
+func TestUndecidedIsNotAdmitted(t *testing.T) {
+	e := newEnv(t, nil)
+	e.store.fail(errNotDecided)
+	ctx := context.Background()
+	if resp, err := e.svc.ShouldRateLimit(ctx, req("svc", d("open", "k"))); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("open rule, not decided: resp %v err %v, want DeadlineExceeded", resp, err)
+	}
+	resp, err := e.svc.ShouldRateLimit(ctx, req("svc", d("open", "k"), d("closed", "k")))
+	if err != nil || resp.GetOverallCode() != OVER {
+		t.Fatalf("open + closed, not decided: resp %v err %v, want OVER_LIMIT", resp, err)
+	}
+	for i := range 2 {
+		resp, err := e.svc.ShouldRateLimit(ctx, req("svc", d("local", "k")))
+		want := OK
+		if i > 0 {
+			want = OVER // the fallback's 1/minute
+		}
+		if err != nil || resp.GetOverallCode() != want {
+			t.Fatalf("local rule, not decided, call %d: resp %v err %v, want %v", i, resp, err, want)
+		}
+	}
+	if v := metricValue(t, e.reg, "ratelimitd_backend_errors_total", map[string]string{"cause": "deadline"}); v != 4 {
+		t.Errorf("backend_errors{deadline} = %v, want 4", v)
+	}
+	if v := metricValue(t, e.reg, "ratelimitd_requests_total", map[string]string{"domain": "svc", "code": "deadline_exceeded"}); v != 1 {
+		t.Errorf("requests{code=deadline_exceeded} = %v, want 1", v)
+	}
+	e.store.fail(nil)
+	if resp := e.call(t, req("svc", d("open", "k"))); resp.GetOverallCode() != OK {
+		t.Errorf("after the store answers again: %v", resp.GetOverallCode())
 	}
 }

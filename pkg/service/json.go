@@ -55,6 +55,8 @@ func (s *Service) JSONHandler() http.Handler {
 				code = http.StatusBadRequest
 			case codes.Unavailable:
 				code = http.StatusServiceUnavailable
+			case codes.DeadlineExceeded:
+				code = http.StatusGatewayTimeout
 			}
 			http.Error(w, status.Convert(err).Message(), code)
 			return

@@ -109,8 +109,10 @@ func (s *Service) ObserveReload(ok bool, set *policy.Set) {
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer. Errors are gRPC
 // status errors: InvalidArgument for a malformed request (see
 // validateRequest and the Max* bounds), Unavailable before the first
-// config. A backend failure is never an error: the rules' failure modes
-// decide.
+// config, DeadlineExceeded when the Store could not decide within the
+// caller's deadline while the backend was answering and only failure_mode
+// open would have admitted the request (see errUndecided). A backend
+// failure is never an error: the rules' failure modes decide.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := s.opts.Now()
 	s.m.inflight.Inc()
@@ -136,7 +138,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if dom.label == LabelUnknownDomain { // also a domain literally named so, as before the cache
 		s.m.unknownDomain.Inc()
 	}
-	resp := s.decide(ctx, sn, req)
+	resp, err := s.decide(ctx, sn, req)
+	if err != nil {
+		dom.count(s.m, codeDeadlineExceeded)
+		return nil, err
+	}
 	code := codeOK
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		code = codeOverLimit
@@ -160,6 +166,11 @@ func (s *Service) jitter() time.Duration {
 	}
 	return time.Duration(r * float64(s.opts.RetryJitter))
 }
+
+// causeDeadline is the cause of a Store error for a call not decided
+// within the caller's deadline while the backend was answering (the Redis
+// store's ErrDeadline).
+const causeDeadline = "deadline"
 
 // causeOf gives the bounded metric label of a Store error.
 func causeOf(err error) string {

@@ -140,10 +140,11 @@ const (
 	codeOverLimit
 	codeInvalidArgument
 	codeUnavailable
+	codeDeadlineExceeded
 	numCodes
 )
 
-var codeLabels = [numCodes]string{"ok", "over_limit", "invalid_argument", "unavailable"}
+var codeLabels = [numCodes]string{"ok", "over_limit", "invalid_argument", "unavailable", "deadline_exceeded"}
 
 // lazyCounter holds a CounterVec child once it was first used. Vectors
 // whose children it caches are never Reset.

@@ -46,35 +46,62 @@ const maxBatchHits = 4 * maxBatch
 // command and one reply; no connection of its own. Under light load a call
 // finds a free flush loop and goes out alone at once (no coalescing wait).
 //
-// Unlike go-redis' AutoPipeliner, every caller stops waiting at its own
-// deadline, min(its context's deadline, enqueue time + Options.Timeout),
-// whatever the invocation it rides does: a call never waits for another
-// call's timeout. The context's end is watched by the caller itself; the
-// Timeout is enforced without a runtime timer per call: one sweeper
+// Every call has a budget (see budget): its caller's context deadline less
+// a margin, or maxWait after it was queued when the context has none. Time
+// a call spends queued inside ratelimitd counts against that budget only,
+// never against the Redis Timeout: a burst or CPU pressure alone cannot
+// turn a live Redis into a failure. The Timeout is evidence about Redis
+// only: each Timeout that Redis stays silent (no reply to anything) while
+// an invocation awaits its reply is reported to the circuit breaker
+// (overdue). A call whose budget runs out completes with
+// ErrCallTimeout while Redis looks stalled, that is silent for at least a
+// Timeout while invocations await replies (a backend failure: the rules'
+// failure modes decide), and with ErrDeadline otherwise (queued or in flight while
+// Redis is answering: ratelimitd could not decide in time; see
+// ErrDeadline).
+// While the circuit breaker is open (open reports it), every pending call
+// completes at once with ErrCircuitOpen: no request waits on a dead Redis.
+//
+// The budgets are enforced without a runtime timer per call: one sweeper
 // goroutine per batcher, running while calls are pending, completes every
-// queued or in-flight call whose Timeout has passed (with ErrCallTimeout)
-// every sweepTick. A caller therefore waits at most sweepTick (plus
-// scheduling) past its Timeout, and never past its context's deadline by
-// more than scheduling. Calls whose deadline passed while queued are not
-// sent. A flush is bounded by the latest deadline of its calls and by the
-// client's read/write timeouts (Options.Timeout), so a stuck Redis holds a
-// flush loop for at most one Timeout. An error of the invocation (timeout,
-// refused, OOM, READONLY, NOSCRIPT after the retry...) reaches every call
-// of it; an error the script reports for one segment reaches that call
-// only (SegmentError).
+// queued or in-flight call whose budget has passed every sweepTick. A
+// caller therefore waits at most sweepTick (plus scheduling) past its
+// budget, and never past its context's end by more than scheduling. Calls
+// whose budget passed while queued are not sent. An invocation is bounded
+// by the latest budget of its calls. An error of the invocation (refused,
+// OOM, READONLY, NOSCRIPT after the retry...) reaches every call of it; an
+// error the script reports for one segment reaches that call only
+// (SegmentError).
 type batcher struct {
 	client    goredis.UniversalClient
 	pipelines int
 	cluster   bool          // group by hash slot: one invocation per slot
-	timeout   time.Duration // per call from enqueueing (0: none)
+	timeout   time.Duration // Options.Timeout: an unanswered invocation this old is overdue
+	maxWait   time.Duration // budget of a call whose context has no deadline
+	margin    time.Duration // kept before the caller's deadline
 	tick      time.Duration // the sweeper's period
-	epoch     time.Time     // origin of scriptCall.deadline (monotonic)
+	epoch     time.Time     // origin of the ns clocks below (monotonic)
+	// overdue, when set, is told (outside mu) that Redis has been silent
+	// since `since` for one more Timeout. open, when set, reports that the
+	// circuit is open (called under mu; it must not call back into the
+	// batcher).
+	overdue func(since time.Time)
+	open    func() bool
 
-	mu       sync.Mutex
-	queue    []*scriptCall
-	spare    []*scriptCall   // the previous queue's backing array, for reuse
-	flights  [][]*scriptCall // per flush loop slot: the batch in flight
-	busy     []bool          // per flush loop slot: a loop runs in it
+	mu    sync.Mutex
+	queue []*scriptCall
+	spare []*scriptCall // the previous queue's backing array, for reuse
+	// silentFrom is when Redis' current silence began (ns since epoch): the
+	// first invocation sent while nothing was awaiting a reply, or the
+	// latest reply while invocations remained in flight; 0 when nothing
+	// sent is awaiting a reply. Invocations that fail without a reply
+	// (timeout, refused) do not end a silence. strikes is how many
+	// Timeouts of it were reported as overdue.
+	silentFrom int64
+	strikes    int64
+	flights    [][]*scriptCall // per flush loop slot: the batch in flight
+	sending    []bool          // per flush loop slot: its invocation awaits a reply
+	busy       []bool          // per flush loop slot: a loop runs in it
 	inFlight int             // running flush loops
 	sweeping bool            // the sweeper runs
 	wg       sync.WaitGroup
@@ -91,11 +118,24 @@ func sweepTick(timeout time.Duration) time.Duration {
 // waits for before it ends (a new call starts it again).
 const sweepIdleTicks = 64
 
-// ErrCallTimeout is the error of a call that got no reply within
-// Options.Timeout (its cause is CauseTimeout; errors.Is
-// context.DeadlineExceeded).
+// ErrCallTimeout is the error of a call whose budget ran out while Redis
+// looked stalled: an invocation had been unanswered for at least
+// Options.Timeout and Redis had answered nothing since it was sent (its
+// cause is CauseTimeout, an outage; errors.Is context.DeadlineExceeded).
 var ErrCallTimeout error = &Error{cause: CauseTimeout, outage: true,
 	err: fmt.Errorf("redis: no reply within the timeout: %w", context.DeadlineExceeded)}
+
+// ErrDeadline is the error of a call whose budget ran out while Redis was
+// answering: it was still queued, or in flight for less than
+// Options.Timeout, or Redis answered other invocations since it was sent.
+// The backend did not fail; ratelimitd could not decide within the
+// caller's deadline (CPU starvation, a burst beyond what fits in the
+// deadline). Its cause is CauseDeadline: not an outage, it never opens the
+// circuit; errors.Is context.DeadlineExceeded. Whether the hit was
+// counted is unknown to the caller (it was, if its invocation reached
+// Redis).
+var ErrDeadline error = &Error{cause: CauseDeadline,
+	err: fmt.Errorf("redis: not decided within the caller's deadline: %w", context.DeadlineExceeded)}
 
 // Call states: a flush completes a pending call only after claiming it,
 // and a caller leaving at its deadline abandons it, so the flush never
@@ -109,7 +149,7 @@ const (
 // scriptCall is one queued segment and, once done is closed, its result.
 type scriptCall struct {
 	ctx      context.Context
-	deadline int64           // ns since batcher.epoch; 0: none
+	deadline int64           // the call's budget, ns since batcher.epoch
 	args     segArgs         // the segment's script arguments
 	slot     uint16          // Cluster: the hash slot of every key of seg
 	out      []algo.Decision // the segment's decisions, written on success
@@ -135,18 +175,81 @@ func (c *scriptCall) finish(now int64, err error) {
 }
 
 // newBatcher batches script calls on c with at most pipelines flushes in
-// flight (< 1: DefaultPipelines); timeout bounds every call from its
-// enqueueing (0: only the caller's context does).
-func newBatcher(c goredis.UniversalClient, pipelines int, timeout time.Duration) *batcher {
+// flight (< 1: DefaultPipelines). timeout is Options.Timeout (> 0), maxWait
+// the budget of calls without a context deadline and margin what is kept
+// before a context's deadline (see budget).
+func newBatcher(c goredis.UniversalClient, pipelines int, timeout, maxWait, margin time.Duration) *batcher {
 	if pipelines < 1 {
 		pipelines = DefaultPipelines
+	}
+	if maxWait <= 0 {
+		maxWait = DefaultMaxWait
 	}
 	_, cluster := c.(*goredis.ClusterClient)
 	return &batcher{
 		client: c, pipelines: pipelines, cluster: cluster,
-		timeout: max(0, timeout), tick: sweepTick(timeout), epoch: time.Now(),
+		timeout: max(time.Microsecond, timeout), maxWait: maxWait, margin: max(0, margin),
+		tick: sweepTick(timeout), epoch: time.Now(),
 		flights: make([][]*scriptCall, pipelines), busy: make([]bool, pipelines),
+		sending: make([]bool, pipelines),
 	}
+}
+
+// budget is the deadline of a call queued at now (ns since b.epoch) with
+// ctx: its context's deadline less min(margin, a quarter of the time
+// left), so that the answer (a decision, or a failure mode) reaches the
+// caller before it gives up; or now + maxWait without a deadline, and
+// never later than that.
+func (b *batcher) budget(ctx context.Context, now int64) int64 {
+	dl := now + int64(b.maxWait)
+	if d, ok := ctx.Deadline(); ok {
+		left := time.Until(d)
+		own := now + int64(left-min(b.margin, left/4))
+		dl = min(dl, own)
+	}
+	return dl
+}
+
+// noteReply records that Redis answered something now (an invocation's
+// reply or error reply, or a health PING): a silence ends, or begins anew
+// for the invocations still awaiting their replies.
+func (b *batcher) noteReply() {
+	b.mu.Lock()
+	b.replyLocked()
+	b.mu.Unlock()
+}
+
+func (b *batcher) replyLocked() {
+	b.silentFrom, b.strikes = 0, 0
+	if slices.Contains(b.sending, true) {
+		b.silentFrom = b.clock()
+	}
+}
+
+// send runs invs (the invocations of flush loop slot) as one pipeline,
+// keeping silentFrom current: a silence begins when they are sent while
+// nothing else awaits a reply, and ends (or begins anew for the others)
+// when Redis answers any of them.
+func (b *batcher) send(ctx context.Context, slot int, invs []*invocation) {
+	b.mu.Lock()
+	b.sending[slot] = true
+	if b.silentFrom == 0 {
+		b.silentFrom = b.clock()
+	}
+	b.mu.Unlock()
+	b.pipeline(ctx, invs)
+	replied := false
+	for _, inv := range invs {
+		err := inv.cmd.Err()
+		var reply goredis.Error
+		replied = replied || err == nil || errors.As(err, &reply)
+	}
+	b.mu.Lock()
+	b.sending[slot] = false
+	if replied {
+		b.replyLocked()
+	}
+	b.mu.Unlock()
 }
 
 // clock is the monotonic time in ns since b.epoch.
@@ -159,16 +262,15 @@ var errClosed = errors.New("redis: store closed")
 // batched with the segments of concurrent calls, writes its decisions into
 // out (len(out) == len(seg.hits)) and returns the segment's now in µs; or
 // the go-redis error of the invocation, or the segment's SegmentError, or
-// ctx's error when ctx ends first, or ErrCallTimeout when the batcher's
-// timeout passes first (out is then left untouched).
+// ErrDeadline or ErrCallTimeout when the call's budget runs out first,
+// ErrCircuitOpen when the circuit opens first, or ctx's error when ctx is
+// canceled first (out is then left untouched).
 func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int64, error) {
 	if err := ctx.Err(); err != nil {
-		return 0, err
+		return 0, b.ctxError(err)
 	}
 	c := newCall(ctx, &seg, out)
-	if b.timeout > 0 {
-		c.deadline = b.clock() + int64(b.timeout)
-	}
+	c.deadline = b.budget(ctx, b.clock())
 	if b.cluster && len(seg.hits) > 0 {
 		c.slot = Slot(seg.hits[0].Key)
 	}
@@ -185,7 +287,7 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 		b.inFlight++
 		b.wg.Add(1)
 	}
-	sweep := !b.sweeping && b.timeout > 0
+	sweep := !b.sweeping
 	if sweep {
 		b.sweeping = true
 		b.wg.Add(1)
@@ -201,16 +303,32 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 	case <-c.done:
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(callPending, callAbandoned) {
-			return 0, ctx.Err()
+			return 0, b.ctxError(ctx.Err())
 		}
 		<-c.done // claimed: the result is being written now
 	}
 	return c.now, c.err
 }
 
-// sweeper completes, every tick, the pending calls (queued or in flight)
-// whose timeout has passed; it ends after sweepIdleTicks ticks without a
-// pending call, or once the batcher is closed and nothing is pending.
+// ctxError is the error of a call whose context ended before it was
+// decided: budgetError when its deadline passed (the sweeper normally
+// completes the call a margin earlier), the context's error otherwise
+// (canceled: the caller is gone).
+func (b *batcher) ctxError(err error) error {
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	b.mu.Lock()
+	stalled := b.stalledLocked(b.clock())
+	b.mu.Unlock()
+	return budgetError(stalled)
+}
+
+// sweeper, every tick, completes the pending calls (queued or in flight)
+// whose budget has passed, reports overdue invocations, and completes
+// every pending call with ErrCircuitOpen while the circuit is open; it
+// ends after sweepIdleTicks ticks without a pending call, or once the
+// batcher is closed and nothing is pending.
 func (b *batcher) sweeper() {
 	defer b.wg.Done()
 	t := time.NewTicker(b.tick)
@@ -219,9 +337,18 @@ func (b *batcher) sweeper() {
 	for range t.C {
 		now := b.clock()
 		b.mu.Lock()
-		pending := b.sweepLocked(b.queue, now)
+		open := b.open != nil && b.open()
+		stalled := b.stalledLocked(now)
+		pending := b.sweepLocked(b.queue, now, open, stalled)
 		for _, f := range b.flights {
-			pending += b.sweepLocked(f, now)
+			pending += b.sweepLocked(f, now, open, stalled)
+		}
+		var overdue int64 = -1
+		if b.silentFrom != 0 {
+			if k := (now - b.silentFrom) / int64(b.timeout); k > b.strikes {
+				b.strikes = k
+				overdue = b.silentFrom
+			}
 		}
 		if pending > 0 {
 			idle = 0
@@ -234,24 +361,48 @@ func (b *batcher) sweeper() {
 			return
 		}
 		b.mu.Unlock()
+		if b.overdue != nil && overdue >= 0 {
+			b.overdue(b.epoch.Add(time.Duration(overdue)))
+		}
 	}
 }
 
-// sweepLocked completes the calls of cs whose deadline is at or before now
-// with ErrCallTimeout and returns how many of the others are still
-// pending. b.mu is held.
-func (b *batcher) sweepLocked(cs []*scriptCall, now int64) int {
+// stalledLocked reports whether Redis looks stalled at now: it has been
+// silent (see silentFrom) for at least Timeout. b.mu is held.
+func (b *batcher) stalledLocked(now int64) bool {
+	return b.silentFrom != 0 && now-b.silentFrom >= int64(b.timeout)
+}
+
+// budgetError is the error of a call whose budget ran out: ErrCallTimeout
+// while Redis looks stalled (stalledLocked), ErrDeadline otherwise.
+func budgetError(stalled bool) error {
+	if stalled {
+		return ErrCallTimeout
+	}
+	return ErrDeadline
+}
+
+// sweepLocked completes the calls of cs whose budget is at or before now
+// (with budgetError(stalled)), or every pending call of cs when open (with
+// ErrCircuitOpen), and returns how many are still pending. b.mu is held.
+func (b *batcher) sweepLocked(cs []*scriptCall, now int64, open, stalled bool) int {
 	pending := 0
 	for _, c := range cs {
 		if c.state.Load() != callPending {
 			continue
 		}
-		if c.deadline == 0 || c.deadline > now {
+		var err error
+		switch {
+		case open:
+			err = ErrCircuitOpen
+		case c.deadline <= now:
+			err = budgetError(stalled)
+		default:
 			pending++
 			continue
 		}
 		if c.claim() {
-			c.finish(0, ErrCallTimeout)
+			c.finish(0, err)
 		}
 	}
 	return pending
@@ -301,7 +452,7 @@ func (b *batcher) flushLoop(slot int) {
 			b.queue = append(b.queue[:0], b.queue[n:]...)
 		}
 		b.mu.Unlock()
-		b.exec(batch)
+		b.exec(slot, batch)
 	}
 }
 
@@ -312,51 +463,47 @@ type invocation struct {
 	cmd   *goredis.Cmd
 }
 
-// exec sends the live calls of batch as one script invocation per group
-// (several in one pipeline on Cluster; a second round with EVAL for the
-// invocations answered NOSCRIPT) and completes every call.
-func (b *batcher) exec(batch []*scriptCall) {
+// exec sends the live calls of batch (flush loop slot) as one script
+// invocation per group (several in one pipeline on Cluster; a second
+// round with EVAL for the invocations answered NOSCRIPT) and completes
+// every call. The invocation's context ends at the latest budget of its
+// calls.
+func (b *batcher) exec(slot int, batch []*scriptCall) {
 	live := make([]*scriptCall, 0, len(batch))
-	var deadline time.Time
+	var deadline int64
 	now := b.clock()
+	stalled, checked := false, false
 	for _, c := range batch {
-		if c.state.Load() != callPending { // abandoned, or timed out by the sweeper
+		if c.state.Load() != callPending { // abandoned, or completed by the sweeper
 			continue
 		}
-		if c.deadline != 0 && c.deadline <= now {
+		if c.deadline <= now { // never sent: not decided in time
+			if !checked {
+				b.mu.Lock()
+				stalled, checked = b.stalledLocked(now), true
+				b.mu.Unlock()
+			}
 			if c.claim() {
-				c.finish(0, ErrCallTimeout)
+				c.finish(0, budgetError(stalled))
 			}
 			continue
 		}
 		if err := c.ctx.Err(); err != nil { // the caller is gone: do not send
 			if c.claim() {
-				c.finish(0, err)
+				c.finish(0, b.ctxError(err))
 			}
 			continue
 		}
-		d, ok := c.ctx.Deadline()
-		if c.deadline != 0 {
-			if own := b.epoch.Add(time.Duration(c.deadline)); !ok || own.Before(d) {
-				d, ok = own, true
-			}
-		}
-		if ok && d.After(deadline) {
-			deadline = d
-		}
+		deadline = max(deadline, c.deadline)
 		live = append(live, c)
 	}
 	if len(live) == 0 {
 		return
 	}
-	ctx := context.Background()
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
+	ctx, cancel := context.WithDeadline(context.Background(), b.epoch.Add(time.Duration(deadline)))
+	defer cancel()
 	invs := b.group(ctx, live)
-	b.pipeline(ctx, invs)
+	b.send(ctx, slot, invs)
 	// NOSCRIPT: the server does not have the script (first call, SCRIPT
 	// FLUSH, restart, failover). Round 1 sends it once, as EVAL (which
 	// caches it), followed by EVALSHA for the other invocations in the same
@@ -372,16 +519,16 @@ func (b *batcher) exec(batch []*scriptCall) {
 				retry = append(retry, inv)
 				continue
 			}
-			inv.deliver()
+			b.deliver(inv)
 		}
 		if len(retry) == 0 {
 			return
 		}
-		b.pipeline(ctx, retry)
+		b.send(ctx, slot, retry)
 		invs = retry
 	}
 	for _, inv := range invs {
-		inv.deliver()
+		b.deliver(inv)
 	}
 }
 
@@ -430,8 +577,8 @@ func (b *batcher) pipeline(ctx context.Context, invs []*invocation) {
 
 // deliver completes every call of the invocation from its reply: one line
 // per segment (parseSegment), or the invocation's error for all of them.
-// Calls abandoned by their caller are skipped.
-func (inv *invocation) deliver() {
+// Calls abandoned by their caller or completed by the sweeper are skipped.
+func (b *batcher) deliver(inv *invocation) {
 	err := inv.cmd.Err()
 	var r string
 	if err == nil {

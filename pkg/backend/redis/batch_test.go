@@ -471,10 +471,11 @@ func TestClusterBatchBySlot(t *testing.T) {
 		c := newCall(ctx, &segment{mode: modeTake, nowUS: -1, nonce: "c" + strconv.Itoa(i),
 			hits: []algo.Hit{{Key: k, Limit: l, Cost: 1}}}, make([]algo.Decision, 1))
 		c.slot = Slot(k)
+		c.deadline = s.batch.budget(ctx, s.batch.clock())
 		batch = append(batch, c)
 	}
 	calls := slices.Clone(batch)
-	s.batch.exec(batch)
+	s.batch.exec(0, batch)
 	for i, c := range calls {
 		<-c.done
 		if c.err != nil {

@@ -221,7 +221,7 @@ func (b *Breaker) record(start, now time.Time, err error) {
 		var e *Error
 		errors.As(Classify(err), &e) // always true for err != nil
 		failed = e.outage
-		neutral = e.cause == CauseCanceled || e.cause == CauseCircuitOpen
+		neutral = e.cause == CauseCanceled || e.cause == CauseCircuitOpen || e.cause == CauseDeadline
 		hard = failed && e.cause != CauseTimeout
 	}
 	b.mu.Lock()
@@ -254,6 +254,33 @@ func (b *Breaker) record(start, now time.Time, err error) {
 		b.consecutive = 0
 		return
 	}
+	b.failLocked(bk, now, hard)
+}
+
+// Overdue records a timeout failure for an invocation sent at sent that
+// Redis has left unanswered until now (with no other reply since): the
+// evidence of a frozen or black-holed Redis while the calls riding the
+// invocation still wait within their budgets. It counts only while the
+// circuit is closed (a half-open probe reports its own outcome) and not
+// for invocations sent before the circuit last opened.
+func (b *Breaker) Overdue(sent, now time.Time) {
+	if b.opts.Disabled {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stateLocked(now) != BreakerClosed || sent.Before(b.openedAt) {
+		return
+	}
+	bk := b.bucketLocked(now)
+	bk.calls++
+	b.failLocked(bk, now, false)
+}
+
+// failLocked counts one failure (hard: not a timeout) ending at now in bk
+// and opens the circuit when a rule says so. b.mu is held; the circuit is
+// closed.
+func (b *Breaker) failLocked(bk *breakerBucket, now time.Time, hard bool) {
 	bk.failed++
 	if bk.failed == 1 {
 		bk.firstFail = now.UnixNano()

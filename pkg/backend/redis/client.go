@@ -22,11 +22,11 @@ import (
 // Pipelines (the Store's batches) run on the main pool, not on go-redis'
 // separate pipeline pool: PoolSize bounds all connections to a node.
 //
-// Every call is bounded by Options.Timeout (connection-pool wait, dial,
-// TLS handshake, write and read; the caller's context deadline is honoured
-// too) and is never retried by go-redis: one failed call costs at most one
-// Timeout, and the circuit breaker (Breaker) stops the next ones from
-// waiting at all. Cluster MOVED/ASK redirections are still followed (up to
+// Every call is bounded by its context's deadline (connection-pool wait,
+// dial, TLS handshake, write and read; the Store gives each invocation the
+// latest budget of its calls) and by Options.MaxWait, and is never retried
+// by go-redis; the circuit breaker (Breaker) stops calls from waiting on a
+// Redis that stopped answering. Cluster MOVED/ASK redirections are still followed (up to
 // 3). A connection that got a READONLY reply is closed by go-redis, and
 // the Sentinel client re-resolves the master on every new connection and on
 // the sentinels' +switch-master, so no connection stays stuck on a demoted
@@ -73,11 +73,11 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 			MaxRetries:               -1,
 			DialTimeout:              o.DialTimeout,
 			DialerRetries:            1,
-			ReadTimeout:              o.Timeout,
-			WriteTimeout:             o.Timeout,
+			ReadTimeout:              o.maxWait(),
+			WriteTimeout:             o.maxWait(),
 			ContextTimeoutEnabled:    true,
 			PoolSize:                 o.PoolSize,
-			PoolTimeout:              o.Timeout,
+			PoolTimeout:              o.maxWait(),
 			MinIdleConns:             o.MinIdleConns,
 			DisableIdentity:          true,
 			MaintNotificationsConfig: maint,
@@ -95,11 +95,11 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 			MaxRetries:            -1,
 			DialTimeout:           o.DialTimeout,
 			DialerRetries:         1,
-			ReadTimeout:           o.Timeout,
-			WriteTimeout:          o.Timeout,
+			ReadTimeout:           o.maxWait(),
+			WriteTimeout:          o.maxWait(),
 			ContextTimeoutEnabled: true,
 			PoolSize:              o.PoolSize,
-			PoolTimeout:           o.Timeout,
+			PoolTimeout:           o.maxWait(),
 			MinIdleConns:          o.MinIdleConns,
 			PipelinePoolSize:      -1, // pipelines share the main pool (PoolSize, PoolTimeout)
 			DisableIdentity:       true,
@@ -110,11 +110,11 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 		base.MaxRetries = -1
 		base.DialTimeout = o.DialTimeout
 		base.DialerRetries = 1
-		base.ReadTimeout = o.Timeout
-		base.WriteTimeout = o.Timeout
+		base.ReadTimeout = o.maxWait()
+		base.WriteTimeout = o.maxWait()
 		base.ContextTimeoutEnabled = true
 		base.PoolSize = o.PoolSize
-		base.PoolTimeout = o.Timeout
+		base.PoolTimeout = o.maxWait()
 		base.MinIdleConns = o.MinIdleConns
 		base.PipelinePoolSize = -1 // pipelines share the main pool (PoolSize, PoolTimeout)
 		base.DisableIdentity = true
@@ -122,6 +122,11 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 		return goredis.NewClient(base), nil
 	}
 }
+
+// maxWait is the client's own bound of a command (read, write, pool wait)
+// when its context has an earlier deadline or none: Options.MaxWait, or
+// Timeout when that is longer.
+func (o Options) maxWait() time.Duration { return max(o.MaxWait, o.Timeout) }
 
 // dialer dials TCP, then TLS when cfg is set, both bounded by the caller's
 // context and by timeout. (go-redis' own TLS dialing ignores the context.)

@@ -24,19 +24,23 @@ import (
 // its own Timeout: 40-45 ms) fails.
 const deadlineSlack = 15 * time.Millisecond
 
-// TestTakeWithinDeadlineRedisFrozen: with Redis frozen (SIGSTOP) and the
-// breaker disabled, 40 concurrent callers each make 3 Takes; every Take
-// fails with a timeout within its deadline, min(ctx deadline,
-// Options.Timeout), plus deadlineSlack, whether its deadline comes from
-// Timeout (20 ms) or from a shorter ctx deadline (5 ms): no call waits for
-// a pipeline it is queued behind. After SIGCONT, Takes succeed again at
+// TestTakeWithinDeadlineRedisFrozen: with Redis frozen (SIGSTOP), 40
+// concurrent callers each make 3 Takes with an Envoy-like deadline. Every
+// Take returns within its budget (deadline less the margin) plus
+// deadlineSlack, whether it was in flight or queued behind a stuck
+// invocation: no call waits for a pipeline it is queued behind. With a
+// 20 ms deadline Redis has been silent for a Timeout (10 ms) by then, so
+// the error is a timeout (the rules' failure modes decide); the 5 ms round
+// follows while Redis is still silent, so it is a timeout too (a 5 ms
+// budget on a fresh silence is a deadline: TestBudgetErrors). The breaker
+// is disabled so that
+// every Take reaches the batcher. After SIGCONT, Takes succeed again at
 // once.
 func TestTakeWithinDeadlineRedisFrozen(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
-	o.Timeout = 20 * time.Millisecond
 	o.Breaker.Disabled = true
 	s, err := redis.New(o)
 	if err != nil {
@@ -58,28 +62,23 @@ func TestTakeWithinDeadlineRedisFrozen(t *testing.T) {
 			srv.Cont()
 		}
 	})
-	for _, ctxDeadline := range []time.Duration{0, 5 * time.Millisecond} {
-		want := o.Timeout
-		if ctxDeadline > 0 {
-			want = ctxDeadline
-		}
+	for _, tc := range []struct {
+		deadline time.Duration
+		cause    string
+	}{{20 * time.Millisecond, redis.CauseTimeout}, {5 * time.Millisecond, redis.CauseTimeout}} {
 		var mu sync.Mutex
 		var took []time.Duration
 		var wg sync.WaitGroup
 		for g := range 40 {
 			wg.Go(func() {
 				for i := range 3 {
-					ctx := context.Background()
-					if ctxDeadline > 0 {
-						var cancel context.CancelFunc
-						ctx, cancel = context.WithTimeout(ctx, ctxDeadline)
-						defer cancel()
-					}
+					ctx, cancel := context.WithTimeout(context.Background(), tc.deadline)
 					t0 := time.Now()
 					err := take(ctx, "k"+strconv.Itoa(g*3+i))
 					d := time.Since(t0)
-					if redis.CauseOf(err) != redis.CauseTimeout {
-						t.Errorf("Take with Redis frozen: %v (cause %q), want a timeout", err, redis.CauseOf(err))
+					cancel()
+					if redis.CauseOf(err) != tc.cause {
+						t.Errorf("deadline %v, Redis frozen: Take: %v (cause %q), want cause %q", tc.deadline, err, redis.CauseOf(err), tc.cause)
 					}
 					mu.Lock()
 					took = append(took, d)
@@ -90,9 +89,9 @@ func TestTakeWithinDeadlineRedisFrozen(t *testing.T) {
 		wg.Wait()
 		slices.Sort(took)
 		p50, mx := took[len(took)/2], took[len(took)-1]
-		t.Logf("deadline %v: 120 Takes with Redis frozen: p50 %v, max %v", want, p50, mx)
-		if mx > want+deadlineSlack {
-			t.Errorf("deadline %v: a Take took %v with Redis frozen, want <= %v + %v", want, mx, want, deadlineSlack)
+		t.Logf("deadline %v: 120 Takes with Redis frozen: p50 %v, max %v", tc.deadline, p50, mx)
+		if mx > tc.deadline+deadlineSlack {
+			t.Errorf("deadline %v: a Take took %v with Redis frozen, want <= %v + %v", tc.deadline, mx, tc.deadline, deadlineSlack)
 		}
 	}
 
@@ -105,6 +104,59 @@ func TestTakeWithinDeadlineRedisFrozen(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	t.Logf("first successful Take %v after SIGCONT", time.Since(start))
+}
+
+// TestFrozenRedisOpensCircuitForCallsWithoutDeadline: callers without a
+// deadline (budget Options.MaxWait, 1 s) do not wait for it on a frozen
+// Redis: the unanswered invocations are reported to the breaker once per
+// Timeout, the circuit opens, and every pending call completes at once
+// with ErrCircuitOpen, well before MaxWait.
+func TestFrozenRedisOpensCircuitForCallsWithoutDeadline(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	s, err := redis.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	l := algo.Limit{Kind: algo.TokenBucket, Rate: 100, Period: time.Second}
+	if _, err := s.Take(context.Background(), []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	t.Cleanup(func() {
+		if srv.Alive() {
+			srv.Cont()
+		}
+	})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var took []time.Duration
+	for g := range 20 {
+		wg.Go(func() {
+			t0 := time.Now()
+			_, err := s.Take(context.Background(), []algo.Hit{{Key: "k" + strconv.Itoa(g), Limit: l, Cost: 1}})
+			d := time.Since(t0)
+			if c := redis.CauseOf(err); c != redis.CauseCircuitOpen && c != redis.CauseTimeout {
+				t.Errorf("Take with Redis frozen, no deadline: %v (cause %q), want circuit_open or timeout", err, c)
+			}
+			mu.Lock()
+			took = append(took, d)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	slices.Sort(took)
+	mx := took[len(took)-1]
+	t.Logf("20 Takes without deadline, Redis frozen: p50 %v, max %v", took[len(took)/2], mx)
+	if limit := o.MaxWait / 2; mx > limit {
+		t.Errorf("a Take without deadline took %v with Redis frozen, want the circuit to open well before MaxWait (%v)", mx, limit)
+	}
+	if s.Healthy() {
+		t.Error("Healthy with Redis frozen and the circuit open")
+	}
 }
 
 // TestConcurrentTakesShareConnections: 200 concurrent Takes (issue 3 item

@@ -46,6 +46,11 @@ const (
 	CauseAuth = "auth"
 	// CauseCircuitOpen: the circuit breaker is open; Redis was not called.
 	CauseCircuitOpen = "circuit_open"
+	// CauseDeadline: the call was not decided within its budget (the
+	// caller's deadline less a margin, or Options.MaxWait) while Redis was
+	// answering: ratelimitd itself was too slow (a burst, CPU starvation).
+	// Not an outage: it never opens the circuit (see ErrDeadline).
+	CauseDeadline = "deadline"
 	// CauseCanceled: the caller canceled the request's context before
 	// Redis answered (not a backend failure).
 	CauseCanceled = "canceled"
@@ -57,7 +62,7 @@ const (
 var Causes = []string{
 	CauseTimeout, CauseRefused, CauseOOM, CauseReadonly, CauseLoading,
 	CauseClusterDown, CauseNoScript, CauseAuth, CauseCircuitOpen,
-	CauseCanceled, CauseOther,
+	CauseDeadline, CauseCanceled, CauseOther,
 }
 
 // Error is a classified backend error. It implements service.Causer

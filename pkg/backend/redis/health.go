@@ -128,10 +128,18 @@ func (s *Store) ping(ctx context.Context) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			return c.Ping(ctx).Err()
+			err := c.Ping(ctx).Err()
+			if err == nil {
+				s.batch.noteReply()
+			}
+			return err
 		})
 	}
-	return s.client.Ping(ctx).Err()
+	err := s.client.Ping(ctx).Err()
+	if err == nil {
+		s.batch.noteReply()
+	}
+	return err
 }
 
 // isOutage reports whether err (from Breaker.Do) is an outage failure.

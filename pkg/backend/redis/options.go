@@ -25,12 +25,19 @@ const (
 const (
 	// DefaultURL is the contract's --redis-url default.
 	DefaultURL = "redis://127.0.0.1:6379/0"
-	// DefaultTimeout bounds one backend call (pool wait, dial, write, read).
-	// Envoy's ext rate-limit filter gives up after 20 ms by default; a
-	// healthy Redis answers an EVALSHA in well under 1 ms, so 10 ms leaves
-	// room for scheduling and GC on a loaded host while a dead or frozen
-	// Redis costs at most 10 ms before the failure mode decides.
+	// DefaultTimeout is how long Redis may leave an invocation unanswered
+	// (with no other reply meanwhile) before the Store takes it as
+	// evidence of a failed Redis (see Options.Timeout). A healthy Redis
+	// answers an EVALSHA in well under 1 ms.
 	DefaultTimeout = 10 * time.Millisecond
+	// DefaultMaxWait is the budget of a call whose caller set no deadline
+	// (Options.MaxWait). Envoy always sets one (its filter timeout, 20 ms
+	// by default); HTTP /json callers and tests may not.
+	DefaultMaxWait = time.Second
+	// DefaultDeadlineMargin is kept before a caller's deadline
+	// (Options.DeadlineMargin): with Envoy's 20 ms, a call has 18 ms to be
+	// decided, and its answer leaves in time for Envoy to read it.
+	DefaultDeadlineMargin = 2 * time.Millisecond
 	// DefaultDialTimeout bounds background dials (idle-pool refill and the
 	// pool's reconnect probe). Dials made on behalf of a request are bounded
 	// by that request's Timeout instead, so this never delays a decision.
@@ -78,10 +85,25 @@ type Options struct {
 	TLSKeyFile    string
 	TLSSkipVerify bool
 
-	// Timeout bounds every backend call: waiting for a pooled connection, a
-	// dial made for the call, the write and the read. It must stay well
-	// under Envoy's 20 ms filter timeout. Default DefaultTimeout.
+	// Timeout is how long Redis may leave a sent invocation unanswered,
+	// with no reply to anything else meanwhile, before the Store counts it
+	// as a backend failure: the circuit breaker gets one failure per
+	// Timeout of silence, and a call whose budget then runs out gets its
+	// rules' failure modes (cause "timeout"). Time a call spends queued
+	// inside ratelimitd never counts against it. It also bounds the health
+	// probe's PING. Default DefaultTimeout; > 0.
 	Timeout time.Duration
+	// MaxWait is the budget of a call whose context has no deadline: it is
+	// decided within MaxWait or completes with ErrDeadline (cause
+	// "deadline"). It also bounds a call with a later deadline. Default
+	// DefaultMaxWait; > 0.
+	MaxWait time.Duration
+	// DeadlineMargin is kept before the caller's context deadline: a call
+	// is decided by deadline − min(DeadlineMargin, a quarter of the time
+	// left) or completes with ErrDeadline, so that ratelimitd's answer
+	// reaches the caller before it gives up. Default
+	// DefaultDeadlineMargin; >= 0.
+	DeadlineMargin time.Duration
 	// DialTimeout bounds background dials. Default DefaultDialTimeout.
 	DialTimeout time.Duration
 	// PoolSize is the maximum connections per Redis node (>= 1). Default
@@ -126,11 +148,13 @@ func DefaultOptions() Options {
 		URL:          DefaultURL,
 		Mode:         Standalone,
 		Timeout:      DefaultTimeout,
+		MaxWait:      DefaultMaxWait,
 		DialTimeout:  DefaultDialTimeout,
 		PoolSize:     DefaultPoolSize,
 		MinIdleConns: DefaultMinIdleConns,
 		Breaker:      DefaultBreakerOptions(),
 
+		DeadlineMargin: DefaultDeadlineMargin,
 		HealthInterval: DefaultHealthInterval,
 	}
 }
@@ -206,6 +230,12 @@ func (o Options) Validate() error {
 	}
 	if o.Timeout <= 0 {
 		bad("timeout must be positive, got %v", o.Timeout)
+	}
+	if o.MaxWait <= 0 {
+		bad("max wait must be positive, got %v", o.MaxWait)
+	}
+	if o.DeadlineMargin < 0 {
+		bad("deadline margin must not be negative, got %v", o.DeadlineMargin)
 	}
 	if o.DialTimeout <= 0 {
 		bad("dial timeout must be positive, got %v", o.DialTimeout)

@@ -84,7 +84,9 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	if pipelines == 0 {
 		pipelines = DefaultPipelines
 	}
-	s.batch = newBatcher(c, min(pipelines, max(1, opts.PoolSize)), opts.Timeout)
+	s.batch = newBatcher(c, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
+	s.batch.overdue = func(sent time.Time) { s.breaker.Overdue(sent, s.breaker.now()) }
+	s.batch.open = func() bool { return s.breaker.StateAt(s.breaker.now()) == BreakerOpen }
 	_, s.cluster = c.(*goredis.ClusterClient)
 	return s
 }
@@ -290,7 +292,7 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 		}
 	}
 	if denied || len(errs) > 0 {
-		s.compensate(ctx, start.Add(s.timeout), groups, len(errs) > 0)
+		s.compensate(ctx, s.batch.epoch.Add(time.Duration(s.batch.budget(ctx, int64(start.Sub(s.batch.epoch))))), groups, len(errs) > 0)
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
@@ -308,7 +310,7 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 // background under its own Timeout (it completes even when the caller has
 // gone; Close waits for it). When the request failed, its decisions are
 // not used and compensate does not wait. When it was denied, compensate
-// waits for the refunds until deadline (the take's start + Timeout) or
+// waits for the refunds until deadline (the take's budget, see batcher) or
 // ctx's end, whichever is first: the refund replies are the check-only
 // decisions on the restored state (the values before the request) and
 // replace the allowed groups' decisions. A refund that has not answered by
