@@ -130,14 +130,58 @@ func (o Options) maxWait() time.Duration { return max(o.MaxWait, o.Timeout) }
 
 // dialer dials TCP, then TLS when cfg is set, both bounded by the caller's
 // context and by timeout. (go-redis' own TLS dialing ignores the context.)
+// A TLS connection is returned as an opaqueTLSConn (see there for why).
 func dialer(timeout time.Duration, cfg *tls.Config) func(context.Context, string, string) (net.Conn, error) {
 	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 	if cfg == nil {
 		return nd.DialContext
 	}
 	td := &tls.Dialer{NetDialer: nd, Config: cfg}
-	return td.DialContext
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := td.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &opaqueTLSConn{Conn: c, tls: c.(*tls.Conn)}, nil
+	}
 }
+
+// opaqueTLSConn is a client *tls.Conn that does not expose its TCP socket:
+// it has net.Conn's methods and ConnectionState, but neither NetConn nor
+// SyscallConn, so go-redis treats it as an opaque transport.
+//
+// Why: over RESP3, before a command on a connection that was not put back
+// into the pool in the last 5 s (so on every new connection, starting
+// with its HELLO), go-redis looks for pending push frames by peeking the
+// socket beneath TLS (it unwraps NetConn). After a TLS 1.3 handshake that
+// socket holds the server's NewSessionTicket messages: OpenSSL, and so
+// redis-server, sends two after every handshake, even though this client
+// offers no session resumption (no ClientSessionCache; setting
+// tls.Config.SessionTicketsDisabled changes nothing on the wire) and even
+// with tls-session-caching no. Seeing readable bytes, go-redis reads for a
+// push frame with a fixed 50 ms read deadline that ignores the context;
+// crypto/tls consumes the tickets and then waits for application data
+// that never comes. With the default 10 ms Timeout the HELLO then misses
+// its deadline, go-redis discards the connection, the pool dials a new
+// one, and that one fails the same way: no call ever succeeds. (TLS 1.2
+// sends its ticket inside the handshake, so only TLS 1.3 is affected.)
+//
+// Hiding the socket removes that peek. The tickets stay in the kernel
+// buffer until the first reply is read, and crypto/tls consumes them then,
+// at no cost. Nothing else is lost: go-redis still reads RESP3 push frames
+// that precede a reply (the Store subscribes to none: no tracking, no
+// pub/sub, maintenance notifications off), and its pool health check never
+// looks beneath TLS anyway. Reading the tickets in the dialer instead
+// would cost every dial a wait or a round trip, since the server chooses
+// when and how many it sends.
+type opaqueTLSConn struct {
+	net.Conn // the *tls.Conn; an interface field promotes only net.Conn's methods
+	tls      *tls.Conn
+}
+
+// ConnectionState returns the TLS state (negotiated version, peer
+// certificates) of the connection.
+func (c *opaqueTLSConn) ConnectionState() tls.ConnectionState { return c.tls.ConnectionState() }
 
 // tlsConfig builds the client TLS configuration (TLS 1.2 minimum).
 // serverName "" lets each dial verify the dialed host (cluster nodes,

@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -13,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -38,6 +40,34 @@ func (f *TLSFiles) ClientConfig() *tls.Config {
 		Certificates: []tls.Certificate{f.clientCert},
 		MinVersion:   tls.VersionTLS12,
 	}
+}
+
+// WithTLSProtocols is WithTLS with the server limited to the given
+// protocol versions (redis-server's tls-protocols: "TLSv1.2", "TLSv1.3").
+// Without it redis-server accepts both and negotiates TLS 1.3 with Go
+// clients. It combines with WithTLSClientAuth in either order.
+func WithTLSProtocols(versions ...string) Option {
+	return func(c *config) {
+		c.tls = true
+		c.extra = append(c.extra, "--tls-protocols", strings.Join(versions, " "))
+	}
+}
+
+// TLSVersion dials the server once with TLSFiles.ClientConfig (TLS 1.2 or
+// later, client certificate presented) and returns the negotiated
+// version (tls.VersionTLS12, tls.VersionTLS13). It errors without WithTLS
+// or when the handshake fails within ctx.
+func (s *Server) TLSVersion(ctx context.Context) (uint16, error) {
+	if s.tls == nil {
+		return 0, fmt.Errorf("redistest: %s does not use TLS", s.Addr())
+	}
+	d := &tls.Dialer{Config: s.tls.ClientConfig()}
+	c, err := d.DialContext(ctx, "tcp", s.Addr())
+	if err != nil {
+		return 0, fmt.Errorf("redistest: tls dial %s: %w", s.Addr(), err)
+	}
+	defer func() { _ = c.Close() }()
+	return c.(*tls.Conn).ConnectionState().Version, nil
 }
 
 // GenerateTLS writes ca.crt, server.crt, server.key, client.crt and
