@@ -45,7 +45,7 @@ var queried = []family{
 	{Name: "ratelimitd_backend_duration_seconds", Type: "histogram", Labels: []string{"store"}},
 	{Name: "ratelimitd_backend_errors_total", Type: "counter", Labels: []string{"cause"}},
 	{Name: "ratelimitd_config_reloads_total", Type: "counter", Labels: []string{"result"},
-		Values: map[string][]string{"result": {"success", "failure"}}},
+		Values: map[string][]string{"result": {"success", "unchanged", "failure", "read_error", "watch_error"}}},
 	{Name: "ratelimitd_config_info", Type: "gauge", Labels: []string{"hash"}},
 	{Name: "ratelimitd_inflight_requests", Type: "gauge"},
 	{Name: "ratelimitd_backend_circuit_state", Type: "gauge", Labels: []string{"state"},

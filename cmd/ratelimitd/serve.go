@@ -437,10 +437,18 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 }
 
 // apply installs a freshly loaded config. It runs on the watcher's and on
-// the SIGHUP goroutine, one at a time.
+// the SIGHUP goroutine, one at a time. A load whose content is the
+// config in force's (same SourceHash) is a no-op: the policy, the
+// detailed_metric label budget and the store's over-limit cache stay,
+// it counts as result="unchanged" and logs at debug only.
 func (s *server) apply(set *policy.Set, warnings []policy.Warning) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
+	if cur := s.svc.Policy(); cur != nil && cur.SourceHash() == set.SourceHash() {
+		s.svc.CountReload(service.ReloadUnchanged, nil)
+		s.log.Debug("config unchanged; nothing applied", "hash", set.Hash())
+		return
+	}
 	for _, w := range warnings {
 		if w.File == "" {
 			// About the load as a whole, e.g. "no rate-limit domains
@@ -455,19 +463,35 @@ func (s *server) apply(set *policy.Set, warnings []policy.Warning) {
 	if r, ok := s.store.(resetter); ok {
 		r.ResetCache()
 	}
-	s.svc.ObserveReload(true, set)
+	s.svc.CountReload(service.ReloadSuccess, set)
 	first := !s.loaded.Swap(true)
 	s.updateHealth()
 	s.log.Info("config loaded", "domains", len(set.Domains()), "rules", len(set.Rules()), "hash", set.Hash(), "first", first)
 }
 
-// fail records a rejected config; the last good one, if any, stays in
-// force.
+// fail records a load that put nothing in force; the last good config, if
+// any, stays. A watcher error (policy.WatchError) and a read error
+// (policy.IsReadError) are counted apart from a rejected config.
 func (s *server) fail(err error) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
-	s.svc.ObserveReload(false, nil)
-	if s.loaded.Load() {
+	loaded := s.loaded.Load()
+	switch {
+	case policy.IsWatchError(err):
+		s.svc.CountReload(service.ReloadWatchError, nil)
+		s.log.Warn("config watcher error; the config in force is unchanged, reloading", "err", err.Error())
+		return
+	case policy.IsReadError(err):
+		s.svc.CountReload(service.ReloadReadError, nil)
+		if loaded {
+			s.log.Warn("config files could not be read; keeping the config in force", "err", err.Error())
+			return
+		}
+		s.log.Error("config files could not be read; no config loaded yet: not serving (health NOT_SERVING, requests fail with Unavailable) until a good config loads", "err", err.Error())
+		return
+	}
+	s.svc.CountReload(service.ReloadFailure, nil)
+	if loaded {
 		s.log.Error("config rejected; keeping the last good config", "err", err.Error())
 		return
 	}

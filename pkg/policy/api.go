@@ -177,15 +177,19 @@ func (w Warning) String() string {
 //     backend key for m.Rule.Limits[i]; injective over (domain, rule path,
 //     limit index and algorithm, identity entries); values hashed unless
 //     KeyOptions.ClearText.
-//   (*Set).Hash() string      hex digest of the loaded config (metrics)
+//   (*Set).Hash() string      hex digest of the compiled config (metrics)
+//   (*Set).SourceHash() string  hex digest of the files' paths and bytes
+//     Load read: equal for a reload that changes nothing (a no-op reload)
 //   (*Set).Domains() []string
 //   (*Set).Rules() []*Rule    every rule, in config order (for /rlconfig)
 //   (*Set).WriteExplain(w io.Writer) error   human dump for /rlconfig and validate --explain
 
-// Watch loads paths, then reloads whenever a file or directory under them
-// changes (fsnotify on directories; Kubernetes ..data symlink swaps and
-// write-then-rename editors included). It calls apply with each good Set
-// and fail with each load error (the previous Set stays in force). The
-// first load's result is delivered before Watch blocks. Watch returns when
-// ctx is done.
+// Watch loads paths, then reloads whenever one of the config files changes
+// (only the files Load would read, their symlink targets and the
+// subdirectories it walks; Kubernetes ..data symlink swaps and
+// write-then-rename editors included). It calls apply with each good Set,
+// changed or not (compare Set.SourceHash), and fail with each load error,
+// read error (IsReadError, retried) or watcher error (*WatchError); the
+// previous Set stays in force. The first load's result is delivered before
+// Watch blocks. Watch returns when ctx is done.
 // func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Set, []Warning), fail func(error)) error

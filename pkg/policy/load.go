@@ -1,7 +1,10 @@
 package policy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -27,12 +30,19 @@ func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 	errs := &errList{}
 	files := collectFiles(opts, paths, errs)
 	var parsed []*fileConfig
+	// src hashes exactly the bytes compiled (see Set.SourceHash), each
+	// field length-prefixed so that distinct inputs never collide.
+	src := sha256.New()
+	fmt.Fprintf(src, "ratelimitd-source-v1 merge=%t dot=%t clear=%t prefix=%d:%s\n",
+		opts.MergeDomains, opts.IgnoreDotFiles, opts.Keys.ClearText, len(opts.Keys.Prefix), opts.Keys.Prefix)
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
-			errs.add(f, 0, "cannot read config file: %v", err)
+			errs.addRead(f, err, "cannot read config file: %v", err)
 			continue
 		}
+		fmt.Fprintf(src, "file %d:%s %d:", len(f), f, len(data))
+		src.Write(data)
 		parsed = append(parsed, parseFile(f, data, errs))
 	}
 	s := compile(parsed, opts, errs)
@@ -47,6 +57,7 @@ func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 		errs.warn("", 0, "no rate-limit domains loaded from %s (no .yaml or .yml config files): every request is answered OK without limits", strings.Join(paths, ", "))
 	}
 	s.computeHash()
+	s.sourceHash = hex.EncodeToString(src.Sum(nil))
 	return s, errs.warnings, nil
 }
 
@@ -73,7 +84,7 @@ func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 	for _, root := range paths {
 		st, err := os.Stat(root)
 		if err != nil {
-			errs.add(root, 0, "cannot read config path: %v", err)
+			errs.addRead(root, err, "cannot read config path: %v", err)
 			continue
 		}
 		if !st.IsDir() {
@@ -82,7 +93,7 @@ func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 		}
 		err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
-				errs.add(p, 0, "cannot read config path: %v", err)
+				errs.addRead(p, err, "cannot read config path: %v", err)
 				return nil
 			}
 			if p == root {
@@ -100,7 +111,7 @@ func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 			if d.Type()&fs.ModeSymlink != 0 {
 				st, err := os.Stat(p)
 				if err != nil {
-					errs.add(p, 0, "cannot read config file: %v", err)
+					errs.addRead(p, err, "cannot read config file: %v", err)
 					return nil
 				}
 				if !st.Mode().IsRegular() {
@@ -113,7 +124,7 @@ func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 			return nil
 		})
 		if err != nil {
-			errs.add(root, 0, "cannot walk config directory: %v", err)
+			errs.addRead(root, err, "cannot walk config directory: %v", err)
 		}
 	}
 	return out

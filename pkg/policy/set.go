@@ -22,6 +22,9 @@ type Set struct {
 	names   []string // sorted domain names
 	rules   []*Rule  // config order
 	hash    string
+	// sourceHash is the hex SHA-256 of the loaded files' paths and bytes
+	// (and the load options); see SourceHash.
+	sourceHash string
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -234,6 +237,21 @@ func (s *Set) Hash() string {
 		return ""
 	}
 	return s.hash
+}
+
+// SourceHash returns the hex SHA-256 (64 characters) of what Load read:
+// the LoadOptions, then every loaded file in load order as its path (as
+// Load found it) and its bytes, each length-prefixed. Two Loads give equal
+// SourceHashes exactly when they read the same files, under the same
+// paths, with the same bytes: any byte change (a comment included), an
+// added, removed or renamed file changes it. A reload whose SourceHash
+// equals the config in force's is a no-op (docs/config.md, "Reload"). ""
+// for a nil Set or one not built by Load.
+func (s *Set) SourceHash() string {
+	if s == nil {
+		return ""
+	}
+	return s.sourceHash
 }
 
 func (s *Set) computeHash() {

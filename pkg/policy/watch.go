@@ -6,39 +6,84 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
 )
 
-// watchDebounce is how long Watch waits after the last file event before
-// reloading: editors and Kubernetes write several entries per change.
+// watchDebounce is how long Watch waits after the last relevant file event
+// before reloading: editors and Kubernetes write several entries per
+// change.
 const watchDebounce = 150 * time.Millisecond
 
-// Watch loads paths, then reloads whenever a file or directory under them
-// changes (fsnotify on directories; Kubernetes ..data symlink swaps and
+// A load that fails with read errors only (IsReadError) is retried after
+// readRetryDelay, doubling, up to readRetries times (0.25 s … 4 s, about
+// 8 s in all), unless a relevant event comes first: a file replaced while
+// it was read produces no further event.
+const (
+	readRetryDelay = 250 * time.Millisecond
+	readRetries    = 5
+)
+
+// Watch loads paths, then reloads whenever one of the config files changes
+// (fsnotify on directories; Kubernetes ..data symlink swaps and
 // write-then-rename editors included). It calls apply with each good Set
 // and fail with each load error (the previous Set stays in force). The
 // first load's result is delivered before Watch blocks. Watch returns when
 // ctx is done.
 //
-// Watching: every directory given, and every subdirectory below it (dot
-// directories skipped with IgnoreDotFiles), plus the parent directory of
-// every file given, so a file replaced by rename or a symlink swapped in
-// its directory is seen. Events are debounced (about 150 ms after the
-// last one), so a change is in effect well within 2 s. apply and fail run
-// on Watch's goroutine, one at a time. The returned error is non-nil only
-// when the watcher cannot be set up (then after the first load's result
-// was delivered) or ctx ends (ctx.Err()).
+// Only config files count. For a file given directly: events on its name
+// and on its symlink target (filepath.EvalSymlinks), and any entry
+// created, removed or renamed in the directory of either that changes
+// where the file resolves to (the ConfigMap ..data swap). For a directory:
+// events on files the loader would load (LoadOptions.IgnoreDotFiles and
+// the .yaml/.yml rule, as in Load, also for a file just created), on
+// subdirectories it would walk (created, removed, renamed), on the targets
+// of loaded symlinks, and changes of where a loaded symlink resolves to.
+// Anything else (a log file next to the config, an editor's swap file, a
+// Chmod) is ignored. Watching: every directory the loader walks and the
+// directory of every file given and of every symlink target, recomputed
+// before each load. Events are debounced (about 150 ms after the last
+// relevant one), so a change is in effect well within 2 s.
+//
+// Every load of a good config is delivered to apply, even one whose
+// content did not change: the caller compares Set.SourceHash with the
+// config in force to tell a no-op reload from a change. A load that fails
+// with read errors only (IsReadError: e.g. a file removed mid-swap) is
+// retried, 0.25 s after the failure, then 0.5 s, … up to 5 times. A
+// watcher error (an fsnotify error such as an event queue overflow) goes
+// to fail as a *WatchError, and a reload follows (events may have been
+// lost). apply and fail run on Watch's goroutine, one at a time. The
+// returned error is non-nil only when the watcher cannot be set up (then
+// after the first load's result was delivered) or ctx ends (ctx.Err()).
 func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Set, []Warning), fail func(error)) error {
-	load := func() {
-		s, warns, err := Load(opts, paths...)
+	return watch(ctx, watchConfig{opts: opts, paths: paths, apply: apply, fail: fail})
+}
+
+// watchConfig is Watch's input plus test hooks (nil in production).
+type watchConfig struct {
+	opts  LoadOptions
+	paths []string
+	apply func(*Set, []Warning)
+	fail  func(error)
+
+	// onWatcher is called with the watcher before the first load.
+	onWatcher func(*fsnotify.Watcher)
+	// onEvent is called for every event received, with its verdict.
+	onEvent func(ev fsnotify.Event, relevant bool)
+}
+
+func watch(ctx context.Context, c watchConfig) error {
+	load := func() (readErr bool) {
+		s, warns, err := Load(c.opts, c.paths...)
 		if err != nil {
-			fail(err)
-			return
+			c.fail(err)
+			return IsReadError(err)
 		}
-		apply(s, warns)
+		c.apply(s, warns)
+		return false
 	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -46,49 +91,52 @@ func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Se
 		return fmt.Errorf("policy: watch: %w", err)
 	}
 	defer w.Close()
+	if c.onWatcher != nil {
+		c.onWatcher(w)
+	}
 	watched := map[string]bool{}
-	addWatches := func() error {
-		var firstErr error
-		add := func(dir string) {
-			if watched[dir] {
-				return
+	var plan *watchPlan
+	// reload plans and watches first, then loads, so a change between
+	// the two is seen by the watcher (and compared against the plan).
+	reload := func() (readErr bool, setupErr error) {
+		plan = newWatchPlan(c.opts, c.paths)
+		for _, d := range sortedKeys(watched) {
+			if !plan.dirs[d] {
+				_ = w.Remove(d)
+				delete(watched, d)
 			}
-			if err := w.Add(dir); err != nil {
-				if firstErr == nil {
-					firstErr = err
-				}
-				return
-			}
-			watched[dir] = true
 		}
-		for _, root := range paths {
-			st, err := os.Stat(root)
-			if err != nil || !st.IsDir() {
-				add(filepath.Dir(root))
+		for _, d := range sortedKeys(plan.dirs) {
+			if watched[d] {
 				continue
 			}
-			_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-				if err != nil || !d.IsDir() {
-					return nil
+			if err := w.Add(d); err != nil {
+				if setupErr == nil {
+					setupErr = err
 				}
-				if p != root && opts.IgnoreDotFiles && strings.HasPrefix(d.Name(), ".") {
-					return filepath.SkipDir
-				}
-				add(p)
-				return nil
-			})
+				continue
+			}
+			watched[d] = true
 		}
-		return firstErr
+		return load(), setupErr
 	}
-	// Watch first, then load, so a change between the two is not lost.
-	setupErr := addWatches()
-	load()
+	readErr, setupErr := reload()
 	if setupErr != nil && len(watched) == 0 {
 		return fmt.Errorf("policy: watch: %w", setupErr)
 	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	retries := 0
+	scheduleRetry := func() {
+		if readErr && retries < readRetries {
+			timer.Reset(readRetryDelay << retries)
+			retries++
+			return
+		}
+		retries = 0
+	}
+	scheduleRetry()
 	for {
 		select {
 		case <-ctx.Done():
@@ -97,22 +145,164 @@ func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Se
 			if !ok {
 				return fmt.Errorf("policy: watch: event channel closed")
 			}
-			if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+			name := filepath.Clean(ev.Name)
+			relevant := plan.relevant(ev)
+			if (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) && watched[name] {
 				// fsnotify drops watches of removed directories.
-				if watched[ev.Name] {
-					delete(watched, ev.Name)
-					_ = w.Remove(ev.Name)
-				}
+				delete(watched, name)
+				_ = w.Remove(name)
 			}
-			timer.Reset(watchDebounce)
+			if c.onEvent != nil {
+				c.onEvent(ev, relevant)
+			}
+			if relevant {
+				retries = 0
+				timer.Reset(watchDebounce)
+			}
 		case err, ok := <-w.Errors:
 			if !ok {
 				return fmt.Errorf("policy: watch: error channel closed")
 			}
-			fail(fmt.Errorf("policy: watch: %w", err))
+			c.fail(&WatchError{Err: err})
+			retries = 0
+			timer.Reset(watchDebounce)
 		case <-timer.C:
-			_ = addWatches() // new subdirectories
-			load()
+			readErr, _ = reload()
+			scheduleRetry()
 		}
 	}
+}
+
+// watchPlan is what Watch reacts to, computed from the file system just
+// before each load. Paths are canonical: the directory part resolved
+// through symlinks (filepath.EvalSymlinks), the last element kept, which is
+// how fsnotify names the events of the (canonical) directories watched.
+type watchPlan struct {
+	dirs      map[string]bool // directories to watch
+	names     map[string]bool // files given, files loaded and their symlink targets
+	roots     []string        // directories given
+	links     []watchLink     // loaded files whose path involves a symlink
+	ignoreDot bool
+}
+
+// watchLink is a loaded file whose canonical target differs from its
+// canonical name; target is "" when it did not resolve.
+type watchLink struct{ path, target string }
+
+// canonDir resolves a directory through symlinks (Clean when it cannot).
+func canonDir(d string) string {
+	if r, err := filepath.EvalSymlinks(d); err == nil {
+		return r
+	}
+	return filepath.Clean(d)
+}
+
+// canonName resolves p's directory, keeping its last element.
+func canonName(p string) string {
+	p = filepath.Clean(p)
+	return filepath.Join(canonDir(filepath.Dir(p)), filepath.Base(p))
+}
+
+// resolve is p's symlink target, "" when it does not resolve.
+func resolve(p string) string {
+	t, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return ""
+	}
+	return t
+}
+
+func newWatchPlan(opts LoadOptions, paths []string) *watchPlan {
+	p := &watchPlan{dirs: map[string]bool{}, names: map[string]bool{}, ignoreDot: opts.IgnoreDotFiles}
+	for _, root := range paths {
+		st, err := os.Stat(root)
+		if err != nil || !st.IsDir() {
+			// A file, or a path that does not exist (yet): watch its
+			// directory for it.
+			p.names[canonName(root)] = true
+			p.dirs[canonDir(filepath.Dir(root))] = true
+			continue
+		}
+		p.roots = append(p.roots, canonDir(root))
+		_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			if path != root && opts.IgnoreDotFiles && strings.HasPrefix(d.Name(), ".") {
+				return filepath.SkipDir
+			}
+			p.dirs[canonDir(path)] = true
+			return nil
+		})
+	}
+	// The same expansion as Load, so the same extension and dotfile rules.
+	for _, f := range collectFiles(opts, paths, &errList{}) {
+		name := canonName(f)
+		p.names[name] = true
+		switch target := resolve(f); target {
+		case name:
+		case "":
+			p.links = append(p.links, watchLink{path: f})
+		default:
+			p.names[target] = true
+			p.dirs[filepath.Dir(target)] = true
+			p.links = append(p.links, watchLink{path: f, target: target})
+		}
+	}
+	return p
+}
+
+// loadable reports whether name, a canonical path, lies under a directory
+// given to Load along a path the loader walks (no dot element with
+// IgnoreDotFiles).
+func (p *watchPlan) loadable(name string) bool {
+	for _, root := range p.roots {
+		rel, err := filepath.Rel(root, name)
+		if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+			continue
+		}
+		if p.ignoreDot && slices.ContainsFunc(strings.Split(rel, string(filepath.Separator)), func(e string) bool {
+			return strings.HasPrefix(e, ".")
+		}) {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// relevant reports whether ev may change what Load reads.
+func (p *watchPlan) relevant(ev fsnotify.Event) bool {
+	if !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Write) && !ev.Has(fsnotify.Remove) && !ev.Has(fsnotify.Rename) {
+		return false // Chmod only: touch, permission bits, indexers
+	}
+	name := filepath.Clean(ev.Name)
+	if p.names[name] {
+		return true
+	}
+	structural := ev.Has(fsnotify.Create) || ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)
+	if p.loadable(name) {
+		if isYAML(name) {
+			return true
+		}
+		if ev.Has(fsnotify.Create) {
+			// A new subdirectory to walk (symlinks to directories are
+			// not followed by the loader).
+			if st, err := os.Lstat(name); err == nil && st.IsDir() {
+				return true
+			}
+		}
+		if (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) && p.dirs[name] {
+			return true
+		}
+	}
+	if !structural {
+		return false // a Write cannot retarget a symlink
+	}
+	for _, l := range p.links {
+		if resolve(l.path) != l.target {
+			return true
+		}
+	}
+	return false
 }

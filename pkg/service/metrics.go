@@ -81,7 +81,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"cause"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimitd_config_reloads_total",
-			Help: "Config loads by result (success, failure).",
+			Help: "Config loads by result: success (a changed config put in force), unchanged (same content as the config in force, nothing applied), failure (invalid config rejected), read_error (config files could not be read), watch_error (file watcher error).",
 		}, []string{"result"}),
 		configInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ratelimitd_config_info",

@@ -90,17 +90,45 @@ func (s *Service) SetShuttingDown() { s.shutdown.Store(true) }
 // Register registers the service on g as envoy.service.ratelimit.v3.RateLimitService.
 func (s *Service) Register(g *grpc.Server) { rlsv3.RegisterRateLimitServiceServer(g, s) }
 
-// ObserveReload records the outcome of one config load in
-// ratelimitd_config_reloads_total{result="success"|"failure"} and, on
-// success with a non-nil set, sets ratelimitd_config_info{hash} to 1 for
-// set.Hash() only. It does not swap the policy: call SetPolicy as well.
+// ReloadResult is the result label of ratelimitd_config_reloads_total.
+type ReloadResult string
+
+// Reload results; docs/config.md ("Reload") gives the rule.
+const (
+	// ReloadSuccess: a config whose content differs from the one in
+	// force (or the first one) was loaded and put in force.
+	ReloadSuccess ReloadResult = "success"
+	// ReloadUnchanged: a load read the same content as the config in
+	// force (same policy.Set.SourceHash); nothing was applied.
+	ReloadUnchanged ReloadResult = "unchanged"
+	// ReloadFailure: the config was read and rejected (invalid); the
+	// previous one stays in force.
+	ReloadFailure ReloadResult = "failure"
+	// ReloadReadError: config files could not be read
+	// (policy.IsReadError); the previous config stays in force.
+	ReloadReadError ReloadResult = "read_error"
+	// ReloadWatchError: the file watcher failed (a *policy.WatchError);
+	// says nothing about the config.
+	ReloadWatchError ReloadResult = "watch_error"
+)
+
+// ObserveReload records the outcome of one config load: CountReload with
+// ReloadSuccess when ok, else ReloadFailure.
 func (s *Service) ObserveReload(ok bool, set *policy.Set) {
 	if !ok {
-		s.m.reloads.WithLabelValues("failure").Inc()
+		s.CountReload(ReloadFailure, nil)
 		return
 	}
-	s.m.reloads.WithLabelValues("success").Inc()
-	if set != nil {
+	s.CountReload(ReloadSuccess, set)
+}
+
+// CountReload records one config load or watcher event in
+// ratelimitd_config_reloads_total{result=r} and, for ReloadSuccess with a
+// non-nil set, sets ratelimitd_config_info{hash} to 1 for set.Hash() only.
+// It does not swap the policy: call SetPolicy as well.
+func (s *Service) CountReload(r ReloadResult, set *policy.Set) {
+	s.m.reloads.WithLabelValues(string(r)).Inc()
+	if r == ReloadSuccess && set != nil {
 		s.m.configInfo.Reset()
 		s.m.configInfo.WithLabelValues(set.Hash()).Set(1)
 	}
