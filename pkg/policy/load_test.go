@@ -2,6 +2,8 @@ package policy
 
 import (
 	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -378,5 +380,85 @@ func TestEmptyConfigWarning(t *testing.T) {
 	full := writeFiles(t, map[string]string{"a.yaml": head + "  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n"})
 	if _, warns, err := Load(LoadOptions{}, empty, full); err != nil || len(warns) != 0 {
 		t.Errorf("with a domain: warnings %v, err %v", warns, err)
+	}
+}
+
+// TestLoadSourceHash: SourceHash changes with any byte, file name or file
+// set change, and only then; Hash (the compiled content) ignores comments.
+func TestLoadSourceHash(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"a.yaml": "domain: one\n"})
+	load := func() *Set {
+		t.Helper()
+		s, _, err := Load(LoadOptions{}, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a := load()
+	if h := a.SourceHash(); len(h) != 64 || h != load().SourceHash() {
+		t.Fatalf("SourceHash %q, want 64 hex digits equal across loads of the same files", h)
+	}
+	write(t, filepath.Join(dir, "a.yaml"), "domain: one # comment\n")
+	b := load()
+	if b.SourceHash() == a.SourceHash() || b.Hash() != a.Hash() {
+		t.Errorf("comment added: SourceHash %s -> %s (want a change), Hash %s -> %s (want none)", a.SourceHash(), b.SourceHash(), a.Hash(), b.Hash())
+	}
+	if err := os.Rename(filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if c := load(); c.SourceHash() == b.SourceHash() {
+		t.Errorf("file renamed: SourceHash unchanged")
+	}
+	write(t, filepath.Join(dir, "notes.txt"), "not config\n")
+	c := load()
+	write(t, filepath.Join(dir, "notes.txt"), "still not config\n")
+	if d := load(); d.SourceHash() != c.SourceHash() {
+		t.Errorf("a file the loader does not read changed SourceHash")
+	}
+	s, _, err := Load(LoadOptions{Keys: KeyOptions{Prefix: "p"}}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.SourceHash() == c.SourceHash() {
+		t.Errorf("other LoadOptions, same SourceHash")
+	}
+	if (*Set)(nil).SourceHash() != "" {
+		t.Errorf("nil Set has a SourceHash")
+	}
+}
+
+// TestIsReadError: read problems (a missing path, an unreadable file) are
+// read errors; a config problem, alone or with read problems, is not.
+func TestIsReadError(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"bad.yaml": "domain: [broken\n"})
+	missing := filepath.Join(dir, "missing.yaml")
+	_, _, err := Load(LoadOptions{}, missing)
+	if !IsReadError(err) || !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("missing path: %v: IsReadError %t, want true (wrapping fs.ErrNotExist)", err, IsReadError(err))
+	}
+	if !IsReadError(fmt.Errorf("wrapped: %w", err)) {
+		t.Errorf("wrapped read error not recognised")
+	}
+	// A dangling symlink under a directory is a file the loader cannot read.
+	ddir := t.TempDir()
+	if err := os.Symlink("nowhere.yaml", filepath.Join(ddir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Load(LoadOptions{}, ddir); !IsReadError(err) {
+		t.Errorf("dangling symlink: %v: IsReadError false, want true", err)
+	}
+	_, _, err = Load(LoadOptions{}, filepath.Join(dir, "bad.yaml"))
+	if err == nil || IsReadError(err) {
+		t.Errorf("syntax error: %v: IsReadError %t, want an error that is not a read error", err, IsReadError(err))
+	}
+	_, _, err = Load(LoadOptions{}, filepath.Join(dir, "bad.yaml"), missing)
+	if err == nil || IsReadError(err) {
+		t.Errorf("syntax and read errors: %v: IsReadError %t, want false", err, IsReadError(err))
+	}
+	for _, e := range []error{nil, errors.New("x"), errors.Join(errors.New("y")), &WatchError{Err: errors.New("x")}} {
+		if IsReadError(e) {
+			t.Errorf("IsReadError(%v) = true", e)
+		}
 	}
 }

@@ -2,12 +2,17 @@ package policy
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"go.uber.org/goleak"
 )
 
@@ -15,19 +20,28 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // watcher runs Watch in the background and exposes its callbacks.
 type watcher struct {
-	sets   chan *Set
-	errs   chan error
-	cancel context.CancelFunc
-	done   chan error
+	sets    chan *Set
+	errs    chan error
+	applies atomic.Int64 // apply calls
+	fails   atomic.Int64 // fail calls
+	cancel  context.CancelFunc
+	done    chan error
 }
 
 func startWatch(t *testing.T, opts LoadOptions, paths ...string) *watcher {
 	t.Helper()
+	return startWatchConfig(t, watchConfig{opts: opts, paths: paths})
+}
+
+// startWatchConfig runs watch with c's options, paths and hooks (its apply
+// and fail are the watcher's).
+func startWatchConfig(t *testing.T, c watchConfig) *watcher {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{sets: make(chan *Set, 100), errs: make(chan error, 100), cancel: cancel, done: make(chan error, 1)}
-	go func() {
-		w.done <- Watch(ctx, opts, paths, func(s *Set, _ []Warning) { w.sets <- s }, func(err error) { w.errs <- err })
-	}()
+	c.apply = func(s *Set, _ []Warning) { w.applies.Add(1); w.sets <- s }
+	c.fail = func(err error) { w.fails.Add(1); w.errs <- err }
+	go func() { w.done <- watch(ctx, c) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-w.done; err != context.Canceled {
@@ -133,6 +147,13 @@ func TestWatchSingleFile(t *testing.T) {
 // ..data/file.yaml; an update writes a new ..<ts> directory, points a
 // temporary symlink at it, renames it over ..data and removes the old one.
 func TestWatchConfigMapSwap(t *testing.T) {
+	t.Run("dir", func(t *testing.T) { testWatchConfigMapSwap(t, false) })
+	t.Run("file", func(t *testing.T) { testWatchConfigMapSwap(t, true) })
+}
+
+// testWatchConfigMapSwap gives Watch the ConfigMap directory, or with file
+// its config.yaml (a symlink to ..data/config.yaml) directly.
+func testWatchConfigMapSwap(t *testing.T, file bool) {
 	dir := t.TempDir()
 	mk := func(ts, content string) {
 		if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
@@ -147,10 +168,14 @@ func TestWatchConfigMapSwap(t *testing.T) {
 	if err := os.Symlink(filepath.Join("..data", "config.yaml"), filepath.Join(dir, "config.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	w := startWatch(t, LoadOptions{IgnoreDotFiles: true}, dir)
+	path := dir
+	if file {
+		path = filepath.Join(dir, "config.yaml")
+	}
+	w := startWatch(t, LoadOptions{IgnoreDotFiles: true}, path)
 	w.waitSet(t, "one")
 
-	swap := func(ts, content string) {
+	swap := func(ts, content string, keepOld bool) {
 		mk(ts, content)
 		tmp := filepath.Join(dir, "..data_tmp")
 		if err := os.Symlink(ts, tmp); err != nil {
@@ -163,16 +188,23 @@ func TestWatchConfigMapSwap(t *testing.T) {
 		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
 			t.Fatal(err)
 		}
+		if keepOld {
+			return
+		}
 		if err := os.RemoveAll(filepath.Join(dir, old)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	swap("..2026_11_30_02", "domain: two\n")
+	swap("..2026_11_30_02", "domain: two\n", false)
 	w.waitSet(t, "two")
-	swap("..2026_11_30_03", "domain: [broken\n")
+	swap("..2026_11_30_03", "domain: [broken\n", false)
 	w.waitErr(t, "config.yaml:1: YAML syntax error")
-	swap("..2026_11_30_04", "domain: four\n")
+	swap("..2026_11_30_04", "domain: four\n", false)
 	w.waitSet(t, "four")
+	// Only the ..data rename changes anything when the old directory
+	// stays (it is removed later, or never).
+	swap("..2026_11_30_05", "domain: five\n", true)
+	w.waitSet(t, "five")
 }
 
 func TestWatchInitialFailure(t *testing.T) {
@@ -181,4 +213,199 @@ func TestWatchInitialFailure(t *testing.T) {
 	w.waitErr(t, "empty domain")
 	write(t, filepath.Join(dir, "a.yaml"), "domain: ok\n")
 	w.waitSet(t, "ok")
+}
+
+// replace writes content to a temporary file next to p (named p+".tmp",
+// which neither a file watch nor a directory watch loads) and renames it
+// over p: one relevant event, as editors and `kubectl cp` do.
+func replace(t *testing.T, p, content string) {
+	t.Helper()
+	tmp := p + ".tmp"
+	write(t, tmp, content)
+	if err := os.Rename(tmp, p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// eventLog records Watch's verdict on every event, by base name.
+type eventLog struct {
+	mu       sync.Mutex
+	seen     map[string]int
+	relevant map[string]int
+}
+
+func newEventLog() *eventLog {
+	return &eventLog{seen: map[string]int{}, relevant: map[string]int{}}
+}
+
+func (l *eventLog) record(ev fsnotify.Event, relevant bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := filepath.Base(ev.Name)
+	l.seen[b]++
+	if relevant {
+		l.relevant[b]++
+	}
+}
+
+// check fails unless every name in ignored had at least one event and
+// none was relevant.
+func (l *eventLog) check(t *testing.T, ignored ...string) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range ignored {
+		if l.seen[n] == 0 {
+			t.Errorf("no event seen for %s (events: %v)", n, l.seen)
+		}
+		if l.relevant[n] != 0 {
+			t.Errorf("%d of %d events on %s triggered a reload, want 0", l.relevant[n], l.seen[n], n)
+		}
+	}
+}
+
+// writeNeighbours writes, renames, removes and touches files that Watch
+// must ignore; it returns their base names.
+func writeNeighbours(t *testing.T, dir string, extra ...string) []string {
+	t.Helper()
+	logPath := filepath.Join(dir, "ratelimitd.log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		if _, err := f.WriteString(strings.Repeat("x", i%50) + "\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Log rotation: rename, then a new file.
+	if err := os.Rename(logPath, logPath+".1"); err != nil {
+		t.Fatal(err)
+	}
+	write(t, logPath, "new\n")
+	// An editor's swap file.
+	swp := filepath.Join(dir, ".config.yaml.swp")
+	write(t, swp, "domain: swp\n")
+	if err := os.Remove(swp); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range extra {
+		write(t, filepath.Join(dir, n), "domain: "+strings.Trim(n, ".")+"\n")
+	}
+	return append([]string{"ratelimitd.log", "ratelimitd.log.1", ".config.yaml.swp"}, extra...)
+}
+
+// TestWatchFileIgnoresNeighbours: with a file given directly, writes to
+// other files of its directory (a log file, its rotation, a swap file, a
+// YAML file the loader does not read) and a touch (Chmod) of the file
+// itself trigger no reload; a change renamed into place triggers exactly
+// one.
+func TestWatchFileIgnoresNeighbours(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "config.yaml")
+	write(t, file, "domain: one\n")
+	ev := newEventLog()
+	w := startWatchConfig(t, watchConfig{paths: []string{file}, onEvent: ev.record})
+	w.waitSet(t, "one")
+	ignored := writeNeighbours(t, dir, "other.yaml")
+	now := time.Now()
+	if err := os.Chtimes(file, now, now); err != nil {
+		t.Fatal(err)
+	}
+	// The change is queued after every event above, so once it is in
+	// force they have all been judged.
+	replace(t, file, "domain: two\n")
+	w.waitSet(t, "two")
+	ev.check(t, append(ignored, "config.yaml.tmp")...)
+	if a, f := w.applies.Load(), w.fails.Load(); a != 2 || f != 0 {
+		t.Errorf("%d loads applied and %d failed, want 2 (first load, one change) and 0", a, f)
+	}
+}
+
+// TestWatchDirLoaderRules: with a directory given, only files the loader
+// would read count (.yaml/.yml, no dot files or dot directories with
+// IgnoreDotFiles); a new config file triggers exactly one reload.
+func TestWatchDirLoaderRules(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"a.yaml": "domain: one\n", "sub/keep.txt": "x"})
+	ev := newEventLog()
+	w := startWatchConfig(t, watchConfig{opts: LoadOptions{IgnoreDotFiles: true}, paths: []string{dir}, onEvent: ev.record})
+	w.waitSet(t, "one")
+	ignored := writeNeighbours(t, dir, "notes.txt", ".hidden.yaml", "a.yaml.bak")
+	write(t, filepath.Join(dir, "sub", "readme.md"), "hi\n")
+	if err := os.Mkdir(filepath.Join(dir, ".git"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(dir, ".git", "x.yaml"), "domain: git\n")
+	now := time.Now()
+	if err := os.Chtimes(filepath.Join(dir, "a.yaml"), now, now); err != nil {
+		t.Fatal(err)
+	}
+	replace(t, filepath.Join(dir, "sub", "b.yml"), "domain: two\n")
+	w.waitSet(t, "one,two")
+	ev.check(t, append(ignored, "readme.md", ".git", "b.yml.tmp")...)
+	if a, f := w.applies.Load(), w.fails.Load(); a != 2 || f != 0 {
+		t.Errorf("%d loads applied and %d failed, want 2 (first load, one change) and 0", a, f)
+	}
+}
+
+// TestWatchDotFilesLoaded: without IgnoreDotFiles a dot file is a config
+// file like any other, and its changes reload.
+func TestWatchDotFilesLoaded(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"a.yaml": "domain: one\n"})
+	w := startWatch(t, LoadOptions{}, dir)
+	w.waitSet(t, "one")
+	replace(t, filepath.Join(dir, ".hidden.yaml"), "domain: hidden\n")
+	w.waitSet(t, "hidden,one")
+}
+
+// TestWatchErrorReloads: a watcher error reaches fail as a *WatchError
+// (not a read error, nor a config error) and is followed by a reload.
+func TestWatchErrorReloads(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"a.yaml": "domain: one\n"})
+	fsw := make(chan *fsnotify.Watcher, 1)
+	w := startWatchConfig(t, watchConfig{paths: []string{dir}, onWatcher: func(x *fsnotify.Watcher) { fsw <- x }})
+	w.waitSet(t, "one")
+	(<-fsw).Errors <- fsnotify.ErrEventOverflow
+	select {
+	case err := <-w.errs:
+		var we *WatchError
+		if !errors.As(err, &we) || !errors.Is(err, fsnotify.ErrEventOverflow) || IsReadError(err) {
+			t.Fatalf("fail got %v (%T), want a *WatchError wrapping ErrEventOverflow", err, err)
+		}
+	case <-time.After(reloadBound):
+		t.Fatalf("no watcher error within %v", reloadBound)
+	}
+	w.waitSet(t, "one") // the reload after the error
+}
+
+// TestWatchReadErrorRetried: a file given directly that is removed fails
+// with read errors only, which Watch retries without any further event;
+// the file's return is picked up.
+func TestWatchReadErrorRetried(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "config.yaml")
+	write(t, file, "domain: one\n")
+	w := startWatch(t, LoadOptions{}, file)
+	w.waitSet(t, "one")
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	// One event (the removal), so a second error is a retry.
+	for i := range 2 {
+		select {
+		case err := <-w.errs:
+			if !IsReadError(err) || !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("error %d: %v, want a read error (not exist)", i, err)
+			}
+		case s := <-w.sets:
+			t.Fatalf("set applied without a config file: %v", s.Domains())
+		case <-time.After(reloadBound):
+			t.Fatalf("%d read errors within %v, want 2 (the removal and a retry)", i, reloadBound)
+		}
+	}
+	replace(t, file, "domain: two\n")
+	w.waitSet(t, "two")
 }
