@@ -409,3 +409,23 @@ func TestWatchReadErrorRetried(t *testing.T) {
 	replace(t, file, "domain: two\n")
 	w.waitSet(t, "two")
 }
+
+// TestWatchRelativePaths: relative paths (the default --config is
+// ./config) are matched against fsnotify's event names.
+func TestWatchRelativePaths(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"config/a.yaml": "domain: one\n", "b.yaml": "domain: b\n"})
+	t.Chdir(dir)
+	ev := newEventLog()
+	w := startWatchConfig(t, watchConfig{paths: []string{"./config", "b.yaml"}, onEvent: ev.record})
+	w.waitSet(t, "b,one")
+	write(t, "notes.txt", "x\n")
+	write(t, filepath.Join("config", "notes.txt"), "x\n")
+	replace(t, filepath.Join("config", "a.yaml"), "domain: two\n")
+	w.waitSet(t, "b,two")
+	replace(t, "b.yaml", "domain: c\n")
+	w.waitSet(t, "c,two")
+	ev.check(t, "notes.txt", "a.yaml.tmp", "b.yaml.tmp")
+	if a := w.applies.Load(); a != 3 {
+		t.Errorf("%d loads applied, want 3 (first load, two changes)", a)
+	}
+}
