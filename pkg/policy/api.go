@@ -175,7 +175,8 @@ func (w Warning) String() string {
 //     a Match for a request-supplied RateLimitOverride (fixed window).
 //   (*Set).Key(m Match, i int) string
 //     backend key for m.Rule.Limits[i]; injective over (domain, rule path,
-//     limit index and algorithm, identity entries); values hashed unless
+//     limit index and algorithm, identity entries), and for an override
+//     over (domain, unit, requests_per_unit, entries); values hashed unless
 //     KeyOptions.ClearText.
 //   (*Set).Hash() string      hex digest of the compiled config (metrics)
 //   (*Set).SourceHash() string  hex digest of the files' paths and bytes

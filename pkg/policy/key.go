@@ -18,15 +18,25 @@ import (
 //	    ns(limit index) ns(algorithm) ns(window)  ns(n) { ns(entry key) ns(entry value) }×n
 //
 // kind is "-" (value-less), "=" (exact value) or "*" (wildcard pattern);
-// window is "<UNIT>x<multiplier>" plus "/cal" for calendar windows. For a
-// request override the rule part is ns("override") and the window is
-// "<UNIT>x1". The identity entries are the request entries (the pattern in
-// place of the value on share_threshold levels).
+// window is "<UNIT>x<multiplier>" plus "/cal" for calendar windows. The
+// identity entries are the request entries (the pattern in place of the
+// value on share_threshold levels).
 //
-// requests_per_unit and burst are not part of C, so a raised or lowered
-// limit keeps counting on the same counter; the algorithm and window are,
-// because the state of one algorithm or window length means nothing to
-// another.
+// A request override (Set.Override) has no rule path and carries its rate:
+//
+//	C = ns("rl1") ns(domain) ns("override") ns("0") ns("fixed_window") ns("<UNIT>x1")
+//	    ns(requests_per_unit) ns(n) { ns(entry key) ns(entry value) }×n
+//
+// The third component ("rule" or "override") selects the grammar, so a
+// rule key and an override key never share C.
+//
+// For config rules requests_per_unit and burst are not part of C, so a
+// raised or lowered limit keeps counting on the same counter; the
+// algorithm and window are, because the state of one algorithm or window
+// length means nothing to another. An override has no config to raise:
+// its rate is all that tells one request's override from another's on
+// the same entries (10/minute and 1000/minute in one request are two
+// counters), so it is part of C.
 //
 // The key is KeyOptions.Prefix followed by the first 128 bits of
 // SHA-256(C) in unpadded base64url (22 bytes, alphabet A-Z a-z 0-9 - _),
@@ -78,13 +88,17 @@ func overridePrefix(domain string, sp *Spec) []byte {
 	b = appendNS(b, "override")
 	b = appendNSInt(b, 0)
 	b = appendNS(b, AlgorithmName(sp.Algorithm))
-	return appendNS(b, windowTag(sp))
+	b = appendNS(b, windowTag(sp))
+	var tmp [10]byte
+	return appendNS(b, string(strconv.AppendUint(tmp[:0], uint64(sp.RequestsPerUnit), 10)))
 }
 
 // Key returns the backend key of m.Rule.Limits[i] for this match (see the
-// encoding above). It is injective over (domain, rule path, limit index,
-// algorithm, window, identity entries) and independent of
-// requests_per_unit. It returns "" when m has no rule or i is out of range.
+// encoding above). For a config rule it is injective over (domain, rule
+// path, limit index, algorithm, window, identity entries) and independent
+// of requests_per_unit and burst; for a request override (Set.Override)
+// over (domain, unit, requests_per_unit, entries). It returns "" when m
+// has no rule or i is out of range.
 func (s *Set) Key(m Match, i int) string {
 	r := m.Rule
 	if r == nil || i < 0 || i >= len(r.keyPre) {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -72,6 +73,19 @@ func TestKeyInjectiveTable(t *testing.T) {
 				}
 				seen[k] = desc
 			}
+			// Overrides on the same entries: each (rate, unit) its own
+			// counter, none a rule's.
+			for _, o := range []struct {
+				rpu  uint32
+				unit Unit
+			}{{0, Minute}, {1, Minute}, {10, Minute}, {1000, Minute}, {10, Hour}, {1, Second}, {4294967295, Year}} {
+				k := s.Key(s.Override("k", e, o.rpu, o.unit), 0)
+				desc := fmt.Sprintf("override %d/%v|%s", o.rpu, o.unit, entryString(e))
+				if prev, dup := seen[k]; dup {
+					t.Errorf("clear=%v: %s and %s share key %q", s.keys.ClearText, prev, desc, k)
+				}
+				seen[k] = desc
+			}
 		}
 	}
 }
@@ -124,28 +138,44 @@ func TestKeyIgnoresRequestsPerUnit(t *testing.T) {
 	}
 }
 
-// FuzzKeyInjective: two different (domain, unit, entries) tuples never share
-// a key, in clear text (exact) and hashed form.
+// FuzzKeyInjective: two different (domain, unit, requests_per_unit,
+// entries) overrides never share a key, in clear text (exact) and hashed
+// form; nor does an override share a key with a config rule.
 func FuzzKeyInjective(f *testing.F) {
-	f.Add("d", "a", "b_c", "", "", uint8(1), "d", "a_b", "c", "", "", uint8(1), uint8(1), uint8(1))
-	f.Add("d", "a", "", "b", "", uint8(2), "d", "a", "1:b,", "", "", uint8(1), uint8(1), uint8(1))
-	f.Add("d_a", "b", "c", "", "", uint8(1), "d", "a_b", "c", "", "", uint8(1), uint8(2), uint8(2))
-	f.Add("d", "k", "v\n", "x", "{}", uint8(2), "d", "k", "v", "\nx", "{}", uint8(2), uint8(3), uint8(3))
+	f.Add("d", "a", "b_c", "", "", uint8(1), "d", "a_b", "c", "", "", uint8(1), uint8(1), uint8(1), uint32(1), uint32(1))
+	f.Add("d", "a", "", "b", "", uint8(2), "d", "a", "1:b,", "", "", uint8(1), uint8(1), uint8(1), uint32(1), uint32(1))
+	f.Add("d_a", "b", "c", "", "", uint8(1), "d", "a_b", "c", "", "", uint8(1), uint8(2), uint8(2), uint32(1), uint32(1))
+	f.Add("d", "k", "v\n", "x", "{}", uint8(2), "d", "k", "v", "\nx", "{}", uint8(2), uint8(3), uint8(3), uint32(1), uint32(1))
+	// the same entries and unit, another rate (10/minute and 1000/minute)
+	f.Add("d", "k", "v", "", "", uint8(1), "d", "k", "v", "", "", uint8(1), uint8(2), uint8(2), uint32(10), uint32(1000))
+	f.Add("d", "k", "v", "", "", uint8(1), "d", "k", "v", "", "", uint8(1), uint8(2), uint8(2), uint32(1), uint32(11))
+	f.Add("d", "k", "1", "", "", uint8(1), "d", "k", "", "", "", uint8(1), uint8(2), uint8(2), uint32(1), uint32(11))
+	f.Add("k", "a", "v", "", "", uint8(1), "k", "a", "v", "", "", uint8(1), uint8(1), uint8(1), uint32(0), uint32(4294967295))
 	clear := &Set{keys: KeyOptions{ClearText: true}}
 	hashed := &Set{keys: KeyOptions{Prefix: "p"}}
-	f.Fuzz(func(t *testing.T, d1, k1, v1, k2, v2 string, n1 uint8, d2, k3, v3, k4, v4 string, n2, u1, u2 uint8) {
+	rules := keySets(f) // domain k: rules a, a.b, a_b
+	f.Fuzz(func(t *testing.T, d1, k1, v1, k2, v2 string, n1 uint8, d2, k3, v3, k4, v4 string, n2, u1, u2 uint8, r1, r2 uint32) {
 		e1 := ents(k1, v1, k2, v2)[:n1%3]
 		e2 := ents(k3, v3, k4, v4)[:n2%3]
 		unit1, unit2 := Unit(u1%7+1), Unit(u2%7+1)
-		same := d1 == d2 && unit1 == unit2 && len(e1) == len(e2)
+		same := d1 == d2 && unit1 == unit2 && r1 == r2 && len(e1) == len(e2)
 		for i := 0; same && i < len(e1); i++ {
 			same = e1[i] == e2[i]
 		}
 		for _, s := range []*Set{clear, hashed} {
-			a := s.Key(s.Override(d1, e1, 1, unit1), 0)
-			b := s.Key(s.Override(d2, e2, 2, unit2), 0)
+			a := s.Key(s.Override(d1, e1, r1, unit1), 0)
+			b := s.Key(s.Override(d2, e2, r2, unit2), 0)
 			if (a == b) != same {
-				t.Fatalf("clear=%v same=%v keys %q %q for (%q %v %v) (%q %v %v)", s.keys.ClearText, same, a, b, d1, unit1, e1, d2, unit2, e2)
+				t.Fatalf("clear=%v same=%v keys %q %q for (%q %v %d %v) (%q %v %d %v)", s.keys.ClearText, same, a, b, d1, unit1, r1, e1, d2, unit2, r2, e2)
+			}
+		}
+		for _, s := range rules {
+			o := s.Key(s.Override("k", e1, r1, unit1), 0)
+			m, ok := s.Match("k", e1)
+			for i := 0; ok && i < len(m.Rule.Limits); i++ {
+				if k := s.Key(m, i); k == o {
+					t.Fatalf("clear=%v: override %d/%v and rule %s limit %d share key %q", s.keys.ClearText, r1, unit1, m.Rule.Path, i, k)
+				}
 			}
 		}
 	})

@@ -191,8 +191,11 @@ func (r *Rule) identity(entries []Entry) []Entry {
 // requestsPerUnit per unit, counted per request entries, outside the
 // config tree (no shadow, quota, name or replaces), as envoyproxy/ratelimit
 // does. MetricKey is "domain.k1_v1.k2_v2" (request values: cap its
-// cardinality). Keys never collide with config rules. An invalid unit
-// gives a Match with a nil Rule; callers reject it as InvalidArgument.
+// cardinality). Its key (Set.Key) is distinct for every (domain, entries,
+// requestsPerUnit, unit) and never collides with a config rule's, so two
+// overrides on the same entries with another rate or unit count
+// separately. An invalid unit gives a Match with a nil Rule; callers
+// reject it as InvalidArgument.
 func (s *Set) Override(domain string, entries []Entry, requestsPerUnit uint32, unit Unit) Match {
 	if !unit.Valid() {
 		return Match{}
