@@ -308,6 +308,42 @@ func TestRequestOverride(t *testing.T) {
 		st(OK, limit("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE), 9, 30*time.Second))
 }
 
+// TestRequestOverridesIndependent: two descriptors of one request with
+// the same entries and overrides of another rate (10/minute, 1000/minute)
+// or unit (10/hour) count on their own counters: the 1000/minute status
+// shows 999 after the first call, not 998.
+func TestRequestOverridesIndependent(t *testing.T) {
+	ov := func(rpu uint32, unit typev3.RateLimitUnit) *rlcommon.RateLimitDescriptor {
+		x := d("user", "u", "path", "/p")
+		x.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: unit}
+		return x
+	}
+	r := func() *rlsv3.RateLimitRequest {
+		return req("svc", ov(10, typev3.RateLimitUnit_MINUTE), ov(1000, typev3.RateLimitUnit_MINUTE), ov(10, typev3.RateLimitUnit_HOUR))
+	}
+	e := newEnv(t, nil)
+	l10 := limit("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE)
+	l1000 := limit("", 1000, rlsv3.RateLimitResponse_RateLimit_MINUTE)
+	l10h := limit("", 10, rlsv3.RateLimitResponse_RateLimit_HOUR)
+	checkStatuses(t, "1", e.call(t, r()), OK,
+		st(OK, l10, 9, 30*time.Second), st(OK, l1000, 999, 30*time.Second), st(OK, l10h, 9, 3570*time.Second))
+	for range 8 {
+		e.call(t, r())
+	}
+	checkStatuses(t, "10", e.call(t, r()), OK,
+		st(OK, l10, 0, 30*time.Second), st(OK, l1000, 990, 30*time.Second), st(OK, l10h, 0, 3570*time.Second))
+	// 10/minute and 10/hour are over; the request consumes nothing.
+	checkStatuses(t, "11", e.call(t, r()), OVER,
+		st(OVER, l10, 0, 30*time.Second), st(OK, l1000, 990, 30*time.Second), st(OVER, l10h, 0, 3570*time.Second))
+	// The 1000/minute counter on its own.
+	checkStatuses(t, "1000 alone", e.call(t, req("svc", ov(1000, typev3.RateLimitUnit_MINUTE))), OK,
+		st(OK, l1000, 989, 30*time.Second))
+	// The next minute: the 10/minute counter is fresh, 10/hour is not.
+	e.clock.Advance(time.Minute)
+	checkStatuses(t, "next minute", e.call(t, req("svc", ov(10, typev3.RateLimitUnit_MINUTE), ov(10, typev3.RateLimitUnit_HOUR))), OVER,
+		st(OK, l10, 10, 30*time.Second), st(OVER, l10h, 0, 3510*time.Second))
+}
+
 func TestSeveralLimitsOnOneNode(t *testing.T) {
 	e := newEnv(t, nil)
 	p10 := limit("per-10s", 3, rlsv3.RateLimitResponse_RateLimit_SECOND)
