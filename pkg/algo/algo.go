@@ -84,7 +84,8 @@ type Hit struct {
 	Limit Limit
 	// Cost is the number of units to take (hits_addend). 0 means check
 	// only: consume nothing, deny only when nothing at all remains.
-	// Never negative.
+	// Never negative; at most MaxCost (stores treat a larger cost as
+	// MaxCost, which every limit denies).
 	Cost int64
 	// Soft marks a hit whose denial does not fail the request (shadow mode,
 	// quota mode): stores still decide it and write nothing for it when it

@@ -16,8 +16,10 @@
 // into FMA through explicit float64() conversions; Lua 5.1 does not fuse),
 // floor is math.floor.
 //
-// Common rules. need = max(cost, 1): a check (cost 0) is admitted when one
-// unit would be, and consumes nothing. rem is the whole units remaining
+// Common rules. cost is first clamped to [0, MaxCost] (ClampCost; the
+// script receives costs already clamped and rejects, per segment, any
+// outside [-2^53, 2^53]). need = max(cost, 1): a check (cost 0) is
+// admitted when one unit would be, and consumes nothing. rem is the whole units remaining
 // before the hit; the hit is allowed iff need <= rem. Denied hits and
 // checks write nothing (the state stays byte for byte as it was; in
 // Redis: no write, no TTL change). Rate 0 denies every hit (check

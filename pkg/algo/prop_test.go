@@ -1,6 +1,7 @@
 package algo_test
 
 import (
+	"math"
 	"reflect"
 	"testing"
 	"time"
@@ -222,6 +223,97 @@ func FuzzTake(f *testing.F) {
 			}
 			if d.Allowed == (d.RetryAfter > 0) {
 				t.Fatalf("%+v: allowed %v with retry %v", l, d.Allowed, d.RetryAfter)
+			}
+		}
+	})
+}
+
+// maxCostLimit draws a valid limit of kind k anywhere in Validate's range,
+// extremes included (capacities up to 2^53-1, periods down to 1 µs), and
+// returns it with its capacity.
+func maxCostLimit(rt *rapid.T, k algo.Kind) (algo.Limit, int64) {
+	p := rapid.OneOf(rapid.Int64Range(1, 10), rapid.Int64Range(1, 3_600_000_000), rapid.Just(int64(algo.MaxPeriod/time.Microsecond))).Draw(rt, "period_us")
+	l := algo.Limit{Kind: k, Period: time.Duration(p) * time.Microsecond}
+	huge := rapid.OneOf(rapid.Int64Range(1, 12), rapid.Int64Range(1, algo.MaxExact-1), rapid.Just(algo.MaxExact-1))
+	switch k {
+	case algo.SlidingLog:
+		l.Rate = rapid.OneOf(rapid.Int64Range(1, 12), rapid.Just(int64(algo.MaxSlidingLogRate))).Draw(rt, "rate")
+	case algo.Concurrency:
+		l.Rate = rapid.OneOf(rapid.Int64Range(1, 12), rapid.Just(int64(algo.MaxConcurrencyRate))).Draw(rt, "rate")
+	case algo.TokenBucket:
+		cmax := min(algo.MaxExact/p, algo.MaxCost-1)
+		l.Rate = min(huge.Draw(rt, "rate"), cmax)
+		cmax = min(cmax, algo.MaxExact/l.Rate)
+		l.Rate = min(l.Rate, cmax)
+		l.Burst = rapid.OneOf(rapid.Just(int64(0)), rapid.Int64Range(1, cmax), rapid.Just(cmax)).Draw(rt, "burst")
+	default:
+		l.Rate = huge.Draw(rt, "rate")
+		if k == algo.FixedWindow || k == algo.SlidingWindow {
+			if c := rapid.IntRange(0, 2).Draw(rt, "calendar"); c > 0 {
+				l.Calendar = algo.Calendar(c)
+				l.Multiplier = rapid.Int64Range(1, 12).Draw(rt, "multiplier")
+			}
+		}
+	}
+	if err := l.Validate(); err != nil {
+		rt.Fatalf("test drew an invalid limit %+v: %v", l, err)
+	}
+	capa := l.Rate
+	if l.Burst > 0 {
+		capa = l.Burst
+	}
+	return l, capa
+}
+
+// TestPropMaxCost: for every algorithm and every valid limit, a take of
+// algo.MaxCost (the clamp of any hits_addend) is denied as above capacity,
+// leaves the state as it was and gives sane durations; a larger cost
+// (up to 2^63-1) decides exactly like MaxCost; a take of the whole capacity
+// on an empty state still passes (the capacity is below MaxCost and
+// nothing overflows); and a Concurrency release of MaxCost returns every
+// live lease.
+func TestPropMaxCost(t *testing.T) {
+	if algo.ClampCost(-1) != 0 || algo.ClampCost(math.MaxInt64) != algo.MaxCost || algo.ClampCost(7) != 7 {
+		t.Fatal("ClampCost")
+	}
+	if float64(algo.MaxCost) != 9007199254740992 || int64(float64(algo.MaxCost)) != algo.MaxCost {
+		t.Fatal("MaxCost is not 2^53")
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		k := algo.Kind(rapid.IntRange(0, int(algo.Concurrency)).Draw(rt, "kind"))
+		l, capa := maxCostLimit(rt, k)
+		p := l.Period.Microseconds()
+		t0 := base + rapid.Int64Range(0, 1<<40).Draw(rt, "start")
+		if (k != algo.SlidingLog && k != algo.Concurrency) || capa <= 1000 {
+			if _, d := algo.Take(l, algo.State{}, time.UnixMicro(t0), capa); !d.Allowed || d.Remaining != 0 {
+				rt.Fatalf("%+v: a take of the whole capacity %d on an empty state: %+v", l, capa, d)
+			}
+		}
+		// A state the algorithm produced: a few takes at increasing instants.
+		var st algo.State
+		tt := t0
+		for range rapid.IntRange(0, 6).Draw(rt, "takes") {
+			tt += rapid.Int64Range(0, max(p/3, 1)).Draw(rt, "gap")
+			c := rapid.Int64Range(0, min(capa, 50)).Draw(rt, "cost")
+			st, _ = algo.Take(l, st, time.UnixMicro(tt), c)
+		}
+		now := time.UnixMicro(tt + rapid.Int64Range(0, max(p/3, 1)).Draw(rt, "at"))
+		ns, d := algo.Take(l, st, now, algo.MaxCost)
+		if d.Allowed || d.RetryAfter <= 0 || d.ResetAfter < 0 || d.WindowAfter < 0 || d.Remaining < 0 || d.Remaining > capa {
+			rt.Fatalf("%+v: take of MaxCost: %+v", l, d)
+		}
+		if !reflect.DeepEqual(ns, st) {
+			rt.Fatalf("%+v: take of MaxCost changed the state %+v -> %+v", l, st, ns)
+		}
+		for _, c := range []int64{algo.MaxCost + 1, math.MaxInt64} {
+			if bs, bd := algo.Take(l, st, now, c); bd != d || !reflect.DeepEqual(bs, st) {
+				rt.Fatalf("%+v: cost %d decided %+v, MaxCost %+v", l, c, bd, d)
+			}
+		}
+		if k == algo.Concurrency {
+			rs, rd := algo.Release(l, st, now, algo.MaxCost)
+			if !rd.Allowed || rd.Remaining != l.Rate || len(rs.Log) != 0 {
+				rt.Fatalf("%+v: release of MaxCost: %+v, state %+v", l, rd, rs)
 			}
 		}
 	})

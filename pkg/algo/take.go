@@ -33,6 +33,20 @@ type State struct {
 // integer the algorithms store or multiply below it.
 const MaxExact = int64(1) << 53
 
+// MaxCost is the largest cost the algorithms (and the Redis script) take:
+// 2^53, exactly representable as a Lua double. Limit.Validate keeps every
+// limit's capacity (Rate; Burst or Rate for a token bucket) below it, so a
+// take of MaxCost is always denied as above capacity and writes nothing.
+// Take, Release and Apply treat a larger cost as MaxCost (the same
+// decision), and callers clamp a request's cost (hits_addend, up to
+// 2^64-1) to it before it reaches a store, so every store sees the same
+// cost.
+const MaxCost = MaxExact
+
+// ClampCost returns cost within [0, MaxCost]: negative costs count as 0,
+// costs above MaxCost as MaxCost.
+func ClampCost(cost int64) int64 { return min(max(cost, 0), MaxCost) }
+
 // MaxSlidingLogRate bounds Rate for SlidingLog limits: the log holds up to
 // Rate timestamps per key (8 bytes each in memory, a sorted-set member in
 // Redis). Higher rates should use SlidingWindow.
@@ -57,7 +71,8 @@ var ErrInvalidLimit = errors.New("algo: invalid limit")
 // or [1, 100] years; SlidingLog Rate
 // <= MaxSlidingLogRate; Concurrency Rate <= MaxConcurrencyRate; TokenBucket
 // capacity × Period(µs) <= 2^53 and capacity × Rate <= 2^53 (see the
-// porting contract).
+// porting contract); every capacity below MaxCost (other kinds: Rate <
+// 2^53).
 func (l Limit) Validate() error {
 	if l.Kind > Concurrency {
 		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidLimit, l.Kind)
@@ -101,6 +116,9 @@ func (l Limit) Validate() error {
 	case TokenBucket:
 		c := capacity(l)
 		p := l.Period.Microseconds()
+		if c >= MaxCost {
+			return fmt.Errorf("%w: token_bucket capacity %d is not below the maximum cost 2^53", ErrInvalidLimit, c)
+		}
 		if c > 0 && (c > MaxExact/p || c > MaxExact/max(l.Rate, 1)) {
 			return fmt.Errorf("%w: token_bucket burst %d × period %v exceeds 2^53 µs; use a shorter unit or a smaller burst", ErrInvalidLimit, c, l.Period)
 		}
@@ -150,15 +168,16 @@ func (d decision) out() Decision {
 // the decision. cost 0 is a check: it consumes nothing and is denied only
 // when not even one unit remains. A denied hit and a check return prev
 // unchanged. A cost above the capacity (Rate, or Burst for a token bucket)
-// is always denied. Negative costs count as 0.
+// is always denied. Negative costs count as 0, costs above MaxCost as
+// MaxCost (ClampCost).
 func Take(l Limit, prev State, now time.Time, cost int64) (State, Decision) {
 	s, d := decide(l, prev, now.UnixMicro(), cost, false)
 	return s, d.out()
 }
 
 // Release returns n leases of a Concurrency limit, the oldest first (at
-// most the live ones). It is always allowed. For other kinds it is Take
-// with cost 0.
+// most the live ones; n is clamped by ClampCost). It is always allowed.
+// For other kinds it is Take with cost 0.
 func Release(l Limit, prev State, now time.Time, n int64) (State, Decision) {
 	s, d := decide(l, prev, now.UnixMicro(), n, true)
 	return s, d.out()
@@ -221,7 +240,7 @@ func ExpiresAtUs(l Limit, s State) int64 {
 
 // decide dispatches on l.Kind; t is now in µs.
 func decide(l Limit, st State, t, cost int64, release bool) (State, decision) {
-	cost = max(cost, 0)
+	cost = ClampCost(cost)
 	if release {
 		if l.Kind == Concurrency {
 			return release1(l, st, t, cost)

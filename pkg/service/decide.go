@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"math"
 	"sync"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -82,7 +81,10 @@ var errUndecided = status.Error(codes.DeadlineExceeded, "service: not decided wi
 func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	set := sn.set
 	domain := req.GetDomain()
-	reqCost := int64(req.GetHitsAddend())
+	// Costs are clamped to algo.MaxCost here, before any store: every
+	// limit denies MaxCost, on every backend alike (hits_addend is up to
+	// 2^64-1; the Redis script computes in doubles).
+	reqCost := algo.ClampCost(int64(req.GetHitsAddend()))
 	if reqCost == 0 {
 		reqCost = 1
 	}
@@ -114,7 +116,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		st := &ds[i]
 		st.cost = reqCost
 		if h := d.GetHitsAddend(); h != nil {
-			st.cost = int64(min(h.GetValue(), math.MaxInt64))
+			st.cost = int64(min(h.GetValue(), uint64(algo.MaxCost)))
 		}
 		start := len(allEntries)
 		for _, e := range d.GetEntries() {

@@ -115,9 +115,11 @@ func (a *segArgs) init(sg *segment) {
 			flags |= 2
 		}
 		a.keys = append(a.keys, h.Key)
+		// The cost is clamped like algo.Take clamps it (the script rejects
+		// a segment with a cost above 2^53): the same decision as in memory.
 		a.ints = append(a.ints,
 			int64(l.Kind), l.Rate, l.Period.Microseconds(), l.Burst,
-			int64(l.Calendar), max(l.Multiplier, 1), h.Cost, flags)
+			int64(l.Calendar), max(l.Multiplier, 1), algo.ClampCost(h.Cost), flags)
 	}
 }
 
@@ -177,8 +179,11 @@ func argsCmd(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 // SegmentError is the error of one segment that the script reported in its
 // reply ("!<error>") while the invocation's other segments were decided:
 // a Redis error reply such as "OOM ...", "READONLY ..." or "WRONGTYPE ...",
-// or a Lua error. It is a go-redis error reply (goredis.Error), so
-// Classify gives it the cause of its prefix; the segment wrote nothing.
+// a Lua error, or the script's rejection of the segment's arguments
+// ("ERR ratelimitd take.lua: invalid segment: <field> of hit <i>", e.g.
+// an invalid Limit). It is a go-redis error reply (goredis.Error), so
+// Classify gives it the cause of its prefix (CauseOther for ERR and Lua
+// errors, not an outage); the segment wrote nothing.
 type SegmentError string
 
 func (e SegmentError) Error() string { return string(e) }

@@ -19,7 +19,8 @@
 --   n      number of hits of the segment (>= 0), followed by n × NF fields:
 --          kind, rate, period_us, burst, calendar, multiplier, cost, flags
 --          (1 = release: return concurrency leases; 2 = soft: a denial
---          does not deny the request).
+--          does not deny the request). cost is at most 2^53 (algo.MaxCost,
+--          above every limit's capacity: always denied).
 --
 -- Reply: one bulk string, one line per segment, lines joined by "\n":
 --   "<now_us> then per hit: <allowed 0/1> <remaining> <retry_us>
@@ -27,8 +28,13 @@
 --   "!<error>" when that segment failed (nothing of it was written; see
 --          Errors). Durations are integer microseconds.
 --
--- Errors. A malformed ARGV/KEYS layout fails the whole invocation before
--- anything is read or written. Each segment runs under pcall in two
+-- Errors. A malformed ARGV/KEYS layout (segment count, a segment header,
+-- the number of KEYS or ARGV) fails the whole invocation before anything
+-- is read or written. A segment whose now or hit fields are out of range
+-- (an integer outside its bounds; a cost outside [-2^53, 2^53]) is
+-- rejected on its own: its line is "!ERR ratelimitd take.lua: invalid
+-- segment: <field> of hit <i>", nothing of it is read or written, and the
+-- other segments are decided. Each segment runs under pcall in two
 -- phases: (1) reads and decisions, no write; (2) writes, only when it
 -- allowed. An error in phase 1 (e.g. WRONGTYPE, a corrupted value) becomes
 -- that segment's "!" line and nothing of it is written. In phase 2 the
@@ -96,72 +102,100 @@ do
   local bad = function(what)
     return redis.error_reply('ERR ratelimitd take.lua: malformed arguments: ' .. what)
   end
+  -- x % 1 == 0 is false for nil-free non-integers, inf and nan
+  local function int(x, lo, hi) return x and x % 1 == 0 and x >= lo and x <= hi end
+  -- hit_problem names the first field of a hit outside its range, or nil.
+  -- cost may be up to 2^53 (algo.MaxCost: every limit denies it).
+  local function hit_problem(kind, rate, period, burst, cal, mult, cost, flags)
+    if not int(kind, 0, 4) then return 'kind' end
+    if not int(rate, 1 - BIG, BIG - 1) then return 'rate' end
+    if not int(period, 1, BIG - 1) then return 'period' end
+    if not int(burst, 1 - BIG, BIG - 1) then return 'burst' end
+    if not int(cal, 0, 2) then return 'calendar' end
+    if not int(mult, 1, BIG - 1) then return 'multiplier' end
+    if not int(cost, -BIG, BIG) then return 'cost' end
+    if flags ~= '0' and flags ~= '1' and flags ~= '2' and flags ~= '3' then return 'flags' end
+    return nil
+  end
   local nseg = tonumber(ARGV[1])
-  if not (nseg and nseg % 1 == 0 and nseg < BIG) or nseg < 1 then return bad('segment count') end
+  if not int(nseg, 1, BIG - 1) then return bad('segment count') end
   local a, k = 2, 1 -- next ARGV, next KEYS
   for s = 1, nseg do
+    -- The header fixes the layout (how many ARGV and KEYS follow): a bad
+    -- header fails the invocation. A bad now or hit field fails only its
+    -- segment (reply line "!ERR ratelimitd take.lua: invalid segment: ...").
     local mode, nowarg, nonce, nh = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])
-    if (mode ~= 't' and mode ~= 'r') or nonce == nil
-      or not (nh and nh % 1 == 0 and nh < BIG) or nh < 0 then
+    if (mode ~= 't' and mode ~= 'r') or nonce == nil or nowarg == nil or not int(nh, 0, BIG - 1) then
       return bad('header of segment ' .. s)
     end
+    local problem = nil
     local snow = false
-    if nowarg == '' then
-      needtime = true
-    else
+    if nowarg ~= '' then
       snow = tonumber(nowarg)
-      if not (snow and snow % 1 == 0 and snow > -BIG and snow < BIG) then return bad('now of segment ' .. s) end
+      if not int(snow, 1 - BIG, BIG - 1) then problem = 'now' end
     end
     a = a + NS
     local hits = {}
-    -- fast: a take of string kinds on distinct keys (checked below)
-    local fast = mode == 't'
     for i = 1, nh do
       local key, kind, rate, period, burst, cal, mult, cost, flags =
         KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
         tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), ARGV[a + 7]
-      -- x % 1 == 0 is false for nil-free non-integers, inf and nan
-      if key == nil
-        or not (kind and kind % 1 == 0 and kind >= 0 and kind <= 4)
-        or not (rate and rate % 1 == 0 and rate > -BIG and rate < BIG)
-        or not (period and period % 1 == 0 and period > 0 and period < BIG)
-        or not (burst and burst % 1 == 0 and burst > -BIG and burst < BIG)
-        or not (cal and cal % 1 == 0 and cal >= 0 and cal <= 2)
-        or not (mult and mult % 1 == 0 and mult >= 1 and mult < BIG)
-        or not (cost and cost % 1 == 0 and cost > -BIG and cost < BIG)
-        or (flags ~= '0' and flags ~= '1' and flags ~= '2' and flags ~= '3') then
-        return bad('hit ' .. i .. ' of segment ' .. s)
-      end
-      if cost < 0 then cost = 0 end
-      hits[i] = {
-        key = key, kind = kind, rate = rate, period = period, burst = burst, cal = cal, mult = mult,
-        cost = cost, idx = i, release = flags == '1' or flags == '3', soft = flags == '2' or flags == '3',
-      }
-      used[kind] = true
-      if cal ~= 0 then anycal = true end
-      if kind == 2 or kind == 4 then
-        fast = false
-      else
-        nskeys = nskeys + 1
-        skeys[nskeys] = key
+      if key == nil then return bad('keys of segment ' .. s) end
+      if not problem then
+        -- hit_problem's checks inline (the common, valid case makes no call)
+        if not (kind and kind % 1 == 0 and kind >= 0 and kind <= 4)
+          or not (rate and rate % 1 == 0 and rate > -BIG and rate < BIG)
+          or not (period and period % 1 == 0 and period > 0 and period < BIG)
+          or not (burst and burst % 1 == 0 and burst > -BIG and burst < BIG)
+          or not (cal and cal % 1 == 0 and cal >= 0 and cal <= 2)
+          or not (mult and mult % 1 == 0 and mult >= 1 and mult < BIG)
+          or not (cost and cost % 1 == 0 and cost >= -BIG and cost <= BIG)
+          or (flags ~= '0' and flags ~= '1' and flags ~= '2' and flags ~= '3') then
+          problem = (hit_problem(kind, rate, period, burst, cal, mult, cost, flags) or 'a field') .. ' of hit ' .. i
+        else
+          if cost < 0 then cost = 0 end
+          hits[i] = {
+            key = key, kind = kind, rate = rate, period = period, burst = burst, cal = cal, mult = mult,
+            cost = cost, idx = i, release = flags == '1' or flags == '3', soft = flags == '2' or flags == '3',
+          }
+        end
       end
       a = a + NF
       k = k + 1
     end
-    if fast and nh > 1 then
-      if nh == 2 then
-        fast = hits[1].key ~= hits[2].key
-      else
-        local seen = {}
-        for i = 1, nh do
-          local key = hits[i].key
-          if seen[key] then fast = false break end
-          seen[key] = true
+    if problem then
+      -- nothing of this segment is read, written or defined for
+      segs[s] = { err = 'ERR ratelimitd take.lua: invalid segment: ' .. problem }
+    else
+      if nowarg == '' then needtime = true end
+      -- fast: a take of string kinds on distinct keys (checked below)
+      local fast = mode == 't'
+      for i = 1, nh do
+        local h = hits[i]
+        used[h.kind] = true
+        if h.cal ~= 0 then anycal = true end
+        if h.kind == 2 or h.kind == 4 then
+          fast = false
+        else
+          nskeys = nskeys + 1
+          skeys[nskeys] = h.key
         end
       end
+      if fast and nh > 1 then
+        if nh == 2 then
+          fast = hits[1].key ~= hits[2].key
+        else
+          local seen = {}
+          for i = 1, nh do
+            local key = hits[i].key
+            if seen[key] then fast = false break end
+            seen[key] = true
+          end
+        end
+      end
+      if not fast then anyslow = true end
+      segs[s] = { mode = mode, now = snow, nonce = nonce, hits = hits, fast = fast }
     end
-    if not fast then anyslow = true end
-    segs[s] = { mode = mode, now = snow, nonce = nonce, hits = hits, fast = fast }
   end
   if a - 1 ~= #ARGV or k - 1 ~= #KEYS then return bad('length') end
 end
@@ -923,9 +957,11 @@ local function errtext(e)
   return (string.gsub(tostring(e), '[\r\n]', ' '))
 end
 
-local lines = {}
-for s = 1, #segs do
-  local seg = segs[s]
+-- line_of decides one segment and returns its reply line: the decisions,
+-- or "!" and the error that failed it (its validation, or a Redis or Lua
+-- error under pcall).
+local function line_of(seg)
+  if seg.err then return '!' .. seg.err end
   if seg.now then
     now, pinned = seg.now, true
   else
@@ -937,10 +973,12 @@ for s = 1, #segs do
   else
     ok, line = pcall(segment, seg)
   end
-  if ok then
-    lines[s] = line
-  else
-    lines[s] = '!' .. errtext(line)
-  end
+  if ok then return line end
+  return '!' .. errtext(line)
+end
+
+local lines = {}
+for s = 1, #segs do
+  lines[s] = line_of(segs[s])
 end
 return concat(lines, '\n')
