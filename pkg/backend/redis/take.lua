@@ -33,10 +33,10 @@
 -- is read or written. A segment whose now or hit fields are out of range
 -- (an integer outside its bounds; a cost outside [-2^53, 2^53]) is
 -- rejected on its own: its line is "!ERR ratelimitd take.lua: invalid
--- segment: <field> of hit <i>", nothing of it is read or written, and the
--- other segments are decided. Each segment runs under pcall in two
--- phases: (1) reads and decisions, no write; (2) writes, only when it
--- allowed. An error in phase 1 (e.g. WRONGTYPE, a corrupted value) becomes
+-- segment: <field> of hit <i>" (or "...: now"), nothing of it is read or
+-- written, and the other segments are decided. Each segment runs under
+-- pcall in two phases: (1) reads and decisions, no write; (2) writes, only
+-- when it allowed. An error in phase 1 (e.g. WRONGTYPE, a corrupted value) becomes
 -- that segment's "!" line and nothing of it is written. In phase 2 the
 -- only errors Redis can raise are write refusals (OOM under noeviction,
 -- READONLY, MISCONF, NOREPLICAS), and Redis raises those only before the
