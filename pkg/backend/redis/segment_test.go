@@ -46,7 +46,7 @@ func TestSegmentInvalidArguments(t *testing.T) {
 		{hit("b", fw, 1), hit("a", fw, 1)}, // hit 2's cost becomes 2^63-1 below
 		{hit("a", fw, 2)},
 		{hit("l2", algo.Limit{Kind: algo.SlidingLog, Rate: 10}, 1)}, // period 0
-		{hit("t", tb, math.MaxInt64), hit("a", fw, 1)},             // clamped to 2^53: denied
+		{hit("t", tb, math.MaxInt64), hit("a", fw, 1)},              // clamped to 2^53: denied
 		{hit("s", sw, 1), hit("l", lg, 1), hit("t", tb, 1), hit("c", cc, 1)},
 		{hit("k", fw, 1)}, // kind becomes 9 below
 		{hit("a", fw, 1), hit("c", cc, 2)},
