@@ -290,6 +290,8 @@ func TestValidate(t *testing.T) {
 		{Kind: TokenBucket, Rate: 1_000_000, Period: time.Hour, Burst: 2_000_000},
 		{Kind: SlidingLog, Rate: MaxSlidingLogRate, Period: time.Hour},
 		{Kind: SlidingWindow, Rate: 5, Period: 30 * 24 * time.Hour, Calendar: CalendarMonth, Multiplier: 3},
+		{Kind: FixedWindow, Rate: MaxCost - 1, Period: s1},
+		{Kind: TokenBucket, Rate: 1, Period: time.Microsecond, Burst: MaxCost - 1},
 	}
 	for _, l := range good {
 		if err := l.Validate(); err != nil {
@@ -306,6 +308,10 @@ func TestValidate(t *testing.T) {
 		{Kind: TokenBucket, Rate: 1, Period: s1, Calendar: CalendarMonth, Multiplier: 1},
 		{Kind: FixedWindow, Rate: 1, Period: s1, Calendar: CalendarYear},
 		{Kind: Concurrency + 1, Rate: 1, Period: s1},
+		{Kind: FixedWindow, Rate: MaxCost, Period: s1},
+		// capacity × period and capacity × rate are 2^53, but the
+		// capacity must stay below MaxCost
+		{Kind: TokenBucket, Rate: 1, Period: time.Microsecond, Burst: MaxCost},
 	}
 	for _, l := range bad {
 		if err := l.Validate(); err == nil {
