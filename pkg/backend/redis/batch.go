@@ -102,10 +102,10 @@ type batcher struct {
 	flights    [][]*scriptCall // per flush loop slot: the batch in flight
 	sending    []bool          // per flush loop slot: its invocation awaits a reply
 	busy       []bool          // per flush loop slot: a loop runs in it
-	inFlight int             // running flush loops
-	sweeping bool            // the sweeper runs
-	wg       sync.WaitGroup
-	closed   bool
+	inFlight   int             // running flush loops
+	sweeping   bool            // the sweeper runs
+	wg         sync.WaitGroup
+	closed     bool
 }
 
 // sweepTick is the sweeper's period for a Timeout: a tenth of it, between
