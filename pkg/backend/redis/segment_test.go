@@ -70,7 +70,7 @@ func TestSegmentInvalidArguments(t *testing.T) {
 	if err := c.Process(ctx, inv.cmd); err != nil {
 		t.Fatalf("the invocation failed as a whole: %v", err)
 	}
-	inv.deliver()
+	newBatcher(c, 1, DefaultTimeout, DefaultMaxWait, 0).deliver(inv)
 	states := map[string]algo.State{}
 	for i, call := range calls {
 		<-call.done
