@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -49,7 +50,8 @@ func TestUpdateHealthBackendChangesOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &server{svc: svc, store: store, health: health.NewServer()}
+	s := &server{svc: svc, store: store, health: health.NewServer(), log: slog.New(slog.DiscardHandler)}
+	s.warm.Store(true)
 	s.updateHealth()
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -34,7 +34,14 @@ type Options struct {
 	RedisMode      string // "standalone", "cluster" or "sentinel"
 	RedisAddrs     []string
 	RedisMaster    string
-	RedisTimeout   time.Duration // per-operation budget
+	RedisTimeout   time.Duration // Redis silence taken as a failure (redis.Options.Timeout)
+	// RedisMaxWait and RedisDeadlineMargin are redis.Options.MaxWait and
+	// DeadlineMargin: a call's budget without, and before, the caller's
+	// deadline. RedisWarmup bounds the warm-up before health SERVING (0:
+	// no warm-up).
+	RedisMaxWait        time.Duration
+	RedisDeadlineMargin time.Duration
+	RedisWarmup         time.Duration
 	RedisPoolSize  int           // connections; 0 = the store's default
 	LocalCacheSize int           // over-limit cache entries; 0 disables
 	// Redis pool, batching and health tuning: redis.Options.DialTimeout,
@@ -169,6 +176,9 @@ func defaultOptions() Options {
 		TracingServiceName: "ratelimitd",
 
 		// redis package defaults, spelled out so -h shows them.
+		RedisMaxWait:             redis.DefaultMaxWait,
+		RedisDeadlineMargin:      redis.DefaultDeadlineMargin,
+		RedisWarmup:              redis.DefaultWarmup,
 		RedisDialTimeout:         redis.DefaultDialTimeout,
 		RedisMinIdleConns:        redis.DefaultMinIdleConns,
 		RedisPipelines:           redis.DefaultPipelines,
@@ -230,14 +240,17 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.RedisMode, "redis-mode", o.RedisMode, "standalone, cluster (seeds in --redis-addrs) or sentinel (--redis-addrs sentinels + --redis-master)")
 	fs.Var(addrs, "redis-addrs", "host:port list: cluster seed nodes or sentinels (repeatable, or comma-separated)")
 	fs.StringVar(&o.RedisMaster, "redis-master", o.RedisMaster, "sentinel master name")
-	fs.DurationVar(&o.RedisTimeout, "redis-timeout", o.RedisTimeout, "per-operation Redis budget (dial, read, write)")
+	fs.DurationVar(&o.RedisTimeout, "redis-timeout", o.RedisTimeout, "how long Redis may stay silent while a call awaits its reply before that counts as a backend failure (queue time inside ratelimitd never counts)")
+	fs.DurationVar(&o.RedisMaxWait, "redis-max-wait", o.RedisMaxWait, "budget of a decision whose caller set no deadline (Envoy always sets one: its filter timeout)")
+	fs.DurationVar(&o.RedisDeadlineMargin, "redis-deadline-margin", o.RedisDeadlineMargin, "kept before the caller's deadline: a decision is made by deadline - min(margin, a quarter of the time left)")
+	fs.DurationVar(&o.RedisWarmup, "redis-warmup", o.RedisWarmup, "at startup, health stays NOT_SERVING until the Redis pools are dialed and the script is loaded, at most this long (0: no warm-up); Redis is never required to start")
 	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", o.RedisPoolSize, "Redis connections per node (0 = store default)")
 	fs.StringVar(&o.RedisTLSCA, "redis-tls-ca", o.RedisTLSCA, "PEM CA bundle trusted for Redis TLS (default: system roots)")
 	fs.StringVar(&o.RedisTLSCert, "redis-tls-cert", o.RedisTLSCert, "PEM client certificate for Redis mutual TLS")
 	fs.StringVar(&o.RedisTLSKey, "redis-tls-key", o.RedisTLSKey, "PEM client key for Redis mutual TLS")
 	fs.BoolVar(&o.RedisTLSSkipVerify, "redis-tls-skip-verify", o.RedisTLSSkipVerify, "do not verify the Redis server certificate (insecure)")
 	fs.StringVar(&o.RedisSentinelAuth, "redis-sentinel-auth", o.RedisSentinelAuth, "sentinel credentials: password or user:password")
-	fs.DurationVar(&o.RedisDialTimeout, "redis-dial-timeout", o.RedisDialTimeout, "bound of background Redis dials (idle-pool refill, reconnect probe); a request's dial is bounded by --redis-timeout")
+	fs.DurationVar(&o.RedisDialTimeout, "redis-dial-timeout", o.RedisDialTimeout, "bound of background Redis dials (idle-pool refill, reconnect probe); a request's dial is bounded by its budget")
 	fs.IntVar(&o.RedisMinIdleConns, "redis-min-idle-conns", o.RedisMinIdleConns, "Redis connections per node kept dialed ahead of traffic (at most the pool size)")
 	fs.IntVar(&o.RedisPipelines, "redis-pipelines", o.RedisPipelines, "pipelines of batched Redis requests in flight at once, each on one pooled connection (at most the pool size)")
 	fs.DurationVar(&o.RedisHealthInterval, "redis-health-interval", o.RedisHealthInterval, "period of the Redis health probe (PING when idle or the circuit is not closed); 0 disables it")

@@ -19,6 +19,9 @@ func redisOptions(o Options) redis.Options {
 	ro.Addrs = o.RedisAddrs
 	ro.MasterName = o.RedisMaster
 	ro.Timeout = o.RedisTimeout
+	ro.MaxWait = o.RedisMaxWait
+	ro.DeadlineMargin = o.RedisDeadlineMargin
+	ro.ProbeKey = o.KeyPrefix + redis.DefaultProbeKey
 	if o.RedisPoolSize > 0 {
 		ro.PoolSize = o.RedisPoolSize
 	}
@@ -64,6 +67,15 @@ func (o Options) validateRedisTuning() error {
 	}
 	if o.RedisDialTimeout <= 0 {
 		bad("redis-dial-timeout", o.RedisDialTimeout, "must be > 0")
+	}
+	if o.RedisMaxWait <= 0 {
+		bad("redis-max-wait", o.RedisMaxWait, "must be > 0")
+	}
+	if o.RedisDeadlineMargin < 0 {
+		bad("redis-deadline-margin", o.RedisDeadlineMargin, "must be >= 0")
+	}
+	if o.RedisWarmup < 0 {
+		bad("redis-warmup", o.RedisWarmup, "must be >= 0 (0: no warm-up)")
 	}
 	if o.RedisMinIdleConns < 0 {
 		bad("redis-min-idle-conns", o.RedisMinIdleConns, "must be >= 0")

@@ -35,10 +35,13 @@ func TestRedisTuningFlagsReachOptions(t *testing.T) {
 		"redis-breaker-failure-ratio": "0.25",
 		"redis-breaker-open-for":      "600ms",
 		"redis-breaker-probes":        "5",
+		"redis-max-wait":              "300ms",
+		"redis-deadline-margin":       "3ms",
 	}
 	want := redis.DefaultOptions()
 	want.PoolSize, want.DialTimeout, want.MinIdleConns, want.Pipelines = 8, 400*time.Millisecond, 3, 6
 	want.HealthInterval = 250 * time.Millisecond
+	want.MaxWait, want.DeadlineMargin = 300*time.Millisecond, 3*time.Millisecond
 	want.Breaker = redis.BreakerOptions{Failures: 9, FailFor: 70 * time.Millisecond, Window: 2 * time.Second,
 		MinCalls: 40, FailureRatio: 0.25, OpenFor: 600 * time.Millisecond, Probes: 5}
 	var args, twins []string

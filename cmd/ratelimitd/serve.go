@@ -106,13 +106,19 @@ type server struct {
 	store    service.Store
 	health   *health.Server
 	loaded   atomic.Bool // a good config is in force
+	// warm is set once the backend's startup warm-up ended (warmed, or
+	// --redis-warmup passed): until then health is NOT_SERVING.
+	warm atomic.Bool
+	// backendUp is the backend health last logged (transitions are
+	// logged once each: recovered, unhealthy).
+	backendUp atomic.Bool
 	reloadMu sync.Mutex  // serializes apply and fail (watcher, SIGHUP)
 	stopping atomic.Bool // shutdown started
 }
 
 // serving is the health of "" and the RLS service: a config is loaded and
 // shutdown has not started.
-func (s *server) serving() bool { return s.svc.Ready() && !s.stopping.Load() }
+func (s *server) serving() bool { return s.svc.Ready() && s.warm.Load() && !s.stopping.Load() }
 
 func (s *server) updateHealth() {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
@@ -126,11 +132,67 @@ func (s *server) updateHealth() {
 	}
 	if h, ok := s.store.(service.Healther); ok {
 		bs := healthpb.HealthCheckResponse_NOT_SERVING
-		if h.Healthy() && !s.stopping.Load() {
+		up := h.Healthy()
+		if up && !s.stopping.Load() {
 			bs = healthpb.HealthCheckResponse_SERVING
 		}
 		s.health.SetServingStatus(backendHealth, bs)
+		s.logBackendTransition(up)
 	}
+}
+
+// logBackendTransition logs once when the backend becomes healthy
+// (warmed at startup, or recovered) and once when it stops being healthy
+// (circuit open, writes or credentials refused), with the breaker state.
+func (s *server) logBackendTransition(up bool) {
+	if s.backendUp.Swap(up) == up {
+		return
+	}
+	state := ""
+	if b, ok := s.store.(interface{ BreakerState() string }); ok {
+		state = b.BreakerState()
+	}
+	if up {
+		s.log.Info("backend healthy: decisions are counted", "backend", s.opts.Backend, "circuit", state)
+		return
+	}
+	if !s.warm.Load() {
+		return // still warming up: the warm-up logs its own outcome
+	}
+	s.log.Warn("backend unhealthy: decisions get the rules' failure modes until it answers again", "backend", s.opts.Backend, "circuit", state)
+}
+
+// warmer is implemented by a Store that can prepare its connections
+// before serving (the Redis store: pools dialed, slot map, script).
+type warmer interface {
+	Warm(ctx context.Context) error
+}
+
+// startWarmup warms the backend in the background, bounded by
+// --redis-warmup, and marks the server warm when it ends (at once for a
+// store without warm-up or with --redis-warmup=0). Health is NOT_SERVING
+// until then; requests are served meanwhile (with the rules' failure modes
+// if Redis does not answer). Startup never requires Redis.
+func (s *server) startWarmup(ctx context.Context) {
+	w, ok := s.store.(warmer)
+	if !ok || s.opts.RedisWarmup <= 0 {
+		s.warm.Store(true)
+		return
+	}
+	go func() {
+		start := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, s.opts.RedisWarmup)
+		err := w.Warm(wctx)
+		cancel()
+		if err != nil {
+			s.log.Warn("backend warm-up did not finish within --redis-warmup: serving; decisions get the rules' failure modes until Redis answers",
+				"backend", s.opts.Backend, "redis_warmup", s.opts.RedisWarmup.String(), "err", err.Error())
+		} else {
+			s.log.Info("backend warm: connections dialed, script loaded", "backend", s.opts.Backend, "took", time.Since(start).Round(time.Millisecond).String())
+		}
+		s.warm.Store(true)
+		s.updateHealth()
+	}()
 }
 
 // backendHealthPoll is how often the gRPC health of the backend
@@ -164,7 +226,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		log.Warn(w)
 	}
 	if o.Backend == "redis" && o.RedisTimeout >= envoyFilterTimeout {
-		log.Warn("--redis-timeout is not below Envoy's default rate-limit filter timeout: with Redis slow or frozen, Envoy gives up (and fails open or closed by its own setting) before ratelimitd's per-rule failure modes can answer; keep it well under the filter's timeout",
+		log.Warn("--redis-timeout is not below Envoy's default rate-limit filter timeout: with Redis frozen, a call's budget (Envoy's deadline less --redis-deadline-margin) runs out before Redis has been silent for --redis-timeout, so the per-rule failure modes cannot tell a dead Redis (failure_mode open requests then get DeadlineExceeded and Envoy's own failure_mode_deny decides); keep it well under the filter's timeout",
 			"redis_timeout", o.RedisTimeout.String(), "envoy_default_timeout", envoyFilterTimeout.String())
 	}
 	if o.KeyValues == "clear" {
@@ -228,6 +290,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		return err
 	}
 	s := &server{opts: o, log: log, svc: svc, store: store, health: health.NewServer()}
+	s.startWarmup(ctx)
 	s.updateHealth()
 
 	// Listeners first, so a taken port fails startup before anything runs.

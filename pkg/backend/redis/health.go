@@ -8,6 +8,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // DefaultHealthInterval is Options.HealthInterval in DefaultOptions.
@@ -92,24 +94,47 @@ func (s *Store) healthLoop(h *healthProbe) {
 		case <-t.C:
 		}
 		next := h.interval
+		if !s.breaker.Healthy() {
+			// The circuit opened: Redis may come back restarted (no
+			// script, fresh pools), so warm again before serving.
+			s.warmed.Store(false)
+		}
 		if s.needPing(h) {
-			err := s.breaker.Do(h.ctx, s.timeout, s.ping)
+			var err error
+			switch {
+			case !s.warmed.Load():
+				err = s.breaker.Do(h.ctx, max(s.timeout, probeTimeout), s.warmOnce)
+				if err == nil {
+					s.warmed.Store(true)
+				}
+			case s.writeRefused.Load():
+				err = s.writeProbe(h.ctx)
+			default:
+				err = s.breaker.Do(h.ctx, max(s.timeout, probeTimeout), s.ping)
+			}
 			if !errors.Is(err, ErrCircuitOpen) && h.ctx.Err() == nil {
-				s.noteOutcome(err)
+				s.noteOutcome(err, false)
 			}
 			if isOutage(err) && s.breaker.Healthy() {
 				// Not yet enough failures to open the circuit: confirm soon.
-				next = s.timeout
+				next = max(s.timeout, probeTimeout)
 			}
 		}
 		t.Reset(next)
 	}
 }
 
-// needPing reports whether the probe must PING now: no call succeeded
-// within the last interval, or the circuit is not closed.
+// probeTimeout is the least time the health probe gives one PING (or a
+// warm-up) before it counts as a failure: more than Options.Timeout, so
+// that CPU starvation of ratelimitd alone seldom looks like a frozen
+// Redis (the breaker still needs Failures of them in a row).
+const probeTimeout = 50 * time.Millisecond
+
+// needPing reports whether the probe must act now: no call succeeded
+// within the last interval, or the circuit is not closed, or the Store is
+// not warm, or writes were refused.
 func (s *Store) needPing(h *healthProbe) bool {
-	if !s.breaker.Healthy() {
+	if !s.breaker.Healthy() || !s.warmed.Load() || s.writeRefused.Load() {
 		return true
 	}
 	last := h.lastOK.Load()
@@ -141,6 +166,21 @@ func (s *Store) ping(ctx context.Context) error {
 	}
 	return err
 }
+
+// writeProbe is one decision on s.probeKey (a fixed-window hit that
+// expires within a second): it succeeds only when the server counts
+// again. Its outcome is recorded like a request's (run).
+func (s *Store) writeProbe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, probeTimeout))
+	defer cancel()
+	hits := []algo.Hit{{Key: s.probeKey, Limit: probeLimit, Cost: 1}}
+	_, err := s.Take(ctx, hits)
+	return Classify(err)
+}
+
+// probeLimit is the write probe's limit: never denies, keys expire within
+// a second.
+var probeLimit = algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 40, Period: time.Second}
 
 // isOutage reports whether err (from Breaker.Do) is an outage failure.
 func isOutage(err error) bool {

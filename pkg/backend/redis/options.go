@@ -38,6 +38,8 @@ const (
 	// (Options.DeadlineMargin): with Envoy's 20 ms, a call has 18 ms to be
 	// decided, and its answer leaves in time for Envoy to read it.
 	DefaultDeadlineMargin = 2 * time.Millisecond
+	// DefaultProbeKey is Options.ProbeKey when empty.
+	DefaultProbeKey = "ratelimitd-health-probe"
 	// DefaultDialTimeout bounds background dials (idle-pool refill and the
 	// pool's reconnect probe). Dials made on behalf of a request are bounded
 	// by that request's Timeout instead, so this never delays a decision.
@@ -136,6 +138,13 @@ type Options struct {
 	// DefaultHealthInterval (1 s).
 	HealthInterval time.Duration
 
+	// ProbeKey is the key the health probe writes (one fixed-window hit,
+	// expiring within a second) to learn whether a server that refused
+	// writes (OOM, READONLY) counts again. ratelimitd sets it under its
+	// --key-prefix so that an ACL limited to the prefix allows it. Default
+	// DefaultProbeKey.
+	ProbeKey string
+
 	// Now, when set (tests only), pins the script's clock instead of the
 	// server's TIME. The breaker always uses the real clock.
 	Now func() time.Time
@@ -156,6 +165,7 @@ func DefaultOptions() Options {
 
 		DeadlineMargin: DefaultDeadlineMargin,
 		HealthInterval: DefaultHealthInterval,
+		ProbeKey:       DefaultProbeKey,
 	}
 }
 

@@ -52,6 +52,15 @@ type Store struct {
 	// refused our credentials, ACL permissions, database index or
 	// certificate) and cleared by the next success: see Healthy.
 	refused atomic.Bool
+	// writeRefused is set when a call failed because the server refused
+	// to write (CauseOOM, CauseReadonly: nothing is being counted) and
+	// cleared by the next decision that succeeds (a request's, or the
+	// health probe's write probe on probeKey).
+	writeRefused atomic.Bool
+	// warmed is set once Warm or a decision succeeded, and cleared while
+	// the circuit is open (the health probe warms again: pools, script).
+	warmed   atomic.Bool
+	probeKey string
 }
 
 // New returns a Store for opts (start from DefaultOptions). It does not
@@ -79,6 +88,10 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		breaker:     NewBreaker(breakerOptions(opts), nil), // real clock: Options.Now pins only the script
 		cache:       newOverLimitCache(opts.LocalCacheSize),
 		noncePrefix: hex.EncodeToString(b[:]),
+		probeKey:    opts.ProbeKey,
+	}
+	if s.probeKey == "" {
+		s.probeKey = DefaultProbeKey
 	}
 	pipelines := opts.Pipelines
 	if pipelines == 0 {
@@ -190,19 +203,35 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 // not serving. Without traffic the probe's PING keeps this current; an
 // ACL that allows PING but refuses EVALSHA makes it alternate with the
 // probe (one interval each way).
-func (s *Store) Healthy() bool { return s.breaker.Healthy() && !s.refused.Load() }
+//
+// It is false until the Store is warm (Warm, or a first decision,
+// succeeded: see Warm), and while decisions are refused by a live server
+// that will not write (OOM under maxmemory with noeviction, READONLY or
+// NOREPLICAS): from such a failed call until a decision succeeds again,
+// which without traffic the probe tries once per interval with a write
+// on Options.ProbeKey. Healthy is true only while decisions are counted.
+func (s *Store) Healthy() bool {
+	return s.warmed.Load() && s.breaker.Healthy() && !s.refused.Load() && !s.writeRefused.Load()
+}
 
-// noteOutcome keeps refused current from the classified outcome of a call
-// or PING (nil: success).
-func (s *Store) noteOutcome(err error) {
+// noteOutcome keeps refused and writeRefused current from the classified
+// outcome of a call or PING (nil: success). decision tells a decision
+// (the script ran and counted) from a PING, which clears only refused.
+func (s *Store) noteOutcome(err error, decision bool) {
 	if err == nil {
 		if s.refused.Load() {
 			s.refused.Store(false)
 		}
+		if decision && s.writeRefused.Load() {
+			s.writeRefused.Store(false)
+		}
 		return
 	}
-	if CauseOf(err) == CauseAuth {
+	switch CauseOf(err) {
+	case CauseAuth:
 		s.refused.Store(true)
+	case CauseOOM, CauseReadonly:
+		s.writeRefused.Store(true)
 	}
 }
 
@@ -224,9 +253,12 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 	scriptNow, err := s.batch.do(ctx, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
 	err = Classify(err)
 	s.breaker.record(start, s.breaker.now(), err)
-	s.noteOutcome(err)
+	s.noteOutcome(err, true)
 	if err == nil {
 		s.callSucceeded()
+		if !s.warmed.Load() {
+			s.warmed.Store(true)
+		}
 	}
 	return scriptNow, err
 }

@@ -1,0 +1,88 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// DefaultWarmup bounds Store.Warm at startup (ratelimitd's --redis-warmup).
+const DefaultWarmup = 5 * time.Second
+
+// warmRetry is the pause between two Warm attempts while Redis is not
+// ready (down, loading, refusing).
+const warmRetry = 50 * time.Millisecond
+
+// Warm prepares the Store so that no request pays for connection setup:
+// on every node that takes decisions (the standalone server, the Sentinel
+// master, every Cluster master, whose slot map it loads) it dials
+// Options.Pipelines + 1 connections (the flush loops and the health probe)
+// with a PING each, and loads the script (SCRIPT LOAD, so that the first
+// EVALSHA finds it). It retries every 50 ms until it succeeds or ctx
+// ends, and returns nil or the last error (classified). Warm never makes
+// Redis required: a Store that was not warmed still decides, with the
+// rules' failure modes while Redis is unreachable.
+//
+// Until Warm has succeeded once (or a decision has), Healthy is false:
+// health says NOT_SERVING before anything can be counted. go-redis keeps
+// Options.MinIdleConns connections per node dialed afterwards, and a
+// script flushed by a restart or failover is sent again within the call
+// that found it missing (EVAL after NOSCRIPT, inside the same budget).
+func (s *Store) Warm(ctx context.Context) error {
+	for {
+		err := s.warmOnce(ctx)
+		if err == nil {
+			s.warmed.Store(true)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return Classify(err)
+		case <-time.After(warmRetry):
+		}
+	}
+}
+
+// Warmed reports whether Warm (or a decision) has succeeded once.
+func (s *Store) Warmed() bool { return s.warmed.Load() }
+
+func (s *Store) warmOnce(ctx context.Context) error {
+	conns := s.batch.pipelines + 1
+	node := func(ctx context.Context, c *goredis.Client) error {
+		var wg sync.WaitGroup
+		errs := make([]error, conns)
+		cs := make([]*goredis.Conn, conns)
+		for i := range conns {
+			cs[i] = c.Conn()
+			wg.Go(func() { errs[i] = cs[i].Ping(ctx).Err() })
+		}
+		wg.Wait()
+		for _, cn := range cs {
+			_ = cn.Close() // back to the pool, dialed
+		}
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		sha, err := c.ScriptLoad(ctx, takeLua).Result()
+		if err != nil {
+			return err
+		}
+		if sha != takeScript.Hash() {
+			return fmt.Errorf("redis: SCRIPT LOAD returned %s, want %s", sha, takeScript.Hash())
+		}
+		s.batch.noteReply()
+		return nil
+	}
+	switch c := s.client.(type) {
+	case *goredis.ClusterClient:
+		return c.ForEachMaster(ctx, node) // loads the slot map first
+	case *goredis.Client:
+		return node(ctx, c)
+	default:
+		return fmt.Errorf("redis: warm: unexpected client %T", s.client)
+	}
+}
