@@ -29,12 +29,12 @@ type Options struct {
 	// (envoyproxy/ratelimit PROMETHEUS_ADDR); "" = only on HTTPAddr.
 	MetricsAddr string
 
-	Backend        string // "memory" or "redis"
-	RedisURL       string // redis:// or rediss://, user:password@ for ACL
-	RedisMode      string // "standalone", "cluster" or "sentinel"
-	RedisAddrs     []string
-	RedisMaster    string
-	RedisTimeout   time.Duration // Redis silence taken as a failure (redis.Options.Timeout)
+	Backend      string // "memory" or "redis"
+	RedisURL     string // redis:// or rediss://, user:password@ for ACL
+	RedisMode    string // "standalone", "cluster" or "sentinel"
+	RedisAddrs   []string
+	RedisMaster  string
+	RedisTimeout time.Duration // Redis silence taken as a failure (redis.Options.Timeout)
 	// RedisMaxWait and RedisDeadlineMargin are redis.Options.MaxWait and
 	// DeadlineMargin: a call's budget without, and before, the caller's
 	// deadline. RedisWarmup bounds the warm-up before health SERVING (0:
@@ -42,8 +42,8 @@ type Options struct {
 	RedisMaxWait        time.Duration
 	RedisDeadlineMargin time.Duration
 	RedisWarmup         time.Duration
-	RedisPoolSize  int           // connections; 0 = the store's default
-	LocalCacheSize int           // over-limit cache entries; 0 disables
+	RedisPoolSize       int // connections; 0 = the store's default
+	LocalCacheSize      int // over-limit cache entries; 0 disables
 	// Redis pool, batching and health tuning: redis.Options.DialTimeout,
 	// MinIdleConns (capped at the pool size), Pipelines and
 	// HealthInterval (0 disables the probe).

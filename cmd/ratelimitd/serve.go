@@ -100,20 +100,20 @@ func retryJitter(d time.Duration) time.Duration {
 
 // server holds the running pieces of `ratelimitd serve`.
 type server struct {
-	opts     Options
-	log      *slog.Logger
-	svc      *service.Service
-	store    service.Store
-	health   *health.Server
-	loaded   atomic.Bool // a good config is in force
+	opts   Options
+	log    *slog.Logger
+	svc    *service.Service
+	store  service.Store
+	health *health.Server
+	loaded atomic.Bool // a good config is in force
 	// warm is set once the backend's startup warm-up ended (warmed, or
 	// --redis-warmup passed): until then health is NOT_SERVING.
 	warm atomic.Bool
 	// backendUp is the backend health last logged (transitions are
 	// logged once each: recovered, unhealthy).
 	backendUp atomic.Bool
-	reloadMu sync.Mutex  // serializes apply and fail (watcher, SIGHUP)
-	stopping atomic.Bool // shutdown started
+	reloadMu  sync.Mutex  // serializes apply and fail (watcher, SIGHUP)
+	stopping  atomic.Bool // shutdown started
 }
 
 // serving is the health of "" and the RLS service: a config is loaded and
