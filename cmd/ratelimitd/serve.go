@@ -19,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -218,7 +217,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	log := newLogger(o, logOut)
 	slog.SetDefault(log)
 	// go-redis' own log lines (pool dial errors, …) go through slog too.
-	goredis.SetLogger(newRedisLogger(log, redisLogEvery, time.Now))
+	redis.SetLogger(newRedisLogger(log, redisLogEvery, time.Now))
 	log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
 	gc.apply()
 	gc.log(log)

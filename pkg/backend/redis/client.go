@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -16,7 +17,8 @@ import (
 // NewClient builds the go-redis client for o: a *goredis.Client
 // (standalone), a *goredis.ClusterClient (cluster) or a failover
 // *goredis.Client (sentinel). It validates o and reads the TLS files but
-// never contacts Redis: connections are dialed lazily (and MinIdleConns in
+// never contacts Redis: connections are dialed lazily (the Store's Warm and
+// health probe keep Options.MinIdleConns of them per node dialed, not go-redis:
 // the background), so the service starts while Redis is down.
 //
 // Pipelines (the Store's batches) run on the main pool, not on go-redis'
@@ -78,7 +80,8 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 			ContextTimeoutEnabled:    true,
 			PoolSize:                 o.PoolSize,
 			PoolTimeout:              o.maxWait(),
-			MinIdleConns:             o.MinIdleConns,
+			MinIdleConns:             0, // the Store keeps its connections warm (see dialer)
+			ConnMaxIdleTime:          -1,
 			DisableIdentity:          true,
 			MaintNotificationsConfig: maint,
 		}), nil
@@ -100,7 +103,8 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 			ContextTimeoutEnabled: true,
 			PoolSize:              o.PoolSize,
 			PoolTimeout:           o.maxWait(),
-			MinIdleConns:          o.MinIdleConns,
+			MinIdleConns:          0, // the Store keeps its connections warm (see dialer)
+			ConnMaxIdleTime:       -1,
 			PipelinePoolSize:      -1, // pipelines share the main pool (PoolSize, PoolTimeout)
 			DisableIdentity:       true,
 		}), nil
@@ -115,7 +119,8 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 		base.ContextTimeoutEnabled = true
 		base.PoolSize = o.PoolSize
 		base.PoolTimeout = o.maxWait()
-		base.MinIdleConns = o.MinIdleConns
+		base.MinIdleConns = 0 // the Store keeps its connections warm (see dialer)
+		base.ConnMaxIdleTime = -1
 		base.PipelinePoolSize = -1 // pipelines share the main pool (PoolSize, PoolTimeout)
 		base.DisableIdentity = true
 		base.MaintNotificationsConfig = maint
@@ -131,20 +136,65 @@ func (o Options) maxWait() time.Duration { return max(o.MaxWait, o.Timeout) }
 // dialer dials TCP, then TLS when cfg is set, both bounded by the caller's
 // context and by timeout. (go-redis' own TLS dialing ignores the context.)
 // A TLS connection is returned as an opaqueTLSConn (see there for why).
+//
+// A failed dial is returned as a failedConn, not as an error: go-redis'
+// pool counts dial errors over its whole life and, once they reach
+// PoolSize, answers every Get with the last dial error and redials only
+// once a second, which would keep a restarted Redis uncounted for up to a
+// second after it is back. The failedConn fails the connection's first
+// command (the HELLO or AUTH of its initialisation) with the dial error
+// (classified as for a dial: refused, timeout, auth), and go-redis
+// discards it like any broken connection. What that backoff protects a
+// server from (a reconnect storm) the circuit breaker already does: while
+// it is open no request dials, and only the health probe does. Because a
+// failedConn must never wait idle in the pool (it would fail a request
+// long after Redis is back), go-redis' own MinIdleConns is 0: nothing
+// dials ahead of use but the Store's Warm and health probe, which use each
+// connection at once. The failure is logged through SetLogger's logger.
 func dialer(timeout time.Duration, cfg *tls.Config) func(context.Context, string, string) (net.Conn, error) {
 	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
-	if cfg == nil {
-		return nd.DialContext
-	}
-	td := &tls.Dialer{NetDialer: nd, Config: cfg}
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := td.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
+	dial := nd.DialContext
+	if cfg != nil {
+		td := &tls.Dialer{NetDialer: nd, Config: cfg}
+		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := td.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &opaqueTLSConn{Conn: c, tls: c.(*tls.Conn)}, nil
 		}
-		return &opaqueTLSConn{Conn: c, tls: c.(*tls.Conn)}, nil
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			logDialFailure(ctx, addr, err)
+			return failedConn{err: err, addr: addr}, nil
+		}
+		return c, nil
 	}
 }
+
+// failedConn is a connection whose dial failed with err: every read and
+// write returns err (see dialer).
+type failedConn struct {
+	err  error
+	addr string
+}
+
+func (c failedConn) Read([]byte) (int, error)         { return 0, c.err }
+func (c failedConn) Write([]byte) (int, error)        { return 0, c.err }
+func (c failedConn) Close() error                     { return nil }
+func (c failedConn) LocalAddr() net.Addr              { return failedAddr("") }
+func (c failedConn) RemoteAddr() net.Addr             { return failedAddr(c.addr) }
+func (c failedConn) SetDeadline(time.Time) error      { return nil }
+func (c failedConn) SetReadDeadline(time.Time) error  { return nil }
+func (c failedConn) SetWriteDeadline(time.Time) error { return nil }
+
+// failedAddr is a failedConn's address ("tcp", the address dialed).
+type failedAddr string
+
+func (a failedAddr) Network() string { return "tcp" }
+func (a failedAddr) String() string  { return string(a) }
 
 // opaqueTLSConn is a client *tls.Conn that does not expose its TCP socket:
 // it has net.Conn's methods and ConnectionState, but neither NetConn nor
@@ -211,4 +261,26 @@ func (o Options) tlsConfig(serverName string) (*tls.Config, error) {
 		cfg.Certificates = []tls.Certificate{cert}
 	}
 	return cfg, nil
+}
+
+// logger receives the Store's own client log lines (dial failures), like
+// go-redis' internal ones; see SetLogger.
+var logger atomic.Pointer[Logger]
+
+// Logger is go-redis' internal logging interface.
+type Logger interface {
+	Printf(ctx context.Context, format string, v ...any)
+}
+
+// SetLogger routes go-redis' internal log lines and this package's own
+// (a failed dial: "redis: dial <addr>: <error>") to l.
+func SetLogger(l Logger) {
+	goredis.SetLogger(l)
+	logger.Store(&l)
+}
+
+func logDialFailure(ctx context.Context, addr string, err error) {
+	if l := logger.Load(); l != nil {
+		(*l).Printf(ctx, "redis: dial %s: %v", addr, err)
+	}
 }

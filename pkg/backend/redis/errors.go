@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -169,7 +170,10 @@ func classify(err error) (cause string, outage bool) {
 		return CauseRefused, true
 	}
 	var cve *tls.CertificateVerificationError
-	if errors.As(err, &cve) {
+	var ua x509.UnknownAuthorityError
+	var ci x509.CertificateInvalidError
+	var he x509.HostnameError
+	if errors.As(err, &cve) || errors.As(err, &ua) || errors.As(err, &ci) || errors.As(err, &he) {
 		return CauseAuth, false
 	}
 	var rhe tls.RecordHeaderError

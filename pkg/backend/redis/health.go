@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
@@ -103,7 +101,7 @@ func (s *Store) healthLoop(h *healthProbe) {
 			var err error
 			switch {
 			case !s.warmed.Load():
-				err = s.breaker.Do(h.ctx, max(s.timeout, probeTimeout), s.warmOnce)
+				err = s.breaker.Do(h.ctx, max(s.timeout, probeTimeout, s.dialTimeout), s.warmOnce)
 				if err == nil {
 					s.warmed.Store(true)
 				}
@@ -120,9 +118,19 @@ func (s *Store) healthLoop(h *healthProbe) {
 				next = max(s.timeout, probeTimeout)
 			}
 		}
+		if !s.Healthy() && next > recoveryPoll {
+			// Not serving: look again soon, so that a Redis that came
+			// back is counted again (and health says so) well within a
+			// second, with or without traffic.
+			next = recoveryPoll
+		}
 		t.Reset(next)
 	}
 }
+
+// recoveryPoll is the probe's period while the Store is not healthy
+// (circuit open or half-open, not warm, writes or credentials refused).
+const recoveryPoll = 200 * time.Millisecond
 
 // probeTimeout is the least time the health probe gives one PING (or a
 // warm-up) before it counts as a failure: more than Options.Timeout, so
@@ -141,31 +149,9 @@ func (s *Store) needPing(h *healthProbe) bool {
 	return last < 0 || time.Since(h.epoch)-time.Duration(last) >= h.interval
 }
 
-// ping sends PING to the standalone server or the Sentinel master, or to
-// every Cluster master one after the other (ForEachMaster runs its calls
-// concurrently; the mutex keeps one PING in flight).
-func (s *Store) ping(ctx context.Context) error {
-	if cc, ok := s.client.(*goredis.ClusterClient); ok {
-		var mu sync.Mutex
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
-			mu.Lock()
-			defer mu.Unlock()
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			err := c.Ping(ctx).Err()
-			if err == nil {
-				s.batch.noteReply()
-			}
-			return err
-		})
-	}
-	err := s.client.Ping(ctx).Err()
-	if err == nil {
-		s.batch.noteReply()
-	}
-	return err
-}
+// ping PINGs the Store's warm connections on every node that takes
+// decisions (see warmNodes), redialing any that were lost.
+func (s *Store) ping(ctx context.Context) error { return s.warmNodes(ctx, false) }
 
 // writeProbe is one decision on s.probeKey (a fixed-window hit that
 // expires within a second): it succeeds only when the server counts

@@ -26,6 +26,10 @@ var takeLua string
 // computed once.
 var takeScript = goredis.NewScript(takeLua)
 
+// ScriptSHA is the SHA1 of the embedded script, the argument of its
+// EVALSHA (SCRIPT EXISTS tells whether a server has it).
+func ScriptSHA() string { return takeScript.Hash() }
+
 // Script modes (a segment's first header field).
 const (
 	modeTake   = "t"

@@ -34,9 +34,12 @@ type Store struct {
 	batch   *batcher
 	cluster bool
 	now     func() time.Time // nil: the script uses the server's TIME
-	timeout time.Duration    // per script call (Options.Timeout)
-	breaker *Breaker
-	cache   *overLimitCache
+	timeout time.Duration    // Options.Timeout
+	// dialTimeout is Options.DialTimeout: it bounds the probe's warm-ups
+	// (dials, TLS handshakes, SCRIPT LOAD).
+	dialTimeout time.Duration
+	breaker     *Breaker
+	cache       *overLimitCache
 
 	noncePrefix string
 	seq         atomic.Uint64
@@ -61,6 +64,9 @@ type Store struct {
 	// the circuit is open (the health probe warms again: pools, script).
 	warmed   atomic.Bool
 	probeKey string
+	// warmConns is how many connections per node Warm and the health
+	// probe keep dialed: max(Options.MinIdleConns, pipelines + 1).
+	warmConns int
 }
 
 // New returns a Store for opts (start from DefaultOptions). It does not
@@ -85,6 +91,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		client:      c,
 		now:         opts.Now,
 		timeout:     opts.Timeout,
+		dialTimeout: opts.DialTimeout,
 		breaker:     NewBreaker(breakerOptions(opts), nil), // real clock: Options.Now pins only the script
 		cache:       newOverLimitCache(opts.LocalCacheSize),
 		noncePrefix: hex.EncodeToString(b[:]),
@@ -98,6 +105,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		pipelines = DefaultPipelines
 	}
 	s.batch = newBatcher(c, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
+	s.warmConns = min(max(opts.MinIdleConns, s.batch.pipelines+1), max(1, opts.PoolSize))
 	s.batch.overdue = func(sent time.Time) { s.breaker.Overdue(sent, s.breaker.now()) }
 	s.batch.open = func() bool { return s.breaker.StateAt(s.breaker.now()) == BreakerOpen }
 	_, s.cluster = c.(*goredis.ClusterClient)

@@ -20,18 +20,19 @@ const warmRetry = 50 * time.Millisecond
 // Warm prepares the Store so that no request pays for connection setup:
 // on every node that takes decisions (the standalone server, the Sentinel
 // master, every Cluster master, whose slot map it loads) it dials
-// Options.Pipelines + 1 connections (the flush loops and the health probe)
-// with a PING each, and loads the script (SCRIPT LOAD, so that the first
+// max(Options.MinIdleConns, Options.Pipelines + 1) connections (the flush
+// loops and the health probe) with a PING each, and loads the script (SCRIPT LOAD, so that the first
 // EVALSHA finds it). It retries every 50 ms until it succeeds or ctx
 // ends, and returns nil or the last error (classified). Warm never makes
 // Redis required: a Store that was not warmed still decides, with the
 // rules' failure modes while Redis is unreachable.
 //
 // Until Warm has succeeded once (or a decision has), Healthy is false:
-// health says NOT_SERVING before anything can be counted. go-redis keeps
-// Options.MinIdleConns connections per node dialed afterwards, and a
-// script flushed by a restart or failover is sent again within the call
+// health says NOT_SERVING before anything can be counted. A script
+// flushed by a restart or failover is sent again within the call
 // that found it missing (EVAL after NOSCRIPT, inside the same budget).
+// Afterwards the health probe PINGs the same connections every
+// Options.HealthInterval when idle, which keeps them dialed and verified.
 func (s *Store) Warm(ctx context.Context) error {
 	for {
 		err := s.warmOnce(ctx)
@@ -50,8 +51,14 @@ func (s *Store) Warm(ctx context.Context) error {
 // Warmed reports whether Warm (or a decision) has succeeded once.
 func (s *Store) Warmed() bool { return s.warmed.Load() }
 
-func (s *Store) warmOnce(ctx context.Context) error {
-	conns := s.batch.pipelines + 1
+func (s *Store) warmOnce(ctx context.Context) error { return s.warmNodes(ctx, true) }
+
+// warmNodes PINGs, on every node that takes decisions, s.warmConns
+// connections at once (dialing those that are missing), and with script
+// loads the script there. Every connection it dials is used at once, so
+// none waits idle in the pool unverified (see dialer).
+func (s *Store) warmNodes(ctx context.Context, script bool) error {
+	conns := s.warmConns
 	node := func(ctx context.Context, c *goredis.Client) error {
 		var wg sync.WaitGroup
 		errs := make([]error, conns)
@@ -66,6 +73,10 @@ func (s *Store) warmOnce(ctx context.Context) error {
 		}
 		if err := errors.Join(errs...); err != nil {
 			return err
+		}
+		if !script {
+			s.batch.noteReply()
+			return nil
 		}
 		sha, err := c.ScriptLoad(ctx, takeLua).Result()
 		if err != nil {
