@@ -1,16 +1,52 @@
-// Package memory is the in-process store of ratelimitd: a sharded map from
-// backend key to algo.State, one mutex per shard, that decides every hit of
-// a request atomically and all-or-nothing (the service.Store contract).
-// Idle keys expire: lazily when touched, and by a background sweep, so the
-// map does not grow without bound with unique keys. State is per process:
-// replicas do not share counters (use the Redis store for that).
+// Package memory is the in-process store of ratelimitd: a sharded table
+// from backend key to algo.State, one mutex per shard, that decides every
+// hit of a request atomically and all-or-nothing (the service.Store
+// contract). State is per process: replicas do not share counters (use the
+// Redis store for that).
+//
+// # Expiry
+//
+// A key expires at algo.ExpiresAtUs of its state, the instant from which
+// the state is equivalent to the zero State (the window ended, the bucket
+// refilled, the log emptied). An expired key reads as absent and may be
+// dropped at any time. Each shard orders its keys by expiry in a min-heap,
+// so the expired keys are found without visiting live ones: lazily when a
+// request touches one, by eviction when the store is full, and by the
+// background sweep (Options.SweepInterval).
+//
+// # Full store
+//
+// With Options.MaxKeys set, at most MaxKeys keys are stored. A request
+// that needs a new key (one it would store that is absent or expired)
+// while the store is full drops expired keys to make room, one per key it
+// needs, earliest expiry first: from the shards it has locked, then from
+// the others. When no stored key has expired, the request fails with
+// ErrFull and writes nothing; the service applies each rule's failure
+// mode. A live key (one still inside its window, or with tokens or leases
+// taken) is never dropped to make room: evicting it, as an LRU cache
+// would, resets a counter inside its window, so a flood of unique keys
+// could reset the limits of the clients the flood competes with. The keys
+// already stored keep being decided exactly and at the same cost while
+// the store is full; only new keys are refused, until keys expire.
+//
+// # Work per call
+//
+// The work of a call does not grow with the number of stored keys: one
+// lookup per hit in an open-addressing index, O(log n) heap steps when a
+// key's expiry changes or a key is added or dropped (n: keys in its
+// shard), and, when the store is full, at most one eviction per new key
+// plus, when some key may have expired, a scan of the shards' earliest
+// expiries (at most Options.Shards atomic loads; while no key can have
+// expired, one load). Growing a shard past its previous peak copies its
+// slices, amortised over the keys that grew it. The sweep drops expired
+// keys a chunk at a time, releasing the shard lock between chunks.
 package memory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -22,18 +58,23 @@ import (
 // Options configure a Store. The zero value is valid: 64 shards, time.Now,
 // a sweep every minute, no key bound.
 type Options struct {
-	// Shards is the number of independently locked maps (0 means 64).
-	// More shards mean less lock contention between unrelated keys.
+	// Shards is the number of independently locked tables (0 means 64).
+	// More shards mean less lock contention between unrelated keys; a full
+	// store looking for an expired key reads each shard's earliest expiry
+	// at most once per request.
 	Shards int
 	// Now is the clock (nil means time.Now). Tests pin it.
 	Now func() time.Time
 	// SweepInterval is how often the background sweep drops expired keys
-	// (0 means one minute; negative disables the sweep, leaving only lazy
-	// expiry on access).
+	// (0 means one minute; negative disables the sweep, leaving lazy
+	// expiry on access and eviction when full).
 	SweepInterval time.Duration
 	// MaxKeys bounds the number of stored keys (0 means no bound). A
-	// request that would create a key beyond it fails with ErrFull, so the
-	// service applies the rule's failure mode, as with a Redis at maxmemory.
+	// request that needs a new key when MaxKeys keys are stored drops an
+	// expired key for it; when none has expired it fails with ErrFull, so
+	// the service applies the rule's failure mode, as with a Redis at
+	// maxmemory. Live keys are never dropped (see the package
+	// documentation).
 	MaxKeys int
 }
 
@@ -48,8 +89,8 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// ErrFull is returned (wrapped) by Take when MaxKeys keys are stored and the
-// request needs a new one. Its Cause is "oom".
+// ErrFull is returned (wrapped) by Take when MaxKeys keys are stored, none
+// of them has expired, and the request needs a new one. Its Cause is "oom".
 var ErrFull error = fullError{}
 
 type fullError struct{}
@@ -59,15 +100,8 @@ func (fullError) Error() string { return "memory: store is full (MaxKeys reached
 // Cause implements service.Causer.
 func (fullError) Cause() string { return "oom" }
 
-type entry struct {
-	st  algo.State
-	exp int64 // µs since the epoch from which st is empty (algo.ExpiresAtUs)
-}
-
-type shard struct {
-	mu sync.Mutex
-	m  map[string]entry
-}
+// sweepChunk is the most keys the sweep drops per shard lock hold.
+const sweepChunk = 256
 
 // Store is the in-memory store. It is safe for concurrent use. Close stops
 // the background sweep.
@@ -76,7 +110,21 @@ type Store struct {
 	seed   maphash.Seed
 	now    func() time.Time
 	max    int64
-	keys   atomic.Int64
+	// keys counts the stored keys plus the slots held by calls in flight
+	// (see call.held); with max > 0 it never exceeds max.
+	keys atomic.Int64
+	// soonest is a lower bound on every shard's top: no stored key expires
+	// before it, so a full store refuses a new key with one load while
+	// soonest is later than now. lowers counts shard tops moving earlier;
+	// a scan that raises soonest keeps its result only if lowers did not
+	// change meanwhile (makeRoom, Sweep).
+	soonest atomic.Int64
+	lowers  atomic.Uint64
+	cursor  atomic.Uint32 // first shard of the next makeRoom scan
+	// Work counters (tests): keys dropped by eviction or the sweep, and
+	// shard tops read by makeRoom.
+	evicted atomic.Int64
+	scanned atomic.Int64
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -103,8 +151,10 @@ func New(opts Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.soonest.Store(math.MaxInt64)
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]entry)
+		s.shards[i].st = s
+		s.shards[i].top.Store(math.MaxInt64)
 	}
 	iv := opts.SweepInterval
 	if iv == 0 {
@@ -119,15 +169,16 @@ func New(opts Options) (*Store, error) {
 }
 
 // Close stops the background sweep and waits for it. It is idempotent; the
-// Store keeps answering Take after Close (with lazy expiry only).
+// Store keeps answering Take after Close (without the background sweep).
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() { close(s.stop) })
 	<-s.done
 	return nil
 }
 
-// Len returns the number of stored keys (including expired ones the sweep
-// has not dropped yet).
+// Len returns the number of stored keys, including expired ones not
+// dropped yet (and, while calls are in flight, slots they hold for keys
+// they are about to store).
 func (s *Store) Len() int { return int(s.keys.Load()) }
 
 func (s *Store) sweepLoop(iv time.Duration) {
@@ -144,35 +195,141 @@ func (s *Store) sweepLoop(iv time.Duration) {
 	}
 }
 
-// Sweep drops every expired key now. The background goroutine calls it
-// every SweepInterval; it is exported for tests and operators.
+// Sweep drops every expired key now, visiting only those (earliest expiry
+// first, at most sweepChunk per shard lock hold). The background goroutine
+// calls it every SweepInterval; it is exported for tests and operators.
 func (s *Store) Sweep() { s.sweep(s.now().UnixMicro()) }
 
-func (s *Store) sweep(now int64) {
+func (s *Store) sweep(nowUs int64) {
+	g0 := s.lowers.Load()
+	m := int64(math.MaxInt64)
 	for i := range s.shards {
 		sh := &s.shards[i]
-		sh.mu.Lock()
-		for k, e := range sh.m {
-			if e.exp <= now {
-				delete(sh.m, k)
-				s.keys.Add(-1)
+		for {
+			sh.mu.Lock()
+			k := int64(0)
+			for k < sweepChunk && sh.expired(nowUs) {
+				sh.evictTop()
+				k++
+			}
+			more, t := sh.expired(nowUs), sh.top.Load()
+			sh.mu.Unlock()
+			s.keys.Add(-k)
+			s.evicted.Add(k)
+			if !more {
+				m = min(m, t)
+				break
 			}
 		}
-		sh.mu.Unlock()
+	}
+	s.raise(g0, m)
+}
+
+// lowered records that a shard's top moved earlier, to t.
+func (s *Store) lowered(t int64) {
+	s.lowers.Add(1)
+	for {
+		g := s.soonest.Load()
+		if g <= t || s.soonest.CompareAndSwap(g, t) {
+			return
+		}
 	}
 }
 
-func (s *Store) shardOf(key string) int {
-	return int(maphash.String(s.seed, key) % uint64(len(s.shards)))
+// raise sets soonest to m, the least shard top read after lowers was g0,
+// unless a top moved earlier since (then soonest proves nothing until the
+// next full scan).
+func (s *Store) raise(g0 uint64, m int64) {
+	s.soonest.Store(m)
+	if s.lowers.Load() != g0 {
+		s.soonest.Store(math.MinInt64)
+	}
+}
+
+// reserve takes up to n slots under max for new keys and returns how many.
+func (s *Store) reserve(n int64) int64 {
+	if s.max == 0 {
+		s.keys.Add(n)
+		return n
+	}
+	for {
+		k := s.keys.Load()
+		r := min(n, s.max-k)
+		if r <= 0 {
+			return 0
+		}
+		if s.keys.CompareAndSwap(k, k+r) {
+			return r
+		}
+	}
+}
+
+// makeRoom drops up to need expired keys, taking one shard lock at a time
+// (the caller holds none), and returns how many; their slots stay counted
+// in keys and pass to the caller.
+func (s *Store) makeRoom(c *call, need, nowUs int64) int64 {
+	if s.soonest.Load() > nowUs {
+		return 0 // nothing has expired
+	}
+	g0 := s.lowers.Load()
+	n := len(s.shards)
+	start := int(s.cursor.Add(1) % uint32(n))
+	m := int64(math.MaxInt64)
+	got := int64(0)
+	for j := range n {
+		sh := &s.shards[(start+j)%n]
+		c.scanned++
+		t := sh.top.Load()
+		if t <= nowUs {
+			sh.mu.Lock()
+			for got < need && sh.expired(nowUs) {
+				sh.evictTop()
+				got++
+			}
+			t = sh.top.Load()
+			sh.mu.Unlock()
+			if got == need {
+				c.evicted += got
+				return got
+			}
+		}
+		m = min(m, t)
+	}
+	c.evicted += got
+	s.raise(g0, m)
+	return got
+}
+
+// ref is where one hit's key lives: the low 32 bits of its hash, its
+// shard, and its entry when present.
+type ref struct {
+	h32   uint32
+	shard int
+	id    uint32
+	ok    bool // present and not expired
+}
+
+// call is the bookkeeping of one Take.
+type call struct {
+	refs  []ref
+	locks []int // shards to lock, ascending, distinct
+	// held counts slots in Store.keys owned by this call with no key in
+	// them: of keys it dropped (expired or emptied) or evicted, or
+	// reserved. Take gives them back at the end.
+	held             int64
+	evicted, scanned int64
 }
 
 // Take decides all hits of one request atomically (service.Store): the
 // shards of every hit are locked in ascending order, hits are applied in
 // request order (a repeated key sees the earlier hit's tentative state),
-// and the new states are committed only if no hit was denied, except
-// Soft hits (shadow, quota), whose denial writes nothing for that hit but
-// does not roll the request back. Otherwise nothing is written and every hit that did not deny
-// reports a check (cost 0) on the state before the request.
+// and the new states are committed only if no hit was denied, except Soft
+// hits (shadow, quota), whose denial writes nothing for that hit but does
+// not roll the request back. Otherwise nothing is written and every hit
+// that did not deny reports a check (cost 0) on the state before the
+// request. When the request needs new keys and the store is full, it drops
+// expired keys for them or, when none has expired, fails with ErrFull
+// having written nothing (see the package documentation).
 func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("memory: %w", err)
@@ -182,47 +339,85 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 		return out, nil
 	}
 	now := s.now()
-	res, err := s.take(hits, now, out)
-	if errors.Is(err, ErrFull) {
-		// Expired keys the sweep has not dropped yet make room.
-		s.sweep(now.UnixMicro())
-		res, err = s.take(hits, now, out)
+	var refs [4]ref
+	var locks [4]int
+	c := call{refs: refs[:0], locks: locks[:0]}
+	if len(hits) > len(refs) {
+		c.refs, c.locks = make([]ref, 0, len(hits)), make([]int, 0, len(hits))
 	}
-	return res, err
+	n := uint64(len(s.shards))
+	for _, h := range hits {
+		x := maphash.String(s.seed, h.Key)
+		r := ref{h32: uint32(x), shard: int((x >> 32) % n)}
+		c.refs = append(c.refs, r)
+		c.locks = append(c.locks, r.shard)
+	}
+	slices.Sort(c.locks)
+	c.locks = slices.Compact(c.locks)
+
+	short := s.take(&c, hits, now, out)
+	if short > 0 {
+		if got := s.makeRoom(&c, short, now.UnixMicro()); got > 0 {
+			c.held += got
+			if got >= short {
+				short = s.take(&c, hits, now, out)
+			}
+		}
+	}
+	if c.held > 0 {
+		s.keys.Add(-c.held)
+	}
+	if c.evicted > 0 {
+		s.evicted.Add(c.evicted)
+	}
+	if c.scanned > 0 {
+		s.scanned.Add(c.scanned)
+	}
+	if short > 0 {
+		return nil, fmt.Errorf("memory: take: %w", ErrFull)
+	}
+	return out, nil
 }
 
-func (s *Store) take(hits []algo.Hit, now time.Time, out []algo.Decision) ([]algo.Decision, error) {
+// take decides hits with their shards locked and commits them. It returns
+// 0 when the request is decided (out is filled), or the number of slots
+// still missing for its new keys, having written nothing.
+func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decision) int64 {
 	nowUs := now.UnixMicro()
-	idx := make([]int, len(hits))
-	for i, h := range hits {
-		idx[i] = s.shardOf(h.Key)
-	}
-	locks := slices.Clone(idx)
-	slices.Sort(locks)
-	locks = slices.Compact(locks)
-	for _, i := range locks {
+	for _, i := range c.locks {
 		s.shards[i].mu.Lock()
 	}
 	defer func() {
-		for _, i := range locks {
+		for _, i := range c.locks {
 			s.shards[i].mu.Unlock()
 		}
 	}()
 
-	// stored returns the state of key before the request (zero if absent
-	// or expired) and whether the key is present in the map.
-	stored := func(i int) (algo.State, bool) {
-		e, ok := s.shards[idx[i]].m[hits[i].Key]
-		if !ok || e.exp <= nowUs {
-			return algo.State{}, ok
+	for i := range hits {
+		r := &c.refs[i]
+		sh := &s.shards[r.shard]
+		r.id, r.ok = sh.find(hits[i].Key, r.h32)
+		if r.ok && sh.exp(r.id) <= nowUs {
+			// expired: it reads as absent, and its slot passes to this call
+			sh.remove(r.id)
+			r.ok = false
+			c.held++
 		}
-		return e.st, true
+	}
+	// stored returns the state of hit i's key before the request (zero if
+	// absent).
+	stored := func(i int) algo.State {
+		r := c.refs[i]
+		if !r.ok {
+			return algo.State{}
+		}
+		return s.shards[r.shard].state(r.id)
 	}
 
 	type tent struct {
 		st    algo.State
 		limit algo.Limit
-		shard int
+		first int // the first hit with this key
 	}
 	var pending map[string]tent
 	if len(hits) > 1 {
@@ -231,73 +426,96 @@ func (s *Store) take(hits []algo.Hit, now time.Time, out []algo.Decision) ([]alg
 	var single tent
 	denied := false
 	for i, h := range hits {
-		var st algo.State
-		if t, ok := pending[h.Key]; ok {
-			st = t.st
-		} else {
-			st, _ = stored(i)
+		t, ok := pending[h.Key]
+		if !ok {
+			t = tent{st: stored(i), first: i}
 		}
-		ns, d := algo.Apply(st, h, now)
+		ns, d := algo.Apply(t.st, h, now)
 		out[i] = d
 		if !d.Allowed && !h.Soft {
 			denied = true
 		}
+		t.st, t.limit = ns, h.Limit
 		if pending != nil {
-			pending[h.Key] = tent{st: ns, limit: h.Limit, shard: idx[i]}
+			pending[h.Key] = t
 		} else {
-			single = tent{st: ns, limit: h.Limit, shard: idx[i]}
+			single = t
 		}
 	}
 	if denied {
 		for i, h := range hits {
 			if out[i].Allowed {
-				st, _ := stored(i)
-				_, out[i] = algo.Take(h.Limit, st, now, 0)
+				_, out[i] = algo.Take(h.Limit, stored(i), now, 0)
 			}
 		}
-		return out, nil
+		return 0
 	}
-	if pending == nil { // one hit: no map
-		k := hits[0].Key
-		if _, ok := s.shards[single.shard].m[k]; !ok && s.max > 0 && s.keys.Load() >= s.max &&
-			algo.ExpiresAtUs(single.limit, single.st) > nowUs {
-			return nil, fmt.Errorf("memory: take: %w", ErrFull)
+
+	isNew := func(t tent) bool {
+		return !c.refs[t.first].ok && algo.ExpiresAtUs(t.limit, t.st) > nowUs
+	}
+	added := int64(0)
+	if pending == nil {
+		if isNew(single) {
+			added = 1
 		}
-		s.commit(k, single.shard, single.st, single.limit, nowUs)
-		return out, nil
-	}
-	if s.max > 0 {
-		added := int64(0)
-		for k, t := range pending {
-			if _, ok := s.shards[t.shard].m[k]; !ok && algo.ExpiresAtUs(t.limit, t.st) > nowUs {
+	} else {
+		for _, t := range pending {
+			if isNew(t) {
 				added++
 			}
 		}
-		if added > 0 && s.keys.Load()+added > s.max {
-			return nil, fmt.Errorf("memory: take: %w", ErrFull)
+	}
+	if added > 0 {
+		if short := s.room(c, added, nowUs); short > 0 {
+			return short
 		}
 	}
-	for k, t := range pending {
-		s.commit(k, t.shard, t.st, t.limit, nowUs)
+	commit := func(key string, t tent) {
+		r := c.refs[t.first]
+		sh := &s.shards[r.shard]
+		exp := algo.ExpiresAtUs(t.limit, t.st)
+		switch {
+		case exp == 0 || exp <= nowUs:
+			if r.ok {
+				sh.remove(r.id)
+				c.held++
+			}
+		case r.ok:
+			sh.update(r.id, t.st, exp)
+		default:
+			sh.insert(key, r.h32, t.st, exp)
+		}
 	}
-	return out, nil
+	if pending == nil {
+		commit(hits[0].Key, single)
+	} else {
+		for k, t := range pending {
+			commit(k, t)
+		}
+	}
+	return 0
 }
 
-// commit stores st under key (shard locked), or deletes the key when st is
-// empty.
-func (s *Store) commit(key string, si int, st algo.State, l algo.Limit, nowUs int64) {
-	m := s.shards[si].m
-	exp := algo.ExpiresAtUs(l, st)
-	_, present := m[key]
-	if exp == 0 || exp <= nowUs {
-		if present {
-			delete(m, key)
-			s.keys.Add(-1)
+// room finds slots for added new keys (shards locked): slots the call
+// holds, free slots under MaxKeys, then expired keys of the locked shards.
+// It returns 0 when the call has them (now committed to the new keys), or
+// how many are missing (the call then holds the ones it found).
+func (s *Store) room(c *call, added, nowUs int64) int64 {
+	have := min(added, c.held)
+	c.held -= have
+	have += s.reserve(added - have)
+	for _, i := range c.locks {
+		sh := &s.shards[i]
+		for have < added && sh.expired(nowUs) {
+			sh.evictTop()
+			have++
+			c.evicted++
 		}
-		return
 	}
-	if !present {
-		s.keys.Add(1)
+	if have == added {
+		return 0
 	}
-	m[key] = entry{st: st, exp: exp}
+	c.held += have
+	return added - have
 }

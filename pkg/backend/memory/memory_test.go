@@ -220,9 +220,10 @@ func BenchmarkTake(b *testing.B) {
 	}
 }
 
-// BenchmarkBytesPerKey measures the heap held per stored key (state, map
-// entry and key string of ~40 bytes) for each algorithm, with the log-based
-// ones holding `fill` entries. Run:
+// BenchmarkBytesPerKey measures the heap held per stored key (entry, key
+// bytes of a 39-byte key, index slot, heap item, and the log of the
+// log-based algorithms, holding `fill` timestamps) at 100,000 keys for each
+// algorithm; BenchmarkBytesPerKey1M measures 1,000,000 keys. Run:
 //
 //	go test ./pkg/backend/memory -run '^$' -bench BytesPerKey -benchtime 1x
 func BenchmarkBytesPerKey(b *testing.B) {
@@ -320,5 +321,166 @@ func TestMultiKeyStress(t *testing.T) {
 		if admitted[k] > l.Rate || l.Rate-admitted[k] != d[0].Remaining {
 			t.Errorf("key %s: %d admitted, remaining %d, rate %d", k, admitted[k], d[0].Remaining, l.Rate)
 		}
+	}
+}
+
+// TestFullStoreWorkPerCall counts the work of calls at a full store, not
+// their time: keys dropped by eviction and shards' earliest expiries read
+// (Store.Work). The store this replaced swept every stored key on each
+// refused call (20,000 here). Now, whatever the number of keys: a refused
+// new key costs no eviction and at most one scan of the shards (none while
+// no key can have expired), an admitted one exactly one eviction, a call on
+// a stored key neither, and the sweep visits only expired keys.
+func TestFullStoreWorkPerCall(t *testing.T) {
+	const maxKeys, shards = 20_000, 64
+	c := newClock(algotest.Base)
+	s := newStore(t, memory.Options{Now: c.now, MaxKeys: maxKeys, Shards: shards, SweepInterval: -1})
+	minute := algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Minute}
+	hour := algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Hour}
+	type work struct{ evicted, scanned int64 }
+	take := func(l algo.Limit, keys ...string) ([]algo.Decision, error, work) {
+		e0, s0 := s.Work()
+		hits := make([]algo.Hit, len(keys))
+		for i, k := range keys {
+			hits[i] = hit(k, l)
+		}
+		d, err := s.Take(context.Background(), hits)
+		e1, s1 := s.Work()
+		return d, err, work{e1 - e0, s1 - s0}
+	}
+	for i := range maxKeys { // half expire after a minute, half after an hour
+		l := minute
+		if i%2 == 1 {
+			l = hour
+		}
+		if _, err, _ := take(l, fmt.Sprint("fill", i)); err != nil {
+			t.Fatal(i, err)
+		}
+	}
+
+	// nothing has expired: new keys are refused; a stored key is decided
+	// exactly (it had 1 hit of 10)
+	for i := range 5_000 {
+		_, err, w := take(hour, fmt.Sprint("new", i))
+		if !errors.Is(err, memory.ErrFull) || w != (work{}) {
+			t.Fatalf("new key %d at a full store: %v, work %+v; want ErrFull and no work", i, err, w)
+		}
+		if i%500 == 0 {
+			d, err, w := take(hour, "fill1")
+			if want := int64(8 - i/500); err != nil || w != (work{}) || d[0].Allowed != (want >= 0) || d[0].Remaining != max(want, 0) {
+				t.Fatalf("stored key, call %d: %+v %v, work %+v; want remaining %d", i/500, d, err, w, max(want, 0))
+			}
+		}
+	}
+
+	// half the keys expired: each new key drops exactly one
+	c.add(time.Minute)
+	for i := range maxKeys / 2 {
+		_, err, w := take(hour, fmt.Sprint("late", i))
+		if err != nil || w.evicted != 1 || w.scanned > shards {
+			t.Fatalf("new key %d with expired keys stored: %v, work %+v; want 1 eviction, at most %d shards read", i, err, w, shards)
+		}
+	}
+	if s.Len() != maxKeys {
+		t.Fatalf("Len %d, want %d", s.Len(), maxKeys)
+	}
+	// full of live keys again: one scan finds that out, then none
+	for i := range 1_000 {
+		_, err, w := take(hour, fmt.Sprint("refused", i))
+		if !errors.Is(err, memory.ErrFull) || w.evicted != 0 || w.scanned > shards || i > 0 && w.scanned != 0 {
+			t.Fatalf("new key %d at a full store: %v, work %+v", i, err, w)
+		}
+	}
+	// a request of three new keys drops three, and is all-or-nothing
+	c.add(time.Hour)
+	if _, err, w := take(hour, "a", "b", "c"); err != nil || w.evicted != 3 || w.scanned > shards {
+		t.Fatalf("three new keys: %v, work %+v", err, w)
+	}
+	// the sweep visits exactly the expired keys
+	e0, _ := s.Work()
+	s.Sweep()
+	if e1, _ := s.Work(); e1-e0 != maxKeys-3 || s.Len() != 3 {
+		t.Fatalf("sweep dropped %d keys, Len %d; want %d, 3", e1-e0, s.Len(), maxKeys-3)
+	}
+	e0, _ = s.Work()
+	if s.Sweep(); s.Len() != 3 {
+		t.Fatalf("Len %d", s.Len())
+	}
+	if e1, _ := s.Work(); e1 != e0 {
+		t.Fatalf("a sweep with nothing expired dropped %d keys", e1-e0)
+	}
+}
+
+// TestFloodKeepsStoredKeysExact: 8 goroutines flood unique short-lived
+// keys at a small full store, moving the clock, so that new keys are both
+// refused and admitted by eviction; meanwhile 8 goroutines hit one stored
+// key limited to 100: exactly 100 of its 400 hits pass, none fails, and the
+// store never holds more than MaxKeys keys.
+func TestFloodKeepsStoredKeysExact(t *testing.T) {
+	const maxKeys = 200
+	c := newClock(algotest.Base)
+	s := newStore(t, memory.Options{Now: c.now, MaxKeys: maxKeys, Shards: 8, SweepInterval: -1})
+	hot := algo.Limit{Kind: algo.FixedWindow, Rate: 100, Period: algo.MaxPeriod}
+	flood := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Second}
+	ctx := context.Background()
+	if _, err := s.Take(ctx, []algo.Hit{{Key: "hot", Limit: hot}}); err != nil || s.Len() != 0 {
+		t.Fatal(err) // a check stores nothing
+	}
+	if _, err := s.Take(ctx, []algo.Hit{hit("hot", hot)}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxKeys - 1 {
+		if _, err := s.Take(ctx, []algo.Hit{hit(fmt.Sprint("fill", i), flood)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var admitted, refused, stored, errs atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range 8 {
+		wg.Add(2)
+		go func() { // flooder: 2,000 unique keys, the clock 100 ms on every 50
+			defer wg.Done()
+			<-start
+			for i := range 2_000 {
+				if i%50 == 49 {
+					c.add(100 * time.Millisecond)
+				}
+				_, err := s.Take(ctx, []algo.Hit{hit(fmt.Sprintf("flood%d:%d", g, i), flood)})
+				switch {
+				case errors.Is(err, memory.ErrFull):
+					refused.Add(1)
+				case err != nil:
+					errs.Add(1)
+				default:
+					stored.Add(1)
+				}
+				if n := s.Len(); n > maxKeys {
+					t.Errorf("Len %d above MaxKeys", n)
+				}
+			}
+		}()
+		go func() { // 50 hits on the stored key
+			defer wg.Done()
+			<-start
+			for range 50 {
+				d, err := s.Take(ctx, []algo.Hit{hit("hot", hot)})
+				if err != nil {
+					errs.Add(1)
+				} else if d[0].Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	// the first hit above, then 99 of the 400
+	if admitted.Load() != 99 || errs.Load() != 0 {
+		t.Fatalf("stored key: %d of 400 admitted (want 99 after the first), %d errors", admitted.Load(), errs.Load())
+	}
+	// at most 500 new keys per clock second against room for 200
+	if refused.Load() == 0 || stored.Load() == 0 {
+		t.Fatalf("flood: %d stored, %d refused; want both", stored.Load(), refused.Load())
 	}
 }
