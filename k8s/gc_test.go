@@ -7,11 +7,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Bytes per key of the in-memory store for fixed/sliding window and token
-// bucket (docs/algorithms/index.md, "memory per key") and the default
-// --memory-max-keys.
+// Heap bytes per key of the in-memory store for fixed/sliding window and
+// token bucket at 1,000,000 keys of 39 bytes (docs/operations.md,
+// "In-memory store") and the default --memory-max-keys.
 const (
-	memoryStoreBytesPerKey = 153
+	memoryStoreBytesPerKey = 128
 	memoryMaxKeysDefault   = 1_000_000
 )
 

@@ -17,7 +17,7 @@ import (
 // limit"). The service allocates per gRPC call and the GC was ≈ 20 % of its
 // CPU at Go's default GOGC=100; GOGC=400 cut CPU per decision to ≈ 0.76×
 // (BENCHMARKS.md). A larger GC target lets the heap grow to 5× the live heap
-// (the memory backend holds up to ≈ 150 MB of keys), so the policy pairs it
+// (the memory backend holds up to ≈ 130 MB of keys), so the policy pairs it
 // with a soft memory limit below the container's: near the limit the GC
 // runs as often as needed, whatever the percent.
 const (

@@ -100,8 +100,8 @@ type Options struct {
 	// MemoryMaxKeys bounds the keys of the in-memory store (the memory
 	// backend, and the failure_mode: local fallback of the Redis
 	// backend); 0 = unbounded. A request needing a new key beyond it
-	// fails with memory.ErrFull (cause "oom"): its rule's failure mode
-	// decides.
+	// drops an expired key, or, when none has expired, fails with
+	// memory.ErrFull (cause "oom"): its rule's failure mode decides.
 	MemoryMaxKeys int
 
 	// GCPercent is the Go GC target (debug.SetGCPercent) unless GOGC is
@@ -166,8 +166,8 @@ func defaultOptions() Options {
 		ProblemTypeBase:      service.DefaultProblemTypeBase,
 		DetailedMetricCap:    service.DefaultDetailedMetricCap,
 		FailClosedRetryAfter: service.DefaultFailClosedRetryAfter,
-		// ≈ 153 bytes per key for fixed/sliding window and token bucket
-		// (docs/algorithms/index.md): about 150 MB at the bound.
+		// ≈ 111–128 bytes of heap per key for fixed/sliding window and
+		// token bucket (docs/operations.md): about 110–130 MB at the bound.
 		MemoryMaxKeys: 1_000_000,
 		// Kubernetes ConfigMap mounts hold ..data and timestamped dot
 		// directories; loading them would load every file twice.

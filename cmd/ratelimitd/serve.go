@@ -62,8 +62,8 @@ type resetter interface{ ResetCache() }
 // newStore builds the configured backend store and the in-process fallback
 // for failure_mode: local (nil for the memory backend). Both in-memory
 // stores hold at most --memory-max-keys keys; beyond that a request that
-// needs a new key fails with memory.ErrFull (cause "oom") and its rule's
-// failure mode decides.
+// needs a new key drops an expired key or, when none has expired, fails
+// with memory.ErrFull (cause "oom") and its rule's failure mode decides.
 func newStore(o Options) (service.Store, service.Store, func() error, error) {
 	mem := func() (*memory.Store, error) { return memory.New(memory.Options{MaxKeys: o.MemoryMaxKeys}) }
 	switch o.Backend {
