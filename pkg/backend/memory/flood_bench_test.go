@@ -30,7 +30,7 @@ import (
 //	churn  the filler and flood keys use a 10 ms window: each flood key
 //	       evicts an expired one
 //
-// Run (about 10 s per case, most of it filling the store):
+// Run (a few seconds per case, most of it filling the store):
 //
 //	go test ./pkg/backend/memory -run '^$' -bench FloodFull -benchtime 20000x
 func BenchmarkFloodFull(b *testing.B) {
