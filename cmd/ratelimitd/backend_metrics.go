@@ -8,6 +8,7 @@ type (
 	breakerStater interface{ BreakerState() string }
 	cacheHitter   interface{ CacheHits() uint64 }
 	refundCounter interface{ RefundErrors() uint64 }
+	masterChanger interface{ MasterChanges() uint64 }
 )
 
 // breakerStates are the label values of ratelimitd_backend_circuit_state.
@@ -44,6 +45,12 @@ func registerBackendMetrics(reg prometheus.Registerer, store any) error {
 			Name: "ratelimitd_cluster_refund_errors_total",
 			Help: "Redis Cluster compensating refunds that failed (a slot group that allowed could not be undone after another denied).",
 		}, func() float64 { return float64(r.RefundErrors()) }))
+	}
+	if m, ok := store.(masterChanger); ok {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimitd_backend_master_changes_total",
+			Help: "Times the Redis Sentinel master the store writes to changed address (failovers; 0 outside Sentinel mode).",
+		}, func() float64 { return float64(m.MasterChanges()) }))
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {

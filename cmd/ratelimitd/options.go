@@ -42,6 +42,7 @@ type Options struct {
 	RedisMaxWait        time.Duration
 	RedisDeadlineMargin time.Duration
 	RedisWarmup         time.Duration
+	RedisWaitReplicas   int // redis.Options.WaitReplicas
 	RedisPoolSize       int // connections; 0 = the store's default
 	LocalCacheSize      int // over-limit cache entries; 0 disables
 	// Redis pool, batching and health tuning: redis.Options.DialTimeout,
@@ -243,6 +244,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.DurationVar(&o.RedisTimeout, "redis-timeout", o.RedisTimeout, "how long Redis may stay silent while a call awaits its reply before that counts as a backend failure (queue time inside ratelimitd never counts)")
 	fs.DurationVar(&o.RedisMaxWait, "redis-max-wait", o.RedisMaxWait, "budget of a decision whose caller set no deadline (Envoy always sets one: its filter timeout)")
 	fs.DurationVar(&o.RedisDeadlineMargin, "redis-deadline-margin", o.RedisDeadlineMargin, "kept before the caller's deadline: a decision is made by deadline - min(margin, a quarter of the time left)")
+	fs.IntVar(&o.RedisWaitReplicas, "redis-wait-replicas", o.RedisWaitReplicas, "replicas that must acknowledge each decision's writes (WAIT) before it is used, so that no counted hit is lost in a failover; 0 waits for none (standalone and sentinel only)")
 	fs.DurationVar(&o.RedisWarmup, "redis-warmup", o.RedisWarmup, "at startup, health stays NOT_SERVING until the Redis pools are dialed and the script is loaded, at most this long (0: no warm-up); Redis is never required to start")
 	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", o.RedisPoolSize, "Redis connections per node (0 = store default)")
 	fs.StringVar(&o.RedisTLSCA, "redis-tls-ca", o.RedisTLSCA, "PEM CA bundle trusted for Redis TLS (default: system roots)")

@@ -21,6 +21,7 @@ func redisOptions(o Options) redis.Options {
 	ro.Timeout = o.RedisTimeout
 	ro.MaxWait = o.RedisMaxWait
 	ro.DeadlineMargin = o.RedisDeadlineMargin
+	ro.WaitReplicas = o.RedisWaitReplicas
 	ro.ProbeKey = o.KeyPrefix + redis.DefaultProbeKey
 	if o.RedisPoolSize > 0 {
 		ro.PoolSize = o.RedisPoolSize
@@ -73,6 +74,9 @@ func (o Options) validateRedisTuning() error {
 	}
 	if o.RedisDeadlineMargin < 0 {
 		bad("redis-deadline-margin", o.RedisDeadlineMargin, "must be >= 0")
+	}
+	if o.RedisWaitReplicas < 0 {
+		bad("redis-wait-replicas", o.RedisWaitReplicas, "must be >= 0 (0 waits for none)")
 	}
 	if o.RedisWarmup < 0 {
 		bad("redis-warmup", o.RedisWarmup, "must be >= 0 (0: no warm-up)")

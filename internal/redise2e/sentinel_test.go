@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,4 +145,95 @@ func failureTimeline(fails []time.Time, from time.Time, step time.Duration) stri
 		parts[i] = fmt.Sprintf("%v:%d", k, counts[k])
 	}
 	return strings.Join(parts, " ")
+}
+
+// failoverRules: one key with a limit no test reaches, failure_mode
+// closed, so that an OK answer means Redis counted the hit.
+const failoverRules = `
+domain: failover
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 1000000, failure_mode: closed}
+`
+
+// manualFailover runs a steady load on one key while a sentinel performs
+// SENTINEL FAILOVER, then returns how many calls Redis admitted (OK) and
+// how many hits the new master holds for the key.
+func manualFailover(t *testing.T, g *redistest.SentinelGroup, waitReplicas int) (admitted, counted int64, errs map[string]float64) {
+	t.Helper()
+	o := redis.DefaultOptions()
+	o.WaitReplicas = waitReplicas
+	o.URL = ""
+	o.Mode = redis.Sentinel
+	o.Addrs = g.SentinelAddrs()
+	o.MasterName = redistest.MasterName
+	in := newInstance(t, o, loadSet(t, failoverRules))
+	warm(t, []*instance{in})
+	value := freshValue()
+	r := req("failover", []string{"tenant", value})
+	var ok atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				resp, err := in.svc.ShouldRateLimit(ctx, r)
+				cancel()
+				if err == nil && isOK(resp) {
+					ok.Add(1)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	old := g.Master()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := g.Sentinels[0].Do(ctx, "SENTINEL", "FAILOVER", redistest.MasterName); err != nil {
+		t.Fatalf("SENTINEL FAILOVER: %v", err)
+	}
+	g.WaitFailover(old, 30*time.Second)
+	// Let the old master be reconfigured as a replica of the new one, and
+	// traffic run on the new master for a while.
+	time.Sleep(3 * time.Second)
+	close(stop)
+	wg.Wait()
+	final := call(t, in, r)
+	for start := time.Now(); !isOK(final); final = call(t, in, r) {
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("final call still not decided after 15 s: %v (backend errors %v)", final, causes(t, in.reg))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	remaining := int64(final.GetStatuses()[0].GetLimitRemaining())
+	return ok.Load(), 1000000 - remaining - 1, causes(t, in.reg)
+}
+
+// TestSentinelManualFailoverLosesNothing: with every decision's writes
+// acknowledged by the replica before it is used (--redis-wait-replicas 1)
+// and the replica required for writes (min-replicas-to-write 1, as
+// docs/redis-operations.md recommends), a planned SENTINEL FAILOVER under
+// steady load loses no counted hit: every OK answer (failure_mode closed,
+// so OK means Redis counted it) is in the new master's counter. Hits
+// refused or unacknowledged meanwhile (NOREPLICAS, READONLY, WAIT short)
+// get the rule's failure mode: metered, never a silent loss. The master
+// change is counted.
+func TestSentinelManualFailoverLosesNothing(t *testing.T) {
+	redistest.Require(t)
+	g := redistest.Sentinel(t, redistest.WithArgs("--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"))
+	admitted, counted, errs := manualFailover(t, g, 1)
+	t.Logf("manual failover, wait-replicas 1, min-replicas-to-write 1: %d admitted (counted by Redis), %d in the new master's counter; backend errors %v", admitted, counted, errs)
+	if counted < admitted {
+		t.Errorf("the new master counts %d hits, %d were admitted as counted: %d lost", counted, admitted, admitted-counted)
+	}
+	if admitted < 100 {
+		t.Errorf("only %d calls admitted: the load did not run", admitted)
+	}
 }

@@ -79,6 +79,9 @@ type batcher struct {
 	timeout   time.Duration // Options.Timeout: an unanswered invocation this old is overdue
 	maxWait   time.Duration // budget of a call whose context has no deadline
 	margin    time.Duration // kept before the caller's deadline
+	// waitReplicas is Options.WaitReplicas: replicas that must acknowledge
+	// an invocation's writes (WAIT) before its decisions are used.
+	waitReplicas int
 	tick      time.Duration // the sweeper's period
 	epoch     time.Time     // origin of the ns clocks below (monotonic)
 	// overdue, when set, is told (outside mu) that Redis has been silent
@@ -461,6 +464,8 @@ func (b *batcher) flushLoop(slot int) {
 type invocation struct {
 	calls []*scriptCall
 	cmd   *goredis.Cmd
+	// wait is the WAIT that follows cmd when waitReplicas > 0.
+	wait *goredis.IntCmd
 }
 
 // exec sends the live calls of batch (flush loop slot) as one script
@@ -563,23 +568,47 @@ func segmentsOf(calls []*scriptCall) []*segArgs {
 
 // pipeline runs the invocations' commands, in one pipeline when there are
 // several; each command gets its own result or error.
+//
+// With waitReplicas > 0 (standalone and Sentinel only) each invocation is
+// followed in the pipeline by WAIT waitReplicas Timeout: the replicas'
+// acknowledgement of its writes (see Options.WaitReplicas).
 func (b *batcher) pipeline(ctx context.Context, invs []*invocation) {
-	if len(invs) == 1 {
+	wait := b.waitReplicas > 0 && !b.cluster
+	if len(invs) == 1 && !wait {
 		_ = b.client.Process(ctx, invs[0].cmd)
 		return
 	}
 	p := b.client.Pipeline()
 	for _, inv := range invs {
 		_ = p.Process(ctx, inv.cmd)
+		if wait {
+			inv.wait = goredis.NewIntCmd(ctx, "wait", b.waitReplicas, max(1, b.timeout.Milliseconds()))
+			_ = p.Process(ctx, inv.wait)
+		}
 	}
 	_, _ = p.Exec(ctx)
 }
+
+// ErrNotReplicated is the error of the calls of an invocation whose writes
+// fewer than Options.WaitReplicas replicas acknowledged within
+// Options.Timeout (WAIT): Redis decided them, but a failover now could
+// lose them, so the rules' failure modes answer instead (cause
+// "readonly", like the NOREPLICAS refusal of min-replicas-to-write).
+var ErrNotReplicated error = &Error{cause: CauseReadonly,
+	err: errors.New("redis: decision not acknowledged by the required replicas (WAIT)")}
 
 // deliver completes every call of the invocation from its reply: one line
 // per segment (parseSegment), or the invocation's error for all of them.
 // Calls abandoned by their caller or completed by the sweeper are skipped.
 func (b *batcher) deliver(inv *invocation) {
 	err := inv.cmd.Err()
+	if err == nil && inv.wait != nil {
+		if werr := inv.wait.Err(); werr != nil {
+			err = werr
+		} else if inv.wait.Val() < int64(b.waitReplicas) {
+			err = ErrNotReplicated
+		}
+	}
 	var r string
 	if err == nil {
 		var ok bool

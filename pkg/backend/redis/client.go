@@ -61,7 +61,7 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 			return nil, err
 		}
 	}
-	dial := dialer(o.DialTimeout, tlsCfg)
+	dial := dialer(o.DialTimeout, tlsCfg, o.masterWatch)
 	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 
 	switch o.Mode {
@@ -151,7 +151,10 @@ func (o Options) maxWait() time.Duration { return max(o.MaxWait, o.Timeout) }
 // long after Redis is back), go-redis' own MinIdleConns is 0: nothing
 // dials ahead of use but the Store's Warm and health probe, which use each
 // connection at once. The failure is logged through SetLogger's logger.
-func dialer(timeout time.Duration, cfg *tls.Config) func(context.Context, string, string) (net.Conn, error) {
+//
+// watch, when set, is told every address dialed successfully (the
+// Sentinel master watch).
+func dialer(timeout time.Duration, cfg *tls.Config, watch func(addr string)) func(context.Context, string, string) (net.Conn, error) {
 	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 	dial := nd.DialContext
 	if cfg != nil {
@@ -169,6 +172,9 @@ func dialer(timeout time.Duration, cfg *tls.Config) func(context.Context, string
 		if err != nil {
 			logDialFailure(ctx, addr, err)
 			return failedConn{err: err, addr: addr}, nil
+		}
+		if watch != nil {
+			watch(addr)
 		}
 		return c, nil
 	}

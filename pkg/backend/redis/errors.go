@@ -27,7 +27,9 @@ const (
 	// 'maxmemory'" (maxmemory with a noeviction policy).
 	CauseOOM = "oom"
 	// CauseReadonly: Redis answered READONLY (a replica, e.g. a former
-	// master right after a Sentinel failover).
+	// master right after a Sentinel failover) or NOREPLICAS (a master
+	// configured with min-replicas-to-write that has too few replicas in
+	// sync: it refuses writes rather than risk losing them in a failover).
 	CauseReadonly = "readonly"
 	// CauseLoading: Redis answered LOADING (loading its dataset at startup)
 	// or MASTERDOWN (a replica that lost its master).
@@ -131,7 +133,7 @@ func classify(err error) (cause string, outage bool) {
 		switch {
 		case strings.HasPrefix(msg, "OOM "):
 			return CauseOOM, false
-		case strings.HasPrefix(msg, "READONLY "):
+		case strings.HasPrefix(msg, "READONLY "), strings.HasPrefix(msg, "NOREPLICAS "):
 			return CauseReadonly, false
 		case strings.HasPrefix(msg, "LOADING "), strings.HasPrefix(msg, "MASTERDOWN "):
 			return CauseLoading, true

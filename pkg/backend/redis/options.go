@@ -145,6 +145,19 @@ type Options struct {
 	// DefaultProbeKey.
 	ProbeKey string
 
+	// WaitReplicas, when > 0 (standalone or Sentinel with replicas), makes
+	// every script invocation wait for that many replicas to acknowledge
+	// its writes (WAIT WaitReplicas Timeout, in the same pipeline): a
+	// decision is used only once it would survive a failover; otherwise
+	// the rules' failure modes answer (ErrNotReplicated). It costs a
+	// replica round trip per batch. 0 (the default) waits for nothing;
+	// not supported in Cluster mode.
+	WaitReplicas int
+
+	// masterWatch, when set, is told every address the client dials (set
+	// by New in Sentinel mode: see masterWatch).
+	masterWatch func(addr string)
+
 	// Now, when set (tests only), pins the script's clock instead of the
 	// server's TIME. The breaker always uses the real clock.
 	Now func() time.Time
@@ -255,6 +268,12 @@ func (o Options) Validate() error {
 	}
 	if o.MinIdleConns < 0 || o.MinIdleConns > o.PoolSize {
 		bad("min idle conns must be within 0..pool size (%d), got %d", o.PoolSize, o.MinIdleConns)
+	}
+	if o.WaitReplicas < 0 {
+		bad("wait replicas must not be negative, got %d", o.WaitReplicas)
+	}
+	if o.WaitReplicas > 0 && o.Mode == Cluster {
+		bad("wait replicas is not supported in cluster mode")
 	}
 	if o.Pipelines < 0 {
 		bad("pipelines must not be negative, got %d", o.Pipelines)

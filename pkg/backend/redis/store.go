@@ -64,6 +64,8 @@ type Store struct {
 	// the circuit is open (the health probe warms again: pools, script).
 	warmed   atomic.Bool
 	probeKey string
+	// masters watches the Sentinel master's address (nil in other modes).
+	masters *masterWatch
 	// warmConns is how many connections per node Warm and the health
 	// probe keep dialed: max(Options.MinIdleConns, pipelines + 1).
 	warmConns int
@@ -75,11 +77,17 @@ type Store struct {
 // background health probe (see Healthy); Close stops it. Errors come from
 // invalid options (Options.Validate) or unreadable TLS files only.
 func New(opts Options) (*Store, error) {
+	var mw *masterWatch
+	if opts.Mode == Sentinel {
+		mw = newMasterWatch(opts.Addrs)
+		opts.masterWatch = mw.dialed
+	}
 	c, err := NewClient(opts) // validates opts
 	if err != nil {
 		return nil, err
 	}
 	s := newStore(c, opts)
+	s.masters = mw
 	s.startHealth(opts.HealthInterval)
 	return s, nil
 }
@@ -106,6 +114,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	}
 	s.batch = newBatcher(c, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
 	s.warmConns = min(max(opts.MinIdleConns, s.batch.pipelines+1), max(1, opts.PoolSize))
+	s.batch.waitReplicas = opts.WaitReplicas
 	s.batch.overdue = func(sent time.Time) { s.breaker.Overdue(sent, s.breaker.now()) }
 	s.batch.open = func() bool { return s.breaker.StateAt(s.breaker.now()) == BreakerOpen }
 	_, s.cluster = c.(*goredis.ClusterClient)
@@ -146,6 +155,16 @@ func (s *Store) CacheHits() uint64 {
 // ResetCache drops every entry of the local over-limit cache. Call it on a
 // config reload so that no denial computed under an old limit survives.
 func (s *Store) ResetCache() { s.cache.reset() }
+
+// MasterChanges is how many times the Sentinel master the Store writes to
+// changed address (a failover; 0 in other modes): each is logged, and
+// docs/redis-operations.md bounds the hits a failover may lose.
+func (s *Store) MasterChanges() uint64 {
+	if s.masters == nil {
+		return 0
+	}
+	return s.masters.changes.Load()
+}
 
 // RefundErrors is the number of Cluster compensating refunds that failed
 // (each one leaves a request's consumption in place until its keys reset).

@@ -1,0 +1,50 @@
+package redis
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// masterWatch notices a Sentinel failover from the Store's side: in
+// Sentinel mode go-redis dials only the sentinels and the master it
+// resolved through them, so an address dialed that is not a sentinel is
+// the master, and a new one means the master changed. Each change is
+// counted (Store.MasterChanges, ratelimitd_backend_master_changes_total)
+// and logged: the hits the old master decided after its replica was
+// promoted, and those not yet replicated at the promotion, are lost unless
+// the servers run with min-replicas-to-write (the old master then refuses
+// them with NOREPLICAS, and the rules' failure modes answer instead); see
+// docs/redis-operations.md.
+type masterWatch struct {
+	sentinels map[string]bool
+	mu        sync.Mutex
+	last      string
+	changes   atomic.Uint64
+}
+
+func newMasterWatch(sentinels []string) *masterWatch {
+	w := &masterWatch{sentinels: map[string]bool{}}
+	for _, a := range sentinels {
+		w.sentinels[a] = true
+	}
+	return w
+}
+
+// dialed is told every address dialed successfully.
+func (w *masterWatch) dialed(addr string) {
+	if w.sentinels[addr] {
+		return
+	}
+	w.mu.Lock()
+	prev := w.last
+	w.last = addr
+	w.mu.Unlock()
+	if prev == "" || prev == addr {
+		return
+	}
+	w.changes.Add(1)
+	if l := logger.Load(); l != nil {
+		(*l).Printf(context.Background(), "redis: Sentinel master changed from %s to %s (failover): hits the old master decided after the promotion, or had not replicated, are lost unless the servers run min-replicas-to-write", prev, addr)
+	}
+}
