@@ -82,8 +82,8 @@ type batcher struct {
 	// waitReplicas is Options.WaitReplicas: replicas that must acknowledge
 	// an invocation's writes (WAIT) before its decisions are used.
 	waitReplicas int
-	tick      time.Duration // the sweeper's period
-	epoch     time.Time     // origin of the ns clocks below (monotonic)
+	tick         time.Duration // the sweeper's period
+	epoch        time.Time     // origin of the ns clocks below (monotonic)
 	// overdue, when set, is told (outside mu) that Redis has been silent
 	// since `since` for one more Timeout. open, when set, reports that the
 	// circuit is open (called under mu; it must not call back into the
