@@ -38,7 +38,7 @@ type family struct {
 // not on a running ratelimitd's /metrics with exactly these labels.
 var queried = []family{
 	{Name: "ratelimitd_requests_total", Type: "counter", Labels: []string{"domain", "code"},
-		Values: map[string][]string{"code": {"ok", "over_limit", "invalid_argument", "unavailable"}}},
+		Values: map[string][]string{"code": {"ok", "over_limit", "invalid_argument", "unavailable", "deadline_exceeded"}}},
 	{Name: "ratelimitd_decisions_total", Type: "counter", Labels: []string{"domain", "rule", "result"},
 		Values: map[string][]string{"result": {"ok", "over_limit", "near_limit", "shadow", "failed_open", "failed_closed"}}},
 	{Name: "ratelimitd_request_duration_seconds", Type: "histogram"},
