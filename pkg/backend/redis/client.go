@@ -33,7 +33,11 @@ import (
 // the Sentinel client re-resolves the master on every new connection and on
 // the sentinels' +switch-master, so no connection stays stuck on a demoted
 // master.
-func NewClient(o Options) (goredis.UniversalClient, error) {
+func NewClient(o Options) (goredis.UniversalClient, error) { return newClient(o, nil) }
+
+// newClient is NewClient whose dialer tells watch (when set) every address
+// it dialed successfully (the Store's Sentinel master watch).
+func newClient(o Options, watch func(addr string)) (goredis.UniversalClient, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -61,7 +65,7 @@ func NewClient(o Options) (goredis.UniversalClient, error) {
 			return nil, err
 		}
 	}
-	dial := dialer(o.DialTimeout, tlsCfg, o.masterWatch)
+	dial := dialer(o.DialTimeout, tlsCfg, watch)
 	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 
 	switch o.Mode {

@@ -154,10 +154,6 @@ type Options struct {
 	// not supported in Cluster mode.
 	WaitReplicas int
 
-	// masterWatch, when set, is told every address the client dials (set
-	// by New in Sentinel mode: see masterWatch).
-	masterWatch func(addr string)
-
 	// Now, when set (tests only), pins the script's clock instead of the
 	// server's TIME. The breaker always uses the real clock.
 	Now func() time.Time

@@ -78,11 +78,12 @@ type Store struct {
 // invalid options (Options.Validate) or unreadable TLS files only.
 func New(opts Options) (*Store, error) {
 	var mw *masterWatch
+	var watch func(string)
 	if opts.Mode == Sentinel {
 		mw = newMasterWatch(opts.Addrs)
-		opts.masterWatch = mw.dialed
+		watch = mw.dialed
 	}
-	c, err := NewClient(opts) // validates opts
+	c, err := newClient(opts, watch) // validates opts
 	if err != nil {
 		return nil, err
 	}
