@@ -114,13 +114,7 @@ func TestTakeWithinDeadlineRedisFrozen(t *testing.T) {
 func TestFrozenRedisOpensCircuitForCallsWithoutDeadline(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
-	o := redis.DefaultOptions()
-	o.URL = srv.URL()
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := defaultStore(t, srv)
 	l := algo.Limit{Kind: algo.TokenBucket, Rate: 100, Period: time.Second}
 	if _, err := s.Take(context.Background(), []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {
 		t.Fatal(err)
@@ -151,8 +145,8 @@ func TestFrozenRedisOpensCircuitForCallsWithoutDeadline(t *testing.T) {
 	slices.Sort(took)
 	mx := took[len(took)-1]
 	t.Logf("20 Takes without deadline, Redis frozen: p50 %v, max %v", took[len(took)/2], mx)
-	if limit := o.MaxWait / 2; mx > limit {
-		t.Errorf("a Take without deadline took %v with Redis frozen, want the circuit to open well before MaxWait (%v)", mx, limit)
+	if limit := redis.DefaultMaxWait / 2; mx > limit {
+		t.Errorf("a Take without deadline took %v with Redis frozen, want the circuit to open well before MaxWait (%v)", mx, redis.DefaultMaxWait)
 	}
 	if s.Healthy() {
 		t.Error("Healthy with Redis frozen and the circuit open")

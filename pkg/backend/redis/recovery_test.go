@@ -18,6 +18,20 @@ import (
 // 250 ms.
 const recoveryWithin = time.Second
 
+// defaultStore is a Store with DefaultOptions on srv, closed at the end of
+// the test.
+func defaultStore(t *testing.T, srv *redistest.Server) *redis.Store {
+	t.Helper()
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	s, err := redis.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
 // waitHealthy polls s.Healthy for up to within and returns how long it
 // took, failing the test when it did not happen.
 func waitHealthy(t *testing.T, s *redis.Store, want bool, within time.Duration, what string) time.Duration {
@@ -77,13 +91,7 @@ func TestRecoveryWithoutTraffic(t *testing.T) {
 	for _, fault := range []string{"restart", "freeze"} {
 		t.Run(fault, func(t *testing.T) {
 			srv := redistest.Standalone(t)
-			o := redis.DefaultOptions()
-			o.URL = srv.URL()
-			s, err := redis.New(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = s.Close() })
+			s := defaultStore(t, srv)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := s.Warm(ctx); err != nil {
@@ -127,13 +135,7 @@ func TestRecoveryWithoutTraffic(t *testing.T) {
 func TestHealthyOnlyWhenCounting(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
-	o := redis.DefaultOptions()
-	o.URL = srv.URL()
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := defaultStore(t, srv)
 	if s.Healthy() {
 		t.Fatal("Healthy before Warm: nothing can be counted yet")
 	}
