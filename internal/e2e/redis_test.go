@@ -1,12 +1,16 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -45,5 +49,63 @@ func TestRedisBackendSharedAcrossReplicas(t *testing.T) {
 	// 20 ms filter timeout.
 	if !strings.Contains(b.Logs(), "--redis-timeout is not below Envoy's default rate-limit filter timeout") {
 		t.Errorf("no warning about REDIS_TIMEOUT=500ms:\n%s", b.Logs())
+	}
+}
+
+// Health says SERVING only once the backend is warm: with Redis up, by the
+// time "" is SERVING the script is loaded on the server (no request pays
+// for EVAL) and the warm-up is logged; with Redis down, "" stays
+// NOT_SERVING for --redis-warmup, then serves (startup never requires
+// Redis) with ratelimitd.backend NOT_SERVING until Redis answers.
+func TestHealthWaitsForWarmBackend(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	dir := t.TempDir()
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 3))
+
+	p := start(t, startOpts{args: []string{"--config", dir, "--backend=redis", "--redis-url", srv.URL()}})
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	ex, err := srv.Do(context.Background(), "SCRIPT", "EXISTS", redis.ScriptSHA())
+	if err != nil || fmt.Sprint(ex) != "[1]" {
+		t.Errorf("SERVING before the script was loaded: SCRIPT EXISTS %v %v", ex, err)
+	}
+	if countLogs(t, p, "backend warm", nil) != 1 {
+		t.Errorf("warm-up not logged\n%s", p.Logs())
+	}
+	if got := health(t, cc, "ratelimitd.backend"); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("ratelimitd.backend %v once warm, want SERVING", got)
+	}
+
+	down := redistest.Standalone(t)
+	down.Kill()
+	q := start(t, startOpts{args: []string{"--config", dir, "--backend=redis", "--redis-url", down.URL(), "--redis-warmup=1500ms"}})
+	qc := q.dial(t)
+	eventually(t, 10*time.Second, func() string {
+		if st, _ := httpGet(t, "http://"+q.http+"/healthcheck"); st != 500 {
+			return fmt.Sprintf("/healthcheck %d while warming up against a dead Redis, want 500", st)
+		}
+		return ""
+	})
+	if got := health(t, qc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health %v while warming up against a dead Redis, want NOT_SERVING", got)
+	}
+	q.waitServing(t, qc, "")
+	if countLogs(t, q, "backend warm-up did not finish", nil) != 1 {
+		t.Errorf("the warm-up bound was not logged\n%s", q.Logs())
+	}
+	if got := health(t, qc, "ratelimitd.backend"); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("ratelimitd.backend %v with Redis down, want NOT_SERVING", got)
+	}
+	down.Start()
+	down.WaitReady()
+	eventually(t, 5*time.Second, func() string {
+		if got := health(t, qc, "ratelimitd.backend"); got != healthpb.HealthCheckResponse_SERVING {
+			return fmt.Sprintf("ratelimitd.backend %v after Redis started", got)
+		}
+		return ""
+	})
+	if n := countLogs(t, q, "backend healthy", nil); n != 1 {
+		t.Errorf("%d 'backend healthy' lines after Redis started, want 1\n%s", n, q.Logs())
 	}
 }
