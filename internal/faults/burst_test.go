@@ -1,0 +1,157 @@
+package faults
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+)
+
+// envoyDeadline is the default timeout of Envoy's HTTP rate-limit filter:
+// the deadline of the bursts that model Envoy's calls.
+const envoyDeadline = 20 * time.Millisecond
+
+// shape is one kind of burst: c concurrent calls on one fresh key with
+// limit l, each with deadline (0: the caller sets none).
+type shape struct {
+	c, l     int
+	deadline time.Duration
+}
+
+func (s shape) String() string {
+	d := "nodeadline"
+	if s.deadline > 0 {
+		d = "deadline" + s.deadline.String()
+	}
+	return fmt.Sprintf("c%d_l%d_%s", s.c, s.l, d)
+}
+
+// shapes are the bursts of TestBursts: few callers on a roomy limit, many
+// callers on a tight one; without and with Envoy's deadline.
+var shapes = []shape{
+	{60, 30, 0}, {500, 10, 0},
+	{60, 30, envoyDeadline}, {500, 10, envoyDeadline},
+}
+
+const (
+	// burstReps is how often each shape runs per topology, load and
+	// instance state.
+	burstReps = 10
+	// fleetSize is the number of instances a burst is spread over.
+	fleetSize = 3
+)
+
+// topology starts a Redis deployment for a test.
+type topology struct {
+	name  string
+	start func(testing.TB) backend
+}
+
+var topologies = []topology{
+	{"standalone", func(t testing.TB) backend {
+		return standaloneBackend("standalone", redistest.Standalone(t))
+	}},
+	{"tls13", func(t testing.TB) backend {
+		// TLS 1.3 only, so that every connection negotiates it.
+		return standaloneBackend("tls13", redistest.Standalone(t, redistest.WithTLS(), redistest.WithArgs("--tls-protocols", "TLSv1.3")))
+	}},
+	{"sentinel", func(t testing.TB) backend { return sentinelBackend(redistest.Sentinel(t)) }},
+	{"cluster", func(t testing.TB) backend { return clusterBackend(redistest.Cluster(t, 3)) }},
+}
+
+// burstLog collects one shape's results across repetitions.
+type burstLog struct {
+	admitted, failedOpen, consumed []int
+}
+
+func (l *burstLog) String() string {
+	return fmt.Sprintf("admitted %s; failed open %s; counted %s", intsString(l.admitted), intsString(l.failedOpen), intsString(l.consumed))
+}
+
+// runShape sends one burst of sh on a fresh key over f, reads what the
+// store counted (a check-only call) and asserts: without a deadline, every
+// call answered, exactly sh.l OK and sh.l counted; with one, no more OK
+// than counted (an OK the store did not count is an over-admission), and
+// never more counted than sh.l. what names the burst in failures.
+func runShape(t *testing.T, f *fleet, sh shape, what string, log *burstLog) {
+	t.Helper()
+	key := fmt.Sprintf("l%d", sh.l)
+	value := freshValue()
+	res := f.burst(key, value, sh.c, sh.deadline)
+	consumed := sh.l - int(f.remaining(0, key, value))
+	log.admitted = append(log.admitted, res.ok())
+	log.failedOpen = append(log.failedOpen, res.failedOpen)
+	log.consumed = append(log.consumed, consumed)
+	if sh.deadline == 0 {
+		if res.ok() != sh.l || res.ok()+res.over != sh.c || consumed != sh.l {
+			t.Errorf("%s %v: %v, store counted %d; want OK exactly %d, OVER_LIMIT %d, no error, %d counted",
+				what, sh, res, consumed, sh.l, sh.c-sh.l, sh.l)
+		}
+		return
+	}
+	if res.ok() > consumed || consumed > sh.l {
+		t.Errorf("%s %v: %v, store counted %d; want OK <= counted <= %d", what, sh, res, consumed, sh.l)
+	}
+}
+
+// TestBursts: on each topology, with the CPUs idle and then pinned by two
+// busy loops, bursts of every shape on 3 instances started for the burst
+// (fresh: started, SERVING, then at once the burst) and on warm ones. The
+// instances run with their default flags (--redis-timeout 10 ms). A fresh
+// fleet takes one burst of each shape, the first one rotating, so every
+// shape is the first burst of some fleets.
+func TestBursts(t *testing.T) {
+	redistest.Require(t)
+	for _, topo := range topologies {
+		t.Run(topo.name, func(t *testing.T) {
+			b := topo.start(t)
+			cfg := writeConfig(t)
+			for _, load := range []string{"idle", "pinned"} {
+				t.Run(load, func(t *testing.T) {
+					if load == "pinned" {
+						pinCPUs(t, 2)
+					}
+					t.Run("fresh", func(t *testing.T) { freshBursts(t, cfg, b) })
+					t.Run("warm", func(t *testing.T) { warmBursts(t, cfg, b) })
+				})
+			}
+		})
+	}
+}
+
+// freshBursts runs burstReps fleets, one burst of each shape each.
+func freshBursts(t *testing.T, cfg string, b backend) {
+	logs := make([]burstLog, len(shapes))
+	for rep := range burstReps {
+		awayFromWindowEnd(t, time.Minute)
+		f := startFleet(t, fleetSize, cfg, b)
+		for k := range shapes {
+			i := (rep + k) % len(shapes)
+			runShape(t, f, shapes[i], fmt.Sprintf("fleet %d burst %d after SERVING:", rep+1, k+1), &logs[i])
+		}
+		f.stop()
+	}
+	for i, sh := range shapes {
+		t.Logf("%s fresh %v: %v", b.name, sh, &logs[i])
+	}
+}
+
+// warmBursts runs burstReps bursts of each shape on one warmed fleet.
+func warmBursts(t *testing.T, cfg string, b backend) {
+	f := startFleet(t, fleetSize, cfg, b)
+	for i := range f.rls {
+		f.warm(i)
+	}
+	logs := make([]burstLog, len(shapes))
+	for rep := range burstReps {
+		awayFromWindowEnd(t, time.Minute)
+		for i, sh := range shapes {
+			runShape(t, f, sh, fmt.Sprintf("warm repetition %d:", rep+1), &logs[i])
+		}
+	}
+	for i, sh := range shapes {
+		t.Logf("%s warm %v: %v", b.name, sh, &logs[i])
+	}
+}
+

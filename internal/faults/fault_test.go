@@ -1,0 +1,348 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+)
+
+const (
+	// faultHold is how long a lasting fault (kill, freeze, OOM) lasts.
+	faultHold = 3 * time.Second
+	// quietAfter is the time without traffic between the end of a fault
+	// and the call that must be counted.
+	quietAfter = 3 * time.Second
+	// servingWithin bounds the time from the end of a fault until the
+	// backend's health is SERVING again.
+	servingWithin = time.Second
+)
+
+// fault is one way Redis fails. begin starts it; end ends it and returns
+// once Redis answers again. A lasting fault holds for faultHold between
+// them; restart is over when end returns.
+type fault struct {
+	name       string
+	lasting    bool
+	begin, end func(testing.TB, *redistest.Server)
+}
+
+var faultKinds = []fault{
+	{"kill", true, func(_ testing.TB, s *redistest.Server) { s.Kill() }, func(_ testing.TB, s *redistest.Server) { s.Start(); s.WaitReady() }},
+	{"freeze", true, func(_ testing.TB, s *redistest.Server) { s.Stop() }, func(_ testing.TB, s *redistest.Server) { s.Cont() }},
+	{"restart", false, func(testing.TB, *redistest.Server) {}, func(_ testing.TB, s *redistest.Server) { s.Restart() }},
+	{"oom", true, startOOM, endOOM},
+}
+
+// startOOM fills srv with 4 MB and lowers maxmemory 1 MB below its
+// used_memory (maxmemory-policy is noeviction, the default): every write,
+// a script's included, is refused with OOM whatever buffers come and go.
+func startOOM(t testing.TB, srv *redistest.Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctl := srv.Client()
+	big := strings.Repeat("x", 64<<10)
+	for i := range 64 {
+		if err := ctl.Set(ctx, "fill:"+strconv.Itoa(i), big, 0).Err(); err != nil {
+			t.Fatalf("filling: %v", err)
+		}
+	}
+	info, err := ctl.Info(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := infoInt(t, info, "used_memory")
+	if err := ctl.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used-1<<20, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Set(ctx, "oom-check", "x", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM ") {
+		t.Fatalf("a write with maxmemory below used_memory: %v, want OOM", err)
+	}
+}
+
+// endOOM lifts maxmemory (0: none).
+func endOOM(t testing.TB, srv *redistest.Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Client().ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// infoInt is the integer field name of an INFO reply.
+func infoInt(t testing.TB, info, name string) int64 {
+	t.Helper()
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("INFO %s: %v", name, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO has no %s", name)
+	return 0
+}
+
+// healthObs is one health check's answer.
+type healthObs struct {
+	at  time.Time
+	st  healthpb.HealthCheckResponse_ServingStatus
+	err error
+}
+
+// healthPoll checks one instance's health of a service every 10 ms in a
+// goroutine until stopped.
+type healthPoll struct {
+	stopc chan struct{}
+	done  chan struct{}
+	mu    sync.Mutex
+	obs   []healthObs
+}
+
+func (f *fleet) pollHealth(i int, service string) *healthPoll {
+	h := &healthPoll{stopc: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		for {
+			select {
+			case <-h.stopc:
+				return
+			default:
+			}
+			st, err := f.health(i, service)
+			h.mu.Lock()
+			h.obs = append(h.obs, healthObs{time.Now(), st, err})
+			h.mu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return h
+}
+
+// stop ends the polling and returns every observation.
+func (h *healthPoll) stop() []healthObs {
+	close(h.stopc)
+	<-h.done
+	return h.obs
+}
+
+// serving reports whether o is a SERVING answer.
+func (o healthObs) serving() bool {
+	return o.err == nil && o.st == healthpb.HealthCheckResponse_SERVING
+}
+
+// timeline renders the status changes of obs as "offset:STATUS" from t0.
+func timeline(obs []healthObs, t0 time.Time) string {
+	var parts []string
+	last := ""
+	for _, o := range obs {
+		s := o.st.String()
+		if o.err != nil {
+			s = "error(" + o.err.Error() + ")"
+		}
+		if s != last {
+			parts = append(parts, fmt.Sprintf("%v:%s", o.at.Sub(t0).Round(time.Millisecond), s))
+			last = s
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// traffic is goroutines calling ShouldRateLimit with Envoy's deadline on
+// fresh values of the big rule until stopped.
+type traffic struct {
+	stopc chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	sum   tally
+}
+
+func (f *fleet) startTraffic(workers int) *traffic {
+	tr := &traffic{stopc: make(chan struct{})}
+	for w := range workers {
+		tr.wg.Go(func() {
+			var local tally
+			defer func() { tr.mu.Lock(); tr.sum.merge(local); tr.mu.Unlock() }()
+			for {
+				select {
+				case <-tr.stopc:
+					return
+				default:
+				}
+				resp, err := call(f.rls[w%len(f.rls)], "big", freshValue(), nil, envoyDeadline)
+				local.add(resp, err)
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	return tr
+}
+
+// stop ends the traffic, waits for the calls in flight and returns the
+// tally.
+func (tr *traffic) stop() tally {
+	close(tr.stopc)
+	tr.wg.Wait()
+	return tr.sum
+}
+
+// TestFaults: Redis (standalone) is killed and started again on its port,
+// frozen and thawed, restarted, or out of memory and then freed, under one
+// ratelimitd with its default flags; idle (no calls during the fault) or
+// busy (two callers with Envoy's deadline until the fault ends). The
+// health of ratelimitd.backend must be NOT_SERVING during a lasting fault
+// (from some point on, to its end) and SERVING within servingWithin after
+// it, staying so; after quietAfter without traffic, the next call on a
+// fresh 1-per-day key must be decided and counted (OK, then OVER_LIMIT).
+// The idle and busy runs of one fault run in parallel, each with its own
+// Redis and instance.
+func TestFaults(t *testing.T) {
+	redistest.Require(t)
+	for _, fk := range faultKinds {
+		t.Run(fk.name, func(t *testing.T) {
+			for _, busy := range []bool{false, true} {
+				name := "idle"
+				if busy {
+					name = "busy"
+				}
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					runFault(t, fk, busy)
+				})
+			}
+		})
+	}
+}
+
+func runFault(t *testing.T, fk fault, busy bool) {
+	srv := redistest.Standalone(t)
+	t.Cleanup(srv.Cont) // never leave a frozen server to the cleanups
+	f := startFleet(t, 1, writeConfig(t), standaloneBackend("standalone", srv))
+	f.warm(0)
+	f.waitHealth(0, backendHealth, healthpb.HealthCheckResponse_SERVING, 10*time.Second)
+	awayFromWindowEnd(t, time.Minute)
+
+	hp := f.pollHealth(0, backendHealth)
+	var tr *traffic
+	if busy {
+		tr = f.startTraffic(2)
+		time.Sleep(300 * time.Millisecond)
+	}
+	faultAt := time.Now()
+	fk.begin(t, srv)
+	if fk.lasting {
+		time.Sleep(faultHold)
+	}
+	var during tally
+	if tr != nil {
+		during = tr.stop()
+	}
+	endAt := time.Now()
+	fk.end(t, srv)
+	recoveredAt := time.Now()
+	time.Sleep(quietAfter)
+	obs := hp.stop()
+
+	// The next call after the quiet time is counted: OK decided by the
+	// store, and a second call on the 1-per-day key is OVER_LIMIT.
+	v := freshValue()
+	r1, err1 := call(f.rls[0], "l1", v, nil, 0)
+	r2, err2 := call(f.rls[0], "l1", v, nil, 0)
+	first, second := classify(r1, err1), classify(r2, err2)
+
+	t.Logf("%s: health of %s from the fault (ended %v after it, Redis answering %v after that): %s",
+		fk.name, backendHealth, endAt.Sub(faultAt).Round(time.Millisecond), recoveredAt.Sub(endAt).Round(time.Millisecond), timeline(obs, faultAt))
+	if busy {
+		t.Logf("%s: calls during the fault: %v", fk.name, during)
+	}
+	t.Logf("%s: after %v without traffic: first call %v, second %v", fk.name, quietAfter, outcomeName(first, err1), outcomeName(second, err2))
+
+	if first != okDecided || second != overLimit {
+		t.Errorf("%s: after %v without traffic, calls on a fresh 1-per-day key answered %v then %v; want OK decided by the store, then OVER_LIMIT (the first was counted)\n%s",
+			fk.name, quietAfter, outcomeName(first, err1), outcomeName(second, err2), f.logs(20))
+	}
+	checkHealth(t, fk, obs, faultAt, endAt, recoveredAt)
+}
+
+// checkHealth asserts the backend's health around a fault: during a
+// lasting fault it turned NOT_SERVING and stayed so until the fault ended;
+// after recovery it was SERVING within servingWithin and stayed so.
+func checkHealth(t *testing.T, fk fault, obs []healthObs, faultAt, endAt, recoveredAt time.Time) {
+	t.Helper()
+	for _, o := range obs {
+		if o.err != nil {
+			t.Errorf("%s: health check failed %v after the fault began: %v", fk.name, o.at.Sub(faultAt).Round(time.Millisecond), o.err)
+			return
+		}
+	}
+	if fk.lasting {
+		var down time.Time
+		for _, o := range obs {
+			if o.at.Before(faultAt) || !o.at.Before(endAt) {
+				continue
+			}
+			if !o.serving() && down.IsZero() {
+				down = o.at
+			}
+			if o.serving() && !down.IsZero() {
+				t.Errorf("%s: %s SERVING again %v after the fault began, while Redis was still failing (NOT_SERVING from %v)",
+					fk.name, backendHealth, o.at.Sub(faultAt).Round(time.Millisecond), down.Sub(faultAt).Round(time.Millisecond))
+				break
+			}
+		}
+		if down.IsZero() {
+			t.Errorf("%s: %s never NOT_SERVING during the %v fault", fk.name, backendHealth, endAt.Sub(faultAt).Round(time.Millisecond))
+		} else {
+			t.Logf("%s: %s NOT_SERVING %v after the fault began", fk.name, backendHealth, down.Sub(faultAt).Round(time.Millisecond))
+		}
+	}
+	var up time.Time
+	for _, o := range obs {
+		if o.at.Before(recoveredAt) {
+			continue
+		}
+		if o.serving() && up.IsZero() {
+			up = o.at
+		}
+		if !o.serving() && !up.IsZero() {
+			t.Errorf("%s: %s NOT_SERVING again %v after Redis answered again (SERVING from %v)",
+				fk.name, backendHealth, o.at.Sub(recoveredAt).Round(time.Millisecond), up.Sub(recoveredAt).Round(time.Millisecond))
+			break
+		}
+	}
+	switch {
+	case up.IsZero():
+		t.Errorf("%s: %s not SERVING within %v after Redis answered again", fk.name, backendHealth, quietAfter)
+	case up.Sub(recoveredAt) > servingWithin:
+		t.Errorf("%s: %s SERVING %v after Redis answered again, want <= %v", fk.name, backendHealth, up.Sub(recoveredAt).Round(time.Millisecond), servingWithin)
+	default:
+		t.Logf("%s: %s SERVING %v after Redis answered again", fk.name, backendHealth, up.Sub(recoveredAt).Round(time.Millisecond))
+	}
+}
+
+// outcomeName describes an outcome of classify.
+func outcomeName(o outcome, err error) string {
+	switch o {
+	case okDecided:
+		return "OK (decided)"
+	case okFailedOpen:
+		return "OK (failed open)"
+	case overLimit:
+		return "OVER_LIMIT"
+	}
+	return "error " + err.Error()
+}
