@@ -38,6 +38,9 @@ const (
 	// burstReps is how often each shape runs per topology, load and
 	// instance state.
 	burstReps = 10
+	// roundsPerFleet is how many bursts of each shape a fresh fleet takes
+	// before it is replaced (a divisor of burstReps).
+	roundsPerFleet = 2
 	// fleetSize is the number of instances a burst is spread over.
 	fleetSize = 3
 )
@@ -99,8 +102,8 @@ func runShape(t *testing.T, f *fleet, sh shape, what string, log *burstLog) {
 // busy loops, bursts of every shape on 3 instances started for the burst
 // (fresh: started, SERVING, then at once the burst) and on warm ones. The
 // instances run with their default flags (--redis-timeout 10 ms). A fresh
-// fleet takes one burst of each shape, the first one rotating, so every
-// shape is the first burst of some fleets.
+// fleet takes roundsPerFleet bursts of each shape, the first one rotating,
+// so that every shape is the first burst of some fleets.
 func TestBursts(t *testing.T) {
 	redistest.Require(t)
 	for _, topo := range topologies {
@@ -120,21 +123,29 @@ func TestBursts(t *testing.T) {
 	}
 }
 
-// freshBursts runs burstReps fleets, one burst of each shape each.
+// freshBursts runs burstReps/roundsPerFleet fleets; each takes
+// roundsPerFleet rounds of one burst of each shape, the first right after
+// SERVING.
 func freshBursts(t *testing.T, cfg string, b backend) {
 	logs := make([]burstLog, len(shapes))
-	for rep := range burstReps {
+	causes := map[string]float64{}
+	var starting time.Duration
+	for fl := range burstReps / roundsPerFleet {
 		awayFromWindowEnd(t, time.Minute)
+		t0 := time.Now()
 		f := startFleet(t, fleetSize, cfg, b)
-		for k := range shapes {
-			i := (rep + k) % len(shapes)
-			runShape(t, f, shapes[i], fmt.Sprintf("fleet %d burst %d after SERVING:", rep+1, k+1), &logs[i])
+		starting += time.Since(t0)
+		for k := range roundsPerFleet * len(shapes) {
+			i := (fl + k) % len(shapes)
+			runShape(t, f, shapes[i], fmt.Sprintf("fleet %d burst %d after SERVING:", fl+1, k+1), &logs[i])
 		}
+		addCounts(causes, f.backendErrors())
 		f.stop()
 	}
 	for i, sh := range shapes {
 		t.Logf("%s fresh %v: %v", b.name, sh, &logs[i])
 	}
+	t.Logf("%s fresh: backend errors by cause %v; %v starting fleets", b.name, causes, starting.Round(time.Millisecond))
 }
 
 // warmBursts runs burstReps bursts of each shape on one warmed fleet.
@@ -153,5 +164,5 @@ func warmBursts(t *testing.T, cfg string, b backend) {
 	for i, sh := range shapes {
 		t.Logf("%s warm %v: %v", b.name, sh, &logs[i])
 	}
+	t.Logf("%s warm: backend errors by cause %v", b.name, f.backendErrors())
 }
-

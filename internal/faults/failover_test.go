@@ -82,6 +82,7 @@ func TestSentinelFailoverCounts(t *testing.T) {
 	}
 	t.Logf("SENTINEL FAILOVER %s -> %s (new master answering after %v): %v over %d keys; %d admitted, %d counted, %d lost",
 		old.Addr(), nm.Addr(), promoted.Round(time.Millisecond), total, keys, admitted, counted, admitted-counted)
+	t.Logf("backend errors by cause: %v", f.backendErrors())
 	if n := total.errors(); n > 0 {
 		t.Errorf("%d calls without a deadline returned an error (a failing store is never an error)", n)
 	}

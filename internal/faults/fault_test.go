@@ -269,7 +269,7 @@ func runFault(t *testing.T, fk fault, busy bool) {
 	if busy {
 		t.Logf("%s: calls during the fault: %v", fk.name, during)
 	}
-	t.Logf("%s: after %v without traffic: first call %v, second %v", fk.name, quietAfter, outcomeName(first, err1), outcomeName(second, err2))
+	t.Logf("%s: after %v without traffic: first call %v, second %v; backend errors by cause %v", fk.name, quietAfter, outcomeName(first, err1), outcomeName(second, err2), f.backendErrors())
 
 	if first != okDecided || second != overLimit {
 		t.Errorf("%s: after %v without traffic, calls on a fresh 1-per-day key answered %v then %v; want OK decided by the store, then OVER_LIMIT (the first was counted)\n%s",

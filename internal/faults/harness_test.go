@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -638,6 +639,44 @@ func (f *fleet) warm(i int) {
 			f.t.Fatalf("instance %d: no call decided by the store within 20s (last: %v, %v)\n%s", i, resp, err, f.logs(30))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// backendErrors sums ratelimitd_backend_errors_total by cause over the
+// fleet's instances, from their /metrics (zero causes omitted); for
+// failure messages and logs.
+func (f *fleet) backendErrors() map[string]float64 {
+	out := map[string]float64{}
+	c := &http.Client{Timeout: 5 * time.Second}
+	for _, p := range f.procs {
+		resp, err := c.Get("http://" + p.http + "/metrics")
+		if err != nil {
+			out["scrape_error"]++
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		for line := range strings.SplitSeq(string(body), "\n") {
+			rest, ok := strings.CutPrefix(line, `ratelimitd_backend_errors_total{cause="`)
+			if !ok {
+				continue
+			}
+			cause, val, ok := strings.Cut(rest, `"} `)
+			if !ok {
+				continue
+			}
+			if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil && v > 0 {
+				out[cause] += v
+			}
+		}
+	}
+	return out
+}
+
+// addCounts adds b's counts into a.
+func addCounts(a, b map[string]float64) {
+	for k, v := range b {
+		a[k] += v
 	}
 }
 
