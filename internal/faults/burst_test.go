@@ -38,9 +38,6 @@ const (
 	// burstReps is how often each shape runs per topology, load and
 	// instance state.
 	burstReps = 10
-	// roundsPerFleet is how many bursts of each shape a fresh fleet takes
-	// before it is replaced (a divisor of burstReps).
-	roundsPerFleet = 2
 	// fleetSize is the number of instances a burst is spread over.
 	fleetSize = 3
 )
@@ -100,10 +97,9 @@ func runShape(t *testing.T, f *fleet, sh shape, what string, log *burstLog) {
 
 // TestBursts: on each topology, with the CPUs idle and then pinned by two
 // busy loops, bursts of every shape on 3 instances started for the burst
-// (fresh: started, SERVING, then at once the burst) and on warm ones. The
-// instances run with their default flags (--redis-timeout 10 ms). A fresh
-// fleet takes roundsPerFleet bursts of each shape, the first one rotating,
-// so that every shape is the first burst of some fleets.
+// (fresh: started, SERVING, then at once the burst; a fleet per burst) and
+// on warm ones. The instances run with their default flags
+// (--redis-timeout 10 ms).
 func TestBursts(t *testing.T) {
 	redistest.Require(t)
 	for _, topo := range topologies {
@@ -123,29 +119,29 @@ func TestBursts(t *testing.T) {
 	}
 }
 
-// freshBursts runs burstReps/roundsPerFleet fleets; each takes
-// roundsPerFleet rounds of one burst of each shape, the first right after
-// SERVING.
+// freshBursts runs burstReps bursts of each shape, each on a fleet
+// started for it: started, SERVING, then at once the burst.
 func freshBursts(t *testing.T, cfg string, b backend) {
 	logs := make([]burstLog, len(shapes))
 	causes := map[string]float64{}
-	var starting time.Duration
-	for fl := range burstReps / roundsPerFleet {
+	var lifecycle time.Duration
+	for rep := range burstReps {
 		awayFromWindowEnd(t, time.Minute)
-		t0 := time.Now()
-		f := startFleet(t, fleetSize, cfg, b)
-		starting += time.Since(t0)
-		for k := range roundsPerFleet * len(shapes) {
-			i := (fl + k) % len(shapes)
-			runShape(t, f, shapes[i], fmt.Sprintf("fleet %d burst %d after SERVING:", fl+1, k+1), &logs[i])
+		for i, sh := range shapes {
+			t0 := time.Now()
+			f := startFleet(t, fleetSize, cfg, b)
+			lifecycle += time.Since(t0)
+			runShape(t, f, sh, fmt.Sprintf("fresh fleet, repetition %d:", rep+1), &logs[i])
+			addCounts(causes, f.backendErrors())
+			t0 = time.Now()
+			f.stop()
+			lifecycle += time.Since(t0)
 		}
-		addCounts(causes, f.backendErrors())
-		f.stop()
 	}
 	for i, sh := range shapes {
 		t.Logf("%s fresh %v: %v", b.name, sh, &logs[i])
 	}
-	t.Logf("%s fresh: backend errors by cause %v; %v starting fleets", b.name, causes, starting.Round(time.Millisecond))
+	t.Logf("%s fresh: backend errors by cause %v; %v starting and stopping %d fleets", b.name, causes, lifecycle.Round(time.Millisecond), burstReps*len(shapes))
 }
 
 // warmBursts runs burstReps bursts of each shape on one warmed fleet.

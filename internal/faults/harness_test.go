@@ -266,7 +266,10 @@ func startProc(cfgDir string, args []string) (*proc, error) {
 	full := append([]string{"serve", "--config", cfgDir, "--log-format=json",
 		"--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr="}, args...)
 	p := &proc{cmd: exec.Command(bin, full...), done: make(chan struct{})}
-	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}
+	// A clean environment (no RATELIMITD_* or envoyproxy/ratelimit
+	// variables from the test's); GORACE: a -race binary otherwise sleeps
+	// 1 s at exit (atexit_sleep_ms), which would dominate the fresh bursts.
+	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir(), "GORACE=atexit_sleep_ms=0"}
 	p.cmd.Stdout = io.Discard
 	setProcAttr(p.cmd)
 	stderr, err := p.cmd.StderrPipe()
@@ -647,7 +650,9 @@ func (f *fleet) warm(i int) {
 // failure messages and logs.
 func (f *fleet) backendErrors() map[string]float64 {
 	out := map[string]float64{}
-	c := &http.Client{Timeout: 5 * time.Second}
+	// No keep-alive: no idle connection (and its goroutines) outlives the
+	// scrape, for goleak.
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	for _, p := range f.procs {
 		resp, err := c.Get("http://" + p.http + "/metrics")
 		if err != nil {
