@@ -13,7 +13,8 @@
 //     or warm, with both CPUs idle or pinned by busy loops, is answered OK
 //     exactly L times when the caller sets no deadline, and at most as
 //     many times as the store counted when the caller gives up after
-//     Envoy's 20 ms (TestBursts); a Sentinel failover under load loses no
+//     Envoy's 20 ms (TestBursts); a Sentinel failover under load, with
+//     min-replicas-to-write 1 and --redis-wait-replicas=1, loses no
 //     counted hit (TestSentinelFailoverCounts);
 //   - never stay failed open: after Redis is killed, frozen, restarted or
 //     out of memory, and then 3 s without traffic, the next call is
