@@ -90,6 +90,11 @@ type batcher struct {
 	// batcher).
 	overdue func(since time.Time)
 	open    func() bool
+	// unread, when set, reports whether a socket to Redis holds bytes not
+	// read yet (see liveness): Redis answered, so a silence seen by
+	// ratelimitd's clock is ratelimitd's own delay, not a stall. Called
+	// under mu.
+	unread func() bool
 
 	mu    sync.Mutex
 	queue []*scriptCall
@@ -347,7 +352,7 @@ func (b *batcher) sweeper() {
 			pending += b.sweepLocked(f, now, open, stalled)
 		}
 		var overdue int64 = -1
-		if b.silentFrom != 0 {
+		if stalled {
 			if k := (now - b.silentFrom) / int64(b.timeout); k > b.strikes {
 				b.strikes = k
 				overdue = b.silentFrom
@@ -371,9 +376,18 @@ func (b *batcher) sweeper() {
 }
 
 // stalledLocked reports whether Redis looks stalled at now: it has been
-// silent (see silentFrom) for at least Timeout. b.mu is held.
+// silent (see silentFrom) for at least Timeout, and no socket to it holds
+// bytes not read yet (when it does, Redis answered and the silence is
+// ratelimitd's own delay: it restarts from now). b.mu is held.
 func (b *batcher) stalledLocked(now int64) bool {
-	return b.silentFrom != 0 && now-b.silentFrom >= int64(b.timeout)
+	if b.silentFrom == 0 || now-b.silentFrom < int64(b.timeout) {
+		return false
+	}
+	if b.unread != nil && b.unread() {
+		b.silentFrom, b.strikes = now, 0
+		return false
+	}
+	return true
 }
 
 // budgetError is the error of a call whose budget ran out: ErrCallTimeout

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"syscall"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -33,11 +34,10 @@ import (
 // the Sentinel client re-resolves the master on every new connection and on
 // the sentinels' +switch-master, so no connection stays stuck on a demoted
 // master.
-func NewClient(o Options) (goredis.UniversalClient, error) { return newClient(o, nil) }
+func NewClient(o Options) (goredis.UniversalClient, error) { return newClient(o, dialHooks{}) }
 
-// newClient is NewClient whose dialer tells watch (when set) every address
-// it dialed successfully (the Store's Sentinel master watch).
-func newClient(o Options, watch func(addr string)) (goredis.UniversalClient, error) {
+// newClient is NewClient whose dialer reports to hooks (see dialHooks).
+func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -65,7 +65,7 @@ func newClient(o Options, watch func(addr string)) (goredis.UniversalClient, err
 			return nil, err
 		}
 	}
-	dial := dialer(o.DialTimeout, tlsCfg, watch)
+	dial := dialer(o.DialTimeout, tlsCfg, hooks)
 	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 
 	switch o.Mode {
@@ -156,20 +156,35 @@ func (o Options) maxWait() time.Duration { return max(o.MaxWait, o.Timeout) }
 // dials ahead of use but the Store's Warm and health probe, which use each
 // connection at once. The failure is logged through SetLogger's logger.
 //
-// watch, when set, is told every address dialed successfully (the
-// Sentinel master watch).
-func dialer(timeout time.Duration, cfg *tls.Config, watch func(addr string)) func(context.Context, string, string) (net.Conn, error) {
+// hooks observe the dials (see dialHooks).
+func dialer(timeout time.Duration, cfg *tls.Config, hooks dialHooks) func(context.Context, string, string) (net.Conn, error) {
 	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
-	dial := nd.DialContext
-	if cfg != nil {
-		td := &tls.Dialer{NetDialer: nd, Config: cfg}
-		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := td.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &opaqueTLSConn{Conn: c, tls: c.(*tls.Conn)}, nil
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		raw, err := nd.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
 		}
+		if tc, ok := raw.(*net.TCPConn); ok && hooks.track != nil {
+			if rc, err := tc.SyscallConn(); err == nil {
+				hooks.track(addr, rc)
+			}
+		}
+		if cfg == nil {
+			return raw, nil
+		}
+		c := cfg
+		if c.ServerName == "" { // as tls.Dialer does
+			c = cfg.Clone()
+			if host, _, err := net.SplitHostPort(addr); err == nil {
+				c.ServerName = host
+			}
+		}
+		tc := tls.Client(raw, c)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = raw.Close()
+			return nil, err
+		}
+		return &opaqueTLSConn{Conn: tc, tls: tc}, nil
 	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
@@ -177,11 +192,19 @@ func dialer(timeout time.Duration, cfg *tls.Config, watch func(addr string)) fun
 			logDialFailure(ctx, addr, err)
 			return failedConn{err: err, addr: addr}, nil
 		}
-		if watch != nil {
-			watch(addr)
+		if hooks.watch != nil {
+			hooks.watch(addr)
 		}
 		return c, nil
 	}
+}
+
+// dialHooks are the Store's observers of its client's dials: watch is told
+// every address dialed successfully (the Sentinel master watch), track
+// every TCP socket (the liveness set). Either may be nil.
+type dialHooks struct {
+	watch func(addr string)
+	track func(addr string, rc syscall.RawConn)
 }
 
 // failedConn is a connection whose dial failed with err: every read and

@@ -2,10 +2,13 @@ package redis
 
 import (
 	"context"
+	"strconv"
 	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
@@ -109,6 +112,17 @@ func (s *Store) healthLoop(h *healthProbe) {
 				err = s.writeProbe(h.ctx)
 			default:
 				err = s.breaker.Do(h.ctx, max(s.timeout, probeTimeout), s.ping)
+				if err == nil {
+					// A PING does not prove writes count (OOM, READONLY):
+					// one decision on the probe keys does.
+					err = s.writeProbe(h.ctx)
+				}
+			}
+			switch {
+			case err == nil:
+				s.probeFailed.Store(false)
+			case isOutage(err):
+				s.probeFailed.Store(true)
 			}
 			if !errors.Is(err, ErrCircuitOpen) && h.ctx.Err() == nil {
 				s.noteOutcome(err, false)
@@ -159,9 +173,52 @@ func (s *Store) ping(ctx context.Context) error { return s.warmNodes(ctx, false)
 func (s *Store) writeProbe(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, probeTimeout))
 	defer cancel()
-	hits := []algo.Hit{{Key: s.probeKey, Limit: probeLimit, Cost: 1}}
-	_, err := s.Take(ctx, hits)
+	hits, err := s.probeHits(ctx)
+	if err != nil {
+		return Classify(err)
+	}
+	_, err = s.Take(ctx, hits)
 	return Classify(err)
+}
+
+// probeHits are the write probe's hits: one on Options.ProbeKey
+// (standalone, Sentinel), or on Cluster one per master, on the probe key
+// with a hash tag in one of that master's slot ranges (CLUSTER SLOTS), so
+// that every master is written.
+func (s *Store) probeHits(ctx context.Context) ([]algo.Hit, error) {
+	cc, ok := s.client.(*goredis.ClusterClient)
+	if !ok {
+		return []algo.Hit{{Key: s.probeKey, Limit: probeLimit, Cost: 1}}, nil
+	}
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var hits []algo.Hit
+	for _, r := range slots {
+		if len(r.Nodes) == 0 || seen[r.Nodes[0].Addr] {
+			continue
+		}
+		seen[r.Nodes[0].Addr] = true
+		if tag, ok := tagIn(r.Start, r.End); ok {
+			hits = append(hits, algo.Hit{Key: s.probeKey + "{" + tag + "}", Limit: probeLimit, Cost: 1})
+		}
+	}
+	return hits, nil
+}
+
+// tagIn is a hash tag whose slot is within [lo, hi] (the first of "0",
+// "1", ... that is; false after 2^20 tries, which no range of a real
+// Cluster needs).
+func tagIn(lo, hi int) (string, bool) {
+	for i := range 1 << 20 {
+		t := strconv.Itoa(i)
+		if sl := int(Slot(t)); sl >= lo && sl <= hi {
+			return t, true
+		}
+	}
+	return "", false
 }
 
 // probeLimit is the write probe's limit: never denies, keys expire within

@@ -131,7 +131,8 @@ func TestRecoveryWithoutTraffic(t *testing.T) {
 // (nothing dialed, script not loaded) and is after it; while Redis refuses
 // writes (OOM under maxmemory) it is not Healthy although PING answers,
 // and once maxmemory is lifted it is Healthy again within recoveryWithin
-// without traffic (the probe's write probe).
+// without traffic (the probe's write probe); an OOM that starts while no
+// request comes is found by the idle probe's write within two intervals.
 func TestHealthyOnlyWhenCounting(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
@@ -191,6 +192,17 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 	if st := s.BreakerState(); st != "closed" {
 		t.Errorf("circuit %s after OOM: a live server's OOM reply must not open it", st)
 	}
+
+	// OOM again, with no traffic at all: the probe's write finds it.
+	if err := ctl.ConfigSet(ctx, "maxmemory", strconv.FormatInt(mem-1<<20, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	took = waitHealthy(t, s, false, 2*redis.DefaultHealthInterval+time.Second, "OOM with no traffic")
+	t.Logf("OOM without traffic: unhealthy after %v", took.Round(time.Millisecond))
+	if err := ctl.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitHealthy(t, s, true, recoveryWithin, "maxmemory lifted again, no traffic")
 }
 
 // infoInt reads an integer field ("name:123") of an INFO reply.

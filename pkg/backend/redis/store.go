@@ -60,6 +60,11 @@ type Store struct {
 	// cleared by the next decision that succeeds (a request's, or the
 	// health probe's write probe on probeKey).
 	writeRefused atomic.Bool
+	// probeFailed is set when the health probe failed with an outage
+	// error and cleared by the next success (a probe's or a decision's):
+	// an idle Store reports unhealthy within one probe interval, before
+	// enough failures opened the circuit.
+	probeFailed atomic.Bool
 	// warmed is set once Warm or a decision succeeded, and cleared while
 	// the circuit is open (the health probe warms again: pools, script).
 	warmed   atomic.Bool
@@ -78,17 +83,19 @@ type Store struct {
 // invalid options (Options.Validate) or unreadable TLS files only.
 func New(opts Options) (*Store, error) {
 	var mw *masterWatch
-	var watch func(string)
+	live := newLiveness(opts.Addrs, opts.Mode == Sentinel)
+	hooks := dialHooks{track: live.track}
 	if opts.Mode == Sentinel {
 		mw = newMasterWatch(opts.Addrs)
-		watch = mw.dialed
+		hooks.watch = mw.dialed
 	}
-	c, err := newClient(opts, watch) // validates opts
+	c, err := newClient(opts, hooks) // validates opts
 	if err != nil {
 		return nil, err
 	}
 	s := newStore(c, opts)
 	s.masters = mw
+	s.batch.unread = live.unread
 	s.startHealth(opts.HealthInterval)
 	return s, nil
 }
@@ -239,7 +246,7 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 // which without traffic the probe tries once per interval with a write
 // on Options.ProbeKey. Healthy is true only while decisions are counted.
 func (s *Store) Healthy() bool {
-	return s.warmed.Load() && s.breaker.Healthy() && !s.refused.Load() && !s.writeRefused.Load()
+	return s.warmed.Load() && s.breaker.Healthy() && !s.refused.Load() && !s.writeRefused.Load() && !s.probeFailed.Load()
 }
 
 // noteOutcome keeps refused and writeRefused current from the classified
@@ -286,6 +293,9 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 		s.callSucceeded()
 		if !s.warmed.Load() {
 			s.warmed.Store(true)
+		}
+		if s.probeFailed.Load() {
+			s.probeFailed.Store(false)
 		}
 	}
 	return scriptNow, err

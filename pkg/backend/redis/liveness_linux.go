@@ -1,0 +1,18 @@
+package redis
+
+import (
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// pendingBytes is the number of bytes received on rc's socket and not read
+// yet (FIONREAD); ok is false when the socket is closed.
+func pendingBytes(rc syscall.RawConn) (n int, ok bool) {
+	err := rc.Control(func(fd uintptr) {
+		var ierr error
+		n, ierr = unix.IoctlGetInt(int(fd), unix.TIOCINQ) // TIOCINQ is FIONREAD on Linux
+		ok = ierr == nil
+	})
+	return n, ok && err == nil
+}
