@@ -2,8 +2,8 @@ package redis
 
 import (
 	"context"
-	"strconv"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
