@@ -31,7 +31,7 @@ var entryPoints = []string{"base", "overlays/dev", "overlays/production", "istio
 // The workload overlays (ratelimitd itself).
 var workloads = []string{"base", "overlays/dev", "overlays/production"}
 
-// Contract defaults of `ratelimitd serve` (docs: contract.md), used when a
+// Contract defaults of `ratelimitd serve` (README.md, flags), used when a
 // manifest does not set the flag's environment twin.
 var serveDefaults = map[string]string{
 	"RATELIMITD_GRPC_ADDR":      ":8081",
@@ -43,10 +43,10 @@ var serveDefaults = map[string]string{
 	"RATELIMITD_BACKEND":        "memory",
 }
 
-// HTTP paths ratelimitd serves on its HTTP address (contract.md).
+// HTTP paths ratelimitd serves on its HTTP address (README.md).
 var httpPaths = []string{"/healthcheck", "/json", "/metrics"}
 
-// gRPC health service names ratelimitd reports (contract.md).
+// gRPC health service names ratelimitd reports (README.md).
 var grpcHealthServices = []string{"", "envoy.service.ratelimit.v3.RateLimitService"}
 
 // TestEveryManifestDecodesStrictly decodes every YAML file under k8s/

@@ -1,4 +1,4 @@
-// Package archtest enforces the import direction of architecture.md:
+// Package archtest enforces the import direction of the layout:
 // algo <- policy <- service <- cmd, and algo <- backends <- cmd.
 package archtest
 

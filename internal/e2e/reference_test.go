@@ -33,7 +33,7 @@ type step struct {
 // TestReferenceExamples loads examples/config-reference into a running
 // ratelimitd and checks the answers each file's header documents, which
 // are the answers envoyproxy/ratelimit documents for its README examples
-// (reference-semantics 1.4 and 1.5). Limits are per minute or longer, so
+// (descriptor matching and limit selection). Limits are per minute or longer, so
 // a window boundary cannot fall inside a step sequence except on a minute
 // tick; the whole sequence is retried once if that happens.
 func TestReferenceExamples(t *testing.T) {

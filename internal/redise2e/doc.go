@@ -3,7 +3,7 @@
 // pkg/backend/redis (with pkg/backend/memory as the failure_mode: local
 // fallback) against real redis-server processes started by
 // pkg/backend/redis/redistest (standalone, Cluster, Sentinel). They prove
-// issue 3's end-to-end properties: exact counting across service instances,
+// the Redis backend's end-to-end properties: exact counting across service instances,
 // cross-slot all-or-nothing in Cluster, Sentinel failover, failure modes per
 // rule with their latency bound, startup without Redis; and the
 // BenchmarkShouldRateLimitRedis benchmark. The package has no non-test code.

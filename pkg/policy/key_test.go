@@ -116,7 +116,7 @@ func TestKeyShape(t *testing.T) {
 }
 
 // TestKeyIgnoresRequestsPerUnit: a raised limit counts on the same counter
-// (issue 4 item 5); another unit or algorithm does not.
+// (a limit change keeps its counts); another unit or algorithm does not.
 func TestKeyIgnoresRequestsPerUnit(t *testing.T) {
 	cfg := func(rpu, unit, alg string) string {
 		return "domain: k\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: " + unit + "\n      requests_per_unit: " + rpu + "\n      algorithm: " + alg + "\n"

@@ -64,7 +64,7 @@ func (s *Set) Rules() []*Rule {
 }
 
 // Match resolves one request descriptor (envoyproxy/ratelimit GetLimit,
-// reference-semantics 1.4): level by level, the entry's key and value pick
+// as the reference matches): level by level, the entry's key and value pick
 // the node with that exact value, else the first declared wildcard pattern
 // of that key matching the value, else the key's value-less default; the
 // node reached by the last entry must hold a rule (a limit on an
@@ -130,7 +130,7 @@ func (r *Rule) hasConcurrency() bool {
 	return false
 }
 
-// metricKey builds the stat key of reference-semantics section 4:
+// metricKey builds the reference's stat key (docs/metrics.md):
 // detailed_metric on the rule: every level "key_value" with the request
 // value (the pattern on share_threshold levels); else value_to_metric
 // levels matched by default or wildcard show "key_<request value>" (the

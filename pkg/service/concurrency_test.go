@@ -6,7 +6,7 @@ package service_test
 // completes (apply_on_stream_done: true, same actions plus a trailing
 // ratelimitd.release entry taken from the x-ratelimitd-lease header that a
 // header_mutation filter after the rate-limit filter adds), no release for a
-// search Envoy denied, and expiry when no release ever comes. Issue 4 item 1.
+// search Envoy denied, and expiry when no release ever comes.
 //
 // Units: search-in-flight in examples/website is 20 leases, unit second,
 // unit_multiplier 30: a lease never released expires 30 s after it was

@@ -2,7 +2,7 @@ package service_test
 
 // Plan tiers × route classes through the real gRPC handler (bufconn, real
 // policy loaded from examples/plans, pkg/backend/memory on the test clock),
-// with the descriptors that envoy/plans.yaml sends. Issue 5 items 6-8.
+// with the descriptors that envoy/plans.yaml sends.
 //
 // Units: every limit of examples/plans/api.yaml is per MINUTE (60 s). The
 // test clock starts at t0 = 00:00:30 UTC, 30 s into a minute, so a fixed

@@ -153,8 +153,7 @@ func TestFrozenRedisOpensCircuitForCallsWithoutDeadline(t *testing.T) {
 	}
 }
 
-// TestConcurrentTakesShareConnections: 200 concurrent Takes (issue 3 item
-// 5) use at most Options.Pipelines connections at a time plus the idle
+// TestConcurrentTakesShareConnections: 200 concurrent Takes use at most Options.Pipelines connections at a time plus the idle
 // ones (MinIdleConns), never a connection per request, and cost Redis at
 // most one EVALSHA each (no extra round trip; concurrent ones share one).
 func TestConcurrentTakesShareConnections(t *testing.T) {
