@@ -90,11 +90,10 @@ type batcher struct {
 	// batcher).
 	overdue func(since time.Time)
 	open    func() bool
-	// unread, when set, reports whether a socket to Redis holds bytes not
-	// read yet (see liveness): Redis answered, so a silence seen by
-	// ratelimitd's clock is ratelimitd's own delay, not a stall. Called
-	// under mu.
-	unread func() bool
+	// live, when set, tells whether Redis sent anything that the replies
+	// parsed so far do not show (see liveness): then a silence seen by
+	// ratelimitd's clock is ratelimitd's own delay, not a stall.
+	live *liveness
 
 	mu    sync.Mutex
 	queue []*scriptCall
@@ -376,14 +375,15 @@ func (b *batcher) sweeper() {
 }
 
 // stalledLocked reports whether Redis looks stalled at now: it has been
-// silent (see silentFrom) for at least Timeout, and no socket to it holds
-// bytes not read yet (when it does, Redis answered and the silence is
-// ratelimitd's own delay: it restarts from now). b.mu is held.
+// silent (see silentFrom) for at least Timeout: no read on a socket to it
+// returned bytes since the silence began and no socket holds bytes not
+// read yet (otherwise Redis answered and the silence is ratelimitd's own
+// delay: it restarts from now). b.mu is held.
 func (b *batcher) stalledLocked(now int64) bool {
 	if b.silentFrom == 0 || now-b.silentFrom < int64(b.timeout) {
 		return false
 	}
-	if b.unread != nil && b.unread() {
+	if b.live != nil && (b.live.readSince(b.epoch, b.silentFrom) || b.live.unread()) {
 		b.silentFrom, b.strikes = now, 0
 		return false
 	}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -164,10 +163,8 @@ func dialer(timeout time.Duration, cfg *tls.Config, hooks dialHooks) func(contex
 		if err != nil {
 			return nil, err
 		}
-		if tc, ok := raw.(*net.TCPConn); ok && hooks.track != nil {
-			if rc, err := tc.SyscallConn(); err == nil {
-				hooks.track(addr, rc)
-			}
+		if tc, ok := raw.(*net.TCPConn); ok && hooks.wrap != nil {
+			raw = hooks.wrap(addr, tc)
 		}
 		if cfg == nil {
 			return raw, nil
@@ -200,11 +197,12 @@ func dialer(timeout time.Duration, cfg *tls.Config, hooks dialHooks) func(contex
 }
 
 // dialHooks are the Store's observers of its client's dials: watch is told
-// every address dialed successfully (the Sentinel master watch), track
-// every TCP socket (the liveness set). Either may be nil.
+// every address dialed successfully (the Sentinel master watch), and wrap
+// gets every TCP socket and returns the connection to use over it (TLS
+// runs on top; see liveness). Either may be nil.
 type dialHooks struct {
 	watch func(addr string)
-	track func(addr string, rc syscall.RawConn)
+	wrap  func(addr string, c *net.TCPConn) net.Conn
 }
 
 // failedConn is a connection whose dial failed with err: every read and

@@ -84,7 +84,7 @@ type Store struct {
 func New(opts Options) (*Store, error) {
 	var mw *masterWatch
 	live := newLiveness(opts.Addrs, opts.Mode == Sentinel)
-	hooks := dialHooks{track: live.track}
+	hooks := dialHooks{wrap: live.wrap}
 	if opts.Mode == Sentinel {
 		mw = newMasterWatch(opts.Addrs)
 		hooks.watch = mw.dialed
@@ -95,7 +95,7 @@ func New(opts Options) (*Store, error) {
 	}
 	s := newStore(c, opts)
 	s.masters = mw
-	s.batch.unread = live.unread
+	s.batch.live = live
 	s.startHealth(opts.HealthInterval)
 	return s, nil
 }
