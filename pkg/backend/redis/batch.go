@@ -90,9 +90,9 @@ type batcher struct {
 	// batcher).
 	overdue func(since time.Time)
 	open    func() bool
-	// live, when set, tells whether Redis sent anything that the replies
-	// parsed so far do not show (see liveness): then a silence seen by
-	// ratelimitd's clock is ratelimitd's own delay, not a stall.
+	// live, when set, decides whether Redis is stalled from the sockets
+	// themselves (see liveness) instead of silentFrom, which cannot tell
+	// ratelimitd's own delays from Redis'.
 	live *liveness
 
 	mu    sync.Mutex
@@ -106,13 +106,16 @@ type batcher struct {
 	// Timeouts of it were reported as overdue.
 	silentFrom int64
 	strikes    int64
-	flights    [][]*scriptCall // per flush loop slot: the batch in flight
-	sending    []bool          // per flush loop slot: its invocation awaits a reply
-	busy       []bool          // per flush loop slot: a loop runs in it
-	inFlight   int             // running flush loops
-	sweeping   bool            // the sweeper runs
-	wg         sync.WaitGroup
-	closed     bool
+	// stallFrom is when the stall live reports began (ns since epoch; 0:
+	// none); strikes then counts its Timeouts.
+	stallFrom int64
+	flights   [][]*scriptCall // per flush loop slot: the batch in flight
+	sending   []bool          // per flush loop slot: its invocation awaits a reply
+	busy      []bool          // per flush loop slot: a loop runs in it
+	inFlight  int             // running flush loops
+	sweeping  bool            // the sweeper runs
+	wg        sync.WaitGroup
+	closed    bool
 }
 
 // sweepTick is the sweeper's period for a Timeout: a tenth of it, between
@@ -352,9 +355,11 @@ func (b *batcher) sweeper() {
 		}
 		var overdue int64 = -1
 		if stalled {
-			if k := (now - b.silentFrom) / int64(b.timeout); k > b.strikes {
-				b.strikes = k
-				overdue = b.silentFrom
+			if from := b.stallStart(); from != 0 {
+				if k := (now - from) / int64(b.timeout); k > b.strikes {
+					b.strikes = k
+					overdue = from
+				}
 			}
 		}
 		if pending > 0 {
@@ -374,20 +379,32 @@ func (b *batcher) sweeper() {
 	}
 }
 
-// stalledLocked reports whether Redis looks stalled at now: it has been
-// silent (see silentFrom) for at least Timeout: no read on a socket to it
-// returned bytes since the silence began and no socket holds bytes not
-// read yet (otherwise Redis answered and the silence is ratelimitd's own
-// delay: it restarts from now). b.mu is held.
+// stalledLocked reports whether Redis looks stalled at now. With live
+// (the Store's case): a socket has had a request pending for Timeout with
+// no byte received since (see liveness). Without: it has been silent (see
+// silentFrom) for at least Timeout. b.mu is held.
 func (b *batcher) stalledLocked(now int64) bool {
-	if b.silentFrom == 0 || now-b.silentFrom < int64(b.timeout) {
-		return false
+	if b.live != nil {
+		since, ok := b.live.stalled(b.timeout)
+		if !ok {
+			b.stallFrom, b.strikes = 0, 0
+			return false
+		}
+		if s := int64(since.Sub(b.epoch)); s != b.stallFrom {
+			b.stallFrom, b.strikes = s, 0
+		}
+		return true
 	}
-	if b.live != nil && (b.live.readSince(b.epoch, b.silentFrom) || b.live.unread()) {
-		b.silentFrom, b.strikes = now, 0
-		return false
+	return b.silentFrom != 0 && now-b.silentFrom >= int64(b.timeout)
+}
+
+// stallStart is when the current stall began (ns since epoch; see
+// stalledLocked), or 0. b.mu is held.
+func (b *batcher) stallStart() int64 {
+	if b.live != nil {
+		return b.stallFrom
 	}
-	return true
+	return b.silentFrom
 }
 
 // budgetError is the error of a call whose budget ran out: ErrCallTimeout

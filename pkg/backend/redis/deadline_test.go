@@ -29,13 +29,13 @@ const deadlineSlack = 15 * time.Millisecond
 // Take returns within its budget (deadline less the margin) plus
 // deadlineSlack, whether it was in flight or queued behind a stuck
 // invocation: no call waits for a pipeline it is queued behind. With a
-// 20 ms deadline Redis has been silent for a Timeout (10 ms) by then, so
-// the error is a timeout (the rules' failure modes decide); the 5 ms round
-// follows while Redis is still silent, so it is a timeout too (a 5 ms
-// budget on a fresh silence is a deadline: TestBudgetErrors). The breaker
-// is disabled so that
-// every Take reaches the batcher. After SIGCONT, Takes succeed again at
-// once.
+// 20 ms deadline a request has been pending for a Timeout (10 ms) by then
+// and Redis has sent nothing since, so the error is a timeout (the rules'
+// failure modes decide); the 5 ms round follows while Redis is still
+// frozen, so it is a timeout too (a 5 ms budget on a fresh stall is a
+// deadline: TestLivenessStallIsPerSocketAndKernelBased). The breaker is
+// disabled so that every Take reaches the batcher. After SIGCONT, Takes
+// succeed again at once.
 func TestTakeWithinDeadlineRedisFrozen(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)

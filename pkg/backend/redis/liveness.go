@@ -4,34 +4,39 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
 // liveness watches the Store's TCP sockets to Redis (the sentinels'
-// excluded) for the question the batcher asks before it calls Redis
-// stalled: did Redis send anything? A silence measured by when replies
-// were parsed cannot tell a frozen Redis from a ratelimitd whose reader
-// goroutines wait for a CPU, and calling a live Redis failed would fail
-// requests open on a healthy store. Two facts that do not depend on
-// ratelimitd being scheduled answer it: bytes received and not read yet
-// (the kernel's FIONREAD count of each socket), and the last time a read
-// on any of the sockets returned bytes (lastRead, stamped by the socket
-// wrapper itself, before any parsing).
+// excluded) to answer, for the batcher, whether Redis is stalled: has a
+// request been handed to a socket at least Timeout ago with no byte of
+// reply since? A silence measured from when the batcher queued or sent a
+// request, or from when replies were parsed, cannot tell a frozen Redis
+// from a ratelimitd whose goroutines wait for a CPU (before writing the
+// request, or after the reply arrived), and calling a live Redis failed
+// would fail requests open on a healthy store. So each socket is wrapped
+// (below TLS and go-redis) by a readConn that stamps, per connection, when
+// a write returned with no reply pending, and clears the stamp when a read
+// returns bytes; and before a socket counts as stalled, the kernel's count
+// of bytes received and not read yet (FIONREAD, Linux) must be zero too.
+// Neither depends on ratelimitd being scheduled. Per connection, a Cluster
+// node that freezes stalls on its own while the others answer.
 type liveness struct {
 	skip  map[string]bool // addresses not to track (sentinels)
-	epoch time.Time       // origin of lastRead (the batcher's epoch)
-	// lastRead is when a read on a tracked socket last returned bytes, in
-	// ns since epoch; 0: never.
-	lastRead atomic.Int64
-	mu       sync.Mutex
-	rcs      []syscall.RawConn
+	epoch time.Time       // origin of the readConns' stamps
+	// unanswered keeps a stall's evidence past its socket: when a socket
+	// is closed with a request pending and nothing unread (go-redis drops
+	// a connection whose command timed out), the request's stamp (ns
+	// since epoch), the earliest such; 0 after any read returns bytes.
+	unanswered atomic.Int64
+	mu         sync.Mutex
+	conns      map[*readConn]struct{}
 }
 
 // newLiveness tracks every socket but those to the sentinels (when
 // sentinel: their pub/sub connections receive messages unasked).
 func newLiveness(sentinels []string, sentinel bool) *liveness {
-	l := &liveness{skip: map[string]bool{}, epoch: time.Now()}
+	l := &liveness{skip: map[string]bool{}, epoch: time.Now(), conns: map[*readConn]struct{}{}}
 	if sentinel {
 		for _, a := range sentinels {
 			l.skip[a] = true
@@ -40,72 +45,108 @@ func newLiveness(sentinels []string, sentinel bool) *liveness {
 	return l
 }
 
+func (l *liveness) clock() int64 { return int64(time.Since(l.epoch)) }
+
 // wrap tracks c, dialed to addr, and returns the connection to use in its
 // place: c itself for a sentinel, else a readConn over it.
 func (l *liveness) wrap(addr string, c *net.TCPConn) net.Conn {
 	if l.skip[addr] {
 		return c
 	}
-	if rc, err := c.SyscallConn(); err == nil {
-		l.mu.Lock()
-		if len(l.rcs) >= pruneAt {
-			l.pruneLocked()
-		}
-		l.rcs = append(l.rcs, rc)
-		l.mu.Unlock()
+	rc := &readConn{TCPConn: c, l: l}
+	l.mu.Lock()
+	l.conns[rc] = struct{}{}
+	l.mu.Unlock()
+	return rc
+}
+
+// stalled reports whether some tracked socket has had a request pending
+// for at least timeout with no byte received since (none read, none
+// waiting unread), or a socket closed so (see unanswered) with no byte
+// received on any socket since, and since when (the earliest such
+// request, as a time).
+func (l *liveness) stalled(timeout time.Duration) (time.Time, bool) {
+	now := l.clock()
+	since := l.unanswered.Load()
+	if now-since < int64(timeout) {
+		since = 0
 	}
-	return &readConn{TCPConn: c, l: l}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.conns {
+		p := c.pendingSince.Load()
+		if p == 0 || now-p < int64(timeout) {
+			continue
+		}
+		if n, ok := c.unread(); !ok || n > 0 {
+			continue // closed, or Redis answered and the reader is late
+		}
+		if since == 0 || p < since {
+			since = p
+		}
+	}
+	if since == 0 {
+		return time.Time{}, false
+	}
+	return l.epoch.Add(time.Duration(since)), true
 }
 
 // readConn is a *net.TCPConn (every method promoted, SyscallConn included,
-// so go-redis' pool health check still sees the socket) whose reads stamp
-// liveness.lastRead when they return bytes.
+// so go-redis' pool health check still sees the socket) that keeps
+// pendingSince: when a write returned while no reply was pending (ns since
+// liveness.epoch; 0: none pending), cleared by a read that returns bytes.
 type readConn struct {
 	*net.TCPConn
-	l *liveness
+	l            *liveness
+	pendingSince atomic.Int64
+}
+
+func (c *readConn) Write(p []byte) (int, error) {
+	n, err := c.TCPConn.Write(p)
+	if n > 0 && c.pendingSince.Load() == 0 {
+		c.pendingSince.CompareAndSwap(0, c.l.clock())
+	}
+	return n, err
 }
 
 func (c *readConn) Read(p []byte) (int, error) {
 	n, err := c.TCPConn.Read(p)
 	if n > 0 {
-		c.l.lastRead.Store(int64(time.Since(c.l.epoch)))
+		if c.pendingSince.Load() != 0 {
+			c.pendingSince.Store(0)
+		}
+		if c.l.unanswered.Load() != 0 {
+			c.l.unanswered.Store(0)
+		}
 	}
 	return n, err
 }
 
-// readSince reports whether a tracked socket returned bytes to a read at
-// or after t (ns since the batcher's epoch, which is given as epoch).
-func (l *liveness) readSince(epoch time.Time, t int64) bool {
-	last := l.lastRead.Load()
-	return last != 0 && l.epoch.Add(time.Duration(last)).Sub(epoch) >= time.Duration(t)
-}
-
-// pruneAt is how many sockets wrap keeps before it forgets the closed ones
-// (unread also does).
-const pruneAt = 256
-
-// unread reports whether some open socket holds bytes not read yet, and
-// forgets the sockets that were closed.
-func (l *liveness) unread() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.pruneLocked()
-}
-
-// pruneLocked forgets the closed sockets and reports whether an open one
-// holds bytes not read yet. l.mu is held.
-func (l *liveness) pruneLocked() bool {
-	found := false
-	kept := l.rcs[:0]
-	for _, rc := range l.rcs {
-		n, ok := pendingBytes(rc)
-		if !ok {
-			continue // closed
+// Close forgets the socket and closes it; a request still pending with
+// nothing unread is kept as evidence (liveness.unanswered).
+func (c *readConn) Close() error {
+	c.l.mu.Lock()
+	delete(c.l.conns, c)
+	c.l.mu.Unlock()
+	if p := c.pendingSince.Load(); p != 0 {
+		if n, ok := c.unread(); ok && n == 0 {
+			for {
+				u := c.l.unanswered.Load()
+				if (u != 0 && u <= p) || c.l.unanswered.CompareAndSwap(u, p) {
+					break
+				}
+			}
 		}
-		kept = append(kept, rc)
-		found = found || n > 0
 	}
-	clear(l.rcs[len(kept):])
-	l.rcs = kept
-	return found
+	return c.TCPConn.Close()
+}
+
+// unread is the number of bytes received on the socket and not read yet;
+// ok is false once it is closed.
+func (c *readConn) unread() (int, bool) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	return pendingBytes(rc)
 }

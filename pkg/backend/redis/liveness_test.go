@@ -27,66 +27,90 @@ func tcpPair(t *testing.T) (client *net.TCPConn, server net.Conn) {
 	return c.(*net.TCPConn), s
 }
 
-// TestLivenessSeesWhatRedisSent: a silence counted from the batcher's
-// clock is not a stall when Redis' bytes wait unread in the socket
-// (FIONREAD, Linux) or were read since it began (the readConn's stamp);
-// it is when neither: a frozen server.
-func TestLivenessSeesWhatRedisSent(t *testing.T) {
+// TestLivenessStallIsPerSocketAndKernelBased: a socket stalls once a
+// request written to it has had no byte of reply for the timeout; bytes
+// the server sent that wait unread (FIONREAD, Linux) or that a read
+// returned end the stall, whoever is slow to read them; a closed socket
+// is forgotten, but a request it left unanswered keeps the stall going
+// until a byte arrives on any socket. The batcher's stalledLocked follows.
+func TestLivenessStallIsPerSocketAndKernelBased(t *testing.T) {
+	const timeout = 20 * time.Millisecond
 	l := newLiveness(nil, false)
-	b := newBatcher(nil, 1, 10*time.Millisecond, time.Second, 0)
+	b := newBatcher(nil, 1, timeout, time.Second, 0)
 	b.live = l
+	stalled := func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.stalledLocked(b.clock())
+	}
 	c, srv := tcpPair(t)
 	conn := l.wrap("redis:6379", c)
-
-	b.mu.Lock()
-	b.silentFrom = b.clock() - int64(time.Second) // silent for a second
-	if !b.stalledLocked(b.clock()) {
-		t.Error("not stalled: nothing was sent, nothing read")
+	if _, ok := l.stalled(timeout); ok || stalled() {
+		t.Fatal("stalled with nothing written")
 	}
-	b.mu.Unlock()
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.stalled(timeout); ok {
+		t.Fatal("stalled at once after the write")
+	}
+	time.Sleep(2 * timeout)
+	since, ok := l.stalled(timeout)
+	if !ok || !stalled() {
+		t.Fatal("not stalled a timeout after a write with no reply")
+	}
+	if time.Since(since) < timeout {
+		t.Errorf("stall since %v ago, want at least the timeout", time.Since(since))
+	}
 
 	if _, err := srv.Write([]byte("+PONG\r\n")); err != nil {
 		t.Fatal(err)
 	}
 	if runtime.GOOS == "linux" {
 		deadline := time.Now().Add(2 * time.Second)
-		for !l.unread() {
+		for stalled() {
 			if time.Now().After(deadline) {
-				t.Fatal("FIONREAD never saw the 7 bytes sent")
+				t.Fatal("still stalled although the reply waits unread in the socket")
 			}
 			time.Sleep(time.Millisecond)
 		}
-		b.mu.Lock()
-		b.silentFrom = b.clock() - int64(time.Second)
-		if b.stalledLocked(b.clock()) {
-			t.Error("stalled although the server's bytes wait unread in the socket")
-		}
-		b.mu.Unlock()
 	}
-
-	b.mu.Lock()
-	b.silentFrom = b.clock() - int64(time.Second)
-	b.mu.Unlock()
 	buf := make([]byte, 16)
 	if n, err := conn.Read(buf); err != nil || n != 7 {
 		t.Fatalf("read %d %v", n, err)
 	}
-	if l.unread() {
-		t.Error("unread bytes after they were read")
+	if stalled() {
+		t.Error("stalled after the reply was read")
 	}
-	b.mu.Lock()
-	if b.stalledLocked(b.clock()) {
-		t.Error("stalled although bytes were read after the silence began")
+	time.Sleep(2 * timeout)
+	if stalled() {
+		t.Error("stalled while idle (no request pending)")
 	}
-	// A new silence after that read, with nothing more sent: a stall.
-	b.silentFrom = b.clock() + int64(time.Millisecond)
-	if !b.stalledLocked(b.silentFrom + int64(20*time.Millisecond)) {
-		t.Error("not stalled 20 ms into a silence with nothing read or unread")
-	}
-	b.mu.Unlock()
 
-	_ = c.Close()
-	if l.unread() || len(l.rcs) != 0 {
-		t.Errorf("a closed socket is still tracked (%d)", len(l.rcs))
+	// A request that times out and whose socket go-redis drops keeps its
+	// evidence: the stall goes on until a byte arrives on any socket.
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * timeout)
+	if err := conn.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.conns) != 0 {
+		t.Errorf("%d sockets tracked after Close", len(l.conns))
+	}
+	if !stalled() {
+		t.Error("the stall ended when its socket was closed, with nothing received")
+	}
+	c2, srv2 := tcpPair(t)
+	conn2 := l.wrap("redis:6379", c2)
+	if _, err := srv2.Write([]byte("+PONG\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := conn2.Read(buf); err != nil || n != 7 {
+		t.Fatalf("read %d %v", n, err)
+	}
+	if stalled() {
+		t.Error("stalled after a byte arrived on another socket")
 	}
 }
