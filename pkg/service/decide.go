@@ -70,11 +70,15 @@ func (sc *scratch) release() {
 }
 
 // errUndecided is ShouldRateLimit's error for a request that the Store
-// could not decide within the caller's deadline while the backend was
-// answering (cause "deadline") and that only a failure_mode open would
-// have admitted: admitting it uncounted would over-admit on a healthy
-// backend, denying it would punish the client for ratelimitd's own delay,
-// so the caller's own failure policy decides (Envoy: failure_mode_deny).
+// could not decide within the caller's deadline (cause "deadline": the
+// backend was answering; "timeout": it had been silent, which a frozen
+// backend and a slow one both are until the circuit opens) and that only
+// a failure_mode open would have admitted: admitting it uncounted would
+// over-admit whenever the backend is only slow, denying it would punish
+// the client for a delay, so the caller's own failure policy decides
+// (Envoy: failure_mode_deny), as envoyproxy/ratelimit lets it on a Redis
+// error. Failures the backend proves (refused, circuit open, OOM, ...)
+// get the failure modes.
 var errUndecided = status.Error(codes.DeadlineExceeded, "service: not decided within the caller's deadline (the backend is answering; ratelimitd is overloaded)")
 
 // decide answers req, or returns errUndecided (see there).
@@ -214,7 +218,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 				all[i] = i
 			}
 			s.fail(ctx, err, hits, specs, all, decs, outs)
-			if causeOf(err) == causeDeadline {
+			if c := causeOf(err); c == causeDeadline || c == causeTimeout {
 				for h, o := range outs {
 					undecided = undecided || (o == byFailedOpen && !hits[h].Release)
 				}

@@ -138,8 +138,8 @@ func (s *Service) CountReload(r ReloadResult, set *policy.Set) {
 // status errors: InvalidArgument for a malformed request (see
 // validateRequest and the Max* bounds), Unavailable before the first
 // config, DeadlineExceeded when the Store could not decide within the
-// caller's deadline while the backend was answering and only failure_mode
-// open would have admitted the request (see errUndecided). A backend
+// caller's deadline and only failure_mode open would have admitted the
+// request (see errUndecided). A backend
 // failure is never an error: the rules' failure modes decide.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := s.opts.Now()
@@ -195,10 +195,14 @@ func (s *Service) jitter() time.Duration {
 	return time.Duration(r * float64(s.opts.RetryJitter))
 }
 
-// causeDeadline is the cause of a Store error for a call not decided
-// within the caller's deadline while the backend was answering (the Redis
-// store's ErrDeadline).
-const causeDeadline = "deadline"
+// causeDeadline and causeTimeout are the causes of a Store error for a
+// call not decided within its budget, while the backend was answering
+// (the Redis store's ErrDeadline) or had been silent (its ErrCallTimeout,
+// and context deadlines).
+const (
+	causeDeadline = "deadline"
+	causeTimeout  = "timeout"
+)
 
 // causeOf gives the bounded metric label of a Store error.
 func causeOf(err error) string {
@@ -210,7 +214,7 @@ func causeOf(err error) string {
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
+		return causeTimeout
 	case errors.Is(err, context.Canceled):
 		return "canceled"
 	}

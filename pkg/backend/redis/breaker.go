@@ -43,7 +43,7 @@ const (
 	DefaultBreakerMinCalls     = 20
 	DefaultBreakerFailureRatio = 0.5
 	DefaultBreakerOpenFor      = 250 * time.Millisecond
-	DefaultBreakerFailFor      = 50 * time.Millisecond
+	DefaultBreakerFailFor      = 250 * time.Millisecond
 	DefaultBreakerProbes       = 3
 )
 
@@ -91,7 +91,7 @@ type BreakerOptions struct {
 }
 
 // DefaultBreakerOptions: open after 5 consecutive failures or >= 50% failed
-// of >= 20 calls within 1 s, either only once failures have lasted 50 ms;
+// of >= 20 calls within 1 s, timeouts only once they have lasted 250 ms;
 // up to 3 probes after 250 ms.
 func DefaultBreakerOptions() BreakerOptions {
 	return BreakerOptions{

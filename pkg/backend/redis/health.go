@@ -147,10 +147,12 @@ func (s *Store) healthLoop(h *healthProbe) {
 const recoveryPoll = 200 * time.Millisecond
 
 // probeTimeout is the least time the health probe gives one PING (or a
-// warm-up) before it counts as a failure: more than Options.Timeout, so
-// that CPU starvation of ratelimitd alone seldom looks like a frozen
-// Redis (the breaker still needs Failures of them in a row).
-const probeTimeout = 50 * time.Millisecond
+// warm-up, or its write) before it counts as a failure: far more than
+// Options.Timeout, because a PING from an idle instance waits behind
+// every other client's commands on a busy Redis, and a loaded host can
+// make a healthy Redis that slow; the breaker still needs Failures of
+// them in a row, and a failed probe marks the Store unhealthy at once.
+const probeTimeout = 250 * time.Millisecond
 
 // needPing reports whether the probe must act now: no call succeeded
 // within the last interval, or the circuit is not closed, or the Store is

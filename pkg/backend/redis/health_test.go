@@ -109,10 +109,13 @@ func TestHealthProbeWithoutTraffic(t *testing.T) {
 			}
 
 			tc.fail(srv)
-			// Within an interval, plus Failures PINGs one Timeout apart
-			// (and FailFor = 2 × Timeout for timeouts), plus slack.
-			detect := waitState(t, s, false, 10*healthInterval, "open")
-			t.Logf("%s: circuit open %v after the fault, no traffic", tc.name, detect)
+			// Unhealthy once a probe failed: within an interval plus one
+			// probe (at most 250 ms when frozen), plus slack.
+			unhealthy := waitState(t, s, false, 10*healthInterval, "closed", "open", "half_open")
+			// The circuit opens after Failures failed probes in a row
+			// (each up to 250 ms when frozen) spanning FailFor, plus slack.
+			detect := waitState(t, s, false, 10*healthInterval+3*time.Second, "open")
+			t.Logf("%s: unhealthy %v and circuit open %v after the fault, no traffic", tc.name, unhealthy, detect)
 			// It stays unhealthy while Redis is away (open, then half-open
 			// probes that fail and reopen it).
 			for end := time.Now().Add(5 * healthInterval); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
