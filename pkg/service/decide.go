@@ -79,7 +79,7 @@ func (sc *scratch) release() {
 // (Envoy: failure_mode_deny), as envoyproxy/ratelimit lets it on a Redis
 // error. Failures the backend proves (refused, circuit open, OOM, ...)
 // get the failure modes.
-var errUndecided = status.Error(codes.DeadlineExceeded, "service: not decided within the caller's deadline (the backend is answering; ratelimitd is overloaded)")
+var errUndecided = status.Error(codes.DeadlineExceeded, "service: not decided within the caller's deadline (backend slow or stalled); the caller's failure policy applies")
 
 // decide answers req, or returns errUndecided (see there).
 func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
