@@ -338,7 +338,7 @@ func TestFullStoreWorkPerCall(t *testing.T) {
 	minute := algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Minute}
 	hour := algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Hour}
 	type work struct{ evicted, scanned int64 }
-	take := func(l algo.Limit, keys ...string) ([]algo.Decision, error, work) {
+	take := func(l algo.Limit, keys ...string) ([]algo.Decision, work, error) {
 		e0, s0 := s.Work()
 		hits := make([]algo.Hit, len(keys))
 		for i, k := range keys {
@@ -346,14 +346,14 @@ func TestFullStoreWorkPerCall(t *testing.T) {
 		}
 		d, err := s.Take(context.Background(), hits)
 		e1, s1 := s.Work()
-		return d, err, work{e1 - e0, s1 - s0}
+		return d, work{e1 - e0, s1 - s0}, err
 	}
 	for i := range maxKeys { // half expire after a minute, half after an hour
 		l := minute
 		if i%2 == 1 {
 			l = hour
 		}
-		if _, err, _ := take(l, fmt.Sprint("fill", i)); err != nil {
+		if _, _, err := take(l, fmt.Sprint("fill", i)); err != nil {
 			t.Fatal(i, err)
 		}
 	}
@@ -361,12 +361,12 @@ func TestFullStoreWorkPerCall(t *testing.T) {
 	// nothing has expired: new keys are refused; a stored key is decided
 	// exactly (it had 1 hit of 10)
 	for i := range 5_000 {
-		_, err, w := take(hour, fmt.Sprint("new", i))
+		_, w, err := take(hour, fmt.Sprint("new", i))
 		if !errors.Is(err, memory.ErrFull) || w != (work{}) {
 			t.Fatalf("new key %d at a full store: %v, work %+v; want ErrFull and no work", i, err, w)
 		}
 		if i%500 == 0 {
-			d, err, w := take(hour, "fill1")
+			d, w, err := take(hour, "fill1")
 			if want := int64(8 - i/500); err != nil || w != (work{}) || d[0].Allowed != (want >= 0) || d[0].Remaining != max(want, 0) {
 				t.Fatalf("stored key, call %d: %+v %v, work %+v; want remaining %d", i/500, d, err, w, max(want, 0))
 			}
@@ -376,7 +376,7 @@ func TestFullStoreWorkPerCall(t *testing.T) {
 	// half the keys expired: each new key drops exactly one
 	c.add(time.Minute)
 	for i := range maxKeys / 2 {
-		_, err, w := take(hour, fmt.Sprint("late", i))
+		_, w, err := take(hour, fmt.Sprint("late", i))
 		if err != nil || w.evicted != 1 || w.scanned > shards {
 			t.Fatalf("new key %d with expired keys stored: %v, work %+v; want 1 eviction, at most %d shards read", i, err, w, shards)
 		}
@@ -386,14 +386,14 @@ func TestFullStoreWorkPerCall(t *testing.T) {
 	}
 	// full of live keys again: one scan finds that out, then none
 	for i := range 1_000 {
-		_, err, w := take(hour, fmt.Sprint("refused", i))
+		_, w, err := take(hour, fmt.Sprint("refused", i))
 		if !errors.Is(err, memory.ErrFull) || w.evicted != 0 || w.scanned > shards || i > 0 && w.scanned != 0 {
 			t.Fatalf("new key %d at a full store: %v, work %+v", i, err, w)
 		}
 	}
 	// a request of three new keys drops three, and is all-or-nothing
 	c.add(time.Hour)
-	if _, err, w := take(hour, "a", "b", "c"); err != nil || w.evicted != 3 || w.scanned > shards {
+	if _, w, err := take(hour, "a", "b", "c"); err != nil || w.evicted != 3 || w.scanned > shards {
 		t.Fatalf("three new keys: %v, work %+v", err, w)
 	}
 	// the sweep visits exactly the expired keys
