@@ -200,7 +200,8 @@ func (tr *traffic) stop() tally {
 	return tr.sum
 }
 
-// TestFaults: Redis (standalone) is killed and started again on its port,
+// TestFaults: Redis (standalone, and standalone over TLS 1.3 only) is
+// killed and started again on its port,
 // frozen and thawed, restarted, or out of memory and then freed, under one
 // ratelimitd with its default flags; idle (no calls during the fault) or
 // busy (two callers with Envoy's deadline until the fault ends). The
@@ -212,26 +213,42 @@ func (tr *traffic) stop() tally {
 // Redis and instance.
 func TestFaults(t *testing.T) {
 	redistest.Require(t)
-	for _, fk := range faultKinds {
-		t.Run(fk.name, func(t *testing.T) {
-			for _, busy := range []bool{false, true} {
-				name := "idle"
-				if busy {
-					name = "busy"
-				}
-				t.Run(name, func(t *testing.T) {
-					t.Parallel()
-					runFault(t, fk, busy)
+	for _, tls := range []bool{false, true} {
+		top := "standalone"
+		if tls {
+			top = "tls13"
+		}
+		t.Run(top, func(t *testing.T) {
+			for _, fk := range faultKinds {
+				t.Run(fk.name, func(t *testing.T) {
+					for _, busy := range []bool{false, true} {
+						name := "idle"
+						if busy {
+							name = "busy"
+						}
+						t.Run(name, func(t *testing.T) {
+							t.Parallel()
+							runFault(t, fk, busy, tls)
+						})
+					}
 				})
 			}
 		})
 	}
 }
 
-func runFault(t *testing.T, fk fault, busy bool) {
-	srv := redistest.Standalone(t)
+func runFault(t *testing.T, fk fault, busy, tls bool) {
+	var srv *redistest.Server
+	name := "standalone"
+	if tls {
+		// TLS 1.3 only, so that every connection, redials after the
+		// fault included, negotiates it.
+		srv, name = redistest.Standalone(t, redistest.WithTLS(), redistest.WithArgs("--tls-protocols", "TLSv1.3")), "tls13"
+	} else {
+		srv = redistest.Standalone(t)
+	}
 	t.Cleanup(srv.Cont) // never leave a frozen server to the cleanups
-	f := startFleet(t, 1, writeConfig(t), standaloneBackend("standalone", srv))
+	f := startFleet(t, 1, writeConfig(t), standaloneBackend(name, srv))
 	f.warm(0)
 	f.waitHealth(0, backendHealth, healthpb.HealthCheckResponse_SERVING, 10*time.Second)
 	awayFromWindowEnd(t, time.Minute)

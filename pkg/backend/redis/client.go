@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -181,7 +184,11 @@ func dialer(timeout time.Duration, cfg *tls.Config, hooks dialHooks) func(contex
 			_ = raw.Close()
 			return nil, err
 		}
-		return &opaqueTLSConn{Conn: tc, tls: tc}, nil
+		oc := &opaqueTLSConn{Conn: tc, tls: tc}
+		if sc, ok := raw.(syscall.Conn); ok {
+			oc.raw, _ = sc.SyscallConn()
+		}
+		return oc, nil
 	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
@@ -228,8 +235,9 @@ func (a failedAddr) Network() string { return "tcp" }
 func (a failedAddr) String() string  { return string(a) }
 
 // opaqueTLSConn is a client *tls.Conn that does not expose its TCP socket:
-// it has net.Conn's methods and ConnectionState, but neither NetConn nor
-// SyscallConn, so go-redis treats it as an opaque transport.
+// it has net.Conn's methods and ConnectionState, no NetConn, and a
+// SyscallConn that only tells whether the server closed the socket
+// (eofOnlyConn), so go-redis treats it as an opaque transport.
 //
 // Why: over RESP3, before a command on a connection that was not put back
 // into the pool in the last 5 s (so on every new connection, starting
@@ -258,7 +266,42 @@ func (a failedAddr) String() string  { return string(a) }
 type opaqueTLSConn struct {
 	net.Conn // the *tls.Conn; an interface field promotes only net.Conn's methods
 	tls      *tls.Conn
+	raw      syscall.RawConn // the TCP socket beneath TLS (nil: unknown)
 }
+
+// SyscallConn gives go-redis' socket checks (the pool's health check of an
+// idle connection, the push-frame peek) a view of the socket beneath TLS
+// that tells only whether the server closed it: eofOnlyConn. Without it, a
+// pooled TLS connection to a Redis that was restarted looked healthy until
+// a request used it and failed (failing open on a live Redis).
+func (c *opaqueTLSConn) SyscallConn() (syscall.RawConn, error) {
+	if c.raw == nil {
+		return nil, errors.New("redis: no socket beneath this TLS connection")
+	}
+	return eofOnlyConn{c.raw}, nil
+}
+
+// eofOnlyConn is a syscall.RawConn whose Read, instead of running the
+// caller's function on the socket, peeks it without blocking and fails
+// with io.EOF when the server closed it; bytes waiting (TLS records such
+// as TLS 1.3 session tickets, which only crypto/tls may read) and an empty
+// socket both answer nil.
+type eofOnlyConn struct{ rc syscall.RawConn }
+
+func (e eofOnlyConn) Control(f func(fd uintptr)) error { return e.rc.Control(f) }
+
+func (e eofOnlyConn) Read(func(fd uintptr) bool) error {
+	closed := false
+	if err := e.rc.Control(func(fd uintptr) { closed = peerClosed(fd) }); err != nil {
+		return err
+	}
+	if closed {
+		return io.EOF
+	}
+	return nil
+}
+
+func (e eofOnlyConn) Write(func(fd uintptr) bool) error { return nil }
 
 // ConnectionState returns the TLS state (negotiated version, peer
 // certificates) of the connection.

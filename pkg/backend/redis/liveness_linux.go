@@ -16,3 +16,11 @@ func pendingBytes(rc syscall.RawConn) (n int, ok bool) {
 	})
 	return n, ok && err == nil
 }
+
+// peerClosed reports whether the peer closed the socket fd: a
+// non-blocking MSG_PEEK reads end of stream.
+func peerClosed(fd uintptr) bool {
+	var b [1]byte
+	n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	return n == 0 && err == nil
+}

@@ -197,8 +197,9 @@ func TestStoreTLSDefaultTimeout(t *testing.T) {
 
 // TestTLSDialerConnIsOpaque: the connections NewClient dials over TLS
 // expose their TLS state but neither their socket (syscall.Conn) nor the
-// TCP connection beneath TLS (NetConn), so go-redis never peeks beneath
-// TLS (see opaqueTLSConn); commands on them work.
+// TCP connection beneath TLS (NetConn), and their SyscallConn only tells
+// end of stream, so go-redis never peeks beneath TLS (see opaqueTLSConn);
+// commands on them work.
 func TestTLSDialerConnIsOpaque(t *testing.T) {
 	redistest.Require(t)
 	for _, c := range tlsCases {
@@ -227,8 +228,19 @@ func TestTLSDialerConnIsOpaque(t *testing.T) {
 			if _, ok := cn.(interface{ NetConn() net.Conn }); ok {
 				t.Errorf("%T exposes NetConn", cn)
 			}
-			if _, ok := cn.(syscall.Conn); ok {
-				t.Errorf("%T exposes SyscallConn", cn)
+			// SyscallConn tells only end of stream: go-redis' checks never
+			// get to read the socket beneath TLS.
+			sc, ok := cn.(syscall.Conn)
+			if !ok {
+				t.Fatalf("%T has no SyscallConn (its end-of-stream check)", cn)
+			}
+			rc, err := sc.SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			called := false
+			if err := rc.Read(func(uintptr) bool { called = true; return true }); err != nil || called {
+				t.Errorf("SyscallConn().Read on a live TLS connection: err %v, ran the caller's function on the socket: %v", err, called)
 			}
 			st, ok := cn.(interface{ ConnectionState() tls.ConnectionState })
 			if !ok {
