@@ -201,8 +201,8 @@ func (tr *traffic) stop() tally {
 }
 
 // TestFaults: Redis (standalone, and standalone over TLS 1.3 only) is
-// killed and started again on its port,
-// frozen and thawed, restarted, or out of memory and then freed, under one
+// killed and started again on its port, frozen and thawed, restarted, or
+// out of memory and then freed, under one
 // ratelimitd with its default flags; idle (no calls during the fault) or
 // busy (two callers with Envoy's deadline until the fault ends). The
 // health of ratelimitd.backend must be NOT_SERVING during a lasting fault
