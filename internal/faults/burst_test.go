@@ -37,7 +37,7 @@ var shapes = []shape{
 const (
 	// burstReps is how often each shape runs per topology, load and
 	// instance state.
-	burstReps = 10
+	burstReps = 20
 	// fleetSize is the number of instances a burst is spread over.
 	fleetSize = 3
 )
