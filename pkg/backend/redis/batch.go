@@ -51,14 +51,11 @@ const maxBatchHits = 4 * maxBatch
 // a call spends queued inside ratelimitd counts against that budget only,
 // never against the Redis Timeout: a burst or CPU pressure alone cannot
 // turn a live Redis into a failure. The Timeout is evidence about Redis
-// only: each Timeout that Redis stays silent (no reply to anything) while
-// an invocation awaits its reply is reported to the circuit breaker
-// (overdue). A call whose budget runs out completes with
-// ErrCallTimeout while Redis looks stalled, that is silent for at least a
-// Timeout while invocations await replies (a backend failure: the rules'
-// failure modes decide), and with ErrDeadline otherwise (queued or in flight while
-// Redis is answering: ratelimitd could not decide in time; see
-// ErrDeadline).
+// only: each Timeout that a socket to Redis stays stalled (a request
+// written with no byte of reply since; see liveness) is reported to the
+// circuit breaker (overdue). A call whose budget runs out completes with
+// ErrCallTimeout while Redis looks stalled and with ErrDeadline otherwise;
+// neither proves a failure, and the service sheds both (see ErrDeadline).
 // While the circuit breaker is open (open reports it), every pending call
 // completes at once with ErrCircuitOpen: no request waits on a dead Redis.
 //
@@ -84,33 +81,25 @@ type batcher struct {
 	waitReplicas int
 	tick         time.Duration // the sweeper's period
 	epoch        time.Time     // origin of the ns clocks below (monotonic)
-	// overdue, when set, is told (outside mu) that Redis has been silent
+	// overdue, when set, is told (outside mu) that Redis has been stalled
 	// since `since` for one more Timeout. open, when set, reports that the
 	// circuit is open (called under mu; it must not call back into the
 	// batcher).
 	overdue func(since time.Time)
 	open    func() bool
-	// live, when set, decides whether Redis is stalled from the sockets
-	// themselves (see liveness) instead of silentFrom, which cannot tell
-	// ratelimitd's own delays from Redis'.
+	// live decides whether Redis is stalled from the sockets themselves
+	// (see liveness); nil (batchers built without a Store, in tests):
+	// never stalled.
 	live *liveness
 
 	mu    sync.Mutex
 	queue []*scriptCall
 	spare []*scriptCall // the previous queue's backing array, for reuse
-	// silentFrom is when Redis' current silence began (ns since epoch): the
-	// first invocation sent while nothing was awaiting a reply, or the
-	// latest reply while invocations remained in flight; 0 when nothing
-	// sent is awaiting a reply. Invocations that fail without a reply
-	// (timeout, refused) do not end a silence. strikes is how many
-	// Timeouts of it were reported as overdue.
-	silentFrom int64
-	strikes    int64
 	// stallFrom is when the stall live reports began (ns since epoch; 0:
-	// none); strikes then counts its Timeouts.
+	// none); strikes is how many Timeouts of it were reported as overdue.
 	stallFrom int64
+	strikes   int64
 	flights   [][]*scriptCall // per flush loop slot: the batch in flight
-	sending   []bool          // per flush loop slot: its invocation awaits a reply
 	busy      []bool          // per flush loop slot: a loop runs in it
 	inFlight  int             // running flush loops
 	sweeping  bool            // the sweeper runs
@@ -129,9 +118,9 @@ func sweepTick(timeout time.Duration) time.Duration {
 const sweepIdleTicks = 64
 
 // ErrCallTimeout is the error of a call whose budget ran out while Redis
-// looked stalled: an invocation had been unanswered for at least
-// Options.Timeout and Redis had answered nothing since it was sent (its
-// cause is CauseTimeout, an outage; errors.Is context.DeadlineExceeded).
+// looked stalled: a request written to one of its sockets at least
+// Options.Timeout ago had no byte of reply since (its cause is
+// CauseTimeout, an outage; errors.Is context.DeadlineExceeded).
 var ErrCallTimeout error = &Error{cause: CauseTimeout, outage: true,
 	err: fmt.Errorf("redis: no reply within the timeout: %w", context.DeadlineExceeded)}
 
@@ -201,7 +190,6 @@ func newBatcher(c goredis.UniversalClient, pipelines int, timeout, maxWait, marg
 		timeout: max(time.Microsecond, timeout), maxWait: maxWait, margin: max(0, margin),
 		tick: sweepTick(timeout), epoch: time.Now(),
 		flights: make([][]*scriptCall, pipelines), busy: make([]bool, pipelines),
-		sending: make([]bool, pipelines),
 	}
 }
 
@@ -218,48 +206,6 @@ func (b *batcher) budget(ctx context.Context, now int64) int64 {
 		dl = min(dl, own)
 	}
 	return dl
-}
-
-// noteReply records that Redis answered something now (an invocation's
-// reply or error reply, or a health PING): a silence ends, or begins anew
-// for the invocations still awaiting their replies.
-func (b *batcher) noteReply() {
-	b.mu.Lock()
-	b.replyLocked()
-	b.mu.Unlock()
-}
-
-func (b *batcher) replyLocked() {
-	b.silentFrom, b.strikes = 0, 0
-	if slices.Contains(b.sending, true) {
-		b.silentFrom = b.clock()
-	}
-}
-
-// send runs invs (the invocations of flush loop slot) as one pipeline,
-// keeping silentFrom current: a silence begins when they are sent while
-// nothing else awaits a reply, and ends (or begins anew for the others)
-// when Redis answers any of them.
-func (b *batcher) send(ctx context.Context, slot int, invs []*invocation) {
-	b.mu.Lock()
-	b.sending[slot] = true
-	if b.silentFrom == 0 {
-		b.silentFrom = b.clock()
-	}
-	b.mu.Unlock()
-	b.pipeline(ctx, invs)
-	replied := false
-	for _, inv := range invs {
-		err := inv.cmd.Err()
-		var reply goredis.Error
-		replied = replied || err == nil || errors.As(err, &reply)
-	}
-	b.mu.Lock()
-	b.sending[slot] = false
-	if replied {
-		b.replyLocked()
-	}
-	b.mu.Unlock()
 }
 
 // clock is the monotonic time in ns since b.epoch.
@@ -329,7 +275,7 @@ func (b *batcher) ctxError(err error) error {
 		return err
 	}
 	b.mu.Lock()
-	stalled := b.stalledLocked(b.clock())
+	stalled := b.stalledLocked()
 	b.mu.Unlock()
 	return budgetError(stalled)
 }
@@ -348,18 +294,16 @@ func (b *batcher) sweeper() {
 		now := b.clock()
 		b.mu.Lock()
 		open := b.open != nil && b.open()
-		stalled := b.stalledLocked(now)
+		stalled := b.stalledLocked()
 		pending := b.sweepLocked(b.queue, now, open, stalled)
 		for _, f := range b.flights {
 			pending += b.sweepLocked(f, now, open, stalled)
 		}
 		var overdue int64 = -1
-		if stalled {
-			if from := b.stallStart(); from != 0 {
-				if k := (now - from) / int64(b.timeout); k > b.strikes {
-					b.strikes = k
-					overdue = from
-				}
+		if stalled && b.stallFrom != 0 {
+			if k := (now - b.stallFrom) / int64(b.timeout); k > b.strikes {
+				b.strikes = k
+				overdue = b.stallFrom
 			}
 		}
 		if pending > 0 {
@@ -379,32 +323,22 @@ func (b *batcher) sweeper() {
 	}
 }
 
-// stalledLocked reports whether Redis looks stalled at now. With live
-// (the Store's case): a socket has had a request pending for Timeout with
-// no byte received since (see liveness). Without: it has been silent (see
-// silentFrom) for at least Timeout. b.mu is held.
-func (b *batcher) stalledLocked(now int64) bool {
-	if b.live != nil {
-		since, ok := b.live.stalled(b.timeout)
-		if !ok {
-			b.stallFrom, b.strikes = 0, 0
-			return false
-		}
-		if s := int64(since.Sub(b.epoch)); s != b.stallFrom {
-			b.stallFrom, b.strikes = s, 0
-		}
-		return true
+// stalledLocked reports whether Redis looks stalled: a socket has had a
+// request pending for Timeout with no byte received since (see
+// liveness), and keeps stallFrom current. b.mu is held.
+func (b *batcher) stalledLocked() bool {
+	if b.live == nil {
+		return false
 	}
-	return b.silentFrom != 0 && now-b.silentFrom >= int64(b.timeout)
-}
-
-// stallStart is when the current stall began (ns since epoch; see
-// stalledLocked), or 0. b.mu is held.
-func (b *batcher) stallStart() int64 {
-	if b.live != nil {
-		return b.stallFrom
+	since, ok := b.live.stalled(b.timeout)
+	if !ok {
+		b.stallFrom, b.strikes = 0, 0
+		return false
 	}
-	return b.silentFrom
+	if s := int64(since.Sub(b.epoch)); s != b.stallFrom {
+		b.stallFrom, b.strikes = s, 0
+	}
+	return true
 }
 
 // budgetError is the error of a call whose budget ran out: ErrCallTimeout
@@ -516,7 +450,7 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 		if c.deadline <= now { // never sent: not decided in time
 			if !checked {
 				b.mu.Lock()
-				stalled, checked = b.stalledLocked(now), true
+				stalled, checked = b.stalledLocked(), true
 				b.mu.Unlock()
 			}
 			if c.claim() {
@@ -539,7 +473,7 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 	ctx, cancel := context.WithDeadline(context.Background(), b.epoch.Add(time.Duration(deadline)))
 	defer cancel()
 	invs := b.group(ctx, live)
-	b.send(ctx, slot, invs)
+	b.pipeline(ctx, invs)
 	// NOSCRIPT: the server does not have the script (first call, SCRIPT
 	// FLUSH, restart, failover). Round 1 sends it once, as EVAL (which
 	// caches it), followed by EVALSHA for the other invocations in the same
@@ -560,7 +494,7 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 		if len(retry) == 0 {
 			return
 		}
-		b.send(ctx, slot, retry)
+		b.pipeline(ctx, retry)
 		invs = retry
 	}
 	for _, inv := range invs {

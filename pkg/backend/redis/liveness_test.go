@@ -41,7 +41,7 @@ func TestLivenessStallIsPerSocketAndKernelBased(t *testing.T) {
 	stalled := func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		return b.stalledLocked(b.clock())
+		return b.stalledLocked()
 	}
 	c, srv := tcpPair(t)
 	conn := l.wrap("redis:6379", c)

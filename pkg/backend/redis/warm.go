@@ -75,7 +75,6 @@ func (s *Store) warmNodes(ctx context.Context, script bool) error {
 			return err
 		}
 		if !script {
-			s.batch.noteReply()
 			return nil
 		}
 		sha, err := c.ScriptLoad(ctx, takeLua).Result()
@@ -85,7 +84,6 @@ func (s *Store) warmNodes(ctx context.Context, script bool) error {
 		if sha != takeScript.Hash() {
 			return fmt.Errorf("redis: SCRIPT LOAD returned %s, want %s", sha, takeScript.Hash())
 		}
-		s.batch.noteReply()
 		return nil
 	}
 	switch c := s.client.(type) {
