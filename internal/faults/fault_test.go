@@ -59,7 +59,7 @@ func startOOM(t testing.TB, srv *redistest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	used := infoInt(t, info, "used_memory")
+	used := redistest.InfoInt(t, info, "used_memory")
 	if err := ctl.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -79,22 +79,6 @@ func endOOM(t testing.TB, srv *redistest.Server) {
 	if err := srv.Client().ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// infoInt is the integer field name of an INFO reply.
-func infoInt(t testing.TB, info, name string) int64 {
-	t.Helper()
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatalf("INFO %s: %v", name, err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("INFO has no %s", name)
-	return 0
 }
 
 // healthObs is one health check's answer.

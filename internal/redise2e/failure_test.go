@@ -333,7 +333,7 @@ func TestFailureModesOOMReadonlyStartup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		used := infoInt(t, info, "used_memory")
+		used := redistest.InfoInt(t, info, "used_memory")
 		if err := ctl.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used-1<<20, 10)).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -383,22 +383,6 @@ func TestFailureModesOOMReadonlyStartup(t *testing.T) {
 			t.Errorf("normal answers resumed %v after Redis started, want <= %v", took, recoveryBound)
 		}
 	})
-}
-
-// infoInt is the integer field name of an INFO reply.
-func infoInt(t testing.TB, info, name string) int64 {
-	t.Helper()
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatalf("INFO %s: %v", name, err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("INFO has no %s", name)
-	return 0
 }
 
 // BenchmarkBriefStall measures what a brief Redis stall does to the

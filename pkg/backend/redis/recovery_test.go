@@ -3,7 +3,6 @@ package redis_test
 import (
 	"context"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -165,7 +164,7 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem := infoInt(t, used, "used_memory")
+	mem := redistest.InfoInt(t, used, "used_memory")
 	if err := ctl.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -203,20 +202,4 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHealthy(t, s, true, recoveryWithin, "maxmemory lifted again, no traffic")
-}
-
-// infoInt reads an integer field ("name:123") of an INFO reply.
-func infoInt(t *testing.T, info, name string) int64 {
-	t.Helper()
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("INFO has no %s", name)
-	return 0
 }

@@ -506,3 +506,20 @@ func freePort(t testing.TB) int {
 	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// InfoInt is the integer field name ("name:123") of an INFO reply; the
+// test fails when the field is missing or not an integer.
+func InfoInt(t testing.TB, info, name string) int64 {
+	t.Helper()
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("redistest: INFO %s: %v", name, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("redistest: INFO has no %s", name)
+	return 0
+}
