@@ -119,6 +119,10 @@ type Match struct {
 	// by one trailing entry whose key is ReleaseKey (value ignored), sent
 	// by Envoy through a route rate_limit with apply_on_stream_done: true.
 	Release bool
+	// Override is true when Set.Override built Rule for a request limit
+	// override; false for a config match, including the one Set.Override
+	// returns when the override policy is deny.
+	Override bool
 	// id holds the counter identity values (request values, or the
 	// wildcard pattern on share_threshold levels); used by Key.
 	id []Entry
@@ -172,7 +176,9 @@ func (w Warning) String() string {
 //   (*Set).Match(domain string, entries []Entry) (Match, bool)
 //     ok=false: no rule applies (unknown domain, no node, depth mismatch).
 //   (*Set).Override(domain string, entries []Entry, requestsPerUnit uint32, unit Unit) Match
-//     a Match for a request-supplied RateLimitOverride (fixed window).
+//     a Match for a request-supplied RateLimitOverride (fixed window),
+//     under the rule's or domain's override: policy (allow, deny,
+//     lower_only, max); Rule nil when it applies no limit.
 //   (*Set).Key(m Match, i int) string
 //     backend key for m.Rule.Limits[i]; injective over (domain, rule path,
 //     limit index and algorithm, identity entries), and for an override

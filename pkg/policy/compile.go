@@ -35,14 +35,18 @@ func (lv *level) find(e Entry) *node {
 type domainTree struct {
 	name string
 	top  *level
+	// override is the domain's top-level override: mapping (one file's;
+	// nil when none sets it).
+	override *overridePolicy
 }
 
 // compile builds a Set from parsed files (already in load order).
 func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 	type domainSrc struct {
-		file  string
-		line  int
-		descs []*node
+		file     string
+		line     int
+		descs    []*node
+		override *overridePolicy
 	}
 	var order []string
 	byDomain := map[string]*domainSrc{}
@@ -52,7 +56,7 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 		}
 		d := byDomain[fc.domain]
 		if d == nil {
-			byDomain[fc.domain] = &domainSrc{file: fc.file, line: fc.domainLine, descs: fc.descs}
+			byDomain[fc.domain] = &domainSrc{file: fc.file, line: fc.domainLine, descs: fc.descs, override: fc.override}
 			order = append(order, fc.domain)
 			continue
 		}
@@ -61,11 +65,18 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 			continue
 		}
 		d.descs = append(d.descs, fc.descs...)
+		if fc.override != nil {
+			if d.override != nil {
+				errs.add(fc.file, fc.override.line, "override for domain %q is set in two files (first at %s); set it in one", fc.domain, formatPos(d.override.file, d.override.line))
+				continue
+			}
+			d.override = fc.override
+		}
 	}
 	s := &Set{keys: opts.Keys, domains: make(map[string]*domainTree, len(order))}
 	for _, name := range order {
 		src := byDomain[name]
-		dt := &domainTree{name: name}
+		dt := &domainTree{name: name, override: src.override}
 		first := len(s.rules)
 		dt.top = s.buildLevel(name, nil, src.descs, errs)
 		s.domains[name] = dt

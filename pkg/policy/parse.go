@@ -21,6 +21,7 @@ type fileConfig struct {
 	domain     string
 	domainLine int
 	descs      []*node
+	override   *overridePolicy // top-level override:, nil when absent
 }
 
 // valueKind says how a descriptor node matches a request value.
@@ -52,7 +53,8 @@ type node struct {
 	shadow        bool
 	quota         bool
 	metadata      map[string]any
-	limits        []rawLimit // parsed rate_limit / rate_limits items
+	limits        []rawLimit      // parsed rate_limit / rate_limits items
+	override      *overridePolicy // override:, nil when absent
 	// seg is the node's stat key segment: "key" or "key_value".
 	seg string
 }
@@ -139,6 +141,8 @@ func parseFile(file string, data []byte, errs *errList) *fileConfig {
 			fc.descs = append(fc.descs, p.descriptors(v, nil)...)
 		case "plans": // plan tiers × route classes, expanded in plans.go
 			fc.descs = append(fc.descs, p.descriptors(p.plans(v), nil)...)
+		case "override": // request limit overrides of the domain (override.go)
+			fc.override = p.overrideField(kn, v, true)
 		default:
 			p.unknown(kn, k, "top level", topHints, topKeys)
 		}
@@ -364,8 +368,8 @@ var (
 
 // Keys valid at each level, for edit-distance suggestions.
 var (
-	topKeys      = []string{"domain", "descriptors", "plans"}
-	descKeys     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata"}
+	topKeys      = []string{"domain", "descriptors", "plans", "override"}
+	descKeys     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "override"}
 	limitKeys    = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "failure_mode", "calendar"}
 	plansKeys    = []string{"plan_key", "credential_key", "route_key", "tiers", "routes", "exempt", "anonymous"}
 	replacesKeys = []string{"name"}
@@ -545,7 +549,7 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 	var hasKey bool
 	var limits []rawLimit
 	var rlLine, rlsLine int
-	var shareLine int
+	var shareLine, overrideLine int
 	var meta *yaml.Node
 	p.mapping(m, func(k string, kn, v *yaml.Node) {
 		switch k {
@@ -607,6 +611,9 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 			}
 		case "metadata":
 			meta = v
+		case "override":
+			overrideLine = kn.Line
+			n.override = p.overrideField(kn, v, false)
 		default:
 			p.unknown(kn, k, "descriptor", descHints, descKeys)
 		}
@@ -624,6 +631,9 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 			continue
 		}
 		names[l.name] = l.nameLine
+	}
+	if overrideLine != 0 && rlLine == 0 && rlsLine == 0 {
+		p.errs.add(p.file, overrideLine, "override applies to the rule of its descriptor, which has no rate_limit or rate_limits (set it at the top level of the file for the whole domain)")
 	}
 	if rlLine != 0 && rlsLine != 0 {
 		p.errs.add(p.file, rlsLine, "rate_limit (line %d) and rate_limits on the same descriptor; use rate_limits only", rlLine)

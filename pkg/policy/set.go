@@ -187,38 +187,75 @@ func (r *Rule) identity(entries []Entry) []Entry {
 }
 
 // Override builds the Match for a request-supplied RateLimitOverride
-// (Envoy RateLimitDescriptor.limit): one fixed_window limit of
-// requestsPerUnit per unit, counted per request entries, outside the
-// config tree (no shadow, quota, name or replaces), as envoyproxy/ratelimit
-// does. MetricKey is "domain.k1_v1.k2_v2" (request values: cap its
-// cardinality). Its key (Set.Key) is distinct for every (domain, entries,
-// requestsPerUnit, unit) and never collides with a config rule's, so two
-// overrides on the same entries with another rate or unit count
-// separately. An invalid unit gives a Match with a nil Rule; callers
-// reject it as InvalidArgument.
+// (Envoy RateLimitDescriptor.limit) of requestsPerUnit per unit on the
+// request entries, under the `override:` policy of the rule those entries
+// match (Match, without lease releases), else of the domain
+// (docs/config.md, "Request overrides"):
+//
+//   - mode allow (the default, as envoyproxy/ratelimit): one fixed_window
+//     limit at the rate sent, replacing the configured limits;
+//   - mode deny: the configured rule's Match (Override false), as if no
+//     override had been sent; a Match with a nil Rule when no rule matches;
+//   - mode lower_only: the configured limits, then the override as one more
+//     limit (both counted; either denies), so the override can only lower
+//     what is admitted; alone when no limit is configured (no rule, or an
+//     unlimited one).
+//
+// A rate above override.max (more requests per window, or a higher average
+// rate, than max) is clamped to max: requestsPerUnit and unit become max's.
+// The override limit has the strictest failure_mode of the matched rule's
+// limits (closed, else local, else open), or the domain's override
+// failure_mode (default open) when no rule with limits matches: an override
+// never changes the failure mode of a rule. It has no shadow_mode,
+// quota_mode, name or replaces. MetricKey is "domain.k1_v1.k2_v2" (request
+// values: cap its cardinality). The override limit's key (Set.Key) is
+// distinct for every (domain, entries, requestsPerUnit, unit) after
+// clamping and never collides with a config rule's. An invalid unit gives a
+// Match with a nil Rule; callers reject it as InvalidArgument first.
 func (s *Set) Override(domain string, entries []Entry, requestsPerUnit uint32, unit Unit) Match {
 	if !unit.Valid() {
 		return Match{}
 	}
-	var path, pol strings.Builder
+	var d *domainTree
+	if s != nil {
+		d = s.domains[domain]
+	}
+	rule := d.lookup(entries)
+	pol := effectiveOverride(d, rule)
+	if pol.mode == OverrideDeny {
+		if rule == nil {
+			return Match{}
+		}
+		m, _ := s.Match(domain, entries)
+		return m
+	}
+	if pol.maxSet && aboveMax(requestsPerUnit, unit, pol.maxRPU, pol.maxUnit) {
+		requestsPerUnit, unit = pol.maxRPU, pol.maxUnit
+	}
+	fm := pol.failure
+	if rule != nil && len(rule.Limits) > 0 {
+		fm = strictestFailure(rule)
+	}
+	var path, pn strings.Builder
 	path.WriteString(domain)
-	pol.WriteString(domain)
+	pn.WriteString(domain)
 	for _, e := range entries {
 		path.WriteByte('.')
 		path.WriteString(e.Key)
-		pol.WriteByte('.')
-		pol.WriteString(e.Key)
+		pn.WriteByte('.')
+		pn.WriteString(e.Key)
 		if e.Value != "" {
 			path.WriteByte('_')
 			path.WriteString(e.Value)
 		}
 	}
 	sp := Spec{
-		Policy:          sfSafe(pol.String()) + "#override",
+		Policy:          sfSafe(pn.String()) + "#override",
 		Unit:            unit,
 		RequestsPerUnit: requestsPerUnit,
 		UnitMultiplier:  1,
 		Algorithm:       algo.FixedWindow,
+		FailureMode:     fm,
 		Window:          unit.Duration(),
 	}
 	sp.Limit = algo.Limit{Kind: algo.FixedWindow, Rate: int64(requestsPerUnit), Period: sp.Window, Multiplier: 1}
@@ -229,7 +266,15 @@ func (s *Set) Override(domain string, entries []Entry, requestsPerUnit uint32, u
 		override: true,
 		keyPre:   [][]byte{overridePrefix(domain, &sp)},
 	}
-	return Match{Rule: r, MetricKey: r.Path, id: entries}
+	id := entries
+	if pol.mode == OverrideLowerOnly && rule != nil && len(rule.Limits) > 0 {
+		// The configured limits keep their keys (the rule's counters,
+		// shared with requests that send no override) and failure modes.
+		r.Limits = append(slices.Clone(rule.Limits), sp)
+		r.keyPre = append(slices.Clone(rule.keyPre), r.keyPre[0])
+		id = rule.identity(entries)
+	}
+	return Match{Rule: r, MetricKey: r.Path, Override: true, id: id}
 }
 
 // Hash returns the hex SHA-256 of the canonical compiled content (domains,
@@ -261,6 +306,7 @@ func (s *Set) computeHash() {
 	h := sha256.New()
 	for _, d := range s.names {
 		fmt.Fprintf(h, "domain %q\n", d)
+		hashOverride(h, s.domains[d].override)
 		for _, r := range s.rules {
 			if r.Domain != d {
 				continue
@@ -273,6 +319,9 @@ func (s *Set) computeHash() {
 			for _, l := range r.Limits {
 				fmt.Fprintf(h, " limit %q %q %d %d %d %d %d %t %d\n", l.Name, l.Policy, l.Unit, l.RequestsPerUnit, l.UnitMultiplier, l.Algorithm, l.Burst, l.Calendar, l.FailureMode)
 			}
+			if len(r.nodes) > 0 {
+				hashOverride(h, r.nodes[len(r.nodes)-1].override)
+			}
 			if r.Metadata != nil {
 				j, _ := json.Marshal(r.Metadata) // map keys sorted
 				fmt.Fprintf(h, " metadata %s\n", j)
@@ -280,6 +329,13 @@ func (s *Set) computeHash() {
 		}
 	}
 	s.hash = hex.EncodeToString(h.Sum(nil))
+}
+
+func hashOverride(w io.Writer, op *overridePolicy) {
+	if op == nil {
+		return
+	}
+	fmt.Fprintf(w, " override %t/%d %t/%d/%d %t/%d\n", op.modeSet, op.mode, op.maxSet, op.maxRPU, op.maxUnit, op.failSet, op.failure)
 }
 
 // WriteExplain writes one line per rule, in config order:

@@ -132,7 +132,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 			if err == nil {
 				st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
 				st.matched = st.match.Rule != nil
-				st.override = true
+				st.override = st.match.Override
 			}
 		} else if hasDomain {
 			st.match, st.matched = set.Match(domain, entries)
