@@ -100,6 +100,13 @@ descriptors:
 		t.Errorf("allow 1000/hour: %d/%s, want 100/minute", sp.RequestsPerUnit, sp.Unit)
 	}
 	// deny: the configured rule, shadow and all.
+	dd, _, errs := loadOne(t, "domain: d\noverride: {mode: deny}\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 5}\n")
+	if errs != nil {
+		t.Fatal(errs)
+	}
+	if m := dd.Override("d", ents("b", "x"), 1000, Second); m.Rule != nil {
+		t.Errorf("domain deny, no rule: %+v, want no rule", m.Rule)
+	}
 	m := s.Override("d", ents("deny", "x"), 1000, Second)
 	cfg, _ := s.Match("d", ents("deny", "x"))
 	if m.Override || m.Rule != cfg.Rule || !m.Rule.ShadowMode || s.Key(m, 0) != s.Key(cfg, 0) {
@@ -159,5 +166,26 @@ func TestAboveMax(t *testing.T) {
 		if got := aboveMax(c.rpu, c.unit, c.max, c.mUnit); got != c.above {
 			t.Errorf("aboveMax(%d/%s, %d/%s) = %v", c.rpu, c.unit, c.max, c.mUnit, got)
 		}
+	}
+}
+
+func TestOverrideExplain(t *testing.T) {
+	s, _, errs := loadOne(t, "domain: d\noverride: {mode: lower_only}\ndescriptors:\n  - key: a\n    override: {max: {requests_per_unit: 3, unit: hour}}\n    rate_limit: {unit: hour, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 5}\n")
+	if errs != nil {
+		t.Fatal(errs)
+	}
+	var b strings.Builder
+	if err := s.WriteExplain(&b); err != nil {
+		t.Fatal(err)
+	}
+	got := b.String()
+	for _, w := range []string{`policy="d.a" override=lower_only override_max=3/hour (`, `policy="d.b" override=lower_only (`} {
+		if !strings.Contains(got, w) {
+			t.Errorf("explain lacks %q:\n%s", w, got)
+		}
+	}
+	b.Reset()
+	if err := mustLoad(t, LoadOptions{}, "testdata/basic.yaml").WriteExplain(&b); err != nil || strings.Contains(b.String(), "override") {
+		t.Errorf("explain without override: config shows one (%v):\n%s", err, b.String())
 	}
 }

@@ -194,8 +194,8 @@ func (r *Rule) identity(entries []Entry) []Entry {
 //
 //   - mode allow (the default, as envoyproxy/ratelimit): one fixed_window
 //     limit at the rate sent, replacing the configured limits;
-//   - mode deny: the configured rule's Match (Override false), as if no
-//     override had been sent; a Match with a nil Rule when no rule matches;
+//   - mode deny: Match(domain, entries) (Override false), as if no
+//     override had been sent: a Match with a nil Rule when no rule matches;
 //   - mode lower_only: the configured limits, then the override as one more
 //     limit (both counted; either denies), so the override can only lower
 //     what is admitted; alone when no limit is configured (no rule, or an
@@ -223,10 +223,7 @@ func (s *Set) Override(domain string, entries []Entry, requestsPerUnit uint32, u
 	rule := d.lookup(entries)
 	pol := effectiveOverride(d, rule)
 	if pol.mode == OverrideDeny {
-		if rule == nil {
-			return Match{}
-		}
-		m, _ := s.Match(domain, entries)
+		m, _ := s.Match(domain, entries) // Rule nil when no rule matches
 		return m
 	}
 	if pol.maxSet && aboveMax(requestsPerUnit, unit, pol.maxRPU, pol.maxUnit) {
@@ -340,11 +337,13 @@ func hashOverride(w io.Writer, op *overridePolicy) {
 
 // WriteExplain writes one line per rule, in config order:
 //
-//	<path>: <limit>[; <limit>…] [shadow_mode] [quota_mode] [detailed_metric] [replaces=a,b] (file:line)
+//	<path>: <limit>[; <limit>…] [shadow_mode] [quota_mode] [detailed_metric] [replaces=a,b] [override=<mode> [override_max=<n>/<unit>]] (file:line)
 //
 // where <limit> is `<algorithm> <requests_per_unit>/<unit>[×<multiplier>]
 // [burst=<n>] [calendar] failure_mode=<mode> policy="<policy>"` or
-// `unlimited`. Used by /rlconfig and `ratelimitd validate --explain`.
+// `unlimited`; override= appears when the rule or its domain sets
+// `override:` (the effective mode and cap). Used by /rlconfig and
+// `ratelimitd validate --explain`.
 func (s *Set) WriteExplain(w io.Writer) error {
 	if s == nil {
 		return nil
@@ -395,12 +394,29 @@ func (s *Set) WriteExplain(w io.Writer) error {
 		if len(r.Replaces) > 0 {
 			fmt.Fprintf(&b, " replaces=%s", strings.Join(r.Replaces, ","))
 		}
+		if pol, set := s.ruleOverride(r); set {
+			fmt.Fprintf(&b, " override=%s", pol.mode)
+			if pol.maxSet {
+				fmt.Fprintf(&b, " override_max=%d/%s", pol.maxRPU, strings.ToLower(pol.maxUnit.String()))
+			}
+		}
 		fmt.Fprintf(&b, " (%s)\n", formatPos(r.File, r.Line))
 		if _, err := io.WriteString(w, b.String()); err != nil {
 			return fmt.Errorf("policy: explain: %w", err)
 		}
 	}
 	return nil
+}
+
+// ruleOverride is the override policy of r, and whether r or its domain
+// sets one (explain shows nothing for the defaults).
+func (s *Set) ruleOverride(r *Rule) (overridePolicy, bool) {
+	d := s.domains[r.Domain]
+	set := d != nil && d.override != nil
+	if len(r.nodes) > 0 && r.nodes[len(r.nodes)-1].override != nil {
+		set = true
+	}
+	return effectiveOverride(d, r), set
 }
 
 // explainPath keeps one rule per line: a path with control characters is
