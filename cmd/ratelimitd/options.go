@@ -104,6 +104,10 @@ type Options struct {
 	// drops an expired key, or, when none has expired, fails with
 	// memory.ErrFull (cause "oom"): its rule's failure mode decides.
 	MemoryMaxKeys int
+	// MaxConfigRules is the most rules a loaded config may hold, at
+	// startup and at every reload; a larger config is refused and the
+	// config in force stays. 0 means no limit.
+	MaxConfigRules int
 
 	// GCPercent is the Go GC target (debug.SetGCPercent) unless GOGC is
 	// set; -1 turns the GC off and is accepted only with a memory limit.
@@ -170,6 +174,9 @@ func defaultOptions() Options {
 		// ≈ 111–128 bytes of heap per key for fixed/sliding window and
 		// token bucket (docs/operations.md): about 110–130 MB at the bound.
 		MemoryMaxKeys: 1_000_000,
+		// ≈ 10.7 MB of live heap per 10,000 rules (docs/config.md): about
+		// 54 MB at the bound, twice that while a reload swaps.
+		MaxConfigRules: 50_000,
 		// Kubernetes ConfigMap mounts hold ..data and timestamped dot
 		// directories; loading them would load every file twice.
 		IgnoreDotfiles:     true,
@@ -284,6 +291,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.IntVar(&o.DetailedMetricCap, "detailed-metric-cap", o.DetailedMetricCap, "distinct rule label values from detailed_metric rules per loaded config, then \"_other\" (negative disables detailed labels)")
 	fs.DurationVar(&o.FailClosedRetryAfter, "fail-closed-retry-after", o.FailClosedRetryAfter, "Retry-After base when failure_mode: closed denies because the backend failed")
 	fs.IntVar(&o.MemoryMaxKeys, "memory-max-keys", o.MemoryMaxKeys, "keys the in-memory store (and the failure_mode: local fallback) may hold; when full, new keys get the rule's failure mode (0 = unbounded)")
+	fs.IntVar(&o.MaxConfigRules, "max-config-rules", o.MaxConfigRules, "most rules a loaded config may hold, at startup and at reload; a larger config is refused and the config in force stays (0 = no limit)")
 	fs.IntVar(&o.GCPercent, "gc-percent", o.GCPercent, "Go GC target percent unless GOGC is set (-1 turns the GC off; needs a memory limit)")
 	fs.Var(&o.MemoryLimit, "memory-limit", "Go soft memory limit in `bytes` (e.g. 400MiB) unless GOMEMLIMIT is set; 0: --memory-limit-ratio of the cgroup memory limit")
 	fs.Float64Var(&o.MemoryLimitRatio, "memory-limit-ratio", o.MemoryLimitRatio, "Go soft memory limit as a share of the cgroup memory limit, without --memory-limit or GOMEMLIMIT (0: none)")
@@ -524,6 +532,9 @@ func (o Options) Validate() error {
 	}
 	if o.MemoryMaxKeys < 0 {
 		add(fmt.Errorf("--memory-max-keys=%d: must be >= 0 (0 = unbounded)", o.MemoryMaxKeys))
+	}
+	if o.MaxConfigRules < 0 {
+		add(fmt.Errorf("--max-config-rules=%d: must be >= 0 (0 = no limit)", o.MaxConfigRules))
 	}
 	if o.Drain < 0 || o.ShutdownGrace < 0 {
 		add(errors.New("--drain and --shutdown-grace must be >= 0"))

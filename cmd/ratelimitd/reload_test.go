@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -383,5 +384,52 @@ func TestReloadFailAccounting(t *testing.T) {
 		if !strings.Contains(logs, m) {
 			t.Errorf("no log line %q in:\n%s", m, logs)
 		}
+	}
+}
+
+// usersConfig is domain d with n rules (user values u0 … u<n-1>).
+func usersConfig(n int) string {
+	var b strings.Builder
+	b.WriteString("domain: d\ndescriptors:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - key: user\n    value: u%d\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", i, i+1)
+	}
+	return b.String()
+}
+
+// TestReloadMaxConfigRules: --max-config-rules refuses a config with more
+// rules at startup (nothing in force, not serving) and at reload (the
+// config in force stays), with an error naming both counts.
+func TestReloadMaxConfigRules(t *testing.T) {
+	o, _, err := parseServe(nil, env(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.MaxConfigRules != 50_000 {
+		t.Fatalf("--max-config-rules default %d, want 50000", o.MaxConfigRules)
+	}
+	if _, _, err := parseServe([]string{"--max-config-rules=-1"}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), "--max-config-rules=-1") {
+		t.Fatalf("--max-config-rules=-1: err %v, want a refusal", err)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(file, []byte(usersConfig(3)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := newReloadEnv(t, policy.LoadOptions{MaxRules: 2}, file)
+	e.waitReloads(t, "failure", 1)
+	if p := e.s.svc.Policy(); p != nil {
+		t.Fatalf("a config of 3 rules is in force with a limit of 2")
+	}
+	replaceFile(t, file, usersConfig(2))
+	e.waitReloads(t, "success", 1)
+	inForce := e.s.svc.Policy()
+	replaceFile(t, file, usersConfig(3))
+	e.waitReloads(t, "failure", 2)
+	if e.s.svc.Policy() != inForce || len(inForce.Rules()) != 2 {
+		t.Errorf("a too-large config replaced the config in force")
+	}
+	if logs := strings.Join(e.logs.infoAndAbove(), "\n"); strings.Count(logs, "ERROR config rejected") != 2 {
+		t.Errorf("want 2 \"config rejected\" errors in:\n%s", logs)
 	}
 }

@@ -377,6 +377,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		MergeDomains:   o.MergeDomains,
 		IgnoreDotFiles: o.IgnoreDotfiles,
 		Keys:           policy.KeyOptions{Prefix: o.KeyPrefix, ClearText: o.KeyValues == "clear"},
+		MaxRules:       o.MaxConfigRules,
 	}
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()

@@ -146,6 +146,11 @@ type LoadOptions struct {
 	// dot (Kubernetes ConfigMap ..data and timestamped directories).
 	IgnoreDotFiles bool
 	Keys           KeyOptions
+	// MaxRules is the most rules (Set.Rules) a load may compile; a config
+	// with more is refused (a *ConfigError with File "config" naming both
+	// counts) and never returned, so the config in force stays. 0 means
+	// no limit.
+	MaxRules int
 }
 
 // Warning is a lint finding that does not reject a load.

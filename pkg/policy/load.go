@@ -46,6 +46,9 @@ func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 		parsed = append(parsed, parseFile(f, data, errs))
 	}
 	s := compile(parsed, opts, errs)
+	if opts.MaxRules > 0 && len(s.rules) > opts.MaxRules {
+		errs.add("config", 0, "config too large: %d rules, more than the limit of %d (--max-config-rules); the config in force, if any, stays", len(s.rules), opts.MaxRules)
+	}
 	errs.sort()
 	if len(errs.errs) > 0 {
 		return nil, errs.warnings, errors.Join(errs.errs...)
