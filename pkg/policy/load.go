@@ -27,23 +27,18 @@ import (
 // that does not exist is an error, so a deleted file given directly keeps
 // the previous Set in force under Watch.
 func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
+	s, warns, _, err := loadSource(opts, paths)
+	return s, warns, err
+}
+
+// loadSource is Load, also returning the source hash of the bytes read
+// (Set.SourceHash when the load succeeds), with or without an error.
+func loadSource(opts LoadOptions, paths []string) (*Set, []Warning, string, error) {
 	errs := &errList{}
-	files := collectFiles(opts, paths, errs)
+	src := readSources(opts, paths, errs)
 	var parsed []*fileConfig
-	// src hashes exactly the bytes compiled (see Set.SourceHash), each
-	// field length-prefixed so that distinct inputs never collide.
-	src := sha256.New()
-	fmt.Fprintf(src, "ratelimitd-source-v1 merge=%t dot=%t clear=%t prefix=%d:%s\n",
-		opts.MergeDomains, opts.IgnoreDotFiles, opts.Keys.ClearText, len(opts.Keys.Prefix), opts.Keys.Prefix)
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			errs.addRead(f, err, "cannot read config file: %v", err)
-			continue
-		}
-		fmt.Fprintf(src, "file %d:%s %d:", len(f), f, len(data))
-		src.Write(data)
-		parsed = append(parsed, parseFile(f, data, errs))
+	for _, f := range src.files {
+		parsed = append(parsed, parseFile(f.name, f.data, errs))
 	}
 	s := compile(parsed, opts, errs)
 	if opts.MaxRules > 0 && len(s.rules) > opts.MaxRules {
@@ -51,7 +46,7 @@ func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 	}
 	errs.sort()
 	if len(errs.errs) > 0 {
-		return nil, errs.warnings, errors.Join(errs.errs...)
+		return nil, errs.warnings, src.hash, errors.Join(errs.errs...)
 	}
 	if len(s.domains) == 0 {
 		// Valid but almost certainly not meant: a directory without
@@ -60,8 +55,44 @@ func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 		errs.warn("", 0, "no rate-limit domains loaded from %s (no .yaml or .yml config files): every request is answered OK without limits", strings.Join(paths, ", "))
 	}
 	s.computeHash()
-	s.sourceHash = hex.EncodeToString(src.Sum(nil))
-	return s, errs.warnings, nil
+	s.sourceHash = src.hash
+	return s, errs.warnings, src.hash, nil
+}
+
+// sources is what one load read: the files, in load order, and the hex
+// SHA-256 of everything read (see Set.SourceHash).
+type sources struct {
+	files []sourceFile
+	hash  string
+}
+
+type sourceFile struct {
+	name string
+	data []byte
+}
+
+// readSources reads the config files of paths, recording read problems in
+// errs. The hash covers exactly the bytes read and the load options, each
+// field length-prefixed so that distinct inputs never collide; a file
+// that could not be read counts as "unreadable" in it.
+func readSources(opts LoadOptions, paths []string, errs *errList) sources {
+	var out sources
+	h := sha256.New()
+	fmt.Fprintf(h, "ratelimitd-source-v1 merge=%t dot=%t clear=%t prefix=%d:%s\n",
+		opts.MergeDomains, opts.IgnoreDotFiles, opts.Keys.ClearText, len(opts.Keys.Prefix), opts.Keys.Prefix)
+	for _, f := range collectFiles(opts, paths, errs) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			errs.addRead(f, err, "cannot read config file: %v", err)
+			fmt.Fprintf(h, "unreadable %d:%s\n", len(f), f)
+			continue
+		}
+		fmt.Fprintf(h, "file %d:%s %d:", len(f), f, len(data))
+		h.Write(data)
+		out.files = append(out.files, sourceFile{name: f, data: data})
+	}
+	out.hash = hex.EncodeToString(h.Sum(nil))
+	return out
 }
 
 func isYAML(name string) bool {

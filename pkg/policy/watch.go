@@ -15,8 +15,20 @@ import (
 
 // watchDebounce is how long Watch waits after the last relevant file event
 // before reloading: editors and Kubernetes write several entries per
-// change.
-const watchDebounce = 150 * time.Millisecond
+// change. watchMaxWait bounds the wait from the first event of a burst, so
+// that files rewritten continuously are still loaded about once a second.
+const (
+	watchDebounce = 150 * time.Millisecond
+	watchMaxWait  = time.Second
+)
+
+// Before a reload is delivered, the files are read twice, settle apart, and
+// the two reads must hash the same (else the second read is the new first
+// one and the check repeats). settle is watchDebounce when the burst
+// wrote a config file in place (a writer may pause mid-file), and
+// watchSettleReplace when files were only created, renamed or removed
+// (each one complete when it appears).
+const watchSettleReplace = 10 * time.Millisecond
 
 // A load that fails with read errors only (IsReadError) is retried after
 // readRetryDelay, doubling, up to readRetries times (0.25 s … 4 s, about
@@ -45,8 +57,15 @@ const (
 // Anything else (a log file next to the config, an editor's swap file, a
 // Chmod) is ignored. Watching: every directory the loader walks and the
 // directory of every file given and of every symlink target, recomputed
-// before each load. Events are debounced (about 150 ms after the last
-// relevant one), so a change is in effect well within 2 s.
+// before each load. Events are debounced: a reload starts 150 ms after the
+// last relevant event, or 1 s after the first event of a burst when the
+// events go on (files rewritten continuously are still loaded about once a
+// second, and the last version always once they stop). Before a reload is
+// delivered the files are read twice and must hash the same: 150 ms apart
+// when the burst wrote a config file in place (so a file written in parts
+// with pauses shorter than that is never delivered half), 10 ms apart when
+// files were only created, renamed or removed; when the reads differ the
+// check repeats. A change is in effect well within 2 s of the last write.
 //
 // Every load of a good config is delivered to apply, even one whose
 // content did not change: the caller compares Set.SourceHash with the
@@ -76,18 +95,24 @@ type watchConfig struct {
 }
 
 func watch(ctx context.Context, c watchConfig) error {
-	load := func() (readErr bool) {
-		s, warns, err := Load(c.opts, c.paths...)
+	// load loads and delivers, unless probe is set and the bytes read
+	// do not hash to it (then it returns the new hash, delivering
+	// nothing).
+	load := func(probe string) (readErr, delivered bool, hash string) {
+		s, warns, hash, err := loadSource(c.opts, c.paths)
+		if probe != "" && hash != probe {
+			return false, false, hash
+		}
 		if err != nil {
 			c.fail(err)
-			return IsReadError(err)
+			return IsReadError(err), true, hash
 		}
 		c.apply(s, warns)
-		return false
+		return false, true, hash
 	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		load()
+		load("")
 		return fmt.Errorf("policy: watch: %w", err)
 	}
 	defer w.Close()
@@ -98,7 +123,7 @@ func watch(ctx context.Context, c watchConfig) error {
 	var plan *watchPlan
 	// reload plans and watches first, then loads, so a change between
 	// the two is seen by the watcher (and compared against the plan).
-	reload := func() (readErr bool, setupErr error) {
+	reload := func(probe string) (readErr, delivered bool, hash string, setupErr error) {
 		plan = newWatchPlan(c.opts, c.paths)
 		for _, d := range sortedKeys(watched) {
 			if !plan.dirs[d] {
@@ -118,9 +143,10 @@ func watch(ctx context.Context, c watchConfig) error {
 			}
 			watched[d] = true
 		}
-		return load(), setupErr
+		readErr, delivered, hash = load(probe)
+		return readErr, delivered, hash, setupErr
 	}
-	readErr, setupErr := reload()
+	readErr, _, _, setupErr := reload("")
 	if setupErr != nil && len(watched) == 0 {
 		return fmt.Errorf("policy: watch: %w", setupErr)
 	}
@@ -137,6 +163,44 @@ func watch(ctx context.Context, c watchConfig) error {
 		retries = 0
 	}
 	scheduleRetry()
+
+	// A burst is the relevant events since the last delivered reload:
+	// pending from its first event (burstStart) until a reload delivers.
+	// probe is the hash of the first read of a stability check under way
+	// ("" when none is); inPlace records an in-place write in the burst.
+	var (
+		pending    bool
+		burstStart time.Time
+		probe      string
+		inPlace    bool
+	)
+	settle := func() time.Duration {
+		if inPlace {
+			return watchDebounce
+		}
+		return watchSettleReplace
+	}
+	// event schedules the reload of a burst: watchDebounce after this
+	// event, but no later than watchMaxWait after the burst's first; a
+	// stability check past that point runs on.
+	event := func(write bool) {
+		now := time.Now()
+		if !pending {
+			pending, burstStart, inPlace = true, now, false
+		}
+		if write {
+			inPlace = true
+		}
+		retries = 0
+		deadline := burstStart.Add(watchMaxWait)
+		switch {
+		case now.Add(watchDebounce).Before(deadline):
+			probe = ""
+			timer.Reset(watchDebounce)
+		case probe == "":
+			timer.Reset(max(deadline.Sub(now), 0))
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -156,18 +220,36 @@ func watch(ctx context.Context, c watchConfig) error {
 				c.onEvent(ev, relevant)
 			}
 			if relevant {
-				retries = 0
-				timer.Reset(watchDebounce)
+				event(ev.Has(fsnotify.Write) && !ev.Has(fsnotify.Create))
 			}
 		case err, ok := <-w.Errors:
 			if !ok {
 				return fmt.Errorf("policy: watch: error channel closed")
 			}
 			c.fail(&WatchError{Err: err})
-			retries = 0
-			timer.Reset(watchDebounce)
+			event(false)
 		case <-timer.C:
-			readErr, _ = reload()
+			if !pending {
+				// A read-error retry.
+				readErr, _, _, _ = reload("")
+				scheduleRetry()
+				continue
+			}
+			if probe == "" {
+				probe = readSources(c.opts, c.paths, &errList{}).hash
+				timer.Reset(settle())
+				continue
+			}
+			var delivered bool
+			var hash string
+			readErr, delivered, hash, _ = reload(probe)
+			if !delivered {
+				// Changed between the two reads: check again.
+				probe = hash
+				timer.Reset(settle())
+				continue
+			}
+			pending, probe = false, ""
 			scheduleRetry()
 		}
 	}
