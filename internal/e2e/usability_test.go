@@ -381,3 +381,36 @@ func TestServiceFlagsWired(t *testing.T) {
 		t.Errorf("problem type %q detail %q (--problem-type-base, --problem-detail)", body.Type, body.Detail)
 	}
 }
+
+// --max-config-rules refuses a config with more rules at startup (not
+// serving) and at reload (the config in force stays), with an ERROR naming
+// both counts.
+func TestMaxConfigRules(t *testing.T) {
+	dir := t.TempDir()
+	two := fmt.Sprintf(oneFile, 5) + "  - key: other\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
+	writeFile(t, dir, "e2e.yaml", two)
+	p := start(t, startOpts{args: []string{"--config", dir, "--max-config-rules=1"}})
+	cc := p.dial(t)
+	const refused = "config too large: 2 rules, more than the limit of 1 (--max-config-rules)"
+	eventually(t, 10*time.Second, func() string {
+		if !strings.Contains(p.Logs(), refused) {
+			return "no refusal logged\n" + p.Logs()
+		}
+		return ""
+	})
+	if got := health(t, cc, ""); got == healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("SERVING with a refused config only")
+	}
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
+	p.waitServing(t, cc, "")
+	writeFile(t, dir, "e2e.yaml", two)
+	eventually(t, 10*time.Second, func() string {
+		if n := strings.Count(p.Logs(), refused); n < 2 {
+			return fmt.Sprintf("%d refusals logged, want 2\n%s", n, p.Logs())
+		}
+		return ""
+	})
+	if got := call(t, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 5 {
+		t.Errorf("limit %d after a refused reload, want 5 (the config in force)", got)
+	}
+}
