@@ -148,9 +148,10 @@ func TestWatchContinuousInPlaceConverges(t *testing.T) {
 }
 
 // TestWatchHalfWrittenNeverApplied: a file written in two halves (each
-// half a valid config: the first half of the rules) with a 50 ms pause,
-// shorter than the debounce, over and over for 3 s, is never applied half,
-// also when the maximum wait forces loads during the writes.
+// half a valid config: the first half of the rules) with a 20 ms pause (far
+// shorter than the debounce, also on a loaded host), over and over for 3 s,
+// is never applied half, also when the maximum wait forces loads during
+// the writes.
 func TestWatchHalfWrittenNeverApplied(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "config.yaml")
@@ -171,7 +172,7 @@ func TestWatchHalfWrittenNeverApplied(t *testing.T) {
 		if _, err := f.WriteString(half); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 		if _, err := f.WriteString(full[len(half):]); err != nil {
 			t.Fatal(err)
 		}
