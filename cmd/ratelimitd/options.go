@@ -108,6 +108,10 @@ type Options struct {
 	// startup and at every reload; a larger config is refused and the
 	// config in force stays. 0 means no limit.
 	MaxConfigRules int
+	// MaxConfigBytes is the most bytes the config files may hold together,
+	// checked before parsing, at startup and at every reload. 0 means no
+	// limit.
+	MaxConfigBytes int64
 
 	// GCPercent is the Go GC target (debug.SetGCPercent) unless GOGC is
 	// set; -1 turns the GC off and is accepted only with a memory limit.
@@ -177,6 +181,8 @@ func defaultOptions() Options {
 		// ≈ 10.7 MB of live heap per 10,000 rules (docs/config.md): about
 		// 54 MB at the bound, twice that while a reload swaps.
 		MaxConfigRules: 50_000,
+		// A load allocates ≈ 46 bytes per config byte (docs/config.md).
+		MaxConfigBytes: 8 << 20,
 		// Kubernetes ConfigMap mounts hold ..data and timestamped dot
 		// directories; loading them would load every file twice.
 		IgnoreDotfiles:     true,
@@ -292,6 +298,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.DurationVar(&o.FailClosedRetryAfter, "fail-closed-retry-after", o.FailClosedRetryAfter, "Retry-After base when failure_mode: closed denies because the backend failed")
 	fs.IntVar(&o.MemoryMaxKeys, "memory-max-keys", o.MemoryMaxKeys, "keys the in-memory store (and the failure_mode: local fallback) may hold; when full, new keys get the rule's failure mode (0 = unbounded)")
 	fs.IntVar(&o.MaxConfigRules, "max-config-rules", o.MaxConfigRules, "most rules a loaded config may hold, at startup and at reload; a larger config is refused and the config in force stays (0 = no limit)")
+	fs.Int64Var(&o.MaxConfigBytes, "max-config-bytes", o.MaxConfigBytes, "most bytes the config files may hold together, checked before parsing, at startup and at reload; a larger config is refused and the config in force stays (0 = no limit)")
 	fs.IntVar(&o.GCPercent, "gc-percent", o.GCPercent, "Go GC target percent unless GOGC is set (-1 turns the GC off; needs a memory limit)")
 	fs.Var(&o.MemoryLimit, "memory-limit", "Go soft memory limit in `bytes` (e.g. 400MiB) unless GOMEMLIMIT is set; 0: --memory-limit-ratio of the cgroup memory limit")
 	fs.Float64Var(&o.MemoryLimitRatio, "memory-limit-ratio", o.MemoryLimitRatio, "Go soft memory limit as a share of the cgroup memory limit, without --memory-limit or GOMEMLIMIT (0: none)")
@@ -535,6 +542,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxConfigRules < 0 {
 		add(fmt.Errorf("--max-config-rules=%d: must be >= 0 (0 = no limit)", o.MaxConfigRules))
+	}
+	if o.MaxConfigBytes < 0 {
+		add(fmt.Errorf("--max-config-bytes=%d: must be >= 0 (0 = no limit)", o.MaxConfigBytes))
 	}
 	if o.Drain < 0 || o.ShutdownGrace < 0 {
 		add(errors.New("--drain and --shutdown-grace must be >= 0"))

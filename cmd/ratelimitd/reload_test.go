@@ -405,11 +405,13 @@ func TestReloadMaxConfigRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.MaxConfigRules != 50_000 {
-		t.Fatalf("--max-config-rules default %d, want 50000", o.MaxConfigRules)
+	if o.MaxConfigRules != 50_000 || o.MaxConfigBytes != 8<<20 {
+		t.Fatalf("--max-config-rules default %d, --max-config-bytes %d; want 50000, 8 MiB", o.MaxConfigRules, o.MaxConfigBytes)
 	}
-	if _, _, err := parseServe([]string{"--max-config-rules=-1"}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), "--max-config-rules=-1") {
-		t.Fatalf("--max-config-rules=-1: err %v, want a refusal", err)
+	for _, f := range []string{"--max-config-rules=-1", "--max-config-bytes=-1"} {
+		if _, _, err := parseServe([]string{f}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), f) {
+			t.Fatalf("%s: err %v, want a refusal", f, err)
+		}
 	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.yaml")

@@ -378,6 +378,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		IgnoreDotFiles: o.IgnoreDotfiles,
 		Keys:           policy.KeyOptions{Prefix: o.KeyPrefix, ClearText: o.KeyValues == "clear"},
 		MaxRules:       o.MaxConfigRules,
+		MaxBytes:       o.MaxConfigBytes,
 	}
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()

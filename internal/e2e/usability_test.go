@@ -414,3 +414,21 @@ func TestMaxConfigRules(t *testing.T) {
 		t.Errorf("limit %d after a refused reload, want 5 (the config in force)", got)
 	}
 }
+
+// --max-config-bytes refuses a config larger than the limit before parsing.
+func TestMaxConfigBytes(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
+	p := start(t, startOpts{args: []string{"--config", dir, "--max-config-bytes=20"}})
+	cc := p.dial(t)
+	const refused = "config too large: more than the limit of 20 bytes (--max-config-bytes)"
+	eventually(t, 10*time.Second, func() string {
+		if !strings.Contains(p.Logs(), refused) {
+			return "no refusal logged\n" + p.Logs()
+		}
+		return ""
+	})
+	if got := health(t, cc, ""); got == healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("SERVING with a refused config only")
+	}
+}

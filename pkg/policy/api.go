@@ -151,6 +151,11 @@ type LoadOptions struct {
 	// counts) and never returned, so the config in force stays. 0 means
 	// no limit.
 	MaxRules int
+	// MaxBytes is the most bytes the config files of one load may hold
+	// together, checked (by size, then by bytes read) before anything is
+	// parsed; a larger config is refused like one with too many rules. 0
+	// means no limit.
+	MaxBytes int64
 }
 
 // Warning is a lint finding that does not reject a load.

@@ -44,6 +44,32 @@ func TestLoadMaxRules(t *testing.T) {
 	}
 }
 
+func TestLoadMaxBytes(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
+	ca, cb := rulesConfig("a", 3), rulesConfig("b", 3)
+	if err := os.WriteFile(a, []byte(ca), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b, []byte(cb), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	all := int64(len(ca) + len(cb))
+	for _, max := range []int64{0, all} {
+		if s, _, err := Load(LoadOptions{MaxBytes: max}, dir); err != nil || len(s.Rules()) != 6 {
+			t.Fatalf("MaxBytes %d (config of %d bytes): err %v", max, all, err)
+		}
+	}
+	s, _, err := Load(LoadOptions{MaxBytes: all - 1}, dir)
+	if err == nil || s != nil {
+		t.Fatalf("MaxBytes %d, config of %d bytes: set %v, err %v; want a refusal", all-1, all, s, err)
+	}
+	want := fmt.Sprintf("config: config too large: more than the limit of %d bytes (--max-config-bytes) at %s", all-1, b)
+	if !strings.Contains(err.Error(), want) || IsReadError(err) {
+		t.Fatalf("error %q: want a config error containing %q", err, want)
+	}
+}
+
 // BenchmarkLoadMemory10kRules reports the heap a loaded Set of 10,000 rules
 // keeps (heap-bytes-per-10k-rules, live after a GC, with the file's bytes
 // and parse tree gone) and what one load allocates in all (B/op).
@@ -72,4 +98,7 @@ func BenchmarkLoadMemory10kRules(b *testing.B) {
 		runtime.KeepAlive(s)
 	}
 	b.ReportMetric(float64(live), "heap-bytes-per-10k-rules")
+	if st, err := os.Stat(p); err == nil {
+		b.ReportMetric(float64(st.Size()), "config-bytes")
+	}
 }

@@ -80,12 +80,28 @@ func readSources(opts LoadOptions, paths []string, errs *errList) sources {
 	h := sha256.New()
 	fmt.Fprintf(h, "ratelimitd-source-v1 merge=%t dot=%t clear=%t prefix=%d:%s\n",
 		opts.MergeDomains, opts.IgnoreDotFiles, opts.Keys.ClearText, len(opts.Keys.Prefix), opts.Keys.Prefix)
+	var total int64
 	for _, f := range collectFiles(opts, paths, errs) {
+		if opts.MaxBytes > 0 {
+			if st, err := os.Stat(f); err == nil && total+st.Size() > opts.MaxBytes {
+				errs.add("config", 0, "config too large: more than the limit of %d bytes (--max-config-bytes) at %s; the config in force, if any, stays", opts.MaxBytes, f)
+				fmt.Fprintf(h, "too large %d:%s\n", len(f), f)
+				out.files = nil
+				break
+			}
+		}
 		data, err := os.ReadFile(f)
 		if err != nil {
 			errs.addRead(f, err, "cannot read config file: %v", err)
 			fmt.Fprintf(h, "unreadable %d:%s\n", len(f), f)
 			continue
+		}
+		total += int64(len(data))
+		if opts.MaxBytes > 0 && total > opts.MaxBytes {
+			errs.add("config", 0, "config too large: more than the limit of %d bytes (--max-config-bytes) at %s; the config in force, if any, stays", opts.MaxBytes, f)
+			fmt.Fprintf(h, "too large %d:%s\n", len(f), f)
+			out.files = nil
+			break
 		}
 		fmt.Fprintf(h, "file %d:%s %d:", len(f), f, len(data))
 		h.Write(data)
