@@ -17,7 +17,8 @@ import (
 // before reloading: editors and Kubernetes write several entries per
 // change. watchMaxWait bounds the wait from the first event of a burst, so
 // that files rewritten continuously are still loaded about once a second.
-const (
+// Variables only so that a test can widen them.
+var (
 	watchDebounce = 150 * time.Millisecond
 	watchMaxWait  = time.Second
 )
