@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sort"
@@ -137,6 +138,23 @@ type Options struct {
 	GRPCTLSClientCA  string
 	GRPCTLSClientSAN string
 
+	// Resource bounds of the listeners (docs/security.md, "Resource
+	// bounds"). GRPCMaxRecvMsgSize is the largest gRPC message received,
+	// in bytes (a larger one fails with ResourceExhausted before it is
+	// decoded); it also bounds the POST /json body (413 beyond it).
+	// GRPCMaxConcurrentStreams is the streams one HTTP/2 connection may
+	// have open at once (further calls wait for one to end).
+	GRPCMaxRecvMsgSize       int
+	GRPCMaxConcurrentStreams int
+	// HTTP servers: HTTPReadTimeout bounds reading a whole request
+	// (headers and body), HTTPWriteTimeout the time from the end of the
+	// request headers to the end of the response (not on the debug
+	// listener, whose profiles take longer), HTTPIdleTimeout how long a
+	// keep-alive connection may wait for its next request. All > 0.
+	HTTPReadTimeout  time.Duration
+	HTTPWriteTimeout time.Duration
+	HTTPIdleTimeout  time.Duration
+
 	// OpenTelemetry tracing (off by default): OTLP/gRPC export to
 	// TracingEndpoint (empty = OTEL_EXPORTER_OTLP_* environment, else
 	// localhost:4317); W3C trace context from Envoy is continued.
@@ -208,8 +226,32 @@ func defaultOptions() Options {
 
 		GCPercent:        defaultGCPercent,
 		MemoryLimitRatio: defaultMemoryLimitRatio,
+
+		GRPCMaxRecvMsgSize:       defaultGRPCMaxRecvMsgSize,
+		GRPCMaxConcurrentStreams: defaultGRPCMaxConcurrentStreams,
+		HTTPReadTimeout:          10 * time.Second,
+		HTTPWriteTimeout:         10 * time.Second,
+		HTTPIdleTimeout:          2 * time.Minute,
 	}
 }
+
+// defaultGRPCMaxRecvMsgSize is the default --grpc-max-recv-msg-size,
+// 1 MiB. Envoy builds a RateLimitRequest from route actions, one entry per
+// action, whose values are header values, paths or addresses: a request
+// holding every header of a request Envoy accepts by default
+// (max_request_headers_kb: 60 KiB) once is below 64 KiB, and 1 MiB leaves
+// room for 16 such copies, or 16 values of the MaxValueBytes bound. The
+// bounds of validateRequest (64 descriptors x 32 entries x 64 KiB) would
+// allow far more than grpc-go's 4 MiB, so that shape does not bound a
+// message; this does, before any of it is decoded.
+const defaultGRPCMaxRecvMsgSize = 1 << 20
+
+// defaultGRPCMaxConcurrentStreams is the default
+// --grpc-max-concurrent-streams: calls one HTTP/2 connection may have in
+// flight. An Envoy worker thread keeps one connection per cluster host
+// and its calls last a few milliseconds; at 1000 in flight per
+// connection it would make ~100,000 decisions per second at 10 ms each.
+const defaultGRPCMaxConcurrentStreams = 1000
 
 // listValue is a repeatable/comma-separated string list flag. The first Set
 // from each source (environment, then command line) replaces the value
@@ -308,6 +350,11 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.GRPCTLSKey, "grpc-tls-key", o.GRPCTLSKey, "gRPC server private key (PEM)")
 	fs.StringVar(&o.GRPCTLSClientCA, "grpc-tls-client-ca", o.GRPCTLSClientCA, "CA bundle (PEM) for client certificates: enables mTLS")
 	fs.StringVar(&o.GRPCTLSClientSAN, "grpc-tls-client-san", o.GRPCTLSClientSAN, "required SAN in client certificates (with --grpc-tls-client-ca)")
+	fs.IntVar(&o.GRPCMaxRecvMsgSize, "grpc-max-recv-msg-size", o.GRPCMaxRecvMsgSize, "largest gRPC message received, in bytes (larger: ResourceExhausted, not decoded); also the POST /json body bound (larger: 413)")
+	fs.IntVar(&o.GRPCMaxConcurrentStreams, "grpc-max-concurrent-streams", o.GRPCMaxConcurrentStreams, "gRPC calls one client connection may have in flight; further calls wait for one to end")
+	fs.DurationVar(&o.HTTPReadTimeout, "http-read-timeout", o.HTTPReadTimeout, "HTTP listeners: time to read a whole request (headers and body); a slower client is disconnected")
+	fs.DurationVar(&o.HTTPWriteTimeout, "http-write-timeout", o.HTTPWriteTimeout, "HTTP listener (not debug): time from the end of the request headers to the end of the response")
+	fs.DurationVar(&o.HTTPIdleTimeout, "http-idle-timeout", o.HTTPIdleTimeout, "HTTP listeners: how long a keep-alive connection may wait for its next request")
 	fs.BoolVar(&o.Tracing, "tracing", o.Tracing, "export OpenTelemetry spans over OTLP/gRPC (continues Envoy's W3C trace context)")
 	fs.StringVar(&o.TracingEndpoint, "tracing-endpoint", o.TracingEndpoint, "OTLP/gRPC collector host:port (empty: OTEL_EXPORTER_OTLP_* environment, else localhost:4317)")
 	fs.BoolVar(&o.TracingInsecure, "tracing-insecure", o.TracingInsecure, "plaintext to the OTLP collector (node-local collector or mesh sidecar)")
@@ -557,6 +604,20 @@ func (o Options) Validate() error {
 	}
 	if o.GRPCTLSClientSAN != "" && o.GRPCTLSClientCA == "" {
 		add(errors.New("--grpc-tls-client-san needs --grpc-tls-client-ca"))
+	}
+	if o.GRPCMaxRecvMsgSize <= 0 {
+		add(fmt.Errorf("--grpc-max-recv-msg-size=%d: must be > 0 (bytes)", o.GRPCMaxRecvMsgSize))
+	}
+	if o.GRPCMaxConcurrentStreams <= 0 || int64(o.GRPCMaxConcurrentStreams) > math.MaxUint32 {
+		add(fmt.Errorf("--grpc-max-concurrent-streams=%d: must be in [1, %d]", o.GRPCMaxConcurrentStreams, uint32(math.MaxUint32)))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"http-read-timeout", o.HTTPReadTimeout}, {"http-write-timeout", o.HTTPWriteTimeout}, {"http-idle-timeout", o.HTTPIdleTimeout}} {
+		if d.v <= 0 {
+			add(fmt.Errorf("--%s=%s: must be > 0", d.name, d.v))
+		}
 	}
 	return errors.Join(errs...)
 }

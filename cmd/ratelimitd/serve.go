@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
@@ -284,6 +285,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		// Validated > 0 or negative (disabled); never 0.
 		DetailedMetricCap:    o.DetailedMetricCap,
 		FailClosedRetryAfter: o.FailClosedRetryAfter,
+		MaxJSONBodyBytes:     o.GRPCMaxRecvMsgSize,
 	})
 	if err != nil {
 		return err
@@ -328,7 +330,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		}
 	}
 
-	gopts := append([]grpc.ServerOption{svc.ServerOption()}, grpcServerOptions()...)
+	gopts := append([]grpc.ServerOption{svc.ServerOption()}, grpcServerOptions(o)...)
 	if o.Tracing {
 		// With tracing off the otelgrpc stats handler would only start
 		// no-op spans, at ~1-2 µs of CPU per call (BENCHMARKS.md, "CPU
@@ -359,16 +361,16 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	})
 	mux.Handle("/json", svc.JSONHandler())
 	mux.Handle("/metrics", metrics)
-	servers := []*http.Server{{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
+	servers := []*http.Server{newHTTPServer(o, mux, true)}
 	serveLns := []net.Listener{httpLn}
 	if debugLn != nil {
-		servers = append(servers, &http.Server{Handler: s.debugMux(), ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, newHTTPServer(o, s.debugMux(), false))
 		serveLns = append(serveLns, debugLn)
 	}
 	if metricsLn != nil {
 		mm := http.NewServeMux()
 		mm.Handle("/metrics", metrics)
-		servers = append(servers, &http.Server{Handler: mm, ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, newHTTPServer(o, mm, true))
 		serveLns = append(serveLns, metricsLn)
 	}
 
@@ -606,13 +608,57 @@ const grpcStreamWorkers = 128
 // never limits RateLimitRequests (a few hundred bytes each).
 const grpcWindow = 1 << 20
 
+// grpcKeepaliveMinTime is the shortest interval between client keepalive
+// pings the gRPC server tolerates (keepalive.EnforcementPolicy.MinTime): a
+// client pinging more often gets GOAWAY ("too_many_pings") and its
+// connection closed. Envoy sends no keepalive pings unless its cluster
+// sets connection_keepalive, whose interval is far longer.
+const grpcKeepaliveMinTime = 10 * time.Second
+
 // grpcServerOptions are the transport options of the gRPC server, chosen
 // for many small unary calls on few long-lived connections (Envoy's
-// pattern); see BENCHMARKS.md, "CPU per decision".
-func grpcServerOptions() []grpc.ServerOption {
+// pattern; see BENCHMARKS.md, "CPU per decision"), and its resource
+// bounds (docs/security.md, "Resource bounds"): --grpc-max-recv-msg-size
+// (a larger message fails with ResourceExhausted before it is decoded),
+// --grpc-max-concurrent-streams (advertised in SETTINGS; a client opening
+// more is refused with REFUSED_STREAM, grpc-go clients wait instead), and
+// a keepalive enforcement policy (pings at most every
+// grpcKeepaliveMinTime, also on idle connections).
+func grpcServerOptions(o Options) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.NumStreamWorkers(grpcStreamWorkers),
 		grpc.InitialWindowSize(grpcWindow),
 		grpc.InitialConnWindowSize(grpcWindow),
+		grpc.MaxRecvMsgSize(o.GRPCMaxRecvMsgSize),
+		grpc.MaxConcurrentStreams(uint32(o.GRPCMaxConcurrentStreams)),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
 	}
+}
+
+// httpMaxHeaderBytes bounds the request line and headers an HTTP listener
+// reads (http.Server.MaxHeaderBytes), 64 KiB: /json, /healthcheck and
+// /metrics need none beyond a few standard ones. A larger header section
+// gets 431.
+const httpMaxHeaderBytes = 64 << 10
+
+// newHTTPServer returns an HTTP server for h bounded as documented in
+// docs/security.md, "Resource bounds": the request headers must arrive
+// within --http-read-timeout (ReadHeaderTimeout and ReadTimeout), the
+// response be written within --http-write-timeout when write is true
+// (false for the debug listener, whose CPU profiles and traces last as
+// long as asked), a keep-alive connection is closed after
+// --http-idle-timeout without a request, and headers beyond
+// httpMaxHeaderBytes are refused.
+func newHTTPServer(o Options, h http.Handler, write bool) *http.Server {
+	hs := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: o.HTTPReadTimeout,
+		ReadTimeout:       o.HTTPReadTimeout,
+		IdleTimeout:       o.HTTPIdleTimeout,
+		MaxHeaderBytes:    httpMaxHeaderBytes,
+	}
+	if write {
+		hs.WriteTimeout = o.HTTPWriteTimeout
+	}
+	return hs
 }

@@ -2,6 +2,7 @@ package service
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -12,14 +13,16 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// MaxJSONBodyBytes bounds the /json request body.
-const MaxJSONBodyBytes = 1 << 20
+// DefaultMaxJSONBodyBytes is the default bound of a /json request body
+// (Options.MaxJSONBodyBytes), 1 MiB.
+const DefaultMaxJSONBodyBytes = 1 << 20
 
 // JSONHandler serves POST /json, the HTTP twin of ShouldRateLimit: the
 // body is a protojson RateLimitRequest (camelCase or snake_case field
 // names), the answer a protojson RateLimitResponse with Content-Type
 // application/json. Status: 200 when the overall code is OK, 429 when
 // OVER_LIMIT, 400 for an unreadable body, bad JSON or an invalid request,
+// 413 for a body longer than Options.MaxJSONBodyBytes (read no further),
 // 503 before the first config, 405 for methods other than POST.
 // The response's response_headers_to_add (RateLimit-Policy, RateLimit,
 // Retry-After, ...) are also set as HTTP headers, except Content-Type: the
@@ -32,11 +35,16 @@ func (s *Service) JSONHandler() http.Handler {
 			http.Error(w, "service: /json accepts POST only", http.StatusMethodNotAllowed)
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBodyBytes))
+		limit := int64(s.opts.MaxJSONBodyBytes)
+		if r.ContentLength > limit {
+			http.Error(w, fmt.Sprintf("service: request body of %d bytes is larger than the bound of %d", r.ContentLength, limit), http.StatusRequestEntityTooLarge)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 		if err != nil {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
-				http.Error(w, "service: request body larger than 1 MiB", http.StatusRequestEntityTooLarge)
+				http.Error(w, fmt.Sprintf("service: request body larger than the bound of %d bytes", limit), http.StatusRequestEntityTooLarge)
 				return
 			}
 			http.Error(w, "service: read body: "+err.Error(), http.StatusBadRequest)

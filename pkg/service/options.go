@@ -138,6 +138,12 @@ type Options struct {
 	// rules per loaded config. 0 means DefaultDetailedMetricCap; negative
 	// disables detailed labels (Rule.Path is used).
 	DetailedMetricCap int
+	// MaxJSONBodyBytes bounds the body of a POST /json request, in bytes:
+	// a longer body is refused with 413 before it is decoded. 0 means
+	// DefaultMaxJSONBodyBytes; negative is invalid. Give it the gRPC
+	// server's maximum received message size so that both ways in accept
+	// the same requests.
+	MaxJSONBodyBytes int
 	// Now is the clock for durations measured by the service; nil means
 	// time.Now.
 	Now func() time.Time
@@ -147,7 +153,8 @@ type Options struct {
 }
 
 // Validate reports an error for a missing Store, an unknown header mode,
-// a near-limit ratio outside [0, 1] or a negative cap.
+// a near-limit ratio outside [0, 1], a negative FailClosedRetryAfter or a
+// negative MaxJSONBodyBytes.
 func (o Options) Validate() error {
 	var errs []error
 	if o.Store == nil {
@@ -161,6 +168,9 @@ func (o Options) Validate() error {
 	}
 	if o.FailClosedRetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("service: negative FailClosedRetryAfter %v", o.FailClosedRetryAfter))
+	}
+	if o.MaxJSONBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("service: negative MaxJSONBodyBytes %d", o.MaxJSONBodyBytes))
 	}
 	return errors.Join(errs...)
 }
@@ -185,6 +195,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.DetailedMetricCap == 0 {
 		o.DetailedMetricCap = DefaultDetailedMetricCap
+	}
+	if o.MaxJSONBodyBytes == 0 {
+		o.MaxJSONBodyBytes = DefaultMaxJSONBodyBytes
 	}
 	if o.Now == nil {
 		o.Now = time.Now

@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// boundsService is a service on the memory store with one rule
+// (domain "d", key "k": 1000 per minute) in force and the /json body bound
+// of o, as serve wires it.
+func boundsService(t *testing.T, o Options) *service.Service {
+	t.Helper()
+	mem, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mem.Close() })
+	svc, err := service.New(service.Options{Store: mem, MaxJSONBodyBytes: o.GRPCMaxRecvMsgSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "rl.yaml")
+	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n"
+	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	set, _, err := policy.Load(policy.LoadOptions{}, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetPolicy(set)
+	return svc
+}
+
+// boundsGRPC serves svc and a health server on a loopback gRPC server
+// built with grpcServerOptions(o), and returns a client connection to it.
+func boundsGRPC(t *testing.T, o Options, svc *service.Service, hs *health.Server) *grpc.ClientConn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(append([]grpc.ServerOption{svc.ServerOption()}, grpcServerOptions(o)...)...)
+	svc.Register(gs)
+	healthpb.RegisterHealthServer(gs, hs)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(16<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// bigRequest is a valid request for rule d/k whose wire form is about n
+// bytes: descriptors of one entry k=<60 KiB value>.
+func bigRequest(n int) *rlsv3.RateLimitRequest {
+	req := &rlsv3.RateLimitRequest{Domain: "d"}
+	v := strings.Repeat("v", 60<<10)
+	for size := 0; size < n; size += len(v) {
+		req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: v}},
+		})
+	}
+	return req
+}
+
+// A message over --grpc-max-recv-msg-size fails with ResourceExhausted
+// (it is not decoded); one under it is decided.
+func TestGRPCMaxRecvMsgSize(t *testing.T) {
+	o := defaultOptions()
+	o.GRPCMaxRecvMsgSize = 256 << 10
+	cc := boundsGRPC(t, o, boundsService(t, o), health.NewServer())
+	client := rlsv3.NewRateLimitServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	resp, err := client.ShouldRateLimit(ctx, bigRequest(180<<10)) // 3 descriptors, ≈ 184 KiB
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("request under the bound: %v, %v; want OK", resp.GetOverallCode(), err)
+	}
+	_, err = client.ShouldRateLimit(ctx, bigRequest(300<<10)) // 5 descriptors, ≈ 307 KiB
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("request over the bound: %v; want ResourceExhausted", err)
+	}
+	// The default is 1 MiB, well below grpc-go's 4 MiB.
+	if d := defaultOptions().GRPCMaxRecvMsgSize; d != 1<<20 {
+		t.Errorf("default --grpc-max-recv-msg-size = %d, want 1 MiB", d)
+	}
+}
+
+// A connection may hold --grpc-max-concurrent-streams streams: with 2
+// Watch streams open, a third call waits (its deadline passes) and goes
+// through once one of them ends.
+func TestGRPCMaxConcurrentStreams(t *testing.T) {
+	o := defaultOptions()
+	o.GRPCMaxConcurrentStreams = 2
+	hs := health.NewServer()
+	cc := boundsGRPC(t, o, boundsService(t, o), hs)
+	client := healthpb.NewHealthClient(cc)
+	// Warm the connection so the server's SETTINGS (with the limit) are in.
+	if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	var cancels []context.CancelFunc
+	for range o.GRPCMaxConcurrentStreams {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels = append(cancels, cancel)
+		defer cancel()
+		w, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil { // the stream is open on the server
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("call beyond the stream limit: %v; want DeadlineExceeded (waiting for a stream)", err)
+	}
+	cancels[0]()
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("call after a stream ended: %v", err)
+	}
+}
+
+// httpBounds serves h on loopback with newHTTPServer(o, h, true).
+func httpBounds(t *testing.T, o Options, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := newHTTPServer(o, h, true)
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { _ = hs.Close() })
+	return ln.Addr().String()
+}
+
+// closedByServer reports whether the server ends conn (EOF, reset, or a
+// response followed by EOF) before the client's own 20 s deadline: far
+// longer than the server timeouts of the tests, so only a server that
+// never cuts the client reports false.
+func closedByServer(conn net.Conn) bool {
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	_, err := io.Copy(io.Discard, conn)
+	var ne net.Error
+	return !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// Slow clients are disconnected by the HTTP timeouts: every one of 20
+// connections sending part of the headers, part of a body, or idling after
+// a request is closed by the server.
+func TestHTTPSlowClientsCutOff(t *testing.T) {
+	o := defaultOptions()
+	o.HTTPReadTimeout = 200 * time.Millisecond
+	o.HTTPIdleTimeout = 200 * time.Millisecond
+	svc := boundsService(t, o)
+	mux := http.NewServeMux()
+	mux.Handle("/json", svc.JSONHandler())
+	addr := httpBounds(t, o, mux)
+
+	cases := map[string]func(net.Conn) error{
+		"partial headers": func(c net.Conn) error {
+			_, err := io.WriteString(c, "POST /json HTTP/1.1\r\nHost: x\r\n")
+			return err
+		},
+		"partial body": func(c net.Conn) error {
+			_, err := io.WriteString(c, "POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+			return err
+		},
+		"idle keep-alive": func(c net.Conn) error {
+			body := `{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}`
+			if _, err := fmt.Fprintf(c, "POST /json HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+				return err
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = resp.Body.Close() }()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("status %d", resp.StatusCode)
+			}
+			_, err = io.Copy(io.Discard, resp.Body)
+			return err
+		},
+	}
+	for name, start := range cases {
+		t.Run(name, func(t *testing.T) {
+			const n = 20
+			conns := make([]net.Conn, n)
+			for i := range conns {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = c.Close() }()
+				if err := start(c); err != nil {
+					t.Fatal(err)
+				}
+				conns[i] = c
+			}
+			closed := make(chan bool, n)
+			for _, c := range conns {
+				go func() { closed <- closedByServer(c) }()
+			}
+			cut := 0
+			for range n {
+				if <-closed {
+					cut++
+				}
+			}
+			if cut != n {
+				t.Errorf("%d of %d slow connections closed by the server, want all", cut, n)
+			}
+		})
+	}
+}
+
+// A /json body over the bound (--grpc-max-recv-msg-size) gets 413,
+// whether its length is announced or chunked; one under it is decided.
+func TestHTTPJSONBodyLimit(t *testing.T) {
+	o := defaultOptions()
+	o.GRPCMaxRecvMsgSize = 4 << 10
+	svc := boundsService(t, o)
+	mux := http.NewServeMux()
+	mux.Handle("/json", svc.JSONHandler())
+	url := "http://" + httpBounds(t, o, mux) + "/json"
+	body := func(valueLen int) string {
+		return `{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"` + strings.Repeat("v", valueLen) + `"}]}]}`
+	}
+	post := func(r io.Reader) int {
+		t.Helper()
+		resp, err := http.Post(url, "application/json", r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := post(strings.NewReader(body(3 << 10))); c != http.StatusOK {
+		t.Errorf("body under the bound: %d, want 200", c)
+	}
+	if c := post(strings.NewReader(body(5 << 10))); c != http.StatusRequestEntityTooLarge {
+		t.Errorf("body over the bound (Content-Length): %d, want 413", c)
+	}
+	// io.MultiReader hides the length: the body is sent chunked.
+	if c := post(io.MultiReader(strings.NewReader(body(5 << 10)))); c != http.StatusRequestEntityTooLarge {
+		t.Errorf("body over the bound (chunked): %d, want 413", c)
+	}
+}
+
+// The resource-bound flags: defaults, flags, twins and validation.
+func TestBoundFlags(t *testing.T) {
+	d, _, err := parseServe(nil, env(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.GRPCMaxRecvMsgSize != 1<<20 || d.GRPCMaxConcurrentStreams != 1000 || d.HTTPReadTimeout != 10*time.Second ||
+		d.HTTPWriteTimeout != 10*time.Second || d.HTTPIdleTimeout != 2*time.Minute {
+		t.Errorf("defaults: %d %d %s %s %s", d.GRPCMaxRecvMsgSize, d.GRPCMaxConcurrentStreams, d.HTTPReadTimeout, d.HTTPWriteTimeout, d.HTTPIdleTimeout)
+	}
+	o, _, err := parseServe(nil, env("RATELIMITD_GRPC_MAX_RECV_MSG_SIZE", "65536", "RATELIMITD_GRPC_MAX_CONCURRENT_STREAMS", "10",
+		"RATELIMITD_HTTP_READ_TIMEOUT", "1s", "RATELIMITD_HTTP_WRITE_TIMEOUT", "2s", "RATELIMITD_HTTP_IDLE_TIMEOUT", "3s"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.GRPCMaxRecvMsgSize != 65536 || o.GRPCMaxConcurrentStreams != 10 || o.HTTPReadTimeout != time.Second ||
+		o.HTTPWriteTimeout != 2*time.Second || o.HTTPIdleTimeout != 3*time.Second {
+		t.Errorf("twins: %+v", o)
+	}
+	for _, bad := range []string{"--grpc-max-recv-msg-size=0", "--grpc-max-concurrent-streams=0", "--grpc-max-concurrent-streams=4294967296",
+		"--http-read-timeout=0s", "--http-write-timeout=-1s", "--http-idle-timeout=0s"} {
+		if _, _, err := parseServe([]string{bad}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(bad, "=", 2)[0]) {
+			t.Errorf("%s: err %v", bad, err)
+		}
+	}
+}
