@@ -82,7 +82,13 @@ func (c *serverCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return err
 	}
-	if !unmarshalEscaped(data.Materialize(), req) {
+	var b []byte
+	if len(data) == 1 {
+		b = data[0].ReadOnlyData() // read only; valid until Unmarshal returns
+	} else {
+		b = data.Materialize()
+	}
+	if !unmarshalEscaped(b, req) {
 		return err
 	}
 	c.s.m.invalidUTF8.Inc()
@@ -98,75 +104,122 @@ func (c *serverCodec) Unmarshal(data mem.BufferSlice, v any) error {
 // then holds garbage) when b has no such string, when b is not
 // well-formed along the walked fields, or when the rewritten message
 // still fails to unmarshal.
+//
+// Memory: one rewritten copy of b, exactly sized (escapedSize: at most
+// 2 x len(b) + 3 bytes per string), plus the decoded message; the walk
+// itself allocates nothing, at any nesting depth. (A pooled buffer would
+// round the copy up to grpc-go's next buffer tier, up to 1 MiB for a
+// 33 KiB request, which many concurrent requests would hold at once.) Time: each nesting level is
+// sized once more by its parent, so a walk reads b at most depth+1 times
+// (3 levels for RateLimitRequest → RateLimitDescriptor → Entry).
 func unmarshalEscaped(b []byte, req *rlsv3.RateLimitRequest) bool {
-	out, changed, ok := escapeInvalidStrings(b, rateLimitRequestDesc, 0)
+	n, changed, ok := escapedSize(b, rateLimitRequestDesc, 0)
 	if !ok || !changed {
 		return false
 	}
+	out := appendEscaped(make([]byte, 0, n), b, rateLimitRequestDesc)
 	return proto.Unmarshal(out, req) == nil
 }
 
-// escapeInvalidStrings walks the wire form b of a message of type md and
-// returns it with every string field whose bytes are not valid UTF-8
-// replaced by escapeInvalidUTF8 of those bytes, recursing into message
-// fields (singular, repeated and map entries). Other fields, unknown
-// fields and fields with an unexpected wire type are copied byte for byte.
-// changed reports whether anything was replaced (out is then a new slice;
-// otherwise out is b). ok is false for wire data that is malformed (bad
-// tag, truncated value, invalid group) or nested deeper than
-// maxEscapeDepth.
-func escapeInvalidStrings(b []byte, md protoreflect.MessageDescriptor, depth int) (out []byte, changed, ok bool) {
-	if depth > maxEscapeDepth {
-		return nil, false, false
+// escapeField classifies the field of type md numbered num with wire type
+// typ: a string field that must hold valid UTF-8, a message field, or
+// neither (copied byte for byte: other kinds, unknown fields, unexpected
+// wire types).
+func escapeField(md protoreflect.MessageDescriptor, num protowire.Number, typ protowire.Type) (str bool, sub protoreflect.MessageDescriptor) {
+	fd := md.Fields().ByNumber(num)
+	if fd == nil || typ != protowire.BytesType {
+		return false, nil
 	}
-	fields := md.Fields()
-	for i := 0; i < len(b); {
-		start := i
-		num, typ, n := protowire.ConsumeTag(b[i:])
-		if n < 0 {
-			return nil, false, false
-		}
-		i += n
-		m := protowire.ConsumeFieldValue(num, typ, b[i:])
-		if m < 0 {
-			return nil, false, false
-		}
-		i += m
-		fd := fields.ByNumber(num)
-		var repl []byte
-		replaced := false
-		if fd != nil && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b[start+n : i])
-			switch {
-			case fd.Kind() == protoreflect.StringKind && validatesUTF8(fd):
-				if !utf8.Valid(v) {
-					repl, replaced = escapeInvalidUTF8(nil, v), true
-				}
-			case fd.Kind() == protoreflect.MessageKind:
-				r, c, ok := escapeInvalidStrings(v, fd.Message(), depth+1)
-				if !ok {
-					return nil, false, false
-				}
-				repl, replaced = r, c
-			}
-		}
-		switch {
-		case replaced:
-			if out == nil {
-				out = make([]byte, 0, len(b)+len(b)/2+len(InvalidUTF8Prefix))
-				out = append(out, b[:start]...)
-			}
-			out = append(out, b[start:start+n]...) // the original tag
-			out = protowire.AppendBytes(out, repl)
-		case out != nil:
-			out = append(out, b[start:i]...)
-		}
+	switch {
+	case fd.Kind() == protoreflect.StringKind && validatesUTF8(fd):
+		return true, nil
+	case fd.Kind() == protoreflect.MessageKind:
+		return false, fd.Message()
 	}
-	if out == nil {
-		return b, false, true
-	}
-	return out, true, true
+	return false, nil
 }
+
+// escapedSize walks the wire form b of a message of type md and returns
+// the length of b with every string field whose bytes are not valid UTF-8
+// replaced by escapeInvalidUTF8 of those bytes, recursing into message
+// fields (singular, repeated and map entries). changed reports whether
+// anything would be replaced. ok is false for wire data that is malformed
+// (bad tag, truncated value, invalid group) or nested deeper than
+// maxEscapeDepth. It allocates nothing.
+func escapedSize(b []byte, md protoreflect.MessageDescriptor, depth int) (n int, changed, ok bool) {
+	if depth > maxEscapeDepth {
+		return 0, false, false
+	}
+	for i := 0; i < len(b); {
+		num, typ, tn := protowire.ConsumeTag(b[i:])
+		if tn < 0 {
+			return 0, false, false
+		}
+		vn := protowire.ConsumeFieldValue(num, typ, b[i+tn:])
+		if vn < 0 {
+			return 0, false, false
+		}
+		size := tn + vn
+		if str, sub := escapeField(md, num, typ); str || sub != nil {
+			v, _ := protowire.ConsumeBytes(b[i+tn : i+tn+vn])
+			switch {
+			case str && !utf8.Valid(v):
+				size, changed = tn+protowire.SizeBytes(escapedLen(len(v))), true
+			case sub != nil:
+				m, c, ok := escapedSize(v, sub, depth+1)
+				if !ok {
+					return 0, false, false
+				}
+				if c {
+					size, changed = tn+protowire.SizeBytes(m), true
+				}
+			}
+		}
+		n += size
+		i += tn + vn
+	}
+	return n, changed, true
+}
+
+// appendEscaped appends to dst the wire form b of a message of type md
+// rewritten as escapedSize measures it; b must be one escapedSize
+// reported ok for. Unchanged fields are copied byte for byte, changed
+// ones keep their original tag.
+func appendEscaped(dst, b []byte, md protoreflect.MessageDescriptor) []byte {
+	for i := 0; i < len(b); {
+		num, typ, tn := protowire.ConsumeTag(b[i:])
+		vn := protowire.ConsumeFieldValue(num, typ, b[i+tn:])
+		field := b[i : i+tn+vn]
+		i += tn + vn
+		str, sub := escapeField(md, num, typ)
+		if !str && sub == nil {
+			dst = append(dst, field...)
+			continue
+		}
+		v, _ := protowire.ConsumeBytes(field[tn:])
+		switch {
+		case str && !utf8.Valid(v):
+			dst = append(dst, field[:tn]...)
+			dst = protowire.AppendVarint(dst, uint64(escapedLen(len(v))))
+			dst = escapeInvalidUTF8(dst, v)
+		case sub != nil:
+			m, c, _ := escapedSize(v, sub, 0)
+			if !c {
+				dst = append(dst, field...)
+				continue
+			}
+			dst = append(dst, field[:tn]...)
+			dst = protowire.AppendVarint(dst, uint64(m))
+			dst = appendEscaped(dst, v, sub)
+		default:
+			dst = append(dst, field...)
+		}
+	}
+	return dst
+}
+
+// escapedLen is the length of the escaped form of n raw bytes.
+func escapedLen(n int) int { return len(InvalidUTF8Prefix) + 2*n }
 
 // validatesUTF8 reports whether protobuf-go rejects invalid UTF-8 in the
 // string field fd: proto3 (and editions, whose default utf8_validation is
