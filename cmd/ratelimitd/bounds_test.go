@@ -175,7 +175,7 @@ func closedByServer(conn net.Conn) bool {
 	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 	_, err := io.Copy(io.Discard, conn)
 	var ne net.Error
-	return !(errors.As(err, &ne) && ne.Timeout())
+	return !errors.As(err, &ne) || !ne.Timeout()
 }
 
 // Slow clients are disconnected by the HTTP timeouts: every one of 20
