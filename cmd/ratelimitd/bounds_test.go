@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +11,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +26,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -31,7 +39,7 @@ import (
 // boundsService is a service on the memory store with one rule
 // (domain "d", key "k": 1000 per minute) in force and the /json body bound
 // of o, as serve wires it.
-func boundsService(t *testing.T, o Options) *service.Service {
+func boundsService(t testing.TB, o Options) *service.Service {
 	t.Helper()
 	mem, err := memory.New(memory.Options{})
 	if err != nil {
@@ -57,7 +65,7 @@ func boundsService(t *testing.T, o Options) *service.Service {
 
 // boundsGRPC serves svc and a health server on a loopback gRPC server
 // built with grpcServerOptions(o), and returns a client connection to it.
-func boundsGRPC(t *testing.T, o Options, svc *service.Service, hs *health.Server) *grpc.ClientConn {
+func boundsGRPC(t testing.TB, o Options, svc *service.Service, hs *health.Server) *grpc.ClientConn {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -305,6 +313,126 @@ func TestBoundFlags(t *testing.T) {
 		"--http-read-timeout=0s", "--http-write-timeout=-1s", "--http-idle-timeout=0s"} {
 		if _, _, err := parseServe([]string{bad}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(bad, "=", 2)[0]) {
 			t.Errorf("%s: err %v", bad, err)
+		}
+	}
+}
+
+// rawCodec sends rawMsg bytes as they are (a request with invalid UTF-8,
+// which proto.Marshal refuses to build) and decodes replies with proto.
+type rawCodec struct{}
+
+type rawMsg []byte
+
+func (rawCodec) Name() string { return "proto" }
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.(rawMsg))}, nil
+}
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
+
+// hostileWire is the wire form of a request for domain "d" of 64
+// descriptors of 32 entries whose values are valueLen bytes of invalid
+// UTF-8 (0xff).
+func hostileWire(valueLen int) []byte {
+	v := bytes.Repeat([]byte{0xff}, valueLen)
+	var desc []byte
+	for range service.MaxEntries {
+		var e []byte
+		e = protowire.AppendTag(e, 1, protowire.BytesType)
+		e = protowire.AppendString(e, "k")
+		e = protowire.AppendTag(e, 2, protowire.BytesType)
+		e = protowire.AppendBytes(e, v)
+		desc = protowire.AppendTag(desc, 1, protowire.BytesType)
+		desc = protowire.AppendBytes(desc, e)
+	}
+	var req []byte
+	req = protowire.AppendTag(req, 1, protowire.BytesType)
+	req = protowire.AppendString(req, "d")
+	for range service.MaxDescriptors {
+		req = protowire.AppendTag(req, 2, protowire.BytesType)
+		req = protowire.AppendBytes(req, desc)
+	}
+	return req
+}
+
+// hostileCallBudget is the heap budget of one call of
+// BenchmarkHostileInvalidUTF8Load, client side included: the 1 MB
+// request as received, its decoded message (2.3 MB: escaped strings take
+// 2 bytes per raw byte) and the scratch of decoding, of which only a few
+// calls' are live at once.
+const hostileCallBudget = 3 << 20
+
+// BenchmarkHostileInvalidUTF8Load: 200 concurrent requests of 1 MB (just
+// under the default --grpc-max-recv-msg-size) with invalid UTF-8 in all
+// 64 x 32 values, over 4 loopback connections, client and server in this
+// process. It reports the peak Go heap (sampled every millisecond) and
+// the process's peak RSS (VmHWM) in MB, and fails when the peak heap is
+// over the budget of hostileCallBudget per concurrent call
+// (docs/security.md, "Resource bounds").
+//
+//	go test -run XXX -bench BenchmarkHostileInvalidUTF8Load -benchtime 3x ./cmd/ratelimitd/
+func BenchmarkHostileInvalidUTF8Load(b *testing.B) {
+	const calls, conns = 200, 4
+	o := defaultOptions()
+	svc := boundsService(b, o)
+	wire := hostileWire(480)
+	if len(wire) > o.GRPCMaxRecvMsgSize {
+		b.Fatalf("request of %d bytes is over the bound", len(wire))
+	}
+	ccs := make([]*grpc.ClientConn, conns)
+	for i := range ccs {
+		ccs[i] = boundsGRPC(b, o, svc, health.NewServer())
+	}
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				metrics.Read(s)
+				if v := s[0].Value.Uint64(); v > peak.Load() {
+					peak.Store(v)
+				}
+			}
+		}
+	}()
+	for b.Loop() {
+		var wg sync.WaitGroup
+		for i := range calls {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp := &rlsv3.RateLimitResponse{}
+				err := ccs[i%conns].Invoke(context.Background(), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+					rawMsg(wire), resp, grpc.ForceCodecV2(rawCodec{}))
+				if err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	close(stop)
+	<-sampled
+	b.ReportMetric(float64(peak.Load())/1e6, "peak-heap-MB")
+	if budget := uint64(calls * hostileCallBudget); peak.Load() > budget {
+		b.Errorf("peak heap %d MB for %d concurrent hostile calls, over the budget of %d MB", peak.Load()>>20, calls, budget>>20)
+	}
+	if st, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, l := range strings.Split(string(st), "\n") {
+			if f := strings.Fields(l); len(f) == 3 && f[0] == "VmHWM:" {
+				if kb, err := strconv.Atoi(f[1]); err == nil {
+					b.ReportMetric(float64(kb)/1e3, "peak-RSS-MB")
+				}
+			}
 		}
 	}
 }
