@@ -64,8 +64,14 @@ func boundsService(t testing.TB, o Options) *service.Service {
 }
 
 // boundsGRPC serves svc and a health server on a loopback gRPC server
-// built with grpcServerOptions(o), and returns a client connection to it.
+// built as serve builds it (grpcServerOptions(o), limitConns), and returns
+// a client connection to it.
 func boundsGRPC(t testing.TB, o Options, svc *service.Service, hs *health.Server) *grpc.ClientConn {
+	t.Helper()
+	return dialBounds(t, boundsServer(t, o, svc, hs))
+}
+
+func boundsServer(t testing.TB, o Options, svc *service.Service, hs *health.Server) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -74,15 +80,45 @@ func boundsGRPC(t testing.TB, o Options, svc *service.Service, hs *health.Server
 	gs := grpc.NewServer(append([]grpc.ServerOption{svc.ServerOption()}, grpcServerOptions(o)...)...)
 	svc.Register(gs)
 	healthpb.RegisterHealthServer(gs, hs)
-	go func() { _ = gs.Serve(ln) }()
+	go func() { _ = gs.Serve(limitConns(ln, o.GRPCMaxConnections)) }()
 	t.Cleanup(gs.Stop)
-	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	return ln.Addr().String()
+}
+
+func dialBounds(t testing.TB, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(16<<20)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
 	return cc
+}
+
+// With --grpc-max-connections=1, a second client connection is not served
+// (its call's deadline passes) until the first one closes.
+func TestGRPCMaxConnections(t *testing.T) {
+	o := defaultOptions()
+	o.GRPCMaxConnections = 1
+	addr := boundsServer(t, o, boundsService(t, o), health.NewServer())
+	first, second := dialBounds(t, addr), dialBounds(t, addr)
+	check := func(cc *grpc.ClientConn, d time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	if err := check(first, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := check(second, 300*time.Millisecond); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("second connection beyond the bound: %v; want DeadlineExceeded (not accepted)", err)
+	}
+	_ = first.Close()
+	if err := check(second, 10*time.Second); err != nil {
+		t.Fatalf("second connection after the first closed: %v", err)
+	}
 }
 
 // bigRequest is a valid request for rule d/k whose wire form is about n
@@ -297,19 +333,19 @@ func TestBoundFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d.GRPCMaxRecvMsgSize != 1<<20 || d.GRPCMaxConcurrentStreams != 1000 || d.HTTPReadTimeout != 10*time.Second ||
-		d.HTTPWriteTimeout != 10*time.Second || d.HTTPIdleTimeout != 2*time.Minute {
+		d.HTTPWriteTimeout != 10*time.Second || d.HTTPIdleTimeout != 2*time.Minute || d.GRPCMaxConnections != 0 {
 		t.Errorf("defaults: %d %d %s %s %s", d.GRPCMaxRecvMsgSize, d.GRPCMaxConcurrentStreams, d.HTTPReadTimeout, d.HTTPWriteTimeout, d.HTTPIdleTimeout)
 	}
 	o, _, err := parseServe(nil, env("RATELIMITD_GRPC_MAX_RECV_MSG_SIZE", "65536", "RATELIMITD_GRPC_MAX_CONCURRENT_STREAMS", "10",
-		"RATELIMITD_HTTP_READ_TIMEOUT", "1s", "RATELIMITD_HTTP_WRITE_TIMEOUT", "2s", "RATELIMITD_HTTP_IDLE_TIMEOUT", "3s"), io.Discard)
+		"RATELIMITD_HTTP_READ_TIMEOUT", "1s", "RATELIMITD_HTTP_WRITE_TIMEOUT", "2s", "RATELIMITD_HTTP_IDLE_TIMEOUT", "3s", "RATELIMITD_GRPC_MAX_CONNECTIONS", "7"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o.GRPCMaxRecvMsgSize != 65536 || o.GRPCMaxConcurrentStreams != 10 || o.HTTPReadTimeout != time.Second ||
-		o.HTTPWriteTimeout != 2*time.Second || o.HTTPIdleTimeout != 3*time.Second {
+		o.HTTPWriteTimeout != 2*time.Second || o.HTTPIdleTimeout != 3*time.Second || o.GRPCMaxConnections != 7 {
 		t.Errorf("twins: %+v", o)
 	}
-	for _, bad := range []string{"--grpc-max-recv-msg-size=0", "--grpc-max-concurrent-streams=0", "--grpc-max-concurrent-streams=4294967296",
+	for _, bad := range []string{"--grpc-max-recv-msg-size=0", "--grpc-max-concurrent-streams=0", "--grpc-max-concurrent-streams=4294967296", "--grpc-max-connections=-1",
 		"--http-read-timeout=0s", "--http-write-timeout=-1s", "--http-idle-timeout=0s"} {
 		if _, _, err := parseServe([]string{bad}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(bad, "=", 2)[0]) {
 			t.Errorf("%s: err %v", bad, err)

@@ -144,8 +144,11 @@ type Options struct {
 	// decoded); it also bounds the POST /json body (413 beyond it).
 	// GRPCMaxConcurrentStreams is the streams one HTTP/2 connection may
 	// have open at once (further calls wait for one to end).
+	// GRPCMaxConnections is the gRPC connections open at once (0:
+	// unbounded); beyond it new connections wait to be accepted.
 	GRPCMaxRecvMsgSize       int
 	GRPCMaxConcurrentStreams int
+	GRPCMaxConnections       int
 	// HTTP servers: HTTPReadTimeout bounds reading a whole request
 	// (headers and body), HTTPWriteTimeout the time from the end of the
 	// request headers to the end of the response (not on the debug
@@ -352,6 +355,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.GRPCTLSClientSAN, "grpc-tls-client-san", o.GRPCTLSClientSAN, "required SAN in client certificates (with --grpc-tls-client-ca)")
 	fs.IntVar(&o.GRPCMaxRecvMsgSize, "grpc-max-recv-msg-size", o.GRPCMaxRecvMsgSize, "largest gRPC message received, in bytes (larger: ResourceExhausted, not decoded); also the POST /json body bound (larger: 413)")
 	fs.IntVar(&o.GRPCMaxConcurrentStreams, "grpc-max-concurrent-streams", o.GRPCMaxConcurrentStreams, "gRPC calls one client connection may have in flight; further calls wait for one to end")
+	fs.IntVar(&o.GRPCMaxConnections, "grpc-max-connections", o.GRPCMaxConnections, "gRPC client connections open at once; further ones wait to be accepted (0 = unbounded)")
 	fs.DurationVar(&o.HTTPReadTimeout, "http-read-timeout", o.HTTPReadTimeout, "HTTP listeners: time to read a whole request (headers and body); a slower client is disconnected")
 	fs.DurationVar(&o.HTTPWriteTimeout, "http-write-timeout", o.HTTPWriteTimeout, "HTTP listener (not debug): time from the end of the request headers to the end of the response")
 	fs.DurationVar(&o.HTTPIdleTimeout, "http-idle-timeout", o.HTTPIdleTimeout, "HTTP listeners: how long a keep-alive connection may wait for its next request")
@@ -610,6 +614,9 @@ func (o Options) Validate() error {
 	}
 	if o.GRPCMaxConcurrentStreams <= 0 || int64(o.GRPCMaxConcurrentStreams) > math.MaxUint32 {
 		add(fmt.Errorf("--grpc-max-concurrent-streams=%d: must be in [1, %d]", o.GRPCMaxConcurrentStreams, uint32(math.MaxUint32)))
+	}
+	if o.GRPCMaxConnections < 0 {
+		add(fmt.Errorf("--grpc-max-connections=%d: must be >= 0 (0 = unbounded)", o.GRPCMaxConnections))
 	}
 	for _, d := range []struct {
 		name string

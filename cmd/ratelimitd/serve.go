@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -345,6 +346,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc.Config())))
 	}
+	grpcLn = limitConns(grpcLn, o.GRPCMaxConnections)
 	gs := grpc.NewServer(gopts...)
 	svc.Register(gs)
 	healthpb.RegisterHealthServer(gs, s.health)
@@ -633,6 +635,18 @@ func grpcServerOptions(o Options) []grpc.ServerOption {
 		grpc.MaxConcurrentStreams(uint32(o.GRPCMaxConcurrentStreams)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
 	}
+}
+
+// limitConns returns l, or for max > 0 l accepting at most max connections
+// at once (--grpc-max-connections): beyond it Accept waits until one
+// closes, so a further client's TCP handshake completes in the kernel's
+// backlog but its HTTP/2 handshake waits (its calls run into their
+// deadlines).
+func limitConns(l net.Listener, max int) net.Listener {
+	if max <= 0 {
+		return l
+	}
+	return netutil.LimitListener(l, max)
 }
 
 // httpMaxHeaderBytes bounds the request line and headers an HTTP listener
