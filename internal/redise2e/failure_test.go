@@ -16,6 +16,9 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -130,6 +133,47 @@ func checkFailureModes(t *testing.T, in *instance, wantCauses ...string) {
 	}
 }
 
+// checkShed asserts, while Redis is stalled (frozen) and calls carry
+// Envoy's 20 ms deadline, that nothing is admitted uncounted: failure_mode
+// open requests are shed (DeadlineExceeded: Envoy's failure_mode_deny
+// decides), closed ones answer OVER_LIMIT with temporary-reduced-capacity,
+// local ones are decided by the memory fallback (5 of 8).
+func checkShed(t *testing.T, in *instance) {
+	t.Helper()
+	envoy := func(r *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		return in.svc.ShouldRateLimit(ctx, r)
+	}
+	v := freshValue()
+	for i := range 3 {
+		if r, err := envoy(req("fm", []string{"open", v})); status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("failure_mode open, Redis stalled, call %d: %v %v, want DeadlineExceeded (shed)", i+1, r.GetOverallCode(), err)
+		}
+	}
+	r, err := envoy(req("fm", []string{"closed", freshValue()}))
+	if err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("failure_mode closed, Redis stalled: %v %v, want OVER_LIMIT", r.GetOverallCode(), err)
+	} else if pt := problemType(t, r); !strings.HasSuffix(pt, "#"+service.ProblemTemporaryReducedCapacity) {
+		t.Errorf("failure_mode closed: problem type %q, want ...#%s", pt, service.ProblemTemporaryReducedCapacity)
+	}
+	v = freshValue()
+	ok := 0
+	for range 8 {
+		r, err := envoy(req("fm", []string{"local", v}))
+		if err != nil {
+			t.Errorf("failure_mode local, Redis stalled: %v", err)
+			continue
+		}
+		if isOK(r) {
+			ok++
+		}
+	}
+	if ok != 5 {
+		t.Errorf("failure_mode local: %d of 8 allowed on a 5/hour rule, want 5 (decided by the memory fallback)", ok)
+	}
+}
+
 // loadGen runs goroutines calling ShouldRateLimit on the load domain
 // (random mode, 1,000 values) and records each call's start and latency.
 type loadGen struct {
@@ -139,6 +183,7 @@ type loadGen struct {
 	mu   sync.Mutex
 	recs []rec
 	errs atomic.Int64
+	shed atomic.Int64 // DeadlineExceeded: shed, not decided in time
 }
 
 type rec struct {
@@ -149,7 +194,12 @@ type rec struct {
 
 var modes = []string{"open", "closed", "local"}
 
-func startLoad(in *instance, workers int) *loadGen {
+func startLoad(in *instance, workers int) *loadGen { return startLoadWith(in, workers, 5*time.Second) }
+
+// startLoadWith is startLoad with each call's deadline (Envoy: 20 ms). A
+// call shed at its deadline (DeadlineExceeded: not decided in time, only
+// failure_mode open would admit it) is counted in shed, not as an error.
+func startLoadWith(in *instance, workers int, deadline time.Duration) *loadGen {
 	g := &loadGen{in: in, stop: make(chan struct{})}
 	for w := range workers {
 		g.wg.Add(1)
@@ -165,12 +215,15 @@ func startLoad(in *instance, workers int) *loadGen {
 				default:
 				}
 				r := req("load", []string{modes[rng.IntN(3)], "u" + strconv.Itoa(rng.IntN(1000))})
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
 				t0 := time.Now()
 				resp, err := in.svc.ShouldRateLimit(ctx, r)
 				local = append(local, rec{start: t0, d: time.Since(t0), ok: err == nil && isOK(resp)})
 				cancel()
-				if err != nil {
+				switch {
+				case status.Code(err) == codes.DeadlineExceeded:
+					g.shed.Add(1)
+				case err != nil:
 					g.errs.Add(1)
 				}
 				time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
@@ -224,9 +277,12 @@ func (g *loadGen) slowest(n int, from, to time.Time) string {
 
 // TestFailureModesKilledAndFrozen: with production defaults (10 ms timeout,
 // circuit breaker), Redis is SIGKILLed or SIGSTOPped while 6 goroutines
-// call the service; each rule's failure mode decides, p99 latency stays
-// under latencyBound, and after Restart / SIGCONT normal answers resume
-// within recoveryBound.
+// call the service. Killed (refused: a proven failure): each rule's
+// failure mode decides. Frozen (a stall: nothing proves a failure), with
+// Envoy's 20 ms deadline: open requests are shed, closed and local rules
+// answer by their modes, before and after the circuit opens (FailFor). p99
+// latency stays under latencyBound, and after Restart / SIGCONT normal
+// answers resume within recoveryBound.
 func TestFailureModesKilledAndFrozen(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -235,7 +291,7 @@ func TestFailureModesKilledAndFrozen(t *testing.T) {
 		causes  []string
 	}{
 		{"killed", (*redistest.Server).Kill, (*redistest.Server).Restart, []string{redis.CauseRefused, redis.CauseCircuitOpen}},
-		{"frozen", (*redistest.Server).Stop, (*redistest.Server).Cont, []string{redis.CauseTimeout, redis.CauseCircuitOpen}},
+		{"frozen", (*redistest.Server).Stop, (*redistest.Server).Cont, []string{redis.CauseTimeout}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			redistest.Require(t)
@@ -246,12 +302,20 @@ func TestFailureModesKilledAndFrozen(t *testing.T) {
 			// 10 ms Timeout on a loaded host (it did, 1 run in 15 under
 			// -race at load 5), so wait for one that Redis decides.
 			waitFor(t, 10*time.Second, "Redis deciding before the fault", func() bool { return decided(t, in) })
-			lg := startLoad(in, 6)
+			frozen := tc.name == "frozen"
+			// A frozen Redis is a stall, not a proven failure: calls carry
+			// Envoy's deadline and are shed or answered by their closed and
+			// local modes until the circuit opens after FailFor.
+			loadDeadline, bound := 5*time.Second, openBound
+			if frozen {
+				loadDeadline, bound = 20*time.Millisecond, redis.DefaultBreakerFailFor+openBound
+			}
+			lg := startLoadWith(in, 6, loadDeadline)
 			time.Sleep(300 * time.Millisecond)
 			opened := make(chan time.Duration, 1)
 			faultAt := time.Now()
 			go func() { // when the circuit opens, polled every 1 ms
-				for time.Since(faultAt) < 2*time.Second {
+				for time.Since(faultAt) < 3*time.Second {
 					if in.store.BreakerState() != "closed" {
 						opened <- time.Since(faultAt)
 						return
@@ -267,12 +331,19 @@ func TestFailureModesKilledAndFrozen(t *testing.T) {
 				}
 			})
 			time.Sleep(time.Second) // mid-load outage
+			if frozen {
+				checkShed(t, in) // before and after the circuit opens
+			}
 			openedAfter := <-opened
 			t.Logf("%s: circuit opened %v after the fault", tc.name, openedAfter.Round(time.Millisecond))
-			if openedAfter < 0 || openedAfter > openBound {
-				t.Errorf("%s: circuit opened %v after the fault (-1: not within 2 s), want <= %v", tc.name, openedAfter, openBound)
+			if openedAfter < 0 || openedAfter > bound {
+				t.Errorf("%s: circuit opened %v after the fault (-1: not within 3 s), want <= %v", tc.name, openedAfter, bound)
 			}
-			checkFailureModes(t, in, tc.causes...)
+			if frozen {
+				checkShed(t, in)
+			} else {
+				checkFailureModes(t, in, tc.causes...)
+			}
 			time.Sleep(500 * time.Millisecond)
 			outageEnd := time.Now()
 			tc.recover(srv)

@@ -56,8 +56,10 @@ const maxBatchHits = 4 * maxBatch
 // circuit breaker (overdue). A call whose budget runs out completes with
 // ErrCallTimeout while Redis looks stalled and with ErrDeadline otherwise;
 // neither proves a failure, and the service sheds both (see ErrDeadline).
-// While the circuit breaker is open (open reports it), every pending call
-// completes at once with ErrCircuitOpen: no request waits on a dead Redis.
+// While the circuit breaker is open (open reports its error), every
+// pending call completes at once with it (ErrCircuitOpen, or
+// ErrStalledOpen when only stalls opened it): no request waits on a dead
+// Redis.
 //
 // The budgets are enforced without a runtime timer per call: one sweeper
 // goroutine per batcher, running while calls are pending, completes every
@@ -86,7 +88,7 @@ type batcher struct {
 	// circuit is open (called under mu; it must not call back into the
 	// batcher).
 	overdue func(since time.Time)
-	open    func() bool
+	open    func() error
 	// live decides whether Redis is stalled from the sockets themselves
 	// (see liveness); nil (batchers built without a Store, in tests):
 	// never stalled.
@@ -293,7 +295,10 @@ func (b *batcher) sweeper() {
 	for range t.C {
 		now := b.clock()
 		b.mu.Lock()
-		open := b.open != nil && b.open()
+		var open error
+		if b.open != nil {
+			open = b.open()
+		}
 		stalled := b.stalledLocked()
 		pending := b.sweepLocked(b.queue, now, open, stalled)
 		for _, f := range b.flights {
@@ -352,8 +357,9 @@ func budgetError(stalled bool) error {
 
 // sweepLocked completes the calls of cs whose budget is at or before now
 // (with budgetError(stalled)), or every pending call of cs when open (with
-// ErrCircuitOpen), and returns how many are still pending. b.mu is held.
-func (b *batcher) sweepLocked(cs []*scriptCall, now int64, open, stalled bool) int {
+// the circuit's error, ErrCircuitOpen or ErrStalledOpen), and returns how
+// many are still pending. b.mu is held.
+func (b *batcher) sweepLocked(cs []*scriptCall, now int64, open error, stalled bool) int {
 	pending := 0
 	for _, c := range cs {
 		if c.state.Load() != callPending {
@@ -361,8 +367,8 @@ func (b *batcher) sweepLocked(cs []*scriptCall, now int64, open, stalled bool) i
 		}
 		var err error
 		switch {
-		case open:
-			err = ErrCircuitOpen
+		case open != nil:
+			err = open
 		case c.deadline <= now:
 			err = budgetError(stalled)
 		default:

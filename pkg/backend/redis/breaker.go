@@ -43,7 +43,7 @@ const (
 	DefaultBreakerMinCalls     = 20
 	DefaultBreakerFailureRatio = 0.5
 	DefaultBreakerOpenFor      = 250 * time.Millisecond
-	DefaultBreakerFailFor      = 250 * time.Millisecond
+	DefaultBreakerFailFor      = time.Second
 	DefaultBreakerProbes       = 3
 )
 
@@ -91,7 +91,7 @@ type BreakerOptions struct {
 }
 
 // DefaultBreakerOptions: open after 5 consecutive failures or >= 50% failed
-// of >= 20 calls within 1 s, timeouts only once they have lasted 250 ms;
+// of >= 20 calls within 1 s, timeouts only once they have lasted 1 s;
 // up to 3 probes after 250 ms.
 func DefaultBreakerOptions() BreakerOptions {
 	return BreakerOptions{
@@ -161,6 +161,7 @@ type Breaker struct {
 	consecutive int
 	streakStart time.Time // when the first of the consecutive failures was recorded
 	streakHard  bool      // the consecutive failures include a non-timeout outage
+	openHard    bool      // the circuit opened on failures that include a non-timeout outage
 	buckets     [breakerBuckets]breakerBucket
 	opened      uint64 // times the circuit opened
 }
@@ -202,7 +203,31 @@ func (b *Breaker) Allow(now time.Time) error {
 			return nil
 		}
 	}
-	return ErrCircuitOpen
+	return b.openErrLocked()
+}
+
+// openErrLocked is the error of a call refused by the open circuit:
+// ErrCircuitOpen when proven failures opened it, ErrStalledOpen when only
+// stalls (timeouts) did. b.mu is held.
+func (b *Breaker) openErrLocked() error {
+	if b.openHard {
+		return ErrCircuitOpen
+	}
+	return ErrStalledOpen
+}
+
+// OpenErr is nil unless the circuit is open at now, and then the error of
+// a call it refuses (see openErrLocked).
+func (b *Breaker) OpenErr(now time.Time) error {
+	if b.opts.Disabled {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stateLocked(now) != BreakerOpen {
+		return nil
+	}
+	return b.openErrLocked()
 }
 
 // Record reports the outcome of an allowed call that ended at now. err is
@@ -221,7 +246,7 @@ func (b *Breaker) record(start, now time.Time, err error) {
 		var e *Error
 		errors.As(Classify(err), &e) // always true for err != nil
 		failed = e.outage
-		neutral = e.cause == CauseCanceled || e.cause == CauseCircuitOpen || e.cause == CauseDeadline
+		neutral = e.cause == CauseCanceled || e.cause == CauseCircuitOpen || e.cause == CauseDeadline || e == ErrStalledOpen
 		hard = failed && e.cause != CauseTimeout
 	}
 	b.mu.Lock()
@@ -238,7 +263,7 @@ func (b *Breaker) record(start, now time.Time, err error) {
 		case neutral:
 		case failed:
 			if b.probes == 0 {
-				b.openLocked(now)
+				b.openLocked(now, hard)
 			}
 		default:
 			b.closeLocked()
@@ -291,13 +316,13 @@ func (b *Breaker) failLocked(bk *breakerBucket, now time.Time, hard bool) {
 	}
 	b.streakHard = b.streakHard || hard
 	if b.consecutive >= b.opts.Failures && (b.streakHard || now.Sub(b.streakStart) >= b.opts.FailFor) {
-		b.openLocked(now)
+		b.openLocked(now, b.streakHard)
 		return
 	}
 	calls, fails, first := b.windowLocked(now)
 	if calls >= b.opts.MinCalls && float64(fails) >= b.opts.FailureRatio*float64(calls) &&
 		now.UnixNano()-first >= int64(b.opts.FailFor) {
-		b.openLocked(now)
+		b.openLocked(now, b.streakHard)
 	}
 }
 
@@ -326,7 +351,7 @@ func (b *Breaker) Opened() uint64 {
 }
 
 // Do runs fn under the breaker: while the circuit is open it returns
-// ErrCircuitOpen without calling fn; otherwise it calls fn with ctx bounded
+// ErrCircuitOpen or ErrStalledOpen without calling fn; otherwise it calls fn with ctx bounded
 // by timeout (when > 0), records the outcome and returns fn's error
 // classified (an *Error with a Cause), or nil.
 func (b *Breaker) Do(ctx context.Context, timeout time.Duration, fn func(context.Context) error) error {
@@ -351,8 +376,8 @@ func (b *Breaker) stateLocked(now time.Time) BreakerState {
 	return b.state
 }
 
-func (b *Breaker) openLocked(now time.Time) {
-	b.state, b.openedAt, b.probes = BreakerOpen, now, 0
+func (b *Breaker) openLocked(now time.Time, hard bool) {
+	b.state, b.openedAt, b.probes, b.openHard = BreakerOpen, now, 0, hard
 	b.opened++
 }
 

@@ -295,8 +295,47 @@ func TestBreakerDefaults(t *testing.T) {
 			t.Fatalf("probe %d refused: %v", i+1, err)
 		}
 	}
-	if err := b.Allow(half); !errors.Is(err, redis.ErrCircuitOpen) {
-		t.Fatalf("probe %d: %v, want ErrCircuitOpen", opts.Probes+1, err)
+	// Timeouts alone opened it: a refused call gets ErrStalledOpen (shed,
+	// not a proven failure).
+	if err := b.Allow(half); !errors.Is(err, redis.ErrStalledOpen) {
+		t.Fatalf("probe %d: %v, want ErrStalledOpen", opts.Probes+1, err)
+	}
+}
+
+// TestBreakerOpenErrTellsProof: a circuit opened by a proven failure
+// (refused) refuses calls with ErrCircuitOpen, one opened by timeouts only
+// with ErrStalledOpen (cause timeout); OpenErr says the same while open
+// and nil otherwise.
+func TestBreakerOpenErrTellsProof(t *testing.T) {
+	opts := redis.BreakerOptions{Failures: 1, Window: time.Second, MinCalls: 1, FailureRatio: 1, OpenFor: time.Second}
+	for _, tc := range []struct {
+		name string
+		fail error
+		want error
+	}{
+		{"refused", errOutage, redis.ErrCircuitOpen},
+		{"timeout", context.DeadlineExceeded, redis.ErrStalledOpen},
+	} {
+		b := redis.NewBreaker(opts, nil)
+		if err := b.OpenErr(bt0); err != nil {
+			t.Fatalf("%s: OpenErr of a closed breaker: %v", tc.name, err)
+		}
+		if err := b.Allow(bt0); err != nil {
+			t.Fatal(err)
+		}
+		b.Record(bt0, tc.fail)
+		if err := b.Allow(bt0); err != tc.want {
+			t.Errorf("%s: Allow after the opening failure: %v, want %v", tc.name, err, tc.want)
+		}
+		if err := b.OpenErr(bt0); err != tc.want {
+			t.Errorf("%s: OpenErr: %v, want %v", tc.name, err, tc.want)
+		}
+		if err := b.OpenErr(bt0.Add(time.Second)); err != nil {
+			t.Errorf("%s: OpenErr once half-open: %v", tc.name, err)
+		}
+	}
+	if redis.CauseOf(redis.ErrStalledOpen) != redis.CauseTimeout {
+		t.Errorf("ErrStalledOpen cause %q, want timeout", redis.CauseOf(redis.ErrStalledOpen))
 	}
 }
 
@@ -333,7 +372,7 @@ func TestBreakerDo(t *testing.T) {
 		t.Fatal("healthy after an opening failure")
 	}
 	err = b.Do(context.Background(), time.Millisecond, func(context.Context) error { calls++; return nil })
-	if !errors.Is(err, redis.ErrCircuitOpen) || calls != 1 {
+	if !errors.Is(err, redis.ErrStalledOpen) || calls != 1 {
 		t.Fatalf("open breaker: err %v, calls %d", err, calls)
 	}
 	now = now.Add(time.Second)

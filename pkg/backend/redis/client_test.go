@@ -348,6 +348,7 @@ func TestKilledAndFrozen(t *testing.T) {
 	s := redistest.Standalone(t)
 	o := redis.DefaultOptions()
 	o.URL = s.URL()
+	o.Breaker.FailFor = 50 * time.Millisecond // the mechanics, not the default's patience
 	c := newClient(t, o)
 	b := redis.NewBreaker(o.Breaker, nil)
 	ctx := context.Background()
@@ -378,7 +379,7 @@ func TestKilledAndFrozen(t *testing.T) {
 					t.Errorf("cause %q with Redis %s, want one of %v", cause, fault.name, fault.causes)
 				}
 			}
-			if causes[redis.CauseCircuitOpen] == 0 {
+			if b.Opened() == 0 {
 				t.Errorf("the breaker never opened with Redis %s", fault.name)
 			}
 			if b.Healthy() {
@@ -494,9 +495,9 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 // TestStoreFailFast is TestKilledAndFrozen through Store.Take with the
-// default options: the Store's own breaker and timeout keep every decision
-// fast while Redis is dead or frozen, Healthy follows, and decisions resume
-// within 2 s.
+// default options and Envoy's 20 ms deadline: every decision ends within
+// its budget while Redis is dead or frozen (a frozen Redis opens the
+// circuit after FailFor), Healthy follows, and decisions resume within 2 s.
 func TestStoreFailFast(t *testing.T) {
 	if testing.Short() {
 		t.Skip("latency under failure: -short")
@@ -509,9 +510,12 @@ func TestStoreFailFast(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	ctx := context.Background()
 	hits := []algo.Hit{{Key: "failfast", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 40, Period: time.Minute}, Cost: 1}}
 	call := func() error {
+		// Envoy's 20 ms deadline: a frozen Redis costs a call its budget
+		// until the circuit opens (FailFor), then nothing.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
 		d, err := st.Take(ctx, hits)
 		if err == nil && (len(d) != 1 || !d[0].Allowed) {
 			return fmt.Errorf("decision %+v", d)
@@ -530,14 +534,14 @@ func TestStoreFailFast(t *testing.T) {
 		{"frozen", srv.Stop, srv.Cont},
 	} {
 		fault.inject()
-		lat, causes := load(call, 16, 700*time.Millisecond)
+		lat, causes := load(call, 16, 700*time.Millisecond+o.Breaker.FailFor)
 		p99 := percentile(lat, 0.99)
 		t.Logf("Store, Redis %s: %d decisions, p50 %v p99 %v max %v, causes %v",
 			fault.name, len(lat), percentile(lat, 0.5), p99, slices.Max(lat), causes)
 		if p99 > 50*time.Millisecond {
 			t.Errorf("Redis %s: Take p99 %v, want < 50 ms", fault.name, p99)
 		}
-		if causes[redis.CauseCircuitOpen] == 0 || st.Healthy() {
+		if st.BreakerState() == "closed" || st.Healthy() {
 			t.Errorf("Redis %s: breaker never opened (causes %v, healthy %v)", fault.name, causes, st.Healthy())
 		}
 		fault.heal()

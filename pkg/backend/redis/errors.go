@@ -97,6 +97,14 @@ func (e *Error) Unwrap() error { return e.err }
 // breaker is open. Its Cause is CauseCircuitOpen.
 var ErrCircuitOpen = &Error{cause: CauseCircuitOpen, err: errors.New("circuit open, not calling redis")}
 
+// ErrStalledOpen is returned, without calling Redis, while the circuit is
+// open because Redis stalled (only timeouts opened it): nothing proves a
+// failure, since a frozen Redis and a very slow one look the same, so its
+// cause is CauseTimeout, which the service sheds like a budget that ran
+// out (never admitted uncounted); ErrCircuitOpen is for a circuit opened
+// by failures Redis proved (refused connections, LOADING, CLUSTERDOWN).
+var ErrStalledOpen = &Error{cause: CauseTimeout, err: errors.New("circuit open after Redis stalled, not calling redis")}
+
 // Classify wraps err in an *Error with its cause; nil stays nil and an err
 // that already has an *Error in its chain is returned unchanged.
 func Classify(err error) error {

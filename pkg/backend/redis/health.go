@@ -124,7 +124,7 @@ func (s *Store) healthLoop(h *healthProbe) {
 			case isOutage(err):
 				s.probeFailed.Store(true)
 			}
-			if !errors.Is(err, ErrCircuitOpen) && h.ctx.Err() == nil {
+			if !errors.Is(err, ErrCircuitOpen) && !errors.Is(err, ErrStalledOpen) && h.ctx.Err() == nil {
 				s.noteOutcome(err, false)
 			}
 			if isOutage(err) && s.breaker.Healthy() {

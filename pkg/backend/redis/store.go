@@ -124,7 +124,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	s.warmConns = min(max(opts.MinIdleConns, s.batch.pipelines+1), max(1, opts.PoolSize))
 	s.batch.waitReplicas = opts.WaitReplicas
 	s.batch.overdue = func(sent time.Time) { s.breaker.Overdue(sent, s.breaker.now()) }
-	s.batch.open = func() bool { return s.breaker.StateAt(s.breaker.now()) == BreakerOpen }
+	s.batch.open = func() error { return s.breaker.OpenErr(s.breaker.now()) }
 	_, s.cluster = c.(*goredis.ClusterClient)
 	return s
 }
