@@ -144,7 +144,7 @@ func (s *Store) healthLoop(h *healthProbe) {
 
 // recoveryPoll is the probe's period while the Store is not healthy
 // (circuit open or half-open, not warm, writes or credentials refused).
-const recoveryPoll = 200 * time.Millisecond
+const recoveryPoll = 100 * time.Millisecond
 
 // probeTimeout is the least time the health probe gives one PING (or a
 // warm-up, or its write) before it counts as a failure: far more than

@@ -13,7 +13,7 @@ import (
 
 // recoveryWithin is how soon after Redis is back (restarted, thawed,
 // memory freed) the Store must be Healthy again without any traffic: the
-// probe looks every 200 ms while unhealthy, the circuit half-opens after
+// probe looks every 100 ms while unhealthy, the circuit half-opens after
 // 250 ms.
 const recoveryWithin = time.Second
 
