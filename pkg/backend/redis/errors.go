@@ -17,8 +17,11 @@ import (
 // Causes are the bounded labels of backend errors, used for
 // ratelimitd_backend_errors_total{cause} and failure-mode logs.
 const (
-	// CauseTimeout: the call did not finish within Options.Timeout (frozen
-	// or overloaded Redis, pool exhausted, network black hole).
+	// CauseTimeout: the call's budget ran out while a socket to Redis was
+	// stalled (a request written Options.Timeout ago or more with no byte
+	// of reply: frozen or overloaded Redis, network black hole), a network
+	// or pool timeout, or the circuit is open after stalls alone
+	// (ErrStalledOpen). Nothing proves a failure: the service sheds it.
 	CauseTimeout = "timeout"
 	// CauseRefused: no usable connection (connection refused, reset,
 	// closed mid-reply, unreachable host, TLS handshake failure).
