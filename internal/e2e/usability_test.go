@@ -14,6 +14,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -382,6 +383,21 @@ func TestServiceFlagsWired(t *testing.T) {
 	}
 }
 
+// waitRefusedAtStart waits until p logged refused and checks that, with
+// only the refused config, it is not SERVING.
+func waitRefusedAtStart(t *testing.T, p *proc, cc *grpc.ClientConn, refused string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() string {
+		if !strings.Contains(p.Logs(), refused) {
+			return "no refusal logged\n" + p.Logs()
+		}
+		return ""
+	})
+	if got := health(t, cc, ""); got == healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("SERVING with a refused config only")
+	}
+}
+
 // --max-config-rules refuses a config with more rules at startup (not
 // serving) and at reload (the config in force stays), with an ERROR naming
 // both counts.
@@ -392,15 +408,7 @@ func TestMaxConfigRules(t *testing.T) {
 	p := start(t, startOpts{args: []string{"--config", dir, "--max-config-rules=1"}})
 	cc := p.dial(t)
 	const refused = "config too large: 2 rules, more than the limit of 1 (--max-config-rules)"
-	eventually(t, 10*time.Second, func() string {
-		if !strings.Contains(p.Logs(), refused) {
-			return "no refusal logged\n" + p.Logs()
-		}
-		return ""
-	})
-	if got := health(t, cc, ""); got == healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("SERVING with a refused config only")
-	}
+	waitRefusedAtStart(t, p, cc, refused)
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
 	p.waitServing(t, cc, "")
 	writeFile(t, dir, "e2e.yaml", two)
@@ -422,13 +430,5 @@ func TestMaxConfigBytes(t *testing.T) {
 	p := start(t, startOpts{args: []string{"--config", dir, "--max-config-bytes=20"}})
 	cc := p.dial(t)
 	const refused = "config too large: more than the limit of 20 bytes (--max-config-bytes)"
-	eventually(t, 10*time.Second, func() string {
-		if !strings.Contains(p.Logs(), refused) {
-			return "no refusal logged\n" + p.Logs()
-		}
-		return ""
-	})
-	if got := health(t, cc, ""); got == healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("SERVING with a refused config only")
-	}
+	waitRefusedAtStart(t, p, cc, refused)
 }
