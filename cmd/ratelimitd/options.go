@@ -137,6 +137,21 @@ type Options struct {
 	GRPCTLSKey       string
 	GRPCTLSClientCA  string
 	GRPCTLSClientSAN string
+	// HTTPTLS serves the HTTP listener (/healthcheck, /json, /metrics) with
+	// the gRPC listener's TLS material; needs GRPCTLSCert. When gRPC uses
+	// TLS and HTTPTLS is false, POST /json is off (docs/security.md, "Trust
+	// boundaries").
+	HTTPTLS bool
+	// DebugTokenFile names a file holding the bearer token that admits
+	// non-loopback connections to the debug listener ("" = loopback
+	// connections only).
+	DebugTokenFile string
+	// RedisPasswordFile names a file holding the Redis password, read on
+	// every new connection (wins over the URL's password).
+	// RedisSentinelAuthFile names a file holding --redis-sentinel-auth's
+	// value, read at startup.
+	RedisPasswordFile     string
+	RedisSentinelAuthFile string
 
 	// Resource bounds of the listeners (docs/security.md, "Resource
 	// bounds"). GRPCMaxRecvMsgSize is the largest gRPC message received,
@@ -179,7 +194,7 @@ func defaultOptions() Options {
 		Config:           []string{"./config"},
 		GRPCAddr:         ":8081",
 		HTTPAddr:         ":8080",
-		DebugAddr:        ":6070",
+		DebugAddr:        "127.0.0.1:6070",
 		Backend:          "memory",
 		RedisURL:         "redis://127.0.0.1:6379/0",
 		RedisMode:        "standalone",
@@ -353,6 +368,10 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.GRPCTLSKey, "grpc-tls-key", o.GRPCTLSKey, "gRPC server private key (PEM)")
 	fs.StringVar(&o.GRPCTLSClientCA, "grpc-tls-client-ca", o.GRPCTLSClientCA, "CA bundle (PEM) for client certificates: enables mTLS")
 	fs.StringVar(&o.GRPCTLSClientSAN, "grpc-tls-client-san", o.GRPCTLSClientSAN, "required SAN in client certificates (with --grpc-tls-client-ca)")
+	fs.BoolVar(&o.HTTPTLS, "http-tls", o.HTTPTLS, "serve the HTTP listener with the gRPC TLS certificate; POST /json then needs a client certificate when gRPC does (without it, /json is off while gRPC uses TLS)")
+	fs.StringVar(&o.DebugTokenFile, "debug-token-file", o.DebugTokenFile, "file holding a bearer token that admits non-loopback connections to the debug listener (empty: loopback connections only)")
+	fs.StringVar(&o.RedisPasswordFile, "redis-password-file", o.RedisPasswordFile, "file holding the Redis password, read for every new connection (wins over the URL's password)")
+	fs.StringVar(&o.RedisSentinelAuthFile, "redis-sentinel-auth-file", o.RedisSentinelAuthFile, "file holding the sentinel credentials (password or user:password), read at startup")
 	fs.IntVar(&o.GRPCMaxRecvMsgSize, "grpc-max-recv-msg-size", o.GRPCMaxRecvMsgSize, "largest gRPC message received, in bytes (larger: ResourceExhausted, not decoded); also the POST /json body bound (larger: 413)")
 	fs.IntVar(&o.GRPCMaxConcurrentStreams, "grpc-max-concurrent-streams", o.GRPCMaxConcurrentStreams, "gRPC calls one client connection may have in flight; further calls wait for one to end")
 	fs.IntVar(&o.GRPCMaxConnections, "grpc-max-connections", o.GRPCMaxConnections, "gRPC client connections open at once; further ones wait to be accepted (0 = unbounded)")
@@ -381,7 +400,23 @@ func parseServe(args []string, lookup func(string) (string, bool), usage io.Writ
 	o := defaultOptions()
 	warnings, err := applyLegacyEnv(&o, lookup)
 	if err != nil {
-		return o, warnings, err
+		// The reference's variables carry credentials (REDIS_AUTH,
+		// REDIS_SENTINEL_AUTH, a REDIS_URL with user info): none is
+		// quoted back.
+		secrets := secretsOf(o)
+		for _, name := range []string{"REDIS_AUTH", "REDIS_SENTINEL_AUTH", "REDIS_URL"} {
+			if v, ok := lookup(name); ok {
+				v = strings.TrimSpace(v)
+				secrets = append(secrets, redis.URLPassword(v))
+				if name != "REDIS_URL" {
+					secrets = append(secrets, v)
+					if _, p, ok := strings.Cut(v, ":"); ok {
+						secrets = append(secrets, p)
+					}
+				}
+			}
+		}
+		return o, warnings, scrubErr(err, secrets...)
 	}
 	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
 	// The flag package prints a parse error and the whole usage itself;
@@ -437,7 +472,17 @@ func parseServe(args []string, lookup func(string) (string, bool), usage io.Writ
 			o.fromEnv[name] = envName(name)
 		}
 	}
-	return o, warnings, o.annotateEnv(o.Validate())
+	if err := o.Validate(); err != nil {
+		return o, warnings, o.annotateEnv(scrubErr(err, secretsOf(o)...))
+	}
+	if o.RedisSentinelAuthFile != "" {
+		auth, err := readSecretFile("redis-sentinel-auth-file", o.RedisSentinelAuthFile)
+		if err != nil {
+			return o, warnings, o.annotateEnv(err)
+		}
+		o.RedisSentinelAuth = auth
+	}
+	return o, warnings, nil
 }
 
 // annotateEnv returns err with every line that starts with a flag whose
@@ -608,6 +653,17 @@ func (o Options) Validate() error {
 	}
 	if o.GRPCTLSClientSAN != "" && o.GRPCTLSClientCA == "" {
 		add(errors.New("--grpc-tls-client-san needs --grpc-tls-client-ca"))
+	}
+	if o.HTTPTLS && o.GRPCTLSCert == "" {
+		add(errors.New("--http-tls serves the gRPC certificate: it needs --grpc-tls-cert and --grpc-tls-key"))
+	}
+	if o.DebugTokenFile != "" {
+		if _, err := readSecretFile("debug-token-file", o.DebugTokenFile); err != nil {
+			add(err)
+		}
+	}
+	if o.RedisSentinelAuthFile != "" && o.RedisSentinelAuth != "" {
+		add(errors.New("--redis-sentinel-auth and --redis-sentinel-auth-file: give one"))
 	}
 	if o.GRPCMaxRecvMsgSize <= 0 {
 		add(fmt.Errorf("--grpc-max-recv-msg-size=%d: must be > 0 (bytes)", o.GRPCMaxRecvMsgSize))

@@ -36,7 +36,7 @@ func TestParseServeDefaults(t *testing.T) {
 	// The contract's table.
 	for _, c := range []struct{ got, want string }{
 		{strings.Join(o.Config, ","), "./config"},
-		{o.GRPCAddr, ":8081"}, {o.HTTPAddr, ":8080"}, {o.DebugAddr, ":6070"},
+		{o.GRPCAddr, ":8081"}, {o.HTTPAddr, ":8080"}, {o.DebugAddr, "127.0.0.1:6070"},
 		{o.Backend, "memory"}, {o.RedisURL, "redis://127.0.0.1:6379/0"}, {o.RedisMode, "standalone"},
 		{o.LogLevel, "info"}, {o.LogFormat, "text"}, {o.Headers, "ietf"}, {o.KeyValues, "hash"},
 	} {

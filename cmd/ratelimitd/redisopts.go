@@ -15,6 +15,7 @@ import (
 func redisOptions(o Options) redis.Options {
 	ro := redis.DefaultOptions()
 	ro.URL = o.RedisURL
+	ro.PasswordFile = o.RedisPasswordFile
 	ro.Mode = redis.Mode(o.RedisMode)
 	ro.Addrs = o.RedisAddrs
 	ro.MasterName = o.RedisMaster

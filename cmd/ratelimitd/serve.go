@@ -11,6 +11,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -236,8 +237,9 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 
 	store, fallback, closeStore, err := newStore(o)
 	if err != nil {
-		return fmt.Errorf("backend: %w", err)
+		return scrubErr(fmt.Errorf("backend: %w", err), secretsOf(o)...)
 	}
+	log.Info("backend", backendTarget(o)...)
 	defer func() {
 		if err := closeStore(); err != nil {
 			log.Warn("closing backend", "err", err)
@@ -339,7 +341,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		gopts = append(gopts, tr.ServerOption())
 	}
 	if o.GRPCTLSCert != "" {
-		tc, err := newTLSReloader(o.GRPCTLSCert, o.GRPCTLSKey, o.GRPCTLSClientCA, o.GRPCTLSClientSAN, log)
+		tc, err := newTLSReloader(o.GRPCTLSCert, o.GRPCTLSKey, o.GRPCTLSClientCA, o.GRPCTLSClientSAN, false, log)
 		if err != nil {
 			closeAll()
 			return err
@@ -361,12 +363,20 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		}
 		_, _ = io.WriteString(w, "OK")
 	})
-	mux.Handle("/json", svc.JSONHandler())
+	jb := jsonBoundaryOf(o)
+	mux.Handle("/json", jb.guard(svc.JSONHandler()))
 	mux.Handle("/metrics", metrics)
-	servers := []*http.Server{newHTTPServer(o, mux, true)}
+	httpServer := newHTTPServer(o, mux, true)
+	if o.HTTPTLS {
+		if httpServer.TLSConfig, err = httpTLSConfig(o, log); err != nil {
+			closeAll()
+			return err
+		}
+	}
+	servers := []*http.Server{httpServer}
 	serveLns := []net.Listener{httpLn}
 	if debugLn != nil {
-		servers = append(servers, newHTTPServer(o, s.debugMux(), false))
+		servers = append(servers, newHTTPServer(o, debugGuard(s.debugMux(), o.DebugTokenFile, log), false))
 		serveLns = append(serveLns, debugLn)
 	}
 	if metricsLn != nil {
@@ -437,9 +447,16 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	}
 
 	log.Info("listening", "server", "grpc", "addr", grpcLn.Addr().String(), "tls", o.GRPCTLSCert != "", "mtls", o.GRPCTLSClientCA != "")
-	log.Info("listening", "server", "http", "addr", httpLn.Addr().String())
+	log.Info("listening", "server", "http", "addr", httpLn.Addr().String(), "tls", o.HTTPTLS, "json", jb.describe())
 	if debugLn != nil {
-		log.Info("listening", "server", "debug", "addr", debugLn.Addr().String())
+		access := "loopback connections only"
+		if o.DebugTokenFile != "" {
+			access = "loopback connections, others with the bearer token of --debug-token-file"
+		}
+		log.Info("listening", "server", "debug", "addr", debugLn.Addr().String(), "access", access)
+		if !isLoopbackAddr(debugLn.Addr().String()) && o.DebugTokenFile == "" {
+			log.Warn("debug listener bound beyond loopback without --debug-token-file: it answers 403 to every non-loopback connection", "addr", debugLn.Addr().String())
+		}
 	}
 	if metricsLn != nil {
 		log.Info("listening", "server", "metrics", "addr", metricsLn.Addr().String())
@@ -454,7 +471,11 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	for i, hs := range servers {
 		go func() {
 			defer wg.Done()
-			if err := hs.Serve(serveLns[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serveFn := hs.Serve
+			if hs.TLSConfig != nil {
+				serveFn = func(l net.Listener) error { return hs.ServeTLS(l, "", "") }
+			}
+			if err := serveFn(serveLns[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				fatal <- fmt.Errorf("http server: %w", err)
 			}
 		}()
@@ -566,7 +587,27 @@ func (s *server) fail(err error) {
 	s.log.Error("config rejected; no config loaded yet: not serving (health NOT_SERVING, requests fail with Unavailable) until a good config loads", "err", err.Error())
 }
 
-// debugMux serves /rlconfig and /debug/pprof/.
+// backendTarget are the attributes of the startup log line naming the
+// store and where it points, with any password redacted.
+func backendTarget(o Options) []any {
+	if o.Backend != "redis" {
+		return []any{"type", o.Backend}
+	}
+	attrs := []any{"type", "redis", "mode", o.RedisMode, "url", redis.RedactURL(o.RedisURL)}
+	if len(o.RedisAddrs) > 0 {
+		attrs = append(attrs, "addrs", strings.Join(o.RedisAddrs, ","))
+	}
+	if o.RedisMaster != "" {
+		attrs = append(attrs, "master", o.RedisMaster)
+	}
+	if o.RedisPasswordFile != "" {
+		attrs = append(attrs, "password_file", o.RedisPasswordFile)
+	}
+	return attrs
+}
+
+// debugMux serves /rlconfig and /debug/pprof/ (cmdline with secrets
+// redacted).
 func (s *server) debugMux() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -588,7 +629,7 @@ func (s *server) debugMux() http.Handler {
 		}
 	})
 	m.HandleFunc("/debug/pprof/", pprof.Index)
-	m.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	m.HandleFunc("/debug/pprof/cmdline", cmdlineHandler(os.Args))
 	m.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	m.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	m.HandleFunc("/debug/pprof/trace", pprof.Trace)

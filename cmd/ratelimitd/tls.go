@@ -19,8 +19,12 @@ import (
 // logged. Safe for concurrent use.
 type tlsReloader struct {
 	certFile, keyFile, caFile, san string
-	log                            *slog.Logger
-	checkEvery                     time.Duration
+	// http: the config is the HTTP listener's (--http-tls): HTTP/2 and
+	// HTTP/1.1, client certificates verified when given but not required,
+	// no SAN check at the handshake (jsonBoundary.guard checks /json).
+	http       bool
+	log        *slog.Logger
+	checkEvery time.Duration
 
 	mu      sync.Mutex
 	checked time.Time
@@ -28,18 +32,26 @@ type tlsReloader struct {
 	cfg     *tls.Config
 }
 
-func newTLSReloader(certFile, keyFile, caFile, san string, log *slog.Logger) (*tlsReloader, error) {
-	r := &tlsReloader{certFile: certFile, keyFile: keyFile, caFile: caFile, san: san, log: log, checkEvery: time.Second}
+func newTLSReloader(certFile, keyFile, caFile, san string, forHTTP bool, log *slog.Logger) (*tlsReloader, error) {
+	r := &tlsReloader{certFile: certFile, keyFile: keyFile, caFile: caFile, san: san, http: forHTTP, log: log, checkEvery: time.Second}
 	st, err := r.fileStamp()
 	if err != nil {
-		return nil, fmt.Errorf("grpc tls: %w", err)
+		return nil, fmt.Errorf("%s: %w", r.name(), err)
 	}
 	cfg, err := r.load()
 	if err != nil {
-		return nil, fmt.Errorf("grpc tls: %w", err)
+		return nil, fmt.Errorf("%s: %w", r.name(), err)
 	}
 	r.cfg, r.stamp, r.checked = cfg, st, time.Now()
 	return r, nil
+}
+
+// name prefixes the reloader's errors and log lines.
+func (r *tlsReloader) name() string {
+	if r.http {
+		return "http tls"
+	}
+	return "grpc tls"
 }
 
 // Config is the tls.Config to hand to the gRPC server: every handshake
@@ -64,11 +76,11 @@ func (r *tlsReloader) current() *tls.Config {
 	}
 	cfg, err := r.load()
 	if err != nil {
-		r.log.Error("grpc tls: reload failed; keeping the previous certificate", "err", err)
+		r.log.Error(r.name()+": reload failed; keeping the previous certificate", "err", err)
 		return r.cfg
 	}
 	r.cfg, r.stamp = cfg, st
-	r.log.Info("grpc tls: certificates reloaded")
+	r.log.Info(r.name() + ": certificates reloaded")
 	return r.cfg
 }
 
@@ -97,6 +109,9 @@ func (r *tlsReloader) load() (*tls.Config, error) {
 		Certificates: []tls.Certificate{pair},
 		NextProtos:   []string{"h2"},
 	}
+	if r.http {
+		cfg.NextProtos = []string{"h2", "http/1.1"}
+	}
 	if r.caFile != "" {
 		pem, err := os.ReadFile(r.caFile)
 		if err != nil {
@@ -108,7 +123,10 @@ func (r *tlsReloader) load() (*tls.Config, error) {
 		}
 		cfg.ClientCAs = pool
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
-		if r.san != "" {
+		if r.http {
+			cfg.ClientAuth = tls.VerifyClientCertIfGiven
+		}
+		if r.san != "" && !r.http {
 			san := r.san
 			cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 				if len(cs.PeerCertificates) == 0 || !hasSAN(cs.PeerCertificates[0], san) {

@@ -343,8 +343,14 @@ func eventually(t testing.TB, within time.Duration, f func() string) {
 // runCmd runs the binary with args and returns exit code, stdout, stderr.
 func runCmd(t testing.TB, args ...string) (int, string, string) {
 	t.Helper()
+	return runCmdEnv(t, nil, args...)
+}
+
+// runCmdEnv is runCmd with env added to baseEnv.
+func runCmdEnv(t testing.TB, env []string, args ...string) (int, string, string) {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = baseEnv()
+	cmd.Env = append(baseEnv(), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

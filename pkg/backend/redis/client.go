@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -47,7 +48,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 	if o.URL != "" {
 		var err error
 		if base, err = goredis.ParseURL(o.URL); err != nil {
-			return nil, fmt.Errorf("redis: url %q: %w", redactURL(o.URL), err)
+			return nil, errors.New("redis: " + urlError(o.URL, err))
 		}
 	}
 	if o.Username != "" {
@@ -55,6 +56,18 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 	}
 	if o.Password != "" {
 		base.Password = o.Password
+	}
+	var creds func(context.Context) (string, string, error)
+	if o.PasswordFile != "" {
+		if _, err := readPasswordFile(o.PasswordFile); err != nil {
+			return nil, err
+		}
+		user := base.Username
+		creds = func(context.Context) (string, string, error) {
+			p, err := readPasswordFile(o.PasswordFile)
+			return user, p, err
+		}
+		base.Password = ""
 	}
 	var tlsCfg *tls.Config
 	if o.TLS || base.TLSConfig != nil {
@@ -73,49 +86,52 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 	switch o.Mode {
 	case Cluster:
 		return goredis.NewClusterClient(&goredis.ClusterOptions{
-			Addrs:                    o.Addrs,
-			Dialer:                   dial,
-			Username:                 base.Username,
-			Password:                 base.Password,
-			MaxRedirects:             3,
-			MaxRetries:               -1,
-			DialTimeout:              o.DialTimeout,
-			DialerRetries:            1,
-			ReadTimeout:              o.maxWait(),
-			WriteTimeout:             o.maxWait(),
-			ContextTimeoutEnabled:    true,
-			PoolSize:                 o.PoolSize,
-			PoolTimeout:              o.maxWait(),
-			MinIdleConns:             0, // the Store keeps its connections warm (see dialer)
-			ConnMaxIdleTime:          -1,
-			DisableIdentity:          true,
-			MaintNotificationsConfig: maint,
+			Addrs:                      o.Addrs,
+			Dialer:                     dial,
+			Username:                   base.Username,
+			Password:                   base.Password,
+			CredentialsProviderContext: creds,
+			MaxRedirects:               3,
+			MaxRetries:                 -1,
+			DialTimeout:                o.DialTimeout,
+			DialerRetries:              1,
+			ReadTimeout:                o.maxWait(),
+			WriteTimeout:               o.maxWait(),
+			ContextTimeoutEnabled:      true,
+			PoolSize:                   o.PoolSize,
+			PoolTimeout:                o.maxWait(),
+			MinIdleConns:               0, // the Store keeps its connections warm (see dialer)
+			ConnMaxIdleTime:            -1,
+			DisableIdentity:            true,
+			MaintNotificationsConfig:   maint,
 		}), nil
 	case Sentinel:
 		return goredis.NewFailoverClient(&goredis.FailoverOptions{
-			MasterName:            o.MasterName,
-			SentinelAddrs:         o.Addrs,
-			SentinelUsername:      o.SentinelUsername,
-			SentinelPassword:      o.SentinelPassword,
-			Dialer:                dial,
-			Username:              base.Username,
-			Password:              base.Password,
-			DB:                    base.DB,
-			MaxRetries:            -1,
-			DialTimeout:           o.DialTimeout,
-			DialerRetries:         1,
-			ReadTimeout:           o.maxWait(),
-			WriteTimeout:          o.maxWait(),
-			ContextTimeoutEnabled: true,
-			PoolSize:              o.PoolSize,
-			PoolTimeout:           o.maxWait(),
-			MinIdleConns:          0, // the Store keeps its connections warm (see dialer)
-			ConnMaxIdleTime:       -1,
-			PipelinePoolSize:      -1, // pipelines share the main pool (PoolSize, PoolTimeout)
-			DisableIdentity:       true,
+			MasterName:                 o.MasterName,
+			SentinelAddrs:              o.Addrs,
+			SentinelUsername:           o.SentinelUsername,
+			SentinelPassword:           o.SentinelPassword,
+			Dialer:                     dial,
+			Username:                   base.Username,
+			Password:                   base.Password,
+			CredentialsProviderContext: creds,
+			DB:                         base.DB,
+			MaxRetries:                 -1,
+			DialTimeout:                o.DialTimeout,
+			DialerRetries:              1,
+			ReadTimeout:                o.maxWait(),
+			WriteTimeout:               o.maxWait(),
+			ContextTimeoutEnabled:      true,
+			PoolSize:                   o.PoolSize,
+			PoolTimeout:                o.maxWait(),
+			MinIdleConns:               0, // the Store keeps its connections warm (see dialer)
+			ConnMaxIdleTime:            -1,
+			PipelinePoolSize:           -1, // pipelines share the main pool (PoolSize, PoolTimeout)
+			DisableIdentity:            true,
 		}), nil
 	default:
 		base.Dialer = dial
+		base.CredentialsProviderContext = creds
 		base.TLSConfig = nil // TLS is done by dial, bounded by the context
 		base.MaxRetries = -1
 		base.DialTimeout = o.DialTimeout
@@ -357,4 +373,29 @@ func logDialFailure(ctx context.Context, addr string, err error) {
 	if l := logger.Load(); l != nil {
 		(*l).Printf(ctx, "redis: dial %s: %v", addr, err)
 	}
+}
+
+// maxPasswordFileBytes bounds a password file (Options.PasswordFile).
+const maxPasswordFileBytes = 64 << 10
+
+// readPasswordFile returns the password in path without one trailing
+// newline (LF or CRLF). Errors name the file, never its content.
+func readPasswordFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("redis: password file: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	b, err := io.ReadAll(io.LimitReader(f, maxPasswordFileBytes+1))
+	if err != nil {
+		return "", fmt.Errorf("redis: password file: %w", err)
+	}
+	if len(b) > maxPasswordFileBytes {
+		return "", fmt.Errorf("redis: password file %s: larger than %d bytes", path, maxPasswordFileBytes)
+	}
+	p := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if p == "" {
+		return "", fmt.Errorf("redis: password file %s is empty", path)
+	}
+	return p, nil
 }

@@ -6,6 +6,7 @@ package redis
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -71,6 +72,13 @@ type Options struct {
 	// (envoyproxy/ratelimit's REDIS_AUTH "password" or "user:password").
 	Username string
 	Password string
+	// PasswordFile, when non-empty, names a file holding the password (a
+	// mounted Kubernetes Secret key; one trailing newline is ignored). It
+	// is read again for every new connection, so a rotated secret takes
+	// effect on the next dial without a restart, and it wins over Password
+	// and the URL's password. A file that is missing or empty fails the
+	// dial (and New, which reads it once).
+	PasswordFile string
 	// SentinelUsername and SentinelPassword authenticate to the sentinels
 	// themselves (REDIS_SENTINEL_AUTH); empty means none.
 	SentinelUsername string
@@ -207,7 +215,7 @@ func (o Options) Validate() error {
 	if o.URL != "" {
 		var err error
 		if url, err = goredis.ParseURL(o.URL); err != nil {
-			bad("url %q: %v", redactURL(o.URL), err)
+			bad("%s", urlError(o.URL, err))
 		}
 	}
 	switch o.Mode {
@@ -286,16 +294,62 @@ func (o Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// redactURL hides the password of a Redis URL for error messages.
-func redactURL(s string) string {
-	at := strings.LastIndex(s, "@")
-	scheme := strings.Index(s, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return s
+// RedactURL returns a Redis URL with the password of its user info
+// replaced by "xxxxx" ("redis://user:xxxxx@host:6379/0"), for logs and
+// errors. A value that does not parse as a URL is redacted textually (the
+// text between "://" and the last '@' after the first ':'), so a malformed
+// URL never leaks its password either.
+func RedactURL(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		if u.User != nil {
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(u.User.Username(), redactedSecret)
+			}
+		}
+		return u.String()
 	}
-	cred := s[scheme+3 : at]
+	scheme := strings.Index(raw, "://")
+	at := strings.LastIndex(raw, "@")
+	if scheme < 0 || at < scheme {
+		return raw
+	}
+	cred := raw[scheme+3 : at]
 	if i := strings.Index(cred, ":"); i >= 0 {
-		cred = cred[:i+1] + "xxx"
+		cred = cred[:i+1] + redactedSecret
 	}
-	return s[:scheme+3] + cred + s[at:]
+	return raw[:scheme+3] + cred + raw[at:]
+}
+
+// URLPassword returns the password in a Redis URL's user info ("" for
+// none), also for a URL that does not parse (see RedactURL).
+func URLPassword(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		if u.User == nil {
+			return ""
+		}
+		p, _ := u.User.Password()
+		return p
+	}
+	scheme := strings.Index(raw, "://")
+	at := strings.LastIndex(raw, "@")
+	if scheme < 0 || at < scheme {
+		return ""
+	}
+	if _, p, ok := strings.Cut(raw[scheme+3:at], ":"); ok {
+		return p
+	}
+	return ""
+}
+
+// redactedSecret replaces a password in everything the backend prints.
+const redactedSecret = "xxxxx"
+
+// urlError describes a Redis URL that go-redis could not parse without the
+// URL's password: go-redis (net/url) quotes the whole URL in its errors.
+func urlError(raw string, err error) string {
+	msg := err.Error()
+	if p := URLPassword(raw); p != "" {
+		msg = strings.ReplaceAll(msg, p, redactedSecret)
+	}
+	return fmt.Sprintf("url %q: %s", RedactURL(raw), msg)
 }
