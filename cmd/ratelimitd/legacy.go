@@ -23,8 +23,10 @@ var legacyIgnored = map[string]string{
 	"CONFIG_TYPE":                             "FILE is the only provider; checked below",
 	"RUNTIME_WATCH_ROOT":                      "config directories are always watched",
 	"USE_STATSD":                              "checked below",
-	"DISABLE_STATS":                           "no effect: metrics are pulled from /metrics",
-	"STATS_FLUSH_INTERVAL":                    "no effect: metrics are pulled",
+	"DISABLE_STATS":                           "checked below (turns statsd off; /metrics stays)",
+	"STATS_FLUSH_INTERVAL":                    "checked below",
+	"STATSD_HOST":                             "checked below",
+	"STATSD_PORT":                             "checked below",
 	"REDIS_SOCKET_TYPE":                       "read with REDIS_URL",
 	"REDIS_PIPELINE_WINDOW":                   "no effect: one script call per request",
 	"REDIS_PIPELINE_LIMIT":                    "no effect: one script call per request",
@@ -44,7 +46,7 @@ var legacyIgnored = map[string]string{
 // startup warning.
 var legacyUnsupported = []string{
 	"GRPC_UDS",
-	"STATSD_HOST", "STATSD_PORT", "USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS", "EXTRA_TAGS",
+	"USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS", "EXTRA_TAGS",
 	"PROMETHEUS_MAPPER_YAML", "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
 	"LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER", "LIMIT_RESET_HEADER",
 	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
@@ -262,11 +264,13 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		o.LogFormat = strings.ToLower(v)
 	}
 
-	// Metrics: statsd sinks have no equivalent; Prometheus maps.
-	if v, ok := get("USE_STATSD"); ok && v != "" {
-		if b, err := strconv.ParseBool(v); err == nil && b {
-			unsupported = append(unsupported, "USE_STATSD")
-		}
+	// Metrics: statsd (plain, over UDP) and Prometheus map; dogstatsd
+	// does not.
+	if err := legacyStatsd(o, get, &unsupported); err != nil {
+		errs = append(errs, err)
+	}
+	if v, ok := get("STATSD_PROTOCOL"); ok && v != "" && !strings.EqualFold(v, "udp") {
+		unsupportedIf("STATSD_PROTOCOL="+v+" (statsd is sent over UDP)", o.StatsdAddr != "" || o.StatsdReferenceAddr != "")
 	}
 	if v, ok := get("USE_PROMETHEUS"); ok && v != "" {
 		if b, err := strconv.ParseBool(v); err == nil && b {
@@ -299,6 +303,66 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		warnings = append(warnings, "envoyproxy/ratelimit environment variables set but not supported by ratelimitd (ignored; see docs/migrating.md): "+strings.Join(unsupported, ", "))
 	}
 	return warnings, errors.Join(errs...)
+}
+
+// legacyStatsd maps USE_STATSD, STATSD_HOST, STATSD_PORT,
+// STATS_FLUSH_INTERVAL and DISABLE_STATS. envoyproxy/ratelimit sends
+// statsd to STATSD_HOST:STATSD_PORT (defaults localhost, 8125) unless
+// USE_STATSD is false (its default is true), DISABLE_STATS is true, or
+// another sink (USE_PROMETHEUS, USE_DOG_STATSD) is chosen. ratelimitd
+// sends only when USE_STATSD=true is set explicitly (o.StatsdAddr); what
+// the reference would do with USE_STATSD unset is recorded in
+// o.StatsdReferenceAddr for reference-mode wiring, and STATSD_HOST or
+// STATSD_PORT set without it is named in the unsupported warning.
+func legacyStatsd(o *Options, get func(string) (string, bool), unsupported *[]string) error {
+	var errs []error
+	use, useSet := false, false
+	if v, ok := get("USE_STATSD"); ok && v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("USE_STATSD=%q: %w", v, err))
+		}
+		use, useSet = b, true
+	}
+	isTrue := func(name string) bool {
+		v, _ := get(name)
+		b, err := strconv.ParseBool(v)
+		return err == nil && b
+	}
+	if isTrue("DISABLE_STATS") {
+		use, useSet = false, true
+	}
+	host, port := "localhost", "8125"
+	if v, ok := get("STATSD_HOST"); ok && v != "" {
+		host = v
+	}
+	if v, ok := get("STATSD_PORT"); ok && v != "" {
+		if _, err := strconv.ParseUint(v, 10, 16); err != nil {
+			errs = append(errs, fmt.Errorf("STATSD_PORT=%q: not a port number", v))
+		}
+		port = v
+	}
+	addr := net.JoinHostPort(host, port)
+	switch {
+	case useSet && use:
+		o.StatsdAddr = addr
+	case !useSet && !isTrue("USE_PROMETHEUS") && !isTrue("USE_DOG_STATSD"):
+		o.StatsdReferenceAddr = addr
+		for _, name := range []string{"STATSD_HOST", "STATSD_PORT"} {
+			if _, ok := get(name); ok {
+				*unsupported = append(*unsupported, name+" (statsd is sent only with USE_STATSD=true or --statsd-addr)")
+			}
+		}
+	}
+	if v, ok := get("STATS_FLUSH_INTERVAL"); ok && v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			errs = append(errs, fmt.Errorf("STATS_FLUSH_INTERVAL=%q: want a positive duration such as 10s", v))
+		} else {
+			o.StatsdFlushInterval = d
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // legacyRedis maps REDIS_TYPE, REDIS_URL, REDIS_SOCKET_TYPE, REDIS_AUTH and

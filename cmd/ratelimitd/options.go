@@ -14,6 +14,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
 
 // Options is everything `ratelimitd serve` reads from its command line and
@@ -182,6 +183,23 @@ type Options struct {
 	TracingSampleRatio float64
 	TracingServiceName string
 
+	// StatsdAddr, when set, sends envoyproxy/ratelimit's statsd stats
+	// over UDP to this host:port (docs/metrics.md, "statsd (reference
+	// names)"); "" sends none. Prometheus is unaffected.
+	StatsdAddr string
+	// StatsdFlushInterval is how often statsd counters and gauges are
+	// sent (envoyproxy/ratelimit STATS_FLUSH_INTERVAL); > 0.
+	StatsdFlushInterval time.Duration
+	// StatsdReferenceAddr is where envoyproxy/ratelimit itself would send
+	// statsd stats with the environment as it is: STATSD_HOST:STATSD_PORT
+	// (defaults localhost:8125) when USE_STATSD is unset, since its
+	// default is true; "" when USE_STATSD, DISABLE_STATS, USE_PROMETHEUS or
+	// USE_DOG_STATSD rules it out. Set by applyLegacyEnv, no flag. It is
+	// not used unless useReferenceStatsd is called (reference-mode
+	// wiring): ratelimitd itself sends statsd only when asked to
+	// explicitly (USE_STATSD=true or --statsd-addr).
+	StatsdReferenceAddr string
+
 	// fromEnv maps the name of each flag whose value came from its
 	// RATELIMITD_* twin (not overridden on the command line) to that
 	// variable, so that errors name where a bad value was set.
@@ -250,6 +268,18 @@ func defaultOptions() Options {
 		HTTPReadTimeout:          10 * time.Second,
 		HTTPWriteTimeout:         10 * time.Second,
 		HTTPIdleTimeout:          2 * time.Minute,
+
+		StatsdFlushInterval: statsd.DefaultFlushInterval,
+	}
+}
+
+// useReferenceStatsd turns statsd on at StatsdReferenceAddr when no
+// address was given, as envoyproxy/ratelimit does when USE_STATSD is
+// unset (its default is true). For reference-mode wiring; call it after
+// the flags are parsed.
+func (o *Options) useReferenceStatsd() {
+	if o.StatsdAddr == "" {
+		o.StatsdAddr = o.StatsdReferenceAddr
 	}
 }
 
@@ -309,6 +339,8 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "HTTP listen address: /healthcheck, /json, /metrics")
 	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "debug listen address: /rlconfig, /debug/pprof/ (empty disables)")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "optional extra listen address serving only /metrics")
+	fs.StringVar(&o.StatsdAddr, "statsd-addr", o.StatsdAddr, "also send envoyproxy/ratelimit's statsd stats over UDP to this host:port (empty: none)")
+	fs.DurationVar(&o.StatsdFlushInterval, "statsd-flush-interval", o.StatsdFlushInterval, "how often statsd counters and gauges are sent (timer samples within a second)")
 	fs.StringVar(&o.Backend, "backend", o.Backend, "store: memory or redis")
 	fs.StringVar(&o.RedisURL, "redis-url", o.RedisURL, "redis:// or rediss:// URL, with user:password@ for ACL and /db")
 	fs.StringVar(&o.RedisMode, "redis-mode", o.RedisMode, "standalone, cluster (seeds in --redis-addrs) or sentinel (--redis-addrs sentinels + --redis-master)")
@@ -581,6 +613,10 @@ func (o Options) Validate() error {
 	add(checkAddr("http-addr", o.HTTPAddr, false))
 	add(checkAddr("debug-addr", o.DebugAddr, true))
 	add(checkAddr("metrics-addr", o.MetricsAddr, true))
+	add(checkAddr("statsd-addr", o.StatsdAddr, true))
+	if o.StatsdFlushInterval <= 0 {
+		add(fmt.Errorf("--statsd-flush-interval=%s: must be > 0", o.StatsdFlushInterval))
+	}
 	add(oneOf("backend", o.Backend, "memory", "redis"))
 	add(oneOf("redis-mode", o.RedisMode, "standalone", "cluster", "sentinel"))
 	add(oneOf("log-level", o.LogLevel, "debug", "info", "warn", "error"))

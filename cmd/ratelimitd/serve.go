@@ -33,6 +33,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
 
 // Health service names reported by grpc.health.v1. "" and the RLS service
@@ -270,10 +271,16 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	if err != nil {
 		return err
 	}
+	sc, stopStatsd, err := startStatsd(o, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopStatsd()
 	svc, err := service.New(service.Options{
 		Store:            tr.Store(store),
 		Fallback:         fallback,
 		Registerer:       reg,
+		Statsd:           sc,
 		Logger:           log,
 		ShadowMode:       o.ShadowMode,
 		QuotaMode:        o.QuotaMode,
@@ -334,6 +341,9 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	}
 
 	gopts := append([]grpc.ServerOption{svc.ServerOption()}, grpcServerOptions(o)...)
+	if ic := svc.UnaryServerInterceptor(); ic != nil {
+		gopts = append(gopts, grpc.ChainUnaryInterceptor(ic))
+	}
 	if o.Tracing {
 		// With tracing off the otelgrpc stats handler would only start
 		// no-op spans, at ~1-2 µs of CPU per call (BENCHMARKS.md, "CPU
@@ -523,6 +533,33 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	wg.Wait()
 	log.Info("stopped")
 	return runErr
+}
+
+// startStatsd starts the statsd client of --statsd-addr (nil, and a no-op
+// stop, without it): envoyproxy/ratelimit's stats, its Go runtime stats
+// under "ratelimit.go", and ratelimitd_statsd_* on reg. stop flushes once
+// more and closes the socket; call it after the servers stopped.
+func startStatsd(o Options, reg prometheus.Registerer, log *slog.Logger) (*statsd.Client, func(), error) {
+	if o.StatsdAddr == "" {
+		return nil, func() {}, nil
+	}
+	sc, err := statsd.New(statsd.Options{Addr: o.StatsdAddr, FlushInterval: o.StatsdFlushInterval, Registerer: reg, Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	sc.AddRuntimeStats("ratelimit.go")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = sc.Run(ctx)
+	}()
+	log.Info("sending statsd", "addr", o.StatsdAddr, "flush_interval", o.StatsdFlushInterval.String())
+	return sc, func() {
+		cancel()
+		<-done
+		_ = sc.Close()
+	}, nil
 }
 
 // apply installs a freshly loaded config. It runs on the watcher's and on

@@ -244,6 +244,9 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		if s.opts.ShadowMode {
 			resp.OverallCode = rlsv3.RateLimitResponse_OK
 			s.m.globalShadow.Inc()
+			if s.ref != nil {
+				s.ref.globalShadow.Inc()
+			}
 		}
 	}
 	s.observeDecisions(sn, domain, ds, decs, outs)
@@ -313,6 +316,9 @@ const errBadResult = storeError("service: store returned a decision count differ
 func (s *Service) fail(ctx context.Context, err error, hits []algo.Hit, specs []*policy.Spec, active []int, decs []algo.Decision, outs []outcome) {
 	cause := causeOf(err)
 	s.m.backendErrors.WithLabelValues(cause).Inc()
+	if s.ref != nil {
+		s.ref.redisError.Inc()
+	}
 	s.logBackendError(cause, err, "service: rate limit backend failed; applying failure modes")
 	var local []int
 	for _, h := range active {

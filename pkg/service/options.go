@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
 
 // HeaderMode selects which rate-limit response headers the service adds to
@@ -95,6 +97,11 @@ type Options struct {
 	Fallback Store
 	// Registerer receives the service's metrics; nil disables metrics.
 	Registerer prometheus.Registerer
+	// Statsd, when not nil, receives envoyproxy/ratelimit's statsd stats
+	// (docs/metrics.md, "statsd (reference names)"), counted where the
+	// Prometheus metrics are; the caller runs and closes the client. nil
+	// emits none.
+	Statsd *statsd.Client
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 	// ShadowMode is the global shadow mode (--shadow-mode, SHADOW_MODE):

@@ -519,6 +519,9 @@ func (s *Service) observeDecisions(sn *snapshot, domain string, ds []descState, 
 		} else {
 			s.m.decisions.WithLabelValues(domain, rule, resultLabels[result]).Inc()
 		}
+		if s.ref != nil {
+			s.observeRef(sn, st, rule, decs, outs)
+		}
 	}
 }
 

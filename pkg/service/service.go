@@ -40,6 +40,7 @@ type Service struct {
 	m        *metrics
 	detailed atomic.Pointer[labelCap]
 	errLog   *logLimiter
+	ref      *refStats // nil without Options.Statsd
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
@@ -57,6 +58,7 @@ func New(opts Options) (*Service, error) {
 	}
 	s := &Service{opts: opts, m: m, errLog: newLogLimiter(time.Second), unknown: domainInfo{label: LabelUnknownDomain}}
 	s.detailed.Store(newLabelCap(max(opts.DetailedMetricCap, 0)))
+	s.ref = newRefStats(opts.Statsd, opts.DetailedMetricCap)
 	return s, nil
 }
 
@@ -69,6 +71,7 @@ func (s *Service) SetPolicy(set *policy.Set) {
 	}
 	s.snap.Store(newSnapshot(set))
 	s.detailed.Store(newLabelCap(max(s.opts.DetailedMetricCap, 0)))
+	s.ref.reset(s.opts.DetailedMetricCap)
 }
 
 // Policy returns the snapshot in force, nil before the first SetPolicy.
@@ -125,9 +128,20 @@ func (s *Service) ObserveReload(ok bool, set *policy.Set) {
 // CountReload records one config load or watcher event in
 // ratelimitd_config_reloads_total{result=r} and, for ReloadSuccess with a
 // non-nil set, sets ratelimitd_config_info{hash} to 1 for set.Hash() only.
-// It does not swap the policy: call SetPolicy as well.
+// With statsd, success and unchanged also count
+// ratelimit.service.config_load_success, failure and read_error
+// ratelimit.service.config_load_error. It does not swap the policy: call
+// SetPolicy as well.
 func (s *Service) CountReload(r ReloadResult, set *policy.Set) {
 	s.m.reloads.WithLabelValues(string(r)).Inc()
+	if s.ref != nil {
+		switch r {
+		case ReloadSuccess, ReloadUnchanged:
+			s.ref.configLoadSuccess.Inc()
+		case ReloadFailure, ReloadReadError:
+			s.ref.configLoadError.Inc()
+		}
+	}
 	if r == ReloadSuccess && set != nil {
 		s.m.configInfo.Reset()
 		s.m.configInfo.WithLabelValues(set.Hash()).Set(1)
@@ -157,14 +171,23 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	if err := validateRequest(req); err != nil {
 		dom.count(s.m, codeInvalidArgument)
+		if s.ref != nil {
+			s.ref.serviceError.Inc()
+		}
 		return nil, err
 	}
 	if sn == nil {
 		dom.count(s.m, codeUnavailable)
+		if s.ref != nil {
+			s.ref.serviceError.Inc()
+		}
 		return nil, status.Error(codes.Unavailable, "service: no rate limit configuration loaded")
 	}
 	if dom.label == LabelUnknownDomain { // also a domain literally named so, as before the cache
 		s.m.unknownDomain.Inc()
+		if s.ref != nil && !sn.set.HasDomain(req.GetDomain()) {
+			s.ref.domainNotFound(req.GetDomain(), len(req.GetDescriptors()), s.opts.DetailedMetricCap > 0)
+		}
 	}
 	resp, err := s.decide(ctx, sn, req)
 	if err != nil {

@@ -113,6 +113,8 @@ func appendSFIntParam(b []byte, key string, n int64) ([]byte, bool) {
 // (labels rule.Domain, rule.Path, result).
 type ruleInfo struct {
 	decisions [numResults]lazyCounter
+	// ref caches the statsd stats of the rule's config key (refStats).
+	ref atomic.Pointer[refKeyStats]
 }
 
 // domainInfo caches the ratelimitd_requests_total children of one domain
