@@ -343,6 +343,7 @@ func legacyStatsd(o *Options, get func(string) (string, bool), unsupported *[]st
 		port = v
 	}
 	addr := net.JoinHostPort(host, port)
+	o.StatsdReferenceAddr = ""
 	switch {
 	case useSet && use:
 		o.StatsdAddr = addr

@@ -270,6 +270,9 @@ func defaultOptions() Options {
 		HTTPIdleTimeout:          2 * time.Minute,
 
 		StatsdFlushInterval: statsd.DefaultFlushInterval,
+		// envoyproxy/ratelimit with no environment: USE_STATSD=true,
+		// STATSD_HOST=localhost, STATSD_PORT=8125.
+		StatsdReferenceAddr: "localhost:8125",
 	}
 }
 
