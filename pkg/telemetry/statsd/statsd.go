@@ -105,7 +105,7 @@ type Client struct {
 	lastDial time.Time
 	closed   bool
 	buf      []byte
-	lines    int // lines in buf
+	lines    int  // lines in buf
 	failing  bool // the last write or dial failed (logged once)
 
 	dropped   [3]atomic.Uint64 // by reason index
