@@ -22,11 +22,6 @@ import (
 var legacyIgnored = map[string]string{
 	"CONFIG_TYPE":                             "FILE is the only provider; checked below",
 	"RUNTIME_WATCH_ROOT":                      "config directories are always watched",
-	"USE_STATSD":                              "checked below",
-	"DISABLE_STATS":                           "checked below (turns statsd off; /metrics stays)",
-	"STATS_FLUSH_INTERVAL":                    "checked below",
-	"STATSD_HOST":                             "checked below",
-	"STATSD_PORT":                             "checked below",
 	"REDIS_SOCKET_TYPE":                       "read with REDIS_URL",
 	"REDIS_PIPELINE_WINDOW":                   "no effect: one script call per request",
 	"REDIS_PIPELINE_LIMIT":                    "no effect: one script call per request",
