@@ -268,3 +268,57 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// Counter updates racing with flushes are each sent exactly once.
+func TestConcurrentAddsAndFlushes(t *testing.T) {
+	l := listen(t)
+	c := newClient(t, Options{Addr: l.pc.LocalAddr().String()})
+	k := c.Counter("k")
+	const workers, adds = 4, 2000
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range adds {
+				k.Add(2)
+			}
+		}()
+	}
+	stop := make(chan struct{})
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		for range 200 { // at most 200 datagrams: none lost on loopback
+			select {
+			case <-stop:
+				return
+			default:
+				c.Flush()
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-flushed
+	c.Flush()
+	dgs := l.wait(t, int(c.datagrams.Load()))
+	sum := 0
+	for _, dg := range dgs {
+		for _, line := range strings.Split(strings.TrimSuffix(dg, "\n"), "\n") {
+			v, ok := strings.CutPrefix(line, "k:")
+			if !ok {
+				t.Fatalf("line %q", line)
+			}
+			n, err := strconv.Atoi(strings.TrimSuffix(v, "|c"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum += n
+		}
+	}
+	if sum != workers*adds*2 {
+		t.Errorf("sum of sent deltas %d, want %d", sum, workers*adds*2)
+	}
+}
