@@ -36,6 +36,57 @@ func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 func loadSource(opts LoadOptions, paths []string) (*Set, []Warning, string, error) {
 	errs := &errList{}
 	src := readSources(opts, paths, errs)
+	return compileSources(opts, src, errs, "from "+strings.Join(paths, ", ")+" (no .yaml or .yml config files)")
+}
+
+// Source is one config document held in memory instead of a file: a
+// config delivered over xDS (a RateLimitConfig resource) in its YAML form.
+type Source struct {
+	// Name stands for the file name in errors and warnings ("Name:line:
+	// message"), in Rule.File and in /rlconfig; it should say where the
+	// document came from (e.g. "xds:<resource name>").
+	Name string
+	// Data is one YAML document with the layout of a config file.
+	Data []byte
+}
+
+// LoadSources is Load for documents held in memory: each Source goes
+// through exactly the parsing, validation and compilation a config file
+// does, and several sources are several files (one domain each unless
+// LoadOptions.MergeDomains). LoadOptions.MaxBytes bounds the sum of the
+// Data lengths, LoadOptions.MaxRules the compiled rules; IgnoreDotFiles
+// does not apply. No sources is valid and yields an empty Set with one
+// warning whose File is "". The Set's SourceHash covers the options and
+// every Name and Data, so loading the same sources twice gives the same
+// SourceHash (a no-op reload). Errors are *ConfigError values joined, as
+// Load returns them; a non-nil error means no Set.
+func LoadSources(opts LoadOptions, srcs ...Source) (*Set, []Warning, error) {
+	errs := &errList{}
+	var out sources
+	h := sha256.New()
+	fmt.Fprintf(h, "ratelimitd-memory-v1 merge=%t clear=%t prefix=%d:%s\n",
+		opts.MergeDomains, opts.Keys.ClearText, len(opts.Keys.Prefix), opts.Keys.Prefix)
+	var total int64
+	for _, src := range srcs {
+		total += int64(len(src.Data))
+		if opts.MaxBytes > 0 && total > opts.MaxBytes {
+			errs.add("config", 0, "config too large: more than the limit of %d bytes (--max-config-bytes) at %s; the config in force, if any, stays", opts.MaxBytes, src.Name)
+			fmt.Fprintf(h, "too large %d:%s\n", len(src.Name), src.Name)
+			out.files = nil
+			break
+		}
+		fmt.Fprintf(h, "source %d:%s %d:", len(src.Name), src.Name, len(src.Data))
+		h.Write(src.Data)
+		out.files = append(out.files, sourceFile{name: src.Name, data: src.Data})
+	}
+	out.hash = hex.EncodeToString(h.Sum(nil))
+	s, warns, _, err := compileSources(opts, out, errs, "(no config documents)")
+	return s, warns, err
+}
+
+// compileSources parses and compiles what one load read; empty describes
+// the inputs in the warning of a load without domains.
+func compileSources(opts LoadOptions, src sources, errs *errList, empty string) (*Set, []Warning, string, error) {
 	var parsed []*fileConfig
 	for _, f := range src.files {
 		parsed = append(parsed, parseFile(f.name, f.data, errs))
@@ -52,7 +103,7 @@ func loadSource(opts LoadOptions, paths []string) (*Set, []Warning, string, erro
 		// Valid but almost certainly not meant: a directory without
 		// config files (or whose files were all deleted) loads an empty
 		// Set, and the service then answers every request OK.
-		errs.warn("", 0, "no rate-limit domains loaded from %s (no .yaml or .yml config files): every request is answered OK without limits", strings.Join(paths, ", "))
+		errs.warn("", 0, "no rate-limit domains loaded %s: every request is answered OK without limits", empty)
 	}
 	s.computeHash()
 	s.sourceHash = src.hash
