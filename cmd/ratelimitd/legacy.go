@@ -20,7 +20,6 @@ import (
 // because ratelimitd already behaves that way (or the variable only tunes a
 // mechanism ratelimitd does not have), whatever their value.
 var legacyIgnored = map[string]string{
-	"CONFIG_TYPE":                             "FILE is the only provider; checked below",
 	"RUNTIME_WATCH_ROOT":                      "config directories are always watched",
 	"REDIS_SOCKET_TYPE":                       "read with REDIS_URL",
 	"REDIS_PIPELINE_WINDOW":                   "no effect: one script call per request",
@@ -31,7 +30,7 @@ var legacyIgnored = map[string]string{
 	"GRPC_MAX_CONNECTION_AGE":                 "not tunable",
 	"GRPC_MAX_CONNECTION_AGE_GRACE":           "not tunable",
 	"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "always: health is NOT_SERVING until the first good config",
-	"FORCE_START_WITHOUT_INITIAL_CONFIG":      "ratelimitd starts its listeners at once and reports NOT_SERVING until a config loads",
+	"FORCE_START_WITHOUT_INITIAL_CONFIG":      "always: listeners start at once, health NOT_SERVING until the first good config (from files or xDS)",
 	"PROMETHEUS_PATH":                         "checked below",
 	"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "always: a denied request consumes nothing",
 }
@@ -52,12 +51,6 @@ var legacyUnsupported = []string{
 	"REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
 	"MEMCACHE_HOST_PORT", "MEMCACHE_SRV", "MEMCACHE_SRV_REFRESH", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_TLS",
 	"TRACING_SERVICE_NAMESPACE", "TRACING_SERVICE_INSTANCE_ID",
-	"CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA", "CONFIG_GRPC_XDS_SERVER_URL",
-	"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-	"CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-	"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-	"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-	"XDS_CLIENT_BACKOFF_JITTER", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
 }
 
 // legacyCacheEntryBytes converts LOCAL_CACHE_SIZE_IN_BYTES (a freecache
@@ -68,7 +61,7 @@ const legacyCacheEntryBytes = 128
 // most one warning, naming every set variable that ratelimitd cannot honour,
 // and an error for a set variable whose value is malformed or that selects
 // something ratelimitd refuses to imitate silently (BACKEND_TYPE=memcache,
-// CONFIG_TYPE=GRPC_XDS_SOTW).
+// a CONFIG_TYPE other than FILE and GRPC_XDS_SOTW).
 func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, error) {
 	var errs []error
 	var unsupported []string
@@ -160,9 +153,17 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 	if v, ok := get("TRACING_EXPORTER_PROTOCOL"); ok && !strings.EqualFold(v, "grpc") {
 		unsupportedIf("TRACING_EXPORTER_PROTOCOL="+v+" (only grpc)", true)
 	}
-	if v, ok := get("CONFIG_TYPE"); ok && v != "" && !strings.EqualFold(v, "FILE") {
-		errs = append(errs, fmt.Errorf("CONFIG_TYPE=%q: only FILE is supported (config from files or directories)", v))
+	if v, ok := get("CONFIG_TYPE"); ok && v != "" {
+		switch strings.ToUpper(v) {
+		case "FILE":
+			o.ConfigSource = "file"
+		case "GRPC_XDS_SOTW":
+			o.ConfigSource = "xds"
+		default:
+			errs = append(errs, fmt.Errorf("CONFIG_TYPE=%q: want FILE (config files) or GRPC_XDS_SOTW (xDS)", v))
+		}
 	}
+	legacyXDS(o, get, &errs)
 
 	// Backend.
 	redisType, typeSet := get("REDIS_TYPE")
@@ -359,6 +360,70 @@ func legacyStatsd(o *Options, get func(string) (string, bool), unsupported *[]st
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// legacyXDS maps the CONFIG_GRPC_XDS_* and XDS_CLIENT_* variables onto
+// the --xds-* options. The TLS file variables count only with
+// CONFIG_GRPC_XDS_SERVER_USE_TLS=true, as in envoyproxy/ratelimit.
+// Malformed values are appended to errs, without the value of
+// CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS (it may hold credentials).
+func legacyXDS(o *Options, get func(string) (string, bool), errs *[]error) {
+	str := func(name string, dst *string) {
+		if v, ok := get(name); ok && v != "" {
+			*dst = v
+		}
+	}
+	dur := func(name string, dst *time.Duration) {
+		if v, ok := get(name); ok && v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
+				return
+			}
+			*dst = d
+		}
+	}
+	boolean := func(name string, dst *bool) {
+		if v, ok := get(name); ok && v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
+				return
+			}
+			*dst = b
+		}
+	}
+	str("CONFIG_GRPC_XDS_NODE_ID", &o.XDSNodeID)
+	str("CONFIG_GRPC_XDS_NODE_METADATA", &o.XDSNodeMetadata)
+	str("CONFIG_GRPC_XDS_SERVER_URL", &o.XDSServerURL)
+	dur("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", &o.XDSConnectRetryInterval)
+	str("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", &o.XDSHeaders)
+	boolean("CONFIG_GRPC_XDS_SERVER_USE_TLS", &o.XDSTLS)
+	if o.XDSTLS {
+		str("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &o.XDSTLSCert)
+		str("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &o.XDSTLSKey)
+		str("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &o.XDSTLSCA)
+		str("CONFIG_GRPC_XDS_SERVER_TLS_SAN", &o.XDSTLSSAN)
+	}
+	dur("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", &o.XDSBackoffInitial)
+	dur("XDS_CLIENT_BACKOFF_MAX_INTERVAL", &o.XDSBackoffMax)
+	if v, ok := get("XDS_CLIENT_BACKOFF_RANDOM_FACTOR"); ok && v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			*errs = append(*errs, fmt.Errorf("XDS_CLIENT_BACKOFF_RANDOM_FACTOR=%q: %w", v, err))
+		} else {
+			o.XDSBackoffRandomFactor = f
+		}
+	}
+	boolean("XDS_CLIENT_BACKOFF_JITTER", &o.XDSBackoffJitter)
+	if v, ok := get("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"); ok && v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			*errs = append(*errs, fmt.Errorf("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES=%q: %w", v, err))
+		} else {
+			o.XDSMaxMsgSize = n
+		}
+	}
 }
 
 // legacyRedis maps REDIS_TYPE, REDIS_URL, REDIS_SOCKET_TYPE, REDIS_AUTH and

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
@@ -23,10 +24,36 @@ import (
 // envoyproxy/ratelimit variable (see legacy.go). Precedence: flag >
 // RATELIMITD_* > legacy variable > default.
 type Options struct {
-	Config    []string // YAML files or directories (watched)
-	GRPCAddr  string   // host:port of the Envoy RLS v3 gRPC server
-	HTTPAddr  string   // host:port of /healthcheck, /json, /metrics
-	DebugAddr string   // host:port of /rlconfig, /debug/pprof/; "" disables
+	Config []string // YAML files or directories (watched); read with ConfigSource "file" only
+	// ConfigSource is where configs come from: "file" (Config) or "xds"
+	// (the management server of the XDS* fields, envoyproxy/ratelimit
+	// CONFIG_TYPE=GRPC_XDS_SOTW; docs/xds.md).
+	ConfigSource string
+	// xDS client (pkg/policy/xds.Options): server gRPC target, node id and
+	// metadata ("key=value,..."), extra gRPC metadata on the stream
+	// ("name:value,..."; may hold credentials, never logged), the wait
+	// between connection attempts, TLS (PEM files; SAN is the name the
+	// server certificate must carry), the reconnect backoff and the
+	// largest response in bytes (0: gRPC's 4 MiB).
+	XDSServerURL            string
+	XDSNodeID               string
+	XDSNodeMetadata         string
+	XDSHeaders              string
+	XDSConnectRetryInterval time.Duration
+	XDSTLS                  bool
+	XDSTLSCert              string
+	XDSTLSKey               string
+	XDSTLSCA                string
+	XDSTLSSAN               string
+	XDSBackoffInitial       time.Duration
+	XDSBackoffMax           time.Duration
+	XDSBackoffRandomFactor  float64
+	XDSBackoffJitter        bool
+	XDSMaxMsgSize           int
+
+	GRPCAddr  string // host:port of the Envoy RLS v3 gRPC server
+	HTTPAddr  string // host:port of /healthcheck, /json, /metrics
+	DebugAddr string // host:port of /rlconfig, /debug/pprof/; "" disables
 	// MetricsAddr, when set, also serves /metrics on its own listener
 	// (envoyproxy/ratelimit PROMETHEUS_ADDR); "" = only on HTTPAddr.
 	MetricsAddr string
@@ -209,22 +236,32 @@ type Options struct {
 // defaultOptions are the contract's defaults.
 func defaultOptions() Options {
 	return Options{
-		Config:           []string{"./config"},
-		GRPCAddr:         ":8081",
-		HTTPAddr:         ":8080",
-		DebugAddr:        "127.0.0.1:6070",
-		Backend:          "memory",
-		RedisURL:         "redis://127.0.0.1:6379/0",
-		RedisMode:        "standalone",
-		RedisTimeout:     10 * time.Millisecond,
-		LogLevel:         "info",
-		LogFormat:        "text",
-		KeyValues:        "hash",
-		Headers:          "ietf",
-		NearLimitRatio:   0.8,
-		RetryJitter:      time.Second,
-		RequestOverrides: true,
-		ShutdownGrace:    15 * time.Second,
+		Config:       []string{"./config"},
+		ConfigSource: "file",
+		// pkg/policy/xds defaults (envoyproxy/ratelimit's), spelled out
+		// so -h shows them.
+		XDSServerURL:            xds.DefaultServerURL,
+		XDSNodeID:               xds.DefaultNodeID,
+		XDSConnectRetryInterval: xds.DefaultConnectRetryInterval,
+		XDSBackoffInitial:       xds.DefaultBackoffInitial,
+		XDSBackoffMax:           xds.DefaultBackoffMax,
+		XDSBackoffRandomFactor:  xds.DefaultBackoffRandomFactor,
+		XDSBackoffJitter:        true,
+		GRPCAddr:                ":8081",
+		HTTPAddr:                ":8080",
+		DebugAddr:               "127.0.0.1:6070",
+		Backend:                 "memory",
+		RedisURL:                "redis://127.0.0.1:6379/0",
+		RedisMode:               "standalone",
+		RedisTimeout:            10 * time.Millisecond,
+		LogLevel:                "info",
+		LogFormat:               "text",
+		KeyValues:               "hash",
+		Headers:                 "ietf",
+		NearLimitRatio:          0.8,
+		RetryJitter:             time.Second,
+		RequestOverrides:        true,
+		ShutdownGrace:           15 * time.Second,
 		// service defaults, spelled out so -h shows them.
 		ProblemTypeBase:      service.DefaultProblemTypeBase,
 		DetailedMetricCap:    service.DefaultDetailedMetricCap,
@@ -338,6 +375,22 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	config := &listValue{p: &o.Config}
 	addrs := &listValue{p: &o.RedisAddrs}
 	fs.Var(config, "config", "YAML config file or directory (repeatable, or comma-separated); directories are watched")
+	fs.StringVar(&o.ConfigSource, "config-source", o.ConfigSource, "where configs come from: file (--config) or xds (an xDS management server, --xds-*; docs/xds.md)")
+	fs.StringVar(&o.XDSServerURL, "xds-server-url", o.XDSServerURL, "xDS management server, host:port (gRPC target)")
+	fs.StringVar(&o.XDSNodeID, "xds-node-id", o.XDSNodeID, "xDS node id the server keys its snapshot by (Envoy Gateway: envoy-ratelimit)")
+	fs.StringVar(&o.XDSNodeMetadata, "xds-node-metadata", o.XDSNodeMetadata, "xDS node metadata: key=value,key2=value2 (string values)")
+	fs.StringVar(&o.XDSHeaders, "xds-headers", o.XDSHeaders, "gRPC metadata sent on the xDS stream: name:value,name2:value2 (values never logged)")
+	fs.DurationVar(&o.XDSConnectRetryInterval, "xds-connect-retry-interval", o.XDSConnectRetryInterval, "wait between attempts to reach the xDS server while no stream gets going (±50% jitter)")
+	fs.BoolVar(&o.XDSTLS, "xds-tls", o.XDSTLS, "TLS to the xDS server (system roots unless --xds-tls-ca)")
+	fs.StringVar(&o.XDSTLSCert, "xds-tls-cert", o.XDSTLSCert, "client certificate (PEM) for mutual TLS to the xDS server; read again on every connection")
+	fs.StringVar(&o.XDSTLSKey, "xds-tls-key", o.XDSTLSKey, "client private key (PEM) for --xds-tls-cert")
+	fs.StringVar(&o.XDSTLSCA, "xds-tls-ca", o.XDSTLSCA, "CA bundle (PEM) trusted for the xDS server certificate (default: system roots)")
+	fs.StringVar(&o.XDSTLSSAN, "xds-tls-san", o.XDSTLSSAN, "name the xDS server certificate must carry, also sent as SNI (default: the host of --xds-server-url)")
+	fs.DurationVar(&o.XDSBackoffInitial, "xds-backoff-initial", o.XDSBackoffInitial, "wait before reconnecting after an xDS stream ends; doubles per further end without a good config")
+	fs.DurationVar(&o.XDSBackoffMax, "xds-backoff-max", o.XDSBackoffMax, "longest wait before reconnecting to the xDS server")
+	fs.Float64Var(&o.XDSBackoffRandomFactor, "xds-backoff-random-factor", o.XDSBackoffRandomFactor, "with --xds-backoff-jitter, each reconnect wait is spread over ±this share of itself, in [0, 1]")
+	fs.BoolVar(&o.XDSBackoffJitter, "xds-backoff-jitter", o.XDSBackoffJitter, "randomize reconnect waits by --xds-backoff-random-factor")
+	fs.IntVar(&o.XDSMaxMsgSize, "xds-max-msg-size", o.XDSMaxMsgSize, "largest xDS response accepted, in bytes (0: gRPC's default, 4 MiB)")
 	fs.StringVar(&o.GRPCAddr, "grpc-addr", o.GRPCAddr, "Envoy RLS v3 gRPC listen address (+ gRPC health, reflection)")
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "HTTP listen address: /healthcheck, /json, /metrics")
 	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "debug listen address: /rlconfig, /debug/pprof/ (empty disables)")
@@ -609,8 +662,12 @@ func (o Options) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if len(o.Config) == 0 {
+	add(oneOf("config-source", o.ConfigSource, "file", "xds"))
+	if len(o.Config) == 0 && o.ConfigSource != "xds" {
 		add(errors.New("--config: at least one path is required"))
+	}
+	if o.ConfigSource == "xds" {
+		add(o.validateXDS())
 	}
 	add(checkAddr("grpc-addr", o.GRPCAddr, false))
 	add(checkAddr("http-addr", o.HTTPAddr, false))

@@ -133,7 +133,16 @@ func TestParseServeErrors(t *testing.T) {
 		{"bad legacy bool", nil, []string{"SHADOW_MODE", "maybe"}, `SHADOW_MODE="maybe"`},
 		{"bad legacy port", nil, []string{"GRPC_PORT", "http"}, `GRPC_PORT="http"`},
 		{"memcache", nil, []string{"BACKEND_TYPE", "memcache"}, `BACKEND_TYPE=memcache`},
-		{"xds", nil, []string{"CONFIG_TYPE", "GRPC_XDS_SOTW"}, `CONFIG_TYPE`},
+		{"config type", nil, []string{"CONFIG_TYPE", "GRPC_XDS_DELTA"}, `CONFIG_TYPE="GRPC_XDS_DELTA": want FILE .* or GRPC_XDS_SOTW`},
+		{"xds source", []string{"--config-source=etcd"}, nil, `--config-source="etcd"`},
+		{"xds metadata", []string{"--config-source=xds", "--xds-node-metadata=a:b"}, nil, `--xds-node-metadata: item 1 is not key=value`},
+		{"xds headers", nil, []string{"CONFIG_TYPE", "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "authorization"}, `--xds-headers: item 1 is not key:value`},
+		{"xds backoff", []string{"--config-source=xds", "--xds-backoff-initial=2m"}, nil, `--xds-backoff-max=1m0s: must be >= --xds-backoff-initial`},
+		{"xds factor", []string{"--config-source=xds", "--xds-backoff-random-factor=2"}, nil, `--xds-backoff-random-factor=2: must be in \[0, 1\]`},
+		{"xds tls off", []string{"--config-source=xds", "--xds-tls-ca=ca.pem"}, nil, `--xds-tls-ca needs --xds-tls`},
+		{"xds tls half", []string{"--config-source=xds", "--xds-tls", "--xds-tls-cert=c"}, nil, `--xds-tls-cert and --xds-tls-key go together`},
+		{"xds legacy duration", nil, []string{"XDS_CLIENT_BACKOFF_MAX_INTERVAL", "soon"}, `XDS_CLIENT_BACKOFF_MAX_INTERVAL="soon"`},
+		{"xds node id", []string{"--config-source=xds", "--xds-node-id="}, nil, `--xds-node-id: required`},
 		{"sentinel short", nil, []string{"REDIS_TYPE", "sentinel", "REDIS_URL", "onlymaster"}, `REDIS_TYPE=sentinel`},
 		{"cluster without addrs", []string{"--backend=redis", "--redis-mode=cluster"}, nil, `--redis-addrs`},
 		{"ratio", []string{"--near-limit-ratio=1.5"}, nil, `near-limit-ratio`},
@@ -232,7 +241,13 @@ func TestMigratingDocCoversVariables(t *testing.T) {
 		"QUOTA_MODE", "RESPONSE_DYNAMIC_METADATA", "REDIS_TIMEOUT", "USE_PROMETHEUS", "PROMETHEUS_ADDR",
 		"REDIS_TLS_CACERT", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "REDIS_SENTINEL_AUTH",
 		"GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN",
-		"USE_STATSD", "STATSD_HOST", "STATSD_PORT", "STATS_FLUSH_INTERVAL", "STATSD_PROTOCOL", "DISABLE_STATS")
+		"USE_STATSD", "STATSD_HOST", "STATSD_PORT", "STATS_FLUSH_INTERVAL", "STATSD_PROTOCOL", "DISABLE_STATS",
+		"CONFIG_TYPE", "CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA", "CONFIG_GRPC_XDS_SERVER_URL",
+		"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+		"XDS_CLIENT_BACKOFF_JITTER", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")
 	for _, n := range names {
 		if !strings.Contains(string(doc), "`"+n+"`") {
 			t.Errorf("docs/migrating.md does not mention `%s`", n)

@@ -31,6 +31,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
@@ -222,7 +223,11 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	slog.SetDefault(log)
 	// go-redis' own log lines (pool dial errors, …) go through slog too.
 	redis.SetLogger(newRedisLogger(log, redisLogEvery, time.Now))
-	log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
+	if o.ConfigSource == "xds" {
+		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config_source", "xds", "xds_server", o.XDSServerURL, "xds_node_id", o.XDSNodeID)
+	} else {
+		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
+	}
 	gc.apply()
 	gc.log(log)
 	for _, w := range warnings {
@@ -404,6 +409,13 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		MaxRules:       o.MaxConfigRules,
 		MaxBytes:       o.MaxConfigBytes,
 	}
+	var xdsOpts xds.Options
+	if o.ConfigSource == "xds" {
+		if xdsOpts, err = xdsOptions(o, log, loadOpts); err != nil {
+			closeAll()
+			return err
+		}
+	}
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()
 	var wg sync.WaitGroup
@@ -411,7 +423,14 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		err := policy.Watch(watchCtx, loadOpts, o.Config, s.apply, s.fail)
+		// Both sources hand every load to the same swap (s.apply) or
+		// rejection (s.fail): the same metrics and log lines.
+		var err error
+		if o.ConfigSource == "xds" {
+			err = xds.Run(watchCtx, xdsOpts, s.apply, s.fail)
+		} else {
+			err = policy.Watch(watchCtx, loadOpts, o.Config, s.apply, s.fail)
+		}
 		if err != nil && watchCtx.Err() == nil {
 			fatal <- fmt.Errorf("config watch: %w", err)
 		}
@@ -427,6 +446,10 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 			case <-watchCtx.Done():
 				return
 			case <-hup:
+				if o.ConfigSource == "xds" {
+					log.Info("SIGHUP: the config comes from xDS (--config-source=xds) and is pushed by the management server; nothing to reload")
+					continue
+				}
 				log.Info("SIGHUP: reloading config", "config", o.Config)
 				set, warns, err := policy.Load(loadOpts, o.Config...)
 				if err != nil {

@@ -11,7 +11,9 @@
 package xds
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -19,6 +21,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -166,7 +169,11 @@ func ClientTLS(certFile, keyFile, caFile, serverName string) (func() (*tls.Confi
 // ACKed (version_info and response_nonce of the response), an error goes
 // to fail and the response is NACKed (version_info of the last ACKed
 // response, the response's nonce, error_detail INVALID_ARGUMENT with the
-// error's text), so the config in force stays. apply and fail are the
+// error's text), so the config in force stays; when the server sends the
+// rejected response again unchanged (go-control-plane's snapshot cache
+// does, at once), it is not loaded again and the NACK repeated with the
+// rejected version, so that the server waits for a new snapshot instead
+// of looping. apply and fail are the
 // callbacks policy.Watch takes (serve's config swap), called on Run's
 // goroutine, one at a time. A stream that ends is opened again after a
 // wait (Options.ConnectRetryInterval or the backoff); the first request of
@@ -303,6 +310,14 @@ func (c *client) stream(ctx context.Context) (gotResponse, goodResponse bool, er
 		return false, false, recvErr(st, err)
 	}
 	acked := "" // version_info of the last ACKed response on this stream
+	// rejected is the last NACKed response: go-control-plane's snapshot
+	// cache answers a NACK (which names the last good version) with the
+	// same snapshot at once, and would again after every NACK.
+	var rejected struct {
+		version string
+		sum     [sha256.Size]byte
+		detail  *rpcstatus.Status
+	}
 	for {
 		resp, err := st.Recv()
 		if err != nil {
@@ -321,16 +336,26 @@ func (c *client) stream(ctx context.Context) (gotResponse, goodResponse bool, er
 			continue
 		}
 		req := &discovery.DiscoveryRequest{TypeUrl: TypeURL, ResponseNonce: resp.GetNonce()}
-		set, warns, lerr := Load(c.o.Load, resp.GetResources())
-		if lerr != nil {
+		sum := resourcesSum(resp)
+		if rejected.detail != nil && resp.GetVersionInfo() == rejected.version && sum == rejected.sum {
+			// The rejected config again, unchanged: not loaded, counted or
+			// logged again. This NACK names the rejected version, so that
+			// the server waits for a new snapshot instead of sending this
+			// one back once more (a NACK loop).
+			req.VersionInfo = rejected.version
+			req.ErrorDetail = rejected.detail
+			c.log.Debug("xDS: the rejected config was sent again; NACKed again, waiting for a new version", "version", resp.GetVersionInfo(), "nonce", resp.GetNonce())
+		} else if set, warns, lerr := Load(c.o.Load, resp.GetResources()); lerr != nil {
 			c.fail(fmt.Errorf("xDS version %q: %w", resp.GetVersionInfo(), lerr))
 			req.VersionInfo = acked
 			req.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: truncate(lerr.Error(), maxErrorDetail)}
+			rejected.version, rejected.sum, rejected.detail = resp.GetVersionInfo(), sum, req.ErrorDetail
 			c.log.Warn("xDS: config NACKed", "version", resp.GetVersionInfo(), "nonce", resp.GetNonce(), "resources", len(resp.GetResources()), "kept_version", acked)
 		} else {
 			c.apply(set, warns)
 			acked = resp.GetVersionInfo()
 			req.VersionInfo = acked
+			rejected.detail = nil
 			goodResponse = true
 			c.log.Info("xDS: config ACKed", "version", acked, "nonce", resp.GetNonce(), "resources", len(resp.GetResources()))
 		}
@@ -338,6 +363,29 @@ func (c *client) stream(ctx context.Context) (gotResponse, goodResponse bool, er
 			return gotResponse, goodResponse, recvErr(st, err)
 		}
 	}
+}
+
+// resourcesSum is the SHA-256 of a response's resources in any order:
+// of the sorted SHA-256 sums of each resource's type and bytes
+// (go-control-plane sends a snapshot's resources in map order).
+func resourcesSum(resp *discovery.DiscoveryResponse) [sha256.Size]byte {
+	sums := make([][sha256.Size]byte, 0, len(resp.GetResources()))
+	for _, r := range resp.GetResources() {
+		h := sha256.New()
+		fmt.Fprintf(h, "%d:%s%d:", len(r.GetTypeUrl()), r.GetTypeUrl(), len(r.GetValue()))
+		h.Write(r.GetValue())
+		var one [sha256.Size]byte
+		h.Sum(one[:0])
+		sums = append(sums, one)
+	}
+	slices.SortFunc(sums, func(a, b [sha256.Size]byte) int { return bytes.Compare(a[:], b[:]) })
+	h := sha256.New()
+	for _, one := range sums {
+		h.Write(one[:])
+	}
+	var out [sha256.Size]byte
+	h.Sum(out[:0])
+	return out
 }
 
 // recvErr returns the stream's status after a failed Send (Send returns

@@ -249,6 +249,17 @@ func TestInitialUpdateNACKKeepsConfig(t *testing.T) {
 	if got := userLimit(rec.sets[2]); got != 7 {
 		t.Errorf("limit after recovery %d, want 7", got)
 	}
+	// The snapshot cache sends a NACKed snapshot back at once; the client
+	// does not load it again and its second NACK stops the loop.
+	nacks := 0
+	for _, r := range srv.Requests() {
+		if r.GetErrorDetail() != nil {
+			nacks++
+		}
+	}
+	if _, fails := rec.counts(); nacks < 1 || nacks > 2 || fails != 1 {
+		t.Errorf("%d NACKs sent and %d failures for one bad snapshot; want 1 or 2 NACKs (no loop), 1 failure", nacks, fails)
+	}
 }
 
 func TestDuplicateDomainsNACKed(t *testing.T) {

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
+)
+
+// validateXDS checks the --xds-* flags (with --config-source=xds). Errors
+// name the flag, never a header value.
+func (o Options) validateXDS() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if strings.TrimSpace(o.XDSServerURL) == "" {
+		add("--xds-server-url: required with --config-source=xds")
+	}
+	if strings.TrimSpace(o.XDSNodeID) == "" {
+		add("--xds-node-id: required with --config-source=xds (the node the server keys its snapshot by)")
+	}
+	if _, err := xds.ParseNodeMetadata(o.XDSNodeMetadata); err != nil {
+		add("--xds-node-metadata: %v (want key=value,key2=value2)", err)
+	}
+	if _, err := xds.ParseHeaders(o.XDSHeaders); err != nil {
+		add("--xds-headers: %v (want name:value,name2:value2)", err)
+	}
+	if o.XDSConnectRetryInterval <= 0 {
+		add("--xds-connect-retry-interval=%s: must be > 0", o.XDSConnectRetryInterval)
+	}
+	if o.XDSBackoffInitial <= 0 {
+		add("--xds-backoff-initial=%s: must be > 0", o.XDSBackoffInitial)
+	}
+	if o.XDSBackoffMax < o.XDSBackoffInitial {
+		add("--xds-backoff-max=%s: must be >= --xds-backoff-initial (%s)", o.XDSBackoffMax, o.XDSBackoffInitial)
+	}
+	if !(o.XDSBackoffRandomFactor >= 0 && o.XDSBackoffRandomFactor <= 1) {
+		add("--xds-backoff-random-factor=%v: must be in [0, 1]", o.XDSBackoffRandomFactor)
+	}
+	if o.XDSMaxMsgSize < 0 {
+		add("--xds-max-msg-size=%d: must be >= 0 (0: gRPC's default, 4 MiB)", o.XDSMaxMsgSize)
+	}
+	if (o.XDSTLSCert == "") != (o.XDSTLSKey == "") {
+		add("--xds-tls-cert and --xds-tls-key go together")
+	}
+	if !o.XDSTLS {
+		for _, f := range []struct{ name, v string }{{"xds-tls-cert", o.XDSTLSCert}, {"xds-tls-key", o.XDSTLSKey}, {"xds-tls-ca", o.XDSTLSCA}, {"xds-tls-san", o.XDSTLSSAN}} {
+			if f.v != "" {
+				add("--%s needs --xds-tls", f.name)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// xdsOptions builds the xDS client's options from validated Options; the
+// TLS files are read once here, so a missing or malformed one fails
+// startup.
+func xdsOptions(o Options, log *slog.Logger, load policy.LoadOptions) (xds.Options, error) {
+	md, err := xds.ParseNodeMetadata(o.XDSNodeMetadata)
+	if err != nil {
+		return xds.Options{}, fmt.Errorf("--xds-node-metadata: %w", err)
+	}
+	headers, err := xds.ParseHeaders(o.XDSHeaders)
+	if err != nil {
+		return xds.Options{}, fmt.Errorf("--xds-headers: %w", err)
+	}
+	xo := xds.Options{
+		ServerURL:            o.XDSServerURL,
+		NodeID:               o.XDSNodeID,
+		NodeMetadata:         md,
+		Headers:              headers,
+		ConnectRetryInterval: o.XDSConnectRetryInterval,
+		BackoffInitial:       o.XDSBackoffInitial,
+		BackoffMax:           o.XDSBackoffMax,
+		BackoffRandomFactor:  o.XDSBackoffRandomFactor,
+		BackoffJitter:        o.XDSBackoffJitter,
+		MaxRecvMsgSize:       o.XDSMaxMsgSize,
+		Load:                 load,
+		Logger:               log,
+	}
+	if o.XDSTLS {
+		if xo.TLS, err = xds.ClientTLS(o.XDSTLSCert, o.XDSTLSKey, o.XDSTLSCA, o.XDSTLSSAN); err != nil {
+			return xds.Options{}, err
+		}
+	}
+	return xo, nil
+}
