@@ -210,6 +210,7 @@ func TestEveryFlagHasTwin(t *testing.T) {
 		{"http-addr", "127.0.0.1:1"}, {"debug-addr", ""}, {"key-prefix", "p"}, {"redis-pool-size", "9"},
 		{"retry-jitter", "2s"}, {"request-overrides", "false"}, {"drain", "3s"}, {"local-cache-size", "5"},
 		{"gc-percent", "200"}, {"memory-limit", "1GiB"}, {"memory-limit-ratio", "0.5"}, {"redis-breaker", "false"},
+		{"config-source", "xds"}, {"xds-node-id", "n"}, {"xds-backoff-jitter", "false"}, {"xds-backoff-max", "2m"},
 	} {
 		viaFlag, _, err1 := parseServe([]string{"--" + c.flag + "=" + c.val}, env(), io.Discard)
 		viaEnv, _, err2 := parseServe(nil, env(envName(c.flag), c.val), io.Discard)
