@@ -223,7 +223,7 @@ func (c *client) run(ctx context.Context) error {
 			if c.failures == 1 || time.Since(c.lastWarn) >= failureLogEvery {
 				c.lastWarn = time.Now()
 				args := []any{"err", msg, "attempts", c.failures, "retry_every", c.o.ConnectRetryInterval.String()}
-				if c.o.TLS != nil && status.Code(err) == codes.Unavailable {
+				if c.o.TLS != nil && status.Code(err) == codes.Unavailable && !unreachable(msg) {
 					args = append(args, "hint", "with TLS, a connection the server closes at once is most often a client certificate it refuses (not signed by a CA it trusts, expired) or a server certificate this client does not trust (CA, server name)")
 				}
 				c.log.Warn("xDS: cannot get a stream from the management server; no config from it until it answers (a config in force stays), retrying", args...)
@@ -239,6 +239,17 @@ func (c *client) run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// unreachable reports whether a connection error says the server was not
+// reached at all (no TLS handshake took place).
+func unreachable(msg string) bool {
+	for _, s := range []string{"connection refused", "no such host", "i/o timeout", "network is unreachable"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // backoff is the wait after the n-th consecutive stream end (n from 0).
