@@ -400,3 +400,24 @@ func TestParsePairs(t *testing.T) {
 		t.Errorf("ParseHeaders(\"\") = %v, %v", m, err)
 	}
 }
+
+// A node id the server has no snapshot for: the stream opens, the server
+// sees the request, and no config comes until a snapshot for that node is
+// set; then it is pushed on the open stream.
+func TestUnknownNodeID(t *testing.T) {
+	srv := xdstest.Start(t, xdstest.NewCerts(t))
+	srv.Set(xdstest.NodeID, xdstest.EGConfigs(1)...)
+	rec, _ := client(t, srv, srv.Certs.ClientCert, srv.Certs.ClientKey, func(o *xds.Options) { o.NodeID = "someone-else" })
+	waitReq(t, srv, "the subscription of someone-else", func(r *discovery.DiscoveryRequest) bool {
+		return r.GetNode().GetId() == "someone-else" && r.GetTypeUrl() == xds.TypeURL
+	})
+	if sets, fails := rec.counts(); sets != 0 || fails != 0 {
+		t.Errorf("apply %d, fail %d without a snapshot for the node", sets, fails)
+	}
+	// A snapshot for that node is pushed on the open stream.
+	srv.Set("someone-else", xdstest.EGConfigs(4)...)
+	rec.waitFor(t, "the config of someone-else", func(s []*policy.Set, _ []error) bool { return len(s) == 1 })
+	if got := userLimit(rec.sets[0]); got != 4 {
+		t.Errorf("limit %d, want 4 (someone-else's snapshot)", got)
+	}
+}
