@@ -179,6 +179,11 @@ func (w Warning) String() string {
 // problem is reported at once: the returned error joins errors that each
 // start with "file:line: ". A non-nil error means no Set.
 // func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error)
+//
+// LoadSources is Load for documents held in memory (each Source one
+// config file's content, named for errors): configs delivered over xDS
+// (pkg/policy/xds) go through it, and so through the same validation.
+// func LoadSources(opts LoadOptions, srcs ...Source) (*Set, []Warning, error)
 
 // Set methods the service relies on (implemented in set.go and key.go;
 // Load in load.go, Watch in watch.go; docs/config.md is the user reference):
