@@ -30,6 +30,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
+require github.com/bradfitz/gomemcache v0.0.0-20230905024940-24af94b03874
+
 require (
 	cel.dev/expr v0.25.3 // indirect
 	github.com/KimMachineGun/automemlimit v1.0.0

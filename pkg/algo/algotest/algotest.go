@@ -58,8 +58,15 @@ var runID atomic.Int64
 // moves it between steps; now is safe for concurrent use).
 func Run(t *testing.T, newStore func(t *testing.T, now func() time.Time) Store) {
 	t.Helper()
+	RunTables(t, Tables(), newStore)
+}
+
+// RunTables is Run over the given tables (a subset of Tables, for a store
+// that implements some algorithms only).
+func RunTables(t *testing.T, tables []Table, newStore func(t *testing.T, now func() time.Time) Store) {
+	t.Helper()
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36) + "." + strconv.FormatInt(runID.Add(1), 10)
-	for _, tb := range Tables() {
+	for _, tb := range tables {
 		t.Run(tb.Name, func(t *testing.T) {
 			var clock atomic.Int64
 			clock.Store(Base.UnixMicro())

@@ -1,0 +1,121 @@
+package memcache
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+
+	gomemcache "github.com/bradfitz/gomemcache/memcache"
+)
+
+// Causes are the bounded labels of the store's errors, used for
+// ratelimitd_backend_errors_total{cause} and the failure-mode logs; the
+// same names the Redis backend uses for the same conditions.
+const (
+	// CauseTimeout: memcached did not answer within the call's budget
+	// (Options.Timeout, or the caller's deadline less a margin): a frozen
+	// or overloaded server, a network black hole, a connect timeout.
+	// Nothing proves a failure: the service sheds such a request like the
+	// Redis backend's timeouts (failure_mode open requests get
+	// DeadlineExceeded and the caller's own failure policy decides).
+	CauseTimeout = "timeout"
+	// CauseRefused: no usable connection (connection refused or reset,
+	// closed mid-reply, unreachable host, no server configured or resolved
+	// from the SRV record yet).
+	CauseRefused = "refused"
+	// CauseOOM: memcached answered "SERVER_ERROR out of memory" (it could
+	// not store a new counter).
+	CauseOOM = "oom"
+	// CauseCanceled: the caller canceled the request before memcached
+	// answered (not a backend failure).
+	CauseCanceled = "canceled"
+	// CauseUnsupported: a hit of an algorithm other than fixed_window
+	// reached the store. Config loading refuses such rules (see
+	// Store.Algorithms), so this means a wiring bug.
+	CauseUnsupported = "unsupported"
+	// CauseOther: anything else (an unexpected reply, a non-numeric value
+	// under a counter key).
+	CauseOther = "other"
+)
+
+// Causes lists every cause label.
+var Causes = []string{CauseTimeout, CauseRefused, CauseOOM, CauseCanceled, CauseUnsupported, CauseOther}
+
+// Error is a classified store error. It implements service.Causer and
+// unwraps to the gomemcache or network error it classifies. Its message
+// never holds a key (keys may carry descriptor values in clear text with
+// --key-values=clear).
+type Error struct {
+	cause string
+	// outage marks errors that suggest memcached is unreachable or not
+	// answering: they make Store.Healthy false until a call or probe
+	// succeeds.
+	outage bool
+	err    error
+}
+
+// Cause is the bounded label of the error (one of Causes).
+func (e *Error) Cause() string { return e.cause }
+
+// Outage reports whether the error suggests memcached is unreachable
+// (timeout, refused).
+func (e *Error) Outage() bool { return e.outage }
+
+func (e *Error) Error() string { return "memcache: " + e.cause + ": " + e.err.Error() }
+
+// Unwrap returns the classified error.
+func (e *Error) Unwrap() error { return e.err }
+
+// errTimeout is returned when a call's budget ran out before memcached
+// answered.
+var errTimeout = &Error{cause: CauseTimeout, outage: true, err: errors.New("no reply within the call's budget")}
+
+// Classify wraps err in an *Error with its cause; nil stays nil and an err
+// that already has an *Error in its chain is returned unchanged.
+func Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	cause, outage := classify(err)
+	return &Error{cause: cause, outage: outage, err: err}
+}
+
+func classify(err error) (cause string, outage bool) {
+	var cte *gomemcache.ConnectTimeoutError
+	switch {
+	case errors.Is(err, context.Canceled):
+		return CauseCanceled, false
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &cte):
+		return CauseTimeout, true
+	case errors.Is(err, gomemcache.ErrNoServers):
+		return CauseRefused, true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return CauseTimeout, true
+	}
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return CauseRefused, true
+	}
+	var oe *net.OpError
+	var de *net.DNSError
+	if errors.As(err, &oe) || errors.As(err, &de) {
+		return CauseRefused, true
+	}
+	if strings.Contains(err.Error(), "SERVER_ERROR out of memory") {
+		return CauseOOM, false
+	}
+	return CauseOther, false
+}

@@ -1,0 +1,570 @@
+// Package memcache is a ratelimitd store on memcached, for fixed windows
+// only (envoyproxy/ratelimit's BACKEND_TYPE=memcache): each (key, window)
+// is one memcached counter, created with ADD (expiring after the window)
+// and counted with INCR, both atomic on the server. See docs/memcached.md
+// for the semantics, in particular what all-or-nothing means across keys
+// that memcached cannot update together.
+//
+// The package imports pkg/algo only (never pkg/service or pkg/policy): hit
+// keys arrive built (policy.Set.Key) and the Store satisfies
+// service.Store, service.Causer (its errors) and service.Healther.
+package memcache
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	gomemcache "github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// maxRelativeExpiry is memcached's bound on a relative expiration time in
+// seconds: a larger exptime is read as an absolute Unix time (memcached
+// protocol.txt, "Expiration times").
+const maxRelativeExpiry = 60 * 60 * 24 * 30
+
+// expiryGrace is added to a counter's expiration: memcached's clock ticks
+// in whole seconds, so a relative expiration may end up to one second
+// early; the window's key changes at the window's end anyway, so a
+// counter living a little longer costs memory only.
+const expiryGrace = 2
+
+// Store decides fixed-window hits on memcached. It implements
+// service.Store and service.Healther. Safe for concurrent use.
+type Store struct {
+	client  *gomemcache.Client
+	servers *gomemcache.ServerList
+	now     func() time.Time
+	timeout time.Duration
+
+	opts Options
+	// unhealthy is set by an outage error of a call or the probe and
+	// cleared by the next success; warmed once anything succeeded.
+	unhealthy atomic.Bool
+	warmed    atomic.Bool
+	// resolved is set once the server list holds servers (always for
+	// Options.Addrs; for SRV after the first successful lookup).
+	resolved atomic.Bool
+
+	stop chan struct{}
+	wg   sync.WaitGroup // probe and SRV refresher
+	bg   sync.WaitGroup // decisions whose caller gave up, finishing
+	// refundErrors counts refunds (DECR) that failed: each leaves a
+	// denied or failed request's units counted until its window ends.
+	refundErrors atomic.Uint64
+}
+
+// New returns a Store for opts. It does not wait for memcached (the
+// service starts while it is down): the first SRV lookup and the health
+// probe run in the background. Errors come from invalid options or
+// unresolvable Addrs only.
+func New(opts Options) (*Store, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Store{
+		servers: new(gomemcache.ServerList),
+		now:     opts.Now,
+		timeout: opts.Timeout,
+		opts:    opts,
+		stop:    make(chan struct{}),
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if len(opts.Addrs) > 0 {
+		if err := s.servers.SetServers(opts.Addrs...); err != nil {
+			return nil, fmt.Errorf("memcache: servers %s: %w", strings.Join(opts.Addrs, ","), err)
+		}
+		s.resolved.Store(true)
+	}
+	s.client = gomemcache.NewFromSelector(s.servers)
+	s.client.Timeout = opts.Timeout
+	s.client.MaxIdleConns = opts.MaxIdleConns
+	if opts.SRV != "" {
+		_ = s.refreshSRV()
+		s.wg.Add(1)
+		go s.srvLoop()
+	}
+	if opts.HealthInterval > 0 {
+		s.wg.Add(1)
+		go s.probeLoop()
+	}
+	return s, nil
+}
+
+// Close stops the probe and the SRV refresher, waits for decisions still
+// finishing in the background (refunds: at most a few Timeouts) and closes
+// the idle connections. Take must not be called afterwards.
+func (s *Store) Close() error {
+	close(s.stop)
+	s.wg.Wait()
+	s.bg.Wait()
+	if err := s.client.Close(); err != nil {
+		return fmt.Errorf("memcache: close: %w", err)
+	}
+	return nil
+}
+
+// Algorithms lists the algorithms the store decides: fixed_window only
+// (memcached's INCR counts; it cannot keep a token bucket's TAT, a sliding
+// window's two counters or a log atomically). The config loader refuses
+// rules of other algorithms when this store is the backend.
+func (s *Store) Algorithms() []algo.Kind { return []algo.Kind{algo.FixedWindow} }
+
+// RefundErrors is the number of refunds (DECR of a denied or failed
+// request's increments) that failed since the Store was created.
+func (s *Store) RefundErrors() uint64 { return s.refundErrors.Load() }
+
+// Healthy reports whether memcached is answering: true once a call or
+// probe succeeded, false from an outage error (timeout, refused, no server
+// resolved) of a call or probe until the next success. Without traffic the
+// probe asks every server for its version every Options.HealthInterval
+// (every 100 ms while unhealthy), so one server of several down is
+// unhealthy too: the keys it holds cannot be counted. Implements
+// service.Healther.
+func (s *Store) Healthy() bool { return s.warmed.Load() && !s.unhealthy.Load() }
+
+func (s *Store) note(err error) {
+	if err == nil {
+		if !s.warmed.Load() {
+			s.warmed.Store(true)
+		}
+		if s.unhealthy.Load() {
+			s.unhealthy.Store(false)
+		}
+		return
+	}
+	var e *Error
+	if errors.As(err, &e) && e.outage {
+		s.unhealthy.Store(true)
+	}
+}
+
+func (s *Store) probeLoop() {
+	defer s.wg.Done()
+	for {
+		err := s.ping()
+		s.note(err)
+		d := s.opts.HealthInterval
+		if err != nil {
+			d = min(d, unhealthyProbeInterval)
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-s.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ping asks every server for its version (each bounded by Timeout).
+func (s *Store) ping() error {
+	if !s.resolved.Load() {
+		return &Error{cause: CauseRefused, outage: true, err: gomemcache.ErrNoServers}
+	}
+	return Classify(s.client.Ping())
+}
+
+func (s *Store) srvLoop() {
+	defer s.wg.Done()
+	for {
+		d := s.opts.SRVRefresh
+		if !s.resolved.Load() && (d == 0 || d > unhealthyProbeInterval) {
+			d = unhealthyProbeInterval
+		}
+		if d == 0 {
+			return // resolved once, no refresh
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-s.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		_ = s.refreshSRV()
+	}
+}
+
+// refreshSRV resolves Options.SRV and installs its targets, sorted. A
+// failed lookup (or one without targets) keeps the current list.
+func (s *Store) refreshSRV() error {
+	service, proto, name, err := parseSRV(s.opts.SRV)
+	if err != nil {
+		return err
+	}
+	lookup := s.opts.LookupSRV
+	if lookup == nil {
+		lookup = net.DefaultResolver.LookupSRV
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(s.timeout, time.Second))
+	defer cancel()
+	_, recs, err := lookup(ctx, service, proto, name)
+	if err != nil {
+		return fmt.Errorf("memcache: SRV lookup: %w", err)
+	}
+	addrs := ServersFromSRV(recs)
+	if len(addrs) == 0 {
+		return errors.New("memcache: SRV lookup: no targets")
+	}
+	if err := s.servers.SetServers(addrs...); err != nil {
+		return fmt.Errorf("memcache: SRV targets: %w", err)
+	}
+	s.resolved.Store(true)
+	return nil
+}
+
+// ServersFromSRV turns SRV records into "host:port" strings (the target's
+// trailing dot removed), sorted, so that every replica lists the servers
+// in the same order and so selects the same server for a key.
+func ServersFromSRV(recs []*net.SRV) []string {
+	out := make([]string, 0, len(recs))
+	for _, r := range recs {
+		if r == nil || r.Target == "" {
+			continue
+		}
+		out = append(out, net.JoinHostPort(strings.TrimSuffix(r.Target, "."), strconv.Itoa(int(r.Port))))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Servers returns the current server list as "host:port" strings, in
+// selection order.
+func (s *Store) Servers() []string {
+	var out []string
+	_ = s.servers.Each(func(a net.Addr) error {
+		out = append(out, a.String())
+		return nil
+	})
+	return out
+}
+
+// CounterKey is the memcached key of hit key k in the window starting at
+// startUs (µs since the epoch): k + "_" + startUs, or, when that is not a
+// legal memcached key (longer than 250 bytes, or holding spaces or control
+// characters, as clear-text keys may), "rlmc1_" followed by the unpadded
+// base64url of the first 128 bits of its SHA-256.
+func CounterKey(k string, startUs int64) string {
+	key := k + "_" + strconv.FormatInt(startUs, 10)
+	if legalKey(key) {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "rlmc1_" + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// legalKey is memcached's key rule (gomemcache checks the same).
+func legalKey(k string) bool {
+	if len(k) > 250 || k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] <= ' ' || k[i] == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// expiration is the memcached exptime of a counter whose window ends at
+// endUs, seen at nowUs: the seconds left (rounded up) plus expiryGrace, as
+// an absolute Unix time (from the real clock) beyond memcached's 30-day
+// bound on relative times.
+func expiration(nowUs, endUs int64) int32 {
+	secs := (endUs-nowUs+999_999)/1_000_000 + expiryGrace
+	if secs <= maxRelativeExpiry {
+		return int32(secs)
+	}
+	return int32(min(time.Now().Unix()+secs, int64(1<<31-1)))
+}
+
+// budget is when a call started at start must return: start + Timeout, or
+// earlier the caller's deadline less min(DeadlineMargin, a quarter of the
+// time left).
+func (s *Store) budget(ctx context.Context, start time.Time) time.Time {
+	end := start.Add(s.timeout)
+	if d, ok := ctx.Deadline(); ok {
+		left := d.Sub(start)
+		d = d.Add(-min(DeadlineMargin, left/4))
+		if d.Before(end) {
+			end = d
+		}
+	}
+	return end
+}
+
+// request states: running, done (decide finished first), abandoned (the
+// caller returned first).
+const (
+	reqRunning int32 = iota
+	reqDone
+	reqAbandoned
+)
+
+// request is one Take in flight.
+type request struct {
+	hits  []algo.Hit
+	out   []algo.Decision
+	err   error
+	state atomic.Int32
+	done  chan struct{}
+}
+
+// Take decides the hits of one request (see service.Store and
+// docs/memcached.md): every hit must be a fixed_window limit. Each hit is
+// one atomic INCR (ADD for a window's first hit) of its window's counter,
+// admitted when the count it returns is within the limit; checks (cost 0)
+// and hits whose cost exceeds the limit only read (GET). A hit that denies
+// is decremented again at once; when any hit that is not Soft denies, the
+// hits of the request that were admitted are decremented too (a
+// compensating refund), so a denied request consumes nothing once the
+// refunds are done, and their decisions report the counts before the
+// request. Hits on different counters run in parallel, hits on one counter
+// in order.
+//
+// Take returns by its budget (see budget) with an error of cause
+// CauseTimeout when memcached has not answered; the operations still in
+// flight finish in the background within Timeout each, and what they
+// counted is refunded. Errors are *Error.
+func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+	out := make([]algo.Decision, len(hits))
+	if len(hits) == 0 {
+		return out, nil
+	}
+	for _, h := range hits {
+		if h.Limit.Kind != algo.FixedWindow {
+			return nil, &Error{cause: CauseUnsupported, err: fmt.Errorf("algorithm %d: only fixed_window is supported", h.Limit.Kind)}
+		}
+	}
+	start := time.Now()
+	end := s.budget(ctx, start)
+	if !end.After(start) {
+		return nil, errTimeout
+	}
+	r := &request{hits: hits, out: out, done: make(chan struct{})}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.decide(r)
+	}()
+	t := time.NewTimer(end.Sub(start))
+	defer t.Stop()
+	var err error
+	select {
+	case <-r.done:
+		err = r.err
+	case <-t.C:
+		err = errTimeout
+	case <-ctx.Done():
+		err = Classify(ctx.Err())
+	}
+	if err != nil && !r.state.CompareAndSwap(reqRunning, reqAbandoned) {
+		// decide finished meanwhile: its outcome stands.
+		<-r.done
+		err = r.err
+	}
+	if err != nil {
+		if errors.Is(err, errTimeout) {
+			s.note(err)
+		}
+		return nil, err
+	}
+	return r.out, nil
+}
+
+// taken records what decide counted for one hit.
+type taken struct {
+	key  string // counter key
+	cost int64  // units counted by INCR and not refunded (0: none)
+	// prev is the counter's value before this hit (the INCR's result
+	// less cost, or the GET's value).
+	prev  int64
+	start int64 // window start, µs
+	first int   // index of the request's first hit on this counter
+}
+
+// decide runs the request's operations and sets r.out and r.err, then
+// closes r.done. When the caller gave up first, everything counted is
+// refunded.
+func (s *Store) decide(r *request) {
+	defer close(r.done)
+	now := s.now()
+	nowUs := now.UnixMicro()
+	tk := make([]taken, len(r.hits))
+	// Group the hits by counter: one goroutine per counter beyond the
+	// first, hits of one counter in request order.
+	groups := map[string][]int{}
+	var order []string
+	for i, h := range r.hits {
+		st, _ := algo.WindowBoundsUs(h.Limit, nowUs)
+		k := CounterKey(h.Key, st)
+		tk[i] = taken{key: k, start: st, first: i}
+		if g, ok := groups[k]; ok {
+			tk[i].first = g[0]
+		} else {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], i)
+	}
+	errs := make([]error, len(order))
+	run := func(gi int) {
+		for _, i := range groups[order[gi]] {
+			if r.state.Load() == reqAbandoned {
+				errs[gi] = errTimeout
+				return
+			}
+			if err := s.decideHit(r.hits[i], now, nowUs, &tk[i], &r.out[i]); err != nil {
+				errs[gi] = err
+				return
+			}
+		}
+	}
+	if len(order) == 1 {
+		run(0)
+	} else {
+		var wg sync.WaitGroup
+		for gi := 1; gi < len(order); gi++ {
+			wg.Go(func() { run(gi) })
+		}
+		run(0)
+		wg.Wait()
+	}
+	var err error
+	for _, e := range errs {
+		if e != nil {
+			err = e
+			break
+		}
+	}
+	denied := false
+	for i, d := range r.out {
+		if !d.Allowed && !r.hits[i].Soft {
+			denied = true
+		}
+	}
+	if err == nil && !denied {
+		if !r.state.CompareAndSwap(reqRunning, reqDone) {
+			// The caller gave up (its failure mode applied): the request
+			// consumes nothing.
+			s.refundAll(tk)
+		}
+	} else {
+		s.refundAll(tk)
+	}
+	if err == nil && denied {
+		// Hits that did not deny report the value before the request.
+		for i, d := range r.out {
+			if d.Allowed {
+				_, r.out[i] = algo.Take(r.hits[i].Limit, algo.State{Time: tk[i].start, Count: tk[tk[i].first].prev}, now, 0)
+			}
+		}
+	}
+	s.note(err)
+	r.err = err
+	r.state.CompareAndSwap(reqRunning, reqDone)
+}
+
+// refundAll decrements every counter by what the request counted on it.
+func (s *Store) refundAll(tk []taken) {
+	for i := range tk {
+		if tk[i].cost > 0 {
+			if _, err := s.client.Decrement(tk[i].key, uint64(tk[i].cost)); err != nil && !errors.Is(err, gomemcache.ErrCacheMiss) {
+				s.refundErrors.Add(1)
+			}
+			tk[i].cost = 0
+		}
+	}
+}
+
+// decideHit decides one hit: a read for checks and costs above the
+// limit, else INCR (ADD on a new counter), decremented again when denied.
+func (s *Store) decideHit(h algo.Hit, now time.Time, nowUs int64, t *taken, out *algo.Decision) error {
+	l := h.Limit
+	cost := algo.ClampCost(h.Cost)
+	if h.Release {
+		cost = 0
+	}
+	if cost == 0 || cost > l.Rate {
+		v, err := s.get(t.key)
+		if err != nil {
+			return err
+		}
+		t.prev = v
+		_, *out = algo.Take(l, algo.State{Time: t.start, Count: v}, now, cost)
+		return nil
+	}
+	_, end := algo.WindowBoundsUs(l, nowUs)
+	v, err := s.incr(t.key, cost, expiration(nowUs, end))
+	if err != nil {
+		return err
+	}
+	prev := max(v-cost, 0)
+	t.prev = prev
+	var d algo.Decision
+	_, d = algo.Take(l, algo.State{Time: t.start, Count: prev}, now, cost)
+	*out = d
+	if d.Allowed {
+		t.cost = cost
+		return nil
+	}
+	// Denied: this hit consumes nothing.
+	if _, err := s.client.Decrement(t.key, uint64(cost)); err != nil && !errors.Is(err, gomemcache.ErrCacheMiss) {
+		s.refundErrors.Add(1)
+	}
+	return nil
+}
+
+// get reads a counter (0 when absent).
+func (s *Store) get(key string) (int64, error) {
+	it, err := s.client.Get(key)
+	if errors.Is(err, gomemcache.ErrCacheMiss) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, Classify(err)
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(it.Value)), 10, 64)
+	if err != nil {
+		return 0, &Error{cause: CauseOther, err: errors.New("counter value is not a number")}
+	}
+	return int64(min(n, uint64(algo.MaxExact))), nil
+}
+
+// incr adds cost to a counter atomically and returns its new value: INCR,
+// or ADD with the expiration when the counter does not exist, or INCR
+// again when another caller's ADD won the race.
+func (s *Store) incr(key string, cost int64, exp int32) (int64, error) {
+	for range 3 {
+		v, err := s.client.Increment(key, uint64(cost))
+		if err == nil {
+			return int64(min(v, uint64(algo.MaxExact))), nil
+		}
+		if !errors.Is(err, gomemcache.ErrCacheMiss) {
+			return 0, Classify(err)
+		}
+		err = s.client.Add(&gomemcache.Item{Key: key, Value: []byte(strconv.FormatInt(cost, 10)), Expiration: exp})
+		if err == nil {
+			return cost, nil
+		}
+		if !errors.Is(err, gomemcache.ErrNotStored) {
+			return 0, Classify(err)
+		}
+		// Another caller created it first: INCR again.
+	}
+	return 0, &Error{cause: CauseOther, err: errors.New("counter vanished between ADD and INCR three times")}
+}
