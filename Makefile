@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: run build test test-short vet fmt lint bench redis-deps image
+.PHONY: run build test test-short vet fmt lint bench redis-deps memcached-deps image
 
 IMAGE ?= ghcr.io/ratelimitd/ratelimitd
 
@@ -22,10 +22,10 @@ run: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/ratelimitd
 
-## test: everything, with -race, including real redis-server tests
-## (RATELIMITD_REQUIRE_REDIS=1: a test that needs redis-server fails instead of skipping)
+## test: everything, with -race, including real redis-server and memcached tests
+## (RATELIMITD_REQUIRE_REDIS=1: a test that needs redis-server or memcached fails instead of skipping)
 test: export RATELIMITD_REQUIRE_REDIS=1
-test: redis-deps vet
+test: redis-deps memcached-deps vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) test -race -count=1 -timeout 40m $(PKGS)
 
@@ -34,6 +34,9 @@ test-short:
 
 redis-deps:
 	@./scripts/ensure-redis.sh
+
+memcached-deps:
+	@./scripts/ensure-memcached.sh
 
 vet:
 	$(GO) vet $(PKGS)

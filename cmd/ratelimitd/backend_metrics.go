@@ -9,6 +9,7 @@ type (
 	cacheHitter   interface{ CacheHits() uint64 }
 	refundCounter interface{ RefundErrors() uint64 }
 	masterChanger interface{ MasterChanges() uint64 }
+	refundFailer  interface{ RefundFailures() uint64 }
 )
 
 // breakerStates are the label values of ratelimitd_backend_circuit_state.
@@ -51,6 +52,12 @@ func registerBackendMetrics(reg prometheus.Registerer, store any) error {
 			Name: "ratelimitd_backend_master_changes_total",
 			Help: "Times the Redis Sentinel master the store writes to changed address (failovers; 0 outside Sentinel mode).",
 		}, func() float64 { return float64(m.MasterChanges()) }))
+	}
+	if r, ok := store.(refundFailer); ok {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimitd_backend_refund_errors_total",
+			Help: "memcached refunds (DECR of a denied or failed request's increments) that failed; each leaves those units counted until the window ends.",
+		}, func() float64 { return float64(r.RefundFailures()) }))
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {

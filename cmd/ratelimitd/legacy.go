@@ -49,7 +49,7 @@ var legacyUnsupported = []string{
 	"REDIS_PERSECOND_POOL_SIZE", "REDIS_PERSECOND_AUTH", "REDIS_PERSECOND_TLS", "REDIS_PERSECOND_SENTINEL_AUTH",
 	"REDIS_PERSECOND_TIMEOUT", "REDIS_PERSECOND_PIPELINE_WINDOW", "REDIS_PERSECOND_PIPELINE_LIMIT",
 	"REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
-	"MEMCACHE_HOST_PORT", "MEMCACHE_SRV", "MEMCACHE_SRV_REFRESH", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_TLS",
+	"MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
 	"TRACING_SERVICE_NAMESPACE", "TRACING_SERVICE_INSTANCE_ID",
 }
 
@@ -60,7 +60,7 @@ const legacyCacheEntryBytes = 128
 // applyLegacyEnv maps envoyproxy/ratelimit variables onto o. It returns at
 // most one warning, naming every set variable that ratelimitd cannot honour,
 // and an error for a set variable whose value is malformed or that selects
-// something ratelimitd refuses to imitate silently (BACKEND_TYPE=memcache,
+// something ratelimitd refuses to imitate silently (MEMCACHE_TLS=true,
 // a CONFIG_TYPE other than FILE and GRPC_XDS_SOTW).
 func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, error) {
 	var errs []error
@@ -173,9 +173,9 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		case "redis", "":
 			o.Backend = "redis"
 		case "memcache":
-			errs = append(errs, errors.New("BACKEND_TYPE=memcache: not supported; use --backend=redis or memory"))
+			o.Backend = "memcache"
 		default:
-			errs = append(errs, fmt.Errorf("BACKEND_TYPE=%q: want redis", v))
+			errs = append(errs, fmt.Errorf("BACKEND_TYPE=%q: want redis or memcache", v))
 		}
 	} else if typeSet || urlSet {
 		// envoyproxy/ratelimit's default backend is Redis.
@@ -184,6 +184,34 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 	if typeSet || urlSet {
 		if err := legacyRedis(o, redisType, redisURL, urlSet, lookup); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	// memcached (BACKEND_TYPE=memcache): MEMCACHE_HOST_PORT is
+	// "host:port,host:port"; both it and MEMCACHE_SRV set is refused by
+	// Options.Validate, as envoyproxy/ratelimit refuses it at startup.
+	if v, ok := get("MEMCACHE_HOST_PORT"); ok && v != "" {
+		o.MemcacheAddrs = splitList(v)
+	}
+	if v, ok := get("MEMCACHE_SRV"); ok && v != "" {
+		o.MemcacheSRV = v
+	}
+	if v, ok := get("MEMCACHE_SRV_REFRESH"); ok && v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("MEMCACHE_SRV_REFRESH=%q: %w", v, err))
+		} else {
+			o.MemcacheSRVRefresh = d
+		}
+	}
+	intVar("MEMCACHE_MAX_IDLE_CONNS", &o.MemcacheMaxIdleConns)
+	if v, ok := get("MEMCACHE_TLS"); ok && v != "" {
+		b, err := strconv.ParseBool(v)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("MEMCACHE_TLS=%q: %w", v, err))
+		case b:
+			// Connecting in plaintext to a TLS port would fail every call.
+			errs = append(errs, errors.New("MEMCACHE_TLS=true: TLS to memcached is not supported; use a TLS-terminating sidecar or the redis backend"))
 		}
 	}
 	intVar("REDIS_POOL_SIZE", &o.RedisPoolSize)

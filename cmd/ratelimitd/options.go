@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -58,7 +59,7 @@ type Options struct {
 	// (envoyproxy/ratelimit PROMETHEUS_ADDR); "" = only on HTTPAddr.
 	MetricsAddr string
 
-	Backend      string // "memory" or "redis"
+	Backend      string // "memory", "redis" or "memcache" ("memcached" is read as "memcache")
 	RedisURL     string // redis:// or rediss://, user:password@ for ACL
 	RedisMode    string // "standalone", "cluster" or "sentinel"
 	RedisAddrs   []string
@@ -100,6 +101,16 @@ type Options struct {
 	// RedisSentinelAuth authenticates to the sentinels: "password" or
 	// "user:password".
 	RedisSentinelAuth string
+
+	// The memcached backend (memcache.Options): servers as host:port
+	// (MemcacheAddrs) or from an SRV record (MemcacheSRV, resolved again
+	// every MemcacheSRVRefresh; 0: once), idle connections kept per
+	// server, and the bound of each call.
+	MemcacheAddrs        []string
+	MemcacheSRV          string
+	MemcacheSRVRefresh   time.Duration
+	MemcacheMaxIdleConns int
+	MemcacheTimeout      time.Duration
 
 	ShadowMode       bool
 	QuotaMode        bool
@@ -297,6 +308,9 @@ func defaultOptions() Options {
 		RedisBreakerOpenFor:      redis.DefaultBreakerOpenFor,
 		RedisBreakerProbes:       redis.DefaultBreakerProbes,
 
+		MemcacheMaxIdleConns: memcache.DefaultMaxIdleConns,
+		MemcacheTimeout:      memcache.DefaultTimeout,
+
 		GCPercent:        defaultGCPercent,
 		MemoryLimitRatio: defaultMemoryLimitRatio,
 
@@ -374,6 +388,7 @@ func (v *listValue) Set(s string) error {
 func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	config := &listValue{p: &o.Config}
 	addrs := &listValue{p: &o.RedisAddrs}
+	mcAddrs := &listValue{p: &o.MemcacheAddrs}
 	fs.Var(config, "config", "YAML config file or directory (repeatable, or comma-separated); directories are watched")
 	fs.StringVar(&o.ConfigSource, "config-source", o.ConfigSource, "where configs come from: file (--config) or xds (an xDS management server, --xds-*; docs/xds.md)")
 	fs.StringVar(&o.XDSServerURL, "xds-server-url", o.XDSServerURL, "xDS management server, host:port (gRPC target)")
@@ -397,7 +412,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "optional extra listen address serving only /metrics")
 	fs.StringVar(&o.StatsdAddr, "statsd-addr", o.StatsdAddr, "also send envoyproxy/ratelimit's statsd stats over UDP to this host:port (empty: none)")
 	fs.DurationVar(&o.StatsdFlushInterval, "statsd-flush-interval", o.StatsdFlushInterval, "how often statsd counters and gauges are sent (timer samples within a second)")
-	fs.StringVar(&o.Backend, "backend", o.Backend, "store: memory or redis")
+	fs.StringVar(&o.Backend, "backend", o.Backend, "store: memory, redis or memcache (fixed windows only; also spelled memcached)")
 	fs.StringVar(&o.RedisURL, "redis-url", o.RedisURL, "redis:// or rediss:// URL, with user:password@ for ACL and /db")
 	fs.StringVar(&o.RedisMode, "redis-mode", o.RedisMode, "standalone, cluster (seeds in --redis-addrs) or sentinel (--redis-addrs sentinels + --redis-master)")
 	fs.Var(addrs, "redis-addrs", "host:port list: cluster seed nodes or sentinels (repeatable, or comma-separated)")
@@ -425,6 +440,11 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.Float64Var(&o.RedisBreakerFailureRatio, "redis-breaker-failure-ratio", o.RedisBreakerFailureRatio, "share of failed calls within --redis-breaker-window that opens the circuit, in (0, 1]")
 	fs.DurationVar(&o.RedisBreakerOpenFor, "redis-breaker-open-for", o.RedisBreakerOpenFor, "how long the circuit stays open before half-open probes")
 	fs.IntVar(&o.RedisBreakerProbes, "redis-breaker-probes", o.RedisBreakerProbes, "half-open probe calls in flight at once (0 means 1)")
+	fs.Var(mcAddrs, "memcache-addrs", "memcached servers host:port (repeatable, or comma-separated); keys are spread over them")
+	fs.StringVar(&o.MemcacheSRV, "memcache-srv", o.MemcacheSRV, "SRV record _service._proto.name listing the memcached servers (instead of --memcache-addrs)")
+	fs.DurationVar(&o.MemcacheSRVRefresh, "memcache-srv-refresh", o.MemcacheSRVRefresh, "resolve --memcache-srv again at this interval (0: once)")
+	fs.IntVar(&o.MemcacheMaxIdleConns, "memcache-max-idle-conns", o.MemcacheMaxIdleConns, "idle connections kept per memcached server")
+	fs.DurationVar(&o.MemcacheTimeout, "memcache-timeout", o.MemcacheTimeout, "bound of each memcached call (socket and connect timeout, and a decision's budget when the caller's deadline is later)")
 	fs.IntVar(&o.LocalCacheSize, "local-cache-size", o.LocalCacheSize, "entries in the local over-limit cache (0 disables)")
 	fs.BoolVar(&o.ShadowMode, "shadow-mode", o.ShadowMode, "global shadow mode: evaluate and report, never deny")
 	fs.BoolVar(&o.QuotaMode, "quota-mode", o.QuotaMode, "global quota mode: every descriptor is soft (denies only when all do)")
@@ -471,7 +491,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.BoolVar(&o.TracingInsecure, "tracing-insecure", o.TracingInsecure, "plaintext to the OTLP collector (node-local collector or mesh sidecar)")
 	fs.Float64Var(&o.TracingSampleRatio, "tracing-sample-ratio", o.TracingSampleRatio, "fraction of root spans sampled; a sampled parent from Envoy is always followed")
 	fs.StringVar(&o.TracingServiceName, "tracing-service-name", o.TracingServiceName, "service.name resource attribute of exported spans")
-	return []*listValue{config, addrs}
+	return []*listValue{config, addrs, mcAddrs}
 }
 
 // envName is the RATELIMITD_* twin of a flag: "redis-url" → "RATELIMITD_REDIS_URL".
@@ -552,6 +572,9 @@ func parseServe(args []string, lookup func(string) (string, bool), usage io.Writ
 		o.LogLevel = "warn"
 	}
 	o.LogFormat = strings.ToLower(strings.TrimSpace(o.LogFormat))
+	if o.Backend == "memcached" {
+		o.Backend = "memcache"
+	}
 	for name, v := range envValues {
 		if fs.Lookup(name).Value.String() == v {
 			if o.fromEnv == nil {
@@ -677,7 +700,7 @@ func (o Options) Validate() error {
 	if o.StatsdFlushInterval <= 0 {
 		add(fmt.Errorf("--statsd-flush-interval=%s: must be > 0", o.StatsdFlushInterval))
 	}
-	add(oneOf("backend", o.Backend, "memory", "redis"))
+	add(oneOf("backend", o.Backend, "memory", "redis", "memcache"))
 	add(oneOf("redis-mode", o.RedisMode, "standalone", "cluster", "sentinel"))
 	add(oneOf("log-level", o.LogLevel, "debug", "info", "warn", "error"))
 	add(oneOf("log-format", o.LogFormat, "text", "json"))
@@ -694,6 +717,23 @@ func (o Options) Validate() error {
 				add(errors.New("--redis-mode=sentinel needs --redis-addrs (sentinels) and --redis-master"))
 			}
 		}
+	}
+	if o.Backend == "memcache" {
+		switch {
+		case len(o.MemcacheAddrs) == 0 && o.MemcacheSRV == "":
+			add(errors.New("--backend=memcache needs --memcache-addrs or --memcache-srv"))
+		case len(o.MemcacheAddrs) > 0 && o.MemcacheSRV != "":
+			add(errors.New("--memcache-addrs and --memcache-srv: set one, not both"))
+		}
+	}
+	if o.MemcacheSRVRefresh < 0 {
+		add(fmt.Errorf("--memcache-srv-refresh=%s: must be >= 0 (0: resolve once)", o.MemcacheSRVRefresh))
+	}
+	if o.MemcacheMaxIdleConns <= 0 {
+		add(fmt.Errorf("--memcache-max-idle-conns=%d: must be > 0", o.MemcacheMaxIdleConns))
+	}
+	if o.MemcacheTimeout <= 0 {
+		add(fmt.Errorf("--memcache-timeout=%s: must be > 0", o.MemcacheTimeout))
 	}
 	if o.RedisTimeout <= 0 {
 		add(fmt.Errorf("--redis-timeout=%s: must be > 0", o.RedisTimeout))

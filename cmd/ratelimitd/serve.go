@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -83,6 +84,17 @@ func newStore(o Options) (service.Store, service.Store, func() error, error) {
 			return nil, nil, nil, err
 		}
 		return rs, fb, func() error { return errors.Join(rs.Close(), fb.Close()) }, nil
+	case "memcache":
+		ms, err := memcache.New(memcacheOptions(o))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		fb, err := mem()
+		if err != nil {
+			_ = ms.Close()
+			return nil, nil, nil, err
+		}
+		return ms, fb, func() error { return errors.Join(ms.Close(), fb.Close()) }, nil
 	default:
 		ms, err := mem()
 		if err != nil {
@@ -90,6 +102,17 @@ func newStore(o Options) (service.Store, service.Store, func() error, error) {
 		}
 		return ms, nil, ms.Close, nil
 	}
+}
+
+// memcacheOptions maps the --memcache-* flags onto memcache.Options.
+func memcacheOptions(o Options) memcache.Options {
+	mo := memcache.DefaultOptions()
+	mo.Addrs = o.MemcacheAddrs
+	mo.SRV = o.MemcacheSRV
+	mo.SRVRefresh = o.MemcacheSRVRefresh
+	mo.MaxIdleConns = o.MemcacheMaxIdleConns
+	mo.Timeout = o.MemcacheTimeout
+	return mo
 }
 
 // retryJitter maps --retry-jitter onto service.Options.RetryJitter, where 0
@@ -236,6 +259,9 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	if o.Backend == "redis" && o.RedisTimeout >= envoyFilterTimeout {
 		log.Warn("--redis-timeout is not below Envoy's default rate-limit filter timeout: with Redis frozen, a call's budget (Envoy's deadline less --redis-deadline-margin) runs out before Redis has been silent for --redis-timeout, so the per-rule failure modes cannot tell a dead Redis (failure_mode open requests then get DeadlineExceeded and Envoy's own failure_mode_deny decides); keep it well under the filter's timeout",
 			"redis_timeout", o.RedisTimeout.String(), "envoy_default_timeout", envoyFilterTimeout.String())
+	}
+	if o.Backend == "memcache" && o.LocalCacheSize > 0 {
+		log.Warn("--local-cache-size has no effect with the memcache backend (every decision asks memcached)", "local_cache_size", o.LocalCacheSize)
 	}
 	if o.KeyValues == "clear" {
 		log.Warn("--key-values=clear: descriptor values are stored in clear text in backend keys (development only)")
@@ -408,6 +434,12 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		Keys:           policy.KeyOptions{Prefix: o.KeyPrefix, ClearText: o.KeyValues == "clear"},
 		MaxRules:       o.MaxConfigRules,
 		MaxBytes:       o.MaxConfigBytes,
+	}
+	if al, ok := store.(service.AlgorithmLister); ok {
+		// A limit of an algorithm the backend does not decide is refused
+		// at load (file:line, naming the backend): the config in force
+		// stays, and at startup the service is not SERVING.
+		loadOpts.Algorithms, loadOpts.Backend = al.Algorithms(), o.Backend
 	}
 	var xdsOpts xds.Options
 	if o.ConfigSource == "xds" {

@@ -156,6 +156,15 @@ type LoadOptions struct {
 	// parsed; a larger config is refused like one with too many rules. 0
 	// means no limit.
 	MaxBytes int64
+	// Algorithms, when not nil, are the only algorithms the backend
+	// decides (a Store's service.AlgorithmLister): a limit of any other
+	// algorithm is refused at its line, "algorithm sliding_window is not
+	// supported by the <Backend> backend (supported: fixed_window)", so
+	// such a config never loads and the config in force stays. nil allows
+	// every algorithm.
+	Algorithms []algo.Kind
+	// Backend names the backend in that message ("memcache").
+	Backend string
 }
 
 // Warning is a lint finding that does not reject a load.

@@ -73,7 +73,7 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 			d.override = fc.override
 		}
 	}
-	s := &Set{keys: opts.Keys, domains: make(map[string]*domainTree, len(order))}
+	s := &Set{keys: opts.Keys, domains: make(map[string]*domainTree, len(order)), algorithms: opts.Algorithms, backend: opts.Backend}
 	for _, name := range order {
 		src := byDomain[name]
 		dt := &domainTree{name: name, override: src.override}
@@ -310,6 +310,13 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 		default:
 			sp.Policy = sfSafe(r.Path) + "#" + strconv.Itoa(i+1)
 		}
+		if !s.supports(l.algorithm) {
+			line := l.algorithmLine
+			if line == 0 {
+				line = l.line
+			}
+			errs.add(n.file, line, "descriptor %q: algorithm %s is not supported by the %s backend (supported: %s); use one of those or another backend", r.Path, AlgorithmName(l.algorithm), s.backend, s.supportedNames())
+		}
 		if authHit != "" && l.algorithm == algo.FixedWindow {
 			errs.warn(n.file, l.line, "fixed_window limit on descriptor %q, which looks like authentication (%q): a fixed window lets a client make up to twice the limit around a window boundary; use algorithm sliding_log (exact) or sliding_window", r.Path, authHit)
 		}
@@ -356,4 +363,27 @@ func sfSafe(s string) string {
 		b.WriteByte(c)
 	}
 	return b.String()
+}
+
+// supports reports whether the backend decides algorithm k
+// (LoadOptions.Algorithms; nil: every algorithm).
+func (s *Set) supports(k algo.Kind) bool {
+	if s.algorithms == nil {
+		return true
+	}
+	for _, a := range s.algorithms {
+		if a == k {
+			return true
+		}
+	}
+	return false
+}
+
+// supportedNames lists LoadOptions.Algorithms by config name, comma-separated.
+func (s *Set) supportedNames() string {
+	names := make([]string, len(s.algorithms))
+	for i, a := range s.algorithms {
+		names[i] = AlgorithmName(a)
+	}
+	return strings.Join(names, ", ")
 }

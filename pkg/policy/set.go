@@ -25,6 +25,10 @@ type Set struct {
 	// sourceHash is the hex SHA-256 of the loaded files' paths and bytes
 	// (and the load options); see SourceHash.
 	sourceHash string
+	// algorithms and backend are LoadOptions.Algorithms and Backend
+	// (checked while compiling).
+	algorithms []algo.Kind
+	backend    string
 }
 
 func sortedKeys[V any](m map[string]V) []string {

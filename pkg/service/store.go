@@ -7,7 +7,10 @@ import (
 )
 
 // Store decides the hits of one request. Implementations: the memory
-// backend (pkg/backend/memory) and the Redis backend (pkg/backend/redis).
+// backend (pkg/backend/memory), the Redis backend (pkg/backend/redis) and
+// the memcached backend (pkg/backend/memcache, fixed windows only; see
+// AlgorithmLister and docs/memcached.md for what all-or-nothing means
+// there).
 // The service never imports a concrete backend; cmd/ratelimitd wires one in.
 type Store interface {
 	// Take decides all hits of one request atomically and all-or-nothing:
@@ -34,4 +37,15 @@ type Causer interface {
 // backend is currently reachable (for /healthcheck and gRPC health).
 type Healther interface {
 	Healthy() bool
+}
+
+// AlgorithmLister is optionally implemented by a Store that decides some
+// algorithms only (the memcache backend: fixed_window). cmd/ratelimitd
+// passes the list to the config loader (policy.LoadOptions.Algorithms),
+// which refuses a config with a limit of any other algorithm, at its
+// file:line, naming the backend: such a config never replaces the one in
+// force, and at startup the service does not become SERVING. A Store
+// without it decides every algorithm.
+type AlgorithmLister interface {
+	Algorithms() []algo.Kind
 }

@@ -123,9 +123,11 @@ func (s *Store) Close() error {
 // rules of other algorithms when this store is the backend.
 func (s *Store) Algorithms() []algo.Kind { return []algo.Kind{algo.FixedWindow} }
 
-// RefundErrors is the number of refunds (DECR of a denied or failed
-// request's increments) that failed since the Store was created.
-func (s *Store) RefundErrors() uint64 { return s.refundErrors.Load() }
+// RefundFailures is the number of refunds (DECR of a denied or failed
+// request's increments) that failed since the Store was created
+// (ratelimitd_backend_refund_errors_total): each leaves those units
+// counted until the window ends.
+func (s *Store) RefundFailures() uint64 { return s.refundErrors.Load() }
 
 // Healthy reports whether memcached is answering: true once a call or
 // probe succeeded, false from an outage error (timeout, refused, no server
