@@ -105,7 +105,9 @@ func TestParseServePrecedence(t *testing.T) {
 		{"sentinel auth", nil, []string{"REDIS_SENTINEL_AUTH", "u:p"}, func(o Options) any { return o.RedisSentinelAuth }, "u:p"},
 		{"pool size", nil, []string{"REDIS_POOL_SIZE", "42"}, func(o Options) any { return o.RedisPoolSize }, 42},
 		{"memcache legacy", nil, []string{"BACKEND_TYPE", "memcache", "MEMCACHE_HOST_PORT", "m1:11211, m2:11211", "MEMCACHE_MAX_IDLE_CONNS", "7"},
-			func(o Options) any { return []any{o.Backend, strings.Join(o.MemcacheAddrs, " "), o.MemcacheMaxIdleConns} }, []any{"memcache", "m1:11211 m2:11211", 7}},
+			func(o Options) any {
+				return []any{o.Backend, strings.Join(o.MemcacheAddrs, " "), o.MemcacheMaxIdleConns}
+			}, []any{"memcache", "m1:11211 m2:11211", 7}},
 		{"memcache legacy srv", nil, []string{"BACKEND_TYPE", "memcache", "MEMCACHE_SRV", "_memcache._tcp.example.com", "MEMCACHE_SRV_REFRESH", "30s", "MEMCACHE_TLS", "false"},
 			func(o Options) any { return []any{o.Backend, o.MemcacheSRV, o.MemcacheSRVRefresh} }, []any{"memcache", "_memcache._tcp.example.com", 30 * time.Second}},
 		{"memcached flag spelling", []string{"--backend=memcached", "--memcache-addrs=a:1", "--memcache-timeout=5ms"}, nil,

@@ -42,7 +42,7 @@ func newStore(t testing.TB, addrs []string, now func() time.Time) *memcache.Stor
 type pinned struct{ us atomic.Int64 }
 
 func newPinned(t time.Time) *pinned { p := &pinned{}; p.us.Store(t.UnixMicro()); return p }
-func (p *pinned) Now() time.Time     { return time.UnixMicro(p.us.Load()) }
+func (p *pinned) Now() time.Time    { return time.UnixMicro(p.us.Load()) }
 func (p *pinned) Advance(d time.Duration) {
 	p.us.Add(d.Microseconds())
 }
