@@ -20,8 +20,9 @@ var forbidden = map[string][]string{
 	"pkg/policy/xds":         {"pkg/service", "pkg/backend", "cmd/"},
 	"pkg/policy/xds/xdstest": {"pkg/service", "pkg/backend", "cmd/", "pkg/policy/xds"},
 	"pkg/service":            {"pkg/backend", "cmd/"},
-	"pkg/backend/memory":     {"pkg/service", "pkg/policy", "pkg/backend/redis", "cmd/"},
-	"pkg/backend/redis":      {"pkg/service", "pkg/policy", "pkg/backend/memory", "cmd/"},
+	"pkg/backend/memory":     {"pkg/service", "pkg/policy", "pkg/backend/redis", "pkg/backend/memcache", "cmd/"},
+	"pkg/backend/redis":      {"pkg/service", "pkg/policy", "pkg/backend/memory", "pkg/backend/memcache", "cmd/"},
+	"pkg/backend/memcache":   {"pkg/service", "pkg/policy", "pkg/backend/memory", "pkg/backend/redis", "cmd/"},
 	"pkg/algo/algotest":      {"pkg/service", "pkg/policy", "pkg/backend", "cmd/"},
 }
 
