@@ -196,3 +196,34 @@ func TestRetryJitterZeroDisables(t *testing.T) {
 		}
 	}
 }
+
+// validate --backend=memcache (or BACKEND_TYPE=memcache) refuses the
+// algorithms memcached cannot decide, as serve would.
+func TestValidateBackendAlgorithms(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_window}\n"
+	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		env  []string
+		code int
+	}{
+		{[]string{"validate", dir}, nil, 0},
+		{[]string{"validate", "--backend=redis", dir}, nil, 0},
+		{[]string{"validate", "--backend=memcache", dir}, nil, 1},
+		{[]string{"validate", dir}, []string{"BACKEND_TYPE", "memcache"}, 1},
+		{[]string{"validate", dir}, []string{"RATELIMITD_BACKEND", "memcached"}, 1},
+		{[]string{"validate", "--backend=etcd", dir}, nil, 2},
+	} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), c.args, env(c.env...), &out, &errb)
+		if code != c.code {
+			t.Errorf("%v %v: exit %d, want %d\n%s%s", c.args, c.env, code, c.code, out.String(), errb.String())
+		}
+		if c.code == 1 && !strings.Contains(out.String(), "d.yaml:4: descriptor \"d.k\": algorithm sliding_window is not supported by the memcache backend") {
+			t.Errorf("%v %v: output lacks the refusal:\n%s", c.args, c.env, out.String())
+		}
+	}
+}

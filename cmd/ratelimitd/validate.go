@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -17,12 +18,16 @@ import (
 // --merge-domains and --ignore-dotfiles (and their RATELIMITD_* twins and
 // envoyproxy/ratelimit variables) shape the load as they do for serve. A
 // path set with no config file is valid but warned (so --strict fails).
+// --backend (RATELIMITD_BACKEND, BACKEND_TYPE) checks the algorithms as
+// serve would with that backend: with memcache, a limit of an algorithm
+// other than fixed_window is an error.
 func validate(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ratelimitd validate", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are printed once below, usage only for -h
 	strict := fs.Bool("strict", false, "treat warnings as errors")
 	explain := fs.Bool("explain", false, "print the compiled rules")
 	merge := fs.Bool("merge-domains", envBool(lookup, "RATELIMITD_MERGE_DOMAINS", "MERGE_DOMAIN_CONFIG"), "let several files contribute to one domain")
+	backend := fs.String("backend", envBackend(lookup), "check the config against this backend's algorithms: memory, redis or memcache")
 	dot := fs.Bool("ignore-dotfiles", envBool(lookup, "RATELIMITD_IGNORE_DOTFILES", "RUNTIME_IGNOREDOTFILES"), "skip files and directories whose name starts with a dot")
 	printUsage := func() {
 		fmt.Fprintf(stderr, "Usage: ratelimitd validate [--strict] [--explain] PATH...\n\nExit status: 0 valid, 1 invalid, 2 usage error.\n\nFlags:\n")
@@ -42,7 +47,16 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 		printUsage()
 		return 2
 	}
-	set, warnings, err := policy.Load(policy.LoadOptions{MergeDomains: *merge, IgnoreDotFiles: *dot}, fs.Args()...)
+	lo := policy.LoadOptions{MergeDomains: *merge, IgnoreDotFiles: *dot}
+	switch b := strings.ToLower(strings.TrimSpace(*backend)); b {
+	case "", "memory", "redis":
+	case "memcache", "memcached":
+		lo.Algorithms, lo.Backend = memcache.SupportedAlgorithms(), "memcache"
+	default:
+		fmt.Fprintf(stderr, "ratelimitd validate: --backend=%q: want one of memory, redis, memcache\n", *backend)
+		return 2
+	}
+	set, warnings, err := policy.Load(lo, fs.Args()...)
 	for _, w := range warnings {
 		fmt.Fprintln(stdout, w.String())
 	}
@@ -88,6 +102,17 @@ func interleave(fs *flag.FlagSet, args []string) []string {
 		paths = append(paths, a)
 	}
 	return append(append(flags, "--"), paths...)
+}
+
+// envBackend is the backend serve would use from the environment:
+// RATELIMITD_BACKEND, else BACKEND_TYPE ("" when neither is set).
+func envBackend(lookup func(string) (string, bool)) string {
+	for _, n := range []string{"RATELIMITD_BACKEND", "BACKEND_TYPE"} {
+		if v, ok := lookup(n); ok && strings.TrimSpace(v) != "" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 // envBool reads the first set variable of names as a bool (false if none

@@ -117,11 +117,14 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Algorithms lists the algorithms the store decides: fixed_window only
-// (memcached's INCR counts; it cannot keep a token bucket's TAT, a sliding
-// window's two counters or a log atomically). The config loader refuses
-// rules of other algorithms when this store is the backend.
-func (s *Store) Algorithms() []algo.Kind { return []algo.Kind{algo.FixedWindow} }
+// SupportedAlgorithms lists the algorithms the store decides:
+// fixed_window only (memcached's INCR counts; it cannot keep a token
+// bucket's TAT, a sliding window's two counters or a log atomically).
+func SupportedAlgorithms() []algo.Kind { return []algo.Kind{algo.FixedWindow} }
+
+// Algorithms is SupportedAlgorithms (service.AlgorithmLister): the config
+// loader refuses rules of other algorithms when this store is the backend.
+func (s *Store) Algorithms() []algo.Kind { return SupportedAlgorithms() }
 
 // RefundFailures is the number of refunds (DECR of a denied or failed
 // request's increments) that failed since the Store was created
@@ -381,7 +384,10 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 		err = r.err
 	}
 	if err != nil {
-		if errors.Is(err, errTimeout) {
+		if errors.Is(err, errTimeout) && end.Equal(start.Add(s.timeout)) {
+			// memcached was silent for a whole Timeout. A budget cut
+			// short by the caller's deadline proves less (the probe
+			// decides then).
 			s.note(err)
 		}
 		return nil, err
