@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -98,6 +99,14 @@ func (o Options) Validate() error {
 		errs = append(errs, errors.New("memcache: no server: set the addresses or an SRV record"))
 	case len(o.Addrs) > 0 && o.SRV != "":
 		errs = append(errs, errors.New("memcache: both addresses and an SRV record are set; use one"))
+	}
+	for _, a := range o.Addrs {
+		if strings.Contains(a, "/") {
+			continue // a unix socket path
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("memcache: server %q: want host:port or a unix socket path: %w", a, err))
+		}
 	}
 	if o.SRV != "" {
 		if _, _, _, err := parseSRV(o.SRV); err != nil {

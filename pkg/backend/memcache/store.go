@@ -66,9 +66,11 @@ type Store struct {
 }
 
 // New returns a Store for opts. It does not wait for memcached (the
-// service starts while it is down): the first SRV lookup and the health
-// probe run in the background. Errors come from invalid options or
-// unresolvable Addrs only.
+// service starts while it is down): it resolves the servers once (the SRV
+// record, or the host names of Addrs), and when that fails retries in the
+// background every 100 ms, decisions failing with CauseRefused meanwhile;
+// the health probe runs in the background. Errors come from invalid
+// options only.
 func New(opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -83,19 +85,13 @@ func New(opts Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	if len(opts.Addrs) > 0 {
-		if err := s.servers.SetServers(opts.Addrs...); err != nil {
-			return nil, fmt.Errorf("memcache: servers %s: %w", strings.Join(opts.Addrs, ","), err)
-		}
-		s.resolved.Store(true)
-	}
 	s.client = gomemcache.NewFromSelector(s.servers)
 	s.client.Timeout = opts.Timeout
 	s.client.MaxIdleConns = opts.MaxIdleConns
-	if opts.SRV != "" {
-		_ = s.refreshSRV()
+	_ = s.resolve()
+	if !s.resolved.Load() || opts.SRV != "" {
 		s.wg.Add(1)
-		go s.srvLoop()
+		go s.resolveLoop()
 	}
 	if opts.HealthInterval > 0 {
 		s.wg.Add(1)
@@ -184,15 +180,21 @@ func (s *Store) ping() error {
 	return Classify(s.client.Ping())
 }
 
-func (s *Store) srvLoop() {
+// resolveLoop resolves the servers again until it succeeded once (every
+// unhealthyProbeInterval), then every Options.SRVRefresh (SRV only; 0:
+// never).
+func (s *Store) resolveLoop() {
 	defer s.wg.Done()
 	for {
-		d := s.opts.SRVRefresh
+		d := time.Duration(0)
+		if s.opts.SRV != "" {
+			d = s.opts.SRVRefresh
+		}
 		if !s.resolved.Load() && (d == 0 || d > unhealthyProbeInterval) {
 			d = unhealthyProbeInterval
 		}
 		if d == 0 {
-			return // resolved once, no refresh
+			return // resolved, no refresh
 		}
 		t := time.NewTimer(d)
 		select {
@@ -201,8 +203,22 @@ func (s *Store) srvLoop() {
 			return
 		case <-t.C:
 		}
-		_ = s.refreshSRV()
+		_ = s.resolve()
 	}
+}
+
+// resolve installs the servers: Options.Addrs (their host names resolved
+// now; a name that does not resolve yet is retried), or the targets of
+// Options.SRV.
+func (s *Store) resolve() error {
+	if s.opts.SRV != "" {
+		return s.refreshSRV()
+	}
+	if err := s.servers.SetServers(s.opts.Addrs...); err != nil {
+		return fmt.Errorf("memcache: servers %s: %w", strings.Join(s.opts.Addrs, ","), err)
+	}
+	s.resolved.Store(true)
+	return nil
 }
 
 // refreshSRV resolves Options.SRV and installs its targets, sorted. A

@@ -592,6 +592,27 @@ func TestSRV(t *testing.T) {
 	}
 }
 
+// A server name that does not resolve yet does not stop New: decisions
+// fail with cause refused and the store is unhealthy until it resolves.
+func TestUnresolvedAddrs(t *testing.T) {
+	o := memcache.DefaultOptions()
+	o.Addrs = []string{"memcached.invalid:11211"}
+	o.Timeout = testTimeout
+	o.HealthInterval = 20 * time.Millisecond
+	s, err := memcache.New(o)
+	if err != nil {
+		t.Fatalf("New with an unresolvable name: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	_, err = s.Take(context.Background(), []algo.Hit{{Key: uniq(t), Limit: fixed(1, time.Hour), Cost: 1}})
+	if causeOf(err) != memcache.CauseRefused {
+		t.Fatalf("Take: %v, want cause refused", err)
+	}
+	if s.Healthy() {
+		t.Fatal("healthy without a resolved server")
+	}
+}
+
 func TestOptionsValidate(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -603,6 +624,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"bad srv", func(o *memcache.Options) { o.SRV = "cache.example" }, "_service._proto.name"},
 		{"timeout", func(o *memcache.Options) { o.Addrs = []string{"x:1"}; o.Timeout = 0 }, "timeout"},
 		{"idle", func(o *memcache.Options) { o.Addrs = []string{"x:1"}; o.MaxIdleConns = 0 }, "idle"},
+		{"addr without port", func(o *memcache.Options) { o.Addrs = []string{"cache"} }, "want host:port"},
 	} {
 		o := memcache.DefaultOptions()
 		c.mod(&o)

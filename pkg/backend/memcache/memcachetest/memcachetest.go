@@ -198,13 +198,15 @@ func (s *Server) Kill() {
 	<-done
 }
 
-// Stop freezes the process with SIGSTOP: the kernel still accepts
-// connections, nothing is answered (a hung memcached).
+// Stop freezes the process with SIGSTOP and returns once it is stopped:
+// the kernel still accepts connections, nothing is answered (a hung
+// memcached).
 func (s *Server) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil && !s.stopped {
 		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+		waitStopped(s.cmd.Process.Pid)
 		s.stopped = true
 	}
 }

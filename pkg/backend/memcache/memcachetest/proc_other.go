@@ -2,7 +2,13 @@
 
 package memcachetest
 
-import "syscall"
+import (
+	"syscall"
+	"time"
+)
 
 // procAttr sets nothing outside Linux (no parent-death signal).
 func procAttr() *syscall.SysProcAttr { return nil }
+
+// waitStopped gives SIGSTOP a moment outside Linux (no /proc to watch).
+func waitStopped(int) { time.Sleep(50 * time.Millisecond) }
