@@ -74,6 +74,10 @@ func (e *Error) Unwrap() error { return e.err }
 // answered.
 var errTimeout = &Error{cause: CauseTimeout, outage: true, err: errors.New("no reply within the call's budget")}
 
+// errAbandoned stops a decision whose caller already returned (with
+// errTimeout or its context's error): it says nothing about memcached.
+var errAbandoned = &Error{cause: CauseTimeout, err: errors.New("caller gone: the decision stopped")}
+
 // Classify wraps err in an *Error with its cause; nil stays nil and an err
 // that already has an *Error in its chain is returned unchanged.
 func Classify(err error) error {

@@ -377,7 +377,9 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if !end.After(start) {
 		return nil, errTimeout
 	}
-	r := &request{hits: hits, out: out, done: make(chan struct{})}
+	// decide may outlive the call (see below): it keeps its own copy of
+	// hits, whose backing array the caller may reuse.
+	r := &request{hits: append([]algo.Hit(nil), hits...), out: out, done: make(chan struct{})}
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
@@ -449,7 +451,7 @@ func (s *Store) decide(r *request) {
 	run := func(gi int) {
 		for _, i := range groups[order[gi]] {
 			if r.state.Load() == reqAbandoned {
-				errs[gi] = errTimeout
+				errs[gi] = errAbandoned
 				return
 			}
 			if err := s.decideHit(r.hits[i], now, nowUs, &tk[i], &r.out[i]); err != nil {
