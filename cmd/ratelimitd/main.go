@@ -1,7 +1,7 @@
 // Command ratelimitd is a global rate-limit service for Envoy: it answers
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit from
-// envoyproxy/ratelimit-compatible YAML configs, with an in-memory or Redis
-// store.
+// envoyproxy/ratelimit-compatible YAML configs, with an in-memory, Redis or
+// memcached (fixed windows only) store.
 //
 //	ratelimitd serve    [flags]                      run the service
 //	ratelimitd validate [--strict] [--explain] PATH... check config files/directories

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -45,11 +47,12 @@ func TestMemcacheBackendSharedAcrossReplicas(t *testing.T) {
 	srv := memcachetest.Start(t)
 	dir := t.TempDir()
 	writeFile(t, dir, "mc.yaml", referenceStyleMemcache)
-	a := start(t, startOpts{args: []string{"--config", dir}, env: []string{
+	ref := repoRoot(t) + "/examples/config-reference"
+	a := start(t, startOpts{args: []string{"--config", dir, "--config", ref}, env: []string{
 		"BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT=" + srv.Addr(), "MEMCACHE_MAX_IDLE_CONNS=4",
 		"RATELIMITD_MEMCACHE_TIMEOUT=1s",
 	}})
-	b := start(t, startOpts{args: []string{"--config", dir, "--backend=memcache", "--memcache-addrs", srv.Addr(), "--memcache-timeout=1s"}})
+	b := start(t, startOpts{args: []string{"--config", dir, "--config", ref, "--backend=memcache", "--memcache-addrs", srv.Addr(), "--memcache-timeout=1s"}})
 	ca, cb := a.dial(t), b.dial(t)
 	a.waitServing(t, ca, "")
 	b.waitServing(t, cb, "")
@@ -89,6 +92,48 @@ func TestMemcacheBackendSharedAcrossReplicas(t *testing.T) {
 	}
 	if got := call(t, ca, "mc", desc("remote_address", "10.0.0.2")).GetStatuses()[0].GetLimitRemaining(); got != 2 {
 		t.Errorf("10.0.0.2 after three denied requests: %d remaining after its first own hit, want 2", got)
+	}
+
+	// hits_addend: 2 of 3, then 2 more do not fit and consume nothing.
+	addend := func(cc *grpc.ClientConn, n uint32) *rlsv3.RateLimitResponse {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
+			Domain: "mc", HitsAddend: n, Descriptors: []*rlcommon.RateLimitDescriptor{desc("remote_address", "10.0.0.4")},
+		})
+		if err != nil {
+			t.Fatalf("ShouldRateLimit hits_addend %d: %v", n, err)
+		}
+		return resp
+	}
+	for i, c := range []struct {
+		conn *grpc.ClientConn
+		code rlsv3.RateLimitResponse_Code
+		rem  uint32
+	}{{ca, rlsv3.RateLimitResponse_OK, 1}, {cb, rlsv3.RateLimitResponse_OVER_LIMIT, 1}, {ca, rlsv3.RateLimitResponse_OVER_LIMIT, 1}} {
+		resp := addend(c.conn, 2)
+		if resp.GetOverallCode() != c.code || resp.GetStatuses()[0].GetLimitRemaining() != c.rem {
+			t.Fatalf("hits_addend 2, call %d: %v remaining %d, want %v %d", i, resp.GetOverallCode(), resp.GetStatuses()[0].GetLimitRemaining(), c.code, c.rem)
+		}
+	}
+	if resp := addend(cb, 1); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetLimitRemaining() != 0 {
+		t.Fatalf("hits_addend 1 with 1 left: %v remaining %d, want OK 0", resp.GetOverallCode(), resp.GetStatuses()[0].GetLimitRemaining())
+	}
+
+	// envoyproxy/ratelimit's README example (examples/config-reference):
+	// the nested marketing limit, 5 per day per number, across replicas.
+	for i := range 6 {
+		resp := call(t, conns[i%2], "messaging", desc("message_type", "marketing", "to_number", "2061111111"))
+		want := rlsv3.RateLimitResponse_OK
+		if i == 5 {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if resp.GetOverallCode() != want || resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != 5 {
+			t.Fatalf("messaging call %d: %v limit %d, want %v with 5 per day", i, resp.GetOverallCode(), resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(), want)
+		}
+	}
+	if got := call(t, cb, "messaging", desc("remote_address", "50.0.0.5")).GetOverallCode(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("requests_per_unit 0: %v, want OVER_LIMIT", got)
 	}
 
 	// Concurrent calls over both replicas admit exactly the limit.
