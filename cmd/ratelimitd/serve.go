@@ -682,6 +682,12 @@ func (s *server) fail(err error) {
 // backendTarget are the attributes of the startup log line naming the
 // store and where it points, with any password redacted.
 func backendTarget(o Options) []any {
+	if o.Backend == "memcache" {
+		if o.MemcacheSRV != "" {
+			return []any{"type", "memcache", "srv", o.MemcacheSRV, "srv_refresh", o.MemcacheSRVRefresh.String(), "timeout", o.MemcacheTimeout.String()}
+		}
+		return []any{"type", "memcache", "addrs", strings.Join(o.MemcacheAddrs, ","), "timeout", o.MemcacheTimeout.String()}
+	}
 	if o.Backend != "redis" {
 		return []any{"type", o.Backend}
 	}

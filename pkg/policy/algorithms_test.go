@@ -39,6 +39,11 @@ func TestLoadAlgorithmsSupported(t *testing.T) {
 	if n := strings.Count(msg, "not supported by the memcache backend"); n != 2 {
 		t.Errorf("%d refusals, want 2:\n%s", n, msg)
 	}
+	// In-memory documents (xDS) are checked alike.
+	if _, _, err := LoadSources(opts, Source{Name: "xds:mc", Data: []byte(bad)}); err == nil ||
+		!strings.Contains(err.Error(), `xds:mc:9: descriptor "d.tb": algorithm token_bucket is not supported by the memcache backend`) {
+		t.Errorf("LoadSources: %v, want the token_bucket refusal", err)
+	}
 	// Without Algorithms every algorithm loads.
 	if _, _, err := Load(LoadOptions{}, dir); err != nil {
 		t.Fatalf("without a backend restriction: %v", err)
