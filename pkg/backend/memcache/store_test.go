@@ -340,10 +340,11 @@ func TestWindowRolloverAndExpiry(t *testing.T) {
 	}
 	start := clk.Now().Truncate(time.Minute).UnixMicro()
 	ck := memcache.CounterKey(k, start)
-	// 50 s left in the window plus the 2 s grace; memcached rounds to its
-	// one-second clock.
-	if exp := metaExp(t, srv, ck); exp < 49 || exp > 53 {
-		t.Fatalf("counter %s: expires in %d s, want [49, 53] s", ck, exp)
+	// 50 s left in the window plus the 2 s grace, not the whole window
+	// (62 s); memcached rounds to its one-second clock, and a loaded host
+	// may take seconds between the take and the read.
+	if exp := metaExp(t, srv, ck); exp < 35 || exp > 53 {
+		t.Fatalf("counter %s: expires in %d s, want [35, 53] s", ck, exp)
 	}
 	clk.Advance(50 * time.Second)
 	if d := take(t, s, algo.Hit{Key: k, Limit: l, Cost: 1}); !d[0].Allowed || d[0].Remaining != 1 || d[0].ResetAfter != time.Minute {
@@ -355,7 +356,7 @@ func TestWindowRolloverAndExpiry(t *testing.T) {
 	take(t, s, algo.Hit{Key: k + "m", Limit: ml, Cost: 1})
 	ms, me := algo.WindowBoundsUs(ml, clk.Now().UnixMicro())
 	left := int((me - clk.Now().UnixMicro()) / 1e6)
-	if exp := metaExp(t, srv, memcache.CounterKey(k+"m", ms)); exp < left-5 || exp > left+5 {
+	if exp := metaExp(t, srv, memcache.CounterKey(k+"m", ms)); exp < left-30 || exp > left+5 {
 		t.Fatalf("40-day counter expires in %d s, want about %d s", exp, left)
 	}
 }
