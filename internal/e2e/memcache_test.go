@@ -38,6 +38,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 100, failure_mode: open}
   - key: closed
     rate_limit: {unit: hour, requests_per_unit: 100, failure_mode: closed}
+  - key: local
+    rate_limit: {unit: hour, requests_per_unit: 2, failure_mode: local}
 `
 
 // Two replicas on one real memcached share their counters: one set up
@@ -153,7 +155,8 @@ func TestMemcacheBackendSharedAcrossReplicas(t *testing.T) {
 }
 
 // memcached killed: ratelimitd.backend turns NOT_SERVING, the rules'
-// failure modes answer (open admits, closed denies) and the errors are
+// failure modes answer (open admits, closed denies, local counts in
+// process) and the errors are
 // counted with cause refused; after a restart it serves and counts again.
 func TestMemcacheFailureModes(t *testing.T) {
 	srv := memcachetest.Start(t)
@@ -182,6 +185,11 @@ func TestMemcacheFailureModes(t *testing.T) {
 	}
 	if got := call(t, cc, "mc", desc("closed", "x")).GetOverallCode(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("failure_mode closed with memcached down: %v, want OVER_LIMIT", got)
+	}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := call(t, cc, "mc", desc("local", "x")).GetOverallCode(); got != want {
+			t.Errorf("failure_mode local with memcached down, call %d: %v, want %v (2 per hour in process)", i, got, want)
+		}
 	}
 	_, metrics := httpGet(t, "http://"+p.http+"/metrics")
 	if v := metricValue(metrics, `ratelimitd_backend_errors_total{cause="refused"} `); v < 2 {
