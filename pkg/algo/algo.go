@@ -91,10 +91,29 @@ type Hit struct {
 	// quota mode): stores still decide it and write nothing for it when it
 	// is denied, but they do not roll back the request's other hits.
 	Soft bool
-	// Release, for Concurrency limits only, returns Cost leases (the
-	// oldest first) instead of taking them. A release is always allowed.
+	// Release returns Cost units instead of taking them (a refund: Envoy's
+	// RateLimitDescriptor.is_negative_hits, or a concurrency lease
+	// release): Concurrency leases the oldest first, SlidingLog entries
+	// the newest first, FixedWindow and SlidingWindow counts (the current
+	// window's, then the previous one's) floored at 0, TokenBucket tokens
+	// up to the capacity (the TAT moves back, never before now). A release
+	// is always allowed and is kept even when the request is denied (see
+	// Charge). Cost 0 releases nothing.
 	Release bool
+	// Charge selects the always_charge counting policy for this hit: a
+	// take that is denied still consumes its Cost (the counter goes over
+	// the limit, the bucket into debt; see Charge), and the hit is kept
+	// when another hit of the request denies it, as envoyproxy/ratelimit
+	// counts every hits_addend. Without Charge (all_or_nothing), a denied
+	// request consumes nothing. A check (Cost 0) consumes nothing either
+	// way; Concurrency leases are never charged when denied (a denied
+	// request holds no lease that anything would release).
+	Charge bool
 }
+
+// Kept reports whether a store keeps h's effect when its request is
+// denied: releases and always_charge hits (see Hit.Charge).
+func (h Hit) Kept() bool { return h.Release || h.Charge }
 
 // Decision is the outcome of one Hit.
 type Decision struct {
@@ -103,7 +122,8 @@ type Decision struct {
 	// Remaining is the number of whole units admissible right after this
 	// decision (>= 0, rounded down). When a request is denied as a whole,
 	// backends report the value before the request for the hits that did
-	// not deny (nothing was consumed).
+	// not deny and are not Kept (nothing was consumed); Kept hits report
+	// the state after their own hit.
 	Remaining int64
 	// RetryAfter is 0 when Allowed; otherwise the wait until the same cost
 	// can pass (exact, before rounding).

@@ -171,25 +171,63 @@ func (d decision) out() Decision {
 // is always denied. Negative costs count as 0, costs above MaxCost as
 // MaxCost (ClampCost).
 func Take(l Limit, prev State, now time.Time, cost int64) (State, Decision) {
-	s, d := decide(l, prev, now.UnixMicro(), cost, false)
+	s, d := decide(l, prev, now.UnixMicro(), cost, opTake)
 	return s, d.out()
 }
 
-// Release returns n leases of a Concurrency limit, the oldest first (at
-// most the live ones; n is clamped by ClampCost). It is always allowed.
-// For other kinds it is Take with cost 0.
+// Charge is Take under the always_charge counting policy (Hit.Charge): an
+// allowed take and a check are Take's; a denied take with cost > 0 is
+// still charged and its decision (denied, RetryAfter > 0) describes the
+// state after the charge, so Remaining is 0. How far over the limit a
+// state may go: FixedWindow and SlidingWindow counts saturate at MaxExact
+// (2^53); a TokenBucket goes at most one capacity into debt (the TAT at
+// most now + 2·capacity·T, T = Period/Rate) and takes at most the
+// capacity per charge; a SlidingLog holds at most 2·Rate entries.
+// Concurrency leases and Rate 0 limits are never charged when denied
+// (Charge is Take).
+func Charge(l Limit, prev State, now time.Time, cost int64) (State, Decision) {
+	s, d := decide(l, prev, now.UnixMicro(), cost, opCharge)
+	return s, d.out()
+}
+
+// Release returns n units (n is clamped by ClampCost) instead of taking
+// them: a refund (Envoy's is_negative_hits) or a lease release. It is
+// always allowed (RetryAfter 0) and its decision is a check on the state
+// after the release. Per kind: Concurrency drops the n oldest live
+// leases; SlidingLog the n newest live entries; FixedWindow subtracts n
+// from the current window's count, floored at 0 (a count of an earlier
+// window has already reset); SlidingWindow subtracts from the current
+// window's count, then what is left of n from the previous window's,
+// each floored at 0; TokenBucket moves the TAT back by n·T (in at most
+// two steps of the capacity, so at most 2·capacity tokens per release),
+// never before now (the bucket is then full). Rate 0 limits hold nothing
+// to release.
 func Release(l Limit, prev State, now time.Time, n int64) (State, Decision) {
-	s, d := decide(l, prev, now.UnixMicro(), n, true)
+	s, d := decide(l, prev, now.UnixMicro(), n, opRelease)
 	return s, d.out()
 }
 
-// Apply is Take or Release as h.Release says, on h.Limit and h.Cost.
+// Apply is Release, Charge or Take as h.Release and h.Charge say, on
+// h.Limit and h.Cost.
 func Apply(prev State, h Hit, now time.Time) (State, Decision) {
-	if h.Release {
+	switch {
+	case h.Release:
 		return Release(h.Limit, prev, now, h.Cost)
+	case h.Charge:
+		return Charge(h.Limit, prev, now, h.Cost)
 	}
 	return Take(h.Limit, prev, now, h.Cost)
 }
+
+// op is what decide does: take (all_or_nothing), charge (always_charge)
+// or release.
+type op uint8
+
+const (
+	opTake op = iota
+	opCharge
+	opRelease
+)
 
 // ExpiresAt returns the instant from which s is equivalent to the zero
 // State for l (the counter reset, the bucket is full, the log is empty), so
@@ -239,14 +277,12 @@ func ExpiresAtUs(l Limit, s State) int64 {
 }
 
 // decide dispatches on l.Kind; t is now in µs.
-func decide(l Limit, st State, t, cost int64, release bool) (State, decision) {
+func decide(l Limit, st State, t, cost int64, o op) (State, decision) {
 	cost = ClampCost(cost)
-	if release {
-		if l.Kind == Concurrency {
-			return release1(l, st, t, cost)
-		}
-		cost = 0
+	if o == opRelease {
+		return refund(l, st, t, cost)
 	}
+	charge := o == opCharge && cost > 0
 	if l.Rate <= 0 {
 		w := periodUs(l)
 		if l.Kind == FixedWindow || l.Kind == SlidingWindow {
@@ -257,18 +293,126 @@ func decide(l Limit, st State, t, cost int64, release bool) (State, decision) {
 	}
 	switch l.Kind {
 	case FixedWindow:
-		return fixedWindow(l, st, t, cost)
+		return fixedWindow(l, st, t, cost, charge)
 	case SlidingWindow:
-		return slidingWindow(l, st, t, cost)
+		return slidingWindow(l, st, t, cost, charge)
 	case TokenBucket:
-		return tokenBucket(l, st, t, cost)
+		return tokenBucket(l, st, t, cost, charge)
 	default: // SlidingLog, Concurrency: one timestamp per unit
-		return timestampLog(l, st, t, cost)
+		return timestampLog(l, st, t, cost, charge && l.Kind == SlidingLog)
 	}
 }
 
+// refund is Release: the credited state and a check on it, allowed.
+func refund(l Limit, st State, t, n int64) (State, decision) {
+	if l.Kind == Concurrency {
+		return release1(l, st, t, n)
+	}
+	ns := st
+	if n > 0 && l.Rate > 0 {
+		switch l.Kind {
+		case FixedWindow:
+			ns = creditFixed(l, st, t, n)
+		case SlidingWindow:
+			ns = creditSliding(l, st, t, n)
+		case TokenBucket:
+			ns = creditToken(l, st, t, n)
+		default: // SlidingLog
+			ns = creditLog(l, st, t, n)
+		}
+	}
+	_, d := decide(l, ns, t, 0, opTake)
+	d.allowed, d.retryUs = true, 0
+	return ns, d
+}
+
+// creditFixed subtracts n from the count of the window fixedWindow would
+// read at t (floored at 0); an earlier window's count has reset already.
+func creditFixed(l Limit, st State, t, n int64) State {
+	ws, _ := WindowBoundsUs(l, t)
+	if st.Time < ws || st.Count <= 0 {
+		return st
+	}
+	c := max(st.Count-n, 0)
+	if c == 0 {
+		return State{}
+	}
+	return State{Time: st.Time, Count: c}
+}
+
+// creditSliding subtracts n from the current window's count, then the
+// rest from the previous window's, each floored at 0.
+func creditSliding(l Limit, st State, t, n int64) State {
+	ws, _ := WindowBoundsUs(l, t)
+	var curr, prev int64
+	if st.Time >= ws {
+		ws, curr, prev = st.Time, st.Count, st.Prev
+	} else if ps, _ := WindowBoundsUs(l, ws-1); st.Time == ps {
+		prev = st.Count
+	}
+	if curr <= 0 && prev <= 0 {
+		return st
+	}
+	c := max(curr-n, 0)
+	p := max(prev-(n-(curr-c)), 0)
+	if c == 0 && p == 0 {
+		return State{}
+	}
+	return State{Time: ws, Count: c, Prev: p}
+}
+
+// creditToken moves the TAT back by n·T, in at most two steps of the
+// capacity (every product stays below 2^53), never before t.
+func creditToken(l Limit, st State, t, n int64) State {
+	r := l.Rate
+	b := capacity(l)
+	p := periodUs(l)
+	q, m := p/r, p%r
+	tat, frac := st.Time, st.Count
+	if frac < 0 || frac >= r {
+		tat, frac = tat+1, 0
+	}
+	if tat < t {
+		return st // full already
+	}
+	for range 2 {
+		if n <= 0 {
+			break
+		}
+		k := min(n, b)
+		n -= k
+		tat, frac = tat-(k*q+(k*m)/r), frac-(k*m)%r
+		if frac < 0 {
+			frac += r
+			tat--
+		}
+		if tat < t {
+			break
+		}
+	}
+	if tat < t || (tat == t && frac == 0) {
+		return State{}
+	}
+	return State{Time: tat, Count: frac}
+}
+
+// creditLog drops the n newest live SlidingLog entries.
+func creditLog(l Limit, st State, t, n int64) State {
+	lv := live(st.Log, t, periodUs(l))
+	k := min(n, int64(len(lv)))
+	if k == 0 {
+		return st
+	}
+	if int64(len(lv)) == k {
+		return State{}
+	}
+	nl := make([]int64, len(lv)-int(k))
+	copy(nl, lv)
+	return State{Log: nl}
+}
+
 // fixedWindow: see the porting contract in doc.go.
-func fixedWindow(l Limit, st State, t, cost int64) (State, decision) {
+func fixedWindow(l Limit, st State, t, cost int64, charge bool) (State, decision) {
 	ws, we := WindowBoundsUs(l, t)
 	count := int64(0)
 	if st.Time == ws {
@@ -281,6 +425,9 @@ func fixedWindow(l Limit, st State, t, cost int64) (State, decision) {
 	rem := max(l.Rate-count, 0)
 	reset := we - t
 	if max(cost, 1) > rem {
+		if charge { // always_charge: over the limit, saturating at 2^53
+			return State{Time: ws, Count: min(count+cost, MaxExact)}, decision{retryUs: reset, resetUs: reset, windowUs: reset}
+		}
 		return st, decision{remaining: rem, retryUs: reset, resetUs: reset, windowUs: reset}
 	}
 	if cost == 0 {
@@ -290,7 +437,7 @@ func fixedWindow(l Limit, st State, t, cost int64) (State, decision) {
 }
 
 // slidingWindow: see the porting contract in doc.go.
-func slidingWindow(l Limit, st State, t, cost int64) (State, decision) {
+func slidingWindow(l Limit, st State, t, cost int64, charge bool) (State, decision) {
 	ws, we := WindowBoundsUs(l, t)
 	var curr, prev int64
 	if st.Time == ws {
@@ -308,11 +455,17 @@ func slidingWindow(l Limit, st State, t, cost int64) (State, decision) {
 	rem := sw.remaining(curr)
 	need := max(cost, 1)
 	if need > rem {
+		ns := st
+		if charge { // always_charge: over the limit, saturating at 2^53
+			curr = min(curr+cost, MaxExact)
+			rem = sw.remaining(curr)
+			ns = State{Time: ws, Count: curr, Prev: prev}
+		}
 		retry := we - t // never admissible
 		if need <= l.Rate {
 			retry = sw.wait(curr, need)
 		}
-		return st, decision{remaining: rem, retryUs: retry, resetUs: sw.reset(curr), windowUs: sw.window(curr, rem)}
+		return ns, decision{remaining: rem, retryUs: retry, resetUs: sw.reset(curr), windowUs: sw.window(curr, rem)}
 	}
 	ns := st
 	if cost > 0 {
@@ -379,7 +532,7 @@ func floor(x float64) float64 {
 }
 
 // tokenBucket: GCRA with an exact rational TAT; see the porting contract.
-func tokenBucket(l Limit, st State, t, cost int64) (State, decision) {
+func tokenBucket(l Limit, st State, t, cost int64, charge bool) (State, decision) {
 	r := l.Rate
 	b := capacity(l)
 	p := periodUs(l)
@@ -430,11 +583,37 @@ func tokenBucket(l Limit, st State, t, cost int64) (State, decision) {
 	}
 	need := max(cost, 1)
 	if need > rem {
+		ns := st
+		if charge {
+			// always_charge: TAT += min(cost, b)*T, at most t + 2*tau (one
+			// capacity of debt), never moved back.
+			k := min(cost, b)
+			n := frac + k*m
+			nt, nf := tat+k*q+n/r, n%r
+			bUs, bF := t+2*tauUs+(2*tauFrac)/r, (2*tauFrac)%r
+			if nt > bUs || (nt == bUs && nf > bF) {
+				nt, nf = bUs, bF
+				if tat > bUs || (tat == bUs && frac > bF) {
+					nt, nf = tat, frac
+				}
+			}
+			tat, frac = nt, nf
+			sUs, sFrac = tauUs-(tat-t), tauFrac-frac
+			if sFrac < 0 {
+				sFrac += r
+				sUs--
+			}
+			rem = 0
+			if sUs >= 0 {
+				rem = (sUs*r + sFrac) / p
+			}
+			ns = State{Time: tat, Count: frac}
+		}
 		retry := p
 		if need <= b {
 			retry = waitFor(sUs, sFrac, need)
 		}
-		return st, decision{remaining: rem, retryUs: retry, resetUs: fullIn(tat, frac), windowUs: next(tat, frac, sUs, sFrac, rem)}
+		return ns, decision{remaining: rem, retryUs: retry, resetUs: fullIn(tat, frac), windowUs: next(tat, frac, sUs, sFrac, rem)}
 	}
 	if cost == 0 {
 		return st, decision{allowed: true, remaining: rem, resetUs: fullIn(tat, frac), windowUs: next(tat, frac, sUs, sFrac, rem)}
@@ -472,18 +651,36 @@ func logDecision(d decision, lv []int64, t, p int64) decision {
 }
 
 // timestampLog is SlidingLog and Concurrency take: one timestamp per unit.
-func timestampLog(l Limit, st State, t, cost int64) (State, decision) {
+func timestampLog(l Limit, st State, t, cost int64, charge bool) (State, decision) {
 	p := periodUs(l)
 	lv := live(st.Log, t, p)
 	rem := max(l.Rate-int64(len(lv)), 0)
 	need := max(cost, 1)
+	ns := st
+	if need > rem && charge {
+		// always_charge (SlidingLog): the log grows to at most 2*Rate.
+		if k := min(cost, 2*l.Rate-int64(len(lv))); k > 0 {
+			ts := t
+			if len(lv) > 0 {
+				ts = max(ts, lv[len(lv)-1])
+			}
+			nl := make([]int64, len(lv), len(lv)+int(k))
+			copy(nl, lv)
+			for range k {
+				nl = append(nl, ts)
+			}
+			lv = nl
+			ns = State{Log: nl}
+			rem = max(l.Rate-int64(len(lv)), 0)
+		}
+	}
 	if need > rem {
 		retry := p
 		if need <= l.Rate {
 			e := int64(len(lv)) + need - l.Rate // entries that must expire
 			retry = lv[e-1] + p - t
 		}
-		return st, logDecision(decision{remaining: rem, retryUs: retry}, lv, t, p)
+		return ns, logDecision(decision{remaining: rem, retryUs: retry}, lv, t, p)
 	}
 	if cost == 0 {
 		return st, logDecision(decision{allowed: true, remaining: rem}, lv, t, p)

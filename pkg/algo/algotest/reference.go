@@ -9,11 +9,15 @@ import (
 // Reference decides one request (hits, in order) at now the way the Store
 // contract says, with pkg/algo alone, and updates states (key → state; a
 // missing key is the zero State) in place: each hit is applied to the
-// tentative state its key has so far in the request (algo.Apply); when a
-// hit that is not Soft is denied (a check-only hit too), nothing is kept
-// and the hits that did not deny report a check (algo.Take with cost 0)
-// on the state before the request; otherwise every tentative state is
-// kept. The returned slice has one decision per hit.
+// tentative state its key has so far in the request (algo.Apply). When no
+// hit that is not Soft is denied, every tentative state is kept.
+// Otherwise (a check-only hit too can deny) the request is replayed on
+// the states before it with only its Kept hits (releases and
+// always_charge hits, algo.Hit.Kept): those are applied in order and
+// report their replayed decision; the other hits that did not deny
+// report a check (algo.Take with cost 0) on their key's replayed state at
+// their place in the request, and the hits that denied keep their
+// decision. The returned slice has one decision per hit.
 //
 // It is the reference the stores' property tests compare against (the
 // Redis script, batched segments, the previous script version).
@@ -37,10 +41,22 @@ func Reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []a
 		}
 		return out
 	}
+	clear(tent)
 	for i, h := range hits {
-		if out[i].Allowed {
-			_, out[i] = algo.Take(h.Limit, states[h.Key], now, 0)
+		st, ok := tent[h.Key]
+		if !ok {
+			st = states[h.Key]
 		}
+		switch {
+		case h.Kept():
+			st, out[i] = algo.Apply(st, h, now)
+			tent[h.Key] = st
+		case out[i].Allowed:
+			_, out[i] = algo.Take(h.Limit, st, now, 0)
+		}
+	}
+	for k, s := range tent {
+		states[k] = s
 	}
 	return out
 }

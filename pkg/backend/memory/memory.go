@@ -325,9 +325,11 @@ type call struct {
 // request order (a repeated key sees the earlier hit's tentative state),
 // and the new states are committed only if no hit was denied, except Soft
 // hits (shadow, quota), whose denial writes nothing for that hit but does
-// not roll the request back. Otherwise nothing is written and every hit
-// that did not deny reports a check (cost 0) on the state before the
-// request. When the request needs new keys and the store is full, it drops
+// not roll the request back. Otherwise only the Kept hits (releases and
+// always_charge hits, algo.Hit.Kept) are committed, replayed in order on
+// the states before the request, and every other hit that did not deny
+// reports a check (cost 0) on its key's replayed state (the state before
+// the request when no Kept hit shares its key). When the request needs new keys and the store is full, it drops
 // expired keys for them or, when none has expired, fails with ErrFull
 // having written nothing (see the package documentation).
 func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
@@ -443,12 +445,31 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 		}
 	}
 	if denied {
+		// Replay on the stored states with only the Kept hits (releases,
+		// always_charge): they are committed; the other hits that did not
+		// deny report a check at their place (algotest.Reference).
+		var kept map[string]tent
 		for i, h := range hits {
-			if out[i].Allowed {
-				_, out[i] = algo.Take(h.Limit, stored(i), now, 0)
+			t, ok := kept[h.Key]
+			if !ok {
+				t = tent{st: stored(i), first: i}
+			}
+			switch {
+			case h.Kept():
+				t.st, out[i] = algo.Apply(t.st, h, now)
+				t.limit = h.Limit
+				if kept == nil {
+					kept = make(map[string]tent, len(hits))
+				}
+				kept[h.Key] = t
+			case out[i].Allowed:
+				_, out[i] = algo.Take(h.Limit, t.st, now, 0)
 			}
 		}
-		return 0
+		if kept == nil {
+			return 0
+		}
+		pending = kept
 	}
 
 	isNew := func(t tent) bool {

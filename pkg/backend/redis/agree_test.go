@@ -47,8 +47,9 @@ var agreeCase atomic.Int64
 // TestAgreement: random schedules of (advance, hits) give identical
 // decisions from the Lua script (pinned clock, real redis-server) and from
 // pkg/algo, step by step, for every algorithm, including multi-hit
-// requests with repeated keys, checks, costs above capacity, releases and
-// the clock going backwards.
+// requests with repeated keys, checks, costs above capacity, releases
+// (refunds) on every algorithm, always_charge hits (per key, and mixed
+// with all_or_nothing hits on one key) and the clock going backwards.
 func TestAgreement(t *testing.T) {
 	srv := redistest.Standalone(t)
 	clk := newPinnedClock(epoch0)
@@ -59,9 +60,11 @@ func TestAgreement(t *testing.T) {
 // keys of a schedule live in different slots, so every multi-key request
 // is split into slot groups and a denial in one group is compensated by a
 // refund in the others; the answers must still equal pkg/algo's step by
-// step. Two things the compensation cannot reverse are left out
-// (docs/redis.md): concurrency releases (a release in one slot is not
-// undone when another slot denies) and the clock going backwards (a take
+// step. always_charge is drawn per key (as a rule's counting policy is),
+// so a compensated slot group never mixes kept and reversed hits on one
+// key. Two things the compensation cannot reverse are left out
+// (docs/redis.md): releases mixed with takes in one group, and the clock
+// going backwards (a take
 // drops entries expired at its instant and moves a full bucket's TAT to
 // now; a refund restores a state equivalent at that instant and after, not
 // before it).
@@ -88,6 +91,7 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
 					kb = fmt.Sprintf("agree:%d:b%d", n, i)
 				}
 				limits := map[string]algo.Limit{ka: genLimit(rt, kind), kb: genLimit(rt, kind)}
+				charged := map[string]bool{ka: rapid.IntRange(0, 2).Draw(rt, "charge_a") == 0, kb: rapid.IntRange(0, 2).Draw(rt, "charge_b") == 0}
 				var names []string
 				for k := range limits {
 					names = append(names, k)
@@ -120,8 +124,14 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
 						l := limits[k]
 						hits[i] = algo.Hit{Key: k, Limit: l, Cost: rapid.Int64Range(0, l.Rate+l.Burst+2).Draw(rt, "cost")}
 						hits[i].Soft = rapid.IntRange(0, 4).Draw(rt, "soft?") == 0
-						if !compensated && kind == algo.Concurrency && rapid.IntRange(0, 3).Draw(rt, "release?") == 0 {
-							hits[i].Release = true
+						hits[i].Charge = charged[k]
+						if !compensated {
+							if rapid.IntRange(0, 5).Draw(rt, "flip_charge?") == 0 {
+								hits[i].Charge = !hits[i].Charge
+							}
+							if rapid.IntRange(0, 3).Draw(rt, "release?") == 0 {
+								hits[i].Release = true
+							}
 						}
 					}
 					want := algotest.Reference(states, hits, now)

@@ -92,6 +92,19 @@ func (c *overLimitCache) add(e cacheEntry) {
 	c.items[e.key] = c.ll.PushFront(&e)
 }
 
+// drop removes key's entry, if any (its key was credited by a release).
+func (c *overLimitCache) drop(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.items[key]; ok {
+		c.ll.Remove(el)
+		delete(c.items, key)
+	}
+}
+
 // reset drops every entry.
 func (c *overLimitCache) reset() {
 	if c == nil {

@@ -83,7 +83,7 @@ type segArgs struct {
 	keys  []string // KEYS of the segment's hits, in order
 	// ints are now_us, the number of hits, then per hit kind, rate,
 	// period_us, burst, calendar, multiplier, cost, flags (1 release,
-	// 2 soft).
+	// 2 soft, 4 charge).
 	ints []int64
 
 	keyBuf [1]string
@@ -111,12 +111,15 @@ func (a *segArgs) init(sg *segment) {
 	for i := range sg.hits {
 		h := &sg.hits[i]
 		l := &h.Limit
-		flags := int64(0) // take.lua: 1 release, 2 soft
+		flags := int64(0) // take.lua: 1 release, 2 soft, 4 charge
 		if h.Release {
 			flags |= 1
 		}
 		if h.Soft {
 			flags |= 2
+		}
+		if h.Charge {
+			flags |= 4
 		}
 		a.keys = append(a.keys, h.Key)
 		// The cost is clamped like algo.Take clamps it (the script rejects

@@ -203,8 +203,16 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if len(hits) == 0 {
 		return out, nil
 	}
-	if s.cache != nil && s.fromCache(hits, out) {
-		return out, nil
+	if s.cache != nil {
+		// A release credits its key: a cached denial of it may no longer hold.
+		for _, h := range hits {
+			if h.Release {
+				s.cache.drop(h.Key)
+			}
+		}
+		if s.fromCache(hits, out) {
+			return out, nil
+		}
 	}
 	var err error
 	if !s.cluster {
@@ -398,13 +406,15 @@ func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*gr
 			continue
 		}
 		n++
-		// Reverse only what the take consumed: a hit denied on its own
-		// (Soft) wrote nothing.
+		// Reverse only what the take consumed and the request does not
+		// keep: a hit denied on its own (Soft) wrote nothing, and
+		// releases and always_charge hits stay (algo.Hit.Kept).
 		rh := make([]algo.Hit, len(g.hits))
 		for j, h := range g.hits {
-			if !g.out[j].Allowed {
+			if !g.out[j].Allowed || h.Kept() {
 				h.Cost = 0
 			}
+			h.Release, h.Charge = false, false
 			rh[j] = h
 		}
 		s.bg.Go(func() {
@@ -429,9 +439,9 @@ func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*gr
 			}
 			// Hits that did not deny report the value before the request;
 			// a hit denied on its own (a check, or a second hit on a key)
-			// keeps its decision.
+			// and a kept hit keep their decision.
 			for j, d := range r.g.out {
-				if d.Allowed {
+				if d.Allowed && !r.g.hits[j].Kept() {
 					r.g.out[j] = r.checks[j]
 				}
 			}
@@ -445,9 +455,10 @@ func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*gr
 
 // cacheable reports whether a denial of h may be answered locally until
 // its RetryAfter: concurrency leases can be released early, so they never
-// are.
+// are; an always_charge hit must reach Redis to be charged, and a release
+// is never denied.
 func cacheable(h algo.Hit) bool {
-	return h.Limit.Kind != algo.Concurrency && !h.Release
+	return h.Limit.Kind != algo.Concurrency && !h.Release && !h.Charge
 }
 
 func (s *Store) clock() time.Time {

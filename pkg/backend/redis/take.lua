@@ -18,9 +18,12 @@
 --   nonce  request nonce: makes log members unique across requests.
 --   n      number of hits of the segment (>= 0), followed by n × NF fields:
 --          kind, rate, period_us, burst, calendar, multiplier, cost, flags
---          (1 = release: return concurrency leases; 2 = soft: a denial
---          does not deny the request). cost is at most 2^53 (algo.MaxCost,
---          above every limit's capacity: always denied).
+--          (a sum of 1 = release: return cost units, algo.Release; 2 =
+--          soft: a denial does not deny the request; 4 = charge: the
+--          always_charge counting policy, algo.Charge). cost is at most
+--          2^53 (algo.MaxCost, above every limit's capacity: always
+--          denied). A release or charge hit is kept when its segment is
+--          denied (algo.Hit.Kept; see algotest.Reference).
 --
 -- Reply: one bulk string, one line per segment, lines joined by "\n":
 --   "<now_us> then per hit: <allowed 0/1> <remaining> <retry_us>
@@ -90,6 +93,9 @@ local KEYS = KEYS
 
 local BIG = 9007199254740992 -- 2^53
 
+-- FLAGS maps a hit's flags field to its number (1 release, 2 soft, 4 charge).
+local FLAGS = { ['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7 }
+
 -- Parse and validate every segment before anything runs. Functions below
 -- are defined once per invocation, and only for the kinds it uses.
 local used = {}
@@ -114,7 +120,7 @@ do
     if not int(cal, 0, 2) then return 'calendar' end
     if not int(mult, 1, BIG - 1) then return 'multiplier' end
     if not int(cost, -BIG, BIG) then return 'cost' end
-    if flags ~= '0' and flags ~= '1' and flags ~= '2' and flags ~= '3' then return 'flags' end
+    if not FLAGS[flags] then return 'flags' end
     return nil
   end
   local nseg = tonumber(ARGV[1])
@@ -150,13 +156,14 @@ do
           or not (cal and cal % 1 == 0 and cal >= 0 and cal <= 2)
           or not (mult and mult % 1 == 0 and mult >= 1 and mult < BIG)
           or not (cost and cost % 1 == 0 and cost >= -BIG and cost <= BIG)
-          or (flags ~= '0' and flags ~= '1' and flags ~= '2' and flags ~= '3') then
+          or not FLAGS[flags] then
           problem = (hit_problem(kind, rate, period, burst, cal, mult, cost, flags) or 'a field') .. ' of hit ' .. i
         else
           if cost < 0 then cost = 0 end
+          local fl = FLAGS[flags]
           hits[i] = {
             key = key, kind = kind, rate = rate, period = period, burst = burst, cal = cal, mult = mult,
-            cost = cost, idx = i, release = flags == '1' or flags == '3', soft = flags == '2' or flags == '3',
+            cost = cost, idx = i, release = fl % 2 == 1, soft = fl % 4 >= 2, charge = fl >= 4,
           }
         end
       end
@@ -375,9 +382,12 @@ local function sdel(key)
 end
 
 -- Each kind: decide(h, a, b, c, cost) -> allowed, remaining, retry, reset,
--- window, changed, na, nb, nc (the new state when changed);
--- save(h, a, b, c); refund(h, a, b, c, cost) -> changed, na, nb, nc.
-local DECIDE, SAVE, REFUND = {}, {}, {}
+-- window, changed, na, nb, nc (the new state when changed; a denied
+-- charge, h.charge, changes it too); save(h, a, b, c); refund(h, a, b, c,
+-- cost) -> changed, na, nb, nc (reverses a take exactly, mode "r");
+-- credit(h, a, b, c, n) -> changed, na, nb, nc (algo.Release: returns n
+-- units; 0, 0, 0 is the empty state).
+local DECIDE, SAVE, REFUND, CREDIT = {}, {}, {}, {}
 
 -- fixed_window (take.go fixedWindow): a = window start, b = count.
 if used[0] then
@@ -395,6 +405,9 @@ if used[0] then
     local rem = max(h.rate - count, 0)
     local reset = we - now
     if max(cost, 1) > rem then
+      if h.charge and cost > 0 then -- over the limit, saturating at 2^53
+        return false, 0, reset, reset, reset, true, ws, min(count + cost, BIG), 0
+      end
       return false, rem, reset, reset, reset, false
     end
     if cost == 0 then
@@ -414,6 +427,13 @@ if used[0] then
     local ws = bounds(h, now)
     if time ~= ws or count <= 0 then return false end
     return true, time, max(count - cost, 0), 0
+  end
+  CREDIT[0] = function(h, time, count, _, n) -- take.go creditFixed
+    local ws = bounds(h, now)
+    if time < ws or count <= 0 then return false end
+    local c = max(count - n, 0)
+    if c == 0 then return true, 0, 0, 0 end
+    return true, time, c, 0
   end
 end
 
@@ -469,9 +489,16 @@ if used[1] then
     local rem = max(floor(rate - est), 0)
     local need = max(cost, 1)
     if need > rem then
+      local changed = false
+      if h.charge and cost > 0 then -- over the limit, saturating at 2^53
+        curr = min(curr + cost, BIG)
+        rem = max(floor(rate - (prev * w + curr)), 0)
+        changed = true
+      end
       local retry = we - now
       if need <= rate then retry = sw_wait(rate, ws, we, we2, prev, curr, need) end
-      return false, rem, retry, sw_reset(we, we2, curr), sw_window(rate, ws, we, we2, prev, curr, rem), false
+      return false, rem, retry, sw_reset(we, we2, curr), sw_window(rate, ws, we, we2, prev, curr, rem), changed,
+        ws, curr, prev
     end
     if cost > 0 then
       curr = curr + cost
@@ -501,6 +528,21 @@ if used[1] then
       return true, time, count, max(prev - cost, 0)
     end
     return false
+  end
+  CREDIT[1] = function(h, time, cnt, pcnt, n) -- take.go creditSliding
+    local ws = bounds(h, now)
+    local curr, prev = 0, 0
+    if time >= ws then
+      ws, curr, prev = time, cnt, pcnt
+    else
+      local ps = bounds(h, ws - 1)
+      if time == ps then prev = cnt end
+    end
+    if curr <= 0 and prev <= 0 then return false end
+    local c = max(curr - n, 0)
+    local p = max(prev - (n - (curr - c)), 0)
+    if c == 0 and p == 0 then return true, 0, 0, 0 end
+    return true, ws, c, p
   end
 end
 
@@ -545,9 +587,32 @@ if used[3] then
     if sUs >= 0 then rem = idiv(sUs * r + sFrac, p) end
     local need = max(cost, 1)
     if need > rem then
+      local changed = false
+      if h.charge and cost > 0 then
+        -- TAT += min(cost, b)*T, at most t + 2*tau (one capacity of debt),
+        -- never moved back.
+        local k = min(cost, b)
+        local n = frac + k * m
+        local nt, nf = tat + k * q + idiv(n, r), imod(n, r)
+        local bUs, bF = t + 2 * tauUs + idiv(2 * tauFrac, r), imod(2 * tauFrac, r)
+        if nt > bUs or (nt == bUs and nf > bF) then
+          nt, nf = bUs, bF
+          if tat > bUs or (tat == bUs and frac > bF) then nt, nf = tat, frac end
+        end
+        tat, frac = nt, nf
+        sUs, sFrac = tauUs - (tat - t), tauFrac - frac
+        if sFrac < 0 then
+          sFrac = sFrac + r
+          sUs = sUs - 1
+        end
+        rem = 0
+        if sUs >= 0 then rem = idiv(sUs * r + sFrac, p) end
+        changed = true
+      end
       local retry = p
       if need <= b then retry = waitFor(q, m, r, sUs, sFrac, need) end
-      return false, rem, retry, fullIn(tat, frac), nextw(q, m, r, b, tat, frac, sUs, sFrac, rem), false
+      return false, rem, retry, fullIn(tat, frac), nextw(q, m, r, b, tat, frac, sUs, sFrac, rem), changed,
+        tat, frac, 0
     end
     if cost == 0 then
       return true, rem, 0, fullIn(tat, frac), nextw(q, m, r, b, tat, frac, sUs, sFrac, rem), false
@@ -579,6 +644,27 @@ if used[3] then
     local n = frac - cost * m
     return true, tat - cost * q + idiv(n, r), imod(n, r), 0
   end
+  CREDIT[3] = function(h, tat, frac, _, n) -- take.go creditToken
+    local r = h.rate
+    local b = h.burst
+    if b <= 0 then b = r end
+    local q, m = idiv(h.period, r), imod(h.period, r)
+    if frac < 0 or frac >= r then tat, frac = tat + 1, 0 end
+    if tat < now then return false end
+    for _ = 1, 2 do
+      if n <= 0 then break end
+      local k = min(n, b)
+      n = n - k
+      tat, frac = tat - (k * q + idiv(k * m, r)), frac - imod(k * m, r)
+      if frac < 0 then
+        frac = frac + r
+        tat = tat - 1
+      end
+      if tat < now then break end
+    end
+    if tat < now or (tat == now and frac == 0) then return true, 0, 0, 0 end
+    return true, tat, frac, 0
+  end
 end
 
 -- rate0_window is the retry, reset and window of a rate-0 limit (always
@@ -592,10 +678,22 @@ local function rate0_window(h)
   return h.period
 end
 
--- sdecide is algo.Apply for a string kind: release (returns nothing
--- outside concurrency: a check), rate 0, then the kind.
+-- sdecide is algo.Apply for a string kind: release (a credit, then a
+-- check on the credited state, allowed), rate 0, then the kind.
 local function sdecide(h, a, b, c, cost)
-  if h.release then cost = 0 end
+  if h.release then
+    if h.rate <= 0 then
+      local w = rate0_window(h)
+      return true, 0, 0, w, w, false
+    end
+    local changed, na, nb, nc = false, a, b, c
+    if cost > 0 then
+      local ch, x, y, z = CREDIT[h.kind](h, a, b, c, cost)
+      if ch then changed, na, nb, nc = true, x, y, z end
+    end
+    local _, rem, _, reset, window = DECIDE[h.kind](h, na, nb, nc, 0)
+    return true, rem, 0, reset, window, changed, na, nb, nc
+  end
   if h.rate <= 0 then
     local w = rate0_window(h)
     return false, 0, w, w, w, false
@@ -605,11 +703,12 @@ end
 
 -- K: the table-state interface of every kind, for the general path
 -- (repeated keys, sorted sets, refunds): load(h) -> st; decide(h, st,
--- cost) -> st', decision; save(h, st); refund(h, st, cost) -> st'.
+-- cost) -> st', decision; save(h, st); refund(h, st, cost) -> st';
+-- credit(h, st, n) -> st' (algo.Release outside concurrency).
 local K = {}
 for _, kind in ipairs({ 0, 1, 3 }) do
   if used[kind] and anyslow then
-    local decide, save, refund = DECIDE[kind], SAVE[kind], REFUND[kind]
+    local decide, save, refund, credit = DECIDE[kind], SAVE[kind], REFUND[kind], CREDIT[kind]
     K[kind] = {
       load = function(h)
         local a, b, c = parse(sget(h.key))
@@ -627,6 +726,11 @@ for _, kind in ipairs({ 0, 1, 3 }) do
         if changed then return { time = a, count = b, prev = c, dirty = true } end
         return st
       end,
+      credit = function(h, st, n)
+        local changed, a, b, c = credit(h, st.time, st.count, st.prev, n)
+        if changed then return { time = a, count = b, prev = c, dirty = true } end
+        return st
+      end,
     }
   end
 end
@@ -636,14 +740,15 @@ local log_save
 if used[2] or used[4] then
   -- The state is the live part of the sorted set (scores > now - period),
   -- read lazily: n0 live entries in Redis of which `dropped` oldest are
-  -- released, then the `added` timestamps of this request (all >= the
-  -- newest live entry, so the order is the sorted set's).
-  local function log_len(st) return st.n0 - st.dropped + #st.added end
+  -- released and `cut` newest are credited back (sliding_log), then the
+  -- `added` timestamps of this request (all >= the newest live entry, so
+  -- the order is the sorted set's).
+  local function log_len(st) return st.n0 - st.dropped - st.cut + #st.added end
 
   -- log_at returns the i-th (1-based) live timestamp.
   local function log_at(st, i)
     local j = i + st.dropped
-    if j <= st.n0 then
+    if j <= st.n0 - st.cut then
       local rank = st.off + j - 1
       local v = st.memo[rank] -- ranks are stable until the script writes
       if not v then
@@ -653,7 +758,7 @@ if used[2] or used[4] then
       end
       return v
     end
-    return st.added[j - st.n0]
+    return st.added[j - (st.n0 - st.cut)]
   end
 
   local function log_decision(d, st, p)
@@ -670,7 +775,10 @@ if used[2] or used[4] then
   local function log_copy(st)
     local a = {}
     for i, x in ipairs(st.added) do a[i] = x end
-    return { key = st.key, off = st.off, n0 = st.n0, dropped = st.dropped, added = a, dirty = st.dirty, memo = st.memo }
+    return {
+      key = st.key, off = st.off, n0 = st.n0, dropped = st.dropped, cut = st.cut, added = a, dirty = st.dirty,
+      memo = st.memo,
+    }
   end
 
   local LOG = {
@@ -682,12 +790,26 @@ if used[2] or used[4] then
         off = redis.call('ZCOUNT', h.key, '-inf', fmt(cut))
         n0 = total - off
       end
-      return { key = h.key, off = off, n0 = n0, dropped = 0, added = {}, memo = {} }
+      return { key = h.key, off = off, n0 = n0, dropped = 0, cut = 0, added = {}, memo = {} }
     end,
     decide = function(h, st, cost)
       local p = h.period
       local rem = max(h.rate - log_len(st), 0)
       local need = max(cost, 1)
+      if need > rem and h.charge and cost > 0 and h.kind == 2 then
+        -- always_charge (sliding_log): the log grows to at most 2*rate
+        local n = log_len(st)
+        local k = min(cost, 2 * h.rate - n)
+        if k > 0 then
+          local ns = log_copy(st)
+          local ts = now
+          if n > 0 then ts = max(ts, log_at(st, n)) end
+          for _ = 1, k do ns.added[#ns.added + 1] = ts end
+          ns.dirty = true
+          st = ns
+          rem = max(h.rate - log_len(st), 0)
+        end
+      end
       if need > rem then
         local retry = p
         if need <= h.rate then
@@ -715,13 +837,25 @@ if used[2] or used[4] then
       if n > 0 then
         ns = log_copy(st)
         local k = min(n, log_len(ns))
-        local fromRedis = min(k, ns.n0 - ns.dropped)
+        local fromRedis = min(k, ns.n0 - ns.dropped - ns.cut)
         ns.dropped = ns.dropped + fromRedis
         for _ = 1, k - fromRedis do table.remove(ns.added, 1) end
         ns.dirty = true
       end
       local rem = max(h.rate - log_len(ns), 0)
       return ns, log_decision(dec(true, rem), ns, p)
+    end,
+    -- credit drops the n newest live entries (take.go creditLog): this
+    -- request's additions first, then the newest in Redis.
+    credit = function(_, st, n)
+      local k = min(n, log_len(st))
+      if k <= 0 then return st end
+      local ns = log_copy(st)
+      local fromAdded = min(k, #ns.added)
+      for _ = 1, fromAdded do ns.added[#ns.added] = nil end
+      ns.cut = ns.cut + (k - fromAdded)
+      ns.dirty = true
+      return ns
     end,
   }
 
@@ -735,6 +869,7 @@ if used[2] or used[4] then
     cache[h.key] = nil -- no longer a known string value
     if st.off > 0 then redis.call('ZREMRANGEBYSCORE', h.key, '-inf', fmt(cut)) end
     if st.dropped > 0 then redis.call('ZREMRANGEBYRANK', h.key, '0', fmt(st.dropped - 1)) end
+    if st.cut > 0 then redis.call('ZREMRANGEBYRANK', h.key, fmt(-st.cut), '-1') end
     -- ZADD in batches: unpack() of more than LUAI_MAXCSTACK (8000) values
     -- fails, and a request may add up to MaxSlidingLogRate members.
     local args = {}
@@ -764,7 +899,16 @@ local function apply(h, st, cost)
   local k = K[h.kind]
   if h.release then
     if h.kind == 4 then return k.release(h, st, cost) end
-    cost = 0
+    -- a credit, then a check on the credited state, allowed
+    if h.rate <= 0 then
+      local w = rate0_window(h)
+      return st, dec(true, 0, 0, w, w)
+    end
+    local ns = st
+    if cost > 0 then ns = k.credit(h, st, cost) end
+    local _, d = k.decide(h, ns, 0)
+    d.allowed, d.retry = true, 0
+    return ns, d
   end
   if h.rate <= 0 then
     local w = rate0_window(h)
@@ -862,30 +1006,47 @@ local function segment(seg)
 
   if seg.mode == 'r' then return refund(seg, hits, states, first) end
 
-  local decisions = {}
-  local denied = false
-  for i, h in ipairs(hits) do
+  -- step applies hit h to states (and its new log members to members).
+  local function step(h, states, members)
     local st = states[h.key]
-    local before = st
     local ns, d = apply(h, st, h.cost)
-    if (h.kind == 2 or h.kind == 4) and ns ~= before and #ns.added > #before.added then
+    if (h.kind == 2 or h.kind == 4) and ns ~= st and #ns.added > #st.added then
       local ms = members[h.key]
-      for j = 1, #ns.added - #before.added do
+      for j = 1, #ns.added - #st.added do
         ms[#ms + 1] = seg.nonce .. '.' .. h.idx .. '.' .. j
       end
     end
     states[h.key] = ns
+    return d
+  end
+
+  local decisions = {}
+  local denied = false
+  for i, h in ipairs(hits) do
+    local d = step(h, states, members)
     if not d.allowed and not h.soft then denied = true end
     decisions[i] = d
   end
 
   if denied then
-    -- Nothing is written. Hits that did not deny report the value before the
-    -- request: a check on the state before the request.
-    for i, h in ipairs(hits) do
-      if decisions[i].allowed then decisions[i] = check(h, initial[h.key]) end
+    -- Replay on the states before the request with only the kept hits
+    -- (release, charge): they are written; the other hits that did not
+    -- deny report a check at their place (algotest.Reference).
+    local kept = false
+    states, members = {}, {}
+    for key, st in pairs(initial) do
+      states[key] = st
+      members[key] = {}
     end
-    return reply(decisions)
+    for i, h in ipairs(hits) do
+      if h.release or h.charge then
+        decisions[i] = step(h, states, members)
+        kept = true
+      elseif decisions[i].allowed then
+        decisions[i] = check(h, states[h.key])
+      end
+    end
+    if not kept then return reply(decisions) end
   end
   local line = reply(decisions)
   for _, h in ipairs(first) do
@@ -919,18 +1080,25 @@ local function fast_segment(seg)
     A[i], B[i], C[i] = parse(sget(hits[i].key))
   end
   local denied = false
+  local kept = false
   for i = 1, n do
     local h = hits[i]
     local al, rem, retry, reset, window, changed, a, b, c = sdecide(h, A[i], B[i], C[i], h.cost)
     if not al and not h.soft then denied = true end
+    if h.release or h.charge then kept = true end
     AL[i], CH[i], NA[i], NB[i], NC[i] = al, changed, a, b, c
     R[i] = hit_text(al, rem, retry, reset, window)
   end
   if denied then
-    -- Nothing is written. Hits that did not deny report the value before
-    -- the request: a check (cost 0) on the state before it.
+    -- Only the kept hits (release, charge) are written: on distinct keys
+    -- their replay is this pass. The other hits that did not deny report
+    -- the value before the request: a check (cost 0) on the state before it.
     for i = 1, n do
-      if AL[i] then R[i] = hit_text(sdecide(hits[i], A[i], B[i], C[i], 0)) end
+      local h = hits[i]
+      if not (h.release or h.charge) then
+        if AL[i] then R[i] = hit_text(sdecide(h, A[i], B[i], C[i], 0)) end
+        CH[i] = false
+      end
     end
   end
   local line
@@ -940,7 +1108,7 @@ local function fast_segment(seg)
     R[0] = now_text()
     line = concat(R, ' ', 0, n)
   end
-  if denied then return line end
+  if denied and not kept then return line end
   for i = 1, n do
     if CH[i] then
       local h = hits[i]
