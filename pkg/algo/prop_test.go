@@ -318,3 +318,71 @@ func TestPropMaxCost(t *testing.T) {
 		}
 	})
 }
+
+// TestPropChargeAndRefund: for every algorithm, random schedules of takes,
+// always_charge takes and releases (refunds). Charge equals Take when Take
+// allows or the cost is 0; a denied charge of cost > 0 reports Remaining 0
+// (the state after the charge) and a check right after it is denied too,
+// except for Concurrency, where Charge is Take. A release is always
+// allowed with RetryAfter 0, never lowers what a check reports, and
+// reports that check's Remaining; outside Concurrency a release of what
+// an allowed take just took, at the same instant, restores the check
+// before the take exactly.
+func TestPropChargeAndRefund(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		k := algo.Kind(rapid.IntRange(0, int(algo.Concurrency)).Draw(rt, "kind"))
+		l := algo.Limit{
+			Kind:   k,
+			Rate:   rapid.Int64Range(1, 12).Draw(rt, "rate"),
+			Period: time.Duration(rapid.Int64Range(1, 3_000_000).Draw(rt, "period_us")) * time.Microsecond,
+		}
+		if k == algo.TokenBucket {
+			l.Burst = rapid.Int64Range(0, 20).Draw(rt, "burst")
+		}
+		capa := l.Rate
+		if l.Burst > 0 {
+			capa = l.Burst
+		}
+		p := l.Period.Microseconds()
+		var st algo.State
+		tt := base + rapid.Int64Range(0, p).Draw(rt, "start")
+		for i := range rapid.IntRange(1, 100).Draw(rt, "n") {
+			tt += rapid.Int64Range(0, p).Draw(rt, "gap")
+			now := time.UnixMicro(tt)
+			cost := rapid.Int64Range(0, 3*capa).Draw(rt, "cost")
+			_, check := algo.Take(l, st, now, 0)
+			switch rapid.IntRange(0, 2).Draw(rt, "op") {
+			case 0: // take, then maybe refund it at once
+				ns, d := algo.Take(l, st, now, cost)
+				if d.Allowed && cost > 0 && k != algo.Concurrency {
+					rs, rd := algo.Release(l, ns, now, cost)
+					if _, c2 := algo.Take(l, rs, now, 0); c2 != check || rd.Remaining != check.Remaining {
+						rt.Fatalf("step %d: take %d then refund: check %+v (refund %+v), before the take %+v", i, cost, c2, rd, check)
+					}
+				}
+				st = ns
+			case 1: // always_charge
+				ts, td := algo.Take(l, st, now, cost)
+				ns, d := algo.Charge(l, st, now, cost)
+				if td.Allowed || cost == 0 || k == algo.Concurrency {
+					if d != td || !reflect.DeepEqual(ns, ts) {
+						rt.Fatalf("step %d: charge %d = %+v, take %+v", i, cost, d, td)
+					}
+				} else {
+					_, after := algo.Take(l, ns, now, 0)
+					if d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 || after.Allowed || after.Remaining != 0 {
+						rt.Fatalf("step %d: denied charge %d: %+v, then a check %+v", i, cost, d, after)
+					}
+				}
+				st = ns
+			default: // refund
+				ns, d := algo.Release(l, st, now, cost)
+				_, after := algo.Take(l, ns, now, 0)
+				if !d.Allowed || d.RetryAfter != 0 || d.Remaining < check.Remaining || d.Remaining != after.Remaining || d.Remaining > capa {
+					rt.Fatalf("step %d: refund %d: %+v; check before %+v, after %+v", i, cost, d, check, after)
+				}
+				st = ns
+			}
+		}
+	})
+}

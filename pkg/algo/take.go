@@ -181,8 +181,8 @@ func Take(l Limit, prev State, now time.Time, cost int64) (State, Decision) {
 // state after the charge, so Remaining is 0. How far over the limit a
 // state may go: FixedWindow and SlidingWindow counts saturate at MaxExact
 // (2^53); a TokenBucket goes at most one capacity into debt (the TAT at
-// most now + 2·capacity·T, T = Period/Rate) and takes at most the
-// capacity per charge; a SlidingLog holds at most 2·Rate entries.
+// most now + 2·capacity·T, T = Period/Rate); a SlidingLog holds at most
+// 2·Rate entries.
 // Concurrency leases and Rate 0 limits are never charged when denied
 // (Charge is Take).
 func Charge(l Limit, prev State, now time.Time, cost int64) (State, Decision) {
@@ -585,16 +585,25 @@ func tokenBucket(l Limit, st State, t, cost int64, charge bool) (State, decision
 	if need > rem {
 		ns := st
 		if charge {
-			// always_charge: TAT += min(cost, b)*T, at most t + 2*tau (one
-			// capacity of debt), never moved back.
-			k := min(cost, b)
-			n := frac + k*m
-			nt, nf := tat+k*q+n/r, n%r
+			// always_charge: TAT += cost*T in at most two steps of b (every
+			// product stays below 2^53), at most t + 2*tau (one capacity
+			// of debt), never moved back.
 			bUs, bF := t+2*tauUs+(2*tauFrac)/r, (2*tauFrac)%r
-			if nt > bUs || (nt == bUs && nf > bF) {
-				nt, nf = bUs, bF
-				if tat > bUs || (tat == bUs && frac > bF) {
-					nt, nf = tat, frac
+			nt, nf, left := tat, frac, cost
+			for range 2 {
+				if left <= 0 {
+					break
+				}
+				k := min(left, b)
+				left -= k
+				n := nf + k*m
+				nt, nf = nt+k*q+n/r, n%r
+				if nt > bUs || (nt == bUs && nf > bF) {
+					nt, nf = bUs, bF
+					if tat > bUs || (tat == bUs && frac > bF) {
+						nt, nf = tat, frac
+					}
+					break
 				}
 			}
 			tat, frac = nt, nf

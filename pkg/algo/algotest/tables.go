@@ -165,6 +165,9 @@ func Tables() []Table {
 			one(10*sec, "c", algo.Limit{Kind: algo.Concurrency, Period: time.Minute}, 1, Deny(0, time.Minute, time.Minute, time.Minute)),
 		}},
 		multiHit(),
+		refunds(),
+		alwaysCharge(),
+		alwaysChargeMultiHit(),
 	}
 	ts = append(ts, fractional()...)
 	return ts
@@ -248,4 +251,103 @@ func kindName(k algo.Kind) string {
 	default:
 		return "concurrency"
 	}
+}
+
+// chg is a single-hit step under the always_charge counting policy.
+func chg(at time.Duration, key string, l algo.Limit, cost int64, want algo.Decision) Step {
+	s := one(at, key, l, cost, want)
+	s.Hits[0].Charge = true
+	return s
+}
+
+// refunds: releases (Envoy's is_negative_hits) on every algorithm; each is
+// allowed and reports a check on the credited state.
+func refunds() Table {
+	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 100, Period: time.Minute}
+	sw := algo.Limit{Kind: algo.SlidingWindow, Rate: 10, Period: time.Minute}
+	tb := algo.Limit{Kind: algo.TokenBucket, Rate: 1, Period: sec, Burst: 3}
+	sl := algo.Limit{Kind: algo.SlidingLog, Rate: 3, Period: 10 * sec}
+	return Table{Name: "refund", Steps: []Step{
+		// fixed window: 100 per minute, 90 remaining, a refund of 5 leaves 95
+		one(0, "f", fw, 10, OK(90, 60*sec, 60*sec)),
+		rel(sec, "f", fw, 5, OK(95, 59*sec, 59*sec)),
+		rel(sec, "f", fw, 200, OK(100, 59*sec, 59*sec)), // floored at 0
+		one(2*sec, "f", fw, 100, OK(0, 58*sec, 58*sec)),
+		one(2*sec, "f", fw, 1, Deny(0, 58*sec, 58*sec, 58*sec)),
+		rel(2*sec, "f", fw, 1, OK(1, 58*sec, 58*sec)),
+		one(2*sec, "f", fw, 1, OK(0, 58*sec, 58*sec)),
+		rel(61*sec, "f", fw, 5, OK(100, 59*sec, 59*sec)), // the window reset: nothing to refund
+		// sliding window: the current window's count first, then the previous one's
+		one(30*sec, "w", sw, 10, OK(0, 90*sec, 36*sec)),
+		// at 60 s: curr 0, prev 10 - 4 = 6 (weight 1): est 6; 5 more once 5*60/6 = 50 s before 120 s
+		rel(60*sec, "w", sw, 4, OK(4, 60*sec, 10*sec)),
+		one(60*sec, "w", sw, 4, OK(0, 120*sec, 10*sec)),
+		rel(60*sec, "w", sw, 20, OK(10, 60*sec, 60*sec)), // curr 4 -> 0, prev 6 -> 0
+		// token bucket (T = 1 s, capacity 3): the TAT moves back, never before now
+		one(0, "t", tb, 3, OK(0, 3*sec, sec)),
+		rel(0, "t", tb, 2, OK(2, sec, sec)), // TAT 3 s -> 1 s
+		rel(500*ms, "t", tb, 5, OK(3, 0, sec)),
+		one(500*ms, "t", tb, 1, OK(2, sec, sec)),
+		// sliding log: the newest entries go
+		one(0, "l", sl, 1, OK(2, 10*sec, 10*sec)),
+		one(sec, "l", sl, 1, OK(1, 10*sec, 9*sec)),
+		one(2*sec, "l", sl, 1, OK(0, 10*sec, 8*sec)),
+		rel(3*sec, "l", sl, 1, OK(1, 8*sec, 7*sec)), // the entry at 2 s goes
+		one(3*sec, "l", sl, 2, Deny(1, 7*sec, 8*sec, 7*sec)),
+		rel(3*sec, "l", sl, 9, OK(3, 0, 10*sec)),
+	}}
+}
+
+// alwaysCharge: a denied take under always_charge is charged, and the
+// state it reports is the one after the charge.
+func alwaysCharge() Table {
+	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 3, Period: time.Minute}
+	sw := algo.Limit{Kind: algo.SlidingWindow, Rate: 10, Period: time.Minute}
+	tb := algo.Limit{Kind: algo.TokenBucket, Rate: 1, Period: sec, Burst: 3}
+	sl := algo.Limit{Kind: algo.SlidingLog, Rate: 2, Period: 10 * sec}
+	cc := algo.Limit{Kind: algo.Concurrency, Rate: 2, Period: 30 * sec}
+	return Table{Name: "always_charge", Steps: []Step{
+		chg(0, "f", fw, 2, OK(1, 60*sec, 60*sec)),
+		chg(sec, "f", fw, 5, Deny(0, 59*sec, 59*sec, 59*sec)), // count 7
+		one(sec, "f", fw, 0, Deny(0, 59*sec, 59*sec, 59*sec)),
+		rel(sec, "f", fw, 5, OK(1, 59*sec, 59*sec)), // 7 - 5 = 2: the overshoot stayed counted
+		chg(60*sec, "f", fw, 1, OK(2, 60*sec, 60*sec)),
+		// sliding window: 15 at 30 s (curr 15); 1 more once 15*w <= 9 in the next window: w = 0.6 at 84 s
+		chg(30*sec, "w", sw, 15, Deny(0, 30*sec, 90*sec, 54*sec)),
+		// the overshoot carries into the next window: 9 = 10-1 once 15*(120-t)/60 <= 9, t = 84 s
+		one(60*sec, "w", sw, 1, Deny(0, 24*sec, 60*sec, 24*sec)),
+		// token bucket (T = 1 s, capacity 3): 5 from full is 2 tokens of debt (TAT 5 s)
+		chg(0, "t", tb, 5, Deny(0, sec, 5*sec, 3*sec)),
+		chg(0, "t", tb, 5, Deny(0, sec, 6*sec, 4*sec)), // at most one capacity of debt: TAT 6 s
+		one(4*sec, "t", tb, 1, OK(0, 3*sec, sec)),
+		// sliding log: at most 2*Rate entries
+		chg(0, "l", sl, 3, Deny(0, 10*sec, 10*sec, 10*sec)),  // 3 entries at 0 s
+		chg(sec, "l", sl, 5, Deny(0, 10*sec, 10*sec, 9*sec)), // one more, at 1 s
+		one(10*sec, "l", sl, 1, OK(0, 10*sec, sec)),          // only the entry at 1 s is live
+		chg(0, "c", cc, 3, Deny(2, 30*sec, 0, 30*sec)),       // a lease is never charged
+		one(0, "c", cc, 0, OK(2, 0, 30*sec)),
+	}}
+}
+
+// alwaysChargeMultiHit: under always_charge every hit of a denied request
+// is charged; an all_or_nothing hit of the same request is rolled back;
+// a release is kept.
+func alwaysChargeMultiHit() Table {
+	a := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Minute}
+	b := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Minute}
+	h := func(key string, l algo.Limit, cost int64) algo.Hit { return algo.Hit{Key: key, Limit: l, Cost: cost} }
+	c := func(x algo.Hit) algo.Hit { x.Charge = true; return x }
+	r := func(x algo.Hit) algo.Hit { x.Release = true; return x }
+	return Table{Name: "always_charge_multi_hit", Steps: []Step{
+		{At: 0, Hits: []algo.Hit{c(h("a", a, 1)), c(h("b", b, 1))}, Want: []algo.Decision{OK(4, 60*sec, 60*sec), OK(0, 60*sec, 60*sec)}},
+		// b denies and is charged; a is charged too and reports the state after its hit
+		{At: sec, Hits: []algo.Hit{c(h("a", a, 1)), c(h("b", b, 1))}, Want: []algo.Decision{OK(3, 59*sec, 59*sec), Deny(0, 59*sec, 59*sec, 59*sec)}},
+		{At: sec, Hits: []algo.Hit{h("a", a, 0)}, Want: []algo.Decision{OK(3, 59*sec, 59*sec)}},
+		// all_or_nothing a with always_charge b: a is rolled back
+		{At: 2 * sec, Hits: []algo.Hit{h("a", a, 1), c(h("b", b, 1))}, Want: []algo.Decision{OK(3, 58*sec, 58*sec), Deny(0, 58*sec, 58*sec, 58*sec)}},
+		{At: 2 * sec, Hits: []algo.Hit{h("a", a, 0)}, Want: []algo.Decision{OK(3, 58*sec, 58*sec)}},
+		// a release in a denied request is kept
+		{At: 3 * sec, Hits: []algo.Hit{r(h("a", a, 2)), h("b", b, 1)}, Want: []algo.Decision{OK(5, 57*sec, 57*sec), Deny(0, 57*sec, 57*sec, 57*sec)}},
+		{At: 3 * sec, Hits: []algo.Hit{h("a", a, 0)}, Want: []algo.Decision{OK(5, 57*sec, 57*sec)}},
+	}}
 }

@@ -589,15 +589,21 @@ if used[3] then
     if need > rem then
       local changed = false
       if h.charge and cost > 0 then
-        -- TAT += min(cost, b)*T, at most t + 2*tau (one capacity of debt),
-        -- never moved back.
-        local k = min(cost, b)
-        local n = frac + k * m
-        local nt, nf = tat + k * q + idiv(n, r), imod(n, r)
+        -- TAT += cost*T in at most two steps of b, at most t + 2*tau (one
+        -- capacity of debt), never moved back.
         local bUs, bF = t + 2 * tauUs + idiv(2 * tauFrac, r), imod(2 * tauFrac, r)
-        if nt > bUs or (nt == bUs and nf > bF) then
-          nt, nf = bUs, bF
-          if tat > bUs or (tat == bUs and frac > bF) then nt, nf = tat, frac end
+        local nt, nf, left = tat, frac, cost
+        for _ = 1, 2 do
+          if left <= 0 then break end
+          local k = min(left, b)
+          left = left - k
+          local n = nf + k * m
+          nt, nf = nt + k * q + idiv(n, r), imod(n, r)
+          if nt > bUs or (nt == bUs and nf > bF) then
+            nt, nf = bUs, bF
+            if tat > bUs or (tat == bUs and frac > bF) then nt, nf = tat, frac end
+            break
+          end
         end
         tat, frac = nt, nf
         sUs, sFrac = tauUs - (tat - t), tauFrac - frac
