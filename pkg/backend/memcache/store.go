@@ -422,6 +422,9 @@ type taken struct {
 	prev  int64
 	start int64 // window start, µs
 	first int   // index of the request's first hit on this counter
+	// kept: an always_charge hit (algo.Hit.Kept) whose cost stays counted
+	// when the request is denied.
+	kept bool
 }
 
 // decide runs the request's operations and sets r.out and r.err, then
@@ -483,19 +486,25 @@ func (s *Store) decide(r *request) {
 			denied = true
 		}
 	}
-	if err == nil && !denied {
+	switch {
+	case err == nil && !denied:
 		if !r.state.CompareAndSwap(reqRunning, reqDone) {
 			// The caller gave up (its failure mode applied): the request
 			// consumes nothing.
-			s.refundAll(tk)
+			s.refundAll(tk, false)
 		}
-	} else {
-		s.refundAll(tk)
+	case err == nil:
+		// Denied: what the request counted is refunded, but for its
+		// always_charge hits (refunds are never undone).
+		s.refundAll(tk, true)
+	default:
+		s.refundAll(tk, false)
 	}
 	if err == nil && denied {
-		// Hits that did not deny report the value before the request.
+		// Hits that did not deny report the value before the request;
+		// kept hits (refunds, always_charge) their own decision.
 		for i, d := range r.out {
-			if d.Allowed {
+			if d.Allowed && !r.hits[i].Kept() {
 				_, r.out[i] = algo.Take(r.hits[i].Limit, algo.State{Time: tk[i].start, Count: tk[tk[i].first].prev}, now, 0)
 			}
 		}
@@ -505,10 +514,11 @@ func (s *Store) decide(r *request) {
 	r.state.CompareAndSwap(reqRunning, reqDone)
 }
 
-// refundAll decrements every counter by what the request counted on it.
-func (s *Store) refundAll(tk []taken) {
+// refundAll decrements every counter by what the request counted on it,
+// but for the kept (always_charge) hits when keepKept.
+func (s *Store) refundAll(tk []taken, keepKept bool) {
 	for i := range tk {
-		if tk[i].cost > 0 {
+		if tk[i].cost > 0 && (!keepKept || !tk[i].kept) {
 			if _, err := s.client.Decrement(tk[i].key, uint64(tk[i].cost)); err != nil && !errors.Is(err, gomemcache.ErrCacheMiss) {
 				s.refundErrors.Add(1)
 			}
@@ -518,14 +528,32 @@ func (s *Store) refundAll(tk []taken) {
 }
 
 // decideHit decides one hit: a read for checks and costs above the
-// limit, else INCR (ADD on a new counter), decremented again when denied.
+// limit, else INCR (ADD on a new counter), decremented again when denied
+// unless the hit is always_charge (algo.Charge: then also for costs
+// above the limit). A refund (algo.Release) is a DECR, which memcached
+// floors at 0 as algo.Release floors a fixed window's count, reported as
+// an allowed check on the new value.
 func (s *Store) decideHit(h algo.Hit, now time.Time, nowUs int64, t *taken, out *algo.Decision) error {
 	l := h.Limit
 	cost := algo.ClampCost(h.Cost)
 	if h.Release {
-		cost = 0
+		var v int64
+		var err error
+		if cost > 0 && l.Rate > 0 {
+			v, err = s.decr(t.key, cost)
+		} else {
+			v, err = s.get(t.key)
+		}
+		if err != nil {
+			return err
+		}
+		t.prev = v
+		_, *out = algo.Take(l, algo.State{Time: t.start, Count: v}, now, 0)
+		out.Allowed, out.RetryAfter = true, 0
+		return nil
 	}
-	if cost == 0 || cost > l.Rate {
+	charge := h.Charge && l.Rate > 0
+	if cost == 0 || (cost > l.Rate && !charge) {
 		v, err := s.get(t.key)
 		if err != nil {
 			return err
@@ -542,10 +570,14 @@ func (s *Store) decideHit(h algo.Hit, now time.Time, nowUs int64, t *taken, out 
 	prev := max(v-cost, 0)
 	t.prev = prev
 	var d algo.Decision
-	_, d = algo.Take(l, algo.State{Time: t.start, Count: prev}, now, cost)
+	if charge {
+		_, d = algo.Charge(l, algo.State{Time: t.start, Count: prev}, now, cost)
+	} else {
+		_, d = algo.Take(l, algo.State{Time: t.start, Count: prev}, now, cost)
+	}
 	*out = d
-	if d.Allowed {
-		t.cost = cost
+	if d.Allowed || charge {
+		t.cost, t.kept = cost, charge
 		return nil
 	}
 	// Denied: this hit consumes nothing.
@@ -553,6 +585,19 @@ func (s *Store) decideHit(h algo.Hit, now time.Time, nowUs int64, t *taken, out 
 		s.refundErrors.Add(1)
 	}
 	return nil
+}
+
+// decr subtracts n from a counter (memcached floors it at 0) and returns
+// its new value; an absent counter stays absent (0).
+func (s *Store) decr(key string, n int64) (int64, error) {
+	v, err := s.client.Decrement(key, uint64(n))
+	if errors.Is(err, gomemcache.ErrCacheMiss) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, Classify(err)
+	}
+	return int64(min(v, uint64(algo.MaxExact))), nil
 }
 
 // get reads a counter (0 when absent).
