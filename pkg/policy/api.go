@@ -34,6 +34,24 @@ const (
 	FailLocal                     // decide with the in-process limiter
 )
 
+// Counting is a counting policy: what a denied request consumes. The zero
+// value CountingDefault defers to the service's global policy
+// (--counting).
+type Counting uint8
+
+const (
+	// CountingDefault: no counting on the rule; the global policy applies.
+	CountingDefault Counting = iota
+	// AllOrNothing: a denied request consumes nothing from any of its
+	// limits (config name "all_or_nothing"; the global default).
+	AllOrNothing
+	// AlwaysCharge: every hit is charged, even when it is over the limit
+	// or another descriptor denies the request, and each descriptor
+	// reports its state after its own hit, as envoyproxy/ratelimit
+	// counts hits_addend (config name "always_charge"; algo.Hit.Charge).
+	AlwaysCharge
+)
+
 // Spec is one limit on a descriptor node: a `rate_limit:` object or one item
 // of `rate_limits:`.
 type Spec struct {
@@ -77,6 +95,9 @@ type Rule struct {
 	ShadowMode     bool
 	QuotaMode      bool
 	DetailedMetric bool
+	// Counting is the descriptor's `counting:` (all_or_nothing or
+	// always_charge); CountingDefault when absent (the global policy).
+	Counting Counting
 	// Metadata is the node's `metadata:` map (JSON-compatible values), nil
 	// when absent.
 	Metadata map[string]any

@@ -263,6 +263,7 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 		ShadowMode:     n.shadow,
 		QuotaMode:      n.quota,
 		DetailedMetric: n.detailed,
+		Counting:       n.counting,
 		Metadata:       n.metadata,
 		File:           n.file,
 		Line:           n.line,

@@ -52,6 +52,7 @@ type node struct {
 	detailed      bool
 	shadow        bool
 	quota         bool
+	counting      Counting // counting:, CountingDefault when absent
 	metadata      map[string]any
 	limits        []rawLimit      // parsed rate_limit / rate_limits items
 	override      *overridePolicy // override:, nil when absent
@@ -363,13 +364,14 @@ var (
 		"quota_mode": "(belongs in the descriptor, next to rate_limit)", "key": "(belongs in the descriptor)",
 		"value": "(belongs in the descriptor)", "descriptors": "(belongs in the descriptor)",
 		"metadata": "(belongs in the descriptor)", "detailed_metric": "(belongs in the descriptor)",
+		"counting": "(belongs in the descriptor, next to rate_limit)",
 	}
 )
 
 // Keys valid at each level, for edit-distance suggestions.
 var (
 	topKeys      = []string{"domain", "descriptors", "plans", "override"}
-	descKeys     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "override"}
+	descKeys     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "override", "counting"}
 	limitKeys    = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "failure_mode", "calendar"}
 	plansKeys    = []string{"plan_key", "credential_key", "route_key", "tiers", "routes", "exempt", "anonymous"}
 	replacesKeys = []string{"name"}
@@ -549,7 +551,7 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 	var hasKey bool
 	var limits []rawLimit
 	var rlLine, rlsLine int
-	var shareLine, overrideLine int
+	var shareLine, overrideLine, countingLine int
 	var meta *yaml.Node
 	p.mapping(m, func(k string, kn, v *yaml.Node) {
 		switch k {
@@ -614,6 +616,18 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 		case "override":
 			overrideLine = kn.Line
 			n.override = p.overrideField(kn, v, false)
+		case "counting":
+			countingLine = kn.Line
+			s, ok := p.str(v, "counting")
+			if !ok {
+				return
+			}
+			c, err := ParseCounting(s)
+			if err != nil {
+				p.errs.add(p.file, v.Line, "invalid counting %q: want all_or_nothing or always_charge", s)
+				return
+			}
+			n.counting = c
 		default:
 			p.unknown(kn, k, "descriptor", descHints, descKeys)
 		}
@@ -631,6 +645,9 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 			continue
 		}
 		names[l.name] = l.nameLine
+	}
+	if countingLine != 0 && rlLine == 0 && rlsLine == 0 {
+		p.errs.add(p.file, countingLine, "counting applies to the limits of its descriptor, which has no rate_limit or rate_limits")
 	}
 	if overrideLine != 0 && rlLine == 0 && rlsLine == 0 {
 		p.errs.add(p.file, overrideLine, "override applies to the rule of its descriptor, which has no rate_limit or rate_limits (set it at the top level of the file for the whole domain)")

@@ -227,3 +227,51 @@ func TestSuggest(t *testing.T) {
 		t.Errorf("transposition distance = %d, want 1", d)
 	}
 }
+
+// TestCounting: the descriptor field counting: is all_or_nothing or
+// always_charge (absent: CountingDefault, the global policy), shows in
+// the explain dump and the hash, and is rejected with its line when
+// misspelt, of the wrong type, or on a descriptor without a limit.
+func TestCounting(t *testing.T) {
+	set, _, errs := loadOne(t, "domain: d\ndescriptors:\n  - key: a\n    counting: always_charge\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: b\n    counting: all_or_nothing\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: c\n    rate_limit: {unit: minute, requests_per_unit: 10}\n")
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	for _, c := range []struct {
+		key  string
+		want Counting
+	}{{"a", AlwaysCharge}, {"b", AllOrNothing}, {"c", CountingDefault}} {
+		m, ok := set.Match("d", []Entry{{Key: c.key}})
+		if !ok || m.Rule.Counting != c.want {
+			t.Errorf("%s: counting %v, want %v", c.key, m.Rule.Counting, c.want)
+		}
+	}
+	var b strings.Builder
+	if err := set.WriteExplain(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "counting=always_charge") || strings.Count(b.String(), "counting=") != 2 {
+		t.Errorf("explain does not show the counting policies:\n%s", b.String())
+	}
+	plain, _, _ := loadOne(t, "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 10}\n")
+	charged, _, _ := loadOne(t, "domain: d\ndescriptors:\n  - key: a\n    counting: always_charge\n    rate_limit: {unit: minute, requests_per_unit: 10}\n")
+	if plain.Hash() == charged.Hash() {
+		t.Error("the counting policy does not change the config hash")
+	}
+	for _, c := range []struct{ yaml, want string }{
+		{"domain: d\ndescriptors:\n  - key: a\n    counting: always\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+			`x.yaml:4: invalid counting "always": want all_or_nothing or always_charge`},
+		{"domain: d\ndescriptors:\n  - key: a\n    counting: [always_charge]\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+			"x.yaml:4: counting must be a string, got a list"},
+		{"domain: d\ndescriptors:\n  - key: a\n    counting: always_charge\n    descriptors:\n      - key: b\n        rate_limit: {unit: minute, requests_per_unit: 10}\n",
+			"x.yaml:4: counting applies to the limits of its descriptor, which has no rate_limit or rate_limits"},
+	} {
+		_, _, errs := loadOne(t, c.yaml)
+		if len(errs) != 1 || errs[0] != c.want {
+			t.Errorf("errors %q, want [%q]", errs, c.want)
+		}
+	}
+	if _, err := ParseCounting("ALWAYS_CHARGE"); err == nil {
+		t.Error("ParseCounting accepts a different case")
+	}
+}

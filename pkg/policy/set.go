@@ -317,6 +317,9 @@ func (s *Set) computeHash() {
 				fmt.Fprintf(h, " %q/%d/%q/%t/%t", n.key, n.kind, n.value, n.share, n.valueToMetric)
 			}
 			fmt.Fprintf(h, " unlimited=%t shadow=%t quota=%t detailed=%t name=%q replaces=%q\n", r.Unlimited, r.ShadowMode, r.QuotaMode, r.DetailedMetric, r.Name, r.Replaces)
+			if r.Counting != CountingDefault { // absent from older hashes: they stay the same
+				fmt.Fprintf(h, " counting=%s\n", r.Counting)
+			}
 			for _, l := range r.Limits {
 				fmt.Fprintf(h, " limit %q %q %d %d %d %d %d %t %d\n", l.Name, l.Policy, l.Unit, l.RequestsPerUnit, l.UnitMultiplier, l.Algorithm, l.Burst, l.Calendar, l.FailureMode)
 			}
@@ -341,7 +344,7 @@ func hashOverride(w io.Writer, op *overridePolicy) {
 
 // WriteExplain writes one line per rule, in config order:
 //
-//	<path>: <limit>[; <limit>…] [shadow_mode] [quota_mode] [detailed_metric] [replaces=a,b] [override=<mode> [override_max=<n>/<unit>]] (file:line)
+//	<path>: <limit>[; <limit>…] [shadow_mode] [quota_mode] [counting=<policy>] [detailed_metric] [replaces=a,b] [override=<mode> [override_max=<n>/<unit>]] (file:line)
 //
 // where <limit> is `<algorithm> <requests_per_unit>/<unit>[×<multiplier>]
 // [burst=<n>] [calendar] failure_mode=<mode> policy="<policy>"` or
@@ -391,6 +394,9 @@ func (s *Set) WriteExplain(w io.Writer) error {
 		}
 		if r.QuotaMode {
 			b.WriteString(" quota_mode")
+		}
+		if r.Counting != CountingDefault {
+			fmt.Fprintf(&b, " counting=%s", r.Counting)
 		}
 		if r.DetailedMetric {
 			b.WriteString(" detailed_metric")

@@ -106,6 +106,30 @@ func (f FailureMode) String() string {
 	return fmt.Sprintf("FailureMode(%d)", uint8(f))
 }
 
+var countingNames = [...]string{CountingDefault: "", AllOrNothing: "all_or_nothing", AlwaysCharge: "always_charge"}
+
+// String returns the config spelling: "all_or_nothing", "always_charge",
+// or "" for CountingDefault.
+func (c Counting) String() string {
+	if int(c) < len(countingNames) {
+		return countingNames[c]
+	}
+	return fmt.Sprintf("Counting(%d)", uint8(c))
+}
+
+// ParseCounting parses "all_or_nothing" or "always_charge" (the config
+// field `counting:` and the --counting flag; case-sensitive, as every
+// config enum).
+func ParseCounting(s string) (Counting, error) {
+	switch s {
+	case "all_or_nothing":
+		return AllOrNothing, nil
+	case "always_charge":
+		return AlwaysCharge, nil
+	}
+	return CountingDefault, fmt.Errorf("policy: invalid counting %q: want all_or_nothing or always_charge", s)
+}
+
 func parseFailureMode(s string) (FailureMode, bool) {
 	for i, n := range failureNames {
 		if s == n {
