@@ -112,8 +112,12 @@ type Options struct {
 	MemcacheMaxIdleConns int
 	MemcacheTimeout      time.Duration
 
-	ShadowMode       bool
-	QuotaMode        bool
+	ShadowMode bool
+	QuotaMode  bool
+	// Counting is the global counting policy (service.Options.Counting):
+	// "all_or_nothing" (default) or "always_charge" (envoyproxy/ratelimit's
+	// counting). Reference mode sets its default to always_charge.
+	Counting         string
 	LogLevel         string // debug, info, warn, error
 	LogFormat        string // text or json
 	MergeDomains     bool
@@ -269,6 +273,7 @@ func defaultOptions() Options {
 		LogFormat:               "text",
 		KeyValues:               "hash",
 		Headers:                 "ietf",
+		Counting:                "all_or_nothing",
 		NearLimitRatio:          0.8,
 		RetryJitter:             time.Second,
 		RequestOverrides:        true,
@@ -448,6 +453,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.IntVar(&o.LocalCacheSize, "local-cache-size", o.LocalCacheSize, "entries in the local over-limit cache (0 disables)")
 	fs.BoolVar(&o.ShadowMode, "shadow-mode", o.ShadowMode, "global shadow mode: evaluate and report, never deny")
 	fs.BoolVar(&o.QuotaMode, "quota-mode", o.QuotaMode, "global quota mode: every descriptor is soft (denies only when all do)")
+	fs.StringVar(&o.Counting, "counting", o.Counting, "counting policy of rules without counting: all_or_nothing (a denied request consumes nothing) or always_charge (every hit is charged, even over the limit)")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "text or json")
 	fs.BoolVar(&o.MergeDomains, "merge-domains", o.MergeDomains, "let several files contribute to one domain")
@@ -706,6 +712,7 @@ func (o Options) Validate() error {
 	add(oneOf("log-format", o.LogFormat, "text", "json"))
 	add(oneOf("key-values", o.KeyValues, "hash", "clear"))
 	add(oneOf("headers", o.Headers, "ietf", "legacy", "both", "none"))
+	add(oneOf("counting", o.Counting, "all_or_nothing", "always_charge"))
 	if o.Backend == "redis" {
 		switch o.RedisMode {
 		case "cluster":

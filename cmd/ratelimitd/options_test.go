@@ -138,6 +138,8 @@ func TestParseServeErrors(t *testing.T) {
 	}{
 		{"bad backend", []string{"--backend=etcd"}, nil, `--backend="etcd"`},
 		{"bad headers", []string{"--headers=x"}, nil, `--headers="x"`},
+		{"bad counting", []string{"--counting=always"}, nil, `--counting="always": want one of all_or_nothing, always_charge`},
+		{"bad counting twin", nil, []string{"RATELIMITD_COUNTING", "ALWAYS_CHARGE"}, `--counting="ALWAYS_CHARGE"`},
 		{"bad log format", nil, []string{"RATELIMITD_LOG_FORMAT", "xml"}, `--log-format="xml"`},
 		{"bad twin bool", nil, []string{"RATELIMITD_SHADOW_MODE", "maybe"}, `RATELIMITD_SHADOW_MODE="maybe"`},
 		{"bad legacy bool", nil, []string{"SHADOW_MODE", "maybe"}, `SHADOW_MODE="maybe"`},

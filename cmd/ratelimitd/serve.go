@@ -307,6 +307,10 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		return err
 	}
 	defer stopStatsd()
+	counting, err := policy.ParseCounting(o.Counting)
+	if err != nil {
+		return err
+	}
 	svc, err := service.New(service.Options{
 		Store:            tr.Store(store),
 		Fallback:         fallback,
@@ -315,6 +319,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		Logger:           log,
 		ShadowMode:       o.ShadowMode,
 		QuotaMode:        o.QuotaMode,
+		Counting:         counting,
 		Headers:          headers,
 		NearLimitRatio:   o.NearLimitRatio,
 		RetryJitter:      retryJitter(o.RetryJitter),

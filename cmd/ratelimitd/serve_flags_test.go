@@ -24,22 +24,22 @@ func TestServiceOptionFlags(t *testing.T) {
 	}
 	if d.NearLimitHeader || d.ProblemTypeBase != service.DefaultProblemTypeBase || d.ProblemDetail != "" ||
 		d.DetailedMetricCap != service.DefaultDetailedMetricCap || d.FailClosedRetryAfter != service.DefaultFailClosedRetryAfter ||
-		d.MemoryMaxKeys != 1_000_000 {
+		d.MemoryMaxKeys != 1_000_000 || d.Counting != "all_or_nothing" {
 		t.Errorf("defaults: %+v", d)
 	}
 	args := []string{"--near-limit-header", "--problem-type-base=https://errors.example/", "--problem-detail={policy} is over",
-		"--detailed-metric-cap=-1", "--fail-closed-retry-after=5s", "--memory-max-keys=0"}
+		"--detailed-metric-cap=-1", "--fail-closed-retry-after=5s", "--memory-max-keys=0", "--counting=always_charge"}
 	o, _, err := parseServe(args, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !o.NearLimitHeader || o.ProblemTypeBase != "https://errors.example/" || o.ProblemDetail != "{policy} is over" ||
-		o.DetailedMetricCap != -1 || o.FailClosedRetryAfter != 5*time.Second || o.MemoryMaxKeys != 0 {
+		o.DetailedMetricCap != -1 || o.FailClosedRetryAfter != 5*time.Second || o.MemoryMaxKeys != 0 || o.Counting != "always_charge" {
 		t.Errorf("flags: %+v", o)
 	}
 	e, _, err := parseServe(nil, env("RATELIMITD_NEAR_LIMIT_HEADER", "true", "RATELIMITD_PROBLEM_TYPE_BASE", "https://errors.example/",
 		"RATELIMITD_PROBLEM_DETAIL", "{policy} is over", "RATELIMITD_DETAILED_METRIC_CAP", "-1",
-		"RATELIMITD_FAIL_CLOSED_RETRY_AFTER", "5s", "RATELIMITD_MEMORY_MAX_KEYS", "0"), io.Discard)
+		"RATELIMITD_FAIL_CLOSED_RETRY_AFTER", "5s", "RATELIMITD_MEMORY_MAX_KEYS", "0", "RATELIMITD_COUNTING", "always_charge"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

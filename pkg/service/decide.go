@@ -35,6 +35,7 @@ type descState struct {
 	matched  bool // a rule (or an override) answers the descriptor
 	override bool
 	cost     int64
+	refund   bool      // is_negative_hits: credit cost to every applied limit
 	applied  []applied // non-replaced limits, config order
 	shadow   bool
 	quota    bool
@@ -122,6 +123,8 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		if h := d.GetHitsAddend(); h != nil {
 			st.cost = int64(min(h.GetValue(), uint64(algo.MaxCost)))
 		}
+		// RateLimitDescriptor.is_negative_hits: hits_addend is a refund.
+		st.refund = d.GetIsNegativeHits()
 		start := len(allEntries)
 		for _, e := range d.GetEntries() {
 			allEntries = append(allEntries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
@@ -173,6 +176,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		}
 		r := st.match.Rule
 		start := len(allApplied)
+		charge := r.Counting == policy.AlwaysCharge || (r.Counting == policy.CountingDefault && s.opts.Counting == policy.AlwaysCharge)
 		for k := range r.Limits {
 			sp := &r.Limits[k]
 			if sp.Name != "" && replaced[sp.Name] {
@@ -187,7 +191,9 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 				Key:     set.Key(st.match, k),
 				Limit:   sp.Limit,
 				Cost:    st.cost,
-				Release: st.match.Release,
+				Release: st.match.Release || st.refund,
+				// always_charge: the hit is charged even when denied.
+				Charge: charge,
 				// A shadow or quota descriptor's denial does not fail the
 				// request, and in global shadow mode nothing does: the
 				// store must not roll the request back for them.
@@ -250,6 +256,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		}
 	}
 	s.observeDecisions(sn, domain, ds, decs, outs)
+	s.observeRefunds(domain, ds, outs)
 	s.addHeaders(blk, ds, decs, outs, denied && !s.opts.ShadowMode)
 	if s.opts.DynamicMetadata {
 		resp.DynamicMetadata = s.dynamicMetadata(req, ds)
@@ -287,6 +294,26 @@ func (s *Service) evaluate(ds []descState, decs []algo.Decision) bool {
 		}
 	}
 	return enforced || (quotaN > 0 && quotaOver == quotaN)
+}
+
+// observeRefunds counts the is_negative_hits descriptors whose refund a
+// store applied to at least one of their limits (not when the backend
+// failed and the refund was only answered). domain is a config domain:
+// only a matched descriptor has applied limits.
+func (s *Service) observeRefunds(domain string, ds []descState, outs []outcome) {
+	for i := range ds {
+		st := &ds[i]
+		if !st.refund || len(st.applied) == 0 {
+			continue
+		}
+		for _, a := range st.applied {
+			if o := outs[a.hit]; o == byStore || o == byFallback {
+				s.m.refunds.WithLabelValues(domain).Inc()
+				s.m.refundUnits.WithLabelValues(domain).Add(float64(st.cost))
+				break
+			}
+		}
+	}
 }
 
 // take calls st.Take with the request deadline and measures it.

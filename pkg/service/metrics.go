@@ -50,6 +50,8 @@ type metrics struct {
 	unknownDomain   prometheus.Counter
 	globalShadow    prometheus.Counter
 	invalidUTF8     prometheus.Counter
+	refunds         *prometheus.CounterVec // domain
+	refundUnits     *prometheus.CounterVec // domain
 
 	// children of backendDuration, created on first use
 	primaryDuration, fallbackDuration lazyObserver
@@ -99,6 +101,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ratelimitd_global_shadow_total",
 			Help: "Requests whose OVER_LIMIT overall code global shadow mode turned into OK.",
 		}),
+		refunds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_refunds_total",
+			Help: "Descriptors with is_negative_hits whose hits_addend the store credited to their limits, by domain (config domains only).",
+		}, []string{"domain"}),
+		refundUnits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_refund_units_total",
+			Help: "Units (hits_addend) of the descriptors counted in ratelimitd_refunds_total, by domain.",
+		}, []string{"domain"}),
 		invalidUTF8: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimitd_invalid_utf8_requests_total",
 			Help: "gRPC RateLimitRequests whose domain or descriptor entry key/value held invalid UTF-8 and were decoded with those strings escaped (U+FFFD + hex of the raw bytes) instead of failing.",
@@ -111,6 +121,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range []prometheus.Collector{
 		m.requests, m.decisions, m.requestDuration, m.backendDuration, m.backendErrors,
 		m.reloads, m.configInfo, m.inflight, m.unknownDomain, m.globalShadow, m.invalidUTF8,
+		m.refunds, m.refundUnits,
 	} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)

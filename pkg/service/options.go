@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
 
@@ -110,6 +111,13 @@ type Options struct {
 	ShadowMode bool
 	// QuotaMode treats every descriptor as quota_mode (QUOTA_MODE).
 	QuotaMode bool
+	// Counting is the global counting policy (--counting), for rules
+	// without their own counting: policy.AllOrNothing (a denied request
+	// consumes nothing) or policy.AlwaysCharge (every hit is charged,
+	// even over the limit, as envoyproxy/ratelimit counts; post-paid
+	// costs sent at stream end then stop the client that spent them).
+	// The zero value policy.CountingDefault means AllOrNothing.
+	Counting policy.Counting
 	// Headers selects the response header set; zero is HeadersIETF.
 	Headers HeaderMode
 	// NearLimitRatio in (0, 1]: an allowed decision that leaves
@@ -160,8 +168,8 @@ type Options struct {
 }
 
 // Validate reports an error for a missing Store, an unknown header mode,
-// a near-limit ratio outside [0, 1], a negative FailClosedRetryAfter or a
-// negative MaxJSONBodyBytes.
+// a near-limit ratio outside [0, 1], a negative FailClosedRetryAfter, a
+// negative MaxJSONBodyBytes or an unknown counting policy.
 func (o Options) Validate() error {
 	var errs []error
 	if o.Store == nil {
@@ -178,6 +186,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxJSONBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("service: negative MaxJSONBodyBytes %d", o.MaxJSONBodyBytes))
+	}
+	if o.Counting > policy.AlwaysCharge {
+		errs = append(errs, fmt.Errorf("service: unknown counting policy %d", o.Counting))
 	}
 	return errors.Join(errs...)
 }

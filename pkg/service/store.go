@@ -13,11 +13,16 @@ import (
 // there).
 // The service never imports a concrete backend; cmd/ratelimitd wires one in.
 type Store interface {
-	// Take decides all hits of one request atomically and all-or-nothing:
-	// when any hit that is not Soft is denied (check-only hits with Cost 0
-	// included), no hit of the request consumes anything (Decision.Remaining then reports the value before the
-	// request). len(result) == len(hits), same order. Hits with the same
-	// Key are applied in order, each seeing the previous one.
+	// Take decides all hits of one request atomically. When any hit that
+	// is not Soft is denied (check-only hits with Cost 0 included), only
+	// the Kept hits consume: releases (refunds, is_negative_hits) and
+	// always_charge hits (algo.Hit.Kept), replayed in order on the state
+	// before the request, each reporting the state after its own hit;
+	// every other hit consumes nothing (Decision.Remaining then reports
+	// the value before the request). So with all_or_nothing counting a
+	// denied request consumes nothing. len(result) == len(hits), same
+	// order. Hits with the same Key are applied in order, each seeing the
+	// previous one (algotest.Reference is the executable definition).
 	//
 	// An error means the backend could not decide (unreachable, timeout,
 	// out of memory, read-only, circuit open); the service then applies
