@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -46,10 +47,10 @@ func (c *clock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); ret
 func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
 
 // fakeStore counts calls and injects errors in front of a real store:
-// the memory backend (inner) when set, else an all-or-nothing reference
-// implementation on algo.Take with the service.Store contract (a denied
-// request consumes nothing; hits that did not deny report the value
-// before).
+// the memory backend (inner) when set, else the reference implementation
+// of the service.Store contract (algotest.Reference: a denied request
+// consumes nothing but its releases and always_charge hits; hits that did
+// not deny report the value before).
 type fakeStore struct {
 	mu    sync.Mutex
 	clock *clock
@@ -87,40 +88,7 @@ func (f *fakeStore) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision,
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	now := f.clock.Now()
-	next := map[string]algo.State{}
-	get := func(k string) algo.State {
-		if s, ok := next[k]; ok {
-			return s
-		}
-		return f.state[k]
-	}
-	decs := make([]algo.Decision, len(hits))
-	denied := false
-	for i, h := range hits {
-		var s algo.State
-		if h.Release {
-			s, decs[i] = algo.Release(h.Limit, get(h.Key), now, h.Cost)
-		} else {
-			s, decs[i] = algo.Take(h.Limit, get(h.Key), now, h.Cost)
-		}
-		next[h.Key] = s
-		denied = denied || (!decs[i].Allowed && !h.Soft)
-	}
-	if denied {
-		for i, h := range hits {
-			if decs[i].Allowed {
-				_, d := algo.Take(h.Limit, f.state[h.Key], now, 0)
-				d.Allowed = true
-				decs[i] = d
-			}
-		}
-		return decs, nil
-	}
-	for k, s := range next {
-		f.state[k] = s
-	}
-	return decs, nil
+	return algotest.Reference(f.state, hits, f.clock.Now()), nil
 }
 
 func (f *fakeStore) fail(err error) { f.mu.Lock(); f.err = err; f.mu.Unlock() }
