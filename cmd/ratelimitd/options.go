@@ -116,7 +116,7 @@ type Options struct {
 	QuotaMode  bool
 	// Counting is the global counting policy (service.Options.Counting):
 	// "all_or_nothing" (default) or "always_charge" (envoyproxy/ratelimit's
-	// counting). Reference mode sets its default to always_charge.
+	// counting, the one to set for envoyproxy/ratelimit compatibility).
 	Counting         string
 	LogLevel         string // debug, info, warn, error
 	LogFormat        string // text or json

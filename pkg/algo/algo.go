@@ -106,14 +106,16 @@ type Hit struct {
 	// when another hit of the request denies it, as envoyproxy/ratelimit
 	// counts every hits_addend. Without Charge (all_or_nothing), a denied
 	// request consumes nothing. A check (Cost 0) consumes nothing either
-	// way; Concurrency leases are never charged when denied (a denied
-	// request holds no lease that anything would release).
+	// way. Charge does not apply to Concurrency limits: a lease is never
+	// charged when denied and is rolled back with its denied request, as
+	// a denied request sends no release (see Kept).
 	Charge bool
 }
 
 // Kept reports whether a store keeps h's effect when its request is
-// denied: releases and always_charge hits (see Hit.Charge).
-func (h Hit) Kept() bool { return h.Release || h.Charge }
+// denied: releases, and always_charge hits of every kind but Concurrency
+// (see Hit.Charge).
+func (h Hit) Kept() bool { return h.Release || (h.Charge && h.Limit.Kind != Concurrency) }
 
 // Decision is the outcome of one Hit.
 type Decision struct {

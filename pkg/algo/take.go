@@ -184,7 +184,7 @@ func Take(l Limit, prev State, now time.Time, cost int64) (State, Decision) {
 // most now + 2·capacity·T, T = Period/Rate); a SlidingLog holds at most
 // 2·Rate entries.
 // Concurrency leases and Rate 0 limits are never charged when denied
-// (Charge is Take).
+// (Charge is Take; a Concurrency hit with Charge is not Kept either).
 func Charge(l Limit, prev State, now time.Time, cost int64) (State, Decision) {
 	s, d := decide(l, prev, now.UnixMicro(), cost, opCharge)
 	return s, d.out()

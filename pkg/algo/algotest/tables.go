@@ -331,10 +331,11 @@ func alwaysCharge() Table {
 
 // alwaysChargeMultiHit: under always_charge every hit of a denied request
 // is charged; an all_or_nothing hit of the same request is rolled back;
-// a release is kept.
+// a release is kept; a concurrency lease is not (Charge does not apply).
 func alwaysChargeMultiHit() Table {
 	a := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Minute}
 	b := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Minute}
+	cc := algo.Limit{Kind: algo.Concurrency, Rate: 1, Period: time.Minute}
 	h := func(key string, l algo.Limit, cost int64) algo.Hit { return algo.Hit{Key: key, Limit: l, Cost: cost} }
 	c := func(x algo.Hit) algo.Hit { x.Charge = true; return x }
 	r := func(x algo.Hit) algo.Hit { x.Release = true; return x }
@@ -349,5 +350,8 @@ func alwaysChargeMultiHit() Table {
 		// a release in a denied request is kept
 		{At: 3 * sec, Hits: []algo.Hit{r(h("a", a, 2)), h("b", b, 1)}, Want: []algo.Decision{OK(5, 57*sec, 57*sec), Deny(0, 57*sec, 57*sec, 57*sec)}},
 		{At: 3 * sec, Hits: []algo.Hit{h("a", a, 0)}, Want: []algo.Decision{OK(5, 57*sec, 57*sec)}},
+		// a concurrency lease is never kept by always_charge: rolled back with its denied request
+		{At: 4 * sec, Hits: []algo.Hit{c(h("l", cc, 1)), h("b", b, 1)}, Want: []algo.Decision{OK(1, 0, 60*sec), Deny(0, 56*sec, 56*sec, 56*sec)}},
+		{At: 4 * sec, Hits: []algo.Hit{h("l", cc, 0)}, Want: []algo.Decision{OK(1, 0, 60*sec)}},
 	}}
 }

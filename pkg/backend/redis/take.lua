@@ -163,7 +163,8 @@ do
           local fl = FLAGS[flags]
           hits[i] = {
             key = key, kind = kind, rate = rate, period = period, burst = burst, cal = cal, mult = mult,
-            cost = cost, idx = i, release = fl % 2 == 1, soft = fl % 4 >= 2, charge = fl >= 4,
+            -- charge does not apply to concurrency (algo.Hit.Kept)
+            cost = cost, idx = i, release = fl % 2 == 1, soft = fl % 4 >= 2, charge = fl >= 4 and kind ~= 4,
           }
         end
       end
