@@ -102,6 +102,34 @@
 //	Release (Concurrency, Hit.Release): drop min(cost, len(lv)) oldest live
 //	entries; always allowed; Remaining = R - live after; RetryAfter 0.
 //
+// Charge (Hit.Charge, the always_charge counting policy) is Take except
+// in the denied branch with cost > 0 and Rate > 0, for every kind but
+// Concurrency (Charge is Take there):
+//
+//	FixedWindow:   store {ws, min(count+cost, 2^53)}; Remaining 0; durations as denied
+//	SlidingWindow: curr = min(curr+cost, 2^53); rem = remaining(curr); store {ws, curr, prev};
+//	               RetryAfter = need <= R ? wait(need) : we - t; reset, window with the new curr
+//	TokenBucket:   bound B = t + 2*tau (bUs = t + 2*tauUs + (2*tauF)/R, bF = (2*tauF)%R);
+//	               up to two steps k = min(left, C): TAT += k*T; if TAT > B: TAT = B, or the
+//	               TAT before the charge if that was already > B, and stop;
+//	               store it; recompute S and rem; RetryAfter = need <= C ? waitFor(need) : P
+//	SlidingLog:    k = min(cost, 2R - len(lv)); if k > 0 append k copies of ts (as a take);
+//	               rem = max(R - len, 0); RetryAfter from the new log
+//
+// Release (Hit.Release, a refund) for kinds other than Concurrency: a
+// credit of n = clamped cost when n > 0 and Rate > 0, then the decision of
+// a check (cost 0) on the credited state with allowed = true and
+// RetryAfter = 0 (Rate 0: the Rate 0 durations, allowed, Remaining 0):
+//
+//	FixedWindow:   if Time >= ws and Count > 0: c = max(Count-n, 0); c == 0 ? zero State : {Time, c}
+//	SlidingWindow: resolve (ws, curr, prev) as a take does (Time >= ws: the stored window);
+//	               if both 0: unchanged; c = max(curr-n, 0); p = max(prev-(n-(curr-c)), 0);
+//	               both 0 ? zero State : {ws, c, p}
+//	TokenBucket:   normalise (tat, f) as a take does; if tat < t: unchanged; up to two
+//	               steps k = min(left, C): TAT -= k*T (f -= (k*m)%R with borrow), stop once tat < t;
+//	               tat < t or (tat == t and f == 0) ? zero State : {tat, f}
+//	SlidingLog:    drop the min(n, len(lv)) newest live entries (empty: zero State)
+//
 // In Redis a sorted set with score = timestamp needs unique members for
 // equal timestamps (e.g. "<ts>:<seq>"); the Go log simply repeats the value.
 // The log holds at most Rate entries (MaxSlidingLogRate,
@@ -116,8 +144,12 @@
 // Multi-hit requests (the Store contract): hits are applied in request
 // order, a hit on a key already touched by the request sees the tentative
 // state left by the earlier hit; if any hit that is not Soft is denied (a
-// check-only hit with Cost 0 included: the request is then denied),
-// nothing is written and every decision of a hit that was not itself
-// denied reports the values computed against the state before the request
-// (see algotest).
+// check-only hit with Cost 0 included: the request is then denied), the
+// request is replayed on the states before it with its Kept hits only
+// (Hit.Kept: releases, and Charge hits of every kind but Concurrency):
+// they are written and report their replayed decision; every other hit
+// that was not itself denied reports a check on its key's replayed state
+// at its place (the state before the request when no Kept hit precedes
+// it on that key), and hits that denied keep their decision. Without Kept
+// hits, nothing is written (see algotest.Reference).
 package algo
