@@ -13,10 +13,15 @@ import (
 // locally until that instant (the decision's RetryAfter, not the whole
 // window), so a denied client hammering a key costs no Redis round trip.
 //
-// An entry is only ever created from a request with a single hit whose
-// denial is exact: the key's state can only become more permissive with
-// time, and other replicas can only consume more, so the cached answer can
-// never be more permissive than Redis' would be. Safe for concurrent use.
+// An entry is only ever created from a denial of a hit whose key occurs
+// once in its request: the key's state can only become more permissive
+// with time, and other replicas can only consume more, so the cached
+// answer can never be more permissive than Redis' would be. The exception
+// is a refund (algo.Hit.Release), which credits the key: the Store drops
+// the key's entry before it sends a refund, and a refund through another
+// replica is seen here once the entry's instant has passed. always_charge
+// hits are never answered from the cache (they must be charged). Safe for
+// concurrent use.
 type overLimitCache struct {
 	mu    sync.Mutex
 	max   int

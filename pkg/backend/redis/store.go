@@ -193,11 +193,14 @@ func (s *Store) nonce() string {
 	return string(n)
 }
 
-// Take decides all hits of one request atomically and all-or-nothing (see
-// service.Store). On Cluster, hits are grouped by hash slot and the groups
-// run in parallel; when a group denies, the groups that allowed are
-// reversed by a compensating refund (see docs/redis.md for the bounded
-// transient). Errors wrap the go-redis error, prefixed "redis:".
+// Take decides all hits of one request atomically (see service.Store):
+// when the request is denied only its kept hits (algo.Hit.Kept: refunds,
+// always_charge) are written. On Cluster, hits are grouped by hash slot
+// and the groups run in parallel; when a group denies, what the groups
+// that allowed consumed and do not keep is reversed by a compensating
+// refund (see docs/redis.md for the bounded transient). A refund hit first
+// drops its key from the local over-limit cache. Errors wrap the go-redis
+// error, prefixed "redis:".
 func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	out := make([]algo.Decision, len(hits))
 	if len(hits) == 0 {
