@@ -1,7 +1,7 @@
 // Package memory is the in-process store of ratelimitd: a sharded table
 // from backend key to algo.State, one mutex per shard, that decides every
-// hit of a request atomically and all-or-nothing (the service.Store
-// contract). State is per process: replicas do not share counters (use the
+// hit of a request atomically (the service.Store contract: a denied
+// request writes only its kept hits, refunds and always_charge). State is per process: replicas do not share counters (use the
 // Redis store for that).
 //
 // # Expiry
