@@ -270,8 +270,9 @@ func maxCostLimit(rt *rapid.T, k algo.Kind) (algo.Limit, int64) {
 // leaves the state as it was and gives sane durations; a larger cost
 // (up to 2^63-1) decides exactly like MaxCost; a take of the whole capacity
 // on an empty state still passes (the capacity is below MaxCost and
-// nothing overflows); and a Concurrency release of MaxCost returns every
-// live lease.
+// nothing overflows); a Concurrency release of MaxCost returns every
+// live lease; a refund of MaxCost empties every kind; and a charge of
+// MaxCost (always_charge) is denied with Remaining 0, twice in a row.
 func TestPropMaxCost(t *testing.T) {
 	if algo.ClampCost(-1) != 0 || algo.ClampCost(math.MaxInt64) != algo.MaxCost || algo.ClampCost(7) != 7 {
 		t.Fatal("ClampCost")
@@ -315,6 +316,21 @@ func TestPropMaxCost(t *testing.T) {
 			if !rd.Allowed || rd.Remaining != l.Rate || len(rs.Log) != 0 {
 				rt.Fatalf("%+v: release of MaxCost: %+v, state %+v", l, rd, rs)
 			}
+		}
+		// A refund of MaxCost empties every kind; a charge of MaxCost is
+		// denied, charged (Remaining 0; Concurrency: Take) and sane.
+		if rs, rd := algo.Release(l, st, now, algo.MaxCost); !rd.Allowed || rd.RetryAfter != 0 || rd.Remaining != capa {
+			rt.Fatalf("%+v: refund of MaxCost: %+v, state %+v", l, rd, rs)
+		}
+		cs, cd := algo.Charge(l, st, now, algo.MaxCost)
+		if cd.Allowed || cd.RetryAfter <= 0 || cd.ResetAfter < 0 || cd.WindowAfter < 0 || (k != algo.Concurrency && cd.Remaining != 0) {
+			rt.Fatalf("%+v: charge of MaxCost: %+v", l, cd)
+		}
+		if k == algo.Concurrency && (cd != d || !reflect.DeepEqual(cs, st)) {
+			rt.Fatalf("%+v: a concurrency charge differs from a take: %+v, %+v", l, cd, d)
+		}
+		if _, again := algo.Charge(l, cs, now, algo.MaxCost); again.Allowed || again.Remaining < 0 {
+			rt.Fatalf("%+v: a second charge of MaxCost: %+v", l, again)
 		}
 	})
 }

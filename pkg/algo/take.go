@@ -158,10 +158,22 @@ func (d decision) out() Decision {
 	return Decision{
 		Allowed:     d.allowed,
 		Remaining:   max(d.remaining, 0),
-		RetryAfter:  time.Duration(d.retryUs) * time.Microsecond,
-		ResetAfter:  time.Duration(max(d.resetUs, 0)) * time.Microsecond,
-		WindowAfter: time.Duration(max(d.windowUs, 0)) * time.Microsecond,
+		RetryAfter:  MicrosDuration(d.retryUs),
+		ResetAfter:  MicrosDuration(max(d.resetUs, 0)),
+		WindowAfter: MicrosDuration(max(d.windowUs, 0)),
 	}
+}
+
+// maxDurationUs is the largest whole number of microseconds a
+// time.Duration holds (about 292 years).
+const maxDurationUs = int64(1<<63-1) / int64(time.Microsecond)
+
+// MicrosDuration converts a decision's integer microseconds to a
+// time.Duration, saturating at about 292 years (a token bucket of extreme
+// burst × period in debt can be further away than a Duration reaches).
+// Stores convert the Redis script's durations with it too.
+func MicrosDuration(us int64) time.Duration {
+	return time.Duration(min(us, maxDurationUs)) * time.Microsecond
 }
 
 // Take applies cost units of l to prev at now and returns the next state and

@@ -337,3 +337,22 @@ func TestExpiresAt(t *testing.T) {
 		t.Fatalf("sliding window expiry %v", got)
 	}
 }
+
+// TestChargeExtremeDebtDurations: a token bucket whose capacity spans
+// 2^53 µs charged into one capacity of debt is further away than a
+// time.Duration reaches: its durations saturate instead of wrapping
+// negative.
+func TestChargeExtremeDebtDurations(t *testing.T) {
+	l := Limit{Kind: TokenBucket, Rate: 1, Period: 2 * time.Microsecond, Burst: 1 << 52}
+	if err := l.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	st, d := Charge(l, State{}, now, MaxCost)
+	if d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 || d.ResetAfter <= 0 || d.WindowAfter <= 0 {
+		t.Fatalf("charge: %+v", d)
+	}
+	if _, d := Charge(l, st, now, MaxCost); d.ResetAfter != MicrosDuration(1<<62) || d.ResetAfter <= 0 {
+		t.Fatalf("second charge: %+v, want saturated durations", d)
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -234,9 +233,9 @@ func parseSegment(r string, out []algo.Decision) (nowUS int64, rest string, err 
 		out[i] = algo.Decision{
 			Allowed:     v[0] == 1,
 			Remaining:   v[1],
-			RetryAfter:  time.Duration(v[2]) * time.Microsecond,
-			ResetAfter:  time.Duration(v[3]) * time.Microsecond,
-			WindowAfter: time.Duration(v[4]) * time.Microsecond,
+			RetryAfter:  algo.MicrosDuration(v[2]),
+			ResetAfter:  algo.MicrosDuration(v[3]),
+			WindowAfter: algo.MicrosDuration(v[4]),
 		}
 	}
 	if len(p) != 0 {
