@@ -51,6 +51,7 @@ type replayOptions struct {
 	Out          string
 	Top          int
 	ShadowMode   bool
+	Counting     string
 	MergeDomains bool
 	KeyPrefix    string
 
@@ -88,6 +89,7 @@ func parseReplay(args []string, usage io.Writer) (replayOptions, error) {
 	fs.StringVar(&o.Out, "out", "", "write the report to this file instead of standard output")
 	fs.IntVar(&o.Top, "top", o.Top, "length of the top denied clients and paths lists")
 	fs.BoolVar(&o.ShadowMode, "shadow-mode", false, "global shadow mode: evaluate and report, never deny")
+	fs.StringVar(&o.Counting, "counting", "all_or_nothing", "counting policy of rules without counting: all_or_nothing or always_charge")
 	fs.BoolVar(&o.MergeDomains, "merge-domains", false, "let several files contribute to one domain")
 	fs.StringVar(&o.KeyPrefix, "key-prefix", "", "prefix of every backend key (redis default: replay:<unix nanos>:)")
 	fs.StringVar(&o.Backend, "backend", o.Backend, "store: memory or redis")
@@ -117,7 +119,8 @@ func parseReplay(args []string, usage io.Writer) (replayOptions, error) {
 		errs = append(errs, fmt.Errorf("--format=%q: only combined is supported", o.Format))
 	}
 	errs = append(errs, oneOf("output", o.Output, "text", "json", "html"), oneOf("order", o.Order, "time", "file"),
-		oneOf("backend", o.Backend, "memory", "redis"), oneOf("redis-mode", o.RedisMode, "standalone", "cluster", "sentinel"))
+		oneOf("backend", o.Backend, "memory", "redis"), oneOf("redis-mode", o.RedisMode, "standalone", "cluster", "sentinel"),
+		oneOf("counting", o.Counting, "all_or_nothing", "always_charge"))
 	if o.Speed < 0 {
 		errs = append(errs, fmt.Errorf("--speed=%v: must be >= 0", o.Speed))
 	}
@@ -182,8 +185,12 @@ func runReplay(ctx context.Context, o replayOptions, stdout, stderr io.Writer) e
 		defer func() { _ = f.Close() }()
 		in = f
 	}
+	counting, err := policy.ParseCounting(o.Counting)
+	if err != nil {
+		return err
+	}
 	rep, err := replay.Run(ctx, in, replay.Options{
-		Envoy: env, Policy: set, Store: store, Clock: clock, ShadowMode: o.ShadowMode,
+		Envoy: env, Policy: set, Store: store, Clock: clock, ShadowMode: o.ShadowMode, Counting: counting,
 		Host: o.Host, Order: replay.Order(o.Order), Speed: o.Speed, Top: o.Top,
 	})
 	if err != nil {

@@ -28,6 +28,7 @@ func TestReplayUsage(t *testing.T) {
 		{"nothing", nil, 2, "--config is required"},
 		{"bad output", []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", websiteLog, "--output", "pdf"}, 2, "output"},
 		{"bad format", []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", websiteLog, "--format", "json"}, 2, "only combined"},
+		{"bad counting", []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", websiteLog, "--counting", "always"}, 2, `--counting="always"`},
 		{"negative speed", []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", websiteLog, "--speed", "-1"}, 2, "--speed"},
 		{"domain not in config", []string{"--config", websiteConfig, "--envoy", "../../envoy/edge.yaml", "--log", websiteLog}, 1, `domain "example" is not in the config`},
 		{"missing log", []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", "nosuch.log"}, 1, "nosuch.log"},

@@ -74,6 +74,9 @@ type Options struct {
 	Clock *Clock
 	// ShadowMode is the service's global shadow mode (--shadow-mode).
 	ShadowMode bool
+	// Counting is the service's global counting policy (--counting);
+	// the zero value is all_or_nothing.
+	Counting policy.Counting
 	// Host selects the Envoy virtual host ("" = the one with domain "*",
 	// else the first; combined logs do not record the Host header).
 	Host string
@@ -186,6 +189,7 @@ func RunLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Option
 	svc, err := service.New(service.Options{
 		Store:            rec,
 		ShadowMode:       opts.ShadowMode,
+		Counting:         opts.Counting,
 		RetryJitter:      -1,
 		RequestOverrides: true,
 		Now:              opts.Clock.Now,
