@@ -52,7 +52,8 @@ func TestScriptArgsShape(t *testing.T) {
 
 // TestTTLInvariant: with the server's clock, every key written has an
 // expiry at or after the instant its state is empty again (script now +
-// ResetAfter, compared with PEXPIRETIME), and no key lives without one.
+// ResetAfter, compared with PEXPIRETIME), and no key lives without one:
+// takes, always_charge takes (denied ones write too) and refunds.
 func TestTTLInvariant(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
@@ -79,13 +80,13 @@ func TestTTLInvariant(t *testing.T) {
 		for j := range 3 {
 			key := fmt.Sprintf("ttl:%d:%d", i, j)
 			for n := range 4 {
-				h := []algo.Hit{{Key: key, Limit: l, Cost: int64(n%2 + 1)}}
+				h := []algo.Hit{{Key: key, Limit: l, Cost: int64(n%2 + 1), Charge: j == 1, Release: j == 2 && n == 3}}
 				out := make([]algo.Decision, 1)
 				nowUS, err := s.run(ctx, modeTake, -1, s.nonce(), h, out)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !out[0].Allowed {
+				if !out[0].Allowed && !h[0].Kept() {
 					continue
 				}
 				written++
