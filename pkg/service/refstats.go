@@ -215,9 +215,9 @@ func (s *Service) refHits(sp *policy.Spec, d algo.Decision, out outcome, cost in
 
 // observeRef adds one counted descriptor's hits to its stat key; label is
 // its ratelimitd_decisions_total rule label. A concurrency lease release
-// is no hit and adds nothing.
+// and a refund (is_negative_hits) are no hits and add nothing.
 func (s *Service) observeRef(sn *snapshot, st *descState, label string, decs []algo.Decision, outs []outcome) {
-	if st.match.Release {
+	if st.match.Release || st.refund {
 		return
 	}
 	ks := s.statKey(sn, st, label)
