@@ -21,14 +21,17 @@ const (
 	// HeadersIETF emits RateLimit-Policy and RateLimit
 	// (draft-ietf-httpapi-ratelimit-headers-10, RFC 9651 lists).
 	HeadersIETF HeaderMode = iota
-	// HeadersLegacy emits X-RateLimit-Limit, X-RateLimit-Remaining and
-	// X-RateLimit-Reset (seconds) for one chosen limit, as
-	// envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED does.
+	// HeadersLegacy emits three headers for one chosen limit, as
+	// envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED does: its
+	// requests_per_unit, limit_remaining and seconds until reset, under
+	// the names of Options.LegacyHeaderNames (X-RateLimit-Limit,
+	// X-RateLimit-Remaining and X-RateLimit-Reset by default).
 	HeadersLegacy
 	// HeadersBoth emits the IETF and the legacy set.
 	HeadersBoth
 	// HeadersNone emits no rate-limit headers. Retry-After, Content-Type
-	// and the problem body are still sent on OVER_LIMIT.
+	// and the problem body are still sent on OVER_LIMIT unless
+	// Options.OmitProblem is set.
 	HeadersNone
 )
 
@@ -64,6 +67,17 @@ func ParseHeaderMode(s string) (HeaderMode, error) {
 		return HeadersNone, nil
 	}
 	return 0, fmt.Errorf("service: unknown header mode %q (want ietf, legacy, both or none)", s)
+}
+
+// LegacyHeaderNames are the names of the HeadersLegacy headers. An empty
+// field takes its default: HeaderLegacyLimit, HeaderLegacyRemaining,
+// HeaderLegacyReset. envoyproxy/ratelimit names them with
+// LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER
+// (defaults RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset).
+type LegacyHeaderNames struct {
+	Limit     string // requests_per_unit of the chosen limit
+	Remaining string // limit_remaining of the chosen limit
+	Reset     string // whole seconds until the chosen limit's window resets
 }
 
 // Defaults applied by New to zero-valued Options fields.
@@ -120,6 +134,25 @@ type Options struct {
 	Counting policy.Counting
 	// Headers selects the response header set; zero is HeadersIETF.
 	Headers HeaderMode
+	// LegacyHeaderNames names the HeadersLegacy (and HeadersBoth) legacy
+	// headers; zero fields take the X-RateLimit-* defaults.
+	LegacyHeaderNames LegacyHeaderNames
+	// OmitProblem leaves Retry-After, Content-Type and the RFC 9457
+	// problem body (raw_body) out of OVER_LIMIT answers, as
+	// envoyproxy/ratelimit does (it sends none of them). The zero value
+	// sends them.
+	OmitProblem bool
+	// ReferenceRequests accepts the requests envoyproxy/ratelimit accepts
+	// and answers them as it does: a descriptor with no entries, or with
+	// an entry whose key is empty, matches nothing (status OK, no
+	// current_limit) instead of failing the call with InvalidArgument;
+	// an empty domain or descriptor list fails with codes.Unknown and the
+	// reference's message ("rate limit domain must not be empty", "rate
+	// limit descriptor list must not be empty"). The size bounds
+	// (MaxDescriptors, MaxEntries, MaxValueBytes) and an override unit
+	// outside the enum still fail with InvalidArgument. The zero value
+	// keeps ratelimitd's strict validation.
+	ReferenceRequests bool
 	// NearLimitRatio in (0, 1]: an allowed decision that leaves
 	// used >= ratio × quota counts as near_limit. 0 means 0.8.
 	NearLimitRatio float64
@@ -216,6 +249,15 @@ func (o *Options) setDefaults() {
 	}
 	if o.MaxJSONBodyBytes == 0 {
 		o.MaxJSONBodyBytes = DefaultMaxJSONBodyBytes
+	}
+	if o.LegacyHeaderNames.Limit == "" {
+		o.LegacyHeaderNames.Limit = HeaderLegacyLimit
+	}
+	if o.LegacyHeaderNames.Remaining == "" {
+		o.LegacyHeaderNames.Remaining = HeaderLegacyRemaining
+	}
+	if o.LegacyHeaderNames.Reset == "" {
+		o.LegacyHeaderNames.Reset = HeaderLegacyReset
 	}
 	if o.Now == nil {
 		o.Now = time.Now

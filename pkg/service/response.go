@@ -24,9 +24,9 @@ const (
 	HeaderRateLimit       = "RateLimit"             // draft-ietf-httpapi-ratelimit-headers-10 §6
 	HeaderRetryAfter      = "Retry-After"           // RFC 9110 §10.2.3, delay-seconds
 	HeaderContentType     = "Content-Type"          // application/problem+json on OVER_LIMIT
-	HeaderLegacyLimit     = "X-RateLimit-Limit"     // requests_per_unit of the chosen limit
-	HeaderLegacyRemaining = "X-RateLimit-Remaining" // limit_remaining of the chosen limit
-	HeaderLegacyReset     = "X-RateLimit-Reset"     // seconds until reset of the chosen limit
+	HeaderLegacyLimit     = "X-RateLimit-Limit"     // requests_per_unit of the chosen limit (default LegacyHeaderNames.Limit)
+	HeaderLegacyRemaining = "X-RateLimit-Remaining" // limit_remaining of the chosen limit (default LegacyHeaderNames.Remaining)
+	HeaderLegacyReset     = "X-RateLimit-Reset"     // seconds until reset of the chosen limit (default LegacyHeaderNames.Reset)
 	HeaderNearLimit       = "Ratelimitd-Near-Limit" // RFC 9651 list of policy names past the near-limit ratio
 	ProblemContentType    = "application/problem+json"
 )
@@ -235,8 +235,8 @@ func specPolicyName(r *policy.Rule, sp *policy.Spec) string {
 }
 
 // addHeaders fills response_headers_to_add and, when the request is
-// denied (after global shadow mode), Retry-After, Content-Type and
-// raw_body.
+// denied (after global shadow mode) and Options.OmitProblem is not set,
+// Retry-After, Content-Type and raw_body.
 func (s *Service) addHeaders(blk *responseBlock, ds []descState, decs []algo.Decision, outs []outcome, deny bool) {
 	resp := &blk.resp
 	// The header values are RFC 9651 Lists serialized directly (as
@@ -282,10 +282,11 @@ func (s *Service) addHeaders(blk *responseBlock, ds []descState, decs []algo.Dec
 			if s.nearLimit(a.spec, d) {
 				near = append(near, a.info)
 			}
-			// Legacy: a denying (non-shadow) limit wins, the last one
-			// (reference 3.7); else the least remaining, first on ties.
+			// Legacy: a denying limit that fails the request (not shadow,
+			// not quota) wins, the last one, as envoyproxy/ratelimit
+			// picks; else the least remaining, first on ties.
 			switch {
-			case !d.Allowed && !st.shadow:
+			case !d.Allowed && !st.shadow && !st.quota:
 				legacy, legacyDenied = pick{a, true}, true
 			case !legacyDenied && (!legacy.ok || d.Remaining < decs[legacy.a.hit].Remaining):
 				legacy = pick{a, true}
@@ -309,9 +310,10 @@ func (s *Service) addHeaders(blk *responseBlock, ds []descState, decs []algo.Dec
 	}
 	if s.opts.Headers.legacy() && legacy.ok {
 		d := decs[legacy.a.hit]
-		buf = hb.addInt(buf, HeaderLegacyLimit, legacy.a.spec.Limit.Rate)
-		buf = hb.addInt(buf, HeaderLegacyRemaining, max(d.Remaining, 0))
-		buf = hb.addInt(buf, HeaderLegacyReset, atLeast1(ceilSeconds(d.ResetAfter)))
+		names := &s.opts.LegacyHeaderNames
+		buf = hb.addInt(buf, names.Limit, legacy.a.spec.Limit.Rate)
+		buf = hb.addInt(buf, names.Remaining, max(d.Remaining, 0))
+		buf = hb.addInt(buf, names.Reset, atLeast1(ceilSeconds(d.ResetAfter)))
 	}
 	if s.opts.NearLimitHeader && len(near) > 0 {
 		var arr [128]byte
@@ -324,7 +326,7 @@ func (s *Service) addHeaders(blk *responseBlock, ds []descState, decs []algo.Dec
 		}
 		buf = hb.add(buf, HeaderNearLimit, b...)
 	}
-	if deny {
+	if deny && !s.opts.OmitProblem {
 		var exact time.Duration
 		closedOnly := len(violated) > 0
 		var names []string

@@ -1,0 +1,128 @@
+package service_test
+
+import (
+	"context"
+	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// referenceOptions are the service options cmd/ratelimitd sets in
+// reference mode with LIMIT_RESPONSE_HEADERS_ENABLED=true and the
+// reference's default header names.
+func referenceOptions(o *service.Options) {
+	o.Headers = service.HeadersLegacy
+	o.LegacyHeaderNames = service.LegacyHeaderNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}
+	o.OmitProblem = true
+	o.ReferenceRequests = true
+}
+
+func TestLegacyHeaderNames(t *testing.T) {
+	e := newEnv(t, referenceOptions)
+	h := headers(t, e.call(t, req("svc", d("multi", "m"), d("user", "u"))))
+	want := map[string]string{"RateLimit-Limit": "3", "RateLimit-Remaining": "2", "RateLimit-Reset": "10"}
+	if diff := cmp.Diff(want, h); diff != "" {
+		t.Errorf("headers (-want +got):\n%s", diff)
+	}
+}
+
+// With OmitProblem a denial carries the legacy headers only: no
+// Retry-After, no Content-Type, no raw_body.
+func TestOmitProblem(t *testing.T) {
+	e := newEnv(t, referenceOptions)
+	e.call(t, req("svc", d("small", "s")))
+	e.call(t, req("svc", d("small", "s")))
+	resp := e.call(t, req("svc", d("small", "s")))
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("third call: %v, want OVER_LIMIT", resp.GetOverallCode())
+	}
+	if len(resp.GetRawBody()) != 0 {
+		t.Errorf("raw_body %q, want none", resp.GetRawBody())
+	}
+	want := map[string]string{"RateLimit-Limit": "2", "RateLimit-Remaining": "0", "RateLimit-Reset": "30"}
+	if diff := cmp.Diff(want, headers(t, resp)); diff != "" {
+		t.Errorf("headers (-want +got):\n%s", diff)
+	}
+
+	// The default still sends the problem.
+	e = newEnv(t, nil)
+	for range 2 {
+		e.call(t, req("svc", d("small", "s")))
+	}
+	resp = e.call(t, req("svc", d("small", "s")))
+	if len(resp.GetRawBody()) == 0 || headers(t, resp)["Retry-After"] == "" {
+		t.Errorf("default options: denial without problem body or Retry-After: %v", resp)
+	}
+}
+
+// A denied quota descriptor does not take the legacy headers from the
+// least-remaining choice: only a non-shadow, non-quota denial overrides
+// it, as envoyproxy/ratelimit picks.
+func TestLegacyHeadersQuotaDenialDoesNotOverride(t *testing.T) {
+	e := newEnv(t, referenceOptions)
+	e.call(t, req("svc", d("quota_a", "x")))
+	for range 4 {
+		e.call(t, req("svc", d("quota_c", "x")))
+	}
+	// quota_c reaches 0 left (allowed), quota_a is over, quota_b has 0
+	// left: not every quota descriptor is over, so the request passes.
+	// The first with the least remaining is quota_c (5 per minute).
+	resp := e.call(t, req("svc", d("quota_c", "x"), d("quota_a", "x"), d("quota_b", "x")))
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("overall %v, want OK", resp.GetOverallCode())
+	}
+	want := map[string]string{"RateLimit-Limit": "5", "RateLimit-Remaining": "0", "RateLimit-Reset": "30"}
+	if diff := cmp.Diff(want, headers(t, resp)); diff != "" {
+		t.Errorf("headers (-want +got):\n%s", diff)
+	}
+}
+
+func TestReferenceRequests(t *testing.T) {
+	e := newEnv(t, referenceOptions)
+	// A descriptor with no entries, one with an empty key: matched by
+	// nothing, answered OK without a limit, next to a counted one.
+	resp := e.call(t, req("svc", &rlcommon.RateLimitDescriptor{}, d("", "v"), d("user", "u")))
+	want := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
+			{Code: rlsv3.RateLimitResponse_OK},
+			{Code: rlsv3.RateLimitResponse_OK},
+			{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 10, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}, LimitRemaining: 9},
+		},
+	}
+	if diff := cmp.Diff(want, resp, protocmp.Transform(),
+		protocmp.IgnoreFields(&rlsv3.RateLimitResponse_DescriptorStatus{}, "duration_until_reset"),
+		protocmp.IgnoreFields(&rlsv3.RateLimitResponse{}, "response_headers_to_add")); diff != "" {
+		t.Errorf("response (-want +got):\n%s", diff)
+	}
+
+	for _, tc := range []struct {
+		name string
+		r    *rlsv3.RateLimitRequest
+		msg  string
+	}{
+		{"empty domain", req("", d("user", "u")), "rate limit domain must not be empty"},
+		{"no descriptors", req("svc"), "rate limit descriptor list must not be empty"},
+	} {
+		_, err := e.client.ShouldRateLimit(context.Background(), tc.r)
+		if st, _ := status.FromError(err); st.Code() != codes.Unknown || st.Message() != tc.msg {
+			t.Errorf("%s: %v, want Unknown %q", tc.name, err, tc.msg)
+		}
+	}
+
+	// Without ReferenceRequests the same descriptors are InvalidArgument.
+	strict := newEnv(t, nil)
+	for _, x := range []*rlcommon.RateLimitDescriptor{{}, d("", "v")} {
+		_, err := strict.client.ShouldRateLimit(context.Background(), req("svc", x))
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("strict %v: %v, want InvalidArgument", x, err)
+		}
+	}
+}
