@@ -32,7 +32,6 @@ var legacyIgnored = map[string]string{
 	"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "always: health is NOT_SERVING until the first good config",
 	"FORCE_START_WITHOUT_INITIAL_CONFIG":      "always: listeners start at once, health NOT_SERVING until the first good config (from files or xDS)",
 	"PROMETHEUS_PATH":                         "checked below",
-	"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "always: a denied request consumes nothing",
 }
 
 // legacyUnsupported lists variables (or prefixes, ending in "_") whose
@@ -42,7 +41,6 @@ var legacyUnsupported = []string{
 	"GRPC_UDS",
 	"USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS", "EXTRA_TAGS",
 	"PROMETHEUS_MAPPER_YAML", "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-	"LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER", "LIMIT_RESET_HEADER",
 	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
 	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME",
 	"REDIS_PERSECOND", "REDIS_PERSECOND_SOCKET_TYPE", "REDIS_PERSECOND_TYPE", "REDIS_PERSECOND_URL",
@@ -127,6 +125,7 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 	sub, sok := get("RUNTIME_SUBDIRECTORY")
 	app, aok := get("RUNTIME_APPDIRECTORY")
 	if rok || sok || aok {
+		o.legacySeen.configDir = true
 		if root == "" {
 			root = "/srv/runtime_data/current"
 		}
@@ -168,6 +167,8 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 	// Backend.
 	redisType, typeSet := get("REDIS_TYPE")
 	redisURL, urlSet := get("REDIS_URL")
+	_, backendSet := get("BACKEND_TYPE")
+	o.legacySeen.backend = backendSet || typeSet || urlSet
 	if v, ok := get("BACKEND_TYPE"); ok {
 		switch strings.ToLower(v) {
 		case "redis", "":
@@ -258,7 +259,11 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 			o.NearLimitRatio = f
 		}
 	}
+	// LIMIT_RESPONSE_HEADERS_ENABLED: the reference's three headers, or
+	// none; their names are LIMIT_*_HEADER's (reference mode gives them
+	// the reference's defaults when unset, see applyReferenceDefaults).
 	if v, ok := get("LIMIT_RESPONSE_HEADERS_ENABLED"); ok && v != "" {
+		o.legacySeen.headersFlag = true
 		b, err := strconv.ParseBool(v)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED=%q: %w", v, err))
@@ -268,6 +273,23 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 			o.Headers = "none"
 		}
 	}
+
+	for _, h := range []struct {
+		name string
+		seen *bool
+		dst  *string
+	}{
+		{"LIMIT_LIMIT_HEADER", &o.legacySeen.limitName, &o.LegacyLimitHeader},
+		{"LIMIT_REMAINING_HEADER", &o.legacySeen.remainName, &o.LegacyRemainingHeader},
+		{"LIMIT_RESET_HEADER", &o.legacySeen.resetName, &o.LegacyResetHeader},
+	} {
+		if v, ok := get(h.name); ok && v != "" {
+			*h.seen, *h.dst = true, v
+		}
+	}
+	// Counting of hits in denied requests (the counting policy reads it;
+	// see Options.ReferenceCounting).
+	boolVar("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", &o.StopIncrementWhenOverLimit)
 
 	// Logging (logrus level names).
 	if v, ok := get("LOG_LEVEL"); ok && v != "" {

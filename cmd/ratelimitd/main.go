@@ -56,9 +56,29 @@ Usage:
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	code := runAs(ctx, os.Args[0], os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// runAs is run for a binary invoked as argv0. Invoked as ratelimit
+// (envoyproxy/ratelimit's binary name, e.g. the image's /bin/ratelimit)
+// with no subcommand, or with flags only, it serves as that binary does:
+// `ratelimit` is `ratelimitd serve`, in reference mode unless a flag,
+// RATELIMITD_MODE or RATELIMITD_CONFIG says otherwise.
+func runAs(ctx context.Context, argv0 string, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
+	if invokedAsReference(argv0) && (len(args) == 0 || strings.HasPrefix(args[0], "-") && !isHelp(args[0])) {
+		return serveMain(ctx, true, args, lookup, stderr)
+	}
+	return run(ctx, args, lookup, stdout, stderr)
+}
+
+func isHelp(a string) bool {
+	switch a {
+	case "-h", "--help", "-help":
+		return true
+	}
+	return false
 }
 
 // run executes one subcommand and returns the process exit code: 0 success,
@@ -70,36 +90,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	}
 	switch args[0] {
 	case "serve":
-		opts, warnings, err := parseServe(args[1:], lookup, stderr)
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "ratelimitd serve: %v\nRun 'ratelimitd serve -h' for the flags.\n", err)
-			return 2
-		}
-		var set []string // the environment as lookup sees it
-		for _, kv := range environ() {
-			if name, _, _ := strings.Cut(kv, "="); name != "" {
-				if _, ok := lookup(name); ok {
-					set = append(set, kv)
-				}
-			}
-		}
-		if w := unknownTwins(set); w != "" {
-			warnings = append(warnings, w)
-		}
-		gc, err := chooseGC(opts, lookup, cgroupMemoryLimit, runtimeGC)
-		if err != nil {
-			err = opts.annotateEnv(err)
-			fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)
-			return 2
-		}
-		if err := serve(ctx, opts, gc, warnings, stderr); err != nil {
-			fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)
-			return 1
-		}
-		return 0
+		return serveMain(ctx, false, args[1:], lookup, stderr)
 	case "validate":
 		return validate(args[1:], lookup, stdout, stderr)
 	case "replay":
@@ -113,4 +104,39 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	}
 	fmt.Fprintf(stderr, "ratelimitd: unknown command %q\n\n%s", args[0], usageText)
 	return 2
+}
+
+// serveMain runs `serve` with args (asRef: invoked as ratelimit) and
+// returns the exit code.
+func serveMain(ctx context.Context, asRef bool, args []string, lookup func(string) (string, bool), stderr io.Writer) int {
+	opts, warnings, err := parseServeAs(asRef, args, lookup, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ratelimitd serve: %v\nRun 'ratelimitd serve -h' for the flags.\n", err)
+		return 2
+	}
+	var set []string // the environment as lookup sees it
+	for _, kv := range environ() {
+		if name, _, _ := strings.Cut(kv, "="); name != "" {
+			if _, ok := lookup(name); ok {
+				set = append(set, kv)
+			}
+		}
+	}
+	if w := unknownTwins(set); w != "" {
+		warnings = append(warnings, w)
+	}
+	gc, err := chooseGC(opts, lookup, cgroupMemoryLimit, runtimeGC)
+	if err != nil {
+		err = opts.annotateEnv(err)
+		fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)
+		return 2
+	}
+	if err := serve(ctx, opts, gc, warnings, stderr); err != nil {
+		fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)
+		return 1
+	}
+	return 0
 }

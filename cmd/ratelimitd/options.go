@@ -242,6 +242,43 @@ type Options struct {
 	// explicitly (USE_STATSD=true or --statsd-addr).
 	StatsdReferenceAddr string
 
+	// Mode is --mode: auto (reference mode when the environment is
+	// envoyproxy/ratelimit's, see resolveMode), reference or native.
+	Mode string
+	// Reference is the mode in force after resolveMode: true in
+	// reference mode.
+	Reference bool
+	// ProblemBody sends Retry-After, Content-Type and the RFC 9457
+	// problem body on OVER_LIMIT (service.Options.OmitProblem inverted);
+	// false in reference mode unless --problem-body is given.
+	ProblemBody bool
+	// Legacy header names (service.LegacyHeaderNames): --headers=legacy
+	// or both. envoyproxy/ratelimit's LIMIT_LIMIT_HEADER,
+	// LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER set them.
+	LegacyLimitHeader     string
+	LegacyRemainingHeader string
+	LegacyResetHeader     string
+	// ReferenceRequests is service.Options.ReferenceRequests (set in
+	// reference mode).
+	ReferenceRequests bool
+
+	// Counting hook, for the counting policy (always_charge versus
+	// all_or_nothing) wired elsewhere. ReferenceCounting, set in
+	// reference mode, asks that the policy default (when no flag of its
+	// own chooses one) be always_charge, the reference's counting: every
+	// hit of a request is counted, denied or not. With
+	// StopIncrementWhenOverLimit (envoyproxy/ratelimit's
+	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, default false) a request
+	// some of whose limits would go over counts only against those
+	// limits, as the reference's Redis cache does.
+	ReferenceCounting          bool
+	StopIncrementWhenOverLimit bool
+
+	// modeReason says why the mode in force was chosen (startup log).
+	modeReason string
+	// legacySeen records the envoyproxy/ratelimit variables found set.
+	legacySeen legacySeen
+
 	// fromEnv maps the name of each flag whose value came from its
 	// RATELIMITD_* twin (not overridden on the command line) to that
 	// variable, so that errors name where a bad value was set.
@@ -274,10 +311,16 @@ func defaultOptions() Options {
 		KeyValues:               "hash",
 		Headers:                 "ietf",
 		Counting:                "all_or_nothing",
-		NearLimitRatio:          0.8,
-		RetryJitter:             time.Second,
-		RequestOverrides:        true,
-		ShutdownGrace:           15 * time.Second,
+		Mode:                    modeAuto,
+		ProblemBody:             true,
+		// service package defaults, spelled out so -h shows them.
+		LegacyLimitHeader:     service.HeaderLegacyLimit,
+		LegacyRemainingHeader: service.HeaderLegacyRemaining,
+		LegacyResetHeader:     service.HeaderLegacyReset,
+		NearLimitRatio:        0.8,
+		RetryJitter:           time.Second,
+		RequestOverrides:      true,
+		ShutdownGrace:         15 * time.Second,
 		// service defaults, spelled out so -h shows them.
 		ProblemTypeBase:      service.DefaultProblemTypeBase,
 		DetailedMetricCap:    service.DefaultDetailedMetricCap,
@@ -461,6 +504,11 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.KeyPrefix, "key-prefix", o.KeyPrefix, "prefix of every backend key")
 	fs.StringVar(&o.KeyValues, "key-values", o.KeyValues, "descriptor values in backend keys: hash, or clear (development only)")
 	fs.StringVar(&o.Headers, "headers", o.Headers, "response headers: ietf, legacy (X-RateLimit-*), both or none")
+	fs.StringVar(&o.Mode, "mode", o.Mode, "auto (reference mode when envoyproxy/ratelimit's environment is in use and no --config), reference or native")
+	fs.BoolVar(&o.ProblemBody, "problem-body", o.ProblemBody, "on OVER_LIMIT add Retry-After and an RFC 9457 problem body (default false in reference mode)")
+	fs.StringVar(&o.LegacyLimitHeader, "legacy-limit-header", o.LegacyLimitHeader, "name of the legacy limit header (requests_per_unit); reference mode: RateLimit-Limit")
+	fs.StringVar(&o.LegacyRemainingHeader, "legacy-remaining-header", o.LegacyRemainingHeader, "name of the legacy remaining header (limit_remaining); reference mode: RateLimit-Remaining")
+	fs.StringVar(&o.LegacyResetHeader, "legacy-reset-header", o.LegacyResetHeader, "name of the legacy reset header (seconds until reset); reference mode: RateLimit-Reset")
 	fs.Float64Var(&o.NearLimitRatio, "near-limit-ratio", o.NearLimitRatio, "fraction of a limit used above which a decision counts as near_limit")
 	fs.DurationVar(&o.RetryJitter, "retry-jitter", o.RetryJitter, "maximum jitter added to Retry-After")
 	fs.BoolVar(&o.RequestOverrides, "request-overrides", o.RequestOverrides, "honour per-descriptor limit overrides sent by Envoy")
@@ -511,6 +559,13 @@ func envName(flagName string) string {
 // envoyproxy/ratelimit variable). Errors name the offending flag or
 // variable; flag.ErrHelp is returned for -h.
 func parseServe(args []string, lookup func(string) (string, bool), usage io.Writer) (Options, []string, error) {
+	return parseServeAs(false, args, lookup, usage)
+}
+
+// parseServeAs is parseServe for a binary invoked as envoyproxy/ratelimit's
+// (asRef: its name is ratelimit), which selects reference mode under
+// --mode=auto.
+func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool), usage io.Writer) (Options, []string, error) {
 	o := defaultOptions()
 	warnings, err := applyLegacyEnv(&o, lookup)
 	if err != nil {
@@ -588,6 +643,11 @@ func parseServe(args []string, lookup func(string) (string, bool), usage io.Writ
 			}
 			o.fromEnv[name] = envName(name)
 		}
+	}
+	explicit := map[string]bool{} // set on the command line or by a twin
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	if err := resolveMode(&o, explicit, asRef, lookup); err != nil {
+		return o, warnings, o.annotateEnv(err)
 	}
 	if err := o.Validate(); err != nil {
 		return o, warnings, o.annotateEnv(scrubErr(err, secretsOf(o)...))
@@ -713,6 +773,14 @@ func (o Options) Validate() error {
 	add(oneOf("key-values", o.KeyValues, "hash", "clear"))
 	add(oneOf("headers", o.Headers, "ietf", "legacy", "both", "none"))
 	add(oneOf("counting", o.Counting, "all_or_nothing", "always_charge"))
+	add(oneOf("mode", o.Mode, modeAuto, modeReference, modeNative))
+	for _, h := range []struct{ name, v string }{
+		{"legacy-limit-header", o.LegacyLimitHeader}, {"legacy-remaining-header", o.LegacyRemainingHeader}, {"legacy-reset-header", o.LegacyResetHeader},
+	} {
+		if !validHeaderName(h.v) {
+			add(fmt.Errorf("--%s=%q: not an HTTP header name (RFC 9110 token)", h.name, h.v))
+		}
+	}
 	if o.Backend == "redis" {
 		switch o.RedisMode {
 		case "cluster":
@@ -826,6 +894,22 @@ func (o Options) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validHeaderName reports whether s is an RFC 9110 field name (a token).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // sortedKeys is a small helper for deterministic messages.

@@ -251,6 +251,8 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	} else {
 		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
 	}
+	msg, attrs := o.modeLog()
+	log.Info(msg, attrs...)
 	gc.apply()
 	gc.log(log)
 	for _, w := range warnings {
@@ -312,22 +314,27 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		return err
 	}
 	svc, err := service.New(service.Options{
-		Store:            tr.Store(store),
-		Fallback:         fallback,
-		Registerer:       reg,
-		Statsd:           sc,
-		Logger:           log,
-		ShadowMode:       o.ShadowMode,
-		QuotaMode:        o.QuotaMode,
-		Counting:         counting,
-		Headers:          headers,
-		NearLimitRatio:   o.NearLimitRatio,
-		RetryJitter:      retryJitter(o.RetryJitter),
-		RequestOverrides: o.RequestOverrides,
-		DynamicMetadata:  o.DynamicMetadata,
-		NearLimitHeader:  o.NearLimitHeader,
-		ProblemTypeBase:  o.ProblemTypeBase,
-		ProblemDetail:    o.ProblemDetail,
+		Store:      tr.Store(store),
+		Fallback:   fallback,
+		Registerer: reg,
+		Statsd:     sc,
+		Logger:     log,
+		ShadowMode: o.ShadowMode,
+		QuotaMode:  o.QuotaMode,
+		Counting:   counting,
+		Headers:    headers,
+		LegacyHeaderNames: service.LegacyHeaderNames{
+			Limit: o.LegacyLimitHeader, Remaining: o.LegacyRemainingHeader, Reset: o.LegacyResetHeader,
+		},
+		OmitProblem:       !o.ProblemBody,
+		ReferenceRequests: o.ReferenceRequests,
+		NearLimitRatio:    o.NearLimitRatio,
+		RetryJitter:       retryJitter(o.RetryJitter),
+		RequestOverrides:  o.RequestOverrides,
+		DynamicMetadata:   o.DynamicMetadata,
+		NearLimitHeader:   o.NearLimitHeader,
+		ProblemTypeBase:   o.ProblemTypeBase,
+		ProblemDetail:     o.ProblemDetail,
 		// Validated > 0 or negative (disabled); never 0.
 		DetailedMetricCap:    o.DetailedMetricCap,
 		FailClosedRetryAfter: o.FailClosedRetryAfter,

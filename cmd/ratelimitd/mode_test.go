@@ -1,0 +1,124 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestModeDetection(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		asRef  bool
+		args   []string
+		env    []string
+		ref    bool
+		reason string // substring of the logged reason
+	}{
+		{"nothing set", false, nil, nil, false, "no envoyproxy/ratelimit variable"},
+		{"generic names do not switch", false, nil, []string{"PORT", "8080", "GRPC_PORT", "8081", "LOG_LEVEL", "debug", "HOST", "0.0.0.0"}, false, "no envoyproxy/ratelimit variable"},
+		{"runtime root", false, nil, []string{"RUNTIME_ROOT", "/data"}, true, "RUNTIME_ROOT"},
+		{"istio sample", false, nil, []string{"REDIS_SOCKET_TYPE", "tcp", "REDIS_URL", "redis:6379", "USE_STATSD", "false", "RUNTIME_ROOT", "/data", "RUNTIME_SUBDIRECTORY", "ratelimit"}, true, "REDIS_URL"},
+		{"headers variable", false, nil, []string{"LIMIT_RESPONSE_HEADERS_ENABLED", "false"}, true, "LIMIT_RESPONSE_HEADERS_ENABLED"},
+		{"own config twin outranks", false, nil, []string{"RATELIMITD_CONFIG", "/etc/x", "RUNTIME_ROOT", "/data"}, false, "outranks RUNTIME_ROOT"},
+		{"own config flag outranks", false, []string{"--config=/etc/x"}, []string{"REDIS_URL", "r:6379"}, false, "--config"},
+		{"binary name", true, nil, nil, true, "invoked as ratelimit"},
+		{"binary name, own config", true, []string{"--config=/etc/x"}, nil, false, "--config"},
+		{"forced native", false, []string{"--mode=native"}, []string{"RUNTIME_ROOT", "/data"}, false, "--mode=native"},
+		{"forced reference by twin", false, nil, []string{"RATELIMITD_MODE", "reference", "RATELIMITD_CONFIG", "/etc/x"}, true, "RATELIMITD_MODE=reference"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, _, err := parseServeAs(tc.asRef, tc.args, env(tc.env...), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg, attrs := o.modeLog()
+			if o.Reference != tc.ref {
+				t.Errorf("reference mode %v, want %v (%s %v)", o.Reference, tc.ref, msg, attrs)
+			}
+			if !strings.Contains(o.modeReason, tc.reason) {
+				t.Errorf("reason %q does not say %q", o.modeReason, tc.reason)
+			}
+			wantMode := "native"
+			if tc.ref {
+				wantMode = "reference"
+			}
+			if attrs[0] != "mode" || attrs[1] != wantMode || attrs[2] != "reason" || attrs[3] != o.modeReason {
+				t.Errorf("log attributes %v", attrs)
+			}
+		})
+	}
+	if _, _, err := parseServe([]string{"--mode=compat"}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), "--mode") {
+		t.Errorf("--mode=compat: %v, want an error naming --mode", err)
+	}
+}
+
+// What reference mode changes, and that a ratelimitd flag or twin still
+// wins over each of its defaults.
+func TestReferenceModeDefaults(t *testing.T) {
+	type view struct {
+		Headers, Limit, Remaining, Reset string
+		ProblemBody, Requests, Counting  bool
+		StopIncrement                    bool
+		Config                           []string
+		Backend, RedisURL                string
+	}
+	get := func(t *testing.T, args []string, kv ...string) view {
+		t.Helper()
+		o, _, err := parseServe(args, env(kv...), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return view{o.Headers, o.LegacyLimitHeader, o.LegacyRemainingHeader, o.LegacyResetHeader,
+			o.ProblemBody, o.ReferenceRequests, o.ReferenceCounting, o.StopIncrementWhenOverLimit, o.Config, o.Backend, o.RedisURL}
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  []string
+		want view
+	}{
+		{"native defaults", nil, nil, view{"ietf", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", true, false, false, false, []string{"./config"}, "memory", "redis://127.0.0.1:6379/0"}},
+		{"reference, nothing else", nil, []string{"USE_STATSD", "false"},
+			view{"none", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", false, true, true, false, []string{"/srv/runtime_data/current/config"}, "redis", "unix:///var/run/nutcracker/ratelimit.sock"}},
+		{"reference headers off", nil, []string{"RUNTIME_ROOT", "/d", "REDIS_SOCKET_TYPE", "tcp", "REDIS_URL", "r:6379", "LIMIT_RESPONSE_HEADERS_ENABLED", "false"},
+			view{"none", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", false, true, true, false, []string{"/d/config"}, "redis", "redis://r:6379"}},
+		{"reference headers on, one name set", nil, []string{"RUNTIME_ROOT", "/d", "LIMIT_RESPONSE_HEADERS_ENABLED", "true", "LIMIT_REMAINING_HEADER", "X-Left", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true", "BACKEND_TYPE", "redis", "REDIS_URL", "redis://r:1/0"},
+			view{"legacy", "RateLimit-Limit", "X-Left", "RateLimit-Reset", false, true, true, true, []string{"/d/config"}, "redis", "redis://r:1/0"}},
+		{"reference, own flags win", []string{"--headers=ietf", "--problem-body", "--backend=memory", "--legacy-reset-header=Reset-In"}, []string{"RUNTIME_ROOT", "/d"},
+			view{"ietf", "RateLimit-Limit", "RateLimit-Remaining", "Reset-In", true, true, true, false, []string{"/d/config"}, "memory", "redis://127.0.0.1:6379/0"}},
+		{"native with the reference's header variables", nil, []string{"RATELIMITD_CONFIG", "/etc/x", "LIMIT_RESPONSE_HEADERS_ENABLED", "true", "LIMIT_LIMIT_HEADER", "Quota"},
+			view{"legacy", "Quota", "X-RateLimit-Remaining", "X-RateLimit-Reset", true, false, false, false, []string{"/etc/x"}, "memory", "redis://127.0.0.1:6379/0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, get(t, tc.args, tc.env...)); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+	if _, _, err := parseServe([]string{"--legacy-limit-header=Bad Name"}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), "--legacy-limit-header") {
+		t.Errorf("a header name with a space: %v, want an error", err)
+	}
+}
+
+// Invoked as ratelimit with no subcommand, the binary serves (a usage
+// error from serve's flag parsing proves serve ran, without listening).
+func TestInvokedAsRatelimit(t *testing.T) {
+	var stderr strings.Builder
+	code := runAs(t.Context(), "/bin/ratelimit", []string{"--no-such-flag"}, env(), io.Discard, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "ratelimitd serve:") {
+		t.Errorf("ratelimit --no-such-flag: exit %d, %q; want serve's usage error", code, stderr.String())
+	}
+	stderr.Reset()
+	code = runAs(t.Context(), "/bin/ratelimit", []string{"version"}, env(), &stderr, io.Discard)
+	if code != 0 || !strings.Contains(stderr.String(), "ratelimitd ") {
+		t.Errorf("ratelimit version: exit %d, %q", code, stderr.String())
+	}
+	stderr.Reset()
+	code = runAs(t.Context(), "/usr/local/bin/ratelimitd", nil, env(), io.Discard, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "Usage:") {
+		t.Errorf("ratelimitd with no command: exit %d, want usage", code)
+	}
+}
