@@ -5,6 +5,14 @@
 #   docker run --rm -p 8081:8081 -p 8080:8080 ratelimitd
 # serves the shipped example config (examples/config) with the in-memory
 # backend; mount your own config directory over /etc/ratelimitd/config.
+#
+# The example config is the binary's default --config (./config, from the
+# WORKDIR), not an ENV: envoyproxy/ratelimit's variables (RUNTIME_ROOT,
+# REDIS_URL, ...) and RATELIMITD_* both outrank it, so the image is a
+# drop-in for envoyproxy/ratelimit's. /bin/ratelimit (that image's binary
+# path, used as `command:` by Istio's and Envoy Gateway's manifests) is a
+# symlink to /ratelimitd: invoked so, it serves from the environment in
+# reference mode (docs/migrating.md).
 
 ARG GO_VERSION=1.26
 
@@ -22,12 +30,15 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
     go build -trimpath \
       -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
-      -o /out/ratelimitd ./cmd/ratelimitd
+      -o /out/ratelimitd ./cmd/ratelimitd && \
+    mkdir -p /out/bin && ln -s /ratelimitd /out/bin/ratelimit
 
 FROM gcr.io/distroless/static:nonroot
 COPY --from=build /out/ratelimitd /ratelimitd
+# A directory copy keeps the symlink a symlink.
+COPY --from=build /out/bin/ /bin/
 COPY examples/config/ /etc/ratelimitd/config/
-ENV RATELIMITD_CONFIG=/etc/ratelimitd/config
+WORKDIR /etc/ratelimitd
 # 65532 is distroless's "nonroot" user; numeric so runAsNonRoot can verify it.
 USER 65532:65532
 # gRPC (Envoy RLS v3 + health), HTTP (/healthcheck, /json, /metrics), debug (pprof, /rlconfig).

@@ -2,15 +2,28 @@ package k8s_test
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"debug/elf"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
 // dockerfile is the parsed root Dockerfile: instructions of the final stage
@@ -22,6 +35,11 @@ type dockerfile struct {
 	expose     []int
 	copies     []string // COPY sources of the final stage (build context paths)
 	runs       []string // every RUN, all stages
+	// Final stage: ENV settings, WORKDIR, and every COPY as source and
+	// destination ("--from=stage src" for stage copies).
+	env      map[string]string
+	workdir  string
+	copyDest map[string]string
 }
 
 func parseDockerfile(t *testing.T) dockerfile {
@@ -57,6 +75,17 @@ func parseDockerfile(t *testing.T) dockerfile {
 				d.finalFrom = f[len(f)-3]
 			}
 			d.user, d.entrypoint, d.expose, d.copies = "", nil, nil, nil
+			d.env, d.workdir, d.copyDest = map[string]string{}, "", map[string]string{}
+		case "ENV":
+			for _, kv := range strings.Fields(rest) {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					t.Errorf("ENV %s: use the key=value form", rest)
+				}
+				d.env[k] = v
+			}
+		case "WORKDIR":
+			d.workdir = rest
 		case "USER":
 			d.user = rest
 		case "ENTRYPOINT":
@@ -76,6 +105,7 @@ func parseDockerfile(t *testing.T) dockerfile {
 			if !strings.HasPrefix(f[0], "--from") {
 				d.copies = append(d.copies, f[:len(f)-1]...)
 			}
+			d.copyDest[strings.Join(f[:len(f)-1], " ")] = f[len(f)-1]
 		case "RUN":
 			d.runs = append(d.runs, rest)
 		}
@@ -244,3 +274,184 @@ func TestDockerignore(t *testing.T) {
 		}
 	}
 }
+
+// TestDockerfileReferenceDropIn: the image is a drop-in for
+// envoyproxy/ratelimit's. No ENV of the image sets a RATELIMITD_*
+// variable (each would outrank the reference's variables, as
+// RATELIMITD_CONFIG outranked RUNTIME_ROOT); the shipped config is the
+// binary's default ./config from the WORKDIR; and /bin/ratelimit, the
+// path Istio's and Envoy Gateway's manifests run, is a symlink to the
+// binary, made in the build stage and copied as a directory (which keeps
+// it a symlink).
+func TestDockerfileReferenceDropIn(t *testing.T) {
+	d := parseDockerfile(t)
+	for k := range d.env {
+		if strings.HasPrefix(k, "RATELIMITD_") {
+			t.Errorf("final stage ENV %s: it would outrank envoyproxy/ratelimit's variables (RUNTIME_ROOT, REDIS_URL, ...)", k)
+		}
+	}
+	if dst := d.copyDest["examples/config/"]; filepath.Clean(dst) != filepath.Join(d.workdir, "config") {
+		t.Errorf("examples/config is copied to %q, WORKDIR is %q: the default --config ./config must find it", dst, d.workdir)
+	}
+	if !filepath.IsAbs(d.workdir) {
+		t.Errorf("WORKDIR %q: want an absolute path", d.workdir)
+	}
+	if d.copyDest["--from=build /out/bin/"] != "/bin/" {
+		t.Errorf("final stage lacks COPY --from=build /out/bin/ /bin/ (copies: %v)", d.copyDest)
+	}
+	if d.copyDest["--from=build /out/ratelimitd"] != d.entrypoint[0] {
+		t.Errorf("the binary is not copied to the ENTRYPOINT %s", d.entrypoint[0])
+	}
+	link := false
+	for _, r := range d.runs {
+		if strings.Contains(r, "ln -s "+d.entrypoint[0]+" /out/bin/ratelimit") {
+			link = true
+		}
+	}
+	if !link {
+		t.Errorf("no build step runs ln -s %s /out/bin/ratelimit", d.entrypoint[0])
+	}
+}
+
+// TestImageServesReferenceEnvironment runs the binary as the image runs
+// it, in a directory laid out as the image (WORKDIR with the shipped
+// config, bin/ratelimit a symlink to the binary) with the image's ENV:
+//
+//   - the ENTRYPOINT with no other environment serves the shipped config;
+//   - the ENTRYPOINT and /bin/ratelimit with no arguments (Istio's
+//     sample: command /bin/ratelimit) under an envoyproxy/ratelimit
+//     environment serve RUNTIME_ROOT's config, not the shipped one, in
+//     reference mode.
+func TestImageServesReferenceEnvironment(t *testing.T) {
+	bin := buildRatelimitd(t)
+	df := parseDockerfile(t)
+	root := t.TempDir()
+	work := filepath.Join(root, filepath.FromSlash(df.workdir))
+	if err := os.CopyFS(filepath.Join(work, "config"), os.DirFS("../examples/config")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(root, "bin", "ratelimit")
+	if err := os.Symlink(bin, link); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(root, "data", "ratelimit", "config")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(data, "mine.yaml"), []byte("domain: mine\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 7}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	redis := redistest.Standalone(t)
+	reference := []string{
+		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr(), "USE_STATSD=false",
+		"RUNTIME_ROOT=" + filepath.Join(root, "data"), "RUNTIME_SUBDIRECTORY=ratelimit",
+		"RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true", "LOG_FORMAT=json",
+	}
+	for _, tc := range []struct {
+		name   string
+		argv   []string
+		env    []string
+		domain string // served
+		mode   string
+	}{
+		{"entrypoint, no environment", []string{bin, df.entrypoint[1]}, nil, "example", "native"},
+		{"entrypoint, reference environment", []string{bin, df.entrypoint[1]}, reference, "mine", "reference"},
+		{"/bin/ratelimit, reference environment", []string{link}, reference, "mine", "reference"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + root}
+			for k, v := range df.env {
+				env = append(env, k+"="+v)
+			}
+			ports := freePorts(t, 3)
+			env = append(env, "GRPC_HOST=127.0.0.1", "GRPC_PORT="+ports[0], "HOST=127.0.0.1", "PORT="+ports[1],
+				"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+ports[2])
+			env = append(env, tc.env...)
+			logs := startImageProcess(t, work, tc.argv, env)
+			cc, err := grpc.NewClient("127.0.0.1:"+ports[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			client := rlsv3.NewRateLimitServiceClient(cc)
+			var loaded []string
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				loaded = nil
+				for _, dom := range []string{"example", "mine"} {
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: dom, Descriptors: []*rlcommon.RateLimitDescriptor{
+						{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}},
+						{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}}},
+					}})
+					cancel()
+					if err == nil && (resp.GetStatuses()[0].GetCurrentLimit() != nil || resp.GetStatuses()[1].GetCurrentLimit() != nil) {
+						loaded = append(loaded, dom)
+					}
+				}
+				if len(loaded) > 0 || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if !slices.Equal(loaded, []string{tc.domain}) {
+				t.Errorf("domains with limits %v, want [%s]\n%s", loaded, tc.domain, logs())
+			}
+			if l := logs(); !strings.Contains(l, `"mode":"`+tc.mode+`"`) && !strings.Contains(l, " mode="+tc.mode+" ") {
+				t.Errorf("no startup line with mode %s\n%s", tc.mode, logs())
+			}
+		})
+	}
+}
+
+// freePorts returns n distinct free loopback ports.
+func freePorts(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	var ls []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		out = append(out, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return out
+}
+
+// startImageProcess starts argv in dir with env and stops it (SIGTERM,
+// then SIGKILL) at cleanup; logs returns its stderr so far.
+func startImageProcess(t *testing.T, dir string, argv, env []string) (logs func() string) {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir, cmd.Env = dir, env
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	cmd.Stderr = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) })
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	return func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

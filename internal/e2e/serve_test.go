@@ -417,14 +417,17 @@ func TestMigrationEnvironment(t *testing.T) {
 	if got := resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 7 {
 		t.Errorf("limit %d, want 7 (from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config)", got)
 	}
-	var legacyHeader bool
+	// Reference mode (the environment is envoyproxy/ratelimit's): its
+	// three headers under its default names, nothing else.
+	var names []string
 	for _, h := range resp.GetResponseHeadersToAdd() {
-		if strings.EqualFold(h.GetKey(), "X-RateLimit-Limit") {
-			legacyHeader = true
-		}
+		names = append(names, h.GetKey())
 	}
-	if !legacyHeader {
-		t.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED=true: no X-RateLimit-Limit in %v", resp.GetResponseHeadersToAdd())
+	if want := []string{"RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"}; strings.Join(names, ",") != strings.Join(want, ",") {
+		t.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED=true: headers %v, want %v", resp.GetResponseHeadersToAdd(), want)
+	}
+	if !strings.Contains(p.Logs(), `"mode":"reference"`) {
+		t.Errorf("no startup line naming reference mode:\n%s", p.Logs())
 	}
 	if code, m := httpGet(t, "http://127.0.0.1:"+promPort+"/metrics"); code != 200 || !strings.Contains(m, "ratelimitd_requests_total") {
 		t.Errorf("PROMETHEUS_ADDR /metrics: %d", code)
