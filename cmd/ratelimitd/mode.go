@@ -125,8 +125,8 @@ func resolveMode(o *Options, explicit map[string]bool, asRef bool, lookup func(s
 //     LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER (defaults
 //     RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset);
 //   - no Retry-After and no RFC 9457 body on OVER_LIMIT;
-//   - requests accepted and refused as the reference does
-//     (service.Options.ReferenceRequests);
+//   - requests accepted and refused, and denied limits' limit_remaining
+//     reported, as the reference does (service.Options.ReferenceAnswers);
 //   - counting as the reference counts (ReferenceCounting, with
 //     STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT);
 //   - statsd sent as the reference sends it (useReferenceStatsd);
@@ -160,7 +160,7 @@ func (o *Options) applyReferenceDefaults(explicit map[string]bool, lookup func(s
 	if !explicit["statsd-addr"] {
 		o.useReferenceStatsd()
 	}
-	o.ReferenceRequests = true
+	o.ReferenceAnswers = true
 	o.ReferenceCounting = true
 	if !explicit["config"] && !seen.configDir {
 		o.Config = []string{referenceConfigDir}

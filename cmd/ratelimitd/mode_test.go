@@ -72,7 +72,7 @@ func TestReferenceModeDefaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		return view{o.Headers, o.LegacyLimitHeader, o.LegacyRemainingHeader, o.LegacyResetHeader,
-			o.ProblemBody, o.ReferenceRequests, o.ReferenceCounting, o.StopIncrementWhenOverLimit, o.Config, o.Backend, o.RedisURL}
+			o.ProblemBody, o.ReferenceAnswers, o.ReferenceCounting, o.StopIncrementWhenOverLimit, o.Config, o.Backend, o.RedisURL}
 	}
 	for _, tc := range []struct {
 		name string

@@ -258,9 +258,9 @@ type Options struct {
 	LegacyLimitHeader     string
 	LegacyRemainingHeader string
 	LegacyResetHeader     string
-	// ReferenceRequests is service.Options.ReferenceRequests (set in
+	// ReferenceAnswers is service.Options.ReferenceAnswers (set in
 	// reference mode).
-	ReferenceRequests bool
+	ReferenceAnswers bool
 
 	// Counting hook, for the counting policy (always_charge versus
 	// all_or_nothing) wired elsewhere. ReferenceCounting, set in

@@ -142,17 +142,21 @@ type Options struct {
 	// envoyproxy/ratelimit does (it sends none of them). The zero value
 	// sends them.
 	OmitProblem bool
-	// ReferenceRequests accepts the requests envoyproxy/ratelimit accepts
-	// and answers them as it does: a descriptor with no entries, or with
-	// an entry whose key is empty, matches nothing (status OK, no
-	// current_limit) instead of failing the call with InvalidArgument;
-	// an empty domain or descriptor list fails with codes.Unknown and the
-	// reference's message ("rate limit domain must not be empty", "rate
-	// limit descriptor list must not be empty"). The size bounds
-	// (MaxDescriptors, MaxEntries, MaxValueBytes) and an override unit
-	// outside the enum still fail with InvalidArgument. The zero value
-	// keeps ratelimitd's strict validation.
-	ReferenceRequests bool
+	// ReferenceAnswers answers as envoyproxy/ratelimit does where its
+	// answers differ from ratelimitd's (reference mode):
+	//   - a descriptor with no entries, or with an entry whose key is
+	//     empty, matches nothing (status OK, no current_limit) instead of
+	//     failing the call with InvalidArgument; an empty domain or
+	//     descriptor list fails with codes.Unknown and the reference's
+	//     message ("rate limit domain must not be empty", "rate limit
+	//     descriptor list must not be empty"). The size bounds
+	//     (MaxDescriptors, MaxEntries, MaxValueBytes) and an override unit
+	//     outside the enum still fail with InvalidArgument;
+	//   - a denied limit reports limit_remaining 0 (its status, and the
+	//     legacy remaining header when it is the chosen limit), where
+	//     ratelimitd reports what is left for a smaller request.
+	// The zero value keeps ratelimitd's answers.
+	ReferenceAnswers bool
 	// NearLimitRatio in (0, 1]: an allowed decision that leaves
 	// used >= ratio × quota counts as near_limit. 0 means 0.8.
 	NearLimitRatio float64

@@ -21,7 +21,7 @@ func referenceOptions(o *service.Options) {
 	o.Headers = service.HeadersLegacy
 	o.LegacyHeaderNames = service.LegacyHeaderNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}
 	o.OmitProblem = true
-	o.ReferenceRequests = true
+	o.ReferenceAnswers = true
 }
 
 func TestLegacyHeaderNames(t *testing.T) {
@@ -84,7 +84,7 @@ func TestLegacyHeadersQuotaDenialDoesNotOverride(t *testing.T) {
 	}
 }
 
-func TestReferenceRequests(t *testing.T) {
+func TestReferenceAnswers(t *testing.T) {
 	e := newEnv(t, referenceOptions)
 	// A descriptor with no entries, one with an empty key: matched by
 	// nothing, answered OK without a limit, next to a counted one.
@@ -117,12 +117,43 @@ func TestReferenceRequests(t *testing.T) {
 		}
 	}
 
-	// Without ReferenceRequests the same descriptors are InvalidArgument.
+	// Without ReferenceAnswers the same descriptors are InvalidArgument.
 	strict := newEnv(t, nil)
 	for _, x := range []*rlcommon.RateLimitDescriptor{{}, d("", "v")} {
 		_, err := strict.client.ShouldRateLimit(context.Background(), req("svc", x))
 		if status.Code(err) != codes.InvalidArgument {
 			t.Errorf("strict %v: %v, want InvalidArgument", x, err)
 		}
+	}
+}
+
+// A request denied with some quota left (hits_addend above what is
+// left): ratelimitd reports what is left, the reference 0.
+func TestReferenceDeniedRemaining(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		mutate    func(*service.Options)
+		remaining uint32
+		header    string
+	}{
+		{"native", func(o *service.Options) { o.Headers = service.HeadersLegacy }, 2, "2"},
+		{"reference", referenceOptions, 0, "0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.mutate)
+			resp := e.call(t, req("svc", withHits(d("small", "s"), 3)))
+			st := resp.GetStatuses()[0]
+			if st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetLimitRemaining() != tc.remaining {
+				t.Errorf("status %v, want OVER_LIMIT with %d remaining", st, tc.remaining)
+			}
+			h := headers(t, resp)
+			name := "X-RateLimit-Remaining"
+			if tc.name == "reference" {
+				name = "RateLimit-Remaining"
+			}
+			if h[name] != tc.header {
+				t.Errorf("%s = %q, want %q (%v)", name, h[name], tc.header, h)
+			}
+		})
 	}
 }

@@ -92,6 +92,9 @@ func (s *Service) status(st *descState, decs []algo.Decision, outs []outcome, p 
 	}
 	ds.CurrentLimit = currentLimit(a.spec, &p.limit)
 	ds.LimitRemaining = clampU32(d.Remaining)
+	if !d.Allowed && s.opts.ReferenceAnswers {
+		ds.LimitRemaining = 0
+	}
 	reset := d.ResetAfter
 	if outs[a.hit] == byFailedOpen {
 		reset = window(a.spec)
@@ -312,7 +315,11 @@ func (s *Service) addHeaders(blk *responseBlock, ds []descState, decs []algo.Dec
 		d := decs[legacy.a.hit]
 		names := &s.opts.LegacyHeaderNames
 		buf = hb.addInt(buf, names.Limit, legacy.a.spec.Limit.Rate)
-		buf = hb.addInt(buf, names.Remaining, max(d.Remaining, 0))
+		left := max(d.Remaining, 0)
+		if !d.Allowed && s.opts.ReferenceAnswers {
+			left = 0
+		}
+		buf = hb.addInt(buf, names.Remaining, left)
 		buf = hb.addInt(buf, names.Reset, atLeast1(ceilSeconds(d.ResetAfter)))
 	}
 	if s.opts.NearLimitHeader && len(near) > 0 {

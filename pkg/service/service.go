@@ -169,7 +169,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			dom = di
 		}
 	}
-	if err := validateRequest(req, s.opts.ReferenceRequests); err != nil {
+	if err := validateRequest(req, s.opts.ReferenceAnswers); err != nil {
 		dom.count(s.m, codeInvalidArgument)
 		if s.ref != nil {
 			s.ref.serviceError.Inc()

@@ -43,7 +43,7 @@ func referenceError(msg string) error { return status.Error(codes.Unknown, msg) 
 // non-empty domain, 1..MaxDescriptors descriptors, each with
 // 1..MaxEntries entries with a non-empty key, every string at most
 // MaxValueBytes, and a limit override (if any) with a known unit. With
-// ref (Options.ReferenceRequests) a descriptor may have no entries and
+// ref (Options.ReferenceAnswers) a descriptor may have no entries and
 // entries may have empty keys, and an empty domain or descriptor list is
 // the reference's codes.Unknown error.
 func validateRequest(req *rlsv3.RateLimitRequest, ref bool) error {
