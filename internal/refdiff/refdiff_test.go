@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/types/known/structpb"
+
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -230,5 +232,57 @@ func TestDifferentialNoHeaderVariable(t *testing.T) {
 		if sc.reachesOver {
 			t.Run(sc.name, func(t *testing.T) { p.run(t, sc) })
 		}
+	}
+}
+
+// Documented differences of dynamic_metadata (RESPONSE_DYNAMIC_METADATA).
+var (
+	// The pinned reference adds quotaModeEnabled (always) and
+	// quotaModeViolations (indexes of the quota descriptors over their
+	// limit) to dynamic_metadata; envoyproxy/ratelimit replaced both
+	// later by metadata, the merged config metadata of the descriptors
+	// that passed, which is what ratelimitd sends.
+	quotaMetadataFields = difference{
+		name: "quotaModeEnabled/quotaModeViolations (pinned reference) vs metadata (later reference, ratelimitd)",
+		normalize: func(ref, ours *rlsv3.RateLimitResponse) {
+			if m := ref.GetDynamicMetadata(); m != nil {
+				delete(m.Fields, "quotaModeEnabled")
+				delete(m.Fields, "quotaModeViolations")
+			}
+			if m := ours.GetDynamicMetadata(); m != nil {
+				delete(m.Fields, "metadata")
+			}
+		},
+	}
+	// The reference writes a descriptor's limit override with the
+	// protobuf text format, whose spacing protobuf-go varies on purpose
+	// from build to build ("requests_per_unit:2 unit:HOUR" or with two
+	// spaces); compared with runs of spaces collapsed.
+	overrideTextSpacing = difference{
+		name: "spacing of descriptors[].limit (protobuf text format)",
+		normalize: func(ref, ours *rlsv3.RateLimitResponse) {
+			for _, r := range []*rlsv3.RateLimitResponse{ref, ours} {
+				for _, v := range r.GetDynamicMetadata().GetFields()["descriptors"].GetListValue().GetValues() {
+					f := v.GetStructValue().GetFields()
+					if l, ok := f["limit"]; ok {
+						f["limit"] = structpb.NewStringValue(strings.Join(strings.Fields(l.GetStringValue()), " "))
+					}
+				}
+			}
+		},
+	}
+)
+
+// TestDifferentialDynamicMetadataGlobalShadow runs every scenario with
+// RESPONSE_DYNAMIC_METADATA=true and SHADOW_MODE=true (global shadow
+// mode: the overall code is OK, the statuses say OVER_LIMIT) and the
+// headers on.
+func TestDifferentialDynamicMetadataGlobalShadow(t *testing.T) {
+	p := startPair(t, []string{"RESPONSE_DYNAMIC_METADATA=true", "SHADOW_MODE=true", "LIMIT_RESPONSE_HEADERS_ENABLED=true"},
+		map[string]string{"refdiff.yaml": refdiffConfig})
+	p.differences = []difference{quotaMetadataFields, overrideTextSpacing}
+	for _, sc := range scenarios() {
+		sc.reachesOver = false // global shadow mode: never OVER_LIMIT overall
+		t.Run(sc.name, func(t *testing.T) { p.run(t, sc) })
 	}
 }

@@ -21,7 +21,8 @@ const DefaultMaxJSONBodyBytes = 1 << 20
 // body is a protojson RateLimitRequest (camelCase or snake_case field
 // names), the answer a protojson RateLimitResponse with Content-Type
 // application/json. Status: 200 when the overall code is OK, 429 when
-// OVER_LIMIT, 400 for an unreadable body, bad JSON or an invalid request,
+// OVER_LIMIT, 400 for an unreadable body, bad JSON or an invalid (or, with
+// Options.ReferenceAnswers, refused) request,
 // 413 for a body longer than Options.MaxJSONBodyBytes (read no further),
 // 503 before the first config, 405 for methods other than POST.
 // The response's response_headers_to_add (RateLimit-Policy, RateLimit,
@@ -59,7 +60,10 @@ func (s *Service) JSONHandler() http.Handler {
 		if err != nil {
 			code := http.StatusInternalServerError
 			switch status.Code(err) {
-			case codes.InvalidArgument:
+			case codes.InvalidArgument, codes.Unknown:
+				// Unknown: a request refused as envoyproxy/ratelimit
+				// refuses it (Options.ReferenceAnswers), which answers
+				// 400 on /json.
 				code = http.StatusBadRequest
 			case codes.Unavailable:
 				code = http.StatusServiceUnavailable

@@ -2,6 +2,9 @@ package service_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -155,5 +158,15 @@ func TestReferenceDeniedRemaining(t *testing.T) {
 				t.Errorf("%s = %q, want %q (%v)", name, h[name], tc.header, h)
 			}
 		})
+	}
+}
+
+// /json answers a request the reference refuses with 400, as it does.
+func TestReferenceJSONRefused(t *testing.T) {
+	e := newEnv(t, referenceOptions)
+	rec := httptest.NewRecorder()
+	e.svc.JSONHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(`{"domain":"","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}`)))
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "rate limit domain must not be empty") {
+		t.Errorf("/json empty domain: %d %q, want 400", rec.Code, rec.Body.String())
 	}
 }
