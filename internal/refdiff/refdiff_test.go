@@ -199,6 +199,8 @@ func scenarios() []scenario {
 					return req("refdiff", override(d("daily", u), 2, "hour"))
 				}),
 				one("override on an unknown key", req("refdiff", override(d("nothing", u), 5, "minute"))),
+				one("override without entries", req("refdiff", override(&rlcommon.RateLimitDescriptor{}, 4, "day"))),
+				one("override on an unknown domain", req("nowhere", override(d("daily", u), 5, "minute"))),
 			)
 		}()},
 	}

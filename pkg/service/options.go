@@ -151,7 +151,9 @@ type Options struct {
 	//     message ("rate limit domain must not be empty", "rate limit
 	//     descriptor list must not be empty"). The size bounds
 	//     (MaxDescriptors, MaxEntries, MaxValueBytes) and an override unit
-	//     outside the enum still fail with InvalidArgument;
+	//     outside the enum still fail with InvalidArgument; before the
+	//     first config a call fails with codes.Unknown "no rate limit
+	//     configuration loaded" instead of Unavailable;
 	//   - a denied limit reports limit_remaining 0 (its status, and the
 	//     legacy remaining header when it is the chosen limit), where
 	//     ratelimitd reports what is left for a smaller request.

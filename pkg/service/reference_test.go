@@ -170,3 +170,21 @@ func TestReferenceJSONRefused(t *testing.T) {
 		t.Errorf("/json empty domain: %d %q, want 400", rec.Code, rec.Body.String())
 	}
 }
+
+// Before the first config: the reference's error.
+func TestReferenceNoConfig(t *testing.T) {
+	for _, tc := range []struct {
+		ref  bool
+		code codes.Code
+		msg  string
+	}{{false, codes.Unavailable, "service: no rate limit configuration loaded"}, {true, codes.Unknown, "no rate limit configuration loaded"}} {
+		svc, err := service.New(service.Options{Store: newFakeStore(&clock{now: t0}), ReferenceAnswers: tc.ref})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = svc.ShouldRateLimit(context.Background(), req("svc", d("user", "u")))
+		if st, _ := status.FromError(err); st.Code() != tc.code || st.Message() != tc.msg {
+			t.Errorf("ReferenceAnswers=%v: %v, want %v %q", tc.ref, err, tc.code, tc.msg)
+		}
+	}
+}

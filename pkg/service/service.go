@@ -181,6 +181,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		if s.ref != nil {
 			s.ref.serviceError.Inc()
 		}
+		if s.opts.ReferenceAnswers {
+			return nil, referenceError("no rate limit configuration loaded")
+		}
 		return nil, status.Error(codes.Unavailable, "service: no rate limit configuration loaded")
 	}
 	if dom.label == LabelUnknownDomain { // also a domain literally named so, as before the cache
