@@ -7,6 +7,7 @@
 //	ratelimitd validate [--strict] [--explain] PATH... check config files/directories
 //	ratelimitd replay   --config DIR --envoy FILE --log FILE [flags]
 //	ratelimitd version
+//	ratelimit [flags]                                  (as envoyproxy/ratelimit's binary: serve, reference mode)
 //
 // The command is wiring only: flags and environment become per-component
 // Options (options.go, legacy.go), and serve.go starts the servers.
