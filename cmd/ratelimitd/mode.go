@@ -161,6 +161,11 @@ func (o *Options) applyReferenceDefaults(explicit map[string]bool, lookup func(s
 		o.useReferenceStatsd()
 	}
 	o.ReferenceAnswers = true
+	// Counting hook: reference mode asks for the reference's counting
+	// (always_charge, with StopIncrementWhenOverLimit from
+	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT). The counting policy's own
+	// flag, when it exists, is connected here: unless explicit[its name],
+	// set it to always_charge.
 	o.ReferenceCounting = true
 	if !explicit["config"] && !seen.configDir {
 		o.Config = []string{referenceConfigDir}
