@@ -51,6 +51,15 @@ var legacyUnsupported = []string{
 	"TRACING_SERVICE_NAMESPACE", "TRACING_SERVICE_INSTANCE_ID",
 }
 
+// legacyUnsupportedWarning begins the one startup warning naming the
+// variables ratelimitd cannot honour (a comma-separated list follows).
+const legacyUnsupportedWarning = "envoyproxy/ratelimit environment variables set but not supported by ratelimitd (ignored; see docs/migrating.md): "
+
+// statsdOnlyWithUse follows STATSD_HOST or STATSD_PORT in that warning
+// when USE_STATSD is unset (reference mode honours them, see
+// referenceWarnings).
+const statsdOnlyWithUse = " (statsd is sent only with USE_STATSD=true or --statsd-addr)"
+
 // legacyCacheEntryBytes converts LOCAL_CACHE_SIZE_IN_BYTES (a freecache
 // size) into --local-cache-size entries: one entry per this many bytes.
 const legacyCacheEntryBytes = 128
@@ -346,7 +355,7 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 	}
 	var warnings []string
 	if len(unsupported) > 0 {
-		warnings = append(warnings, "envoyproxy/ratelimit environment variables set but not supported by ratelimitd (ignored; see docs/migrating.md): "+strings.Join(unsupported, ", "))
+		warnings = append(warnings, legacyUnsupportedWarning+strings.Join(unsupported, ", "))
 	}
 	return warnings, errors.Join(errs...)
 }
@@ -397,7 +406,7 @@ func legacyStatsd(o *Options, get func(string) (string, bool), unsupported *[]st
 		o.StatsdReferenceAddr = addr
 		for _, name := range []string{"STATSD_HOST", "STATSD_PORT"} {
 			if _, ok := get(name); ok {
-				*unsupported = append(*unsupported, name+" (statsd is sent only with USE_STATSD=true or --statsd-addr)")
+				*unsupported = append(*unsupported, name+statsdOnlyWithUse)
 			}
 		}
 	}

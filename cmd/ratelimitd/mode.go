@@ -70,8 +70,8 @@ func invokedAsReference(argv0 string) bool {
 // twin), the binary name and the environment, and applies the
 // reference-mode defaults. The rule, under --mode=auto:
 //
-//  1. --config (or RATELIMITD_CONFIG) given: native, ratelimitd's own
-//     config is in use;
+//  1. --config or --config-source (or their twins) given: native,
+//     ratelimitd's own config is in use;
 //  2. invoked as ratelimit (asRef): reference;
 //  3. any of referenceTriggers set: reference;
 //  4. otherwise native.
@@ -95,8 +95,8 @@ func resolveMode(o *Options, explicit map[string]bool, asRef bool, lookup func(s
 			}
 		}
 		switch {
-		case explicit["config"]:
-			o.modeReason = "--config or RATELIMITD_CONFIG given"
+		case explicit["config"] || explicit["config-source"]:
+			o.modeReason = "--config or --config-source (or their RATELIMITD_* twins) given"
 			if len(set) > 0 {
 				o.modeReason += " (outranks " + strings.Join(set, ", ") + ")"
 			}
@@ -189,4 +189,29 @@ func (o Options) modeLog() (string, []any) {
 		mode, msg = modeReference, referenceModeLogMessage
 	}
 	return msg, []any{"mode", mode, "reason", o.modeReason}
+}
+
+// referenceWarnings drops from the startup warnings what reference mode
+// honours after all: STATSD_HOST and STATSD_PORT without USE_STATSD
+// (statsd is sent there, as the reference sends it). A warning left with
+// no variable is dropped.
+func referenceWarnings(ws []string) []string {
+	var out []string
+	for _, w := range ws {
+		rest, ok := strings.CutPrefix(w, legacyUnsupportedWarning)
+		if !ok {
+			out = append(out, w)
+			continue
+		}
+		var keep []string
+		for _, n := range strings.Split(rest, ", ") {
+			if !strings.HasSuffix(n, statsdOnlyWithUse) {
+				keep = append(keep, n)
+			}
+		}
+		if len(keep) > 0 {
+			out = append(out, legacyUnsupportedWarning+strings.Join(keep, ", "))
+		}
+	}
+	return out
 }

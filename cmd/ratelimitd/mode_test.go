@@ -24,6 +24,7 @@ func TestModeDetection(t *testing.T) {
 		{"headers variable", false, nil, []string{"LIMIT_RESPONSE_HEADERS_ENABLED", "false"}, true, "LIMIT_RESPONSE_HEADERS_ENABLED"},
 		{"own config twin outranks", false, nil, []string{"RATELIMITD_CONFIG", "/etc/x", "RUNTIME_ROOT", "/data"}, false, "outranks RUNTIME_ROOT"},
 		{"own config flag outranks", false, []string{"--config=/etc/x"}, []string{"REDIS_URL", "r:6379"}, false, "--config"},
+		{"own config source outranks", false, []string{"--config-source=file"}, []string{"REDIS_URL", "r:6379"}, false, "--config-source"},
 		{"binary name", true, nil, nil, true, "invoked as ratelimit"},
 		{"binary name, own config", true, []string{"--config=/etc/x"}, nil, false, "--config"},
 		{"forced native", false, []string{"--mode=native"}, []string{"RUNTIME_ROOT", "/data"}, false, "--mode=native"},
@@ -120,5 +121,31 @@ func TestInvokedAsRatelimit(t *testing.T) {
 	code = runAs(t.Context(), "/usr/local/bin/ratelimitd", nil, env(), io.Discard, &stderr)
 	if code != 2 || !strings.Contains(stderr.String(), "Usage:") {
 		t.Errorf("ratelimitd with no command: exit %d, want usage", code)
+	}
+}
+
+// STATSD_HOST without USE_STATSD: native mode warns (nothing is sent),
+// reference mode sends there as the reference does, without a warning.
+func TestReferenceModeStatsd(t *testing.T) {
+	o, warnings, err := parseServe(nil, env("STATSD_HOST", "sink", "TRACING_SERVICE_NAMESPACE", "ns"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Reference || o.StatsdAddr != "" || len(warnings) != 1 || !strings.Contains(warnings[0], "STATSD_HOST") {
+		t.Errorf("native: reference %v, statsd %q, warnings %q", o.Reference, o.StatsdAddr, warnings)
+	}
+	o, warnings, err = parseServe(nil, env("RUNTIME_ROOT", "/d", "STATSD_HOST", "sink", "TRACING_SERVICE_NAMESPACE", "ns"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.Reference || o.StatsdAddr != "sink:8125" || len(warnings) != 1 || strings.Contains(warnings[0], "STATSD_HOST") || !strings.Contains(warnings[0], "TRACING_SERVICE_NAMESPACE") {
+		t.Errorf("reference: statsd %q, warnings %q", o.StatsdAddr, warnings)
+	}
+	o, warnings, err = parseServe(nil, env("RUNTIME_ROOT", "/d", "USE_STATSD", "false", "STATSD_HOST", "sink"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.StatsdAddr != "" || len(warnings) != 0 {
+		t.Errorf("reference, USE_STATSD=false: statsd %q, warnings %q", o.StatsdAddr, warnings)
 	}
 }

@@ -649,6 +649,9 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 	if err := resolveMode(&o, explicit, asRef, lookup); err != nil {
 		return o, warnings, o.annotateEnv(err)
 	}
+	if o.Reference {
+		warnings = referenceWarnings(warnings)
+	}
 	if err := o.Validate(); err != nil {
 		return o, warnings, o.annotateEnv(scrubErr(err, secretsOf(o)...))
 	}
