@@ -10,6 +10,7 @@ import (
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds/xdstest"
 )
 
@@ -40,7 +41,13 @@ func metric(t *testing.T, p *proc, name, labels string) string {
 // keeps the config in force, and a server restart.
 func TestXDSReferenceEnvironment(t *testing.T) {
 	srv := xdstest.Start(t, xdstest.NewCerts(t))
-	p := start(t, startOpts{env: append(srv.ClientEnv(), xdsFastRetry...)})
+	// Envoy Gateway always sets its Redis (REDIS_SOCKET_TYPE, REDIS_URL):
+	// in reference mode, without them the backend would be the
+	// reference's default, a unix socket that is not there.
+	redis := redistest.Standalone(t)
+	env := append(srv.ClientEnv(), xdsFastRetry...)
+	env = append(env, "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redis.Addr(), "REDIS_TIMEOUT=500ms")
+	p := start(t, startOpts{env: env})
 	cc := p.dial(t)
 	user := func(id string) *rlsv3.RateLimitResponse {
 		return call(t, cc, xdstest.EGDomain, desc(xdstest.EGRoute, xdstest.EGRoute, "rule-0-match-0", id))
