@@ -127,8 +127,8 @@ func resolveMode(o *Options, explicit map[string]bool, asRef bool, lookup func(s
 //   - no Retry-After and no RFC 9457 body on OVER_LIMIT;
 //   - requests accepted and refused, and denied limits' limit_remaining
 //     reported, as the reference does (service.Options.ReferenceAnswers);
-//   - counting as the reference counts (ReferenceCounting, with
-//     STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT);
+//   - counting as the reference counts: --counting=always_charge, or
+//     all_or_nothing with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true;
 //   - statsd sent as the reference sends it (useReferenceStatsd);
 //   - the config directory /srv/runtime_data/current/config and a Redis
 //     backend at /var/run/nutcracker/ratelimit.sock when no variable
@@ -161,12 +161,19 @@ func (o *Options) applyReferenceDefaults(explicit map[string]bool, lookup func(s
 		o.useReferenceStatsd()
 	}
 	o.ReferenceAnswers = true
-	// Counting hook: reference mode asks for the reference's counting
-	// (always_charge, with StopIncrementWhenOverLimit from
-	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT). The counting policy's own
-	// flag, when it exists, is connected here: unless explicit[its name],
-	// set it to always_charge.
+	// The reference's counting, unless --counting (or its twin) says
+	// otherwise: every hit of every request is charged (always_charge).
+	// With STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true the reference
+	// charges nothing to the other limits of a request one of whose
+	// limits goes over: all_or_nothing is that, except that the reference
+	// still charges the limit that goes over.
 	o.ReferenceCounting = true
+	if !explicit["counting"] {
+		o.Counting = "always_charge"
+		if o.StopIncrementWhenOverLimit {
+			o.Counting = "all_or_nothing"
+		}
+	}
 	if !explicit["config"] && !seen.configDir {
 		o.Config = []string{referenceConfigDir}
 	}

@@ -60,11 +60,12 @@ func TestModeDetection(t *testing.T) {
 // wins over each of its defaults.
 func TestReferenceModeDefaults(t *testing.T) {
 	type view struct {
-		Headers, Limit, Remaining, Reset string
-		ProblemBody, Requests, Counting  bool
-		StopIncrement                    bool
-		Config                           []string
-		Backend, RedisURL                string
+		Headers, Limit, Remaining, Reset   string
+		Counting                           string
+		ProblemBody, Requests, RefCounting bool
+		StopIncrement                      bool
+		Config                             []string
+		Backend, RedisURL                  string
 	}
 	get := func(t *testing.T, args []string, kv ...string) view {
 		t.Helper()
@@ -72,7 +73,7 @@ func TestReferenceModeDefaults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return view{o.Headers, o.LegacyLimitHeader, o.LegacyRemainingHeader, o.LegacyResetHeader,
+		return view{o.Headers, o.LegacyLimitHeader, o.LegacyRemainingHeader, o.LegacyResetHeader, o.Counting,
 			o.ProblemBody, o.ReferenceAnswers, o.ReferenceCounting, o.StopIncrementWhenOverLimit, o.Config, o.Backend, o.RedisURL}
 	}
 	for _, tc := range []struct {
@@ -81,17 +82,17 @@ func TestReferenceModeDefaults(t *testing.T) {
 		env  []string
 		want view
 	}{
-		{"native defaults", nil, nil, view{"ietf", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", true, false, false, false, []string{"./config"}, "memory", "redis://127.0.0.1:6379/0"}},
+		{"native defaults", nil, nil, view{"ietf", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "all_or_nothing", true, false, false, false, []string{"./config"}, "memory", "redis://127.0.0.1:6379/0"}},
 		{"reference, nothing else", nil, []string{"USE_STATSD", "false"},
-			view{"none", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", false, true, true, false, []string{"/srv/runtime_data/current/config"}, "redis", "unix:///var/run/nutcracker/ratelimit.sock"}},
+			view{"none", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", "always_charge", false, true, true, false, []string{"/srv/runtime_data/current/config"}, "redis", "unix:///var/run/nutcracker/ratelimit.sock"}},
 		{"reference headers off", nil, []string{"RUNTIME_ROOT", "/d", "REDIS_SOCKET_TYPE", "tcp", "REDIS_URL", "r:6379", "LIMIT_RESPONSE_HEADERS_ENABLED", "false"},
-			view{"none", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", false, true, true, false, []string{"/d/config"}, "redis", "redis://r:6379"}},
+			view{"none", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", "always_charge", false, true, true, false, []string{"/d/config"}, "redis", "redis://r:6379"}},
 		{"reference headers on, one name set", nil, []string{"RUNTIME_ROOT", "/d", "LIMIT_RESPONSE_HEADERS_ENABLED", "true", "LIMIT_REMAINING_HEADER", "X-Left", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true", "BACKEND_TYPE", "redis", "REDIS_URL", "redis://r:1/0"},
-			view{"legacy", "RateLimit-Limit", "X-Left", "RateLimit-Reset", false, true, true, true, []string{"/d/config"}, "redis", "redis://r:1/0"}},
-		{"reference, own flags win", []string{"--headers=ietf", "--problem-body", "--backend=memory", "--legacy-reset-header=Reset-In"}, []string{"RUNTIME_ROOT", "/d"},
-			view{"ietf", "RateLimit-Limit", "RateLimit-Remaining", "Reset-In", true, true, true, false, []string{"/d/config"}, "memory", "redis://127.0.0.1:6379/0"}},
+			view{"legacy", "RateLimit-Limit", "X-Left", "RateLimit-Reset", "all_or_nothing", false, true, true, true, []string{"/d/config"}, "redis", "redis://r:1/0"}},
+		{"reference, own flags win", []string{"--headers=ietf", "--problem-body", "--backend=memory", "--legacy-reset-header=Reset-In", "--counting=all_or_nothing"}, []string{"RUNTIME_ROOT", "/d"},
+			view{"ietf", "RateLimit-Limit", "RateLimit-Remaining", "Reset-In", "all_or_nothing", true, true, true, false, []string{"/d/config"}, "memory", "redis://127.0.0.1:6379/0"}},
 		{"native with the reference's header variables", nil, []string{"RATELIMITD_CONFIG", "/etc/x", "LIMIT_RESPONSE_HEADERS_ENABLED", "true", "LIMIT_LIMIT_HEADER", "Quota"},
-			view{"legacy", "Quota", "X-RateLimit-Remaining", "X-RateLimit-Reset", true, false, false, false, []string{"/etc/x"}, "memory", "redis://127.0.0.1:6379/0"}},
+			view{"legacy", "Quota", "X-RateLimit-Remaining", "X-RateLimit-Reset", "all_or_nothing", true, false, false, false, []string{"/etc/x"}, "memory", "redis://127.0.0.1:6379/0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if diff := cmp.Diff(tc.want, get(t, tc.args, tc.env...)); diff != "" {

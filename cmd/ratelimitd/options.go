@@ -262,15 +262,12 @@ type Options struct {
 	// reference mode).
 	ReferenceAnswers bool
 
-	// Counting hook, for the counting policy (always_charge versus
-	// all_or_nothing) wired elsewhere. ReferenceCounting, set in
-	// reference mode, asks that the policy default (when no flag of its
-	// own chooses one) be always_charge, the reference's counting: every
-	// hit of a request is counted, denied or not. With
-	// StopIncrementWhenOverLimit (envoyproxy/ratelimit's
-	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, default false) a request
-	// some of whose limits would go over counts only against those
-	// limits, as the reference's Redis cache does.
+	// ReferenceCounting is set in reference mode, whose --counting
+	// default is the reference's counting (applyReferenceDefaults):
+	// always_charge, or all_or_nothing with StopIncrementWhenOverLimit
+	// (envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT,
+	// default false: a request some of whose limits would go over is
+	// charged only to those limits).
 	ReferenceCounting          bool
 	StopIncrementWhenOverLimit bool
 

