@@ -26,17 +26,21 @@ import (
 )
 
 // The kustomizations a user applies.
-var entryPoints = []string{"base", "overlays/dev", "overlays/production", "istio"}
+var entryPoints = []string{"base", "overlays/redis", "overlays/production", "overlays/dev", "istio"}
 
 // The workload overlays (ratelimitd itself).
-var workloads = []string{"base", "overlays/dev", "overlays/production"}
+var workloads = []string{"base", "overlays/redis", "overlays/production", "overlays/dev"}
+
+// The overlays, each built on ../../base.
+var overlays = []string{"overlays/redis", "overlays/production", "overlays/dev"}
 
 // Contract defaults of `ratelimitd serve` (README.md, flags), used when a
 // manifest does not set the flag's environment twin.
 var serveDefaults = map[string]string{
 	"RATELIMITD_GRPC_ADDR":      ":8081",
 	"RATELIMITD_HTTP_ADDR":      ":8080",
-	"RATELIMITD_DEBUG_ADDR":     ":6070",
+	"RATELIMITD_DEBUG_ADDR":     "127.0.0.1:6070",
+	"RATELIMITD_IGNORE_DOTFILES": "true",
 	"RATELIMITD_METRICS_ADDR":   "",
 	"RATELIMITD_DRAIN":          "0s",
 	"RATELIMITD_SHUTDOWN_GRACE": "15s",
@@ -112,7 +116,7 @@ func TestKustomizeLayout(t *testing.T) {
 			seen[id] = true
 		}
 	}
-	for _, dir := range []string{"overlays/dev", "overlays/production"} {
+	for _, dir := range overlays {
 		objs, err := decodeFile(filepath.Join(dir, "kustomization.yaml"))
 		if err != nil {
 			t.Fatal(err)
@@ -121,11 +125,21 @@ func TestKustomizeLayout(t *testing.T) {
 			t.Errorf("%s does not build on ../../base: resources %v", dir, k.Resources)
 		}
 	}
-	// Every manifest file is reachable from some kustomization.
+	// Every manifest file is a resource or a patch of some kustomization.
 	used := map[string]bool{}
 	for _, dir := range entryPoints {
-		for _, o := range render(t, dir).Objects {
-			used[filepath.Clean(o.File)] = true
+		objs, err := decodeFile(filepath.Join(dir, "kustomization.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := objs[0].Obj.(*kustomization)
+		for _, res := range k.Resources {
+			used[filepath.Join(dir, res)] = true
+		}
+		for _, p := range k.Patches {
+			if p.Path != "" {
+				used[filepath.Join(dir, p.Path)] = true
+			}
 		}
 	}
 	filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
@@ -136,24 +150,11 @@ func TestKustomizeLayout(t *testing.T) {
 		if d.IsDir() && d.Name() == "config" {
 			return filepath.SkipDir
 		}
-		if strings.HasSuffix(p, ".yaml") && filepath.Base(p) != "kustomization.yaml" && !used[p] && !isPatch(p) {
+		if strings.HasSuffix(p, ".yaml") && filepath.Base(p) != "kustomization.yaml" && !used[p] {
 			t.Errorf("%s is listed in no kustomization.yaml", p)
 		}
 		return nil
 	})
-}
-
-func isPatch(p string) bool {
-	k, err := decodeFile(filepath.Join(filepath.Dir(p), "kustomization.yaml"))
-	if err != nil {
-		return false
-	}
-	for _, pt := range k[0].Obj.(*kustomization).Patches {
-		if filepath.Join(filepath.Dir(p), pt.Path) == p {
-			return true
-		}
-	}
-	return false
 }
 
 // podTemplate is a workload's pod template with where it came from.
@@ -432,8 +433,12 @@ func TestRatelimitdPodSpec(t *testing.T) {
 			if _, ok := c.Resources.Limits[corev1.ResourceMemory]; !ok {
 				t.Errorf("no memory limit")
 			}
-			if d.Spec.Replicas == nil || *d.Spec.Replicas != 3 {
-				t.Errorf("replicas = %v, want 3", d.Spec.Replicas)
+			wantReplicas := int32(3)
+			if envValue(c, "RATELIMITD_BACKEND") == "memory" {
+				wantReplicas = 1 // TestMemoryStoreSingleReplica
+			}
+			if d.Spec.Replicas == nil || *d.Spec.Replicas != wantReplicas {
+				t.Errorf("replicas = %v, want %d", d.Spec.Replicas, wantReplicas)
 			}
 			if len(d.Spec.Template.Spec.TopologySpreadConstraints) == 0 {
 				t.Errorf("no topologySpreadConstraints")
@@ -604,8 +609,8 @@ func yamlFiles(t *testing.T, dir string) map[string][]byte {
 
 // TestOverlayRedis checks each overlay's Redis wiring.
 func TestOverlayRedis(t *testing.T) {
-	t.Run("dev", func(t *testing.T) {
-		r := render(t, "overlays/dev")
+	t.Run("redis", func(t *testing.T) {
+		r := render(t, "overlays/redis")
 		_, c := ratelimitd(t, r)
 		if got := envValue(c, "RATELIMITD_BACKEND"); got != "redis" {
 			t.Errorf("RATELIMITD_BACKEND = %q, want redis", got)
@@ -680,21 +685,20 @@ func TestOverlayRedis(t *testing.T) {
 			t.Errorf("sentinel mode needs RATELIMITD_REDIS_MASTER")
 		}
 		raw := envValue(c, "RATELIMITD_REDIS_URL")
-		if !strings.HasPrefix(raw, "rediss://") {
-			t.Errorf("RATELIMITD_REDIS_URL = %q: production Redis must use TLS (rediss://)", raw)
+		u, err := url.Parse(raw)
+		if err != nil || u.Scheme != "rediss" {
+			t.Errorf("RATELIMITD_REDIS_URL = %q: production Redis must use TLS (rediss://) (%v)", raw, err)
 		}
-		// The password is a $(VAR) reference to an env var from a Secret,
-		// declared earlier (Kubernetes expands only earlier variables).
-		m := regexp.MustCompile(`^rediss://[^:@/]+:\$\(([A-Z_][A-Z0-9_]*)\)@`).FindStringSubmatch(raw)
-		if m == nil {
-			t.Fatalf("RATELIMITD_REDIS_URL = %q: want rediss://user:$(VAR)@host with VAR from a Secret", raw)
+		// The password is a file of a mounted Secret (--redis-password-file),
+		// never part of the URL or of the environment.
+		if u != nil && u.User != nil {
+			if _, set := u.User.Password(); set {
+				t.Errorf("RATELIMITD_REDIS_URL carries a password; use RATELIMITD_REDIS_PASSWORD_FILE")
+			}
 		}
-		idxURL := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "RATELIMITD_REDIS_URL" })
-		idxPw := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == m[1] })
-		if idxPw < 0 || idxPw > idxURL {
-			t.Errorf("env %s must be declared before RATELIMITD_REDIS_URL", m[1])
-		} else if vf := c.Env[idxPw].ValueFrom; vf == nil || vf.SecretKeyRef == nil {
-			t.Errorf("env %s must come from a Secret (secretKeyRef)", m[1])
+		d, _ := ratelimitd(t, r)
+		for _, f := range []string{"RATELIMITD_REDIS_PASSWORD_FILE", "RATELIMITD_REDIS_TLS_CA"} {
+			checkSecretFile(t, d, c, f, envValue(c, f))
 		}
 		if strings.HasSuffix(c.Image, ":latest") || !strings.Contains(c.Image, ":") {
 			t.Errorf("production image %q must be pinned", c.Image)
@@ -720,6 +724,78 @@ func TestOverlayRedis(t *testing.T) {
 			}
 		}
 	})
+}
+
+// checkSecretFile checks that path (the value of the flag twin env) is a
+// key of a Secret volume mounted read-only in c, without subPath (a subPath
+// mount never sees a rotated Secret).
+func checkSecretFile(t *testing.T, d *appsv1.Deployment, c *corev1.Container, env, path string) {
+	t.Helper()
+	if path == "" {
+		t.Errorf("%s is not set", env)
+		return
+	}
+	for _, m := range c.VolumeMounts {
+		rel, err := filepath.Rel(m.MountPath, path)
+		if err != nil || strings.HasPrefix(rel, "..") || strings.Contains(rel, "/") {
+			continue
+		}
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name != m.Name {
+				continue
+			}
+			if v.Secret == nil {
+				t.Errorf("%s=%s: volume %s is no Secret", env, path, v.Name)
+			} else if len(v.Secret.Items) > 0 && !slices.ContainsFunc(v.Secret.Items, func(k corev1.KeyToPath) bool { return k.Path == rel }) {
+				t.Errorf("%s=%s: Secret %s projects no key %s", env, path, v.Secret.SecretName, rel)
+			}
+			if !m.ReadOnly || m.SubPath != "" {
+				t.Errorf("%s: mount %s must be read-only and without subPath", env, m.Name)
+			}
+			return
+		}
+	}
+	t.Errorf("%s=%s is in no mounted Secret volume", env, path)
+}
+
+// TestMemoryStoreSingleReplica: the in-memory store counts per pod, so a
+// workload on it runs exactly one replica with no HPA (N replicas would
+// multiply every limit by up to N); every other workload shares Redis.
+func TestMemoryStoreSingleReplica(t *testing.T) {
+	for _, dir := range workloads {
+		r := render(t, dir)
+		t.Run(dir, func(t *testing.T) {
+			d, c := ratelimitd(t, r)
+			backend := envValue(c, "RATELIMITD_BACKEND")
+			hpas := byKind[autoscalingv2.HorizontalPodAutoscaler](r, "autoscaling/v2/HorizontalPodAutoscaler")
+			switch backend {
+			case "memory":
+				if dir != "overlays/dev" {
+					t.Errorf("backend memory outside the dev overlay")
+				}
+				if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
+					t.Errorf("memory store with replicas %v, want 1", d.Spec.Replicas)
+				}
+				if len(hpas) != 0 {
+					t.Errorf("memory store with %d HorizontalPodAutoscalers, want none", len(hpas))
+				}
+				for _, e := range c.Env {
+					if strings.HasPrefix(e.Name, "RATELIMITD_REDIS_") {
+						t.Errorf("memory store, yet %s is set", e.Name)
+					}
+				}
+			case "redis":
+				if len(hpas) != 1 || hpas[0].Spec.MinReplicas == nil || *hpas[0].Spec.MinReplicas < 2 {
+					t.Errorf("redis backend: want one HPA with minReplicas >= 2, got %d", len(hpas))
+				}
+			default:
+				t.Errorf("RATELIMITD_BACKEND = %q, want redis (or memory in overlays/dev)", backend)
+			}
+		})
+	}
+	if _, c := ratelimitd(t, render(t, "base")); envValue(c, "RATELIMITD_BACKEND") != "redis" {
+		t.Errorf("the base must run on Redis")
+	}
 }
 
 func ratelimitdPodLabels(t *testing.T, r rendered) map[string]string {
