@@ -37,14 +37,14 @@ var overlays = []string{"overlays/redis", "overlays/production", "overlays/dev"}
 // Contract defaults of `ratelimitd serve` (README.md, flags), used when a
 // manifest does not set the flag's environment twin.
 var serveDefaults = map[string]string{
-	"RATELIMITD_GRPC_ADDR":      ":8081",
-	"RATELIMITD_HTTP_ADDR":      ":8080",
-	"RATELIMITD_DEBUG_ADDR":     "127.0.0.1:6070",
+	"RATELIMITD_GRPC_ADDR":       ":8081",
+	"RATELIMITD_HTTP_ADDR":       ":8080",
+	"RATELIMITD_DEBUG_ADDR":      "127.0.0.1:6070",
 	"RATELIMITD_IGNORE_DOTFILES": "true",
-	"RATELIMITD_METRICS_ADDR":   "",
-	"RATELIMITD_DRAIN":          "0s",
-	"RATELIMITD_SHUTDOWN_GRACE": "15s",
-	"RATELIMITD_BACKEND":        "memory",
+	"RATELIMITD_METRICS_ADDR":    "",
+	"RATELIMITD_DRAIN":           "0s",
+	"RATELIMITD_SHUTDOWN_GRACE":  "15s",
+	"RATELIMITD_BACKEND":         "memory",
 }
 
 // HTTP paths ratelimitd serves on its HTTP address (README.md).
