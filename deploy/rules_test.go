@@ -1,21 +1,25 @@
 // Package deploy_test checks the Prometheus alerting rules and the Grafana
-// dashboard: every PromQL expression parses, both rule files carry the same
-// rules, every metric and label they name is one ratelimitd exports (the
-// metrics table below), and, against a running ratelimitd, that every
-// metric family in that table really appears on /metrics.
+// dashboard: every PromQL expression parses, the rules and the dashboard
+// exist once (in the Helm chart's files/, which the chart's PrometheusRule
+// and dashboard ConfigMap read, and which deploy/prometheus and
+// deploy/grafana link to), every metric and label they name is one
+// ratelimitd exports (the metrics table below), and, against a running
+// ratelimitd, that every metric family in that table really appears on
+// /metrics.
 package deploy_test
 
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"text/template"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
@@ -31,8 +35,14 @@ type family struct {
 	Values map[string][]string
 }
 
-// queried is the single list of metric families that
-// deploy/prometheus/*.yaml and deploy/grafana/*.json use. The rules tests
+// The one copy of the alerting rules and of the dashboard.
+const (
+	rulesFile     = "helm/ratelimitd/files/alerts.rules.yaml"
+	dashboardFile = "helm/ratelimitd/files/ratelimitd-dashboard.json"
+)
+
+// queried is the single list of metric families that the rules and the
+// dashboard use. The rules tests
 // fail when a query names a family or label not listed here; the e2e test
 // (TestMetricsExistInRunningService) fails when a family listed here is
 // not on a running ratelimitd's /metrics with exactly these labels.
@@ -92,17 +102,6 @@ type rule struct {
 	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
-type prometheusRule struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Metadata   struct {
-		Name      string            `json:"name"`
-		Namespace string            `json:"namespace,omitempty"`
-		Labels    map[string]string `json:"labels,omitempty"`
-	} `json:"metadata"`
-	Spec ruleFile `json:"spec"`
-}
-
 func readStrict(t *testing.T, path string, v any) {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -114,11 +113,11 @@ func readStrict(t *testing.T, path string, v any) {
 	}
 }
 
-func loadRules(t *testing.T) (plain ruleFile, op prometheusRule) {
+func loadRules(t *testing.T) ruleFile {
 	t.Helper()
-	readStrict(t, "prometheus/alerts.rules.yaml", &plain)
-	readStrict(t, "prometheus/prometheusrule.yaml", &op)
-	return plain, op
+	var plain ruleFile
+	readStrict(t, rulesFile, &plain)
+	return plain
 }
 
 var promql = parser.NewParser(parser.Options{})
@@ -140,7 +139,7 @@ func parseQuery(t *testing.T, where, s string) (query, bool) {
 }
 
 func ruleQueries(t *testing.T) []query {
-	plain, _ := loadRules(t)
+	plain := loadRules(t)
 	var out []query
 	for _, g := range plain.Groups {
 		for _, r := range g.Rules {
@@ -164,7 +163,7 @@ var labelValuesRE = regexp.MustCompile(`^label_values\((.*),\s*([a-zA-Z_][a-zA-Z
 // query (label_values(selector, label) as the selector plus the label).
 func dashboardQueries(t *testing.T) []query {
 	t.Helper()
-	b, err := os.ReadFile("grafana/ratelimitd-dashboard.json")
+	b, err := os.ReadFile(dashboardFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,22 +335,69 @@ func TestRulesParseAndNameKnownMetrics(t *testing.T) {
 	}
 }
 
-// TestRuleFilesIdentical: the PrometheusRule carries exactly the plain
-// file's rules.
-func TestRuleFilesIdentical(t *testing.T) {
-	plain, op := loadRules(t)
-	if op.APIVersion != "monitoring.coreos.com/v1" || op.Kind != "PrometheusRule" {
-		t.Errorf("prometheusrule.yaml: %s/%s", op.APIVersion, op.Kind)
+// TestOneCopy: the rules and the dashboard exist once. The paths plain
+// Prometheus and Grafana users know (deploy/prometheus, deploy/grafana)
+// are links to the chart's files; the chart's templates read those files
+// (.Files.Get) rather than holding rules of their own; no other file under
+// deploy/ defines a ratelimitd alert. deploy/helm's TestPrometheusRule and
+// TestDashboard check the rendered objects carry the files unchanged.
+func TestOneCopy(t *testing.T) {
+	for link, target := range map[string]string{
+		"prometheus/alerts.rules.yaml":      rulesFile,
+		"grafana/ratelimitd-dashboard.json": dashboardFile,
+	} {
+		fi, err := os.Lstat(link)
+		if err != nil {
+			t.Errorf("%s: %v", link, err)
+			continue
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			t.Errorf("%s is a file of its own; it must link to %s (one copy)", link, target)
+			continue
+		}
+		if got, err := filepath.EvalSymlinks(link); err != nil || got != target {
+			t.Errorf("%s resolves to %q (%v), want %s", link, got, err, target)
+		}
 	}
-	if d := cmp.Diff(plain, op.Spec); d != "" {
-		t.Errorf("alerts.rules.yaml and prometheusrule.yaml differ (-plain +operator):\n%s", d)
+	for tpl, file := range map[string]string{
+		"helm/ratelimitd/templates/prometheusrule.yaml":      `.Files.Get "files/alerts.rules.yaml"`,
+		"helm/ratelimitd/templates/dashboard-configmap.yaml": `.Files.Get "files/ratelimitd-dashboard.json"`,
+	} {
+		b, err := os.ReadFile(tpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), file) {
+			t.Errorf("%s does not read %s", tpl, file)
+		}
+	}
+	alertDef := regexp.MustCompile(`(?m)^\s*-?\s*alert:\s*Ratelimitd`)
+	n := 0
+	filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Type()&fs.ModeSymlink != 0 || strings.HasSuffix(p, ".go") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if alertDef.Match(b) {
+			n++
+			if p != rulesFile {
+				t.Errorf("%s defines ratelimitd alerts; the one copy is %s", p, rulesFile)
+			}
+		}
+		return nil
+	})
+	if n != 1 {
+		t.Errorf("%d files define ratelimitd alerts, want 1", n)
 	}
 }
 
 // TestRulesWellFormed: names unique, durations valid, severity and
 // annotations present, annotation templates parse as Prometheus templates.
 func TestRulesWellFormed(t *testing.T) {
-	plain, _ := loadRules(t)
+	plain := loadRules(t)
 	seen := map[string]bool{}
 	n := 0
 	for _, g := range plain.Groups {

@@ -1,0 +1,321 @@
+package helm_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+)
+
+var (
+	buildOnce sync.Once
+	buildBin  string
+	buildErr  error
+	buildOut  []byte
+)
+
+// buildRatelimitd builds ./cmd/ratelimitd once per test binary.
+func buildRatelimitd(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs ./cmd/ratelimitd; skipped with -short")
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "ratelimitd-helm-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildBin = filepath.Join(dir, "ratelimitd")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", buildBin, "../../cmd/ratelimitd")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		buildOut, buildErr = cmd.CombinedOutput()
+	})
+	if buildErr != nil {
+		t.Fatalf("./cmd/ratelimitd does not build: %v\n%s", buildErr, buildOut)
+	}
+	return buildBin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildBin != "" {
+		os.RemoveAll(filepath.Dir(buildBin))
+	}
+	os.Exit(code)
+}
+
+// literalEnv returns the container's env with literal values as NAME=value
+// (valueFrom entries are resolved by the kubelet, not known here).
+func literalEnv(c *corev1.Container) []string {
+	var out []string
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			out = append(out, e.Name+"="+e.Value)
+		}
+	}
+	return out
+}
+
+var flagLine = regexp.MustCompile(`(?m)^\s+-{1,2}([a-z][a-z0-9-]*)`)
+
+// TestArgsParseWithTheRealFlagParser runs the built binary's own parser
+// over every combination's container args and RATELIMITD_* environment:
+// `ratelimitd serve <args> -h` parses every arg (and every environment
+// twin) with the real flag set, types included, before it reaches -h and
+// exits 0; an unknown flag or a bad value exits 2 naming it.
+func TestArgsParseWithTheRealFlagParser(t *testing.T) {
+	bin := buildRatelimitd(t)
+	help, _ := exec.Command(bin, "serve", "-h").CombinedOutput()
+	flags := map[string]bool{}
+	for _, m := range flagLine.FindAllSubmatch(help, -1) {
+		flags[string(m[1])] = true
+	}
+	if !flags["redis-password-file"] || !flags["config"] {
+		t.Fatalf("could not read the flags from `ratelimitd serve -h`:\n%s", help)
+	}
+	for name, values := range combos {
+		t.Run(name, func(t *testing.T) {
+			_, c := deployment(t, render(t, values))
+			for flag := range args(t, c) {
+				if !flags[flag] {
+					t.Errorf("--%s is no `ratelimitd serve` flag", flag)
+				}
+			}
+			for _, e := range c.Env {
+				if twin, ok := strings.CutPrefix(e.Name, "RATELIMITD_"); ok {
+					if f := strings.ToLower(strings.ReplaceAll(twin, "_", "-")); !flags[f] {
+						t.Errorf("env %s is the twin of no flag (--%s)", e.Name, f)
+					}
+				}
+			}
+			cmd := exec.Command(bin, append(append([]string{"serve"}, c.Args...), "-h")...)
+			cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, literalEnv(c)...)
+			out, err := cmd.CombinedOutput()
+			if err != nil || !bytes.HasPrefix(out, []byte("Usage: ratelimitd serve")) {
+				t.Errorf("ratelimitd serve %q -h: %v\n%s", c.Args, err, firstLines(out, 3))
+			}
+		})
+	}
+	// The check can fail: an unknown flag and a bad value.
+	for _, bad := range [][]string{{"--redis-pasword-file=/x"}, {"--gc-percent=lots"}, {"--drain=5"}} {
+		out, err := exec.Command(bin, append(append([]string{"serve"}, bad...), "-h")...).CombinedOutput()
+		if err == nil {
+			t.Errorf("ratelimitd serve %q -h accepted it:\n%s", bad, firstLines(out, 3))
+		}
+	}
+}
+
+func firstLines(b []byte, n int) string {
+	l := strings.SplitN(string(b), "\n", n+1)
+	if len(l) > n {
+		l = l[:n]
+	}
+	return strings.Join(l, "\n")
+}
+
+// TestRenderedPodServesAgainstRedis runs the rendered container as the
+// kubelet would, on this host: the ConfigMap and the Secret laid out as
+// the kubelet lays out volumes, the Deployment's args with only the mount
+// paths, listen addresses and the Redis host moved onto this machine. A
+// redis-server that requires a password proves the password reaches
+// ratelimitd through --redis-password-file: a decision is counted in Redis.
+func TestRenderedPodServesAgainstRedis(t *testing.T) {
+	bin := buildRatelimitd(t)
+	const password = "chart-e2e-pw-7f3a"
+	srv := redistest.Standalone(t, redistest.WithPassword(password))
+
+	r := render(t, "redis: {existingSecret: ratelimitd-redis}\n")
+	d, c := deployment(t, r)
+	secrets := map[string]map[string]string{"ratelimitd-redis": {"password": password + "\n"}}
+	mounts := layOutVolumes(t, r, d, c, secrets)
+
+	httpAddr := freeAddr(t)
+	var argv []string
+	for _, a := range c.Args {
+		name, val, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		switch name {
+		case "grpc-addr", "metrics-addr", "debug-addr":
+			val = freeAddr(t)
+		case "http-addr":
+			val = httpAddr
+		case "redis-url":
+			u, err := url.Parse(val)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u.Host = srv.Addr() // the Service "redis" on this host
+			val = u.String()
+		default:
+			for mp, dir := range mounts {
+				if rest, ok := strings.CutPrefix(val, mp); ok && (rest == "" || strings.HasPrefix(rest, "/")) {
+					val = dir + rest
+				}
+			}
+		}
+		argv = append(argv, "--"+name+"="+val)
+	}
+	if strings.Contains(strings.Join(argv, " "), password) {
+		t.Fatalf("the password is on the command line: %q", argv)
+	}
+	log := &syncBuffer{}
+	cmd := exec.Command(bin, append([]string{"serve"}, argv...)...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, literalEnv(c)...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	// The liveness probe's path on the http port.
+	path := c.LivenessProbe.HTTPGet.Path
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get("http://" + httpAddr + path)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case <-done:
+			t.Fatalf("ratelimitd exited:\n%s", log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s never answered 200:\n%s", path, log.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// One decision of the chart's default config (domain example,
+	// remote_address, 100 per minute) is counted in Redis.
+	body, _ := json.Marshal(map[string]any{"domain": "example", "descriptors": []any{
+		map[string]any{"entries": []any{map[string]string{"key": "remote_address", "value": "192.0.2.7"}}},
+	}})
+	resp, err := http.Post("http://"+httpAddr+"/json", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("POST /json: %v", err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(out), `"OK"`) {
+		t.Fatalf("POST /json: %d %s\n%s", resp.StatusCode, out, log.String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n, err := srv.Client().DBSize(ctx).Result()
+	if err != nil {
+		t.Fatalf("DBSIZE: %v", err)
+	}
+	if n == 0 {
+		t.Fatalf("the decision left no key in Redis (did ratelimitd authenticate?):\n%s", log.String())
+	}
+	if strings.Contains(log.String(), password) {
+		t.Errorf("the password appears in ratelimitd's log")
+	}
+}
+
+// layOutVolumes writes every volume the container mounts into a directory
+// of its own, as the kubelet's atomic writer lays out ConfigMap and Secret
+// volumes (..data symlinks, items projected), and returns mount path ->
+// directory.
+func layOutVolumes(t *testing.T, r release, d *appsv1.Deployment, c *corev1.Container, secrets map[string]map[string]string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		var data map[string]string
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name != m.Name {
+				continue
+			}
+			switch {
+			case v.ConfigMap != nil:
+				for _, cm := range byKind[corev1.ConfigMap](r, "v1/ConfigMap") {
+					if cm.Name == v.ConfigMap.Name {
+						data = cm.Data
+					}
+				}
+				if data == nil {
+					t.Fatalf("volume %s: ConfigMap %s is not rendered", v.Name, v.ConfigMap.Name)
+				}
+			case v.Secret != nil:
+				s, ok := secrets[v.Secret.SecretName]
+				if !ok {
+					t.Fatalf("volume %s: no test data for Secret %s", v.Name, v.Secret.SecretName)
+				}
+				data = map[string]string{}
+				if len(v.Secret.Items) == 0 {
+					data = s
+				}
+				for _, it := range v.Secret.Items {
+					val, ok := s[it.Key]
+					if !ok {
+						t.Fatalf("volume %s: Secret %s has no key %s", v.Name, v.Secret.SecretName, it.Key)
+					}
+					data[it.Path] = val
+				}
+			default:
+				t.Fatalf("volume %s: neither ConfigMap nor Secret", v.Name)
+			}
+		}
+		out[m.MountPath] = kubeletConfigMapDir(t, data)
+	}
+	return out
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// syncBuffer collects the process output; safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
