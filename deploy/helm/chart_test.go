@@ -14,6 +14,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -650,21 +653,27 @@ func TestRedisTopologies(t *testing.T) {
 	})
 	t.Run("refused", func(t *testing.T) {
 		for values, want := range map[string]string{
-			"backend: redis-cluster\n":                                                                         "backend",
-			"redis: {mode: replicated}\n":                                                                      "redis.mode",
-			"redis: {url: 'redis://:hunter2@redis:6379/0'}\n":                                                  "carries a password",
-			"redis: {url: 'rediss://u:hunter2@redis:6379/0'}\n":                                                "carries a password",
-			"redis: {url: 'redis.example:6379'}\n":                                                             "redis.url",
-			"redis: {mode: cluster}\n":                                                                         "needs redis.addrs",
-			"redis: {mode: sentinel, addrs: ['s:26379']}\n":                                                    "needs redis.master",
-			"redis: {addrs: ['a:6379']}\n":                                                                     "standalone",
-			"redis: {tls: {enabled: true}}\n":                                                                  "rediss://",
-			"redis: {tls: {existingSecret: ca}}\n":                                                             "need redis.tls.enabled",
-			"redis: {sentinelAuth: {existingSecret: s}}\n":                                                     "sentinel",
-			"serviceMonitor: {enabled: true}\npodMonitor: {enabled: true}\n":                                   "choose one",
-			"serviceMonitor: {enabled: true}\nmetrics: {enabled: false}\n":                                     "metrics.enabled",
-			"config: {files: {ratelimitd.yaml: null}}\n":                                                       "needs a config",
-			"config: {files: {'..data': 'domain: x'}}\n":                                                       "config.files key",
+			"backend: redis-cluster\n":                          "backend",
+			"redis: {mode: replicated}\n":                       "/redis/mode",
+			"redis: {url: 'redis://:hunter2@redis:6379/0'}\n":   "carries a password",
+			"redis: {url: 'rediss://u:hunter2@redis:6379/0'}\n": "carries a password",
+			"redis: {url: 'redis.example:6379'}\n":              "/redis/url",
+			// values.schema.json: a misspelt or misplaced key is an error.
+			"replicas: 3\n":                                                  "additional properties 'replicas'",
+			"redis: {password: hunter2}\n":                                   "additional properties 'password'",
+			"serviceMonitor: {enabled: true, intervall: 10s}\n":              "additional properties 'intervall'",
+			"extraArgs: [redis-pool-size=3]\n":                               "/extraArgs/0",
+			"drain: 5\n":                                                     "/drain",
+			"redis: {mode: cluster}\n":                                       "needs redis.addrs",
+			"redis: {mode: sentinel, addrs: ['s:26379']}\n":                  "needs redis.master",
+			"redis: {addrs: ['a:6379']}\n":                                   "standalone",
+			"redis: {tls: {enabled: true}}\n":                                "rediss://",
+			"redis: {tls: {existingSecret: ca}}\n":                           "need redis.tls.enabled",
+			"redis: {sentinelAuth: {existingSecret: s}}\n":                   "sentinel",
+			"serviceMonitor: {enabled: true}\npodMonitor: {enabled: true}\n": "choose one",
+			"serviceMonitor: {enabled: true}\nmetrics: {enabled: false}\n":   "metrics.enabled",
+			"config: {files: {ratelimitd.yaml: null}}\n":                     "needs a config",
+			"config: {files: {'..data': 'domain: x'}}\n":                     "config.files key",
 			"redis: {url: 'rediss://u@r:6380/0', tls: {enabled: true, existingSecret: s, certKey: tls.crt}}\n": "both",
 		} {
 			renderFails(t, values, want)
@@ -876,6 +885,25 @@ func TestStrictDecoderRejects(t *testing.T) {
 	} {
 		if _, _, err := decodeStrict([]byte(doc)); err == nil {
 			t.Errorf("%s: decoded without error", name)
+		}
+	}
+}
+
+// TestHelmLint runs `helm lint --strict`'s checks (Chart.yaml, values.yaml
+// against values.schema.json, every template rendered and parsed as YAML,
+// Kubernetes name and label rules) on the defaults and on every
+// combination: no message of any severity.
+func TestHelmLint(t *testing.T) {
+	for name, values := range combos {
+		vals, err := chartutil.ReadValues([]byte(values))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := lint.All(chartDir, vals.AsMap(), "ratelimitd", true)
+		for _, m := range res.Messages {
+			if m.Severity > support.InfoSev {
+				t.Errorf("%s: helm lint: %s", name, m)
+			}
 		}
 	}
 }
