@@ -264,21 +264,3 @@ func renderDir(dir string) (rendered, error) {
 	}
 	return out, nil
 }
-
-// podContainers returns pointers to the containers of a workload object.
-func podContainers(o object) []*corev1.Container {
-	var spec *corev1.PodSpec
-	switch w := o.Obj.(type) {
-	case *appsv1.Deployment:
-		spec = &w.Spec.Template.Spec
-	case *appsv1.StatefulSet:
-		spec = &w.Spec.Template.Spec
-	default:
-		return nil
-	}
-	var out []*corev1.Container
-	for i := range spec.Containers {
-		out = append(out, &spec.Containers[i])
-	}
-	return out
-}
