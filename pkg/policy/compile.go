@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -40,6 +41,27 @@ type domainTree struct {
 	override *overridePolicy
 }
 
+// underDotEntry reports whether a or b, below the directories the two
+// paths share, passes through an entry whose name starts with a dot (a
+// Kubernetes ConfigMap volume's ..data or ..<timestamp> directory, or a
+// dot file): the duplicate that IgnoreDotFiles would not have loaded.
+func underDotEntry(a, b string) bool {
+	pa := strings.Split(filepath.ToSlash(filepath.Clean(a)), "/")
+	pb := strings.Split(filepath.ToSlash(filepath.Clean(b)), "/")
+	i := 0
+	for i < len(pa)-1 && i < len(pb)-1 && pa[i] == pb[i] {
+		i++
+	}
+	for _, rest := range [][]string{pa[i:], pb[i:]} {
+		for _, name := range rest {
+			if strings.HasPrefix(name, ".") && name != "." && name != ".." {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // compile builds a Set from parsed files (already in load order).
 func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 	type domainSrc struct {
@@ -61,6 +83,10 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 			continue
 		}
 		if !opts.MergeDomains {
+			if !opts.IgnoreDotFiles && underDotEntry(fc.file, d.file) {
+				errs.add(fc.file, fc.domainLine, "duplicate domain %q in config file (first defined at %s; one of them is below a dot file or directory, as in a Kubernetes ConfigMap mount's ..data: set the ignore-dotfiles option to skip those)", fc.domain, formatPos(d.file, d.line))
+				continue
+			}
 			errs.add(fc.file, fc.domainLine, "duplicate domain %q in config file (first defined at %s; set the merge-domains option to combine files)", fc.domain, formatPos(d.file, d.line))
 			continue
 		}

@@ -462,3 +462,50 @@ func TestIsReadError(t *testing.T) {
 		}
 	}
 }
+
+// configMapDir lays out files as the kubelet mounts a ConfigMap: the
+// files in ..<timestamp>/, a ..data symlink to it, and a top-level
+// symlink ..data/<name> per file.
+func configMapDir(t testing.TB, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	ts := filepath.Join(dir, "..2026_12_01_00_00_00.000000001")
+	if err := os.Mkdir(ts, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Base(ts), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(ts, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// A ConfigMap-shaped directory loads once with IgnoreDotFiles; without it
+// every file is loaded twice, and the duplicate-domain error points at
+// the dot directory and the ignore-dotfiles option, not at merge-domains.
+func TestLoadConfigMapDir(t *testing.T) {
+	dir := configMapDir(t, map[string]string{"a.yaml": head + "  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"})
+	s := mustLoad(t, LoadOptions{IgnoreDotFiles: true}, dir)
+	if got := strings.Join(s.Domains(), ","); got != "d" || len(s.Rules()) != 1 {
+		t.Errorf("domains %q, %d rules; want d, 1", got, len(s.Rules()))
+	}
+	_, _, err := Load(LoadOptions{}, dir)
+	if err == nil || !strings.Contains(err.Error(), "duplicate domain") || !strings.Contains(err.Error(), "set the ignore-dotfiles option") ||
+		strings.Contains(err.Error(), "merge-domains") {
+		t.Errorf("without IgnoreDotFiles: %v; want the duplicate with the ignore-dotfiles hint", err)
+	}
+	// Two ordinary files (under a dot directory they share) keep the
+	// merge-domains hint.
+	plain := writeFiles(t, map[string]string{".shared/x/a.yaml": "domain: d\n", ".shared/x/b.yaml": "domain: d\n"})
+	_, _, err = Load(LoadOptions{}, filepath.Join(plain, ".shared", "x"))
+	if err == nil || !strings.Contains(err.Error(), "set the merge-domains option") {
+		t.Errorf("plain duplicate: %v; want the merge-domains hint", err)
+	}
+}
