@@ -206,7 +206,7 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		o.MemcacheSRV = v
 	}
 	if v, ok := get("MEMCACHE_SRV_REFRESH"); ok && v != "" {
-		d, err := time.ParseDuration(v)
+		d, err := parseDuration(v)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("MEMCACHE_SRV_REFRESH=%q: %w", v, err))
 		} else {
@@ -236,7 +236,7 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 	boolVar("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", &o.RedisTLSSkipVerify)
 	strVar("REDIS_SENTINEL_AUTH", &o.RedisSentinelAuth)
 	if v, ok := get("REDIS_TIMEOUT"); ok && v != "" {
-		d, err := time.ParseDuration(v)
+		d, err := parseDuration(v)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("REDIS_TIMEOUT=%q: %w", v, err))
 		} else {
@@ -411,7 +411,7 @@ func legacyStatsd(o *Options, get func(string) (string, bool), unsupported *[]st
 		}
 	}
 	if v, ok := get("STATS_FLUSH_INTERVAL"); ok && v != "" {
-		d, err := time.ParseDuration(v)
+		d, err := parseDuration(v)
 		if err != nil || d <= 0 {
 			errs = append(errs, fmt.Errorf("STATS_FLUSH_INTERVAL=%q: want a positive duration such as 10s", v))
 		} else {
@@ -434,7 +434,7 @@ func legacyXDS(o *Options, get func(string) (string, bool), errs *[]error) {
 	}
 	dur := func(name string, dst *time.Duration) {
 		if v, ok := get(name); ok && v != "" {
-			d, err := time.ParseDuration(v)
+			d, err := parseDuration(v)
 			if err != nil {
 				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
 				return

@@ -590,6 +590,7 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 	// usage goes out only for -h.
 	fs.SetOutput(io.Discard)
 	lists := registerServeFlags(fs, &o)
+	durErr, restoreDurations := clearDurationErrors(fs)
 	fs.Usage = func() {}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -616,7 +617,13 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
 			fs.SetOutput(usage)
+			restoreDurations()
 			fs.PrintDefaults()
+		}
+		if *durErr != nil {
+			// "--redis-timeout=10: missing unit (e.g. 10ms or 10s)",
+			// not the flag package's "parse error".
+			err = *durErr
 		}
 		return o, warnings, err
 	}

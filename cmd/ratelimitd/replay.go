@@ -74,10 +74,6 @@ func parseReplay(args []string, usage io.Writer) (replayOptions, error) {
 	}
 	fs := flag.NewFlagSet("ratelimitd replay", flag.ContinueOnError)
 	fs.SetOutput(usage)
-	fs.Usage = func() {
-		fmt.Fprint(usage, replayUsage)
-		fs.PrintDefaults()
-	}
 	fs.Var(&listValue{p: &o.Config}, "config", "ratelimitd YAML config file or directory (repeatable, or comma-separated)")
 	fs.StringVar(&o.Envoy, "envoy", "", "Envoy v3 bootstrap YAML whose routes and rate_limits actions build the descriptors")
 	fs.StringVar(&o.Log, "log", "", "access log to replay (- for standard input)")
@@ -99,7 +95,16 @@ func parseReplay(args []string, usage io.Writer) (replayOptions, error) {
 	fs.StringVar(&o.RedisMaster, "redis-master", "", "sentinel master name")
 	fs.DurationVar(&o.RedisTimeout, "redis-timeout", o.RedisTimeout, "per-operation Redis budget")
 	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", 0, "Redis connections per node (0 = store default)")
+	durErr, restoreDurations := clearDurationErrors(fs)
+	fs.Usage = func() {
+		fmt.Fprint(usage, replayUsage)
+		restoreDurations()
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
+		if *durErr != nil {
+			err = *durErr
+		}
 		return o, err
 	}
 	if fs.NArg() > 0 {

@@ -105,7 +105,7 @@ func TestServeFlagErrorOnce(t *testing.T) {
 		t.Errorf("exit %d, want 2", code)
 	}
 	got := errb.String()
-	if n := strings.Count(got, `invalid value "abc"`); n != 1 {
+	if n := strings.Count(got, `--shutdown-grace=abc: not a duration`); n != 1 {
 		t.Errorf("error printed %d times:\n%s", n, got)
 	}
 	if strings.Contains(got, "-redis-url") || !strings.Contains(got, "ratelimitd serve -h") {

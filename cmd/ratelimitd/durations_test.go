@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+// durationFlags are the names of serve's time.Duration flags.
+func durationFlags(t *testing.T) []string {
+	t.Helper()
+	o := defaultOptions()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	registerServeFlags(fs, &o)
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if _, ok := g.Get().(time.Duration); ok {
+				names = append(names, f.Name)
+			}
+		}
+	})
+	if len(names) < 20 {
+		t.Fatalf("only %d duration flags: %v", len(names), names)
+	}
+	return names
+}
+
+// Every duration flag refuses a bare number the way its environment twin
+// and envoyproxy/ratelimit's REDIS_TIMEOUT do: "missing unit", naming the
+// flag and the value, whether the value follows "=" or comes as the next
+// argument.
+func TestDurationFlagErrors(t *testing.T) {
+	for _, name := range durationFlags(t) {
+		for _, args := range [][]string{{"--" + name + "=10"}, {"--" + name, "10"}} {
+			_, _, err := parseServe(args, env(), io.Discard)
+			want := "--" + name + "=10: missing unit (e.g. 10ms or 10s)"
+			if err == nil || err.Error() != want {
+				t.Errorf("%q: error %v, want %q", args, err, want)
+			}
+		}
+		_, _, err := parseServe([]string{"--" + name + "=ten"}, env(), io.Discard)
+		if want := "--" + name + "=ten: not a duration (e.g. 10ms, 1.5s, 2m, 1h30m)"; err == nil || err.Error() != want {
+			t.Errorf("--%s=ten: error %v, want %q", name, err, want)
+		}
+		_, _, err = parseServe(nil, env(envName(name), "10"), io.Discard)
+		if want := envName(name) + `="10": missing unit (e.g. 10ms or 10s)`; err == nil || err.Error() != want {
+			t.Errorf("%s=10: error %v, want %q", envName(name), err, want)
+		}
+		// A good value still reaches the option.
+		if _, _, err := parseServe([]string{"--" + name + "=250ms"}, env(), io.Discard); err != nil &&
+			strings.Contains(err.Error(), "--"+name+"=250ms:") {
+			t.Errorf("--%s=250ms: %v", name, err)
+		}
+	}
+	_, _, err := parseServe(nil, env("REDIS_TIMEOUT", "10"), io.Discard)
+	if want := `REDIS_TIMEOUT="10": missing unit (e.g. 10ms or 10s)`; err == nil || err.Error() != want {
+		t.Errorf("REDIS_TIMEOUT=10: error %v, want %q", err, want)
+	}
+	o, _, err := parseServe([]string{"--redis-timeout", "7ms", "--drain=0"}, env(), io.Discard)
+	if err != nil || o.RedisTimeout != 7*time.Millisecond || o.Drain != 0 {
+		t.Errorf("--redis-timeout 7ms --drain=0: %v, %v %v", err, o.RedisTimeout, o.Drain)
+	}
+	_, err = parseReplay([]string{"--redis-timeout", "10"}, io.Discard)
+	if want := "--redis-timeout=10: missing unit (e.g. 10ms or 10s)"; err == nil || err.Error() != want {
+		t.Errorf("replay --redis-timeout 10: error %v, want %q", err, want)
+	}
+}
+
+// The command prints the flag's error once, with the short hint; -h still
+// names the flags' type.
+func TestDurationFlagErrorPrinted(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"serve", "--redis-timeout", "10"}, env(), &out, &errb); code != 2 {
+		t.Errorf("exit %d, want 2", code)
+	}
+	want := "ratelimitd serve: --redis-timeout=10: missing unit (e.g. 10ms or 10s)\nRun 'ratelimitd serve -h' for the flags.\n"
+	if errb.String() != want {
+		t.Errorf("stderr:\n%s\nwant:\n%s", errb.String(), want)
+	}
+	errb.Reset()
+	if code := run(context.Background(), []string{"serve", "-h"}, env(), &out, &errb); code != 0 ||
+		!strings.Contains(errb.String(), "-redis-timeout duration\n") {
+		t.Errorf("-h: exit %d, usage:\n%s", code, errb.String())
+	}
+}
+
+// Durations are logged as Go duration strings in both formats, also
+// inside groups; other kinds are untouched.
+func TestLogDurations(t *testing.T) {
+	o := defaultOptions()
+	o.LogFormat = "json"
+	var buf bytes.Buffer
+	log := newLogger(o, &buf)
+	log.Info("m", "timeout", 10*time.Millisecond, "n", 3, slog.Group("g", "grace", 90*time.Second), slog.Any("any", 2*time.Hour))
+	var rec map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
+		t.Fatalf("%v: %s", err, buf.String())
+	}
+	if rec["timeout"] != "10ms" || rec["n"] != float64(3) || rec["any"] != "2h0m0s" {
+		t.Errorf("json: %s", buf.String())
+	}
+	if g, _ := rec["g"].(map[string]any); g == nil || g["grace"] != "1m30s" {
+		t.Errorf("json group: %s", buf.String())
+	}
+
+	o.LogFormat = "text"
+	buf.Reset()
+	newLogger(o, &buf).With("drain", 5*time.Second).Info("m", "timeout", 10*time.Millisecond, slog.Group("g", "grace", 90*time.Second))
+	for _, want := range []string{" drain=5s ", " timeout=10ms ", " g.grace=1m30s"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("text: %q lacks %q", buf.String(), want)
+		}
+	}
+}
