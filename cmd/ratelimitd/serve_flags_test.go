@@ -227,3 +227,68 @@ func TestValidateBackendAlgorithms(t *testing.T) {
 		}
 	}
 }
+
+// configMapDir lays out files as the kubelet mounts a ConfigMap volume:
+// ..<timestamp>/ holding the files, ..data -> ..<timestamp>, and a
+// symlink <name> -> ..data/<name> per file.
+func configMapDir(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	ts := "..2026_12_01_00_00_00.000000001"
+	if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(ts, filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, ts, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// validate and serve read --ignore-dotfiles alike (same default, flag,
+// twin and envoyproxy/ratelimit variable): validate accepts the
+// ConfigMap-shaped directory serve loads, and where both are told not to
+// skip dot entries validate's error names the dot directory.
+func TestValidateConfigMapDir(t *testing.T) {
+	dir := configMapDir(t, map[string]string{
+		"example.yaml": "domain: example\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+	})
+	for _, c := range []struct {
+		name string
+		args []string
+		env  []string
+	}{
+		{"defaults", nil, nil},
+		{"flag off", []string{"--ignore-dotfiles=false"}, nil},
+		{"flag on", []string{"--ignore-dotfiles"}, []string{"RATELIMITD_IGNORE_DOTFILES", "false"}},
+		{"twin off", nil, []string{"RATELIMITD_IGNORE_DOTFILES", "false"}},
+		{"reference off", nil, []string{"RUNTIME_IGNOREDOTFILES", "false"}},
+		{"twin wins", nil, []string{"RUNTIME_IGNOREDOTFILES", "false", "RATELIMITD_IGNORE_DOTFILES", "1"}},
+		{"reference empty", nil, []string{"RUNTIME_IGNOREDOTFILES", ""}},
+	} {
+		o, _, err := parseServe(c.args, env(c.env...), io.Discard)
+		if err != nil {
+			t.Fatalf("%s: serve: %v", c.name, err)
+		}
+		var out, errb bytes.Buffer
+		code := run(context.Background(), append(append([]string{"validate"}, c.args...), dir), env(c.env...), &out, &errb)
+		switch {
+		case o.IgnoreDotfiles && (code != 0 || !strings.Contains(errb.String(), "ok: 1 domain(s), 1 rule(s)")):
+			t.Errorf("%s: serve skips dot entries, validate exit %d:\n%s%s", c.name, code, out.String(), errb.String())
+		case !o.IgnoreDotfiles && (code != 1 || !strings.Contains(out.String(), "set the ignore-dotfiles option") || strings.Contains(out.String(), "merge-domains")):
+			t.Errorf("%s: serve loads dot entries, validate exit %d:\n%s%s", c.name, code, out.String(), errb.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"validate", dir}, env("RUNTIME_IGNOREDOTFILES", "maybe"), &out, &errb); code != 2 ||
+		!strings.Contains(errb.String(), `RUNTIME_IGNOREDOTFILES="maybe"`) {
+		t.Errorf("malformed variable: exit %d\n%s", code, errb.String())
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
@@ -16,7 +17,8 @@ import (
 // file:line) and every warning, and with --explain the compiled rules.
 // Exit 0 valid, 1 invalid (or warnings with --strict), 2 usage error.
 // --merge-domains and --ignore-dotfiles (and their RATELIMITD_* twins and
-// envoyproxy/ratelimit variables) shape the load as they do for serve. A
+// envoyproxy/ratelimit variables) shape the load as they do for serve,
+// with serve's defaults (dot files skipped, domains not merged). A
 // path set with no config file is valid but warned (so --strict fails).
 // --backend (RATELIMITD_BACKEND, BACKEND_TYPE) checks the algorithms as
 // serve would with that backend: with memcache, a limit of an algorithm
@@ -26,9 +28,18 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 	fs.SetOutput(io.Discard) // errors are printed once below, usage only for -h
 	strict := fs.Bool("strict", false, "treat warnings as errors")
 	explain := fs.Bool("explain", false, "print the compiled rules")
-	merge := fs.Bool("merge-domains", envBool(lookup, "RATELIMITD_MERGE_DOMAINS", "MERGE_DOMAIN_CONFIG"), "let several files contribute to one domain")
+	// The defaults and environment of serve: serve's own defaults, its
+	// RATELIMITD_* twins, then envoyproxy/ratelimit's variables.
+	def := defaultOptions()
+	mergeDefault, err1 := envBool(lookup, def.MergeDomains, "RATELIMITD_MERGE_DOMAINS", "MERGE_DOMAIN_CONFIG")
+	dotDefault, err2 := envBool(lookup, def.IgnoreDotfiles, "RATELIMITD_IGNORE_DOTFILES", "RUNTIME_IGNOREDOTFILES")
+	if err := errors.Join(err1, err2); err != nil {
+		fmt.Fprintf(stderr, "ratelimitd validate: %v\n", err)
+		return 2
+	}
+	merge := fs.Bool("merge-domains", mergeDefault, "let several files contribute to one domain")
 	backend := fs.String("backend", envBackend(lookup), "check the config against this backend's algorithms: memory, redis or memcache")
-	dot := fs.Bool("ignore-dotfiles", envBool(lookup, "RATELIMITD_IGNORE_DOTFILES", "RUNTIME_IGNOREDOTFILES"), "skip files and directories whose name starts with a dot")
+	dot := fs.Bool("ignore-dotfiles", dotDefault, "skip config files and directories whose name starts with a dot (Kubernetes ConfigMap ..data); --ignore-dotfiles=false loads them")
 	printUsage := func() {
 		fmt.Fprintf(stderr, "Usage: ratelimitd validate [--strict] [--explain] PATH...\n\nExit status: 0 valid, 1 invalid, 2 usage error.\n\nFlags:\n")
 		fs.SetOutput(stderr)
@@ -115,13 +126,23 @@ func envBackend(lookup func(string) (string, bool)) string {
 	return ""
 }
 
-// envBool reads the first set variable of names as a bool (false if none
-// or malformed).
-func envBool(lookup func(string) (string, bool), names ...string) bool {
+// envBool reads the first set variable of names as a bool
+// (strconv.ParseBool: 1, t, true, 0, f, false, any case), or returns def
+// when none is set. A malformed value is an error naming the variable,
+// as serve refuses it.
+func envBool(lookup func(string) (string, bool), def bool, names ...string) (bool, error) {
 	for _, n := range names {
 		if v, ok := lookup(n); ok {
-			return strings.EqualFold(strings.TrimSpace(v), "true") || strings.TrimSpace(v) == "1"
+			v = strings.TrimSpace(v)
+			if v == "" && !strings.HasPrefix(n, "RATELIMITD_") {
+				continue // serve skips an empty envoyproxy/ratelimit variable
+			}
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return def, fmt.Errorf("%s=%q: %w", n, v, err)
+			}
+			return b, nil
 		}
 	}
-	return false
+	return def, nil
 }
