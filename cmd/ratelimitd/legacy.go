@@ -27,8 +27,6 @@ var legacyIgnored = map[string]string{
 	"REDIS_CLUSTER_PIPELINE_PARALLELISM":      "no effect: one script call per request",
 	"REDIS_POOL_ON_EMPTY_BEHAVIOR":            "no effect",
 	"EXPIRATION_JITTER_MAX_SECONDS":           "no effect: keys expire exactly when their state is full again",
-	"GRPC_MAX_CONNECTION_AGE":                 "not tunable",
-	"GRPC_MAX_CONNECTION_AGE_GRACE":           "not tunable",
 	"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "always: health is NOT_SERVING until the first good config",
 	"FORCE_START_WITHOUT_INITIAL_CONFIG":      "always: listeners start at once, health NOT_SERVING until the first good config (from files or xDS)",
 	"PROMETHEUS_PATH":                         "checked below",
@@ -348,6 +346,20 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 			o.GRPCTLSClientSAN, _ = get("GRPC_CLIENT_TLS_SAN")
 		}
 	}
+
+	// gRPC connection age (GOAWAY after it, calls in flight get the grace).
+	durVar := func(name string, dst *time.Duration) {
+		if v, ok := get(name); ok && v != "" {
+			d, err := parseDuration(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+				return
+			}
+			*dst = d
+		}
+	}
+	durVar("GRPC_MAX_CONNECTION_AGE", &o.GRPCMaxConnectionAge)
+	durVar("GRPC_MAX_CONNECTION_AGE_GRACE", &o.GRPCMaxConnectionAgeGrace)
 
 	for _, name := range legacyUnsupported {
 		_, ok := lookup(name)

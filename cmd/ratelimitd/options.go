@@ -207,6 +207,16 @@ type Options struct {
 	GRPCMaxRecvMsgSize       int
 	GRPCMaxConcurrentStreams int
 	GRPCMaxConnections       int
+	// GRPCMaxConnectionAge is how long a gRPC client connection may live
+	// before the server sends it GOAWAY (keepalive.ServerParameters
+	// MaxConnectionAge; grpc-go adds ±10% jitter), so that Envoy's
+	// long-lived HTTP/2 connections spread over replicas added later;
+	// 0 = never. GRPCMaxConnectionAgeGrace is how long calls in flight on
+	// such a connection may still run before it is closed
+	// (MaxConnectionAgeGrace); 0 = no bound. envoyproxy/ratelimit
+	// GRPC_MAX_CONNECTION_AGE and GRPC_MAX_CONNECTION_AGE_GRACE.
+	GRPCMaxConnectionAge      time.Duration
+	GRPCMaxConnectionAgeGrace time.Duration
 	// HTTP servers: HTTPReadTimeout bounds reading a whole request
 	// (headers and body), HTTPWriteTimeout the time from the end of the
 	// request headers to the end of the response (not on the debug
@@ -359,11 +369,13 @@ func defaultOptions() Options {
 		GCPercent:        defaultGCPercent,
 		MemoryLimitRatio: defaultMemoryLimitRatio,
 
-		GRPCMaxRecvMsgSize:       defaultGRPCMaxRecvMsgSize,
-		GRPCMaxConcurrentStreams: defaultGRPCMaxConcurrentStreams,
-		HTTPReadTimeout:          10 * time.Second,
-		HTTPWriteTimeout:         10 * time.Second,
-		HTTPIdleTimeout:          2 * time.Minute,
+		GRPCMaxRecvMsgSize:        defaultGRPCMaxRecvMsgSize,
+		GRPCMaxConcurrentStreams:  defaultGRPCMaxConcurrentStreams,
+		GRPCMaxConnectionAge:      defaultGRPCMaxConnectionAge,
+		GRPCMaxConnectionAgeGrace: defaultGRPCMaxConnectionAgeGrace,
+		HTTPReadTimeout:           10 * time.Second,
+		HTTPWriteTimeout:          10 * time.Second,
+		HTTPIdleTimeout:           2 * time.Minute,
 
 		StatsdFlushInterval: statsd.DefaultFlushInterval,
 		// envoyproxy/ratelimit with no environment: USE_STATSD=true,
@@ -399,6 +411,24 @@ const defaultGRPCMaxRecvMsgSize = 1 << 20
 // and its calls last a few milliseconds; at 1000 in flight per
 // connection it would make ~100,000 decisions per second at 10 ms each.
 const defaultGRPCMaxConcurrentStreams = 1000
+
+// defaultGRPCMaxConnectionAge is the default --grpc-max-connection-age.
+// envoyproxy/ratelimit defaults to 24h, which keeps an Envoy's
+// connections on the replicas that were up when it started for a day:
+// replicas a HorizontalPodAutoscaler adds get no traffic from existing
+// Envoys. After 5 minutes (±10% jitter from grpc-go) each connection is
+// sent GOAWAY and Envoy opens a new one, balanced over the current
+// endpoints; at one new HTTP/2 connection per Envoy worker every 5
+// minutes the cost is negligible.
+const defaultGRPCMaxConnectionAge = 5 * time.Minute
+
+// defaultGRPCMaxConnectionAgeGrace is the default
+// --grpc-max-connection-age-grace: calls in flight when GOAWAY is sent
+// may run this long before the connection is closed. A ShouldRateLimit
+// call lasts milliseconds (Envoy's filter timeout is 20 ms by default);
+// 30 s also lets a health Watch stream or reflection session end on its
+// own terms in most cases (envoyproxy/ratelimit: 1h).
+const defaultGRPCMaxConnectionAgeGrace = 30 * time.Second
 
 // listValue is a repeatable/comma-separated string list flag. The first Set
 // from each source (environment, then command line) replaces the value
@@ -534,6 +564,8 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.IntVar(&o.GRPCMaxRecvMsgSize, "grpc-max-recv-msg-size", o.GRPCMaxRecvMsgSize, "largest gRPC message received, in bytes (larger: ResourceExhausted, not decoded); also the POST /json body bound (larger: 413)")
 	fs.IntVar(&o.GRPCMaxConcurrentStreams, "grpc-max-concurrent-streams", o.GRPCMaxConcurrentStreams, "gRPC calls one client connection may have in flight; further calls wait for one to end")
 	fs.IntVar(&o.GRPCMaxConnections, "grpc-max-connections", o.GRPCMaxConnections, "gRPC client connections open at once; further ones wait to be accepted (0 = unbounded)")
+	fs.DurationVar(&o.GRPCMaxConnectionAge, "grpc-max-connection-age", o.GRPCMaxConnectionAge, "after this long (±10% jitter) a gRPC client connection is sent GOAWAY, so Envoy reconnects and new replicas get traffic (0 = never)")
+	fs.DurationVar(&o.GRPCMaxConnectionAgeGrace, "grpc-max-connection-age-grace", o.GRPCMaxConnectionAgeGrace, "after GOAWAY from --grpc-max-connection-age, calls in flight may run this long before the connection is closed (0 = no bound)")
 	fs.DurationVar(&o.HTTPReadTimeout, "http-read-timeout", o.HTTPReadTimeout, "HTTP listeners: time to read a whole request (headers and body); a slower client is disconnected")
 	fs.DurationVar(&o.HTTPWriteTimeout, "http-write-timeout", o.HTTPWriteTimeout, "HTTP listener (not debug): time from the end of the request headers to the end of the response")
 	fs.DurationVar(&o.HTTPIdleTimeout, "http-idle-timeout", o.HTTPIdleTimeout, "HTTP listeners: how long a keep-alive connection may wait for its next request")
@@ -891,6 +923,12 @@ func (o Options) Validate() error {
 	}
 	if o.GRPCMaxConnections < 0 {
 		add(fmt.Errorf("--grpc-max-connections=%d: must be >= 0 (0 = unbounded)", o.GRPCMaxConnections))
+	}
+	if o.GRPCMaxConnectionAge < 0 {
+		add(fmt.Errorf("--grpc-max-connection-age=%s: must be >= 0 (0 = never)", o.GRPCMaxConnectionAge))
+	}
+	if o.GRPCMaxConnectionAgeGrace < 0 {
+		add(fmt.Errorf("--grpc-max-connection-age-grace=%s: must be >= 0 (0 = no bound)", o.GRPCMaxConnectionAgeGrace))
 	}
 	for _, d := range []struct {
 		name string

@@ -788,7 +788,12 @@ const grpcKeepaliveMinTime = 10 * time.Second
 // --grpc-max-concurrent-streams (advertised in SETTINGS; a client opening
 // more is refused with REFUSED_STREAM, grpc-go clients wait instead), and
 // a keepalive enforcement policy (pings at most every
-// grpcKeepaliveMinTime, also on idle connections).
+// grpcKeepaliveMinTime, also on idle connections), and the connection age
+// (--grpc-max-connection-age, --grpc-max-connection-age-grace): after
+// the age, ±10% jitter added by grpc-go, the connection is sent GOAWAY,
+// new calls go to a new connection (which Envoy balances over the current
+// endpoints) and calls in flight run on for at most the grace. 0 leaves
+// grpc-go's default, infinity, for either.
 func grpcServerOptions(o Options) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.NumStreamWorkers(grpcStreamWorkers),
@@ -797,6 +802,11 @@ func grpcServerOptions(o Options) []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(o.GRPCMaxRecvMsgSize),
 		grpc.MaxConcurrentStreams(uint32(o.GRPCMaxConcurrentStreams)),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
+		// Time and Timeout stay 0: grpc-go's server pings (2 h, 20 s).
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge:      o.GRPCMaxConnectionAge,
+			MaxConnectionAgeGrace: o.GRPCMaxConnectionAgeGrace,
+		}),
 	}
 }
 
