@@ -143,6 +143,26 @@ func checkFilter(t *testing.T, rl *rlfilterv3.RateLimit, clusters map[string]*cl
 	if any == nil || any.UnmarshalTo(&po) != nil || po.GetExplicitHttpConfig().GetHttp2ProtocolOptions() == nil {
 		t.Errorf("cluster %s: gRPC needs HTTP/2 (typed_extension_protocol_options explicit_http_config http2_protocol_options)", name)
 	}
+	// The cluster health-checks ratelimitd over grpc.health.v1 for the
+	// service name it reports NOT_SERVING for while draining and before
+	// its first config (docs/kubernetes.md, "Graceful termination").
+	grpcChecks := 0
+	for _, hc := range c.GetHealthChecks() {
+		g := hc.GetGrpcHealthCheck()
+		if g == nil {
+			continue
+		}
+		grpcChecks++
+		if g.GetServiceName() != "envoy.service.ratelimit.v3.RateLimitService" {
+			t.Errorf("cluster %s: grpc_health_check service_name %q, want envoy.service.ratelimit.v3.RateLimitService", name, g.GetServiceName())
+		}
+		if d := hc.GetTimeout().AsDuration(); d <= 0 || d > hc.GetInterval().AsDuration() {
+			t.Errorf("cluster %s: health check timeout %v, want positive and at most the interval %v", name, d, hc.GetInterval().AsDuration())
+		}
+	}
+	if grpcChecks != 1 {
+		t.Errorf("cluster %s: %d gRPC health checks, want 1 (a draining ratelimitd must leave the pool)", name, grpcChecks)
+	}
 }
 
 // TestDecodeRejects shows the decoder is strict: an unknown extension type,
