@@ -349,6 +349,7 @@ func defaultOptions() Options {
 		// redis package defaults, spelled out so -h shows them.
 		RedisMaxWait:             redis.DefaultMaxWait,
 		RedisDeadlineMargin:      redis.DefaultDeadlineMargin,
+		RedisPoolSize:            redis.DefaultPoolSize,
 		RedisWarmup:              redis.DefaultWarmup,
 		RedisDialTimeout:         redis.DefaultDialTimeout,
 		RedisMinIdleConns:        redis.DefaultMinIdleConns,
@@ -497,7 +498,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.DurationVar(&o.RedisDeadlineMargin, "redis-deadline-margin", o.RedisDeadlineMargin, "kept before the caller's deadline: a decision is made by deadline - min(margin, a quarter of the time left)")
 	fs.IntVar(&o.RedisWaitReplicas, "redis-wait-replicas", o.RedisWaitReplicas, "replicas that must acknowledge each decision's writes (WAIT) before it is used, so that no counted hit is lost in a failover; 0 waits for none (standalone and sentinel only)")
 	fs.DurationVar(&o.RedisWarmup, "redis-warmup", o.RedisWarmup, "at startup, health stays NOT_SERVING until the Redis pools are dialed and the script is loaded, at most this long (0: no warm-up); Redis is never required to start")
-	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", o.RedisPoolSize, "Redis connections per node (0 = store default)")
+	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", o.RedisPoolSize, "Redis connections per node (0 = the store's default, 16)")
 	fs.StringVar(&o.RedisTLSCA, "redis-tls-ca", o.RedisTLSCA, "PEM CA bundle trusted for Redis TLS (default: system roots)")
 	fs.StringVar(&o.RedisTLSCert, "redis-tls-cert", o.RedisTLSCert, "PEM client certificate for Redis mutual TLS")
 	fs.StringVar(&o.RedisTLSKey, "redis-tls-key", o.RedisTLSKey, "PEM client key for Redis mutual TLS")
