@@ -257,6 +257,13 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	}
 	s.observeDecisions(sn, domain, ds, decs, outs)
 	s.observeRefunds(domain, ds, outs)
+	if s.dlog != nil {
+		keys := make([]string, len(hits))
+		for i := range hits {
+			keys[i] = hits[i].Key
+		}
+		s.logDecision(req, ds, keys, resp, denied)
+	}
 	s.addHeaders(blk, ds, decs, outs, denied && !s.opts.ShadowMode)
 	if s.opts.DynamicMetadata {
 		resp.DynamicMetadata = s.dynamicMetadata(req, ds)

@@ -52,6 +52,10 @@ type metrics struct {
 	invalidUTF8     prometheus.Counter
 	refunds         *prometheus.CounterVec // domain
 	refundUnits     *prometheus.CounterVec // domain
+	admin           *prometheus.CounterVec // op, result
+	resets          prometheus.Counter
+	// decisionLogSuppressed counts decision log lines over the rate bound.
+	decisionLogSuppressed prometheus.Counter
 
 	// children of backendDuration, created on first use
 	primaryDuration, fallbackDuration lazyObserver
@@ -113,6 +117,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ratelimitd_invalid_utf8_requests_total",
 			Help: "gRPC RateLimitRequests whose domain or descriptor entry key/value held invalid UTF-8 and were decoded with those strings escaped (U+FFFD + hex of the raw bytes) instead of failing.",
 		}),
+		admin: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimitd_admin_requests_total",
+			Help: "Admin explain and reset calls (debug listener, HTTP and gRPC) by op (explain, reset) and result (ok, invalid, unavailable, error).",
+		}, []string{"op", "result"}),
+		resets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_counter_resets_total",
+			Help: "Counters deleted by admin resets (one per applied limit of each matched descriptor).",
+		}),
+		decisionLogSuppressed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimitd_decision_log_suppressed_total",
+			Help: "Decision log lines (--log-decisions) dropped by the --log-decisions-rate bound.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -122,6 +138,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.requests, m.decisions, m.requestDuration, m.backendDuration, m.backendErrors,
 		m.reloads, m.configInfo, m.inflight, m.unknownDomain, m.globalShadow, m.invalidUTF8,
 		m.refunds, m.refundUnits,
+		m.admin, m.resets, m.decisionLogSuppressed,
 	} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)

@@ -198,6 +198,20 @@ type Options struct {
 	// server's maximum received message size so that both ways in accept
 	// the same requests.
 	MaxJSONBodyBytes int
+	// DecisionLog selects the decisions written to Logger as "decision"
+	// lines (--log-decisions); zero is DecisionLogOff.
+	DecisionLog DecisionLogMode
+	// DecisionLogRate bounds the decision log, in lines per second (a
+	// token bucket of that capacity; lines beyond it are dropped and
+	// counted in ratelimitd_decision_log_suppressed_total and in the next
+	// line's "suppressed"). 0 means DefaultDecisionLogRate; negative is
+	// invalid.
+	DecisionLogRate float64
+	// LogValues lets descriptor values into the decision log, the admin
+	// explanations and the reset log lines (--key-values=clear, where
+	// backend keys carry them anyway). false shows entry keys only, and
+	// backend keys are hashed.
+	LogValues bool
 	// Now is the clock for durations measured by the service; nil means
 	// time.Now.
 	Now func() time.Time
@@ -222,6 +236,12 @@ func (o Options) Validate() error {
 	}
 	if o.FailClosedRetryAfter < 0 {
 		errs = append(errs, fmt.Errorf("service: negative FailClosedRetryAfter %v", o.FailClosedRetryAfter))
+	}
+	if o.DecisionLog > DecisionLogAll {
+		errs = append(errs, fmt.Errorf("service: unknown decision log mode %d", o.DecisionLog))
+	}
+	if o.DecisionLogRate < 0 || o.DecisionLogRate != o.DecisionLogRate {
+		errs = append(errs, fmt.Errorf("service: decision log rate %v is not a positive number of lines per second", o.DecisionLogRate))
 	}
 	if o.MaxJSONBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("service: negative MaxJSONBodyBytes %d", o.MaxJSONBodyBytes))
@@ -267,5 +287,8 @@ func (o *Options) setDefaults() {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.DecisionLogRate == 0 {
+		o.DecisionLogRate = DefaultDecisionLogRate
 	}
 }

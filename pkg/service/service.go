@@ -40,7 +40,8 @@ type Service struct {
 	m        *metrics
 	detailed atomic.Pointer[labelCap]
 	errLog   *logLimiter
-	ref      *refStats // nil without Options.Statsd
+	ref      *refStats   // nil without Options.Statsd
+	dlog     *lineBucket // nil with DecisionLogOff
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
@@ -59,6 +60,9 @@ func New(opts Options) (*Service, error) {
 	s := &Service{opts: opts, m: m, errLog: newLogLimiter(time.Second), unknown: domainInfo{label: LabelUnknownDomain}}
 	s.detailed.Store(newLabelCap(max(opts.DetailedMetricCap, 0)))
 	s.ref = newRefStats(opts.Statsd, opts.DetailedMetricCap)
+	if opts.DecisionLog != DecisionLogOff {
+		s.dlog = newLineBucket(opts.DecisionLogRate, opts.Now())
+	}
 	return s, nil
 }
 

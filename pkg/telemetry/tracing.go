@@ -169,6 +169,17 @@ func (s *tracedStore) Healthy() bool {
 	return true
 }
 
+// Reset forwards to the wrapped store's Reset (service.Resetter); without
+// one it returns an error wrapping errors.ErrUnsupported.
+func (s *tracedStore) Reset(ctx context.Context, hits []algo.Hit) error {
+	if r, ok := s.next.(interface {
+		Reset(context.Context, []algo.Hit) error
+	}); ok {
+		return r.Reset(ctx, hits)
+	}
+	return fmt.Errorf("telemetry: the traced store cannot reset counters: %w", errors.ErrUnsupported)
+}
+
 // Unwrap returns the traced store (for optional interfaces such as
 // ResetCache).
 func (s *tracedStore) Unwrap() Store { return s.next }

@@ -540,3 +540,27 @@ func (s *Store) room(c *call, added, nowUs int64) int64 {
 	c.held += have
 	return added - have
 }
+
+// Reset deletes the state of every hit's Key (service.Resetter): the next
+// Take on it starts from a full quota. Absent keys are skipped; it fails
+// only when ctx is done before it starts.
+func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("memory: %w", err)
+	}
+	n := uint64(len(s.shards))
+	for _, h := range hits {
+		x := maphash.String(s.seed, h.Key)
+		sh := &s.shards[int((x>>32)%n)]
+		sh.mu.Lock()
+		id, ok := sh.find(h.Key, uint32(x))
+		if ok {
+			sh.remove(id)
+		}
+		sh.mu.Unlock()
+		if ok {
+			s.keys.Add(-1)
+		}
+	}
+	return nil
+}

@@ -88,6 +88,13 @@ type BreakerOptions struct {
 	Probes int
 	// Disabled turns the breaker off: every call goes to Redis.
 	Disabled bool
+	// OnTransition, when not nil, is called after each state change with
+	// the new state: BreakerOpen when the circuit opens (also again from
+	// half-open), BreakerHalfOpen when the first probe after OpenFor is
+	// let through, BreakerClosed when a probe succeeded. It runs on the
+	// goroutine of the call that changed the state, after the breaker's
+	// lock is released; keep it fast (a log line, a counter).
+	OnTransition func(to BreakerState)
 }
 
 // DefaultBreakerOptions: open after 5 consecutive failures or >= 50% failed
@@ -164,6 +171,30 @@ type Breaker struct {
 	openHard    bool      // the circuit opened on failures that include a non-timeout outage
 	buckets     [breakerBuckets]breakerBucket
 	opened      uint64 // times the circuit opened
+	// halfOpened: BreakerHalfOpen was reported since the circuit last
+	// opened; pending are the transitions unlock reports.
+	halfOpened bool
+	pending    []BreakerState
+}
+
+// unlock releases b.mu and then reports the transitions recorded while it
+// was held to OnTransition.
+func (b *Breaker) unlock() {
+	p := b.pending
+	b.pending = nil
+	b.mu.Unlock()
+	if b.opts.OnTransition != nil {
+		for _, st := range p {
+			b.opts.OnTransition(st)
+		}
+	}
+}
+
+// transitionLocked records a state change for unlock. b.mu is held.
+func (b *Breaker) transitionLocked(to BreakerState) {
+	if b.opts.OnTransition != nil {
+		b.pending = append(b.pending, to)
+	}
 }
 
 // NewBreaker returns a closed breaker. now is its clock for Do and Healthy
@@ -187,11 +218,15 @@ func (b *Breaker) Allow(now time.Time) error {
 		return nil
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	defer b.unlock()
 	switch b.stateLocked(now) {
 	case BreakerClosed:
 		return nil
 	case BreakerHalfOpen:
+		if !b.halfOpened {
+			b.halfOpened = true
+			b.transitionLocked(BreakerHalfOpen)
+		}
 		// Probes that never recorded (lost) are replaced after another
 		// OpenFor.
 		if b.probes > 0 && now.Sub(b.probeAt) >= b.opts.OpenFor {
@@ -250,7 +285,7 @@ func (b *Breaker) record(start, now time.Time, err error) {
 		hard = failed && e.cause != CauseTimeout
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	defer b.unlock()
 	st := b.stateLocked(now)
 	if st != BreakerClosed && start.Before(b.openedAt) {
 		// A straggler that started before the circuit opened.
@@ -293,7 +328,7 @@ func (b *Breaker) Overdue(sent, now time.Time) {
 		return
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	defer b.unlock()
 	if b.stateLocked(now) != BreakerClosed || sent.Before(b.openedAt) {
 		return
 	}
@@ -379,11 +414,14 @@ func (b *Breaker) stateLocked(now time.Time) BreakerState {
 func (b *Breaker) openLocked(now time.Time, hard bool) {
 	b.state, b.openedAt, b.probes, b.openHard = BreakerOpen, now, 0, hard
 	b.opened++
+	b.halfOpened = false
+	b.transitionLocked(BreakerOpen)
 }
 
 func (b *Breaker) closeLocked() {
 	b.state, b.consecutive, b.probes = BreakerClosed, 0, 0
 	b.buckets = [breakerBuckets]breakerBucket{}
+	b.transitionLocked(BreakerClosed)
 }
 
 func (b *Breaker) bucketLocked(now time.Time) *breakerBucket {

@@ -395,3 +395,35 @@ func TestBreakerOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// OnTransition reports every state change once, in order, outside the
+// breaker's lock (the callback may read the state).
+func TestBreakerOnTransition(t *testing.T) {
+	var got []string
+	var b *redis.Breaker
+	opts := redis.BreakerOptions{Failures: 2, Window: time.Second, MinCalls: 10, FailureRatio: 0.5, OpenFor: 100 * time.Millisecond,
+		OnTransition: func(to redis.BreakerState) {
+			got = append(got, to.String()+"/"+b.StateAt(bt0.Add(time.Hour)).String())
+		}}
+	b = redis.NewBreaker(opts, nil)
+	ms := time.Millisecond
+	call := func(at time.Duration, err error) {
+		if b.Allow(bt0.Add(at)) == nil {
+			b.Record(bt0.Add(at), err)
+		}
+	}
+	call(0, nil)
+	call(1*ms, errOutage)
+	call(2*ms, errOutage) // opens
+	call(3*ms, nil)       // refused: open
+	call(110*ms, errOutage)
+	call(220*ms, nil) // half-open probe succeeds: closed
+	call(230*ms, nil)
+	want := []string{"open/half_open", "half_open/half_open", "open/half_open", "half_open/half_open", "closed/closed"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("transitions %v, want %v", got, want)
+	}
+	if b.Opened() != 2 {
+		t.Errorf("opened %d times, want 2", b.Opened())
+	}
+}

@@ -129,3 +129,16 @@ func (c *overLimitCache) len() int {
 	defer c.mu.Unlock()
 	return c.ll.Len()
 }
+
+// remove drops key's entry, if any.
+func (c *overLimitCache) remove(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.items[key]; ok {
+		c.ll.Remove(el)
+		delete(c.items, key)
+	}
+}

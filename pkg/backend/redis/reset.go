@@ -1,0 +1,44 @@
+package redis
+
+import (
+	"context"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// Reset deletes the state key of every hit (service.Resetter) with
+// UNLINK, and its over-limit cache entry: the next Take on it starts from
+// a full quota. Standalone and Sentinel: one UNLINK for all keys; Cluster:
+// one per key (keys of one request may lie in different slots). Each call
+// runs under the circuit breaker and Options.Timeout; errors are
+// classified (*Error with a Cause). Cluster calls before a failed one
+// stay done.
+func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
+	if len(hits) == 0 {
+		return nil
+	}
+	keys := make([]string, len(hits))
+	for i, h := range hits {
+		keys[i] = h.Key
+		s.cache.remove(h.Key)
+	}
+	unlink := func(ks ...string) error {
+		return s.breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
+			return s.client.Unlink(ctx, ks...).Err()
+		})
+	}
+	var err error
+	if !s.cluster {
+		err = unlink(keys...)
+	} else {
+		for _, k := range keys {
+			if err = unlink(k); err != nil {
+				break
+			}
+		}
+	}
+	for _, k := range keys { // a denial cached meanwhile
+		s.cache.remove(k)
+	}
+	return err
+}

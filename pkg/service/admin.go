@@ -1,0 +1,359 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+)
+
+// Resetter is optionally implemented by a Store that can delete counters
+// (the memory, Redis and memcached backends). Service.Reset uses it.
+type Resetter interface {
+	// Reset deletes the counter state of every hit: the next Take on the
+	// same Key starts from a full quota. Only Key and Limit are read
+	// (Limit for backends whose stored keys are per window: memcached
+	// deletes the counter of the window in progress). A key without state
+	// is not an error. Not atomic across hits: an error may leave some
+	// deleted; it should carry a Cause like Take's errors. A Store that
+	// wraps another returns an error wrapping errors.ErrUnsupported when
+	// the wrapped one has no Reset.
+	Reset(ctx context.Context, hits []algo.Hit) error
+}
+
+// ErrResetUnsupported is returned by Service.Reset when the Store does
+// not implement Resetter. It wraps errors.ErrUnsupported, which a
+// wrapping Store's Reset returns for a wrapped Store without one.
+var ErrResetUnsupported = fmt.Errorf("service: the store cannot reset counters: %w", errors.ErrUnsupported)
+
+// Admin operation and result labels of ratelimitd_admin_requests_total.
+const (
+	adminExplain = "explain"
+	adminReset   = "reset"
+
+	adminOK          = "ok"
+	adminInvalid     = "invalid"
+	adminUnavailable = "unavailable"
+	adminError       = "error"
+)
+
+// Explanation is the answer of Service.Explain (JSON field names as
+// tagged; the admin gRPC service returns the same document as a
+// google.protobuf.Struct).
+type Explanation struct {
+	// Domain is the request's domain.
+	Domain string `json:"domain"`
+	// Code is the overall code ShouldRateLimit would answer now for this
+	// request (its hits_addend included), "OK" or "OVER_LIMIT", before
+	// global shadow mode; nothing was consumed to find it.
+	Code string `json:"code"`
+	// GlobalShadowMode: --shadow-mode is on, so an OVER_LIMIT Code would
+	// be answered as OK.
+	GlobalShadowMode bool `json:"global_shadow_mode,omitempty"`
+	// Denying lists the limits that would deny, as "descriptor
+	// index/policy name".
+	Denying     []string              `json:"denying"`
+	Descriptors []ExplainedDescriptor `json:"descriptors"`
+}
+
+// ExplainedDescriptor is one request descriptor in an Explanation.
+type ExplainedDescriptor struct {
+	Index int `json:"index"`
+	// Entries are the descriptor's entries: keys only, or "key=value"
+	// when Options.LogValues (--key-values=clear).
+	Entries []string `json:"entries"`
+	// Matched: a rule (or a request limit override) answers the
+	// descriptor. Rule is its stat key (Rule.Path, config values only).
+	Matched   bool   `json:"matched"`
+	Rule      string `json:"rule,omitempty"`
+	Override  bool   `json:"override,omitempty"`
+	Unlimited bool   `json:"unlimited,omitempty"`
+	Shadow    bool   `json:"shadow_mode,omitempty"`
+	Quota     bool   `json:"quota_mode,omitempty"`
+	Release   bool   `json:"release,omitempty"`
+	// Cost is the descriptor's hits_addend (the request's, or 1).
+	Cost int64 `json:"cost"`
+	// WouldDeny: some limit of the descriptor has fewer than Cost units
+	// left (the descriptor's status would be OVER_LIMIT unless shadow).
+	WouldDeny bool             `json:"would_deny"`
+	Limits    []ExplainedLimit `json:"limits,omitempty"`
+}
+
+// ExplainedLimit is one applied limit of a descriptor, read with a
+// check-only hit (cost 0: nothing consumed).
+type ExplainedLimit struct {
+	// Name is rate_limit.name ("" when absent); Policy the name in the
+	// RateLimit headers.
+	Name      string `json:"name,omitempty"`
+	Policy    string `json:"policy"`
+	Algorithm string `json:"algorithm"`
+	// RequestsPerUnit per Unit × UnitMultiplier; Burst for token buckets.
+	RequestsPerUnit uint32 `json:"requests_per_unit"`
+	Unit            string `json:"unit"`
+	UnitMultiplier  uint32 `json:"unit_multiplier,omitempty"`
+	Burst           int64  `json:"burst,omitempty"`
+	// Key is the backend key as stored (hashed unless --key-values=clear;
+	// memcached appends the window start).
+	Key string `json:"key"`
+	// Remaining is the whole units admissible now; ResetAfterSeconds the
+	// time until the state is full again (0: no state stored).
+	Remaining         int64   `json:"remaining"`
+	ResetAfterSeconds float64 `json:"reset_after_seconds"`
+	// RetryAfterSeconds, when not 0, is the wait until one unit is
+	// admissible (nothing remains now).
+	RetryAfterSeconds float64 `json:"retry_after_seconds,omitempty"`
+	// WouldDeny: Remaining < the descriptor's Cost.
+	WouldDeny bool `json:"would_deny"`
+}
+
+// ResetResult is the answer of Service.Reset.
+type ResetResult struct {
+	Domain string `json:"domain"`
+	// Counters are the counters deleted, one per applied limit of every
+	// matched descriptor.
+	Counters []ResetCounter `json:"counters"`
+}
+
+// ResetCounter is one counter deleted by Service.Reset.
+type ResetCounter struct {
+	Index  int    `json:"index"` // descriptor index in the request
+	Rule   string `json:"rule"`  // Rule.Path
+	Policy string `json:"policy"`
+	Key    string `json:"key"` // backend key (hashed unless --key-values=clear)
+}
+
+// adminPlan matches req's descriptors as decide does (request limit
+// overrides, `replaces`, concurrency releases) and builds one hit per
+// applied limit, without the per-request scratch arrays of the hot path.
+func (s *Service) adminPlan(sn *snapshot, req *rlsv3.RateLimitRequest) ([]descState, []algo.Hit) {
+	set := sn.set
+	domain := req.GetDomain()
+	reqCost := algo.ClampCost(int64(req.GetHitsAddend()))
+	if reqCost == 0 {
+		reqCost = 1
+	}
+	hasDomain := set.HasDomain(domain)
+	ds := make([]descState, len(req.GetDescriptors()))
+	replaced := map[string]bool{}
+	for i, d := range req.GetDescriptors() {
+		st := &ds[i]
+		st.cost = reqCost
+		if h := d.GetHitsAddend(); h != nil {
+			st.cost = int64(min(h.GetValue(), uint64(algo.MaxCost)))
+		}
+		entries := make([]policy.Entry, 0, len(d.GetEntries()))
+		for _, e := range d.GetEntries() {
+			entries = append(entries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
+			if u, err := overrideUnit(l); err == nil {
+				st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
+				st.matched = st.match.Rule != nil
+				st.override = st.match.Override
+			}
+		} else if hasDomain {
+			st.match, st.matched = set.Match(domain, entries)
+			st.matched = st.matched && st.match.Rule != nil
+		}
+		if st.matched {
+			for _, n := range st.match.Rule.Replaces {
+				replaced[n] = true
+			}
+			st.shadow = st.match.Rule.ShadowMode && !st.override
+			st.quota = st.match.Rule.QuotaMode || s.opts.QuotaMode
+		}
+	}
+	var hits []algo.Hit
+	for i := range ds {
+		st := &ds[i]
+		if !st.matched || st.match.Rule.Unlimited {
+			continue
+		}
+		r := st.match.Rule
+		for k := range r.Limits {
+			sp := &r.Limits[k]
+			if sp.Name != "" && replaced[sp.Name] {
+				continue
+			}
+			if st.match.Release && sp.Limit.Kind != algo.Concurrency {
+				continue
+			}
+			st.applied = append(st.applied, applied{spec: sp, info: sn.spec(r, sp), hit: len(hits)})
+			hits = append(hits, algo.Hit{Key: set.Key(st.match, k), Limit: sp.Limit, Soft: true})
+		}
+	}
+	return ds, hits
+}
+
+// adminSnapshot validates req and returns the snapshot in force, or a
+// gRPC status error (InvalidArgument, Unavailable before the first
+// config).
+func (s *Service) adminSnapshot(op string, req *rlsv3.RateLimitRequest) (*snapshot, error) {
+	if err := validateRequest(req, s.opts.ReferenceAnswers); err != nil {
+		s.m.admin.WithLabelValues(op, adminInvalid).Inc()
+		return nil, err
+	}
+	sn := s.snap.Load()
+	if sn == nil {
+		s.m.admin.WithLabelValues(op, adminUnavailable).Inc()
+		return nil, status.Error(codes.Unavailable, "service: no rate limit configuration loaded")
+	}
+	return sn, nil
+}
+
+// Explain says how the service would decide req now without consuming
+// anything: per descriptor the rule that matched, its limits with their
+// backend keys, remaining units and reset times, read from the primary
+// Store with check-only hits (algo.Hit.Cost 0, Soft), and which limits
+// would deny. The result is what a ShouldRateLimit call would see had it
+// arrived instead, but concurrent traffic may change it at any moment.
+// Errors are gRPC status errors: InvalidArgument (validateRequest),
+// Unavailable before the first config or when the Store fails (no
+// failure mode applies to an explanation).
+func (s *Service) Explain(ctx context.Context, req *rlsv3.RateLimitRequest) (*Explanation, error) {
+	sn, err := s.adminSnapshot(adminExplain, req)
+	if err != nil {
+		return nil, err
+	}
+	ds, hits := s.adminPlan(sn, req)
+	decs := make([]algo.Decision, len(hits))
+	if len(hits) > 0 {
+		res, err := s.take(ctx, s.opts.Store, "primary", hits)
+		if err != nil {
+			s.m.admin.WithLabelValues(adminExplain, adminUnavailable).Inc()
+			return nil, status.Errorf(codes.Unavailable, "service: explain: backend failed (%s): %v", causeOf(err), err)
+		}
+		copy(decs, res)
+	}
+	// A limit denies the request's cost when fewer units remain: the
+	// decisions evaluate as the request's own would have.
+	verdicts := make([]algo.Decision, len(decs))
+	for i := range ds {
+		for _, a := range ds[i].applied {
+			verdicts[a.hit] = algo.Decision{Allowed: decs[a.hit].Allowed && decs[a.hit].Remaining >= ds[i].cost}
+			if ds[i].match.Release {
+				verdicts[a.hit].Allowed = true // a release is always allowed
+			}
+		}
+	}
+	denied := s.evaluate(ds, verdicts)
+	ex := &Explanation{Domain: req.GetDomain(), Code: rlsv3.RateLimitResponse_OK.String(), GlobalShadowMode: s.opts.ShadowMode, Denying: []string{}}
+	if denied {
+		ex.Code = rlsv3.RateLimitResponse_OVER_LIMIT.String()
+	}
+	for i, d := range req.GetDescriptors() {
+		st := &ds[i]
+		ed := ExplainedDescriptor{Index: i, Entries: s.entryList(d.GetEntries()), Matched: st.matched, Cost: st.cost,
+			Override: st.override, Shadow: st.shadow, Quota: st.quota, WouldDeny: st.denied}
+		if st.matched {
+			ed.Rule = st.match.Rule.Path
+			ed.Unlimited = st.match.Rule.Unlimited
+			ed.Release = st.match.Release
+			if st.override {
+				ed.Rule = LabelOverride
+			}
+		}
+		for _, a := range st.applied {
+			sp, dec := a.spec, decs[a.hit]
+			el := ExplainedLimit{
+				Name: sp.Name, Policy: a.info.name, Algorithm: policy.AlgorithmName(sp.Limit.Kind),
+				RequestsPerUnit: sp.RequestsPerUnit, Unit: sp.Unit.String(), Burst: sp.Burst,
+				Key: hits[a.hit].Key, Remaining: dec.Remaining, ResetAfterSeconds: seconds(dec.ResetAfter),
+				RetryAfterSeconds: seconds(dec.RetryAfter), WouldDeny: !verdicts[a.hit].Allowed,
+			}
+			if sp.UnitMultiplier > 1 {
+				el.UnitMultiplier = sp.UnitMultiplier
+			}
+			if el.WouldDeny {
+				ex.Denying = append(ex.Denying, fmt.Sprintf("%d/%s", i, a.info.name))
+			}
+			ed.Limits = append(ed.Limits, el)
+		}
+		ex.Descriptors = append(ex.Descriptors, ed)
+	}
+	s.m.admin.WithLabelValues(adminExplain, adminOK).Inc()
+	return ex, nil
+}
+
+// seconds is d in seconds, rounded to microseconds.
+func seconds(d time.Duration) float64 {
+	return math.Round(d.Seconds()*1e6) / 1e6
+}
+
+// Reset deletes the counters of every applied limit of req's matched
+// descriptors (a support ticket, a good login after failed ones) on the
+// primary Store and, when it has one, the failure_mode local fallback.
+// who names the caller for the log line (the peer address); the line
+// gives the domain, rule, policy and backend key of each counter, never
+// a descriptor value unless Options.LogValues. Counted in
+// ratelimitd_admin_requests_total{op="reset"} and, per counter, in
+// ratelimitd_counter_resets_total. Errors are gRPC status errors:
+// InvalidArgument, Unavailable (no config, Store failed), Unimplemented
+// (ErrResetUnsupported).
+func (s *Service) Reset(ctx context.Context, req *rlsv3.RateLimitRequest, who string) (*ResetResult, error) {
+	sn, err := s.adminSnapshot(adminReset, req)
+	if err != nil {
+		return nil, err
+	}
+	ds, hits := s.adminPlan(sn, req)
+	out := &ResetResult{Domain: req.GetDomain(), Counters: []ResetCounter{}}
+	for i := range ds {
+		for _, a := range ds[i].applied {
+			rule := ds[i].match.Rule.Path
+			if ds[i].override {
+				rule = LabelOverride
+			}
+			out.Counters = append(out.Counters, ResetCounter{Index: i, Rule: rule, Policy: a.info.name, Key: hits[a.hit].Key})
+		}
+	}
+	if len(hits) > 0 {
+		r, ok := s.opts.Store.(Resetter)
+		if !ok {
+			err = ErrResetUnsupported
+		} else {
+			err = r.Reset(ctx, hits)
+		}
+		if err == nil && s.opts.Fallback != nil {
+			if fr, ok := s.opts.Fallback.(Resetter); ok {
+				err = fr.Reset(ctx, hits)
+			}
+		}
+		if err != nil {
+			s.m.admin.WithLabelValues(adminReset, adminError).Inc()
+			s.opts.Logger.Warn("admin reset failed", "who", who, "domain", req.GetDomain(), "keys", keysOf(out.Counters), "error", err)
+			if errors.Is(err, errors.ErrUnsupported) {
+				return nil, status.Error(codes.Unimplemented, err.Error())
+			}
+			return nil, status.Errorf(codes.Unavailable, "service: reset: backend failed (%s): %v", causeOf(err), err)
+		}
+	}
+	s.m.admin.WithLabelValues(adminReset, adminOK).Inc()
+	s.m.resets.Add(float64(len(out.Counters)))
+	args := []any{"who", who, "domain", req.GetDomain()}
+	if s.opts.LogValues {
+		args = append(args, "entries", descriptorList(req, s.entryList))
+	}
+	for _, c := range out.Counters {
+		s.opts.Logger.Info("admin reset: counter deleted", append(args, "descriptor", c.Index, "rule", c.Rule, "policy", c.Policy, "key", c.Key)...)
+	}
+	if len(out.Counters) == 0 {
+		s.opts.Logger.Info("admin reset: no limit matched; nothing deleted", args...)
+	}
+	return out, nil
+}
+
+func keysOf(cs []ResetCounter) []string {
+	ks := make([]string, len(cs))
+	for i, c := range cs {
+		ks[i] = c.Key
+	}
+	return ks
+}
