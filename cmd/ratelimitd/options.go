@@ -142,6 +142,11 @@ type Options struct {
 	// closed denial.
 	FailClosedRetryAfter time.Duration
 
+	// The decision log (service.Options.DecisionLog): off, denied or
+	// all, at most LogDecisionsRate lines per second.
+	LogDecisions     string
+	LogDecisionsRate float64
+
 	// MemoryMaxKeys bounds the keys of the in-memory store (the memory
 	// backend, and the failure_mode: local fallback of the Redis
 	// backend); 0 = unbounded. A request needing a new key beyond it
@@ -332,6 +337,8 @@ func defaultOptions() Options {
 		ProblemTypeBase:      service.DefaultProblemTypeBase,
 		DetailedMetricCap:    service.DefaultDetailedMetricCap,
 		FailClosedRetryAfter: service.DefaultFailClosedRetryAfter,
+		LogDecisions:         "off",
+		LogDecisionsRate:     service.DefaultDecisionLogRate,
 		// ≈ 111–128 bytes of heap per key for fixed/sliding window and
 		// token bucket (docs/operations.md): about 110–130 MB at the bound.
 		MemoryMaxKeys: 1_000_000,
@@ -545,6 +552,8 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.ProblemTypeBase, "problem-type-base", o.ProblemTypeBase, "prefix of the RFC 9457 problem type (quota-exceeded, temporary-reduced-capacity)")
 	fs.StringVar(&o.ProblemDetail, "problem-detail", o.ProblemDetail, "problem detail template with {policy}, {quota}, {window}, {retry_after} (empty: built-in sentence)")
 	fs.IntVar(&o.DetailedMetricCap, "detailed-metric-cap", o.DetailedMetricCap, "distinct rule label values from detailed_metric rules per loaded config, then \"_other\" (negative disables detailed labels)")
+	fs.StringVar(&o.LogDecisions, "log-decisions", o.LogDecisions, "decision log: off, denied (requests with a denied descriptor) or all; one \"decision\" line each, values hashed unless --key-values=clear")
+	fs.Float64Var(&o.LogDecisionsRate, "log-decisions-rate", o.LogDecisionsRate, "most decision log lines per second (token bucket); the rest are counted in ratelimitd_decision_log_suppressed_total")
 	fs.DurationVar(&o.FailClosedRetryAfter, "fail-closed-retry-after", o.FailClosedRetryAfter, "Retry-After base when failure_mode: closed denies because the backend failed")
 	fs.IntVar(&o.MemoryMaxKeys, "memory-max-keys", o.MemoryMaxKeys, "keys the in-memory store (and the failure_mode: local fallback) may hold; when full, new keys get the rule's failure mode (0 = unbounded)")
 	fs.IntVar(&o.MaxConfigRules, "max-config-rules", o.MaxConfigRules, "most rules a loaded config may hold, at startup and at reload; a larger config is refused and the config in force stays (0 = no limit)")
@@ -821,6 +830,7 @@ func (o Options) Validate() error {
 			add(fmt.Errorf("--%s=%q: not an HTTP header name (RFC 9110 token)", h.name, h.v))
 		}
 	}
+	add(o.validateDecisionLog())
 	if o.Backend == "redis" {
 		switch o.RedisMode {
 		case "cluster":

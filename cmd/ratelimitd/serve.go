@@ -82,11 +82,14 @@ type resetter interface{ ResetCache() }
 // stores hold at most --memory-max-keys keys; beyond that a request that
 // needs a new key drops an expired key or, when none has expired, fails
 // with memory.ErrFull (cause "oom") and its rule's failure mode decides.
-func newStore(o Options) (service.Store, service.Store, func() error, error) {
+// onCircuit, when not nil, is the Redis circuit breaker's OnTransition.
+func newStore(o Options, onCircuit func(redis.BreakerState)) (service.Store, service.Store, func() error, error) {
 	mem := func() (*memory.Store, error) { return memory.New(memory.Options{MaxKeys: o.MemoryMaxKeys}) }
 	switch o.Backend {
 	case "redis":
-		rs, err := redis.New(redisOptions(o))
+		ro := redisOptions(o)
+		ro.Breaker.OnTransition = onCircuit
+		rs, err := redis.New(ro)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -281,7 +284,8 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		log.Warn("--key-values=clear: descriptor values are stored in clear text in backend keys (development only)")
 	}
 
-	store, fallback, closeStore, err := newStore(o)
+	ev := newEvents(log, o.Backend)
+	store, fallback, closeStore, err := newStore(o, ev.onCircuit)
 	if err != nil {
 		return scrubErr(fmt.Errorf("backend: %w", err), secretsOf(o)...)
 	}
@@ -312,6 +316,9 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	if err := registerBackendMetrics(reg, store); err != nil {
 		return fmt.Errorf("backend metrics: %w", err)
 	}
+	if err := ev.register(reg); err != nil {
+		return fmt.Errorf("event metrics: %w", err)
+	}
 	headers, err := service.ParseHeaderMode(o.Headers)
 	if err != nil {
 		return err
@@ -325,7 +332,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	if err != nil {
 		return err
 	}
-	svc, err := service.New(service.Options{
+	svc, err := service.New(withDecisionLog(service.Options{
 		Store:      tr.Store(store),
 		Fallback:   fallback,
 		Registerer: reg,
@@ -351,7 +358,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		DetailedMetricCap:    o.DetailedMetricCap,
 		FailClosedRetryAfter: o.FailClosedRetryAfter,
 		MaxJSONBodyBytes:     o.GRPCMaxRecvMsgSize,
-	})
+	}, o))
 	if err != nil {
 		return err
 	}
@@ -440,8 +447,15 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	}
 	servers := []*http.Server{httpServer}
 	serveLns := []net.Listener{httpLn}
+	var adminGS *grpc.Server
 	if debugLn != nil {
-		servers = append(servers, newHTTPServer(o, debugGuard(s.debugMux(), o.DebugTokenFile, log), false))
+		var ds *http.Server
+		if ds, adminGS, err = s.debugServer(); err != nil {
+			closeAll()
+			return err
+		}
+		defer adminGS.Stop()
+		servers = append(servers, ds)
 		serveLns = append(serveLns, debugLn)
 	}
 	if metricsLn != nil {
@@ -671,7 +685,7 @@ func (s *server) apply(set *policy.Set, warnings []policy.Warning) {
 	s.svc.CountReload(service.ReloadSuccess, set)
 	first := !s.loaded.Swap(true)
 	s.updateHealth()
-	s.log.Info("config loaded", "domains", len(set.Domains()), "rules", len(set.Rules()), "hash", set.Hash(), "first", first)
+	s.log.Info("config loaded", "domains", len(set.Domains()), "rules", len(set.Rules()), "hash", set.Hash(), "source_hash", set.SourceHash(), "first", first)
 }
 
 // fail records a load that put nothing in force; the last good config, if
@@ -728,7 +742,8 @@ func backendTarget(o Options) []any {
 	return attrs
 }
 
-// debugMux serves /rlconfig and /debug/pprof/ (cmdline with secrets
+// debugMux serves /rlconfig, the admin API (/admin/explain,
+// /admin/reset; docs/admin.md) and /debug/pprof/ (cmdline with secrets
 // redacted).
 func (s *server) debugMux() http.Handler {
 	m := http.NewServeMux()
@@ -737,7 +752,11 @@ func (s *server) debugMux() http.Handler {
 			http.NotFound(w, r)
 			return
 		}
-		_, _ = io.WriteString(w, "/rlconfig: compiled rate-limit rules\n/debug/pprof/: Go profiles\n")
+		_, _ = io.WriteString(w, "/rlconfig: compiled rate-limit rules\n"+
+			"POST /admin/explain: how a RateLimitRequest (JSON, as POST /json) would be decided now, without consuming\n"+
+			"POST /admin/reset: delete the counters of a RateLimitRequest's descriptors\n"+
+			"gRPC ratelimitd.admin.v1.Admin/{Explain,Reset}: the same over HTTP/2 on this port\n"+
+			"/debug/pprof/: Go profiles\n")
 	})
 	m.HandleFunc("/rlconfig", func(w http.ResponseWriter, r *http.Request) {
 		set := s.svc.Policy()
@@ -750,6 +769,9 @@ func (s *server) debugMux() http.Handler {
 			s.log.Warn("rlconfig", "err", err)
 		}
 	})
+	admin := s.svc.AdminHandler()
+	m.Handle(service.AdminExplainPath, admin)
+	m.Handle(service.AdminResetPath, admin)
 	m.HandleFunc("/debug/pprof/", pprof.Index)
 	m.HandleFunc("/debug/pprof/cmdline", cmdlineHandler(os.Args))
 	m.HandleFunc("/debug/pprof/profile", pprof.Profile)
