@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/health"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// seriesValue returns the value of the first series of name whose labels
+// include want (0, false when none).
+func seriesValue(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) (float64, bool) {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range want {
+				if got[k] != v {
+					continue next
+				}
+			}
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue(), true
+			}
+			return m.GetCounter().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// ratelimitd_build_info carries the linker-set version and commit and
+// the Go version.
+func TestBuildInfo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if err := newEvents(slog.New(slog.DiscardHandler), "memory").register(reg); err != nil {
+		t.Fatal(err)
+	}
+	v, ok := seriesValue(t, reg, "ratelimitd_build_info", map[string]string{"version": version, "commit": commit, "goversion": runtime.Version()})
+	if !ok || v != 1 {
+		t.Errorf("build_info = %v (found %v), want 1", v, ok)
+	}
+}
+
+// The Redis circuit breaker's transitions reach the log and
+// ratelimitd_backend_circuit_transitions_total{to}: opened when Redis
+// dies, half-open and closed when it is back.
+func TestCircuitTransitionEvents(t *testing.T) {
+	srv := redistest.Standalone(t)
+	logs := &lockedBuffer{}
+	ev := newEvents(slog.New(slog.NewJSONHandler(logs, nil)), "redis")
+	reg := prometheus.NewRegistry()
+	if err := ev.register(reg); err != nil {
+		t.Fatal(err)
+	}
+	o := defaultOptions()
+	o.Backend, o.RedisURL, o.RedisTimeout = "redis", srv.URL(), time.Second
+	store, _, closeStore, err := newStore(o, ev.onCircuit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = closeStore() }()
+	hit := []algo.Hit{{Key: "events", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}, Cost: 1}}
+	take := func() error { _, err := store.Take(context.Background(), hit); return err }
+	if err := take(); err != nil {
+		t.Fatal(err)
+	}
+	count := func(to string) float64 {
+		v, _ := seriesValue(t, reg, "ratelimitd_backend_circuit_transitions_total", map[string]string{"to": to})
+		return v
+	}
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 20s; transitions open=%v half_open=%v closed=%v\n%s", what, count("open"), count("half_open"), count("closed"), logs.String())
+			}
+			_ = take()
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if n := count("open") + count("closed") + count("half_open"); n != 0 {
+		t.Fatalf("%v transitions while Redis answers", n)
+	}
+	srv.Kill()
+	until("circuit opened", func() bool { return count("open") >= 1 })
+	srv.Start()
+	until("circuit closed", func() bool { return count("closed") >= 1 })
+	if err := take(); err != nil {
+		t.Errorf("take after the circuit closed: %v", err)
+	}
+	if count("half_open") < 1 {
+		t.Errorf("closed without half_open")
+	}
+	l := logs.String()
+	for _, msg := range []string{"backend circuit opened", "backend circuit half-open", "backend circuit closed"} {
+		if !strings.Contains(l, msg) {
+			t.Errorf("no %q line:\n%s", msg, l)
+		}
+	}
+}
+
+// A config put in force is logged with its hash and source hash; a
+// rejected reload is logged and counted, the config in force stays.
+func TestConfigAppliedAndRejectedEvents(t *testing.T) {
+	mem, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = mem.Close() }()
+	reg := prometheus.NewRegistry()
+	svc, err := service.New(service.Options{Store: mem, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	s := &server{log: slog.New(slog.NewJSONHandler(logs, nil)), svc: svc, store: mem, health: health.NewServer()}
+	dir := t.TempDir()
+	writeTestFile(t, filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	set, warns, err := policy.Load(policy.LoadOptions{}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.apply(set, warns)
+	if l := logs.String(); !strings.Contains(l, `"msg":"config loaded"`) || !strings.Contains(l, `"source_hash":"`+set.SourceHash()+`"`) ||
+		!strings.Contains(l, `"hash":"`+set.Hash()+`"`) {
+		t.Errorf("config loaded line lacks the hashes:\n%s", l)
+	}
+	s.fail(errors.New("a.yaml:3: bad unit"))
+	if l := logs.String(); !strings.Contains(l, `"msg":"config rejected; keeping the last good config"`) || !strings.Contains(l, "bad unit") {
+		t.Errorf("no rejection line:\n%s", l)
+	}
+	if v, _ := seriesValue(t, reg, "ratelimitd_config_reloads_total", map[string]string{"result": "failure"}); v != 1 {
+		t.Errorf("reloads_total{failure} = %v, want 1", v)
+	}
+	if svc.Policy() != set {
+		t.Error("the rejected reload replaced the config in force")
+	}
+}
+
+// --log-decisions and --log-decisions-rate, with their twins.
+func TestDecisionLogFlags(t *testing.T) {
+	d, _, err := parseServe(nil, env(), io.Discard)
+	if err != nil || d.LogDecisions != "off" || d.LogDecisionsRate != service.DefaultDecisionLogRate {
+		t.Fatalf("defaults %q %v, %v", d.LogDecisions, d.LogDecisionsRate, err)
+	}
+	o, _, err := parseServe([]string{"--log-decisions=Denied", "--log-decisions-rate=2.5", "--key-values=clear"}, env(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, rate, values := decisionLog(o)
+	if m != service.DecisionLogDenied || rate != 2.5 || !values {
+		t.Errorf("flags: %v %v %v", m, rate, values)
+	}
+	e, _, err := parseServe(nil, env("RATELIMITD_LOG_DECISIONS", "all", "RATELIMITD_LOG_DECISIONS_RATE", "9"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, rate, values := decisionLog(e); m != service.DecisionLogAll || rate != 9 || values {
+		t.Errorf("twins: %v %v %v", m, rate, values)
+	}
+	for _, bad := range [][]string{{"--log-decisions=some"}, {"--log-decisions-rate=0"}, {"--log-decisions-rate=-1"}} {
+		if _, _, err := parseServe(bad, env(), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(bad[0], "=", 2)[0]) {
+			t.Errorf("%v: err %v", bad, err)
+		}
+	}
+}
