@@ -290,7 +290,8 @@ func seconds(d time.Duration) float64 {
 
 // Reset deletes the counters of every applied limit of req's matched
 // descriptors (a support ticket, a good login after failed ones) on the
-// primary Store and, when it has one, the failure_mode local fallback.
+// primary Store and, when it has one, the failure_mode local fallback
+// (also when the primary fails: the error is still returned).
 // who names the caller for the log line (the peer address); the line
 // gives the domain, rule, policy and backend key of each counter, never
 // a descriptor value unless Options.LogValues. Counted in
@@ -315,17 +316,20 @@ func (s *Service) Reset(ctx context.Context, req *rlsv3.RateLimitRequest, who st
 		}
 	}
 	if len(hits) > 0 {
-		r, ok := s.opts.Store.(Resetter)
-		if !ok {
-			err = ErrResetUnsupported
-		} else {
-			err = r.Reset(ctx, hits)
+		// The fallback's counters too, also when the primary fails: while
+		// the backend is down, they are the ones deciding.
+		var errs []error
+		if r, ok := s.opts.Store.(Resetter); !ok {
+			errs = append(errs, ErrResetUnsupported)
+		} else if err := r.Reset(ctx, hits); err != nil {
+			errs = append(errs, err)
 		}
-		if err == nil && s.opts.Fallback != nil {
-			if fr, ok := s.opts.Fallback.(Resetter); ok {
-				err = fr.Reset(ctx, hits)
+		if fr, ok := s.opts.Fallback.(Resetter); ok && s.opts.Fallback != nil {
+			if err := fr.Reset(ctx, hits); err != nil {
+				errs = append(errs, fmt.Errorf("fallback: %w", err))
 			}
 		}
+		err = errors.Join(errs...)
 		if err != nil {
 			s.m.admin.WithLabelValues(adminReset, adminError).Inc()
 			s.opts.Logger.Warn("admin reset failed", "who", who, "domain", req.GetDomain(), "keys", keysOf(out.Counters), "error", err)

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -250,10 +251,24 @@ func TestReset(t *testing.T) {
 		t.Errorf("counter_resets_total = %v, want 1", got)
 	}
 
-	// A store without Reset: Unimplemented, nothing deleted.
-	f := newAdminEnv(t, newFakeStore(&clock{now: t0}), policy.KeyOptions{}, nil)
+	// A store without Reset: Unimplemented; the failure_mode local
+	// fallback's counters are reset all the same.
+	fb, err := memory.New(memory.Options{Now: func() time.Time { return t0 }, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = fb.Close() }()
+	f := newAdminEnv(t, newFakeStore(&clock{now: t0}), policy.KeyOptions{}, func(o *service.Options) { o.Fallback = fb })
+	key := res.Counters[0].Key
+	hit := []algo.Hit{{Key: key, Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 3, Period: time.Minute}, Cost: 3}}
+	if _, err := fb.Take(context.Background(), hit); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := f.svc.Reset(context.Background(), alice, "x"); status.Code(err) != codes.Unimplemented {
 		t.Errorf("store without Reset: %v, want Unimplemented", err)
+	}
+	if d, err := fb.Take(context.Background(), hit); err != nil || !d[0].Allowed {
+		t.Errorf("fallback counter not reset: %+v, %v", d, err)
 	}
 }
 
