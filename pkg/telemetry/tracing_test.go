@@ -219,3 +219,36 @@ func TestOTLPExportReachesCollector(t *testing.T) {
 }
 
 var _ sdktrace.SpanExporter = (*tracetest.InMemoryExporter)(nil)
+
+// resetStore is a fakeStore with Reset, recording the keys.
+type resetStore struct {
+	fakeStore
+	keys *[]string
+}
+
+func (r resetStore) Reset(_ context.Context, hits []algo.Hit) error {
+	for _, h := range hits {
+		*r.keys = append(*r.keys, h.Key)
+	}
+	return nil
+}
+
+// The traced store forwards Reset, and says ErrUnsupported for a store
+// without one.
+func TestTracedStoreForwardsReset(t *testing.T) {
+	tr, err := Setup(context.Background(), Options{Enabled: true, Exporter: tracetest.NewInMemoryExporter()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Shutdown(context.Background()) //nolint:errcheck
+	type resetter interface {
+		Reset(context.Context, []algo.Hit) error
+	}
+	var keys []string
+	if err := tr.Store(resetStore{keys: &keys}).(resetter).Reset(context.Background(), []algo.Hit{{Key: "a"}, {Key: "b"}}); err != nil || len(keys) != 2 {
+		t.Errorf("Reset: %v, keys %v", err, keys)
+	}
+	if err := tr.Store(fakeStore{}).(resetter).Reset(context.Background(), nil); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("Reset of a store without one: %v, want ErrUnsupported", err)
+	}
+}
