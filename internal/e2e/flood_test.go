@@ -177,9 +177,16 @@ func TestStreamFloodBounded(t *testing.T) {
 	}
 	after := rssBytes(t, p.cmd.Process.Pid)
 	grew := after - before
+	budget := int64(conns * budgetPer)
+	if raceEnabled {
+		// The race detector keeps shadow memory for every goroutine stack
+		// and heap object: measured 57 KiB per held stream under -race
+		// against 15–16 KiB without.
+		budget *= 4
+	}
 	t.Logf("RSS %d MiB before, %d MiB with %d connections × %d held streams (%.1f KiB per stream)",
 		before>>20, after>>20, conns, limit, float64(grew)/float64(conns*limit)/1024)
-	if grew > conns*budgetPer {
-		t.Errorf("RSS grew by %d MiB for %d flooding connections, over the budget of %d MiB each", grew>>20, conns, budgetPer>>20)
+	if grew > budget {
+		t.Errorf("RSS grew by %d MiB for %d flooding connections, over the budget of %d MiB (race detector: %v)", grew>>20, conns, budget>>20, raceEnabled)
 	}
 }
