@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -721,5 +722,27 @@ func TestInvalidUTF8DecodeMemoryBounded(t *testing.T) {
 			t.Errorf("values of %d bytes: the codec allocates %.0f bytes beyond the decoded message for a %d-byte request (%.2f x), want at most 3.5 x",
 				valueLen, extra, len(bad), extra/float64(len(bad)))
 		}
+	}
+}
+
+// The value bound (MaxValueBytes) applies to the bytes the client sent:
+// a value of invalid UTF-8 up to the bound is decided although its escaped
+// form is twice as long (refusing it would fail the whole call, which
+// Envoy's default failure_mode_deny: false admits uncounted); one byte
+// more is refused, with its raw length in the message.
+func TestInvalidUTF8ValueBoundIsRaw(t *testing.T) {
+	e := newCodecEnv(t, true, nil)
+	for _, n := range []int{32767, 40000, service.MaxValueBytes} {
+		resp, err := e.send(rawReq("svc", "small", strings.Repeat("\xff", n)))
+		if err != nil {
+			t.Fatalf("%d bytes of \\xff: %v, want a decision", n, err)
+		}
+		if resp.GetStatuses()[0].GetCurrentLimit() == nil {
+			t.Errorf("%d bytes of \\xff: %v, want the small rule applied", n, resp)
+		}
+	}
+	_, err := e.send(rawReq("svc", "small", strings.Repeat("\xff", service.MaxValueBytes+1)))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), fmt.Sprintf("value is %d bytes", service.MaxValueBytes+1)) {
+		t.Errorf("%d bytes of \\xff: %v, want InvalidArgument naming %d bytes", service.MaxValueBytes+1, err, service.MaxValueBytes+1)
 	}
 }

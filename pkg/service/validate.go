@@ -2,6 +2,7 @@ package service
 
 import (
 	"fmt"
+	"strings"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -81,10 +82,10 @@ func validateRequest(req *rlsv3.RateLimitRequest, ref bool) error {
 			if e.GetKey() == "" && !ref {
 				return invalid("descriptor %d entry %d: key must not be empty", i, j)
 			}
-			if n := len(e.GetKey()); n > MaxValueBytes {
+			if n := rawLen(e.GetKey()); n > MaxValueBytes {
 				return invalid("descriptor %d entry %d: key is %d bytes, more than the bound of %d", i, j, n, MaxValueBytes)
 			}
-			if n := len(e.GetValue()); n > MaxValueBytes {
+			if n := rawLen(e.GetValue()); n > MaxValueBytes {
 				return invalid("descriptor %d entry %d: value is %d bytes, more than the bound of %d", i, j, n, MaxValueBytes)
 			}
 		}
@@ -138,4 +139,23 @@ func responseUnit(u policy.Unit) rlsv3.RateLimitResponse_RateLimit_Unit {
 		return rlsv3.RateLimitResponse_RateLimit_YEAR
 	}
 	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+}
+
+// rawLen is the length in bytes of s as the client sent it: the lenient
+// decoder replaces a string that is not valid UTF-8 by its escaped form
+// (InvalidUTF8Prefix and two hex digits per byte, codec.go), which must
+// not make a value within MaxValueBytes exceed it. A valid string spelled
+// like an escaped form counts as its decoded length too, at most half its
+// bytes: the bound stays within a factor of two.
+func rawLen(s string) int {
+	rest, ok := strings.CutPrefix(s, InvalidUTF8Prefix)
+	if !ok || len(rest)%2 != 0 {
+		return len(s)
+	}
+	for i := 0; i < len(rest); i++ {
+		if c := rest[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return len(s)
+		}
+	}
+	return len(rest) / 2
 }
