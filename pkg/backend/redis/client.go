@@ -397,5 +397,8 @@ func readPasswordFile(path string) (string, error) {
 	if p == "" {
 		return "", fmt.Errorf("redis: password file %s is empty", path)
 	}
+	if strings.ContainsAny(p, "\r\n") {
+		return "", fmt.Errorf("redis: password file %s holds more than one line; it should hold only the password", path)
+	}
 	return p, nil
 }

@@ -344,12 +344,26 @@ func URLPassword(raw string) string {
 // redactedSecret replaces a password in everything the backend prints.
 const redactedSecret = "xxxxx"
 
-// urlError describes a Redis URL that go-redis could not parse without the
-// URL's password: go-redis (net/url) quotes the whole URL in its errors.
+// urlError describes a Redis URL that go-redis could not parse without
+// quoting the URL or any part of it: go-redis and net/url quote the whole
+// URL (or the part they stumbled on, which may be the user info) in their
+// errors, and a URL that does not parse cannot be redacted reliably. The
+// reason kept is net/url's own (url.Error.Err: "invalid port", "invalid
+// control character in URL") or go-redis' up to its first quoted part
+// ("invalid URL scheme", "invalid database number").
 func urlError(raw string, err error) string {
-	msg := err.Error()
-	if p := URLPassword(raw); p != "" {
-		msg = strings.ReplaceAll(msg, p, redactedSecret)
+	reason := err.Error()
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		reason = ue.Err.Error()
+	} else {
+		reason = strings.TrimPrefix(reason, "redis: ")
+		if i := strings.Index(reason, ": "); i >= 0 {
+			reason = reason[:i]
+		}
 	}
-	return fmt.Sprintf("url %q: %s", RedactURL(raw), msg)
+	if p := URLPassword(raw); p != "" {
+		reason = strings.ReplaceAll(reason, p, redactedSecret)
+	}
+	return "url (not shown: it may hold a password) does not parse: " + reason
 }

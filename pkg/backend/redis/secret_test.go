@@ -73,7 +73,7 @@ func TestPasswordFileRotation(t *testing.T) {
 	}
 }
 
-// TestPasswordFileErrors: a missing or empty password file fails New with
+// TestPasswordFileErrors: a missing, empty or multi-line password file fails New with
 // an error that names the file and never holds a password.
 func TestPasswordFileErrors(t *testing.T) {
 	dir := t.TempDir()
@@ -81,13 +81,17 @@ func TestPasswordFileErrors(t *testing.T) {
 	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{filepath.Join(dir, "missing"), empty} {
+	multi := filepath.Join(dir, "multi")
+	if err := os.WriteFile(multi, []byte("LINE1SECRET\nLINE2SECRET\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{filepath.Join(dir, "missing"), empty, multi} {
 		o := redis.DefaultOptions()
 		o.URL = "redis://127.0.0.1:1/0"
 		o.PasswordFile = f
 		_, err := redis.New(o)
-		if err == nil || !strings.Contains(err.Error(), f) {
-			t.Errorf("PasswordFile %s: err %v, want one naming the file", f, err)
+		if err == nil || !strings.Contains(err.Error(), f) || strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("PasswordFile %s: err %v, want one naming the file and not its content", f, err)
 		}
 	}
 }
@@ -102,6 +106,11 @@ func TestURLErrorsRedacted(t *testing.T) {
 		"redis://:" + pw + "@[::1/0",
 		"redis://user:" + pw + "@127.0.0.1:6379/notadb",
 		"rediss://user:" + pw + "@127.0.0.1:6379/0?unknown=1",
+		"default:" + pw + "@redis:6379",          // no scheme
+		"redis//default:" + pw + "@redis:6379",   // a typo in the scheme
+		"redis:/default:" + pw + "@redis:6379",   // one slash
+		"redis://u:" + pw + "\x01@127.0.0.1:1/0", // a control character, quoted escaped by net/url
+		"redis://u:" + pw + "%40127.0.0.1:16380", // a bad escape
 	} {
 		o := redis.DefaultOptions()
 		o.URL = u
@@ -110,8 +119,8 @@ func TestURLErrorsRedacted(t *testing.T) {
 			t.Errorf("%s: accepted", redis.RedactURL(u))
 			continue
 		}
-		if strings.Contains(err.Error(), pw) {
-			t.Errorf("Validate error leaks the password: %v", err)
+		if strings.Contains(err.Error(), pw) || strings.Contains(err.Error(), "@") {
+			t.Errorf("Validate error leaks the password or quotes the URL: %v", err)
 		}
 		if _, err := redis.New(o); err == nil || strings.Contains(err.Error(), pw) {
 			t.Errorf("New error missing or leaks the password: %v", err)
