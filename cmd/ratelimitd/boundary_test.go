@@ -175,3 +175,37 @@ func mustURL(t *testing.T, s string) *url.URL {
 	}
 	return u
 }
+
+// TestRedisFlagsNeedRedisBackend: a Redis flag or twin without --backend
+// is refused (each replica would count alone on the memory store);
+// --backend=memory given explicitly, or the reference's REDIS_URL (which
+// selects Redis), is accepted.
+func TestRedisFlagsNeedRedisBackend(t *testing.T) {
+	env := func(kv ...string) func(string) (string, bool) {
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	for _, c := range []struct {
+		args    []string
+		env     func(string) (string, bool)
+		wantErr bool
+	}{
+		{[]string{"--redis-url=redis://127.0.0.1:1/0"}, env(), true},
+		{nil, env("RATELIMITD_REDIS_URL", "redis://127.0.0.1:1/0"), true},
+		{[]string{"--redis-mode=cluster", "--redis-addrs=a:1"}, env(), true},
+		{[]string{"--backend=memory", "--redis-url=redis://127.0.0.1:1/0"}, env(), false},
+		{[]string{"--backend=redis", "--redis-url=redis://127.0.0.1:1/0"}, env(), false},
+		{[]string{"--config=x"}, env("REDIS_URL", "127.0.0.1:6379", "REDIS_SOCKET_TYPE", "tcp"), false},
+	} {
+		o, _, err := parseServe(c.args, c.env, io.Discard)
+		if (err != nil) != c.wantErr {
+			t.Errorf("%v: err %v (backend %s), want error %v", c.args, err, o.Backend, c.wantErr)
+		}
+		if err != nil && !strings.Contains(err.Error(), "--backend=redis") {
+			t.Errorf("%v: %v, want a hint naming --backend=redis", c.args, err)
+		}
+	}
+}

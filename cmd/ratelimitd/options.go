@@ -698,6 +698,9 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 	if o.Reference {
 		warnings = referenceWarnings(warnings)
 	}
+	if err := o.checkBackendChosen(explicit); err != nil {
+		return o, warnings, o.annotateEnv(err)
+	}
 	if err := o.Validate(); err != nil {
 		return o, warnings, o.annotateEnv(scrubErr(err, secretsOf(o)...))
 	}
@@ -979,3 +982,20 @@ func sortedKeys(m map[string]string) []string {
 }
 
 var _ = os.LookupEnv // production lookup (main.go)
+
+// checkBackendChosen refuses Redis flags given while the backend is the
+// in-memory store by default: every replica would count alone (N replicas
+// admit N times a limit) although the operator pointed ratelimitd at a
+// Redis. explicit holds the flags set on the command line or by their
+// twins; --backend=memory given explicitly keeps the memory store.
+func (o Options) checkBackendChosen(explicit map[string]bool) error {
+	if o.Backend != "memory" || explicit["backend"] {
+		return nil
+	}
+	for _, f := range []string{"redis-url", "redis-mode", "redis-addrs", "redis-master", "redis-password-file"} {
+		if explicit[f] {
+			return fmt.Errorf("--%s is set but the backend is the in-memory store (--backend defaults to memory): add --backend=redis, or --backend=memory to count in this process only", f)
+		}
+	}
+	return nil
+}
