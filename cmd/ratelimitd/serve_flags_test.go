@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -290,5 +291,42 @@ func TestValidateConfigMapDir(t *testing.T) {
 	if code := run(context.Background(), []string{"validate", dir}, env("RUNTIME_IGNOREDOTFILES", "maybe"), &out, &errb); code != 2 ||
 		!strings.Contains(errb.String(), `RUNTIME_IGNOREDOTFILES="maybe"`) {
 		t.Errorf("malformed variable: exit %d\n%s", code, errb.String())
+	}
+}
+
+// TestValidateConfigSizeBounds: validate refuses what serve refuses for
+// size (--max-config-rules, --max-config-bytes and their twins, with
+// serve's defaults), so a CI gate on validate never passes a config whose
+// pod would never become ready.
+func TestValidateConfigSizeBounds(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	b.WriteString("domain: d\ndescriptors:\n")
+	for i := range 12 {
+		fmt.Fprintf(&b, "  - key: k%d\n    rate_limit: {unit: second, requests_per_unit: 5}\n", i)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		env  []string
+		code int
+		want string
+	}{
+		{[]string{"validate", dir}, nil, 0, ""},
+		{[]string{"validate", "--max-config-rules=10", dir}, nil, 1, "config too large"},
+		{[]string{"validate", dir}, []string{"RATELIMITD_MAX_CONFIG_RULES", "10"}, 1, "config too large"},
+		{[]string{"validate", "--max-config-bytes=100", dir}, nil, 1, "config too large"},
+		{[]string{"validate", "--max-config-rules=10", "--max-config-rules=0", dir}, nil, 0, ""},
+	} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), c.args, env(c.env...), &out, &errb)
+		if code != c.code || !strings.Contains(out.String()+errb.String(), c.want) {
+			t.Errorf("%v %v: exit %d, want %d with %q\n%s%s", c.args, c.env, code, c.code, c.want, out.String(), errb.String())
+		}
+	}
+	if defaultOptions().MaxConfigRules != 50_000 {
+		t.Fatal("the test assumes serve's default of 50000 rules")
 	}
 }

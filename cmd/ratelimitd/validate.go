@@ -33,12 +33,16 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 	def := defaultOptions()
 	mergeDefault, err1 := envBool(lookup, def.MergeDomains, "RATELIMITD_MERGE_DOMAINS", "MERGE_DOMAIN_CONFIG")
 	dotDefault, err2 := envBool(lookup, def.IgnoreDotfiles, "RATELIMITD_IGNORE_DOTFILES", "RUNTIME_IGNOREDOTFILES")
-	if err := errors.Join(err1, err2); err != nil {
+	rulesDefault, err3 := envInt(lookup, int64(def.MaxConfigRules), "RATELIMITD_MAX_CONFIG_RULES")
+	bytesDefault, err4 := envInt(lookup, def.MaxConfigBytes, "RATELIMITD_MAX_CONFIG_BYTES")
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		fmt.Fprintf(stderr, "ratelimitd validate: %v\n", err)
 		return 2
 	}
 	merge := fs.Bool("merge-domains", mergeDefault, "let several files contribute to one domain")
 	backend := fs.String("backend", envBackend(lookup), "check the config against this backend's algorithms: memory, redis or memcache")
+	maxRules := fs.Int("max-config-rules", int(rulesDefault), "most rules the config may hold, as serve enforces it (0 = no limit)")
+	maxBytes := fs.Int64("max-config-bytes", bytesDefault, "most bytes the config files may hold together, as serve enforces it (0 = no limit)")
 	dot := fs.Bool("ignore-dotfiles", dotDefault, "skip config files and directories whose name starts with a dot (Kubernetes ConfigMap ..data); --ignore-dotfiles=false loads them")
 	printUsage := func() {
 		fmt.Fprintf(stderr, "Usage: ratelimitd validate [--strict] [--explain] PATH...\n\nExit status: 0 valid, 1 invalid, 2 usage error.\n\nFlags:\n")
@@ -58,7 +62,7 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 		printUsage()
 		return 2
 	}
-	lo := policy.LoadOptions{MergeDomains: *merge, IgnoreDotFiles: *dot}
+	lo := policy.LoadOptions{MergeDomains: *merge, IgnoreDotFiles: *dot, MaxRules: *maxRules, MaxBytes: *maxBytes}
 	switch b := strings.ToLower(strings.TrimSpace(*backend)); b {
 	case "", "memory", "redis":
 	case "memcache", "memcached":
@@ -142,6 +146,21 @@ func envBool(lookup func(string) (string, bool), def bool, names ...string) (boo
 				return def, fmt.Errorf("%s=%q: %w", n, v, err)
 			}
 			return b, nil
+		}
+	}
+	return def, nil
+}
+
+// envInt is the value of the first set variable of names as an integer,
+// else def.
+func envInt(lookup func(string) (string, bool), def int64, names ...string) (int64, error) {
+	for _, n := range names {
+		if v, ok := lookup(n); ok {
+			i, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return def, fmt.Errorf("%s=%q: %w", n, v, err)
+			}
+			return i, nil
 		}
 	}
 	return def, nil
