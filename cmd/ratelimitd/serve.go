@@ -706,7 +706,7 @@ func (s *server) fail(err error) {
 			s.log.Warn("config files could not be read; keeping the config in force", "err", err.Error())
 			return
 		}
-		s.log.Error("config files could not be read; no config loaded yet: not serving (health NOT_SERVING, requests fail with Unavailable) until a good config loads", "err", err.Error())
+		s.log.Error("config files could not be read; no config loaded yet: not serving (health NOT_SERVING, requests fail with "+s.noConfigCode()+") until a good config loads", "err", err.Error())
 		return
 	}
 	s.svc.CountReload(service.ReloadFailure, nil)
@@ -714,7 +714,17 @@ func (s *server) fail(err error) {
 		s.log.Error("config rejected; keeping the last good config", "err", err.Error())
 		return
 	}
-	s.log.Error("config rejected; no config loaded yet: not serving (health NOT_SERVING, requests fail with Unavailable) until a good config loads", "err", err.Error())
+	s.log.Error("config rejected; no config loaded yet: not serving (health NOT_SERVING, requests fail with "+s.noConfigCode()+") until a good config loads", "err", err.Error())
+}
+
+// noConfigCode is the gRPC code of a call made before the first config
+// is in force: the reference's Unknown in reference mode, else
+// Unavailable.
+func (s *server) noConfigCode() string {
+	if s.opts.ReferenceAnswers {
+		return "Unknown"
+	}
+	return "Unavailable"
 }
 
 // backendTarget are the attributes of the startup log line naming the
