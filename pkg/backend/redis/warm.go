@@ -21,8 +21,8 @@ const warmRetry = 50 * time.Millisecond
 // on every node that takes decisions (the standalone server, the Sentinel
 // master, every Cluster master, whose slot map it loads) it dials
 // max(Options.MinIdleConns, Options.Pipelines + 1) connections (the flush
-// loops and the health probe) with a PING each, and loads the script (SCRIPT LOAD, so that the first
-// EVALSHA finds it). It retries every 50 ms until it succeeds or ctx
+// loops and the health probe) with a PING each, and loads both scripts (take.lua and its fast path take1.lua; SCRIPT
+// LOAD, so that the first EVALSHA of either finds it). It retries every 50 ms until it succeeds or ctx
 // ends, and returns nil or the last error (classified). Warm never makes
 // Redis required: a Store that was not warmed still decides, with the
 // rules' failure modes while Redis is unreachable.
@@ -77,12 +77,17 @@ func (s *Store) warmNodes(ctx context.Context, script bool) error {
 		if !script {
 			return nil
 		}
-		sha, err := c.ScriptLoad(ctx, takeLua).Result()
-		if err != nil {
-			return err
-		}
-		if sha != takeScript.Hash() {
-			return fmt.Errorf("redis: SCRIPT LOAD returned %s, want %s", sha, takeScript.Hash())
+		for _, sc := range []struct {
+			src string
+			s   *goredis.Script
+		}{{takeLua, takeScript}, {take1Lua, take1Script}} {
+			sha, err := c.ScriptLoad(ctx, sc.src).Result()
+			if err != nil {
+				return err
+			}
+			if sha != sc.s.Hash() {
+				return fmt.Errorf("redis: SCRIPT LOAD returned %s, want %s", sha, sc.s.Hash())
+			}
 		}
 		return nil
 	}
