@@ -456,8 +456,10 @@ func TestClusterBatchBySlot(t *testing.T) {
 	t.Cleanup(func() { _ = cc.Close() })
 	resetStats := func() {
 		if err := cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
-			if err := c.ScriptLoad(ctx, takeLua).Err(); err != nil {
-				return err
+			for _, src := range []string{takeLua, take1Lua} { // both scripts, as Warm loads them
+				if err := c.ScriptLoad(ctx, src).Err(); err != nil {
+					return err
+				}
 			}
 			return c.ConfigResetStat(ctx).Err()
 		}); err != nil {
