@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: run build test test-short vet fmt lint bench redis-deps memcached-deps image
+.PHONY: run build test test-short vet fmt lint bench bench-compare callgrind-redis redis-deps memcached-deps image
 
 IMAGE ?= ghcr.io/ratelimitd/ratelimitd
 
@@ -54,3 +54,13 @@ image:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+## bench-compare: ratelimitd against envoyproxy/ratelimit in one run (scripts/bench-compare.sh; DUR, ROUNDS)
+DUR ?= 5s
+ROUNDS ?= 3
+bench-compare:
+	./scripts/bench-compare.sh $(DUR) $(ROUNDS)
+
+## callgrind-redis: Redis instructions per decision, ratelimitd vs the reference (scripts/callgrind-redis.sh; needs valgrind)
+callgrind-redis:
+	./scripts/callgrind-redis.sh

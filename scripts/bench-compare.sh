@@ -23,9 +23,9 @@
 #   p50, p99      client-observed latency
 #   svc CPU/dec   the service process' user+system CPU (/proc/<pid>/stat) / decisions
 #   redis CPU/dec INFO cpu used_cpu_user + used_cpu_sys delta / decisions
-#   redis us/dec  INFO commandstats: the sum of usec of every command
-#                 except the script's own INFO and CONFIG / decisions (Redis'
-#                 execution time, without networking)
+#   redis us/dec  INFO commandstats: the usec of the service's top-level
+#                 commands (see redis_usec) / decisions: Redis' execution
+#                 time, without networking
 # A run with errors is reported (errors column); its ratios still count.
 #
 # Environment: REF_VERSION (the module version), SVC_ARGS (extra ratelimitd
@@ -40,6 +40,7 @@ REF_VERSION=${REF_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}
 ./scripts/ensure-redis.sh >/dev/null
 work=$(mktemp -d)
 cleanup() {
+  kill -CONT ${OURS:-} ${REF:-} 2>/dev/null || true
   kill $(jobs -p) 2>/dev/null || true
   wait 2>/dev/null || true
   if [ "${KEEP:-}" = 1 ]; then echo "work directory: $work"; else rm -rf "$work"; fi
@@ -94,14 +95,25 @@ scenario() { # name -> "concurrency keys key"
 }
 proc_cpu() { awk '{ printf "%d", $14 + $15 }' "/proc/$1/stat"; } # clock ticks
 redis_cpu() { rc info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.6f", s }'; }
-redis_usec() { rc info commandstats | tr -d '\r' | awk -F'[:,=]' '
-  /^cmdstat_/ && $1 != "cmdstat_info" && $1 != "cmdstat_config" { u += $5; c = c sprintf("%s %s calls %s usec; ", substr($1, 9), $3, $5) }
+# redis_usec prints the usec of the top-level commands and every
+# command's calls and usec. INFO commandstats also counts the commands a
+# script calls, inside the script's own usec: for ratelimitd only EVALSHA,
+# EVAL, SCRIPT and PING are top-level (every other command it causes comes
+# from its scripts); the reference calls no script, so all of its count.
+redis_usec() { # service
+  rc info commandstats | tr -d '\r' | awk -F'[:,=]' -v svc="$1" '
+  /^cmdstat_/ && $1 != "cmdstat_info" && $1 != "cmdstat_config|resetstat" {
+    n = substr($1, 9); c = c sprintf("%s %s calls %s usec; ", n, $3, $5)
+    if (svc == "ref" || n == "evalsha" || n == "eval" || n ~ /^script/ || n == "ping") u += $5 }
   END { printf "%d\t%s", u, c }'; }
 
 run() { # service scenario round
-  local svc=$1 sc=$2 round=$3 addr pid conc keys key
+  local svc=$1 sc=$2 round=$3 addr pid other conc keys key
   read -r conc keys key < <(scenario "$sc")
-  if [ "$svc" = ours ]; then addr=127.0.0.1:$OG; pid=$OURS; else addr=127.0.0.1:$RG; pid=$REF; fi
+  if [ "$svc" = ours ]; then addr=127.0.0.1:$OG; pid=$OURS; other=$REF; else addr=127.0.0.1:$RG; pid=$REF; other=$OURS; fi
+  # the other service is stopped (SIGSTOP) while this one runs: neither its
+  # CPU nor its health checks reach the measurement
+  kill -STOP "$other"; kill -CONT "$pid"
   rc flushall >/dev/null
   "$work/rlload" --client h2 --addr "$addr" --concurrency "$conc" --keys "$keys" --key "$key" \
     --warmup 0 --duration 1s >/dev/null
@@ -111,7 +123,7 @@ run() { # service scenario round
   "$work/rlload" --client h2 --addr "$addr" --concurrency "$conc" --keys "$keys" --key "$key" \
     --warmup 0 --duration "$DUR" --json >"$work/r.json"
   c1=$(proc_cpu "$pid"); r1=$(redis_cpu)
-  us=$(redis_usec)
+  us=$(redis_usec "$svc")
   python3 - "$svc" "$sc" "$round" "$((c1 - c0))" "$(getconf CLK_TCK)" "$r0" "$r1" "$us" "$(cut -d' ' -f1 /proc/loadavg)" "$work/r.json" >>"$work/runs.jsonl" <<'EOF'
 import json, sys
 svc, sc, rnd, ticks, hz, r0, r1, us, load, path = sys.argv[1:]

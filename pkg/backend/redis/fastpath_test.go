@@ -168,6 +168,9 @@ func TestFastPathSelected(t *testing.T) {
 	s := newTestStore(t, srv, nil, 0)
 	sha := func(src string) string { h := sha1.Sum([]byte(src)); return hex.EncodeToString(h[:]) }
 	general, fast := redis.ScriptSHA(), sha(takeLua1)
+	if fast != redis.FastScriptSHA() {
+		t.Fatalf("FastScriptSHA %s, SHA1 of take1.lua %s", redis.FastScriptSHA(), fast)
+	}
 	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Minute}
 	cases := []struct {
 		name   string

@@ -41,6 +41,10 @@ var take1Script = goredis.NewScript(take1Lua)
 // EVALSHA (SCRIPT EXISTS tells whether a server has it).
 func ScriptSHA() string { return takeScript.Hash() }
 
+// FastScriptSHA is the SHA1 of the embedded fast-path script (take1.lua),
+// which Warm loads next to take.lua.
+func FastScriptSHA() string { return take1Script.Hash() }
+
 // Script modes (a segment's first header field).
 const (
 	modeTake   = "t"

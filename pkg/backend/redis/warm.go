@@ -21,8 +21,9 @@ const warmRetry = 50 * time.Millisecond
 // on every node that takes decisions (the standalone server, the Sentinel
 // master, every Cluster master, whose slot map it loads) it dials
 // max(Options.MinIdleConns, Options.Pipelines + 1) connections (the flush
-// loops and the health probe) with a PING each, and loads both scripts (take.lua and its fast path take1.lua; SCRIPT
-// LOAD, so that the first EVALSHA of either finds it). It retries every 50 ms until it succeeds or ctx
+// loops and the health probe) with a PING each, and loads both scripts
+// (take.lua and its fast path take1.lua; SCRIPT LOAD, so that the first
+// EVALSHA of either finds it). It retries every 50 ms until it succeeds or ctx
 // ends, and returns nil or the last error (classified). Warm never makes
 // Redis required: a Store that was not warmed still decides, with the
 // rules' failure modes while Redis is unreachable.
