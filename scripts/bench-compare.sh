@@ -28,7 +28,10 @@
 #                 time, without networking
 # A run with errors is reported (errors column); its ratios still count.
 #
-# Environment: REF_VERSION (the module version), SVC_ARGS (extra ratelimitd
+# Environment: REF_VERSION (the module version); REF_RATELIMITD (a
+# ratelimitd binary) runs that build in the reference's place, with
+# ratelimitd's config, for a same-run A/B of two builds ("ours" is this
+# tree, or OURS_RATELIMITD); SVC_ARGS (extra ratelimitd
 # serve flags), REF_ENV (extra reference environment, e.g.
 # "LOCAL_CACHE_SIZE_IN_BYTES=1048576"), KEEP=1 keeps the work directory
 # (raw JSON results in runs.jsonl).
@@ -49,9 +52,11 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 echo "== building ratelimitd, rlload and the reference (envoyproxy/ratelimit $REF_VERSION)"
-go build -o "$work/ratelimitd" ./cmd/ratelimitd
+if [ -n "${OURS_RATELIMITD:-}" ]; then cp "$OURS_RATELIMITD" "$work/ratelimitd"; else go build -o "$work/ratelimitd" ./cmd/ratelimitd; fi
 go build -o "$work/rlload" ./cmd/rlload
-GOBIN="$work/refbin" GOFLAGS=-mod=mod go install "github.com/envoyproxy/ratelimit/src/service_cmd@$REF_VERSION"
+if [ -z "${REF_RATELIMITD:-}" ]; then
+  GOBIN="$work/refbin" GOFLAGS=-mod=mod go install "github.com/envoyproxy/ratelimit/src/service_cmd@$REF_VERSION"
+fi
 
 RP=$(free_port)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
@@ -71,10 +76,16 @@ RG=$(free_port); RH=$(free_port); RD=$(free_port)
 mkdir -p "$work/runtime/ratelimit/config"
 cp scripts/bench/compare/reference/config.yaml "$work/runtime/ratelimit/config/"
 read -r -a ref_env <<<"${REF_ENV:-}"
+if [ -n "${REF_RATELIMITD:-}" ]; then # A/B: another ratelimitd build in the reference's place
+  "$REF_RATELIMITD" serve --config scripts/bench/compare/ratelimitd/config.yaml --backend redis \
+    --redis-url "redis://127.0.0.1:$RP/0" --grpc-addr "127.0.0.1:$RG" --http-addr "127.0.0.1:$RH" \
+    --debug-addr "127.0.0.1:$RD" --log-level error "${svc_args[@]}" >"$work/ref.log" 2>&1 &
+else
 env RUNTIME_ROOT="$work/runtime" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
   REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$RP" USE_STATSD=false DISABLE_STATS=true LOG_LEVEL=error \
   HOST=127.0.0.1 PORT="$RH" GRPC_HOST=127.0.0.1 GRPC_PORT="$RG" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$RD" \
   "${ref_env[@]}" "$work/refbin/service_cmd" >"$work/ref.log" 2>&1 &
+fi
 REF=$!
 
 for port in "$OH" "$RH"; do
@@ -123,7 +134,8 @@ run() { # service scenario round
   "$work/rlload" --client h2 --addr "$addr" --concurrency "$conc" --keys "$keys" --key "$key" \
     --warmup 0 --duration "$DUR" --json >"$work/r.json"
   c1=$(proc_cpu "$pid"); r1=$(redis_cpu)
-  us=$(redis_usec "$svc")
+  local filt=$svc; [ -n "${REF_RATELIMITD:-}" ] && filt=ours
+  us=$(redis_usec "$filt")
   python3 - "$svc" "$sc" "$round" "$((c1 - c0))" "$(getconf CLK_TCK)" "$r0" "$r1" "$us" "$(cut -d' ' -f1 /proc/loadavg)" "$work/r.json" >>"$work/runs.jsonl" <<'EOF'
 import json, sys
 svc, sc, rnd, ticks, hz, r0, r1, us, load, path = sys.argv[1:]

@@ -68,8 +68,39 @@ type serverCodec struct {
 // content-subtype.
 func (c *serverCodec) Name() string { return grpcproto.Name }
 
-// Marshal is the default codec's Marshal.
-func (c *serverCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+// vtMarshaler is the marshalling code vtprotobuf generates: go-control-plane
+// ships it for the RLS messages (rls_vtproto.pb.go) behind the build tag
+// vtprotobuf, so a binary built with -tags vtprotobuf has it.
+type vtMarshaler interface {
+	SizeVT() int
+	MarshalToSizedBufferVTStrict(dAtA []byte) (int, error)
+}
+
+// Marshal writes a message with its vtprotobuf code when it has one (the
+// RLS messages in a -tags vtprotobuf build: the same bytes as protobuf-go,
+// without reflection; TestVTMarshalSameBytes), else with the default
+// codec's Marshal.
+func (c *serverCodec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(vtMarshaler)
+	if !ok {
+		return c.base.Marshal(v)
+	}
+	size := m.SizeVT()
+	if mem.IsBelowBufferPoolingThreshold(size) {
+		buf := make([]byte, size)
+		if _, err := m.MarshalToSizedBufferVTStrict(buf); err != nil {
+			return nil, err
+		}
+		return mem.BufferSlice{mem.SliceBuffer(buf)}, nil
+	}
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(size)
+	if _, err := m.MarshalToSizedBufferVTStrict((*buf)[:size]); err != nil {
+		pool.Put(buf)
+		return nil, err
+	}
+	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+}
 
 // Unmarshal is the default codec's Unmarshal, then, for a RateLimitRequest
 // that failed, the lenient decoding described on ServerCodec.

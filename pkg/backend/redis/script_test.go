@@ -136,3 +136,37 @@ func TestTTLInvariant(t *testing.T) {
 		t.Fatalf("scan: %d keys, %v", n, err)
 	}
 }
+
+// TestSimpleArgsShape: take1.lua expects fieldsSimple ARGV per segment.
+func TestSimpleArgsShape(t *testing.T) {
+	if want := fmt.Sprintf("#ARGV ~= %d * n", fieldsSimple); !strings.Contains(take1Lua, want) {
+		t.Fatalf("take1.lua does not check %q", want)
+	}
+}
+
+// TestArgsAllocs: building a script invocation allocates its argument
+// slice and the command only (2 allocations), for take1.lua (16 simple
+// segments) as for take.lua (16 two-hit segments); the segments' own
+// arguments were copied when they were queued.
+func TestArgsAllocs(t *testing.T) {
+	ctx := context.Background()
+	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Second}
+	mk := func(hits []algo.Hit) []*segArgs {
+		segs := make([]*segArgs, 16)
+		for i := range segs {
+			segs[i] = new(segArgs)
+			segs[i].init(&segment{mode: modeTake, nowUS: -1, nonce: "n", hits: hits})
+		}
+		return segs
+	}
+	simple := mk([]algo.Hit{{Key: "a", Limit: fw, Cost: 1}})
+	general := mk([]algo.Hit{{Key: "a", Limit: fw, Cost: 1}, {Key: "b", Limit: fw, Cost: 1}})
+	if !simple[0].simple || general[0].simple {
+		t.Fatalf("simple: %v and %v, want true and false", simple[0].simple, general[0].simple)
+	}
+	for name, segs := range map[string][]*segArgs{"take1.lua": simple, "take.lua": general} {
+		if n := testing.AllocsPerRun(100, func() { _ = argsCmd(ctx, true, segs) }); n > 2 {
+			t.Errorf("%s: %v allocations per invocation, want at most 2", name, n)
+		}
+	}
+}
