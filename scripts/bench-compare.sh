@@ -51,7 +51,11 @@ cleanup() {
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-echo "== building ratelimitd, rlload and the reference (envoyproxy/ratelimit $REF_VERSION)"
+if [ -n "${REF_RATELIMITD:-}" ]; then
+  echo "== A/B: \"ours\" is ${OURS_RATELIMITD:-this tree}, \"ref\" is $REF_RATELIMITD (ratios: ours / ref)"
+else
+  echo "== building ratelimitd, rlload and the reference (envoyproxy/ratelimit $REF_VERSION)"
+fi
 if [ -n "${OURS_RATELIMITD:-}" ]; then cp "$OURS_RATELIMITD" "$work/ratelimitd"; else go build -o "$work/ratelimitd" ./cmd/ratelimitd; fi
 go build -o "$work/rlload" ./cmd/rlload
 if [ -z "${REF_RATELIMITD:-}" ]; then
