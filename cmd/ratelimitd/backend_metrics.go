@@ -1,12 +1,21 @@
 package main
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
+)
 
 // Optional store interfaces read by the backend metrics (implemented by the
 // Redis store; the memory store has none of them).
 type (
 	breakerStater interface{ BreakerState() string }
 	cacheHitter   interface{ CacheHits() uint64 }
+	cacheLookuper interface {
+		CacheEnabled() bool
+		CacheHits() uint64
+		CacheMisses() uint64
+	}
 	refundCounter interface{ RefundErrors() uint64 }
 	masterChanger interface{ MasterChanges() uint64 }
 	refundFailer  interface{ RefundFailures() uint64 }
@@ -38,8 +47,14 @@ func registerBackendMetrics(reg prometheus.Registerer, store any) error {
 	if c, ok := store.(cacheHitter); ok {
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "ratelimitd_local_cache_hits_total",
-			Help: "Hits answered OVER_LIMIT by the local over-limit cache without a backend round trip.",
+			Help: "Local over-limit cache lookups that found a denial (one lookup per cacheable hit of a request).",
 		}, func() float64 { return float64(c.CacheHits()) }))
+	}
+	if c, ok := store.(cacheLookuper); ok {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimitd_local_cache_misses_total",
+			Help: "Local over-limit cache lookups that found no denial (no entry, an expired one, or a smaller cost than the one cached).",
+		}, func() float64 { return float64(c.CacheMisses()) }))
 	}
 	if r, ok := store.(refundCounter); ok {
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -65,4 +80,31 @@ func registerBackendMetrics(reg prometheus.Registerer, store any) error {
 		}
 	}
 	return nil
+}
+
+// Gauge names of envoyproxy/ratelimit's local cache stats (its freecache's
+// counters, under "ratelimit.localcache").
+const (
+	refLocalCacheHits    = "ratelimit.localcache.hitCount"
+	refLocalCacheMisses  = "ratelimit.localcache.missCount"
+	refLocalCacheLookups = "ratelimit.localcache.lookupCount"
+)
+
+// addLocalCacheStats sends the store's local over-limit cache lookups as
+// envoyproxy/ratelimit's gauges ratelimit.localcache.hitCount, missCount
+// and lookupCount (their sum), set before every statsd flush; as the
+// reference, only while the cache is enabled. No-op when sc is nil or the
+// store has no such cache.
+func addLocalCacheStats(sc *statsd.Client, store any) {
+	c, ok := store.(cacheLookuper)
+	if sc == nil || !ok || !c.CacheEnabled() {
+		return
+	}
+	hits, misses, lookups := sc.Gauge(refLocalCacheHits), sc.Gauge(refLocalCacheMisses), sc.Gauge(refLocalCacheLookups)
+	sc.AddGenerator(func() {
+		h, m := c.CacheHits(), c.CacheMisses()
+		hits.Set(h)
+		misses.Set(m)
+		lookups.Set(h + m)
+	})
 }

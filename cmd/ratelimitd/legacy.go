@@ -37,7 +37,7 @@ var legacyIgnored = map[string]string{
 // startup warning.
 var legacyUnsupported = []string{
 	"GRPC_UDS",
-	"USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS", "EXTRA_TAGS",
+	"USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS",
 	"PROMETHEUS_MAPPER_YAML", "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
 	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
 	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME",
@@ -373,7 +373,7 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 }
 
 // legacyStatsd maps USE_STATSD, STATSD_HOST, STATSD_PORT,
-// STATS_FLUSH_INTERVAL and DISABLE_STATS. envoyproxy/ratelimit sends
+// STATS_FLUSH_INTERVAL, EXTRA_TAGS (--statsd-tags) and DISABLE_STATS. envoyproxy/ratelimit sends
 // statsd to STATSD_HOST:STATSD_PORT (defaults localhost, 8125) unless
 // USE_STATSD is false (its default is true), DISABLE_STATS is true, or
 // another sink (USE_PROMETHEUS, USE_DOG_STATSD) is chosen. ratelimitd
@@ -421,6 +421,9 @@ func legacyStatsd(o *Options, get func(string) (string, bool), unsupported *[]st
 				*unsupported = append(*unsupported, name+statsdOnlyWithUse)
 			}
 		}
+	}
+	if v, ok := get("EXTRA_TAGS"); ok {
+		o.StatsdTags = v
 	}
 	if v, ok := get("STATS_FLUSH_INTERVAL"); ok && v != "" {
 		d, err := parseDuration(v)

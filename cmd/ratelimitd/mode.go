@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // Reference mode: a deployment configured as envoyproxy/ratelimit is (its
@@ -40,12 +41,15 @@ var referenceTriggers = []string{
 
 // envoyproxy/ratelimit's defaults that reference mode applies.
 const (
-	referenceConfigDir      = "/srv/runtime_data/current/config" // RUNTIME_ROOT/RUNTIME_APPDIRECTORY defaults
-	referenceLimitHeader    = "RateLimit-Limit"                  // LIMIT_LIMIT_HEADER default
-	referenceRemainingHdr   = "RateLimit-Remaining"              // LIMIT_REMAINING_HEADER default
-	referenceResetHeader    = "RateLimit-Reset"                  // LIMIT_RESET_HEADER default
-	referenceModeLogMessage = "reference mode: Envoy and clients get envoyproxy/ratelimit's answers (headers, bodies, counting); ratelimitd's own flags still win"
-	nativeModeLogMessage    = "native mode: ratelimitd's own defaults"
+	referenceConfigDir = "/srv/runtime_data/current/config" // RUNTIME_ROOT/RUNTIME_APPDIRECTORY defaults
+	// referenceMemcacheTimeout is gomemcache's DefaultTimeout, which the
+	// reference's memcache client keeps (socket and connect timeout).
+	referenceMemcacheTimeout = 500 * time.Millisecond
+	referenceLimitHeader     = "RateLimit-Limit"     // LIMIT_LIMIT_HEADER default
+	referenceRemainingHdr    = "RateLimit-Remaining" // LIMIT_REMAINING_HEADER default
+	referenceResetHeader     = "RateLimit-Reset"     // LIMIT_RESET_HEADER default
+	referenceModeLogMessage  = "reference mode: Envoy and clients get envoyproxy/ratelimit's answers (headers, bodies, counting); ratelimitd's own flags still win"
+	nativeModeLogMessage     = "native mode: ratelimitd's own defaults"
 )
 
 // legacySeen records which envoyproxy/ratelimit variables applyLegacyEnv
@@ -130,6 +134,8 @@ func resolveMode(o *Options, explicit map[string]bool, asRef bool, lookup func(s
 //   - counting as the reference counts: --counting=always_charge, or
 //     all_or_nothing with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true;
 //   - statsd sent as the reference sends it (useReferenceStatsd);
+//   - --memcache-timeout 500ms (gomemcache's default, which the
+//     reference's memcache client keeps);
 //   - the config directory /srv/runtime_data/current/config and a Redis
 //     backend at /var/run/nutcracker/ratelimit.sock when no variable
 //     names them (the reference's defaults).
@@ -176,6 +182,10 @@ func (o *Options) applyReferenceDefaults(explicit map[string]bool, lookup func(s
 	}
 	if !explicit["config"] && !seen.configDir {
 		o.Config = []string{referenceConfigDir}
+	}
+	// The reference's memcache client keeps gomemcache's default timeout.
+	if !explicit["memcache-timeout"] {
+		o.MemcacheTimeout = referenceMemcacheTimeout
 	}
 	if !explicit["backend"] && !seen.backend {
 		o.Backend = "redis"

@@ -4,8 +4,11 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 )
 
 func TestModeDetection(t *testing.T) {
@@ -148,5 +151,65 @@ func TestReferenceModeStatsd(t *testing.T) {
 	}
 	if o.StatsdAddr != "" || len(warnings) != 0 {
 		t.Errorf("reference, USE_STATSD=false: statsd %q, warnings %q", o.StatsdAddr, warnings)
+	}
+}
+
+// Reference mode defaults --memcache-timeout to gomemcache's 500ms (the
+// reference's memcache client's); native mode and an explicit setting
+// keep theirs.
+func TestReferenceModeMemcacheTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  []string
+		want time.Duration
+	}{
+		{"native", nil, nil, memcache.DefaultTimeout},
+		{"reference", nil, []string{"RUNTIME_ROOT", "/d", "BACKEND_TYPE", "memcache", "MEMCACHE_HOST_PORT", "m:11211"}, 500 * time.Millisecond},
+		{"reference, flag", []string{"--memcache-timeout=80ms"}, []string{"RUNTIME_ROOT", "/d"}, 80 * time.Millisecond},
+		{"reference, twin", nil, []string{"RUNTIME_ROOT", "/d", "RATELIMITD_MEMCACHE_TIMEOUT", "2s"}, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, _, err := parseServe(tc.args, env(tc.env...), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.MemcacheTimeout != tc.want {
+				t.Errorf("memcache timeout %s, want %s", o.MemcacheTimeout, tc.want)
+			}
+		})
+	}
+}
+
+// EXTRA_TAGS maps to --statsd-tags, parsed as the reference parses it;
+// RATELIMITD_STATSD_TAGS wins; a malformed item is an error.
+func TestStatsdTagsOption(t *testing.T) {
+	o, warnings, err := parseServe(nil, env("USE_STATSD", "true", "EXTRA_TAGS", "a:b,foo:bar"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range warnings {
+		if strings.Contains(w, "EXTRA_TAGS") {
+			t.Errorf("EXTRA_TAGS named unsupported: %q", w)
+		}
+	}
+	tags, err := parseStatsdTags(o.StatsdTags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]string{"a": "b", "foo": "bar"}, tags); diff != "" {
+		t.Errorf("tags (-want +got):\n%s", diff)
+	}
+	o, _, err = parseServe(nil, env("EXTRA_TAGS", "a:b", "RATELIMITD_STATSD_TAGS", "x:y"), io.Discard)
+	if err != nil || o.StatsdTags != "x:y" {
+		t.Errorf("twin: %q, %v; want x:y", o.StatsdTags, err)
+	}
+	for _, bad := range []string{"a", "a:b:c", "a:b,"} {
+		if _, _, err := parseServe([]string{"--statsd-tags=" + bad}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), "--statsd-tags") {
+			t.Errorf("--statsd-tags=%q: %v, want an error naming --statsd-tags", bad, err)
+		}
+	}
+	if tags, err := parseStatsdTags(" "); err != nil || tags != nil {
+		t.Errorf("blank: %v, %v", tags, err)
 	}
 }

@@ -247,6 +247,11 @@ type Options struct {
 	// StatsdFlushInterval is how often statsd counters and gauges are
 	// sent (envoyproxy/ratelimit STATS_FLUSH_INTERVAL); > 0.
 	StatsdFlushInterval time.Duration
+	// StatsdTags are tags appended to every statsd stat name as
+	// github.com/lyft/gostats serializes them (".__key=value", sorted by
+	// key; envoyproxy/ratelimit EXTRA_TAGS): "key:value" items separated
+	// by ',' (each item exactly one ':'); "" means none.
+	StatsdTags string
 	// StatsdReferenceAddr is where envoyproxy/ratelimit itself would send
 	// statsd stats with the environment as it is: STATSD_HOST:STATSD_PORT
 	// (defaults localhost:8125) when USE_STATSD is unset, since its
@@ -495,6 +500,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "optional extra listen address serving only /metrics")
 	fs.StringVar(&o.StatsdAddr, "statsd-addr", o.StatsdAddr, "also send envoyproxy/ratelimit's statsd stats over UDP to this host:port (empty: none)")
 	fs.DurationVar(&o.StatsdFlushInterval, "statsd-flush-interval", o.StatsdFlushInterval, "how often statsd counters and gauges are sent (timer samples within a second)")
+	fs.StringVar(&o.StatsdTags, "statsd-tags", o.StatsdTags, "tags appended to every statsd stat name as gostats does (.__key=value, sorted by key): key:value items separated by ',' (empty: none)")
 	fs.StringVar(&o.Backend, "backend", o.Backend, "store: memory, redis or memcache (fixed windows only; also spelled memcached)")
 	fs.StringVar(&o.RedisURL, "redis-url", o.RedisURL, "redis:// or rediss:// URL, with user:password@ for ACL and /db")
 	fs.StringVar(&o.RedisMode, "redis-mode", o.RedisMode, "standalone, cluster (seeds in --redis-addrs) or sentinel (--redis-addrs sentinels + --redis-master)")
@@ -815,6 +821,9 @@ func (o Options) Validate() error {
 	add(checkAddr("debug-addr", o.DebugAddr, true))
 	add(checkAddr("metrics-addr", o.MetricsAddr, true))
 	add(checkAddr("statsd-addr", o.StatsdAddr, true))
+	if _, err := parseStatsdTags(o.StatsdTags); err != nil {
+		add(err)
+	}
 	if o.StatsdFlushInterval <= 0 {
 		add(fmt.Errorf("--statsd-flush-interval=%s: must be > 0", o.StatsdFlushInterval))
 	}
@@ -998,4 +1007,23 @@ func (o Options) checkBackendChosen(explicit map[string]bool) error {
 		}
 	}
 	return nil
+}
+
+// parseStatsdTags parses --statsd-tags ("k1:v1,k2:v2", as
+// envoyproxy/ratelimit's EXTRA_TAGS is parsed: items split on ',', each
+// split on ':' into exactly two parts, nothing trimmed, a later key
+// replacing an earlier one). "" (or only spaces) is no tags.
+func parseStatsdTags(s string) (map[string]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	tags := make(map[string]string)
+	for _, item := range strings.Split(s, ",") {
+		kv := strings.Split(item, ":")
+		if len(kv) != 2 {
+			return nil, fmt.Errorf("--statsd-tags: item %q: want key:value", item)
+		}
+		tags[kv[0]] = kv[1]
+	}
+	return tags, nil
 }

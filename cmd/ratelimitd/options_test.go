@@ -183,14 +183,14 @@ func TestParseServeErrors(t *testing.T) {
 }
 
 func TestLegacyUnsupportedOneWarning(t *testing.T) {
-	_, warnings, err := parseServe(nil, env("USE_DOG_STATSD", "true", "EXTRA_TAGS", "a:b", "TRACING_SERVICE_NAMESPACE", "ns", "TRACING_ENABLED", "true", "REDIS_PERSECOND", "true", "RUNTIME_WATCH_ROOT", "false", "SHADOW_MODE", "true", "USE_STATSD", "true", "STATSD_HOST", "x"), io.Discard)
+	_, warnings, err := parseServe(nil, env("USE_DOG_STATSD", "true", "USE_DOG_STATSD_MOGRIFIERS", "x", "TRACING_SERVICE_NAMESPACE", "ns", "TRACING_ENABLED", "true", "REDIS_PERSECOND", "true", "RUNTIME_WATCH_ROOT", "false", "SHADOW_MODE", "true", "USE_STATSD", "true", "STATSD_HOST", "x"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(warnings) != 1 {
 		t.Fatalf("warnings = %q, want exactly one", warnings)
 	}
-	for _, name := range []string{"USE_DOG_STATSD", "EXTRA_TAGS", "TRACING_SERVICE_NAMESPACE", "REDIS_PERSECOND"} {
+	for _, name := range []string{"USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS", "TRACING_SERVICE_NAMESPACE", "REDIS_PERSECOND"} {
 		if !strings.Contains(warnings[0], name) {
 			t.Errorf("warning %q does not name %s", warnings[0], name)
 		}

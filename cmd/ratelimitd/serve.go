@@ -328,6 +328,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 		return err
 	}
 	defer stopStatsd()
+	addLocalCacheStats(sc, store)
 	counting, err := policy.ParseCounting(o.Counting)
 	if err != nil {
 		return err
@@ -636,7 +637,11 @@ func startStatsd(o Options, reg prometheus.Registerer, log *slog.Logger) (*stats
 	if o.StatsdAddr == "" {
 		return nil, func() {}, nil
 	}
-	sc, err := statsd.New(statsd.Options{Addr: o.StatsdAddr, FlushInterval: o.StatsdFlushInterval, Registerer: reg, Logger: log})
+	tags, err := parseStatsdTags(o.StatsdTags)
+	if err != nil {
+		return nil, nil, err
+	}
+	sc, err := statsd.New(statsd.Options{Addr: o.StatsdAddr, FlushInterval: o.StatsdFlushInterval, Registerer: reg, Logger: log, Tags: tags})
 	if err != nil {
 		return nil, nil, err
 	}

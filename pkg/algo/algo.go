@@ -139,4 +139,10 @@ type Decision struct {
 	// it equals ResetAfter, for a token bucket that is not full it is the
 	// time until the next token.
 	WindowAfter time.Duration
+	// FromCache reports a denial the store's local over-limit cache held
+	// (envoyproxy/ratelimit's over_limit_with_local_cache): answered
+	// without a backend round trip or, when the backend had to decide the
+	// rest of the request with it, confirmed by the backend. false for
+	// every other decision.
+	FromCache bool
 }

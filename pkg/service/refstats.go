@@ -47,6 +47,10 @@ type refStats struct {
 // (ratelimit.service.rate_limit.<key>.<stat>).
 type refKeyStats struct {
 	total, over, near, within, shadow *statsd.Counter
+	// overLocal is over_limit_with_local_cache: hits over the limit
+	// answered by the store's local over-limit cache
+	// (algo.Decision.FromCache), also counted in over.
+	overLocal *statsd.Counter
 }
 
 // refDynamic bounds the stat keys built from request values
@@ -112,6 +116,8 @@ func (r *refStats) newKeyStats(key string) *refKeyStats {
 		near:   r.c.Counter(p + "near_limit"),
 		within: r.c.Counter(p + "within_limit"),
 		shadow: r.c.Counter(p + "shadow_mode"),
+
+		overLocal: r.c.Counter(p + "over_limit_with_local_cache"),
 	}
 }
 
@@ -214,7 +220,9 @@ func (s *Service) refHits(sp *policy.Spec, d algo.Decision, out outcome, cost in
 }
 
 // observeRef adds one counted descriptor's hits to its stat key; label is
-// its ratelimitd_decisions_total rule label. A concurrency lease release
+// its ratelimitd_decisions_total rule label. A descriptor whose deciding
+// limit was answered by the store's local over-limit cache also adds its
+// over_limit hits to over_limit_with_local_cache. A concurrency lease release
 // and a refund (is_negative_hits) are no hits and add nothing.
 func (s *Service) observeRef(sn *snapshot, st *descState, label string, decs []algo.Decision, outs []outcome) {
 	if st.match.Release || st.refund {
@@ -225,7 +233,7 @@ func (s *Service) observeRef(sn *snapshot, st *descState, label string, decs []a
 	// The deciding limit: of a denied descriptor the denying limit with
 	// the most hits over, else the limit with the most hits near.
 	var within, over, near int64
-	picked := false
+	picked, local := false, false
 	for _, a := range st.applied {
 		d, o := decs[a.hit], outs[a.hit]
 		denies := !d.Allowed
@@ -235,6 +243,7 @@ func (s *Service) observeRef(sn *snapshot, st *descState, label string, decs []a
 		w, ov, n := s.refHits(a.spec, d, o, cost)
 		if !picked || ov > over || (ov == over && n > near) {
 			within, over, near, picked = w, ov, n, true
+			local = d.FromCache && o == byStore
 		}
 	}
 	if !picked { // not reachable: a denied descriptor has a denying limit
@@ -244,6 +253,9 @@ func (s *Service) observeRef(sn *snapshot, st *descState, label string, decs []a
 	ks.within.Add(uint64(within))
 	ks.over.Add(uint64(over))
 	ks.near.Add(uint64(near))
+	if local {
+		ks.overLocal.Add(uint64(over))
+	}
 	if st.shadow {
 		ks.shadow.Add(uint64(over))
 	}

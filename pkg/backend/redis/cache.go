@@ -23,11 +23,12 @@ import (
 // hits are never answered from the cache (they must be charged). Safe for
 // concurrent use.
 type overLimitCache struct {
-	mu    sync.Mutex
-	max   int
-	ll    *list.List // front = most recently used
-	items map[string]*list.Element
-	hits  atomic.Uint64
+	mu     sync.Mutex
+	max    int
+	ll     *list.List // front = most recently used
+	items  map[string]*list.Element
+	hits   atomic.Uint64 // lookups that answered a denial
+	misses atomic.Uint64 // lookups that did not
 }
 
 type cacheEntry struct {
@@ -52,7 +53,8 @@ func newOverLimitCache(size int) *overLimitCache {
 	return &overLimitCache{max: size, ll: list.New(), items: make(map[string]*list.Element, size)}
 }
 
-// lookup reports a cached denial for key at now for the given cost.
+// lookup reports a cached denial for key at now for the given cost; it
+// counts one hit or one miss.
 func (c *overLimitCache) lookup(key string, cost int64, now time.Time) (cacheEntry, bool) {
 	if c == nil {
 		return cacheEntry{}, false
@@ -61,15 +63,18 @@ func (c *overLimitCache) lookup(key string, cost int64, now time.Time) (cacheEnt
 	defer c.mu.Unlock()
 	el, ok := c.items[key]
 	if !ok {
+		c.misses.Add(1)
 		return cacheEntry{}, false
 	}
 	e := el.Value.(*cacheEntry)
 	if !now.Before(e.until) {
 		c.ll.Remove(el)
 		delete(c.items, key)
+		c.misses.Add(1)
 		return cacheEntry{}, false
 	}
 	if cost < e.cost {
+		c.misses.Add(1)
 		return cacheEntry{}, false
 	}
 	c.ll.MoveToFront(el)

@@ -129,3 +129,89 @@ func TestStoreLocalCache(t *testing.T) {
 		t.Errorf("cache holds %d entries after concurrency denials, want 0", s.cache.len())
 	}
 }
+
+// TestStoreLocalCacheLookupCounts replays envoyproxy/ratelimit's
+// integration sequence (always_charge fixed windows, as reference mode
+// counts): every cacheable hit is one lookup, a hit when it answers a
+// denial (FromCache), a miss otherwise, as its freecache counts them; a
+// cached hit of a request whose other hits are Kept is answered locally
+// while those go to Redis.
+func TestStoreLocalCacheLookupCounts(t *testing.T) {
+	srv := redistest.Standalone(t)
+	now := time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC) // far from a minute or hour boundary
+	o := DefaultOptions()
+	o.URL, o.Timeout, o.PoolSize, o.MinIdleConns, o.LocalCacheSize = srv.URL(), 5*time.Second, 2, 0, 16
+	o.Now = func() time.Time { return now }
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !s.CacheEnabled() {
+		t.Fatal("cache disabled")
+	}
+	ctx := context.Background()
+	fixed := func(key string, rate int64, period time.Duration) algo.Hit {
+		return algo.Hit{Key: key, Limit: algo.Limit{Kind: algo.FixedWindow, Rate: rate, Period: period}, Cost: 1, Charge: true}
+	}
+	take := func(hits ...algo.Hit) []algo.Decision {
+		t.Helper()
+		d, err := s.Take(ctx, hits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	counts := func(step string, hits, misses uint64) {
+		t.Helper()
+		if s.CacheHits() != hits || s.CacheMisses() != misses {
+			t.Fatalf("%s: cache hits/misses %d/%d, want %d/%d", step, s.CacheHits(), s.CacheMisses(), hits, misses)
+		}
+	}
+	take(fixed("key1", 50, time.Second))
+	counts("key1", 0, 1)
+
+	key2 := fixed("key2", 20, time.Minute)
+	for i := range 25 {
+		d := take(key2)[0]
+		if d.Allowed != (i < 20) || d.FromCache != (i > 20) {
+			t.Fatalf("key2 #%d: %+v", i, d)
+		}
+		if i < 20 {
+			counts("key2 within", 0, uint64(i+2))
+		} else {
+			counts("key2 over", uint64(i-20), 22)
+		}
+	}
+
+	key2b, key3 := fixed("key2b", 20, time.Minute), fixed("key3", 10, time.Hour)
+	for i := range 15 {
+		d := take(key2b, key3)
+		if !d[0].Allowed || d[0].FromCache || d[0].Remaining != int64(20-(i+1)) {
+			t.Fatalf("key2b #%d: %+v, want allowed by Redis with %d remaining", i, d[0], 20-(i+1))
+		}
+		if d[1].Allowed != (i < 10) || d[1].FromCache != (i > 10) {
+			t.Fatalf("key3 #%d: %+v", i, d[1])
+		}
+		if i < 10 {
+			counts("both miss", 4, uint64(i*2+24))
+		} else {
+			counts("key3 hit", uint64(i-6), uint64(i+34))
+		}
+	}
+
+	// all_or_nothing: a cached denial next to a hit that is not Kept does
+	// not answer the request; Redis decides all of it, and its denial of
+	// the cached hit is reported as the cache's.
+	plain := algo.Hit{Key: "plain", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Minute}, Cost: 1}
+	h0, m0 := s.CacheHits(), s.CacheMisses()
+	d := take(plain, key3)
+	if !d[0].Allowed || d[0].Remaining != 5 || d[0].FromCache || d[1].Allowed || !d[1].FromCache {
+		t.Fatalf("mixed all_or_nothing: %+v, want key3 denied (cached, confirmed by Redis), plain not consumed", d)
+	}
+	counts("mixed", h0+1, m0+1)
+
+	// Concurrency and refund hits are never looked up.
+	take(algo.Hit{Key: "cc", Limit: algo.Limit{Kind: algo.Concurrency, Rate: 1, Period: time.Minute}, Cost: 1})
+	counts("concurrency", h0+1, m0+1)
+}

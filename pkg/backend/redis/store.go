@@ -151,14 +151,32 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// CacheHits is the number of hits answered by the local over-limit cache
-// since the Store was created (0 when the cache is disabled).
+// CacheHits is the number of local over-limit cache lookups that found a
+// denial since the Store was created (envoyproxy/ratelimit's
+// ratelimit.localcache.hitCount; 0 when the cache is disabled). Each such
+// hit's decision is answered from the cache (algo.Decision.FromCache)
+// unless its request also needs the backend for a hit whose denial would
+// deny the others (see Take).
 func (s *Store) CacheHits() uint64 {
 	if s.cache == nil {
 		return 0
 	}
 	return s.cache.hits.Load()
 }
+
+// CacheMisses is the number of local over-limit cache lookups that found
+// no denial (envoyproxy/ratelimit's ratelimit.localcache.missCount; 0
+// when the cache is disabled).
+func (s *Store) CacheMisses() uint64 {
+	if s.cache == nil {
+		return 0
+	}
+	return s.cache.misses.Load()
+}
+
+// CacheEnabled reports whether the local over-limit cache is on
+// (Options.LocalCacheSize > 0).
+func (s *Store) CacheEnabled() bool { return s.cache != nil }
 
 // ResetCache drops every entry of the local over-limit cache. Call it on a
 // config reload so that no denial computed under an old limit survives.
@@ -213,10 +231,46 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 				s.cache.drop(h.Key)
 			}
 		}
-		if s.fromCache(hits, out) {
+		rest, cached := s.fromCache(hits, out)
+		if len(rest) == 0 {
+			return out, nil
+		}
+		if len(cached) > 0 && len(rest) == len(hits) {
+			// Redis decides the whole request; a cached denial it
+			// confirms is reported as the cache's (FromCache).
+			out, err := s.take(ctx, hits)
+			if err != nil {
+				return nil, err
+			}
+			for _, i := range cached {
+				out[i].FromCache = !out[i].Allowed
+			}
+			return out, nil
+		}
+		if len(rest) < len(hits) {
+			// Some hits were answered from the cache; the others are all
+			// Kept (see fromCache), so they take effect whatever those
+			// denials, and only they go to the backend.
+			sub := make([]algo.Hit, len(rest))
+			for j, i := range rest {
+				sub[j] = hits[i]
+			}
+			subOut, err := s.take(ctx, sub)
+			if err != nil {
+				return nil, err
+			}
+			for j, i := range rest {
+				out[i] = subOut[j]
+			}
 			return out, nil
 		}
 	}
+	return s.take(ctx, hits)
+}
+
+// take decides hits on the backend and caches their denials.
+func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+	out := make([]algo.Decision, len(hits))
 	var err error
 	if !s.cluster {
 		_, err = s.run(ctx, modeTake, s.nowUS(), s.nonce(), hits, out)
@@ -458,10 +512,15 @@ func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*gr
 
 // cacheable reports whether a denial of h may be answered locally until
 // its RetryAfter: concurrency leases can be released early, so they never
-// are; an always_charge hit must reach Redis to be charged, and a release
-// is never denied.
+// are; a release is never denied; an always_charge hit must reach Redis to
+// be charged, except on a fixed window, whose denial holds until the
+// window ends however much more is charged (envoyproxy/ratelimit does not
+// increment a key its local cache holds either).
 func cacheable(h algo.Hit) bool {
-	return h.Limit.Kind != algo.Concurrency && !h.Release && !h.Charge
+	if h.Limit.Kind == algo.Concurrency || h.Release {
+		return false
+	}
+	return !h.Charge || h.Limit.Kind == algo.FixedWindow
 }
 
 func (s *Store) clock() time.Time {
@@ -471,26 +530,50 @@ func (s *Store) clock() time.Time {
 	return time.Now()
 }
 
-// fromCache answers the request locally when every hit is a known denial.
-func (s *Store) fromCache(hits []algo.Hit, out []algo.Decision) bool {
+// fromCache looks every cacheable hit up in the local over-limit cache
+// (one counted lookup each, in request order, as envoyproxy/ratelimit
+// looks up every descriptor) and answers from it the hits it can; it
+// returns the indexes of the hits the backend must decide, in order:
+//   - none when every hit is a cached denial (the request is answered
+//     locally);
+//   - the hits not in the cache when some are and all of those others are
+//     Kept (releases, always_charge): their effect does not depend on the
+//     cached denials;
+//   - all hits otherwise (a hit that is not Kept consumes only when the
+//     whole request passes, which the backend alone decides), the cached
+//     decisions being discarded; cached then lists the hits whose lookup
+//     found a denial.
+func (s *Store) fromCache(hits []algo.Hit, out []algo.Decision) (rest, cached []int) {
 	now := s.clock()
+	rest = make([]int, 0, len(hits))
+	restKept := true
 	for i, h := range hits {
-		if !cacheable(h) {
-			return false
+		if cacheable(h) {
+			if e, ok := s.cache.lookup(h.Key, h.Cost, now); ok {
+				cached = append(cached, i)
+				out[i] = algo.Decision{
+					Allowed:     false,
+					Remaining:   e.dec.remaining,
+					RetryAfter:  e.until.Sub(now),
+					ResetAfter:  max(0, e.dec.reset.Sub(now)),
+					WindowAfter: max(0, e.dec.window.Sub(now)),
+					FromCache:   true,
+				}
+				continue
+			}
 		}
-		e, ok := s.cache.lookup(h.Key, h.Cost, now)
-		if !ok {
-			return false
-		}
-		out[i] = algo.Decision{
-			Allowed:     false,
-			Remaining:   e.dec.remaining,
-			RetryAfter:  e.until.Sub(now),
-			ResetAfter:  max(0, e.dec.reset.Sub(now)),
-			WindowAfter: max(0, e.dec.window.Sub(now)),
-		}
+		rest = append(rest, i)
+		restKept = restKept && h.Kept()
 	}
-	return true
+	if len(rest) == 0 || restKept {
+		return rest, nil
+	}
+	all := rest[:0]
+	for i := range hits {
+		out[i] = algo.Decision{}
+		all = append(all, i)
+	}
+	return all, cached
 }
 
 // remember caches the denials of hits whose key occurs once in the request

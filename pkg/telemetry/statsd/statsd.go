@@ -23,7 +23,9 @@ import (
 	"math"
 	"net"
 	"runtime"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,12 +85,40 @@ type Options struct {
 	// Logger logs the first write error after a success; nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// Tags are appended to every stat name as github.com/lyft/gostats
+	// serializes tags into a name (envoyproxy/ratelimit's EXTRA_TAGS):
+	// ".__key=value" per tag, sorted by key; a tag with an empty key or
+	// value is dropped, and '.', ':' and '|' in a value become '_'.
+	// nil or empty: names are sent as given.
+	Tags map[string]string
+}
+
+// TagSuffix is the name suffix of tags in gostats' serialization (see
+// Options.Tags): "" for no tags, else ".__k1=v1.__k2=v2" with the keys
+// sorted.
+func TagSuffix(tags map[string]string) string {
+	keys := make([]string, 0, len(tags))
+	for k, v := range tags {
+		if k != "" && v != "" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		b.WriteString(".__")
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(strings.NewReplacer(".", "_", ":", "_", "|", "_").Replace(tags[k]))
+	}
+	return b.String()
 }
 
 // Client sends stats to one statsd server. It is safe for concurrent use.
 // Start it with Run; stats updated before Run are sent by its first flush.
 type Client struct {
-	opts Options
+	opts   Options
+	suffix string // TagSuffix(opts.Tags)
 
 	mu       sync.Mutex // guards the registries' insertions
 	counters sync.Map   // name → *Counter
@@ -151,6 +181,7 @@ func New(o Options) (*Client, error) {
 	}
 	c := &Client{
 		opts:    o,
+		suffix:  TagSuffix(o.Tags),
 		samples: make(chan sample, o.QueueSize),
 		buf:     make([]byte, 0, o.MaxDatagramBytes),
 	}
@@ -270,8 +301,9 @@ func (t *Timer) Record(d time.Duration) {
 }
 
 // Counter returns the counter called name, creating it on first use.
-// Repeated calls with one name return the same *Counter. The name is
-// made safe for the line protocol (see Sanitize).
+// Repeated calls with one name return the same *Counter. The name, with
+// Options.Tags appended, is made safe for the line protocol (see
+// Sanitize).
 func (c *Client) Counter(name string) *Counter {
 	if v, ok := c.counters.Load(name); ok {
 		return v.(*Counter)
@@ -281,7 +313,7 @@ func (c *Client) Counter(name string) *Counter {
 	if v, ok := c.counters.Load(name); ok {
 		return v.(*Counter)
 	}
-	k := &Counter{name: Sanitize(name)}
+	k := &Counter{name: Sanitize(name + c.suffix)}
 	c.counters.Store(name, k)
 	return k
 }
@@ -296,7 +328,7 @@ func (c *Client) Gauge(name string) *Gauge {
 	if v, ok := c.gauges.Load(name); ok {
 		return v.(*Gauge)
 	}
-	g := &Gauge{name: Sanitize(name)}
+	g := &Gauge{name: Sanitize(name + c.suffix)}
 	c.gauges.Store(name, g)
 	return g
 }
@@ -311,7 +343,7 @@ func (c *Client) Timer(name string) *Timer {
 	if v, ok := c.timers.Load(name); ok {
 		return v.(*Timer)
 	}
-	t := &Timer{name: Sanitize(name), c: c}
+	t := &Timer{name: Sanitize(name + c.suffix), c: c}
 	c.timers.Store(name, t)
 	return t
 }

@@ -322,3 +322,29 @@ func TestConcurrentAddsAndFlushes(t *testing.T) {
 		t.Errorf("sum of sent deltas %d, want %d", sum, workers*adds*2)
 	}
 }
+
+// Tags are serialized into every name as gostats does: ".__k=v" sorted
+// by key, empty keys or values dropped, '.', ':' and '|' of a value made
+// '_'.
+func TestTagsInNames(t *testing.T) {
+	l := listen(t)
+	c := newClient(t, Options{Addr: l.pc.LocalAddr().String(), Tags: map[string]string{"foo": "bar", "a": "b", "z": "", "": "x", "v": "1.2:3|4"}})
+	c.Counter("ratelimit.service.rate_limit.basic.key1.total_hits").Inc()
+	c.Gauge("ratelimit.localcache.hitCount").Set(7)
+	c.Timer("ratelimit_server.ShouldRateLimit.response_time").Record(time.Millisecond)
+	c.Flush()
+	got := l.wait(t, 1)
+	const tags = ".__a=b.__foo=bar.__v=1_2_3_4"
+	want := "ratelimit_server.ShouldRateLimit.response_time" + tags + ":1|ms\n" +
+		"ratelimit.service.rate_limit.basic.key1.total_hits" + tags + ":1|c\n" +
+		"ratelimit.localcache.hitCount" + tags + ":7|g\n"
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("datagrams %q, want [%q]", got, want)
+	}
+	if s := TagSuffix(map[string]string{"foo": "bar", "a": "b"}); s != ".__a=b.__foo=bar" {
+		t.Errorf("TagSuffix = %q", s)
+	}
+	if s := TagSuffix(nil); s != "" {
+		t.Errorf("TagSuffix(nil) = %q", s)
+	}
+}

@@ -143,7 +143,7 @@ func (r *Runner) Run() {
 		return
 	}
 	if !s.DisableStats {
-		st.waitConfigLoad(10 * time.Second)
+		st.waitConfigLoad(10*time.Second, s.ExtraTags)
 	}
 	p, err := newProxy(net.JoinHostPort(s.GrpcHost, strconv.Itoa(s.GrpcPort)), backend, st.stats.markTraffic)
 	if err != nil {
@@ -184,11 +184,12 @@ func (st *state) waitListening(addr string, timeout time.Duration) bool {
 
 // waitConfigLoad waits until ratelimitd reported its first config load
 // (success or error): the reference loads its config before it listens,
-// and the suite sends its first request as soon as the port accepts.
-func (st *state) waitConfigLoad(timeout time.Duration) {
+// and the suite sends its first request as soon as the port accepts. The
+// names carry EXTRA_TAGS (tags), as ratelimitd sends them.
+func (st *state) waitConfigLoad(timeout time.Duration, tags map[string]string) {
 	deadline := time.Now().Add(timeout)
-	ok := st.stats.values.NewCounter("ratelimit.service.config_load_success")
-	bad := st.stats.values.NewCounter("ratelimit.service.config_load_error")
+	ok := st.stats.values.NewCounterWithTags("ratelimit.service.config_load_success", tags)
+	bad := st.stats.values.NewCounterWithTags("ratelimit.service.config_load_error", tags)
 	for time.Now().Before(deadline) {
 		if ok.Value()+bad.Value() > 0 {
 			return

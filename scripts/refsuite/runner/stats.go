@@ -5,6 +5,7 @@ import (
 	"log"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,7 +111,8 @@ func (s *statsStore) apply(line []byte) bool {
 		if v, err := strconv.ParseUint(value, 10, 64); err == nil {
 			s.values.NewGauge(name).Set(v)
 		}
-		return name == flushMarker
+		// With EXTRA_TAGS the marker carries the tags (".__k=v").
+		return name == flushMarker || strings.HasPrefix(name, flushMarker+".__")
 	case "ms":
 		if v, err := strconv.ParseFloat(value, 64); err == nil {
 			s.values.NewTimer(name).AddValue(v)

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// udpLines records the statsd lines a loopback UDP listener receives.
+type udpLines struct {
+	pc    net.PacketConn
+	mu    sync.Mutex
+	lines []string
+}
+
+func listenUDP(t *testing.T) *udpLines {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &udpLines{pc: pc}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 1<<16)
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			u.mu.Lock()
+			u.lines = append(u.lines, strings.Split(strings.TrimSuffix(string(buf[:n]), "\n"), "\n")...)
+			u.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { _ = pc.Close(); <-done })
+	return u
+}
+
+// until waits for a line starting with prefix and returns the stats
+// received so far, "name|type" → value (counters summed, gauges last).
+func (u *udpLines) until(t *testing.T, prefix string) map[string]float64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		u.mu.Lock()
+		got, found := map[string]float64{}, false
+		for _, l := range u.lines {
+			found = found || strings.HasPrefix(l, prefix)
+			colon, bar := strings.LastIndexByte(l, ':'), strings.LastIndexByte(l, '|')
+			if colon < 0 || bar < colon {
+				continue
+			}
+			v, _ := strconv.ParseFloat(l[colon+1:bar], 64)
+			k := l[:colon] + l[bar:]
+			if l[bar+1:] == "g" {
+				got[k] = v
+			} else {
+				got[k] += v
+			}
+		}
+		u.mu.Unlock()
+		if found {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q line within 10s; got %v", prefix, got)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The local over-limit cache as envoyproxy/ratelimit reports it through
+// statsd, with EXTRA_TAGS: a denial answered from the cache counts
+// over_limit and over_limit_with_local_cache, and the gauges
+// ratelimit.localcache.hitCount/missCount/lookupCount count the lookups
+// (real Redis, the service's own counting, tags as gostats serializes
+// them).
+func TestLocalCacheStatsd(t *testing.T) {
+	srv := redistest.Standalone(t)
+	now := time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC) // Redis scripts use this clock
+	ro := redis.DefaultOptions()
+	ro.URL, ro.Timeout, ro.PoolSize, ro.MinIdleConns, ro.LocalCacheSize = srv.URL(), 5*time.Second, 2, 0, 8
+	ro.Now = func() time.Time { return now }
+	store, err := redis.New(ro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+
+	sink := listenUDP(t)
+	o := defaultOptions()
+	o.StatsdAddr, o.StatsdFlushInterval, o.StatsdTags = sink.pc.LocalAddr().String(), time.Hour, "foo:bar,a:b"
+	sc, stop, err := startStatsd(o, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	addLocalCacheStats(sc, store)
+	counting, err := policy.ParseCounting("always_charge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := service.New(service.Options{Store: store, Statsd: sc, Counting: counting, Now: func() time.Time { return now }, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "rl.yaml")
+	cfg := "domain: another\ndescriptors:\n  - key: key2\n    rate_limit: {unit: minute, requests_per_unit: 20}\n"
+	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	set, _, err := policy.Load(policy.LoadOptions{}, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetPolicy(set)
+
+	req := &rlsv3.RateLimitRequest{Domain: "another", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "key2", Value: "v"}}}}}
+	for i := range 23 {
+		resp, err := svc.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i < 20; (resp.GetOverallCode() == rlsv3.RateLimitResponse_OK) != want {
+			t.Fatalf("call %d: %v", i, resp.GetOverallCode())
+		}
+	}
+	sc.Flush()
+	const tags = ".__a=b.__foo=bar"
+	got := sink.until(t, "ratelimit.localcache.lookupCount")
+	p := "ratelimit.service.rate_limit.another.key2."
+	for name, want := range map[string]float64{
+		p + "total_hits" + tags + "|c":                   23,
+		p + "within_limit" + tags + "|c":                 20,
+		p + "over_limit" + tags + "|c":                   3,
+		p + "over_limit_with_local_cache" + tags + "|c":  2, // calls 22 and 23; 21 was Redis' denial
+		"ratelimit.localcache.hitCount" + tags + "|g":    2,
+		"ratelimit.localcache.missCount" + tags + "|g":   21,
+		"ratelimit.localcache.lookupCount" + tags + "|g": 23,
+	} {
+		if got[name] != want {
+			t.Errorf("%s = %v, want %v", name, got[name], want)
+		}
+	}
+}
