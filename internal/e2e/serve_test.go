@@ -405,7 +405,7 @@ func TestMigrationEnvironment(t *testing.T) {
 		"LOG_LEVEL=debug", "LOG_FORMAT=json",
 		"LIMIT_RESPONSE_HEADERS_ENABLED=true",
 		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=127.0.0.1:1", "REDIS_TIMEOUT=5ms",
-		"EXTRA_TAGS=env:e2e",
+		"TRACING_SERVICE_NAMESPACE=e2e",
 	}, args: []string{"--backend=memory"}}) // a flag beats BACKEND_TYPE
 	if p.grpc != "127.0.0.1:"+grpcPort || p.http != "127.0.0.1:"+httpPort || p.debug != "127.0.0.1:"+debugPort {
 		t.Errorf("listeners %s %s %s, want ports %s %s %s", p.grpc, p.http, p.debug, grpcPort, httpPort, debugPort)
@@ -440,7 +440,7 @@ func TestMigrationEnvironment(t *testing.T) {
 			warnings = append(warnings, rec.Msg)
 		}
 	}
-	if len(warnings) != 1 || !strings.Contains(warnings[0], "EXTRA_TAGS") {
-		t.Errorf("startup warnings %q, want one naming EXTRA_TAGS", warnings)
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "TRACING_SERVICE_NAMESPACE") {
+		t.Errorf("startup warnings %q, want one naming TRACING_SERVICE_NAMESPACE", warnings)
 	}
 }
