@@ -127,6 +127,7 @@ func memcacheOptions(o Options) memcache.Options {
 	mo.SRVRefresh = o.MemcacheSRVRefresh
 	mo.MaxIdleConns = o.MemcacheMaxIdleConns
 	mo.Timeout = o.MemcacheTimeout
+	mo.LocalCacheSize = o.LocalCacheSize
 	return mo
 }
 
@@ -276,9 +277,6 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	if o.Backend == "redis" && o.RedisTimeout >= envoyFilterTimeout {
 		log.Warn("--redis-timeout is not below Envoy's default rate-limit filter timeout: with Redis frozen, a call's budget (Envoy's deadline less --redis-deadline-margin) runs out before Redis has been silent for --redis-timeout, so the per-rule failure modes cannot tell a dead Redis (failure_mode open requests then get DeadlineExceeded and Envoy's own failure_mode_deny decides); keep it well under the filter's timeout",
 			"redis_timeout", o.RedisTimeout.String(), "envoy_default_timeout", envoyFilterTimeout.String())
-	}
-	if o.Backend == "memcache" && o.LocalCacheSize > 0 {
-		log.Warn("--local-cache-size has no effect with the memcache backend (every decision asks memcached)", "local_cache_size", o.LocalCacheSize)
 	}
 	if o.KeyValues == "clear" {
 		log.Warn("--key-values=clear: descriptor values are stored in clear text in backend keys (development only)")

@@ -65,6 +65,10 @@ type Options struct {
 	// HealthInterval is the health probe's interval while healthy; 0
 	// disables the probe (Healthy then follows the calls only).
 	HealthInterval time.Duration
+	// LocalCacheSize bounds the local over-limit cache (entries, >= 0; 0
+	// disables it): see Store.Take and overlimit.Cache
+	// (envoyproxy/ratelimit's LOCAL_CACHE_SIZE_IN_BYTES).
+	LocalCacheSize int
 	// Now, when set, is the clock that places hits in windows (tests);
 	// nil uses time.Now.
 	Now func() time.Time
@@ -121,6 +125,9 @@ func (o Options) Validate() error {
 	}
 	if o.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("memcache: timeout %v: must be > 0", o.Timeout))
+	}
+	if o.LocalCacheSize < 0 {
+		errs = append(errs, fmt.Errorf("memcache: local cache size %d: must be >= 0", o.LocalCacheSize))
 	}
 	if o.HealthInterval < 0 {
 		errs = append(errs, fmt.Errorf("memcache: health interval %v: must be >= 0", o.HealthInterval))

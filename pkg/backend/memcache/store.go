@@ -27,6 +27,7 @@ import (
 	gomemcache "github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 )
 
 // maxRelativeExpiry is memcached's bound on a relative expiration time in
@@ -48,7 +49,8 @@ type Store struct {
 	now     func() time.Time
 	timeout time.Duration
 
-	opts Options
+	opts  Options
+	cache *overlimit.Cache // nil: disabled (Options.LocalCacheSize 0)
 	// unhealthy is set by an outage error of a call or the probe and
 	// cleared by the next success; warmed once anything succeeded.
 	unhealthy atomic.Bool
@@ -80,6 +82,7 @@ func New(opts Options) (*Store, error) {
 		now:     opts.Now,
 		timeout: opts.Timeout,
 		opts:    opts,
+		cache:   overlimit.New(opts.LocalCacheSize),
 		stop:    make(chan struct{}),
 	}
 	if s.now == nil {
@@ -362,16 +365,48 @@ type request struct {
 // CauseTimeout when memcached has not answered; the operations still in
 // flight finish in the background within Timeout each, and what they
 // counted is refunded. Errors are *Error.
+//
+// With the local over-limit cache (Options.LocalCacheSize > 0), every hit
+// that is not a release is first looked up in it, in request order; a
+// request whose hits are all cached denials is answered without memcached
+// (algo.Decision.FromCache), and denials memcached returns for hits whose
+// key occurs once in the request are cached until their RetryAfter (the
+// window's end). See overlimit.Cache.Take for requests that mix cached
+// and uncached hits.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
-	out := make([]algo.Decision, len(hits))
 	if len(hits) == 0 {
-		return out, nil
+		return []algo.Decision{}, nil
 	}
 	for _, h := range hits {
 		if h.Limit.Kind != algo.FixedWindow {
 			return nil, &Error{cause: CauseUnsupported, err: fmt.Errorf("algorithm %d: only fixed_window is supported", h.Limit.Kind)}
 		}
 	}
+	return s.cache.Take(ctx, hits, s.now, s.take)
+}
+
+// CacheHits is the number of local over-limit cache lookups that found a
+// denial since the Store was created (envoyproxy/ratelimit's
+// ratelimit.localcache.hitCount; 0 when the cache is disabled).
+func (s *Store) CacheHits() uint64 { return s.cache.Hits() }
+
+// CacheMisses is the number of local over-limit cache lookups that found
+// no denial (envoyproxy/ratelimit's ratelimit.localcache.missCount; 0
+// when the cache is disabled).
+func (s *Store) CacheMisses() uint64 { return s.cache.Misses() }
+
+// CacheEnabled reports whether the local over-limit cache is on
+// (Options.LocalCacheSize > 0).
+func (s *Store) CacheEnabled() bool { return s.cache != nil }
+
+// ResetCache drops every entry of the local over-limit cache. Call it on a
+// config reload so that no denial computed under an old limit survives.
+func (s *Store) ResetCache() { s.cache.Reset() }
+
+// take decides hits (all fixed_window) on memcached, without the local
+// cache.
+func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+	out := make([]algo.Decision, len(hits))
 	start := time.Now()
 	end := s.budget(ctx, start)
 	if !end.After(start) {

@@ -9,57 +9,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-func TestOverLimitCacheLRU(t *testing.T) {
-	base := time.Unix(1000, 0)
-	c := newOverLimitCache(2)
-	c.add(cacheEntry{key: "a", until: base.Add(time.Second), cost: 1})
-	c.add(cacheEntry{key: "b", until: base.Add(time.Second), cost: 1})
-	if _, ok := c.lookup("a", 1, base); !ok { // a is now most recent
-		t.Fatal("a missing")
-	}
-	c.add(cacheEntry{key: "c", until: base.Add(time.Second), cost: 1}) // evicts b
-	if c.len() != 2 {
-		t.Fatalf("len %d, want 2 (bounded)", c.len())
-	}
-	if _, ok := c.lookup("b", 1, base); ok {
-		t.Error("b should have been evicted (least recently used)")
-	}
-	steps := []struct {
-		key  string
-		cost int64
-		at   time.Duration
-		hit  bool
-	}{
-		{"a", 1, 0, true},
-		{"a", 5, 0, true},  // a larger cost is denied too
-		{"a", 0, 0, false}, // a check may pass where cost 1 did not
-		{"c", 1, time.Second - time.Microsecond, true},  // until RetryAfter...
-		{"c", 1, time.Second, false},                    // ...not after
-		{"c", 1, time.Second - time.Microsecond, false}, // expired entries are dropped
-		{"zz", 1, 0, false},
-	}
-	for i, s := range steps {
-		if _, ok := c.lookup(s.key, s.cost, base.Add(s.at)); ok != s.hit {
-			t.Errorf("step %d %+v: hit=%v", i, s, ok)
-		}
-	}
-	if got := c.hits.Load(); got != 4 {
-		t.Errorf("hits counter %d, want 4", got)
-	}
-	c.reset()
-	if c.len() != 0 {
-		t.Error("reset left entries")
-	}
-	var nilCache *overLimitCache // size 0 disables the cache
-	if newOverLimitCache(0) != nil {
-		t.Error("size 0 should disable the cache")
-	}
-	nilCache.add(cacheEntry{key: "x", until: base.Add(time.Hour)})
-	if _, ok := nilCache.lookup("x", 1, base); ok {
-		t.Error("disabled cache answered")
-	}
-}
-
 // TestStoreLocalCache: a denied single-hit key is answered locally until
 // its RetryAfter (not the whole window), counted, and ResetCache clears it.
 func TestStoreLocalCache(t *testing.T) {
@@ -125,8 +74,8 @@ func TestStoreLocalCache(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if s.cache.len() != 0 {
-		t.Errorf("cache holds %d entries after concurrency denials, want 0", s.cache.len())
+	if s.cache.Len() != 0 {
+		t.Errorf("cache holds %d entries after concurrency denials, want 0", s.cache.Len())
 	}
 }
 

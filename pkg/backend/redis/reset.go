@@ -20,7 +20,7 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 	keys := make([]string, len(hits))
 	for i, h := range hits {
 		keys[i] = h.Key
-		s.cache.remove(h.Key)
+		s.cache.Remove(h.Key)
 	}
 	unlink := func(ks ...string) error {
 		return s.breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
@@ -38,7 +38,7 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 		}
 	}
 	for _, k := range keys { // a denial cached meanwhile
-		s.cache.remove(k)
+		s.cache.Remove(k)
 	}
 	return err
 }

@@ -14,6 +14,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 )
 
 // Store decides hits with the embedded script: each request (standalone,
@@ -39,7 +40,7 @@ type Store struct {
 	// (dials, TLS handshakes, SCRIPT LOAD).
 	dialTimeout time.Duration
 	breaker     *Breaker
-	cache       *overLimitCache
+	cache       *overlimit.Cache
 
 	noncePrefix string
 	seq         atomic.Uint64
@@ -109,7 +110,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		timeout:     opts.Timeout,
 		dialTimeout: opts.DialTimeout,
 		breaker:     NewBreaker(breakerOptions(opts), nil), // real clock: Options.Now pins only the script
-		cache:       newOverLimitCache(opts.LocalCacheSize),
+		cache:       overlimit.New(opts.LocalCacheSize),
 		noncePrefix: hex.EncodeToString(b[:]),
 		probeKey:    opts.ProbeKey,
 	}
@@ -157,22 +158,12 @@ func (s *Store) Close() error {
 // hit's decision is answered from the cache (algo.Decision.FromCache)
 // unless its request also needs the backend for a hit whose denial would
 // deny the others (see Take).
-func (s *Store) CacheHits() uint64 {
-	if s.cache == nil {
-		return 0
-	}
-	return s.cache.hits.Load()
-}
+func (s *Store) CacheHits() uint64 { return s.cache.Hits() }
 
 // CacheMisses is the number of local over-limit cache lookups that found
 // no denial (envoyproxy/ratelimit's ratelimit.localcache.missCount; 0
 // when the cache is disabled).
-func (s *Store) CacheMisses() uint64 {
-	if s.cache == nil {
-		return 0
-	}
-	return s.cache.misses.Load()
-}
+func (s *Store) CacheMisses() uint64 { return s.cache.Misses() }
 
 // CacheEnabled reports whether the local over-limit cache is on
 // (Options.LocalCacheSize > 0).
@@ -180,7 +171,7 @@ func (s *Store) CacheEnabled() bool { return s.cache != nil }
 
 // ResetCache drops every entry of the local over-limit cache. Call it on a
 // config reload so that no denial computed under an old limit survives.
-func (s *Store) ResetCache() { s.cache.reset() }
+func (s *Store) ResetCache() { s.cache.Reset() }
 
 // MasterChanges is how many times the Sentinel master the Store writes to
 // changed address (a failover; 0 in other modes): each is logged, and
@@ -224,51 +215,10 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if len(hits) == 0 {
 		return out, nil
 	}
-	if s.cache != nil {
-		// A release credits its key: a cached denial of it may no longer hold.
-		for _, h := range hits {
-			if h.Release {
-				s.cache.drop(h.Key)
-			}
-		}
-		rest, cached := s.fromCache(hits, out)
-		if len(rest) == 0 {
-			return out, nil
-		}
-		if len(cached) > 0 && len(rest) == len(hits) {
-			// Redis decides the whole request; a cached denial it
-			// confirms is reported as the cache's (FromCache).
-			out, err := s.take(ctx, hits)
-			if err != nil {
-				return nil, err
-			}
-			for _, i := range cached {
-				out[i].FromCache = !out[i].Allowed
-			}
-			return out, nil
-		}
-		if len(rest) < len(hits) {
-			// Some hits were answered from the cache; the others are all
-			// Kept (see fromCache), so they take effect whatever those
-			// denials, and only they go to the backend.
-			sub := make([]algo.Hit, len(rest))
-			for j, i := range rest {
-				sub[j] = hits[i]
-			}
-			subOut, err := s.take(ctx, sub)
-			if err != nil {
-				return nil, err
-			}
-			for j, i := range rest {
-				out[i] = subOut[j]
-			}
-			return out, nil
-		}
-	}
-	return s.take(ctx, hits)
+	return s.cache.Take(ctx, hits, s.clock, s.take)
 }
 
-// take decides hits on the backend and caches their denials.
+// take decides hits on Redis (without the local cache).
 func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	out := make([]algo.Decision, len(hits))
 	var err error
@@ -279,9 +229,6 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	}
 	if err != nil {
 		return nil, err
-	}
-	if s.cache != nil {
-		s.remember(hits, out)
 	}
 	return out, nil
 }
@@ -510,102 +457,11 @@ func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*gr
 	}
 }
 
-// cacheable reports whether a denial of h may be answered locally until
-// its RetryAfter: concurrency leases can be released early, so they never
-// are; a release is never denied; an always_charge hit must reach Redis to
-// be charged, except on a fixed window, whose denial holds until the
-// window ends however much more is charged (envoyproxy/ratelimit does not
-// increment a key its local cache holds either).
-func cacheable(h algo.Hit) bool {
-	if h.Limit.Kind == algo.Concurrency || h.Release {
-		return false
-	}
-	return !h.Charge || h.Limit.Kind == algo.FixedWindow
-}
-
 func (s *Store) clock() time.Time {
 	if s.now != nil {
 		return s.now()
 	}
 	return time.Now()
-}
-
-// fromCache looks every cacheable hit up in the local over-limit cache
-// (one counted lookup each, in request order, as envoyproxy/ratelimit
-// looks up every descriptor) and answers from it the hits it can; it
-// returns the indexes of the hits the backend must decide, in order:
-//   - none when every hit is a cached denial (the request is answered
-//     locally);
-//   - the hits not in the cache when some are and all of those others are
-//     Kept (releases, always_charge): their effect does not depend on the
-//     cached denials;
-//   - all hits otherwise (a hit that is not Kept consumes only when the
-//     whole request passes, which the backend alone decides), the cached
-//     decisions being discarded; cached then lists the hits whose lookup
-//     found a denial.
-func (s *Store) fromCache(hits []algo.Hit, out []algo.Decision) (rest, cached []int) {
-	now := s.clock()
-	rest = make([]int, 0, len(hits))
-	restKept := true
-	for i, h := range hits {
-		if cacheable(h) {
-			if e, ok := s.cache.lookup(h.Key, h.Cost, now); ok {
-				cached = append(cached, i)
-				out[i] = algo.Decision{
-					Allowed:     false,
-					Remaining:   e.dec.remaining,
-					RetryAfter:  e.until.Sub(now),
-					ResetAfter:  max(0, e.dec.reset.Sub(now)),
-					WindowAfter: max(0, e.dec.window.Sub(now)),
-					FromCache:   true,
-				}
-				continue
-			}
-		}
-		rest = append(rest, i)
-		restKept = restKept && h.Kept()
-	}
-	if len(rest) == 0 || restKept {
-		return rest, nil
-	}
-	all := rest[:0]
-	for i := range hits {
-		out[i] = algo.Decision{}
-		all = append(all, i)
-	}
-	return all, cached
-}
-
-// remember caches the denials of hits whose key occurs once in the request
-// (a repeated key's denial depends on the request's earlier hits).
-func (s *Store) remember(hits []algo.Hit, out []algo.Decision) {
-	now := s.clock()
-	for i, h := range hits {
-		d := out[i]
-		if d.Allowed || d.RetryAfter <= 0 || !cacheable(h) {
-			continue
-		}
-		dup := false
-		for j := range hits {
-			if j != i && hits[j].Key == h.Key {
-				dup = true
-				break
-			}
-		}
-		if dup {
-			continue
-		}
-		s.cache.add(cacheEntry{
-			key:   h.Key,
-			until: now.Add(d.RetryAfter),
-			cost:  h.Cost,
-			dec: cacheDecision{
-				remaining: d.Remaining,
-				reset:     now.Add(d.ResetAfter),
-				window:    now.Add(d.WindowAfter),
-			},
-		})
-	}
 }
 
 // Slot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of the key,

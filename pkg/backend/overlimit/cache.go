@@ -1,0 +1,329 @@
+// Package overlimit is the local over-limit cache the Redis and memcached
+// stores share (envoyproxy/ratelimit's LOCAL_CACHE_SIZE_IN_BYTES, here
+// --local-cache-size entries): denials of keys are remembered and answered
+// locally until their RetryAfter, without a backend round trip.
+package overlimit
+
+import (
+	"container/list"
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// Cache is the optional local over-limit cache: a bounded LRU of
+// keys known to be denied, each with the instant until which a hit of the
+// same cost (or more) is certainly denied again. Entries are answered
+// locally until that instant (the decision's RetryAfter, not the whole
+// window), so a denied client hammering a key costs no backend round trip.
+//
+// An entry is only ever created from a denial of a hit whose key occurs
+// once in its request: the key's state can only become more permissive
+// with time, and other replicas can only consume more, so the cached
+// answer can never be more permissive than the backend's would be. The exception
+// is a refund (algo.Hit.Release), which credits the key: Take drops
+// the key's entry before it sends a refund, and a refund through another
+// replica is seen here once the entry's instant has passed. always_charge
+// hits are never answered from the cache (they must be charged), except
+// on a fixed window (see Cacheable). A nil *Cache is a disabled cache:
+// every method is a no-op. Safe for concurrent use.
+type Cache struct {
+	mu     sync.Mutex
+	max    int
+	ll     *list.List // front = most recently used
+	items  map[string]*list.Element
+	hits   atomic.Uint64 // lookups that answered a denial
+	misses atomic.Uint64 // lookups that did not
+}
+
+type cacheEntry struct {
+	key   string
+	until time.Time // denial holds strictly before until
+	cost  int64     // smallest cost known to be denied
+	dec   cacheDecision
+}
+
+// cacheDecision is the decision that produced the entry; RetryAfter,
+// ResetAfter and WindowAfter are recomputed from their deadlines.
+type cacheDecision struct {
+	remaining int64
+	reset     time.Time
+	window    time.Time
+}
+
+// New returns a cache of at most size entries (least recently used
+// evicted first); size <= 0 returns nil (disabled).
+func New(size int) *Cache {
+	if size <= 0 {
+		return nil
+	}
+	return &Cache{max: size, ll: list.New(), items: make(map[string]*list.Element, size)}
+}
+
+// lookup reports a cached denial for key at now for the given cost; it
+// counts one hit or one miss.
+func (c *Cache) lookup(key string, cost int64, now time.Time) (cacheEntry, bool) {
+	if c == nil {
+		return cacheEntry{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.items[key]
+	if !ok {
+		c.misses.Add(1)
+		return cacheEntry{}, false
+	}
+	e := el.Value.(*cacheEntry)
+	if !now.Before(e.until) {
+		c.ll.Remove(el)
+		delete(c.items, key)
+		c.misses.Add(1)
+		return cacheEntry{}, false
+	}
+	if cost < e.cost {
+		c.misses.Add(1)
+		return cacheEntry{}, false
+	}
+	c.ll.MoveToFront(el)
+	c.hits.Add(1)
+	return *e, true
+}
+
+// add records that key denies cost (and more) until until.
+func (c *Cache) add(e cacheEntry) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.items[e.key]; ok {
+		*el.Value.(*cacheEntry) = e
+		c.ll.MoveToFront(el)
+		return
+	}
+	for c.ll.Len() >= c.max {
+		last := c.ll.Back()
+		c.ll.Remove(last)
+		delete(c.items, last.Value.(*cacheEntry).key)
+	}
+	c.items[e.key] = c.ll.PushFront(&e)
+}
+
+// drop removes key's entry, if any (its key was credited by a release).
+func (c *Cache) drop(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.items[key]; ok {
+		c.ll.Remove(el)
+		delete(c.items, key)
+	}
+}
+
+// Reset drops every entry. Call it on a config reload so that no denial
+// computed under an old limit survives.
+func (c *Cache) Reset() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ll.Init()
+	clear(c.items)
+}
+
+// Len is the number of entries (0 when disabled).
+func (c *Cache) Len() int {
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ll.Len()
+}
+
+// Remove drops key's entry, if any (its counter was reset).
+func (c *Cache) Remove(key string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.items[key]; ok {
+		c.ll.Remove(el)
+		delete(c.items, key)
+	}
+}
+
+// Hits is the number of lookups that found a denial since the cache was
+// created (envoyproxy/ratelimit's ratelimit.localcache.hitCount; 0 when
+// disabled).
+func (c *Cache) Hits() uint64 {
+	if c == nil {
+		return 0
+	}
+	return c.hits.Load()
+}
+
+// Misses is the number of lookups that found no denial
+// (envoyproxy/ratelimit's ratelimit.localcache.missCount; 0 when
+// disabled).
+func (c *Cache) Misses() uint64 {
+	if c == nil {
+		return 0
+	}
+	return c.misses.Load()
+}
+
+// Cacheable reports whether a denial of h may be answered locally until
+// its RetryAfter: concurrency leases can be released early, so they never
+// are; a release is never denied; an always_charge hit must reach the
+// backend to be charged, except on a fixed window, whose denial holds
+// until the window ends however much more is charged (envoyproxy/ratelimit
+// does not increment a key its local cache holds either).
+func Cacheable(h algo.Hit) bool {
+	if h.Limit.Kind == algo.Concurrency || h.Release {
+		return false
+	}
+	return !h.Charge || h.Limit.Kind == algo.FixedWindow
+}
+
+// TakeFunc decides hits on the backend (a store's Take without the cache):
+// one decision per hit, in order.
+type TakeFunc func(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
+
+// Take decides the hits of one request through the cache: a release first
+// drops its key's entry; every Cacheable hit is looked up once, in request
+// order (one counted hit or miss each, as envoyproxy/ratelimit looks up
+// every descriptor); then
+//   - when every hit is a cached denial, the request is answered locally
+//     (each decision FromCache) and take is not called;
+//   - when some are and all the others are Kept (releases, always_charge),
+//     only the others go to take: their effect does not depend on the
+//     cached denials;
+//   - otherwise take decides the whole request (a hit that is not Kept
+//     consumes only when the whole request passes, which the backend alone
+//     decides); a cached denial the backend confirms is reported FromCache.
+//
+// The denials take returns are remembered (see remember). now is the
+// clock (read once before the lookups and once after take). On a nil
+// Cache, Take is take. Errors are take's, unchanged.
+func (c *Cache) Take(ctx context.Context, hits []algo.Hit, now func() time.Time, take TakeFunc) ([]algo.Decision, error) {
+	if c == nil || len(hits) == 0 {
+		return take(ctx, hits)
+	}
+	for _, h := range hits {
+		if h.Release {
+			c.drop(h.Key)
+		}
+	}
+	out := make([]algo.Decision, len(hits))
+	rest, cached := c.fromCache(hits, out, now())
+	if len(rest) == 0 {
+		return out, nil
+	}
+	if len(rest) < len(hits) {
+		sub := make([]algo.Hit, len(rest))
+		for j, i := range rest {
+			sub[j] = hits[i]
+		}
+		subOut, err := c.takeAndRemember(ctx, sub, now, take)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range rest {
+			out[i] = subOut[j]
+		}
+		return out, nil
+	}
+	out, err := c.takeAndRemember(ctx, hits, now, take)
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range cached {
+		out[i].FromCache = !out[i].Allowed
+	}
+	return out, nil
+}
+
+func (c *Cache) takeAndRemember(ctx context.Context, hits []algo.Hit, now func() time.Time, take TakeFunc) ([]algo.Decision, error) {
+	out, err := take(ctx, hits)
+	if err != nil {
+		return nil, err
+	}
+	c.remember(hits, out, now())
+	return out, nil
+}
+
+// fromCache looks every cacheable hit up and answers from the cache the
+// hits it can; it returns the indexes of the hits the backend must
+// decide, in order (see Take), and, when that is all of them although
+// some lookups found a denial, those hits' indexes (cached), their
+// cached decisions being discarded.
+func (c *Cache) fromCache(hits []algo.Hit, out []algo.Decision, now time.Time) (rest, cached []int) {
+	rest = make([]int, 0, len(hits))
+	restKept := true
+	for i, h := range hits {
+		if Cacheable(h) {
+			if e, ok := c.lookup(h.Key, h.Cost, now); ok {
+				cached = append(cached, i)
+				out[i] = algo.Decision{
+					Allowed:     false,
+					Remaining:   e.dec.remaining,
+					RetryAfter:  e.until.Sub(now),
+					ResetAfter:  max(0, e.dec.reset.Sub(now)),
+					WindowAfter: max(0, e.dec.window.Sub(now)),
+					FromCache:   true,
+				}
+				continue
+			}
+		}
+		rest = append(rest, i)
+		restKept = restKept && h.Kept()
+	}
+	if len(rest) == 0 || restKept {
+		return rest, nil
+	}
+	all := rest[:0]
+	for i := range hits {
+		out[i] = algo.Decision{}
+		all = append(all, i)
+	}
+	return all, cached
+}
+
+// remember caches the denials of hits whose key occurs once in the request
+// (a repeated key's denial depends on the request's earlier hits).
+func (c *Cache) remember(hits []algo.Hit, out []algo.Decision, now time.Time) {
+	for i, h := range hits {
+		d := out[i]
+		if d.Allowed || d.RetryAfter <= 0 || !Cacheable(h) {
+			continue
+		}
+		dup := false
+		for j := range hits {
+			if j != i && hits[j].Key == h.Key {
+				dup = true
+				break
+			}
+		}
+		if dup {
+			continue
+		}
+		c.add(cacheEntry{
+			key:   h.Key,
+			until: now.Add(d.RetryAfter),
+			cost:  h.Cost,
+			dec: cacheDecision{
+				remaining: d.Remaining,
+				reset:     now.Add(d.ResetAfter),
+				window:    now.Add(d.WindowAfter),
+			},
+		})
+	}
+}
