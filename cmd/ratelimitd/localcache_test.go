@@ -16,6 +16,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -94,17 +96,36 @@ func (u *udpLines) until(t *testing.T, prefix string) map[string]float64 {
 // (real Redis, the service's own counting, tags as gostats serializes
 // them).
 func TestLocalCacheStatsd(t *testing.T) {
-	srv := redistest.Standalone(t)
-	now := time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC) // Redis scripts use this clock
-	ro := redis.DefaultOptions()
-	ro.URL, ro.Timeout, ro.PoolSize, ro.MinIdleConns, ro.LocalCacheSize = srv.URL(), 5*time.Second, 2, 0, 8
-	ro.Now = func() time.Time { return now }
-	store, err := redis.New(ro)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	now := time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC) // the stores' clock
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Standalone(t)
+		ro := redis.DefaultOptions()
+		ro.URL, ro.Timeout, ro.PoolSize, ro.MinIdleConns, ro.LocalCacheSize = srv.URL(), 5*time.Second, 2, 0, 8
+		ro.Now = func() time.Time { return now }
+		store, err := redis.New(ro)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer store.Close()
+		testLocalCacheStatsd(t, store, now)
+	})
+	t.Run("memcache", func(t *testing.T) {
+		mo := memcache.DefaultOptions()
+		mo.Addrs, mo.Timeout, mo.LocalCacheSize = []string{memcachetest.Start(t).Addr()}, 5*time.Second, 8
+		mo.Now = func() time.Time { return now }
+		store, err := memcache.New(mo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer store.Close()
+		testLocalCacheStatsd(t, store, now)
+	})
+}
 
+// testLocalCacheStatsd: 23 calls on a 20-per-minute limit, the last two
+// answered by store's local over-limit cache, as the reference's statsd
+// stats count them.
+func testLocalCacheStatsd(t *testing.T, store service.Store, now time.Time) {
 	sink := listenUDP(t)
 	o := defaultOptions()
 	o.StatsdAddr, o.StatsdFlushInterval, o.StatsdTags = sink.pc.LocalAddr().String(), time.Hour, "foo:bar,a:b"
@@ -151,7 +172,7 @@ func TestLocalCacheStatsd(t *testing.T) {
 		p + "total_hits" + tags + "|c":                   23,
 		p + "within_limit" + tags + "|c":                 20,
 		p + "over_limit" + tags + "|c":                   3,
-		p + "over_limit_with_local_cache" + tags + "|c":  2, // calls 22 and 23; 21 was Redis' denial
+		p + "over_limit_with_local_cache" + tags + "|c":  2, // calls 22 and 23; 21 was the backend's denial
 		"ratelimit.localcache.hitCount" + tags + "|g":    2,
 		"ratelimit.localcache.missCount" + tags + "|g":   21,
 		"ratelimit.localcache.lookupCount" + tags + "|g": 23,
