@@ -23,10 +23,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 )
 
 // RequireEnv is the environment variable that turns a missing memcached
@@ -57,10 +57,7 @@ type Server struct {
 	port int
 	args []string
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	done    chan struct{}
-	stopped bool
+	proc testproc.Proc
 }
 
 // Start starts memcached with extra arguments (e.g. "-m", "64") and
@@ -99,37 +96,17 @@ var errPortInUse = errors.New("memcachetest: port in use")
 
 func (s *Server) start() {
 	s.t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cmd := exec.Command("memcached", s.args...)
-	cmd.SysProcAttr = procAttr()
-	out, err := os.OpenFile(filepath.Join(s.dir, "memcached.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		s.t.Fatalf("memcachetest: %v", err)
-	}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		_ = out.Close()
+	if err := s.proc.Start("memcached", s.args, "", filepath.Join(s.dir, "memcached.log")); err != nil {
 		s.t.Fatalf("memcachetest: start memcached: %v", err)
 	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		_ = out.Close()
-		close(done)
-	}()
-	s.cmd, s.done, s.stopped = cmd, done, false
 }
 
 func (s *Server) waitReadyErr() error {
 	deadline := time.Now().Add(StartTimeout)
 	var last error
 	for time.Now().Before(deadline) {
-		s.mu.Lock()
-		done := s.done
-		s.mu.Unlock()
 		select {
-		case <-done:
+		case <-s.proc.Done():
 			tail := s.LogTail(20)
 			if strings.Contains(tail, "Address already in use") {
 				return fmt.Errorf("%w: %s", errPortInUse, s.Addr())
@@ -179,47 +156,15 @@ func (s *Server) LogTail(n int) string {
 
 // Kill sends SIGKILL and waits for the process to exit: clients then see
 // connection refused. Kill on a dead server is a no-op.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	cmd, done, stopped := s.cmd, s.done, s.stopped
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	select {
-	case <-done:
-		return
-	default:
-	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	if stopped {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-	}
-	<-done
-}
+func (s *Server) Kill() { s.proc.Kill() }
 
 // Stop freezes the process with SIGSTOP and returns once it is stopped:
 // the kernel still accepts connections, nothing is answered (a hung
 // memcached).
-func (s *Server) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil && !s.stopped {
-		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
-		waitStopped(s.cmd.Process.Pid)
-		s.stopped = true
-	}
-}
+func (s *Server) Stop() { s.proc.Stop() }
 
 // Cont resumes a process frozen by Stop.
-func (s *Server) Cont() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil && s.stopped {
-		_ = s.cmd.Process.Signal(syscall.SIGCONT)
-		s.stopped = false
-	}
-}
+func (s *Server) Cont() { s.proc.Cont() }
 
 // Restart kills the process (if alive) and starts it again on the same
 // port, empty, waiting until it answers.

@@ -24,12 +24,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 )
 
 // RequireEnv is the environment variable that turns a missing redis-server
@@ -124,11 +124,8 @@ type Server struct {
 	// tls holds the generated certificate files when WithTLS was given.
 	tls *TLSFiles
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	done    chan struct{} // closed when cmd has been waited for
-	stopped bool          // SIGSTOPped
-	args    []string
+	proc testproc.Proc
+	args []string
 }
 
 // Standalone starts one redis-server with opts and returns it once it
@@ -328,27 +325,9 @@ func (s *Server) Do(ctx context.Context, args ...any) (any, error) {
 
 func (s *Server) start() {
 	s.t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cmd := exec.Command("redis-server", s.args...)
-	cmd.Dir = s.dir
-	setProcAttr(cmd)
-	out, err := os.OpenFile(filepath.Join(s.dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		s.t.Fatalf("redistest: %v", err)
-	}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		_ = out.Close()
+	if err := s.proc.Start("redis-server", s.args, s.dir, filepath.Join(s.dir, "stdout.log")); err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
 	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		_ = out.Close()
-		close(done)
-	}()
-	s.cmd, s.done, s.stopped = cmd, done, false
 }
 
 // waitReady polls PING until the server answers (LOADING counts as not
@@ -366,11 +345,8 @@ func (s *Server) waitReadyErr() error {
 	deadline := time.Now().Add(StartTimeout)
 	var last error
 	for time.Now().Before(deadline) {
-		s.mu.Lock()
-		done := s.done
-		s.mu.Unlock()
 		select {
-		case <-done:
+		case <-s.proc.Done():
 			tail := s.LogTail(30)
 			if strings.Contains(tail, "Address already in use") {
 				return fmt.Errorf("%w: %s", errPortInUse, s.Addr())
@@ -413,45 +389,15 @@ func (s *Server) LogTail(n int) string {
 
 // Kill sends SIGKILL and waits for the process to exit. Clients then see
 // connection refused. Kill on a dead server is a no-op.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	cmd, done, stopped := s.cmd, s.done, s.stopped
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	select {
-	case <-done:
-		return
-	default:
-	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	if stopped {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-	}
-	<-done
-}
+func (s *Server) Kill() { s.proc.Kill() }
 
-// Stop freezes the process with SIGSTOP: connections stay open and the
-// kernel still accepts new ones, but nothing is answered (a hung Redis).
-func (s *Server) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil && !s.stopped {
-		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
-		s.stopped = true
-	}
-}
+// Stop freezes the process with SIGSTOP and returns once it is stopped:
+// connections stay open and the kernel still accepts new ones, but nothing
+// is answered (a hung Redis).
+func (s *Server) Stop() { s.proc.Stop() }
 
 // Cont resumes a process frozen by Stop (SIGCONT).
-func (s *Server) Cont() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil && s.stopped {
-		_ = s.cmd.Process.Signal(syscall.SIGCONT)
-		s.stopped = false
-	}
-}
+func (s *Server) Cont() { s.proc.Cont() }
 
 // Restart kills the process (if alive) and starts it again on the same port
 // with the same arguments and directory, waiting until it answers PING.
@@ -475,19 +421,7 @@ func (s *Server) Start() {
 func (s *Server) WaitReady() { s.t.Helper(); s.waitReady() }
 
 // Alive reports whether the process is running (possibly frozen).
-func (s *Server) Alive() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return false
-	}
-	select {
-	case <-s.done:
-		return false
-	default:
-		return true
-	}
-}
+func (s *Server) Alive() bool { return s.proc.Alive() }
 
 func (s *Server) cleanup() {
 	if s.t.Failed() {

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package memcachetest
+package testproc
 
 import (
 	"syscall"

@@ -1,4 +1,4 @@
-package memcachetest
+package testproc
 
 import (
 	"os"
@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// procAttr kills memcached when the test process dies without running its
+// procAttr kills the server when the test process dies without running its
 // cleanups (a panic, a -timeout abort).
 func procAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
