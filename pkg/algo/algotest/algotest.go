@@ -27,6 +27,10 @@ import (
 // Store is the shape of service.Store (declared here so that algotest does
 // not import the service).
 type Store interface {
+	// Take decides the hits of one request with the semantics of
+	// service.Store.Take: len(result) == len(hits), same order; a
+	// non-nil error fails the step. Reference is the executable
+	// definition of the expected decisions.
 	Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
 }
 
@@ -38,16 +42,25 @@ var Base = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // Step is one request at Base+At (or at Abs when set): Hits in order, and
 // the decisions the store must return, exactly.
 type Step struct {
-	At   time.Duration
-	Abs  time.Time
+	// At is the step's instant as an offset from Base; used when Abs is
+	// the zero time.
+	At time.Duration
+	// Abs, when not the zero time, is the step's instant, overriding At.
+	Abs time.Time
+	// Hits is the request, in order. Keys are short names that Run
+	// prefixes per run and table.
 	Hits []algo.Hit
+	// Want is the decisions the store must return, one per hit, compared
+	// field by field.
 	Want []algo.Decision
 }
 
 // Table is a named sequence of steps run against one store. Hit keys are
 // short names; Run makes them unique per run and table.
 type Table struct {
-	Name  string
+	// Name is the subtest name (t.Run) and part of the key prefix.
+	Name string
+	// Steps run in order against one fresh store.
 	Steps []Step
 }
 

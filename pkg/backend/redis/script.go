@@ -279,6 +279,8 @@ func argsSimple(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 // errors, not an outage); the segment wrote nothing.
 type SegmentError string
 
+// Error returns the reply text as the script sent it, without the "!"
+// marker.
 func (e SegmentError) Error() string { return string(e) }
 
 // RedisError marks SegmentError as an error reply of a live server.
