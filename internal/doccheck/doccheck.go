@@ -61,8 +61,8 @@ func File(fset *token.FileSet, path string, src []byte) ([]Finding, error) {
 			}
 			name := d.Name.Name
 			if d.Recv != nil && len(d.Recv.List) > 0 {
-				recv, ok := recvType(d.Recv.List[0].Type)
-				if !ok {
+				recv := Receiver(d.Recv.List[0].Type)
+				if !token.IsExported(recv) {
 					continue
 				}
 				name = recv + "." + name
@@ -130,13 +130,7 @@ func Dir(dir string) ([]Finding, error) {
 // members adds the undocumented exported fields of a struct type and
 // methods of an interface type, as Type.Name.
 func members(s *ast.TypeSpec, add func(token.Pos, string)) {
-	var list *ast.FieldList
-	switch t := s.Type.(type) {
-	case *ast.StructType:
-		list = t.Fields
-	case *ast.InterfaceType:
-		list = t.Methods
-	}
+	list := Members(s)
 	if list == nil {
 		return
 	}
@@ -152,9 +146,22 @@ func members(s *ast.TypeSpec, add func(token.Pos, string)) {
 	}
 }
 
-// recvType returns the name of a method receiver's base type (through
-// pointers and type parameters) and whether that type is exported.
-func recvType(e ast.Expr) (string, bool) {
+// Members returns the fields of a struct type or the methods of an
+// interface type; nil for any other type.
+func Members(s *ast.TypeSpec) *ast.FieldList {
+	switch t := s.Type.(type) {
+	case *ast.StructType:
+		return t.Fields
+	case *ast.InterfaceType:
+		return t.Methods
+	}
+	return nil
+}
+
+// Receiver returns the name of a method receiver's base type, through
+// pointers and type parameters (*T, T[K], *T[K, V] give "T"); "" when e
+// is not such a receiver expression.
+func Receiver(e ast.Expr) string {
 	for {
 		switch t := e.(type) {
 		case *ast.StarExpr:
@@ -164,9 +171,9 @@ func recvType(e ast.Expr) (string, bool) {
 		case *ast.IndexListExpr:
 			e = t.X
 		case *ast.Ident:
-			return t.Name, t.IsExported()
+			return t.Name
 		default:
-			return "", false
+			return ""
 		}
 	}
 }
