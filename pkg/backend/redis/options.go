@@ -25,7 +25,7 @@ const (
 
 // Defaults of DefaultOptions.
 const (
-	// DefaultURL is the contract's --redis-url default.
+	// DefaultURL is the --redis-url default (README's flag table).
 	DefaultURL = "redis://127.0.0.1:6379/0"
 	// DefaultTimeout is how long Redis may leave an invocation unanswered
 	// (with no other reply meanwhile) before the Store takes it as
