@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -24,8 +25,8 @@ import (
 //go:embed testdata/take_v1.lua
 var takeLuaV1 string
 
-//go:embed take.lua
-var takeLuaNew string
+// takeLuaNew is the current take.lua (take/*.lua joined).
+var takeLuaNew = redis.TakeLua
 
 // tb is what the helpers need of a *testing.T or a *rapid.T.
 type tb interface {
