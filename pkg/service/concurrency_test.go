@@ -244,7 +244,7 @@ func TestConcurrencyUngatedReleaseExactLeases(t *testing.T) {
 	}
 	e := newEnv(t, nil)
 	e.svc.SetPolicy(loadSet(t, "../../examples/website"))
-	const leases = 20 // search-in-flight
+	const leases = 20                         // search-in-flight
 	at := websiteSearch(t, "192.0.2.1").lease // the lease's status, as in the gated file
 	held, foreign := 0, 0
 	for i := 1; i <= 40; i++ {

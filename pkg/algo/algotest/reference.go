@@ -9,7 +9,8 @@ import (
 )
 
 // Reference decides one request (hits, in order) at now the way the Store
-// contract says, with pkg/algo alone, and updates states (key → state; a
+// contract (pkg/service Store, where it is written out) says, with
+// pkg/algo alone, and updates states (key → state; a
 // missing key is the zero State) in place: each hit is applied to the
 // tentative state its key has so far in the request (algo.Apply). When no
 // hit that is not Soft is denied, every tentative state is kept.
