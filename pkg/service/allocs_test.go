@@ -2,18 +2,14 @@ package service_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"path/filepath"
 	"strconv"
 	"testing"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
-	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // TestDecideAllocs bounds the heap allocations of one ShouldRateLimit
@@ -33,15 +29,7 @@ func TestDecideAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	svc, err := service.New(service.Options{
-		Store:      st,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Registerer: prometheus.NewRegistry(),
-		Now:        c.Now,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := newInProcess(t, st, c.Now)
 	p := filepath.Join(t.TempDir(), "allocs.yaml")
 	writeFile(t, p, `domain: allocs
 descriptors:

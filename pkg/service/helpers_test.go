@@ -190,6 +190,23 @@ func startEnv(t testing.TB, withCodec bool, mutate func(*service.Options)) *env 
 	return e
 }
 
+// newInProcess is a Service on st with default options, logs discarded
+// and metrics on a fresh registry, reading the time from now (nil: the
+// real clock), for decisions in process (no gRPC).
+func newInProcess(tb testing.TB, st service.Store, now func() time.Time) *service.Service {
+	tb.Helper()
+	svc, err := service.New(service.Options{
+		Store:      st,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Registerer: prometheus.NewRegistry(),
+		Now:        now,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return svc
+}
+
 // d builds a descriptor from key, value pairs.
 func d(kv ...string) *rlcommon.RateLimitDescriptor {
 	out := &rlcommon.RateLimitDescriptor{}

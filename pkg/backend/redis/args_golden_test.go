@@ -188,13 +188,7 @@ func TestStateGolden(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
 	ctx := context.Background()
-	o := DefaultOptions()
-	o.URL, o.Timeout = srv.URL(), 2*time.Second
-	s, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := newInternalStore(t, srv)
 	const now = 1767225630000000 // 2026-01-01T00:00:30Z in µs
 	p := time.Minute
 	steps := []struct {

@@ -41,6 +41,20 @@ func TestSlotMatchesServer(t *testing.T) {
 	}
 }
 
+// newInternalStore is a Store on srv with default options (the server's
+// clock) and a 2 s timeout, closed at the end of the test.
+func newInternalStore(t *testing.T, srv *redistest.Server) *Store {
+	t.Helper()
+	o := DefaultOptions()
+	o.URL, o.Timeout = srv.URL(), 2*time.Second
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
 // TestTTLInvariant: with the server's clock, every key written has an
 // expiry at or after the instant its state is empty again (script now +
 // ResetAfter, compared with PEXPIRETIME), and no key lives without one:
@@ -49,13 +63,7 @@ func TestTTLInvariant(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
 	c := srv.Client()
-	o := DefaultOptions()
-	o.URL, o.Timeout = srv.URL(), 2*time.Second
-	s, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := newInternalStore(t, srv)
 	p := 3 * time.Second
 	limits := []algo.Limit{
 		{Kind: algo.FixedWindow, Rate: 3, Period: p},
