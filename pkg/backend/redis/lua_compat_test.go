@@ -61,6 +61,9 @@ func evalSegs(t tb, c *goredis.Client, script, prefix string, segs []luaSeg) []s
 			if h.Soft {
 				flags |= 2
 			}
+			if h.Charge {
+				flags |= 4
+			}
 			l := h.Limit
 			args = append(args, int(l.Kind), l.Rate, l.Period.Microseconds(), l.Burst,
 				int(l.Calendar), max(l.Multiplier, 1), h.Cost, flags)
