@@ -1,8 +1,11 @@
 // Package algotest is the conformance suite every ratelimitd store passes,
 // in the spirit of testing/fstest: tables of steps over fixed instants, each
 // step one request (a list of hits) with the exact decisions expected, field
-// by field. The memory store and the Redis store run the same tables, which
-// is how the Go algorithms (pkg/algo) and the Redis script are proven equal.
+// by field, and each decision also compared with Reference (the Store
+// contract's executable definition) on the same requests. The memory
+// store, the Redis store (standalone and Cluster) and the memcached store
+// (its fixed-window tables) run the same tables, which is how the Go
+// algorithms (pkg/algo) and the Redis scripts are proven equal.
 //
 // Usage, from a store's test:
 //
