@@ -198,18 +198,26 @@ func metricValue(metrics, prefix string) float64 {
 	return 0
 }
 
+// reloadEnv serves a config directory holding oneFile with limit n and
+// returns it, the process, a connection to it and a call that reads the
+// limit in force (k=x).
+func reloadEnv(t testing.TB, n int) (dir string, p *proc, cc *grpc.ClientConn, limit func() uint32) {
+	t.Helper()
+	dir = t.TempDir()
+	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, n))
+	p = start(t, startOpts{args: []string{"--config", dir}})
+	cc = p.dial(t)
+	p.waitServing(t, cc, "")
+	return dir, p, cc, func() uint32 {
+		return call(t, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
+	}
+}
+
 // A changed file is put in force (how soon: BenchmarkHotReload; the
 // documented bound is 2 s); a bad change keeps the old config and counts a
 // failed reload.
 func TestHotReload(t *testing.T) {
-	dir := t.TempDir()
-	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
-	p := start(t, startOpts{args: []string{"--config", dir}})
-	cc := p.dial(t)
-	p.waitServing(t, cc, "")
-	limit := func() uint32 {
-		return call(t, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit()
-	}
+	dir, p, cc, limit := reloadEnv(t, 5)
 	if got := limit(); got != 5 {
 		t.Fatalf("limit %d, want 5", got)
 	}
@@ -251,17 +259,13 @@ func TestHotReload(t *testing.T) {
 // file watcher's debounce (150 ms after the last event) plus the
 // stability check and the swap. docs/config.md promises well within 2 s.
 func BenchmarkHotReload(b *testing.B) {
-	dir := b.TempDir()
-	writeFile(b, dir, "e2e.yaml", fmt.Sprintf(oneFile, 1))
-	p := start(b, startOpts{args: []string{"--config", dir}})
-	cc := p.dial(b)
-	p.waitServing(b, cc, "")
+	dir, _, _, limit := reloadEnv(b, 1)
 	var total, worst time.Duration
 	for i := range b.N {
 		want := uint32(i + 2)
 		writeFile(b, dir, "e2e.yaml", fmt.Sprintf(oneFile, want))
 		changed := time.Now()
-		for call(b, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != want {
+		for limit() != want {
 			if time.Since(changed) > 20*time.Second {
 				b.Fatalf("limit %d not in force 20 s after the write", want)
 			}

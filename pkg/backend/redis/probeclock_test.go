@@ -2,6 +2,7 @@ package redis
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -10,8 +11,9 @@ import (
 // probe's loop runs one iteration per Tick, whatever the speed of the
 // host. Its one timer is the loop's.
 type ManualClock struct {
+	base   time.Time
+	off    atomic.Int64 // the time now, in ns since base
 	mu     sync.Mutex
-	now    time.Time
 	at     time.Time     // when the armed timer fires
 	armed  time.Duration // the duration it was last armed with
 	gen    int           // times armed (NewTimer, Reset)
@@ -23,25 +25,17 @@ type ManualClock struct {
 // NewManualClock starts at an arbitrary fixed time.
 func NewManualClock() *ManualClock {
 	return &ManualClock{
-		now:    time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		base:   time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		notify: make(chan struct{}, 1),
 		c:      make(chan time.Time, 1),
 	}
 }
 
 // Now is the manual time.
-func (m *ManualClock) Now() time.Time {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.now
-}
+func (m *ManualClock) Now() time.Time { return m.base.Add(time.Duration(m.off.Load())) }
 
 // Advance moves the time on by d without firing the timer.
-func (m *ManualClock) Advance(d time.Duration) {
-	m.mu.Lock()
-	m.now = m.now.Add(d)
-	m.mu.Unlock()
-}
+func (m *ManualClock) Advance(d time.Duration) { m.off.Add(int64(d)) }
 
 // NewTimer arms the clock's timer.
 func (m *ManualClock) NewTimer(d time.Duration) probeTimer {
@@ -51,7 +45,7 @@ func (m *ManualClock) NewTimer(d time.Duration) probeTimer {
 
 func (m *ManualClock) arm(d time.Duration) {
 	m.mu.Lock()
-	m.at, m.armed = m.now.Add(d), d
+	m.at, m.armed = m.Now().Add(d), d
 	m.gen++
 	m.mu.Unlock()
 	select {
@@ -97,12 +91,12 @@ func (m *ManualClock) Tick(t testing.TB) time.Duration {
 		m.waitArmed(t)
 	}
 	m.mu.Lock()
-	if m.at.After(m.now) {
-		m.now = m.at
-	}
-	now := m.now
+	at := m.at
 	m.mu.Unlock()
-	m.c <- now
+	if at.After(m.Now()) {
+		m.off.Store(int64(at.Sub(m.base))) // only Tick and Advance move it: the test's goroutine
+	}
+	m.c <- m.Now()
 	return m.waitArmed(t)
 }
 
