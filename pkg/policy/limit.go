@@ -38,7 +38,8 @@ type rawLimit struct {
 }
 
 // limit parses one rate_limit object; line is where it starts (the
-// `rate_limit:` key, or the rate_limits item).
+// `rate_limit:` key, or the rate_limits item). ok is false when the object
+// had a problem (reported to p.errs).
 func (p *parser) limit(v *yaml.Node, line int, where string) (rawLimit, bool) {
 	l := rawLimit{line: line, mult: 1, ok: true}
 	if v.Kind != yaml.MappingNode {
@@ -46,112 +47,9 @@ func (p *parser) limit(v *yaml.Node, line int, where string) (rawLimit, bool) {
 		return l, false
 	}
 	before := len(p.errs.errs)
-	var unitLine int
-	var unitText string
-	p.mapping(v, func(k string, kn, v *yaml.Node) {
-		switch k {
-		case "unit":
-			unitLine = kn.Line
-			l.unitSet = true
-			unitText, _ = p.str(v, "unit")
-		case "requests_per_unit":
-			l.rpuLine = kn.Line
-			l.rpu, _ = p.integer(v, "requests_per_unit", 0, MaxRequestsPerUnit)
-		case "unlimited":
-			l.unlimitedLine = kn.Line
-			l.unlimited = p.boolean(v, "unlimited")
-		case "name":
-			l.nameLine = kn.Line
-			l.name, _ = p.str(v, "name")
-		case "replaces":
-			if isNull(v) {
-				return
-			}
-			if v.Kind != yaml.SequenceNode {
-				p.errs.add(p.file, v.Line, "replaces must be a list of {name: ...} mappings, got %s", kindName(v))
-				return
-			}
-			for _, it := range v.Content {
-				it = deref(it)
-				if it.Kind != yaml.MappingNode {
-					p.errs.add(p.file, it.Line, "replaces: list of type other than map: item is %s", kindName(it))
-					continue
-				}
-				name, line := "", it.Line
-				p.mapping(it, func(k string, kn, v *yaml.Node) {
-					if k != "name" {
-						p.unknown(kn, k, "replaces item", nil, replacesKeys)
-						return
-					}
-					line = kn.Line
-					name, _ = p.str(v, "replaces name")
-				})
-				if name == "" {
-					p.errs.add(p.file, line, "replaces: name must not be empty")
-					continue
-				}
-				l.replaces = append(l.replaces, name)
-				l.replacesLines = append(l.replacesLines, line)
-			}
-		case "algorithm":
-			l.algorithmLine = kn.Line
-			s, _ := p.str(v, "algorithm")
-			a, ok := parseAlgorithm(s)
-			if !ok {
-				p.errs.add(p.file, v.Line, "invalid algorithm %q: want fixed_window, sliding_window, sliding_log, token_bucket or concurrency", s)
-				break
-			}
-			l.algorithm, l.algoSet = a, true
-			l.extensionFields = append(l.extensionFields, k)
-		case "burst":
-			l.burstLine = kn.Line
-			l.burst, _ = p.integer(v, "burst", 1, MaxRequestsPerUnit)
-			l.extensionFields = append(l.extensionFields, k)
-		case "unit_multiplier":
-			l.multLine = kn.Line
-			if m, ok := p.integer(v, "unit_multiplier", 1, math.MaxUint32); ok {
-				l.mult = m
-			}
-			l.extensionFields = append(l.extensionFields, k)
-		case "failure_mode":
-			s, _ := p.str(v, "failure_mode")
-			f, ok := parseFailureMode(s)
-			if !ok {
-				p.errs.add(p.file, v.Line, "invalid failure_mode %q: want open, closed or local", s)
-				break
-			}
-			l.failure = f
-			l.extensionFields = append(l.extensionFields, k)
-		case "calendar":
-			l.calendarLine = kn.Line
-			l.calendar = p.boolean(v, "calendar")
-			l.extensionFields = append(l.extensionFields, k)
-		default:
-			p.unknown(kn, k, "rate_limit", limitHints, limitKeys)
-		}
-	})
-	if l.unlimited {
-		if l.unitSet && unitText != "" {
-			if _, ok := ParseUnit(unitText); ok {
-				p.errs.add(p.file, unitLine, "should not specify rate limit unit when unlimited")
-			} else {
-				p.errs.add(p.file, unitLine, "invalid rate limit unit %q", unitText)
-			}
-		}
-		if len(l.extensionFields) > 0 {
-			p.errs.add(p.file, l.unlimitedLine, "unlimited rate_limit must not set %s", strings.Join(l.extensionFields, ", "))
-		}
-	} else {
-		u, ok := ParseUnit(unitText)
-		switch {
-		case !l.unitSet || unitText == "":
-			p.errs.add(p.file, l.line, "invalid rate limit unit '': unit is required (second, minute, hour, day, week, month or year) unless unlimited: true")
-		case !ok:
-			p.errs.add(p.file, unitLine, "invalid rate limit unit %q: want second, minute, hour, day, week, month or year", unitText)
-		default:
-			l.unit = u
-		}
-	}
+	var unit unitField
+	p.mapping(v, func(k string, kn, v *yaml.Node) { p.limitField(&l, &unit, k, kn, v) })
+	p.limitUnit(&l, unit)
 	if !l.unlimited && l.unit.Valid() {
 		p.checkLimit(&l)
 	}
@@ -164,6 +62,90 @@ func (p *parser) limit(v *yaml.Node, line int, where string) (rawLimit, bool) {
 	}
 	l.ok = len(p.errs.errs) == before
 	return l, l.ok
+}
+
+// unitField is the `unit:` of a rate_limit as written: its key line (0
+// when absent) and text.
+type unitField struct {
+	line int
+	text string
+}
+
+// limitField parses the rate_limit key k (key node kn, value v) into l;
+// the unit is kept as written in unit, for limitUnit. The fields that
+// envoyproxy/ratelimit does not know are recorded in l.extensionFields.
+func (p *parser) limitField(l *rawLimit, unit *unitField, k string, kn, v *yaml.Node) {
+	switch k {
+	case "unit":
+		unit.line = kn.Line
+		l.unitSet = true
+		unit.text, _ = p.str(v, "unit")
+	case "requests_per_unit":
+		l.rpuLine = kn.Line
+		l.rpu, _ = p.integer(v, "requests_per_unit", 0, MaxRequestsPerUnit)
+	case "unlimited":
+		l.unlimitedLine = kn.Line
+		l.unlimited = p.boolean(v, "unlimited")
+	case "name":
+		l.nameLine = kn.Line
+		l.name, _ = p.str(v, "name")
+	case "replaces":
+		p.replaces(v, l)
+	case "algorithm":
+		l.algorithmLine = kn.Line
+		if a, ok := p.algorithm(v); ok {
+			l.algorithm, l.algoSet = a, true
+			l.extensionFields = append(l.extensionFields, k)
+		}
+	case "burst":
+		l.burstLine = kn.Line
+		l.burst, _ = p.integer(v, "burst", 1, MaxRequestsPerUnit)
+		l.extensionFields = append(l.extensionFields, k)
+	case "unit_multiplier":
+		l.multLine = kn.Line
+		if m, ok := p.integer(v, "unit_multiplier", 1, math.MaxUint32); ok {
+			l.mult = m
+		}
+		l.extensionFields = append(l.extensionFields, k)
+	case "failure_mode":
+		if f, ok := p.failureMode(v, "failure_mode"); ok {
+			l.failure = f
+			l.extensionFields = append(l.extensionFields, k)
+		}
+	case "calendar":
+		l.calendarLine = kn.Line
+		l.calendar = p.boolean(v, "calendar")
+		l.extensionFields = append(l.extensionFields, k)
+	default:
+		p.unknown(kn, k, "rate_limit", limitHints, limitKeys)
+	}
+}
+
+// limitUnit sets l.unit from the unit as written, reporting a missing or
+// invalid unit, and for an unlimited limit any unit or extension field.
+func (p *parser) limitUnit(l *rawLimit, unit unitField) {
+	if l.unlimited {
+		if l.unitSet && unit.text != "" {
+			if _, ok := ParseUnit(unit.text); ok {
+				p.errs.add(p.file, unit.line, "should not specify rate limit unit when unlimited")
+			} else {
+				p.errs.add(p.file, unit.line, "invalid rate limit unit %q", unit.text)
+			}
+		}
+		if len(l.extensionFields) > 0 {
+			p.errs.add(p.file, l.unlimitedLine, "unlimited rate_limit must not set %s", strings.Join(l.extensionFields, ", "))
+		}
+		return
+	}
+	u, ok := ParseUnit(unit.text)
+	switch {
+	case !l.unitSet || unit.text == "":
+		p.errs.add(p.file, l.line, "invalid rate limit unit '': unit is required (second, minute, hour, day, week, month or year) unless unlimited: true")
+	case !ok:
+		p.errs.add(p.file, unit.line, "invalid rate limit unit %q: want second, minute, hour, day, week, month or year", unit.text)
+	default:
+		l.unit = u
+	}
 }
 
 // checkLimit validates the extension fields of a limit with a valid unit,
