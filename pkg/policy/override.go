@@ -26,6 +26,8 @@ const (
 	OverrideLowerOnly
 )
 
+// String returns the config spelling of the mode: "allow", "deny" or
+// "lower_only" (unknown values print as "allow").
 func (m OverrideMode) String() string {
 	switch m {
 	case OverrideDeny:
