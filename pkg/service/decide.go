@@ -154,7 +154,8 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	}
 
 	// 2. Build the hits: one per applied limit, descriptor order then
-	// config order. `replaces` drops limits by name (reference 1.5).
+	// config order. `replaces` drops limits by name (docs/config.md,
+	// "Matching").
 	nHits := 0
 	for i := range ds {
 		if st := &ds[i]; st.matched && !st.match.Rule.Unlimited {
@@ -272,7 +273,8 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 }
 
 // evaluate sets each descriptor's denied flag from decs and reports
-// whether the request as a whole is denied (reference 1.5 and 3.9): any
+// whether the request as a whole is denied (docs/responses.md,
+// "overall_code"): any
 // non-shadow, non-quota descriptor denied, or at least one quota
 // descriptor with a limit and every such descriptor denied.
 func (s *Service) evaluate(ds []descState, decs []algo.Decision) bool {
@@ -301,26 +303,6 @@ func (s *Service) evaluate(ds []descState, decs []algo.Decision) bool {
 		}
 	}
 	return enforced || (quotaN > 0 && quotaOver == quotaN)
-}
-
-// observeRefunds counts the is_negative_hits descriptors whose refund a
-// store applied to at least one of their limits (not when the backend
-// failed and the refund was only answered). domain is a config domain:
-// only a matched descriptor has applied limits.
-func (s *Service) observeRefunds(domain string, ds []descState, outs []outcome) {
-	for i := range ds {
-		st := &ds[i]
-		if !st.refund || len(st.applied) == 0 {
-			continue
-		}
-		for _, a := range st.applied {
-			if o := outs[a.hit]; o == byStore || o == byFallback {
-				s.m.refunds.WithLabelValues(domain).Inc()
-				s.m.refundUnits.WithLabelValues(domain).Add(float64(st.cost))
-				break
-			}
-		}
-	}
 }
 
 // take calls st.Take with the request deadline and measures it.

@@ -14,7 +14,7 @@ import (
 )
 
 // Bounds on a RateLimitRequest. A request over any bound is rejected with
-// codes.InvalidArgument naming the bound (contract: "Malformed requests").
+// codes.InvalidArgument naming the bound (docs/responses.md, "Errors").
 const (
 	// MaxDescriptors is the maximum number of descriptors per request.
 	MaxDescriptors = 64
