@@ -8,6 +8,14 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
+// Descriptor is one rate-limit descriptor Envoy would send.
+type Descriptor struct {
+	Entries []policy.Entry
+	// HitsAddend is the route rate_limit's hits_addend.number (0 = unset:
+	// the service uses 1).
+	HitsAddend uint64
+}
+
 // descriptor evaluates one route rate_limit's actions in order. ok is false
 // when an action yields nothing: Envoy then sends no descriptor for this
 // rate_limit (request_headers and query_parameters with skip_if_absent only
@@ -60,48 +68,17 @@ func (e *Envoy) descriptor(rl *routev3.RateLimit, r *Request, cluster string) (D
 			}
 			add(k, s.GenericKey.GetDescriptorValue())
 		case *routev3.RateLimit_Action_HeaderValueMatch_:
-			hv := s.HeaderValueMatch
-			all := true
-			for _, h := range hv.GetHeaders() {
-				if !e.headerMatches(h, r) {
-					all = false
-					break
-				}
-			}
-			expect := hv.GetExpectMatch() == nil || hv.GetExpectMatch().GetValue()
-			k := hv.GetDescriptorKey()
-			if k == "" {
-				k = "header_match"
-			}
-			switch {
-			case all == expect:
-				add(k, hv.GetDescriptorValue())
-			case hv.GetDefaultValue() != "":
-				add(k, hv.GetDefaultValue())
-			default:
+			k, v, ok := e.headerValueMatch(s.HeaderValueMatch, r)
+			if !ok {
 				return Descriptor{}, false
 			}
+			add(k, v)
 		case *routev3.RateLimit_Action_QueryParameterValueMatch_:
-			qv := s.QueryParameterValueMatch
-			q := r.query()
-			all := true
-			for _, qp := range qv.GetQueryParameters() {
-				vs, ok := q[qp.GetName()]
-				if qp.GetPresentMatch() {
-					all = all && ok
-				} else if qp.GetStringMatch() != nil {
-					all = all && ok && e.stringMatches(qp.GetStringMatch(), vs[0])
-				}
-			}
-			expect := qv.GetExpectMatch() == nil || qv.GetExpectMatch().GetValue()
-			k := qv.GetDescriptorKey()
-			if k == "" {
-				k = "query_match"
-			}
-			if all != expect {
+			k, v, ok := e.queryParameterValueMatch(s.QueryParameterValueMatch, r)
+			if !ok {
 				return Descriptor{}, false
 			}
-			add(k, qv.GetDescriptorValue())
+			add(k, v)
 		default:
 			return Descriptor{}, false
 		}
@@ -110,6 +87,60 @@ func (e *Envoy) descriptor(rl *routev3.RateLimit, r *Request, cluster string) (D
 		return Descriptor{}, false
 	}
 	return d, true
+}
+
+// headerValueMatch evaluates a header_value_match action on r: the entry
+// (descriptor_key, default "header_match"; descriptor_value) when every
+// header matcher matches and expect_match is true (the default), or when
+// not all match and it is false; else default_value when set. ok is false
+// when the action yields no entry.
+func (e *Envoy) headerValueMatch(hv *routev3.RateLimit_Action_HeaderValueMatch, r *Request) (k, v string, ok bool) {
+	all := true
+	for _, h := range hv.GetHeaders() {
+		if !e.headerMatches(h, r) {
+			all = false
+			break
+		}
+	}
+	expect := hv.GetExpectMatch() == nil || hv.GetExpectMatch().GetValue()
+	k = hv.GetDescriptorKey()
+	if k == "" {
+		k = "header_match"
+	}
+	switch {
+	case all == expect:
+		return k, hv.GetDescriptorValue(), true
+	case hv.GetDefaultValue() != "":
+		return k, hv.GetDefaultValue(), true
+	}
+	return "", "", false
+}
+
+// queryParameterValueMatch evaluates a query_parameter_value_match action
+// on r: the entry (descriptor_key, default "query_match";
+// descriptor_value) when the query parameter matchers all match and
+// expect_match is true (the default), or not all match and it is false.
+// ok is false otherwise.
+func (e *Envoy) queryParameterValueMatch(qv *routev3.RateLimit_Action_QueryParameterValueMatch, r *Request) (k, v string, ok bool) {
+	q := r.query()
+	all := true
+	for _, qp := range qv.GetQueryParameters() {
+		vs, present := q[qp.GetName()]
+		if qp.GetPresentMatch() {
+			all = all && present
+		} else if qp.GetStringMatch() != nil {
+			all = all && present && e.stringMatches(qp.GetStringMatch(), vs[0])
+		}
+	}
+	expect := qv.GetExpectMatch() == nil || qv.GetExpectMatch().GetValue()
+	k = qv.GetDescriptorKey()
+	if k == "" {
+		k = "query_match"
+	}
+	if all != expect {
+		return "", "", false
+	}
+	return k, qv.GetDescriptorValue(), true
 }
 
 // MaskedRemoteAddress renders addr masked as Envoy's masked_remote_address

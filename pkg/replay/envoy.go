@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rlfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -76,58 +77,68 @@ func NewEnvoy(b *bootstrapv3.Bootstrap) (*Envoy, error) {
 	for _, l := range b.GetStaticResources().GetListeners() {
 		for _, fc := range l.GetFilterChains() {
 			for _, f := range fc.GetFilters() {
-				if f.GetTypedConfig() == nil {
-					continue
-				}
-				var hcm hcmv3.HttpConnectionManager
-				if f.GetTypedConfig().MessageIs(&hcm) {
-					if err := f.GetTypedConfig().UnmarshalTo(&hcm); err != nil {
-						return nil, fmt.Errorf("replay: listener %s: %w", l.GetName(), err)
-					}
-				} else {
-					continue
-				}
-				filters := hcm.GetHttpFilters()
-				rlAt := slices.IndexFunc(filters, func(hf *hcmv3.HttpFilter) bool {
-					return hf.GetTypedConfig() != nil && hf.GetTypedConfig().MessageIs(&rlfilterv3.RateLimit{})
-				})
-				if rlAt < 0 {
-					continue
-				}
-				hf := filters[rlAt]
-				var rl rlfilterv3.RateLimit
-				if err := hf.GetTypedConfig().UnmarshalTo(&rl); err != nil {
+				e, ok, err := fromNetworkFilter(b, f)
+				if err != nil {
 					return nil, fmt.Errorf("replay: listener %s: %w", l.GetName(), err)
 				}
-				rc := hcm.GetRouteConfig()
-				if rc == nil {
-					return nil, fmt.Errorf("replay: listener %s: only a static route_config can be replayed (not RDS or scoped routes)", l.GetName())
+				if ok {
+					e.Listener = l.GetName()
+					return e, nil
 				}
-				if len(rl.GetRateLimits()) > 0 {
-					return nil, fmt.Errorf("replay: listener %s: filter-level rate_limits are not supported; put actions on routes", l.GetName())
-				}
-				e := &Envoy{
-					Domain:            rl.GetDomain(),
-					Stage:             rl.GetStage(),
-					ServiceCluster:    b.GetNode().GetCluster(),
-					Listener:          l.GetName(),
-					XFFNumTrustedHops: hcm.GetXffNumTrustedHops(),
-					UseRemoteAddress:  hcm.GetUseRemoteAddress().GetValue(),
-					routes:            rc,
-					regexps:           map[string]*regexp.Regexp{},
-					perFilter:         hf.GetName(),
-				}
-				if err := e.compileFilters(filters, rlAt); err != nil {
-					return nil, fmt.Errorf("replay: listener %s: %w", l.GetName(), err)
-				}
-				if err := e.compile(); err != nil {
-					return nil, fmt.Errorf("replay: listener %s: %w", l.GetName(), err)
-				}
-				return e, nil
 			}
 		}
 	}
 	return nil, errors.New("replay: no http_connection_manager with an envoy.filters.http.ratelimit filter in static listeners")
+}
+
+// fromNetworkFilter extracts the rate-limit view of one network filter of
+// a listener of b. ok is false, with no error, when f is not an HTTP
+// connection manager with a rate-limit filter; the error is for one that
+// cannot be replayed. Listener is left for the caller to set.
+func fromNetworkFilter(b *bootstrapv3.Bootstrap, f *listenerv3.Filter) (e *Envoy, ok bool, err error) {
+	var hcm hcmv3.HttpConnectionManager
+	if f.GetTypedConfig() == nil || !f.GetTypedConfig().MessageIs(&hcm) {
+		return nil, false, nil
+	}
+	if err := f.GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		return nil, false, err
+	}
+	filters := hcm.GetHttpFilters()
+	rlAt := slices.IndexFunc(filters, func(hf *hcmv3.HttpFilter) bool {
+		return hf.GetTypedConfig() != nil && hf.GetTypedConfig().MessageIs(&rlfilterv3.RateLimit{})
+	})
+	if rlAt < 0 {
+		return nil, false, nil
+	}
+	hf := filters[rlAt]
+	var rl rlfilterv3.RateLimit
+	if err := hf.GetTypedConfig().UnmarshalTo(&rl); err != nil {
+		return nil, false, err
+	}
+	rc := hcm.GetRouteConfig()
+	if rc == nil {
+		return nil, false, errors.New("only a static route_config can be replayed (not RDS or scoped routes)")
+	}
+	if len(rl.GetRateLimits()) > 0 {
+		return nil, false, errors.New("filter-level rate_limits are not supported; put actions on routes")
+	}
+	e = &Envoy{
+		Domain:            rl.GetDomain(),
+		Stage:             rl.GetStage(),
+		ServiceCluster:    b.GetNode().GetCluster(),
+		XFFNumTrustedHops: hcm.GetXffNumTrustedHops(),
+		UseRemoteAddress:  hcm.GetUseRemoteAddress().GetValue(),
+		routes:            rc,
+		regexps:           map[string]*regexp.Regexp{},
+		perFilter:         hf.GetName(),
+	}
+	if err := e.compileFilters(filters, rlAt); err != nil {
+		return nil, false, err
+	}
+	if err := e.compile(); err != nil {
+		return nil, false, err
+	}
+	return e, true, nil
 }
 
 // compileFilters records the header_mutation filters after the rate-limit

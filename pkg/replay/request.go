@@ -4,8 +4,6 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
-
-	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
 // Request is what a log line tells about one HTTP request, as Envoy's
@@ -51,12 +49,4 @@ func (r *Request) query() url.Values {
 func (r *Request) pathNoQuery() string {
 	p, _, _ := strings.Cut(r.Path, "?")
 	return p
-}
-
-// Descriptor is one rate-limit descriptor Envoy would send.
-type Descriptor struct {
-	Entries []policy.Entry
-	// HitsAddend is the route rate_limit's hits_addend.number (0 = unset:
-	// the service uses 1).
-	HitsAddend uint64
 }

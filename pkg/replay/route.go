@@ -68,27 +68,8 @@ func (e *Envoy) Match(host string, r *Request) (Route, bool) {
 		case ra.GetClusterHeader() != "":
 			out.Cluster, _ = r.header(ra.GetClusterHeader())
 		}
-		var routeLimits []*routev3.RateLimit
-		if ra != nil {
-			routeLimits = ra.GetRateLimits()
-		}
-		vhMode := rlfilterv3.RateLimitPerRoute_OVERRIDE
-		if per := e.perRoute(rt); per != nil {
-			vhMode = per.GetVhRateLimits()
-			if len(per.GetRateLimits()) > 0 {
-				routeLimits = per.GetRateLimits()
-			}
-			if per.GetDomain() != "" {
-				out.Domain = per.GetDomain()
-			}
-		}
-		limits := append([]*routev3.RateLimit(nil), routeLimits...)
-		switch {
-		case ra.GetIncludeVhRateLimits().GetValue() || vhMode == rlfilterv3.RateLimitPerRoute_INCLUDE: //nolint:staticcheck // deprecated, still honoured by Envoy
-			limits = append(limits, vh.GetRateLimits()...)
-		case vhMode == rlfilterv3.RateLimitPerRoute_OVERRIDE && len(routeLimits) == 0:
-			limits = append(limits, vh.GetRateLimits()...)
-		}
+		var limits []*routev3.RateLimit
+		limits, out.Domain = e.routeLimits(vh, rt)
 		// Stream-done descriptors of a request let through are evaluated
 		// on the headers as the header_mutation filters after the
 		// rate-limit filter leave them.
@@ -115,6 +96,38 @@ func (e *Envoy) Match(host string, r *Request) (Route, bool) {
 	return Route{}, false
 }
 
+// routeLimits returns the rate_limits that apply on route rt of virtual
+// host vh (all stages), and the domain their descriptors are sent under.
+// The route's rate_limits (RouteAction.rate_limits, or
+// RateLimitPerRoute.rate_limits when set) come first; the virtual host's
+// follow when RateLimitPerRoute.vh_rate_limits is INCLUDE (or the
+// deprecated RouteAction.include_vh_rate_limits is set), or when it is
+// OVERRIDE (the default) and the route has none. The domain is the
+// filter's unless RateLimitPerRoute.domain overrides it.
+func (e *Envoy) routeLimits(vh *routev3.VirtualHost, rt *routev3.Route) ([]*routev3.RateLimit, string) {
+	ra := rt.GetRoute()
+	domain := e.Domain
+	routeLimits := ra.GetRateLimits()
+	vhMode := rlfilterv3.RateLimitPerRoute_OVERRIDE
+	if per := e.perRoute(rt); per != nil {
+		vhMode = per.GetVhRateLimits()
+		if len(per.GetRateLimits()) > 0 {
+			routeLimits = per.GetRateLimits()
+		}
+		if per.GetDomain() != "" {
+			domain = per.GetDomain()
+		}
+	}
+	limits := append([]*routev3.RateLimit(nil), routeLimits...)
+	if ra.GetIncludeVhRateLimits().GetValue() || vhMode == rlfilterv3.RateLimitPerRoute_INCLUDE || //nolint:staticcheck // deprecated, still honoured by Envoy
+		(vhMode == rlfilterv3.RateLimitPerRoute_OVERRIDE && len(routeLimits) == 0) {
+		limits = append(limits, vh.GetRateLimits()...)
+	}
+	return limits, domain
+}
+
+// perRoute returns the route's RateLimitPerRoute (typed_per_filter_config
+// under the rate-limit filter's name), nil when absent or not decodable.
 func (e *Envoy) perRoute(rt *routev3.Route) *rlfilterv3.RateLimitPerRoute {
 	a := rt.GetTypedPerFilterConfig()[e.perFilter]
 	if a == nil {

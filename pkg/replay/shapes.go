@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	rlfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
@@ -36,25 +35,8 @@ func (e *Envoy) Shapes(sample func(descriptorKey string) []string) []Shape {
 	var out []Shape
 	for _, vh := range e.routes.GetVirtualHosts() {
 		for ri, rt := range vh.GetRoutes() {
-			ra := rt.GetRoute()
-			cluster := ra.GetCluster()
-			domain := e.Domain
-			routeLimits := ra.GetRateLimits()
-			vhMode := rlfilterv3.RateLimitPerRoute_OVERRIDE
-			if per := e.perRoute(rt); per != nil {
-				vhMode = per.GetVhRateLimits()
-				if len(per.GetRateLimits()) > 0 {
-					routeLimits = per.GetRateLimits()
-				}
-				if per.GetDomain() != "" {
-					domain = per.GetDomain()
-				}
-			}
-			limits := append([]*routev3.RateLimit(nil), routeLimits...)
-			if ra.GetIncludeVhRateLimits().GetValue() || vhMode == rlfilterv3.RateLimitPerRoute_INCLUDE || //nolint:staticcheck // deprecated, still honoured by Envoy
-				(vhMode == rlfilterv3.RateLimitPerRoute_OVERRIDE && len(routeLimits) == 0) {
-				limits = append(limits, vh.GetRateLimits()...)
-			}
+			cluster := rt.GetRoute().GetCluster()
+			limits, domain := e.routeLimits(vh, rt)
 			for li, rl := range limits {
 				if rl.GetStage().GetValue() != e.Stage {
 					continue
