@@ -10,6 +10,8 @@ import (
 
 // Descriptor is one rate-limit descriptor Envoy would send.
 type Descriptor struct {
+	// Entries are the descriptor entries in action order
+	// (RateLimitDescriptor.entries); never empty.
 	Entries []policy.Entry
 	// HitsAddend is the route rate_limit's hits_addend.number (0 = unset:
 	// the service uses 1).

@@ -32,11 +32,14 @@ type Envoy struct {
 	ServiceCluster string
 	// Listener is the name of the listener holding the filter.
 	Listener string
-	// XFFNumTrustedHops and UseRemoteAddress are copied from the HTTP
-	// connection manager (documentation only: a log has no
-	// X-Forwarded-For, so the log's client is the remote address).
+	// XFFNumTrustedHops is the HTTP connection manager's
+	// xff_num_trusted_hops, copied for documentation only: a log has no
+	// X-Forwarded-For, so the log's client is the remote address.
 	XFFNumTrustedHops uint32
-	UseRemoteAddress  bool
+	// UseRemoteAddress is the HTTP connection manager's
+	// use_remote_address, copied for documentation only (see
+	// XFFNumTrustedHops).
+	UseRemoteAddress bool
 
 	routes    *routev3.RouteConfiguration
 	regexps   map[string]*regexp.Regexp

@@ -17,19 +17,27 @@ import (
 // Allowed + Denied + Shadow is the number of request descriptors it
 // answered; over all rules plus Unmatched it is Descriptors.
 type Report struct {
-	Domain     string `json:"domain"`
-	Order      string `json:"order"`
-	ShadowMode bool   `json:"shadow_mode"`
+	// Domain is the rate-limit filter's domain (Envoy.Domain); routes
+	// may send under another (RateLimitPerRoute.domain).
+	Domain string `json:"domain"`
+	// Order is the replay order, "time" or "file" (Options.Order).
+	Order string `json:"order"`
+	// ShadowMode is Options.ShadowMode, the global shadow mode.
+	ShadowMode bool `json:"shadow_mode"`
 	// Lines is the number of non-blank log lines; Malformed of them did
 	// not parse (MalformedLines lists the first ones with line numbers).
-	Lines          int         `json:"lines"`
-	Malformed      int         `json:"malformed"`
+	Lines int `json:"lines"`
+	// Malformed is the number of lines that did not parse.
+	Malformed int `json:"malformed"`
+	// MalformedLines are the first Options.MaxMalformedListed malformed
+	// lines, in file order.
 	MalformedLines []Malformed `json:"malformed_lines,omitempty"`
-	// First and Last are the simulated instants of the first and the last
-	// replayed request.
+	// First is the simulated instant of the earliest replayed request.
 	First time.Time `json:"first"`
-	Last  time.Time `json:"last"`
+	// Last is the simulated instant of the latest replayed request.
+	Last time.Time `json:"last"`
 
+	// Requests is the number of replayed requests (parsed lines).
 	Requests int `json:"requests"`
 	// Allowed: the service answered OK and no shadow rule was over.
 	Allowed int `json:"allowed"`
@@ -41,37 +49,53 @@ type Report struct {
 	// NotChecked: no descriptor was sent (no route matched, NoRoute of
 	// them, or every rate_limit's actions yielded nothing).
 	NotChecked int `json:"not_checked"`
-	NoRoute    int `json:"no_route"`
-	// DeniedShare = Denied / Requests; ShadowShare = ShadowDenied / Requests.
+	// NoRoute counts the NotChecked requests that no route matched
+	// (Envoy answers them 404).
+	NoRoute int `json:"no_route"`
+	// DeniedShare = Denied / Requests (0 with no requests).
 	DeniedShare float64 `json:"denied_share"`
+	// ShadowShare = ShadowDenied / Requests (0 with no requests).
 	ShadowShare float64 `json:"shadow_share"`
 
 	// Descriptors sent (enforced ones, not apply_on_stream_done).
 	Descriptors int `json:"descriptors"`
 	// Unmatched descriptors matched no rule (sent for nothing); their
 	// key shapes are in UnmatchedShapes (Denied holds the count).
-	Unmatched       int         `json:"unmatched"`
-	UnmatchedShapes []TopEntry  `json:"unmatched_shapes,omitempty"`
-	Rules           []RuleStats `json:"rules"`
+	Unmatched int `json:"unmatched"`
+	// UnmatchedShapes are the entry key lists ("k1,k2") of the unmatched
+	// descriptors, most frequent first; TopEntry.Denied holds the count.
+	UnmatchedShapes []TopEntry `json:"unmatched_shapes,omitempty"`
+	// Rules are the rules that answered at least one descriptor, ordered
+	// by domain, then path.
+	Rules []RuleStats `json:"rules"`
 	// StreamDoneCalls counts apply_on_stream_done calls (lease releases).
 	StreamDoneCalls int `json:"stream_done_calls"`
 
+	// TopDeniedClients are the clients (addresses) with the most denied
+	// plus shadow-denied requests, at most Options.Top, most first (ties
+	// by key).
 	TopDeniedClients []TopEntry `json:"top_denied_clients"`
-	TopDeniedPaths   []TopEntry `json:"top_denied_paths"`
+	// TopDeniedPaths is TopDeniedClients for request paths (query cut).
+	TopDeniedPaths []TopEntry `json:"top_denied_paths"`
 	// Minutes holds one entry per minute of log time that had requests.
 	Minutes []Minute `json:"minutes"`
 }
 
 // RuleStats counts the request descriptors one rule answered.
 type RuleStats struct {
+	// Domain is the domain the rule's descriptors were sent under.
 	Domain string `json:"domain"`
 	// Path is the rule's stat key (policy.Rule.Path).
 	Path string `json:"path"`
 	// Name is the first limit's policy name.
-	Name       string   `json:"name,omitempty"`
-	Limits     []string `json:"limits,omitempty"`
-	ShadowMode bool     `json:"shadow_mode,omitempty"`
-	Unlimited  bool     `json:"unlimited,omitempty"`
+	Name string `json:"name,omitempty"`
+	// Limits describe the rule's limits in config order ("name: 10/minute
+	// sliding_window", "5 concurrent").
+	Limits []string `json:"limits,omitempty"`
+	// ShadowMode is the rule's shadow_mode (policy.Rule.ShadowMode).
+	ShadowMode bool `json:"shadow_mode,omitempty"`
+	// Unlimited is the rule's unlimited: true (policy.Rule.Unlimited).
+	Unlimited bool `json:"unlimited,omitempty"`
 	// Allowed: the descriptor passed (or its request was denied by
 	// another descriptor: nothing was consumed, status OK).
 	Allowed int `json:"allowed"`
@@ -84,33 +108,48 @@ type RuleStats struct {
 
 // TopEntry is a client, path or descriptor shape with its counts.
 type TopEntry struct {
-	Key    string `json:"key"`
-	Denied int    `json:"denied"`
-	Shadow int    `json:"shadow,omitempty"`
+	// Key is the client address, the path, or the entry key list.
+	Key string `json:"key"`
+	// Denied is the number of denied requests (for an unmatched shape,
+	// the number of descriptors).
+	Denied int `json:"denied"`
+	// Shadow is the number of requests allowed only by shadow mode.
+	Shadow int `json:"shadow,omitempty"`
 }
 
 // Minute summarises one minute of log time.
 type Minute struct {
-	Start    time.Time `json:"start"`
-	Requests int       `json:"requests"`
-	Denied   int       `json:"denied"`
-	Shadow   int       `json:"shadow"`
-	// Busiest are the clients with the most requests in the minute.
+	// Start is the minute's first instant (UTC, a whole minute).
+	Start time.Time `json:"start"`
+	// Requests is the number of requests in the minute.
+	Requests int `json:"requests"`
+	// Denied counts them as Report.Denied does.
+	Denied int `json:"denied"`
+	// Shadow counts them as Report.ShadowDenied does.
+	Shadow int `json:"shadow"`
+	// Busiest are the clients with the most requests in the minute (at
+	// most 3, or Options.Top when smaller; ties by address).
 	Busiest []ClientMinute `json:"busiest"`
 }
 
 // ClientMinute is one client's traffic within a minute against its limits.
 type ClientMinute struct {
-	Client   string `json:"client"`
-	Requests int    `json:"requests"`
-	Denied   int    `json:"denied"`
-	Shadow   int    `json:"shadow"`
+	// Client is the client address.
+	Client string `json:"client"`
+	// Requests is the client's number of requests in the minute.
+	Requests int `json:"requests"`
+	// Denied counts them as Report.Denied does.
+	Denied int `json:"denied"`
+	// Shadow counts them as Report.ShadowDenied does.
+	Shadow int `json:"shadow"`
 	// MinRemaining is the limit_remaining of the client's tightest limit
 	// in the minute: the lowest limit_remaining relative to the limit's
 	// requests_per_unit (-1: no counted limit). Limit names that limit
 	// ("policy rate/unit").
-	MinRemaining int64  `json:"min_remaining"`
-	Limit        string `json:"limit,omitempty"`
+	MinRemaining int64 `json:"min_remaining"`
+	// Limit names the limit of MinRemaining ("policy 10/minute"; "" with
+	// no counted limit).
+	Limit string `json:"limit,omitempty"`
 
 	ratio float64 // MinRemaining / requests_per_unit of Limit
 }

@@ -14,6 +14,8 @@ import (
 type Request struct {
 	// Client is the downstream address (remote_address).
 	Client netip.Addr
+	// Method is the request method (:method); "" when unknown, and then
+	// :method is absent for header matchers.
 	Method string
 	// Path is the request target as sent (:path, with query string).
 	Path string

@@ -11,6 +11,7 @@ import (
 
 // Route is the outcome of route matching for one request.
 type Route struct {
+	// VirtualHost is the name of the virtual host that matched.
 	VirtualHost string
 	// Index is the route's position within its virtual host.
 	Index int

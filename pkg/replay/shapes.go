@@ -15,10 +15,16 @@ import (
 // (free values, such as header values, taken from the sample function).
 type Shape struct {
 	// ID is "vhost/route/rate_limits[i]/<present action indexes>".
-	ID           string
-	Domain       string
+	ID string
+	// Domain is the domain the descriptors are sent under (the filter's,
+	// or the route's RateLimitPerRoute.domain).
+	Domain string
+	// OnStreamDone is the rate_limit's apply_on_stream_done: the
+	// descriptor is sent when the stream completes, not enforced.
 	OnStreamDone bool
-	Variants     [][]policy.Entry
+	// Variants are concrete entry lists of this shape, one descriptor
+	// each; never empty.
+	Variants [][]policy.Entry
 }
 
 // SampleAddrs are the client addresses Shapes uses for remote_address and
