@@ -182,22 +182,11 @@ func (s *Service) adminPlan(sn *snapshot, req *rlsv3.RateLimitRequest) ([]descSt
 		for _, e := range d.GetEntries() {
 			entries = append(entries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
-			if u, err := overrideUnit(l); err == nil {
-				st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
-				st.matched = st.match.Rule != nil
-				st.override = st.match.Override
-			}
-		} else if hasDomain {
-			st.match, st.matched = set.Match(domain, entries)
-			st.matched = st.matched && st.match.Rule != nil
-		}
+		s.matchDescriptor(st, set, domain, hasDomain, d, entries)
 		if st.matched {
 			for _, n := range st.match.Rule.Replaces {
 				replaced[n] = true
 			}
-			st.shadow = st.match.Rule.ShadowMode && !st.override
-			st.quota = st.match.Rule.QuotaMode || s.opts.QuotaMode
 		}
 	}
 	var hits []algo.Hit
@@ -209,10 +198,7 @@ func (s *Service) adminPlan(sn *snapshot, req *rlsv3.RateLimitRequest) ([]descSt
 		r := st.match.Rule
 		for k := range r.Limits {
 			sp := &r.Limits[k]
-			if sp.Name != "" && replaced[sp.Name] {
-				continue
-			}
-			if st.match.Release && sp.Limit.Kind != algo.Concurrency {
+			if !applies(st, sp, replaced) {
 				continue
 			}
 			st.applied = append(st.applied, applied{spec: sp, info: sn.spec(r, sp), hit: len(hits)})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -130,17 +131,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 			allEntries = append(allEntries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
 		entries := allEntries[start:len(allEntries):len(allEntries)]
-		if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
-			u, err := overrideUnit(l)
-			if err == nil {
-				st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
-				st.matched = st.match.Rule != nil
-				st.override = st.match.Override
-			}
-		} else if hasDomain {
-			st.match, st.matched = set.Match(domain, entries)
-			st.matched = st.matched && st.match.Rule != nil
-		}
+		s.matchDescriptor(st, set, domain, hasDomain, d, entries)
 		if st.matched {
 			for _, n := range st.match.Rule.Replaces {
 				if replaced == nil {
@@ -148,8 +139,6 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 				}
 				replaced[n] = true
 			}
-			st.shadow = st.match.Rule.ShadowMode && !st.override
-			st.quota = st.match.Rule.QuotaMode || s.opts.QuotaMode
 		}
 	}
 
@@ -180,10 +169,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		charge := r.Counting == policy.AlwaysCharge || (r.Counting == policy.CountingDefault && s.opts.Counting == policy.AlwaysCharge)
 		for k := range r.Limits {
 			sp := &r.Limits[k]
-			if sp.Name != "" && replaced[sp.Name] {
-				continue
-			}
-			if st.match.Release && sp.Limit.Kind != algo.Concurrency {
+			if !applies(st, sp, replaced) {
 				continue
 			}
 			allApplied = append(allApplied, applied{spec: sp, info: sn.spec(r, sp), hit: len(hits)})
@@ -270,6 +256,41 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		resp.DynamicMetadata = s.dynamicMetadata(req, ds)
 	}
 	return resp, nil
+}
+
+// applies reports whether limit sp of descriptor st's rule is applied: it
+// is not named in a matched rule's `replaces` (replaced), and for a
+// concurrency lease release only concurrency limits are.
+func applies(st *descState, sp *policy.Spec, replaced map[string]bool) bool {
+	if sp.Name != "" && replaced[sp.Name] {
+		return false
+	}
+	return !st.match.Release || sp.Limit.Kind == algo.Concurrency
+}
+
+// matchDescriptor resolves request descriptor d, whose entries are
+// entries, against set into st: with a limit override
+// (RateLimitDescriptor.limit) and Options.RequestOverrides, the Match of
+// (*policy.Set).Override (an override with an invalid unit matches
+// nothing); else the config match. A Match without a Rule is not matched.
+// It then sets the descriptor's shadow mode (the rule's, never for an
+// override) and quota mode (the rule's or Options.QuotaMode). hasDomain
+// is set.HasDomain(domain): an unknown domain matches nothing.
+func (s *Service) matchDescriptor(st *descState, set *policy.Set, domain string, hasDomain bool, d *ratelimitv3.RateLimitDescriptor, entries []policy.Entry) {
+	if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
+		if u, err := overrideUnit(l); err == nil {
+			st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
+			st.matched = st.match.Rule != nil
+			st.override = st.match.Override
+		}
+	} else if hasDomain {
+		st.match, st.matched = set.Match(domain, entries)
+		st.matched = st.matched && st.match.Rule != nil
+	}
+	if st.matched {
+		st.shadow = st.match.Rule.ShadowMode && !st.override
+		st.quota = st.match.Rule.QuotaMode || s.opts.QuotaMode
+	}
 }
 
 // evaluate sets each descriptor's denied flag from decs and reports
