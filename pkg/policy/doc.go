@@ -50,9 +50,8 @@
 // parse.go decodes one YAML document; yamlnode.go and merge.go read YAML
 // nodes and merge keys; descriptor.go, limit.go, ruleoptions.go,
 // override.go, plans.go and plannodes.go parse the parts of a file (the
-// plans form expands into descriptors); suggest.go proposes
-// the key meant by an unknown one; compile.go builds the Set and lint.go
-// finds what it warns about; set.go, pattern.go and key.go answer
-// requests; hash.go and explain.go describe a Set; load.go and watch.go
-// read and reload files.
+// plans form expands into descriptors); suggest.go proposes the key meant
+// by an unknown one; compile.go builds the Set and lint.go finds what it
+// warns about; set.go, pattern.go and key.go answer requests; hash.go and
+// explain.go describe a Set; load.go and watch.go read and reload files.
 package policy
