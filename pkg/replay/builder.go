@@ -125,49 +125,7 @@ func (b *builder) request(ctx context.Context, svc *service.Service, rec *record
 		return fmt.Errorf("replay: log line %d: %w", l.Line, err)
 	}
 	rep.Descriptors += len(route.Descriptors)
-	anyShadow := false
-	for i, d := range route.Descriptors {
-		m, matched := b.opts.Policy.Match(route.Domain, d.Entries)
-		if !matched || m.Rule == nil {
-			rep.Unmatched++
-			b.shapes[shape(d.Entries)]++
-			continue
-		}
-		rs := b.rule(route.Domain, m.Rule)
-		var st *rlsv3.RateLimitResponse_DescriptorStatus
-		if i < len(resp.GetStatuses()) {
-			st = resp.GetStatuses()[i]
-		}
-		rawDenied := false
-		for k := range m.Rule.Limits {
-			if rec.wasDenied(b.opts.Policy.Key(m, k)) {
-				rawDenied = true
-			}
-		}
-		over := st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT
-		switch {
-		case over && resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
-			rs.Denied++
-		case over || (rawDenied && m.Rule.ShadowMode):
-			rs.Shadow++
-			anyShadow = true
-		default:
-			rs.Allowed++
-		}
-		if cl := st.GetCurrentLimit(); cl != nil && cl.GetRequestsPerUnit() > 0 {
-			// The tightest limit is the one with the least remaining
-			// relative to its size.
-			ratio := float64(st.GetLimitRemaining()) / float64(cl.GetRequestsPerUnit())
-			if cm.MinRemaining < 0 || ratio < cm.ratio {
-				cm.ratio = ratio
-				cm.MinRemaining = int64(st.GetLimitRemaining())
-				cm.Limit = fmt.Sprintf("%s %d/%s", cl.GetName(), cl.GetRequestsPerUnit(), strings.ToLower(cl.GetUnit().String()))
-				if cl.GetName() == "" {
-					cm.Limit = strings.TrimSpace(cm.Limit)
-				}
-			}
-		}
-	}
+	anyShadow := b.tally(route, resp, rec, cm)
 	switch {
 	case resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
 		rep.Denied++
@@ -192,6 +150,63 @@ func (b *builder) request(ctx context.Context, svc *service.Service, rec *record
 		done = route.OnStreamDoneDenied
 	}
 	return b.streamDone(ctx, svc, l, route.Domain, done)
+}
+
+// tally counts the answer resp to route's enforced descriptors per rule
+// (denied, shadow or allowed; unmatched descriptors by shape) and records
+// each status's limit in the client's minute cm. anyShadow: a descriptor
+// was over its limit without denying the request (shadow mode), or its
+// rule is in shadow mode and the store denied one of its hits.
+func (b *builder) tally(route Route, resp *rlsv3.RateLimitResponse, rec *recorder, cm *ClientMinute) (anyShadow bool) {
+	for i, d := range route.Descriptors {
+		m, matched := b.opts.Policy.Match(route.Domain, d.Entries)
+		if !matched || m.Rule == nil {
+			b.rep.Unmatched++
+			b.shapes[shape(d.Entries)]++
+			continue
+		}
+		rs := b.rule(route.Domain, m.Rule)
+		var st *rlsv3.RateLimitResponse_DescriptorStatus
+		if i < len(resp.GetStatuses()) {
+			st = resp.GetStatuses()[i]
+		}
+		rawDenied := false
+		for k := range m.Rule.Limits {
+			if rec.wasDenied(b.opts.Policy.Key(m, k)) {
+				rawDenied = true
+			}
+		}
+		over := st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT
+		switch {
+		case over && resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
+			rs.Denied++
+		case over || (rawDenied && m.Rule.ShadowMode):
+			rs.Shadow++
+			anyShadow = true
+		default:
+			rs.Allowed++
+		}
+		cm.observe(st)
+	}
+	return anyShadow
+}
+
+// observe keeps st's limit as the client's tightest of the minute when it
+// has the least remaining relative to its size.
+func (cm *ClientMinute) observe(st *rlsv3.RateLimitResponse_DescriptorStatus) {
+	cl := st.GetCurrentLimit()
+	if cl == nil || cl.GetRequestsPerUnit() == 0 {
+		return
+	}
+	ratio := float64(st.GetLimitRemaining()) / float64(cl.GetRequestsPerUnit())
+	if cm.MinRemaining < 0 || ratio < cm.ratio {
+		cm.ratio = ratio
+		cm.MinRemaining = int64(st.GetLimitRemaining())
+		cm.Limit = fmt.Sprintf("%s %d/%s", cl.GetName(), cl.GetRequestsPerUnit(), strings.ToLower(cl.GetUnit().String()))
+		if cl.GetName() == "" {
+			cm.Limit = strings.TrimSpace(cm.Limit)
+		}
+	}
 }
 
 // streamDone sends the apply_on_stream_done descriptors of a request. Envoy
