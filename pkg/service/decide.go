@@ -166,7 +166,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		}
 		r := st.match.Rule
 		start := len(allApplied)
-		charge := r.Counting == policy.AlwaysCharge || (r.Counting == policy.CountingDefault && s.opts.Counting == policy.AlwaysCharge)
+		charge := s.charges(r)
 		for k := range r.Limits {
 			sp := &r.Limits[k]
 			if !applies(st, sp, replaced) {
@@ -174,18 +174,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 			}
 			allApplied = append(allApplied, applied{spec: sp, info: sn.spec(r, sp), hit: len(hits)})
 			specs = append(specs, sp)
-			hits = append(hits, algo.Hit{
-				Key:     set.Key(st.match, k),
-				Limit:   sp.Limit,
-				Cost:    st.cost,
-				Release: st.match.Release || st.refund,
-				// always_charge: the hit is charged even when denied.
-				Charge: charge,
-				// A shadow or quota descriptor's denial does not fail the
-				// request, and in global shadow mode nothing does: the
-				// store must not roll the request back for them.
-				Soft: st.shadow || st.quota || s.opts.ShadowMode,
-			})
+			hits = append(hits, s.hit(set, st, k, charge))
 		}
 		if len(allApplied) > start {
 			ds[i].applied = allApplied[start:len(allApplied):len(allApplied)]
@@ -204,21 +193,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	}
 	undecided := false
 	if len(hits) > 0 {
-		res, err := s.take(ctx, s.opts.Store, "primary", hits)
-		if err != nil {
-			all := make([]int, len(hits))
-			for i := range all {
-				all[i] = i
-			}
-			s.fail(ctx, err, hits, specs, all, decs, outs)
-			if c := causeOf(err); c == causeDeadline || c == causeTimeout {
-				for h, o := range outs {
-					undecided = undecided || (o == byFailedOpen && !hits[h].Release)
-				}
-			}
-		} else {
-			copy(decs, res)
-		}
+		undecided = s.takeAll(ctx, hits, specs, decs, outs)
 	}
 	denied := s.evaluate(ds, decs)
 	if undecided && !denied {
@@ -233,14 +208,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		resp.Statuses[i] = s.status(&ds[i], decs, outs, blk.statusParts(i))
 	}
 	if denied {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		if s.opts.ShadowMode {
-			resp.OverallCode = rlsv3.RateLimitResponse_OK
-			s.m.globalShadow.Inc()
-			if s.ref != nil {
-				s.ref.globalShadow.Inc()
-			}
-		}
+		resp.OverallCode = s.overLimit()
 	}
 	s.observeDecisions(sn, domain, ds, decs, outs)
 	s.observeRefunds(domain, ds, outs)
@@ -256,6 +224,43 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		resp.DynamicMetadata = s.dynamicMetadata(req, ds)
 	}
 	return resp, nil
+}
+
+// charges reports whether the hits of rule r are charged even when denied:
+// the rule's counting is always_charge, or it has none and the global
+// policy (Options.Counting) is.
+func (s *Service) charges(r *policy.Rule) bool {
+	return r.Counting == policy.AlwaysCharge || (r.Counting == policy.CountingDefault && s.opts.Counting == policy.AlwaysCharge)
+}
+
+// hit is the hit of limit k of descriptor st's rule: its backend key and
+// limit, the descriptor's cost, and how the store must count it.
+func (s *Service) hit(set *policy.Set, st *descState, k int, charge bool) algo.Hit {
+	return algo.Hit{
+		Key:     set.Key(st.match, k),
+		Limit:   st.match.Rule.Limits[k].Limit,
+		Cost:    st.cost,
+		Release: st.match.Release || st.refund,
+		// always_charge: the hit is charged even when denied.
+		Charge: charge,
+		// A shadow or quota descriptor's denial does not fail the
+		// request, and in global shadow mode nothing does: the store
+		// must not roll the request back for them.
+		Soft: st.shadow || st.quota || s.opts.ShadowMode,
+	}
+}
+
+// overLimit is the overall code of a denied request: OVER_LIMIT, or OK
+// in global shadow mode (counted in ratelimitd_global_shadow_total).
+func (s *Service) overLimit() rlsv3.RateLimitResponse_Code {
+	if !s.opts.ShadowMode {
+		return rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	s.m.globalShadow.Inc()
+	if s.ref != nil {
+		s.ref.globalShadow.Inc()
+	}
+	return rlsv3.RateLimitResponse_OK
 }
 
 // applies reports whether limit sp of descriptor st's rule is applied: it

@@ -7,6 +7,30 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
+// takeAll decides hits (specs[i] the limit of hits[i]) with one call of
+// the primary Store, filling decs and outs; when that call fails, each
+// hit's failure_mode decides it (fail). undecided: the call failed by
+// deadline or timeout and a hit other than a release was only admitted
+// by failure_mode open (see errUndecided).
+func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided bool) {
+	res, err := s.take(ctx, s.opts.Store, "primary", hits)
+	if err == nil {
+		copy(decs, res)
+		return false
+	}
+	all := make([]int, len(hits))
+	for i := range all {
+		all[i] = i
+	}
+	s.fail(ctx, err, hits, specs, all, decs, outs)
+	if c := causeOf(err); c == causeDeadline || c == causeTimeout {
+		for h, o := range outs {
+			undecided = undecided || (o == byFailedOpen && !hits[h].Release)
+		}
+	}
+	return undecided
+}
+
 // take calls st.Take with the request deadline and measures it.
 func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.Hit) ([]algo.Decision, error) {
 	t0 := s.opts.Now()
