@@ -114,33 +114,8 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	if nEntries > len(sc.entries) {
 		allEntries = make([]policy.Entry, 0, nEntries)
 	}
-	hasDomain := set.HasDomain(domain)
-	var replaced map[string]bool // names of replaced limits; nil when none
-
 	// 1. Match every descriptor.
-	for i, d := range descs {
-		st := &ds[i]
-		st.cost = reqCost
-		if h := d.GetHitsAddend(); h != nil {
-			st.cost = int64(min(h.GetValue(), uint64(algo.MaxCost)))
-		}
-		// RateLimitDescriptor.is_negative_hits: hits_addend is a refund.
-		st.refund = d.GetIsNegativeHits()
-		start := len(allEntries)
-		for _, e := range d.GetEntries() {
-			allEntries = append(allEntries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
-		}
-		entries := allEntries[start:len(allEntries):len(allEntries)]
-		s.matchDescriptor(st, set, domain, hasDomain, d, entries)
-		if st.matched {
-			for _, n := range st.match.Rule.Replaces {
-				if replaced == nil {
-					replaced = map[string]bool{}
-				}
-				replaced[n] = true
-			}
-		}
-	}
+	replaced := s.matchAll(set, domain, reqCost, descs, ds, allEntries)
 
 	// 2. Build the hits: one per applied limit, descriptor order then
 	// config order. `replaces` drops limits by name (docs/config.md,
@@ -200,7 +175,49 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		return nil, errUndecided
 	}
 
-	// 4. Statuses.
+	// 4. Statuses, metrics, headers.
+	return s.respond(sn, req, ds, hits, decs, outs, denied), nil
+}
+
+// matchAll matches every request descriptor descs[i] into ds[i] (its cost:
+// the descriptor's hits_addend, else the request's reqCost; its refund
+// flag; its match), copying the entries into allEntries, which must have
+// room for all of them (Match keeps them). It returns the names of the
+// limits the matched rules replace, nil when none.
+func (s *Service) matchAll(set *policy.Set, domain string, reqCost int64, descs []*ratelimitv3.RateLimitDescriptor, ds []descState, allEntries []policy.Entry) (replaced map[string]bool) {
+	hasDomain := set.HasDomain(domain)
+	for i, d := range descs {
+		st := &ds[i]
+		st.cost = reqCost
+		if h := d.GetHitsAddend(); h != nil {
+			st.cost = int64(min(h.GetValue(), uint64(algo.MaxCost)))
+		}
+		// RateLimitDescriptor.is_negative_hits: hits_addend is a refund.
+		st.refund = d.GetIsNegativeHits()
+		start := len(allEntries)
+		for _, e := range d.GetEntries() {
+			allEntries = append(allEntries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		entries := allEntries[start:len(allEntries):len(allEntries)]
+		s.matchDescriptor(st, set, domain, hasDomain, d, entries)
+		if st.matched {
+			for _, n := range st.match.Rule.Replaces {
+				if replaced == nil {
+					replaced = map[string]bool{}
+				}
+				replaced[n] = true
+			}
+		}
+	}
+	return replaced
+}
+
+// respond builds the response of a decided request (denied: as evaluate
+// found, before global shadow mode): the statuses, the overall code, the
+// headers and the dynamic metadata; it records the decisions in the
+// metrics and the decision log.
+func (s *Service) respond(sn *snapshot, req *rlsv3.RateLimitRequest, ds []descState, hits []algo.Hit, decs []algo.Decision, outs []outcome, denied bool) *rlsv3.RateLimitResponse {
+	domain := req.GetDomain()
 	blk := newResponseBlock(len(ds))
 	resp := &blk.resp
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
@@ -223,7 +240,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	if s.opts.DynamicMetadata {
 		resp.DynamicMetadata = s.dynamicMetadata(req, ds)
 	}
-	return resp, nil
+	return resp
 }
 
 // charges reports whether the hits of rule r are charged even when denied:
