@@ -222,26 +222,29 @@ func (p *parser) metadata(v *yaml.Node) any {
 		case "!!null":
 			return nil
 		case "!!bool":
-			var b bool
-			if v.Decode(&b) == nil {
+			if b, ok := decodeAs[bool](v); ok {
 				return b
 			}
 		case "!!int":
-			var i int64
-			if v.Decode(&i) == nil {
+			if i, ok := decodeAs[int64](v); ok {
 				return i
 			}
-			var f float64
-			if v.Decode(&f) == nil {
-				return f
+			if f, ok := decodeAs[float64](v); ok {
+				return f // an integer beyond int64
 			}
 		case "!!float":
-			var f float64
-			if v.Decode(&f) == nil {
+			if f, ok := decodeAs[float64](v); ok {
 				return f
 			}
 		}
 		return v.Value
 	}
 	return nil
+}
+
+// decodeAs decodes scalar v as a T; ok is false when it does not fit.
+func decodeAs[T any](v *yaml.Node) (T, bool) {
+	var x T
+	err := v.Decode(&x)
+	return x, err == nil
 }

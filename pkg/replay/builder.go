@@ -250,8 +250,10 @@ func shape(es []policy.Entry) string {
 	return strings.Join(ks, ",")
 }
 
+// describeSpec renders a limit for the report: "policy: 10/minute",
+// "5/2 minutes sliding_window", "3 concurrent".
 func describeSpec(s policy.Spec) string {
-	unit := strings.ToLower(unitName(s.Unit))
+	unit := strings.ToLower(s.Unit.String())
 	if s.UnitMultiplier > 1 {
 		unit = fmt.Sprintf("%d %ss", s.UnitMultiplier, unit)
 	}
@@ -276,26 +278,9 @@ func describeSpec(s policy.Spec) string {
 	return d
 }
 
-func unitName(u policy.Unit) string {
-	switch u {
-	case policy.Second:
-		return "second"
-	case policy.Minute:
-		return "minute"
-	case policy.Hour:
-		return "hour"
-	case policy.Day:
-		return "day"
-	case policy.Week:
-		return "week"
-	case policy.Month:
-		return "month"
-	case policy.Year:
-		return "year"
-	}
-	return "unknown"
-}
-
+// finish computes the shares and fills the sorted lists of the report:
+// rules, unmatched shapes, top clients and paths, and per minute the
+// busiest clients.
 func (b *builder) finish() {
 	rep := b.rep
 	if rep.Requests > 0 {
