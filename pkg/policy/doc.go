@@ -53,5 +53,6 @@
 // plans form expands into descriptors); suggest.go proposes the key meant
 // by an unknown one; compile.go builds the Set and lint.go finds what it
 // warns about; set.go, pattern.go and key.go answer requests; hash.go and
-// explain.go describe a Set; load.go and watch.go read and reload files.
+// explain.go describe a Set; load.go reads files, and watch.go and
+// watchplan.go reload them.
 package policy
