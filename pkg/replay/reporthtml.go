@@ -30,32 +30,11 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	// Aggregate minutes into at most 480 buckets of a round duration over
 	// [First, Last]. Bars are request counts per bucket.
 	var buckets []plotBucket
-	maxY := 1
-	per := time.Minute
-	for _, d := range []time.Duration{time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute,
-		30 * time.Minute, time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour, 7 * 24 * time.Hour} {
-		per = d
-		if r.Last.Sub(r.First.Truncate(d))/d < 480 {
-			break
-		}
-	}
+	per := plotPeriod(r.First, r.Last)
 	origin := r.First.Truncate(per)
-	nb := int(r.Last.Sub(origin)/per) + 1
-	if len(r.Minutes) == 0 {
-		nb = 1
-	}
-	type acc struct{ req, den, sh, busiest int }
-	accs := make([]acc, nb)
-	for _, m := range r.Minutes {
-		i := min(max(int(m.Start.Sub(origin)/per), 0), nb-1)
-		a := &accs[i]
-		a.req += m.Requests
-		a.den += m.Denied
-		a.sh += m.Shadow
-		if len(m.Busiest) > 0 && m.Busiest[0].Requests > a.busiest {
-			a.busiest = m.Busiest[0].Requests
-		}
-	}
+	accs := r.plotAccs(origin, per)
+	nb := len(accs)
+	maxY := 1
 	for _, a := range accs {
 		maxY = max(maxY, a.req, a.busiest)
 	}
@@ -110,6 +89,48 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		"Hot": r.hotMinutes(20), "DeniedPct": pct(r.DeniedShare), "ShadowPct": pct(r.ShadowShare),
 	}
 	return htmlPage.Execute(w, data)
+}
+
+// plotPeriods are the bucket durations of the plot, shortest first.
+var plotPeriods = []time.Duration{time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute,
+	30 * time.Minute, time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour, 7 * 24 * time.Hour}
+
+// plotPeriod is the shortest of plotPeriods that covers [first, last] in
+// fewer than 480 buckets (the longest when none does).
+func plotPeriod(first, last time.Time) time.Duration {
+	per := time.Minute
+	for _, d := range plotPeriods {
+		per = d
+		if last.Sub(first.Truncate(d))/d < 480 {
+			break
+		}
+	}
+	return per
+}
+
+// plotAcc is the counts of one plot bucket: requests, denied, shadow, and
+// the busiest client's requests in one minute.
+type plotAcc struct{ req, den, sh, busiest int }
+
+// plotAccs sums r.Minutes into buckets of per from origin up to r.Last
+// (one bucket when there are no minutes).
+func (r *Report) plotAccs(origin time.Time, per time.Duration) []plotAcc {
+	nb := int(r.Last.Sub(origin)/per) + 1
+	if len(r.Minutes) == 0 {
+		nb = 1
+	}
+	accs := make([]plotAcc, nb)
+	for _, m := range r.Minutes {
+		i := min(max(int(m.Start.Sub(origin)/per), 0), nb-1)
+		a := &accs[i]
+		a.req += m.Requests
+		a.den += m.Denied
+		a.sh += m.Shadow
+		if len(m.Busiest) > 0 && m.Busiest[0].Requests > a.busiest {
+			a.busiest = m.Busiest[0].Requests
+		}
+	}
+	return accs
 }
 
 var htmlPage = template.Must(template.New("page").Parse(`<!DOCTYPE html>
