@@ -105,17 +105,21 @@ func (p *parser) descriptorField(n *node, f *descFields, k string, kn, v *yaml.N
 		f.limits = append(f.limits, p.rateLimits(v)...)
 	case "descriptors":
 		n.children = p.descriptors(v, n)
-	case "shadow_mode":
-		n.shadow = p.boolean(v, k)
-	case "quota_mode":
-		n.quota = p.boolean(v, k)
-	case "detailed_metric":
-		n.detailed = p.boolean(v, k)
-	case "value_to_metric":
-		n.valueToMetric = p.boolean(v, k)
-	case "share_threshold":
-		n.share = p.boolean(v, k)
-		f.shareLine = kn.Line
+	case "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold":
+		b := p.boolean(v, k)
+		switch k {
+		case "shadow_mode":
+			n.shadow = b
+		case "quota_mode":
+			n.quota = b
+		case "detailed_metric":
+			n.detailed = b
+		case "value_to_metric":
+			n.valueToMetric = b
+		case "share_threshold":
+			n.share = b
+			f.shareLine = kn.Line
+		}
 	case "metadata":
 		f.meta = v
 	case "override":
