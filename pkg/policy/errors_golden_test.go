@@ -1,17 +1,13 @@
 package policy
 
 import (
-	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
+	"github.com/ratelimitd/ratelimitd/internal/golden"
 )
-
-var updateErrorsGolden = flag.Bool("update-errors-golden", false, "rewrite testdata/errors.golden from errorCorpus")
 
 // errorCorpus holds configs with problems in every part of a file: the
 // document, descriptors, limits, per-rule options, overrides and plans.
@@ -62,17 +58,5 @@ func TestParseErrorsGolden(t *testing.T) {
 		}
 	}
 	got := b.String()
-	path := filepath.Join("testdata", "errors.golden")
-	if *updateErrorsGolden {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff(string(want), got); diff != "" {
-		t.Errorf("load errors differ from %s (-want +got):\n%s", path, diff)
-	}
+	golden.Check(t, filepath.Join("testdata", "errors.golden"), []byte(got))
 }

@@ -2,15 +2,11 @@ package replay
 
 import (
 	"bytes"
-	"flag"
-	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
+	"github.com/ratelimitd/ratelimitd/internal/golden"
 )
-
-var updateReportGolden = flag.Bool("update-report-golden", false, "rewrite testdata/small-report.* from the replay of testdata/small.log")
 
 // TestReportGolden pins the three renderings (JSON, text, HTML) of the
 // replay of testdata/small.log, byte for byte.
@@ -28,18 +24,6 @@ func TestReportGolden(t *testing.T) {
 		if err := f.write(&got); err != nil {
 			t.Fatal(err)
 		}
-		path := filepath.Join("testdata", "small-report."+f.ext)
-		if *updateReportGolden {
-			if err := os.WriteFile(path, got.Bytes(), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		want, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff(string(want), got.String()); diff != "" {
-			t.Errorf("%s differs (-want +got):\n%s", path, diff)
-		}
+		golden.Check(t, filepath.Join("testdata", "small-report."+f.ext), got.Bytes())
 	}
 }

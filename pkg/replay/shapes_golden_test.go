@@ -1,17 +1,13 @@
 package replay
 
 import (
-	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
+	"github.com/ratelimitd/ratelimitd/internal/golden"
 )
-
-var updateShapesGolden = flag.Bool("update-shapes-golden", false, "rewrite testdata/shapes.golden from the Envoy configs")
 
 // TestShapesGolden pins every descriptor shape, with its variants, that
 // the repository's Envoy configurations can send (Envoy.Shapes with two
@@ -49,17 +45,5 @@ func TestShapesGolden(t *testing.T) {
 		t.Fatalf("only %d Envoy configs loaded", loaded)
 	}
 	got := b.String()
-	path := filepath.Join("testdata", "shapes.golden")
-	if *updateShapesGolden {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff(string(want), got); diff != "" {
-		t.Errorf("shapes differ from %s (-want +got):\n%s", path, diff)
-	}
+	golden.Check(t, filepath.Join("testdata", "shapes.golden"), []byte(got))
 }

@@ -1,18 +1,14 @@
 package service
 
 import (
-	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/ratelimitd/ratelimitd/internal/golden"
 )
-
-var updateMetricsGolden = flag.Bool("update-metrics-golden", false, "rewrite testdata/metrics.golden from the metrics newMetrics registers")
 
 // recordingRegisterer keeps every collector registered with it, in order.
 type recordingRegisterer struct{ cs []prometheus.Collector }
@@ -46,19 +42,7 @@ func TestMetricsGolden(t *testing.T) {
 		}
 	}
 	got := b.String()
-	path := filepath.Join("testdata", "metrics.golden")
-	if *updateMetricsGolden {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff(string(want), got); diff != "" {
-		t.Errorf("registered metrics differ from %s (-want +got):\n%s", path, diff)
-	}
+	golden.Check(t, filepath.Join("testdata", "metrics.golden"), []byte(got))
 	if n := strings.Count(got, "\n"); n != 16 {
 		t.Errorf("%d metrics registered, want 16", n)
 	}
