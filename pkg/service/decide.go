@@ -83,7 +83,16 @@ func (sc *scratch) release() {
 // get the failure modes.
 var errUndecided = status.Error(codes.DeadlineExceeded, "service: not decided within the caller's deadline (backend slow or stalled); the caller's failure policy applies")
 
-// decide answers req, or returns errUndecided (see there).
+// errCallerGone is ShouldRateLimit's error for a request whose caller
+// cancelled it (Envoy: the downstream went away, or the filter's timeout
+// fired and Envoy reset the stream) while a failed Store call was pending.
+// Nobody receives an answer, so no failure mode is applied and no decision
+// is counted in ratelimitd_decisions_total; the backend error is counted
+// with cause "canceled". A Store call that succeeded is answered as usual
+// (it was counted).
+var errCallerGone = status.Error(codes.Canceled, "service: the caller cancelled the request before the backend answered; nothing was decided")
+
+// decide answers req, or returns errUndecided or errCallerGone (see there).
 func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	set := sn.set
 	domain := req.GetDomain()
@@ -166,9 +175,12 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	} else {
 		decs, outs = make([]algo.Decision, len(hits)), make([]outcome, len(hits))
 	}
-	undecided := false
+	undecided, gone := false, false
 	if len(hits) > 0 {
-		undecided = s.takeAll(ctx, hits, specs, decs, outs)
+		undecided, gone = s.takeAll(ctx, hits, specs, decs, outs)
+	}
+	if gone {
+		return nil, errCallerGone
 	}
 	denied := s.evaluate(ds, decs)
 	if undecided && !denied {

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -11,12 +12,19 @@ import (
 // the primary Store, filling decs and outs; when that call fails, each
 // hit's failure_mode decides it (fail). undecided: the call failed by
 // deadline or timeout and a hit other than a release was only admitted
-// by failure_mode open (see errUndecided).
-func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided bool) {
+// by failure_mode open (see errUndecided). gone: the call failed after
+// the caller cancelled the request; nothing was decided (no failure mode,
+// no fallback, no decision metric), as nobody receives the answer (see
+// errCallerGone).
+func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
 	res, err := s.take(ctx, s.opts.Store, "primary", hits)
 	if err == nil {
 		copy(decs, res)
-		return false
+		return false, false
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		s.m.backendErrors.WithLabelValues(causeCanceled).Inc()
+		return false, true
 	}
 	all := make([]int, len(hits))
 	for i := range all {
@@ -28,7 +36,7 @@ func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.
 			undecided = undecided || (o == byFailedOpen && !hits[h].Release)
 		}
 	}
-	return undecided
+	return undecided, false
 }
 
 // take calls st.Take with the request deadline and measures it.

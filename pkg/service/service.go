@@ -232,6 +232,9 @@ func (s *Service) jitter() time.Duration {
 const (
 	causeDeadline = "deadline"
 	causeTimeout  = "timeout"
+	// causeCanceled is the cause of a Store error for a call whose caller
+	// cancelled the request (context.Canceled).
+	causeCanceled = "canceled"
 )
 
 // causeOf gives the bounded metric label of a Store error.
@@ -246,7 +249,7 @@ func causeOf(err error) string {
 	case errors.Is(err, context.DeadlineExceeded):
 		return causeTimeout
 	case errors.Is(err, context.Canceled):
-		return "canceled"
+		return causeCanceled
 	}
 	return "other"
 }
