@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // Migration from envoyproxy/ratelimit: its environment variables
@@ -84,21 +83,15 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 			*dst = b
 		}
 	}
-	intVar := func(name string, dst *int) {
-		if v, ok := get(name); ok && v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				return
-			}
-			*dst = n
-		}
-	}
 	unsupportedIf := func(name string, cond bool) {
 		if cond {
 			unsupported = append(unsupported, name)
 		}
 	}
+
+	// The plain one-to-one variables first: the logic below may read them
+	// (CONFIG_GRPC_XDS_SERVER_USE_TLS).
+	applyLegacyTable(o, get, &errs)
 
 	// Listeners: HOST/PORT, GRPC_HOST/GRPC_PORT, DEBUG_HOST/DEBUG_PORT.
 	addr := func(hostVar, portVar string, dst *string) {
@@ -141,21 +134,8 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		}
 		o.Config = []string{filepath.Join(root, sub, app)}
 	}
-	boolVar("RUNTIME_IGNOREDOTFILES", &o.IgnoreDotfiles)
 
 	// Tracing: OTLP over gRPC only (TRACING_EXPORTER_PROTOCOL=http is not).
-	boolVar("TRACING_ENABLED", &o.Tracing)
-	if v, ok := get("TRACING_SERVICE_NAME"); ok && v != "" {
-		o.TracingServiceName = v
-	}
-	if v, ok := get("TRACING_SAMPLING_RATE"); ok && v != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("TRACING_SAMPLING_RATE=%q: %w", v, err))
-		} else {
-			o.TracingSampleRatio = f
-		}
-	}
 	if v, ok := get("TRACING_EXPORTER_PROTOCOL"); ok && !strings.EqualFold(v, "grpc") {
 		unsupportedIf("TRACING_EXPORTER_PROTOCOL="+v+" (only grpc)", true)
 	}
@@ -169,7 +149,7 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 			errs = append(errs, fmt.Errorf("CONFIG_TYPE=%q: want FILE (config files) or GRPC_XDS_SOTW (xDS)", v))
 		}
 	}
-	legacyXDS(o, get, &errs)
+	legacyXDS(o, get)
 
 	// Backend.
 	redisType, typeSet := get("REDIS_TYPE")
@@ -197,21 +177,6 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 	// memcached (BACKEND_TYPE=memcache): MEMCACHE_HOST_PORT is
 	// "host:port,host:port"; both it and MEMCACHE_SRV set is refused by
 	// Options.Validate, as envoyproxy/ratelimit refuses it at startup.
-	if v, ok := get("MEMCACHE_HOST_PORT"); ok && v != "" {
-		o.MemcacheAddrs = splitList(v)
-	}
-	if v, ok := get("MEMCACHE_SRV"); ok && v != "" {
-		o.MemcacheSRV = v
-	}
-	if v, ok := get("MEMCACHE_SRV_REFRESH"); ok && v != "" {
-		d, err := parseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("MEMCACHE_SRV_REFRESH=%q: %w", v, err))
-		} else {
-			o.MemcacheSRVRefresh = d
-		}
-	}
-	intVar("MEMCACHE_MAX_IDLE_CONNS", &o.MemcacheMaxIdleConns)
 	if v, ok := get("MEMCACHE_TLS"); ok && v != "" {
 		b, err := strconv.ParseBool(v)
 		switch {
@@ -220,25 +185,6 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		case b:
 			// Connecting in plaintext to a TLS port would fail every call.
 			errs = append(errs, errors.New("MEMCACHE_TLS=true: TLS to memcached is not supported; use a TLS-terminating sidecar or the redis backend"))
-		}
-	}
-	intVar("REDIS_POOL_SIZE", &o.RedisPoolSize)
-	strVar := func(name string, dst *string) {
-		if v, ok := get(name); ok && v != "" {
-			*dst = v
-		}
-	}
-	strVar("REDIS_TLS_CACERT", &o.RedisTLSCA)
-	strVar("REDIS_TLS_CLIENT_CERT", &o.RedisTLSCert)
-	strVar("REDIS_TLS_CLIENT_KEY", &o.RedisTLSKey)
-	boolVar("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", &o.RedisTLSSkipVerify)
-	strVar("REDIS_SENTINEL_AUTH", &o.RedisSentinelAuth)
-	if v, ok := get("REDIS_TIMEOUT"); ok && v != "" {
-		d, err := parseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("REDIS_TIMEOUT=%q: %w", v, err))
-		} else {
-			o.RedisTimeout = d
 		}
 	}
 	if v, ok := get("LOCAL_CACHE_SIZE_IN_BYTES"); ok && v != "" {
@@ -254,18 +200,6 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 	}
 
 	// Service behaviour.
-	boolVar("SHADOW_MODE", &o.ShadowMode)
-	boolVar("QUOTA_MODE", &o.QuotaMode)
-	boolVar("MERGE_DOMAIN_CONFIG", &o.MergeDomains)
-	boolVar("RESPONSE_DYNAMIC_METADATA", &o.DynamicMetadata)
-	if v, ok := get("NEAR_LIMIT_RATIO"); ok && v != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("NEAR_LIMIT_RATIO=%q: %w", v, err))
-		} else {
-			o.NearLimitRatio = f
-		}
-	}
 	// LIMIT_RESPONSE_HEADERS_ENABLED: the reference's three headers, or
 	// none; their names are LIMIT_*_HEADER's (reference mode gives them
 	// the reference's defaults when unset, see applyReferenceDefaults).
@@ -313,9 +247,6 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 			errs = append(errs, fmt.Errorf("LOG_LEVEL=%q: unknown level", v))
 		}
 	}
-	if v, ok := get("LOG_FORMAT"); ok && v != "" {
-		o.LogFormat = strings.ToLower(v)
-	}
 
 	// Metrics: statsd (plain, over UDP) and Prometheus map; dogstatsd
 	// does not.
@@ -346,20 +277,6 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 			o.GRPCTLSClientSAN, _ = get("GRPC_CLIENT_TLS_SAN")
 		}
 	}
-
-	// gRPC connection age (GOAWAY after it, calls in flight get the grace).
-	durVar := func(name string, dst *time.Duration) {
-		if v, ok := get(name); ok && v != "" {
-			d, err := parseDuration(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				return
-			}
-			*dst = d
-		}
-	}
-	durVar("GRPC_MAX_CONNECTION_AGE", &o.GRPCMaxConnectionAge)
-	durVar("GRPC_MAX_CONNECTION_AGE_GRACE", &o.GRPCMaxConnectionAgeGrace)
 
 	for _, name := range legacyUnsupported {
 		_, ok := lookup(name)
@@ -436,66 +353,25 @@ func legacyStatsd(o *Options, get func(string) (string, bool), unsupported *[]st
 	return errors.Join(errs...)
 }
 
-// legacyXDS maps the CONFIG_GRPC_XDS_* and XDS_CLIENT_* variables onto
-// the --xds-* options. The TLS file variables count only with
-// CONFIG_GRPC_XDS_SERVER_USE_TLS=true, as in envoyproxy/ratelimit.
-// Malformed values are appended to errs, without the value of
-// CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS (it may hold credentials).
-func legacyXDS(o *Options, get func(string) (string, bool), errs *[]error) {
-	str := func(name string, dst *string) {
-		if v, ok := get(name); ok && v != "" {
-			*dst = v
-		}
+// legacyXDS maps the xDS client TLS file variables, which count only with
+// CONFIG_GRPC_XDS_SERVER_USE_TLS=true (--xds-tls), as in
+// envoyproxy/ratelimit; the other CONFIG_GRPC_XDS_* and XDS_CLIENT_*
+// variables are plain table mappings (settings, applyLegacyTable).
+func legacyXDS(o *Options, get func(string) (string, bool)) {
+	if !o.XDSTLS {
+		return
 	}
-	dur := func(name string, dst *time.Duration) {
-		if v, ok := get(name); ok && v != "" {
-			d, err := parseDuration(v)
-			if err != nil {
-				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				return
-			}
-			*dst = d
-		}
-	}
-	boolean := func(name string, dst *bool) {
-		if v, ok := get(name); ok && v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				return
-			}
-			*dst = b
-		}
-	}
-	str("CONFIG_GRPC_XDS_NODE_ID", &o.XDSNodeID)
-	str("CONFIG_GRPC_XDS_NODE_METADATA", &o.XDSNodeMetadata)
-	str("CONFIG_GRPC_XDS_SERVER_URL", &o.XDSServerURL)
-	dur("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", &o.XDSConnectRetryInterval)
-	str("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", &o.XDSHeaders)
-	boolean("CONFIG_GRPC_XDS_SERVER_USE_TLS", &o.XDSTLS)
-	if o.XDSTLS {
-		str("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &o.XDSTLSCert)
-		str("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &o.XDSTLSKey)
-		str("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &o.XDSTLSCA)
-		str("CONFIG_GRPC_XDS_SERVER_TLS_SAN", &o.XDSTLSSAN)
-	}
-	dur("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", &o.XDSBackoffInitial)
-	dur("XDS_CLIENT_BACKOFF_MAX_INTERVAL", &o.XDSBackoffMax)
-	if v, ok := get("XDS_CLIENT_BACKOFF_RANDOM_FACTOR"); ok && v != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			*errs = append(*errs, fmt.Errorf("XDS_CLIENT_BACKOFF_RANDOM_FACTOR=%q: %w", v, err))
-		} else {
-			o.XDSBackoffRandomFactor = f
-		}
-	}
-	boolean("XDS_CLIENT_BACKOFF_JITTER", &o.XDSBackoffJitter)
-	if v, ok := get("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"); ok && v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			*errs = append(*errs, fmt.Errorf("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES=%q: %w", v, err))
-		} else {
-			o.XDSMaxMsgSize = n
+	for _, f := range []struct {
+		name string
+		dst  *string
+	}{
+		{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &o.XDSTLSCert},
+		{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &o.XDSTLSKey},
+		{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &o.XDSTLSCA},
+		{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", &o.XDSTLSSAN},
+	} {
+		if v, ok := get(f.name); ok && v != "" {
+			*f.dst = v
 		}
 	}
 }

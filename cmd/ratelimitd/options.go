@@ -12,17 +12,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
-	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
-	"github.com/ratelimitd/ratelimitd/pkg/service"
-	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
 
 // Options is everything `ratelimitd serve` reads from its command line and
-// environment, validated. Each field has a flag (see registerServeFlags), an
-// environment twin RATELIMITD_<FLAG_IN_UPPER_SNAKE>, and possibly an
-// envoyproxy/ratelimit variable (see legacy.go). Precedence: flag >
+// environment, validated. Each field with a flag is one entry of the
+// settings table (settings.go: flag, environment twin
+// RATELIMITD_<FLAG_IN_UPPER_SNAKE>, envoyproxy/ratelimit variables,
+// default, doc line; docs/flags.md lists them). Precedence: flag >
 // RATELIMITD_* > legacy variable > default.
 type Options struct {
 	Config []string // YAML files or directories (watched); read with ConfigSource "file" only
@@ -302,101 +299,6 @@ type Options struct {
 	fromEnv map[string]string
 }
 
-// defaultOptions are the contract's defaults.
-func defaultOptions() Options {
-	return Options{
-		Config:       []string{"./config"},
-		ConfigSource: "file",
-		// pkg/policy/xds defaults (envoyproxy/ratelimit's), spelled out
-		// so -h shows them.
-		XDSServerURL:            xds.DefaultServerURL,
-		XDSNodeID:               xds.DefaultNodeID,
-		XDSConnectRetryInterval: xds.DefaultConnectRetryInterval,
-		XDSBackoffInitial:       xds.DefaultBackoffInitial,
-		XDSBackoffMax:           xds.DefaultBackoffMax,
-		XDSBackoffRandomFactor:  xds.DefaultBackoffRandomFactor,
-		XDSBackoffJitter:        true,
-		GRPCAddr:                ":8081",
-		HTTPAddr:                ":8080",
-		DebugAddr:               "127.0.0.1:6070",
-		Backend:                 "memory",
-		RedisURL:                "redis://127.0.0.1:6379/0",
-		RedisMode:               "standalone",
-		RedisTimeout:            10 * time.Millisecond,
-		LogLevel:                "info",
-		LogFormat:               "text",
-		KeyValues:               "hash",
-		Headers:                 "ietf",
-		Counting:                "all_or_nothing",
-		Mode:                    modeAuto,
-		ProblemBody:             true,
-		// service package defaults, spelled out so -h shows them.
-		LegacyLimitHeader:     service.HeaderLegacyLimit,
-		LegacyRemainingHeader: service.HeaderLegacyRemaining,
-		LegacyResetHeader:     service.HeaderLegacyReset,
-		NearLimitRatio:        0.8,
-		RetryJitter:           time.Second,
-		RequestOverrides:      true,
-		ShutdownGrace:         15 * time.Second,
-		// service defaults, spelled out so -h shows them.
-		ProblemTypeBase:      service.DefaultProblemTypeBase,
-		DetailedMetricCap:    service.DefaultDetailedMetricCap,
-		FailClosedRetryAfter: service.DefaultFailClosedRetryAfter,
-		LogDecisions:         "off",
-		LogDecisionsRate:     service.DefaultDecisionLogRate,
-		// ≈ 111–128 bytes of heap per key for fixed/sliding window and
-		// token bucket (docs/operations.md): about 110–130 MB at the bound.
-		MemoryMaxKeys: 1_000_000,
-		// ≈ 10.7 MB of live heap per 10,000 rules (docs/config.md): about
-		// 54 MB at the bound, twice that while a reload swaps.
-		MaxConfigRules: 50_000,
-		// A load allocates ≈ 46 bytes per config byte (docs/config.md).
-		MaxConfigBytes: 8 << 20,
-		// Kubernetes ConfigMap mounts hold ..data and timestamped dot
-		// directories; loading them would load every file twice.
-		IgnoreDotfiles:     true,
-		TracingSampleRatio: 1,
-		TracingServiceName: "ratelimitd",
-
-		// redis package defaults, spelled out so -h shows them.
-		RedisMaxWait:             redis.DefaultMaxWait,
-		RedisDeadlineMargin:      redis.DefaultDeadlineMargin,
-		RedisPoolSize:            redis.DefaultPoolSize,
-		RedisWarmup:              redis.DefaultWarmup,
-		RedisDialTimeout:         redis.DefaultDialTimeout,
-		RedisMinIdleConns:        redis.DefaultMinIdleConns,
-		RedisPipelines:           redis.DefaultPipelines,
-		RedisHealthInterval:      redis.DefaultHealthInterval,
-		RedisBreaker:             true,
-		RedisBreakerFailures:     redis.DefaultBreakerFailures,
-		RedisBreakerFailFor:      redis.DefaultBreakerFailFor,
-		RedisBreakerWindow:       redis.DefaultBreakerWindow,
-		RedisBreakerMinCalls:     redis.DefaultBreakerMinCalls,
-		RedisBreakerFailureRatio: redis.DefaultBreakerFailureRatio,
-		RedisBreakerOpenFor:      redis.DefaultBreakerOpenFor,
-		RedisBreakerProbes:       redis.DefaultBreakerProbes,
-
-		MemcacheMaxIdleConns: memcache.DefaultMaxIdleConns,
-		MemcacheTimeout:      memcache.DefaultTimeout,
-
-		GCPercent:        defaultGCPercent,
-		MemoryLimitRatio: defaultMemoryLimitRatio,
-
-		GRPCMaxRecvMsgSize:        defaultGRPCMaxRecvMsgSize,
-		GRPCMaxConcurrentStreams:  defaultGRPCMaxConcurrentStreams,
-		GRPCMaxConnectionAge:      defaultGRPCMaxConnectionAge,
-		GRPCMaxConnectionAgeGrace: defaultGRPCMaxConnectionAgeGrace,
-		HTTPReadTimeout:           10 * time.Second,
-		HTTPWriteTimeout:          10 * time.Second,
-		HTTPIdleTimeout:           2 * time.Minute,
-
-		StatsdFlushInterval: statsd.DefaultFlushInterval,
-		// envoyproxy/ratelimit with no environment: USE_STATSD=true,
-		// STATSD_HOST=localhost, STATSD_PORT=8125.
-		StatsdReferenceAddr: "localhost:8125",
-	}
-}
-
 // useReferenceStatsd turns statsd on at StatsdReferenceAddr when no
 // address was given, as envoyproxy/ratelimit does when USE_STATSD is
 // unset (its default is true). For reference-mode wiring; call it after
@@ -469,128 +371,6 @@ func (v *listValue) Set(s string) error {
 		}
 	}
 	return nil
-}
-
-// registerServeFlags binds every serve flag to a field of o; the field's
-// current value is the flag's default.
-func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
-	config := &listValue{p: &o.Config}
-	addrs := &listValue{p: &o.RedisAddrs}
-	mcAddrs := &listValue{p: &o.MemcacheAddrs}
-	fs.Var(config, "config", "YAML config file or directory (repeatable, or comma-separated); directories are watched")
-	fs.StringVar(&o.ConfigSource, "config-source", o.ConfigSource, "where configs come from: file (--config) or xds (an xDS management server, --xds-*; docs/xds.md)")
-	fs.StringVar(&o.XDSServerURL, "xds-server-url", o.XDSServerURL, "xDS management server, host:port (gRPC target)")
-	fs.StringVar(&o.XDSNodeID, "xds-node-id", o.XDSNodeID, "xDS node id the server keys its snapshot by (Envoy Gateway: envoy-ratelimit)")
-	fs.StringVar(&o.XDSNodeMetadata, "xds-node-metadata", o.XDSNodeMetadata, "xDS node metadata: key=value,key2=value2 (string values)")
-	fs.StringVar(&o.XDSHeaders, "xds-headers", o.XDSHeaders, "gRPC metadata sent on the xDS stream: name:value,name2:value2 (values never logged)")
-	fs.DurationVar(&o.XDSConnectRetryInterval, "xds-connect-retry-interval", o.XDSConnectRetryInterval, "wait between attempts to reach the xDS server while no stream gets going (±50% jitter)")
-	fs.BoolVar(&o.XDSTLS, "xds-tls", o.XDSTLS, "TLS to the xDS server (system roots unless --xds-tls-ca)")
-	fs.StringVar(&o.XDSTLSCert, "xds-tls-cert", o.XDSTLSCert, "client certificate (PEM) for mutual TLS to the xDS server; read again on every connection")
-	fs.StringVar(&o.XDSTLSKey, "xds-tls-key", o.XDSTLSKey, "client private key (PEM) for --xds-tls-cert")
-	fs.StringVar(&o.XDSTLSCA, "xds-tls-ca", o.XDSTLSCA, "CA bundle (PEM) trusted for the xDS server certificate (default: system roots)")
-	fs.StringVar(&o.XDSTLSSAN, "xds-tls-san", o.XDSTLSSAN, "name the xDS server certificate must carry, also sent as SNI (default: the host of --xds-server-url)")
-	fs.DurationVar(&o.XDSBackoffInitial, "xds-backoff-initial", o.XDSBackoffInitial, "wait before reconnecting after an xDS stream ends; doubles per further end without a good config")
-	fs.DurationVar(&o.XDSBackoffMax, "xds-backoff-max", o.XDSBackoffMax, "longest wait before reconnecting to the xDS server")
-	fs.Float64Var(&o.XDSBackoffRandomFactor, "xds-backoff-random-factor", o.XDSBackoffRandomFactor, "with --xds-backoff-jitter, each reconnect wait is spread over ±this share of itself, in [0, 1]")
-	fs.BoolVar(&o.XDSBackoffJitter, "xds-backoff-jitter", o.XDSBackoffJitter, "randomize reconnect waits by --xds-backoff-random-factor")
-	fs.IntVar(&o.XDSMaxMsgSize, "xds-max-msg-size", o.XDSMaxMsgSize, "largest xDS response accepted, in bytes (0: gRPC's default, 4 MiB)")
-	fs.StringVar(&o.GRPCAddr, "grpc-addr", o.GRPCAddr, "Envoy RLS v3 gRPC listen address (+ gRPC health, reflection)")
-	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "HTTP listen address: /healthcheck, /json, /metrics")
-	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "debug listen address: /rlconfig, /debug/pprof/ (empty disables)")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "optional extra listen address serving only /metrics")
-	fs.StringVar(&o.StatsdAddr, "statsd-addr", o.StatsdAddr, "also send envoyproxy/ratelimit's statsd stats over UDP to this host:port (empty: none)")
-	fs.DurationVar(&o.StatsdFlushInterval, "statsd-flush-interval", o.StatsdFlushInterval, "how often statsd counters and gauges are sent (timer samples within a second)")
-	fs.StringVar(&o.StatsdTags, "statsd-tags", o.StatsdTags, "tags appended to every statsd stat name as gostats does (.__key=value, sorted by key): key:value items separated by ',' (empty: none)")
-	fs.StringVar(&o.Backend, "backend", o.Backend, "store: memory, redis or memcache (fixed windows only; also spelled memcached)")
-	fs.StringVar(&o.RedisURL, "redis-url", o.RedisURL, "redis:// or rediss:// URL, with user:password@ for ACL and /db")
-	fs.StringVar(&o.RedisMode, "redis-mode", o.RedisMode, "standalone, cluster (seeds in --redis-addrs) or sentinel (--redis-addrs sentinels + --redis-master)")
-	fs.Var(addrs, "redis-addrs", "host:port list: cluster seed nodes or sentinels (repeatable, or comma-separated)")
-	fs.StringVar(&o.RedisMaster, "redis-master", o.RedisMaster, "sentinel master name")
-	fs.DurationVar(&o.RedisTimeout, "redis-timeout", o.RedisTimeout, "how long Redis may stay silent while a call awaits its reply before that counts as a backend failure (queue time inside ratelimitd never counts)")
-	fs.DurationVar(&o.RedisMaxWait, "redis-max-wait", o.RedisMaxWait, "budget of a decision whose caller set no deadline (Envoy always sets one: its filter timeout)")
-	fs.DurationVar(&o.RedisDeadlineMargin, "redis-deadline-margin", o.RedisDeadlineMargin, "kept before the caller's deadline: a decision is made by deadline - min(margin, a quarter of the time left)")
-	fs.IntVar(&o.RedisWaitReplicas, "redis-wait-replicas", o.RedisWaitReplicas, "replicas that must acknowledge each decision's writes (WAIT) before it is used, so that no counted hit is lost in a failover; 0 waits for none (standalone and sentinel only)")
-	fs.DurationVar(&o.RedisWarmup, "redis-warmup", o.RedisWarmup, "at startup, health stays NOT_SERVING until the Redis pools are dialed and the script is loaded, at most this long (0: no warm-up); Redis is never required to start")
-	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", o.RedisPoolSize, "Redis connections per node (0 = the store's default, 16)")
-	fs.StringVar(&o.RedisTLSCA, "redis-tls-ca", o.RedisTLSCA, "PEM CA bundle trusted for Redis TLS (default: system roots)")
-	fs.StringVar(&o.RedisTLSCert, "redis-tls-cert", o.RedisTLSCert, "PEM client certificate for Redis mutual TLS")
-	fs.StringVar(&o.RedisTLSKey, "redis-tls-key", o.RedisTLSKey, "PEM client key for Redis mutual TLS")
-	fs.BoolVar(&o.RedisTLSSkipVerify, "redis-tls-skip-verify", o.RedisTLSSkipVerify, "do not verify the Redis server certificate (insecure)")
-	fs.StringVar(&o.RedisSentinelAuth, "redis-sentinel-auth", o.RedisSentinelAuth, "sentinel credentials: password or user:password")
-	fs.DurationVar(&o.RedisDialTimeout, "redis-dial-timeout", o.RedisDialTimeout, "bound of background Redis dials (idle-pool refill, reconnect probe); a request's dial is bounded by its budget")
-	fs.IntVar(&o.RedisMinIdleConns, "redis-min-idle-conns", o.RedisMinIdleConns, "Redis connections per node kept dialed ahead of traffic (at most the pool size)")
-	fs.IntVar(&o.RedisPipelines, "redis-pipelines", o.RedisPipelines, "pipelines of batched Redis requests in flight at once, each on one pooled connection (at most the pool size)")
-	fs.DurationVar(&o.RedisHealthInterval, "redis-health-interval", o.RedisHealthInterval, "period of the Redis health probe (PING when idle or the circuit is not closed); 0 disables it")
-	fs.BoolVar(&o.RedisBreaker, "redis-breaker", o.RedisBreaker, "circuit breaker around Redis calls (false: every call goes to Redis)")
-	fs.IntVar(&o.RedisBreakerFailures, "redis-breaker-failures", o.RedisBreakerFailures, "consecutive Redis failures that open the circuit")
-	fs.DurationVar(&o.RedisBreakerFailFor, "redis-breaker-fail-for", o.RedisBreakerFailFor, "how long timeouts must have lasted before they open the circuit (raised to 2 x --redis-timeout)")
-	fs.DurationVar(&o.RedisBreakerWindow, "redis-breaker-window", o.RedisBreakerWindow, "sliding window of the breaker's failure-ratio rule")
-	fs.IntVar(&o.RedisBreakerMinCalls, "redis-breaker-min-calls", o.RedisBreakerMinCalls, "calls within --redis-breaker-window before the failure ratio applies")
-	fs.Float64Var(&o.RedisBreakerFailureRatio, "redis-breaker-failure-ratio", o.RedisBreakerFailureRatio, "share of failed calls within --redis-breaker-window that opens the circuit, in (0, 1]")
-	fs.DurationVar(&o.RedisBreakerOpenFor, "redis-breaker-open-for", o.RedisBreakerOpenFor, "how long the circuit stays open before half-open probes")
-	fs.IntVar(&o.RedisBreakerProbes, "redis-breaker-probes", o.RedisBreakerProbes, "half-open probe calls in flight at once (0 means 1)")
-	fs.Var(mcAddrs, "memcache-addrs", "memcached servers host:port (repeatable, or comma-separated); keys are spread over them")
-	fs.StringVar(&o.MemcacheSRV, "memcache-srv", o.MemcacheSRV, "SRV record _service._proto.name listing the memcached servers (instead of --memcache-addrs)")
-	fs.DurationVar(&o.MemcacheSRVRefresh, "memcache-srv-refresh", o.MemcacheSRVRefresh, "resolve --memcache-srv again at this interval (0: once)")
-	fs.IntVar(&o.MemcacheMaxIdleConns, "memcache-max-idle-conns", o.MemcacheMaxIdleConns, "idle connections kept per memcached server")
-	fs.DurationVar(&o.MemcacheTimeout, "memcache-timeout", o.MemcacheTimeout, "bound of each memcached call (socket and connect timeout, and a decision's budget when the caller's deadline is later)")
-	fs.IntVar(&o.LocalCacheSize, "local-cache-size", o.LocalCacheSize, "entries in the local over-limit cache (0 disables)")
-	fs.BoolVar(&o.ShadowMode, "shadow-mode", o.ShadowMode, "global shadow mode: evaluate and report, never deny")
-	fs.BoolVar(&o.QuotaMode, "quota-mode", o.QuotaMode, "global quota mode: every descriptor is soft (denies only when all do)")
-	fs.StringVar(&o.Counting, "counting", o.Counting, "counting policy of rules without counting: all_or_nothing (a denied request consumes nothing) or always_charge (every hit is charged, even over the limit)")
-	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "debug, info, warn or error")
-	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "text or json")
-	fs.BoolVar(&o.MergeDomains, "merge-domains", o.MergeDomains, "let several files contribute to one domain")
-	fs.BoolVar(&o.IgnoreDotfiles, "ignore-dotfiles", o.IgnoreDotfiles, "skip config files and directories whose name starts with a dot")
-	fs.StringVar(&o.KeyPrefix, "key-prefix", o.KeyPrefix, "prefix of every backend key")
-	fs.StringVar(&o.KeyValues, "key-values", o.KeyValues, "descriptor values in backend keys: hash, or clear (development only)")
-	fs.StringVar(&o.Headers, "headers", o.Headers, "response headers: ietf, legacy (X-RateLimit-*), both or none")
-	fs.StringVar(&o.Mode, "mode", o.Mode, "auto (reference mode when envoyproxy/ratelimit's environment is in use and no --config), reference or native")
-	fs.BoolVar(&o.ProblemBody, "problem-body", o.ProblemBody, "on OVER_LIMIT add Retry-After and an RFC 9457 problem body (default false in reference mode)")
-	fs.StringVar(&o.LegacyLimitHeader, "legacy-limit-header", o.LegacyLimitHeader, "name of the legacy limit header (requests_per_unit); reference mode: RateLimit-Limit")
-	fs.StringVar(&o.LegacyRemainingHeader, "legacy-remaining-header", o.LegacyRemainingHeader, "name of the legacy remaining header (limit_remaining); reference mode: RateLimit-Remaining")
-	fs.StringVar(&o.LegacyResetHeader, "legacy-reset-header", o.LegacyResetHeader, "name of the legacy reset header (seconds until reset); reference mode: RateLimit-Reset")
-	fs.Float64Var(&o.NearLimitRatio, "near-limit-ratio", o.NearLimitRatio, "fraction of a limit used above which a decision counts as near_limit")
-	fs.DurationVar(&o.RetryJitter, "retry-jitter", o.RetryJitter, "maximum jitter added to Retry-After")
-	fs.BoolVar(&o.RequestOverrides, "request-overrides", o.RequestOverrides, "honour per-descriptor limit overrides sent by Envoy")
-	fs.BoolVar(&o.DynamicMetadata, "dynamic-metadata", o.DynamicMetadata, "fill RateLimitResponse.dynamic_metadata")
-	fs.BoolVar(&o.NearLimitHeader, "near-limit-header", o.NearLimitHeader, "add Ratelimitd-Near-Limit listing the policies past --near-limit-ratio")
-	fs.StringVar(&o.ProblemTypeBase, "problem-type-base", o.ProblemTypeBase, "prefix of the RFC 9457 problem type (quota-exceeded, temporary-reduced-capacity)")
-	fs.StringVar(&o.ProblemDetail, "problem-detail", o.ProblemDetail, "problem detail template with {policy}, {quota}, {window}, {retry_after} (empty: built-in sentence)")
-	fs.IntVar(&o.DetailedMetricCap, "detailed-metric-cap", o.DetailedMetricCap, "distinct rule label values from detailed_metric rules per loaded config, then \"_other\" (negative disables detailed labels)")
-	fs.StringVar(&o.LogDecisions, "log-decisions", o.LogDecisions, "decision log: off, denied (requests with a denied descriptor) or all; one \"decision\" line each, values hashed unless --key-values=clear")
-	fs.Float64Var(&o.LogDecisionsRate, "log-decisions-rate", o.LogDecisionsRate, "most decision log lines per second (token bucket); the rest are counted in ratelimitd_decision_log_suppressed_total")
-	fs.DurationVar(&o.FailClosedRetryAfter, "fail-closed-retry-after", o.FailClosedRetryAfter, "Retry-After base when failure_mode: closed denies because the backend failed")
-	fs.IntVar(&o.MemoryMaxKeys, "memory-max-keys", o.MemoryMaxKeys, "keys the in-memory store (and the failure_mode: local fallback) may hold; when full, new keys get the rule's failure mode (0 = unbounded)")
-	fs.IntVar(&o.MaxConfigRules, "max-config-rules", o.MaxConfigRules, "most rules a loaded config may hold, at startup and at reload; a larger config is refused and the config in force stays (0 = no limit)")
-	fs.Int64Var(&o.MaxConfigBytes, "max-config-bytes", o.MaxConfigBytes, "most bytes the config files may hold together, checked before parsing, at startup and at reload; a larger config is refused and the config in force stays (0 = no limit)")
-	fs.IntVar(&o.GCPercent, "gc-percent", o.GCPercent, "Go GC target percent unless GOGC is set (-1 turns the GC off; needs a memory limit)")
-	fs.Var(&o.MemoryLimit, "memory-limit", "Go soft memory limit in `bytes` (e.g. 400MiB) unless GOMEMLIMIT is set; 0: --memory-limit-ratio of the cgroup memory limit")
-	fs.Float64Var(&o.MemoryLimitRatio, "memory-limit-ratio", o.MemoryLimitRatio, "Go soft memory limit as a share of the cgroup memory limit, without --memory-limit or GOMEMLIMIT (0: none)")
-	fs.DurationVar(&o.Drain, "drain", o.Drain, "on SIGTERM, report NOT_SERVING this long before closing listeners")
-	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", o.ShutdownGrace, "on SIGTERM, wait at most this long for in-flight calls")
-	fs.StringVar(&o.GRPCTLSCert, "grpc-tls-cert", o.GRPCTLSCert, "gRPC server certificate chain (PEM); enables TLS, reloaded on change")
-	fs.StringVar(&o.GRPCTLSKey, "grpc-tls-key", o.GRPCTLSKey, "gRPC server private key (PEM)")
-	fs.StringVar(&o.GRPCTLSClientCA, "grpc-tls-client-ca", o.GRPCTLSClientCA, "CA bundle (PEM) for client certificates: enables mTLS")
-	fs.StringVar(&o.GRPCTLSClientSAN, "grpc-tls-client-san", o.GRPCTLSClientSAN, "required SAN in client certificates (with --grpc-tls-client-ca)")
-	fs.BoolVar(&o.HTTPTLS, "http-tls", o.HTTPTLS, "serve the HTTP listener with the gRPC TLS certificate; POST /json then needs a client certificate when gRPC does (without it, /json is off while gRPC uses TLS)")
-	fs.StringVar(&o.DebugTokenFile, "debug-token-file", o.DebugTokenFile, "file holding a bearer token that admits non-loopback connections to the debug listener (empty: loopback connections only)")
-	fs.StringVar(&o.RedisPasswordFile, "redis-password-file", o.RedisPasswordFile, "file holding the Redis password, read for every new connection (wins over the URL's password)")
-	fs.StringVar(&o.RedisSentinelAuthFile, "redis-sentinel-auth-file", o.RedisSentinelAuthFile, "file holding the sentinel credentials (password or user:password), read at startup")
-	fs.IntVar(&o.GRPCMaxRecvMsgSize, "grpc-max-recv-msg-size", o.GRPCMaxRecvMsgSize, "largest gRPC message received, in bytes (larger: ResourceExhausted, not decoded); also the POST /json body bound (larger: 413)")
-	fs.IntVar(&o.GRPCMaxConcurrentStreams, "grpc-max-concurrent-streams", o.GRPCMaxConcurrentStreams, "gRPC calls one client connection may have in flight; further calls wait for one to end")
-	fs.IntVar(&o.GRPCMaxConnections, "grpc-max-connections", o.GRPCMaxConnections, "gRPC client connections open at once; further ones wait to be accepted (0 = unbounded)")
-	fs.DurationVar(&o.GRPCMaxConnectionAge, "grpc-max-connection-age", o.GRPCMaxConnectionAge, "after this long (±10% jitter) a gRPC client connection is sent GOAWAY, so Envoy reconnects and new replicas get traffic (0 = never)")
-	fs.DurationVar(&o.GRPCMaxConnectionAgeGrace, "grpc-max-connection-age-grace", o.GRPCMaxConnectionAgeGrace, "after GOAWAY from --grpc-max-connection-age, calls in flight may run this long before the connection is closed (0 = no bound)")
-	fs.DurationVar(&o.HTTPReadTimeout, "http-read-timeout", o.HTTPReadTimeout, "HTTP listeners: time to read a whole request (headers and body); a slower client is disconnected")
-	fs.DurationVar(&o.HTTPWriteTimeout, "http-write-timeout", o.HTTPWriteTimeout, "HTTP listener (not debug): time from the end of the request headers to the end of the response")
-	fs.DurationVar(&o.HTTPIdleTimeout, "http-idle-timeout", o.HTTPIdleTimeout, "HTTP listeners: how long a keep-alive connection may wait for its next request")
-	fs.BoolVar(&o.Tracing, "tracing", o.Tracing, "export OpenTelemetry spans over OTLP/gRPC (continues Envoy's W3C trace context)")
-	fs.StringVar(&o.TracingEndpoint, "tracing-endpoint", o.TracingEndpoint, "OTLP/gRPC collector host:port (empty: OTEL_EXPORTER_OTLP_* environment, else localhost:4317)")
-	fs.BoolVar(&o.TracingInsecure, "tracing-insecure", o.TracingInsecure, "plaintext to the OTLP collector (node-local collector or mesh sidecar)")
-	fs.Float64Var(&o.TracingSampleRatio, "tracing-sample-ratio", o.TracingSampleRatio, "fraction of root spans sampled; a sampled parent from Envoy is always followed")
-	fs.StringVar(&o.TracingServiceName, "tracing-service-name", o.TracingServiceName, "service.name resource attribute of exported spans")
-	return []*listValue{config, addrs, mcAddrs}
 }
 
 // envName is the RATELIMITD_* twin of a flag: "redis-url" → "RATELIMITD_REDIS_URL".
