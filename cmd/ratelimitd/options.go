@@ -581,7 +581,10 @@ func checkAddr(name, v string, optional bool) error {
 	return nil
 }
 
-// Validate reports every invalid field at once.
+// Validate reports every invalid field at once: the command's own rules
+// here, then the redis, memcache and service packages' rules on the
+// options the flags build (validateOwners), each error naming the flag,
+// at most one per flag.
 func (o Options) Validate() error {
 	var errs []error
 	add := func(err error) {
@@ -623,48 +626,15 @@ func (o Options) Validate() error {
 		}
 	}
 	add(o.validateDecisionLog())
-	if o.Backend == "redis" {
-		switch o.RedisMode {
-		case "cluster":
-			if len(o.RedisAddrs) == 0 {
-				add(errors.New("--redis-mode=cluster needs --redis-addrs (seed nodes)"))
-			}
-		case "sentinel":
-			if len(o.RedisAddrs) == 0 || o.RedisMaster == "" {
-				add(errors.New("--redis-mode=sentinel needs --redis-addrs (sentinels) and --redis-master"))
-			}
-		}
-	}
-	if o.Backend == "memcache" {
-		switch {
-		case len(o.MemcacheAddrs) == 0 && o.MemcacheSRV == "":
-			add(errors.New("--backend=memcache needs --memcache-addrs or --memcache-srv"))
-		case len(o.MemcacheAddrs) > 0 && o.MemcacheSRV != "":
-			add(errors.New("--memcache-addrs and --memcache-srv: set one, not both"))
-		}
-	}
-	if o.MemcacheSRVRefresh < 0 {
-		add(fmt.Errorf("--memcache-srv-refresh=%s: must be >= 0 (0: resolve once)", o.MemcacheSRVRefresh))
-	}
-	if o.MemcacheMaxIdleConns <= 0 {
-		add(fmt.Errorf("--memcache-max-idle-conns=%d: must be > 0", o.MemcacheMaxIdleConns))
-	}
-	if o.MemcacheTimeout <= 0 {
-		add(fmt.Errorf("--memcache-timeout=%s: must be > 0", o.MemcacheTimeout))
-	}
-	if o.RedisTimeout <= 0 {
-		add(fmt.Errorf("--redis-timeout=%s: must be > 0", o.RedisTimeout))
-	}
-	if (o.RedisTLSCert == "") != (o.RedisTLSKey == "") {
-		add(errors.New("--redis-tls-cert and --redis-tls-key go together"))
-	}
+	// Flag values that the packages read as their defaults are refused
+	// here (the flag's default is spelled out instead); the packages'
+	// own ranges are theirs (validateOwners, at the end).
 	if o.RedisPoolSize < 0 {
-		add(fmt.Errorf("--redis-pool-size=%d: must be >= 0", o.RedisPoolSize))
+		add(fmt.Errorf("--redis-pool-size=%d: must be >= 0 (0 = the store's default)", o.RedisPoolSize))
 	}
-	if o.LocalCacheSize < 0 {
-		add(fmt.Errorf("--local-cache-size=%d: must be >= 0", o.LocalCacheSize))
+	if o.RedisWarmup < 0 {
+		add(fmt.Errorf("--redis-warmup=%s: must be >= 0 (0: no warm-up)", o.RedisWarmup))
 	}
-	add(o.validateRedisTuning())
 	if o.GCPercent < -1 {
 		add(fmt.Errorf("--gc-percent=%d: must be >= 0, or -1 (off, with a memory limit)", o.GCPercent))
 	}
@@ -674,14 +644,14 @@ func (o Options) Validate() error {
 	if !(o.MemoryLimitRatio >= 0 && o.MemoryLimitRatio <= 1) {
 		add(fmt.Errorf("--memory-limit-ratio=%v: must be in [0, 1] (0: no limit from the cgroup)", o.MemoryLimitRatio))
 	}
-	if !(o.NearLimitRatio > 0 && o.NearLimitRatio <= 1) {
-		add(fmt.Errorf("--near-limit-ratio=%v: must be in (0, 1]", o.NearLimitRatio))
+	if o.NearLimitRatio == 0 {
+		add(errors.New("--near-limit-ratio=0: must be in (0, 1]"))
 	}
 	if o.RetryJitter < 0 {
 		add(fmt.Errorf("--retry-jitter=%s: must be >= 0", o.RetryJitter))
 	}
-	if o.FailClosedRetryAfter <= 0 {
-		add(fmt.Errorf("--fail-closed-retry-after=%s: must be > 0", o.FailClosedRetryAfter))
+	if o.FailClosedRetryAfter == 0 {
+		add(errors.New("--fail-closed-retry-after=0s: must be > 0"))
 	}
 	if o.DetailedMetricCap == 0 {
 		add(errors.New("--detailed-metric-cap=0: want > 0, or negative to disable detailed labels"))
@@ -741,6 +711,17 @@ func (o Options) Validate() error {
 			add(fmt.Errorf("--%s=%s: must be > 0", d.name, d.v))
 		}
 	}
+	named := map[string]bool{}
+	for _, e := range errs {
+		for _, line := range strings.Split(e.Error(), "\n") {
+			if rest, ok := strings.CutPrefix(line, "--"); ok {
+				if f := strings.FieldsFunc(rest, func(r rune) bool { return r == '=' || r == ' ' || r == ':' }); len(f) > 0 {
+					named[f[0]] = true
+				}
+			}
+		}
+	}
+	add(o.validateOwners(named))
 	return errors.Join(errs...)
 }
 

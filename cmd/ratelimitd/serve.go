@@ -119,18 +119,6 @@ func newStore(o Options, onCircuit func(redis.BreakerState)) (service.Store, ser
 	}
 }
 
-// memcacheOptions maps the --memcache-* flags onto memcache.Options.
-func memcacheOptions(o Options) memcache.Options {
-	mo := memcache.DefaultOptions()
-	mo.Addrs = o.MemcacheAddrs
-	mo.SRV = o.MemcacheSRV
-	mo.SRVRefresh = o.MemcacheSRVRefresh
-	mo.MaxIdleConns = o.MemcacheMaxIdleConns
-	mo.Timeout = o.MemcacheTimeout
-	mo.LocalCacheSize = o.LocalCacheSize
-	return mo
-}
-
 // retryJitter maps --retry-jitter onto service.Options.RetryJitter, where 0
 // means the default (1s) and a negative value disables jitter: the flag's 0
 // means no jitter.
@@ -317,47 +305,18 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 	if err := ev.register(reg); err != nil {
 		return fmt.Errorf("event metrics: %w", err)
 	}
-	headers, err := service.ParseHeaderMode(o.Headers)
-	if err != nil {
-		return err
-	}
 	sc, stopStatsd, err := startStatsd(o, reg, log)
 	if err != nil {
 		return err
 	}
 	defer stopStatsd()
 	addLocalCacheStats(sc, store)
-	counting, err := policy.ParseCounting(o.Counting)
+	so, err := serviceOptions(o)
 	if err != nil {
 		return err
 	}
-	svc, err := service.New(withDecisionLog(service.Options{
-		Store:      tr.Store(store),
-		Fallback:   fallback,
-		Registerer: reg,
-		Statsd:     sc,
-		Logger:     log,
-		ShadowMode: o.ShadowMode,
-		QuotaMode:  o.QuotaMode,
-		Counting:   counting,
-		Headers:    headers,
-		LegacyHeaderNames: service.LegacyHeaderNames{
-			Limit: o.LegacyLimitHeader, Remaining: o.LegacyRemainingHeader, Reset: o.LegacyResetHeader,
-		},
-		OmitProblem:      !o.ProblemBody,
-		ReferenceAnswers: o.ReferenceAnswers,
-		NearLimitRatio:   o.NearLimitRatio,
-		RetryJitter:      retryJitter(o.RetryJitter),
-		RequestOverrides: o.RequestOverrides,
-		DynamicMetadata:  o.DynamicMetadata,
-		NearLimitHeader:  o.NearLimitHeader,
-		ProblemTypeBase:  o.ProblemTypeBase,
-		ProblemDetail:    o.ProblemDetail,
-		// Validated > 0 or negative (disabled); never 0.
-		DetailedMetricCap:    o.DetailedMetricCap,
-		FailClosedRetryAfter: o.FailClosedRetryAfter,
-		MaxJSONBodyBytes:     o.GRPCMaxRecvMsgSize,
-	}, o))
+	so.Store, so.Fallback, so.Registerer, so.Statsd, so.Logger = tr.Store(store), fallback, reg, sc, log
+	svc, err := service.New(so)
 	if err != nil {
 		return err
 	}

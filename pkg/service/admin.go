@@ -153,7 +153,7 @@ func (s *Service) adminPlan(sn *snapshot, req *rlsv3.RateLimitRequest) ([]descSt
 		for _, e := range d.GetEntries() {
 			entries = append(entries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
+		if l := d.GetLimit(); l != nil && !s.opts.IgnoreRequestOverrides && hasDomain {
 			if u, err := overrideUnit(l); err == nil {
 				st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
 				st.matched = st.match.Rule != nil

@@ -130,7 +130,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 			allEntries = append(allEntries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
 		entries := allEntries[start:len(allEntries):len(allEntries)]
-		if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
+		if l := d.GetLimit(); l != nil && !s.opts.IgnoreRequestOverrides && hasDomain {
 			u, err := overrideUnit(l)
 			if err == nil {
 				st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)

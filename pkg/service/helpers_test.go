@@ -144,13 +144,12 @@ func startEnv(t testing.TB, withCodec bool, mutate func(*service.Options)) *env 
 		e.store, e.fallback = newFakeStore(c), newFakeStore(c)
 	}
 	opts := service.Options{
-		Store:            e.store,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Fallback:         e.fallback,
-		Registerer:       e.reg,
-		Now:              c.Now,
-		RequestOverrides: true,
-		Rand:             func() float64 { return 0 },
+		Store:      e.store,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Fallback:   e.fallback,
+		Registerer: e.reg,
+		Now:        c.Now,
+		Rand:       func() float64 { return 0 },
 	}
 	if mutate != nil {
 		mutate(&opts)
