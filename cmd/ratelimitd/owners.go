@@ -180,3 +180,13 @@ func memcacheOptions(o Options) memcache.Options {
 	mo.LocalCacheSize = o.LocalCacheSize
 	return mo
 }
+
+// retryJitter maps --retry-jitter onto service.Options.RetryJitter, where 0
+// means the default (1s) and a negative value disables jitter: the flag's 0
+// means no jitter.
+func retryJitter(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
