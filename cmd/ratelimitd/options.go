@@ -394,90 +394,12 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 	o := defaultOptions()
 	warnings, err := applyLegacyEnv(&o, lookup)
 	if err != nil {
-		// The reference's variables carry credentials (REDIS_AUTH,
-		// REDIS_SENTINEL_AUTH, a REDIS_URL with user info): none is
-		// quoted back.
-		secrets := secretsOf(o)
-		for _, name := range []string{"REDIS_AUTH", "REDIS_SENTINEL_AUTH", "REDIS_URL"} {
-			if v, ok := lookup(name); ok {
-				v = strings.TrimSpace(v)
-				secrets = append(secrets, redis.URLPassword(v))
-				if name != "REDIS_URL" {
-					secrets = append(secrets, v)
-					if _, p, ok := strings.Cut(v, ":"); ok {
-						secrets = append(secrets, p)
-					}
-				}
-			}
-		}
-		return o, warnings, scrubErr(err, secrets...)
+		return o, warnings, scrubErr(err, legacySecrets(o, lookup)...)
 	}
-	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
-	// The flag package prints a parse error and the whole usage itself;
-	// the caller prints the error once with a short hint instead, and the
-	// usage goes out only for -h.
-	fs.SetOutput(io.Discard)
-	lists := registerServeFlags(fs, &o)
-	durErr, restoreDurations := clearDurationErrors(fs)
-	fs.Usage = func() {}
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		name := envName(f.Name)
-		if v, ok := lookup(name); ok {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-			}
-		}
-	})
-	if err := errors.Join(errs...); err != nil {
+	explicit, err := parseFlagsAndTwins(&o, args, lookup, usage)
+	if err != nil {
 		return o, warnings, err
 	}
-	for _, l := range lists {
-		l.touched = false
-	}
-	envValues := map[string]string{} // flag name → its value as set from the twin
-	fs.VisitAll(func(f *flag.Flag) {
-		if _, ok := lookup(envName(f.Name)); ok {
-			envValues[f.Name] = f.Value.String()
-		}
-	})
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
-			fs.SetOutput(usage)
-			restoreDurations()
-			fs.PrintDefaults()
-		}
-		if *durErr != nil {
-			// "--redis-timeout=10: missing unit (e.g. 10ms or 10s)",
-			// not the flag package's "parse error".
-			err = *durErr
-		}
-		return o, warnings, err
-	}
-	if fs.NArg() > 0 {
-		return o, warnings, fmt.Errorf("serve takes no arguments, got %q (use --config)", fs.Args())
-	}
-	// Level names are case-insensitive (RATELIMITD_LOG_LEVEL=DEBUG), as
-	// are the formats.
-	o.LogLevel = strings.ToLower(strings.TrimSpace(o.LogLevel))
-	if o.LogLevel == "warning" {
-		o.LogLevel = "warn"
-	}
-	o.LogFormat = strings.ToLower(strings.TrimSpace(o.LogFormat))
-	if o.Backend == "memcached" {
-		o.Backend = "memcache"
-	}
-	for name, v := range envValues {
-		if fs.Lookup(name).Value.String() == v {
-			if o.fromEnv == nil {
-				o.fromEnv = map[string]string{}
-			}
-			o.fromEnv[name] = envName(name)
-		}
-	}
-	explicit := map[string]bool{} // set on the command line or by a twin
-	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	if err := resolveMode(&o, explicit, asRef, lookup); err != nil {
 		return o, warnings, o.annotateEnv(err)
 	}
@@ -498,6 +420,117 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 		o.RedisSentinelAuth = auth
 	}
 	return o, warnings, nil
+}
+
+// legacySecrets are the credentials of o and of the reference's variables
+// (REDIS_AUTH, REDIS_SENTINEL_AUTH, a REDIS_URL with user info): none is
+// quoted back in an error.
+func legacySecrets(o Options, lookup func(string) (string, bool)) []string {
+	secrets := secretsOf(o)
+	for _, name := range []string{"REDIS_AUTH", "REDIS_SENTINEL_AUTH", "REDIS_URL"} {
+		if v, ok := lookup(name); ok {
+			v = strings.TrimSpace(v)
+			secrets = append(secrets, redis.URLPassword(v))
+			if name != "REDIS_URL" {
+				secrets = append(secrets, v)
+				if _, p, ok := strings.Cut(v, ":"); ok {
+					secrets = append(secrets, p)
+				}
+			}
+		}
+	}
+	return secrets
+}
+
+// parseFlagsAndTwins sets o from the RATELIMITD_* twins, then from args
+// (the flag wins), normalizes the spellings, and records in o.fromEnv the
+// flags whose value came from a twin. It returns the flags set on the
+// command line or by a twin; flag.ErrHelp (usage printed) for -h.
+func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, bool), usage io.Writer) (map[string]bool, error) {
+	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
+	// The flag package prints a parse error and the whole usage itself;
+	// the caller prints the error once with a short hint instead, and the
+	// usage goes out only for -h.
+	fs.SetOutput(io.Discard)
+	lists := registerServeFlags(fs, o)
+	durErr, restoreDurations := clearDurationErrors(fs)
+	fs.Usage = func() {}
+	envValues, err := setTwins(fs, lists, lookup)
+	if err != nil {
+		return nil, err
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
+			fs.SetOutput(usage)
+			restoreDurations()
+			fs.PrintDefaults()
+		}
+		if *durErr != nil {
+			// "--redis-timeout=10: missing unit (e.g. 10ms or 10s)",
+			// not the flag package's "parse error".
+			err = *durErr
+		}
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("serve takes no arguments, got %q (use --config)", fs.Args())
+	}
+	o.normalizeSpellings()
+	for name, v := range envValues {
+		if fs.Lookup(name).Value.String() == v {
+			if o.fromEnv == nil {
+				o.fromEnv = map[string]string{}
+			}
+			o.fromEnv[name] = envName(name)
+		}
+	}
+	explicit := map[string]bool{} // set on the command line or by a twin
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	return explicit, nil
+}
+
+// setTwins sets every flag of fs whose RATELIMITD_* twin is set, and
+// returns each such flag's value as the twin set it (a list flag set by
+// its twin is then replaced, not extended, by the command line). Every
+// malformed twin is reported, as NAME="value": error.
+func setTwins(fs *flag.FlagSet, lists []*listValue, lookup func(string) (string, bool)) (map[string]string, error) {
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envName(f.Name)
+		if v, ok := lookup(name); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for _, l := range lists {
+		l.touched = false
+	}
+	envValues := map[string]string{} // flag name → its value as set from the twin
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := lookup(envName(f.Name)); ok {
+			envValues[f.Name] = f.Value.String()
+		}
+	})
+	return envValues, nil
+}
+
+// normalizeSpellings lowers the case of --log-level (RATELIMITD_LOG_LEVEL=
+// DEBUG; "warning" is warn) and --log-format, and reads
+// --backend=memcached as memcache.
+func (o *Options) normalizeSpellings() {
+	o.LogLevel = strings.ToLower(strings.TrimSpace(o.LogLevel))
+	if o.LogLevel == "warning" {
+		o.LogLevel = "warn"
+	}
+	o.LogFormat = strings.ToLower(strings.TrimSpace(o.LogFormat))
+	if o.Backend == "memcached" {
+		o.Backend = "memcache"
+	}
 }
 
 // annotateEnv returns err with every line that starts with a flag whose
@@ -582,9 +615,10 @@ func checkAddr(name, v string, optional bool) error {
 }
 
 // Validate reports every invalid field at once: the command's own rules
-// here, then the redis, memcache and service packages' rules on the
-// options the flags build (validateOwners), each error naming the flag,
-// at most one per flag.
+// (validateSources, validateSpellings, validateBounds, validateServing),
+// then the redis, memcache and service packages' rules on the options
+// the flags build (validateOwners), each error naming the flag, at most
+// one per flag.
 func (o Options) Validate() error {
 	var errs []error
 	add := func(err error) {
@@ -592,6 +626,32 @@ func (o Options) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	o.validateSources(add)
+	o.validateSpellings(add)
+	o.validateBounds(add)
+	o.validateServing(add)
+	add(o.validateOwners(flagsNamed(errs)))
+	return errors.Join(errs...)
+}
+
+// flagsNamed returns the flags that lines of errs begin with ("--name=",
+// "--name:" or "--name ").
+func flagsNamed(errs []error) map[string]bool {
+	named := map[string]bool{}
+	for _, e := range errs {
+		for _, line := range strings.Split(e.Error(), "\n") {
+			if rest, ok := strings.CutPrefix(line, "--"); ok {
+				if f := strings.FieldsFunc(rest, func(r rune) bool { return r == '=' || r == ' ' || r == ':' }); len(f) > 0 {
+					named[f[0]] = true
+				}
+			}
+		}
+	}
+	return named
+}
+
+// validateSources checks the config source and the listen and statsd addresses.
+func (o Options) validateSources(add func(error)) {
 	add(oneOf("config-source", o.ConfigSource, "file", "xds"))
 	if len(o.Config) == 0 && o.ConfigSource != "xds" {
 		add(errors.New("--config: at least one path is required"))
@@ -610,6 +670,10 @@ func (o Options) Validate() error {
 	if o.StatsdFlushInterval <= 0 {
 		add(fmt.Errorf("--statsd-flush-interval=%s: must be > 0", o.StatsdFlushInterval))
 	}
+}
+
+// validateSpellings checks the flags that take one of a set of words, and the legacy header names.
+func (o Options) validateSpellings(add func(error)) {
 	add(oneOf("backend", o.Backend, "memory", "redis", "memcache"))
 	add(oneOf("redis-mode", o.RedisMode, "standalone", "cluster", "sentinel"))
 	add(oneOf("log-level", o.LogLevel, "debug", "info", "warn", "error"))
@@ -626,6 +690,10 @@ func (o Options) Validate() error {
 		}
 	}
 	add(o.validateDecisionLog())
+}
+
+// validateBounds checks the numbers the command reads itself (store, GC, answers, config bounds).
+func (o Options) validateBounds(add func(error)) {
 	// Flag values that the packages read as their defaults are refused
 	// here (the flag's default is spelled out instead); the packages'
 	// own ranges are theirs (validateOwners, at the end).
@@ -665,6 +733,10 @@ func (o Options) Validate() error {
 	if o.MaxConfigBytes < 0 {
 		add(fmt.Errorf("--max-config-bytes=%d: must be >= 0 (0 = no limit)", o.MaxConfigBytes))
 	}
+}
+
+// validateServing checks shutdown, TLS, secrets files and the listeners' resource bounds.
+func (o Options) validateServing(add func(error)) {
 	if o.Drain < 0 || o.ShutdownGrace < 0 {
 		add(errors.New("--drain and --shutdown-grace must be >= 0"))
 	}
@@ -711,18 +783,6 @@ func (o Options) Validate() error {
 			add(fmt.Errorf("--%s=%s: must be > 0", d.name, d.v))
 		}
 	}
-	named := map[string]bool{}
-	for _, e := range errs {
-		for _, line := range strings.Split(e.Error(), "\n") {
-			if rest, ok := strings.CutPrefix(line, "--"); ok {
-				if f := strings.FieldsFunc(rest, func(r rune) bool { return r == '=' || r == ' ' || r == ':' }); len(f) > 0 {
-					named[f[0]] = true
-				}
-			}
-		}
-	}
-	add(o.validateOwners(named))
-	return errors.Join(errs...)
 }
 
 // validHeaderName reports whether s is an RFC 9110 field name (a token).
