@@ -34,20 +34,20 @@ type Options struct {
 	// server certificate must carry), the reconnect backoff and the
 	// largest response in bytes (0: gRPC's 4 MiB).
 	XDSServerURL            string
-	XDSNodeID               string
-	XDSNodeMetadata         string
-	XDSHeaders              string
-	XDSConnectRetryInterval time.Duration
-	XDSTLS                  bool
-	XDSTLSCert              string
-	XDSTLSKey               string
-	XDSTLSCA                string
-	XDSTLSSAN               string
-	XDSBackoffInitial       time.Duration
-	XDSBackoffMax           time.Duration
-	XDSBackoffRandomFactor  float64
-	XDSBackoffJitter        bool
-	XDSMaxMsgSize           int
+	XDSNodeID               string        // --xds-node-id
+	XDSNodeMetadata         string        // --xds-node-metadata
+	XDSHeaders              string        // --xds-headers
+	XDSConnectRetryInterval time.Duration // --xds-connect-retry-interval
+	XDSTLS                  bool          // --xds-tls
+	XDSTLSCert              string        // --xds-tls-cert
+	XDSTLSKey               string        // --xds-tls-key
+	XDSTLSCA                string        // --xds-tls-ca
+	XDSTLSSAN               string        // --xds-tls-san
+	XDSBackoffInitial       time.Duration // --xds-backoff-initial
+	XDSBackoffMax           time.Duration // --xds-backoff-max
+	XDSBackoffRandomFactor  float64       // --xds-backoff-random-factor
+	XDSBackoffJitter        bool          // --xds-backoff-jitter
+	XDSMaxMsgSize           int           // --xds-max-msg-size
 
 	GRPCAddr  string // host:port of the Envoy RLS v3 gRPC server
 	HTTPAddr  string // host:port of /healthcheck, /json, /metrics
@@ -56,45 +56,45 @@ type Options struct {
 	// (envoyproxy/ratelimit PROMETHEUS_ADDR); "" = only on HTTPAddr.
 	MetricsAddr string
 
-	Backend      string // "memory", "redis" or "memcache" ("memcached" is read as "memcache")
-	RedisURL     string // redis:// or rediss://, user:password@ for ACL
-	RedisMode    string // "standalone", "cluster" or "sentinel"
-	RedisAddrs   []string
-	RedisMaster  string
+	Backend      string        // "memory", "redis" or "memcache" ("memcached" is read as "memcache")
+	RedisURL     string        // redis:// or rediss://, user:password@ for ACL
+	RedisMode    string        // "standalone", "cluster" or "sentinel"
+	RedisAddrs   []string      // --redis-addrs
+	RedisMaster  string        // --redis-master
 	RedisTimeout time.Duration // Redis silence taken as a failure (redis.Options.Timeout)
 	// RedisMaxWait and RedisDeadlineMargin are redis.Options.MaxWait and
 	// DeadlineMargin: a call's budget without, and before, the caller's
 	// deadline. RedisWarmup bounds the warm-up before health SERVING (0:
 	// no warm-up).
 	RedisMaxWait        time.Duration
-	RedisDeadlineMargin time.Duration
-	RedisWarmup         time.Duration
-	RedisWaitReplicas   int // redis.Options.WaitReplicas
-	RedisPoolSize       int // connections; 0 = the store's default
-	LocalCacheSize      int // over-limit cache entries; 0 disables
+	RedisDeadlineMargin time.Duration // --redis-deadline-margin
+	RedisWarmup         time.Duration // --redis-warmup
+	RedisWaitReplicas   int           // redis.Options.WaitReplicas
+	RedisPoolSize       int           // connections; 0 = the store's default
+	LocalCacheSize      int           // over-limit cache entries; 0 disables
 	// Redis pool, batching and health tuning: redis.Options.DialTimeout,
 	// MinIdleConns (capped at the pool size), Pipelines and
 	// HealthInterval (0 disables the probe).
 	RedisDialTimeout    time.Duration
-	RedisMinIdleConns   int
-	RedisPipelines      int
-	RedisHealthInterval time.Duration
+	RedisMinIdleConns   int           // --redis-min-idle-conns
+	RedisPipelines      int           // --redis-pipelines
+	RedisHealthInterval time.Duration // --redis-health-interval
 	// The Redis circuit breaker (redis.BreakerOptions). RedisBreaker false
 	// disables it (every call goes to Redis); the other fields are then
 	// not validated.
 	RedisBreaker             bool
-	RedisBreakerFailures     int
-	RedisBreakerFailFor      time.Duration
-	RedisBreakerWindow       time.Duration
-	RedisBreakerMinCalls     int
-	RedisBreakerFailureRatio float64
-	RedisBreakerOpenFor      time.Duration
-	RedisBreakerProbes       int
+	RedisBreakerFailures     int           // --redis-breaker-failures
+	RedisBreakerFailFor      time.Duration // --redis-breaker-fail-for
+	RedisBreakerWindow       time.Duration // --redis-breaker-window
+	RedisBreakerMinCalls     int           // --redis-breaker-min-calls
+	RedisBreakerFailureRatio float64       // --redis-breaker-failure-ratio
+	RedisBreakerOpenFor      time.Duration // --redis-breaker-open-for
+	RedisBreakerProbes       int           // --redis-breaker-probes
 	// Redis TLS files (PEM) and options; rediss:// turns TLS on.
 	RedisTLSCA         string
-	RedisTLSCert       string
-	RedisTLSKey        string
-	RedisTLSSkipVerify bool
+	RedisTLSCert       string // --redis-tls-cert
+	RedisTLSKey        string // --redis-tls-key
+	RedisTLSSkipVerify bool   // --redis-tls-skip-verify
 	// RedisSentinelAuth authenticates to the sentinels: "password" or
 	// "user:password".
 	RedisSentinelAuth string
@@ -104,28 +104,28 @@ type Options struct {
 	// every MemcacheSRVRefresh; 0: once), idle connections kept per
 	// server, and the bound of each call.
 	MemcacheAddrs        []string
-	MemcacheSRV          string
-	MemcacheSRVRefresh   time.Duration
-	MemcacheMaxIdleConns int
-	MemcacheTimeout      time.Duration
+	MemcacheSRV          string        // --memcache-srv
+	MemcacheSRVRefresh   time.Duration // --memcache-srv-refresh
+	MemcacheMaxIdleConns int           // --memcache-max-idle-conns
+	MemcacheTimeout      time.Duration // --memcache-timeout
 
-	ShadowMode bool
-	QuotaMode  bool
+	ShadowMode bool // --shadow-mode
+	QuotaMode  bool // --quota-mode
 	// Counting is the global counting policy (service.Options.Counting):
 	// "all_or_nothing" (default) or "always_charge" (envoyproxy/ratelimit's
 	// counting, the one to set for envoyproxy/ratelimit compatibility).
 	Counting         string
-	LogLevel         string // debug, info, warn, error
-	LogFormat        string // text or json
-	MergeDomains     bool
-	IgnoreDotfiles   bool
-	KeyPrefix        string
-	KeyValues        string // "hash" or "clear" (development only)
-	Headers          string // ietf, legacy, both or none
-	NearLimitRatio   float64
+	LogLevel         string        // debug, info, warn, error
+	LogFormat        string        // text or json
+	MergeDomains     bool          // --merge-domains
+	IgnoreDotfiles   bool          // --ignore-dotfiles
+	KeyPrefix        string        // --key-prefix
+	KeyValues        string        // "hash" or "clear" (development only)
+	Headers          string        // ietf, legacy, both or none
+	NearLimitRatio   float64       // --near-limit-ratio
 	RetryJitter      time.Duration // maximum jitter added to Retry-After
-	RequestOverrides bool
-	DynamicMetadata  bool
+	RequestOverrides bool          // --request-overrides
+	DynamicMetadata  bool          // --dynamic-metadata
 	// NearLimitHeader adds Ratelimitd-Near-Limit (service.Options).
 	NearLimitHeader bool
 	// ProblemTypeBase prefixes the RFC 9457 problem type names.
@@ -142,7 +142,7 @@ type Options struct {
 	// The decision log (service.Options.DecisionLog): off, denied or
 	// all, at most LogDecisionsRate lines per second.
 	LogDecisions     string
-	LogDecisionsRate float64
+	LogDecisionsRate float64 // --log-decisions-rate
 
 	// MemoryMaxKeys bounds the keys of the in-memory store (the memory
 	// backend, and the failure_mode: local fallback of the Redis
@@ -166,7 +166,7 @@ type Options struct {
 	// (debug.SetMemoryLimit) unless GOMEMLIMIT is set; 0 derives it from
 	// the cgroup memory limit times MemoryLimitRatio (0: no limit).
 	MemoryLimit      byteSize
-	MemoryLimitRatio float64
+	MemoryLimitRatio float64 // --memory-limit-ratio
 
 	// Drain is how long the health checks report NOT_SERVING before the
 	// listeners stop accepting (lets load balancers notice).
@@ -179,9 +179,9 @@ type Options struct {
 	// additionally requires that SAN (DNS, URI, IP or e-mail) in the client
 	// certificate.
 	GRPCTLSCert      string
-	GRPCTLSKey       string
-	GRPCTLSClientCA  string
-	GRPCTLSClientSAN string
+	GRPCTLSKey       string // --grpc-tls-key
+	GRPCTLSClientCA  string // --grpc-tls-client-ca
+	GRPCTLSClientSAN string // --grpc-tls-client-san
 	// HTTPTLS serves the HTTP listener (/healthcheck, /json, /metrics) with
 	// the gRPC listener's TLS material; needs GRPCTLSCert. When gRPC uses
 	// TLS and HTTPTLS is false, POST /json is off (docs/security.md, "Trust
@@ -196,7 +196,7 @@ type Options struct {
 	// RedisSentinelAuthFile names a file holding --redis-sentinel-auth's
 	// value, read at startup.
 	RedisPasswordFile     string
-	RedisSentinelAuthFile string
+	RedisSentinelAuthFile string // --redis-sentinel-auth-file
 
 	// Resource bounds of the listeners (docs/security.md, "Resource
 	// bounds"). GRPCMaxRecvMsgSize is the largest gRPC message received,
@@ -207,8 +207,8 @@ type Options struct {
 	// GRPCMaxConnections is the gRPC connections open at once (0:
 	// unbounded); beyond it new connections wait to be accepted.
 	GRPCMaxRecvMsgSize       int
-	GRPCMaxConcurrentStreams int
-	GRPCMaxConnections       int
+	GRPCMaxConcurrentStreams int // --grpc-max-concurrent-streams
+	GRPCMaxConnections       int // --grpc-max-connections
 	// GRPCMaxConnectionAge is how long a gRPC client connection may live
 	// before the server sends it GOAWAY (keepalive.ServerParameters
 	// MaxConnectionAge; grpc-go adds ±10% jitter), so that Envoy's
@@ -218,24 +218,24 @@ type Options struct {
 	// (MaxConnectionAgeGrace); 0 = no bound. envoyproxy/ratelimit
 	// GRPC_MAX_CONNECTION_AGE and GRPC_MAX_CONNECTION_AGE_GRACE.
 	GRPCMaxConnectionAge      time.Duration
-	GRPCMaxConnectionAgeGrace time.Duration
+	GRPCMaxConnectionAgeGrace time.Duration // --grpc-max-connection-age-grace
 	// HTTP servers: HTTPReadTimeout bounds reading a whole request
 	// (headers and body), HTTPWriteTimeout the time from the end of the
 	// request headers to the end of the response (not on the debug
 	// listener, whose profiles take longer), HTTPIdleTimeout how long a
 	// keep-alive connection may wait for its next request. All > 0.
 	HTTPReadTimeout  time.Duration
-	HTTPWriteTimeout time.Duration
-	HTTPIdleTimeout  time.Duration
+	HTTPWriteTimeout time.Duration // --http-write-timeout
+	HTTPIdleTimeout  time.Duration // --http-idle-timeout
 
 	// OpenTelemetry tracing (off by default): OTLP/gRPC export to
 	// TracingEndpoint (empty = OTEL_EXPORTER_OTLP_* environment, else
 	// localhost:4317); W3C trace context from Envoy is continued.
 	Tracing            bool
-	TracingEndpoint    string
-	TracingInsecure    bool
-	TracingSampleRatio float64
-	TracingServiceName string
+	TracingEndpoint    string  // --tracing-endpoint
+	TracingInsecure    bool    // --tracing-insecure
+	TracingSampleRatio float64 // --tracing-sample-ratio
+	TracingServiceName string  // --tracing-service-name
 
 	// StatsdAddr, when set, sends envoyproxy/ratelimit's statsd stats
 	// over UDP to this host:port (docs/metrics.md, "statsd (reference
@@ -273,8 +273,8 @@ type Options struct {
 	// or both. envoyproxy/ratelimit's LIMIT_LIMIT_HEADER,
 	// LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER set them.
 	LegacyLimitHeader     string
-	LegacyRemainingHeader string
-	LegacyResetHeader     string
+	LegacyRemainingHeader string // --legacy-remaining-header
+	LegacyResetHeader     string // --legacy-reset-header
 	// ReferenceAnswers is service.Options.ReferenceAnswers (set in
 	// reference mode).
 	ReferenceAnswers bool
@@ -286,7 +286,7 @@ type Options struct {
 	// default false: a request some of whose limits would go over is
 	// charged only to those limits).
 	ReferenceCounting          bool
-	StopIncrementWhenOverLimit bool
+	StopIncrementWhenOverLimit bool // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (no flag)
 
 	// modeReason says why the mode in force was chosen (startup log).
 	modeReason string
