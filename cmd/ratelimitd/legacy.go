@@ -10,8 +10,8 @@ import (
 	"strings"
 )
 
-// Migration from envoyproxy/ratelimit: its environment variables
-// (src/settings/settings.go of that project) are read where their meaning
+// Migration from envoyproxy/ratelimit: its environment variables are
+// read where their meaning
 // maps onto ratelimitd; docs/migrating.md has the table. They rank below
 // the RATELIMITD_* twins and the flags.
 

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -34,8 +35,8 @@ var ownerFlagErrors = map[error]string{
 // and service packages. An error about a setting's owner field is worded
 // "--flag=value: reason" (at most one per flag) and dropped when the
 // setting's backend is not o.Backend (the Redis topology does not matter
-// to the memory store); any other error of a backend package counts only
-// under that backend.
+// to the memory store); any other error counts only where its package
+// applies (a backend under that backend, xds with --config-source=xds).
 func (o Options) validateOwners(named map[string]bool) error {
 	so, err := serviceOptions(o)
 	if err != nil {
@@ -45,16 +46,21 @@ func (o Options) validateOwners(named map[string]bool) error {
 	var errs []error
 	seen := named
 	for _, c := range []struct {
-		backend string // "": whatever the backend
+		applies bool // an error about no flag's field counts
 		err     error
-	}{{"redis", redisOptions(o).Validate()}, {"memcache", memcacheOptions(o).Validate()}, {"", so.Validate()}} {
+	}{
+		{o.Backend == "redis", redisOptions(o).Validate()},
+		{o.Backend == "memcache", memcacheOptions(o).Validate()},
+		{true, so.Validate()},
+		{o.ConfigSource == "xds", xdsOptionsError(o)},
+	} {
 		for _, e := range leafErrors(c.err) {
 			if msg, ok := ownerFlagErrors[e]; ok {
 				e = errors.New(msg)
 			}
 			var f optionFielder
 			if !errors.As(e, &f) {
-				if c.backend == "" || c.backend == o.Backend {
+				if c.applies {
 					errs = append(errs, e)
 				}
 				continue
@@ -63,17 +69,41 @@ func (o Options) validateOwners(named map[string]bool) error {
 			s, ok := ownerSetting(field)
 			switch {
 			case !ok:
-				if c.backend == "" || c.backend == o.Backend {
+				if c.applies {
 					errs = append(errs, e)
 				}
 			case s.backend != "" && s.backend != o.Backend, seen[s.name]:
 			default:
 				seen[s.name] = true
-				errs = append(errs, fmt.Errorf("--%s=%v: %s", s.name, fieldValue(s.field.ptr(&o)), reason))
+				errs = append(errs, fmt.Errorf("--%s=%v: %s", s.name, fieldValue(s.field.ptr(&o)), flagWords(field, reason)))
 			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// xdsOptionsError is xds.Options.Validate on the --xds-* flags with
+// --config-source=xds, nil otherwise (they are not read then).
+func xdsOptionsError(o Options) error {
+	if o.ConfigSource != "xds" {
+		return nil
+	}
+	return xdsBase(o).Validate()
+}
+
+// flagWords rewrites the names of field's package's fields in reason
+// ("must be >= BackoffInitial") as their flags ("must be >=
+// --xds-backoff-initial").
+func flagWords(field, reason string) string {
+	pkg, _, _ := strings.Cut(field, ".")
+	for _, s := range settings {
+		for _, f := range strings.Split(s.owner, ",") {
+			if name, ok := strings.CutPrefix(f, pkg+"."); ok && s.owner != "" {
+				reason = regexp.MustCompile(`\b`+regexp.QuoteMeta(name)+`\b`).ReplaceAllString(reason, "--"+s.name)
+			}
+		}
+	}
+	return reason
 }
 
 // ownerSetting returns the setting whose owner list holds field.
