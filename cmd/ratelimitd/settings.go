@@ -1,5 +1,7 @@
 package main
 
+//go:generate go test -run TestFlagDocs -update .
+
 import (
 	"flag"
 	"fmt"
