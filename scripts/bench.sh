@@ -98,7 +98,7 @@ done
 # of envoyproxy/ratelimit's pipelined INCRBY+EXPIRE).
 # last_line keeps redis-benchmark's summary (it redraws progress with \r).
 last_line() { tr '\r' '\n' | grep -v '^ *$' | tail -1 | sed 's/^.*: \([0-9.]* requests per second\)/\1/'; }
-SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat pkg/backend/redis/take.lua)")
+SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat pkg/backend/redis/take/*.lua)")
 echo "== redis-benchmark EVALSHA take.lua (fixed_window, 1 hit), $CONC clients, $KEYS keys"
 # ARGV (docs in take.lua): 1 segment: mode t, now "" (server TIME), nonce,
 # 1 hit: kind 0 (fixed_window), rate, period_us, burst, calendar,

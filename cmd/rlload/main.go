@@ -65,17 +65,34 @@ type config struct {
 // user+system CPU (getrusage RUSAGE_SELF) over the measured interval, per
 // decision (-1 when there were no decisions).
 type Result struct {
-	Client                 string  `json:"client"`
-	Decisions              int64   `json:"decisions"`
-	OK                     int64   `json:"ok"`
-	OverLimit              int64   `json:"over_limit"`
-	Errors                 int64   `json:"errors"`
-	Seconds                float64 `json:"seconds"`
-	PerSecond              float64 `json:"decisions_per_second"`
-	P50US                  float64 `json:"p50_us"`
-	P99US                  float64 `json:"p99_us"`
-	P999US                 float64 `json:"p999_us"`
-	CPUPerDecisionUS       float64 `json:"service_cpu_us_per_decision"`
+	// Client is the load client used, --client: "h2" or "grpc".
+	Client string `json:"client"`
+	// Decisions is OK + OverLimit: the calls answered with a decision.
+	Decisions int64 `json:"decisions"`
+	// OK counts answers with overall_code OK.
+	OK int64 `json:"ok"`
+	// OverLimit counts answers with overall_code OVER_LIMIT.
+	OverLimit int64 `json:"over_limit"`
+	// Errors counts calls that failed (see above); they are not decisions.
+	Errors int64 `json:"errors"`
+	// Seconds is the measured interval's length (after --warmup), in
+	// seconds.
+	Seconds float64 `json:"seconds"`
+	// PerSecond is Decisions / Seconds.
+	PerSecond float64 `json:"decisions_per_second"`
+	// P50US is the median client-observed latency, in µs (0 with no
+	// measured call).
+	P50US float64 `json:"p50_us"`
+	// P99US is the 99th percentile latency, in µs.
+	P99US float64 `json:"p99_us"`
+	// P999US is the 99.9th percentile latency, in µs.
+	P999US float64 `json:"p999_us"`
+	// CPUPerDecisionUS is the service's CPU (process_cpu_seconds_total
+	// scraped from --metrics before and after) per decision, in µs; -1
+	// without --metrics.
+	CPUPerDecisionUS float64 `json:"service_cpu_us_per_decision"`
+	// ClientCPUPerDecisionUS is rlload's own user+system CPU per
+	// decision, in µs; -1 when there were no decisions.
 	ClientCPUPerDecisionUS float64 `json:"client_cpu_us_per_decision"`
 }
 

@@ -43,6 +43,8 @@ const (
 type Calendar uint8
 
 const (
+	// CalendarNone: windows are epoch-aligned and Period long (the
+	// zero value).
 	CalendarNone Calendar = iota
 	// CalendarMonth: windows are UTC calendar months × Multiplier
 	// (months counted from January 1970).
@@ -57,6 +59,7 @@ const (
 // the envoyproxy/ratelimit meaning of requests_per_unit: 0), Period > 0,
 // Burst >= 0.
 type Limit struct {
+	// Kind is the algorithm; the zero value is FixedWindow.
 	Kind Kind
 	// Rate is the number of requests (units of cost) admitted per Period;
 	// for Concurrency, the number of leases held at once.
@@ -70,7 +73,11 @@ type Limit struct {
 	Burst int64
 	// Calendar, when not CalendarNone, replaces Period-based window
 	// alignment by calendar months or years; Multiplier counts them.
-	Calendar   Calendar
+	Calendar Calendar
+	// Multiplier is the config's unit_multiplier for a calendar window:
+	// one window spans Multiplier UTC months ([1, 1200]) or years
+	// ([1, 100]), checked by Validate. Ignored with CalendarNone, where
+	// Period already includes the multiplier.
 	Multiplier int64
 }
 
@@ -80,7 +87,8 @@ type Limit struct {
 type Hit struct {
 	// Key identifies the counter state. Backends may append a window
 	// suffix; they never parse it.
-	Key   string
+	Key string
+	// Limit is the compiled limit the hit is decided against.
 	Limit Limit
 	// Cost is the number of units to take (hits_addend). 0 means check
 	// only: consume nothing, deny only when nothing at all remains.

@@ -22,10 +22,20 @@ import (
 // A State is a value: functions in this package never modify a State (or
 // the backing array of its Log) passed to them; they return a new one.
 type State struct {
-	Time  int64
+	// Time is the window start (FixedWindow, SlidingWindow) or the whole
+	// microseconds of the TAT (TokenBucket), in µs since the Unix epoch;
+	// 0 for the other kinds.
+	Time int64
+	// Count is the cost admitted in the window at Time (FixedWindow,
+	// SlidingWindow) or the TAT fraction numerator in 1/Rate µs
+	// (TokenBucket).
 	Count int64
-	Prev  int64
-	Log   []int64
+	// Prev is the cost admitted in the window before Time (SlidingWindow
+	// only).
+	Prev int64
+	// Log holds ascending µs timestamps: one per admitted unit of cost
+	// (SlidingLog) or per live lease (Concurrency); nil for other kinds.
+	Log []int64
 }
 
 // MaxExact is 2^53, the bound below which every integer is exact in an IEEE

@@ -258,7 +258,7 @@ func TestReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = fb.Close() }()
-	f := newAdminEnv(t, newFakeStore(&clock{now: t0}), policy.KeyOptions{}, func(o *service.Options) { o.Fallback = fb })
+	f := newAdminEnv(t, newReferenceStore(&clock{now: t0}), policy.KeyOptions{}, func(o *service.Options) { o.Fallback = fb })
 	key := res.Counters[0].Key
 	hit := []algo.Hit{{Key: key, Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 3, Period: time.Minute}, Cost: 3}}
 	if _, err := fb.Take(context.Background(), hit); err != nil {

@@ -2,16 +2,12 @@ package service_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"strconv"
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
-	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // BenchmarkShouldRateLimit measures one in-process decision (no gRPC) on
@@ -25,14 +21,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = st.Close() })
-	svc, err := service.New(service.Options{
-		Store:      st,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Registerer: prometheus.NewRegistry(),
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
+	svc := newInProcess(b, st, nil)
 	svc.SetPolicy(loadSet(b, "../../scripts/bench/bench.yaml"))
 	reqs := make([]*rlsv3.RateLimitRequest, 10000)
 	for i := range reqs {

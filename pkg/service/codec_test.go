@@ -565,7 +565,7 @@ func FuzzServerCodec(f *testing.F) {
 	}
 	f.Add([]byte{}, uint8(0), []byte("a\xc0b"))
 	codec := func() encoding.CodecV2 {
-		svc, err := service.New(service.Options{Store: newFakeStore(&clock{now: t0}), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		svc, err := service.New(service.Options{Store: newReferenceStore(&clock{now: t0}), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -632,7 +632,7 @@ func checkUTF8(t *testing.T, r *rlsv3.RateLimitRequest) {
 // BenchmarkUnmarshal compares the service codec with the default codec on
 // a typical valid request, and shows the cost of the escaped path.
 func BenchmarkUnmarshal(b *testing.B) {
-	svc, err := service.New(service.Options{Store: newFakeStore(&clock{now: t0}), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	svc, err := service.New(service.Options{Store: newReferenceStore(&clock{now: t0}), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
 	}

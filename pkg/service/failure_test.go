@@ -258,7 +258,7 @@ func TestMetrics(t *testing.T) {
 
 func TestNewRejectsDoubleRegistration(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	st := newFakeStore(&clock{now: t0})
+	st := newReferenceStore(&clock{now: t0})
 	if _, err := service.New(service.Options{Store: st, Registerer: reg}); err != nil {
 		t.Fatal(err)
 	}

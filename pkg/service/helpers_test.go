@@ -29,10 +29,11 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// useReferenceStore runs the handler tests on the in-test reference store
-// instead of pkg/backend/memory (RATELIMITD_SERVICE_REFERENCE_STORE=1), to
-// tell a service bug from a backend bug.
-var useReferenceStore = os.Getenv("RATELIMITD_SERVICE_REFERENCE_STORE") == "1"
+// useMemoryStore runs the handler tests on pkg/backend/memory instead of
+// algotest.ReferenceStore (RATELIMITD_SERVICE_REFERENCE_STORE=0): the
+// same decisions (the memory store passes the same conformance tables and
+// agrees with algotest.Reference), through the real backend.
+var useMemoryStore = os.Getenv("RATELIMITD_SERVICE_REFERENCE_STORE") == "0"
 
 // t0 is 30 s into a minute (and 3570 s before the end of the hour).
 var t0 = time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC)
@@ -46,54 +47,61 @@ type clock struct {
 func (c *clock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
 func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
 
-// fakeStore counts calls and injects errors in front of a real store:
-// the memory backend (inner) when set, else the reference implementation
-// of the service.Store contract (algotest.Reference: a denied request
-// consumes nothing but its releases and always_charge hits; hits that did
-// not deny report the value before).
-type fakeStore struct {
-	mu    sync.Mutex
-	clock *clock
+// faultStore is a service.Store in front of a store that decides
+// (algotest.ReferenceStore, or pkg/backend/memory): it counts calls and,
+// while fail has set an error, answers every Take with that error instead
+// of asking the store. It never decides anything itself.
+type faultStore struct {
 	inner service.Store
-	state map[string]algo.State
+	mu    sync.Mutex
 	calls int
 	err   error // when set, Take fails with it
 }
 
-func newFakeStore(c *clock) *fakeStore { return &fakeStore{clock: c, state: map[string]algo.State{}} }
+// newReferenceStore is a faultStore over algotest.ReferenceStore on the
+// test clock: the Store contract's executable definition.
+func newReferenceStore(c *clock) *faultStore {
+	return &faultStore{inner: algotest.NewReferenceStore(c.Now)}
+}
 
-// newMemoryStore is a fakeStore over pkg/backend/memory on the test clock.
-func newMemoryStore(t testing.TB, c *clock) *fakeStore {
+// newMemoryStore is a faultStore over pkg/backend/memory on the test clock.
+func newMemoryStore(t testing.TB, c *clock) *faultStore {
 	t.Helper()
 	m, err := memory.New(memory.Options{Now: c.Now, Shards: 4, SweepInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	f := newFakeStore(c)
-	f.inner = m
-	return f
+	return &faultStore{inner: m}
 }
 
-func (f *fakeStore) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+// newStore is the store the handler tests decide with: newReferenceStore,
+// or newMemoryStore with useMemoryStore.
+func newStore(t testing.TB, c *clock) *faultStore {
+	if useMemoryStore {
+		return newMemoryStore(t, c)
+	}
+	return newReferenceStore(c)
+}
+
+func (f *faultStore) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	f.mu.Lock()
 	f.calls++
-	err, inner := f.err, f.inner
+	err := f.err
 	f.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	if inner != nil {
-		return inner.Take(ctx, hits)
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return algotest.Reference(f.state, hits, f.clock.Now()), nil
+	return f.inner.Take(ctx, hits)
 }
 
-func (f *fakeStore) fail(err error) { f.mu.Lock(); f.err = err; f.mu.Unlock() }
+// fail makes every later Take fail with err (nil: decide again).
+func (f *faultStore) fail(err error) { f.mu.Lock(); f.err = err; f.mu.Unlock() }
 
-func (f *fakeStore) Calls() int { f.mu.Lock(); defer f.mu.Unlock(); return f.calls }
+// failing is fail(err) on f, returned for use in an expression.
+func (f *faultStore) failing(err error) *faultStore { f.fail(err); return f }
+
+func (f *faultStore) Calls() int { f.mu.Lock(); defer f.mu.Unlock(); return f.calls }
 
 // causeErr is a backend error with a bounded cause.
 type causeErr struct{ cause string }
@@ -109,8 +117,8 @@ var _ = errors.New
 // env is one service behind a bufconn gRPC server.
 type env struct {
 	svc      *service.Service
-	store    *fakeStore
-	fallback *fakeStore
+	store    *faultStore
+	fallback *faultStore
 	clock    *clock
 	reg      *prometheus.Registry
 	client   rlsv3.RateLimitServiceClient
@@ -139,10 +147,7 @@ func newEnv(t testing.TB, mutate func(*service.Options)) *env {
 func startEnv(t testing.TB, withCodec bool, mutate func(*service.Options)) *env {
 	t.Helper()
 	c := &clock{now: t0}
-	e := &env{clock: c, store: newMemoryStore(t, c), fallback: newMemoryStore(t, c), reg: prometheus.NewRegistry()}
-	if useReferenceStore {
-		e.store, e.fallback = newFakeStore(c), newFakeStore(c)
-	}
+	e := &env{clock: c, store: newStore(t, c), fallback: newStore(t, c), reg: prometheus.NewRegistry()}
 	opts := service.Options{
 		Store:      e.store,
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -182,6 +187,23 @@ func startEnv(t testing.TB, withCodec bool, mutate func(*service.Options)) *env 
 	e.conn = conn
 	e.client = rlsv3.NewRateLimitServiceClient(conn)
 	return e
+}
+
+// newInProcess is a Service on st with default options, logs discarded
+// and metrics on a fresh registry, reading the time from now (nil: the
+// real clock), for decisions in process (no gRPC).
+func newInProcess(tb testing.TB, st service.Store, now func() time.Time) *service.Service {
+	tb.Helper()
+	svc, err := service.New(service.Options{
+		Store:      st,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Registerer: prometheus.NewRegistry(),
+		Now:        now,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return svc
 }
 
 // d builds a descriptor from key, value pairs.

@@ -80,7 +80,7 @@ func TestJSONHandler(t *testing.T) {
 		}
 	}
 	// Before any config: 503.
-	svc, _ := service.New(service.Options{Store: newFakeStore(&clock{now: t0})})
+	svc, _ := service.New(service.Options{Store: newReferenceStore(&clock{now: t0})})
 	rec := httptest.NewRecorder()
 	svc.JSONHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(camel)))
 	if rec.Code != http.StatusServiceUnavailable {
@@ -111,9 +111,9 @@ func FuzzShouldRateLimit(f *testing.F) {
 		f.Add(b)
 	}
 	c := &clock{now: t0}
-	st := newMemoryStore(f, c)
+	st := newStore(f, c)
 	svc, err := service.New(service.Options{
-		Store: st, Fallback: newMemoryStore(f, c), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: c.Now,
+		Store: st, Fallback: newStore(f, c), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: c.Now,
 		DynamicMetadata: true, Headers: service.HeadersBoth, NearLimitHeader: true,
 	})
 	if err != nil {

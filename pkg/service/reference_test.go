@@ -178,7 +178,7 @@ func TestReferenceNoConfig(t *testing.T) {
 		code codes.Code
 		msg  string
 	}{{false, codes.Unavailable, "service: no rate limit configuration loaded"}, {true, codes.Unknown, "no rate limit configuration loaded"}} {
-		svc, err := service.New(service.Options{Store: newFakeStore(&clock{now: t0}), ReferenceAnswers: tc.ref})
+		svc, err := service.New(service.Options{Store: newReferenceStore(&clock{now: t0}), ReferenceAnswers: tc.ref})
 		if err != nil {
 			t.Fatal(err)
 		}

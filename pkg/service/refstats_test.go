@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
@@ -158,7 +157,7 @@ func startRefEnv(t *testing.T, store service.Store, mutate func(*service.Options
 	t.Helper()
 	c := &clock{now: t0}
 	if store == nil {
-		store = newMemoryStore(t, c)
+		store = newStore(t, c)
 	}
 	e := &refEnv{clock: c, sink: newStatsdSink(t), reg: prometheus.NewRegistry()}
 	sc, err := statsd.New(statsd.Options{Addr: e.sink.addr(), FlushInterval: time.Hour, Registerer: e.reg})
@@ -400,16 +399,11 @@ func TestStatsdRequestValueKeys(t *testing.T) {
 	}
 }
 
-// errStore fails every Take.
-type errStore struct{}
-
-func (errStore) Take(context.Context, []algo.Hit) ([]algo.Decision, error) { return nil, errDown }
-
 // A backend failure counts redis_error once per request; failure_mode open
 // admits the hits (within_limit). Global shadow mode counts
 // global_shadow_mode. Config loads count config_load_success/error.
 func TestStatsdServiceStats(t *testing.T) {
-	e := startRefEnv(t, errStore{}, nil)
+	e := startRefEnv(t, newReferenceStore(&clock{now: t0}).failing(errDown), nil)
 	e.call(t, req("rl", withHits(d("user", "u"), 4), d("tenant", "t")))
 	e.svc.CountReload(service.ReloadFailure, nil)
 	e.svc.CountReload(service.ReloadReadError, nil)

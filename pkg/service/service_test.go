@@ -98,7 +98,7 @@ func TestInvalidArgument(t *testing.T) {
 }
 
 func TestNoConfigUnavailable(t *testing.T) {
-	svc, err := service.New(service.Options{Store: newFakeStore(&clock{now: t0})})
+	svc, err := service.New(service.Options{Store: newReferenceStore(&clock{now: t0})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestOptionsValidate(t *testing.T) {
 	if err := (service.Options{}).Validate(); err == nil {
 		t.Error("missing store accepted")
 	}
-	if err := (service.Options{Store: newFakeStore(&clock{}), NearLimitRatio: 1.5}).Validate(); err == nil {
+	if err := (service.Options{Store: newReferenceStore(&clock{}), NearLimitRatio: 1.5}).Validate(); err == nil {
 		t.Error("ratio 1.5 accepted")
 	}
 	for in, want := range map[string]service.HeaderMode{"": service.HeadersIETF, "IETF": service.HeadersIETF, "legacy": service.HeadersLegacy, "both": service.HeadersBoth, "none": service.HeadersNone} {

@@ -6,28 +6,68 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// Store decides the hits of one request. Implementations: the memory
-// backend (pkg/backend/memory), the Redis backend (pkg/backend/redis) and
-// the memcached backend (pkg/backend/memcache, fixed windows only; see
-// AlgorithmLister and docs/memcached.md for what all-or-nothing means
-// there).
-// The service never imports a concrete backend; cmd/ratelimitd wires one in.
+// Store decides the hits of one request. This is the one statement of the
+// contract every backend meets; algotest.Reference (pkg/algo/algotest) is
+// its executable definition, and algotest.Run checks a store against both
+// the hand-derived tables and Reference (the memory, Redis standalone,
+// Redis Cluster and memcached stores run it). Implementations: the memory
+// backend (pkg/backend/memory), the Redis backend (pkg/backend/redis:
+// take.lua and its one-hit fast path take1.lua) and the memcached backend
+// (pkg/backend/memcache, fixed windows only; see AlgorithmLister and
+// docs/memcached.md for what all-or-nothing means there). The service
+// never imports a concrete backend; cmd/ratelimitd wires one in.
+//
+// Input. hits are the request's hits in request order (the service builds
+// one per applied limit of each descriptor, in descriptor order). Each
+// algo.Hit names its counter by Key (opaque: a store may derive its own
+// key from it, e.g. memcached's per-window key, but never parses it),
+// its Limit (rate per Period, µs resolution), and Cost in units (0: a
+// check; at most algo.MaxCost, a larger cost is MaxCost, which every
+// limit denies), with Soft, Release and Charge as algo.Hit documents
+// them. A key without state is the zero algo.State: the full quota.
+// Hits with the same Key are applied in order, each seeing the previous
+// one's tentative state. Take must not retain hits after it returns (the
+// service reuses the slice), and must be safe for concurrent use: each
+// call is atomic with respect to every other.
+//
+// Decisions. Each hit is applied at the store's current instant (the
+// memory and memcached stores' Options.Now, the Redis server's TIME) with
+// algo.Apply. When no hit that is not Soft is denied
+// (a check-only hit too can deny), every hit's new state is kept. When one
+// is, only the Kept hits (algo.Hit.Kept: releases, and always_charge hits
+// of every kind but concurrency) consume: they are replayed in order on
+// the states before the request and each reports the state after its own
+// hit; every other hit consumes nothing, and one that did not deny reports
+// a check (algo.Take with cost 0) on its key's replayed state (the value
+// before the request when no Kept hit shares its key); a hit that denied
+// keeps its decision. So under all_or_nothing a denied request consumes
+// nothing, and a Soft hit's denial writes nothing for it but does not
+// roll the request back.
+//
+// Output. On success len(result) == len(hits), in the same order, and the
+// service reads it before Take is called again by the same request. In
+// each algo.Decision, Remaining is whole units (>= 0), RetryAfter is 0
+// when Allowed, and RetryAfter, ResetAfter and WindowAfter are exact to
+// the microsecond; FromCache is true only for a denial a store's local
+// over-limit cache answered. A result of another length is treated as a
+// backend error (cause "bad_result").
+//
+// Errors. An error means the store could not decide the request
+// (unreachable, timeout, out of memory, read-only, circuit open, full);
+// the service then applies each rule's failure_mode, and no decision of
+// the call is used. A store never reports half a request (every hit is
+// decided or the call fails), but the counters may hold part of it for a
+// while: after a timeout the backend may have applied the request without
+// the reply arriving, and a Redis Cluster request whose slot groups partly
+// failed is reversed by a compensating refund (docs/redis.md). Errors should implement Causer, so that the cause label
+// is bounded; a context error counts as "timeout" (deadline) or
+// "canceled". The causes "deadline" (not decided within the caller's
+// deadline while the backend was answering) and "timeout" (the backend
+// was silent) mean "not decided in time": a request that only
+// failure_mode open would admit is then answered DeadlineExceeded instead
+// of being admitted uncounted.
 type Store interface {
-	// Take decides all hits of one request atomically. When any hit that
-	// is not Soft is denied (check-only hits with Cost 0 included), only
-	// the Kept hits consume: releases (refunds, is_negative_hits) and
-	// always_charge hits (algo.Hit.Kept), replayed in order on the state
-	// before the request, each reporting the state after its own hit;
-	// every other hit consumes nothing (Decision.Remaining then reports
-	// the value before the request). So with all_or_nothing counting a
-	// denied request consumes nothing. len(result) == len(hits), same
-	// order. Hits with the same Key are applied in order, each seeing the
-	// previous one (algotest.Reference is the executable definition).
-	//
-	// An error means the backend could not decide (unreachable, timeout,
-	// out of memory, read-only, circuit open); the service then applies
-	// each rule's failure mode. Errors should wrap ErrUnavailable-style
-	// causes so that Cause(err) gives a bounded metric label.
+	// Take decides hits, one request, as Store documents.
 	Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
 }
 

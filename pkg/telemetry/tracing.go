@@ -52,9 +52,12 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// Store is the shape of Store (declared here so telemetry depends on
+// Store is the shape of service.Store (declared here so telemetry depends on
 // algo only).
 type Store interface {
+	// Take decides the hits of one request (service.Store.Take's
+	// contract); the traced wrapper passes its result and error through
+	// unchanged.
 	Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
 }
 

@@ -8,8 +8,10 @@
 //
 // It reads the Go, Lua and shell files git tracks (testdata and generated
 // *.pb.go files excluded) and writes plain text to standard output. With
-// -list, every undocumented exported identifier is printed as
-// file:line name. It exits 1 when git cannot list the files.
+// -list, every undocumented exported identifier (as package
+// internal/doccheck defines it) is printed as file:line name. A Go file
+// that does not parse is reported on standard error and skipped. It exits
+// 1 when git cannot list the files or standard output cannot be written.
 package main
 
 import (
@@ -17,13 +19,13 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
-	"go/ast"
-	"go/parser"
 	"go/token"
 	"os"
 	"os/exec"
 	"sort"
 	"strings"
+
+	"github.com/ratelimitd/ratelimitd/internal/doccheck"
 )
 
 func main() {
@@ -41,7 +43,7 @@ func main() {
 		lines int
 	}
 	var files []sized
-	var undoc []string
+	var undoc []doccheck.Finding
 	fset := token.NewFileSet()
 	for _, p := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		if strings.Contains(p, "/testdata/") || strings.HasSuffix(p, ".pb.go") {
@@ -56,12 +58,15 @@ func main() {
 		}
 		files = append(files, sized{p, bytes.Count(b, []byte("\n"))})
 		if strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") {
-			undoc = append(undoc, undocumented(fset, p, b)...)
+			fs, err := doccheck.File(fset, p, b)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "housekeeping:", err)
+			}
+			undoc = append(undoc, fs...)
 		}
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].lines > files[j].lines })
 	w := bufio.NewWriter(os.Stdout)
-	defer w.Flush()
 	fmt.Fprintf(w, "largest files (lines):\n")
 	for i := 0; i < *top && i < len(files); i++ {
 		fmt.Fprintf(w, "  %5d  %s\n", files[i].lines, files[i].path)
@@ -72,93 +77,8 @@ func main() {
 			fmt.Fprintf(w, "  %s\n", u)
 		}
 	}
-}
-
-// undocumented returns file:line name for each exported top-level
-// identifier, method of an exported type, and exported struct field or
-// interface method without a doc comment. A name in a grouped const/var
-// block counts as documented when the group has a doc comment.
-func undocumented(fset *token.FileSet, path string, src []byte) []string {
-	f, err := parser.ParseFile(fset, path, src, parser.ParseComments)
-	if err != nil {
-		return nil
-	}
-	var res []string
-	add := func(pos token.Pos, name string) {
-		res = append(res, fmt.Sprintf("%s:%d %s", path, fset.Position(pos).Line, name))
-	}
-	for _, d := range f.Decls {
-		switch d := d.(type) {
-		case *ast.FuncDecl:
-			if !d.Name.IsExported() || d.Doc != nil {
-				continue
-			}
-			if d.Recv != nil && len(d.Recv.List) > 0 {
-				if !exportedRecv(d.Recv.List[0].Type) {
-					continue
-				}
-			}
-			add(d.Pos(), d.Name.Name)
-		case *ast.GenDecl:
-			for _, s := range d.Specs {
-				switch s := s.(type) {
-				case *ast.TypeSpec:
-					if !s.Name.IsExported() {
-						continue
-					}
-					if s.Doc == nil && d.Doc == nil {
-						add(s.Pos(), s.Name.Name)
-					}
-					fields(s, add)
-				case *ast.ValueSpec:
-					for _, n := range s.Names {
-						if n.IsExported() && s.Doc == nil && d.Doc == nil && s.Comment == nil {
-							add(n.Pos(), n.Name)
-						}
-					}
-				}
-			}
-		}
-	}
-	return res
-}
-
-func fields(s *ast.TypeSpec, add func(token.Pos, string)) {
-	var list *ast.FieldList
-	switch t := s.Type.(type) {
-	case *ast.StructType:
-		list = t.Fields
-	case *ast.InterfaceType:
-		list = t.Methods
-	}
-	if list == nil {
-		return
-	}
-	for _, fl := range list.List {
-		if fl.Doc != nil || fl.Comment != nil {
-			continue
-		}
-		for _, n := range fl.Names {
-			if n.IsExported() {
-				add(n.Pos(), s.Name.Name+"."+n.Name)
-			}
-		}
-	}
-}
-
-func exportedRecv(e ast.Expr) bool {
-	for {
-		switch t := e.(type) {
-		case *ast.StarExpr:
-			e = t.X
-		case *ast.IndexExpr:
-			e = t.X
-		case *ast.IndexListExpr:
-			e = t.X
-		case *ast.Ident:
-			return t.IsExported()
-		default:
-			return false
-		}
+	if err := w.Flush(); err != nil {
+		fmt.Fprintln(os.Stderr, "housekeeping:", err)
+		os.Exit(1)
 	}
 }

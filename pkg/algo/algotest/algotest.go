@@ -1,8 +1,11 @@
 // Package algotest is the conformance suite every ratelimitd store passes,
 // in the spirit of testing/fstest: tables of steps over fixed instants, each
 // step one request (a list of hits) with the exact decisions expected, field
-// by field. The memory store and the Redis store run the same tables, which
-// is how the Go algorithms (pkg/algo) and the Redis script are proven equal.
+// by field, and each decision also compared with Reference (the Store
+// contract's executable definition) on the same requests. The memory
+// store, the Redis store (standalone and Cluster) and the memcached store
+// (its fixed-window tables) run the same tables, which is how the Go
+// algorithms (pkg/algo) and the Redis scripts are proven equal.
 //
 // Usage, from a store's test:
 //
@@ -27,6 +30,10 @@ import (
 // Store is the shape of service.Store (declared here so that algotest does
 // not import the service).
 type Store interface {
+	// Take decides the hits of one request with the semantics of
+	// service.Store.Take: len(result) == len(hits), same order; a
+	// non-nil error fails the step. Reference is the executable
+	// definition of the expected decisions.
 	Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
 }
 
@@ -38,16 +45,25 @@ var Base = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // Step is one request at Base+At (or at Abs when set): Hits in order, and
 // the decisions the store must return, exactly.
 type Step struct {
-	At   time.Duration
-	Abs  time.Time
+	// At is the step's instant as an offset from Base; used when Abs is
+	// the zero time.
+	At time.Duration
+	// Abs, when not the zero time, is the step's instant, overriding At.
+	Abs time.Time
+	// Hits is the request, in order. Keys are short names that Run
+	// prefixes per run and table.
 	Hits []algo.Hit
+	// Want is the decisions the store must return, one per hit, compared
+	// field by field.
 	Want []algo.Decision
 }
 
 // Table is a named sequence of steps run against one store. Hit keys are
 // short names; Run makes them unique per run and table.
 type Table struct {
-	Name  string
+	// Name is the subtest name (t.Run) and part of the key prefix.
+	Name string
+	// Steps run in order against one fresh store.
 	Steps []Step
 }
 
@@ -55,7 +71,8 @@ var runID atomic.Int64
 
 // Run runs every table of Tables against a fresh store per table. newStore
 // must return a store that reads the current instant from now (the suite
-// moves it between steps; now is safe for concurrent use).
+// moves it between steps; now is safe for concurrent use). Every decision
+// must equal the table's and Reference's for the same requests.
 func Run(t *testing.T, newStore func(t *testing.T, now func() time.Time) Store) {
 	t.Helper()
 	RunTables(t, Tables(), newStore)
@@ -72,6 +89,7 @@ func RunTables(t *testing.T, tables []Table, newStore func(t *testing.T, now fun
 			clock.Store(Base.UnixMicro())
 			now := func() time.Time { return time.UnixMicro(clock.Load()) }
 			s := newStore(t, now)
+			ref := map[string]algo.State{} // Reference's states, beside the store's
 			prefix := "algotest/" + nonce + "/" + tb.Name + "/"
 			for i, st := range tb.Steps {
 				at := Base.Add(st.At)
@@ -91,7 +109,12 @@ func RunTables(t *testing.T, tables []Table, newStore func(t *testing.T, now fun
 				if len(got) != len(st.Want) {
 					t.Fatalf("step %d at %v: %d decisions, want %d", i, at, len(got), len(st.Want))
 				}
+				want := Reference(ref, hits, at)
 				for j := range got {
+					if got[j] != want[j] {
+						t.Errorf("step %d at %v (%s) hit %d %s: differs from Reference:\n got %s\n ref %s",
+							i, at, at.Sub(Base), j, st.Hits[j].Key, fmtDecision(got[j]), fmtDecision(want[j]))
+					}
 					if got[j] != st.Want[j] {
 						t.Errorf("step %d at %v (%s) hit %d %s cost %d release %v:\n got %s\nwant %s",
 							i, at, at.Sub(Base), j, st.Hits[j].Key, st.Hits[j].Cost, st.Hits[j].Release,

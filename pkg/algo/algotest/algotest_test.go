@@ -9,25 +9,17 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 )
 
-// refStore is the simplest store that meets the Store contract: a map, one
-// request at a time. It checks the tables themselves.
-type refStore struct {
-	now    func() time.Time
-	states map[string]algo.State
-}
-
-func (s *refStore) Take(_ context.Context, hits []algo.Hit) ([]algo.Decision, error) {
-	return algotest.Reference(s.states, hits, s.now()), nil
-}
-
 func TestReferenceStore(t *testing.T) {
 	algotest.Run(t, func(t *testing.T, now func() time.Time) algotest.Store {
-		return &refStore{now: now, states: map[string]algo.State{}}
+		return algotest.NewReferenceStore(now)
 	})
 }
 
 // brokenStore ignores all-or-nothing; the suite must notice.
-type brokenStore struct{ refStore }
+type brokenStore struct {
+	now    func() time.Time
+	states map[string]algo.State
+}
 
 func (s *brokenStore) Take(_ context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	out := make([]algo.Decision, len(hits))
@@ -43,7 +35,7 @@ func TestSuiteCatchesBrokenStore(t *testing.T) {
 		if tb.Name != "multi_hit" {
 			continue
 		}
-		s := &brokenStore{refStore{states: map[string]algo.State{}}}
+		s := &brokenStore{states: map[string]algo.State{}}
 		for _, st := range tb.Steps {
 			at := algotest.Base.Add(st.At)
 			s.now = func() time.Time { return at }

@@ -1,13 +1,16 @@
 package algotest
 
 import (
+	"context"
+	"sync"
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // Reference decides one request (hits, in order) at now the way the Store
-// contract says, with pkg/algo alone, and updates states (key → state; a
+// contract (pkg/service Store, where it is written out) says, with
+// pkg/algo alone, and updates states (key → state; a
 // missing key is the zero State) in place: each hit is applied to the
 // tentative state its key has so far in the request (algo.Apply). When no
 // hit that is not Soft is denied, every tentative state is kept.
@@ -59,4 +62,29 @@ func Reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []a
 		states[k] = s
 	}
 	return out
+}
+
+// ReferenceStore is Reference as a Store: the states of every key in a
+// map, one request at a time, at the instant Now returns. It never fails
+// and implements nothing but Take (no reset, no health). Tests of code
+// above the Store (pkg/service) decide with it, so that no test invents
+// its own semantics; a test that needs a failing or stalling store wraps
+// it. Safe for concurrent use.
+type ReferenceStore struct {
+	now    func() time.Time
+	mu     sync.Mutex
+	states map[string]algo.State
+}
+
+// NewReferenceStore returns an empty ReferenceStore that reads the current
+// instant from now.
+func NewReferenceStore(now func() time.Time) *ReferenceStore {
+	return &ReferenceStore{now: now, states: map[string]algo.State{}}
+}
+
+// Take decides hits with Reference at s's now; the error is always nil.
+func (s *ReferenceStore) Take(_ context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Reference(s.states, hits, s.now()), nil
 }

@@ -65,6 +65,7 @@ func (e *Error) Cause() string { return e.cause }
 // (timeout, refused).
 func (e *Error) Outage() bool { return e.outage }
 
+// Error returns "memcache: <cause>: <underlying error>".
 func (e *Error) Error() string { return "memcache: " + e.cause + ": " + e.err.Error() }
 
 // Unwrap returns the classified error.

@@ -359,6 +359,9 @@ var logger atomic.Pointer[Logger]
 
 // Logger is go-redis' internal logging interface.
 type Logger interface {
+	// Printf logs one line formatted as fmt.Sprintf(format, v...); ctx is
+	// that of the operation logged (a dial, a failover watch), possibly
+	// context.Background().
 	Printf(ctx context.Context, format string, v ...any)
 }
 

@@ -91,6 +91,7 @@ func (e *Error) Cause() string { return e.cause }
 // "other" errors.
 func (e *Error) Outage() bool { return e.outage }
 
+// Error returns "redis: <cause>: <underlying error>".
 func (e *Error) Error() string { return "redis: " + e.cause + ": " + e.err.Error() }
 
 // Unwrap returns the classified error.

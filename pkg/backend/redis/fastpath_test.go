@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -202,4 +203,88 @@ func TestFastPathSelected(t *testing.T) {
 			t.Errorf("%s: SCRIPT EXISTS take.lua %v, take1.lua %v; want take1.lua only = %v", tc.name, ex[0], ex[1], tc.simple)
 		}
 	}
+}
+
+var pathCase atomic.Int64
+
+// TestSegmentPathsAgree: take.lua's two decision paths, the direct one
+// (take/80_fast_segment.lua: a take of string kinds on distinct keys) and
+// the general one (take/70_segment.lua), give identical decisions, values
+// and expiries for every request the direct path decides: random
+// schedules (pinned clocks that also go back) of 1–3 hits on distinct
+// keys of mixed kinds (fixed_window, sliding_window, token_bucket, with
+// calendar windows, rate 0, checks, costs above capacity, and the soft,
+// release and always_charge flags). The same request runs on its own
+// copy of the keys through the general path, which it takes because one
+// more hit is added: a soft check of an empty sliding log (never denied,
+// writes nothing, so the other hits' decisions do not change). With
+// TestFastPathAgrees (take1.lua vs take.lua) and TestAgreement (take.lua
+// vs algotest.Reference) every Lua path is tied to the others.
+func TestSegmentPathsAgree(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	kinds := []algo.Kind{algo.FixedWindow, algo.SlidingWindow, algo.TokenBucket}
+	logCheck := algo.Hit{Limit: algo.Limit{Kind: algo.SlidingLog, Rate: 1, Period: time.Second}, Soft: true}
+	rapid.Check(t, func(rt *rapid.T) {
+		n := pathCase.Add(1)
+		names := []string{fmt.Sprintf("sp:%d:a", n), fmt.Sprintf("sp:%d:b", n), fmt.Sprintf("sp:%d:c", n)}
+		limits := map[string]algo.Limit{}
+		for _, k := range names {
+			limits[k] = genLimit(rt, kinds[rapid.IntRange(0, len(kinds)-1).Draw(rt, "kind")])
+		}
+		logCheck.Key = fmt.Sprintf("sp:%d:log", n)
+		now := epoch0.UnixMicro() + rapid.Int64Range(0, 1e12).Draw(rt, "start_us")
+		var apart int64 // ms, as in TestFastPathAgrees
+		for step := range rapid.IntRange(1, 30).Draw(rt, "steps") {
+			switch rapid.IntRange(0, 9).Draw(rt, "advance_kind") {
+			case 0:
+			case 1:
+				now -= rapid.Int64Range(1, 2_000_000).Draw(rt, "back_us")
+			case 2:
+				now += rapid.Int64Range(0, 3*limits[names[0]].Period.Microseconds()).Draw(rt, "idle_us")
+			default:
+				now += rapid.Int64Range(0, limits[names[0]].Period.Microseconds()/4).Draw(rt, "adv_us")
+			}
+			keys := rapid.Permutation(names).Draw(rt, "keys")[:rapid.IntRange(1, 3).Draw(rt, "hits")]
+			hits := make([]algo.Hit, len(keys))
+			for i, k := range keys {
+				l := limits[k]
+				h := algo.Hit{Key: k, Limit: l, Cost: rapid.Int64Range(0, l.Rate+l.Burst+2).Draw(rt, "cost")}
+				if rapid.IntRange(0, 19).Draw(rt, "max_cost?") == 0 {
+					h.Cost = algo.MaxCost
+				}
+				h.Soft = rapid.IntRange(0, 4).Draw(rt, "soft?") == 0
+				h.Charge = rapid.IntRange(0, 3).Draw(rt, "charge?") == 0
+				h.Release = rapid.IntRange(0, 4).Draw(rt, "release?") == 0
+				hits[i] = h
+			}
+			nonce := fmt.Sprintf("n%d", step)
+			t0 := c.Time(ctx).Val()
+			direct := evalSegs(rt, c, takeLuaNew, "d:", []luaSeg{{mode: "t", nowUS: now, nonce: nonce, hits: hits}})[0]
+			general := evalSegs(rt, c, takeLuaNew, "g:", []luaSeg{{mode: "t", nowUS: now, nonce: nonce, hits: append(slices.Clone(hits), logCheck)}})[0]
+			apart = max(apart, c.Time(ctx).Val().Sub(t0).Milliseconds())
+			if !strings.HasPrefix(general, direct+" ") || strings.Count(general, " ") != strings.Count(direct, " ")+5 {
+				rt.Fatalf("step %d at %d, hits %+v:\n  direct %q\n general %q (+ the log check)", step, now, hits, direct, general)
+			}
+			if d := luaDecisions(rt, general, len(hits)+1)[len(hits)]; !d.Allowed {
+				rt.Fatalf("step %d: the added log check was denied: %+v", step, d)
+			}
+			slack := apart + 10
+			for _, k := range names {
+				dv, gv := rawKey(rt, c, "d:"+k), rawKey(rt, c, "g:"+k)
+				if dv != gv {
+					rt.Fatalf("step %d: key %s: direct path left %s, general path %s", step, k, dv, gv)
+				}
+				ed, eg := c.PExpireTime(ctx, "d:"+k).Val().Milliseconds(), c.PExpireTime(ctx, "g:"+k).Val().Milliseconds()
+				if d := ed - eg; d < -slack || d > slack {
+					rt.Fatalf("step %d: key %s expires at %v (direct) vs %v (general): %d ms apart", step, k, ed, eg, d)
+				}
+			}
+			if v := rawKey(rt, c, "g:"+logCheck.Key); v != "none" {
+				rt.Fatalf("step %d: the log check wrote %s", step, v)
+			}
+		}
+	})
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -24,8 +25,8 @@ import (
 //go:embed testdata/take_v1.lua
 var takeLuaV1 string
 
-//go:embed take.lua
-var takeLuaNew string
+// takeLuaNew is the current take.lua (take/*.lua joined).
+var takeLuaNew = redis.TakeLua
 
 // tb is what the helpers need of a *testing.T or a *rapid.T.
 type tb interface {
@@ -59,6 +60,9 @@ func evalSegs(t tb, c *goredis.Client, script, prefix string, segs []luaSeg) []s
 			}
 			if h.Soft {
 				flags |= 2
+			}
+			if h.Charge {
+				flags |= 4
 			}
 			l := h.Limit
 			args = append(args, int(l.Kind), l.Rate, l.Period.Microseconds(), l.Burst,

@@ -17,6 +17,7 @@ import (
 type Mode string
 
 const (
+	// Standalone dials the one server of Options.URL (the default).
 	Standalone Mode = "standalone"
 	Cluster    Mode = "cluster"  // Addrs are seed nodes
 	Sentinel   Mode = "sentinel" // Addrs are sentinels, MasterName the monitored master
@@ -24,7 +25,7 @@ const (
 
 // Defaults of DefaultOptions.
 const (
-	// DefaultURL is the contract's --redis-url default.
+	// DefaultURL is the --redis-url default (README's flag table).
 	DefaultURL = "redis://127.0.0.1:6379/0"
 	// DefaultTimeout is how long Redis may leave an invocation unanswered
 	// (with no other reply meanwhile) before the Store takes it as
@@ -60,7 +61,9 @@ type Options struct {
 	// /db, e.g. "rediss://alice:pw@redis:6380/2". Standalone mode dials its
 	// host; cluster and sentinel modes take only credentials, TLS and DB from
 	// it (its host is ignored; an empty URL means no auth, no TLS, DB 0).
-	URL  string
+	URL string
+	// Mode is the topology (REDIS_TYPE); the zero value "" is invalid
+	// (DefaultOptions sets Standalone). See ParseMode.
 	Mode Mode
 	// Addrs are "host:port" seed nodes (Cluster) or sentinels (Sentinel);
 	// empty in Standalone mode.
@@ -71,6 +74,8 @@ type Options struct {
 	// Username and Password, when non-empty, override the URL's credentials
 	// (envoyproxy/ratelimit's REDIS_AUTH "password" or "user:password").
 	Username string
+	// Password is the AUTH password (with Username for an ACL user);
+	// empty keeps the URL's. PasswordFile wins over it.
 	Password string
 	// PasswordFile, when non-empty, names a file holding the password (a
 	// mounted Kubernetes Secret key; one trailing newline is ignored). It
@@ -82,6 +87,8 @@ type Options struct {
 	// SentinelUsername and SentinelPassword authenticate to the sentinels
 	// themselves (REDIS_SENTINEL_AUTH); empty means none.
 	SentinelUsername string
+	// SentinelPassword is the sentinels' AUTH password; empty means the
+	// sentinels require none.
 	SentinelPassword string
 
 	// TLS forces TLS even with a redis:// URL (REDIS_TLS); rediss:// implies
@@ -89,10 +96,19 @@ type Options struct {
 	// TLSCertFile and TLSKeyFile are a PEM client certificate and key for
 	// mutual TLS (both or neither). TLSSkipVerify disables server
 	// certificate verification (REDIS_TLS_SKIP_HOSTNAME_VERIFICATION).
-	TLS           bool
-	TLSCAFile     string
-	TLSCertFile   string
-	TLSKeyFile    string
+	TLS bool
+	// TLSCAFile is a PEM bundle of the CAs trusted for the server's
+	// certificate (REDIS_TLS_CACERT); empty means the system roots. Needs
+	// TLS on.
+	TLSCAFile string
+	// TLSCertFile is the PEM client certificate for mutual TLS
+	// (REDIS_TLS_CLIENT_CERT); set with TLSKeyFile or not at all.
+	TLSCertFile string
+	// TLSKeyFile is TLSCertFile's PEM private key (REDIS_TLS_CLIENT_KEY).
+	TLSKeyFile string
+	// TLSSkipVerify accepts any server certificate (tls.Config
+	// InsecureSkipVerify; REDIS_TLS_SKIP_HOSTNAME_VERIFICATION). Needs TLS
+	// on; false (verify) is the zero value.
 	TLSSkipVerify bool
 
 	// Timeout is how long Redis may leave a sent invocation unanswered,

@@ -2,9 +2,10 @@ package redis
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"strconv"
 	"strings"
 
@@ -13,13 +14,56 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// takeLua is the one script that decides a batch of requests (segments).
-// It is embedded from take.lua and called with EVALSHA; a call answered
-// NOSCRIPT (first call on a server, SCRIPT FLUSH, restart, failover) is
-// sent again as EVAL, which caches it again (batcher.exec).
+// takeParts holds take.lua, the script that decides a batch of requests
+// (segments), one file per role, in the order they run:
 //
-//go:embed take.lua
-var takeLua string
+//	10_args.lua            the protocol (KEYS, ARGV, reply, errors, values)
+//	                       and the parsing and validation of every segment
+//	20_reads.lua           the server's TIME and the MGET read-ahead cache
+//	30_math.lua            exact integer division, calendar windows (calendar.go)
+//	40_state.lua           string-kind values: parse, SET with PX, DEL
+//	50_fixed_window.lua    fixed_window (take.go fixedWindow)
+//	51_sliding_window.lua  sliding_window (take.go slidingWindow)
+//	52_token_bucket.lua    token_bucket (take.go tokenBucket)
+//	55_string_kinds.lua    rate 0, releases and the table interface of the string kinds
+//	60_log.lua             sliding_log and concurrency (sorted sets)
+//	70_segment.lua         the general decision path (repeated keys, sorted
+//	                       sets, refunds) and the reply line
+//	80_fast_segment.lua    the direct path: a take of string kinds on distinct keys
+//	90_main.lua            one pcall per segment, the reply
+//
+// Each part is a sequence of whole top-level Lua statements; they share
+// one chunk's locals, so the order is part of the script.
+//
+//go:embed take/*.lua
+var takeParts embed.FS
+
+// takeLua is take.lua: the parts of takeParts in name order, joined by a
+// blank line, at package init (Redis runs one script body per EVALSHA).
+// The body, and so its SHA1, depends only on the embedded files. It is
+// called with EVALSHA; a call answered NOSCRIPT (first call on a server,
+// SCRIPT FLUSH, restart, failover) is sent again as EVAL, which caches it
+// again (batcher.exec).
+var takeLua = joinParts(takeParts, "take")
+
+// joinParts is the *.lua files of dir in fsys in name order, joined by
+// "\n". It panics if dir holds none: the embedded files are part of the
+// build.
+func joinParts(fsys fs.FS, dir string) string {
+	names, err := fs.Glob(fsys, dir+"/*.lua")
+	if err != nil || len(names) == 0 {
+		panic(fmt.Sprintf("redis: no embedded %s/*.lua: %v", dir, err))
+	}
+	parts := make([]string, len(names))
+	for i, n := range names { // fs.Glob sorts
+		b, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			panic(fmt.Sprintf("redis: embedded %s: %v", n, err))
+		}
+		parts[i] = string(b)
+	}
+	return strings.Join(parts, "\n")
+}
 
 // takeScript is the shared script handle; its SHA1 (EVALSHA's argument) is
 // computed once.
@@ -52,11 +96,12 @@ const (
 )
 
 // fieldsPerHit is the number of ARGV entries per hit after a segment's
-// header; it must match NF in take.lua.
+// header: NF in take/10_args.lua (testdata/script_args.golden shows the
+// layout).
 const fieldsPerHit = 8
 
 // segmentHeader is the number of ARGV entries before a segment's hits
-// (mode, now_us, nonce, number of hits); it must match NS in take.lua.
+// (mode, now_us, nonce, number of hits): NS in take/10_args.lua.
 const segmentHeader = 4
 
 // replyPerHit is the number of integers per hit in a segment's reply line
@@ -78,7 +123,7 @@ var (
 )
 
 // fieldsSimple is the number of take1.lua ARGV entries per segment (now,
-// kind, rate, period_us, burst, cost).
+// kind, rate, period_us, burst, cost; take1.lua checks #ARGV against it).
 const fieldsSimple = 6
 
 // segment is one request's hits (Cluster: one hash slot's hits of a
@@ -279,6 +324,8 @@ func argsSimple(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 // errors, not an outage); the segment wrote nothing.
 type SegmentError string
 
+// Error returns the reply text as the script sent it, without the "!"
+// marker.
 func (e SegmentError) Error() string { return string(e) }
 
 // RedisError marks SegmentError as an error reply of a live server.

@@ -7,7 +7,6 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
@@ -42,12 +41,18 @@ func TestSlotMatchesServer(t *testing.T) {
 	}
 }
 
-// TestScriptArgsShape: ARGV has 3 header fields and fieldsPerHit per hit,
-// matching NF in take.lua.
-func TestScriptArgsShape(t *testing.T) {
-	if want := fmt.Sprintf("local NF = %d", fieldsPerHit); !strings.Contains(takeLua, want) {
-		t.Fatalf("take.lua does not declare %q", want)
+// newInternalStore is a Store on srv with default options (the server's
+// clock) and a 2 s timeout, closed at the end of the test.
+func newInternalStore(t *testing.T, srv *redistest.Server) *Store {
+	t.Helper()
+	o := DefaultOptions()
+	o.URL, o.Timeout = srv.URL(), 2*time.Second
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }
 
 // TestTTLInvariant: with the server's clock, every key written has an
@@ -58,13 +63,7 @@ func TestTTLInvariant(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
 	c := srv.Client()
-	o := DefaultOptions()
-	o.URL, o.Timeout = srv.URL(), 2*time.Second
-	s, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := newInternalStore(t, srv)
 	p := 3 * time.Second
 	limits := []algo.Limit{
 		{Kind: algo.FixedWindow, Rate: 3, Period: p},
@@ -134,13 +133,6 @@ func TestTTLInvariant(t *testing.T) {
 	}
 	if err := iter.Err(); err != nil || n == 0 {
 		t.Fatalf("scan: %d keys, %v", n, err)
-	}
-}
-
-// TestSimpleArgsShape: take1.lua expects fieldsSimple ARGV per segment.
-func TestSimpleArgsShape(t *testing.T) {
-	if want := fmt.Sprintf("#ARGV ~= %d * n", fieldsSimple); !strings.Contains(take1Lua, want) {
-		t.Fatalf("take1.lua does not check %q", want)
 	}
 }
 

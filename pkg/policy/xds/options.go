@@ -53,10 +53,19 @@ type Options struct {
 	// response in between, at most BackoffMax; with BackoffJitter each
 	// wait is spread uniformly over ±BackoffRandomFactor of itself
 	// (XDS_CLIENT_BACKOFF_*).
-	BackoffInitial      time.Duration
-	BackoffMax          time.Duration
+	BackoffInitial time.Duration
+	// BackoffMax caps the doubled wait (XDS_CLIENT_BACKOFF_MAX_INTERVAL);
+	// zero or negative means DefaultBackoffMax, and a value below
+	// BackoffInitial is raised to it.
+	BackoffMax time.Duration
+	// BackoffRandomFactor is the share of each wait spread at random with
+	// BackoffJitter, clamped to [0, 1] (XDS_CLIENT_BACKOFF_RANDOM_FACTOR).
+	// Its zero value means no spread, not DefaultBackoffRandomFactor.
 	BackoffRandomFactor float64
-	BackoffJitter       bool
+	// BackoffJitter turns the spread on (XDS_CLIENT_BACKOFF_JITTER). Its
+	// zero value false means exact waits; envoyproxy/ratelimit and
+	// ratelimitd's own flag default to true.
+	BackoffJitter bool
 	// MaxRecvMsgSize is the largest DiscoveryResponse accepted, in bytes;
 	// 0 keeps gRPC's default of 4 MiB (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES).
 	MaxRecvMsgSize int

@@ -22,11 +22,15 @@ import (
 // certificate for 127.0.0.1 / ::1 / localhost and a client certificate, both
 // signed by the CA (ECDSA P-256, valid from one hour ago for one day).
 type TLSFiles struct {
-	CAFile         string
-	CertFile       string // server certificate
-	KeyFile        string // server key
+	// CAFile is the self-signed CA's certificate (PEM), which signs the
+	// other two.
+	CAFile   string
+	CertFile string // server certificate
+	KeyFile  string // server key
+	// ClientCertFile is the client certificate (PEM) for mutual TLS.
 	ClientCertFile string
-	ClientKeyFile  string
+	// ClientKeyFile is ClientCertFile's private key (PEM).
+	ClientKeyFile string
 
 	caPool     *x509.CertPool
 	clientCert tls.Certificate

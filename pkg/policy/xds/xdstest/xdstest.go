@@ -44,15 +44,20 @@ const ServerName = "envoy-gateway"
 
 // Certs are PEM files in a test's temporary directory.
 type Certs struct {
-	CA         string // CA of the server and of the good client
+	CA string // CA of the server and of the good client
+	// ServerCert is the server's certificate, signed by CA, for
+	// ServerName and 127.0.0.1.
 	ServerCert string
+	// ServerKey is ServerCert's private key (EC, PEM "EC PRIVATE KEY").
 	ServerKey  string
 	ClientCert string // signed by CA
-	ClientKey  string
+	// ClientKey is ClientCert's private key (EC, PEM).
+	ClientKey string
 	// RogueCert and RogueKey are a client certificate signed by another
 	// CA, which the server refuses.
 	RogueCert string
-	RogueKey  string
+	// RogueKey is RogueCert's private key (EC, PEM).
+	RogueKey string
 }
 
 // NewCerts generates a CA, a server certificate for ServerName and
@@ -150,8 +155,12 @@ func writePEM(t testing.TB, file, typ string, der []byte) {
 
 // Server is a go-control-plane ADS server with a snapshot cache.
 type Server struct {
-	t     testing.TB
+	t testing.TB
+	// Certs are the files the server was started with (its own
+	// certificate and the CA it checks clients against).
 	Certs Certs
+	// Cache holds the snapshot served per node id (ADS, state of the
+	// world); tests may set snapshots on it directly.
 	Cache cachev3.SnapshotCache
 	// Addr is host:port, kept across Restart.
 	Addr string
