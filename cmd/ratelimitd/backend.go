@@ -15,15 +15,16 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
-// Health service names reported by grpc.health.v1. "" and the RLS service
-// name follow the contract; "ratelimit" is the name envoyproxy/ratelimit
-// reports, kept so existing probes keep working.
+// Health service names reported by grpc.health.v1 (README.md, "Health"
+// below the flag table): "" and the RLS service name; "ratelimit" is the
+// name envoyproxy/ratelimit reports, kept so existing probes keep working.
 const (
 	rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 	legacyHealth   = "ratelimit"
 	// backendHealth reports the store's reachability (service.Healther)
 	// on its own: an unreachable backend does not make the service
-	// NOT_SERVING, since every rule has a failure mode (contract, HTTP).
+	// NOT_SERVING, since every rule has a failure mode (README.md,
+	// "Health"; docs/responses.md for what Envoy then sees).
 	backendHealth = "ratelimitd.backend"
 )
 

@@ -229,8 +229,11 @@ type Options struct {
 // Field is the field's name ("NearLimitRatio"), Value its value and
 // Reason what a valid value is ("must be in [0, 1]").
 type FieldError struct {
-	Field  string
-	Value  any
+	// Field is the Options field's name.
+	Field string
+	// Value is the field's value.
+	Value any
+	// Reason is what a valid value is.
 	Reason string
 }
 

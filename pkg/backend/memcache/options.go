@@ -106,9 +106,14 @@ var (
 // ("timeout"), Value its value and Reason what a valid value is
 // ("must be > 0").
 type FieldError struct {
-	Field, Label string
-	Value        any
-	Reason       string
+	// Field is the Options field's name ("Timeout").
+	Field string
+	// Label names the field in Error's text ("timeout").
+	Label string
+	// Value is the field's value.
+	Value any
+	// Reason is what a valid value is ("must be > 0").
+	Reason string
 }
 
 // Error returns "memcache: Label Value: Reason".

@@ -221,7 +221,10 @@ func ParseMode(s string) (Mode, error) {
 // url's database in cluster mode) and Reason the sentence Error prints
 // after "redis: " ("timeout must be positive, got 0s").
 type FieldError struct {
-	Field  string
+	// Field is the Options field's name, "Breaker.X" for a BreakerOptions
+	// field.
+	Field string
+	// Reason is the sentence after "redis: ", naming the value.
 	Reason string
 }
 

@@ -104,8 +104,11 @@ func (o *Options) defaults() {
 // value is ("must be >= BackoffInitial (10s)"; other fields are named as
 // in Options).
 type FieldError struct {
-	Field  string
-	Value  any
+	// Field is the Options field's name.
+	Field string
+	// Value is the field's value.
+	Value any
+	// Reason is what a valid value is.
 	Reason string
 }
 
