@@ -288,10 +288,7 @@ var citationPending = map[string]bool{
 	"cmd/ratelimitd/options.go":      true,
 	"cmd/ratelimitd/options_test.go": true,
 	"cmd/ratelimitd/serve.go":        true,
-	"pkg/policy/watch_test.go":       true,
-	"pkg/service/decide.go":          true,
 	"pkg/service/options.go":         true,
-	"pkg/service/response.go":        true,
 }
 
 // archDoc matches any path ending in architecture.md; only the one in

@@ -224,7 +224,7 @@ func (p *proc) dial(t testing.TB) *grpc.ClientConn {
 func (p *proc) waitServing(t testing.TB, cc *grpc.ClientConn, service string) {
 	t.Helper()
 	hc := healthpb.NewHealthClient(cc)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
@@ -233,7 +233,7 @@ func (p *proc) waitServing(t testing.TB, cc *grpc.ClientConn, service string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("health %q not SERVING after 10s (last: %v, %v)\n%s", service, resp.GetStatus(), err, p.Logs())
+			t.Fatalf("health %q not SERVING after 20s (last: %v, %v)\n%s", service, resp.GetStatus(), err, p.Logs())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

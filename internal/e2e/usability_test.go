@@ -216,7 +216,14 @@ func TestRedisLogsAreStructured(t *testing.T) {
 	for range 20 {
 		call(t, cc, "e2e", desc("k", "x")) // fail open: the backend is down
 	}
-	time.Sleep(500 * time.Millisecond) // background pool dials
+	// go-redis' pool dials in the background: wait for its first logged
+	// error rather than for a fixed time.
+	eventually(t, 20*time.Second, func() string {
+		if countLogs(t, p, "redis client", map[string]any{"level": "WARN"}) == 0 {
+			return "go-redis' dial errors were not logged as \"redis client\" records\n" + p.Logs()
+		}
+		return ""
+	})
 	recs := logRecords(t, p)
 	warned := false
 	for _, r := range recs {

@@ -274,7 +274,7 @@ func toEntries(kv ...string) []policy.Entry {
 }
 
 // warmBound bounds warm's wait for a Take that Redis decides.
-const warmBound = 10 * time.Second
+const warmBound = 20 * time.Second
 
 // warm makes each instance's Store take a hit on a key no test uses (a
 // call on the Store, so no rule of the test's set and no service metric

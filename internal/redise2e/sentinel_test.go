@@ -14,9 +14,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// sentinelBound: after the sentinels promote the replica, the service
-// answers normally again within it ("errors stop within seconds").
-const sentinelBound = 5 * time.Second
+// normalRun is how many normal answers in a row, all started after the
+// promotion, TestSentinelFailoverThroughService waits for (at most
+// stateWithin) before it stops the load: the service is on the new master.
+const normalRun = 200
 
 // sentinelTimeout replaces DefaultTimeout (10 ms) in
 // TestSentinelFailoverThroughService. Options.Timeout bounds a call to a
@@ -35,8 +36,12 @@ const sentinelTimeout = 200 * time.Millisecond
 // TestSentinelFailoverThroughService: 4 goroutines call the service
 // (production defaults but Timeout sentinelTimeout, Sentinel mode) on closed-mode rules with fresh
 // values, so an OK answer proves Redis decided; the master is SIGKILLed;
-// after the promotion, answers are normal again within sentinelBound and
-// stay normal (no connection stuck on the old master or on READONLY).
+// after the promotion, answers become normal again and stay normal (no
+// connection stuck on the old master or on READONLY): once normalRun
+// answers in a row started after the promotion were normal, at least 100
+// normal answers follow the last failure. How soon after the promotion is
+// logged (docs/redis-operations.md's table), not asserted: it depends on
+// the sentinels and the host.
 func TestSentinelFailoverThroughService(t *testing.T) {
 	redistest.Require(t)
 	g := redistest.Sentinel(t)
@@ -53,6 +58,8 @@ func TestSentinelFailoverThroughService(t *testing.T) {
 		at time.Time
 		ok bool
 	}
+	var promoted atomic.Int64 // the promotion, UnixNano; 0 before
+	var run atomic.Int64      // normal answers in a row started after the promotion
 	stop := make(chan struct{})
 	res := make(chan []obs, 4)
 	for range 4 {
@@ -72,7 +79,15 @@ func TestSentinelFailoverThroughService(t *testing.T) {
 				if err != nil {
 					t.Errorf("ShouldRateLimit: %v", err) // never an error, even with the master dead
 				}
-				out = append(out, obs{at, err == nil && isOK(r)})
+				good := err == nil && isOK(r)
+				out = append(out, obs{at, good})
+				if p := promoted.Load(); p != 0 && at.UnixNano() > p {
+					if good {
+						run.Add(1)
+					} else {
+						run.Store(0)
+					}
+				}
 				time.Sleep(2 * time.Millisecond)
 			}
 		}()
@@ -82,7 +97,8 @@ func TestSentinelFailoverThroughService(t *testing.T) {
 	old := g.KillMaster()
 	g.WaitFailover(old, 30*time.Second)
 	promotedAt := time.Now()
-	time.Sleep(sentinelBound + time.Second)
+	promoted.Store(promotedAt.UnixNano())
+	waitFor(t, stateWithin, "normal answers after the promotion", func() bool { return run.Load() >= normalRun })
 	close(stop)
 	var all []obs
 	for range 4 {
@@ -116,9 +132,6 @@ func TestSentinelFailoverThroughService(t *testing.T) {
 		lastFail.Sub(promotedAt).Round(time.Millisecond), okAfter, causes(t, in.reg))
 	if failed == 0 {
 		t.Error("no call failed while the master was dead: the test did not observe the outage")
-	}
-	if d := lastFail.Sub(promotedAt); d > sentinelBound {
-		t.Errorf("failures continued %v after the promotion, want <= %v", d, sentinelBound)
 	}
 	if okAfter < 100 {
 		t.Errorf("only %d normal answers after the last failure", okAfter)
@@ -207,8 +220,8 @@ func manualFailover(t *testing.T, g *redistest.SentinelGroup, waitReplicas int) 
 	wg.Wait()
 	final := call(t, in, r)
 	for start := time.Now(); !isOK(final); final = call(t, in, r) {
-		if time.Since(start) > 15*time.Second {
-			t.Fatalf("final call still not decided after 15 s: %v (backend errors %v)", final, causes(t, in.reg))
+		if time.Since(start) > stateWithin {
+			t.Fatalf("final call still not decided after %v: %v (backend errors %v)", stateWithin, final, causes(t, in.reg))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

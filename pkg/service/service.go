@@ -279,10 +279,14 @@ func (l *logLimiter) allow(key string, now time.Time) (bool, int) {
 	return true, n
 }
 
+// logBackendError logs a Store error under msg, at most once a second per
+// cause, with the number of lines suppressed since the last one.
 func (s *Service) logBackendError(cause string, err error, msg string) {
 	if ok, n := s.errLog.allow(cause, s.opts.Now()); ok {
 		s.opts.Logger.Warn(msg, "cause", cause, "error", err, "suppressed", n)
 	}
 }
 
+// String describes the service for logs: "service.Service(headers=MODE)"
+// with the Options.Headers mode.
 func (s *Service) String() string { return fmt.Sprintf("service.Service(headers=%s)", s.opts.Headers) }

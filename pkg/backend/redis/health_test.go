@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,21 +13,31 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// healthInterval is the probe period of these tests (1 s in production).
-const healthInterval = 100 * time.Millisecond
+// healthInterval is the probe period of these tests (the production
+// default). The probe runs on a ManualClock: each Tick is one iteration
+// of its loop, so what it does per interval is counted, not timed.
+const healthInterval = redis.DefaultHealthInterval
 
-// newHealthStore returns a Store on addrs/url with the probe every
-// healthInterval and a timeout generous enough for a loaded -race host.
-func newHealthStore(t *testing.T, o redis.Options) *redis.Store {
+// stateWithin bounds, in real time, how long a test drives the probe
+// until a state it waits for: generous, so that a slow host passes and a
+// Store that never gets there fails.
+const stateWithin = 20 * time.Second
+
+// newHealthStore returns a Store on o with a timeout generous enough for
+// a loaded -race host and its health probe on a ManualClock with period
+// healthInterval.
+func newHealthStore(t *testing.T, o redis.Options) (*redis.Store, *redis.ManualClock) {
 	t.Helper()
 	o.Timeout = 50 * time.Millisecond
-	o.HealthInterval = healthInterval
+	o.HealthInterval = 0 // the probe is started below, on the manual clock
 	s, err := redis.New(o)
 	if err != nil {
 		t.Fatalf("redis.New: %v", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	return s
+	clk := redis.NewManualClock()
+	redis.StartProbe(s, healthInterval, clk)
+	return s, clk
 }
 
 // pingCalls is the server's cmdstat_ping calls (since the last CONFIG
@@ -58,31 +69,58 @@ func resetStats(t *testing.T, srv *redistest.Server) {
 	}
 }
 
-// waitState polls s until Healthy() == healthy and BreakerState() is one of
-// states, or fails after limit. It returns how long that took.
-func waitState(t *testing.T, s *redis.Store, healthy bool, limit time.Duration, states ...string) time.Duration {
+// inState reports whether s.Healthy() == healthy and s.BreakerState() is
+// one of states.
+func inState(s *redis.Store, healthy bool, states ...string) bool {
+	return s.Healthy() == healthy && slices.Contains(states, s.BreakerState())
+}
+
+// driveUntil runs probe iterations (clk.Tick) until s is in the state
+// (inState), failing after stateWithin of real time; between iterations
+// it pauses 5 ms so that the breaker's own clock (OpenFor, FailFor, real
+// time) moves on. Every iteration that leaves s unhealthy must arm the
+// next one at most RecoveryPoll later: the probe looks again soon, so that
+// a Redis that came back is counted again within a second. It returns the
+// number of iterations.
+func driveUntil(t *testing.T, s *redis.Store, clk *redis.ManualClock, healthy bool, states ...string) int {
 	t.Helper()
-	start := time.Now()
-	for {
-		st := s.BreakerState()
-		if s.Healthy() == healthy {
-			for _, want := range states {
-				if st == want {
-					return time.Since(start)
-				}
-			}
+	end := time.Now().Add(stateWithin)
+	for n := 0; ; n++ {
+		if inState(s, healthy, states...) {
+			return n
 		}
-		if time.Since(start) > limit {
-			t.Fatalf("after %v: Healthy() = %v, BreakerState() = %q; want %v, one of %q",
-				limit, s.Healthy(), st, healthy, states)
+		if time.Now().After(end) {
+			t.Fatalf("after %d probe iterations (%v): Healthy() = %v, BreakerState() = %q; want %v, one of %q",
+				n, stateWithin, s.Healthy(), s.BreakerState(), healthy, states)
 		}
-		time.Sleep(2 * time.Millisecond)
+		next := clk.Tick(t)
+		if !s.Healthy() && next > redis.RecoveryPoll {
+			t.Fatalf("unhealthy (circuit %s): next probe in %v, want <= %v", s.BreakerState(), next, redis.RecoveryPoll)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// idleTicks runs n probe iterations with Redis up and no traffic: each
+// arms the next one interval later, and the Store stays healthy.
+func idleTicks(t *testing.T, s *redis.Store, clk *redis.ManualClock, n int) {
+	t.Helper()
+	for i := range n {
+		if next := clk.Tick(t); next != healthInterval {
+			t.Fatalf("idle iteration %d: next probe in %v, want the interval %v (Healthy %v, circuit %s)",
+				i, next, healthInterval, s.Healthy(), s.BreakerState())
+		}
+		if !s.Healthy() || s.BreakerState() != "closed" {
+			t.Fatalf("idle iteration %d, Redis up: Healthy() = %v, BreakerState() = %q", i, s.Healthy(), s.BreakerState())
+		}
 	}
 }
 
 // TestHealthProbeWithoutTraffic: with no request at all, the health and the
 // breaker state follow Redis going away (killed or frozen) and coming
-// back, within a few probe intervals.
+// back: the first probe after the fault makes the Store unhealthy, further
+// probes open the circuit and keep it from closing while Redis is away,
+// and once Redis answers again the probes close it.
 func TestHealthProbeWithoutTraffic(t *testing.T) {
 	redistest.Require(t)
 	for _, tc := range []struct {
@@ -96,39 +134,45 @@ func TestHealthProbeWithoutTraffic(t *testing.T) {
 			srv := redistest.Standalone(t)
 			o := redis.DefaultOptions()
 			o.URL = srv.URL()
-			s := newHealthStore(t, o)
+			s, clk := newHealthStore(t, o)
 
-			// Idle and healthy: the probe PINGs and the circuit stays closed.
+			// The first iteration warms; idle and healthy afterwards, every
+			// iteration PINGs and the circuit stays closed.
+			idleTicks(t, s, clk, 1)
 			resetStats(t, srv)
-			time.Sleep(3*healthInterval + healthInterval/2)
-			if n := pingCalls(t, srv); n < 2 {
-				t.Fatalf("idle for 3.5 intervals: %d PINGs, want >= 2", n)
-			}
-			if !s.Healthy() || s.BreakerState() != "closed" {
-				t.Fatalf("idle, Redis up: Healthy() = %v, BreakerState() = %q", s.Healthy(), s.BreakerState())
+			idleTicks(t, s, clk, 3)
+			if n := pingCalls(t, srv); n < 3 {
+				t.Fatalf("3 idle probe iterations: %d PINGs, want >= 3", n)
 			}
 
 			tc.fail(srv)
-			// Unhealthy once a probe failed: within an interval plus one
-			// probe (at most 250 ms when frozen), plus slack.
-			unhealthy := waitState(t, s, false, 10*healthInterval, "closed", "open", "half_open")
+			t.Cleanup(func() {
+				if srv.Alive() {
+					srv.Cont()
+				}
+			})
+			// Unhealthy after the first probe that fails.
+			clk.Tick(t)
+			if s.Healthy() {
+				t.Fatalf("Redis %s: Healthy after a probe iteration (circuit %s), want unhealthy", tc.name, s.BreakerState())
+			}
 			// The circuit opens after Failures failed probes in a row
-			// (each up to 250 ms when frozen) spanning FailFor, plus slack.
-			detect := waitState(t, s, false, 10*healthInterval+3*time.Second, "open")
-			t.Logf("%s: unhealthy %v and circuit open %v after the fault, no traffic", tc.name, unhealthy, detect)
+			// (timeouts: spanning FailFor).
+			n := driveUntil(t, s, clk, false, "open")
+			t.Logf("%s: circuit open %d probe iterations after the first failed one, no traffic", tc.name, n)
 			// It stays unhealthy while Redis is away (open, then half-open
 			// probes that fail and reopen it).
-			for end := time.Now().Add(5 * healthInterval); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			for i := range 10 {
+				clk.Tick(t)
 				if s.Healthy() || s.BreakerState() == "closed" {
-					t.Fatalf("Redis %s: Healthy() = %v, BreakerState() = %q", tc.name, s.Healthy(), s.BreakerState())
+					t.Fatalf("Redis %s, iteration %d: Healthy() = %v, BreakerState() = %q", tc.name, i, s.Healthy(), s.BreakerState())
 				}
+				time.Sleep(30 * time.Millisecond) // the breaker's OpenFor passes
 			}
 
 			tc.restore(srv)
-			// Within OpenFor + an interval, plus go-redis' 1 s redial once
-			// PoolSize dials failed, plus slack.
-			rec := waitState(t, s, true, 2*time.Second+10*healthInterval, "closed")
-			t.Logf("%s: circuit closed %v after Redis answers again, no traffic", tc.name, rec)
+			n = driveUntil(t, s, clk, true, "closed")
+			t.Logf("%s: circuit closed %d probe iterations after Redis answers again, no traffic", tc.name, n)
 
 			// And serves requests again.
 			lim := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Minute}
@@ -141,39 +185,42 @@ func TestHealthProbeWithoutTraffic(t *testing.T) {
 	}
 }
 
-// TestHealthProbeQuietUnderTraffic: while calls succeed at least once per
-// interval the probe sends no PING; once they stop, it does.
+// TestHealthProbeQuietUnderTraffic: while a call succeeds within every
+// interval the probe sends no PING; once calls stop, every iteration does.
 func TestHealthProbeQuietUnderTraffic(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
-	s := newHealthStore(t, o)
+	s, clk := newHealthStore(t, o)
 	lim := algo.Limit{Kind: algo.TokenBucket, Rate: 1000, Period: time.Second}
 	take := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if _, err := s.Take(ctx, []algo.Hit{{Key: "health:traffic", Limit: lim, Cost: 1}}); err != nil {
 			t.Fatalf("Take: %v", err)
 		}
 	}
+	idleTicks(t, s, clk, 1) // warm
 	take()
 	resetStats(t, srv)
-	for end := time.Now().Add(8 * healthInterval); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+	for range 8 {
+		clk.Advance(healthInterval / 2)
 		take()
+		idleTicks(t, s, clk, 1)
 	}
 	if n := pingCalls(t, srv); n != 0 {
-		t.Fatalf("steady traffic for 8 intervals: %d PINGs, want 0", n)
+		t.Fatalf("a successful call within each of 8 intervals: %d PINGs, want 0", n)
 	}
 	// Idle: the probe takes over.
-	time.Sleep(3*healthInterval + healthInterval/2)
-	if n := pingCalls(t, srv); n < 2 {
-		t.Fatalf("idle for 3.5 intervals after traffic: %d PINGs, want >= 2", n)
+	idleTicks(t, s, clk, 3)
+	if n := pingCalls(t, srv); n < 3 {
+		t.Fatalf("3 idle probe iterations after traffic: %d PINGs, want >= 3", n)
 	}
 }
 
-// TestHealthProbeDisabled: HealthInterval 0 sends no PING, and a negative
-// interval is invalid.
+// TestHealthProbeDisabled: HealthInterval 0 starts no probe (no PING),
+// and a negative interval is invalid.
 func TestHealthProbeDisabled(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
@@ -184,20 +231,23 @@ func TestHealthProbeDisabled(t *testing.T) {
 		t.Fatalf("Validate(HealthInterval -1s) = %v, want a health interval error", err)
 	}
 	o.HealthInterval = 0
+	resetStats(t, srv)
 	s, err := redis.New(o)
 	if err != nil {
 		t.Fatalf("redis.New: %v", err)
 	}
 	defer func() { _ = s.Close() }()
-	resetStats(t, srv)
-	time.Sleep(300 * time.Millisecond)
+	if redis.ProbeRunning(s) {
+		t.Fatal("HealthInterval 0: a probe loop is running")
+	}
 	if n := pingCalls(t, srv); n != 0 {
 		t.Fatalf("HealthInterval 0: %d PINGs, want 0", n)
 	}
 }
 
-// TestHealthProbeCluster: an idle Cluster Store PINGs every master; one
-// master killed makes it unhealthy, and healthy again once it is back.
+// TestHealthProbeCluster: an idle Cluster Store PINGs every master on
+// every iteration; one master killed opens the circuit, and it closes
+// again once the master is back.
 func TestHealthProbeCluster(t *testing.T) {
 	redistest.Require(t)
 	g := redistest.Cluster(t, 3)
@@ -205,30 +255,25 @@ func TestHealthProbeCluster(t *testing.T) {
 	o.URL = ""
 	o.Mode = redis.Cluster
 	o.Addrs = g.Addrs()
-	s := newHealthStore(t, o)
+	s, clk := newHealthStore(t, o)
+	idleTicks(t, s, clk, 1) // warm
 	for _, n := range g.Nodes {
 		resetStats(t, n)
 	}
-	time.Sleep(3*healthInterval + healthInterval/2)
+	idleTicks(t, s, clk, 3)
 	for _, n := range g.Nodes {
-		if c := pingCalls(t, n); c < 2 {
-			t.Fatalf("idle for 3.5 intervals: master %s got %d PINGs, want >= 2", n.Addr(), c)
+		if c := pingCalls(t, n); c < 3 {
+			t.Fatalf("3 idle probe iterations: master %s got %d PINGs, want >= 3", n.Addr(), c)
 		}
-	}
-	if !s.Healthy() {
-		t.Fatalf("idle, cluster up: Healthy() = false, BreakerState() = %q", s.BreakerState())
 	}
 	victim := g.Nodes[1]
 	victim.Kill()
-	detect := waitState(t, s, false, 10*healthInterval, "open")
-	t.Logf("cluster: circuit open %v after a master was killed, no traffic", detect)
+	n := driveUntil(t, s, clk, false, "open")
+	t.Logf("cluster: circuit open %d probe iterations after a master was killed, no traffic", n)
 	victim.Restart()
-	back := time.Now()
 	g.WaitOK()
-	ok := time.Since(back)
-	waitState(t, s, true, 2*time.Second+10*healthInterval, "closed")
-	t.Logf("cluster: circuit closed %v after the master answers again (cluster_state:ok after %v), no traffic",
-		time.Since(back), ok)
+	n = driveUntil(t, s, clk, true, "closed")
+	t.Logf("cluster: circuit closed %d probe iterations after the master answers again (cluster_state:ok), no traffic", n)
 }
 
 // TestHealthRefusedConfiguration: a server that refuses the Store's
@@ -245,15 +290,21 @@ func TestHealthRefusedConfiguration(t *testing.T) {
 		srv := redistest.Standalone(t)
 		o := redis.DefaultOptions()
 		o.URL = strings.TrimSuffix(srv.URL(), "/0") + "/99" // redis-server has 16 databases
-		s := newHealthStore(t, o)
+		s, clk := newHealthStore(t, o)
 		_, err := s.Take(ctx, hit)
 		if redis.CauseOf(err) != redis.CauseAuth {
 			t.Fatalf("Take on db 99: %v (cause %q), want cause auth", err, redis.CauseOf(err))
 		}
-		waitState(t, s, false, 10*healthInterval, "closed")
+		if !inState(s, false, "closed") {
+			t.Fatalf("after a refused Take: Healthy() = %v, BreakerState() = %q; want unhealthy, closed", s.Healthy(), s.BreakerState())
+		}
 		// The probe alone keeps it so (no more traffic).
-		time.Sleep(3 * healthInterval)
-		waitState(t, s, false, 0, "closed")
+		for i := range 3 {
+			clk.Tick(t)
+			if !inState(s, false, "closed") {
+				t.Fatalf("probe iteration %d: Healthy() = %v, BreakerState() = %q; want unhealthy, closed", i, s.Healthy(), s.BreakerState())
+			}
+		}
 		// (redis-server cannot gain databases at runtime; recovery is
 		// checked with the password below.)
 	})
@@ -263,9 +314,12 @@ func TestHealthRefusedConfiguration(t *testing.T) {
 		o := redis.DefaultOptions()
 		o.URL = srv.URL()
 		o.Username, o.Password = "alice", "wrong"
-		s := newHealthStore(t, o)
+		s, clk := newHealthStore(t, o)
 		// Without traffic: the probe's PING is refused.
-		waitState(t, s, false, 20*healthInterval, "closed")
+		clk.Tick(t)
+		if !inState(s, false, "closed") {
+			t.Fatalf("after a refused probe: Healthy() = %v, BreakerState() = %q; want unhealthy, closed", s.Healthy(), s.BreakerState())
+		}
 		if _, err := s.Take(ctx, hit); redis.CauseOf(err) != redis.CauseAuth {
 			t.Fatalf("Take with a wrong password: %v (cause %q), want cause auth", err, redis.CauseOf(err))
 		}
@@ -273,7 +327,7 @@ func TestHealthRefusedConfiguration(t *testing.T) {
 		if _, err := srv.Do(ctx, "ACL", "SETUSER", "alice", "resetpass", ">wrong"); err != nil {
 			t.Fatalf("ACL SETUSER: %v", err)
 		}
-		waitState(t, s, true, 30*healthInterval, "closed")
+		driveUntil(t, s, clk, true, "closed")
 		if _, err := s.Take(ctx, hit); err != nil {
 			t.Fatalf("Take after the ACL fix: %v", err)
 		}

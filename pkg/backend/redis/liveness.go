@@ -22,8 +22,9 @@ import (
 // Neither depends on ratelimitd being scheduled. Per connection, a Cluster
 // node that freezes stalls on its own while the others answer.
 type liveness struct {
-	skip  map[string]bool // addresses not to track (sentinels)
-	epoch time.Time       // origin of the readConns' stamps
+	skip  map[string]bool  // addresses not to track (sentinels)
+	now   func() time.Time // time.Now; tests pass a clock they advance
+	epoch time.Time        // origin of the readConns' stamps
 	// unanswered keeps a stall's evidence past its socket: when a socket
 	// is closed with a request pending and nothing unread (go-redis drops
 	// a connection whose command timed out), the request's stamp (ns
@@ -36,7 +37,7 @@ type liveness struct {
 // newLiveness tracks every socket but those to the sentinels (when
 // sentinel: their pub/sub connections receive messages unasked).
 func newLiveness(sentinels []string, sentinel bool) *liveness {
-	l := &liveness{skip: map[string]bool{}, epoch: time.Now(), conns: map[*readConn]struct{}{}}
+	l := &liveness{skip: map[string]bool{}, now: time.Now, epoch: time.Now(), conns: map[*readConn]struct{}{}}
 	if sentinel {
 		for _, a := range sentinels {
 			l.skip[a] = true
@@ -45,7 +46,7 @@ func newLiveness(sentinels []string, sentinel bool) *liveness {
 	return l
 }
 
-func (l *liveness) clock() int64 { return int64(time.Since(l.epoch)) }
+func (l *liveness) clock() int64 { return int64(l.now().Sub(l.epoch)) }
 
 // wrap tracks c, dialed to addr, and returns the connection to use in its
 // place: c itself for a sentinel, else a readConn over it.

@@ -3,6 +3,7 @@ package redis
 import (
 	"net"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -36,6 +37,12 @@ func tcpPair(t *testing.T) (client *net.TCPConn, server net.Conn) {
 func TestLivenessStallIsPerSocketAndKernelBased(t *testing.T) {
 	const timeout = 20 * time.Millisecond
 	l := newLiveness(nil, false)
+	// The stamps are read on a clock the test moves: "a timeout later" is
+	// exact, whatever the speed of the host.
+	var mu sync.Mutex
+	now := l.epoch.Add(time.Second) // a stamp of 0 means "none pending"
+	l.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	wait := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
 	b := newBatcher(nil, 1, timeout, time.Second, 0)
 	b.live = l
 	stalled := func() bool {
@@ -54,20 +61,24 @@ func TestLivenessStallIsPerSocketAndKernelBased(t *testing.T) {
 	if _, ok := l.stalled(timeout); ok {
 		t.Fatal("stalled at once after the write")
 	}
-	time.Sleep(2 * timeout)
+	wait(timeout - 1)
+	if _, ok := l.stalled(timeout); ok {
+		t.Fatal("stalled 1 ns before a timeout after the write")
+	}
+	wait(1)
 	since, ok := l.stalled(timeout)
 	if !ok || !stalled() {
 		t.Fatal("not stalled a timeout after a write with no reply")
 	}
-	if time.Since(since) < timeout {
-		t.Errorf("stall since %v ago, want at least the timeout", time.Since(since))
+	if ago := l.now().Sub(since); ago != timeout {
+		t.Errorf("stall since %v ago, want the timeout %v (the write's stamp)", ago, timeout)
 	}
 
 	if _, err := srv.Write([]byte("+PONG\r\n")); err != nil {
 		t.Fatal(err)
 	}
 	if runtime.GOOS == "linux" {
-		deadline := time.Now().Add(2 * time.Second)
+		deadline := time.Now().Add(20 * time.Second) // the kernel's delivery, generous
 		for stalled() {
 			if time.Now().After(deadline) {
 				t.Fatal("still stalled although the reply waits unread in the socket")
@@ -82,7 +93,7 @@ func TestLivenessStallIsPerSocketAndKernelBased(t *testing.T) {
 	if stalled() {
 		t.Error("stalled after the reply was read")
 	}
-	time.Sleep(2 * timeout)
+	wait(2 * timeout)
 	if stalled() {
 		t.Error("stalled while idle (no request pending)")
 	}
@@ -92,7 +103,7 @@ func TestLivenessStallIsPerSocketAndKernelBased(t *testing.T) {
 	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * timeout)
+	wait(2 * timeout)
 	if err := conn.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -11,15 +11,9 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// recoveryWithin is how soon after Redis is back (restarted, thawed,
-// memory freed) the Store must be Healthy again without any traffic: the
-// probe looks every 100 ms while unhealthy, the circuit half-opens after
-// 250 ms.
-const recoveryWithin = time.Second
-
 // defaultStore is a Store with DefaultOptions on srv, closed at the end of
 // the test.
-func defaultStore(t *testing.T, srv *redistest.Server) *redis.Store {
+func defaultStore(t testing.TB, srv *redistest.Server) *redis.Store {
 	t.Helper()
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
@@ -33,21 +27,21 @@ func defaultStore(t *testing.T, srv *redistest.Server) *redis.Store {
 
 // waitHealthy polls s.Healthy for up to within and returns how long it
 // took, failing the test when it did not happen.
-func waitHealthy(t *testing.T, s *redis.Store, want bool, within time.Duration, what string) time.Duration {
+func waitHealthy(t testing.TB, s *redis.Store, want bool, within time.Duration, what string) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for s.Healthy() != want {
 		if time.Since(start) > within {
 			t.Fatalf("%s: Healthy still %v after %v (circuit %s)", what, !want, within, s.BreakerState())
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 	}
 	return time.Since(start)
 }
 
 // countedTwice checks that decisions are counted: on a fresh key with a
 // limit of 1, the first Take is allowed and the second denied.
-func countedTwice(t *testing.T, s *redis.Store, key string) {
+func countedTwice(t testing.TB, s *redis.Store, key string) {
 	t.Helper()
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}
 	for i, want := range []bool{true, false} {
@@ -63,10 +57,17 @@ func countedTwice(t *testing.T, s *redis.Store, key string) {
 	}
 }
 
-// failWithTraffic makes a few Takes that must fail (Redis down or frozen)
-// so that the circuit sees the failure, then waits until the Store says
-// unhealthy.
-func failWithTraffic(t *testing.T, s *redis.Store, what string) {
+// failWithTraffic makes a few Takes that must fail (failTakes), then
+// waits until the Store says unhealthy.
+func failWithTraffic(t testing.TB, s *redis.Store, what string) {
+	t.Helper()
+	failTakes(t, s, what)
+	waitHealthy(t, s, false, stateWithin, what)
+}
+
+// failTakes makes a few Takes that must fail (Redis down or frozen) so
+// that the circuit sees the failure.
+func failTakes(t testing.TB, s *redis.Store, what string) {
 	t.Helper()
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}
 	for i := range 20 {
@@ -77,51 +78,93 @@ func failWithTraffic(t *testing.T, s *redis.Store, what string) {
 			t.Fatalf("%s: a Take succeeded", what)
 		}
 	}
-	waitHealthy(t, s, false, 2*time.Second, what)
+}
+
+// faultFor is the Store's outage in the recovery tests: Redis killed (and
+// restarted on the same port) or frozen (and thawed).
+func faultFor(t testing.TB, srv *redistest.Server, fault string) (restore func()) {
+	switch fault {
+	case "restart":
+		srv.Kill()
+		return srv.Restart
+	default:
+		srv.Stop()
+		t.Cleanup(func() {
+			if srv.Alive() {
+				srv.Cont()
+			}
+		})
+		return srv.Cont
+	}
 }
 
 // TestRecoveryWithoutTraffic: after Redis is killed and restarted on the
 // same port, or frozen and thawed, with traffic seeing the failure and
-// then 3 s of silence, the Store is Healthy again within recoveryWithin
-// of Redis' return with no request at all, and the next decisions (with
-// Envoy's 20 ms deadline) are counted.
+// then silence (30 probe iterations, no request), the probe alone makes
+// the Store Healthy again, looking at most RecoveryPoll apart while it is
+// not (driveUntil), and the next decisions (with Envoy's 20 ms deadline)
+// are counted. How long that takes in real time is
+// BenchmarkRecoveryWithoutTraffic's.
 func TestRecoveryWithoutTraffic(t *testing.T) {
 	redistest.Require(t)
 	for _, fault := range []string{"restart", "freeze"} {
 		t.Run(fault, func(t *testing.T) {
 			srv := redistest.Standalone(t)
-			s := defaultStore(t, srv)
+			o := redis.DefaultOptions()
+			o.URL = srv.URL()
+			s, clk := newHealthStore(t, o)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := s.Warm(ctx); err != nil {
 				t.Fatal(err)
 			}
 			countedTwice(t, s, "before")
-			switch fault {
-			case "restart":
-				srv.Kill()
-			case "freeze":
-				srv.Stop()
-				t.Cleanup(func() {
-					if srv.Alive() {
-						srv.Cont()
-					}
-				})
+			restore := faultFor(t, srv, fault)
+			failTakes(t, s, fault)
+			driveUntil(t, s, clk, false, "closed", "open", "half_open")
+			for i := range 30 { // silence: no traffic at all
+				if next := clk.Tick(t); next > redis.RecoveryPoll {
+					t.Fatalf("%s: silent iteration %d, unhealthy: next probe in %v, want <= %v", fault, i, next, redis.RecoveryPoll)
+				}
 			}
-			failWithTraffic(t, s, fault)
-			time.Sleep(3 * time.Second) // silence: no traffic at all
 			if s.Healthy() {
 				t.Fatal("Healthy while Redis is still down")
 			}
-			switch fault {
-			case "restart":
-				srv.Restart()
-			case "freeze":
-				srv.Cont()
-			}
-			took := waitHealthy(t, s, true, recoveryWithin, fault+": back, no traffic")
-			t.Logf("%s: Healthy %v after Redis was back, without traffic", fault, took.Round(time.Millisecond))
+			restore()
+			n := driveUntil(t, s, clk, true, "closed")
+			t.Logf("%s: Healthy %d probe iterations after Redis was back, without traffic", fault, n)
 			countedTwice(t, s, "after")
+		})
+	}
+}
+
+// BenchmarkRecoveryWithoutTraffic measures the promise of
+// docs/redis-operations.md ("Recovery"): with the default options (real
+// clock), Redis killed and restarted, or frozen and thawed, after traffic
+// saw the failure and 3 s of silence, how long until the Store is Healthy
+// again with no request at all (ms_to_healthy; the promise: under 1 s).
+func BenchmarkRecoveryWithoutTraffic(b *testing.B) {
+	redistest.Require(b)
+	for _, fault := range []string{"restart", "freeze"} {
+		b.Run(fault, func(b *testing.B) {
+			var total time.Duration
+			for range b.N {
+				srv := redistest.Standalone(b)
+				s := defaultStore(b, srv)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if err := s.Warm(ctx); err != nil {
+					b.Fatal(err)
+				}
+				cancel()
+				countedTwice(b, s, "before")
+				restore := faultFor(b, srv, fault)
+				failWithTraffic(b, s, fault)
+				time.Sleep(3 * time.Second) // silence: no traffic at all
+				restore()
+				total += waitHealthy(b, s, true, stateWithin, fault+": back, no traffic")
+				countedTwice(b, s, "after")
+			}
+			b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms_to_healthy")
 		})
 	}
 }
@@ -129,13 +172,15 @@ func TestRecoveryWithoutTraffic(t *testing.T) {
 // TestHealthyOnlyWhenCounting: a fresh Store is not Healthy before Warm
 // (nothing dialed, script not loaded) and is after it; while Redis refuses
 // writes (OOM under maxmemory) it is not Healthy although PING answers,
-// and once maxmemory is lifted it is Healthy again within recoveryWithin
-// without traffic (the probe's write probe); an OOM that starts while no
-// request comes is found by the idle probe's write within two intervals.
+// and once maxmemory is lifted the probe alone (its write) makes it
+// Healthy again; an OOM that starts while no request comes is found by
+// the idle probe's write at its next iteration.
 func TestHealthyOnlyWhenCounting(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
-	s := defaultStore(t, srv)
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	s, clk := newHealthStore(t, o)
 	if s.Healthy() {
 		t.Fatal("Healthy before Warm: nothing can be counted yet")
 	}
@@ -179,15 +224,17 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 	if s.Healthy() {
 		t.Fatal("Healthy while Redis refuses every write with OOM")
 	}
-	time.Sleep(1500 * time.Millisecond) // PINGs answer meanwhile
-	if s.Healthy() {
-		t.Fatal("Healthy again under OOM after the probe's PINGs: a PING does not prove writes count")
+	for range 3 { // PINGs answer meanwhile
+		clk.Tick(t)
+		if s.Healthy() {
+			t.Fatal("Healthy again under OOM after a probe iteration: a PING does not prove writes count")
+		}
 	}
 	if err := ctl.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	took := waitHealthy(t, s, true, recoveryWithin, "maxmemory lifted, no traffic")
-	t.Logf("OOM: Healthy %v after maxmemory was lifted, without traffic", took.Round(time.Millisecond))
+	n := driveUntil(t, s, clk, true, "closed")
+	t.Logf("OOM: Healthy %d probe iterations after maxmemory was lifted, without traffic", n)
 	if st := s.BreakerState(); st != "closed" {
 		t.Errorf("circuit %s after OOM: a live server's OOM reply must not open it", st)
 	}
@@ -196,10 +243,12 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 	if err := ctl.ConfigSet(ctx, "maxmemory", strconv.FormatInt(mem-1<<20, 10)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	took = waitHealthy(t, s, false, 2*redis.DefaultHealthInterval+time.Second, "OOM with no traffic")
-	t.Logf("OOM without traffic: unhealthy after %v", took.Round(time.Millisecond))
+	clk.Tick(t)
+	if s.Healthy() {
+		t.Fatal("OOM with no traffic: Healthy after the next probe iteration, want its write refused")
+	}
 	if err := ctl.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitHealthy(t, s, true, recoveryWithin, "maxmemory lifted again, no traffic")
+	driveUntil(t, s, clk, true, "closed")
 }

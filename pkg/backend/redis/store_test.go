@@ -354,10 +354,10 @@ func TestSentinelStore(t *testing.T) {
 		t.Fatalf("no stable decisions within %v: %v", limit, last)
 		return 0
 	}
-	okWithin(5 * time.Second)
+	okWithin(stateWithin)
 	old := g.KillMaster()
 	g.WaitFailover(old, 30*time.Second)
-	d := okWithin(10 * time.Second)
+	d := okWithin(stateWithin)
 	t.Logf("decisions stable %v after the promotion", d)
 }
 
