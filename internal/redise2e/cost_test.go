@@ -60,10 +60,9 @@ func TestHugeHitsAddend(t *testing.T) {
 	t.Cleanup(func() { _ = mem.Close() })
 	memReg := prometheus.NewRegistry()
 	memSvc, err := service.New(service.Options{
-		Store:            mem,
-		Registerer:       memReg,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		RequestOverrides: true,
+		Store:      mem,
+		Registerer: memReg,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)

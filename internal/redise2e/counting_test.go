@@ -116,11 +116,10 @@ func grpcService(t testing.TB, store service.Store, counting policy.Counting) (r
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	svc, err := service.New(service.Options{
-		Store:            store,
-		Registerer:       reg,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		RequestOverrides: true,
-		Counting:         counting,
+		Store:      store,
+		Registerer: reg,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Counting:   counting,
 	})
 	if err != nil {
 		t.Fatalf("service.New: %v", err)

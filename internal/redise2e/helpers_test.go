@@ -87,11 +87,10 @@ func newInstance(t testing.TB, opts redis.Options, set *policy.Set) *instance {
 	t.Cleanup(func() { _ = fb.Close() })
 	reg := prometheus.NewRegistry()
 	svc, err := service.New(service.Options{
-		Store:            st,
-		Fallback:         fb,
-		Registerer:       reg,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		RequestOverrides: true,
+		Store:      st,
+		Fallback:   fb,
+		Registerer: reg,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		t.Fatalf("service.New: %v", err)

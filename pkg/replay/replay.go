@@ -180,13 +180,12 @@ func RunLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Option
 	}
 	rec := &recorder{Store: opts.Store, denied: map[string]bool{}}
 	svc, err := service.New(service.Options{
-		Store:            rec,
-		ShadowMode:       opts.ShadowMode,
-		Counting:         opts.Counting,
-		RetryJitter:      -1,
-		RequestOverrides: true,
-		Now:              opts.Clock.Now,
-		Rand:             func() float64 { return 0 },
+		Store:       rec,
+		ShadowMode:  opts.ShadowMode,
+		Counting:    opts.Counting,
+		RetryJitter: -1,
+		Now:         opts.Clock.Now,
+		Rand:        func() float64 { return 0 },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)

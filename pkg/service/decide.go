@@ -311,7 +311,7 @@ func applies(st *descState, sp *policy.Spec, replaced map[string]bool) bool {
 // override) and quota mode (the rule's or Options.QuotaMode). hasDomain
 // is set.HasDomain(domain): an unknown domain matches nothing.
 func (s *Service) matchDescriptor(st *descState, set *policy.Set, domain string, hasDomain bool, d *ratelimitv3.RateLimitDescriptor, entries []policy.Entry) {
-	if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
+	if l := d.GetLimit(); l != nil && !s.opts.IgnoreRequestOverrides && hasDomain {
 		if u, err := overrideUnit(l); err == nil {
 			st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
 			st.matched = st.match.Rule != nil

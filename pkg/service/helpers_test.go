@@ -149,13 +149,12 @@ func startEnv(t testing.TB, withCodec bool, mutate func(*service.Options)) *env 
 	c := &clock{now: t0}
 	e := &env{clock: c, store: newStore(t, c), fallback: newStore(t, c), reg: prometheus.NewRegistry()}
 	opts := service.Options{
-		Store:            e.store,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Fallback:         e.fallback,
-		Registerer:       e.reg,
-		Now:              c.Now,
-		RequestOverrides: true,
-		Rand:             func() float64 { return 0 },
+		Store:      e.store,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Fallback:   e.fallback,
+		Registerer: e.reg,
+		Now:        c.Now,
+		Rand:       func() float64 { return 0 },
 	}
 	if mutate != nil {
 		mutate(&opts)

@@ -167,13 +167,12 @@ func startRefEnv(t *testing.T, store service.Store, mutate func(*service.Options
 	t.Cleanup(func() { _ = sc.Close() })
 	e.sc = sc
 	opts := service.Options{
-		Store:            store,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Registerer:       e.reg,
-		Statsd:           sc,
-		Now:              c.Now,
-		RequestOverrides: true,
-		Rand:             func() float64 { return 0 },
+		Store:      store,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Registerer: e.reg,
+		Statsd:     sc,
+		Now:        c.Now,
+		Rand:       func() float64 { return 0 },
 	}
 	if mutate != nil {
 		mutate(&opts)
