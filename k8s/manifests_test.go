@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -87,15 +88,10 @@ func TestEveryManifestDecodesStrictly(t *testing.T) {
 }
 
 // TestStrictDecoderRejects proves the decoder is strict: a misspelt or
-// misplaced field, a duplicate key and an unknown kind all fail.
+// misplaced field, a duplicate key, a wrong type and an unknown kind all
+// fail.
 func TestStrictDecoderRejects(t *testing.T) {
-	for name, doc := range map[string]string{
-		"unknown field": "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  selectr: {a: b}\n",
-		"wrong level":   "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nreplicas: 3\n",
-		"duplicate key": "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nmetadata: {name: y}\n",
-		"unknown kind":  "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n",
-		"wrong type":    "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: three}\n",
-	} {
+	for name, doc := range deploytest.RejectedDocs {
 		if _, _, err := decodeStrict([]byte(doc)); err == nil {
 			t.Errorf("%s: decoded without error", name)
 		}
@@ -527,7 +523,7 @@ func TestConfigMapConfigLoads(t *testing.T) {
 	if len(cm[0].Data) == 0 {
 		t.Fatalf("ConfigMap ratelimitd-config is empty")
 	}
-	dir := kubeletConfigMapDir(t, cm[0].Data)
+	dir := deploytest.KubeletVolume(t, cm[0].Data)
 	set, warnings, err := policy.Load(policy.LoadOptions{IgnoreDotFiles: true}, dir)
 	if err != nil {
 		t.Fatalf("policy.Load(ConfigMap as mounted): %v", err)
@@ -538,30 +534,6 @@ func TestConfigMapConfigLoads(t *testing.T) {
 	if len(set.Domains()) == 0 {
 		t.Errorf("config loads no domain")
 	}
-}
-
-// kubeletConfigMapDir writes data the way the kubelet's atomic writer does.
-func kubeletConfigMapDir(t *testing.T, data map[string]string) string {
-	t.Helper()
-	dir := t.TempDir()
-	ts := "..2026_01_01_00_00_00.000000001"
-	if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, content := range data {
-		if err := os.WriteFile(filepath.Join(dir, ts, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Symlink(ts, filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	for name := range data {
-		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
 }
 
 // TestConfigMatchesExample keeps the ConfigMap's files equal to the shipped

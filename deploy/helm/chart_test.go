@@ -2,6 +2,7 @@ package helm_test
 
 import (
 	"encoding/json"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -414,7 +416,7 @@ func checkConfigMount(t *testing.T, r release, d *appsv1.Deployment, c *corev1.C
 	if len(cm.Data) == 0 {
 		t.Fatalf("ConfigMap %s is empty", cm.Name)
 	}
-	dir := kubeletConfigMapDir(t, cm.Data)
+	dir := deploytest.KubeletVolume(t, cm.Data)
 	set, _, err := policy.Load(policy.LoadOptions{IgnoreDotFiles: true}, dir)
 	if err != nil {
 		t.Fatalf("policy.Load(ConfigMap %s as mounted): %v", cm.Name, err)
@@ -422,31 +424,6 @@ func checkConfigMount(t *testing.T, r release, d *appsv1.Deployment, c *corev1.C
 	if len(set.Domains()) == 0 {
 		t.Errorf("ConfigMap %s loads no domain", cm.Name)
 	}
-}
-
-// kubeletConfigMapDir writes data the way the kubelet's atomic writer does:
-// files are symlinks through ..data into a ..<timestamp> directory.
-func kubeletConfigMapDir(t *testing.T, data map[string]string) string {
-	t.Helper()
-	dir := t.TempDir()
-	ts := "..2026_01_01_00_00_00.000000001"
-	if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, content := range data {
-		if err := os.WriteFile(filepath.Join(dir, ts, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Symlink(ts, filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	for name := range data {
-		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
 }
 
 // checkSecretFile: path (the value of --flag) is a key of a Secret volume
@@ -871,18 +848,16 @@ func TestNames(t *testing.T) {
 	}
 }
 
-// TestStrictDecoderRejects proves the decoder is strict.
+// TestStrictDecoderRejects proves the decoder is strict: the shared cases
+// and the Prometheus Operator kinds'.
 func TestStrictDecoderRejects(t *testing.T) {
-	for name, doc := range map[string]string{
-		"unknown field":   "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  selectr: {a: b}\n",
-		"wrong level":     "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nreplicas: 3\n",
-		"duplicate key":   "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nmetadata: {name: y}\n",
-		"unknown kind":    "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n",
+	docs := map[string]string{
 		"monitor field":   "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: x}\nspec:\n  selector: {}\n  endpoint: []\n",
 		"rule field":      "apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {name: x}\nspec:\n  groups: [{name: g, rules: [{alert: A, expr: up, severity: x}]}]\n",
-		"wrong type":      "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: three}\n",
 		"podmonitor port": "apiVersion: monitoring.coreos.com/v1\nkind: PodMonitor\nmetadata: {name: x}\nspec:\n  selector: {}\n  podMetricsEndpoints: [{port: metrics, targetPortt: 1}]\n",
-	} {
+	}
+	maps.Copy(docs, deploytest.RejectedDocs)
+	for name, doc := range docs {
 		if _, _, err := decodeStrict([]byte(doc)); err == nil {
 			t.Errorf("%s: decoded without error", name)
 		}
