@@ -33,6 +33,10 @@ const (
 	// CauseCanceled: the caller canceled the request before memcached
 	// answered (not a backend failure).
 	CauseCanceled = "canceled"
+	// CauseCircuitOpen: the circuit breaker is open after failures
+	// memcached proved (refused connections); memcached was not called
+	// (ErrCircuitOpen).
+	CauseCircuitOpen = "circuit_open"
 	// CauseUnsupported: a hit of an algorithm other than fixed_window
 	// reached the store. Config loading refuses such rules (see
 	// Store.Algorithms), so this means a wiring bug.
@@ -43,7 +47,7 @@ const (
 )
 
 // Causes lists every cause label.
-var Causes = []string{CauseTimeout, CauseRefused, CauseOOM, CauseCanceled, CauseUnsupported, CauseOther}
+var Causes = []string{CauseTimeout, CauseRefused, CauseOOM, CauseCanceled, CauseCircuitOpen, CauseUnsupported, CauseOther}
 
 // Error is a classified store error. It implements service.Causer and
 // unwraps to the gomemcache or network error it classifies. Its message
@@ -73,6 +77,22 @@ func (e *Error) Unwrap() error { return e.err }
 // errTimeout is returned when a call's budget ran out before memcached
 // answered.
 var errTimeout = &Error{cause: CauseTimeout, outage: true, err: errors.New("no reply within the call's budget")}
+
+// errBudgetCut is what the circuit breaker records for a call whose
+// budget, cut short by the caller's deadline, ran out: less than a whole
+// Timeout of silence proves nothing about memcached.
+var errBudgetCut = &Error{cause: CauseTimeout, err: errors.New("no reply within the caller's deadline")}
+
+// ErrCircuitOpen is returned, without calling memcached, while the circuit
+// breaker is open after failures memcached proved (refused connections):
+// the rules' failure modes decide. Its Cause is CauseCircuitOpen.
+var ErrCircuitOpen = &Error{cause: CauseCircuitOpen, err: errors.New("circuit open, not calling memcached")}
+
+// ErrStalledOpen is returned, without calling memcached, while the circuit
+// is open because memcached stalled (only timeouts opened it): a frozen
+// memcached and a very slow one look the same, so its cause is
+// CauseTimeout, which the service sheds like a budget that ran out.
+var ErrStalledOpen = &Error{cause: CauseTimeout, err: errors.New("circuit open after memcached stalled, not calling memcached")}
 
 // errAbandoned stops a decision whose caller already returned (with
 // errTimeout or its context's error): it says nothing about memcached.
