@@ -26,6 +26,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
 // Build-time values checked by TestVersion.
@@ -314,12 +316,7 @@ func writeFile(t testing.TB, dir, name, content string) {
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
+	_, port, _ := net.SplitHostPort(deploytest.FreeAddr(t))
 	return port
 }
 

@@ -259,6 +259,22 @@ const (
 	Failed
 )
 
+// OutcomeOf is the Outcome of an error a backend classified: Neutral
+// when neutral, else Stalled for an outage that is a timeout, Failed for
+// another outage, and Answered for an error that is no outage (a reply
+// from a live server).
+func OutcomeOf(outage, timeout, neutral bool) Outcome {
+	switch {
+	case neutral:
+		return Neutral
+	case outage && timeout:
+		return Stalled
+	case outage:
+		return Failed
+	}
+	return Answered
+}
+
 // Errors are what a backend's breaker refuses calls with and how it reads
 // their errors.
 type Errors struct {

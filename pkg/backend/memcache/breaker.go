@@ -38,15 +38,8 @@ func breakerOptions(opts Options) breaker.Options {
 func breakerOutcome(err error) breaker.Outcome {
 	var e *Error
 	errors.As(Classify(err), &e) // always true for err != nil
-	switch {
-	case e.cause == CauseCanceled || e.cause == CauseCircuitOpen || (e.cause == CauseTimeout && !e.outage):
-		return breaker.Neutral
-	case e.outage && e.cause == CauseTimeout:
-		return breaker.Stalled
-	case e.outage:
-		return breaker.Failed
-	}
-	return breaker.Answered
+	neutral := e.cause == CauseCanceled || e.cause == CauseCircuitOpen || (e.cause == CauseTimeout && !e.outage)
+	return breaker.OutcomeOf(e.outage, e.cause == CauseTimeout, neutral)
 }
 
 // BreakerState is the circuit breaker's state now: "closed", "open" or

@@ -13,12 +13,13 @@ import (
 )
 
 // newBreakerStore is a store on srv with the default Timeout (50 ms) and
-// no health probe: only the test's calls reach the breaker.
-func newBreakerStore(t *testing.T, srv *memcachetest.Server) *memcache.Store {
+// the health probe every probe (0: none, only the test's calls reach the
+// breaker).
+func newBreakerStore(t *testing.T, srv *memcachetest.Server, probe time.Duration) *memcache.Store {
 	t.Helper()
 	o := memcache.DefaultOptions()
 	o.Addrs = []string{srv.Addr()}
-	o.HealthInterval = 0
+	o.HealthInterval = probe
 	s, err := memcache.New(o)
 	if err != nil {
 		t.Fatal(err)
@@ -60,58 +61,55 @@ func recovers(t *testing.T, s *memcache.Store) {
 	}
 }
 
-// A frozen memcached (SIGSTOP, as a black-holed network): calls wait their
-// budget and fail with cause timeout until the stalls span FailFor, then
-// the circuit opens and calls are refused with ErrStalledOpen (cause
-// timeout: shed, never admitted uncounted) without calling memcached;
-// once memcached resumes, a half-open probe closes the circuit.
-func TestFrozenOpensCircuit(t *testing.T) {
-	srv := memcachetest.Start(t)
-	s := newBreakerStore(t, srv)
-	take(t, s, algo.Hit{Key: uniq(t), Limit: fixed(5, time.Hour), Cost: 1})
-	if !s.Healthy() || s.BreakerState() != "closed" {
-		t.Fatalf("at start: healthy %v, circuit %s", s.Healthy(), s.BreakerState())
-	}
+// A memcached that fails opens the circuit, and calls are then refused
+// without calling memcached; once it is back a half-open probe closes the
+// circuit:
+//   - frozen (SIGSTOP, as a black-holed network): calls wait their budget
+//     and fail with cause timeout until the stalls span FailFor, then are
+//     refused with ErrStalledOpen (cause timeout: shed, never admitted
+//     uncounted);
+//   - killed: refused connections are failures memcached proves, so
+//     Failures of them in a row open the circuit at once (no FailFor), and
+//     calls are refused with ErrCircuitOpen (cause circuit_open: the
+//     rules' failure modes).
+func TestFailingMemcachedOpensCircuit(t *testing.T) {
+	for _, f := range []struct {
+		name                 string
+		fail, heal           func(*memcachetest.Server)
+		refusal              error
+		before, refusalCause string
+		max                  int // calls before the refusal, at most
+	}{
+		// Each stalled call takes the 50 ms Timeout: FailFor (1 s) of
+		// them is about 20; many more would mean it never opens.
+		{"frozen", (*memcachetest.Server).Stop, (*memcachetest.Server).Cont, memcache.ErrStalledOpen, memcache.CauseTimeout, memcache.CauseTimeout, 200},
+		{"killed", (*memcachetest.Server).Kill, (*memcachetest.Server).Restart, memcache.ErrCircuitOpen, memcache.CauseRefused, memcache.CauseCircuitOpen, 50},
+	} {
+		t.Run(f.name, func(t *testing.T) {
+			srv := memcachetest.Start(t)
+			s := newBreakerStore(t, srv, 0)
+			take(t, s, algo.Hit{Key: uniq(t), Limit: fixed(5, time.Hour), Cost: 1})
+			if !s.Healthy() || s.BreakerState() != "closed" {
+				t.Fatalf("at start: healthy %v, circuit %s", s.Healthy(), s.BreakerState())
+			}
 
-	srv.Stop()
-	t.Cleanup(srv.Cont)
-	// Each stalled call takes the 50 ms Timeout: FailFor (1 s) of them is
-	// about 20; many more would mean the circuit never opens.
-	failed := untilRefused(t, s, memcache.ErrStalledOpen, memcache.CauseTimeout, 200)
-	if failed < breaker.DefaultFailures {
-		t.Fatalf("opened after %d stalled calls, want at least %d", failed, breaker.DefaultFailures)
-	}
-	if s.Healthy() || s.BreakerState() == "closed" {
-		t.Fatalf("circuit open: healthy %v, circuit %s", s.Healthy(), s.BreakerState())
-	}
-	if c := causeOf(memcache.ErrStalledOpen); c != memcache.CauseTimeout {
-		t.Fatalf("ErrStalledOpen has cause %q, want timeout", c)
-	}
+			f.fail(srv)
+			t.Cleanup(srv.Cont) // a no-op unless still frozen
+			failed := untilRefused(t, s, f.refusal, f.before, f.max)
+			if failed < breaker.DefaultFailures {
+				t.Fatalf("opened after %d failed calls, want at least %d", failed, breaker.DefaultFailures)
+			}
+			if s.Healthy() || s.BreakerState() == "closed" {
+				t.Fatalf("circuit open: healthy %v, circuit %s", s.Healthy(), s.BreakerState())
+			}
+			if c := causeOf(f.refusal); c != f.refusalCause {
+				t.Fatalf("%v has cause %q, want %q", f.refusal, c, f.refusalCause)
+			}
 
-	srv.Cont()
-	recovers(t, s)
-}
-
-// A killed memcached: refused connections are failures memcached proves,
-// so Failures of them in a row open the circuit at once (no FailFor), and
-// calls are refused with ErrCircuitOpen (cause circuit_open: the rules'
-// failure modes); after a restart a probe closes it.
-func TestKilledOpensCircuit(t *testing.T) {
-	srv := memcachetest.Start(t)
-	s := newBreakerStore(t, srv)
-	take(t, s, algo.Hit{Key: uniq(t), Limit: fixed(5, time.Hour), Cost: 1})
-
-	srv.Kill()
-	failed := untilRefused(t, s, memcache.ErrCircuitOpen, memcache.CauseRefused, 50)
-	if failed < breaker.DefaultFailures {
-		t.Fatalf("opened after %d refused calls, want at least %d", failed, breaker.DefaultFailures)
+			f.heal(srv)
+			recovers(t, s)
+		})
 	}
-	if c := causeOf(memcache.ErrCircuitOpen); c != memcache.CauseCircuitOpen {
-		t.Fatalf("ErrCircuitOpen has cause %q, want circuit_open", c)
-	}
-
-	srv.Restart()
-	recovers(t, s)
 }
 
 // An idle store whose circuit is open recovers without traffic: after
@@ -119,14 +117,7 @@ func TestKilledOpensCircuit(t *testing.T) {
 // and closes it once memcached answers; Healthy is false until then.
 func TestIdleStoreClosesCircuitByProbe(t *testing.T) {
 	srv := memcachetest.Start(t)
-	o := memcache.DefaultOptions()
-	o.Addrs = []string{srv.Addr()}
-	o.HealthInterval = 50 * time.Millisecond
-	s, err := memcache.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := newBreakerStore(t, srv, 50*time.Millisecond)
 	eventually(t, 10*time.Second, s.Healthy, "healthy at start")
 
 	srv.Kill()

@@ -72,15 +72,8 @@ func NewBreaker(o BreakerOptions, now func() time.Time) *Breaker {
 func breakerOutcome(err error) breaker.Outcome {
 	var e *Error
 	errors.As(Classify(err), &e) // always true for err != nil
-	switch {
-	case e.cause == CauseCanceled || e.cause == CauseCircuitOpen || e.cause == CauseDeadline || e == ErrStalledOpen:
-		return breaker.Neutral
-	case e.outage && e.cause == CauseTimeout:
-		return breaker.Stalled
-	case e.outage:
-		return breaker.Failed
-	}
-	return breaker.Answered
+	neutral := e.cause == CauseCanceled || e.cause == CauseCircuitOpen || e.cause == CauseDeadline || e == ErrStalledOpen
+	return breaker.OutcomeOf(e.outage, e.cause == CauseTimeout, neutral)
 }
 
 // now is the breaker's clock.
