@@ -19,10 +19,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 )
 
 var builds struct {
@@ -130,12 +133,7 @@ func Main(m *testing.M) {
 // moment ago.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(testproc.FreePort(t)))
 }
 
 // SyncBuffer collects a process's output. Safe for concurrent use; the
