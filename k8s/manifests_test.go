@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/ratelimitd/ratelimitd/internal/deploytest"
@@ -170,18 +169,6 @@ func podTemplates(r rendered) []podTemplate {
 	return out
 }
 
-func mustSelector(t *testing.T, what string, ls *metav1.LabelSelector) labels.Selector {
-	t.Helper()
-	if ls == nil {
-		t.Fatalf("%s: no selector", what)
-	}
-	s, err := metav1.LabelSelectorAsSelector(ls)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	return s
-}
-
 // selected returns the pod templates a selector picks.
 func selected(r rendered, s labels.Selector) []podTemplate {
 	var out []podTemplate
@@ -212,17 +199,17 @@ func TestSelectorsMatchLabels(t *testing.T) {
 		r := render(t, dir)
 		t.Run(dir, func(t *testing.T) {
 			for _, d := range byKind[appsv1.Deployment](r, "apps/v1/Deployment") {
-				if !mustSelector(t, "Deployment "+d.Name, d.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) {
+				if !deploytest.MustSelector(t, "Deployment "+d.Name, d.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) {
 					t.Errorf("Deployment %s: selector does not match its pod template labels", d.Name)
 				}
 				for _, tsc := range d.Spec.Template.Spec.TopologySpreadConstraints {
-					if !mustSelector(t, "topologySpread", tsc.LabelSelector).Matches(labels.Set(d.Spec.Template.Labels)) {
+					if !deploytest.MustSelector(t, "topologySpread", tsc.LabelSelector).Matches(labels.Set(d.Spec.Template.Labels)) {
 						t.Errorf("Deployment %s: topologySpreadConstraint %s selects other pods", d.Name, tsc.TopologyKey)
 					}
 				}
 			}
 			for _, s := range byKind[appsv1.StatefulSet](r, "apps/v1/StatefulSet") {
-				if !mustSelector(t, "StatefulSet "+s.Name, s.Spec.Selector).Matches(labels.Set(s.Spec.Template.Labels)) {
+				if !deploytest.MustSelector(t, "StatefulSet "+s.Name, s.Spec.Selector).Matches(labels.Set(s.Spec.Template.Labels)) {
 					t.Errorf("StatefulSet %s: selector does not match its pod template labels", s.Name)
 				}
 				if len(byName[corev1.Service](r, "v1/Service", s.Spec.ServiceName)) == 0 {
@@ -246,7 +233,7 @@ func TestSelectorsMatchLabels(t *testing.T) {
 				}
 			}
 			for _, pdb := range byKind[policyv1.PodDisruptionBudget](r, "policy/v1/PodDisruptionBudget") {
-				if n := len(selected(r, mustSelector(t, "PDB", pdb.Spec.Selector))); n != 1 {
+				if n := len(selected(r, deploytest.MustSelector(t, "PDB", pdb.Spec.Selector))); n != 1 {
 					t.Errorf("PodDisruptionBudget %s selects %d workloads, want 1", pdb.Name, n)
 				}
 			}
@@ -257,7 +244,7 @@ func TestSelectorsMatchLabels(t *testing.T) {
 				}
 			}
 			for _, np := range byKind[networkingv1.NetworkPolicy](r, "networking.k8s.io/v1/NetworkPolicy") {
-				targets := selected(r, mustSelector(t, "NetworkPolicy", &np.Spec.PodSelector))
+				targets := selected(r, deploytest.MustSelector(t, "NetworkPolicy", &np.Spec.PodSelector))
 				if len(targets) != 1 {
 					t.Errorf("NetworkPolicy %s selects %d workloads, want 1", np.Name, len(targets))
 					continue
@@ -284,7 +271,7 @@ func checkPeers(t *testing.T, r rendered, np string, peers []networkingv1.Networ
 	t.Helper()
 	for _, p := range peers {
 		if p.PodSelector != nil && p.NamespaceSelector == nil {
-			if len(selected(r, mustSelector(t, "peer", p.PodSelector))) == 0 {
+			if len(selected(r, deploytest.MustSelector(t, "peer", p.PodSelector))) == 0 {
 				t.Errorf("NetworkPolicy %s: peer %v selects no pod of this deployment", np, p.PodSelector.MatchLabels)
 			}
 		}
@@ -327,19 +314,6 @@ func envValue(c *corev1.Container, name string) string {
 	return serveDefaults[name]
 }
 
-func addrPort(t *testing.T, name, addr string) int32 {
-	t.Helper()
-	_, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatalf("%s=%q: %v", name, addr, err)
-	}
-	n, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatalf("%s=%q: %v", name, addr, err)
-	}
-	return int32(n)
-}
-
 // TestRatelimitdPodSpec checks the Deployment of every workload overlay:
 // probes on the ports ratelimitd really listens on, hardening, resources,
 // replicas, graceful termination and the config volume.
@@ -349,11 +323,11 @@ func TestRatelimitdPodSpec(t *testing.T) {
 		t.Run(dir, func(t *testing.T) {
 			d, c := ratelimitd(t, r)
 			pt := podTemplate{"Deployment ratelimitd", &d.Spec.Template}
-			grpcPort := addrPort(t, "RATELIMITD_GRPC_ADDR", envValue(c, "RATELIMITD_GRPC_ADDR"))
-			httpPort := addrPort(t, "RATELIMITD_HTTP_ADDR", envValue(c, "RATELIMITD_HTTP_ADDR"))
+			grpcPort := deploytest.AddrPort(t, "RATELIMITD_GRPC_ADDR", envValue(c, "RATELIMITD_GRPC_ADDR"))
+			httpPort := deploytest.AddrPort(t, "RATELIMITD_HTTP_ADDR", envValue(c, "RATELIMITD_HTTP_ADDR"))
 			listening := map[int32]string{grpcPort: "grpc", httpPort: "http"}
 			if m := envValue(c, "RATELIMITD_METRICS_ADDR"); m != "" {
-				listening[addrPort(t, "RATELIMITD_METRICS_ADDR", m)] = "metrics"
+				listening[deploytest.AddrPort(t, "RATELIMITD_METRICS_ADDR", m)] = "metrics"
 			}
 			if dbg := envValue(c, "RATELIMITD_DEBUG_ADDR"); dbg != "" {
 				if h, _, _ := net.SplitHostPort(dbg); h != "127.0.0.1" && h != "localhost" {
@@ -616,7 +590,7 @@ func TestOverlayRedis(t *testing.T) {
 		// Only ratelimitd may reach Redis.
 		var guarded bool
 		for _, np := range byKind[networkingv1.NetworkPolicy](r, "networking.k8s.io/v1/NetworkPolicy") {
-			if !mustSelector(t, "np", &np.Spec.PodSelector).Matches(labels.Set(sts[0].Spec.Template.Labels)) || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			if !deploytest.MustSelector(t, "np", &np.Spec.PodSelector).Matches(labels.Set(sts[0].Spec.Template.Labels)) || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
 				continue
 			}
 			guarded = true
@@ -626,8 +600,8 @@ func TestOverlayRedis(t *testing.T) {
 				}
 				for _, p := range in.From {
 					if p.PodSelector == nil || p.NamespaceSelector != nil || p.IPBlock != nil ||
-						!mustSelector(t, "from", p.PodSelector).Matches(labels.Set(ratelimitdPodLabels(t, r))) ||
-						len(selected(r, mustSelector(t, "from", p.PodSelector))) != 1 {
+						!deploytest.MustSelector(t, "from", p.PodSelector).Matches(labels.Set(ratelimitdPodLabels(t, r))) ||
+						len(selected(r, deploytest.MustSelector(t, "from", p.PodSelector))) != 1 {
 						t.Errorf("NetworkPolicy %s: Redis ingress peer %+v is not exactly ratelimitd", np.Name, p)
 					}
 				}
@@ -670,7 +644,7 @@ func TestOverlayRedis(t *testing.T) {
 		}
 		d, _ := ratelimitd(t, r)
 		for _, f := range []string{"RATELIMITD_REDIS_PASSWORD_FILE", "RATELIMITD_REDIS_TLS_CA"} {
-			checkSecretFile(t, d, c, f, envValue(c, f))
+			deploytest.CheckSecretFile(t, d, c, f, envValue(c, f))
 		}
 		if strings.HasSuffix(c.Image, ":latest") || !strings.Contains(c.Image, ":") {
 			t.Errorf("production image %q must be pinned", c.Image)
@@ -696,38 +670,6 @@ func TestOverlayRedis(t *testing.T) {
 			}
 		}
 	})
-}
-
-// checkSecretFile checks that path (the value of the flag twin env) is a
-// key of a Secret volume mounted read-only in c, without subPath (a subPath
-// mount never sees a rotated Secret).
-func checkSecretFile(t *testing.T, d *appsv1.Deployment, c *corev1.Container, env, path string) {
-	t.Helper()
-	if path == "" {
-		t.Errorf("%s is not set", env)
-		return
-	}
-	for _, m := range c.VolumeMounts {
-		rel, err := filepath.Rel(m.MountPath, path)
-		if err != nil || strings.HasPrefix(rel, "..") || strings.Contains(rel, "/") {
-			continue
-		}
-		for _, v := range d.Spec.Template.Spec.Volumes {
-			if v.Name != m.Name {
-				continue
-			}
-			if v.Secret == nil {
-				t.Errorf("%s=%s: volume %s is no Secret", env, path, v.Name)
-			} else if len(v.Secret.Items) > 0 && !slices.ContainsFunc(v.Secret.Items, func(k corev1.KeyToPath) bool { return k.Path == rel }) {
-				t.Errorf("%s=%s: Secret %s projects no key %s", env, path, v.Secret.SecretName, rel)
-			}
-			if !m.ReadOnly || m.SubPath != "" {
-				t.Errorf("%s: mount %s must be read-only and without subPath", env, m.Name)
-			}
-			return
-		}
-	}
-	t.Errorf("%s=%s is in no mounted Secret volume", env, path)
 }
 
 // TestMemoryStoreSingleReplica: the in-memory store counts per pod, so a

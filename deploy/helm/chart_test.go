@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +22,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
@@ -123,7 +121,7 @@ func checkRelease(t *testing.T, r release) {
 	t.Helper()
 	d, c := deployment(t, r)
 	podLabels := labels.Set(d.Spec.Template.Labels)
-	sel := mustSelector(t, "Deployment", d.Spec.Selector)
+	sel := deploytest.MustSelector(t, "Deployment", d.Spec.Selector)
 	if !sel.Matches(podLabels) {
 		t.Errorf("Deployment selector %v does not match its pod labels %v", d.Spec.Selector.MatchLabels, podLabels)
 	}
@@ -134,11 +132,11 @@ func checkRelease(t *testing.T, r release) {
 	}
 
 	// Listen addresses and ports.
-	grpcPort := addrPort(t, "grpc-addr", mustArg(t, c, "grpc-addr"))
-	httpPort := addrPort(t, "http-addr", mustArg(t, c, "http-addr"))
+	grpcPort := deploytest.AddrPort(t, "--grpc-addr", mustArg(t, c, "grpc-addr"))
+	httpPort := deploytest.AddrPort(t, "--http-addr", mustArg(t, c, "http-addr"))
 	listening := map[string]int32{"grpc": grpcPort, "http": httpPort}
 	if m, ok := arg(t, c, "metrics-addr"); ok {
-		listening["metrics"] = addrPort(t, "metrics-addr", m)
+		listening["metrics"] = deploytest.AddrPort(t, "--metrics-addr", m)
 	}
 	if len(c.Ports) != len(listening) {
 		t.Errorf("container ports %v, ratelimitd listens on %v", c.Ports, listening)
@@ -164,7 +162,7 @@ func checkRelease(t *testing.T, r release) {
 	if g := c.StartupProbe.GRPC; g == nil || g.Port != grpcPort {
 		t.Errorf("startup: want gRPC health on %d, got %+v", grpcPort, c.StartupProbe.ProbeHandler)
 	}
-	if h := c.LivenessProbe.HTTPGet; h == nil || h.Path != "/healthcheck" || containerPort(c, h.Port.String()) != httpPort {
+	if h := c.LivenessProbe.HTTPGet; h == nil || h.Path != "/healthcheck" || deploytest.ContainerPort(c, h.Port.String()) != httpPort {
 		t.Errorf("liveness: want GET /healthcheck on the http port %d, got %+v", httpPort, c.LivenessProbe.ProbeHandler)
 	}
 
@@ -202,7 +200,7 @@ func checkRelease(t *testing.T, r release) {
 	}
 	for _, f := range []string{"redis-password-file", "redis-sentinel-auth-file", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"} {
 		if p, ok := arg(t, c, f); ok {
-			checkSecretFile(t, d, c, f, p)
+			deploytest.CheckSecretFile(t, d, c, "--"+f, p)
 		}
 	}
 
@@ -262,12 +260,12 @@ func checkRelease(t *testing.T, r release) {
 		}
 	}
 	for _, p := range byKind[policyv1.PodDisruptionBudget](r, "policy/v1/PodDisruptionBudget") {
-		if !mustSelector(t, "PDB", p.Spec.Selector).Matches(podLabels) {
+		if !deploytest.MustSelector(t, "PDB", p.Spec.Selector).Matches(podLabels) {
 			t.Errorf("PDB %s selects other pods", p.Name)
 		}
 	}
 	for _, tsc := range d.Spec.Template.Spec.TopologySpreadConstraints {
-		if !mustSelector(t, "topologySpread", tsc.LabelSelector).Matches(podLabels) {
+		if !deploytest.MustSelector(t, "topologySpread", tsc.LabelSelector).Matches(podLabels) {
 			t.Errorf("topologySpreadConstraint %s selects other pods", tsc.TopologyKey)
 		}
 	}
@@ -278,7 +276,7 @@ func checkRelease(t *testing.T, r release) {
 		t.Errorf("Service selector %v does not match the pods", svc.Spec.Selector)
 	}
 	for _, p := range svc.Spec.Ports {
-		if containerPort(c, p.TargetPort.String()) == 0 {
+		if deploytest.ContainerPort(c, p.TargetPort.String()) == 0 {
 			t.Errorf("Service port %s: targetPort %s is no container port", p.Name, p.TargetPort.String())
 		}
 		if p.Name == "grpc" && (p.AppProtocol == nil || *p.AppProtocol != "grpc") {
@@ -291,7 +289,7 @@ func checkRelease(t *testing.T, r release) {
 
 	// NetworkPolicy: selects the pods, ports exist.
 	for _, np := range byKind[networkingv1.NetworkPolicy](r, "networking.k8s.io/v1/NetworkPolicy") {
-		if !mustSelector(t, "NetworkPolicy", &np.Spec.PodSelector).Matches(podLabels) {
+		if !deploytest.MustSelector(t, "NetworkPolicy", &np.Spec.PodSelector).Matches(podLabels) {
 			t.Errorf("NetworkPolicy %s selects other pods", np.Name)
 		}
 		for _, in := range np.Spec.Ingress {
@@ -299,7 +297,7 @@ func checkRelease(t *testing.T, r release) {
 				t.Errorf("NetworkPolicy %s admits every source", np.Name)
 			}
 			for _, p := range in.Ports {
-				if containerPort(c, p.Port.String()) == 0 {
+				if deploytest.ContainerPort(c, p.Port.String()) == 0 {
 					t.Errorf("NetworkPolicy %s: ingress port %s is no container port", np.Name, p.Port.String())
 				}
 			}
@@ -308,7 +306,7 @@ func checkRelease(t *testing.T, r release) {
 
 	// Monitors scrape the metrics port of these pods.
 	for _, sm := range byKind[monitoringv1.ServiceMonitor](r, "monitoring.coreos.com/v1/ServiceMonitor") {
-		if !mustSelector(t, "ServiceMonitor", &sm.Spec.Selector).Matches(labels.Set(svc.Labels)) {
+		if !deploytest.MustSelector(t, "ServiceMonitor", &sm.Spec.Selector).Matches(labels.Set(svc.Labels)) {
 			t.Errorf("ServiceMonitor selector %v does not match the Service labels %v", sm.Spec.Selector.MatchLabels, svc.Labels)
 		}
 		if sm.Namespace != svc.Namespace && !slices.Contains(sm.Spec.NamespaceSelector.MatchNames, svc.Namespace) {
@@ -324,50 +322,15 @@ func checkRelease(t *testing.T, r release) {
 		}
 	}
 	for _, pm := range byKind[monitoringv1.PodMonitor](r, "monitoring.coreos.com/v1/PodMonitor") {
-		if !mustSelector(t, "PodMonitor", &pm.Spec.Selector).Matches(podLabels) {
+		if !deploytest.MustSelector(t, "PodMonitor", &pm.Spec.Selector).Matches(podLabels) {
 			t.Errorf("PodMonitor selector does not match the pods")
 		}
 		for _, ep := range pm.Spec.PodMetricsEndpoints {
-			if ep.Port == nil || *ep.Port != "metrics" || containerPort(c, *ep.Port) == 0 {
+			if ep.Port == nil || *ep.Port != "metrics" || deploytest.ContainerPort(c, *ep.Port) == 0 {
 				t.Errorf("PodMonitor endpoint port %v is not the metrics container port", ep.Port)
 			}
 		}
 	}
-}
-
-func mustSelector(t *testing.T, what string, ls *metav1.LabelSelector) labels.Selector {
-	t.Helper()
-	if ls == nil || len(ls.MatchLabels)+len(ls.MatchExpressions) == 0 {
-		t.Fatalf("%s: empty selector", what)
-	}
-	s, err := metav1.LabelSelectorAsSelector(ls)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	return s
-}
-
-func addrPort(t *testing.T, flag, addr string) int32 {
-	t.Helper()
-	_, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatalf("--%s=%s: %v", flag, addr, err)
-	}
-	n, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatalf("--%s=%s: %v", flag, addr, err)
-	}
-	return int32(n)
-}
-
-// containerPort resolves a named or numbered port of c (0: none).
-func containerPort(c *corev1.Container, p string) int32 {
-	for _, cp := range c.Ports {
-		if cp.Name == p || strconv.Itoa(int(cp.ContainerPort)) == p {
-			return cp.ContainerPort
-		}
-	}
-	return 0
 }
 
 // checkConfigMount: --config names the directory a ConfigMap volume is
@@ -424,34 +387,6 @@ func checkConfigMount(t *testing.T, r release, d *appsv1.Deployment, c *corev1.C
 	if len(set.Domains()) == 0 {
 		t.Errorf("ConfigMap %s loads no domain", cm.Name)
 	}
-}
-
-// checkSecretFile: path (the value of --flag) is a key of a Secret volume
-// mounted read-only in c, without subPath (a subPath mount never sees a
-// rotated Secret).
-func checkSecretFile(t *testing.T, d *appsv1.Deployment, c *corev1.Container, flag, path string) {
-	t.Helper()
-	for _, m := range c.VolumeMounts {
-		rel, err := filepath.Rel(m.MountPath, path)
-		if err != nil || strings.HasPrefix(rel, "..") || strings.Contains(rel, "/") {
-			continue
-		}
-		for _, v := range d.Spec.Template.Spec.Volumes {
-			if v.Name != m.Name {
-				continue
-			}
-			if v.Secret == nil || v.Secret.SecretName == "" {
-				t.Errorf("--%s=%s: volume %s is no Secret", flag, path, v.Name)
-			} else if len(v.Secret.Items) > 0 && !slices.ContainsFunc(v.Secret.Items, func(k corev1.KeyToPath) bool { return k.Path == rel }) {
-				t.Errorf("--%s=%s: Secret %s projects no key %s", flag, path, v.Secret.SecretName, rel)
-			}
-			if !m.ReadOnly || m.SubPath != "" {
-				t.Errorf("--%s: mount %s must be read-only and without subPath", flag, m.Name)
-			}
-			return
-		}
-	}
-	t.Errorf("--%s=%s is in no mounted Secret volume", flag, path)
 }
 
 // secretOf returns the Secret name and key behind --flag's file.

@@ -136,6 +136,17 @@ func FreeAddr(t testing.TB) string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(testproc.FreePort(t)))
 }
 
+// FreePorts is n distinct loopback ports, as strings for flags and
+// addresses, that were free a moment ago.
+func FreePorts(t testing.TB, n int) []string {
+	t.Helper()
+	var out []string
+	for _, p := range testproc.FreePorts(t, n) {
+		out = append(out, strconv.Itoa(p))
+	}
+	return out
+}
+
 // SyncBuffer collects a process's output. Safe for concurrent use; the
 // zero value is empty and ready.
 type SyncBuffer struct {

@@ -175,10 +175,27 @@ func (p *Proc) WaitReady(what string, within time.Duration, ready func() error, 
 // had.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testproc: free port: %v", err)
+	return FreePorts(t, 1)[0]
+}
+
+// FreePorts is n distinct loopback TCP ports that were free a moment ago
+// (each held until all are chosen). It fails t when they cannot be had.
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	out := make([]int, 0, n)
+	ls := make([]net.Listener, 0, n)
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("testproc: free port: %v", err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
+	return out
 }
