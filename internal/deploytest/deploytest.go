@@ -10,10 +10,13 @@
 package deploytest
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -166,6 +169,26 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Listening is a "listening" record of ratelimitd's JSON log: Server is
+// "grpc", "http", "debug" or "metrics", Addr the bound "host:port".
+type Listening struct{ Server, Addr string }
+
+// ScanLog reads r, a ratelimitd's stderr with --log-format=json, to its
+// end: every line is appended to log, and every "listening" record is
+// sent on listening (which must have room or be read). Lines up to 1 MiB.
+func ScanLog(r io.Reader, log *SyncBuffer, listening chan<- Listening) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		_, _ = log.Write([]byte(line + "\n"))
+		var rec struct{ Msg, Server, Addr string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
+			listening <- Listening{Server: rec.Server, Addr: rec.Addr}
+		}
+	}
 }
 
 // Process is a command started by Start.

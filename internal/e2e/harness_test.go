@@ -3,10 +3,8 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -15,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -92,8 +89,7 @@ type proc struct {
 	http  string
 	debug string
 
-	mu   sync.Mutex
-	logs bytes.Buffer
+	logs deploytest.SyncBuffer
 	done chan struct{}
 	err  error // Wait's result, after done
 }
@@ -126,22 +122,9 @@ func start(t testing.TB, o startOpts) *proc {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	addrs := make(chan [2]string, 8)
+	addrs := make(chan deploytest.Listening, 8)
 	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.logs.WriteString(line + "\n")
-			p.mu.Unlock()
-			var rec struct {
-				Msg, Server, Addr string
-			}
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
-				addrs <- [2]string{rec.Server, rec.Addr}
-			}
-		}
+		deploytest.ScanLog(stderr, &p.logs, addrs)
 		p.err = p.cmd.Wait()
 		close(p.done)
 	}()
@@ -150,13 +133,13 @@ func start(t testing.TB, o startOpts) *proc {
 	for p.grpc == "" || p.http == "" || p.debug == "" {
 		select {
 		case a := <-addrs:
-			switch a[0] {
+			switch a.Server {
 			case "grpc":
-				p.grpc = a[1]
+				p.grpc = a.Addr
 			case "http":
-				p.http = a[1]
+				p.http = a.Addr
 			case "debug":
-				p.debug = a[1]
+				p.debug = a.Addr
 			}
 		case <-p.done:
 			t.Fatalf("ratelimitd exited during startup: %v\n%s", p.err, p.Logs())
@@ -169,8 +152,6 @@ func start(t testing.TB, o startOpts) *proc {
 
 // Logs returns everything the process wrote to stderr so far.
 func (p *proc) Logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	return p.logs.String()
 }
 
