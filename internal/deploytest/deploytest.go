@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,11 +66,19 @@ func Ratelimitd(t testing.TB, buildFlags ...string) string {
 		builds.by[key] = b
 	}
 	builds.mu.Unlock()
-	b.once.Do(func() { b.bin, b.out, b.err = buildRatelimitd(buildFlags) })
+	b.once.Do(func() { b.bin, b.out, b.err = Build(buildFlags...) })
 	if b.err != nil {
 		t.Fatalf("./cmd/ratelimitd does not build: %v\n%s", b.err, b.out)
 	}
 	return b.bin
+}
+
+// Build builds the module's ./cmd/ratelimitd with buildFlags into a new
+// temporary directory (removed by RemoveBuilds), for a TestMain that has
+// no t: the binary's path, or the error and the compiler's output. It
+// builds with CGO_ENABLED=0 unless buildFlags has -race (which needs cgo).
+func Build(buildFlags ...string) (bin string, output []byte, err error) {
+	return buildRatelimitd(buildFlags)
 }
 
 func buildRatelimitd(flags []string) (string, []byte, error) {
@@ -90,7 +99,9 @@ func buildRatelimitd(flags []string) (string, []byte, error) {
 	args := append(append([]string{"build"}, flags...), "-o", bin, "./cmd/ratelimitd")
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if !slices.Contains(flags, "-race") {
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	}
 	out, err := cmd.CombinedOutput()
 	return bin, out, err
 }

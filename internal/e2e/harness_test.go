@@ -37,25 +37,19 @@ const (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "ratelimitd-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = filepath.Join(dir, "ratelimitd")
-	args := []string{"build", "-o", bin, "-ldflags", "-X main.version=" + testVersion + " -X main.commit=" + testCommit}
+	flags := []string{"-ldflags", "-X main.version=" + testVersion + " -X main.commit=" + testCommit}
 	if raceEnabled {
-		args = append(args, "-race")
+		flags = append(flags, "-race")
 	}
-	build := exec.Command("go", append(args, "github.com/ratelimitd/ratelimitd/cmd/ratelimitd")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: go build:", err)
-		os.RemoveAll(dir)
+	var out []byte
+	var err error
+	if bin, out, err = deploytest.Build(flags...); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: go build: %v\n%s", err, out)
+		deploytest.RemoveBuilds()
 		os.Exit(1)
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	deploytest.RemoveBuilds()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)

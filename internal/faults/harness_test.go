@@ -52,25 +52,19 @@ func TestMain(m *testing.M) {
 	// The outages here are deliberate: go-redis would log every failed
 	// dial of the helpers' clients.
 	goredis.SetLogger(quiet{})
-	dir, err := os.MkdirTemp("", "ratelimitd-faults-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = filepath.Join(dir, "ratelimitd")
-	args := []string{"build", "-o", bin}
+	var flags []string
 	if raceEnabled {
-		args = append(args, "-race")
+		flags = append(flags, "-race")
 	}
-	build := exec.Command("go", append(args, "github.com/ratelimitd/ratelimitd/cmd/ratelimitd")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "faults: go build:", err)
-		_ = os.RemoveAll(dir)
+	var out []byte
+	var err error
+	if bin, out, err = deploytest.Build(flags...); err != nil {
+		fmt.Fprintf(os.Stderr, "faults: go build: %v\n%s", err, out)
+		deploytest.RemoveBuilds()
 		os.Exit(1)
 	}
 	code := m.Run()
-	_ = os.RemoveAll(dir)
+	deploytest.RemoveBuilds()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
