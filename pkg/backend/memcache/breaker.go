@@ -6,16 +6,20 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 )
 
-// The Store's circuit breaker (pkg/backend/breaker, the Redis backend's):
-// every decision that would reach memcached goes through it, so that a
-// frozen or black-holed memcached costs requests their budget only until
-// the circuit opens (about FailFor, 1 s, after it stopped answering;
-// refused connections open it after Failures of them in a row). Only
-// decisions open it; the health probe goes through it only while it is
-// not closed, as a half-open probe that closes it, so an idle Store
-// recovers too, and Healthy is false while it is not closed. One
-// breaker guards all the servers: with several, decisions on the healthy
-// ones keep it closed unless at least FailureRatio of them fail.
+// The Store's circuit breaker (pkg/backend/breaker, the Redis backend's)
+// guards a Store of one memcached server: every decision goes through it,
+// so that a frozen or black-holed memcached costs requests their budget
+// only until the circuit opens (about FailFor, 1 s, after it stopped
+// answering; refused connections open it after Failures of them in a
+// row). Only decisions open it; the health probe goes through it only
+// while it is not closed, as a half-open probe that closes it, so an idle
+// Store recovers too, and Healthy is false while it is not closed.
+//
+// With several servers the breaker stays out of the way: each key lives on
+// one server, and one circuit for all of them would give the decisions of
+// the healthy servers' keys their failure modes (failure_mode open: admitted
+// uncounted) whenever one server failed. There a dead server costs only
+// the decisions on its keys (refused at once), a frozen one their budget.
 
 // breakerErrors are memcached's errors of the Store's breaker.
 var breakerErrors = breaker.Errors{Open: ErrCircuitOpen, StalledOpen: ErrStalledOpen, Outcome: breakerOutcome}
@@ -42,6 +46,16 @@ func breakerOutcome(err error) breaker.Outcome {
 	return breaker.OutcomeOf(e.outage, e.cause == CauseTimeout, neutral)
 }
 
+// guarded reports whether the breaker guards the decisions: the server
+// list holds exactly one server.
+func (s *Store) guarded() bool { return s.nservers.Load() == 1 }
+
 // BreakerState is the circuit breaker's state now: "closed", "open" or
-// "half_open" (the label of ratelimitd_backend_circuit_state).
-func (s *Store) BreakerState() string { return s.breaker.State().String() }
+// "half_open" (the label of ratelimitd_backend_circuit_state); "closed"
+// while it does not guard the decisions (several servers).
+func (s *Store) BreakerState() string {
+	if !s.guarded() {
+		return breaker.Closed.String()
+	}
+	return s.breaker.State().String()
+}

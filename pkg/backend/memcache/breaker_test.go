@@ -3,6 +3,7 @@ package memcache_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -126,5 +127,56 @@ func TestIdleStoreClosesCircuitByProbe(t *testing.T) {
 	eventually(t, 10*time.Second, s.Healthy, "healthy after the restart, without a call")
 	if st := s.BreakerState(); st != "closed" {
 		t.Fatalf("healthy with the circuit %s", st)
+	}
+}
+
+// With several servers no circuit opens for all of them: one killed server
+// fails only the decisions on its keys (cause refused, each call, however
+// many in a row), and the keys of the other are still decided and
+// counted.
+func TestSeveralServersShareNoCircuit(t *testing.T) {
+	live, dead := memcachetest.Start(t), memcachetest.Start(t)
+	o := memcache.DefaultOptions()
+	o.Addrs = []string{live.Addr(), dead.Addr()}
+	o.HealthInterval = 0
+	s, err := memcache.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	dead.Kill()
+	l := fixed(1000, time.Hour)
+	call := func(key string) ([]algo.Decision, error) {
+		return s.Take(context.Background(), []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+	}
+	// Which keys live on which server.
+	var onLive, onDead []string
+	for i := range 20 {
+		key := uniq(t) + "." + strconv.Itoa(i)
+		d, err := call(key)
+		switch {
+		case err == nil && d[0].Allowed && d[0].Remaining == 999:
+			onLive = append(onLive, key)
+		case causeOf(err) == memcache.CauseRefused:
+			onDead = append(onDead, key)
+		default:
+			t.Fatalf("%s: %+v, %v (cause %q): want decided, or refused by the dead server", key, d, err, causeOf(err))
+		}
+	}
+	if len(onLive) == 0 || len(onDead) == 0 {
+		t.Fatalf("20 keys: %d on the live server, %d on the dead one; want both", len(onLive), len(onDead))
+	}
+	// Many more failures in a row than open a circuit: each is refused by
+	// the dead server, none by a circuit.
+	for i := range 4 * breaker.DefaultFailures {
+		if _, err := call(onDead[i%len(onDead)]); causeOf(err) != memcache.CauseRefused {
+			t.Fatalf("failure %d in a row on the dead server: %v (cause %q), want refused", i+1, err, causeOf(err))
+		}
+	}
+	if d, err := call(onLive[0]); err != nil || !d[0].Allowed || d[0].Remaining != 998 {
+		t.Fatalf("a key of the live server after them: %+v, %v; want decided and counted (998 remaining)", d, err)
+	}
+	if st := s.BreakerState(); st != "closed" {
+		t.Fatalf("circuit %s with several servers", st)
 	}
 }

@@ -60,6 +60,8 @@ type Store struct {
 	// resolved is set once the server list holds servers (always for
 	// Options.Addrs; for SRV after the first successful lookup).
 	resolved atomic.Bool
+	// nservers is how many servers the list holds (see guarded).
+	nservers atomic.Int32
 
 	stop chan struct{}
 	wg   sync.WaitGroup // probe and SRV refresher
@@ -137,13 +139,14 @@ func (s *Store) RefundFailures() uint64 { return s.refundErrors.Load() }
 // Healthy reports whether memcached is answering: true once a call or
 // probe succeeded, false from an outage error (timeout, refused, no server
 // resolved) of a call or probe until the next success, and false while
-// the circuit breaker is not closed. Without traffic the
+// the circuit breaker (one server only, see guarded) is not closed.
+// Without traffic the
 // probe asks every server for its version every Options.HealthInterval
 // (every 100 ms while unhealthy), so one server of several down is
 // unhealthy too: the keys it holds cannot be counted. Implements
 // service.Healther.
 func (s *Store) Healthy() bool {
-	return s.warmed.Load() && !s.unhealthy.Load() && s.breaker.Healthy()
+	return s.warmed.Load() && !s.unhealthy.Load() && (!s.guarded() || s.breaker.Healthy())
 }
 
 func (s *Store) note(err error) {
@@ -171,7 +174,7 @@ func (s *Store) probeLoop() {
 		// closes it when memcached answers, so that an idle Store
 		// recovers without traffic.
 		var err error
-		if s.breaker.Healthy() {
+		if !s.guarded() || s.breaker.Healthy() {
 			err = s.ping()
 		} else {
 			err = s.breaker.Do(context.Background(), 0, func(context.Context) error { return s.ping() })
@@ -236,6 +239,7 @@ func (s *Store) resolve() error {
 	if err := s.servers.SetServers(s.opts.Addrs...); err != nil {
 		return fmt.Errorf("memcache: servers %s: %w", strings.Join(s.opts.Addrs, ","), err)
 	}
+	s.nservers.Store(int32(len(s.opts.Addrs)))
 	s.resolved.Store(true)
 	return nil
 }
@@ -264,6 +268,7 @@ func (s *Store) refreshSRV() error {
 	if err := s.servers.SetServers(addrs...); err != nil {
 		return fmt.Errorf("memcache: SRV targets: %w", err)
 	}
+	s.nservers.Store(int32(len(addrs)))
 	s.resolved.Store(true)
 	return nil
 }
@@ -380,8 +385,8 @@ type request struct {
 // Take returns by its budget (see budget) with an error of cause
 // CauseTimeout when memcached has not answered; the operations still in
 // flight finish in the background within Timeout each, and what they
-// counted is refunded. Errors are *Error. While the circuit breaker is
-// open (see breaker.go), Take returns ErrStalledOpen (memcached stalled)
+// counted is refunded. Errors are *Error. With one server, while the
+// circuit breaker is open (see breaker.go), Take returns ErrStalledOpen (memcached stalled)
 // or ErrCircuitOpen (it refused connections) at once, without calling
 // memcached.
 //
@@ -431,8 +436,11 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if !end.After(start) {
 		return nil, errTimeout
 	}
-	if err := s.breaker.Allow(start); err != nil {
-		return nil, err
+	guarded := s.guarded()
+	if guarded {
+		if err := s.breaker.Allow(start); err != nil {
+			return nil, err
+		}
 	}
 	// decide may outlive the call (see below): it keeps its own copy of
 	// hits, whose backing array the caller may reuse.
@@ -465,7 +473,9 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if errors.Is(err, errTimeout) && !end.Equal(start.Add(s.timeout)) || errors.Is(err, context.DeadlineExceeded) {
 		rec = errBudgetCut
 	}
-	s.breaker.RecordSince(start, time.Now(), rec)
+	if guarded {
+		s.breaker.RecordSince(start, time.Now(), rec)
+	}
 	if err != nil {
 		if errors.Is(rec, errTimeout) {
 			// memcached was silent for a whole Timeout. A budget cut
