@@ -23,10 +23,11 @@ type Object struct {
 	// or "" for an object a renderer produced.
 	Source string
 	Kind   string // apiVersion/kind, e.g. "apps/v1/Deployment"
-	Name   string
-	Obj    any // pointer to the typed struct
+	Name   string // metadata.name ("" for a kind without ObjectMeta)
+	Obj    any    // pointer to the typed struct
 }
 
+// String is "Kind Name (Source)", for test messages.
 func (o Object) String() string { return fmt.Sprintf("%s %s (%s)", o.Kind, o.Name, o.Source) }
 
 // ByKind is the objects of one apiVersion/kind, as their typed structs.

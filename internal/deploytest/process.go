@@ -57,9 +57,11 @@ func (s *SyncBuffer) String() string {
 	return s.b.String()
 }
 
-// Listening is a "listening" record of ratelimitd's JSON log: Server is
-// "grpc", "http", "debug" or "metrics", Addr the bound "host:port".
-type Listening struct{ Server, Addr string }
+// Listening is a "listening" record of ratelimitd's JSON log.
+type Listening struct {
+	Server string // "grpc", "http", "debug" or "metrics"
+	Addr   string // the bound "host:port"
+}
 
 // ScanLog reads r, a ratelimitd's stderr with --log-format=json, to its
 // end: every line is appended to log, and every "listening" record is
