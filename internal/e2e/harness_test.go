@@ -3,10 +3,8 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -15,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +23,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
 // Build-time values checked by TestVersion.
@@ -38,25 +37,19 @@ const (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "ratelimitd-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = filepath.Join(dir, "ratelimitd")
-	args := []string{"build", "-o", bin, "-ldflags", "-X main.version=" + testVersion + " -X main.commit=" + testCommit}
+	flags := []string{"-ldflags", "-X main.version=" + testVersion + " -X main.commit=" + testCommit}
 	if raceEnabled {
-		args = append(args, "-race")
+		flags = append(flags, "-race")
 	}
-	build := exec.Command("go", append(args, "github.com/ratelimitd/ratelimitd/cmd/ratelimitd")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: go build:", err)
-		os.RemoveAll(dir)
+	var out []byte
+	var err error
+	if bin, out, err = deploytest.Build(flags...); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: go build: %v\n%s", err, out)
+		deploytest.RemoveBuilds()
 		os.Exit(1)
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	deploytest.RemoveBuilds()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -90,8 +83,7 @@ type proc struct {
 	http  string
 	debug string
 
-	mu   sync.Mutex
-	logs bytes.Buffer
+	logs deploytest.SyncBuffer
 	done chan struct{}
 	err  error // Wait's result, after done
 }
@@ -124,22 +116,9 @@ func start(t testing.TB, o startOpts) *proc {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	addrs := make(chan [2]string, 8)
+	addrs := make(chan deploytest.Listening, 8)
 	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.logs.WriteString(line + "\n")
-			p.mu.Unlock()
-			var rec struct {
-				Msg, Server, Addr string
-			}
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
-				addrs <- [2]string{rec.Server, rec.Addr}
-			}
-		}
+		deploytest.ScanLog(stderr, &p.logs, addrs)
 		p.err = p.cmd.Wait()
 		close(p.done)
 	}()
@@ -148,13 +127,13 @@ func start(t testing.TB, o startOpts) *proc {
 	for p.grpc == "" || p.http == "" || p.debug == "" {
 		select {
 		case a := <-addrs:
-			switch a[0] {
+			switch a.Server {
 			case "grpc":
-				p.grpc = a[1]
+				p.grpc = a.Addr
 			case "http":
-				p.http = a[1]
+				p.http = a.Addr
 			case "debug":
-				p.debug = a[1]
+				p.debug = a.Addr
 			}
 		case <-p.done:
 			t.Fatalf("ratelimitd exited during startup: %v\n%s", p.err, p.Logs())
@@ -167,8 +146,6 @@ func start(t testing.TB, o startOpts) *proc {
 
 // Logs returns everything the process wrote to stderr so far.
 func (p *proc) Logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	return p.logs.String()
 }
 
@@ -314,12 +291,7 @@ func writeFile(t testing.TB, dir, name, content string) {
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
+	_, port, _ := net.SplitHostPort(deploytest.FreeAddr(t))
 	return port
 }
 

@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +14,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
 // logRecords parses the JSON log lines of p (every line must be JSON: no
@@ -268,7 +268,7 @@ func TestMakeRunStops(t *testing.T) {
 		"RUN_ARGS=--grpc-addr=127.0.0.1:0 --http-addr=127.0.0.1:0 --debug-addr= --log-format=json")
 	cmd.Dir = repoRoot(t)
 	cmd.Env = append(baseEnv(), "GOFLAGS="+os.Getenv("GOFLAGS"), "GOCACHE="+goEnv(t, "GOCACHE"), "GOPATH="+goEnv(t, "GOPATH"))
-	logs := &syncBuffer{}
+	logs := &deploytest.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -309,25 +309,6 @@ func TestMakeRunStops(t *testing.T) {
 	if !strings.Contains(logs.String(), `"stopped"`) {
 		t.Errorf("server did not shut down gracefully\n%s", logs.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for exec's copying goroutine and the
-// test reading it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // childRunning returns the pid of a child of parent running exe, or 0.

@@ -1,10 +1,7 @@
 package faults
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -54,25 +52,19 @@ func TestMain(m *testing.M) {
 	// The outages here are deliberate: go-redis would log every failed
 	// dial of the helpers' clients.
 	goredis.SetLogger(quiet{})
-	dir, err := os.MkdirTemp("", "ratelimitd-faults-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = filepath.Join(dir, "ratelimitd")
-	args := []string{"build", "-o", bin}
+	var flags []string
 	if raceEnabled {
-		args = append(args, "-race")
+		flags = append(flags, "-race")
 	}
-	build := exec.Command("go", append(args, "github.com/ratelimitd/ratelimitd/cmd/ratelimitd")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "faults: go build:", err)
-		_ = os.RemoveAll(dir)
+	var out []byte
+	var err error
+	if bin, out, err = deploytest.Build(flags...); err != nil {
+		fmt.Fprintf(os.Stderr, "faults: go build: %v\n%s", err, out)
+		deploytest.RemoveBuilds()
 		os.Exit(1)
 	}
 	code := m.Run()
-	_ = os.RemoveAll(dir)
+	deploytest.RemoveBuilds()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -250,8 +242,7 @@ type proc struct {
 	grpc string // host:port
 	http string
 
-	mu   sync.Mutex
-	logs bytes.Buffer
+	logs deploytest.SyncBuffer
 	done chan struct{}
 
 	stopOnce sync.Once
@@ -279,20 +270,9 @@ func startProc(cfgDir string, args []string) (*proc, error) {
 	if err := p.cmd.Start(); err != nil {
 		return nil, err
 	}
-	addrs := make(chan [2]string, 8)
+	addrs := make(chan deploytest.Listening, 8)
 	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.logs.WriteString(line + "\n")
-			p.mu.Unlock()
-			var rec struct{ Msg, Server, Addr string }
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
-				addrs <- [2]string{rec.Server, rec.Addr}
-			}
-		}
+		deploytest.ScanLog(stderr, &p.logs, addrs)
 		_ = p.cmd.Wait()
 		close(p.done)
 	}()
@@ -300,11 +280,11 @@ func startProc(cfgDir string, args []string) (*proc, error) {
 	for p.grpc == "" || p.http == "" {
 		select {
 		case a := <-addrs:
-			switch a[0] {
+			switch a.Server {
 			case "grpc":
-				p.grpc = a[1]
+				p.grpc = a.Addr
 			case "http":
-				p.http = a[1]
+				p.http = a.Addr
 			}
 		case <-p.done:
 			return nil, fmt.Errorf("ratelimitd exited during startup: %v\n%s", p.cmd.ProcessState, p.Logs())
@@ -319,8 +299,6 @@ func startProc(cfgDir string, args []string) (*proc, error) {
 
 // Logs is everything the process wrote to stderr so far.
 func (p *proc) Logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	return p.logs.String()
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +26,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -307,7 +307,7 @@ func startPair(t *testing.T, env []string, extra map[string]string) *pair {
 		}
 	}
 	listen := func(prefix string) []string {
-		ports := freePorts(t, 3)
+		ports := deploytest.FreePorts(t, 3)
 		return []string{"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + ports[0], "HOST=127.0.0.1", "PORT=" + ports[1],
 			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + ports[2], "CACHE_KEY_PREFIX=" + prefix}
 	}
@@ -601,22 +601,3 @@ var (
 	uniqueMu sync.Mutex
 	uniqueN  int
 )
-
-// freePorts returns n distinct free loopback ports.
-func freePorts(t *testing.T, n int) []string {
-	t.Helper()
-	var out []string
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		out = append(out, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
-	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
-	return out
-}
