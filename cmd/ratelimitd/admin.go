@@ -76,8 +76,8 @@ func (e *events) register(reg prometheus.Registerer) error {
 	return nil
 }
 
-// onCircuit is the Redis breaker's OnTransition: one log line and one
-// count per state change.
+// onCircuit is the backend breaker's OnTransition (Redis, memcached):
+// one log line and one count per state change.
 func (e *events) onCircuit(to redis.BreakerState) {
 	e.circuit.WithLabelValues(to.String()).Inc()
 	switch to {

@@ -37,7 +37,8 @@ type resetter interface{ ResetCache() }
 // stores hold at most --memory-max-keys keys; beyond that a request that
 // needs a new key drops an expired key or, when none has expired, fails
 // with memory.ErrFull (cause "oom") and its rule's failure mode decides.
-// onCircuit, when not nil, is the Redis circuit breaker's OnTransition.
+// onCircuit, when not nil, is the circuit breaker's OnTransition (Redis,
+// and memcached with one server).
 func newStore(o Options, onCircuit func(redis.BreakerState)) (service.Store, service.Store, func() error, error) {
 	mem := func() (*memory.Store, error) { return memory.New(memory.Options{MaxKeys: o.MemoryMaxKeys}) }
 	switch o.Backend {
@@ -55,7 +56,9 @@ func newStore(o Options, onCircuit func(redis.BreakerState)) (service.Store, ser
 		}
 		return rs, fb, func() error { return errors.Join(rs.Close(), fb.Close()) }, nil
 	case "memcache":
-		ms, err := memcache.New(memcacheOptions(o))
+		mo := memcacheOptions(o)
+		mo.OnCircuit = onCircuit
+		ms, err := memcache.New(mo)
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -36,9 +36,11 @@ var mayImport = map[string][]string{
 	"pkg/policy/xds/xdstest":            {},
 	"pkg/backend/overlimit":             {"pkg/algo"},
 	"pkg/backend/memory":                {"pkg/algo"},
-	"pkg/backend/redis":                 {"pkg/algo", "pkg/backend/overlimit"},
+	"pkg/backend/breaker":               {},
+	"pkg/backend/causes":                {},
+	"pkg/backend/redis":                 {"pkg/algo", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/causes"},
 	"pkg/backend/redis/redistest":       {"internal/testproc"},
-	"pkg/backend/memcache":              {"pkg/algo", "pkg/backend/overlimit"},
+	"pkg/backend/memcache":              {"pkg/algo", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/causes"},
 	"pkg/backend/memcache/memcachetest": {"internal/testproc"},
 	"pkg/telemetry":                     {"pkg/algo"},
 	"pkg/telemetry/statsd":              {},
@@ -55,6 +57,7 @@ var mayImport = map[string][]string{
 	"internal/testproc":    {},
 	"internal/doccheck":    {},
 	"internal/golden":      {},
+	"internal/deploytest":  {"internal/testproc"},
 	"scripts/housekeeping": {"internal/doccheck"},
 	// Test-only packages: their non-test code is a package doc at most;
 	// their tests may import any package of the module.

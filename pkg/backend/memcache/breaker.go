@@ -26,10 +26,12 @@ var breakerErrors = breaker.Errors{Open: ErrCircuitOpen, StalledOpen: ErrStalled
 
 // breakerOptions are breaker.DefaultOptions with FailFor raised to at
 // least 2 × opts.Timeout, so that a stall of 3 timeouts never opens the
-// circuit (as the Redis backend raises it).
+// circuit (as the Redis backend raises it), and opts.OnCircuit as
+// OnTransition.
 func breakerOptions(opts Options) breaker.Options {
 	b := breaker.DefaultOptions()
 	b.FailFor = max(b.FailFor, 2*opts.Timeout)
+	b.OnTransition = opts.OnCircuit
 	return b
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,11 +18,12 @@ import (
 // newBreakerStore is a store on srv with the default Timeout (50 ms) and
 // the health probe every probe (0: none, only the test's calls reach the
 // breaker).
-func newBreakerStore(t *testing.T, srv *memcachetest.Server, probe time.Duration) *memcache.Store {
+func newBreakerStore(t *testing.T, srv *memcachetest.Server, probe time.Duration, onCircuit func(breaker.State)) *memcache.Store {
 	t.Helper()
 	o := memcache.DefaultOptions()
 	o.Addrs = []string{srv.Addr()}
 	o.HealthInterval = probe
+	o.OnCircuit = onCircuit
 	s, err := memcache.New(o)
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +91,9 @@ func TestFailingMemcachedOpensCircuit(t *testing.T) {
 	} {
 		t.Run(f.name, func(t *testing.T) {
 			srv := memcachetest.Start(t)
-			s := newBreakerStore(t, srv, 0)
+			var mu sync.Mutex
+			var seen []string
+			s := newBreakerStore(t, srv, 0, func(to breaker.State) { mu.Lock(); seen = append(seen, to.String()); mu.Unlock() })
 			take(t, s, algo.Hit{Key: uniq(t), Limit: fixed(5, time.Hour), Cost: 1})
 			if !s.Healthy() || s.BreakerState() != "closed" {
 				t.Fatalf("at start: healthy %v, circuit %s", s.Healthy(), s.BreakerState())
@@ -109,6 +114,12 @@ func TestFailingMemcachedOpensCircuit(t *testing.T) {
 
 			f.heal(srv)
 			recovers(t, s)
+			// Options.OnCircuit saw every transition, in order.
+			mu.Lock()
+			defer mu.Unlock()
+			if got := strings.Join(seen, ","); !strings.HasPrefix(got, "open,") || !strings.HasSuffix(got, "half_open,closed") {
+				t.Errorf("OnCircuit saw %q, want open first and half_open,closed last", got)
+			}
 		})
 	}
 }
@@ -118,7 +129,7 @@ func TestFailingMemcachedOpensCircuit(t *testing.T) {
 // and closes it once memcached answers; Healthy is false until then.
 func TestIdleStoreClosesCircuitByProbe(t *testing.T) {
 	srv := memcachetest.Start(t)
-	s := newBreakerStore(t, srv, 50*time.Millisecond)
+	s := newBreakerStore(t, srv, 50*time.Millisecond, nil)
 	eventually(t, 10*time.Second, s.Healthy, "healthy at start")
 
 	srv.Kill()

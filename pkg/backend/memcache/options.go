@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 )
 
 // Defaults of Options (DefaultOptions).
@@ -72,6 +74,12 @@ type Options struct {
 	// Now, when set, is the clock that places hits in windows (tests);
 	// nil uses time.Now.
 	Now func() time.Time
+	// OnCircuit, when not nil, is the circuit breaker's OnTransition
+	// (breaker.Options.OnTransition): called after each state change of
+	// the breaker of a one-server Store, with the new state, on the
+	// goroutine of the call that changed it; keep it fast (a log line, a
+	// counter). nil: transitions show on BreakerState only.
+	OnCircuit func(to breaker.State)
 }
 
 // DefaultOptions are the defaults of every field; Addrs or SRV must be
