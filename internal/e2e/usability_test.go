@@ -14,6 +14,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
@@ -67,7 +68,7 @@ func TestSIGHUPReloads(t *testing.T) {
 	p := start(t, startOpts{args: []string{"--config", filepath.Join(dir, "e2e.yaml"), "--log-level=debug"}})
 	cc := p.dial(t)
 	p.waitServing(t, cc, "")
-	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := p.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	// The same content: reloaded and found unchanged (nothing replaced).
@@ -84,8 +85,8 @@ func TestSIGHUPReloads(t *testing.T) {
 		t.Errorf("want exactly one first=true load\n%s", p.Logs())
 	}
 	select {
-	case <-p.done:
-		t.Fatalf("exited after SIGHUP: %v\n%s", p.err, p.Logs())
+	case <-p.Done():
+		t.Fatalf("exited after SIGHUP: %v\n%s", p.Err(), p.Logs())
 	default:
 	}
 	if got := call(t, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 5 {
@@ -267,7 +268,7 @@ func TestMakeRunStops(t *testing.T) {
 	cmd := exec.Command(makeBin, "-s", "run", "BIN="+built,
 		"RUN_ARGS=--grpc-addr=127.0.0.1:0 --http-addr=127.0.0.1:0 --debug-addr= --log-format=json")
 	cmd.Dir = repoRoot(t)
-	cmd.Env = append(baseEnv(), "GOFLAGS="+os.Getenv("GOFLAGS"), "GOCACHE="+goEnv(t, "GOCACHE"), "GOPATH="+goEnv(t, "GOPATH"))
+	cmd.Env = testproc.CleanEnv("GOFLAGS="+os.Getenv("GOFLAGS"), "GOCACHE="+goEnv(t, "GOCACHE"), "GOPATH="+goEnv(t, "GOPATH"))
 	logs := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {

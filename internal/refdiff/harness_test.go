@@ -25,8 +25,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -527,20 +527,12 @@ func absDuration(d time.Duration) time.Duration {
 
 // Request builders.
 
-// d is a descriptor of key, value pairs.
-func d(kv ...string) *rlcommon.RateLimitDescriptor {
-	out := &rlcommon.RateLimitDescriptor{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		out.Entries = append(out.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-	}
-	return out
-}
-
-// hits sets the descriptor's own hits_addend.
-func hits(x *rlcommon.RateLimitDescriptor, n uint64) *rlcommon.RateLimitDescriptor {
-	x.HitsAddend = wrapperspb.UInt64(n)
-	return x
-}
+// d is a descriptor of key, value pairs; hits sets the descriptor's own
+// hits_addend.
+var (
+	d    = testproc.Desc
+	hits = testproc.WithHits
+)
 
 // override sets the descriptor's limit override.
 func override(x *rlcommon.RateLimitDescriptor, rpu uint32, unit string) *rlcommon.RateLimitDescriptor {

@@ -1,9 +1,15 @@
-// Package testproc runs the server processes of the test helpers
-// (redis-server in pkg/backend/redis/redistest, memcached in
+// Package testproc runs the server processes of the tests.
+//
+// Proc runs the servers of the test helpers (redis-server in
+// pkg/backend/redis/redistest, memcached in
 // pkg/backend/memcache/memcachetest): start with the output appended to a
 // log file, kill, freeze (SIGSTOP) and resume, and tell whether the
-// process is alive. A server is killed when the test process dies without
-// running its cleanups (Linux: a parent-death signal).
+// process is alive. RunWithRatelimitd and StartServe build and run
+// ratelimitd itself for the end-to-end tests (internal/e2e,
+// internal/faults); Dial, Health and WaitHealth talk to it, and Desc and
+// WithHits build the descriptors of the requests tests send. A server is
+// killed when the test process dies without running its cleanups (Linux:
+// a parent-death signal).
 package testproc
 
 import (
@@ -30,7 +36,7 @@ func (p *Proc) Start(name string, args []string, dir, logPath string) error {
 	defer p.mu.Unlock()
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
-	cmd.SysProcAttr = procAttr()
+	KillWithParent(cmd)
 	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -114,3 +120,8 @@ func (p *Proc) Cont() {
 		p.stopped = false
 	}
 }
+
+// KillWithParent sets cmd up, before its Start, to be killed when the
+// test process dies without running its cleanups (Linux: a parent-death
+// SIGKILL; elsewhere nothing).
+func KillWithParent(cmd *exec.Cmd) { cmd.SysProcAttr = procAttr() }

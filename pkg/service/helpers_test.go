@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
@@ -207,20 +207,12 @@ func newInProcess(tb testing.TB, st service.Store, now func() time.Time) *servic
 	return svc
 }
 
-// d builds a descriptor from key, value pairs.
-func d(kv ...string) *rlcommon.RateLimitDescriptor {
-	out := &rlcommon.RateLimitDescriptor{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		out.Entries = append(out.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-	}
-	return out
-}
-
-// withHits sets the descriptor-level hits_addend.
-func withHits(x *rlcommon.RateLimitDescriptor, n uint64) *rlcommon.RateLimitDescriptor {
-	x.HitsAddend = wrapperspb.UInt64(n)
-	return x
-}
+// d builds a descriptor from key, value pairs; withHits sets the
+// descriptor-level hits_addend.
+var (
+	d        = testproc.Desc
+	withHits = testproc.WithHits
+)
 
 func req(domain string, ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitRequest {
 	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds}
