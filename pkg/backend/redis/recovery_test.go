@@ -17,12 +17,31 @@ func defaultStore(t testing.TB, srv *redistest.Server) *redis.Store {
 	t.Helper()
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
+	return openStore(t, o)
+}
+
+// openStore is redis.New(o), failing t on an error; the Store is closed
+// at the end of the test.
+func openStore(t testing.TB, o redis.Options) *redis.Store {
+	t.Helper()
 	s, err := redis.New(o)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("redis.New: %v", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// standaloneOptions starts a standalone redis-server (t is skipped
+// without one, as redistest.Require does) and returns it with
+// DefaultOptions pointing at it.
+func standaloneOptions(t *testing.T) (*redistest.Server, redis.Options) {
+	t.Helper()
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	return srv, o
 }
 
 // waitHealthy polls s.Healthy for up to within and returns how long it
@@ -176,10 +195,7 @@ func BenchmarkRecoveryWithoutTraffic(b *testing.B) {
 // Healthy again; an OOM that starts while no request comes is found by
 // the idle probe's write at its next iteration.
 func TestHealthyOnlyWhenCounting(t *testing.T) {
-	redistest.Require(t)
-	srv := redistest.Standalone(t)
-	o := redis.DefaultOptions()
-	o.URL = srv.URL()
+	srv, o := standaloneOptions(t)
 	s, clk := newHealthStore(t, o)
 	if s.Healthy() {
 		t.Fatal("Healthy before Warm: nothing can be counted yet")

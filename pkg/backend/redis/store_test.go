@@ -64,12 +64,7 @@ func newTestStore(t testing.TB, srv *redistest.Server, now func() time.Time, cac
 	o.PoolSize = 8
 	o.LocalCacheSize = cacheSize
 	o.Now = now
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatalf("redis.New: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
+	return openStore(t, o)
 }
 
 var epoch0 = time.Date(2026, 3, 14, 15, 9, 26, 535897000, time.UTC)
@@ -324,11 +319,7 @@ func TestSentinelStore(t *testing.T) {
 	o := redis.DefaultOptions()
 	o.Mode, o.URL, o.Addrs, o.MasterName = redis.Sentinel, "", g.SentinelAddrs(), redistest.MasterName
 	o.Timeout = 50 * time.Millisecond
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := openStore(t, o)
 	ctx := context.Background()
 	h := []algo.Hit{{Key: "sentinel", Limit: algo.Limit{Kind: algo.TokenBucket, Rate: 1 << 30, Period: time.Second}, Cost: 1}}
 	okWithin := func(limit time.Duration) time.Duration {
