@@ -16,10 +16,10 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -181,35 +181,11 @@ func problemType(t testing.TB, r *rlsv3.RateLimitResponse) string {
 // every pair of want.
 func counter(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	v, err := testproc.MetricSum(reg, name, want)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if hasLabels(m, want) {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
-func hasLabels(m *dto.Metric, want map[string]string) bool {
-	n := 0
-	for _, lp := range m.GetLabel() {
-		if v, ok := want[lp.GetName()]; ok {
-			if v != lp.GetValue() {
-				return false
-			}
-			n++
-		}
-	}
-	return n == len(want)
+	return v
 }
 
 // causes returns ratelimitd_backend_errors_total by cause (non-zero only).

@@ -100,12 +100,7 @@ func newAdminEnv(t *testing.T, store service.Store, keys policy.KeyOptions, muta
 	e := &adminEnv{set: set, clock: c, reg: prometheus.NewRegistry(), log: &syncBuffer{}}
 	opts := service.Options{Store: store, Registerer: e.reg, Now: c.Now, RequestOverrides: true,
 		Logger: slog.New(slog.NewJSONHandler(e.log, nil))}
-	if mutate != nil {
-		mutate(&opts)
-	}
-	if e.svc, err = service.New(opts); err != nil {
-		t.Fatal(err)
-	}
+	e.svc = newService(t, opts, mutate)
 	e.svc.SetPolicy(set)
 	return e
 }
@@ -189,34 +184,9 @@ func TestExplainDoesNotConsume(t *testing.T) {
 	if _, err := e.svc.Explain(context.Background(), req("")); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("empty domain: %v", err)
 	}
-	if got := counterValue(t, e.reg, "ratelimitd_admin_requests_total", "explain", "ok"); got != 7 {
+	if got := metricValue(t, e.reg, "ratelimitd_admin_requests_total", map[string]string{"op": "explain", "result": "ok"}); got != 7 {
 		t.Errorf("admin_requests_total{explain,ok} = %v, want 7", got)
 	}
-}
-
-// counterValue is the value of the counter name{lvs...} in reg (0 when
-// absent).
-func counterValue(t *testing.T, reg *prometheus.Registry, name string, lvs ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			ok := len(m.GetLabel()) == len(lvs)
-			for i, lp := range m.GetLabel() {
-				ok = ok && lp.GetValue() == lvs[i]
-			}
-			if ok {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
 }
 
 // Reset deletes the counters of the matched descriptors, logs who and
@@ -247,7 +217,7 @@ func TestReset(t *testing.T) {
 	if strings.Contains(e.log.String(), "alice") {
 		t.Errorf("the descriptor value reached the log:\n%s", e.log.String())
 	}
-	if got := counterValue(t, e.reg, "ratelimitd_counter_resets_total"); got != 1 {
+	if got := metricValue(t, e.reg, "ratelimitd_counter_resets_total", nil); got != 1 {
 		t.Errorf("counter_resets_total = %v, want 1", got)
 	}
 
@@ -344,7 +314,7 @@ func TestDecisionLogBound(t *testing.T) {
 	if len(lines) != 5 {
 		t.Fatalf("%d decision lines for 50 decisions at 5/s with a pinned clock, want 5", len(lines))
 	}
-	if got := counterValue(t, e.reg, "ratelimitd_decision_log_suppressed_total"); got != 45 {
+	if got := metricValue(t, e.reg, "ratelimitd_decision_log_suppressed_total", nil); got != 45 {
 		t.Errorf("suppressed_total = %v, want 45", got)
 	}
 	e.clock.Advance(200 * time.Millisecond) // one token

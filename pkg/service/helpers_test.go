@@ -137,6 +137,34 @@ func loadSet(t testing.TB, paths ...string) *policy.Set {
 	return set
 }
 
+// testOptions are the Options of the test services: store, metrics in
+// reg, a discarding logger, the test clock c, request overrides on and a
+// Rand of 0 (no retry jitter).
+func testOptions(c *clock, store service.Store, reg *prometheus.Registry) service.Options {
+	return service.Options{
+		Store:            store,
+		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Registerer:       reg,
+		Now:              c.Now,
+		RequestOverrides: true,
+		Rand:             func() float64 { return 0 },
+	}
+}
+
+// newService is service.New(opts) after mutate (when not nil) has changed
+// opts, failing t on an error.
+func newService(t testing.TB, opts service.Options, mutate func(*service.Options)) *service.Service {
+	t.Helper()
+	if mutate != nil {
+		mutate(&opts)
+	}
+	svc, err := service.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
 func newEnv(t testing.TB, mutate func(*service.Options)) *env {
 	t.Helper()
 	return startEnv(t, false, mutate)
@@ -148,22 +176,9 @@ func startEnv(t testing.TB, withCodec bool, mutate func(*service.Options)) *env 
 	t.Helper()
 	c := &clock{now: t0}
 	e := &env{clock: c, store: newStore(t, c), fallback: newStore(t, c), reg: prometheus.NewRegistry()}
-	opts := service.Options{
-		Store:            e.store,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Fallback:         e.fallback,
-		Registerer:       e.reg,
-		Now:              c.Now,
-		RequestOverrides: true,
-		Rand:             func() float64 { return 0 },
-	}
-	if mutate != nil {
-		mutate(&opts)
-	}
-	svc, err := service.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts := testOptions(c, e.store, e.reg)
+	opts.Fallback = e.fallback
+	svc := newService(t, opts, mutate)
 	svc.SetPolicy(loadSet(t))
 	e.svc = svc
 

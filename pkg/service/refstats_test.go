@@ -2,8 +2,6 @@ package service_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net"
 	"path/filepath"
 	"regexp"
@@ -15,12 +13,12 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
@@ -166,22 +164,9 @@ func startRefEnv(t *testing.T, store service.Store, mutate func(*service.Options
 	}
 	t.Cleanup(func() { _ = sc.Close() })
 	e.sc = sc
-	opts := service.Options{
-		Store:            store,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Registerer:       e.reg,
-		Statsd:           sc,
-		Now:              c.Now,
-		RequestOverrides: true,
-		Rand:             func() float64 { return 0 },
-	}
-	if mutate != nil {
-		mutate(&opts)
-	}
-	svc, err := service.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts := testOptions(c, store, e.reg)
+	opts.Statsd = sc
+	svc := newService(t, opts, mutate)
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "rl.yaml"), refStatsConfig)
 	set, _, err := policy.Load(policy.LoadOptions{}, dir)
@@ -234,41 +219,15 @@ func datagrams(t *testing.T, g prometheus.Gatherer) uint64 {
 	return uint64(gatherValue(t, g, "ratelimitd_statsd_datagrams_total", nil))
 }
 
-// gatherValue returns the value of the series of name whose labels
-// include want (0 when absent).
+// gatherValue is the sum of the series of name in g whose labels include
+// want (0 when absent).
 func gatherValue(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
+	v, err := testproc.MetricSum(g, name, want)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if hasLabels(m, want) {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
-func hasLabels(m *dto.Metric, want map[string]string) bool {
-	for k, v := range want {
-		found := false
-		for _, lp := range m.GetLabel() {
-			if lp.GetName() == k && lp.GetValue() == v {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	return v
 }
 
 func checkStats(t *testing.T, got map[string]float64, want map[string]float64) {
