@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -314,22 +312,7 @@ func TestMakeRunStops(t *testing.T) {
 
 // syncBuffer is a bytes.Buffer safe for exec's copying goroutine and the
 // test reading it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = testproc.Buffer
 
 // childRunning returns the pid of a child of parent running exe, or 0.
 func childRunning(parent int, exe string) int {

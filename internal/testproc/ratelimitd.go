@@ -2,7 +2,6 @@ package testproc
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -87,8 +86,7 @@ type Serve struct {
 	// HTTP, Debug) to the host:port it logged.
 	Addrs map[string]string
 
-	mu   sync.Mutex
-	logs bytes.Buffer
+	logs Buffer
 	done chan struct{}
 	err  error // Wait's result, after done
 
@@ -120,9 +118,7 @@ func StartServe(bin string, args, env, listeners []string, within time.Duration)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
 			line := sc.Text()
-			s.mu.Lock()
-			s.logs.WriteString(line + "\n")
-			s.mu.Unlock()
+			_, _ = s.logs.Write([]byte(line + "\n"))
 			var rec struct{ Msg, Server, Addr string }
 			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
 				addrs <- [2]string{rec.Server, rec.Addr}
@@ -158,11 +154,7 @@ func (s *Serve) listening(names []string) bool {
 }
 
 // Logs is everything the process wrote to stderr so far.
-func (s *Serve) Logs() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.logs.String()
-}
+func (s *Serve) Logs() string { return s.logs.String() }
 
 // LogTail is the last n lines of Logs.
 func (s *Serve) LogTail(n int) string {
