@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -193,13 +192,7 @@ func writeFile(t testing.TB, dir, name, content string) {
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
-	return port
+	return testproc.FreePorts(t, 1)[0]
 }
 
 // eventually retries f every 20ms until it returns "" or within elapses;

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -585,20 +584,4 @@ var (
 )
 
 // freePorts returns n distinct free loopback ports.
-func freePorts(t *testing.T, n int) []string {
-	t.Helper()
-	var out []string
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		out = append(out, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
-	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
-	return out
-}
+var freePorts = testproc.FreePorts

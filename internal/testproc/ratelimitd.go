@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -231,4 +233,20 @@ func WaitHealth(cc *grpc.ClientConn, service string, want healthpb.HealthCheckRe
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// FreePorts returns n distinct loopback TCP ports (decimal strings) that
+// were free a moment ago: all n are held open together, then released.
+func FreePorts(t testing.TB, n int) []string {
+	t.Helper()
+	out := make([]string, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = l.Close() }()
+		out = append(out, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+	}
+	return out
 }

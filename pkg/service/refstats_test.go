@@ -5,9 +5,7 @@ import (
 	"net"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,57 +46,17 @@ descriptors:
 `
 
 // statsdSink is a UDP listener that records every stat line it receives.
-type statsdSink struct {
-	pc    net.PacketConn
-	mu    sync.Mutex
-	lines []string
-	n     int // datagrams
-	done  chan struct{}
-}
+type statsdSink struct{ *testproc.StatsdSink }
 
-func newStatsdSink(t testing.TB) *statsdSink {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u, ok := pc.(*net.UDPConn); ok {
-		_ = u.SetReadBuffer(4 << 20)
-	}
-	s := &statsdSink{pc: pc, done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		buf := make([]byte, 65536)
-		for {
-			n, _, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.n++
-			for _, l := range strings.Split(string(buf[:n]), "\n") {
-				if l != "" {
-					s.lines = append(s.lines, l)
-				}
-			}
-			s.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { _ = pc.Close(); <-s.done })
-	return s
-}
-
-func (s *statsdSink) addr() string { return s.pc.LocalAddr().String() }
+func newStatsdSink(t testing.TB) statsdSink { return statsdSink{testproc.ListenStatsd(t)} }
 
 // waitDatagrams waits until n datagrams in all have arrived (loopback
 // delivers them in well under the time allowed).
-func (s *statsdSink) waitDatagrams(t testing.TB, n uint64) {
+func (s statsdSink) waitDatagrams(t testing.TB, n uint64) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		s.mu.Lock()
-		got := s.n
-		s.mu.Unlock()
+		got := s.Datagrams()
 		if uint64(got) >= n {
 			return
 		}
@@ -110,34 +68,14 @@ func (s *statsdSink) waitDatagrams(t testing.TB, n uint64) {
 }
 
 // totals sums the values of every line by "name|type" (counters and
-// gauges by value; timers counted as samples).
-func (s *statsdSink) totals(t testing.TB) map[string]float64 {
+// gauges by value; timers counted as samples); a malformed line fails t.
+func (s statsdSink) totals(t testing.TB) map[string]float64 {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := map[string]float64{}
-	for _, l := range s.lines {
-		name, rest, ok := strings.Cut(l, ":")
-		val, typ, ok2 := strings.Cut(rest, "|")
-		if !ok || !ok2 {
-			t.Fatalf("malformed statsd line %q", l)
-		}
-		v, err := strconv.ParseFloat(val, 64)
-		if err != nil {
-			t.Fatalf("line %q: %v", l, err)
-		}
-		switch typ {
-		case "c":
-			out[name+"|c"] += v
-		case "g":
-			out[name+"|g"] = v
-		case "ms":
-			out[name+"|ms"]++
-		default:
-			t.Fatalf("line %q: unknown type %q", l, typ)
-		}
+	totals, bad := s.Totals()
+	if len(bad) > 0 {
+		t.Fatalf("malformed statsd lines %q", bad)
 	}
-	return out
+	return totals
 }
 
 // refEnv is a service with a statsd client behind a real loopback gRPC
@@ -145,7 +83,7 @@ func (s *statsdSink) totals(t testing.TB) map[string]float64 {
 type refEnv struct {
 	svc    *service.Service
 	sc     *statsd.Client
-	sink   *statsdSink
+	sink   statsdSink
 	reg    *prometheus.Registry
 	clock  *clock
 	client rlsv3.RateLimitServiceClient
@@ -158,7 +96,7 @@ func startRefEnv(t *testing.T, store service.Store, mutate func(*service.Options
 		store = newStore(t, c)
 	}
 	e := &refEnv{clock: c, sink: newStatsdSink(t), reg: prometheus.NewRegistry()}
-	sc, err := statsd.New(statsd.Options{Addr: e.sink.addr(), FlushInterval: time.Hour, Registerer: e.reg})
+	sc, err := statsd.New(statsd.Options{Addr: e.sink.Addr(), FlushInterval: time.Hour, Registerer: e.reg})
 	if err != nil {
 		t.Fatal(err)
 	}
