@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -411,30 +412,13 @@ func TestSlidingLogLargeCost(t *testing.T) {
 }
 
 // concurrentAllowed sends n concurrent one-hit requests on key, spread
-// round-robin over stores, and returns how many were allowed. Any error
-// fails the test.
+// round-robin over stores, and returns how many were allowed
+// (algotest.ConcurrentAllowed). Any error fails the test.
 func concurrentAllowed(t *testing.T, stores []*redis.Store, key string, l algo.Limit, n int) int64 {
 	t.Helper()
-	var allowed atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i := range n {
-		s := stores[i%len(stores)]
-		wg.Go(func() {
-			d, err := s.Take(context.Background(), []algo.Hit{{Key: key, Limit: l, Cost: 1}})
-			if err != nil {
-				errs <- err
-				return
-			}
-			if d[0].Allowed {
-				allowed.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	allowed, err := algotest.ConcurrentAllowed(context.Background(), stores, key, l, n)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return allowed.Load()
+	return allowed
 }
