@@ -93,6 +93,18 @@ func (ca *testCA) issue(t *testing.T, cn string, server bool, uris ...string) (c
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
 
+// serverFiles writes a server certificate for cn (server.pem,
+// server-key.pem) and the CA (ca.pem) into a new directory and returns it.
+func (ca *testCA) serverFiles(t *testing.T, cn string) string {
+	t.Helper()
+	dir := t.TempDir()
+	srvCert, srvKey := ca.issue(t, cn, true)
+	writeFile(t, dir, "server.pem", string(srvCert))
+	writeFile(t, dir, "server-key.pem", string(srvKey))
+	writeFile(t, dir, "ca.pem", string(ca.pem))
+	return dir
+}
+
 func clientTLS(t *testing.T, ca *testCA, certPEM, keyPEM []byte) *tls.Config {
 	t.Helper()
 	pool := x509.NewCertPool()
@@ -132,11 +144,7 @@ func checkHealth(t *testing.T, addr string, cfg *tls.Config) error {
 // without a restart.
 func TestGRPCMutualTLS(t *testing.T) {
 	ca := newCA(t)
-	dir := t.TempDir()
-	srvCert, srvKey := ca.issue(t, "server-1", true)
-	writeFile(t, dir, "server.pem", string(srvCert))
-	writeFile(t, dir, "server-key.pem", string(srvKey))
-	writeFile(t, dir, "ca.pem", string(ca.pem))
+	dir := ca.serverFiles(t, "server-1")
 	cfgDir := t.TempDir()
 	writeFile(t, cfgDir, "e2e.yaml", fmt.Sprintf(oneFile, 3))
 	const san = "spiffe://cluster.local/ns/istio-system/sa/ingress"

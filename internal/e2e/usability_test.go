@@ -389,6 +389,24 @@ func waitRefusedAtStart(t *testing.T, p *proc, cc *grpc.ClientConn, refused stri
 	}
 }
 
+// reloadRefused writes content to dir/name while p serves a config whose
+// rule k allows 5 in domain, waits until p logged refused a second time
+// (the first was at startup), and checks that k still allows 5: the
+// config in force stays.
+func reloadRefused(t *testing.T, p *proc, cc *grpc.ClientConn, dir, name, content, refused, domain string) {
+	t.Helper()
+	writeFile(t, dir, name, content)
+	eventually(t, 10*time.Second, func() string {
+		if n := strings.Count(p.Logs(), refused); n < 2 {
+			return fmt.Sprintf("%d refusals logged, want 2\n%s", n, p.Logs())
+		}
+		return ""
+	})
+	if got := call(t, cc, domain, desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 5 {
+		t.Errorf("limit %d after a refused reload, want 5 (the config in force)", got)
+	}
+}
+
 // --max-config-rules refuses a config with more rules at startup (not
 // serving) and at reload (the config in force stays), with an ERROR naming
 // both counts.
@@ -402,16 +420,7 @@ func TestMaxConfigRules(t *testing.T) {
 	waitRefusedAtStart(t, p, cc, refused)
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
 	p.waitServing(t, cc, "")
-	writeFile(t, dir, "e2e.yaml", two)
-	eventually(t, 10*time.Second, func() string {
-		if n := strings.Count(p.Logs(), refused); n < 2 {
-			return fmt.Sprintf("%d refusals logged, want 2\n%s", n, p.Logs())
-		}
-		return ""
-	})
-	if got := call(t, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 5 {
-		t.Errorf("limit %d after a refused reload, want 5 (the config in force)", got)
-	}
+	reloadRefused(t, p, cc, dir, "e2e.yaml", two, refused, "e2e")
 }
 
 // --max-config-bytes refuses a config larger than the limit before parsing.

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -53,11 +52,7 @@ func TestHugeHitsAddend(t *testing.T) {
 	srv := redistest.Standalone(t)
 	set := loadSet(t, hugeConfig)
 
-	mem, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = mem.Close() })
+	mem := newMemory(t)
 	memReg := prometheus.NewRegistry()
 	memSvc, err := service.New(service.Options{
 		Store:            mem,

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -94,12 +93,7 @@ func countingBackends(t *testing.T) []backend {
 	srv := redistest.Standalone(t)
 	return []backend{
 		{"memory", func(t testing.TB, _ int) service.Store {
-			m, err := memory.New(memory.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = m.Close() })
-			return m
+			return newMemory(t)
 		}},
 		{"redis", func(t testing.TB, localCache int) service.Store {
 			o := generous(standaloneOpts(srv.URL()))

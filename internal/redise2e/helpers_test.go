@@ -64,6 +64,17 @@ type instance struct {
 	reg   *prometheus.Registry
 }
 
+// newMemory is a memory store with default Options, closed when t ends.
+func newMemory(t testing.TB) *memory.Store {
+	t.Helper()
+	m, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
 // newStore builds a redis.Store from opts and closes it when t ends.
 func newStore(t testing.TB, opts redis.Options) *redis.Store {
 	t.Helper()
@@ -80,11 +91,7 @@ func newStore(t testing.TB, opts redis.Options) *redis.Store {
 func newInstance(t testing.TB, opts redis.Options, set *policy.Set) *instance {
 	t.Helper()
 	st := newStore(t, opts)
-	fb, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = fb.Close() })
+	fb := newMemory(t)
 	reg := prometheus.NewRegistry()
 	svc, err := service.New(service.Options{
 		Store:            st,
