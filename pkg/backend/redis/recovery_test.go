@@ -216,24 +216,9 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 	}
 
 	// OOM: maxmemory below what is used, noeviction.
-	for i := range 200 {
-		if err := ctl.Set(ctx, "fill"+strconv.Itoa(i), string(make([]byte, 4096)), 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	used, err := ctl.Info(ctx, "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := redistest.InfoInt(t, used, "used_memory")
-	if err := ctl.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := ctl.ConfigSet(ctx, "maxmemory", strconv.FormatInt(mem-1<<20, 10)).Err(); err != nil {
-		t.Fatal(err)
-	}
+	redistest.StartOOM(t, srv)
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Hour}
-	_, err = s.Take(ctx, []algo.Hit{{Key: "oom", Limit: l, Cost: 1}})
+	_, err := s.Take(ctx, []algo.Hit{{Key: "oom", Limit: l, Cost: 1}})
 	if redis.CauseOf(err) != redis.CauseOOM {
 		t.Fatalf("Take under OOM: %v, want cause oom", err)
 	}
@@ -246,9 +231,7 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 			t.Fatal("Healthy again under OOM after a probe iteration: a PING does not prove writes count")
 		}
 	}
-	if err := ctl.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
+	redistest.EndOOM(t, srv)
 	n := driveUntil(t, s, clk, true, "closed")
 	t.Logf("OOM: Healthy %d probe iterations after maxmemory was lifted, without traffic", n)
 	if st := s.BreakerState(); st != "closed" {
@@ -256,15 +239,11 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 	}
 
 	// OOM again, with no traffic at all: the probe's write finds it.
-	if err := ctl.ConfigSet(ctx, "maxmemory", strconv.FormatInt(mem-1<<20, 10)).Err(); err != nil {
-		t.Fatal(err)
-	}
+	redistest.StartOOM(t, srv)
 	clk.Tick(t)
 	if s.Healthy() {
 		t.Fatal("OOM with no traffic: Healthy after the next probe iteration, want its write refused")
 	}
-	if err := ctl.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
+	redistest.EndOOM(t, srv)
 	driveUntil(t, s, clk, true, "closed")
 }
