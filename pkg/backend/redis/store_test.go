@@ -83,8 +83,10 @@ func allKinds() []algo.Limit {
 	}
 }
 
+// kindName is algotest.KindName of l's algorithm, with "_calendar" for a
+// calendar window.
 func kindName(l algo.Limit) string {
-	n := [...]string{"fixed_window", "sliding_window", "sliding_log", "token_bucket", "concurrency"}[l.Kind]
+	n := algotest.KindName(l.Kind)
 	if l.Calendar != algo.CalendarNone {
 		n += "_calendar"
 	}
