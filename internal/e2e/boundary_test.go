@@ -51,10 +51,7 @@ func tlsPost(cfg *tls.Config, url, body string) (int, string, error) {
 // without a certificate, and /json needs a certificate from the gRPC
 // client CA with the required SAN. A refused /json consumes nothing.
 func TestJSONBehindGRPCBoundary(t *testing.T) {
-	ca := newCA(t)
-	dir := ca.serverFiles(t, "server")
-	cfgDir := t.TempDir()
-	writeFile(t, cfgDir, "e2e.yaml", fmt.Sprintf(oneFile, 2))
+	ca, dir, cfgDir := tlsSetup(t, "server", 2)
 	const san = "spiffe://cluster.local/ns/gw/sa/envoy"
 	tlsArgs := []string{"--config", cfgDir,
 		"--grpc-tls-cert", filepath.Join(dir, "server.pem"), "--grpc-tls-key", filepath.Join(dir, "server-key.pem"),

@@ -105,6 +105,17 @@ func (ca *testCA) serverFiles(t *testing.T, cn string) string {
 	return dir
 }
 
+// tlsSetup makes a CA, a server certificate for cn in dir (serverFiles)
+// and a config directory holding oneFile with limit.
+func tlsSetup(t *testing.T, cn string, limit int) (ca *testCA, dir, cfgDir string) {
+	t.Helper()
+	ca = newCA(t)
+	dir = ca.serverFiles(t, cn)
+	cfgDir = t.TempDir()
+	writeFile(t, cfgDir, "e2e.yaml", fmt.Sprintf(oneFile, limit))
+	return ca, dir, cfgDir
+}
+
 func clientTLS(t *testing.T, ca *testCA, certPEM, keyPEM []byte) *tls.Config {
 	t.Helper()
 	pool := x509.NewCertPool()
@@ -143,10 +154,7 @@ func checkHealth(t *testing.T, addr string, cfg *tls.Config) error {
 // gRPC mTLS with a required SAN; a replaced server certificate is served
 // without a restart.
 func TestGRPCMutualTLS(t *testing.T) {
-	ca := newCA(t)
-	dir := ca.serverFiles(t, "server-1")
-	cfgDir := t.TempDir()
-	writeFile(t, cfgDir, "e2e.yaml", fmt.Sprintf(oneFile, 3))
+	ca, dir, cfgDir := tlsSetup(t, "server-1", 3)
 	const san = "spiffe://cluster.local/ns/istio-system/sa/ingress"
 
 	p := start(t, startOpts{args: []string{"--config", cfgDir,

@@ -1,14 +1,11 @@
 package redise2e
 
 import (
-	"io"
-	"log/slog"
 	"math"
 	"sync"
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
@@ -52,18 +49,7 @@ func TestHugeHitsAddend(t *testing.T) {
 	srv := redistest.Standalone(t)
 	set := loadSet(t, hugeConfig)
 
-	mem := newMemory(t)
-	memReg := prometheus.NewRegistry()
-	memSvc, err := service.New(service.Options{
-		Store:            mem,
-		Registerer:       memReg,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		RequestOverrides: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	memSvc.SetPolicy(set)
+	memSvc, memReg := newService(t, service.Options{Store: newMemory(t)}, set)
 	redisIn := newInstance(t, generous(standaloneOpts(srv.URL())), set)
 	warm(t, []*instance{redisIn})
 	backends := []struct {

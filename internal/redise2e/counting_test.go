@@ -2,8 +2,6 @@ package redise2e
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net"
 	"testing"
 	"time"
@@ -108,18 +106,7 @@ func countingBackends(t *testing.T) []backend {
 // a client of it (as Envoy's) and the service's metrics registry.
 func grpcService(t testing.TB, store service.Store, counting policy.Counting) (rlsv3.RateLimitServiceClient, *prometheus.Registry) {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	svc, err := service.New(service.Options{
-		Store:            store,
-		Registerer:       reg,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		RequestOverrides: true,
-		Counting:         counting,
-	})
-	if err != nil {
-		t.Fatalf("service.New: %v", err)
-	}
-	svc.SetPolicy(loadSet(t, countingConfig))
+	svc, reg := newService(t, service.Options{Store: store, Counting: counting}, loadSet(t, countingConfig))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

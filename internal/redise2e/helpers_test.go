@@ -91,20 +91,25 @@ func newStore(t testing.TB, opts redis.Options) *redis.Store {
 func newInstance(t testing.TB, opts redis.Options, set *policy.Set) *instance {
 	t.Helper()
 	st := newStore(t, opts)
-	fb := newMemory(t)
+	svc, reg := newService(t, service.Options{Store: st, Fallback: newMemory(t)}, set)
+	return &instance{svc: svc, store: st, reg: reg}
+}
+
+// newService is service.New(o) with a new metrics registry (returned), a
+// discarding logger and request overrides on, serving set; an error
+// fails t.
+func newService(t testing.TB, o service.Options, set *policy.Set) (*service.Service, *prometheus.Registry) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	svc, err := service.New(service.Options{
-		Store:            st,
-		Fallback:         fb,
-		Registerer:       reg,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		RequestOverrides: true,
-	})
+	o.Registerer = reg
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	o.RequestOverrides = true
+	svc, err := service.New(o)
 	if err != nil {
 		t.Fatalf("service.New: %v", err)
 	}
 	svc.SetPolicy(set)
-	return &instance{svc: svc, store: st, reg: reg}
+	return svc, reg
 }
 
 // standaloneOpts are DefaultOptions for a standalone server URL.
