@@ -2,10 +2,8 @@ package deploy_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -13,7 +11,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,123 +18,29 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"sigs.k8s.io/yaml"
+
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
-var (
-	buildOnce sync.Once
-	buildBin  string
-	buildErr  error
-	buildOut  []byte
-)
-
-// buildRatelimitd builds ./cmd/ratelimitd once; while it does not build,
-// the caller is skipped with the compiler's message.
-func buildRatelimitd(t *testing.T) string {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs ./cmd/ratelimitd; skipped with -short")
-	}
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "ratelimitd-deploy-test-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildBin = filepath.Join(dir, "ratelimitd")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		buildOut, buildErr = exec.CommandContext(ctx, "go", "build", "-o", buildBin, "../cmd/ratelimitd").CombinedOutput()
-	})
-	if buildErr != nil {
-		t.Fatalf("./cmd/ratelimitd does not build: %v\n%s", buildErr, buildOut)
-	}
-	return buildBin
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildBin != "" {
-		os.RemoveAll(filepath.Dir(buildBin))
-	}
-	os.Exit(code)
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+func TestMain(m *testing.M) { deploytest.Main(m) }
 
 // instance is one running `ratelimitd serve`.
 type instance struct {
 	http string
-	log  *syncBuffer
-}
-
-// syncBuffer collects the process output; safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	log  *deploytest.SyncBuffer
 }
 
 // serve starts ratelimitd with extra flags, waits for /healthcheck 200 and
 // stops it at the end of the test.
 func serve(t *testing.T, bin, configDir string, extra ...string) instance {
 	t.Helper()
-	in := instance{http: freeAddr(t), log: &syncBuffer{}}
-	args := append([]string{"serve", "--config", configDir, "--grpc-addr", freeAddr(t), "--http-addr", in.http, "--debug-addr", ""}, extra...)
+	httpAddr := deploytest.FreeAddr(t)
+	args := append([]string{"serve", "--config", configDir, "--grpc-addr", deploytest.FreeAddr(t), "--http-addr", httpAddr, "--debug-addr", ""}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // no RATELIMITD_* or legacy variables from the caller
-	cmd.Stdout, cmd.Stderr = in.log, in.log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get("http://" + in.http + "/healthcheck")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return in
-			}
-		}
-		select {
-		case <-done:
-			t.Fatalf("ratelimitd %v exited:\n%s", extra, in.log)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ratelimitd %v not healthy after 30s (last: %v):\n%s", extra, err, in.log)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	p := deploytest.Start(t, cmd, 20*time.Second)
+	p.WaitOK(t, "http://"+httpAddr+"/healthcheck", 30*time.Second)
+	return instance{http: httpAddr, log: p.Log}
 }
 
 // descriptor is one request descriptor for POST /json.
@@ -238,7 +141,7 @@ func hasSeries(fams map[string]*dto.MetricFamily, name, label, value string) boo
 // with the declared type, exactly the declared labels, and only the
 // declared label values; and that no label carries a request value.
 func TestMetricsExistInRunningService(t *testing.T) {
-	bin := buildRatelimitd(t)
+	bin := deploytest.Ratelimitd(t)
 	example := filepath.Join("..", "examples", "config")
 	files, _ := filepath.Glob(filepath.Join(example, "*.yaml"))
 	if len(files) == 0 {
@@ -292,7 +195,7 @@ func TestMetricsExistInRunningService(t *testing.T) {
 
 	// B: Redis backend on a port where nothing listens: every call is a
 	// backend error, answered by the rules' failure modes.
-	b := serve(t, bin, example, "--backend", "redis", "--redis-url", "redis://"+freeAddr(t)+"/0", "--redis-timeout", "50ms")
+	b := serve(t, bin, example, "--backend", "redis", "--redis-url", "redis://"+deploytest.FreeAddr(t)+"/0", "--redis-timeout", "50ms")
 	for domain, ds := range descs {
 		for _, d := range ds {
 			postJSON(t, b, domain, []descriptor{d})

@@ -3,21 +3,12 @@ package k8s_test
 import (
 	"bytes"
 	"context"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
-	"sync"
 	"testing"
 	"time"
-)
 
-var (
-	buildOnce sync.Once
-	buildBin  string
-	buildErr  error
-	buildOut  []byte
-	buildDir  string
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
 // testVersion is stamped into the test build as the Dockerfile stamps
@@ -25,33 +16,11 @@ var (
 const testVersion = "v9.9.9-k8s-test"
 
 // buildRatelimitd builds ./cmd/ratelimitd once per test binary, with the
-// Dockerfile's flags (CGO_ENABLED=0, -trimpath, version ldflags). While the
-// command does not build yet, tests that need it are skipped, naming why.
+// Dockerfile's flags (CGO_ENABLED=0, -trimpath, version ldflags); skipped
+// with -short.
 func buildRatelimitd(t *testing.T) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("builds ./cmd/ratelimitd; skipped with -short")
-	}
-	buildOnce.Do(func() {
-		dir, err := osMkdirTemp()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildDir = dir
-		buildBin = filepath.Join(dir, "ratelimitd")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath",
-			"-ldflags", "-s -w -X main.version="+testVersion+" -X main.commit=abc123",
-			"-o", buildBin, "../cmd/ratelimitd")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		buildOut, buildErr = cmd.CombinedOutput()
-	})
-	if buildErr != nil {
-		t.Fatalf("./cmd/ratelimitd does not build: %v\n%s", buildErr, buildOut)
-	}
-	return buildBin
+	return deploytest.Ratelimitd(t, "-trimpath", "-ldflags", "-s -w -X main.version="+testVersion+" -X main.commit=abc123")
 }
 
 func runCmd(bin string, args ...string) ([]byte, error) {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"debug/elf"
 	"encoding/json"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -366,7 +366,7 @@ func TestImageServesReferenceEnvironment(t *testing.T) {
 			for k, v := range df.env {
 				env = append(env, k+"="+v)
 			}
-			ports := freePorts(t, 3)
+			ports := deploytest.FreePorts(t, 3)
 			env = append(env, "GRPC_HOST=127.0.0.1", "GRPC_PORT="+ports[0], "HOST=127.0.0.1", "PORT="+ports[1],
 				"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+ports[2])
 			env = append(env, tc.env...)
@@ -405,25 +405,6 @@ func TestImageServesReferenceEnvironment(t *testing.T) {
 			}
 		})
 	}
-}
-
-// freePorts returns n distinct free loopback ports.
-func freePorts(t *testing.T, n int) []string {
-	t.Helper()
-	var out []string
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		out = append(out, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
-	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return out
 }
 
 // startImageProcess starts argv in dir with env and stops it (SIGTERM,

@@ -1,16 +1,9 @@
 package k8s_test
 
 import (
-	"os"
 	"testing"
+
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
-func osMkdirTemp() (string, error) { return os.MkdirTemp("", "ratelimitd-k8s-test-") }
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { deploytest.Main(m) }

@@ -19,9 +19,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -87,15 +87,10 @@ func TestEveryManifestDecodesStrictly(t *testing.T) {
 }
 
 // TestStrictDecoderRejects proves the decoder is strict: a misspelt or
-// misplaced field, a duplicate key and an unknown kind all fail.
+// misplaced field, a duplicate key, a wrong type and an unknown kind all
+// fail.
 func TestStrictDecoderRejects(t *testing.T) {
-	for name, doc := range map[string]string{
-		"unknown field": "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  selectr: {a: b}\n",
-		"wrong level":   "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nreplicas: 3\n",
-		"duplicate key": "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nmetadata: {name: y}\n",
-		"unknown kind":  "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n",
-		"wrong type":    "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: three}\n",
-	} {
+	for name, doc := range deploytest.RejectedDocs {
 		if _, _, err := decodeStrict([]byte(doc)); err == nil {
 			t.Errorf("%s: decoded without error", name)
 		}
@@ -174,18 +169,6 @@ func podTemplates(r rendered) []podTemplate {
 	return out
 }
 
-func mustSelector(t *testing.T, what string, ls *metav1.LabelSelector) labels.Selector {
-	t.Helper()
-	if ls == nil {
-		t.Fatalf("%s: no selector", what)
-	}
-	s, err := metav1.LabelSelectorAsSelector(ls)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	return s
-}
-
 // selected returns the pod templates a selector picks.
 func selected(r rendered, s labels.Selector) []podTemplate {
 	var out []podTemplate
@@ -216,17 +199,17 @@ func TestSelectorsMatchLabels(t *testing.T) {
 		r := render(t, dir)
 		t.Run(dir, func(t *testing.T) {
 			for _, d := range byKind[appsv1.Deployment](r, "apps/v1/Deployment") {
-				if !mustSelector(t, "Deployment "+d.Name, d.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) {
+				if !deploytest.MustSelector(t, "Deployment "+d.Name, d.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) {
 					t.Errorf("Deployment %s: selector does not match its pod template labels", d.Name)
 				}
 				for _, tsc := range d.Spec.Template.Spec.TopologySpreadConstraints {
-					if !mustSelector(t, "topologySpread", tsc.LabelSelector).Matches(labels.Set(d.Spec.Template.Labels)) {
+					if !deploytest.MustSelector(t, "topologySpread", tsc.LabelSelector).Matches(labels.Set(d.Spec.Template.Labels)) {
 						t.Errorf("Deployment %s: topologySpreadConstraint %s selects other pods", d.Name, tsc.TopologyKey)
 					}
 				}
 			}
 			for _, s := range byKind[appsv1.StatefulSet](r, "apps/v1/StatefulSet") {
-				if !mustSelector(t, "StatefulSet "+s.Name, s.Spec.Selector).Matches(labels.Set(s.Spec.Template.Labels)) {
+				if !deploytest.MustSelector(t, "StatefulSet "+s.Name, s.Spec.Selector).Matches(labels.Set(s.Spec.Template.Labels)) {
 					t.Errorf("StatefulSet %s: selector does not match its pod template labels", s.Name)
 				}
 				if len(byName[corev1.Service](r, "v1/Service", s.Spec.ServiceName)) == 0 {
@@ -250,7 +233,7 @@ func TestSelectorsMatchLabels(t *testing.T) {
 				}
 			}
 			for _, pdb := range byKind[policyv1.PodDisruptionBudget](r, "policy/v1/PodDisruptionBudget") {
-				if n := len(selected(r, mustSelector(t, "PDB", pdb.Spec.Selector))); n != 1 {
+				if n := len(selected(r, deploytest.MustSelector(t, "PDB", pdb.Spec.Selector))); n != 1 {
 					t.Errorf("PodDisruptionBudget %s selects %d workloads, want 1", pdb.Name, n)
 				}
 			}
@@ -261,7 +244,7 @@ func TestSelectorsMatchLabels(t *testing.T) {
 				}
 			}
 			for _, np := range byKind[networkingv1.NetworkPolicy](r, "networking.k8s.io/v1/NetworkPolicy") {
-				targets := selected(r, mustSelector(t, "NetworkPolicy", &np.Spec.PodSelector))
+				targets := selected(r, deploytest.MustSelector(t, "NetworkPolicy", &np.Spec.PodSelector))
 				if len(targets) != 1 {
 					t.Errorf("NetworkPolicy %s selects %d workloads, want 1", np.Name, len(targets))
 					continue
@@ -288,7 +271,7 @@ func checkPeers(t *testing.T, r rendered, np string, peers []networkingv1.Networ
 	t.Helper()
 	for _, p := range peers {
 		if p.PodSelector != nil && p.NamespaceSelector == nil {
-			if len(selected(r, mustSelector(t, "peer", p.PodSelector))) == 0 {
+			if len(selected(r, deploytest.MustSelector(t, "peer", p.PodSelector))) == 0 {
 				t.Errorf("NetworkPolicy %s: peer %v selects no pod of this deployment", np, p.PodSelector.MatchLabels)
 			}
 		}
@@ -331,19 +314,6 @@ func envValue(c *corev1.Container, name string) string {
 	return serveDefaults[name]
 }
 
-func addrPort(t *testing.T, name, addr string) int32 {
-	t.Helper()
-	_, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatalf("%s=%q: %v", name, addr, err)
-	}
-	n, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatalf("%s=%q: %v", name, addr, err)
-	}
-	return int32(n)
-}
-
 // TestRatelimitdPodSpec checks the Deployment of every workload overlay:
 // probes on the ports ratelimitd really listens on, hardening, resources,
 // replicas, graceful termination and the config volume.
@@ -353,11 +323,11 @@ func TestRatelimitdPodSpec(t *testing.T) {
 		t.Run(dir, func(t *testing.T) {
 			d, c := ratelimitd(t, r)
 			pt := podTemplate{"Deployment ratelimitd", &d.Spec.Template}
-			grpcPort := addrPort(t, "RATELIMITD_GRPC_ADDR", envValue(c, "RATELIMITD_GRPC_ADDR"))
-			httpPort := addrPort(t, "RATELIMITD_HTTP_ADDR", envValue(c, "RATELIMITD_HTTP_ADDR"))
+			grpcPort := deploytest.AddrPort(t, "RATELIMITD_GRPC_ADDR", envValue(c, "RATELIMITD_GRPC_ADDR"))
+			httpPort := deploytest.AddrPort(t, "RATELIMITD_HTTP_ADDR", envValue(c, "RATELIMITD_HTTP_ADDR"))
 			listening := map[int32]string{grpcPort: "grpc", httpPort: "http"}
 			if m := envValue(c, "RATELIMITD_METRICS_ADDR"); m != "" {
-				listening[addrPort(t, "RATELIMITD_METRICS_ADDR", m)] = "metrics"
+				listening[deploytest.AddrPort(t, "RATELIMITD_METRICS_ADDR", m)] = "metrics"
 			}
 			if dbg := envValue(c, "RATELIMITD_DEBUG_ADDR"); dbg != "" {
 				if h, _, _ := net.SplitHostPort(dbg); h != "127.0.0.1" && h != "localhost" {
@@ -527,7 +497,7 @@ func TestConfigMapConfigLoads(t *testing.T) {
 	if len(cm[0].Data) == 0 {
 		t.Fatalf("ConfigMap ratelimitd-config is empty")
 	}
-	dir := kubeletConfigMapDir(t, cm[0].Data)
+	dir := deploytest.KubeletVolume(t, cm[0].Data)
 	set, warnings, err := policy.Load(policy.LoadOptions{IgnoreDotFiles: true}, dir)
 	if err != nil {
 		t.Fatalf("policy.Load(ConfigMap as mounted): %v", err)
@@ -538,30 +508,6 @@ func TestConfigMapConfigLoads(t *testing.T) {
 	if len(set.Domains()) == 0 {
 		t.Errorf("config loads no domain")
 	}
-}
-
-// kubeletConfigMapDir writes data the way the kubelet's atomic writer does.
-func kubeletConfigMapDir(t *testing.T, data map[string]string) string {
-	t.Helper()
-	dir := t.TempDir()
-	ts := "..2026_01_01_00_00_00.000000001"
-	if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, content := range data {
-		if err := os.WriteFile(filepath.Join(dir, ts, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Symlink(ts, filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	for name := range data {
-		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
 }
 
 // TestConfigMatchesExample keeps the ConfigMap's files equal to the shipped
@@ -644,7 +590,7 @@ func TestOverlayRedis(t *testing.T) {
 		// Only ratelimitd may reach Redis.
 		var guarded bool
 		for _, np := range byKind[networkingv1.NetworkPolicy](r, "networking.k8s.io/v1/NetworkPolicy") {
-			if !mustSelector(t, "np", &np.Spec.PodSelector).Matches(labels.Set(sts[0].Spec.Template.Labels)) || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			if !deploytest.MustSelector(t, "np", &np.Spec.PodSelector).Matches(labels.Set(sts[0].Spec.Template.Labels)) || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
 				continue
 			}
 			guarded = true
@@ -654,8 +600,8 @@ func TestOverlayRedis(t *testing.T) {
 				}
 				for _, p := range in.From {
 					if p.PodSelector == nil || p.NamespaceSelector != nil || p.IPBlock != nil ||
-						!mustSelector(t, "from", p.PodSelector).Matches(labels.Set(ratelimitdPodLabels(t, r))) ||
-						len(selected(r, mustSelector(t, "from", p.PodSelector))) != 1 {
+						!deploytest.MustSelector(t, "from", p.PodSelector).Matches(labels.Set(ratelimitdPodLabels(t, r))) ||
+						len(selected(r, deploytest.MustSelector(t, "from", p.PodSelector))) != 1 {
 						t.Errorf("NetworkPolicy %s: Redis ingress peer %+v is not exactly ratelimitd", np.Name, p)
 					}
 				}
@@ -698,7 +644,7 @@ func TestOverlayRedis(t *testing.T) {
 		}
 		d, _ := ratelimitd(t, r)
 		for _, f := range []string{"RATELIMITD_REDIS_PASSWORD_FILE", "RATELIMITD_REDIS_TLS_CA"} {
-			checkSecretFile(t, d, c, f, envValue(c, f))
+			deploytest.CheckSecretFile(t, d, c, f, envValue(c, f))
 		}
 		if strings.HasSuffix(c.Image, ":latest") || !strings.Contains(c.Image, ":") {
 			t.Errorf("production image %q must be pinned", c.Image)
@@ -724,38 +670,6 @@ func TestOverlayRedis(t *testing.T) {
 			}
 		}
 	})
-}
-
-// checkSecretFile checks that path (the value of the flag twin env) is a
-// key of a Secret volume mounted read-only in c, without subPath (a subPath
-// mount never sees a rotated Secret).
-func checkSecretFile(t *testing.T, d *appsv1.Deployment, c *corev1.Container, env, path string) {
-	t.Helper()
-	if path == "" {
-		t.Errorf("%s is not set", env)
-		return
-	}
-	for _, m := range c.VolumeMounts {
-		rel, err := filepath.Rel(m.MountPath, path)
-		if err != nil || strings.HasPrefix(rel, "..") || strings.Contains(rel, "/") {
-			continue
-		}
-		for _, v := range d.Spec.Template.Spec.Volumes {
-			if v.Name != m.Name {
-				continue
-			}
-			if v.Secret == nil {
-				t.Errorf("%s=%s: volume %s is no Secret", env, path, v.Name)
-			} else if len(v.Secret.Items) > 0 && !slices.ContainsFunc(v.Secret.Items, func(k corev1.KeyToPath) bool { return k.Path == rel }) {
-				t.Errorf("%s=%s: Secret %s projects no key %s", env, path, v.Secret.SecretName, rel)
-			}
-			if !m.ReadOnly || m.SubPath != "" {
-				t.Errorf("%s: mount %s must be read-only and without subPath", env, m.Name)
-			}
-			return
-		}
-	}
-	t.Errorf("%s=%s is in no mounted Secret volume", env, path)
 }
 
 // TestMemoryStoreSingleReplica: the in-memory store counts per pod, so a

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -31,8 +32,9 @@ func (o Options) validateDecisionLog() error {
 	if _, err := service.ParseDecisionLogMode(o.LogDecisions); err != nil {
 		return fmt.Errorf("--log-decisions=%s: want off, denied or all", o.LogDecisions)
 	}
-	if !(o.LogDecisionsRate > 0) {
-		return fmt.Errorf("--log-decisions-rate=%v: must be > 0 (lines per second)", o.LogDecisionsRate)
+	if o.LogDecisionsRate == 0 {
+		// 0 would be service's default; its range is service's rule.
+		return errors.New("--log-decisions-rate=0: must be > 0 (lines per second)")
 	}
 	return nil
 }

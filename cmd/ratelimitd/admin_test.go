@@ -97,7 +97,7 @@ func startAdmin(t *testing.T, o Options, remote bool) *adminEnv {
 		t.Fatal(err)
 	}
 	e.svc, err = service.New(withDecisionLog(service.Options{Store: store, Fallback: fallback, Logger: log, Registerer: e.reg,
-		RequestOverrides: true, MaxJSONBodyBytes: o.GRPCMaxRecvMsgSize}, o))
+		MaxJSONBodyBytes: o.GRPCMaxRecvMsgSize}, o))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,11 +8,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 )
 
-// Migration from envoyproxy/ratelimit: its environment variables
-// (src/settings/settings.go of that project) are read where their meaning
+// Migration from envoyproxy/ratelimit: its environment variables are
+// read where their meaning
 // maps onto ratelimitd; docs/migrating.md has the table. They rank below
 // the RATELIMITD_* twins and the flags.
 
@@ -62,48 +61,72 @@ const statsdOnlyWithUse = " (statsd is sent only with USE_STATSD=true or --stats
 // size) into --local-cache-size entries: one entry per this many bytes.
 const legacyCacheEntryBytes = 128
 
-// applyLegacyEnv maps envoyproxy/ratelimit variables onto o. It returns at
-// most one warning, naming every set variable that ratelimitd cannot honour,
-// and an error for a set variable whose value is malformed or that selects
-// something ratelimitd refuses to imitate silently (MEMCACHE_TLS=true,
-// a CONFIG_TYPE other than FILE and GRPC_XDS_SOTW).
+// applyLegacyEnv maps envoyproxy/ratelimit variables onto o: the plain
+// ones of the settings table (applyLegacyTable), then those with rules of
+// their own. It returns at most one warning, naming every set variable
+// that ratelimitd cannot honour, and an error for a set variable whose
+// value is malformed or that selects something ratelimitd refuses to
+// imitate silently (MEMCACHE_TLS=true, a CONFIG_TYPE other than FILE and
+// GRPC_XDS_SOTW).
 func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, error) {
-	var errs []error
-	var unsupported []string
-	get := func(name string) (string, bool) {
-		v, ok := lookup(name)
-		return strings.TrimSpace(v), ok
+	l := &legacyEnv{lookup: lookup}
+	// The plain one-to-one variables first: the rules below may read them
+	// (CONFIG_GRPC_XDS_SERVER_USE_TLS).
+	applyLegacyTable(o, l.get, &l.errs)
+	l.listeners(o)
+	l.config(o)
+	l.backend(o)
+	l.answers(o)
+	l.metrics(o)
+	for _, name := range legacyUnsupported {
+		_, ok := lookup(name)
+		l.unsupportedIf(name, ok)
 	}
-	boolVar := func(name string, dst *bool) {
-		if v, ok := get(name); ok && v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				return
-			}
-			*dst = b
-		}
+	var warnings []string
+	if len(l.unsupported) > 0 {
+		warnings = append(warnings, legacyUnsupportedWarning+strings.Join(l.unsupported, ", "))
 	}
-	intVar := func(name string, dst *int) {
-		if v, ok := get(name); ok && v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				return
-			}
-			*dst = n
-		}
-	}
-	unsupportedIf := func(name string, cond bool) {
-		if cond {
-			unsupported = append(unsupported, name)
-		}
-	}
+	return warnings, errors.Join(l.errs...)
+}
 
-	// Listeners: HOST/PORT, GRPC_HOST/GRPC_PORT, DEBUG_HOST/DEBUG_PORT.
+// legacyEnv is one reading of the envoyproxy/ratelimit variables: the
+// errors and the unsupported variables found so far.
+type legacyEnv struct {
+	lookup      func(string) (string, bool)
+	errs        []error
+	unsupported []string
+}
+
+// get is lookup with the value trimmed.
+func (l *legacyEnv) get(name string) (string, bool) {
+	v, ok := l.lookup(name)
+	return strings.TrimSpace(v), ok
+}
+
+// boolVar sets *dst from name when it is set and not empty.
+func (l *legacyEnv) boolVar(name string, dst *bool) {
+	if v, ok := l.get(name); ok && v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			l.errs = append(l.errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			return
+		}
+		*dst = b
+	}
+}
+
+// unsupportedIf names name in the warning when cond holds.
+func (l *legacyEnv) unsupportedIf(name string, cond bool) {
+	if cond {
+		l.unsupported = append(l.unsupported, name)
+	}
+}
+
+// listeners maps HOST/PORT, GRPC_HOST/GRPC_PORT and DEBUG_HOST/DEBUG_PORT.
+func (l *legacyEnv) listeners(o *Options) {
 	addr := func(hostVar, portVar string, dst *string) {
-		h, hok := get(hostVar)
-		p, pok := get(portVar)
+		h, hok := l.get(hostVar)
+		p, pok := l.get(portVar)
 		if !hok && !pok {
 			return
 		}
@@ -116,7 +139,7 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		}
 		if pok {
 			if _, err := strconv.ParseUint(p, 10, 16); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: not a port number", portVar, p))
+				l.errs = append(l.errs, fmt.Errorf("%s=%q: not a port number", portVar, p))
 				return
 			}
 			port = p
@@ -126,11 +149,16 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 	addr("GRPC_HOST", "GRPC_PORT", &o.GRPCAddr)
 	addr("HOST", "PORT", &o.HTTPAddr)
 	addr("DEBUG_HOST", "DEBUG_PORT", &o.DebugAddr)
+}
 
+// config maps the config location (RUNTIME_ROOT, RUNTIME_SUBDIRECTORY,
+// RUNTIME_APPDIRECTORY), CONFIG_TYPE, the xDS TLS files and
+// TRACING_EXPORTER_PROTOCOL.
+func (l *legacyEnv) config(o *Options) {
 	// Config location: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
-	root, rok := get("RUNTIME_ROOT")
-	sub, sok := get("RUNTIME_SUBDIRECTORY")
-	app, aok := get("RUNTIME_APPDIRECTORY")
+	root, rok := l.get("RUNTIME_ROOT")
+	sub, sok := l.get("RUNTIME_SUBDIRECTORY")
+	app, aok := l.get("RUNTIME_APPDIRECTORY")
 	if rok || sok || aok {
 		o.legacySeen.configDir = true
 		if root == "" {
@@ -141,139 +169,86 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		}
 		o.Config = []string{filepath.Join(root, sub, app)}
 	}
-	boolVar("RUNTIME_IGNOREDOTFILES", &o.IgnoreDotfiles)
 
 	// Tracing: OTLP over gRPC only (TRACING_EXPORTER_PROTOCOL=http is not).
-	boolVar("TRACING_ENABLED", &o.Tracing)
-	if v, ok := get("TRACING_SERVICE_NAME"); ok && v != "" {
-		o.TracingServiceName = v
+	if v, ok := l.get("TRACING_EXPORTER_PROTOCOL"); ok && !strings.EqualFold(v, "grpc") {
+		l.unsupportedIf("TRACING_EXPORTER_PROTOCOL="+v+" (only grpc)", true)
 	}
-	if v, ok := get("TRACING_SAMPLING_RATE"); ok && v != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("TRACING_SAMPLING_RATE=%q: %w", v, err))
-		} else {
-			o.TracingSampleRatio = f
-		}
-	}
-	if v, ok := get("TRACING_EXPORTER_PROTOCOL"); ok && !strings.EqualFold(v, "grpc") {
-		unsupportedIf("TRACING_EXPORTER_PROTOCOL="+v+" (only grpc)", true)
-	}
-	if v, ok := get("CONFIG_TYPE"); ok && v != "" {
+	if v, ok := l.get("CONFIG_TYPE"); ok && v != "" {
 		switch strings.ToUpper(v) {
 		case "FILE":
 			o.ConfigSource = "file"
 		case "GRPC_XDS_SOTW":
 			o.ConfigSource = "xds"
 		default:
-			errs = append(errs, fmt.Errorf("CONFIG_TYPE=%q: want FILE (config files) or GRPC_XDS_SOTW (xDS)", v))
+			l.errs = append(l.errs, fmt.Errorf("CONFIG_TYPE=%q: want FILE (config files) or GRPC_XDS_SOTW (xDS)", v))
 		}
 	}
-	legacyXDS(o, get, &errs)
+	legacyXDS(o, l.get)
+}
 
-	// Backend.
-	redisType, typeSet := get("REDIS_TYPE")
-	redisURL, urlSet := get("REDIS_URL")
-	_, backendSet := get("BACKEND_TYPE")
+// backend maps BACKEND_TYPE, the Redis location (legacyRedis),
+// MEMCACHE_TLS, LOCAL_CACHE_SIZE_IN_BYTES and CACHE_KEY_PREFIX.
+func (l *legacyEnv) backend(o *Options) {
+	redisType, typeSet := l.get("REDIS_TYPE")
+	redisURL, urlSet := l.get("REDIS_URL")
+	_, backendSet := l.get("BACKEND_TYPE")
 	o.legacySeen.backend = backendSet || typeSet || urlSet
-	if v, ok := get("BACKEND_TYPE"); ok {
+	if v, ok := l.get("BACKEND_TYPE"); ok {
 		switch strings.ToLower(v) {
 		case "redis", "":
 			o.Backend = "redis"
 		case "memcache":
 			o.Backend = "memcache"
 		default:
-			errs = append(errs, fmt.Errorf("BACKEND_TYPE=%q: want redis or memcache", v))
+			l.errs = append(l.errs, fmt.Errorf("BACKEND_TYPE=%q: want redis or memcache", v))
 		}
 	} else if typeSet || urlSet {
 		// envoyproxy/ratelimit's default backend is Redis.
 		o.Backend = "redis"
 	}
 	if typeSet || urlSet {
-		if err := legacyRedis(o, redisType, redisURL, urlSet, lookup); err != nil {
-			errs = append(errs, err)
+		if err := legacyRedis(o, redisType, redisURL, urlSet, l.lookup); err != nil {
+			l.errs = append(l.errs, err)
 		}
 	}
 	// memcached (BACKEND_TYPE=memcache): MEMCACHE_HOST_PORT is
 	// "host:port,host:port"; both it and MEMCACHE_SRV set is refused by
 	// Options.Validate, as envoyproxy/ratelimit refuses it at startup.
-	if v, ok := get("MEMCACHE_HOST_PORT"); ok && v != "" {
-		o.MemcacheAddrs = splitList(v)
-	}
-	if v, ok := get("MEMCACHE_SRV"); ok && v != "" {
-		o.MemcacheSRV = v
-	}
-	if v, ok := get("MEMCACHE_SRV_REFRESH"); ok && v != "" {
-		d, err := parseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("MEMCACHE_SRV_REFRESH=%q: %w", v, err))
-		} else {
-			o.MemcacheSRVRefresh = d
-		}
-	}
-	intVar("MEMCACHE_MAX_IDLE_CONNS", &o.MemcacheMaxIdleConns)
-	if v, ok := get("MEMCACHE_TLS"); ok && v != "" {
+	if v, ok := l.get("MEMCACHE_TLS"); ok && v != "" {
 		b, err := strconv.ParseBool(v)
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("MEMCACHE_TLS=%q: %w", v, err))
+			l.errs = append(l.errs, fmt.Errorf("MEMCACHE_TLS=%q: %w", v, err))
 		case b:
 			// Connecting in plaintext to a TLS port would fail every call.
-			errs = append(errs, errors.New("MEMCACHE_TLS=true: TLS to memcached is not supported; use a TLS-terminating sidecar or the redis backend"))
+			l.errs = append(l.errs, errors.New("MEMCACHE_TLS=true: TLS to memcached is not supported; use a TLS-terminating sidecar or the redis backend"))
 		}
 	}
-	intVar("REDIS_POOL_SIZE", &o.RedisPoolSize)
-	strVar := func(name string, dst *string) {
-		if v, ok := get(name); ok && v != "" {
-			*dst = v
-		}
-	}
-	strVar("REDIS_TLS_CACERT", &o.RedisTLSCA)
-	strVar("REDIS_TLS_CLIENT_CERT", &o.RedisTLSCert)
-	strVar("REDIS_TLS_CLIENT_KEY", &o.RedisTLSKey)
-	boolVar("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", &o.RedisTLSSkipVerify)
-	strVar("REDIS_SENTINEL_AUTH", &o.RedisSentinelAuth)
-	if v, ok := get("REDIS_TIMEOUT"); ok && v != "" {
-		d, err := parseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("REDIS_TIMEOUT=%q: %w", v, err))
-		} else {
-			o.RedisTimeout = d
-		}
-	}
-	if v, ok := get("LOCAL_CACHE_SIZE_IN_BYTES"); ok && v != "" {
+	if v, ok := l.get("LOCAL_CACHE_SIZE_IN_BYTES"); ok && v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			errs = append(errs, fmt.Errorf("LOCAL_CACHE_SIZE_IN_BYTES=%q: not a size in bytes", v))
+			l.errs = append(l.errs, fmt.Errorf("LOCAL_CACHE_SIZE_IN_BYTES=%q: not a size in bytes", v))
 		} else if n > 0 {
 			o.LocalCacheSize = max(1, n/legacyCacheEntryBytes)
 		}
 	}
-	if v, ok := get("CACHE_KEY_PREFIX"); ok {
+	if v, ok := l.get("CACHE_KEY_PREFIX"); ok {
 		o.KeyPrefix = v
 	}
+}
 
-	// Service behaviour.
-	boolVar("SHADOW_MODE", &o.ShadowMode)
-	boolVar("QUOTA_MODE", &o.QuotaMode)
-	boolVar("MERGE_DOMAIN_CONFIG", &o.MergeDomains)
-	boolVar("RESPONSE_DYNAMIC_METADATA", &o.DynamicMetadata)
-	if v, ok := get("NEAR_LIMIT_RATIO"); ok && v != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("NEAR_LIMIT_RATIO=%q: %w", v, err))
-		} else {
-			o.NearLimitRatio = f
-		}
-	}
+// answers maps the response headers, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
+// and LOG_LEVEL.
+func (l *legacyEnv) answers(o *Options) {
 	// LIMIT_RESPONSE_HEADERS_ENABLED: the reference's three headers, or
 	// none; their names are LIMIT_*_HEADER's (reference mode gives them
 	// the reference's defaults when unset, see applyReferenceDefaults).
-	if v, ok := get("LIMIT_RESPONSE_HEADERS_ENABLED"); ok && v != "" {
+	if v, ok := l.get("LIMIT_RESPONSE_HEADERS_ENABLED"); ok && v != "" {
 		o.legacySeen.headersFlag = true
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED=%q: %w", v, err))
+			l.errs = append(l.errs, fmt.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED=%q: %w", v, err))
 		} else if b {
 			o.Headers = "legacy"
 		} else {
@@ -290,16 +265,16 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		{"LIMIT_REMAINING_HEADER", &o.legacySeen.remainName, &o.LegacyRemainingHeader},
 		{"LIMIT_RESET_HEADER", &o.legacySeen.resetName, &o.LegacyResetHeader},
 	} {
-		if v, ok := get(h.name); ok && v != "" {
+		if v, ok := l.get(h.name); ok && v != "" {
 			*h.seen, *h.dst = true, v
 		}
 	}
 	// Counting of hits in denied requests (the counting policy reads it;
 	// see Options.ReferenceCounting).
-	boolVar("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", &o.StopIncrementWhenOverLimit)
+	l.boolVar("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", &o.StopIncrementWhenOverLimit)
 
 	// Logging (logrus level names).
-	if v, ok := get("LOG_LEVEL"); ok && v != "" {
+	if v, ok := l.get("LOG_LEVEL"); ok && v != "" {
 		switch strings.ToLower(v) {
 		case "trace", "debug":
 			o.LogLevel = "debug"
@@ -310,66 +285,44 @@ func applyLegacyEnv(o *Options, lookup func(string) (string, bool)) ([]string, e
 		case "error", "fatal", "panic":
 			o.LogLevel = "error"
 		default:
-			errs = append(errs, fmt.Errorf("LOG_LEVEL=%q: unknown level", v))
+			l.errs = append(l.errs, fmt.Errorf("LOG_LEVEL=%q: unknown level", v))
 		}
 	}
-	if v, ok := get("LOG_FORMAT"); ok && v != "" {
-		o.LogFormat = strings.ToLower(v)
-	}
+}
 
+// metrics maps statsd (legacyStatsd, STATSD_PROTOCOL), Prometheus
+// (USE_PROMETHEUS, PROMETHEUS_ADDR, PROMETHEUS_PATH) and the gRPC server
+// TLS variables.
+func (l *legacyEnv) metrics(o *Options) {
 	// Metrics: statsd (plain, over UDP) and Prometheus map; dogstatsd
 	// does not.
-	if err := legacyStatsd(o, get, &unsupported); err != nil {
-		errs = append(errs, err)
+	if err := legacyStatsd(o, l.get, &l.unsupported); err != nil {
+		l.errs = append(l.errs, err)
 	}
-	if v, ok := get("STATSD_PROTOCOL"); ok && v != "" && !strings.EqualFold(v, "udp") {
-		unsupportedIf("STATSD_PROTOCOL="+v+" (statsd is sent over UDP)", o.StatsdAddr != "" || o.StatsdReferenceAddr != "")
+	if v, ok := l.get("STATSD_PROTOCOL"); ok && v != "" && !strings.EqualFold(v, "udp") {
+		l.unsupportedIf("STATSD_PROTOCOL="+v+" (statsd is sent over UDP)", o.StatsdAddr != "" || o.StatsdReferenceAddr != "")
 	}
-	if v, ok := get("USE_PROMETHEUS"); ok && v != "" {
+	if v, ok := l.get("USE_PROMETHEUS"); ok && v != "" {
 		if b, err := strconv.ParseBool(v); err == nil && b {
 			o.MetricsAddr = ":9090"
-			if a, ok := get("PROMETHEUS_ADDR"); ok && a != "" {
+			if a, ok := l.get("PROMETHEUS_ADDR"); ok && a != "" {
 				o.MetricsAddr = a
 			}
 		}
 	}
-	if v, ok := get("PROMETHEUS_PATH"); ok && v != "" && v != "/metrics" {
-		unsupported = append(unsupported, "PROMETHEUS_PATH")
+	if v, ok := l.get("PROMETHEUS_PATH"); ok && v != "" && v != "/metrics" {
+		l.unsupported = append(l.unsupported, "PROMETHEUS_PATH")
 	}
 
 	// gRPC server TLS.
-	if v, ok := get("GRPC_SERVER_USE_TLS"); ok && v != "" {
+	if v, ok := l.get("GRPC_SERVER_USE_TLS"); ok && v != "" {
 		if b, err := strconv.ParseBool(v); err == nil && b {
-			o.GRPCTLSCert, _ = get("GRPC_SERVER_TLS_CERT")
-			o.GRPCTLSKey, _ = get("GRPC_SERVER_TLS_KEY")
-			o.GRPCTLSClientCA, _ = get("GRPC_CLIENT_TLS_CACERT")
-			o.GRPCTLSClientSAN, _ = get("GRPC_CLIENT_TLS_SAN")
+			o.GRPCTLSCert, _ = l.get("GRPC_SERVER_TLS_CERT")
+			o.GRPCTLSKey, _ = l.get("GRPC_SERVER_TLS_KEY")
+			o.GRPCTLSClientCA, _ = l.get("GRPC_CLIENT_TLS_CACERT")
+			o.GRPCTLSClientSAN, _ = l.get("GRPC_CLIENT_TLS_SAN")
 		}
 	}
-
-	// gRPC connection age (GOAWAY after it, calls in flight get the grace).
-	durVar := func(name string, dst *time.Duration) {
-		if v, ok := get(name); ok && v != "" {
-			d, err := parseDuration(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				return
-			}
-			*dst = d
-		}
-	}
-	durVar("GRPC_MAX_CONNECTION_AGE", &o.GRPCMaxConnectionAge)
-	durVar("GRPC_MAX_CONNECTION_AGE_GRACE", &o.GRPCMaxConnectionAgeGrace)
-
-	for _, name := range legacyUnsupported {
-		_, ok := lookup(name)
-		unsupportedIf(name, ok)
-	}
-	var warnings []string
-	if len(unsupported) > 0 {
-		warnings = append(warnings, legacyUnsupportedWarning+strings.Join(unsupported, ", "))
-	}
-	return warnings, errors.Join(errs...)
 }
 
 // legacyStatsd maps USE_STATSD, STATSD_HOST, STATSD_PORT,
@@ -436,66 +389,25 @@ func legacyStatsd(o *Options, get func(string) (string, bool), unsupported *[]st
 	return errors.Join(errs...)
 }
 
-// legacyXDS maps the CONFIG_GRPC_XDS_* and XDS_CLIENT_* variables onto
-// the --xds-* options. The TLS file variables count only with
-// CONFIG_GRPC_XDS_SERVER_USE_TLS=true, as in envoyproxy/ratelimit.
-// Malformed values are appended to errs, without the value of
-// CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS (it may hold credentials).
-func legacyXDS(o *Options, get func(string) (string, bool), errs *[]error) {
-	str := func(name string, dst *string) {
-		if v, ok := get(name); ok && v != "" {
-			*dst = v
-		}
+// legacyXDS maps the xDS client TLS file variables, which count only with
+// CONFIG_GRPC_XDS_SERVER_USE_TLS=true (--xds-tls), as in
+// envoyproxy/ratelimit; the other CONFIG_GRPC_XDS_* and XDS_CLIENT_*
+// variables are plain table mappings (settings, applyLegacyTable).
+func legacyXDS(o *Options, get func(string) (string, bool)) {
+	if !o.XDSTLS {
+		return
 	}
-	dur := func(name string, dst *time.Duration) {
-		if v, ok := get(name); ok && v != "" {
-			d, err := parseDuration(v)
-			if err != nil {
-				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				return
-			}
-			*dst = d
-		}
-	}
-	boolean := func(name string, dst *bool) {
-		if v, ok := get(name); ok && v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				return
-			}
-			*dst = b
-		}
-	}
-	str("CONFIG_GRPC_XDS_NODE_ID", &o.XDSNodeID)
-	str("CONFIG_GRPC_XDS_NODE_METADATA", &o.XDSNodeMetadata)
-	str("CONFIG_GRPC_XDS_SERVER_URL", &o.XDSServerURL)
-	dur("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", &o.XDSConnectRetryInterval)
-	str("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", &o.XDSHeaders)
-	boolean("CONFIG_GRPC_XDS_SERVER_USE_TLS", &o.XDSTLS)
-	if o.XDSTLS {
-		str("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &o.XDSTLSCert)
-		str("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &o.XDSTLSKey)
-		str("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &o.XDSTLSCA)
-		str("CONFIG_GRPC_XDS_SERVER_TLS_SAN", &o.XDSTLSSAN)
-	}
-	dur("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", &o.XDSBackoffInitial)
-	dur("XDS_CLIENT_BACKOFF_MAX_INTERVAL", &o.XDSBackoffMax)
-	if v, ok := get("XDS_CLIENT_BACKOFF_RANDOM_FACTOR"); ok && v != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			*errs = append(*errs, fmt.Errorf("XDS_CLIENT_BACKOFF_RANDOM_FACTOR=%q: %w", v, err))
-		} else {
-			o.XDSBackoffRandomFactor = f
-		}
-	}
-	boolean("XDS_CLIENT_BACKOFF_JITTER", &o.XDSBackoffJitter)
-	if v, ok := get("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"); ok && v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			*errs = append(*errs, fmt.Errorf("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES=%q: %w", v, err))
-		} else {
-			o.XDSMaxMsgSize = n
+	for _, f := range []struct {
+		name string
+		dst  *string
+	}{
+		{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &o.XDSTLSCert},
+		{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &o.XDSTLSKey},
+		{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &o.XDSTLSCA},
+		{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", &o.XDSTLSSAN},
+	} {
+		if v, ok := get(f.name); ok && v != "" {
+			*f.dst = v
 		}
 	}
 }

@@ -12,17 +12,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
-	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
-	"github.com/ratelimitd/ratelimitd/pkg/service"
-	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
 
 // Options is everything `ratelimitd serve` reads from its command line and
-// environment, validated. Each field has a flag (see registerServeFlags), an
-// environment twin RATELIMITD_<FLAG_IN_UPPER_SNAKE>, and possibly an
-// envoyproxy/ratelimit variable (see legacy.go). Precedence: flag >
+// environment, validated. Each field with a flag is one entry of the
+// settings table (settings.go: flag, environment twin
+// RATELIMITD_<FLAG_IN_UPPER_SNAKE>, envoyproxy/ratelimit variables,
+// default, doc line; docs/flags.md lists them). Precedence: flag >
 // RATELIMITD_* > legacy variable > default.
 type Options struct {
 	Config []string // YAML files or directories (watched); read with ConfigSource "file" only
@@ -37,20 +34,20 @@ type Options struct {
 	// server certificate must carry), the reconnect backoff and the
 	// largest response in bytes (0: gRPC's 4 MiB).
 	XDSServerURL            string
-	XDSNodeID               string
-	XDSNodeMetadata         string
-	XDSHeaders              string
-	XDSConnectRetryInterval time.Duration
-	XDSTLS                  bool
-	XDSTLSCert              string
-	XDSTLSKey               string
-	XDSTLSCA                string
-	XDSTLSSAN               string
-	XDSBackoffInitial       time.Duration
-	XDSBackoffMax           time.Duration
-	XDSBackoffRandomFactor  float64
-	XDSBackoffJitter        bool
-	XDSMaxMsgSize           int
+	XDSNodeID               string        // --xds-node-id
+	XDSNodeMetadata         string        // --xds-node-metadata
+	XDSHeaders              string        // --xds-headers
+	XDSConnectRetryInterval time.Duration // --xds-connect-retry-interval
+	XDSTLS                  bool          // --xds-tls
+	XDSTLSCert              string        // --xds-tls-cert
+	XDSTLSKey               string        // --xds-tls-key
+	XDSTLSCA                string        // --xds-tls-ca
+	XDSTLSSAN               string        // --xds-tls-san
+	XDSBackoffInitial       time.Duration // --xds-backoff-initial
+	XDSBackoffMax           time.Duration // --xds-backoff-max
+	XDSBackoffRandomFactor  float64       // --xds-backoff-random-factor
+	XDSBackoffJitter        bool          // --xds-backoff-jitter
+	XDSMaxMsgSize           int           // --xds-max-msg-size
 
 	GRPCAddr  string // host:port of the Envoy RLS v3 gRPC server
 	HTTPAddr  string // host:port of /healthcheck, /json, /metrics
@@ -59,45 +56,45 @@ type Options struct {
 	// (envoyproxy/ratelimit PROMETHEUS_ADDR); "" = only on HTTPAddr.
 	MetricsAddr string
 
-	Backend      string // "memory", "redis" or "memcache" ("memcached" is read as "memcache")
-	RedisURL     string // redis:// or rediss://, user:password@ for ACL
-	RedisMode    string // "standalone", "cluster" or "sentinel"
-	RedisAddrs   []string
-	RedisMaster  string
+	Backend      string        // "memory", "redis" or "memcache" ("memcached" is read as "memcache")
+	RedisURL     string        // redis:// or rediss://, user:password@ for ACL
+	RedisMode    string        // "standalone", "cluster" or "sentinel"
+	RedisAddrs   []string      // --redis-addrs
+	RedisMaster  string        // --redis-master
 	RedisTimeout time.Duration // Redis silence taken as a failure (redis.Options.Timeout)
 	// RedisMaxWait and RedisDeadlineMargin are redis.Options.MaxWait and
 	// DeadlineMargin: a call's budget without, and before, the caller's
 	// deadline. RedisWarmup bounds the warm-up before health SERVING (0:
 	// no warm-up).
 	RedisMaxWait        time.Duration
-	RedisDeadlineMargin time.Duration
-	RedisWarmup         time.Duration
-	RedisWaitReplicas   int // redis.Options.WaitReplicas
-	RedisPoolSize       int // connections; 0 = the store's default
-	LocalCacheSize      int // over-limit cache entries; 0 disables
+	RedisDeadlineMargin time.Duration // --redis-deadline-margin
+	RedisWarmup         time.Duration // --redis-warmup
+	RedisWaitReplicas   int           // redis.Options.WaitReplicas
+	RedisPoolSize       int           // connections; 0 = the store's default
+	LocalCacheSize      int           // over-limit cache entries; 0 disables
 	// Redis pool, batching and health tuning: redis.Options.DialTimeout,
 	// MinIdleConns (capped at the pool size), Pipelines and
 	// HealthInterval (0 disables the probe).
 	RedisDialTimeout    time.Duration
-	RedisMinIdleConns   int
-	RedisPipelines      int
-	RedisHealthInterval time.Duration
+	RedisMinIdleConns   int           // --redis-min-idle-conns
+	RedisPipelines      int           // --redis-pipelines
+	RedisHealthInterval time.Duration // --redis-health-interval
 	// The Redis circuit breaker (redis.BreakerOptions). RedisBreaker false
 	// disables it (every call goes to Redis); the other fields are then
 	// not validated.
 	RedisBreaker             bool
-	RedisBreakerFailures     int
-	RedisBreakerFailFor      time.Duration
-	RedisBreakerWindow       time.Duration
-	RedisBreakerMinCalls     int
-	RedisBreakerFailureRatio float64
-	RedisBreakerOpenFor      time.Duration
-	RedisBreakerProbes       int
+	RedisBreakerFailures     int           // --redis-breaker-failures
+	RedisBreakerFailFor      time.Duration // --redis-breaker-fail-for
+	RedisBreakerWindow       time.Duration // --redis-breaker-window
+	RedisBreakerMinCalls     int           // --redis-breaker-min-calls
+	RedisBreakerFailureRatio float64       // --redis-breaker-failure-ratio
+	RedisBreakerOpenFor      time.Duration // --redis-breaker-open-for
+	RedisBreakerProbes       int           // --redis-breaker-probes
 	// Redis TLS files (PEM) and options; rediss:// turns TLS on.
 	RedisTLSCA         string
-	RedisTLSCert       string
-	RedisTLSKey        string
-	RedisTLSSkipVerify bool
+	RedisTLSCert       string // --redis-tls-cert
+	RedisTLSKey        string // --redis-tls-key
+	RedisTLSSkipVerify bool   // --redis-tls-skip-verify
 	// RedisSentinelAuth authenticates to the sentinels: "password" or
 	// "user:password".
 	RedisSentinelAuth string
@@ -107,28 +104,28 @@ type Options struct {
 	// every MemcacheSRVRefresh; 0: once), idle connections kept per
 	// server, and the bound of each call.
 	MemcacheAddrs        []string
-	MemcacheSRV          string
-	MemcacheSRVRefresh   time.Duration
-	MemcacheMaxIdleConns int
-	MemcacheTimeout      time.Duration
+	MemcacheSRV          string        // --memcache-srv
+	MemcacheSRVRefresh   time.Duration // --memcache-srv-refresh
+	MemcacheMaxIdleConns int           // --memcache-max-idle-conns
+	MemcacheTimeout      time.Duration // --memcache-timeout
 
-	ShadowMode bool
-	QuotaMode  bool
+	ShadowMode bool // --shadow-mode
+	QuotaMode  bool // --quota-mode
 	// Counting is the global counting policy (service.Options.Counting):
 	// "all_or_nothing" (default) or "always_charge" (envoyproxy/ratelimit's
 	// counting, the one to set for envoyproxy/ratelimit compatibility).
 	Counting         string
-	LogLevel         string // debug, info, warn, error
-	LogFormat        string // text or json
-	MergeDomains     bool
-	IgnoreDotfiles   bool
-	KeyPrefix        string
-	KeyValues        string // "hash" or "clear" (development only)
-	Headers          string // ietf, legacy, both or none
-	NearLimitRatio   float64
+	LogLevel         string        // debug, info, warn, error
+	LogFormat        string        // text or json
+	MergeDomains     bool          // --merge-domains
+	IgnoreDotfiles   bool          // --ignore-dotfiles
+	KeyPrefix        string        // --key-prefix
+	KeyValues        string        // "hash" or "clear" (development only)
+	Headers          string        // ietf, legacy, both or none
+	NearLimitRatio   float64       // --near-limit-ratio
 	RetryJitter      time.Duration // maximum jitter added to Retry-After
-	RequestOverrides bool
-	DynamicMetadata  bool
+	RequestOverrides bool          // --request-overrides
+	DynamicMetadata  bool          // --dynamic-metadata
 	// NearLimitHeader adds Ratelimitd-Near-Limit (service.Options).
 	NearLimitHeader bool
 	// ProblemTypeBase prefixes the RFC 9457 problem type names.
@@ -145,7 +142,7 @@ type Options struct {
 	// The decision log (service.Options.DecisionLog): off, denied or
 	// all, at most LogDecisionsRate lines per second.
 	LogDecisions     string
-	LogDecisionsRate float64
+	LogDecisionsRate float64 // --log-decisions-rate
 
 	// MemoryMaxKeys bounds the keys of the in-memory store (the memory
 	// backend, and the failure_mode: local fallback of the Redis
@@ -169,7 +166,7 @@ type Options struct {
 	// (debug.SetMemoryLimit) unless GOMEMLIMIT is set; 0 derives it from
 	// the cgroup memory limit times MemoryLimitRatio (0: no limit).
 	MemoryLimit      byteSize
-	MemoryLimitRatio float64
+	MemoryLimitRatio float64 // --memory-limit-ratio
 
 	// Drain is how long the health checks report NOT_SERVING before the
 	// listeners stop accepting (lets load balancers notice).
@@ -182,9 +179,9 @@ type Options struct {
 	// additionally requires that SAN (DNS, URI, IP or e-mail) in the client
 	// certificate.
 	GRPCTLSCert      string
-	GRPCTLSKey       string
-	GRPCTLSClientCA  string
-	GRPCTLSClientSAN string
+	GRPCTLSKey       string // --grpc-tls-key
+	GRPCTLSClientCA  string // --grpc-tls-client-ca
+	GRPCTLSClientSAN string // --grpc-tls-client-san
 	// HTTPTLS serves the HTTP listener (/healthcheck, /json, /metrics) with
 	// the gRPC listener's TLS material; needs GRPCTLSCert. When gRPC uses
 	// TLS and HTTPTLS is false, POST /json is off (docs/security.md, "Trust
@@ -199,7 +196,7 @@ type Options struct {
 	// RedisSentinelAuthFile names a file holding --redis-sentinel-auth's
 	// value, read at startup.
 	RedisPasswordFile     string
-	RedisSentinelAuthFile string
+	RedisSentinelAuthFile string // --redis-sentinel-auth-file
 
 	// Resource bounds of the listeners (docs/security.md, "Resource
 	// bounds"). GRPCMaxRecvMsgSize is the largest gRPC message received,
@@ -210,8 +207,8 @@ type Options struct {
 	// GRPCMaxConnections is the gRPC connections open at once (0:
 	// unbounded); beyond it new connections wait to be accepted.
 	GRPCMaxRecvMsgSize       int
-	GRPCMaxConcurrentStreams int
-	GRPCMaxConnections       int
+	GRPCMaxConcurrentStreams int // --grpc-max-concurrent-streams
+	GRPCMaxConnections       int // --grpc-max-connections
 	// GRPCMaxConnectionAge is how long a gRPC client connection may live
 	// before the server sends it GOAWAY (keepalive.ServerParameters
 	// MaxConnectionAge; grpc-go adds ±10% jitter), so that Envoy's
@@ -221,24 +218,24 @@ type Options struct {
 	// (MaxConnectionAgeGrace); 0 = no bound. envoyproxy/ratelimit
 	// GRPC_MAX_CONNECTION_AGE and GRPC_MAX_CONNECTION_AGE_GRACE.
 	GRPCMaxConnectionAge      time.Duration
-	GRPCMaxConnectionAgeGrace time.Duration
+	GRPCMaxConnectionAgeGrace time.Duration // --grpc-max-connection-age-grace
 	// HTTP servers: HTTPReadTimeout bounds reading a whole request
 	// (headers and body), HTTPWriteTimeout the time from the end of the
 	// request headers to the end of the response (not on the debug
 	// listener, whose profiles take longer), HTTPIdleTimeout how long a
 	// keep-alive connection may wait for its next request. All > 0.
 	HTTPReadTimeout  time.Duration
-	HTTPWriteTimeout time.Duration
-	HTTPIdleTimeout  time.Duration
+	HTTPWriteTimeout time.Duration // --http-write-timeout
+	HTTPIdleTimeout  time.Duration // --http-idle-timeout
 
 	// OpenTelemetry tracing (off by default): OTLP/gRPC export to
 	// TracingEndpoint (empty = OTEL_EXPORTER_OTLP_* environment, else
 	// localhost:4317); W3C trace context from Envoy is continued.
 	Tracing            bool
-	TracingEndpoint    string
-	TracingInsecure    bool
-	TracingSampleRatio float64
-	TracingServiceName string
+	TracingEndpoint    string  // --tracing-endpoint
+	TracingInsecure    bool    // --tracing-insecure
+	TracingSampleRatio float64 // --tracing-sample-ratio
+	TracingServiceName string  // --tracing-service-name
 
 	// StatsdAddr, when set, sends envoyproxy/ratelimit's statsd stats
 	// over UDP to this host:port (docs/metrics.md, "statsd (reference
@@ -276,8 +273,8 @@ type Options struct {
 	// or both. envoyproxy/ratelimit's LIMIT_LIMIT_HEADER,
 	// LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER set them.
 	LegacyLimitHeader     string
-	LegacyRemainingHeader string
-	LegacyResetHeader     string
+	LegacyRemainingHeader string // --legacy-remaining-header
+	LegacyResetHeader     string // --legacy-reset-header
 	// ReferenceAnswers is service.Options.ReferenceAnswers (set in
 	// reference mode).
 	ReferenceAnswers bool
@@ -289,7 +286,7 @@ type Options struct {
 	// default false: a request some of whose limits would go over is
 	// charged only to those limits).
 	ReferenceCounting          bool
-	StopIncrementWhenOverLimit bool
+	StopIncrementWhenOverLimit bool // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (no flag)
 
 	// modeReason says why the mode in force was chosen (startup log).
 	modeReason string
@@ -300,101 +297,6 @@ type Options struct {
 	// RATELIMITD_* twin (not overridden on the command line) to that
 	// variable, so that errors name where a bad value was set.
 	fromEnv map[string]string
-}
-
-// defaultOptions are the contract's defaults.
-func defaultOptions() Options {
-	return Options{
-		Config:       []string{"./config"},
-		ConfigSource: "file",
-		// pkg/policy/xds defaults (envoyproxy/ratelimit's), spelled out
-		// so -h shows them.
-		XDSServerURL:            xds.DefaultServerURL,
-		XDSNodeID:               xds.DefaultNodeID,
-		XDSConnectRetryInterval: xds.DefaultConnectRetryInterval,
-		XDSBackoffInitial:       xds.DefaultBackoffInitial,
-		XDSBackoffMax:           xds.DefaultBackoffMax,
-		XDSBackoffRandomFactor:  xds.DefaultBackoffRandomFactor,
-		XDSBackoffJitter:        true,
-		GRPCAddr:                ":8081",
-		HTTPAddr:                ":8080",
-		DebugAddr:               "127.0.0.1:6070",
-		Backend:                 "memory",
-		RedisURL:                "redis://127.0.0.1:6379/0",
-		RedisMode:               "standalone",
-		RedisTimeout:            10 * time.Millisecond,
-		LogLevel:                "info",
-		LogFormat:               "text",
-		KeyValues:               "hash",
-		Headers:                 "ietf",
-		Counting:                "all_or_nothing",
-		Mode:                    modeAuto,
-		ProblemBody:             true,
-		// service package defaults, spelled out so -h shows them.
-		LegacyLimitHeader:     service.HeaderLegacyLimit,
-		LegacyRemainingHeader: service.HeaderLegacyRemaining,
-		LegacyResetHeader:     service.HeaderLegacyReset,
-		NearLimitRatio:        0.8,
-		RetryJitter:           time.Second,
-		RequestOverrides:      true,
-		ShutdownGrace:         15 * time.Second,
-		// service defaults, spelled out so -h shows them.
-		ProblemTypeBase:      service.DefaultProblemTypeBase,
-		DetailedMetricCap:    service.DefaultDetailedMetricCap,
-		FailClosedRetryAfter: service.DefaultFailClosedRetryAfter,
-		LogDecisions:         "off",
-		LogDecisionsRate:     service.DefaultDecisionLogRate,
-		// ≈ 111–128 bytes of heap per key for fixed/sliding window and
-		// token bucket (docs/operations.md): about 110–130 MB at the bound.
-		MemoryMaxKeys: 1_000_000,
-		// ≈ 10.7 MB of live heap per 10,000 rules (docs/config.md): about
-		// 54 MB at the bound, twice that while a reload swaps.
-		MaxConfigRules: 50_000,
-		// A load allocates ≈ 46 bytes per config byte (docs/config.md).
-		MaxConfigBytes: 8 << 20,
-		// Kubernetes ConfigMap mounts hold ..data and timestamped dot
-		// directories; loading them would load every file twice.
-		IgnoreDotfiles:     true,
-		TracingSampleRatio: 1,
-		TracingServiceName: "ratelimitd",
-
-		// redis package defaults, spelled out so -h shows them.
-		RedisMaxWait:             redis.DefaultMaxWait,
-		RedisDeadlineMargin:      redis.DefaultDeadlineMargin,
-		RedisPoolSize:            redis.DefaultPoolSize,
-		RedisWarmup:              redis.DefaultWarmup,
-		RedisDialTimeout:         redis.DefaultDialTimeout,
-		RedisMinIdleConns:        redis.DefaultMinIdleConns,
-		RedisPipelines:           redis.DefaultPipelines,
-		RedisHealthInterval:      redis.DefaultHealthInterval,
-		RedisBreaker:             true,
-		RedisBreakerFailures:     redis.DefaultBreakerFailures,
-		RedisBreakerFailFor:      redis.DefaultBreakerFailFor,
-		RedisBreakerWindow:       redis.DefaultBreakerWindow,
-		RedisBreakerMinCalls:     redis.DefaultBreakerMinCalls,
-		RedisBreakerFailureRatio: redis.DefaultBreakerFailureRatio,
-		RedisBreakerOpenFor:      redis.DefaultBreakerOpenFor,
-		RedisBreakerProbes:       redis.DefaultBreakerProbes,
-
-		MemcacheMaxIdleConns: memcache.DefaultMaxIdleConns,
-		MemcacheTimeout:      memcache.DefaultTimeout,
-
-		GCPercent:        defaultGCPercent,
-		MemoryLimitRatio: defaultMemoryLimitRatio,
-
-		GRPCMaxRecvMsgSize:        defaultGRPCMaxRecvMsgSize,
-		GRPCMaxConcurrentStreams:  defaultGRPCMaxConcurrentStreams,
-		GRPCMaxConnectionAge:      defaultGRPCMaxConnectionAge,
-		GRPCMaxConnectionAgeGrace: defaultGRPCMaxConnectionAgeGrace,
-		HTTPReadTimeout:           10 * time.Second,
-		HTTPWriteTimeout:          10 * time.Second,
-		HTTPIdleTimeout:           2 * time.Minute,
-
-		StatsdFlushInterval: statsd.DefaultFlushInterval,
-		// envoyproxy/ratelimit with no environment: USE_STATSD=true,
-		// STATSD_HOST=localhost, STATSD_PORT=8125.
-		StatsdReferenceAddr: "localhost:8125",
-	}
 }
 
 // useReferenceStatsd turns statsd on at StatsdReferenceAddr when no
@@ -471,128 +373,6 @@ func (v *listValue) Set(s string) error {
 	return nil
 }
 
-// registerServeFlags binds every serve flag to a field of o; the field's
-// current value is the flag's default.
-func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
-	config := &listValue{p: &o.Config}
-	addrs := &listValue{p: &o.RedisAddrs}
-	mcAddrs := &listValue{p: &o.MemcacheAddrs}
-	fs.Var(config, "config", "YAML config file or directory (repeatable, or comma-separated); directories are watched")
-	fs.StringVar(&o.ConfigSource, "config-source", o.ConfigSource, "where configs come from: file (--config) or xds (an xDS management server, --xds-*; docs/xds.md)")
-	fs.StringVar(&o.XDSServerURL, "xds-server-url", o.XDSServerURL, "xDS management server, host:port (gRPC target)")
-	fs.StringVar(&o.XDSNodeID, "xds-node-id", o.XDSNodeID, "xDS node id the server keys its snapshot by (Envoy Gateway: envoy-ratelimit)")
-	fs.StringVar(&o.XDSNodeMetadata, "xds-node-metadata", o.XDSNodeMetadata, "xDS node metadata: key=value,key2=value2 (string values)")
-	fs.StringVar(&o.XDSHeaders, "xds-headers", o.XDSHeaders, "gRPC metadata sent on the xDS stream: name:value,name2:value2 (values never logged)")
-	fs.DurationVar(&o.XDSConnectRetryInterval, "xds-connect-retry-interval", o.XDSConnectRetryInterval, "wait between attempts to reach the xDS server while no stream gets going (±50% jitter)")
-	fs.BoolVar(&o.XDSTLS, "xds-tls", o.XDSTLS, "TLS to the xDS server (system roots unless --xds-tls-ca)")
-	fs.StringVar(&o.XDSTLSCert, "xds-tls-cert", o.XDSTLSCert, "client certificate (PEM) for mutual TLS to the xDS server; read again on every connection")
-	fs.StringVar(&o.XDSTLSKey, "xds-tls-key", o.XDSTLSKey, "client private key (PEM) for --xds-tls-cert")
-	fs.StringVar(&o.XDSTLSCA, "xds-tls-ca", o.XDSTLSCA, "CA bundle (PEM) trusted for the xDS server certificate (default: system roots)")
-	fs.StringVar(&o.XDSTLSSAN, "xds-tls-san", o.XDSTLSSAN, "name the xDS server certificate must carry, also sent as SNI (default: the host of --xds-server-url)")
-	fs.DurationVar(&o.XDSBackoffInitial, "xds-backoff-initial", o.XDSBackoffInitial, "wait before reconnecting after an xDS stream ends; doubles per further end without a good config")
-	fs.DurationVar(&o.XDSBackoffMax, "xds-backoff-max", o.XDSBackoffMax, "longest wait before reconnecting to the xDS server")
-	fs.Float64Var(&o.XDSBackoffRandomFactor, "xds-backoff-random-factor", o.XDSBackoffRandomFactor, "with --xds-backoff-jitter, each reconnect wait is spread over ±this share of itself, in [0, 1]")
-	fs.BoolVar(&o.XDSBackoffJitter, "xds-backoff-jitter", o.XDSBackoffJitter, "randomize reconnect waits by --xds-backoff-random-factor")
-	fs.IntVar(&o.XDSMaxMsgSize, "xds-max-msg-size", o.XDSMaxMsgSize, "largest xDS response accepted, in bytes (0: gRPC's default, 4 MiB)")
-	fs.StringVar(&o.GRPCAddr, "grpc-addr", o.GRPCAddr, "Envoy RLS v3 gRPC listen address (+ gRPC health, reflection)")
-	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "HTTP listen address: /healthcheck, /json, /metrics")
-	fs.StringVar(&o.DebugAddr, "debug-addr", o.DebugAddr, "debug listen address: /rlconfig, /debug/pprof/ (empty disables)")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "optional extra listen address serving only /metrics")
-	fs.StringVar(&o.StatsdAddr, "statsd-addr", o.StatsdAddr, "also send envoyproxy/ratelimit's statsd stats over UDP to this host:port (empty: none)")
-	fs.DurationVar(&o.StatsdFlushInterval, "statsd-flush-interval", o.StatsdFlushInterval, "how often statsd counters and gauges are sent (timer samples within a second)")
-	fs.StringVar(&o.StatsdTags, "statsd-tags", o.StatsdTags, "tags appended to every statsd stat name as gostats does (.__key=value, sorted by key): key:value items separated by ',' (empty: none)")
-	fs.StringVar(&o.Backend, "backend", o.Backend, "store: memory, redis or memcache (fixed windows only; also spelled memcached)")
-	fs.StringVar(&o.RedisURL, "redis-url", o.RedisURL, "redis:// or rediss:// URL, with user:password@ for ACL and /db")
-	fs.StringVar(&o.RedisMode, "redis-mode", o.RedisMode, "standalone, cluster (seeds in --redis-addrs) or sentinel (--redis-addrs sentinels + --redis-master)")
-	fs.Var(addrs, "redis-addrs", "host:port list: cluster seed nodes or sentinels (repeatable, or comma-separated)")
-	fs.StringVar(&o.RedisMaster, "redis-master", o.RedisMaster, "sentinel master name")
-	fs.DurationVar(&o.RedisTimeout, "redis-timeout", o.RedisTimeout, "how long Redis may stay silent while a call awaits its reply before that counts as a backend failure (queue time inside ratelimitd never counts)")
-	fs.DurationVar(&o.RedisMaxWait, "redis-max-wait", o.RedisMaxWait, "budget of a decision whose caller set no deadline (Envoy always sets one: its filter timeout)")
-	fs.DurationVar(&o.RedisDeadlineMargin, "redis-deadline-margin", o.RedisDeadlineMargin, "kept before the caller's deadline: a decision is made by deadline - min(margin, a quarter of the time left)")
-	fs.IntVar(&o.RedisWaitReplicas, "redis-wait-replicas", o.RedisWaitReplicas, "replicas that must acknowledge each decision's writes (WAIT) before it is used, so that no counted hit is lost in a failover; 0 waits for none (standalone and sentinel only)")
-	fs.DurationVar(&o.RedisWarmup, "redis-warmup", o.RedisWarmup, "at startup, health stays NOT_SERVING until the Redis pools are dialed and the script is loaded, at most this long (0: no warm-up); Redis is never required to start")
-	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", o.RedisPoolSize, "Redis connections per node (0 = the store's default, 16)")
-	fs.StringVar(&o.RedisTLSCA, "redis-tls-ca", o.RedisTLSCA, "PEM CA bundle trusted for Redis TLS (default: system roots)")
-	fs.StringVar(&o.RedisTLSCert, "redis-tls-cert", o.RedisTLSCert, "PEM client certificate for Redis mutual TLS")
-	fs.StringVar(&o.RedisTLSKey, "redis-tls-key", o.RedisTLSKey, "PEM client key for Redis mutual TLS")
-	fs.BoolVar(&o.RedisTLSSkipVerify, "redis-tls-skip-verify", o.RedisTLSSkipVerify, "do not verify the Redis server certificate (insecure)")
-	fs.StringVar(&o.RedisSentinelAuth, "redis-sentinel-auth", o.RedisSentinelAuth, "sentinel credentials: password or user:password")
-	fs.DurationVar(&o.RedisDialTimeout, "redis-dial-timeout", o.RedisDialTimeout, "bound of background Redis dials (idle-pool refill, reconnect probe); a request's dial is bounded by its budget")
-	fs.IntVar(&o.RedisMinIdleConns, "redis-min-idle-conns", o.RedisMinIdleConns, "Redis connections per node kept dialed ahead of traffic (at most the pool size)")
-	fs.IntVar(&o.RedisPipelines, "redis-pipelines", o.RedisPipelines, "pipelines of batched Redis requests in flight at once, each on one pooled connection (at most the pool size)")
-	fs.DurationVar(&o.RedisHealthInterval, "redis-health-interval", o.RedisHealthInterval, "period of the Redis health probe (PING when idle or the circuit is not closed); 0 disables it")
-	fs.BoolVar(&o.RedisBreaker, "redis-breaker", o.RedisBreaker, "circuit breaker around Redis calls (false: every call goes to Redis)")
-	fs.IntVar(&o.RedisBreakerFailures, "redis-breaker-failures", o.RedisBreakerFailures, "consecutive Redis failures that open the circuit")
-	fs.DurationVar(&o.RedisBreakerFailFor, "redis-breaker-fail-for", o.RedisBreakerFailFor, "how long timeouts must have lasted before they open the circuit (raised to 2 x --redis-timeout)")
-	fs.DurationVar(&o.RedisBreakerWindow, "redis-breaker-window", o.RedisBreakerWindow, "sliding window of the breaker's failure-ratio rule")
-	fs.IntVar(&o.RedisBreakerMinCalls, "redis-breaker-min-calls", o.RedisBreakerMinCalls, "calls within --redis-breaker-window before the failure ratio applies")
-	fs.Float64Var(&o.RedisBreakerFailureRatio, "redis-breaker-failure-ratio", o.RedisBreakerFailureRatio, "share of failed calls within --redis-breaker-window that opens the circuit, in (0, 1]")
-	fs.DurationVar(&o.RedisBreakerOpenFor, "redis-breaker-open-for", o.RedisBreakerOpenFor, "how long the circuit stays open before half-open probes")
-	fs.IntVar(&o.RedisBreakerProbes, "redis-breaker-probes", o.RedisBreakerProbes, "half-open probe calls in flight at once (0 means 1)")
-	fs.Var(mcAddrs, "memcache-addrs", "memcached servers host:port (repeatable, or comma-separated); keys are spread over them")
-	fs.StringVar(&o.MemcacheSRV, "memcache-srv", o.MemcacheSRV, "SRV record _service._proto.name listing the memcached servers (instead of --memcache-addrs)")
-	fs.DurationVar(&o.MemcacheSRVRefresh, "memcache-srv-refresh", o.MemcacheSRVRefresh, "resolve --memcache-srv again at this interval (0: once)")
-	fs.IntVar(&o.MemcacheMaxIdleConns, "memcache-max-idle-conns", o.MemcacheMaxIdleConns, "idle connections kept per memcached server")
-	fs.DurationVar(&o.MemcacheTimeout, "memcache-timeout", o.MemcacheTimeout, "bound of each memcached call (socket and connect timeout, and a decision's budget when the caller's deadline is later)")
-	fs.IntVar(&o.LocalCacheSize, "local-cache-size", o.LocalCacheSize, "entries in the local over-limit cache (0 disables)")
-	fs.BoolVar(&o.ShadowMode, "shadow-mode", o.ShadowMode, "global shadow mode: evaluate and report, never deny")
-	fs.BoolVar(&o.QuotaMode, "quota-mode", o.QuotaMode, "global quota mode: every descriptor is soft (denies only when all do)")
-	fs.StringVar(&o.Counting, "counting", o.Counting, "counting policy of rules without counting: all_or_nothing (a denied request consumes nothing) or always_charge (every hit is charged, even over the limit)")
-	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "debug, info, warn or error")
-	fs.StringVar(&o.LogFormat, "log-format", o.LogFormat, "text or json")
-	fs.BoolVar(&o.MergeDomains, "merge-domains", o.MergeDomains, "let several files contribute to one domain")
-	fs.BoolVar(&o.IgnoreDotfiles, "ignore-dotfiles", o.IgnoreDotfiles, "skip config files and directories whose name starts with a dot")
-	fs.StringVar(&o.KeyPrefix, "key-prefix", o.KeyPrefix, "prefix of every backend key")
-	fs.StringVar(&o.KeyValues, "key-values", o.KeyValues, "descriptor values in backend keys: hash, or clear (development only)")
-	fs.StringVar(&o.Headers, "headers", o.Headers, "response headers: ietf, legacy (X-RateLimit-*), both or none")
-	fs.StringVar(&o.Mode, "mode", o.Mode, "auto (reference mode when envoyproxy/ratelimit's environment is in use and no --config), reference or native")
-	fs.BoolVar(&o.ProblemBody, "problem-body", o.ProblemBody, "on OVER_LIMIT add Retry-After and an RFC 9457 problem body (default false in reference mode)")
-	fs.StringVar(&o.LegacyLimitHeader, "legacy-limit-header", o.LegacyLimitHeader, "name of the legacy limit header (requests_per_unit); reference mode: RateLimit-Limit")
-	fs.StringVar(&o.LegacyRemainingHeader, "legacy-remaining-header", o.LegacyRemainingHeader, "name of the legacy remaining header (limit_remaining); reference mode: RateLimit-Remaining")
-	fs.StringVar(&o.LegacyResetHeader, "legacy-reset-header", o.LegacyResetHeader, "name of the legacy reset header (seconds until reset); reference mode: RateLimit-Reset")
-	fs.Float64Var(&o.NearLimitRatio, "near-limit-ratio", o.NearLimitRatio, "fraction of a limit used above which a decision counts as near_limit")
-	fs.DurationVar(&o.RetryJitter, "retry-jitter", o.RetryJitter, "maximum jitter added to Retry-After")
-	fs.BoolVar(&o.RequestOverrides, "request-overrides", o.RequestOverrides, "honour per-descriptor limit overrides sent by Envoy")
-	fs.BoolVar(&o.DynamicMetadata, "dynamic-metadata", o.DynamicMetadata, "fill RateLimitResponse.dynamic_metadata")
-	fs.BoolVar(&o.NearLimitHeader, "near-limit-header", o.NearLimitHeader, "add Ratelimitd-Near-Limit listing the policies past --near-limit-ratio")
-	fs.StringVar(&o.ProblemTypeBase, "problem-type-base", o.ProblemTypeBase, "prefix of the RFC 9457 problem type (quota-exceeded, temporary-reduced-capacity)")
-	fs.StringVar(&o.ProblemDetail, "problem-detail", o.ProblemDetail, "problem detail template with {policy}, {quota}, {window}, {retry_after} (empty: built-in sentence)")
-	fs.IntVar(&o.DetailedMetricCap, "detailed-metric-cap", o.DetailedMetricCap, "distinct rule label values from detailed_metric rules per loaded config, then \"_other\" (negative disables detailed labels)")
-	fs.StringVar(&o.LogDecisions, "log-decisions", o.LogDecisions, "decision log: off, denied (requests with a denied descriptor) or all; one \"decision\" line each, values hashed unless --key-values=clear")
-	fs.Float64Var(&o.LogDecisionsRate, "log-decisions-rate", o.LogDecisionsRate, "most decision log lines per second (token bucket); the rest are counted in ratelimitd_decision_log_suppressed_total")
-	fs.DurationVar(&o.FailClosedRetryAfter, "fail-closed-retry-after", o.FailClosedRetryAfter, "Retry-After base when failure_mode: closed denies because the backend failed")
-	fs.IntVar(&o.MemoryMaxKeys, "memory-max-keys", o.MemoryMaxKeys, "keys the in-memory store (and the failure_mode: local fallback) may hold; when full, new keys get the rule's failure mode (0 = unbounded)")
-	fs.IntVar(&o.MaxConfigRules, "max-config-rules", o.MaxConfigRules, "most rules a loaded config may hold, at startup and at reload; a larger config is refused and the config in force stays (0 = no limit)")
-	fs.Int64Var(&o.MaxConfigBytes, "max-config-bytes", o.MaxConfigBytes, "most bytes the config files may hold together, checked before parsing, at startup and at reload; a larger config is refused and the config in force stays (0 = no limit)")
-	fs.IntVar(&o.GCPercent, "gc-percent", o.GCPercent, "Go GC target percent unless GOGC is set (-1 turns the GC off; needs a memory limit)")
-	fs.Var(&o.MemoryLimit, "memory-limit", "Go soft memory limit in `bytes` (e.g. 400MiB) unless GOMEMLIMIT is set; 0: --memory-limit-ratio of the cgroup memory limit")
-	fs.Float64Var(&o.MemoryLimitRatio, "memory-limit-ratio", o.MemoryLimitRatio, "Go soft memory limit as a share of the cgroup memory limit, without --memory-limit or GOMEMLIMIT (0: none)")
-	fs.DurationVar(&o.Drain, "drain", o.Drain, "on SIGTERM, report NOT_SERVING this long before closing listeners")
-	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", o.ShutdownGrace, "on SIGTERM, wait at most this long for in-flight calls")
-	fs.StringVar(&o.GRPCTLSCert, "grpc-tls-cert", o.GRPCTLSCert, "gRPC server certificate chain (PEM); enables TLS, reloaded on change")
-	fs.StringVar(&o.GRPCTLSKey, "grpc-tls-key", o.GRPCTLSKey, "gRPC server private key (PEM)")
-	fs.StringVar(&o.GRPCTLSClientCA, "grpc-tls-client-ca", o.GRPCTLSClientCA, "CA bundle (PEM) for client certificates: enables mTLS")
-	fs.StringVar(&o.GRPCTLSClientSAN, "grpc-tls-client-san", o.GRPCTLSClientSAN, "required SAN in client certificates (with --grpc-tls-client-ca)")
-	fs.BoolVar(&o.HTTPTLS, "http-tls", o.HTTPTLS, "serve the HTTP listener with the gRPC TLS certificate; POST /json then needs a client certificate when gRPC does (without it, /json is off while gRPC uses TLS)")
-	fs.StringVar(&o.DebugTokenFile, "debug-token-file", o.DebugTokenFile, "file holding a bearer token that admits non-loopback connections to the debug listener (empty: loopback connections only)")
-	fs.StringVar(&o.RedisPasswordFile, "redis-password-file", o.RedisPasswordFile, "file holding the Redis password, read for every new connection (wins over the URL's password)")
-	fs.StringVar(&o.RedisSentinelAuthFile, "redis-sentinel-auth-file", o.RedisSentinelAuthFile, "file holding the sentinel credentials (password or user:password), read at startup")
-	fs.IntVar(&o.GRPCMaxRecvMsgSize, "grpc-max-recv-msg-size", o.GRPCMaxRecvMsgSize, "largest gRPC message received, in bytes (larger: ResourceExhausted, not decoded); also the POST /json body bound (larger: 413)")
-	fs.IntVar(&o.GRPCMaxConcurrentStreams, "grpc-max-concurrent-streams", o.GRPCMaxConcurrentStreams, "gRPC calls one client connection may have in flight; further calls wait for one to end")
-	fs.IntVar(&o.GRPCMaxConnections, "grpc-max-connections", o.GRPCMaxConnections, "gRPC client connections open at once; further ones wait to be accepted (0 = unbounded)")
-	fs.DurationVar(&o.GRPCMaxConnectionAge, "grpc-max-connection-age", o.GRPCMaxConnectionAge, "after this long (±10% jitter) a gRPC client connection is sent GOAWAY, so Envoy reconnects and new replicas get traffic (0 = never)")
-	fs.DurationVar(&o.GRPCMaxConnectionAgeGrace, "grpc-max-connection-age-grace", o.GRPCMaxConnectionAgeGrace, "after GOAWAY from --grpc-max-connection-age, calls in flight may run this long before the connection is closed (0 = no bound)")
-	fs.DurationVar(&o.HTTPReadTimeout, "http-read-timeout", o.HTTPReadTimeout, "HTTP listeners: time to read a whole request (headers and body); a slower client is disconnected")
-	fs.DurationVar(&o.HTTPWriteTimeout, "http-write-timeout", o.HTTPWriteTimeout, "HTTP listener (not debug): time from the end of the request headers to the end of the response")
-	fs.DurationVar(&o.HTTPIdleTimeout, "http-idle-timeout", o.HTTPIdleTimeout, "HTTP listeners: how long a keep-alive connection may wait for its next request")
-	fs.BoolVar(&o.Tracing, "tracing", o.Tracing, "export OpenTelemetry spans over OTLP/gRPC (continues Envoy's W3C trace context)")
-	fs.StringVar(&o.TracingEndpoint, "tracing-endpoint", o.TracingEndpoint, "OTLP/gRPC collector host:port (empty: OTEL_EXPORTER_OTLP_* environment, else localhost:4317)")
-	fs.BoolVar(&o.TracingInsecure, "tracing-insecure", o.TracingInsecure, "plaintext to the OTLP collector (node-local collector or mesh sidecar)")
-	fs.Float64Var(&o.TracingSampleRatio, "tracing-sample-ratio", o.TracingSampleRatio, "fraction of root spans sampled; a sampled parent from Envoy is always followed")
-	fs.StringVar(&o.TracingServiceName, "tracing-service-name", o.TracingServiceName, "service.name resource attribute of exported spans")
-	return []*listValue{config, addrs, mcAddrs}
-}
-
 // envName is the RATELIMITD_* twin of a flag: "redis-url" → "RATELIMITD_REDIS_URL".
 func envName(flagName string) string {
 	return "RATELIMITD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
@@ -614,90 +394,12 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 	o := defaultOptions()
 	warnings, err := applyLegacyEnv(&o, lookup)
 	if err != nil {
-		// The reference's variables carry credentials (REDIS_AUTH,
-		// REDIS_SENTINEL_AUTH, a REDIS_URL with user info): none is
-		// quoted back.
-		secrets := secretsOf(o)
-		for _, name := range []string{"REDIS_AUTH", "REDIS_SENTINEL_AUTH", "REDIS_URL"} {
-			if v, ok := lookup(name); ok {
-				v = strings.TrimSpace(v)
-				secrets = append(secrets, redis.URLPassword(v))
-				if name != "REDIS_URL" {
-					secrets = append(secrets, v)
-					if _, p, ok := strings.Cut(v, ":"); ok {
-						secrets = append(secrets, p)
-					}
-				}
-			}
-		}
-		return o, warnings, scrubErr(err, secrets...)
+		return o, warnings, scrubErr(err, legacySecrets(o, lookup)...)
 	}
-	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
-	// The flag package prints a parse error and the whole usage itself;
-	// the caller prints the error once with a short hint instead, and the
-	// usage goes out only for -h.
-	fs.SetOutput(io.Discard)
-	lists := registerServeFlags(fs, &o)
-	durErr, restoreDurations := clearDurationErrors(fs)
-	fs.Usage = func() {}
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		name := envName(f.Name)
-		if v, ok := lookup(name); ok {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-			}
-		}
-	})
-	if err := errors.Join(errs...); err != nil {
+	explicit, err := parseFlagsAndTwins(&o, args, lookup, usage)
+	if err != nil {
 		return o, warnings, err
 	}
-	for _, l := range lists {
-		l.touched = false
-	}
-	envValues := map[string]string{} // flag name → its value as set from the twin
-	fs.VisitAll(func(f *flag.Flag) {
-		if _, ok := lookup(envName(f.Name)); ok {
-			envValues[f.Name] = f.Value.String()
-		}
-	})
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
-			fs.SetOutput(usage)
-			restoreDurations()
-			fs.PrintDefaults()
-		}
-		if *durErr != nil {
-			// "--redis-timeout=10: missing unit (e.g. 10ms or 10s)",
-			// not the flag package's "parse error".
-			err = *durErr
-		}
-		return o, warnings, err
-	}
-	if fs.NArg() > 0 {
-		return o, warnings, fmt.Errorf("serve takes no arguments, got %q (use --config)", fs.Args())
-	}
-	// Level names are case-insensitive (RATELIMITD_LOG_LEVEL=DEBUG), as
-	// are the formats.
-	o.LogLevel = strings.ToLower(strings.TrimSpace(o.LogLevel))
-	if o.LogLevel == "warning" {
-		o.LogLevel = "warn"
-	}
-	o.LogFormat = strings.ToLower(strings.TrimSpace(o.LogFormat))
-	if o.Backend == "memcached" {
-		o.Backend = "memcache"
-	}
-	for name, v := range envValues {
-		if fs.Lookup(name).Value.String() == v {
-			if o.fromEnv == nil {
-				o.fromEnv = map[string]string{}
-			}
-			o.fromEnv[name] = envName(name)
-		}
-	}
-	explicit := map[string]bool{} // set on the command line or by a twin
-	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	if err := resolveMode(&o, explicit, asRef, lookup); err != nil {
 		return o, warnings, o.annotateEnv(err)
 	}
@@ -718,6 +420,117 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 		o.RedisSentinelAuth = auth
 	}
 	return o, warnings, nil
+}
+
+// legacySecrets are the credentials of o and of the reference's variables
+// (REDIS_AUTH, REDIS_SENTINEL_AUTH, a REDIS_URL with user info): none is
+// quoted back in an error.
+func legacySecrets(o Options, lookup func(string) (string, bool)) []string {
+	secrets := secretsOf(o)
+	for _, name := range []string{"REDIS_AUTH", "REDIS_SENTINEL_AUTH", "REDIS_URL"} {
+		if v, ok := lookup(name); ok {
+			v = strings.TrimSpace(v)
+			secrets = append(secrets, redis.URLPassword(v))
+			if name != "REDIS_URL" {
+				secrets = append(secrets, v)
+				if _, p, ok := strings.Cut(v, ":"); ok {
+					secrets = append(secrets, p)
+				}
+			}
+		}
+	}
+	return secrets
+}
+
+// parseFlagsAndTwins sets o from the RATELIMITD_* twins, then from args
+// (the flag wins), normalizes the spellings, and records in o.fromEnv the
+// flags whose value came from a twin. It returns the flags set on the
+// command line or by a twin; flag.ErrHelp (usage printed) for -h.
+func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, bool), usage io.Writer) (map[string]bool, error) {
+	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
+	// The flag package prints a parse error and the whole usage itself;
+	// the caller prints the error once with a short hint instead, and the
+	// usage goes out only for -h.
+	fs.SetOutput(io.Discard)
+	lists := registerServeFlags(fs, o)
+	durErr, restoreDurations := clearDurationErrors(fs)
+	fs.Usage = func() {}
+	envValues, err := setTwins(fs, lists, lookup)
+	if err != nil {
+		return nil, err
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
+			fs.SetOutput(usage)
+			restoreDurations()
+			fs.PrintDefaults()
+		}
+		if *durErr != nil {
+			// "--redis-timeout=10: missing unit (e.g. 10ms or 10s)",
+			// not the flag package's "parse error".
+			err = *durErr
+		}
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("serve takes no arguments, got %q (use --config)", fs.Args())
+	}
+	o.normalizeSpellings()
+	for name, v := range envValues {
+		if fs.Lookup(name).Value.String() == v {
+			if o.fromEnv == nil {
+				o.fromEnv = map[string]string{}
+			}
+			o.fromEnv[name] = envName(name)
+		}
+	}
+	explicit := map[string]bool{} // set on the command line or by a twin
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	return explicit, nil
+}
+
+// setTwins sets every flag of fs whose RATELIMITD_* twin is set, and
+// returns each such flag's value as the twin set it (a list flag set by
+// its twin is then replaced, not extended, by the command line). Every
+// malformed twin is reported, as NAME="value": error.
+func setTwins(fs *flag.FlagSet, lists []*listValue, lookup func(string) (string, bool)) (map[string]string, error) {
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envName(f.Name)
+		if v, ok := lookup(name); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for _, l := range lists {
+		l.touched = false
+	}
+	envValues := map[string]string{} // flag name → its value as set from the twin
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := lookup(envName(f.Name)); ok {
+			envValues[f.Name] = f.Value.String()
+		}
+	})
+	return envValues, nil
+}
+
+// normalizeSpellings lowers the case of --log-level (RATELIMITD_LOG_LEVEL=
+// DEBUG; "warning" is warn) and --log-format, and reads
+// --backend=memcached as memcache.
+func (o *Options) normalizeSpellings() {
+	o.LogLevel = strings.ToLower(strings.TrimSpace(o.LogLevel))
+	if o.LogLevel == "warning" {
+		o.LogLevel = "warn"
+	}
+	o.LogFormat = strings.ToLower(strings.TrimSpace(o.LogFormat))
+	if o.Backend == "memcached" {
+		o.Backend = "memcache"
+	}
 }
 
 // annotateEnv returns err with every line that starts with a flag whose
@@ -801,7 +614,11 @@ func checkAddr(name, v string, optional bool) error {
 	return nil
 }
 
-// Validate reports every invalid field at once.
+// Validate reports every invalid field at once: the command's own rules
+// (validateSources, validateSpellings, validateBounds, validateServing),
+// then the redis, memcache and service packages' rules on the options
+// the flags build (validateOwners), each error naming the flag, at most
+// one per flag.
 func (o Options) Validate() error {
 	var errs []error
 	add := func(err error) {
@@ -809,6 +626,32 @@ func (o Options) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	o.validateSources(add)
+	o.validateSpellings(add)
+	o.validateBounds(add)
+	o.validateServing(add)
+	add(o.validateOwners(flagsNamed(errs)))
+	return errors.Join(errs...)
+}
+
+// flagsNamed returns the flags that lines of errs begin with ("--name=",
+// "--name:" or "--name ").
+func flagsNamed(errs []error) map[string]bool {
+	named := map[string]bool{}
+	for _, e := range errs {
+		for _, line := range strings.Split(e.Error(), "\n") {
+			if rest, ok := strings.CutPrefix(line, "--"); ok {
+				if f := strings.FieldsFunc(rest, func(r rune) bool { return r == '=' || r == ' ' || r == ':' }); len(f) > 0 {
+					named[f[0]] = true
+				}
+			}
+		}
+	}
+	return named
+}
+
+// validateSources checks the config source and the listen and statsd addresses.
+func (o Options) validateSources(add func(error)) {
 	add(oneOf("config-source", o.ConfigSource, "file", "xds"))
 	if len(o.Config) == 0 && o.ConfigSource != "xds" {
 		add(errors.New("--config: at least one path is required"))
@@ -827,6 +670,10 @@ func (o Options) Validate() error {
 	if o.StatsdFlushInterval <= 0 {
 		add(fmt.Errorf("--statsd-flush-interval=%s: must be > 0", o.StatsdFlushInterval))
 	}
+}
+
+// validateSpellings checks the flags that take one of a set of words, and the legacy header names.
+func (o Options) validateSpellings(add func(error)) {
 	add(oneOf("backend", o.Backend, "memory", "redis", "memcache"))
 	add(oneOf("redis-mode", o.RedisMode, "standalone", "cluster", "sentinel"))
 	add(oneOf("log-level", o.LogLevel, "debug", "info", "warn", "error"))
@@ -843,48 +690,19 @@ func (o Options) Validate() error {
 		}
 	}
 	add(o.validateDecisionLog())
-	if o.Backend == "redis" {
-		switch o.RedisMode {
-		case "cluster":
-			if len(o.RedisAddrs) == 0 {
-				add(errors.New("--redis-mode=cluster needs --redis-addrs (seed nodes)"))
-			}
-		case "sentinel":
-			if len(o.RedisAddrs) == 0 || o.RedisMaster == "" {
-				add(errors.New("--redis-mode=sentinel needs --redis-addrs (sentinels) and --redis-master"))
-			}
-		}
-	}
-	if o.Backend == "memcache" {
-		switch {
-		case len(o.MemcacheAddrs) == 0 && o.MemcacheSRV == "":
-			add(errors.New("--backend=memcache needs --memcache-addrs or --memcache-srv"))
-		case len(o.MemcacheAddrs) > 0 && o.MemcacheSRV != "":
-			add(errors.New("--memcache-addrs and --memcache-srv: set one, not both"))
-		}
-	}
-	if o.MemcacheSRVRefresh < 0 {
-		add(fmt.Errorf("--memcache-srv-refresh=%s: must be >= 0 (0: resolve once)", o.MemcacheSRVRefresh))
-	}
-	if o.MemcacheMaxIdleConns <= 0 {
-		add(fmt.Errorf("--memcache-max-idle-conns=%d: must be > 0", o.MemcacheMaxIdleConns))
-	}
-	if o.MemcacheTimeout <= 0 {
-		add(fmt.Errorf("--memcache-timeout=%s: must be > 0", o.MemcacheTimeout))
-	}
-	if o.RedisTimeout <= 0 {
-		add(fmt.Errorf("--redis-timeout=%s: must be > 0", o.RedisTimeout))
-	}
-	if (o.RedisTLSCert == "") != (o.RedisTLSKey == "") {
-		add(errors.New("--redis-tls-cert and --redis-tls-key go together"))
-	}
+}
+
+// validateBounds checks the numbers the command reads itself (store, GC, answers, config bounds).
+func (o Options) validateBounds(add func(error)) {
+	// Flag values that the packages read as their defaults are refused
+	// here (the flag's default is spelled out instead); the packages'
+	// own ranges are theirs (validateOwners, at the end).
 	if o.RedisPoolSize < 0 {
-		add(fmt.Errorf("--redis-pool-size=%d: must be >= 0", o.RedisPoolSize))
+		add(fmt.Errorf("--redis-pool-size=%d: must be >= 0 (0 = the store's default)", o.RedisPoolSize))
 	}
-	if o.LocalCacheSize < 0 {
-		add(fmt.Errorf("--local-cache-size=%d: must be >= 0", o.LocalCacheSize))
+	if o.RedisWarmup < 0 {
+		add(fmt.Errorf("--redis-warmup=%s: must be >= 0 (0: no warm-up)", o.RedisWarmup))
 	}
-	add(o.validateRedisTuning())
 	if o.GCPercent < -1 {
 		add(fmt.Errorf("--gc-percent=%d: must be >= 0, or -1 (off, with a memory limit)", o.GCPercent))
 	}
@@ -894,14 +712,14 @@ func (o Options) Validate() error {
 	if !(o.MemoryLimitRatio >= 0 && o.MemoryLimitRatio <= 1) {
 		add(fmt.Errorf("--memory-limit-ratio=%v: must be in [0, 1] (0: no limit from the cgroup)", o.MemoryLimitRatio))
 	}
-	if !(o.NearLimitRatio > 0 && o.NearLimitRatio <= 1) {
-		add(fmt.Errorf("--near-limit-ratio=%v: must be in (0, 1]", o.NearLimitRatio))
+	if o.NearLimitRatio == 0 {
+		add(errors.New("--near-limit-ratio=0: must be in (0, 1]"))
 	}
 	if o.RetryJitter < 0 {
 		add(fmt.Errorf("--retry-jitter=%s: must be >= 0", o.RetryJitter))
 	}
-	if o.FailClosedRetryAfter <= 0 {
-		add(fmt.Errorf("--fail-closed-retry-after=%s: must be > 0", o.FailClosedRetryAfter))
+	if o.FailClosedRetryAfter == 0 {
+		add(errors.New("--fail-closed-retry-after=0s: must be > 0"))
 	}
 	if o.DetailedMetricCap == 0 {
 		add(errors.New("--detailed-metric-cap=0: want > 0, or negative to disable detailed labels"))
@@ -915,6 +733,10 @@ func (o Options) Validate() error {
 	if o.MaxConfigBytes < 0 {
 		add(fmt.Errorf("--max-config-bytes=%d: must be >= 0 (0 = no limit)", o.MaxConfigBytes))
 	}
+}
+
+// validateServing checks shutdown, TLS, secrets files and the listeners' resource bounds.
+func (o Options) validateServing(add func(error)) {
 	if o.Drain < 0 || o.ShutdownGrace < 0 {
 		add(errors.New("--drain and --shutdown-grace must be >= 0"))
 	}
@@ -961,7 +783,6 @@ func (o Options) Validate() error {
 			add(fmt.Errorf("--%s=%s: must be > 0", d.name, d.v))
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // validHeaderName reports whether s is an RFC 9110 field name (a token).

@@ -33,7 +33,7 @@ func TestParseServeDefaults(t *testing.T) {
 	if diff := cmp.Diff(want, o, ignoreFromEnv); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
-	// The contract's table.
+	// The defaults docs/flags.md and the README promise.
 	for _, c := range []struct{ got, want string }{
 		{strings.Join(o.Config, ","), "./config"},
 		{o.GRPCAddr, ":8081"}, {o.HTTPAddr, ":8080"}, {o.DebugAddr, "127.0.0.1:6070"},

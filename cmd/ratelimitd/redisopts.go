@@ -1,17 +1,14 @@
 package main
 
 import (
-	"errors"
-	"fmt"
 	"strings"
-	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 )
 
-// redisOptions maps the --redis-* flags onto redis.Options (not yet
-// validated: redis.New does, and Options.Validate checks the tuning flags
-// first so that their errors name the flag).
+// redisOptions maps the --redis-* flags onto redis.Options (validated by
+// redis.Options.Validate, through Options.validateOwners, and by
+// redis.New).
 func redisOptions(o Options) redis.Options {
 	ro := redis.DefaultOptions()
 	ro.URL = o.RedisURL
@@ -55,65 +52,4 @@ func redisOptions(o Options) redis.Options {
 		}
 	}
 	return ro
-}
-
-// validateRedisTuning checks the Redis pool, batching, health and breaker
-// flags with the ranges of redis.Options.Validate and
-// redis.BreakerOptions.Validate, naming the flag. Like --redis-timeout they
-// are checked whatever the backend. The breaker's own settings are not
-// checked with --redis-breaker=false (the store ignores them then).
-func (o Options) validateRedisTuning() error {
-	var errs []error
-	bad := func(flag string, v any, want string) {
-		errs = append(errs, fmt.Errorf("--%s=%v: %s", flag, v, want))
-	}
-	if o.RedisDialTimeout <= 0 {
-		bad("redis-dial-timeout", o.RedisDialTimeout, "must be > 0")
-	}
-	if o.RedisMaxWait <= 0 {
-		bad("redis-max-wait", o.RedisMaxWait, "must be > 0")
-	}
-	if o.RedisDeadlineMargin < 0 {
-		bad("redis-deadline-margin", o.RedisDeadlineMargin, "must be >= 0")
-	}
-	if o.RedisWaitReplicas < 0 {
-		bad("redis-wait-replicas", o.RedisWaitReplicas, "must be >= 0 (0 waits for none)")
-	}
-	if o.RedisWarmup < 0 {
-		bad("redis-warmup", o.RedisWarmup, "must be >= 0 (0: no warm-up)")
-	}
-	if o.RedisMinIdleConns < 0 {
-		bad("redis-min-idle-conns", o.RedisMinIdleConns, "must be >= 0")
-	}
-	if o.RedisPipelines < 0 {
-		bad("redis-pipelines", o.RedisPipelines, "must be >= 0 (0 = the store's default)")
-	}
-	if o.RedisHealthInterval < 0 {
-		bad("redis-health-interval", o.RedisHealthInterval, "must be >= 0 (0 disables the probe)")
-	}
-	if !o.RedisBreaker {
-		return errors.Join(errs...)
-	}
-	if o.RedisBreakerFailures < 1 {
-		bad("redis-breaker-failures", o.RedisBreakerFailures, "must be >= 1")
-	}
-	if o.RedisBreakerFailFor < 0 {
-		bad("redis-breaker-fail-for", o.RedisBreakerFailFor, "must be >= 0")
-	}
-	if o.RedisBreakerWindow < 10*time.Millisecond {
-		bad("redis-breaker-window", o.RedisBreakerWindow, "must be >= 10ms")
-	}
-	if o.RedisBreakerMinCalls < 1 {
-		bad("redis-breaker-min-calls", o.RedisBreakerMinCalls, "must be >= 1")
-	}
-	if !(o.RedisBreakerFailureRatio > 0 && o.RedisBreakerFailureRatio <= 1) {
-		bad("redis-breaker-failure-ratio", o.RedisBreakerFailureRatio, "must be in (0, 1]")
-	}
-	if o.RedisBreakerOpenFor <= 0 {
-		bad("redis-breaker-open-for", o.RedisBreakerOpenFor, "must be > 0")
-	}
-	if o.RedisBreakerProbes < 0 {
-		bad("redis-breaker-probes", o.RedisBreakerProbes, "must be >= 0 (0 means 1)")
-	}
-	return errors.Join(errs...)
 }

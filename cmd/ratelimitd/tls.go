@@ -7,16 +7,29 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 )
 
 // tlsReloader serves the gRPC server's TLS material from files and picks up
-// replaced files without a restart: at most once per checkEvery, a handshake
-// stats the files and reloads them when their size or modification time
-// changed (cert-manager and Kubernetes Secret mounts replace files
-// atomically). A reload that fails keeps the previous material and is
-// logged. Safe for concurrent use.
+// replaced files without a restart: at most once per checkEvery (1 s), a
+// handshake stats the files and reloads them when one changed. A file's
+// stamp is the path its symlinks resolve to, its device and inode, size and
+// modification time, so both ways certificates are replaced are seen: a
+// file renamed over the old one (cert-manager's csi driver, an operator's
+// mv) gets a new inode, and a Kubernetes Secret or ConfigMap mount, whose
+// tls.crt is a symlink to ..data/tls.crt, swaps the ..data symlink to a new
+// timestamped directory, which changes the resolved path. A reload that
+// fails (a key that does not match the certificate, a file half-written)
+// keeps the previous material, is logged, and is tried again at the next
+// check. Safe for concurrent use.
+//
+// It checks on the handshake rather than watching with fsnotify: inotify
+// watches are lost when a watched directory is replaced, are not delivered
+// on network and FUSE file systems, and need a goroutine and a Close the
+// listeners would have to own; a handshake is the only moment the material
+// is read, and a check costs at most three stat calls a second.
 type tlsReloader struct {
 	certFile, keyFile, caFile, san string
 	// http: the config is the HTTP listener's (--http-tls): HTTP/2 and
@@ -25,16 +38,17 @@ type tlsReloader struct {
 	http       bool
 	log        *slog.Logger
 	checkEvery time.Duration
+	now        func() time.Time // the clock of checkEvery (time.Now)
 
 	mu      sync.Mutex
 	checked time.Time
-	stamp   string
+	stamp   []fileStamp
 	cfg     *tls.Config
 }
 
 func newTLSReloader(certFile, keyFile, caFile, san string, forHTTP bool, log *slog.Logger) (*tlsReloader, error) {
-	r := &tlsReloader{certFile: certFile, keyFile: keyFile, caFile: caFile, san: san, http: forHTTP, log: log, checkEvery: time.Second}
-	st, err := r.fileStamp()
+	r := &tlsReloader{certFile: certFile, keyFile: keyFile, caFile: caFile, san: san, http: forHTTP, log: log, checkEvery: time.Second, now: time.Now}
+	st, err := r.fileStamps()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", r.name(), err)
 	}
@@ -42,7 +56,7 @@ func newTLSReloader(certFile, keyFile, caFile, san string, forHTTP bool, log *sl
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", r.name(), err)
 	}
-	r.cfg, r.stamp, r.checked = cfg, st, time.Now()
+	r.cfg, r.stamp, r.checked = cfg, st, r.now()
 	return r, nil
 }
 
@@ -66,12 +80,13 @@ func (r *tlsReloader) Config() *tls.Config {
 func (r *tlsReloader) current() *tls.Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if time.Since(r.checked) < r.checkEvery {
+	now := r.now()
+	if now.Sub(r.checked) < r.checkEvery {
 		return r.cfg
 	}
-	r.checked = time.Now()
-	st, err := r.fileStamp()
-	if err != nil || st == r.stamp {
+	r.checked = now
+	st, err := r.fileStamps()
+	if err != nil || sameStamps(st, r.stamp) {
 		return r.cfg
 	}
 	cfg, err := r.load()
@@ -84,17 +99,47 @@ func (r *tlsReloader) current() *tls.Config {
 	return r.cfg
 }
 
-func (r *tlsReloader) fileStamp() (string, error) {
-	s := ""
+// fileStamp is what tells a replaced file (see tlsReloader): the path its
+// symlinks resolve to and the file found there.
+type fileStamp struct {
+	real string
+	fi   os.FileInfo
+}
+
+// sameStamps reports whether a and b name the same files, unchanged: the
+// same resolved paths, the same files there (os.SameFile: device and
+// inode on Unix) with the same size and modification time.
+func sameStamps(a, b []fileStamp) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x.real != y.real || !os.SameFile(x.fi, y.fi) || x.fi.Size() != y.fi.Size() || !x.fi.ModTime().Equal(y.fi.ModTime()) {
+			return false
+		}
+	}
+	return true
+}
+
+// fileStamps are the stamps of the configured files (certificate, key,
+// client CA when set), or the error of the first one that cannot be
+// resolved or stat'ed.
+func (r *tlsReloader) fileStamps() ([]fileStamp, error) {
+	var s []fileStamp
 	for _, f := range []string{r.certFile, r.keyFile, r.caFile} {
 		if f == "" {
 			continue
 		}
-		fi, err := os.Stat(f)
+		real, err := filepath.EvalSymlinks(f)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
-		s += fmt.Sprintf("%s:%d:%d;", f, fi.Size(), fi.ModTime().UnixNano())
+		fi, err := os.Stat(real)
+		if err != nil {
+			return nil, err
+		}
+		s = append(s, fileStamp{real: real, fi: fi})
 	}
 	return s, nil
 }

@@ -2,12 +2,12 @@ package helm_test
 
 import (
 	"encoding/json"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,10 +22,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -121,7 +121,7 @@ func checkRelease(t *testing.T, r release) {
 	t.Helper()
 	d, c := deployment(t, r)
 	podLabels := labels.Set(d.Spec.Template.Labels)
-	sel := mustSelector(t, "Deployment", d.Spec.Selector)
+	sel := deploytest.MustSelector(t, "Deployment", d.Spec.Selector)
 	if !sel.Matches(podLabels) {
 		t.Errorf("Deployment selector %v does not match its pod labels %v", d.Spec.Selector.MatchLabels, podLabels)
 	}
@@ -132,11 +132,11 @@ func checkRelease(t *testing.T, r release) {
 	}
 
 	// Listen addresses and ports.
-	grpcPort := addrPort(t, "grpc-addr", mustArg(t, c, "grpc-addr"))
-	httpPort := addrPort(t, "http-addr", mustArg(t, c, "http-addr"))
+	grpcPort := deploytest.AddrPort(t, "--grpc-addr", mustArg(t, c, "grpc-addr"))
+	httpPort := deploytest.AddrPort(t, "--http-addr", mustArg(t, c, "http-addr"))
 	listening := map[string]int32{"grpc": grpcPort, "http": httpPort}
 	if m, ok := arg(t, c, "metrics-addr"); ok {
-		listening["metrics"] = addrPort(t, "metrics-addr", m)
+		listening["metrics"] = deploytest.AddrPort(t, "--metrics-addr", m)
 	}
 	if len(c.Ports) != len(listening) {
 		t.Errorf("container ports %v, ratelimitd listens on %v", c.Ports, listening)
@@ -162,7 +162,7 @@ func checkRelease(t *testing.T, r release) {
 	if g := c.StartupProbe.GRPC; g == nil || g.Port != grpcPort {
 		t.Errorf("startup: want gRPC health on %d, got %+v", grpcPort, c.StartupProbe.ProbeHandler)
 	}
-	if h := c.LivenessProbe.HTTPGet; h == nil || h.Path != "/healthcheck" || containerPort(c, h.Port.String()) != httpPort {
+	if h := c.LivenessProbe.HTTPGet; h == nil || h.Path != "/healthcheck" || deploytest.ContainerPort(c, h.Port.String()) != httpPort {
 		t.Errorf("liveness: want GET /healthcheck on the http port %d, got %+v", httpPort, c.LivenessProbe.ProbeHandler)
 	}
 
@@ -200,7 +200,7 @@ func checkRelease(t *testing.T, r release) {
 	}
 	for _, f := range []string{"redis-password-file", "redis-sentinel-auth-file", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"} {
 		if p, ok := arg(t, c, f); ok {
-			checkSecretFile(t, d, c, f, p)
+			deploytest.CheckSecretFile(t, d, c, "--"+f, p)
 		}
 	}
 
@@ -260,12 +260,12 @@ func checkRelease(t *testing.T, r release) {
 		}
 	}
 	for _, p := range byKind[policyv1.PodDisruptionBudget](r, "policy/v1/PodDisruptionBudget") {
-		if !mustSelector(t, "PDB", p.Spec.Selector).Matches(podLabels) {
+		if !deploytest.MustSelector(t, "PDB", p.Spec.Selector).Matches(podLabels) {
 			t.Errorf("PDB %s selects other pods", p.Name)
 		}
 	}
 	for _, tsc := range d.Spec.Template.Spec.TopologySpreadConstraints {
-		if !mustSelector(t, "topologySpread", tsc.LabelSelector).Matches(podLabels) {
+		if !deploytest.MustSelector(t, "topologySpread", tsc.LabelSelector).Matches(podLabels) {
 			t.Errorf("topologySpreadConstraint %s selects other pods", tsc.TopologyKey)
 		}
 	}
@@ -276,7 +276,7 @@ func checkRelease(t *testing.T, r release) {
 		t.Errorf("Service selector %v does not match the pods", svc.Spec.Selector)
 	}
 	for _, p := range svc.Spec.Ports {
-		if containerPort(c, p.TargetPort.String()) == 0 {
+		if deploytest.ContainerPort(c, p.TargetPort.String()) == 0 {
 			t.Errorf("Service port %s: targetPort %s is no container port", p.Name, p.TargetPort.String())
 		}
 		if p.Name == "grpc" && (p.AppProtocol == nil || *p.AppProtocol != "grpc") {
@@ -289,7 +289,7 @@ func checkRelease(t *testing.T, r release) {
 
 	// NetworkPolicy: selects the pods, ports exist.
 	for _, np := range byKind[networkingv1.NetworkPolicy](r, "networking.k8s.io/v1/NetworkPolicy") {
-		if !mustSelector(t, "NetworkPolicy", &np.Spec.PodSelector).Matches(podLabels) {
+		if !deploytest.MustSelector(t, "NetworkPolicy", &np.Spec.PodSelector).Matches(podLabels) {
 			t.Errorf("NetworkPolicy %s selects other pods", np.Name)
 		}
 		for _, in := range np.Spec.Ingress {
@@ -297,7 +297,7 @@ func checkRelease(t *testing.T, r release) {
 				t.Errorf("NetworkPolicy %s admits every source", np.Name)
 			}
 			for _, p := range in.Ports {
-				if containerPort(c, p.Port.String()) == 0 {
+				if deploytest.ContainerPort(c, p.Port.String()) == 0 {
 					t.Errorf("NetworkPolicy %s: ingress port %s is no container port", np.Name, p.Port.String())
 				}
 			}
@@ -306,7 +306,7 @@ func checkRelease(t *testing.T, r release) {
 
 	// Monitors scrape the metrics port of these pods.
 	for _, sm := range byKind[monitoringv1.ServiceMonitor](r, "monitoring.coreos.com/v1/ServiceMonitor") {
-		if !mustSelector(t, "ServiceMonitor", &sm.Spec.Selector).Matches(labels.Set(svc.Labels)) {
+		if !deploytest.MustSelector(t, "ServiceMonitor", &sm.Spec.Selector).Matches(labels.Set(svc.Labels)) {
 			t.Errorf("ServiceMonitor selector %v does not match the Service labels %v", sm.Spec.Selector.MatchLabels, svc.Labels)
 		}
 		if sm.Namespace != svc.Namespace && !slices.Contains(sm.Spec.NamespaceSelector.MatchNames, svc.Namespace) {
@@ -322,50 +322,15 @@ func checkRelease(t *testing.T, r release) {
 		}
 	}
 	for _, pm := range byKind[monitoringv1.PodMonitor](r, "monitoring.coreos.com/v1/PodMonitor") {
-		if !mustSelector(t, "PodMonitor", &pm.Spec.Selector).Matches(podLabels) {
+		if !deploytest.MustSelector(t, "PodMonitor", &pm.Spec.Selector).Matches(podLabels) {
 			t.Errorf("PodMonitor selector does not match the pods")
 		}
 		for _, ep := range pm.Spec.PodMetricsEndpoints {
-			if ep.Port == nil || *ep.Port != "metrics" || containerPort(c, *ep.Port) == 0 {
+			if ep.Port == nil || *ep.Port != "metrics" || deploytest.ContainerPort(c, *ep.Port) == 0 {
 				t.Errorf("PodMonitor endpoint port %v is not the metrics container port", ep.Port)
 			}
 		}
 	}
-}
-
-func mustSelector(t *testing.T, what string, ls *metav1.LabelSelector) labels.Selector {
-	t.Helper()
-	if ls == nil || len(ls.MatchLabels)+len(ls.MatchExpressions) == 0 {
-		t.Fatalf("%s: empty selector", what)
-	}
-	s, err := metav1.LabelSelectorAsSelector(ls)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	return s
-}
-
-func addrPort(t *testing.T, flag, addr string) int32 {
-	t.Helper()
-	_, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatalf("--%s=%s: %v", flag, addr, err)
-	}
-	n, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatalf("--%s=%s: %v", flag, addr, err)
-	}
-	return int32(n)
-}
-
-// containerPort resolves a named or numbered port of c (0: none).
-func containerPort(c *corev1.Container, p string) int32 {
-	for _, cp := range c.Ports {
-		if cp.Name == p || strconv.Itoa(int(cp.ContainerPort)) == p {
-			return cp.ContainerPort
-		}
-	}
-	return 0
 }
 
 // checkConfigMount: --config names the directory a ConfigMap volume is
@@ -414,7 +379,7 @@ func checkConfigMount(t *testing.T, r release, d *appsv1.Deployment, c *corev1.C
 	if len(cm.Data) == 0 {
 		t.Fatalf("ConfigMap %s is empty", cm.Name)
 	}
-	dir := kubeletConfigMapDir(t, cm.Data)
+	dir := deploytest.KubeletVolume(t, cm.Data)
 	set, _, err := policy.Load(policy.LoadOptions{IgnoreDotFiles: true}, dir)
 	if err != nil {
 		t.Fatalf("policy.Load(ConfigMap %s as mounted): %v", cm.Name, err)
@@ -422,59 +387,6 @@ func checkConfigMount(t *testing.T, r release, d *appsv1.Deployment, c *corev1.C
 	if len(set.Domains()) == 0 {
 		t.Errorf("ConfigMap %s loads no domain", cm.Name)
 	}
-}
-
-// kubeletConfigMapDir writes data the way the kubelet's atomic writer does:
-// files are symlinks through ..data into a ..<timestamp> directory.
-func kubeletConfigMapDir(t *testing.T, data map[string]string) string {
-	t.Helper()
-	dir := t.TempDir()
-	ts := "..2026_01_01_00_00_00.000000001"
-	if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, content := range data {
-		if err := os.WriteFile(filepath.Join(dir, ts, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Symlink(ts, filepath.Join(dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	for name := range data {
-		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
-// checkSecretFile: path (the value of --flag) is a key of a Secret volume
-// mounted read-only in c, without subPath (a subPath mount never sees a
-// rotated Secret).
-func checkSecretFile(t *testing.T, d *appsv1.Deployment, c *corev1.Container, flag, path string) {
-	t.Helper()
-	for _, m := range c.VolumeMounts {
-		rel, err := filepath.Rel(m.MountPath, path)
-		if err != nil || strings.HasPrefix(rel, "..") || strings.Contains(rel, "/") {
-			continue
-		}
-		for _, v := range d.Spec.Template.Spec.Volumes {
-			if v.Name != m.Name {
-				continue
-			}
-			if v.Secret == nil || v.Secret.SecretName == "" {
-				t.Errorf("--%s=%s: volume %s is no Secret", flag, path, v.Name)
-			} else if len(v.Secret.Items) > 0 && !slices.ContainsFunc(v.Secret.Items, func(k corev1.KeyToPath) bool { return k.Path == rel }) {
-				t.Errorf("--%s=%s: Secret %s projects no key %s", flag, path, v.Secret.SecretName, rel)
-			}
-			if !m.ReadOnly || m.SubPath != "" {
-				t.Errorf("--%s: mount %s must be read-only and without subPath", flag, m.Name)
-			}
-			return
-		}
-	}
-	t.Errorf("--%s=%s is in no mounted Secret volume", flag, path)
 }
 
 // secretOf returns the Secret name and key behind --flag's file.
@@ -871,18 +783,16 @@ func TestNames(t *testing.T) {
 	}
 }
 
-// TestStrictDecoderRejects proves the decoder is strict.
+// TestStrictDecoderRejects proves the decoder is strict: the shared cases
+// and the Prometheus Operator kinds'.
 func TestStrictDecoderRejects(t *testing.T) {
-	for name, doc := range map[string]string{
-		"unknown field":   "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  selectr: {a: b}\n",
-		"wrong level":     "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nreplicas: 3\n",
-		"duplicate key":   "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nmetadata: {name: y}\n",
-		"unknown kind":    "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n",
+	docs := map[string]string{
 		"monitor field":   "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: x}\nspec:\n  selector: {}\n  endpoint: []\n",
 		"rule field":      "apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nmetadata: {name: x}\nspec:\n  groups: [{name: g, rules: [{alert: A, expr: up, severity: x}]}]\n",
-		"wrong type":      "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: three}\n",
 		"podmonitor port": "apiVersion: monitoring.coreos.com/v1\nkind: PodMonitor\nmetadata: {name: x}\nspec:\n  selector: {}\n  podMetricsEndpoints: [{port: metrics, targetPortt: 1}]\n",
-	} {
+	}
+	maps.Copy(docs, deploytest.RejectedDocs)
+	for name, doc := range docs {
 		if _, _, err := decodeStrict([]byte(doc)); err == nil {
 			t.Errorf("%s: decoded without error", name)
 		}

@@ -7,11 +7,8 @@
 package helm_test
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"path"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -23,12 +20,10 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
-	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
+
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
 // chartDir is the chart, relative to this package.
@@ -51,15 +46,9 @@ func loadChart(t *testing.T) *chart.Chart {
 	return theChart
 }
 
-// object is one rendered Kubernetes object.
-type object struct {
-	Template string // e.g. ratelimitd/templates/deployment.yaml
-	Kind     string // apiVersion/kind, e.g. apps/v1/Deployment
-	Name     string
-	Obj      any // pointer to the typed struct
-}
-
-func (o object) String() string { return fmt.Sprintf("%s %s (%s)", o.Kind, o.Name, o.Template) }
+// object is one rendered Kubernetes object; its Source is the template,
+// e.g. ratelimitd/templates/deployment.yaml.
+type object = deploytest.Object
 
 // release is one rendered release: its objects and NOTES.txt.
 type release struct {
@@ -68,23 +57,10 @@ type release struct {
 	Notes           string
 }
 
-// newTyped returns a pointer to the API type of apiVersion/kind, or nil.
+// newTyped returns a pointer to the API type of apiVersion/kind, or nil:
+// the core kinds and the Prometheus Operator's.
 func newTyped(gvk string) any {
 	switch gvk {
-	case "v1/ServiceAccount":
-		return &corev1.ServiceAccount{}
-	case "v1/Service":
-		return &corev1.Service{}
-	case "v1/ConfigMap":
-		return &corev1.ConfigMap{}
-	case "apps/v1/Deployment":
-		return &appsv1.Deployment{}
-	case "autoscaling/v2/HorizontalPodAutoscaler":
-		return &autoscalingv2.HorizontalPodAutoscaler{}
-	case "policy/v1/PodDisruptionBudget":
-		return &policyv1.PodDisruptionBudget{}
-	case "networking.k8s.io/v1/NetworkPolicy":
-		return &networkingv1.NetworkPolicy{}
 	case "monitoring.coreos.com/v1/ServiceMonitor":
 		return &monitoringv1.ServiceMonitor{}
 	case "monitoring.coreos.com/v1/PodMonitor":
@@ -92,78 +68,19 @@ func newTyped(gvk string) any {
 	case "monitoring.coreos.com/v1/PrometheusRule":
 		return &monitoringv1.PrometheusRule{}
 	}
-	return nil
+	return deploytest.CoreType(gvk)
 }
 
 func metaOf(obj any) *metav1.ObjectMeta {
-	switch o := obj.(type) {
-	case *corev1.ServiceAccount:
-		return &o.ObjectMeta
-	case *corev1.Service:
-		return &o.ObjectMeta
-	case *corev1.ConfigMap:
-		return &o.ObjectMeta
-	case *appsv1.Deployment:
-		return &o.ObjectMeta
-	case *autoscalingv2.HorizontalPodAutoscaler:
-		return &o.ObjectMeta
-	case *policyv1.PodDisruptionBudget:
-		return &o.ObjectMeta
-	case *networkingv1.NetworkPolicy:
-		return &o.ObjectMeta
-	case *monitoringv1.ServiceMonitor:
-		return &o.ObjectMeta
-	case *monitoringv1.PodMonitor:
-		return &o.ObjectMeta
-	case *monitoringv1.PrometheusRule:
-		return &o.ObjectMeta
+	if m := deploytest.MetaOf(obj); m != nil {
+		return m
 	}
 	panic(fmt.Sprintf("metaOf: %T", obj))
 }
 
 // decodeStrict decodes one YAML document into the type its apiVersion and
-// kind name; duplicate keys, unknown fields, wrong types and unknown kinds
-// are errors.
-func decodeStrict(doc []byte) (string, any, error) {
-	js, err := yaml.YAMLToJSONStrict(doc)
-	if err != nil {
-		return "", nil, err
-	}
-	var tm metav1.TypeMeta
-	if err := json.Unmarshal(js, &tm); err != nil {
-		return "", nil, err
-	}
-	if tm.APIVersion == "" || tm.Kind == "" {
-		return "", nil, fmt.Errorf("apiVersion and kind are required")
-	}
-	gvk := tm.APIVersion + "/" + tm.Kind
-	obj := newTyped(gvk)
-	if obj == nil {
-		return gvk, nil, fmt.Errorf("%s: no API type known to this test", gvk)
-	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(obj); err != nil {
-		return gvk, nil, fmt.Errorf("%s: %w", gvk, err)
-	}
-	if dec.More() {
-		return gvk, nil, fmt.Errorf("%s: trailing data", gvk)
-	}
-	return gvk, obj, nil
-}
-
-var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
-
-// onlyComments reports whether a YAML document holds nothing but comments
-// and blank lines (a template whose condition is false).
-func onlyComments(doc string) bool {
-	for _, l := range strings.Split(doc, "\n") {
-		if t := strings.TrimSpace(l); t != "" && !strings.HasPrefix(t, "#") {
-			return false
-		}
-	}
-	return true
-}
+// kind name (deploytest.DecodeStrict with newTyped).
+func decodeStrict(doc []byte) (string, any, error) { return deploytest.DecodeStrict(doc, newTyped) }
 
 // renderValues renders the chart with user values (YAML, as in a -f
 // values file) into release name in namespace ns, the way `helm install
@@ -200,15 +117,15 @@ func renderValues(t *testing.T, name, ns, values string) (release, error) {
 		case strings.HasPrefix(base, "_"):
 			continue // partials render nothing of their own
 		}
-		for i, doc := range docSep.Split(out[k], -1) {
-			if onlyComments(doc) {
+		for i, doc := range deploytest.Documents(out[k]) {
+			if deploytest.OnlyComments(doc) {
 				continue
 			}
 			gvk, obj, err := decodeStrict([]byte(doc))
 			if err != nil {
 				return rel, fmt.Errorf("%s: document %d: %w\n%s", k, i+1, err, doc)
 			}
-			rel.Objects = append(rel.Objects, object{Template: k, Kind: gvk, Name: metaOf(obj).Name, Obj: obj})
+			rel.Objects = append(rel.Objects, object{Source: k, Kind: gvk, Name: metaOf(obj).Name, Obj: obj})
 		}
 	}
 	return rel, nil
@@ -244,15 +161,7 @@ func renderFails(t *testing.T, values, want string) {
 	}
 }
 
-func byKind[T any](r release, gvk string) []*T {
-	var out []*T
-	for _, o := range r.Objects {
-		if o.Kind == gvk {
-			out = append(out, o.Obj.(*T))
-		}
-	}
-	return out
-}
+func byKind[T any](r release, gvk string) []*T { return deploytest.ByKind[T](r.Objects, gvk) }
 
 // one returns the single object of a kind, failing otherwise.
 func one[T any](t *testing.T, r release, gvk string) *T {

@@ -5,63 +5,23 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-var (
-	buildOnce sync.Once
-	buildBin  string
-	buildErr  error
-	buildOut  []byte
-)
-
-// buildRatelimitd builds ./cmd/ratelimitd once per test binary.
-func buildRatelimitd(t *testing.T) string {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs ./cmd/ratelimitd; skipped with -short")
-	}
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "ratelimitd-helm-test-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildBin = filepath.Join(dir, "ratelimitd")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", buildBin, "../../cmd/ratelimitd")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		buildOut, buildErr = cmd.CombinedOutput()
-	})
-	if buildErr != nil {
-		t.Fatalf("./cmd/ratelimitd does not build: %v\n%s", buildErr, buildOut)
-	}
-	return buildBin
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildBin != "" {
-		os.RemoveAll(filepath.Dir(buildBin))
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { deploytest.Main(m) }
 
 // literalEnv returns the container's env with literal values as NAME=value
 // (valueFrom entries are resolved by the kubelet, not known here).
@@ -83,7 +43,7 @@ var flagLine = regexp.MustCompile(`(?m)^\s+-{1,2}([a-z][a-z0-9-]*)`)
 // twin) with the real flag set, types included, before it reaches -h and
 // exits 0; an unknown flag or a bad value exits 2 naming it.
 func TestArgsParseWithTheRealFlagParser(t *testing.T) {
-	bin := buildRatelimitd(t)
+	bin := deploytest.Ratelimitd(t)
 	help, _ := exec.Command(bin, "serve", "-h").CombinedOutput()
 	flags := map[string]bool{}
 	for _, m := range flagLine.FindAllSubmatch(help, -1) {
@@ -139,7 +99,7 @@ func firstLines(b []byte, n int) string {
 // redis-server that requires a password proves the password reaches
 // ratelimitd through --redis-password-file: a decision is counted in Redis.
 func TestRenderedPodServesAgainstRedis(t *testing.T) {
-	bin := buildRatelimitd(t)
+	bin := deploytest.Ratelimitd(t)
 	const password = "chart-e2e-pw-7f3a"
 	srv := redistest.Standalone(t, redistest.WithPassword(password))
 
@@ -148,13 +108,13 @@ func TestRenderedPodServesAgainstRedis(t *testing.T) {
 	secrets := map[string]map[string]string{"ratelimitd-redis": {"password": password + "\n"}}
 	mounts := layOutVolumes(t, r, d, c, secrets)
 
-	httpAddr := freeAddr(t)
+	httpAddr := deploytest.FreeAddr(t)
 	var argv []string
 	for _, a := range c.Args {
 		name, val, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
 		switch name {
 		case "grpc-addr", "metrics-addr", "debug-addr":
-			val = freeAddr(t)
+			val = deploytest.FreeAddr(t)
 		case "http-addr":
 			val = httpAddr
 		case "redis-url":
@@ -176,45 +136,12 @@ func TestRenderedPodServesAgainstRedis(t *testing.T) {
 	if strings.Contains(strings.Join(argv, " "), password) {
 		t.Fatalf("the password is on the command line: %q", argv)
 	}
-	log := &syncBuffer{}
 	cmd := exec.Command(bin, append([]string{"serve"}, argv...)...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, literalEnv(c)...)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
+	proc := deploytest.Start(t, cmd, 30*time.Second)
+	log := proc.Log
 	// The liveness probe's path on the http port.
-	path := c.LivenessProbe.HTTPGet.Path
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get("http://" + httpAddr + path)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		select {
-		case <-done:
-			t.Fatalf("ratelimitd exited:\n%s", log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GET %s never answered 200:\n%s", path, log.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	proc.WaitOK(t, "http://"+httpAddr+c.LivenessProbe.HTTPGet.Path, 60*time.Second)
 
 	// One decision of the chart's default config (domain example,
 	// remote_address, 100 per minute) is counted in Redis.
@@ -287,35 +214,7 @@ func layOutVolumes(t *testing.T, r release, d *appsv1.Deployment, c *corev1.Cont
 				t.Fatalf("volume %s: neither ConfigMap nor Secret", v.Name)
 			}
 		}
-		out[m.MountPath] = kubeletConfigMapDir(t, data)
+		out[m.MountPath] = deploytest.KubeletVolume(t, data)
 	}
 	return out
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// syncBuffer collects the process output; safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

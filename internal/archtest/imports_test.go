@@ -54,6 +54,7 @@ var mayImport = map[string][]string{
 	"examples/client":      {},
 	"internal/testproc":    {},
 	"internal/doccheck":    {},
+	"internal/golden":      {},
 	"scripts/housekeeping": {"internal/doccheck"},
 	// Test-only packages: their non-test code is a package doc at most;
 	// their tests may import any package of the module.

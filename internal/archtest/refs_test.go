@@ -279,27 +279,11 @@ var outsideCitations = []*regexp.Regexp{
 	regexp.MustCompile(`(?i)\bsettled ` + `details\b`),
 }
 
-// citationPending lists files, owned by work in progress elsewhere, that
-// still cite a section of an outside document ("reference 1.5", "the
-// contract's defaults"); TestNoCitationOutsideRepository reports nothing
-// for them but fails once a listed file cites nothing, so that the list
-// only shrinks. The goal is an empty list.
-var citationPending = map[string]bool{
-	"cmd/ratelimitd/options.go":      true,
-	"cmd/ratelimitd/options_test.go": true,
-	"cmd/ratelimitd/serve.go":        true,
-	"pkg/policy/watch_test.go":       true,
-	"pkg/service/decide.go":          true,
-	"pkg/service/options.go":         true,
-	"pkg/service/response.go":        true,
-}
-
 // archDoc matches any path ending in architecture.md; only the one in
 // docs/ exists.
 var archDoc = regexp.MustCompile(`[A-Za-z0-9_./-]*\barchitecture` + `\.md\b`)
 
 func TestNoCitationOutsideRepository(t *testing.T) {
-	pendingHit := map[string]bool{}
 	for _, f := range tracked(t) {
 		if !textFile(f) || f == "internal/archtest/refs_test.go" {
 			continue
@@ -310,10 +294,6 @@ func TestNoCitationOutsideRepository(t *testing.T) {
 			line := sc.Text()
 			for _, re := range outsideCitations {
 				if m := re.FindString(line); m != "" {
-					if citationPending[f] {
-						pendingHit[f] = true
-						continue
-					}
 					t.Errorf("%s:%d: cites %q, which is not in the repository: state what the code relies on in docs/ and cite that", f, n, m)
 				}
 			}
@@ -324,11 +304,6 @@ func TestNoCitationOutsideRepository(t *testing.T) {
 				}
 				t.Errorf("%s:%d: cites %q; the map of the repository is docs/architecture.md", f, n, m)
 			}
-		}
-	}
-	for f := range citationPending {
-		if !pendingHit[f] {
-			t.Errorf("%s cites no outside document any more: remove it from citationPending", f)
 		}
 	}
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
 // Build-time values checked by TestVersion.
@@ -33,7 +35,11 @@ const (
 var bin string
 
 func TestMain(m *testing.M) {
-	os.Exit(testproc.RunWithRatelimitd(m, "e2e", &bin, raceEnabled, "-X main.version="+testVersion+" -X main.commit="+testCommit))
+	flags := []string{"-ldflags", "-X main.version=" + testVersion + " -X main.commit=" + testCommit}
+	if raceEnabled {
+		flags = append(flags, "-race")
+	}
+	os.Exit(deploytest.BuildMain(m, "e2e", &bin, flags...))
 }
 
 // repoRoot is the module root (tests run in internal/e2e).
@@ -48,7 +54,7 @@ func repoRoot(t testing.TB) string {
 
 // proc is a running ratelimitd serve.
 type proc struct {
-	*testproc.Serve
+	*deploytest.Serve
 	grpc  string // host:port
 	http  string
 	debug string
@@ -59,7 +65,7 @@ type proc struct {
 // startOpts configure start.
 type startOpts struct {
 	args []string // after "serve"
-	env  []string // added to testproc.CleanEnv
+	env  []string // added to deploytest.CleanEnv
 	// legacyAddrs: the addresses come from the environment, not flags.
 	legacyAddrs bool
 }
@@ -74,16 +80,16 @@ func start(t testing.TB, o startOpts) *proc {
 		args = append(args, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=127.0.0.1:0")
 	}
 	args = append(args, o.args...)
-	s, err := testproc.StartServe(bin, args, testproc.CleanEnv(o.env...), []string{testproc.GRPC, testproc.HTTP, testproc.Debug}, 20*time.Second)
+	s, err := deploytest.StartServe(bin, args, deploytest.CleanEnv(o.env...), []string{deploytest.GRPC, deploytest.HTTP, deploytest.Debug}, 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{Serve: s, grpc: s.Addrs[testproc.GRPC], http: s.Addrs[testproc.HTTP], debug: s.Addrs[testproc.Debug]}
+	p := &proc{Serve: s, grpc: s.Addrs[deploytest.GRPC], http: s.Addrs[deploytest.HTTP], debug: s.Addrs[deploytest.Debug]}
 	t.Cleanup(func() { p.stop(t) })
 	return p
 }
 
-// stop stops the process (testproc.Serve.Stop with 20 s of grace) and
+// stop stops the process (deploytest.Serve.Stop with 20 s of grace) and
 // fails t for an unclean exit; later calls do nothing.
 func (p *proc) stop(t testing.TB) {
 	p.stopOnce.Do(func() {
@@ -192,7 +198,7 @@ func writeFile(t testing.TB, dir, name, content string) {
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t testing.TB) string {
 	t.Helper()
-	return testproc.FreePorts(t, 1)[0]
+	return deploytest.FreePorts(t, 1)[0]
 }
 
 // eventually retries f every 20ms until it returns "" or within elapses;
@@ -218,11 +224,11 @@ func runCmd(t testing.TB, args ...string) (int, string, string) {
 	return runCmdEnv(t, nil, args...)
 }
 
-// runCmdEnv is runCmd with env added to testproc.CleanEnv.
+// runCmdEnv is runCmd with env added to deploytest.CleanEnv.
 func runCmdEnv(t testing.TB, env []string, args ...string) (int, string, string) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = testproc.CleanEnv(env...)
+	cmd.Env = deploytest.CleanEnv(env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -15,6 +15,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
 // logRecords parses the JSON log lines of p (every line must be JSON: no
@@ -266,7 +268,7 @@ func TestMakeRunStops(t *testing.T) {
 	cmd := exec.Command(makeBin, "-s", "run", "BIN="+built,
 		"RUN_ARGS=--grpc-addr=127.0.0.1:0 --http-addr=127.0.0.1:0 --debug-addr= --log-format=json")
 	cmd.Dir = repoRoot(t)
-	cmd.Env = testproc.CleanEnv("GOFLAGS="+os.Getenv("GOFLAGS"), "GOCACHE="+goEnv(t, "GOCACHE"), "GOPATH="+goEnv(t, "GOPATH"))
+	cmd.Env = deploytest.CleanEnv("GOFLAGS="+os.Getenv("GOFLAGS"), "GOCACHE="+goEnv(t, "GOCACHE"), "GOPATH="+goEnv(t, "GOPATH"))
 	logs := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -50,7 +51,11 @@ func TestMain(m *testing.M) {
 	// The outages here are deliberate: go-redis would log every failed
 	// dial of the helpers' clients.
 	goredis.SetLogger(quiet{})
-	os.Exit(testproc.RunWithRatelimitd(m, "faults", &bin, raceEnabled, ""))
+	var flags []string
+	if raceEnabled {
+		flags = append(flags, "-race")
+	}
+	os.Exit(deploytest.BuildMain(m, "faults", &bin, flags...))
 }
 
 type quiet struct{}
@@ -217,7 +222,7 @@ func clusterBackend(g *redistest.ClusterGroup) backend {
 
 // proc is one running `ratelimitd serve`.
 type proc struct {
-	*testproc.Serve
+	*deploytest.Serve
 	grpc string // host:port
 	http string
 }
@@ -231,14 +236,14 @@ func startProc(cfgDir string, args []string) (*proc, error) {
 		"--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr="}, args...)
 	// GORACE: a -race binary otherwise sleeps 1 s at exit
 	// (atexit_sleep_ms), which would dominate the fresh bursts.
-	s, err := testproc.StartServe(bin, full, testproc.CleanEnv("GORACE=atexit_sleep_ms=0"), []string{testproc.GRPC, testproc.HTTP}, 30*time.Second)
+	s, err := deploytest.StartServe(bin, full, deploytest.CleanEnv("GORACE=atexit_sleep_ms=0"), []string{deploytest.GRPC, deploytest.HTTP}, 30*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	return &proc{Serve: s, grpc: s.Addrs[testproc.GRPC], http: s.Addrs[testproc.HTTP]}, nil
+	return &proc{Serve: s, grpc: s.Addrs[deploytest.GRPC], http: s.Addrs[deploytest.HTTP]}, nil
 }
 
-// stop sends SIGTERM and waits up to 20 s (testproc.Serve.Stop). Safe to
+// stop sends SIGTERM and waits up to 20 s (deploytest.Serve.Stop). Safe to
 // call more than once.
 func (p *proc) stop() error { return p.Stop(20 * time.Second) }
 

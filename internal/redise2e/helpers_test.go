@@ -95,15 +95,13 @@ func newInstance(t testing.TB, opts redis.Options, set *policy.Set) *instance {
 	return &instance{svc: svc, store: st, reg: reg}
 }
 
-// newService is service.New(o) with a new metrics registry (returned), a
-// discarding logger and request overrides on, serving set; an error
-// fails t.
+// newService is service.New(o) with a new metrics registry (returned)
+// and a discarding logger, serving set; an error fails t.
 func newService(t testing.TB, o service.Options, set *policy.Set) (*service.Service, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	o.Registerer = reg
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	o.RequestOverrides = true
 	svc, err := service.New(o)
 	if err != nil {
 		t.Fatalf("service.New: %v", err)

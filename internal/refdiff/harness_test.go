@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -306,7 +307,7 @@ func startPair(t *testing.T, env []string, extra map[string]string) *pair {
 		}
 	}
 	listen := func(prefix string) []string {
-		ports := freePorts(t, 3)
+		ports := deploytest.FreePorts(t, 3)
 		return []string{"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + ports[0], "HOST=127.0.0.1", "PORT=" + ports[1],
 			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + ports[2], "CACHE_KEY_PREFIX=" + prefix}
 	}
@@ -582,6 +583,3 @@ var (
 	uniqueMu sync.Mutex
 	uniqueN  int
 )
-
-// freePorts returns n distinct free loopback ports.
-var freePorts = testproc.FreePorts

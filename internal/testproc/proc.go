@@ -4,19 +4,29 @@
 // pkg/backend/redis/redistest, memcached in
 // pkg/backend/memcache/memcachetest): start with the output appended to a
 // log file, kill, freeze (SIGSTOP) and resume, and tell whether the
-// process is alive. RunWithRatelimitd and StartServe build and run
-// ratelimitd itself for the end-to-end tests (internal/e2e,
-// internal/faults); Dial, Health and WaitHealth talk to it, and Desc and
-// WithHits build the descriptors of the requests tests send. A server is
-// killed when the test process dies without running its cleanups (Linux:
-// a parent-death signal).
+// process is alive; a server is killed when the test process dies
+// without running its cleanups (Linux: a parent-death signal,
+// KillWithParent). FreePort and FreePorts choose loopback ports.
+//
+// The rest is what tests of ratelimitd itself share, light enough for
+// any package's tests: Dial, Health and WaitHealth talk to a running
+// server, Desc and WithHits build the descriptors of its requests,
+// MetricSum and MetricValue read its Prometheus registry, StatsdSink
+// receives its statsd lines, and Buffer collects a log. Running the
+// binary itself is internal/deploytest's (Build, StartServe).
 package testproc
 
 import (
+	"errors"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
+	"testing"
+	"time"
 )
 
 // Proc is one server process, started again after a Kill by Start. The
@@ -125,3 +135,82 @@ func (p *Proc) Cont() {
 // test process dies without running its cleanups (Linux: a parent-death
 // SIGKILL; elsewhere nothing).
 func KillWithParent(cmd *exec.Cmd) { cmd.SysProcAttr = procAttr() }
+
+// Faults are a Proc's fault controls (Kill, Stop, Cont, see Proc), for a
+// test helper's Server to embed, so that each helper does not restate
+// them. The zero value has no process; use NewFaults.
+type Faults struct{ p *Proc }
+
+// NewFaults returns the fault controls of p.
+func NewFaults(p *Proc) Faults { return Faults{p: p} }
+
+// Kill is Proc.Kill: clients then see connection refused.
+func (f Faults) Kill() { f.p.Kill() }
+
+// Stop is Proc.Stop: a hung server.
+func (f Faults) Stop() { f.p.Stop() }
+
+// Cont is Proc.Cont.
+func (f Faults) Cont() { f.p.Cont() }
+
+// ErrPortInUse is WaitReady's error for a process that exited during
+// startup because its port was taken (its log says "Address already in
+// use") between choosing a free port and binding it: the helpers pick
+// another port and start again.
+var ErrPortInUse = errors.New("port in use")
+
+// WaitReady polls ready every 20 ms until it returns nil, for at most
+// within. It returns ErrPortInUse (wrapped, naming what) or another error
+// naming what ("redis-server on 127.0.0.1:6379") when the process exits
+// first, and an error with ready's last error when within passed; both
+// end with logTail(), the process's last log lines.
+func (p *Proc) WaitReady(what string, within time.Duration, ready func() error, logTail func() string) error {
+	deadline := time.Now().Add(within)
+	var last error
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.Done():
+			tail := logTail()
+			if strings.Contains(tail, "Address already in use") {
+				return fmt.Errorf("%s: %w", what, ErrPortInUse)
+			}
+			return fmt.Errorf("%s exited during startup:\n%s", what, tail)
+		default:
+		}
+		if last = ready(); last == nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not ready after %v: %v\n%s", what, within, last, logTail())
+}
+
+// FreePort is a loopback TCP port that was free a moment ago (the caller
+// binds it, or retries on ErrPortInUse). It fails t when no port can be
+// had.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	return FreePorts(t, 1)[0]
+}
+
+// FreePorts is n distinct loopback TCP ports that were free a moment ago
+// (each held until all are chosen). It fails t when they cannot be had.
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	out := make([]int, 0, n)
+	ls := make([]net.Listener, 0, n)
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("testproc: free port: %v", err)
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	return out
+}

@@ -13,19 +13,23 @@ import (
 // (case-insensitive in YAML). The zero value UnitUnknown is invalid.
 type Unit uint8
 
+// The units: the names and lengths of the Envoy
+// RateLimitResponse.RateLimit.Unit enum (the numeric values are this
+// package's own, ordered by length). Windows are epoch-aligned.
 const (
-	UnitUnknown Unit = iota
-	Second
-	Minute
-	Hour
-	Day
-	Week
-	Month // 30 days epoch-aligned, or a calendar month with calendar: true
-	Year  // 365 days epoch-aligned, or a calendar year with calendar: true
+	UnitUnknown Unit = iota // invalid: no unit given, or an unknown name
+	Second                  // 1 s
+	Minute                  // 60 s
+	Hour                    // 3600 s
+	Day                     // 86,400 s
+	Week                    // 7 days
+	Month                   // 30 days epoch-aligned, or a calendar month with calendar: true
+	Year                    // 365 days epoch-aligned, or a calendar year with calendar: true
 )
 
-// FailureMode is what a limit does when the backend cannot decide
-// (contract: failure_mode). The zero value FailOpen allows.
+// FailureMode is what a limit does when the backend cannot decide (the
+// rate_limit field failure_mode; docs/responses.md, "Backend failure").
+// The zero value FailOpen allows.
 type FailureMode uint8
 
 const (
@@ -62,14 +66,26 @@ type Spec struct {
 	// Name when set, else a stable name derived from the config path (keys,
 	// configured values, wildcard patterns; never request values), plus a
 	// suffix for the 2nd.. item of rate_limits.
-	Policy          string
-	Unit            Unit
+	Policy string
+	// Unit is rate_limit.unit (never UnitUnknown in a loaded Set).
+	Unit Unit
+	// RequestsPerUnit is rate_limit.requests_per_unit, the units of cost
+	// admitted per window (Envoy RateLimitResponse.RateLimit.requests_per_unit).
 	RequestsPerUnit uint32
-	UnitMultiplier  uint32 // >= 1
-	Algorithm       algo.Kind
-	Burst           int64 // token bucket capacity; 0 = RequestsPerUnit
-	Calendar        bool
-	FailureMode     FailureMode
+	// UnitMultiplier is rate_limit.unit_multiplier, the window length in
+	// units (>= 1; 1 when absent).
+	UnitMultiplier uint32
+	// Algorithm is rate_limit.algorithm (algo.FixedWindow when absent,
+	// the zero algo.Kind).
+	Algorithm algo.Kind
+	// Burst is rate_limit.burst, the token bucket capacity in units; 0
+	// (absent, and always for other algorithms) means RequestsPerUnit.
+	Burst int64
+	// Calendar is rate_limit.calendar: a Month or Year window follows the
+	// UTC calendar instead of 30 or 365 epoch-aligned days.
+	Calendar bool
+	// FailureMode is rate_limit.failure_mode (FailOpen when absent).
+	FailureMode FailureMode
 	// Limit is the compiled algorithm input.
 	Limit algo.Limit
 	// Window is the quota window for RateLimit-Policy w= (unit × multiplier;
@@ -80,6 +96,7 @@ type Spec struct {
 // Rule is a descriptor node that answers a request descriptor: it carries
 // `rate_limit`, `rate_limits` or `unlimited: true`. Rules are immutable.
 type Rule struct {
+	// Domain is the domain of the config file that holds the rule.
 	Domain string
 	// Path is the node's stat key as envoyproxy/ratelimit builds it:
 	// "domain.k1_v1.k2" (value omitted where the config node has none;
@@ -88,12 +105,26 @@ type Rule struct {
 	// Name is the first limit's rate_limit.name ("" when absent; for an
 	// unlimited rule, its rate_limit.name). For `replaces` matching, the
 	// names of all Specs count.
-	Name           string
-	Limits         []Spec // empty iff Unlimited
-	Unlimited      bool
-	Replaces       []string
-	ShadowMode     bool
-	QuotaMode      bool
+	Name string
+	// Limits are the limits of rate_limit (one) or rate_limits (in config
+	// order); empty iff Unlimited.
+	Limits []Spec
+	// Unlimited is rate_limit.unlimited: the rule matches and answers OK
+	// without counting.
+	Unlimited bool
+	// Replaces are the names of every limit's `replaces:` items: limits
+	// of other matched descriptors with these names are not applied.
+	Replaces []string
+	// ShadowMode is the descriptor's shadow_mode: a denial is counted and
+	// reported but the descriptor's status is OK.
+	ShadowMode bool
+	// QuotaMode is the descriptor's quota_mode (a soft limit): its
+	// status reports OVER_LIMIT, but the request is denied only when
+	// every quota-mode descriptor of it is over (docs/responses.md,
+	// "overall_code").
+	QuotaMode bool
+	// DetailedMetric is the descriptor's detailed_metric: metrics label
+	// the decision with the request values (Match.MetricKey) under a cap.
 	DetailedMetric bool
 	// Counting is the descriptor's `counting:` (all_or_nothing or
 	// always_charge); CountingDefault when absent (the global policy).
@@ -101,8 +132,10 @@ type Rule struct {
 	// Metadata is the node's `metadata:` map (JSON-compatible values), nil
 	// when absent.
 	Metadata map[string]any
-	// File and Line locate the node in the config.
+	// File is the config file of the node (as Load found it, or the
+	// Source name).
 	File string
+	// Line is the 1-based line of the node's mapping in File.
 	Line int
 
 	// nodes is the config path from the top level to this rule's node.
@@ -120,7 +153,10 @@ type Rule struct {
 
 // Entry is one request descriptor entry (Envoy RateLimitDescriptor.Entry).
 type Entry struct {
-	Key   string
+	// Key is the entry's key (RateLimitDescriptor.Entry.key).
+	Key string
+	// Value is the entry's value (RateLimitDescriptor.Entry.value); ""
+	// matches only a value-less config node.
 	Value string
 }
 
@@ -130,6 +166,8 @@ const ReleaseKey = "ratelimitd.release"
 
 // Match is a request descriptor resolved against a Set.
 type Match struct {
+	// Rule is the matched rule; nil only in the Match of (*Set).Override
+	// when the override applies no limit.
 	Rule *Rule
 	// MetricKey is the stat key for this match (Rule.Path, or with
 	// detailed_metric / value_to_metric the request-value form). It may
@@ -166,7 +204,9 @@ type LoadOptions struct {
 	// IgnoreDotFiles skips files and directories whose name starts with a
 	// dot (Kubernetes ConfigMap ..data and timestamped directories).
 	IgnoreDotFiles bool
-	Keys           KeyOptions
+	// Keys shape the backend keys of the loaded Set ((*Set).Key); the
+	// zero value hashes values and adds no prefix.
+	Keys KeyOptions
 	// MaxRules is the most rules (Set.Rules) a load may compile; a config
 	// with more is refused (a *ConfigError with File "config" naming both
 	// counts) and never returned, so the config in force stays. 0 means
@@ -190,8 +230,12 @@ type LoadOptions struct {
 
 // Warning is a lint finding that does not reject a load.
 type Warning struct {
-	File    string
-	Line    int
+	// File is the config file the finding is about; "" for a finding
+	// about the load as a whole.
+	File string
+	// Line is the 1-based line in File; 0 when the finding has no line.
+	Line int
+	// Message is the finding, without position or "warning:" prefix.
 	Message string
 }
 
@@ -203,45 +247,3 @@ func (w Warning) String() string {
 	}
 	return formatPos(w.File, w.Line) + ": warning: " + w.Message
 }
-
-// Load reads YAML files (a path may be a file or a directory, walked
-// recursively, .yaml/.yml files only) and compiles them into a Set. Every
-// problem is reported at once: the returned error joins errors that each
-// start with "file:line: ". A non-nil error means no Set.
-// func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error)
-//
-// LoadSources is Load for documents held in memory (each Source one
-// config file's content, named for errors): configs delivered over xDS
-// (pkg/policy/xds) go through it, and so through the same validation.
-// func LoadSources(opts LoadOptions, srcs ...Source) (*Set, []Warning, error)
-
-// Set methods the service relies on (implemented in set.go and key.go;
-// Load in load.go, Watch in watch.go; docs/config.md is the user reference):
-//   (*Set).HasDomain(domain string) bool
-//   (*Set).Match(domain string, entries []Entry) (Match, bool)
-//     ok=false: no rule applies (unknown domain, no node, depth mismatch).
-//   (*Set).Override(domain string, entries []Entry, requestsPerUnit uint32, unit Unit) Match
-//     a Match for a request-supplied RateLimitOverride (fixed window),
-//     under the rule's or domain's override: policy (allow, deny,
-//     lower_only, max); Rule nil when it applies no limit.
-//   (*Set).Key(m Match, i int) string
-//     backend key for m.Rule.Limits[i]; injective over (domain, rule path,
-//     limit index and algorithm, identity entries), and for an override
-//     over (domain, unit, requests_per_unit, entries); values hashed unless
-//     KeyOptions.ClearText.
-//   (*Set).Hash() string      hex digest of the compiled config (metrics)
-//   (*Set).SourceHash() string  hex digest of the files' paths and bytes
-//     Load read: equal for a reload that changes nothing (a no-op reload)
-//   (*Set).Domains() []string
-//   (*Set).Rules() []*Rule    every rule, in config order (for /rlconfig)
-//   (*Set).WriteExplain(w io.Writer) error   human dump for /rlconfig and validate --explain
-
-// Watch loads paths, then reloads whenever one of the config files changes
-// (only the files Load would read, their symlink targets and the
-// subdirectories it walks; Kubernetes ..data symlink swaps and
-// write-then-rename editors included). It calls apply with each good Set,
-// changed or not (compare Set.SourceHash), and fail with each load error,
-// read error (IsReadError, retried) or watcher error (*WatchError); the
-// previous Set stays in force. The first load's result is delivered before
-// Watch blocks. Watch returns when ctx is done.
-// func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Set, []Warning), fail func(error)) error

@@ -12,8 +12,10 @@ import (
 // every ConfigError it finds with errors.Join; use errors.As on the joined
 // error's Unwrap() []error to inspect them.
 type ConfigError struct {
-	File    string // path as given to Load (or found under a directory)
-	Line    int    // 1-based; 0 when the problem has no line (e.g. unreadable file)
+	File string // path as given to Load (or found under a directory)
+	Line int    // 1-based; 0 when the problem has no line (e.g. unreadable file)
+	// Message is the problem, without the position ("duplicate key
+	// \"unit\" (first at line 3)").
 	Message string
 	// Err is the I/O error of a read problem (a config path or file that
 	// could not be stat'ed, walked or read; Message then includes it),

@@ -26,6 +26,8 @@ const (
 	OverrideLowerOnly
 )
 
+// String returns the config spelling of the mode: "allow", "deny" or
+// "lower_only" (unknown values print as "allow").
 func (m OverrideMode) String() string {
 	switch m {
 	case OverrideDeny:
@@ -119,13 +121,9 @@ func (p *parser) overrideField(kn, v *yaml.Node, domainLevel bool) *overridePoli
 				p.errs.add(p.file, kn.Line, "override failure_mode is only allowed at the top level of the file: an override of a rule always has the rule's failure_mode")
 				return
 			}
-			s, _ := p.str(v, "override failure_mode")
-			f, ok := parseFailureMode(s)
-			if !ok {
-				p.errs.add(p.file, v.Line, "invalid override failure_mode %q: want open, closed or local", s)
-				return
+			if f, ok := p.failureMode(v, "override failure_mode"); ok {
+				op.failure, op.failSet = f, true
 			}
-			op.failure, op.failSet = f, true
 		default:
 			p.unknown(kn, k, "override", nil, overrideKeys)
 		}

@@ -3,11 +3,7 @@ package policy
 import (
 	"context"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -95,297 +91,195 @@ type watchConfig struct {
 	onEvent func(ev fsnotify.Event, relevant bool)
 }
 
-func watch(ctx context.Context, c watchConfig) error {
-	// load loads and delivers, unless probe is set and the bytes read
-	// do not hash to it (then it returns the new hash, delivering
-	// nothing).
-	load := func(probe string) (readErr, delivered bool, hash string) {
-		s, warns, hash, err := loadSource(c.opts, c.paths)
-		if probe != "" && hash != probe {
-			return false, false, hash
-		}
-		if err != nil {
-			c.fail(err)
-			return IsReadError(err), true, hash
-		}
-		c.apply(s, warns)
-		return false, true, hash
-	}
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		load("")
-		return fmt.Errorf("policy: watch: %w", err)
-	}
-	defer w.Close()
-	if c.onWatcher != nil {
-		c.onWatcher(w)
-	}
-	watched := map[string]bool{}
-	var plan *watchPlan
-	// reload plans and watches first, then loads, so a change between
-	// the two is seen by the watcher (and compared against the plan).
-	reload := func(probe string) (readErr, delivered bool, hash string, setupErr error) {
-		plan = newWatchPlan(c.opts, c.paths)
-		for _, d := range sortedKeys(watched) {
-			if !plan.dirs[d] {
-				_ = w.Remove(d)
-				delete(watched, d)
-			}
-		}
-		for _, d := range sortedKeys(plan.dirs) {
-			if watched[d] {
-				continue
-			}
-			if err := w.Add(d); err != nil {
-				if setupErr == nil {
-					setupErr = err
-				}
-				continue
-			}
-			watched[d] = true
-		}
-		readErr, delivered, hash = load(probe)
-		return readErr, delivered, hash, setupErr
-	}
-	readErr, _, _, setupErr := reload("")
-	if setupErr != nil && len(watched) == 0 {
-		return fmt.Errorf("policy: watch: %w", setupErr)
-	}
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	retries := 0
-	scheduleRetry := func() {
-		if readErr && retries < readRetries {
-			timer.Reset(readRetryDelay << retries)
-			retries++
-			return
-		}
-		retries = 0
-	}
-	scheduleRetry()
+// watchLoop is the state of one Watch: the file watcher and the directories
+// it watches, the plan of the last load, the read-error retries, and the
+// burst of events being debounced.
+type watchLoop struct {
+	c       watchConfig
+	w       *fsnotify.Watcher
+	watched map[string]bool
+	plan    *watchPlan
+	timer   *time.Timer
+	// readErr: the last load failed with read errors only (retried).
+	readErr bool
+	retries int
 
 	// A burst is the relevant events since the last delivered reload:
 	// pending from its first event (burstStart) until a reload delivers.
 	// probe is the hash of the first read of a stability check under way
 	// ("" when none is); inPlace records an in-place write in the burst.
-	var (
-		pending    bool
-		burstStart time.Time
-		probe      string
-		inPlace    bool
-	)
-	settle := func() time.Duration {
-		if inPlace {
-			return watchDebounce
-		}
-		return watchSettleReplace
+	pending    bool
+	burstStart time.Time
+	probe      string
+	inPlace    bool
+}
+
+func watch(ctx context.Context, c watchConfig) error {
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		(&watchLoop{c: c}).load("")
+		return fmt.Errorf("policy: watch: %w", err)
 	}
-	// event schedules the reload of a burst: watchDebounce after this
-	// event, but no later than watchMaxWait after the burst's first; a
-	// stability check past that point runs on.
-	event := func(write bool) {
-		now := time.Now()
-		if !pending {
-			pending, burstStart, inPlace = true, now, false
-		}
-		if write {
-			inPlace = true
-		}
-		retries = 0
-		deadline := burstStart.Add(watchMaxWait)
-		switch {
-		case now.Add(watchDebounce).Before(deadline):
-			probe = ""
-			timer.Reset(watchDebounce)
-		case probe == "":
-			timer.Reset(max(deadline.Sub(now), 0))
-		}
+	defer fw.Close()
+	if c.onWatcher != nil {
+		c.onWatcher(fw)
 	}
+	w := &watchLoop{c: c, w: fw, watched: map[string]bool{}}
+	var setupErr error
+	w.readErr, _, _, setupErr = w.reload("")
+	if setupErr != nil && len(w.watched) == 0 {
+		return fmt.Errorf("policy: watch: %w", setupErr)
+	}
+	w.timer = time.NewTimer(time.Hour)
+	w.timer.Stop()
+	defer w.timer.Stop()
+	w.scheduleRetry()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case ev, ok := <-w.Events:
+		case ev, ok := <-fw.Events:
 			if !ok {
 				return fmt.Errorf("policy: watch: event channel closed")
 			}
-			name := filepath.Clean(ev.Name)
-			relevant := plan.relevant(ev)
-			if (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) && watched[name] {
-				// fsnotify drops watches of removed directories.
-				delete(watched, name)
-				_ = w.Remove(name)
-			}
-			if c.onEvent != nil {
-				c.onEvent(ev, relevant)
-			}
-			if relevant {
-				event(ev.Has(fsnotify.Write) && !ev.Has(fsnotify.Create))
-			}
-		case err, ok := <-w.Errors:
+			w.onEvent(ev)
+		case err, ok := <-fw.Errors:
 			if !ok {
 				return fmt.Errorf("policy: watch: error channel closed")
 			}
 			c.fail(&WatchError{Err: err})
-			event(false)
-		case <-timer.C:
-			if !pending {
-				// A read-error retry.
-				readErr, _, _, _ = reload("")
-				scheduleRetry()
-				continue
-			}
-			if probe == "" {
-				probe = readSources(c.opts, c.paths, &errList{}).hash
-				timer.Reset(settle())
-				continue
-			}
-			var delivered bool
-			var hash string
-			readErr, delivered, hash, _ = reload(probe)
-			if !delivered {
-				// Changed between the two reads: check again.
-				probe = hash
-				timer.Reset(settle())
-				continue
-			}
-			pending, probe = false, ""
-			scheduleRetry()
+			w.event(false)
+		case <-w.timer.C:
+			w.onTimer()
 		}
 	}
 }
 
-// watchPlan is what Watch reacts to, computed from the file system just
-// before each load. Paths are canonical: the directory part resolved
-// through symlinks (filepath.EvalSymlinks), the last element kept, which is
-// how fsnotify names the events of the (canonical) directories watched.
-type watchPlan struct {
-	dirs      map[string]bool // directories to watch
-	names     map[string]bool // files given, files loaded and their symlink targets
-	roots     []string        // directories given
-	links     []watchLink     // loaded files whose path involves a symlink
-	ignoreDot bool
-}
-
-// watchLink is a loaded file whose canonical target differs from its
-// canonical name; target is "" when it did not resolve.
-type watchLink struct{ path, target string }
-
-// canonDir resolves a directory through symlinks (Clean when it cannot).
-func canonDir(d string) string {
-	if r, err := filepath.EvalSymlinks(d); err == nil {
-		return r
+// load loads and delivers, unless probe is set and the bytes read do not
+// hash to it (then it returns the new hash, delivering nothing).
+func (w *watchLoop) load(probe string) (readErr, delivered bool, hash string) {
+	s, warns, hash, err := loadSource(w.c.opts, w.c.paths)
+	if probe != "" && hash != probe {
+		return false, false, hash
 	}
-	return filepath.Clean(d)
-}
-
-// canonName resolves p's directory, keeping its last element.
-func canonName(p string) string {
-	p = filepath.Clean(p)
-	return filepath.Join(canonDir(filepath.Dir(p)), filepath.Base(p))
-}
-
-// resolve is p's symlink target, "" when it does not resolve.
-func resolve(p string) string {
-	t, err := filepath.EvalSymlinks(p)
 	if err != nil {
-		return ""
+		w.c.fail(err)
+		return IsReadError(err), true, hash
 	}
-	return t
+	w.c.apply(s, warns)
+	return false, true, hash
 }
 
-func newWatchPlan(opts LoadOptions, paths []string) *watchPlan {
-	p := &watchPlan{dirs: map[string]bool{}, names: map[string]bool{}, ignoreDot: opts.IgnoreDotFiles}
-	for _, root := range paths {
-		st, err := os.Stat(root)
-		if err != nil || !st.IsDir() {
-			// A file, or a path that does not exist (yet): watch its
-			// directory for it.
-			p.names[canonName(root)] = true
-			p.dirs[canonDir(filepath.Dir(root))] = true
+// reload plans and watches first, then loads, so a change between the two
+// is seen by the watcher (and compared against the plan). setupErr is the
+// first directory that could not be watched.
+func (w *watchLoop) reload(probe string) (readErr, delivered bool, hash string, setupErr error) {
+	w.plan = newWatchPlan(w.c.opts, w.c.paths)
+	for _, d := range sortedKeys(w.watched) {
+		if !w.plan.dirs[d] {
+			_ = w.w.Remove(d)
+			delete(w.watched, d)
+		}
+	}
+	for _, d := range sortedKeys(w.plan.dirs) {
+		if w.watched[d] {
 			continue
 		}
-		p.roots = append(p.roots, canonDir(root))
-		_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-			if err != nil || !d.IsDir() {
-				return nil
+		if err := w.w.Add(d); err != nil {
+			if setupErr == nil {
+				setupErr = err
 			}
-			if path != root && opts.IgnoreDotFiles && strings.HasPrefix(d.Name(), ".") {
-				return filepath.SkipDir
-			}
-			p.dirs[canonDir(path)] = true
-			return nil
-		})
-	}
-	// The same expansion as Load, so the same extension and dotfile rules.
-	for _, f := range collectFiles(opts, paths, &errList{}) {
-		name := canonName(f)
-		p.names[name] = true
-		switch target := resolve(f); target {
-		case name:
-		case "":
-			p.links = append(p.links, watchLink{path: f})
-		default:
-			p.names[target] = true
-			p.dirs[filepath.Dir(target)] = true
-			p.links = append(p.links, watchLink{path: f, target: target})
-		}
-	}
-	return p
-}
-
-// loadable reports whether name, a canonical path, lies under a directory
-// given to Load along a path the loader walks (no dot element with
-// IgnoreDotFiles).
-func (p *watchPlan) loadable(name string) bool {
-	for _, root := range p.roots {
-		rel, err := filepath.Rel(root, name)
-		if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 			continue
 		}
-		if p.ignoreDot && slices.ContainsFunc(strings.Split(rel, string(filepath.Separator)), func(e string) bool {
-			return strings.HasPrefix(e, ".")
-		}) {
-			continue
-		}
-		return true
+		w.watched[d] = true
 	}
-	return false
+	readErr, delivered, hash = w.load(probe)
+	return readErr, delivered, hash, setupErr
 }
 
-// relevant reports whether ev may change what Load reads.
-func (p *watchPlan) relevant(ev fsnotify.Event) bool {
-	if !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Write) && !ev.Has(fsnotify.Remove) && !ev.Has(fsnotify.Rename) {
-		return false // Chmod only: touch, permission bits, indexers
+// scheduleRetry schedules the next read-error retry (readRetryDelay,
+// doubling, at most readRetries), or resets the count after a load
+// without read errors.
+func (w *watchLoop) scheduleRetry() {
+	if w.readErr && w.retries < readRetries {
+		w.timer.Reset(readRetryDelay << w.retries)
+		w.retries++
+		return
 	}
+	w.retries = 0
+}
+
+// settle is the pause between the two reads of a stability check.
+func (w *watchLoop) settle() time.Duration {
+	if w.inPlace {
+		return watchDebounce
+	}
+	return watchSettleReplace
+}
+
+// event schedules the reload of a burst: watchDebounce after this event,
+// but no later than watchMaxWait after the burst's first; a stability
+// check past that point runs on. write marks an in-place write.
+func (w *watchLoop) event(write bool) {
+	now := time.Now()
+	if !w.pending {
+		w.pending, w.burstStart, w.inPlace = true, now, false
+	}
+	if write {
+		w.inPlace = true
+	}
+	w.retries = 0
+	deadline := w.burstStart.Add(watchMaxWait)
+	switch {
+	case now.Add(watchDebounce).Before(deadline):
+		w.probe = ""
+		w.timer.Reset(watchDebounce)
+	case w.probe == "":
+		w.timer.Reset(max(deadline.Sub(now), 0))
+	}
+}
+
+// onEvent handles one file system event: it forgets a removed watched
+// directory (fsnotify drops its watch) and starts or extends a burst when
+// the event concerns the config.
+func (w *watchLoop) onEvent(ev fsnotify.Event) {
 	name := filepath.Clean(ev.Name)
-	if p.names[name] {
-		return true
+	relevant := w.plan.relevant(ev)
+	if (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) && w.watched[name] {
+		delete(w.watched, name)
+		_ = w.w.Remove(name)
 	}
-	structural := ev.Has(fsnotify.Create) || ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)
-	if p.loadable(name) {
-		if isYAML(name) {
-			return true
-		}
-		if ev.Has(fsnotify.Create) {
-			// A new subdirectory to walk (symlinks to directories are
-			// not followed by the loader).
-			if st, err := os.Lstat(name); err == nil && st.IsDir() {
-				return true
-			}
-		}
-		if (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) && p.dirs[name] {
-			return true
-		}
+	if w.c.onEvent != nil {
+		w.c.onEvent(ev, relevant)
 	}
-	if !structural {
-		return false // a Write cannot retarget a symlink
+	if relevant {
+		w.event(ev.Has(fsnotify.Write) && !ev.Has(fsnotify.Create))
 	}
-	for _, l := range p.links {
-		if resolve(l.path) != l.target {
-			return true
-		}
+}
+
+// onTimer runs what the timer was set for: a read-error retry, the first
+// read of a stability check, or the reload that ends a burst when the
+// files read the same as at the first read (else the check repeats).
+func (w *watchLoop) onTimer() {
+	if !w.pending {
+		w.readErr, _, _, _ = w.reload("")
+		w.scheduleRetry()
+		return
 	}
-	return false
+	if w.probe == "" {
+		w.probe = readSources(w.c.opts, w.c.paths, &errList{}).hash
+		w.timer.Reset(w.settle())
+		return
+	}
+	var delivered bool
+	var hash string
+	w.readErr, delivered, hash, _ = w.reload(w.probe)
+	if !delivered {
+		// Changed between the two reads: check again.
+		w.probe = hash
+		w.timer.Reset(w.settle())
+		return
+	}
+	w.pending, w.probe = false, ""
+	w.scheduleRetry()
 }

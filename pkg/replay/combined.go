@@ -17,26 +17,38 @@ type LogLine struct {
 	Line int
 	// Time is the request's timestamp (Apache %t: when the request was
 	// received, with the zone of the log).
-	Time   time.Time
+	Time time.Time
+	// Client is the remote host (%h) as an IP address, IPv4-mapped IPv6
+	// unmapped; a host name is a malformed line.
 	Client netip.Addr
+	// Method is the request line's method token ("GET").
 	Method string
-	// Target is the request target as logged (path and query).
+	// Target is the request target as logged (path and query; an
+	// absolute-form target is cut to its path).
 	Target string
-	Proto  string
+	// Proto is the request line's protocol ("HTTP/1.1"); "" when the
+	// request line has none (HTTP/0.9 style).
+	Proto string
+	// Status is the response status code (%>s), 100 to 999.
 	Status int
-	Bytes  int64
-	// Referer and UA are the Referer and User-Agent headers; HasRefer and
-	// HasUA are false when the log shows "-" (header absent) or the line
-	// has no such field (common log format).
-	Referer  string
-	UA       string
+	// Bytes is the response size (%b); 0 when the log shows "-".
+	Bytes int64
+	// Referer is the Referer header (combined format); see HasRefer.
+	Referer string
+	// UA is the User-Agent header (combined format); see HasUA.
+	UA string
+	// HasRefer is false when the log shows "-" for Referer (header
+	// absent) or the line has no such field (common log format).
 	HasRefer bool
-	HasUA    bool
+	// HasUA is HasRefer for the User-Agent field.
+	HasUA bool
 }
 
 // Malformed is a line that could not be parsed.
 type Malformed struct {
-	Line   int
+	// Line is the 1-based line number in the file.
+	Line int
+	// Reason says what did not parse ("missing [time]").
 	Reason string
 }
 

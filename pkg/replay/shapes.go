@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	rlfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
@@ -16,10 +15,16 @@ import (
 // (free values, such as header values, taken from the sample function).
 type Shape struct {
 	// ID is "vhost/route/rate_limits[i]/<present action indexes>".
-	ID           string
-	Domain       string
+	ID string
+	// Domain is the domain the descriptors are sent under (the filter's,
+	// or the route's RateLimitPerRoute.domain).
+	Domain string
+	// OnStreamDone is the rate_limit's apply_on_stream_done: the
+	// descriptor is sent when the stream completes, not enforced.
 	OnStreamDone bool
-	Variants     [][]policy.Entry
+	// Variants are concrete entry lists of this shape, one descriptor
+	// each; never empty.
+	Variants [][]policy.Entry
 }
 
 // SampleAddrs are the client addresses Shapes uses for remote_address and
@@ -36,25 +41,8 @@ func (e *Envoy) Shapes(sample func(descriptorKey string) []string) []Shape {
 	var out []Shape
 	for _, vh := range e.routes.GetVirtualHosts() {
 		for ri, rt := range vh.GetRoutes() {
-			ra := rt.GetRoute()
-			cluster := ra.GetCluster()
-			domain := e.Domain
-			routeLimits := ra.GetRateLimits()
-			vhMode := rlfilterv3.RateLimitPerRoute_OVERRIDE
-			if per := e.perRoute(rt); per != nil {
-				vhMode = per.GetVhRateLimits()
-				if len(per.GetRateLimits()) > 0 {
-					routeLimits = per.GetRateLimits()
-				}
-				if per.GetDomain() != "" {
-					domain = per.GetDomain()
-				}
-			}
-			limits := append([]*routev3.RateLimit(nil), routeLimits...)
-			if ra.GetIncludeVhRateLimits().GetValue() || vhMode == rlfilterv3.RateLimitPerRoute_INCLUDE || //nolint:staticcheck // deprecated, still honoured by Envoy
-				(vhMode == rlfilterv3.RateLimitPerRoute_OVERRIDE && len(routeLimits) == 0) {
-				limits = append(limits, vh.GetRateLimits()...)
-			}
+			cluster := rt.GetRoute().GetCluster()
+			limits, domain := e.routeLimits(vh, rt)
 			for li, rl := range limits {
 				if rl.GetStage().GetValue() != e.Stage {
 					continue
@@ -79,75 +67,91 @@ type option struct {
 	drop    bool           // when absent: the whole descriptor is dropped
 }
 
+// shapesOf enumerates the descriptor shapes of one route rate_limit: every
+// combination of the outcomes of its actions (see actionOptions) that
+// yields at least one entry, with its variants.
 func (e *Envoy) shapesOf(rl *routev3.RateLimit, cluster string, sample func(string) []string) []Shape {
 	var acts [][]option
-	one := func(k string, vs ...string) option {
-		o := option{present: true}
-		for _, v := range vs {
-			o.entries = append(o.entries, policy.Entry{Key: k, Value: v})
-		}
-		return o
-	}
 	for _, a := range rl.GetActions() {
-		var opts []option
-		switch s := a.GetActionSpecifier().(type) {
-		case *routev3.RateLimit_Action_SourceCluster_:
-			opts = []option{one("source_cluster", e.ServiceCluster)}
-		case *routev3.RateLimit_Action_DestinationCluster_:
-			if cluster == "" {
-				opts = []option{{drop: true}}
-			} else {
-				opts = []option{one("destination_cluster", cluster)}
-			}
-		case *routev3.RateLimit_Action_RequestHeaders_:
-			k := s.RequestHeaders.GetDescriptorKey()
-			opts = []option{one(k, sample(k)...), {drop: !s.RequestHeaders.GetSkipIfAbsent()}}
-		case *routev3.RateLimit_Action_QueryParameters_:
-			k := s.QueryParameters.GetDescriptorKey()
-			opts = []option{one(k, sample(k)...), {drop: !s.QueryParameters.GetSkipIfAbsent()}}
-		case *routev3.RateLimit_Action_RemoteAddress_:
-			var vs []string
-			for _, a := range SampleAddrs {
-				vs = append(vs, a.String())
-			}
-			opts = []option{one("remote_address", vs...)}
-		case *routev3.RateLimit_Action_MaskedRemoteAddress_:
-			var vs []string
-			for _, a := range SampleAddrs {
-				v, _ := MaskedRemoteAddress(a, s.MaskedRemoteAddress)
-				vs = append(vs, v)
-			}
-			opts = []option{one("masked_remote_address", vs...)}
-		case *routev3.RateLimit_Action_GenericKey_:
-			k := s.GenericKey.GetDescriptorKey()
-			if k == "" {
-				k = "generic_key"
-			}
-			opts = []option{one(k, s.GenericKey.GetDescriptorValue())}
-		case *routev3.RateLimit_Action_HeaderValueMatch_:
-			hv := s.HeaderValueMatch
-			k := hv.GetDescriptorKey()
-			if k == "" {
-				k = "header_match"
-			}
-			opts = []option{one(k, hv.GetDescriptorValue())}
-			if hv.GetDefaultValue() != "" {
-				opts = append(opts, one(k, hv.GetDefaultValue()))
-			} else {
-				opts = append(opts, option{drop: true})
-			}
-		case *routev3.RateLimit_Action_QueryParameterValueMatch_:
-			qv := s.QueryParameterValueMatch
-			k := qv.GetDescriptorKey()
-			if k == "" {
-				k = "query_match"
-			}
-			opts = []option{one(k, qv.GetDescriptorValue()), {drop: true}}
-		default:
-			opts = []option{{drop: true}}
-		}
-		acts = append(acts, opts)
+		acts = append(acts, e.actionOptions(a, cluster, sample))
 	}
+	return combine(acts)
+}
+
+// option1 is the present outcome of an action with key k and the
+// candidate values vs.
+func option1(k string, vs ...string) option {
+	o := option{present: true}
+	for _, v := range vs {
+		o.entries = append(o.entries, policy.Entry{Key: k, Value: v})
+	}
+	return o
+}
+
+// actionOptions lists the possible outcomes of action a on a route to
+// cluster, as descriptor evaluates it: the entry it yields (with sample
+// values where the value comes from the request) and, when it can yield
+// nothing, whether that skips the entry or drops the descriptor.
+func (e *Envoy) actionOptions(a *routev3.RateLimit_Action, cluster string, sample func(string) []string) []option {
+	switch s := a.GetActionSpecifier().(type) {
+	case *routev3.RateLimit_Action_SourceCluster_:
+		return []option{option1("source_cluster", e.ServiceCluster)}
+	case *routev3.RateLimit_Action_DestinationCluster_:
+		if cluster == "" {
+			return []option{{drop: true}}
+		}
+		return []option{option1("destination_cluster", cluster)}
+	case *routev3.RateLimit_Action_RequestHeaders_:
+		k := s.RequestHeaders.GetDescriptorKey()
+		return []option{option1(k, sample(k)...), {drop: !s.RequestHeaders.GetSkipIfAbsent()}}
+	case *routev3.RateLimit_Action_QueryParameters_:
+		k := s.QueryParameters.GetDescriptorKey()
+		return []option{option1(k, sample(k)...), {drop: !s.QueryParameters.GetSkipIfAbsent()}}
+	case *routev3.RateLimit_Action_RemoteAddress_:
+		var vs []string
+		for _, a := range SampleAddrs {
+			vs = append(vs, a.String())
+		}
+		return []option{option1("remote_address", vs...)}
+	case *routev3.RateLimit_Action_MaskedRemoteAddress_:
+		var vs []string
+		for _, a := range SampleAddrs {
+			v, _ := MaskedRemoteAddress(a, s.MaskedRemoteAddress)
+			vs = append(vs, v)
+		}
+		return []option{option1("masked_remote_address", vs...)}
+	case *routev3.RateLimit_Action_GenericKey_:
+		k := s.GenericKey.GetDescriptorKey()
+		if k == "" {
+			k = "generic_key"
+		}
+		return []option{option1(k, s.GenericKey.GetDescriptorValue())}
+	case *routev3.RateLimit_Action_HeaderValueMatch_:
+		hv := s.HeaderValueMatch
+		k := hv.GetDescriptorKey()
+		if k == "" {
+			k = "header_match"
+		}
+		if hv.GetDefaultValue() != "" {
+			return []option{option1(k, hv.GetDescriptorValue()), option1(k, hv.GetDefaultValue())}
+		}
+		return []option{option1(k, hv.GetDescriptorValue()), {drop: true}}
+	case *routev3.RateLimit_Action_QueryParameterValueMatch_:
+		qv := s.QueryParameterValueMatch
+		k := qv.GetDescriptorKey()
+		if k == "" {
+			k = "query_match"
+		}
+		return []option{option1(k, qv.GetDescriptorValue()), {drop: true}}
+	}
+	return []option{{drop: true}}
+}
+
+// combine walks every choice of one option per action (acts[i] are the
+// options of action i) that drops nothing, and returns a Shape for each
+// that yields at least one entry: ID the indexes of the present actions,
+// Variants the cross product of their candidate entries.
+func combine(acts [][]option) []Shape {
 	var out []Shape
 	var rec func(i int, id []string, chosen []option)
 	rec = func(i int, id []string, chosen []option) {

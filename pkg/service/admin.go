@@ -60,31 +60,48 @@ type Explanation struct {
 	GlobalShadowMode bool `json:"global_shadow_mode,omitempty"`
 	// Denying lists the limits that would deny, as "descriptor
 	// index/policy name".
-	Denying     []string              `json:"denying"`
+	Denying []string `json:"denying"`
+	// Descriptors explain the request's descriptors, one each, in
+	// request order.
 	Descriptors []ExplainedDescriptor `json:"descriptors"`
 }
 
 // ExplainedDescriptor is one request descriptor in an Explanation.
 type ExplainedDescriptor struct {
+	// Index is the descriptor's 0-based position in the request.
 	Index int `json:"index"`
 	// Entries are the descriptor's entries: keys only, or "key=value"
 	// when Options.LogValues (--key-values=clear).
 	Entries []string `json:"entries"`
 	// Matched: a rule (or a request limit override) answers the
-	// descriptor. Rule is its stat key (Rule.Path, config values only).
-	Matched   bool   `json:"matched"`
-	Rule      string `json:"rule,omitempty"`
-	Override  bool   `json:"override,omitempty"`
-	Unlimited bool   `json:"unlimited,omitempty"`
-	Shadow    bool   `json:"shadow_mode,omitempty"`
-	Quota     bool   `json:"quota_mode,omitempty"`
-	Release   bool   `json:"release,omitempty"`
+	// descriptor.
+	Matched bool `json:"matched"`
+	// Rule is the matched rule's stat key (policy.Rule.Path, config
+	// values only), LabelOverride for a request limit override; "" when
+	// not Matched.
+	Rule string `json:"rule,omitempty"`
+	// Override: a request limit override (RateLimitDescriptor.limit)
+	// answers the descriptor.
+	Override bool `json:"override,omitempty"`
+	// Unlimited: the matched rule is unlimited: true.
+	Unlimited bool `json:"unlimited,omitempty"`
+	// Shadow: the descriptor is in shadow mode (the rule's shadow_mode;
+	// never for an override).
+	Shadow bool `json:"shadow_mode,omitempty"`
+	// Quota: the descriptor is in quota mode (the rule's quota_mode or
+	// --quota-mode).
+	Quota bool `json:"quota_mode,omitempty"`
+	// Release: the descriptor is a concurrency lease release
+	// (policy.Match.Release), always allowed.
+	Release bool `json:"release,omitempty"`
 	// Cost is the descriptor's hits_addend (the request's, or 1).
 	Cost int64 `json:"cost"`
 	// WouldDeny: some limit of the descriptor has fewer than Cost units
 	// left (the descriptor's status would be OVER_LIMIT unless shadow).
-	WouldDeny bool             `json:"would_deny"`
-	Limits    []ExplainedLimit `json:"limits,omitempty"`
+	WouldDeny bool `json:"would_deny"`
+	// Limits are the limits applied to the descriptor (after
+	// `replaces`), in config order.
+	Limits []ExplainedLimit `json:"limits,omitempty"`
 }
 
 // ExplainedLimit is one applied limit of a descriptor, read with a
@@ -92,20 +109,30 @@ type ExplainedDescriptor struct {
 type ExplainedLimit struct {
 	// Name is rate_limit.name ("" when absent); Policy the name in the
 	// RateLimit headers.
-	Name      string `json:"name,omitempty"`
-	Policy    string `json:"policy"`
+	Name string `json:"name,omitempty"`
+	// Policy is the limit's name in the RateLimit and RateLimit-Policy
+	// headers.
+	Policy string `json:"policy"`
+	// Algorithm is the config name of the algorithm ("fixed_window", see
+	// policy.AlgorithmName).
 	Algorithm string `json:"algorithm"`
-	// RequestsPerUnit per Unit × UnitMultiplier; Burst for token buckets.
+	// RequestsPerUnit is rate_limit.requests_per_unit, admitted per Unit
+	// × UnitMultiplier.
 	RequestsPerUnit uint32 `json:"requests_per_unit"`
-	Unit            string `json:"unit"`
-	UnitMultiplier  uint32 `json:"unit_multiplier,omitempty"`
-	Burst           int64  `json:"burst,omitempty"`
+	// Unit is the Envoy RateLimitUnit name ("SECOND" … "YEAR").
+	Unit string `json:"unit"`
+	// UnitMultiplier is rate_limit.unit_multiplier; 0 (omitted) for 1.
+	UnitMultiplier uint32 `json:"unit_multiplier,omitempty"`
+	// Burst is rate_limit.burst, the token bucket capacity; 0 (omitted)
+	// when absent.
+	Burst int64 `json:"burst,omitempty"`
 	// Key is the backend key as stored (hashed unless --key-values=clear;
 	// memcached appends the window start).
 	Key string `json:"key"`
-	// Remaining is the whole units admissible now; ResetAfterSeconds the
-	// time until the state is full again (0: no state stored).
-	Remaining         int64   `json:"remaining"`
+	// Remaining is the whole units admissible now.
+	Remaining int64 `json:"remaining"`
+	// ResetAfterSeconds is the time in seconds (microsecond precision)
+	// until the state is full again; 0 when no state is stored.
 	ResetAfterSeconds float64 `json:"reset_after_seconds"`
 	// RetryAfterSeconds, when not 0, is the wait until one unit is
 	// admissible (nothing remains now).
@@ -116,6 +143,7 @@ type ExplainedLimit struct {
 
 // ResetResult is the answer of Service.Reset.
 type ResetResult struct {
+	// Domain is the request's domain.
 	Domain string `json:"domain"`
 	// Counters are the counters deleted, one per applied limit of every
 	// matched descriptor.
@@ -124,8 +152,9 @@ type ResetResult struct {
 
 // ResetCounter is one counter deleted by Service.Reset.
 type ResetCounter struct {
-	Index  int    `json:"index"` // descriptor index in the request
-	Rule   string `json:"rule"`  // Rule.Path
+	Index int    `json:"index"` // descriptor index in the request
+	Rule  string `json:"rule"`  // Rule.Path
+	// Policy is the limit's name in the RateLimit headers.
 	Policy string `json:"policy"`
 	Key    string `json:"key"` // backend key (hashed unless --key-values=clear)
 }
@@ -153,22 +182,11 @@ func (s *Service) adminPlan(sn *snapshot, req *rlsv3.RateLimitRequest) ([]descSt
 		for _, e := range d.GetEntries() {
 			entries = append(entries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
-			if u, err := overrideUnit(l); err == nil {
-				st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
-				st.matched = st.match.Rule != nil
-				st.override = st.match.Override
-			}
-		} else if hasDomain {
-			st.match, st.matched = set.Match(domain, entries)
-			st.matched = st.matched && st.match.Rule != nil
-		}
+		s.matchDescriptor(st, set, domain, hasDomain, d, entries)
 		if st.matched {
 			for _, n := range st.match.Rule.Replaces {
 				replaced[n] = true
 			}
-			st.shadow = st.match.Rule.ShadowMode && !st.override
-			st.quota = st.match.Rule.QuotaMode || s.opts.QuotaMode
 		}
 	}
 	var hits []algo.Hit
@@ -180,10 +198,7 @@ func (s *Service) adminPlan(sn *snapshot, req *rlsv3.RateLimitRequest) ([]descSt
 		r := st.match.Rule
 		for k := range r.Limits {
 			sp := &r.Limits[k]
-			if sp.Name != "" && replaced[sp.Name] {
-				continue
-			}
-			if st.match.Release && sp.Limit.Kind != algo.Concurrency {
+			if !applies(st, sp, replaced) {
 				continue
 			}
 			st.applied = append(st.applied, applied{spec: sp, info: sn.spec(r, sp), hit: len(hits)})

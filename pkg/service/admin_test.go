@@ -85,7 +85,7 @@ func newAdminEnv(t *testing.T, store service.Store, keys policy.KeyOptions, muta
 		t.Fatal(err)
 	}
 	e := &adminEnv{set: set, clock: c, reg: prometheus.NewRegistry(), log: &syncBuffer{}}
-	opts := service.Options{Store: store, Registerer: e.reg, Now: c.Now, RequestOverrides: true,
+	opts := service.Options{Store: store, Registerer: e.reg, Now: c.Now,
 		Logger: slog.New(slog.NewJSONHandler(e.log, nil))}
 	e.svc = newService(t, opts, mutate)
 	e.svc.SetPolicy(set)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -82,7 +83,16 @@ func (sc *scratch) release() {
 // get the failure modes.
 var errUndecided = status.Error(codes.DeadlineExceeded, "service: not decided within the caller's deadline (backend slow or stalled); the caller's failure policy applies")
 
-// decide answers req, or returns errUndecided (see there).
+// errCallerGone is ShouldRateLimit's error for a request whose caller
+// cancelled it (Envoy: the downstream went away, or the filter's timeout
+// fired and Envoy reset the stream) while a failed Store call was pending.
+// Nobody receives an answer, so no failure mode is applied and no decision
+// is counted in ratelimitd_decisions_total; the backend error is counted
+// with cause "canceled". A Store call that succeeded is answered as usual
+// (it was counted).
+var errCallerGone = status.Error(codes.Canceled, "service: the caller cancelled the request before the backend answered; nothing was decided")
+
+// decide answers req, or returns errUndecided or errCallerGone (see there).
 func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	set := sn.set
 	domain := req.GetDomain()
@@ -113,48 +123,12 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	if nEntries > len(sc.entries) {
 		allEntries = make([]policy.Entry, 0, nEntries)
 	}
-	hasDomain := set.HasDomain(domain)
-	var replaced map[string]bool // names of replaced limits; nil when none
-
 	// 1. Match every descriptor.
-	for i, d := range descs {
-		st := &ds[i]
-		st.cost = reqCost
-		if h := d.GetHitsAddend(); h != nil {
-			st.cost = int64(min(h.GetValue(), uint64(algo.MaxCost)))
-		}
-		// RateLimitDescriptor.is_negative_hits: hits_addend is a refund.
-		st.refund = d.GetIsNegativeHits()
-		start := len(allEntries)
-		for _, e := range d.GetEntries() {
-			allEntries = append(allEntries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
-		}
-		entries := allEntries[start:len(allEntries):len(allEntries)]
-		if l := d.GetLimit(); l != nil && s.opts.RequestOverrides && hasDomain {
-			u, err := overrideUnit(l)
-			if err == nil {
-				st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
-				st.matched = st.match.Rule != nil
-				st.override = st.match.Override
-			}
-		} else if hasDomain {
-			st.match, st.matched = set.Match(domain, entries)
-			st.matched = st.matched && st.match.Rule != nil
-		}
-		if st.matched {
-			for _, n := range st.match.Rule.Replaces {
-				if replaced == nil {
-					replaced = map[string]bool{}
-				}
-				replaced[n] = true
-			}
-			st.shadow = st.match.Rule.ShadowMode && !st.override
-			st.quota = st.match.Rule.QuotaMode || s.opts.QuotaMode
-		}
-	}
+	replaced := s.matchAll(set, domain, reqCost, descs, ds, allEntries)
 
 	// 2. Build the hits: one per applied limit, descriptor order then
-	// config order. `replaces` drops limits by name (reference 1.5).
+	// config order. `replaces` drops limits by name (docs/config.md,
+	// "Matching").
 	nHits := 0
 	for i := range ds {
 		if st := &ds[i]; st.matched && !st.match.Rule.Unlimited {
@@ -176,29 +150,15 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		}
 		r := st.match.Rule
 		start := len(allApplied)
-		charge := r.Counting == policy.AlwaysCharge || (r.Counting == policy.CountingDefault && s.opts.Counting == policy.AlwaysCharge)
+		charge := s.charges(r)
 		for k := range r.Limits {
 			sp := &r.Limits[k]
-			if sp.Name != "" && replaced[sp.Name] {
-				continue
-			}
-			if st.match.Release && sp.Limit.Kind != algo.Concurrency {
+			if !applies(st, sp, replaced) {
 				continue
 			}
 			allApplied = append(allApplied, applied{spec: sp, info: sn.spec(r, sp), hit: len(hits)})
 			specs = append(specs, sp)
-			hits = append(hits, algo.Hit{
-				Key:     set.Key(st.match, k),
-				Limit:   sp.Limit,
-				Cost:    st.cost,
-				Release: st.match.Release || st.refund,
-				// always_charge: the hit is charged even when denied.
-				Charge: charge,
-				// A shadow or quota descriptor's denial does not fail the
-				// request, and in global shadow mode nothing does: the
-				// store must not roll the request back for them.
-				Soft: st.shadow || st.quota || s.opts.ShadowMode,
-			})
+			hits = append(hits, s.hit(set, st, k, charge))
 		}
 		if len(allApplied) > start {
 			ds[i].applied = allApplied[start:len(allApplied):len(allApplied)]
@@ -215,30 +175,61 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	} else {
 		decs, outs = make([]algo.Decision, len(hits)), make([]outcome, len(hits))
 	}
-	undecided := false
+	undecided, gone := false, false
 	if len(hits) > 0 {
-		res, err := s.take(ctx, s.opts.Store, "primary", hits)
-		if err != nil {
-			all := make([]int, len(hits))
-			for i := range all {
-				all[i] = i
-			}
-			s.fail(ctx, err, hits, specs, all, decs, outs)
-			if c := causeOf(err); c == causeDeadline || c == causeTimeout {
-				for h, o := range outs {
-					undecided = undecided || (o == byFailedOpen && !hits[h].Release)
-				}
-			}
-		} else {
-			copy(decs, res)
-		}
+		undecided, gone = s.takeAll(ctx, hits, specs, decs, outs)
+	}
+	if gone {
+		return nil, errCallerGone
 	}
 	denied := s.evaluate(ds, decs)
 	if undecided && !denied {
 		return nil, errUndecided
 	}
 
-	// 4. Statuses.
+	// 4. Statuses, metrics, headers.
+	return s.respond(sn, req, ds, hits, decs, outs, denied), nil
+}
+
+// matchAll matches every request descriptor descs[i] into ds[i] (its cost:
+// the descriptor's hits_addend, else the request's reqCost; its refund
+// flag; its match), copying the entries into allEntries, which must have
+// room for all of them (Match keeps them). It returns the names of the
+// limits the matched rules replace, nil when none.
+func (s *Service) matchAll(set *policy.Set, domain string, reqCost int64, descs []*ratelimitv3.RateLimitDescriptor, ds []descState, allEntries []policy.Entry) (replaced map[string]bool) {
+	hasDomain := set.HasDomain(domain)
+	for i, d := range descs {
+		st := &ds[i]
+		st.cost = reqCost
+		if h := d.GetHitsAddend(); h != nil {
+			st.cost = int64(min(h.GetValue(), uint64(algo.MaxCost)))
+		}
+		// RateLimitDescriptor.is_negative_hits: hits_addend is a refund.
+		st.refund = d.GetIsNegativeHits()
+		start := len(allEntries)
+		for _, e := range d.GetEntries() {
+			allEntries = append(allEntries, policy.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		entries := allEntries[start:len(allEntries):len(allEntries)]
+		s.matchDescriptor(st, set, domain, hasDomain, d, entries)
+		if st.matched {
+			for _, n := range st.match.Rule.Replaces {
+				if replaced == nil {
+					replaced = map[string]bool{}
+				}
+				replaced[n] = true
+			}
+		}
+	}
+	return replaced
+}
+
+// respond builds the response of a decided request (denied: as evaluate
+// found, before global shadow mode): the statuses, the overall code, the
+// headers and the dynamic metadata; it records the decisions in the
+// metrics and the decision log.
+func (s *Service) respond(sn *snapshot, req *rlsv3.RateLimitRequest, ds []descState, hits []algo.Hit, decs []algo.Decision, outs []outcome, denied bool) *rlsv3.RateLimitResponse {
+	domain := req.GetDomain()
 	blk := newResponseBlock(len(ds))
 	resp := &blk.resp
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
@@ -246,14 +237,7 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 		resp.Statuses[i] = s.status(&ds[i], decs, outs, blk.statusParts(i))
 	}
 	if denied {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		if s.opts.ShadowMode {
-			resp.OverallCode = rlsv3.RateLimitResponse_OK
-			s.m.globalShadow.Inc()
-			if s.ref != nil {
-				s.ref.globalShadow.Inc()
-			}
-		}
+		resp.OverallCode = s.overLimit()
 	}
 	s.observeDecisions(sn, domain, ds, decs, outs)
 	s.observeRefunds(domain, ds, outs)
@@ -268,11 +252,84 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	if s.opts.DynamicMetadata {
 		resp.DynamicMetadata = s.dynamicMetadata(req, ds)
 	}
-	return resp, nil
+	return resp
+}
+
+// charges reports whether the hits of rule r are charged even when denied:
+// the rule's counting is always_charge, or it has none and the global
+// policy (Options.Counting) is.
+func (s *Service) charges(r *policy.Rule) bool {
+	return r.Counting == policy.AlwaysCharge || (r.Counting == policy.CountingDefault && s.opts.Counting == policy.AlwaysCharge)
+}
+
+// hit is the hit of limit k of descriptor st's rule: its backend key and
+// limit, the descriptor's cost, and how the store must count it.
+func (s *Service) hit(set *policy.Set, st *descState, k int, charge bool) algo.Hit {
+	return algo.Hit{
+		Key:     set.Key(st.match, k),
+		Limit:   st.match.Rule.Limits[k].Limit,
+		Cost:    st.cost,
+		Release: st.match.Release || st.refund,
+		// always_charge: the hit is charged even when denied.
+		Charge: charge,
+		// A shadow or quota descriptor's denial does not fail the
+		// request, and in global shadow mode nothing does: the store
+		// must not roll the request back for them.
+		Soft: st.shadow || st.quota || s.opts.ShadowMode,
+	}
+}
+
+// overLimit is the overall code of a denied request: OVER_LIMIT, or OK
+// in global shadow mode (counted in ratelimitd_global_shadow_total).
+func (s *Service) overLimit() rlsv3.RateLimitResponse_Code {
+	if !s.opts.ShadowMode {
+		return rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	s.m.globalShadow.Inc()
+	if s.ref != nil {
+		s.ref.globalShadow.Inc()
+	}
+	return rlsv3.RateLimitResponse_OK
+}
+
+// applies reports whether limit sp of descriptor st's rule is applied: it
+// is not named in a matched rule's `replaces` (replaced), and for a
+// concurrency lease release only concurrency limits are.
+func applies(st *descState, sp *policy.Spec, replaced map[string]bool) bool {
+	if sp.Name != "" && replaced[sp.Name] {
+		return false
+	}
+	return !st.match.Release || sp.Limit.Kind == algo.Concurrency
+}
+
+// matchDescriptor resolves request descriptor d, whose entries are
+// entries, against set into st: with a limit override
+// (RateLimitDescriptor.limit) and Options.RequestOverrides, the Match of
+// (*policy.Set).Override (an override with an invalid unit matches
+// nothing); else the config match. A Match without a Rule is not matched.
+// It then sets the descriptor's shadow mode (the rule's, never for an
+// override) and quota mode (the rule's or Options.QuotaMode). hasDomain
+// is set.HasDomain(domain): an unknown domain matches nothing.
+func (s *Service) matchDescriptor(st *descState, set *policy.Set, domain string, hasDomain bool, d *ratelimitv3.RateLimitDescriptor, entries []policy.Entry) {
+	if l := d.GetLimit(); l != nil && !s.opts.IgnoreRequestOverrides && hasDomain {
+		if u, err := overrideUnit(l); err == nil {
+			st.match = set.Override(domain, entries, l.GetRequestsPerUnit(), u)
+			st.matched = st.match.Rule != nil
+			st.override = st.match.Override
+		}
+	} else if hasDomain {
+		st.match, st.matched = set.Match(domain, entries)
+		st.matched = st.matched && st.match.Rule != nil
+	}
+	if st.matched {
+		st.shadow = st.match.Rule.ShadowMode && !st.override
+		st.quota = st.match.Rule.QuotaMode || s.opts.QuotaMode
+	}
 }
 
 // evaluate sets each descriptor's denied flag from decs and reports
-// whether the request as a whole is denied (reference 1.5 and 3.9): any
+// whether the request as a whole is denied (docs/responses.md,
+// "overall_code"): any
 // non-shadow, non-quota descriptor denied, or at least one quota
 // descriptor with a limit and every such descriptor denied.
 func (s *Service) evaluate(ds []descState, decs []algo.Decision) bool {
@@ -302,98 +359,3 @@ func (s *Service) evaluate(ds []descState, decs []algo.Decision) bool {
 	}
 	return enforced || (quotaN > 0 && quotaOver == quotaN)
 }
-
-// observeRefunds counts the is_negative_hits descriptors whose refund a
-// store applied to at least one of their limits (not when the backend
-// failed and the refund was only answered). domain is a config domain:
-// only a matched descriptor has applied limits.
-func (s *Service) observeRefunds(domain string, ds []descState, outs []outcome) {
-	for i := range ds {
-		st := &ds[i]
-		if !st.refund || len(st.applied) == 0 {
-			continue
-		}
-		for _, a := range st.applied {
-			if o := outs[a.hit]; o == byStore || o == byFallback {
-				s.m.refunds.WithLabelValues(domain).Inc()
-				s.m.refundUnits.WithLabelValues(domain).Add(float64(st.cost))
-				break
-			}
-		}
-	}
-}
-
-// take calls st.Take with the request deadline and measures it.
-func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.Hit) ([]algo.Decision, error) {
-	t0 := s.opts.Now()
-	res, err := st.Take(ctx, hits)
-	o := &s.m.primaryDuration
-	if label != "primary" {
-		o = &s.m.fallbackDuration
-	}
-	o.get(s.m.backendDuration, label).Observe(s.opts.Now().Sub(t0).Seconds())
-	if err == nil && len(res) != len(hits) {
-		err = errBadResult
-	}
-	return res, err
-}
-
-type storeError string
-
-func (e storeError) Error() string { return string(e) }
-func (e storeError) Cause() string { return "bad_result" }
-
-const errBadResult = storeError("service: store returned a decision count different from the hit count")
-
-// fail applies each hit's failure_mode after the primary store failed on
-// the hits listed in active.
-func (s *Service) fail(ctx context.Context, err error, hits []algo.Hit, specs []*policy.Spec, active []int, decs []algo.Decision, outs []outcome) {
-	cause := causeOf(err)
-	s.m.backendErrors.WithLabelValues(cause).Inc()
-	if s.ref != nil {
-		s.ref.redisError.Inc()
-	}
-	s.logBackendError(cause, err, "service: rate limit backend failed; applying failure modes")
-	var local []int
-	for _, h := range active {
-		switch specs[h].FailureMode {
-		case policy.FailClosed:
-			if hits[h].Release {
-				decs[h], outs[h] = algo.Decision{Allowed: true}, byFailedOpen
-				continue
-			}
-			d := s.opts.FailClosedRetryAfter
-			decs[h] = algo.Decision{RetryAfter: d, ResetAfter: d, WindowAfter: d}
-			outs[h] = byFailedClosed
-		case policy.FailLocal:
-			local = append(local, h)
-		default:
-			decs[h], outs[h] = algo.Decision{Allowed: true}, byFailedOpen
-		}
-	}
-	if len(local) == 0 {
-		return
-	}
-	var res []algo.Decision
-	var ferr error = errNoFallback
-	if s.opts.Fallback != nil {
-		sub := make([]algo.Hit, len(local))
-		for j, h := range local {
-			sub[j] = hits[h]
-		}
-		res, ferr = s.take(ctx, s.opts.Fallback, "fallback", sub)
-	}
-	if ferr != nil {
-		s.m.backendErrors.WithLabelValues("fallback").Inc()
-		s.logBackendError("fallback", ferr, "service: local fallback limiter failed; failing open")
-		for _, h := range local {
-			decs[h], outs[h] = algo.Decision{Allowed: true}, byFailedOpen
-		}
-		return
-	}
-	for j, h := range local {
-		decs[h], outs[h] = res[j], byFallback
-	}
-}
-
-const errNoFallback = storeError("service: failure_mode local without a fallback store")

@@ -138,16 +138,15 @@ func loadSet(t testing.TB, paths ...string) *policy.Set {
 }
 
 // testOptions are the Options of the test services: store, metrics in
-// reg, a discarding logger, the test clock c, request overrides on and a
-// Rand of 0 (no retry jitter).
+// reg, a discarding logger, the test clock c and a Rand of 0 (no retry
+// jitter).
 func testOptions(c *clock, store service.Store, reg *prometheus.Registry) service.Options {
 	return service.Options{
-		Store:            store,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Registerer:       reg,
-		Now:              c.Now,
-		RequestOverrides: true,
-		Rand:             func() float64 { return 0 },
+		Store:      store,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Registerer: reg,
+		Now:        c.Now,
+		Rand:       func() float64 { return 0 },
 	}
 }
 

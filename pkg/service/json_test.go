@@ -113,7 +113,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 	c := &clock{now: t0}
 	st := newStore(f, c)
 	svc, err := service.New(service.Options{
-		Store: st, Fallback: newStore(f, c), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: c.Now, RequestOverrides: true,
+		Store: st, Fallback: newStore(f, c), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: c.Now,
 		DynamicMetadata: true, Headers: service.HeadersBoth, NearLimitHeader: true,
 	})
 	if err != nil {

@@ -61,85 +61,35 @@ type metrics struct {
 	primaryDuration, fallbackDuration lazyObserver
 }
 
+// newMetrics creates the service's metrics (docs/metrics.md lists them)
+// and registers them with reg, in the order below; a nil reg registers
+// nothing. The error joins every Register error (e.g. a name already
+// registered by another collector).
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	var r registrar
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_requests_total",
-			Help: "ShouldRateLimit calls (gRPC and /json) by domain and final code (ok, over_limit, invalid_argument, unavailable). Unknown domains are labelled _unknown.",
-		}, []string{"domain", "code"}),
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_decisions_total",
-			Help: "Descriptor decisions with a counted limit, by domain, rule (config stat key) and result (ok, near_limit, over_limit, shadow, failed_open, failed_closed).",
-		}, []string{"domain", "rule", "result"}),
-		requestDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "ratelimitd_request_duration_seconds",
-			Help:    "Time to answer one ShouldRateLimit call, in seconds.",
-			Buckets: subMillisecondBuckets,
-		}),
-		backendDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "ratelimitd_backend_duration_seconds",
-			Help:    "Time of one Store.Take call, in seconds, by store (primary, fallback).",
-			Buckets: subMillisecondBuckets,
-		}, []string{"store"}),
-		backendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_backend_errors_total",
-			Help: "Store.Take errors by cause (the backend's bounded cause, timeout, canceled, fallback, other).",
-		}, []string{"cause"}),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_config_reloads_total",
-			Help: "Config loads by result: success (a changed config put in force), unchanged (same content as the config in force, nothing applied), failure (invalid config rejected), read_error (config files could not be read), watch_error (file watcher error).",
-		}, []string{"result"}),
-		configInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ratelimitd_config_info",
-			Help: "1 for the hash of the config in force (one series at a time).",
-		}, []string{"hash"}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ratelimitd_inflight_requests",
-			Help: "ShouldRateLimit calls being answered.",
-		}),
-		unknownDomain: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimitd_unknown_domain_requests_total",
-			Help: "Valid requests whose domain is not in the loaded config (answered OK without a limit).",
-		}),
-		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimitd_global_shadow_total",
-			Help: "Requests whose OVER_LIMIT overall code global shadow mode turned into OK.",
-		}),
-		refunds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_refunds_total",
-			Help: "Descriptors with is_negative_hits whose hits_addend the store credited to their limits, by domain (config domains only).",
-		}, []string{"domain"}),
-		refundUnits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_refund_units_total",
-			Help: "Units (hits_addend) of the descriptors counted in ratelimitd_refunds_total, by domain.",
-		}, []string{"domain"}),
-		invalidUTF8: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimitd_invalid_utf8_requests_total",
-			Help: "gRPC RateLimitRequests whose domain or descriptor entry key/value held invalid UTF-8 and were decoded with those strings escaped (U+FFFD + hex of the raw bytes) instead of failing.",
-		}),
-		admin: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimitd_admin_requests_total",
-			Help: "Admin explain and reset calls (debug listener, HTTP and gRPC) by op (explain, reset) and result (ok, invalid, unavailable, error).",
-		}, []string{"op", "result"}),
-		resets: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimitd_counter_resets_total",
-			Help: "Counters deleted by admin resets (one per applied limit of each matched descriptor).",
-		}),
-		decisionLogSuppressed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimitd_decision_log_suppressed_total",
-			Help: "Decision log lines (--log-decisions) dropped by the --log-decisions-rate bound.",
-		}),
+		requests:              r.counterVec("ratelimitd_requests_total", "ShouldRateLimit calls (gRPC and /json) by domain and final code (ok, over_limit, invalid_argument, unavailable). Unknown domains are labelled _unknown.", "domain", "code"),
+		decisions:             r.counterVec("ratelimitd_decisions_total", "Descriptor decisions with a counted limit, by domain, rule (config stat key) and result (ok, near_limit, over_limit, shadow, failed_open, failed_closed).", "domain", "rule", "result"),
+		requestDuration:       r.histogram("ratelimitd_request_duration_seconds", "Time to answer one ShouldRateLimit call, in seconds."),
+		backendDuration:       r.histogramVec("ratelimitd_backend_duration_seconds", "Time of one Store.Take call, in seconds, by store (primary, fallback).", "store"),
+		backendErrors:         r.counterVec("ratelimitd_backend_errors_total", "Store.Take errors by cause (the backend's bounded cause, timeout, canceled, fallback, other).", "cause"),
+		reloads:               r.counterVec("ratelimitd_config_reloads_total", "Config loads by result: success (a changed config put in force), unchanged (same content as the config in force, nothing applied), failure (invalid config rejected), read_error (config files could not be read), watch_error (file watcher error).", "result"),
+		configInfo:            r.gaugeVec("ratelimitd_config_info", "1 for the hash of the config in force (one series at a time).", "hash"),
+		inflight:              r.gauge("ratelimitd_inflight_requests", "ShouldRateLimit calls being answered."),
+		unknownDomain:         r.counter("ratelimitd_unknown_domain_requests_total", "Valid requests whose domain is not in the loaded config (answered OK without a limit)."),
+		globalShadow:          r.counter("ratelimitd_global_shadow_total", "Requests whose OVER_LIMIT overall code global shadow mode turned into OK."),
+		invalidUTF8:           r.counter("ratelimitd_invalid_utf8_requests_total", "gRPC RateLimitRequests whose domain or descriptor entry key/value held invalid UTF-8 and were decoded with those strings escaped (U+FFFD + hex of the raw bytes) instead of failing."),
+		refunds:               r.counterVec("ratelimitd_refunds_total", "Descriptors with is_negative_hits whose hits_addend the store credited to their limits, by domain (config domains only).", "domain"),
+		refundUnits:           r.counterVec("ratelimitd_refund_units_total", "Units (hits_addend) of the descriptors counted in ratelimitd_refunds_total, by domain.", "domain"),
+		admin:                 r.counterVec("ratelimitd_admin_requests_total", "Admin explain and reset calls (debug listener, HTTP and gRPC) by op (explain, reset) and result (ok, invalid, unavailable, error).", "op", "result"),
+		resets:                r.counter("ratelimitd_counter_resets_total", "Counters deleted by admin resets (one per applied limit of each matched descriptor)."),
+		decisionLogSuppressed: r.counter("ratelimitd_decision_log_suppressed_total", "Decision log lines (--log-decisions) dropped by the --log-decisions-rate bound."),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{
-		m.requests, m.decisions, m.requestDuration, m.backendDuration, m.backendErrors,
-		m.reloads, m.configInfo, m.inflight, m.unknownDomain, m.globalShadow, m.invalidUTF8,
-		m.refunds, m.refundUnits,
-		m.admin, m.resets, m.decisionLogSuppressed,
-	} {
+	for _, c := range r.cs {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -148,6 +98,40 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, fmt.Errorf("service: register metrics: %w", err)
 	}
 	return m, nil
+}
+
+// registrar creates metrics and keeps them, in creation order, for
+// registration. Histograms use subMillisecondBuckets.
+type registrar struct{ cs []prometheus.Collector }
+
+// keep records c for registration and returns it.
+func keep[C prometheus.Collector](r *registrar, c C) C {
+	r.cs = append(r.cs, c)
+	return c
+}
+
+func (r *registrar) counter(name, help string) prometheus.Counter {
+	return keep(r, prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help}))
+}
+
+func (r *registrar) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return keep(r, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels))
+}
+
+func (r *registrar) gauge(name, help string) prometheus.Gauge {
+	return keep(r, prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help}))
+}
+
+func (r *registrar) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return keep(r, prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels))
+}
+
+func (r *registrar) histogram(name, help string) prometheus.Histogram {
+	return keep(r, prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: subMillisecondBuckets}))
+}
+
+func (r *registrar) histogramVec(name, help string, labels ...string) *prometheus.HistogramVec {
+	return keep(r, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: subMillisecondBuckets}, labels))
 }
 
 // labelCap hands out at most max distinct label values; later values get

@@ -179,19 +179,24 @@ type Options struct {
 	// placeholders {policy}, {quota}, {window} (seconds) and {retry_after}
 	// (seconds) are replaced. "" uses a built-in sentence.
 	ProblemDetail string
-	// RequestOverrides honours RateLimitDescriptor.limit (the request
-	// limit override) as envoyproxy/ratelimit does: when the domain exists,
-	// the override replaces the config match. The contract default is
-	// true (--request-overrides); note that the Go zero value (false)
-	// ignores overrides, so wiring must set it explicitly.
-	RequestOverrides bool
+	// IgnoreRequestOverrides ignores RateLimitDescriptor.limit (the
+	// request limit override, Envoy's descriptor "limit"). The zero value
+	// honours it as envoyproxy/ratelimit does: when the domain exists, the
+	// override replaces the config match (a rule's override: field may
+	// still ignore, lower-only or cap it).
+	IgnoreRequestOverrides bool
 	// DynamicMetadata fills RateLimitResponse.dynamic_metadata as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
 	DynamicMetadata bool
-	// DetailedMetricCap bounds rule label values from detailed_metric
-	// rules per loaded config. 0 means DefaultDetailedMetricCap; negative
-	// disables detailed labels (Rule.Path is used).
+	// DetailedMetricCap bounds the distinct rule label values that
+	// detailed_metric rules may create per loaded config; further values
+	// are counted under "_other". 0 means DefaultDetailedMetricCap;
+	// negative is invalid.
 	DetailedMetricCap int
+	// DisableDetailedMetrics labels detailed_metric rules by Rule.Path,
+	// as other rules, instead of by their descriptor values; the zero
+	// value keeps detailed labels (bounded by DetailedMetricCap).
+	DisableDetailedMetrics bool
 	// MaxJSONBodyBytes bounds the body of a POST /json request, in bytes:
 	// a longer body is refused with 413 before it is decoded. 0 means
 	// DefaultMaxJSONBodyBytes; negative is invalid. Give it the gRPC
@@ -220,34 +225,65 @@ type Options struct {
 	Rand func() float64
 }
 
-// Validate reports an error for a missing Store, an unknown header mode,
-// a near-limit ratio outside [0, 1], a negative FailClosedRetryAfter, a
-// negative MaxJSONBodyBytes or an unknown counting policy.
+// FieldError is one invalid Options field, as Validate reports it:
+// Field is the field's name ("NearLimitRatio"), Value its value and
+// Reason what a valid value is ("must be in [0, 1]").
+type FieldError struct {
+	// Field is the Options field's name.
+	Field string
+	// Value is the field's value.
+	Value any
+	// Reason is what a valid value is.
+	Reason string
+}
+
+// Error returns "service: Field=Value: Reason".
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("service: %s=%v: %s", e.Field, e.Value, e.Reason)
+}
+
+// OptionField returns the package-qualified field name
+// ("service.NearLimitRatio") and the reason, for callers that name the
+// field their own way (a command-line flag).
+func (e *FieldError) OptionField() (field, reason string) { return "service." + e.Field, e.Reason }
+
+// Validate reports every invalid field, joined, each a *FieldError: a
+// nil Store; Headers beyond HeadersNone; NearLimitRatio outside [0, 1]
+// or NaN; a negative FailClosedRetryAfter; DecisionLog beyond
+// DecisionLogAll; a negative or NaN DecisionLogRate; a negative
+// MaxJSONBodyBytes or DetailedMetricCap; Counting beyond
+// policy.AlwaysCharge. Zero values are valid: they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
+	bad := func(field string, v any, reason string) {
+		errs = append(errs, &FieldError{Field: field, Value: v, Reason: reason})
+	}
 	if o.Store == nil {
-		errs = append(errs, errors.New("service: Options.Store is required"))
+		bad("Store", o.Store, "required")
 	}
 	if o.Headers > HeadersNone {
-		errs = append(errs, fmt.Errorf("service: unknown header mode %d", o.Headers))
+		bad("Headers", o.Headers, "unknown header mode")
 	}
-	if o.NearLimitRatio < 0 || o.NearLimitRatio > 1 || o.NearLimitRatio != o.NearLimitRatio {
-		errs = append(errs, fmt.Errorf("service: near-limit ratio %v outside [0, 1]", o.NearLimitRatio))
+	if !(o.NearLimitRatio >= 0 && o.NearLimitRatio <= 1) {
+		bad("NearLimitRatio", o.NearLimitRatio, "must be in [0, 1]")
 	}
 	if o.FailClosedRetryAfter < 0 {
-		errs = append(errs, fmt.Errorf("service: negative FailClosedRetryAfter %v", o.FailClosedRetryAfter))
+		bad("FailClosedRetryAfter", o.FailClosedRetryAfter, "must be >= 0")
 	}
 	if o.DecisionLog > DecisionLogAll {
-		errs = append(errs, fmt.Errorf("service: unknown decision log mode %d", o.DecisionLog))
+		bad("DecisionLog", o.DecisionLog, "unknown decision log mode")
 	}
-	if o.DecisionLogRate < 0 || o.DecisionLogRate != o.DecisionLogRate {
-		errs = append(errs, fmt.Errorf("service: decision log rate %v is not a positive number of lines per second", o.DecisionLogRate))
+	if !(o.DecisionLogRate >= 0) {
+		bad("DecisionLogRate", o.DecisionLogRate, "must be >= 0 lines per second")
 	}
 	if o.MaxJSONBodyBytes < 0 {
-		errs = append(errs, fmt.Errorf("service: negative MaxJSONBodyBytes %d", o.MaxJSONBodyBytes))
+		bad("MaxJSONBodyBytes", o.MaxJSONBodyBytes, "must be >= 0")
+	}
+	if o.DetailedMetricCap < 0 {
+		bad("DetailedMetricCap", o.DetailedMetricCap, "must be >= 0 (0: the default; DisableDetailedMetrics turns detailed labels off)")
 	}
 	if o.Counting > policy.AlwaysCharge {
-		errs = append(errs, fmt.Errorf("service: unknown counting policy %d", o.Counting))
+		bad("Counting", o.Counting, "unknown counting policy")
 	}
 	return errors.Join(errs...)
 }
@@ -270,7 +306,12 @@ func (o *Options) setDefaults() {
 	if o.ProblemTypeBase == "" {
 		o.ProblemTypeBase = DefaultProblemTypeBase
 	}
-	if o.DetailedMetricCap == 0 {
+	// After the defaults a DetailedMetricCap of 0 means detailed labels
+	// are off (the service's own reading).
+	switch {
+	case o.DisableDetailedMetrics:
+		o.DetailedMetricCap = 0
+	case o.DetailedMetricCap == 0:
 		o.DetailedMetricCap = DefaultDetailedMetricCap
 	}
 	if o.MaxJSONBodyBytes == 0 {

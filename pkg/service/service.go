@@ -232,6 +232,9 @@ func (s *Service) jitter() time.Duration {
 const (
 	causeDeadline = "deadline"
 	causeTimeout  = "timeout"
+	// causeCanceled is the cause of a Store error for a call whose caller
+	// cancelled the request (context.Canceled).
+	causeCanceled = "canceled"
 )
 
 // causeOf gives the bounded metric label of a Store error.
@@ -246,7 +249,7 @@ func causeOf(err error) string {
 	case errors.Is(err, context.DeadlineExceeded):
 		return causeTimeout
 	case errors.Is(err, context.Canceled):
-		return "canceled"
+		return causeCanceled
 	}
 	return "other"
 }
@@ -279,10 +282,14 @@ func (l *logLimiter) allow(key string, now time.Time) (bool, int) {
 	return true, n
 }
 
+// logBackendError logs a Store error under msg, at most once a second per
+// cause, with the number of lines suppressed since the last one.
 func (s *Service) logBackendError(cause string, err error, msg string) {
 	if ok, n := s.errLog.allow(cause, s.opts.Now()); ok {
 		s.opts.Logger.Warn(msg, "cause", cause, "error", err, "suppressed", n)
 	}
 }
 
+// String describes the service for logs: "service.Service(headers=MODE)"
+// with the Options.Headers mode.
 func (s *Service) String() string { return fmt.Sprintf("service.Service(headers=%s)", s.opts.Headers) }

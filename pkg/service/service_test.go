@@ -303,7 +303,7 @@ func TestRequestOverride(t *testing.T) {
 	// Unknown domain: overrides are not honoured (as envoyproxy/ratelimit).
 	checkStatuses(t, "unknown domain", e.call(t, req("other", ov())), OK, st(OK, nil, 0, 0))
 
-	off := newEnv(t, func(o *service.Options) { o.RequestOverrides = false })
+	off := newEnv(t, func(o *service.Options) { o.IgnoreRequestOverrides = true })
 	checkStatuses(t, "ignored", off.call(t, req("svc", ov())), OK,
 		st(OK, limit("", 10, rlsv3.RateLimitResponse_RateLimit_MINUTE), 9, 30*time.Second))
 }

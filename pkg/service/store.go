@@ -75,12 +75,16 @@ type Store interface {
 // for ratelimitd_backend_errors_total{cause} (e.g. "timeout", "refused",
 // "oom", "readonly", "circuit_open", "other").
 type Causer interface {
+	// Cause is the label value: a short lower-case word from a fixed set,
+	// never built from request data; "" is reported as "other".
 	Cause() string
 }
 
 // Healther is optionally implemented by a Store that can report whether its
 // backend is currently reachable (for /healthcheck and gRPC health).
 type Healther interface {
+	// Healthy reports whether decisions made now are counted by the
+	// backend; false while it is unreachable, refusing writes or warming up.
 	Healthy() bool
 }
 
@@ -92,5 +96,7 @@ type Healther interface {
 // force, and at startup the service does not become SERVING. A Store
 // without it decides every algorithm.
 type AlgorithmLister interface {
+	// Algorithms is the list of kinds the Store decides, in any order; a
+	// nil or empty list means none.
 	Algorithms() []algo.Kind
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // Bounds on a RateLimitRequest. A request over any bound is rejected with
-// codes.InvalidArgument naming the bound (contract: "Malformed requests").
+// codes.InvalidArgument naming the bound (docs/responses.md, "Errors").
 const (
 	// MaxDescriptors is the maximum number of descriptors per request.
 	MaxDescriptors = 64
@@ -98,45 +98,43 @@ func validateRequest(req *rlsv3.RateLimitRequest, ref bool) error {
 	return nil
 }
 
-// overrideUnit maps a RateLimitOverride unit (envoy.type.v3.RateLimitUnit,
-// which has no WEEK) to a policy.Unit. UNKNOWN and out-of-range values are
-// errors.
+// overrideUnits maps envoy.type.v3.RateLimitUnit, which has no WEEK, to
+// policy.Unit (UnitUnknown for UNKNOWN).
+var overrideUnits = [...]policy.Unit{
+	typev3.RateLimitUnit_SECOND: policy.Second,
+	typev3.RateLimitUnit_MINUTE: policy.Minute,
+	typev3.RateLimitUnit_HOUR:   policy.Hour,
+	typev3.RateLimitUnit_DAY:    policy.Day,
+	typev3.RateLimitUnit_MONTH:  policy.Month,
+	typev3.RateLimitUnit_YEAR:   policy.Year,
+}
+
+// overrideUnit maps a RateLimitOverride unit (envoy.type.v3.RateLimitUnit)
+// to a policy.Unit. UNKNOWN and out-of-range values are errors.
 func overrideUnit(l *rlcommon.RateLimitDescriptor_RateLimitOverride) (policy.Unit, error) {
-	switch l.GetUnit() {
-	case typev3.RateLimitUnit_SECOND:
-		return policy.Second, nil
-	case typev3.RateLimitUnit_MINUTE:
-		return policy.Minute, nil
-	case typev3.RateLimitUnit_HOUR:
-		return policy.Hour, nil
-	case typev3.RateLimitUnit_DAY:
-		return policy.Day, nil
-	case typev3.RateLimitUnit_MONTH:
-		return policy.Month, nil
-	case typev3.RateLimitUnit_YEAR:
-		return policy.Year, nil
+	if u := l.GetUnit(); u >= 0 && int(u) < len(overrideUnits) && overrideUnits[u] != policy.UnitUnknown {
+		return overrideUnits[u], nil
 	}
 	return policy.UnitUnknown, fmt.Errorf("limit override unit %v is invalid (want SECOND, MINUTE, HOUR, DAY, MONTH or YEAR)", l.GetUnit())
 }
 
-// responseUnit maps a policy.Unit to the RateLimitResponse.RateLimit.Unit
+// responseUnits maps policy.Unit to the RateLimitResponse.RateLimit.Unit
 // enum (which, unlike envoy.type.v3.RateLimitUnit, has WEEK = 7).
+var responseUnits = [...]rlsv3.RateLimitResponse_RateLimit_Unit{
+	policy.Second: rlsv3.RateLimitResponse_RateLimit_SECOND,
+	policy.Minute: rlsv3.RateLimitResponse_RateLimit_MINUTE,
+	policy.Hour:   rlsv3.RateLimitResponse_RateLimit_HOUR,
+	policy.Day:    rlsv3.RateLimitResponse_RateLimit_DAY,
+	policy.Week:   rlsv3.RateLimitResponse_RateLimit_WEEK,
+	policy.Month:  rlsv3.RateLimitResponse_RateLimit_MONTH,
+	policy.Year:   rlsv3.RateLimitResponse_RateLimit_YEAR,
+}
+
+// responseUnit maps a policy.Unit to the RateLimitResponse.RateLimit.Unit
+// enum; UNKNOWN for UnitUnknown and out-of-range values.
 func responseUnit(u policy.Unit) rlsv3.RateLimitResponse_RateLimit_Unit {
-	switch u {
-	case policy.Second:
-		return rlsv3.RateLimitResponse_RateLimit_SECOND
-	case policy.Minute:
-		return rlsv3.RateLimitResponse_RateLimit_MINUTE
-	case policy.Hour:
-		return rlsv3.RateLimitResponse_RateLimit_HOUR
-	case policy.Day:
-		return rlsv3.RateLimitResponse_RateLimit_DAY
-	case policy.Week:
-		return rlsv3.RateLimitResponse_RateLimit_WEEK
-	case policy.Month:
-		return rlsv3.RateLimitResponse_RateLimit_MONTH
-	case policy.Year:
-		return rlsv3.RateLimitResponse_RateLimit_YEAR
+	if int(u) < len(responseUnits) {
+		return responseUnits[u]
 	}
 	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN
 }

@@ -1,20 +1,17 @@
 package memcache
 
 import (
-	"context"
 	"errors"
-	"io"
-	"net"
-	"os"
 	"strings"
-	"syscall"
 
 	gomemcache "github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/causes"
 )
 
 // Causes are the bounded labels of the store's errors, used for
-// ratelimitd_backend_errors_total{cause} and the failure-mode logs; the
-// same names the Redis backend uses for the same conditions.
+// ratelimitd_backend_errors_total{cause} and the failure-mode logs; those
+// both network backends report are pkg/backend/causes' labels.
 const (
 	// CauseTimeout: memcached did not answer within the call's budget
 	// (Options.Timeout, or the caller's deadline less a margin): a frozen
@@ -22,28 +19,32 @@ const (
 	// Nothing proves a failure: the service sheds such a request like the
 	// Redis backend's timeouts (failure_mode open requests get
 	// DeadlineExceeded and the caller's own failure policy decides).
-	CauseTimeout = "timeout"
+	CauseTimeout = causes.Timeout
 	// CauseRefused: no usable connection (connection refused or reset,
 	// closed mid-reply, unreachable host, no server configured or resolved
 	// from the SRV record yet).
-	CauseRefused = "refused"
+	CauseRefused = causes.Refused
 	// CauseOOM: memcached answered "SERVER_ERROR out of memory" (it could
 	// not store a new counter).
-	CauseOOM = "oom"
+	CauseOOM = causes.OOM
 	// CauseCanceled: the caller canceled the request before memcached
 	// answered (not a backend failure).
-	CauseCanceled = "canceled"
+	CauseCanceled = causes.Canceled
+	// CauseCircuitOpen: the circuit breaker is open after failures
+	// memcached proved (refused connections); memcached was not called
+	// (ErrCircuitOpen).
+	CauseCircuitOpen = causes.CircuitOpen
 	// CauseUnsupported: a hit of an algorithm other than fixed_window
 	// reached the store. Config loading refuses such rules (see
 	// Store.Algorithms), so this means a wiring bug.
 	CauseUnsupported = "unsupported"
 	// CauseOther: anything else (an unexpected reply, a non-numeric value
 	// under a counter key).
-	CauseOther = "other"
+	CauseOther = causes.Other
 )
 
 // Causes lists every cause label.
-var Causes = []string{CauseTimeout, CauseRefused, CauseOOM, CauseCanceled, CauseUnsupported, CauseOther}
+var Causes = []string{CauseTimeout, CauseRefused, CauseOOM, CauseCanceled, CauseCircuitOpen, CauseUnsupported, CauseOther}
 
 // Error is a classified store error. It implements service.Causer and
 // unwraps to the gomemcache or network error it classifies. Its message
@@ -75,6 +76,22 @@ func (e *Error) Unwrap() error { return e.err }
 // answered.
 var errTimeout = &Error{cause: CauseTimeout, outage: true, err: errors.New("no reply within the call's budget")}
 
+// errBudgetCut is what the circuit breaker records for a call whose
+// budget, cut short by the caller's deadline, ran out: less than a whole
+// Timeout of silence proves nothing about memcached.
+var errBudgetCut = &Error{cause: CauseTimeout, err: errors.New("no reply within the caller's deadline")}
+
+// ErrCircuitOpen is returned, without calling memcached, while the circuit
+// breaker is open after failures memcached proved (refused connections):
+// the rules' failure modes decide. Its Cause is CauseCircuitOpen.
+var ErrCircuitOpen = &Error{cause: CauseCircuitOpen, err: errors.New("circuit open, not calling memcached")}
+
+// ErrStalledOpen is returned, without calling memcached, while the circuit
+// is open because memcached stalled (only timeouts opened it): a frozen
+// memcached and a very slow one look the same, so its cause is
+// CauseTimeout, which the service sheds like a budget that ran out.
+var ErrStalledOpen = &Error{cause: CauseTimeout, err: errors.New("circuit open after memcached stalled, not calling memcached")}
+
 // errAbandoned stops a decision whose caller already returned (with
 // errTimeout or its context's error): it says nothing about memcached.
 var errAbandoned = &Error{cause: CauseTimeout, err: errors.New("caller gone: the decision stopped")}
@@ -96,27 +113,15 @@ func Classify(err error) error {
 func classify(err error) (cause string, outage bool) {
 	var cte *gomemcache.ConnectTimeoutError
 	switch {
-	case errors.Is(err, context.Canceled):
-		return CauseCanceled, false
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &cte):
+	case errors.As(err, &cte):
 		return CauseTimeout, true
 	case errors.Is(err, gomemcache.ErrNoServers):
 		return CauseRefused, true
 	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return CauseTimeout, true
+	if c, outage, ok := causes.Transport(err); ok {
+		return c, outage
 	}
-	switch {
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
-		return CauseRefused, true
-	}
-	var oe *net.OpError
-	var de *net.DNSError
-	if errors.As(err, &oe) || errors.As(err, &de) {
+	if causes.Dial(err) {
 		return CauseRefused, true
 	}
 	if strings.Contains(err.Error(), "SERVER_ERROR out of memory") {

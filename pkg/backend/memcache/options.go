@@ -95,14 +95,52 @@ func parseSRV(s string) (service, proto, name string, err error) {
 	return m[1], m[2], m[3], nil
 }
 
-// Validate reports every invalid field at once.
+// Errors of Validate about the server list (neither or both sources).
+var (
+	ErrNoServer         = errors.New("memcache: no server: set the addresses or an SRV record")
+	ErrTwoServerSources = errors.New("memcache: both addresses and an SRV record are set; use one")
+)
+
+// FieldError is one invalid Options field, as Validate reports it:
+// Field is its name ("Timeout"), Label its name in the message
+// ("timeout"), Value its value and Reason what a valid value is
+// ("must be > 0").
+type FieldError struct {
+	// Field is the Options field's name ("Timeout").
+	Field string
+	// Label names the field in Error's text ("timeout").
+	Label string
+	// Value is the field's value.
+	Value any
+	// Reason is what a valid value is ("must be > 0").
+	Reason string
+}
+
+// Error returns "memcache: Label Value: Reason".
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("memcache: %s %v: %s", e.Label, e.Value, e.Reason)
+}
+
+// OptionField returns the package-qualified field name
+// ("memcache.Timeout") and the reason, for callers that name the field
+// their own way (a command-line flag).
+func (e *FieldError) OptionField() (field, reason string) { return "memcache." + e.Field, e.Reason }
+
+// Validate reports every problem of o, joined: ErrNoServer or
+// ErrTwoServerSources; an address that is neither host:port nor a unix
+// socket path; a malformed SRV name; and, as *FieldError, a negative
+// SRVRefresh, LocalCacheSize or HealthInterval, or MaxIdleConns or
+// Timeout not > 0.
 func (o Options) Validate() error {
 	var errs []error
+	bad := func(field, label string, v any, reason string) {
+		errs = append(errs, &FieldError{Field: field, Label: label, Value: v, Reason: reason})
+	}
 	switch {
 	case len(o.Addrs) == 0 && o.SRV == "":
-		errs = append(errs, errors.New("memcache: no server: set the addresses or an SRV record"))
+		errs = append(errs, ErrNoServer)
 	case len(o.Addrs) > 0 && o.SRV != "":
-		errs = append(errs, errors.New("memcache: both addresses and an SRV record are set; use one"))
+		errs = append(errs, ErrTwoServerSources)
 	}
 	for _, a := range o.Addrs {
 		if strings.Contains(a, "/") {
@@ -118,19 +156,19 @@ func (o Options) Validate() error {
 		}
 	}
 	if o.SRVRefresh < 0 {
-		errs = append(errs, fmt.Errorf("memcache: SRV refresh %v: must be >= 0", o.SRVRefresh))
+		bad("SRVRefresh", "SRV refresh", o.SRVRefresh, "must be >= 0 (0: resolve once)")
 	}
 	if o.MaxIdleConns <= 0 {
-		errs = append(errs, fmt.Errorf("memcache: max idle connections %d: must be > 0", o.MaxIdleConns))
+		bad("MaxIdleConns", "max idle connections", o.MaxIdleConns, "must be > 0")
 	}
 	if o.Timeout <= 0 {
-		errs = append(errs, fmt.Errorf("memcache: timeout %v: must be > 0", o.Timeout))
+		bad("Timeout", "timeout", o.Timeout, "must be > 0")
 	}
 	if o.LocalCacheSize < 0 {
-		errs = append(errs, fmt.Errorf("memcache: local cache size %d: must be >= 0", o.LocalCacheSize))
+		bad("LocalCacheSize", "local cache size", o.LocalCacheSize, "must be >= 0")
 	}
 	if o.HealthInterval < 0 {
-		errs = append(errs, fmt.Errorf("memcache: health interval %v: must be >= 0", o.HealthInterval))
+		bad("HealthInterval", "health interval", o.HealthInterval, "must be >= 0")
 	}
 	return errors.Join(errs...)
 }

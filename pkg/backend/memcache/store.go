@@ -27,6 +27,7 @@ import (
 	gomemcache "github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 )
 
@@ -49,8 +50,9 @@ type Store struct {
 	now     func() time.Time
 	timeout time.Duration
 
-	opts  Options
-	cache *overlimit.Cache // nil: disabled (Options.LocalCacheSize 0)
+	opts    Options
+	cache   *overlimit.Cache // nil: disabled (Options.LocalCacheSize 0)
+	breaker *breaker.Breaker // see breaker.go
 	// unhealthy is set by an outage error of a call or the probe and
 	// cleared by the next success; warmed once anything succeeded.
 	unhealthy atomic.Bool
@@ -58,6 +60,8 @@ type Store struct {
 	// resolved is set once the server list holds servers (always for
 	// Options.Addrs; for SRV after the first successful lookup).
 	resolved atomic.Bool
+	// nservers is how many servers the list holds (see guarded).
+	nservers atomic.Int32
 
 	stop chan struct{}
 	wg   sync.WaitGroup // probe and SRV refresher
@@ -83,6 +87,7 @@ func New(opts Options) (*Store, error) {
 		timeout: opts.Timeout,
 		opts:    opts,
 		cache:   overlimit.New(opts.LocalCacheSize),
+		breaker: breaker.New(breakerOptions(opts), breakerErrors, nil), // real clock: Options.Now places hits only
 		stop:    make(chan struct{}),
 	}
 	if s.now == nil {
@@ -133,12 +138,16 @@ func (s *Store) RefundFailures() uint64 { return s.refundErrors.Load() }
 
 // Healthy reports whether memcached is answering: true once a call or
 // probe succeeded, false from an outage error (timeout, refused, no server
-// resolved) of a call or probe until the next success. Without traffic the
+// resolved) of a call or probe until the next success, and false while
+// the circuit breaker (one server only, see guarded) is not closed.
+// Without traffic the
 // probe asks every server for its version every Options.HealthInterval
 // (every 100 ms while unhealthy), so one server of several down is
 // unhealthy too: the keys it holds cannot be counted. Implements
 // service.Healther.
-func (s *Store) Healthy() bool { return s.warmed.Load() && !s.unhealthy.Load() }
+func (s *Store) Healthy() bool {
+	return s.warmed.Load() && !s.unhealthy.Load() && (!s.guarded() || s.breaker.Healthy())
+}
 
 func (s *Store) note(err error) {
 	if err == nil {
@@ -159,7 +168,17 @@ func (s *Store) note(err error) {
 func (s *Store) probeLoop() {
 	defer s.wg.Done()
 	for {
-		err := s.ping()
+		// While the circuit is closed the probe pings beside the
+		// breaker (only decisions open it); while it is not, through
+		// it: refused while open, a half-open probe after OpenFor that
+		// closes it when memcached answers, so that an idle Store
+		// recovers without traffic.
+		var err error
+		if !s.guarded() || s.breaker.Healthy() {
+			err = s.ping()
+		} else {
+			err = s.breaker.Do(context.Background(), 0, func(context.Context) error { return s.ping() })
+		}
 		s.note(err)
 		d := s.opts.HealthInterval
 		if err != nil {
@@ -220,6 +239,7 @@ func (s *Store) resolve() error {
 	if err := s.servers.SetServers(s.opts.Addrs...); err != nil {
 		return fmt.Errorf("memcache: servers %s: %w", strings.Join(s.opts.Addrs, ","), err)
 	}
+	s.nservers.Store(int32(len(s.opts.Addrs)))
 	s.resolved.Store(true)
 	return nil
 }
@@ -248,6 +268,7 @@ func (s *Store) refreshSRV() error {
 	if err := s.servers.SetServers(addrs...); err != nil {
 		return fmt.Errorf("memcache: SRV targets: %w", err)
 	}
+	s.nservers.Store(int32(len(addrs)))
 	s.resolved.Store(true)
 	return nil
 }
@@ -364,7 +385,10 @@ type request struct {
 // Take returns by its budget (see budget) with an error of cause
 // CauseTimeout when memcached has not answered; the operations still in
 // flight finish in the background within Timeout each, and what they
-// counted is refunded. Errors are *Error.
+// counted is refunded. Errors are *Error. With one server, while the
+// circuit breaker is open (see breaker.go), Take returns ErrStalledOpen (memcached stalled)
+// or ErrCircuitOpen (it refused connections) at once, without calling
+// memcached.
 //
 // With the local over-limit cache (Options.LocalCacheSize > 0), every hit
 // that is not a release is first looked up in it, in request order; a
@@ -412,6 +436,12 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if !end.After(start) {
 		return nil, errTimeout
 	}
+	guarded := s.guarded()
+	if guarded {
+		if err := s.breaker.Allow(start); err != nil {
+			return nil, err
+		}
+	}
 	// decide may outlive the call (see below): it keeps its own copy of
 	// hits, whose backing array the caller may reuse.
 	r := &request{hits: append([]algo.Hit(nil), hits...), out: out, done: make(chan struct{})}
@@ -436,8 +466,18 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 		<-r.done
 		err = r.err
 	}
+	// What the breaker records: the outcome, but a budget that the
+	// caller's deadline cut short (or the caller's context that ran out)
+	// is no proof of a stall.
+	rec := err
+	if errors.Is(err, errTimeout) && !end.Equal(start.Add(s.timeout)) || errors.Is(err, context.DeadlineExceeded) {
+		rec = errBudgetCut
+	}
+	if guarded {
+		s.breaker.RecordSince(start, time.Now(), rec)
+	}
 	if err != nil {
-		if errors.Is(err, errTimeout) && end.Equal(start.Add(s.timeout)) {
+		if errors.Is(rec, errTimeout) {
 			// memcached was silent for a whole Timeout. A budget cut
 			// short by the caller's deadline proves less (the probe
 			// decides then).

@@ -2,60 +2,18 @@ package redis
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/golden"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
-
-// golden compares got with testdata/name, or writes it there with -update.
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -run %s -update to create it)", err, t.Name())
-	}
-	if got != string(want) {
-		t.Errorf("%s differs from the current output (-want +got):\n%s\nIf the change is deliberate, run go test -run %s -update and say so in the change.",
-			path, lineDiff(string(want), got), t.Name())
-	}
-}
-
-// lineDiff lists the lines of want and got that differ, by line number.
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	for i := range max(len(w), len(g)) {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			fmt.Fprintf(&b, "%d:\n-%s\n+%s\n", i+1, wl, gl)
-		}
-	}
-	return b.String()
-}
 
 // renderCmd prints a script invocation: the command and the script (by
 // file name instead of its SHA1 or body), the KEYS, then the ARGV one
@@ -174,7 +132,7 @@ func TestScriptArgsGolden(t *testing.T) {
 		}
 		fmt.Fprintf(&b, "\n## %s\n%s", tc.name, renderCmd(argsCmd(ctx, true, args).Args()))
 	}
-	golden(t, "script_args.golden", b.String())
+	golden.Check(t, filepath.Join("testdata", "script_args.golden"), []byte(b.String()))
 }
 
 // TestStateGolden pins what the scripts leave in Redis for representative
@@ -235,5 +193,5 @@ func TestStateGolden(t *testing.T) {
 			fmt.Fprintf(&b, "%s %s\n", k, typ)
 		}
 	}
-	golden(t, "redis_state.golden", b.String())
+	golden.Check(t, filepath.Join("testdata", "redis_state.golden"), []byte(b.String()))
 }

@@ -3,450 +3,88 @@ package redis
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 )
 
-// BreakerState is the state of a circuit breaker.
-type BreakerState int
+// The Redis Store's circuit breaker is pkg/backend/breaker (which says why
+// it is not a library's) with Redis' errors: this file names its types in
+// the terms of this package and classifies Redis errors for it.
 
+// BreakerState is the state of a circuit breaker (breaker.State).
+type BreakerState = breaker.State
+
+// The breaker's states.
 const (
 	// BreakerClosed: calls go to Redis.
-	BreakerClosed BreakerState = iota
-	// BreakerOpen: calls fail immediately with ErrCircuitOpen.
-	BreakerOpen
+	BreakerClosed = breaker.Closed
+	// BreakerOpen: calls fail immediately with ErrCircuitOpen or
+	// ErrStalledOpen.
+	BreakerOpen = breaker.Open
 	// BreakerHalfOpen: OpenFor has passed; up to Probes probe calls at a
-	// time go to Redis, the others fail immediately. A successful probe
-	// closes the circuit; when every probe in flight has failed, it opens
-	// again.
-	BreakerHalfOpen
+	// time go to Redis (see breaker.HalfOpen).
+	BreakerHalfOpen = breaker.HalfOpen
 )
 
-// String is the metric label: "closed", "open" or "half_open".
-func (s BreakerState) String() string {
-	switch s {
-	case BreakerClosed:
-		return "closed"
-	case BreakerOpen:
-		return "open"
-	case BreakerHalfOpen:
-		return "half_open"
-	}
-	return fmt.Sprintf("BreakerState(%d)", int(s))
-}
-
-// Defaults of DefaultBreakerOptions.
+// Defaults of DefaultBreakerOptions (breaker.Default*).
 const (
-	DefaultBreakerFailures     = 5
-	DefaultBreakerWindow       = time.Second
-	DefaultBreakerMinCalls     = 20
-	DefaultBreakerFailureRatio = 0.5
-	DefaultBreakerOpenFor      = 250 * time.Millisecond
-	DefaultBreakerFailFor      = time.Second
-	DefaultBreakerProbes       = 3
+	DefaultBreakerFailures     = breaker.DefaultFailures
+	DefaultBreakerWindow       = breaker.DefaultWindow
+	DefaultBreakerMinCalls     = breaker.DefaultMinCalls
+	DefaultBreakerFailureRatio = breaker.DefaultFailureRatio
+	DefaultBreakerOpenFor      = breaker.DefaultOpenFor
+	DefaultBreakerFailFor      = breaker.DefaultFailFor
+	DefaultBreakerProbes       = breaker.DefaultProbes
 )
 
-// BreakerOptions configure a Breaker. Only outage errors (Error.Outage:
-// timeout, refused, loading, clusterdown, unknown connection errors) count
-// as failures; replies from a live server (OOM, READONLY, auth, script
-// errors) and caller cancellations do not.
-type BreakerOptions struct {
-	// Failures consecutive failures (no success in between) open the
-	// circuit (>= 1), once they span at least FailFor.
-	Failures int
-	// FailFor is how long failures must have been observed, from the first
-	// to the latest, before either rule (Failures consecutive, or
-	// FailureRatio) opens the circuit (>= 0; 0: no minimum). A call fails
-	// one Timeout after its Redis stalled, and a call pending when Redis
-	// answers again succeeds, so a stall of S produces failures spanning
-	// about S − Timeout: with FailFor F, stalls shorter than F + Timeout
-	// never open the circuit, and a frozen Redis opens it about Timeout + F
-	// after it stopped answering. The Store raises FailFor to at least
-	// 2 × Options.Timeout, so that a stall of 3 timeouts never opens it.
-	// It applies to timeouts only: a run of Failures consecutive failures
-	// that includes another outage error (refused, loading, clusterdown:
-	// Redis answered that it is not serving) opens at once, which also
-	// keeps go-redis' pool from reaching PoolSize failed dials (after
-	// which it dials only once a second, delaying recovery).
-	FailFor time.Duration
-	// Window is the sliding window of the failure ratio rule (>= 10 ms).
-	Window time.Duration
-	// MinCalls is the minimum of calls within Window before FailureRatio
-	// applies (>= 1).
-	MinCalls int
-	// FailureRatio of failed calls within Window (when at least MinCalls)
-	// opens the circuit; in (0, 1].
-	FailureRatio float64
-	// OpenFor is how long the circuit stays open before half-open probes
-	// (> 0). With Redis back, normal answers resume within OpenFor plus
-	// go-redis' 1 s reconnect probe.
-	OpenFor time.Duration
-	// Probes is how many half-open probe calls may be in flight at once
-	// (>= 0; 0 means 1). Several probes keep one call that lands on a
-	// stale connection from reopening the circuit for another OpenFor.
-	Probes int
-	// Disabled turns the breaker off: every call goes to Redis.
-	Disabled bool
-	// OnTransition, when not nil, is called after each state change with
-	// the new state: BreakerOpen when the circuit opens (also again from
-	// half-open), BreakerHalfOpen when the first probe after OpenFor is
-	// let through, BreakerClosed when a probe succeeded. It runs on the
-	// goroutine of the call that changed the state, after the breaker's
-	// lock is released; keep it fast (a log line, a counter).
-	OnTransition func(to BreakerState)
-}
+// BreakerOptions configure the Store's Breaker (breaker.Options). Only
+// outage errors (Error.Outage: timeout, refused, loading, clusterdown,
+// unknown connection errors) count as failures; replies from a live server
+// (OOM, READONLY, auth, script errors), caller cancellations and deadlines
+// (CauseDeadline) do not.
+type BreakerOptions = breaker.Options
 
-// DefaultBreakerOptions: open after 5 consecutive failures or >= 50% failed
-// of >= 20 calls within 1 s, timeouts only once they have lasted 1 s;
-// up to 3 probes after 250 ms.
-func DefaultBreakerOptions() BreakerOptions {
-	return BreakerOptions{
-		Failures:     DefaultBreakerFailures,
-		FailFor:      DefaultBreakerFailFor,
-		Window:       DefaultBreakerWindow,
-		MinCalls:     DefaultBreakerMinCalls,
-		FailureRatio: DefaultBreakerFailureRatio,
-		OpenFor:      DefaultBreakerOpenFor,
-		Probes:       DefaultBreakerProbes,
-	}
-}
+// DefaultBreakerOptions are breaker.DefaultOptions: open after 5
+// consecutive failures or >= 50% failed of >= 20 calls within 1 s,
+// timeouts only once they have lasted 1 s; up to 3 probes after 250 ms.
+func DefaultBreakerOptions() BreakerOptions { return breaker.DefaultOptions() }
 
-// Validate reports every out-of-range field, joined.
-func (o BreakerOptions) Validate() error {
-	if o.Disabled {
-		return nil
-	}
-	var errs []error
-	if o.Failures < 1 {
-		errs = append(errs, fmt.Errorf("redis: breaker failures must be at least 1, got %d", o.Failures))
-	}
-	if o.Window < 10*time.Millisecond {
-		errs = append(errs, fmt.Errorf("redis: breaker window must be at least 10ms, got %v", o.Window))
-	}
-	if o.MinCalls < 1 {
-		errs = append(errs, fmt.Errorf("redis: breaker min calls must be at least 1, got %d", o.MinCalls))
-	}
-	if !(o.FailureRatio > 0 && o.FailureRatio <= 1) {
-		errs = append(errs, fmt.Errorf("redis: breaker failure ratio must be in (0, 1], got %v", o.FailureRatio))
-	}
-	if o.OpenFor <= 0 {
-		errs = append(errs, fmt.Errorf("redis: breaker open-for must be positive, got %v", o.OpenFor))
-	}
-	if o.FailFor < 0 {
-		errs = append(errs, fmt.Errorf("redis: breaker fail-for must not be negative, got %v", o.FailFor))
-	}
-	if o.Probes < 0 {
-		errs = append(errs, fmt.Errorf("redis: breaker probes must not be negative, got %d", o.Probes))
-	}
-	return errors.Join(errs...)
-}
+// Breaker is a breaker.Breaker that refuses calls with ErrCircuitOpen
+// (opened by failures Redis proved) or ErrStalledOpen (opened by stalls
+// alone) and reads errors with Classify (see breakerOutcome). Safe for
+// concurrent use; use NewBreaker.
+type Breaker struct{ *breaker.Breaker }
 
-const breakerBuckets = 10
-
-type breakerBucket struct {
-	epoch         int64 // bucket index in time (UnixNano / width)
-	calls, failed int
-	firstFail     int64 // UnixNano of the bucket's first failure
-}
-
-// Breaker is a circuit breaker: it stops calls to a Redis that keeps
-// failing so that no request waits on it, and probes it again after
-// OpenFor. The pure methods (Allow, Record, StateAt) take the time as an
-// argument; Do and Healthy read the breaker's clock. Safe for concurrent
-// use. The zero value is not usable; use NewBreaker.
-type Breaker struct {
-	opts  BreakerOptions
-	now   func() time.Time
-	width int64 // bucket width in ns
-
-	mu          sync.Mutex
-	state       BreakerState // closed or open; half-open is derived
-	openedAt    time.Time
-	probes      int       // half-open probes in flight
-	probeAt     time.Time // when the latest probe was allowed
-	consecutive int
-	streakStart time.Time // when the first of the consecutive failures was recorded
-	streakHard  bool      // the consecutive failures include a non-timeout outage
-	openHard    bool      // the circuit opened on failures that include a non-timeout outage
-	buckets     [breakerBuckets]breakerBucket
-	opened      uint64 // times the circuit opened
-	// halfOpened: BreakerHalfOpen was reported since the circuit last
-	// opened; pending are the transitions unlock reports.
-	halfOpened bool
-	pending    []BreakerState
-}
-
-// unlock releases b.mu and then reports the transitions recorded while it
-// was held to OnTransition.
-func (b *Breaker) unlock() {
-	p := b.pending
-	b.pending = nil
-	b.mu.Unlock()
-	if b.opts.OnTransition != nil {
-		for _, st := range p {
-			b.opts.OnTransition(st)
-		}
-	}
-}
-
-// transitionLocked records a state change for unlock. b.mu is held.
-func (b *Breaker) transitionLocked(to BreakerState) {
-	if b.opts.OnTransition != nil {
-		b.pending = append(b.pending, to)
-	}
-}
+// breakerErrors are the Redis errors of a Breaker.
+var breakerErrors = breaker.Errors{Open: ErrCircuitOpen, StalledOpen: ErrStalledOpen, Outcome: breakerOutcome}
 
 // NewBreaker returns a closed breaker. now is its clock for Do and Healthy
 // (nil: time.Now). o must be valid (see BreakerOptions.Validate).
 func NewBreaker(o BreakerOptions, now func() time.Time) *Breaker {
-	if now == nil {
-		now = time.Now
-	}
-	w := int64(o.Window) / breakerBuckets
-	if w <= 0 {
-		w = 1
-	}
-	return &Breaker{opts: o, now: now, width: w}
+	return &Breaker{breaker.New(o, breakerErrors, now)}
 }
 
-// Allow reports whether a call may go to Redis at now: nil, or
-// ErrCircuitOpen while the circuit is open or Probes half-open probes are
-// in flight. Every allowed call must be followed by exactly one Record.
-func (b *Breaker) Allow(now time.Time) error {
-	if b.opts.Disabled {
-		return nil
-	}
-	b.mu.Lock()
-	defer b.unlock()
-	switch b.stateLocked(now) {
-	case BreakerClosed:
-		return nil
-	case BreakerHalfOpen:
-		if !b.halfOpened {
-			b.halfOpened = true
-			b.transitionLocked(BreakerHalfOpen)
-		}
-		// Probes that never recorded (lost) are replaced after another
-		// OpenFor.
-		if b.probes > 0 && now.Sub(b.probeAt) >= b.opts.OpenFor {
-			b.probes = 0
-		}
-		if b.probes < max(1, b.opts.Probes) {
-			b.probes++
-			b.probeAt = now
-			return nil
-		}
-	}
-	return b.openErrLocked()
+// breakerOutcome classifies err (Classify) for the breaker: cancellations,
+// deadlines and refusals of the breaker itself are Neutral; outage errors
+// are Stalled when they are timeouts and Failed otherwise; every other
+// error is a reply from a live server (Answered).
+func breakerOutcome(err error) breaker.Outcome {
+	var e *Error
+	errors.As(Classify(err), &e) // always true for err != nil
+	neutral := e.cause == CauseCanceled || e.cause == CauseCircuitOpen || e.cause == CauseDeadline || e == ErrStalledOpen
+	return breaker.OutcomeOf(e.outage, e.cause == CauseTimeout, neutral)
 }
 
-// openErrLocked is the error of a call refused by the open circuit:
-// ErrCircuitOpen when proven failures opened it, ErrStalledOpen when only
-// stalls (timeouts) did. b.mu is held.
-func (b *Breaker) openErrLocked() error {
-	if b.openHard {
-		return ErrCircuitOpen
-	}
-	return ErrStalledOpen
-}
+// now is the breaker's clock.
+func (b *Breaker) now() time.Time { return b.Now() }
 
-// OpenErr is nil unless the circuit is open at now, and then the error of
-// a call it refuses (see openErrLocked).
-func (b *Breaker) OpenErr(now time.Time) error {
-	if b.opts.Disabled {
-		return nil
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.stateLocked(now) != BreakerOpen {
-		return nil
-	}
-	return b.openErrLocked()
-}
+// record is RecordSince: the outcome of a call that started at start.
+func (b *Breaker) record(start, now time.Time, err error) { b.RecordSince(start, now, err) }
 
-// Record reports the outcome of an allowed call that ended at now. err is
-// classified (Classify); only outage errors count as failures, and
-// cancellations by the caller count as nothing.
-func (b *Breaker) Record(now time.Time, err error) { b.record(now, now, err) }
-
-// record is Record for a call that started at start: a call that started
-// before the circuit last opened is a straggler and counts for nothing.
-func (b *Breaker) record(start, now time.Time, err error) {
-	if b.opts.Disabled {
-		return
-	}
-	failed, neutral, hard := false, false, false
-	if err != nil {
-		var e *Error
-		errors.As(Classify(err), &e) // always true for err != nil
-		failed = e.outage
-		neutral = e.cause == CauseCanceled || e.cause == CauseCircuitOpen || e.cause == CauseDeadline || e == ErrStalledOpen
-		hard = failed && e.cause != CauseTimeout
-	}
-	b.mu.Lock()
-	defer b.unlock()
-	st := b.stateLocked(now)
-	if st != BreakerClosed && start.Before(b.openedAt) {
-		// A straggler that started before the circuit opened.
-		return
-	}
-	if st == BreakerHalfOpen {
-		// A probe.
-		b.probes = max(0, b.probes-1)
-		switch {
-		case neutral:
-		case failed:
-			if b.probes == 0 {
-				b.openLocked(now, hard)
-			}
-		default:
-			b.closeLocked()
-		}
-		return
-	}
-	if st == BreakerOpen || neutral {
-		return
-	}
-	bk := b.bucketLocked(now)
-	bk.calls++
-	if !failed {
-		b.consecutive = 0
-		return
-	}
-	b.failLocked(bk, now, hard)
-}
-
-// Overdue records a timeout failure for an invocation sent at sent that
-// Redis has left unanswered until now (with no other reply since): the
-// evidence of a frozen or black-holed Redis while the calls riding the
-// invocation still wait within their budgets. It counts only while the
-// circuit is closed (a half-open probe reports its own outcome) and not
-// for invocations sent before the circuit last opened.
-func (b *Breaker) Overdue(sent, now time.Time) {
-	if b.opts.Disabled {
-		return
-	}
-	b.mu.Lock()
-	defer b.unlock()
-	if b.stateLocked(now) != BreakerClosed || sent.Before(b.openedAt) {
-		return
-	}
-	bk := b.bucketLocked(now)
-	bk.calls++
-	b.failLocked(bk, now, false)
-}
-
-// failLocked counts one failure (hard: not a timeout) ending at now in bk
-// and opens the circuit when a rule says so. b.mu is held; the circuit is
-// closed.
-func (b *Breaker) failLocked(bk *breakerBucket, now time.Time, hard bool) {
-	bk.failed++
-	if bk.failed == 1 {
-		bk.firstFail = now.UnixNano()
-	}
-	b.consecutive++
-	if b.consecutive == 1 {
-		b.streakStart, b.streakHard = now, false
-	}
-	b.streakHard = b.streakHard || hard
-	if b.consecutive >= b.opts.Failures && (b.streakHard || now.Sub(b.streakStart) >= b.opts.FailFor) {
-		b.openLocked(now, b.streakHard)
-		return
-	}
-	calls, fails, first := b.windowLocked(now)
-	if calls >= b.opts.MinCalls && float64(fails) >= b.opts.FailureRatio*float64(calls) &&
-		now.UnixNano()-first >= int64(b.opts.FailFor) {
-		b.openLocked(now, b.streakHard)
-	}
-}
-
-// StateAt is the state at now (open turns half-open OpenFor after opening).
-func (b *Breaker) StateAt(now time.Time) BreakerState {
-	if b.opts.Disabled {
-		return BreakerClosed
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.stateLocked(now)
-}
-
-// State is the state now, by the breaker's clock (for a metrics gauge).
-func (b *Breaker) State() BreakerState { return b.StateAt(b.now()) }
-
-// Healthy reports whether the circuit is closed now: the backend is
-// answering (for /healthcheck and gRPC health).
-func (b *Breaker) Healthy() bool { return b.State() == BreakerClosed }
-
-// Opened is how many times the circuit has opened since NewBreaker.
-func (b *Breaker) Opened() uint64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.opened
-}
-
-// Do runs fn under the breaker: while the circuit is open it returns
-// ErrCircuitOpen or ErrStalledOpen without calling fn; otherwise it calls fn with ctx bounded
-// by timeout (when > 0), records the outcome and returns fn's error
-// classified (an *Error with a Cause), or nil.
+// Do runs fn under the breaker (breaker.Breaker.Do) and returns fn's error
+// classified (an *Error with a Cause), or nil, or the refusal while the
+// circuit is open.
 func (b *Breaker) Do(ctx context.Context, timeout time.Duration, fn func(context.Context) error) error {
-	if err := b.Allow(b.now()); err != nil {
-		return err
-	}
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
-	start := b.now()
-	err := Classify(fn(ctx))
-	b.record(start, b.now(), err)
-	return err
-}
-
-func (b *Breaker) stateLocked(now time.Time) BreakerState {
-	if b.state == BreakerOpen && now.Sub(b.openedAt) >= b.opts.OpenFor {
-		return BreakerHalfOpen
-	}
-	return b.state
-}
-
-func (b *Breaker) openLocked(now time.Time, hard bool) {
-	b.state, b.openedAt, b.probes, b.openHard = BreakerOpen, now, 0, hard
-	b.opened++
-	b.halfOpened = false
-	b.transitionLocked(BreakerOpen)
-}
-
-func (b *Breaker) closeLocked() {
-	b.state, b.consecutive, b.probes = BreakerClosed, 0, 0
-	b.buckets = [breakerBuckets]breakerBucket{}
-	b.transitionLocked(BreakerClosed)
-}
-
-func (b *Breaker) bucketLocked(now time.Time) *breakerBucket {
-	epoch := now.UnixNano() / b.width
-	bk := &b.buckets[uint64(epoch)%breakerBuckets]
-	if bk.epoch != epoch {
-		*bk = breakerBucket{epoch: epoch}
-	}
-	return bk
-}
-
-// windowLocked sums the buckets within Window of now; first is the
-// UnixNano of the earliest failure among them (now when none).
-func (b *Breaker) windowLocked(now time.Time) (calls, failed int, first int64) {
-	cur := now.UnixNano() / b.width
-	first = now.UnixNano()
-	for i := range b.buckets {
-		bk := &b.buckets[i]
-		if bk.epoch > cur-breakerBuckets && bk.epoch <= cur {
-			calls += bk.calls
-			failed += bk.failed
-			if bk.failed > 0 && bk.firstFail < first {
-				first = bk.firstFail
-			}
-		}
-	}
-	return calls, failed, first
+	return b.Breaker.Do(ctx, timeout, func(ctx context.Context) error { return Classify(fn(ctx)) })
 }

@@ -1,34 +1,32 @@
 package redis
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"io"
-	"net"
-	"os"
 	"strings"
-	"syscall"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/causes"
 )
 
 // Causes are the bounded labels of backend errors, used for
-// ratelimitd_backend_errors_total{cause} and failure-mode logs.
+// ratelimitd_backend_errors_total{cause} and failure-mode logs; those both
+// network backends report are pkg/backend/causes' labels.
 const (
 	// CauseTimeout: the call's budget ran out while a socket to Redis was
 	// stalled (a request written Options.Timeout ago or more with no byte
 	// of reply: frozen or overloaded Redis, network black hole), a network
 	// or pool timeout, or the circuit is open after stalls alone
 	// (ErrStalledOpen). Nothing proves a failure: the service sheds it.
-	CauseTimeout = "timeout"
+	CauseTimeout = causes.Timeout
 	// CauseRefused: no usable connection (connection refused, reset,
 	// closed mid-reply, unreachable host, TLS handshake failure).
-	CauseRefused = "refused"
+	CauseRefused = causes.Refused
 	// CauseOOM: Redis answered "OOM command not allowed when used memory >
 	// 'maxmemory'" (maxmemory with a noeviction policy).
-	CauseOOM = "oom"
+	CauseOOM = causes.OOM
 	// CauseReadonly: Redis answered READONLY (a replica, e.g. a former
 	// master right after a Sentinel failover) or NOREPLICAS (a master
 	// configured with min-replicas-to-write that has too few replicas in
@@ -51,7 +49,7 @@ const (
 	// is false until a call succeeds.
 	CauseAuth = "auth"
 	// CauseCircuitOpen: the circuit breaker is open; Redis was not called.
-	CauseCircuitOpen = "circuit_open"
+	CauseCircuitOpen = causes.CircuitOpen
 	// CauseDeadline: the call was not decided within its budget (the
 	// caller's deadline less a margin, or Options.MaxWait) while Redis was
 	// answering: ratelimitd itself was too slow (a burst, CPU starvation).
@@ -59,9 +57,9 @@ const (
 	CauseDeadline = "deadline"
 	// CauseCanceled: the caller canceled the request's context before
 	// Redis answered (not a backend failure).
-	CauseCanceled = "canceled"
+	CauseCanceled = causes.Canceled
 	// CauseOther: anything else (script error replies, unexpected replies).
-	CauseOther = "other"
+	CauseOther = causes.Other
 )
 
 // Causes lists every cause label, for pre-initialising metric series.
@@ -164,23 +162,13 @@ func classify(err error) (cause string, outage bool) {
 			return CauseOther, false
 		}
 	}
-	switch {
-	case errors.Is(err, context.Canceled):
-		return CauseCanceled, false
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
-		errors.Is(err, goredis.ErrPoolTimeout):
-		return CauseTimeout, true
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return CauseTimeout, true
+	if c, outage, ok := causes.Transport(err); ok {
+		return c, outage
 	}
 	switch {
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
-		errors.Is(err, goredis.ErrClosed):
+	case errors.Is(err, goredis.ErrPoolTimeout):
+		return CauseTimeout, true
+	case errors.Is(err, goredis.ErrClosed):
 		return CauseRefused, true
 	}
 	var cve *tls.CertificateVerificationError
@@ -191,15 +179,7 @@ func classify(err error) (cause string, outage bool) {
 		return CauseAuth, false
 	}
 	var rhe tls.RecordHeaderError
-	if errors.As(err, &rhe) {
-		return CauseRefused, true
-	}
-	var de *net.DNSError
-	if errors.As(err, &de) {
-		return CauseRefused, true
-	}
-	var oe *net.OpError
-	if errors.As(err, &oe) {
+	if errors.As(err, &rhe) || causes.Dial(err) {
 		return CauseRefused, true
 	}
 	return CauseOther, true

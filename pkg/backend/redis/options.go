@@ -216,98 +216,151 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("redis: unknown mode %q (want standalone, cluster or sentinel)", s)
 }
 
-// Validate reports every problem of o, joined: unknown mode, unparsable
-// URL, addrs missing or misplaced for the mode, missing master name, a DB
-// other than 0 in cluster mode, TLS settings with TLS off, half a client
-// key pair, non-positive
-// timeouts or pool size, a negative health interval, and invalid breaker
-// options.
+// FieldError is one invalid Options field, as Validate reports it:
+// Field is its name ("Timeout", "Breaker.Failures"; "URL" also for the
+// url's database in cluster mode) and Reason the sentence Error prints
+// after "redis: " ("timeout must be positive, got 0s").
+type FieldError struct {
+	// Field is the Options field's name, "Breaker.X" for a BreakerOptions
+	// field.
+	Field string
+	// Reason is the sentence after "redis: ", naming the value.
+	Reason string
+}
+
+// Error returns "redis: Reason".
+func (e *FieldError) Error() string { return "redis: " + e.Reason }
+
+// OptionField returns the package-qualified field name
+// ("redis.Timeout") and the reason, for callers that name the field
+// their own way (a command-line flag).
+func (e *FieldError) OptionField() (field, reason string) { return "redis." + e.Field, e.Reason }
+
+// Validate reports every problem of o, joined, each a *FieldError:
+// unknown mode, unparsable URL, addrs missing or misplaced for the mode,
+// missing master name, a DB other than 0 in cluster mode, TLS settings
+// with TLS off, half a client key pair, non-positive timeouts or pool
+// size, min idle conns outside 0..PoolSize, negative wait replicas (or
+// any in cluster mode), pipelines, health interval or local cache size,
+// and each breaker field BreakerOptions.Validate refuses (unless the
+// breaker is disabled).
 func (o Options) Validate() error {
 	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("redis: "+format, args...))
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
 	var url *goredis.Options
 	if o.URL != "" {
 		var err error
 		if url, err = goredis.ParseURL(o.URL); err != nil {
-			bad("%s", urlError(o.URL, err))
+			bad("URL", "%s", urlError(o.URL, err))
 		}
 	}
 	switch o.Mode {
 	case Standalone:
 		if o.URL == "" {
-			bad("standalone mode needs a url")
+			bad("URL", "standalone mode needs a url")
 		}
 		if len(o.Addrs) > 0 {
-			bad("addrs are for cluster and sentinel modes; standalone dials the url's host")
+			bad("Addrs", "addrs are for cluster and sentinel modes; standalone dials the url's host")
 		}
 	case Cluster:
 		if len(o.Addrs) == 0 {
-			bad("cluster mode needs at least one seed node in addrs")
+			bad("Addrs", "cluster mode needs at least one seed node in addrs")
 		}
 		if url != nil && url.DB != 0 {
-			bad("cluster mode supports only db 0, url selects db %d", url.DB)
+			bad("URL", "cluster mode supports only db 0, url selects db %d", url.DB)
 		}
 	case Sentinel:
 		if len(o.Addrs) == 0 {
-			bad("sentinel mode needs at least one sentinel in addrs")
+			bad("Addrs", "sentinel mode needs at least one sentinel in addrs")
 		}
 		if o.MasterName == "" {
-			bad("sentinel mode needs a master name")
+			bad("MasterName", "sentinel mode needs a master name")
 		}
 	default:
-		bad("unknown mode %q (want standalone, cluster or sentinel)", o.Mode)
+		bad("Mode", "unknown mode %q (want standalone, cluster or sentinel)", o.Mode)
 	}
 	for _, a := range o.Addrs {
 		if !strings.Contains(a, ":") {
-			bad("addr %q is not host:port", a)
+			bad("Addrs", "addr %q is not host:port", a)
 		}
 	}
 	tlsOn := o.TLS || (url != nil && url.TLSConfig != nil)
 	if !tlsOn && (o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSSkipVerify) {
-		bad("tls files or skip-verify given but tls is off (use rediss:// or enable tls)")
+		bad("TLS", "tls files or skip-verify given but tls is off (use rediss:// or enable tls)")
 	}
 	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
-		bad("tls client certificate and key must be given together")
+		bad("TLSCertFile", "tls client certificate and key must be given together")
 	}
 	if o.Timeout <= 0 {
-		bad("timeout must be positive, got %v", o.Timeout)
+		bad("Timeout", "timeout must be positive, got %v", o.Timeout)
 	}
 	if o.MaxWait <= 0 {
-		bad("max wait must be positive, got %v", o.MaxWait)
+		bad("MaxWait", "max wait must be positive, got %v", o.MaxWait)
 	}
 	if o.DeadlineMargin < 0 {
-		bad("deadline margin must not be negative, got %v", o.DeadlineMargin)
+		bad("DeadlineMargin", "deadline margin must not be negative, got %v", o.DeadlineMargin)
 	}
 	if o.DialTimeout <= 0 {
-		bad("dial timeout must be positive, got %v", o.DialTimeout)
+		bad("DialTimeout", "dial timeout must be positive, got %v", o.DialTimeout)
 	}
 	if o.PoolSize < 1 {
-		bad("pool size must be at least 1, got %d", o.PoolSize)
+		bad("PoolSize", "pool size must be at least 1, got %d", o.PoolSize)
 	}
 	if o.MinIdleConns < 0 || o.MinIdleConns > o.PoolSize {
-		bad("min idle conns must be within 0..pool size (%d), got %d", o.PoolSize, o.MinIdleConns)
+		bad("MinIdleConns", "min idle conns must be within 0..pool size (%d), got %d", o.PoolSize, o.MinIdleConns)
 	}
 	if o.WaitReplicas < 0 {
-		bad("wait replicas must not be negative, got %d", o.WaitReplicas)
+		bad("WaitReplicas", "wait replicas must not be negative, got %d", o.WaitReplicas)
 	}
 	if o.WaitReplicas > 0 && o.Mode == Cluster {
-		bad("wait replicas is not supported in cluster mode")
+		bad("WaitReplicas", "wait replicas is not supported in cluster mode")
 	}
 	if o.Pipelines < 0 {
-		bad("pipelines must not be negative, got %d", o.Pipelines)
+		bad("Pipelines", "pipelines must not be negative, got %d", o.Pipelines)
 	}
 	if o.HealthInterval < 0 {
-		bad("health interval must not be negative, got %v", o.HealthInterval)
+		bad("HealthInterval", "health interval must not be negative, got %v", o.HealthInterval)
 	}
 	if o.LocalCacheSize < 0 {
-		bad("local cache size must not be negative, got %d", o.LocalCacheSize)
+		bad("LocalCacheSize", "local cache size must not be negative, got %d", o.LocalCacheSize)
 	}
-	if err := o.Breaker.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, breakerFieldErrors(o.Breaker)...)
 	return errors.Join(errs...)
+}
+
+// breakerFieldErrors is BreakerOptions.Validate field by field: each
+// field of b is validated alone, among the defaults, so that each error
+// names the field it is about ("Breaker.Failures").
+func breakerFieldErrors(b BreakerOptions) []error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		set  func(*BreakerOptions)
+	}{
+		{"Failures", func(d *BreakerOptions) { d.Failures = b.Failures }},
+		{"FailFor", func(d *BreakerOptions) { d.FailFor = b.FailFor }},
+		{"Window", func(d *BreakerOptions) { d.Window = b.Window }},
+		{"MinCalls", func(d *BreakerOptions) { d.MinCalls = b.MinCalls }},
+		{"FailureRatio", func(d *BreakerOptions) { d.FailureRatio = b.FailureRatio }},
+		{"OpenFor", func(d *BreakerOptions) { d.OpenFor = b.OpenFor }},
+		{"Probes", func(d *BreakerOptions) { d.Probes = b.Probes }},
+	} {
+		d := DefaultBreakerOptions()
+		d.Disabled = b.Disabled
+		f.set(&d)
+		if err := d.Validate(); err != nil {
+			errs = append(errs, &FieldError{Field: "Breaker." + f.name, Reason: strings.TrimPrefix(err.Error(), "redis: ")})
+		}
+	}
+	// Whatever the fields say together (nothing today) beyond them alone.
+	if len(errs) == 0 {
+		if err := b.Validate(); err != nil {
+			errs = append(errs, &FieldError{Field: "Breaker", Reason: strings.TrimPrefix(err.Error(), "redis: ")})
+		}
+	}
+	return errs
 }
 
 // RedactURL returns a Redis URL with the password of its user info

@@ -40,16 +40,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
-// Defaults of Options, envoyproxy/ratelimit's (src/settings/settings.go).
-const (
-	DefaultServerURL            = "localhost:18000"
-	DefaultNodeID               = "default"
-	DefaultConnectRetryInterval = 3 * time.Second
-	DefaultBackoffInitial       = 10 * time.Second
-	DefaultBackoffMax           = 60 * time.Second
-	DefaultBackoffRandomFactor  = 0.5
-)
-
 // failureLogEvery is how often consecutive failed connection attempts
 // are logged at warn after the first.
 const failureLogEvery = time.Minute
@@ -57,82 +47,6 @@ const failureLogEvery = time.Minute
 // maxErrorDetail bounds the NACK's error_detail message, in bytes: a
 // config with thousands of problems is reported by its first ones.
 const maxErrorDetail = 16 << 10
-
-// Options configure Run. The zero value of a duration, the server URL or
-// the node id means its Default.
-type Options struct {
-	// ServerURL is the management server's gRPC target, host:port
-	// (CONFIG_GRPC_XDS_SERVER_URL).
-	ServerURL string
-	// NodeID is core.v3.Node.id, the key of the server's snapshot
-	// (CONFIG_GRPC_XDS_NODE_ID; Envoy Gateway serves "envoy-ratelimit").
-	NodeID string
-	// NodeMetadata becomes Node.metadata, each value a string
-	// (CONFIG_GRPC_XDS_NODE_METADATA).
-	NodeMetadata map[string]string
-	// Headers are sent as gRPC metadata on the stream
-	// (CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS); their values are never
-	// logged (they may carry credentials).
-	Headers map[string]string
-	// TLS, when non-nil, returns the TLS client config of one connection
-	// attempt (called before each, so rotated certificate files are read
-	// again); nil means plaintext. See ClientTLS.
-	TLS func() (*tls.Config, error)
-	// ConnectRetryInterval is the wait after an attempt that never got a
-	// stream going (connection refused, TLS handshake failed, stream
-	// refused before any response), ±50% at random.
-	ConnectRetryInterval time.Duration
-	// BackoffInitial, BackoffMax, BackoffRandomFactor and BackoffJitter
-	// shape the wait after a stream that had received a response ends:
-	// BackoffInitial, doubled after each further such end without a good
-	// response in between, at most BackoffMax; with BackoffJitter each
-	// wait is spread uniformly over ±BackoffRandomFactor of itself
-	// (XDS_CLIENT_BACKOFF_*).
-	BackoffInitial time.Duration
-	// BackoffMax caps the doubled wait (XDS_CLIENT_BACKOFF_MAX_INTERVAL);
-	// zero or negative means DefaultBackoffMax, and a value below
-	// BackoffInitial is raised to it.
-	BackoffMax time.Duration
-	// BackoffRandomFactor is the share of each wait spread at random with
-	// BackoffJitter, clamped to [0, 1] (XDS_CLIENT_BACKOFF_RANDOM_FACTOR).
-	// Its zero value means no spread, not DefaultBackoffRandomFactor.
-	BackoffRandomFactor float64
-	// BackoffJitter turns the spread on (XDS_CLIENT_BACKOFF_JITTER). Its
-	// zero value false means exact waits; envoyproxy/ratelimit and
-	// ratelimitd's own flag default to true.
-	BackoffJitter bool
-	// MaxRecvMsgSize is the largest DiscoveryResponse accepted, in bytes;
-	// 0 keeps gRPC's default of 4 MiB (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES).
-	MaxRecvMsgSize int
-	// Load are the options every response is loaded with.
-	Load policy.LoadOptions
-	// Logger receives the connection's log lines (nil: slog.Default()).
-	Logger *slog.Logger
-}
-
-func (o *Options) defaults() {
-	if o.ServerURL == "" {
-		o.ServerURL = DefaultServerURL
-	}
-	if o.NodeID == "" {
-		o.NodeID = DefaultNodeID
-	}
-	if o.ConnectRetryInterval <= 0 {
-		o.ConnectRetryInterval = DefaultConnectRetryInterval
-	}
-	if o.BackoffInitial <= 0 {
-		o.BackoffInitial = DefaultBackoffInitial
-	}
-	if o.BackoffMax <= 0 {
-		o.BackoffMax = DefaultBackoffMax
-	}
-	if o.BackoffMax < o.BackoffInitial {
-		o.BackoffMax = o.BackoffInitial
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-}
 
 // ClientTLS returns a TLS config source for Options.TLS: the client
 // certificate and key (PEM files; both or neither) for mutual TLS, the CA

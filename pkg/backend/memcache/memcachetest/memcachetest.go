@@ -16,7 +16,6 @@ package memcachetest
 import (
 	"bufio"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -58,6 +57,9 @@ type Server struct {
 	args []string
 
 	proc testproc.Proc
+	// Faults: Kill (clients see connection refused), Stop (SIGSTOP: a
+	// hung memcached), Cont.
+	testproc.Faults
 }
 
 // Start starts memcached with extra arguments (e.g. "-m", "64") and
@@ -66,9 +68,10 @@ func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	Require(t)
 	s := &Server{t: t, dir: t.TempDir()}
+	s.Faults = testproc.NewFaults(&s.proc)
 	t.Cleanup(s.cleanup)
 	for attempt := 0; ; attempt++ {
-		s.port = freePort(t)
+		s.port = testproc.FreePort(t)
 		s.args = append([]string{"-l", "127.0.0.1", "-p", strconv.Itoa(s.port), "-U", "0", "-t", "2"}, extra...)
 		if os.Geteuid() == 0 {
 			s.args = append(s.args, "-u", "root") // memcached refuses to run as root otherwise
@@ -78,7 +81,7 @@ func Start(t testing.TB, extra ...string) *Server {
 		if err == nil {
 			return s
 		}
-		if errors.Is(err, errPortInUse) && attempt < 5 {
+		if errors.Is(err, testproc.ErrPortInUse) && attempt < 5 {
 			s.Kill()
 			continue
 		}
@@ -92,8 +95,6 @@ func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.It
 // Port is the listening port.
 func (s *Server) Port() int { return s.port }
 
-var errPortInUse = errors.New("memcachetest: port in use")
-
 func (s *Server) start() {
 	s.t.Helper()
 	if err := s.proc.Start("memcached", s.args, "", filepath.Join(s.dir, "memcached.log")); err != nil {
@@ -102,24 +103,10 @@ func (s *Server) start() {
 }
 
 func (s *Server) waitReadyErr() error {
-	deadline := time.Now().Add(StartTimeout)
-	var last error
-	for time.Now().Before(deadline) {
-		select {
-		case <-s.proc.Done():
-			tail := s.LogTail(20)
-			if strings.Contains(tail, "Address already in use") {
-				return fmt.Errorf("%w: %s", errPortInUse, s.Addr())
-			}
-			return fmt.Errorf("memcachetest: memcached on %s exited during startup:\n%s", s.Addr(), tail)
-		default:
-		}
-		if _, last = s.Do("version"); last == nil {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("memcachetest: memcached on %s not ready after %v: %v\n%s", s.Addr(), StartTimeout, last, s.LogTail(20))
+	return s.proc.WaitReady("memcachetest: memcached on "+s.Addr(), StartTimeout, func() error {
+		_, err := s.Do("version")
+		return err
+	}, func() string { return s.LogTail(20) })
 }
 
 // Do sends one text-protocol command line (without "\r\n") on a fresh
@@ -154,18 +141,6 @@ func (s *Server) LogTail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// Kill sends SIGKILL and waits for the process to exit: clients then see
-// connection refused. Kill on a dead server is a no-op.
-func (s *Server) Kill() { s.proc.Kill() }
-
-// Stop freezes the process with SIGSTOP and returns once it is stopped:
-// the kernel still accepts connections, nothing is answered (a hung
-// memcached).
-func (s *Server) Stop() { s.proc.Stop() }
-
-// Cont resumes a process frozen by Stop.
-func (s *Server) Cont() { s.proc.Cont() }
-
 // Restart kills the process (if alive) and starts it again on the same
 // port, empty, waiting until it answers.
 func (s *Server) Restart() {
@@ -182,14 +157,4 @@ func (s *Server) cleanup() {
 		s.t.Logf("memcachetest: output of memcached on %s:\n%s", s.Addr(), s.LogTail(20))
 	}
 	s.Kill()
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("memcachetest: free port: %v", err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
 }

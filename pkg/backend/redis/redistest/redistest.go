@@ -125,6 +125,9 @@ type Server struct {
 	tls *TLSFiles
 
 	proc testproc.Proc
+	// Faults: Kill (clients see connection refused), Stop (SIGSTOP:
+	// connections stay open, nothing is answered: a hung Redis), Cont.
+	testproc.Faults
 	args []string
 }
 
@@ -152,10 +155,10 @@ func (s *Server) startFresh() {
 		if err == nil {
 			return
 		}
-		if errors.Is(err, errPortInUse) && attempt < 5 {
-			s.port = freePort(s.t)
+		if errors.Is(err, testproc.ErrPortInUse) && attempt < 5 {
+			s.port = testproc.FreePort(s.t)
 			if s.cfg.cluster {
-				s.busPort = freePort(s.t)
+				s.busPort = testproc.FreePort(s.t)
 			}
 			s.args = s.buildArgs()
 			_ = os.Remove(filepath.Join(s.dir, "redis.log"))
@@ -169,9 +172,10 @@ func (s *Server) startFresh() {
 func newServer(t testing.TB, cfg config) *Server {
 	t.Helper()
 	s := &Server{t: t, cfg: cfg, dir: t.TempDir()}
-	s.port = freePort(t)
+	s.Faults = testproc.NewFaults(&s.proc)
+	s.port = testproc.FreePort(t)
 	if cfg.cluster {
-		s.busPort = freePort(t)
+		s.busPort = testproc.FreePort(t)
 	}
 	if cfg.tls {
 		files, err := GenerateTLS(s.dir)
@@ -339,30 +343,13 @@ func (s *Server) waitReady() {
 	}
 }
 
-var errPortInUse = errors.New("redistest: port in use")
-
 func (s *Server) waitReadyErr() error {
-	deadline := time.Now().Add(StartTimeout)
-	var last error
-	for time.Now().Before(deadline) {
-		select {
-		case <-s.proc.Done():
-			tail := s.LogTail(30)
-			if strings.Contains(tail, "Address already in use") {
-				return fmt.Errorf("%w: %s", errPortInUse, s.Addr())
-			}
-			return fmt.Errorf("redistest: redis-server on %s exited during startup:\n%s", s.Addr(), tail)
-		default:
-		}
+	return s.proc.WaitReady("redistest: redis-server on "+s.Addr(), StartTimeout, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, last = s.Do(ctx, "PING")
-		cancel()
-		if last == nil {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("redistest: redis-server on %s not ready after %v: %v\n%s", s.Addr(), StartTimeout, last, s.LogTail(30))
+		defer cancel()
+		_, err := s.Do(ctx, "PING")
+		return err
+	}, func() string { return s.LogTail(30) })
 }
 
 // LogTail returns up to n last lines of the server's log and stdout.
@@ -386,18 +373,6 @@ func (s *Server) LogTail(n int) string {
 	}
 	return b.String()
 }
-
-// Kill sends SIGKILL and waits for the process to exit. Clients then see
-// connection refused. Kill on a dead server is a no-op.
-func (s *Server) Kill() { s.proc.Kill() }
-
-// Stop freezes the process with SIGSTOP and returns once it is stopped:
-// connections stay open and the kernel still accepts new ones, but nothing
-// is answered (a hung Redis).
-func (s *Server) Stop() { s.proc.Stop() }
-
-// Cont resumes a process frozen by Stop (SIGCONT).
-func (s *Server) Cont() { s.proc.Cont() }
 
 // Restart kills the process (if alive) and starts it again on the same port
 // with the same arguments and directory, waiting until it answers PING.
@@ -428,17 +403,6 @@ func (s *Server) cleanup() {
 		s.t.Logf("redistest: logs of failed test:\n%s", s.LogTail(20))
 	}
 	s.Kill()
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("redistest: free port: %v", err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // InfoInt is the integer field name ("name:123") of an INFO reply; the

@@ -1,16 +1,10 @@
-package testproc
+package deploytest
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,40 +12,22 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 )
 
-// ratelimitdPkg is the import path of the server binary.
-const ratelimitdPkg = "github.com/ratelimitd/ratelimitd/cmd/ratelimitd"
-
-// RunWithRatelimitd is the body of a TestMain whose tests run the
-// ratelimitd binary: it builds cmd/ratelimitd into a new temporary
-// directory (with -race when race; with -ldflags ldflags when ldflags is
-// not empty), sets *bin to its path, runs m, removes the directory and,
-// when every test passed, fails the run for goroutines still alive
-// (goleak). It returns the exit code for os.Exit; a failed build is code
-// 1, with the go command's output on stderr, prefixed by name.
-func RunWithRatelimitd(m *testing.M, name string, bin *string, race bool, ldflags string) int {
-	dir, err := os.MkdirTemp("", "ratelimitd-"+name+"-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer func() { _ = os.RemoveAll(dir) }()
-	*bin = filepath.Join(dir, "ratelimitd")
-	args := []string{"build", "-o", *bin}
-	if ldflags != "" {
-		args = append(args, "-ldflags", ldflags)
-	}
-	if race {
-		args = append(args, "-race")
-	}
-	build := exec.Command("go", append(args, ratelimitdPkg)...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, name+": go build:", err)
+// BuildMain is the body of a TestMain whose tests run one build of
+// ratelimitd: it builds it with buildFlags (Build), sets *bin to its
+// path, runs m, removes the build (RemoveBuilds) and, when every test
+// passed, fails the run for goroutines still alive (goleak). It returns
+// the exit code for os.Exit; a failed build is code 1, with the
+// compiler's output on stderr, prefixed by name.
+func BuildMain(m *testing.M, name string, bin *string, buildFlags ...string) int {
+	defer RemoveBuilds()
+	var out []byte
+	var err error
+	if *bin, out, err = Build(buildFlags...); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: go build: %v\n%s", name, err, out)
 		return 1
 	}
 	code := m.Run()
@@ -72,7 +48,7 @@ func CleanEnv(extra ...string) []string {
 }
 
 // Listener names of `ratelimitd serve`, as its "listening" log records
-// name them (the server attribute).
+// name them (Listening.Server).
 const (
 	GRPC  = "grpc"
 	HTTP  = "http"
@@ -88,7 +64,7 @@ type Serve struct {
 	// HTTP, Debug) to the host:port it logged.
 	Addrs map[string]string
 
-	logs Buffer
+	logs SyncBuffer
 	done chan struct{}
 	err  error // Wait's result, after done
 
@@ -99,14 +75,16 @@ type Serve struct {
 // StartServe runs bin with args (from "serve" on; they must include
 // --log-format=json) and env (the whole environment, see CleanEnv), and
 // returns once the process has logged a "listening" record for each of
-// listeners. It returns an error, with the logs, when the process exits
-// first or when within passes (the process is then killed). The caller
-// stops the process (Stop).
+// listeners (ScanLog). It returns an error, with the logs, when the
+// process exits first or when within passes (the process is then
+// killed). The process is killed with the test process when that dies
+// without its cleanups (testproc.KillWithParent); the caller stops it
+// (Stop).
 func StartServe(bin string, args, env, listeners []string, within time.Duration) (*Serve, error) {
 	s := &Serve{Cmd: exec.Command(bin, args...), Addrs: map[string]string{}, done: make(chan struct{})}
 	s.Cmd.Env = env
 	s.Cmd.Stdout = io.Discard
-	KillWithParent(s.Cmd)
+	testproc.KillWithParent(s.Cmd)
 	stderr, err := s.Cmd.StderrPipe()
 	if err != nil {
 		return nil, err
@@ -114,18 +92,9 @@ func StartServe(bin string, args, env, listeners []string, within time.Duration)
 	if err := s.Cmd.Start(); err != nil {
 		return nil, err
 	}
-	addrs := make(chan [2]string, 8)
+	addrs := make(chan Listening, 8)
 	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			_, _ = s.logs.Write([]byte(line + "\n"))
-			var rec struct{ Msg, Server, Addr string }
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
-				addrs <- [2]string{rec.Server, rec.Addr}
-			}
-		}
+		ScanLog(stderr, &s.logs, addrs)
 		s.err = s.Cmd.Wait()
 		close(s.done)
 	}()
@@ -133,7 +102,7 @@ func StartServe(bin string, args, env, listeners []string, within time.Duration)
 	for !s.listening(listeners) {
 		select {
 		case a := <-addrs:
-			s.Addrs[a[0]] = a[1]
+			s.Addrs[a.Server] = a.Addr
 		case <-s.done:
 			return nil, fmt.Errorf("ratelimitd exited during startup: %v\n%s", s.err, s.Logs())
 		case <-deadline:
@@ -194,59 +163,4 @@ func (s *Serve) Stop(grace time.Duration) error {
 		}
 	})
 	return s.stopErr
-}
-
-// Dial opens a plaintext gRPC client connection to addr (host:port),
-// closed when t ends.
-func Dial(t testing.TB, addr string) *grpc.ClientConn {
-	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
-	return cc
-}
-
-// Health is cc's grpc.health.v1 status of service ("" for the server as
-// a whole), asked with a 2 s deadline; an error when the check itself
-// failed.
-func Health(cc *grpc.ClientConn, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
-	return resp.GetStatus(), err
-}
-
-// WaitHealth polls Health of service every 10 ms until it is want, and
-// returns an error with the last status and error when within passes
-// first.
-func WaitHealth(cc *grpc.ClientConn, service string, want healthpb.HealthCheckResponse_ServingStatus, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for {
-		st, err := Health(cc, service)
-		if err == nil && st == want {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("health %q not %v within %v (last: %v, %v)", service, want, within, st, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// FreePorts returns n distinct loopback TCP ports (decimal strings) that
-// were free a moment ago: all n are held open together, then released.
-func FreePorts(t testing.TB, n int) []string {
-	t.Helper()
-	out := make([]string, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = l.Close() }()
-		out = append(out, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
-	}
-	return out
 }

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// Health service names reported by grpc.health.v1 (README.md, "Health"
+// below the flag table): "" and the RLS service name; "ratelimit" is the
+// name envoyproxy/ratelimit reports, kept so existing probes keep working.
+const (
+	rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+	legacyHealth   = "ratelimit"
+	// backendHealth reports the store's reachability (service.Healther)
+	// on its own: an unreachable backend does not make the service
+	// NOT_SERVING, since every rule has a failure mode (README.md,
+	// "Health"; docs/responses.md for what Envoy then sees).
+	backendHealth = "ratelimitd.backend"
+)
+
+// resetter is implemented by stores with a local cache that must be
+// dropped when the config changes (the Redis store's over-limit cache).
+type resetter interface{ ResetCache() }
+
+// newStore builds the configured backend store and the in-process fallback
+// for failure_mode: local (nil for the memory backend). Both in-memory
+// stores hold at most --memory-max-keys keys; beyond that a request that
+// needs a new key drops an expired key or, when none has expired, fails
+// with memory.ErrFull (cause "oom") and its rule's failure mode decides.
+// onCircuit, when not nil, is the Redis circuit breaker's OnTransition.
+func newStore(o Options, onCircuit func(redis.BreakerState)) (service.Store, service.Store, func() error, error) {
+	mem := func() (*memory.Store, error) { return memory.New(memory.Options{MaxKeys: o.MemoryMaxKeys}) }
+	switch o.Backend {
+	case "redis":
+		ro := redisOptions(o)
+		ro.Breaker.OnTransition = onCircuit
+		rs, err := redis.New(ro)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		fb, err := mem()
+		if err != nil {
+			_ = rs.Close()
+			return nil, nil, nil, err
+		}
+		return rs, fb, func() error { return errors.Join(rs.Close(), fb.Close()) }, nil
+	case "memcache":
+		ms, err := memcache.New(memcacheOptions(o))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		fb, err := mem()
+		if err != nil {
+			_ = ms.Close()
+			return nil, nil, nil, err
+		}
+		return ms, fb, func() error { return errors.Join(ms.Close(), fb.Close()) }, nil
+	default:
+		ms, err := mem()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return ms, nil, ms.Close, nil
+	}
+}
+
+// newBackend builds the store of --backend and the failure_mode: local
+// fallback (newStore), logs where the store points, and has release close
+// them. ev receives the Redis circuit breaker's transitions.
+func (s *server) newBackend(ev *events) error {
+	store, fallback, closeStore, err := newStore(s.opts, ev.onCircuit)
+	if err != nil {
+		return scrubErr(fmt.Errorf("backend: %w", err), secretsOf(s.opts)...)
+	}
+	s.store, s.fallback = store, fallback
+	s.log.Info("backend", backendTarget(s.opts)...)
+	s.onClose(func() {
+		if err := closeStore(); err != nil {
+			s.log.Warn("closing backend", "err", err)
+		}
+	})
+	return nil
+}
+
+// backendTarget are the attributes of the startup log line naming the
+// store and where it points, with any password redacted.
+func backendTarget(o Options) []any {
+	if o.Backend == "memcache" {
+		if o.MemcacheSRV != "" {
+			return []any{"type", "memcache", "srv", o.MemcacheSRV, "srv_refresh", o.MemcacheSRVRefresh.String(), "timeout", o.MemcacheTimeout.String()}
+		}
+		return []any{"type", "memcache", "addrs", strings.Join(o.MemcacheAddrs, ","), "timeout", o.MemcacheTimeout.String()}
+	}
+	if o.Backend != "redis" {
+		return []any{"type", o.Backend}
+	}
+	attrs := []any{"type", "redis", "mode", o.RedisMode, "url", redis.RedactURL(o.RedisURL)}
+	if len(o.RedisAddrs) > 0 {
+		attrs = append(attrs, "addrs", strings.Join(o.RedisAddrs, ","))
+	}
+	if o.RedisMaster != "" {
+		attrs = append(attrs, "master", o.RedisMaster)
+	}
+	if o.RedisPasswordFile != "" {
+		attrs = append(attrs, "password_file", o.RedisPasswordFile)
+	}
+	return attrs
+}
+
+// serving is the health of "" and the RLS service: a config is loaded and
+// shutdown has not started.
+func (s *server) serving() bool { return s.svc.Ready() && s.warm.Load() && !s.stopping.Load() }
+
+func (s *server) updateHealth() {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if s.serving() {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	// SetServingStatus is cheap, and grpc-go's Watch sends a status to a
+	// stream only when it changed, so polling often costs nothing visible.
+	for _, name := range []string{"", rlsServiceName, legacyHealth} {
+		s.health.SetServingStatus(name, st)
+	}
+	if h, ok := s.store.(service.Healther); ok {
+		bs := healthpb.HealthCheckResponse_NOT_SERVING
+		up := h.Healthy()
+		if up && !s.stopping.Load() {
+			bs = healthpb.HealthCheckResponse_SERVING
+		}
+		s.health.SetServingStatus(backendHealth, bs)
+		s.logBackendTransition(up)
+	}
+}
+
+// logBackendTransition logs once when the backend becomes healthy
+// (warmed at startup, or recovered) and once when it stops being healthy
+// (circuit open, writes or credentials refused), with the breaker state.
+func (s *server) logBackendTransition(up bool) {
+	if s.backendUp.Swap(up) == up {
+		return
+	}
+	state := ""
+	if b, ok := s.store.(interface{ BreakerState() string }); ok {
+		state = b.BreakerState()
+	}
+	if up {
+		s.log.Info("backend healthy: decisions are counted", "backend", s.opts.Backend, "circuit", state)
+		return
+	}
+	if !s.warm.Load() {
+		return // still warming up: the warm-up logs its own outcome
+	}
+	s.log.Warn("backend unhealthy: decisions get the rules' failure modes until it answers again", "backend", s.opts.Backend, "circuit", state)
+}
+
+// warmer is implemented by a Store that can prepare its connections
+// before serving (the Redis store: pools dialed, slot map, script).
+type warmer interface {
+	Warm(ctx context.Context) error
+}
+
+// startWarmup warms the backend in the background, bounded by
+// --redis-warmup, and marks the server warm when it ends (at once for a
+// store without warm-up or with --redis-warmup=0). Health is NOT_SERVING
+// until then; requests are served meanwhile (with the rules' failure modes
+// if Redis does not answer). Startup never requires Redis.
+func (s *server) startWarmup(ctx context.Context) {
+	w, ok := s.store.(warmer)
+	if !ok || s.opts.RedisWarmup <= 0 {
+		s.warm.Store(true)
+		return
+	}
+	go func() {
+		start := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, s.opts.RedisWarmup)
+		err := w.Warm(wctx)
+		cancel()
+		if err != nil {
+			s.log.Warn("backend warm-up did not finish within --redis-warmup: serving; decisions get the rules' failure modes until Redis answers",
+				"backend", s.opts.Backend, "redis_warmup", s.opts.RedisWarmup.String(), "err", err.Error())
+		} else {
+			s.log.Info("backend warm: connections dialed, script loaded", "backend", s.opts.Backend, "took", time.Since(start).Round(time.Millisecond).String())
+		}
+		s.warm.Store(true)
+		s.updateHealth()
+	}()
+}
+
+// backendHealthPoll is how often the gRPC health of the backend
+// ("ratelimitd.backend") is brought up to date with the Store's Healthy:
+// the status lags the circuit breaker by at most this much.
+const backendHealthPoll = 100 * time.Millisecond
+
+// envoyFilterTimeout is the default timeout of Envoy's HTTP rate-limit
+// filter (envoy.extensions.filters.http.ratelimit.v3.RateLimit.timeout).
+const envoyFilterTimeout = 20 * time.Millisecond
+
+// startHealthPoll brings the backend's gRPC health up to date every
+// backendHealthPoll until the config source stops (only for a store that
+// reports its health).
+func (s *server) startHealthPoll() {
+	if _, ok := s.store.(service.Healther); !ok {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(backendHealthPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.watchCtx.Done():
+				return
+			case <-t.C:
+				s.updateHealth()
+			}
+		}
+	}()
+}

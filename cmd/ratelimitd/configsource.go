@@ -1,0 +1,159 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// newConfigSource prepares the config loads: the load options of the
+// flags (with the algorithms the store decides, so that a limit it cannot
+// decide is refused at load) and, with --config-source=xds, the xDS
+// client's options (TLS files read here, so a bad one fails startup).
+func (s *server) newConfigSource() error {
+	o := s.opts
+	s.loadOpts = policy.LoadOptions{
+		MergeDomains:   o.MergeDomains,
+		IgnoreDotFiles: o.IgnoreDotfiles,
+		Keys:           policy.KeyOptions{Prefix: o.KeyPrefix, ClearText: o.KeyValues == "clear"},
+		MaxRules:       o.MaxConfigRules,
+		MaxBytes:       o.MaxConfigBytes,
+	}
+	if al, ok := s.store.(service.AlgorithmLister); ok {
+		// A limit of an algorithm the backend does not decide is refused
+		// at load (file:line, naming the backend): the config in force
+		// stays, and at startup the service is not SERVING.
+		s.loadOpts.Algorithms, s.loadOpts.Backend = al.Algorithms(), o.Backend
+	}
+	if o.ConfigSource == "xds" {
+		var err error
+		if s.xdsOpts, err = xdsOptions(o, s.log, s.loadOpts); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startConfigSource starts the first load and hot reload (the files'
+// watcher or the xDS stream) and the SIGHUP reloads, until s.watchCtx is
+// done. A source that fails for good sends its error to s.fatal.
+func (s *server) startConfigSource() {
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		// Both sources hand every load to the same swap (s.apply) or
+		// rejection (s.fail): the same metrics and log lines.
+		var err error
+		if s.opts.ConfigSource == "xds" {
+			err = xds.Run(s.watchCtx, s.xdsOpts, s.apply, s.fail)
+		} else {
+			err = policy.Watch(s.watchCtx, s.loadOpts, s.opts.Config, s.apply, s.fail)
+		}
+		if err != nil && s.watchCtx.Err() == nil {
+			s.fatal <- fmt.Errorf("config watch: %w", err)
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.reloadOnHUP()
+	}()
+}
+
+// reloadOnHUP loads the config at each SIGHUP (a file given directly
+// whose directory is not watchable, or a change the watcher cannot see,
+// e.g. on some network file systems) until s.watchCtx is done; the
+// process keeps running. With xDS there is nothing to reload.
+func (s *server) reloadOnHUP() {
+	for {
+		select {
+		case <-s.watchCtx.Done():
+			return
+		case <-s.hup:
+			if s.opts.ConfigSource == "xds" {
+				s.log.Info("SIGHUP: the config comes from xDS (--config-source=xds) and is pushed by the management server; nothing to reload")
+				continue
+			}
+			s.log.Info("SIGHUP: reloading config", "config", s.opts.Config)
+			set, warns, err := policy.Load(s.loadOpts, s.opts.Config...)
+			if err != nil {
+				s.fail(err)
+			} else {
+				s.apply(set, warns)
+			}
+		}
+	}
+}
+
+// apply installs a freshly loaded config. It runs on the watcher's and on
+// the SIGHUP goroutine, one at a time. A load whose content is the
+// config in force's (same SourceHash) is a no-op: the policy, the
+// detailed_metric label budget and the store's over-limit cache stay,
+// it counts as result="unchanged" and logs at debug only.
+func (s *server) apply(set *policy.Set, warnings []policy.Warning) {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	if cur := s.svc.Policy(); cur != nil && cur.SourceHash() == set.SourceHash() {
+		s.svc.CountReload(service.ReloadUnchanged, nil)
+		s.log.Debug("config unchanged; nothing applied", "hash", set.Hash())
+		return
+	}
+	for _, w := range warnings {
+		if w.File == "" {
+			// About the load as a whole, e.g. "no rate-limit domains
+			// loaded from …: every request is answered OK without
+			// limits": the message is the log line.
+			s.log.Warn(w.Message)
+			continue
+		}
+		s.log.Warn("config warning", "warning", w.String())
+	}
+	s.svc.SetPolicy(set)
+	if r, ok := s.store.(resetter); ok {
+		r.ResetCache()
+	}
+	s.svc.CountReload(service.ReloadSuccess, set)
+	first := !s.loaded.Swap(true)
+	s.updateHealth()
+	s.log.Info("config loaded", "domains", len(set.Domains()), "rules", len(set.Rules()), "hash", set.Hash(), "source_hash", set.SourceHash(), "first", first)
+}
+
+// fail records a load that put nothing in force; the last good config, if
+// any, stays. A watcher error (policy.WatchError) and a read error
+// (policy.IsReadError) are counted apart from a rejected config.
+func (s *server) fail(err error) {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	loaded := s.loaded.Load()
+	switch {
+	case policy.IsWatchError(err):
+		s.svc.CountReload(service.ReloadWatchError, nil)
+		s.log.Warn("config watcher error; the config in force is unchanged, reloading", "err", err.Error())
+		return
+	case policy.IsReadError(err):
+		s.svc.CountReload(service.ReloadReadError, nil)
+		if loaded {
+			s.log.Warn("config files could not be read; keeping the config in force", "err", err.Error())
+			return
+		}
+		s.log.Error("config files could not be read; no config loaded yet: not serving (health NOT_SERVING, requests fail with "+s.noConfigCode()+") until a good config loads", "err", err.Error())
+		return
+	}
+	s.svc.CountReload(service.ReloadFailure, nil)
+	if loaded {
+		s.log.Error("config rejected; keeping the last good config", "err", err.Error())
+		return
+	}
+	s.log.Error("config rejected; no config loaded yet: not serving (health NOT_SERVING, requests fail with "+s.noConfigCode()+") until a good config loads", "err", err.Error())
+}
+
+// noConfigCode is the gRPC code of a call made before the first config
+// is in force: the reference's Unknown in reference mode, else
+// Unavailable.
+func (s *server) noConfigCode() string {
+	if s.opts.ReferenceAnswers {
+		return "Unknown"
+	}
+	return "Unavailable"
+}

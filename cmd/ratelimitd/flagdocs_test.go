@@ -1,0 +1,145 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+)
+
+// updateFlagDocs rewrites the generated flag documentation:
+//
+//	go test ./cmd/ratelimitd -run TestFlagDocs -update
+var updateFlagDocs = flag.Bool("update", false, "rewrite README.md's flag table and docs/flags.md from the settings table")
+
+// Markers around the generated flag table of README.md.
+const (
+	readmeBegin = "<!-- BEGIN serve flags: generated from cmd/ratelimitd/settings.go by `go test ./cmd/ratelimitd -run TestFlagDocs -update`; edit the table there -->\n"
+	readmeEnd   = "<!-- END serve flags -->\n"
+)
+
+// flagDefaults maps each flag name to its default as the flag package
+// prints it.
+func flagDefaults() map[string]string {
+	o := defaultOptions()
+	fs := flag.NewFlagSet("docs", flag.ContinueOnError)
+	registerServeFlags(fs, &o)
+	defs := map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) { defs[f.Name] = f.DefValue })
+	return defs
+}
+
+// shownDefault is a default in Markdown: `value`, or (none) when empty.
+func shownDefault(v string) string {
+	if v == "" {
+		return "(none)"
+	}
+	return "`" + v + "`"
+}
+
+// readmeFlagTable renders the README's table: one row per setting, a
+// setting with joins sharing the row it names.
+func readmeFlagTable() string {
+	defs := flagDefaults()
+	type row struct {
+		names, defaults []string
+		shown, doc      string
+	}
+	var rows []*row
+	byName := map[string]*row{}
+	for _, s := range settings {
+		r := byName[s.joins]
+		if s.joins == "" {
+			r = &row{shown: s.shown, doc: s.doc}
+			rows = append(rows, r)
+		}
+		byName[s.name] = r
+		r.names = append(r.names, "`--"+s.name+"`")
+		r.defaults = append(r.defaults, shownDefault(defs[s.name]))
+	}
+	var b strings.Builder
+	b.WriteString("| flag | default | meaning |\n|---|---|---|\n")
+	for _, r := range rows {
+		d := r.shown
+		if d == "" {
+			d = strings.Join(r.defaults, ", ")
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", strings.Join(r.names, ", "), d, r.doc)
+	}
+	return b.String()
+}
+
+// flagsDoc renders docs/flags.md: every setting by group, with its
+// environment twin and envoyproxy/ratelimit variables.
+func flagsDoc() string {
+	defs := flagDefaults()
+	joined := map[string]bool{}
+	for _, s := range settings {
+		joined[s.joins] = true
+	}
+	var b strings.Builder
+	b.WriteString(`# ratelimitd serve flags
+
+<!-- Generated from cmd/ratelimitd/settings.go by ` + "`go test ./cmd/ratelimitd -run TestFlagDocs -update`" + `; edit the table there. -->
+
+Every flag of ` + "`ratelimitd serve`" + ` has an environment twin, ` + "`RATELIMITD_`" + ` and the flag name
+in upper snake case. Precedence: the flag, then its twin, then the envoyproxy/ratelimit variables
+([migrating.md](migrating.md)), then the default. A variable in the "envoyproxy/ratelimit" column
+set in plain type is read as the flag would read it; one in italics reaches the setting through its
+own rules (see migrating.md). ` + "`ratelimitd serve -h`" + ` prints the same lines.
+`)
+	for _, g := range groupOrder {
+		fmt.Fprintf(&b, "\n## %s\n\n| flag | environment | envoyproxy/ratelimit | default | meaning |\n|---|---|---|---|---|\n", g)
+		for _, s := range settings {
+			if s.group != g {
+				continue
+			}
+			var legacy []string
+			for _, l := range s.legacy {
+				legacy = append(legacy, "`"+l+"`")
+			}
+			if s.legacyVia != "" {
+				for _, l := range strings.Split(s.legacyVia, ", ") {
+					legacy = append(legacy, "_`"+l+"`_")
+				}
+			}
+			doc := strings.ReplaceAll(s.doc, "](docs/", "](")
+			doc = strings.ReplaceAll(doc, "](README.md", "](../README.md")
+			def := shownDefault(defs[s.name])
+			if s.shown != "" && !joined[s.name] {
+				def = s.shown
+			}
+			fmt.Fprintf(&b, "| `--%s` | `%s` | %s | %s | %s |\n", s.name, envName(s.name), strings.Join(legacy, ", "), def, doc)
+		}
+	}
+	return b.String()
+}
+
+// TestFlagDocs fails when README.md's flag table or docs/flags.md differs
+// from what the settings table renders (-update rewrites them).
+func TestFlagDocs(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i, j := bytes.Index(readme, []byte(readmeBegin)), bytes.Index(readme, []byte(readmeEnd))
+	if i < 0 || j < i {
+		t.Fatalf("README.md lacks the markers %q ... %q", readmeBegin, readmeEnd)
+	}
+	wantReadme := string(readme[:i+len(readmeBegin)]) + readmeFlagTable() + string(readme[j:])
+	for _, f := range []struct{ path, want string }{{"../../README.md", wantReadme}, {"../../docs/flags.md", flagsDoc()}} {
+		got, _ := os.ReadFile(f.path)
+		if string(got) == f.want {
+			continue
+		}
+		if *updateFlagDocs {
+			if err := os.WriteFile(f.path, []byte(f.want), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		t.Errorf("%s differs from the settings table; run go test ./cmd/ratelimitd -run TestFlagDocs -update", f.path)
+	}
+}

@@ -1,0 +1,321 @@
+package main
+
+//go:generate go test -run TestFlagDocs -update .
+
+import (
+	"flag"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
+)
+
+// setting is one `ratelimitd serve` setting: its flag, whose environment
+// twin is envName(name), the envoyproxy/ratelimit variables that map onto
+// it, its default and its doc line. settings is the one table the flag
+// registration (registerServeFlags), the twins, the plain legacy mapping
+// (applyLegacyTable), defaultOptions, `serve -h`, the README's flag table
+// and docs/flags.md are made from (flagdocs.go renders the last two).
+type setting struct {
+	name  string // flag name without dashes: "redis-url"
+	group string // section of docs/flags.md: one of the group* constants
+	// legacy are envoyproxy/ratelimit variables that set this field as
+	// they are (same parse, no other effect); applyLegacyTable reads them.
+	legacy []string
+	// legacyVia names the envoyproxy/ratelimit variables that reach this
+	// field through legacy.go's own logic (documentation only).
+	legacyVia string
+	field     fieldRef
+	// doc is the one doc line (Markdown): the README and docs/flags.md
+	// print it as is, -h without the Markdown (helpText).
+	doc string
+	// shown is the README's default column when it is not the default
+	// value itself (e.g. "system roots"); "" prints the value.
+	shown string
+	// joins names the flag whose README row this flag shares (its name
+	// and default are appended to that row); "" is a row of its own.
+	joins string
+	// owner is the package option the setting feeds, whose Validate
+	// states its rules ("redis.Timeout", "service.NearLimitRatio"; a
+	// comma-separated list when it feeds several packages): an
+	// error about that field is reported naming this flag (ownerErrors).
+	owner string
+	// backend, when set, is the only --backend the setting matters to:
+	// its owner's errors are dropped under another backend.
+	backend string
+}
+
+// Groups of settings (the sections of docs/flags.md).
+const (
+	groupConfig    = "Configuration source"
+	groupListeners = "Listeners and TLS"
+	groupBackend   = "Backend store"
+	groupAnswers   = "Decisions and answers"
+	groupTelemetry = "Logs, metrics and tracing"
+	groupRuntime   = "Go runtime"
+)
+
+// groupOrder is the order of the sections of docs/flags.md.
+var groupOrder = []string{groupConfig, groupListeners, groupBackend, groupAnswers, groupTelemetry, groupRuntime}
+
+// fieldRef is the Options field a setting binds and its default.
+type fieldRef struct {
+	ptr        func(o *Options) any // *string, *bool, *int, *int64, *float64, *time.Duration, *[]string or *byteSize
+	setDefault func(o *Options)
+}
+
+// fieldOf binds the field p returns, with default def.
+func fieldOf[T any](p func(o *Options) *T, def T) fieldRef {
+	return fieldRef{
+		ptr: func(o *Options) any { return p(o) },
+		setDefault: func(o *Options) {
+			v := def
+			if l, ok := any(v).([]string); ok {
+				// A copy: the table's slice stays unshared.
+				*any(p(o)).(*[]string) = append([]string(nil), l...)
+				return
+			}
+			*p(o) = v
+		},
+	}
+}
+
+// settings is the table of every serve setting, in the README's order.
+var settings = []setting{
+	{name: "config", group: groupConfig, legacyVia: "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY", field: fieldOf(func(o *Options) *[]string { return &o.Config }, []string{"./config"}), doc: "YAML file or directory (repeatable); directories are watched and reloaded; not read with `--config-source=xds`"},
+	{name: "config-source", group: groupConfig, legacyVia: "CONFIG_TYPE", field: fieldOf(func(o *Options) *string { return &o.ConfigSource }, "file"), doc: "where configs come from: `file` (`--config`) or `xds`, an xDS management server such as Envoy Gateway's (envoyproxy/ratelimit `CONFIG_TYPE=GRPC_XDS_SOTW`; [docs/xds.md](docs/xds.md))"},
+	{name: "xds-server-url", group: groupConfig, legacy: []string{"CONFIG_GRPC_XDS_SERVER_URL"}, field: fieldOf(func(o *Options) *string { return &o.XDSServerURL }, xds.DefaultServerURL), doc: "xDS management server, `host:port`"},
+	{name: "xds-node-id", group: groupConfig, legacy: []string{"CONFIG_GRPC_XDS_NODE_ID"}, field: fieldOf(func(o *Options) *string { return &o.XDSNodeID }, xds.DefaultNodeID), doc: "node id the server keys its snapshot by (Envoy Gateway: `envoy-ratelimit`)"},
+	{name: "xds-node-metadata", group: groupConfig, legacy: []string{"CONFIG_GRPC_XDS_NODE_METADATA"}, field: fieldOf(func(o *Options) *string { return &o.XDSNodeMetadata }, ""), doc: "node metadata, `key=value,key2=value2`"},
+	{name: "xds-headers", group: groupConfig, legacy: []string{"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS"}, field: fieldOf(func(o *Options) *string { return &o.XDSHeaders }, ""), doc: "gRPC metadata on the xDS stream, `name:value,name2:value2` (values never logged)"},
+	{name: "xds-connect-retry-interval", group: groupConfig, legacy: []string{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL"}, field: fieldOf(func(o *Options) *time.Duration { return &o.XDSConnectRetryInterval }, xds.DefaultConnectRetryInterval), doc: "wait between attempts while the server cannot be reached (±50%)", owner: "xds.ConnectRetryInterval"},
+	{name: "xds-tls", group: groupConfig, legacy: []string{"CONFIG_GRPC_XDS_SERVER_USE_TLS"}, field: fieldOf(func(o *Options) *bool { return &o.XDSTLS }, false), doc: "TLS to the xDS server"},
+	{name: "xds-tls-cert", group: groupConfig, legacyVia: "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", field: fieldOf(func(o *Options) *string { return &o.XDSTLSCert }, ""), doc: "PEM client certificate and key (mutual TLS); read again on every connection", shown: "(none)"},
+	{name: "xds-tls-key", group: groupConfig, legacyVia: "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", field: fieldOf(func(o *Options) *string { return &o.XDSTLSKey }, ""), doc: "client private key (PEM) for --xds-tls-cert", joins: "xds-tls-cert"},
+	{name: "xds-tls-ca", group: groupConfig, legacyVia: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", field: fieldOf(func(o *Options) *string { return &o.XDSTLSCA }, ""), doc: "PEM CA bundle trusted for the server certificate", shown: "system roots"},
+	{name: "xds-tls-san", group: groupConfig, legacyVia: "CONFIG_GRPC_XDS_SERVER_TLS_SAN", field: fieldOf(func(o *Options) *string { return &o.XDSTLSSAN }, ""), doc: "name the server certificate must carry (also the SNI)", shown: "host of `--xds-server-url`"},
+	{name: "xds-backoff-initial", group: groupConfig, legacy: []string{"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL"}, field: fieldOf(func(o *Options) *time.Duration { return &o.XDSBackoffInitial }, xds.DefaultBackoffInitial), doc: "wait before reconnecting after a stream ends: initial, doubled per further end without a good config, at most max", owner: "xds.BackoffInitial"},
+	{name: "xds-backoff-max", group: groupConfig, legacy: []string{"XDS_CLIENT_BACKOFF_MAX_INTERVAL"}, field: fieldOf(func(o *Options) *time.Duration { return &o.XDSBackoffMax }, xds.DefaultBackoffMax), doc: "longest wait before reconnecting to the xDS server", joins: "xds-backoff-initial", owner: "xds.BackoffMax"},
+	{name: "xds-backoff-random-factor", group: groupConfig, legacy: []string{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR"}, field: fieldOf(func(o *Options) *float64 { return &o.XDSBackoffRandomFactor }, xds.DefaultBackoffRandomFactor), doc: "with jitter, each reconnect wait is spread over ± this share of itself", owner: "xds.BackoffRandomFactor"},
+	{name: "xds-backoff-jitter", group: groupConfig, legacy: []string{"XDS_CLIENT_BACKOFF_JITTER"}, field: fieldOf(func(o *Options) *bool { return &o.XDSBackoffJitter }, true), doc: "randomize reconnect waits by --xds-backoff-random-factor", joins: "xds-backoff-random-factor"},
+	{name: "xds-max-msg-size", group: groupConfig, legacy: []string{"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"}, field: fieldOf(func(o *Options) *int { return &o.XDSMaxMsgSize }, 0), doc: "largest xDS response accepted, in bytes (`0`: gRPC's 4 MiB)", owner: "xds.MaxRecvMsgSize"},
+	{name: "grpc-addr", group: groupListeners, legacyVia: "GRPC_HOST, GRPC_PORT", field: fieldOf(func(o *Options) *string { return &o.GRPCAddr }, ":8081"), doc: "Envoy RLS v3 gRPC, plus `grpc.health.v1` and server reflection"},
+	{name: "http-addr", group: groupListeners, legacyVia: "HOST, PORT", field: fieldOf(func(o *Options) *string { return &o.HTTPAddr }, ":8080"), doc: "`GET /healthcheck`, `POST /json`, `GET /metrics`"},
+	{name: "debug-addr", group: groupListeners, legacyVia: "DEBUG_HOST, DEBUG_PORT", field: fieldOf(func(o *Options) *string { return &o.DebugAddr }, "127.0.0.1:6070"), doc: "`GET /rlconfig`, `/debug/pprof/`, the admin API (`POST /admin/explain`, `POST /admin/reset`, gRPC `ratelimitd.admin.v1.Admin`; [docs/admin.md](docs/admin.md)) (empty disables); bound beyond loopback it still serves only connections loopback at both ends unless `--debug-token-file` is set ([docs/security.md](docs/security.md#trust-boundaries))"},
+	{name: "debug-token-file", group: groupListeners, field: fieldOf(func(o *Options) *string { return &o.DebugTokenFile }, ""), doc: "file holding a bearer token (`Authorization: Bearer …`) that admits non-loopback connections to the debug listener; re-read on every such request"},
+	{name: "log-decisions", group: groupTelemetry, field: fieldOf(func(o *Options) *string { return &o.LogDecisions }, "off"), doc: "decision log: `denied` (requests with a denied descriptor) or `all`, one `decision` line each with domain, rules, codes, remaining and backend keys (values hashed unless `--key-values=clear`) ([docs/admin.md](docs/admin.md#decision-log))"},
+	{name: "log-decisions-rate", group: groupTelemetry, field: fieldOf(func(o *Options) *float64 { return &o.LogDecisionsRate }, service.DefaultDecisionLogRate), doc: "most decision log lines per second (token bucket); the rest are counted in `ratelimitd_decision_log_suppressed_total` and in the next line's `suppressed`", owner: "service.DecisionLogRate"},
+	{name: "metrics-addr", group: groupListeners, legacyVia: "USE_PROMETHEUS, PROMETHEUS_ADDR", field: fieldOf(func(o *Options) *string { return &o.MetricsAddr }, ""), doc: "an extra listener serving only `/metrics`"},
+	{name: "statsd-addr", group: groupTelemetry, legacyVia: "USE_STATSD, STATSD_HOST, STATSD_PORT", field: fieldOf(func(o *Options) *string { return &o.StatsdAddr }, ""), doc: "also send envoyproxy/ratelimit's statsd stats (its names) over UDP to this `host:port`; `USE_STATSD=true` sets it from `STATSD_HOST`/`STATSD_PORT` ([docs/metrics.md](docs/metrics.md#statsd-reference-names))"},
+	{name: "statsd-flush-interval", group: groupTelemetry, legacyVia: "STATS_FLUSH_INTERVAL", field: fieldOf(func(o *Options) *time.Duration { return &o.StatsdFlushInterval }, statsd.DefaultFlushInterval), doc: "how often statsd counters and gauges are sent (`STATS_FLUSH_INTERVAL`); timer samples go within a second"},
+	{name: "statsd-tags", group: groupTelemetry, legacyVia: "EXTRA_TAGS", field: fieldOf(func(o *Options) *string { return &o.StatsdTags }, ""), doc: "tags appended to every statsd name as gostats does (`EXTRA_TAGS`): `key:value` items separated by `,`, sent as `.__key=value` sorted by key ([metrics](docs/metrics.md))", shown: "—"},
+	{name: "backend", group: groupBackend, legacyVia: "BACKEND_TYPE", field: fieldOf(func(o *Options) *string { return &o.Backend }, "memory"), doc: "`memory`, `redis` or `memcache` (also spelled `memcached`; fixed windows only, see [docs/memcached.md](docs/memcached.md)); `--redis-url`, `--redis-mode`, `--redis-addrs`, `--redis-master` or `--redis-password-file` without `--backend` is a startup error, since every replica would count alone in memory"},
+	{name: "redis-url", group: groupBackend, legacyVia: "REDIS_URL, REDIS_TYPE, REDIS_AUTH, REDIS_TLS, REDIS_SOCKET_TYPE", field: fieldOf(func(o *Options) *string { return &o.RedisURL }, "redis://127.0.0.1:6379/0"), doc: "`redis://` or `rediss://` (TLS), `user:password@` for ACL", owner: "redis.URL", backend: "redis"},
+	{name: "redis-mode", group: groupBackend, legacyVia: "REDIS_TYPE", field: fieldOf(func(o *Options) *string { return &o.RedisMode }, "standalone"), doc: "`standalone`, `cluster` (seed nodes in `--redis-addrs`), `sentinel` (`--redis-addrs` + `--redis-master`)", owner: "redis.Mode", backend: "redis"},
+	{name: "redis-addrs", group: groupBackend, legacyVia: "REDIS_URL", field: fieldOf(func(o *Options) *[]string { return &o.RedisAddrs }, nil), doc: "cluster seed nodes or sentinels, `host:port`", owner: "redis.Addrs", backend: "redis"},
+	{name: "redis-master", group: groupBackend, legacyVia: "REDIS_URL", field: fieldOf(func(o *Options) *string { return &o.RedisMaster }, ""), doc: "Sentinel master name", owner: "redis.MasterName", backend: "redis"},
+	{name: "redis-timeout", group: groupBackend, legacy: []string{"REDIS_TIMEOUT"}, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisTimeout }, 10*time.Millisecond), doc: "how long Redis may stay silent while a call awaits its reply before that counts as a backend failure (breaker evidence; the rules' failure modes answer when the call's budget then runs out); time queued inside ratelimitd never counts; keep it well under Envoy's 20 ms filter timeout", owner: "redis.Timeout"},
+	{name: "redis-max-wait", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisMaxWait }, redis.DefaultMaxWait), doc: "budget of a decision whose caller set no deadline (Envoy always sets one); see [docs/redis-operations.md](docs/redis-operations.md#budgets-and-timeouts)", owner: "redis.MaxWait"},
+	{name: "redis-deadline-margin", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisDeadlineMargin }, redis.DefaultDeadlineMargin), doc: "kept before the caller's deadline: a decision is made by deadline − min(margin, a quarter of the time left)", owner: "redis.DeadlineMargin"},
+	{name: "redis-wait-replicas", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisWaitReplicas }, 0), doc: "replicas that must acknowledge each decision's writes (`WAIT`) before it is used: no counted hit is lost in a Sentinel failover ([docs/redis-operations.md](docs/redis-operations.md#failover)); `0` waits for none", owner: "redis.WaitReplicas"},
+	{name: "redis-warmup", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisWarmup }, redis.DefaultWarmup), doc: "at startup, health stays NOT_SERVING until the pools are dialed (every Cluster master) and the script is loaded, at most this long; `0` skips it; Redis is never required to start"},
+	{name: "redis-pool-size", group: groupBackend, legacy: []string{"REDIS_POOL_SIZE"}, field: fieldOf(func(o *Options) *int { return &o.RedisPoolSize }, redis.DefaultPoolSize), doc: "connections per node (0 = the store's default, 16)", owner: "redis.PoolSize"},
+	{name: "redis-tls-ca", group: groupBackend, legacy: []string{"REDIS_TLS_CACERT"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSCA }, ""), doc: "PEM CA bundle trusted for Redis TLS", shown: "system roots", owner: "redis.TLS", backend: "redis"},
+	{name: "redis-tls-cert", group: groupBackend, legacy: []string{"REDIS_TLS_CLIENT_CERT"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSCert }, ""), doc: "PEM client certificate and key for Redis mutual TLS", shown: "(none)", owner: "redis.TLSCertFile", backend: "redis"},
+	{name: "redis-tls-key", group: groupBackend, legacy: []string{"REDIS_TLS_CLIENT_KEY"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSKey }, ""), doc: "PEM client key for Redis mutual TLS", joins: "redis-tls-cert"},
+	{name: "redis-tls-skip-verify", group: groupBackend, legacy: []string{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"}, field: fieldOf(func(o *Options) *bool { return &o.RedisTLSSkipVerify }, false), doc: "do not verify the Redis server certificate (insecure)"},
+	{name: "redis-sentinel-auth", group: groupBackend, legacy: []string{"REDIS_SENTINEL_AUTH"}, field: fieldOf(func(o *Options) *string { return &o.RedisSentinelAuth }, ""), doc: "sentinel credentials, `password` or `user:password` (visible in the process's command line: prefer the file or the environment twin)"},
+	{name: "redis-password-file", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.RedisPasswordFile }, ""), doc: "file holding the Redis password (a mounted Secret key; one trailing newline ignored), read for every new connection so a rotated password takes effect without a restart; wins over the URL's password"},
+	{name: "redis-sentinel-auth-file", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.RedisSentinelAuthFile }, ""), doc: "file holding the sentinel credentials, read at startup"},
+	{name: "redis-dial-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisDialTimeout }, redis.DefaultDialTimeout), doc: "bound of background dials (idle-pool refill, reconnect probe); a request's own dial is bounded by its budget", owner: "redis.DialTimeout"},
+	{name: "redis-min-idle-conns", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisMinIdleConns }, redis.DefaultMinIdleConns), doc: "connections per node kept dialed ahead of traffic (at most the pool size)", owner: "redis.MinIdleConns"},
+	{name: "redis-pipelines", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisPipelines }, redis.DefaultPipelines), doc: "batches in flight at once, each one script call on one pooled connection (at most the pool size; 0 = store default)", owner: "redis.Pipelines"},
+	{name: "redis-health-interval", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisHealthInterval }, redis.DefaultHealthInterval), doc: "period of the background health probe (`PING` when idle or the circuit is not closed); `0s` disables it", owner: "redis.HealthInterval"},
+	{name: "redis-breaker", group: groupBackend, field: fieldOf(func(o *Options) *bool { return &o.RedisBreaker }, true), doc: "circuit breaker around Redis calls; `false` sends every call to Redis ([docs/redis-operations.md](docs/redis-operations.md#circuit-breaker))", owner: "redis.Breaker"},
+	{name: "redis-breaker-failures", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisBreakerFailures }, redis.DefaultBreakerFailures), doc: "consecutive failures that open the circuit", owner: "redis.Breaker.Failures"},
+	{name: "redis-breaker-fail-for", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisBreakerFailFor }, redis.DefaultBreakerFailFor), doc: "how long a stall must have lasted before it opens the circuit (raised to 2 × `--redis-timeout`); a circuit opened by stalls alone sheds (never admits uncounted)", owner: "redis.Breaker.FailFor"},
+	{name: "redis-breaker-window", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisBreakerWindow }, redis.DefaultBreakerWindow), doc: "the ratio rule: at least `min-calls` calls within `window`, of which this share failed, open the circuit", owner: "redis.Breaker.Window"},
+	{name: "redis-breaker-min-calls", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisBreakerMinCalls }, redis.DefaultBreakerMinCalls), doc: "calls within --redis-breaker-window before the failure ratio applies", joins: "redis-breaker-window", owner: "redis.Breaker.MinCalls"},
+	{name: "redis-breaker-failure-ratio", group: groupBackend, field: fieldOf(func(o *Options) *float64 { return &o.RedisBreakerFailureRatio }, redis.DefaultBreakerFailureRatio), doc: "share of failed calls within --redis-breaker-window that opens the circuit, in (0, 1]", joins: "redis-breaker-window", owner: "redis.Breaker.FailureRatio"},
+	{name: "redis-breaker-open-for", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisBreakerOpenFor }, redis.DefaultBreakerOpenFor), doc: "how long the circuit stays open before half-open probes", owner: "redis.Breaker.OpenFor"},
+	{name: "redis-breaker-probes", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisBreakerProbes }, redis.DefaultBreakerProbes), doc: "half-open probe calls in flight at once", owner: "redis.Breaker.Probes"},
+	{name: "memcache-addrs", group: groupBackend, legacy: []string{"MEMCACHE_HOST_PORT"}, field: fieldOf(func(o *Options) *[]string { return &o.MemcacheAddrs }, nil), doc: "memcached servers, `host:port` (repeatable, or comma-separated); keys are spread over them", owner: "memcache.Addrs", backend: "memcache"},
+	{name: "memcache-srv", group: groupBackend, legacy: []string{"MEMCACHE_SRV"}, field: fieldOf(func(o *Options) *string { return &o.MemcacheSRV }, ""), doc: "SRV record `_service._proto.name` whose targets are the memcached servers (instead of `--memcache-addrs`)", owner: "memcache.SRV", backend: "memcache"},
+	{name: "memcache-srv-refresh", group: groupBackend, legacy: []string{"MEMCACHE_SRV_REFRESH"}, field: fieldOf(func(o *Options) *time.Duration { return &o.MemcacheSRVRefresh }, 0), doc: "resolve `--memcache-srv` again at this interval; `0s` resolves once (retried every 100 ms until it succeeds)", owner: "memcache.SRVRefresh"},
+	{name: "memcache-max-idle-conns", group: groupBackend, legacy: []string{"MEMCACHE_MAX_IDLE_CONNS"}, field: fieldOf(func(o *Options) *int { return &o.MemcacheMaxIdleConns }, memcache.DefaultMaxIdleConns), doc: "idle connections kept per memcached server", owner: "memcache.MaxIdleConns"},
+	{name: "memcache-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.MemcacheTimeout }, memcache.DefaultTimeout), doc: "bound of each memcached call: socket and connect timeout, and a decision's budget when the caller's deadline (less 2 ms or a quarter of the time left) is later", shown: "`50ms` (reference mode: `500ms`, gomemcache's default)", owner: "memcache.Timeout"},
+	{name: "local-cache-size", group: groupBackend, legacyVia: "LOCAL_CACHE_SIZE_IN_BYTES", field: fieldOf(func(o *Options) *int { return &o.LocalCacheSize }, 0), doc: "entries of the local over-limit cache (0 disables)", owner: "redis.LocalCacheSize,memcache.LocalCacheSize"},
+	// ≈ 111–128 bytes of heap per key for fixed/sliding window and token
+	// bucket (docs/operations.md): about 110–130 MB at the bound.
+	{name: "memory-max-keys", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.MemoryMaxKeys }, 1_000_000), doc: "keys the in-memory store may hold (the memory backend, and the `failure_mode: local` fallback of the Redis backend); 0 = unbounded. Measured at 1,000,000 keys: 111 bytes of live heap per key for fixed/sliding window and token bucket with 22-byte keys (128 with 39-byte keys), more for sliding log and concurrency, so ≈ 110–130 MB at the default; the process's RSS adds the GC's headroom, up to 5× the live heap without a memory limit ([docs/operations.md](docs/operations.md#in-memory-store)). When full, a request that needs a new key drops an expired key for it; when none has expired it gets its rule's `failure_mode`, counted in `ratelimitd_backend_errors_total{cause=\"oom\"}` (a full `local` fallback fails open, cause `fallback`). Live keys are never dropped, and stored keys are decided exactly and as fast while full"},
+	{name: "shadow-mode", group: groupAnswers, legacy: []string{"SHADOW_MODE"}, field: fieldOf(func(o *Options) *bool { return &o.ShadowMode }, false), doc: "global shadow mode: evaluate and report, never deny"},
+	{name: "quota-mode", group: groupAnswers, legacy: []string{"QUOTA_MODE"}, field: fieldOf(func(o *Options) *bool { return &o.QuotaMode }, false), doc: "global quota mode: every descriptor is a soft limit"},
+	{name: "counting", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.Counting }, "all_or_nothing"), doc: "counting policy of rules that set no `counting:` of their own: `all_or_nothing` (a denied request consumes nothing) or `always_charge` (every hit is charged even over the limit, as envoyproxy/ratelimit counts; post-paid costs sent at stream end then stop the client that spent them) ([docs/config.md](docs/config.md#counting-policy))"},
+	{name: "mode", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.Mode }, modeAuto), doc: "`auto`: reference mode when envoyproxy/ratelimit's environment is in use (one of its config, backend or header variables such as `RUNTIME_ROOT`, `REDIS_URL`, `USE_STATSD`, `LIMIT_RESPONSE_HEADERS_ENABLED` is set, or the binary is invoked as `ratelimit`) and neither `--config` nor `RATELIMITD_CONFIG` is given; `reference` or `native` force it. Reference mode answers as envoyproxy/ratelimit does; one startup line says which mode is in force and why ([docs/migrating.md](docs/migrating.md#reference-mode))"},
+	{name: "headers", group: groupAnswers, legacyVia: "LIMIT_RESPONSE_HEADERS_ENABLED", field: fieldOf(func(o *Options) *string { return &o.Headers }, "ietf"), doc: "`ietf` (`RateLimit`, `RateLimit-Policy`), `legacy` (three headers, named by the next three flags), `both`, `none`", shown: "`ietf` (reference mode: `none`, or `legacy` with `LIMIT_RESPONSE_HEADERS_ENABLED=true`)"},
+	{name: "legacy-limit-header", group: groupAnswers, legacyVia: "LIMIT_LIMIT_HEADER", field: fieldOf(func(o *Options) *string { return &o.LegacyLimitHeader }, service.HeaderLegacyLimit), doc: "names of the legacy headers: the chosen limit's `requests_per_unit`, `limit_remaining` and seconds until reset; `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` set them", shown: "`X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (reference mode: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`)"},
+	{name: "legacy-remaining-header", group: groupAnswers, legacyVia: "LIMIT_REMAINING_HEADER", field: fieldOf(func(o *Options) *string { return &o.LegacyRemainingHeader }, service.HeaderLegacyRemaining), doc: "name of the legacy remaining header (limit_remaining); reference mode: RateLimit-Remaining", joins: "legacy-limit-header"},
+	{name: "legacy-reset-header", group: groupAnswers, legacyVia: "LIMIT_RESET_HEADER", field: fieldOf(func(o *Options) *string { return &o.LegacyResetHeader }, service.HeaderLegacyReset), doc: "name of the legacy reset header (seconds until reset); reference mode: RateLimit-Reset", joins: "legacy-limit-header"},
+	{name: "problem-body", group: groupAnswers, field: fieldOf(func(o *Options) *bool { return &o.ProblemBody }, true), doc: "on OVER_LIMIT add `Retry-After`, `Content-Type: application/problem+json` and the RFC 9457 body ([docs/responses.md](docs/responses.md))", shown: "`true` (reference mode: `false`)"},
+	{name: "near-limit-ratio", group: groupAnswers, legacy: []string{"NEAR_LIMIT_RATIO"}, field: fieldOf(func(o *Options) *float64 { return &o.NearLimitRatio }, 0.8), doc: "share of a limit after which a decision counts as `near_limit`", owner: "service.NearLimitRatio"},
+	{name: "retry-jitter", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.RetryJitter }, time.Second), doc: "maximum jitter added to `Retry-After` (`0s` disables it)"},
+	{name: "request-overrides", group: groupAnswers, field: fieldOf(func(o *Options) *bool { return &o.RequestOverrides }, true), doc: "honour per-descriptor limit overrides sent by Envoy; the config's `override:` field may ignore, lower-only or cap them per rule or domain ([docs/config.md](docs/config.md#request-overrides))"},
+	{name: "near-limit-header", group: groupAnswers, field: fieldOf(func(o *Options) *bool { return &o.NearLimitHeader }, false), doc: "add `Ratelimitd-Near-Limit`, the policies past `--near-limit-ratio` ([docs/responses.md](docs/responses.md))"},
+	{name: "problem-type-base", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.ProblemTypeBase }, service.DefaultProblemTypeBase), doc: "prefix of the RFC 9457 problem `type` (`quota-exceeded`, `temporary-reduced-capacity`)"},
+	{name: "problem-detail", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.ProblemDetail }, ""), doc: "problem `detail` template; placeholders `{policy}`, `{quota}`, `{window}`, `{retry_after}` (seconds)", shown: "(built-in sentence)"},
+	{name: "fail-closed-retry-after", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.FailClosedRetryAfter }, service.DefaultFailClosedRetryAfter), doc: "`Retry-After` base when `failure_mode: closed` denies because the backend failed", owner: "service.FailClosedRetryAfter"},
+	{name: "detailed-metric-cap", group: groupTelemetry, field: fieldOf(func(o *Options) *int { return &o.DetailedMetricCap }, service.DefaultDetailedMetricCap), doc: "distinct `rule` label values from `detailed_metric` rules per loaded config, then `_other`; negative disables detailed labels ([docs/metrics.md](docs/metrics.md))", owner: "service.DetailedMetricCap"},
+	{name: "dynamic-metadata", group: groupAnswers, legacy: []string{"RESPONSE_DYNAMIC_METADATA"}, field: fieldOf(func(o *Options) *bool { return &o.DynamicMetadata }, false), doc: "fill `RateLimitResponse.dynamic_metadata`"},
+	{name: "merge-domains", group: groupConfig, legacy: []string{"MERGE_DOMAIN_CONFIG"}, field: fieldOf(func(o *Options) *bool { return &o.MergeDomains }, false), doc: "let several files contribute to one domain"},
+	// ≈ 10.7 MB of live heap per 10,000 rules (docs/config.md): about 54 MB
+	// at the bound, twice that while a reload swaps.
+	{name: "max-config-rules", group: groupConfig, field: fieldOf(func(o *Options) *int { return &o.MaxConfigRules }, 50_000), doc: "most rules a loaded config may hold, at startup and at every reload; a larger config is refused with `config too large: N rules, more than the limit of M` and the config in force stays (at startup: not serving until a config that fits loads); 0 = no limit. A loaded config keeps ≈ 10.7 MB of heap per 10,000 rules, and a load allocates ≈ 46 MB per 10,000 ([docs/config.md](docs/config.md#reload))"},
+	// A load allocates ≈ 46 bytes per config byte (docs/config.md).
+	{name: "max-config-bytes", group: groupConfig, field: fieldOf(func(o *Options) *int64 { return &o.MaxConfigBytes }, 8<<20), doc: "most bytes the config files may hold together (8 MiB), checked by size before anything is read or parsed, at startup and at every reload; a larger config is refused with `config too large: more than the limit of N bytes` and the config in force stays; 0 = no limit. A load allocates ≈ 46 bytes per config byte ([docs/config.md](docs/config.md#reload))"},
+	// Kubernetes ConfigMap mounts hold ..data and timestamped dot
+	// directories; loading them would load every file twice.
+	{name: "ignore-dotfiles", group: groupConfig, legacy: []string{"RUNTIME_IGNOREDOTFILES"}, field: fieldOf(func(o *Options) *bool { return &o.IgnoreDotfiles }, true), doc: "skip dot files and directories (Kubernetes ConfigMap `..data`); `--ignore-dotfiles=false` loads them"},
+	{name: "key-prefix", group: groupBackend, legacyVia: "CACHE_KEY_PREFIX", field: fieldOf(func(o *Options) *string { return &o.KeyPrefix }, ""), doc: "prefix of every backend key"},
+	{name: "key-values", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.KeyValues }, "hash"), doc: "descriptor values in backend keys: `hash`, or `clear` (development only)"},
+	{name: "log-level", group: groupTelemetry, legacyVia: "LOG_LEVEL", field: fieldOf(func(o *Options) *string { return &o.LogLevel }, "info"), doc: "`debug`, `info`, `warn`, `error` (any case)"},
+	{name: "log-format", group: groupTelemetry, legacy: []string{"LOG_FORMAT"}, field: fieldOf(func(o *Options) *string { return &o.LogFormat }, "text"), doc: "`text` or `json`; go-redis' own messages are logged through it too (`\"redis client\"`, WARN at most once per 10 s per kind, the rest at DEBUG)"},
+	{name: "gc-percent", group: groupRuntime, field: fieldOf(func(o *Options) *int { return &o.GCPercent }, defaultGCPercent), doc: "Go GC target unless `GOGC` is set; `-1` turns the GC off (only with a memory limit) ([docs/operations.md](docs/operations.md#go-gc-and-memory-limit))"},
+	{name: "memory-limit", group: groupRuntime, field: fieldOf(func(o *Options) *byteSize { return &o.MemoryLimit }, 0), doc: "Go soft memory limit unless `GOMEMLIMIT` is set, e.g. `400MiB` (at least `16MiB`); `0` derives it from the cgroup limit"},
+	{name: "memory-limit-ratio", group: groupRuntime, field: fieldOf(func(o *Options) *float64 { return &o.MemoryLimitRatio }, defaultMemoryLimitRatio), doc: "without `--memory-limit` or `GOMEMLIMIT`: the soft memory limit as a share of the container's cgroup memory limit (`0`: none)"},
+	{name: "drain", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.Drain }, 0), doc: "on SIGTERM, report NOT_SERVING this long before closing the listeners"},
+	{name: "shutdown-grace", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.ShutdownGrace }, 15*time.Second), doc: "on SIGTERM, wait at most this long for in-flight calls"},
+	{name: "grpc-tls-cert", group: groupListeners, legacyVia: "GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_CERT", field: fieldOf(func(o *Options) *string { return &o.GRPCTLSCert }, ""), doc: "gRPC server TLS; files are reloaded when they change", shown: "(none)"},
+	{name: "grpc-tls-key", group: groupListeners, legacyVia: "GRPC_SERVER_TLS_KEY", field: fieldOf(func(o *Options) *string { return &o.GRPCTLSKey }, ""), doc: "gRPC server private key (PEM)", joins: "grpc-tls-cert"},
+	{name: "grpc-tls-client-ca", group: groupListeners, legacyVia: "GRPC_CLIENT_TLS_CACERT", field: fieldOf(func(o *Options) *string { return &o.GRPCTLSClientCA }, ""), doc: "require client certificates from this CA (mTLS)"},
+	{name: "grpc-tls-client-san", group: groupListeners, legacyVia: "GRPC_CLIENT_TLS_SAN", field: fieldOf(func(o *Options) *string { return &o.GRPCTLSClientSAN }, ""), doc: "also require this SAN in the client certificate"},
+	{name: "http-tls", group: groupListeners, field: fieldOf(func(o *Options) *bool { return &o.HTTPTLS }, false), doc: "serve the HTTP listener (`/healthcheck`, `/json`, `/metrics`) with the gRPC certificate; under gRPC mTLS, `POST /json` then needs a client certificate that gRPC would accept. While gRPC uses TLS and this is off, `/json` answers 403 ([docs/security.md](docs/security.md#trust-boundaries))"},
+	{name: "grpc-max-recv-msg-size", group: groupListeners, field: fieldOf(func(o *Options) *int { return &o.GRPCMaxRecvMsgSize }, defaultGRPCMaxRecvMsgSize), doc: "largest gRPC message received, in bytes; a larger one fails with `ResourceExhausted` before it is decoded. Also bounds the `POST /json` body (413 beyond it) ([docs/security.md](docs/security.md#resource-bounds))"},
+	{name: "grpc-max-concurrent-streams", group: groupListeners, field: fieldOf(func(o *Options) *int { return &o.GRPCMaxConcurrentStreams }, defaultGRPCMaxConcurrentStreams), doc: "gRPC calls one client connection may have in flight; further calls wait for one to end (grpc-go and Envoy honour the advertised limit; a client that does not gets `REFUSED_STREAM`)"},
+	{name: "grpc-max-connections", group: groupListeners, field: fieldOf(func(o *Options) *int { return &o.GRPCMaxConnections }, 0), doc: "gRPC client connections open at once; further ones wait to be accepted and their calls run into their deadlines; `0` = unbounded (size it to your Envoy workers × replicas, [docs/security.md](docs/security.md#resource-bounds))"},
+	{name: "grpc-max-connection-age", group: groupListeners, legacy: []string{"GRPC_MAX_CONNECTION_AGE"}, field: fieldOf(func(o *Options) *time.Duration { return &o.GRPCMaxConnectionAge }, defaultGRPCMaxConnectionAge), doc: "after this long (±10% jitter, added by grpc-go) a gRPC client connection is sent GOAWAY: Envoy opens a new one for its next calls, balanced over the current endpoints, so replicas a HorizontalPodAutoscaler adds get traffic from Envoys already running (envoyproxy/ratelimit `GRPC_MAX_CONNECTION_AGE`, default there 24h); `0` = never"},
+	{name: "grpc-max-connection-age-grace", group: groupListeners, legacy: []string{"GRPC_MAX_CONNECTION_AGE_GRACE"}, field: fieldOf(func(o *Options) *time.Duration { return &o.GRPCMaxConnectionAgeGrace }, defaultGRPCMaxConnectionAgeGrace), doc: "after that GOAWAY, calls in flight on the old connection may run this long before it is closed (`GRPC_MAX_CONNECTION_AGE_GRACE`); `0` = no bound"},
+	{name: "http-read-timeout", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.HTTPReadTimeout }, 10*time.Second), doc: "HTTP listeners: time to read a whole request, headers and body; a slower client is disconnected"},
+	{name: "http-write-timeout", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.HTTPWriteTimeout }, 10*time.Second), doc: "HTTP listener and `--metrics-addr` (not the debug listener): time from the end of the request headers to the end of the response"},
+	{name: "http-idle-timeout", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.HTTPIdleTimeout }, 2*time.Minute), doc: "HTTP listeners: a keep-alive connection without a new request for this long is closed"},
+	{name: "tracing", group: groupTelemetry, legacy: []string{"TRACING_ENABLED"}, field: fieldOf(func(o *Options) *bool { return &o.Tracing }, false), doc: "export OpenTelemetry spans (one per `ShouldRateLimit`, a child per backend call) over OTLP/gRPC; Envoy's W3C `traceparent` is continued"},
+	{name: "tracing-endpoint", group: groupTelemetry, field: fieldOf(func(o *Options) *string { return &o.TracingEndpoint }, ""), doc: "OTLP/gRPC collector `host:port`; empty uses `OTEL_EXPORTER_OTLP_ENDPOINT`, else `localhost:4317`"},
+	{name: "tracing-insecure", group: groupTelemetry, field: fieldOf(func(o *Options) *bool { return &o.TracingInsecure }, false), doc: "plaintext to the collector (node-local collector or mesh sidecar)"},
+	{name: "tracing-sample-ratio", group: groupTelemetry, legacy: []string{"TRACING_SAMPLING_RATE"}, field: fieldOf(func(o *Options) *float64 { return &o.TracingSampleRatio }, 1), doc: "share of root spans sampled; a sampled parent from Envoy is always followed"},
+	{name: "tracing-service-name", group: groupTelemetry, legacy: []string{"TRACING_SERVICE_NAME"}, field: fieldOf(func(o *Options) *string { return &o.TracingServiceName }, "ratelimitd"), doc: "`service.name` of exported spans"},
+}
+
+// defaultOptions are the defaults of every setting (the table's), plus
+// the fields no flag sets.
+func defaultOptions() Options {
+	var o Options
+	for _, s := range settings {
+		s.field.setDefault(&o)
+	}
+	// envoyproxy/ratelimit with no environment: USE_STATSD=true,
+	// STATSD_HOST=localhost, STATSD_PORT=8125.
+	o.StatsdReferenceAddr = "localhost:8125"
+	return o
+}
+
+// registerServeFlags binds every setting's flag to its field of o; the
+// field's current value is the flag's default. It returns the list
+// flags, whose sources (environment, command line) replace one another.
+func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
+	var lists []*listValue
+	for _, s := range settings {
+		usage := helpText(s.doc)
+		switch p := s.field.ptr(o).(type) {
+		case *string:
+			fs.StringVar(p, s.name, *p, usage)
+		case *bool:
+			fs.BoolVar(p, s.name, *p, usage)
+		case *int:
+			fs.IntVar(p, s.name, *p, usage)
+		case *int64:
+			fs.Int64Var(p, s.name, *p, usage)
+		case *float64:
+			fs.Float64Var(p, s.name, *p, usage)
+		case *time.Duration:
+			fs.DurationVar(p, s.name, *p, usage)
+		case *[]string:
+			l := &listValue{p: p}
+			fs.Var(l, s.name, usage)
+			lists = append(lists, l)
+		case *byteSize:
+			fs.Var(p, s.name, usage)
+		default:
+			panic(fmt.Sprintf("setting --%s: unsupported field type %T", s.name, p))
+		}
+	}
+	return lists
+}
+
+// markdownLink matches a Markdown link, "[text](target)".
+var markdownLink = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
+
+// helpText is a doc line as -h prints it: links become their text and
+// backquotes go (the flag package would take a backquoted word for the
+// value's name).
+func helpText(doc string) string {
+	return strings.ReplaceAll(markdownLink.ReplaceAllString(doc, "$1"), "`", "")
+}
+
+// applyLegacyTable sets the fields of o whose setting lists a legacy
+// variable that is set and not empty (its value trimmed), parsed as
+// envoyproxy/ratelimit parses it: strconv.ParseBool, strconv.Atoi,
+// strconv.ParseFloat, parseDuration, a comma-separated list or a string
+// as is. A malformed value is appended to errs as NAME="value": error.
+func applyLegacyTable(o *Options, get func(string) (string, bool), errs *[]error) {
+	for _, s := range settings {
+		for _, name := range s.legacy {
+			v, ok := get(name)
+			if !ok || v == "" {
+				continue
+			}
+			if err := setLegacy(s.field.ptr(o), v); err != nil {
+				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	}
+}
+
+// setLegacy parses v into the field p points to (see applyLegacyTable).
+func setLegacy(p any, v string) error {
+	var err error
+	switch p := p.(type) {
+	case *string:
+		*p = v
+	case *bool:
+		var b bool
+		if b, err = strconv.ParseBool(v); err == nil {
+			*p = b
+		}
+	case *int:
+		var n int
+		if n, err = strconv.Atoi(v); err == nil {
+			*p = n
+		}
+	case *float64:
+		var f float64
+		if f, err = strconv.ParseFloat(v, 64); err == nil {
+			*p = f
+		}
+	case *time.Duration:
+		var d time.Duration
+		if d, err = parseDuration(v); err == nil {
+			*p = d
+		}
+	case *[]string:
+		*p = splitList(v)
+	default:
+		err = fmt.Errorf("no plain legacy mapping for %T", p)
+	}
+	return err
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
+)
+
+// newLogger builds the process logger from --log-level and --log-format.
+// Durations print as Go duration strings ("10ms", "1m30s") in both
+// formats: the JSON handler alone would print nanoseconds (10000000).
+func newLogger(o Options, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(o.LogLevel)) // validated by Options.Validate
+	ho := &slog.HandlerOptions{Level: level, ReplaceAttr: durationString}
+	if o.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, ho))
+	}
+	return slog.New(slog.NewTextHandler(w, ho))
+}
+
+// durationString is the loggers' slog.HandlerOptions.ReplaceAttr: an
+// attribute of kind slog.KindDuration becomes its time.Duration.String()
+// ("10ms"); every other attribute is returned unchanged.
+func durationString(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
+}
+
+// logStartup writes the first log lines: version and config source, the
+// mode in force and why, the GC policy (applied here), the startup
+// warnings, and the warnings about risky settings.
+func logStartup(log *slog.Logger, o Options, gc gcPolicy, warnings []string) {
+	if o.ConfigSource == "xds" {
+		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config_source", "xds", "xds_server", o.XDSServerURL, "xds_node_id", o.XDSNodeID)
+	} else {
+		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
+	}
+	msg, attrs := o.modeLog()
+	log.Info(msg, attrs...)
+	gc.apply()
+	gc.log(log)
+	for _, w := range warnings {
+		log.Warn(w)
+	}
+	if o.Backend == "redis" && o.RedisTimeout >= envoyFilterTimeout {
+		log.Warn("--redis-timeout is not below Envoy's default rate-limit filter timeout: with Redis frozen, a call's budget (Envoy's deadline less --redis-deadline-margin) runs out before Redis has been silent for --redis-timeout, so the per-rule failure modes cannot tell a dead Redis (failure_mode open requests then get DeadlineExceeded and Envoy's own failure_mode_deny decides); keep it well under the filter's timeout",
+			"redis_timeout", o.RedisTimeout.String(), "envoy_default_timeout", envoyFilterTimeout.String())
+	}
+	if o.KeyValues == "clear" {
+		log.Warn("--key-values=clear: descriptor values are stored in clear text in backend keys (development only)")
+	}
+}
+
+// newTelemetry sets up tracing (flushed by release), the Prometheus
+// registry with the Go, process, backend and event metrics, and the
+// statsd client of --statsd-addr (flushed and closed by release).
+func (s *server) newTelemetry(ev *events) error {
+	o := s.opts
+	tr, err := telemetry.Setup(context.Background(), telemetry.Options{
+		Enabled: o.Tracing, Endpoint: o.TracingEndpoint, Insecure: o.TracingInsecure,
+		SampleRatio: o.TracingSampleRatio, ServiceName: o.TracingServiceName,
+	})
+	if err != nil {
+		return err
+	}
+	s.tracing = tr
+	s.onClose(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tr.Shutdown(sctx); err != nil {
+			s.log.Warn("flushing traces", "err", err)
+		}
+	})
+	s.reg = prometheus.NewRegistry()
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := registerBackendMetrics(s.reg, s.store); err != nil {
+		return fmt.Errorf("backend metrics: %w", err)
+	}
+	if err := ev.register(s.reg); err != nil {
+		return fmt.Errorf("event metrics: %w", err)
+	}
+	sc, stopStatsd, err := startStatsd(o, s.reg, s.log)
+	if err != nil {
+		return err
+	}
+	s.statsd = sc
+	s.onClose(stopStatsd)
+	addLocalCacheStats(sc, s.store)
+	return nil
+}
+
+// startStatsd starts the statsd client of --statsd-addr (nil, and a no-op
+// stop, without it): envoyproxy/ratelimit's stats, its Go runtime stats
+// under "ratelimit.go", and ratelimitd_statsd_* on reg. stop flushes once
+// more and closes the socket; call it after the servers stopped.
+func startStatsd(o Options, reg prometheus.Registerer, log *slog.Logger) (*statsd.Client, func(), error) {
+	if o.StatsdAddr == "" {
+		return nil, func() {}, nil
+	}
+	tags, err := parseStatsdTags(o.StatsdTags)
+	if err != nil {
+		return nil, nil, err
+	}
+	sc, err := statsd.New(statsd.Options{Addr: o.StatsdAddr, FlushInterval: o.StatsdFlushInterval, Registerer: reg, Logger: log, Tags: tags})
+	if err != nil {
+		return nil, nil, err
+	}
+	sc.AddRuntimeStats("ratelimit.go")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = sc.Run(ctx)
+	}()
+	log.Info("sending statsd", "addr", o.StatsdAddr, "flush_interval", o.StatsdFlushInterval.String())
+	return sc, func() {
+		cancel()
+		<-done
+		_ = sc.Close()
+	}, nil
+}

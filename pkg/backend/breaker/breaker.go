@@ -1,0 +1,546 @@
+// Package breaker is the circuit breaker of the network backends (Redis,
+// memcached): it stops calls to a backend that keeps failing, so that no
+// request waits on it, and probes it again after OpenFor. It tells a
+// circuit opened by stalls alone (timeouts: a frozen backend and a very
+// slow one look the same) from one opened by failures the backend proved
+// (refused connections, ...): the backend's Errors say which error each
+// refuses calls with, and how a call's error counts (Outcome).
+package breaker
+
+// Why this breaker is ours and not github.com/sony/gobreaker/v2 (v2.4.0)
+// or github.com/failsafe-go/failsafe-go (v0.9.8), both read for this:
+//   - Clock: both read the wall clock inside (gobreaker calls time.Now;
+//     failsafe-go's clock is an unexported field with no option), so the
+//     tests' tables, which pass the time in (Allow, Record, StateAt),
+//     could only run against real sleeps.
+//   - Half-open: gobreaker reopens on the first failed probe and closes
+//     only after MaxRequests consecutive successes; failsafe-go closes or
+//     opens on a success ratio over its permits. Ours closes on one
+//     success and reopens only when every probe in flight failed, so one
+//     probe on a stale pooled connection does not cost another OpenFor.
+//   - Lost probes: a permit whose call never reports stays taken in both
+//     (half-open has no expiry); ours replaces it after OpenFor.
+//   - FailFor and the cause of opening: gobreaker's ReadyToTrip and
+//     failsafe-go's thresholds see counts, not when the failures happened
+//     nor which error they were, so neither can wait for timeouts to span
+//     FailFor while opening at once on refused connections, nor tell a
+//     stall-opened circuit (Errors.StalledOpen, shed) from one opened by
+//     proven failures (Errors.Open, failure modes).
+//   - Stragglers and Overdue: a call that started before the circuit
+//     opened counts for nothing, and an invocation the backend leaves
+//     unanswered is a failure recorded without a call of its own. gobreaker records
+//     only the result of a request it admitted; failsafe-go counts every
+//     RecordError, a straggler's too, and in half-open each one releases a
+//     permit whether or not it took one.
+//   - Callbacks: gobreaker runs OnStateChange under its lock (the callback
+//     cannot read the state); OnTransition runs after the lock is released.
+// What they do the same (a rolling window of buckets, a failure-ratio rule
+// with a minimum of calls) is the small part of this file.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// State is the state of a circuit breaker.
+type State int
+
+const (
+	// Closed: calls go to the backend.
+	Closed State = iota
+	// Open: calls fail immediately with Errors.Open or Errors.StalledOpen.
+	Open
+	// HalfOpen: OpenFor has passed; up to Probes probe calls at a
+	// time go to the backend, the others fail immediately. A successful probe
+	// closes the circuit; when every probe in flight has failed, it opens
+	// again.
+	HalfOpen
+)
+
+// String is the metric label: "closed", "open" or "half_open".
+func (s State) String() string {
+	switch s {
+	case Closed:
+		return "closed"
+	case Open:
+		return "open"
+	case HalfOpen:
+		return "half_open"
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// Defaults of DefaultOptions.
+const (
+	DefaultFailures     = 5
+	DefaultWindow       = time.Second
+	DefaultMinCalls     = 20
+	DefaultFailureRatio = 0.5
+	DefaultOpenFor      = 250 * time.Millisecond
+	DefaultFailFor      = time.Second
+	DefaultProbes       = 3
+)
+
+// Options configure a Breaker. Only errors the backend's Errors.Outcome
+// calls Stalled or Failed count as failures (Redis: timeout, refused,
+// loading, clusterdown, unknown connection errors); replies from a live
+// server (OOM, READONLY, auth, script errors) and caller cancellations do
+// not.
+type Options struct {
+	// Failures consecutive failures (no success in between) open the
+	// circuit (>= 1), once they span at least FailFor.
+	Failures int
+	// FailFor is how long failures must have been observed, from the first
+	// to the latest, before either rule (Failures consecutive, or
+	// FailureRatio) opens the circuit (>= 0; 0: no minimum). A call fails
+	// one Timeout after its backend stalled, and a call pending when it
+	// answers again succeeds, so a stall of S produces failures spanning
+	// about S − Timeout: with FailFor F, stalls shorter than F + Timeout
+	// never open the circuit, and a frozen backend opens it about Timeout + F
+	// after it stopped answering. The Store raises FailFor to at least
+	// 2 × its Options.Timeout, so that a stall of 3 timeouts never opens
+	// it. It applies to stalls (Outcome Stalled) only: a run of Failures
+	// consecutive failures that includes a Failed one (refused, loading,
+	// clusterdown: the backend answered that it is not serving) opens at
+	// once, which also keeps go-redis' pool from reaching PoolSize failed
+	// dials (after which it dials only once a second, delaying recovery).
+	FailFor time.Duration
+	// Window is the sliding window of the failure ratio rule (>= 10 ms).
+	Window time.Duration
+	// MinCalls is the minimum of calls within Window before FailureRatio
+	// applies (>= 1).
+	MinCalls int
+	// FailureRatio of failed calls within Window (when at least MinCalls)
+	// opens the circuit; in (0, 1].
+	FailureRatio float64
+	// OpenFor is how long the circuit stays open before half-open probes
+	// (> 0). With Redis back, normal answers resume within OpenFor plus
+	// go-redis' 1 s reconnect probe; with memcached back, within OpenFor.
+	OpenFor time.Duration
+	// Probes is how many half-open probe calls may be in flight at once
+	// (>= 0; 0 means 1). Several probes keep one call that lands on a
+	// stale connection from reopening the circuit for another OpenFor.
+	Probes int
+	// Disabled turns the breaker off: every call goes to the backend.
+	Disabled bool
+	// OnTransition, when not nil, is called after each state change with
+	// the new state: Open when the circuit opens (also again from
+	// half-open), HalfOpen when the first probe after OpenFor is let
+	// through, Closed when a probe succeeded. It runs on the
+	// goroutine of the call that changed the state, after the breaker's
+	// lock is released; keep it fast (a log line, a counter).
+	OnTransition func(to State)
+}
+
+// DefaultOptions: open after 5 consecutive failures or >= 50% failed
+// of >= 20 calls within 1 s, timeouts only once they have lasted 1 s;
+// up to 3 probes after 250 ms.
+func DefaultOptions() Options {
+	return Options{
+		Failures:     DefaultFailures,
+		FailFor:      DefaultFailFor,
+		Window:       DefaultWindow,
+		MinCalls:     DefaultMinCalls,
+		FailureRatio: DefaultFailureRatio,
+		OpenFor:      DefaultOpenFor,
+		Probes:       DefaultProbes,
+	}
+}
+
+// Validate reports every out-of-range field, joined ("breaker: ..."; the
+// backend prefixes its name).
+func (o Options) Validate() error {
+	if o.Disabled {
+		return nil
+	}
+	var errs []error
+	if o.Failures < 1 {
+		errs = append(errs, fmt.Errorf("breaker: failures must be at least 1, got %d", o.Failures))
+	}
+	if o.Window < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("breaker: window must be at least 10ms, got %v", o.Window))
+	}
+	if o.MinCalls < 1 {
+		errs = append(errs, fmt.Errorf("breaker: min calls must be at least 1, got %d", o.MinCalls))
+	}
+	if !(o.FailureRatio > 0 && o.FailureRatio <= 1) {
+		errs = append(errs, fmt.Errorf("breaker: failure ratio must be in (0, 1], got %v", o.FailureRatio))
+	}
+	if o.OpenFor <= 0 {
+		errs = append(errs, fmt.Errorf("breaker: open-for must be positive, got %v", o.OpenFor))
+	}
+	if o.FailFor < 0 {
+		errs = append(errs, fmt.Errorf("breaker: fail-for must not be negative, got %v", o.FailFor))
+	}
+	if o.Probes < 0 {
+		errs = append(errs, fmt.Errorf("breaker: probes must not be negative, got %d", o.Probes))
+	}
+	return errors.Join(errs...)
+}
+
+const breakerBuckets = 10
+
+type breakerBucket struct {
+	epoch         int64 // bucket index in time (UnixNano / width)
+	calls, failed int
+	firstFail     int64 // UnixNano of the bucket's first failure
+}
+
+// Breaker is a circuit breaker: it stops calls to a backend that keeps
+// failing so that no request waits on it, and probes it again after
+// OpenFor. The pure methods (Allow, Record, StateAt) take the time as an
+// argument; Do and Healthy read the breaker's clock. Safe for concurrent
+// use. The zero value is not usable; use New.
+type Breaker struct {
+	opts  Options
+	errs  Errors
+	now   func() time.Time
+	width int64 // bucket width in ns
+
+	mu          sync.Mutex
+	state       State // closed or open; half-open is derived
+	openedAt    time.Time
+	probes      int       // half-open probes in flight
+	probeAt     time.Time // when the latest probe was allowed
+	consecutive int
+	streakStart time.Time // when the first of the consecutive failures was recorded
+	streakHard  bool      // the consecutive failures include a non-timeout outage
+	openHard    bool      // the circuit opened on failures that include a non-timeout outage
+	buckets     [breakerBuckets]breakerBucket
+	opened      uint64 // times the circuit opened
+	// halfOpened: HalfOpen was reported since the circuit last
+	// opened; pending are the transitions unlock reports.
+	halfOpened bool
+	pending    []State
+}
+
+// unlock releases b.mu and then reports the transitions recorded while it
+// was held to OnTransition.
+func (b *Breaker) unlock() {
+	p := b.pending
+	b.pending = nil
+	b.mu.Unlock()
+	if b.opts.OnTransition != nil {
+		for _, st := range p {
+			b.opts.OnTransition(st)
+		}
+	}
+}
+
+// transitionLocked records a state change for unlock. b.mu is held.
+func (b *Breaker) transitionLocked(to State) {
+	if b.opts.OnTransition != nil {
+		b.pending = append(b.pending, to)
+	}
+}
+
+// Outcome is how a call's error counts.
+type Outcome int
+
+const (
+	// Answered: the backend answered (a success, or an error reply from a
+	// live server): it resets the consecutive failures, and a half-open
+	// probe that answered closes the circuit.
+	Answered Outcome = iota
+	// Neutral: the call says nothing about the backend (the caller
+	// canceled, the call ran out of budget while the backend was
+	// answering, a refusal of this breaker): it counts for nothing.
+	Neutral
+	// Stalled: the backend did not answer in time (a timeout). Stalls open
+	// the circuit only once they span FailFor; the circuit they open
+	// refuses calls with Errors.StalledOpen.
+	Stalled
+	// Failed: the backend proved a failure (connection refused, not
+	// serving). A run of Failures that includes one opens at once, and the
+	// circuit refuses calls with Errors.Open.
+	Failed
+)
+
+// OutcomeOf is the Outcome of an error a backend classified: Neutral
+// when neutral, else Stalled for an outage that is a timeout, Failed for
+// another outage, and Answered for an error that is no outage (a reply
+// from a live server).
+func OutcomeOf(outage, timeout, neutral bool) Outcome {
+	switch {
+	case neutral:
+		return Neutral
+	case outage && timeout:
+		return Stalled
+	case outage:
+		return Failed
+	}
+	return Answered
+}
+
+// Errors are what a backend's breaker refuses calls with and how it reads
+// their errors.
+type Errors struct {
+	// Open refuses a call while failures the backend proved (Failed)
+	// opened the circuit: the rules' failure modes decide.
+	Open error
+	// StalledOpen refuses a call while stalls alone opened it: nothing
+	// proves a failure, so the backend gives it its timeout cause and the
+	// service sheds it.
+	StalledOpen error
+	// Outcome classifies a call's non-nil error; Open and StalledOpen must
+	// be Neutral.
+	Outcome func(err error) Outcome
+}
+
+// New returns a closed breaker. errs says how it reads and refuses calls;
+// now is its clock for Do, State and Healthy (nil: time.Now). o must be
+// valid (see Options.Validate).
+func New(o Options, errs Errors, now func() time.Time) *Breaker {
+	if now == nil {
+		now = time.Now
+	}
+	w := int64(o.Window) / breakerBuckets
+	if w <= 0 {
+		w = 1
+	}
+	return &Breaker{opts: o, errs: errs, now: now, width: w}
+}
+
+// Allow reports whether a call may go to the backend at now: nil, or the
+// refusal (see OpenErr) while the circuit is open or Probes half-open
+// probes are in flight. Every allowed call must be followed by exactly one Record.
+func (b *Breaker) Allow(now time.Time) error {
+	if b.opts.Disabled {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.unlock()
+	switch b.stateLocked(now) {
+	case Closed:
+		return nil
+	case HalfOpen:
+		if !b.halfOpened {
+			b.halfOpened = true
+			b.transitionLocked(HalfOpen)
+		}
+		// Probes that never recorded (lost) are replaced after another
+		// OpenFor.
+		if b.probes > 0 && now.Sub(b.probeAt) >= b.opts.OpenFor {
+			b.probes = 0
+		}
+		if b.probes < max(1, b.opts.Probes) {
+			b.probes++
+			b.probeAt = now
+			return nil
+		}
+	}
+	return b.openErrLocked()
+}
+
+// openErrLocked is the error of a call refused by the open circuit:
+// Errors.Open when proven failures opened it, Errors.StalledOpen when only
+// stalls (timeouts) did. b.mu is held.
+func (b *Breaker) openErrLocked() error {
+	if b.openHard {
+		return b.errs.Open
+	}
+	return b.errs.StalledOpen
+}
+
+// OpenErr is nil unless the circuit is open at now, and then the error of
+// a call it refuses (see openErrLocked).
+func (b *Breaker) OpenErr(now time.Time) error {
+	if b.opts.Disabled {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stateLocked(now) != Open {
+		return nil
+	}
+	return b.openErrLocked()
+}
+
+// Record reports the outcome of an allowed call that ended at now (see
+// Outcome: nil is Answered).
+func (b *Breaker) Record(now time.Time, err error) { b.RecordSince(now, now, err) }
+
+// RecordSince is Record for a call that started at start: a call that
+// started before the circuit last opened is a straggler and counts for
+// nothing.
+func (b *Breaker) RecordSince(start, now time.Time, err error) {
+	if b.opts.Disabled {
+		return
+	}
+	outcome := Answered
+	if err != nil {
+		outcome = b.errs.Outcome(err)
+	}
+	failed, neutral, hard := outcome >= Stalled, outcome == Neutral, outcome == Failed
+	b.mu.Lock()
+	defer b.unlock()
+	st := b.stateLocked(now)
+	if st != Closed && start.Before(b.openedAt) {
+		// A straggler that started before the circuit opened.
+		return
+	}
+	if st == HalfOpen {
+		// A probe.
+		b.probes = max(0, b.probes-1)
+		switch {
+		case neutral:
+		case failed:
+			if b.probes == 0 {
+				b.openLocked(now, hard)
+			}
+		default:
+			b.closeLocked()
+		}
+		return
+	}
+	if st == Open || neutral {
+		return
+	}
+	bk := b.bucketLocked(now)
+	bk.calls++
+	if !failed {
+		b.consecutive = 0
+		return
+	}
+	b.failLocked(bk, now, hard)
+}
+
+// Overdue records a stall for an invocation sent at sent that the
+// backend has left unanswered until now (with no other reply since): the
+// evidence of a frozen or black-holed backend while the calls riding the
+// invocation still wait within their budgets. It counts only while the
+// circuit is closed (a half-open probe reports its own outcome) and not
+// for invocations sent before the circuit last opened.
+func (b *Breaker) Overdue(sent, now time.Time) {
+	if b.opts.Disabled {
+		return
+	}
+	b.mu.Lock()
+	defer b.unlock()
+	if b.stateLocked(now) != Closed || sent.Before(b.openedAt) {
+		return
+	}
+	bk := b.bucketLocked(now)
+	bk.calls++
+	b.failLocked(bk, now, false)
+}
+
+// failLocked counts one failure (hard: not a timeout) ending at now in bk
+// and opens the circuit when a rule says so. b.mu is held; the circuit is
+// closed.
+func (b *Breaker) failLocked(bk *breakerBucket, now time.Time, hard bool) {
+	bk.failed++
+	if bk.failed == 1 {
+		bk.firstFail = now.UnixNano()
+	}
+	b.consecutive++
+	if b.consecutive == 1 {
+		b.streakStart, b.streakHard = now, false
+	}
+	b.streakHard = b.streakHard || hard
+	if b.consecutive >= b.opts.Failures && (b.streakHard || now.Sub(b.streakStart) >= b.opts.FailFor) {
+		b.openLocked(now, b.streakHard)
+		return
+	}
+	calls, fails, first := b.windowLocked(now)
+	if calls >= b.opts.MinCalls && float64(fails) >= b.opts.FailureRatio*float64(calls) &&
+		now.UnixNano()-first >= int64(b.opts.FailFor) {
+		b.openLocked(now, b.streakHard)
+	}
+}
+
+// StateAt is the state at now (open turns half-open OpenFor after opening).
+func (b *Breaker) StateAt(now time.Time) State {
+	if b.opts.Disabled {
+		return Closed
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stateLocked(now)
+}
+
+// State is the state now, by the breaker's clock (for a metrics gauge).
+func (b *Breaker) State() State { return b.StateAt(b.now()) }
+
+// Now is the breaker's clock.
+func (b *Breaker) Now() time.Time { return b.now() }
+
+// Healthy reports whether the circuit is closed now: the backend is
+// answering (for /healthcheck and gRPC health).
+func (b *Breaker) Healthy() bool { return b.State() == Closed }
+
+// Opened is how many times the circuit has opened since New.
+func (b *Breaker) Opened() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.opened
+}
+
+// Do runs fn under the breaker: while the circuit is open it returns the
+// refusal (see OpenErr) without calling fn; otherwise it calls fn with ctx
+// bounded by timeout (when > 0), records the outcome and returns fn's
+// error.
+func (b *Breaker) Do(ctx context.Context, timeout time.Duration, fn func(context.Context) error) error {
+	if err := b.Allow(b.now()); err != nil {
+		return err
+	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	start := b.now()
+	err := fn(ctx)
+	b.RecordSince(start, b.now(), err)
+	return err
+}
+
+func (b *Breaker) stateLocked(now time.Time) State {
+	if b.state == Open && now.Sub(b.openedAt) >= b.opts.OpenFor {
+		return HalfOpen
+	}
+	return b.state
+}
+
+func (b *Breaker) openLocked(now time.Time, hard bool) {
+	b.state, b.openedAt, b.probes, b.openHard = Open, now, 0, hard
+	b.opened++
+	b.halfOpened = false
+	b.transitionLocked(Open)
+}
+
+func (b *Breaker) closeLocked() {
+	b.state, b.consecutive, b.probes = Closed, 0, 0
+	b.buckets = [breakerBuckets]breakerBucket{}
+	b.transitionLocked(Closed)
+}
+
+func (b *Breaker) bucketLocked(now time.Time) *breakerBucket {
+	epoch := now.UnixNano() / b.width
+	bk := &b.buckets[uint64(epoch)%breakerBuckets]
+	if bk.epoch != epoch {
+		*bk = breakerBucket{epoch: epoch}
+	}
+	return bk
+}
+
+// windowLocked sums the buckets within Window of now; first is the
+// UnixNano of the earliest failure among them (now when none).
+func (b *Breaker) windowLocked(now time.Time) (calls, failed int, first int64) {
+	cur := now.UnixNano() / b.width
+	first = now.UnixNano()
+	for i := range b.buckets {
+		bk := &b.buckets[i]
+		if bk.epoch > cur-breakerBuckets && bk.epoch <= cur {
+			calls += bk.calls
+			failed += bk.failed
+			if bk.failed > 0 && bk.firstFail < first {
+				first = bk.firstFail
+			}
+		}
+	}
+	return calls, failed, first
+}

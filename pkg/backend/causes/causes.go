@@ -1,0 +1,74 @@
+// Package causes holds what the network backends (Redis, memcached) share
+// in telling why a call failed: the cause labels they both use, for
+// ratelimitd_backend_errors_total{cause} and the failure-mode logs, and
+// the classification of the errors below their protocols (the caller's
+// context, sockets, dialing), which is the same for both. Each backend
+// classifies its own protocol's replies first and wraps the result in its
+// own Error type.
+package causes
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+)
+
+// The cause labels both backends use; each backend documents when it
+// reports them and adds its own (Redis: readonly, loading, ...).
+const (
+	// Timeout: the backend did not answer within the call's budget.
+	Timeout = "timeout"
+	// Refused: no usable connection (refused, reset, closed, unreachable).
+	Refused = "refused"
+	// OOM: the backend answered that it is out of memory.
+	OOM = "oom"
+	// Canceled: the caller canceled the request before the backend
+	// answered (not a backend failure).
+	Canceled = "canceled"
+	// CircuitOpen: the circuit breaker is open after failures the backend
+	// proved; the backend was not called.
+	CircuitOpen = "circuit_open"
+	// Other: anything else.
+	Other = "other"
+)
+
+// Transport classifies err by the caller's context and the socket below
+// the backend's protocol: Canceled (context.Canceled, not an outage);
+// Timeout (context.DeadlineExceeded, os.ErrDeadlineExceeded, a net.Error
+// whose Timeout is true); Refused (connection refused, reset or aborted,
+// a broken pipe, an unreachable host or network, EOF mid-reply, a closed
+// connection). outage marks Timeout and Refused. ok is false when err is
+// none of these.
+func Transport(err error) (cause string, outage, ok bool) {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return Canceled, false, true
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
+		return Timeout, true, true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return Timeout, true, true
+	}
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return Refused, true, true
+	}
+	return "", false, false
+}
+
+// Dial reports whether err is a network operation or name resolution
+// error (*net.OpError, *net.DNSError) that Transport did not classify: a
+// connection that could not be made or used, which the backends count as
+// Refused (an outage).
+func Dial(err error) bool {
+	var oe *net.OpError
+	var de *net.DNSError
+	return errors.As(err, &oe) || errors.As(err, &de)
+}

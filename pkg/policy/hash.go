@@ -1,0 +1,73 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+)
+
+// Hash returns the hex SHA-256 of the canonical compiled content (domains,
+// rule paths, limits, flags, metadata; not file names or lines), for a
+// config-version metric. Equal configs give equal hashes.
+func (s *Set) Hash() string {
+	if s == nil {
+		return ""
+	}
+	return s.hash
+}
+
+// SourceHash returns the hex SHA-256 (64 characters) of what Load read:
+// the LoadOptions, then every loaded file in load order as its path (as
+// Load found it) and its bytes, each length-prefixed. Two Loads give equal
+// SourceHashes exactly when they read the same files, under the same
+// paths, with the same bytes: any byte change (a comment included), an
+// added, removed or renamed file changes it. A reload whose SourceHash
+// equals the config in force's is a no-op (docs/config.md, "Reload"). ""
+// for a nil Set or one not built by Load.
+func (s *Set) SourceHash() string {
+	if s == nil {
+		return ""
+	}
+	return s.sourceHash
+}
+
+func (s *Set) computeHash() {
+	h := sha256.New()
+	for _, d := range s.names {
+		fmt.Fprintf(h, "domain %q\n", d)
+		hashOverride(h, s.domains[d].override)
+		for _, r := range s.rules {
+			if r.Domain != d {
+				continue
+			}
+			fmt.Fprintf(h, "rule")
+			for _, n := range r.nodes {
+				fmt.Fprintf(h, " %q/%d/%q/%t/%t", n.key, n.kind, n.value, n.share, n.valueToMetric)
+			}
+			fmt.Fprintf(h, " unlimited=%t shadow=%t quota=%t detailed=%t name=%q replaces=%q\n", r.Unlimited, r.ShadowMode, r.QuotaMode, r.DetailedMetric, r.Name, r.Replaces)
+			if r.Counting != CountingDefault { // absent from older hashes: they stay the same
+				fmt.Fprintf(h, " counting=%s\n", r.Counting)
+			}
+			for _, l := range r.Limits {
+				fmt.Fprintf(h, " limit %q %q %d %d %d %d %d %t %d\n", l.Name, l.Policy, l.Unit, l.RequestsPerUnit, l.UnitMultiplier, l.Algorithm, l.Burst, l.Calendar, l.FailureMode)
+			}
+			if len(r.nodes) > 0 {
+				hashOverride(h, r.nodes[len(r.nodes)-1].override)
+			}
+			if r.Metadata != nil {
+				j, _ := json.Marshal(r.Metadata) // map keys sorted
+				fmt.Fprintf(h, " metadata %s\n", j)
+			}
+		}
+	}
+	s.hash = hex.EncodeToString(h.Sum(nil))
+}
+
+func hashOverride(w io.Writer, op *overridePolicy) {
+	if op == nil {
+		return
+	}
+	fmt.Fprintf(w, " override %t/%d %t/%d/%d %t/%d\n", op.modeSet, op.mode, op.maxSet, op.maxRPU, op.maxUnit, op.failSet, op.failure)
+}

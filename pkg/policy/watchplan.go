@@ -1,0 +1,145 @@
+package policy
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// watchPlan is what Watch reacts to, computed from the file system just
+// before each load. Paths are canonical: the directory part resolved
+// through symlinks (filepath.EvalSymlinks), the last element kept, which is
+// how fsnotify names the events of the (canonical) directories watched.
+type watchPlan struct {
+	dirs      map[string]bool // directories to watch
+	names     map[string]bool // files given, files loaded and their symlink targets
+	roots     []string        // directories given
+	links     []watchLink     // loaded files whose path involves a symlink
+	ignoreDot bool
+}
+
+// watchLink is a loaded file whose canonical target differs from its
+// canonical name; target is "" when it did not resolve.
+type watchLink struct{ path, target string }
+
+// canonDir resolves a directory through symlinks (Clean when it cannot).
+func canonDir(d string) string {
+	if r, err := filepath.EvalSymlinks(d); err == nil {
+		return r
+	}
+	return filepath.Clean(d)
+}
+
+// canonName resolves p's directory, keeping its last element.
+func canonName(p string) string {
+	p = filepath.Clean(p)
+	return filepath.Join(canonDir(filepath.Dir(p)), filepath.Base(p))
+}
+
+// resolve is p's symlink target, "" when it does not resolve.
+func resolve(p string) string {
+	t, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return ""
+	}
+	return t
+}
+
+func newWatchPlan(opts LoadOptions, paths []string) *watchPlan {
+	p := &watchPlan{dirs: map[string]bool{}, names: map[string]bool{}, ignoreDot: opts.IgnoreDotFiles}
+	for _, root := range paths {
+		st, err := os.Stat(root)
+		if err != nil || !st.IsDir() {
+			// A file, or a path that does not exist (yet): watch its
+			// directory for it.
+			p.names[canonName(root)] = true
+			p.dirs[canonDir(filepath.Dir(root))] = true
+			continue
+		}
+		p.roots = append(p.roots, canonDir(root))
+		_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			if path != root && opts.IgnoreDotFiles && strings.HasPrefix(d.Name(), ".") {
+				return filepath.SkipDir
+			}
+			p.dirs[canonDir(path)] = true
+			return nil
+		})
+	}
+	// The same expansion as Load, so the same extension and dotfile rules.
+	for _, f := range collectFiles(opts, paths, &errList{}) {
+		name := canonName(f)
+		p.names[name] = true
+		switch target := resolve(f); target {
+		case name:
+		case "":
+			p.links = append(p.links, watchLink{path: f})
+		default:
+			p.names[target] = true
+			p.dirs[filepath.Dir(target)] = true
+			p.links = append(p.links, watchLink{path: f, target: target})
+		}
+	}
+	return p
+}
+
+// loadable reports whether name, a canonical path, lies under a directory
+// given to Load along a path the loader walks (no dot element with
+// IgnoreDotFiles).
+func (p *watchPlan) loadable(name string) bool {
+	for _, root := range p.roots {
+		rel, err := filepath.Rel(root, name)
+		if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+			continue
+		}
+		if p.ignoreDot && slices.ContainsFunc(strings.Split(rel, string(filepath.Separator)), func(e string) bool {
+			return strings.HasPrefix(e, ".")
+		}) {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// relevant reports whether ev may change what Load reads.
+func (p *watchPlan) relevant(ev fsnotify.Event) bool {
+	if !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Write) && !ev.Has(fsnotify.Remove) && !ev.Has(fsnotify.Rename) {
+		return false // Chmod only: touch, permission bits, indexers
+	}
+	name := filepath.Clean(ev.Name)
+	if p.names[name] {
+		return true
+	}
+	structural := ev.Has(fsnotify.Create) || ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)
+	if p.loadable(name) {
+		if isYAML(name) {
+			return true
+		}
+		if ev.Has(fsnotify.Create) {
+			// A new subdirectory to walk (symlinks to directories are
+			// not followed by the loader).
+			if st, err := os.Lstat(name); err == nil && st.IsDir() {
+				return true
+			}
+		}
+		if (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) && p.dirs[name] {
+			return true
+		}
+	}
+	if !structural {
+		return false // a Write cannot retarget a symlink
+	}
+	for _, l := range p.links {
+		if resolve(l.path) != l.target {
+			return true
+		}
+	}
+	return false
+}
