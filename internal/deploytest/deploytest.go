@@ -1,7 +1,8 @@
 // Package deploytest holds what the deployment tests share (deploy/,
-// deploy/helm/, k8s/, and the end-to-end tests of internal/e2e): one
-// build of cmd/ratelimitd per test binary, running it until it answers,
-// its output collected, free loopback addresses, and the strict
+// deploy/helm/, k8s/, and the end-to-end tests of internal/e2e and
+// internal/faults): one build of cmd/ratelimitd per test binary (Build,
+// BuildMain), running it until it answers (StartServe, Start), its output
+// collected, free loopback addresses, and the strict
 // decoder that reads manifests into the Kubernetes API's own types
 // (unknown fields, duplicate keys and unknown kinds are errors), so the
 // tests check the objects as a cluster would receive them.

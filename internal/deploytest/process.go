@@ -2,7 +2,6 @@ package deploytest
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,26 +34,9 @@ func FreePorts(t testing.TB, n int) []string {
 	return out
 }
 
-// SyncBuffer collects a process's output. Safe for concurrent use; the
-// zero value is empty and ready.
-type SyncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-// Write appends p.
-func (s *SyncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// String is everything written so far.
-func (s *SyncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// SyncBuffer collects a process's output (testproc.Buffer: safe for
+// concurrent use; the zero value is empty and ready).
+type SyncBuffer = testproc.Buffer
 
 // Listening is a "listening" record of ratelimitd's JSON log.
 type Listening struct {

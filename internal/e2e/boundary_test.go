@@ -51,14 +51,7 @@ func tlsPost(cfg *tls.Config, url, body string) (int, string, error) {
 // without a certificate, and /json needs a certificate from the gRPC
 // client CA with the required SAN. A refused /json consumes nothing.
 func TestJSONBehindGRPCBoundary(t *testing.T) {
-	ca := newCA(t)
-	dir := t.TempDir()
-	srvCert, srvKey := ca.issue(t, "server", true)
-	writeFile(t, dir, "server.pem", string(srvCert))
-	writeFile(t, dir, "server-key.pem", string(srvKey))
-	writeFile(t, dir, "ca.pem", string(ca.pem))
-	cfgDir := t.TempDir()
-	writeFile(t, cfgDir, "e2e.yaml", fmt.Sprintf(oneFile, 2))
+	ca, dir, cfgDir := tlsSetup(t, "server", 2)
 	const san = "spiffe://cluster.local/ns/gw/sa/envoy"
 	tlsArgs := []string{"--config", cfgDir,
 		"--grpc-tls-cert", filepath.Join(dir, "server.pem"), "--grpc-tls-key", filepath.Join(dir, "server-key.pem"),

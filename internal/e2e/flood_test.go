@@ -146,7 +146,7 @@ func TestStreamFloodBounded(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		call(t, cc, "e2e", desc("k", "warm"))
 	}
-	before := rssBytes(t, p.cmd.Process.Pid)
+	before := rssBytes(t, p.Cmd.Process.Pid)
 
 	floods := make([]*floodConn, conns)
 	for i := range floods {
@@ -175,7 +175,7 @@ func TestStreamFloodBounded(t *testing.T) {
 	if resp := call(t, cc, "e2e", desc("k", "during-flood")); resp.GetStatuses()[0].GetLimitRemaining() != 999999 {
 		t.Errorf("decision during the flood: %v", resp)
 	}
-	after := rssBytes(t, p.cmd.Process.Pid)
+	after := rssBytes(t, p.Cmd.Process.Pid)
 	grew := after - before
 	budget := int64(conns * budgetPer)
 	if raceEnabled {

@@ -5,23 +5,21 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"go.uber.org/goleak"
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/deploytest"
@@ -41,22 +39,7 @@ func TestMain(m *testing.M) {
 	if raceEnabled {
 		flags = append(flags, "-race")
 	}
-	var out []byte
-	var err error
-	if bin, out, err = deploytest.Build(flags...); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: go build: %v\n%s", err, out)
-		deploytest.RemoveBuilds()
-		os.Exit(1)
-	}
-	code := m.Run()
-	deploytest.RemoveBuilds()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(deploytest.BuildMain(m, "e2e", &bin, flags...))
 }
 
 // repoRoot is the module root (tests run in internal/e2e).
@@ -69,36 +52,27 @@ func repoRoot(t testing.TB) string {
 	return root
 }
 
-// baseEnv is a clean environment for the child: no RATELIMITD_* or
-// envoyproxy/ratelimit variables leak in from the test's environment.
-func baseEnv() []string {
-	return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}
-}
-
 // proc is a running ratelimitd serve.
 type proc struct {
-	t     testing.TB
-	cmd   *exec.Cmd
+	*deploytest.Serve
 	grpc  string // host:port
 	http  string
 	debug string
 
-	logs deploytest.SyncBuffer
-	done chan struct{}
-	err  error // Wait's result, after done
+	stopOnce sync.Once
 }
 
 // startOpts configure start.
 type startOpts struct {
 	args []string // after "serve"
-	env  []string // added to baseEnv
+	env  []string // added to deploytest.CleanEnv
 	// legacyAddrs: the addresses come from the environment, not flags.
 	legacyAddrs bool
 }
 
 // start runs `ratelimitd serve` with loopback listeners on free ports and
-// waits until it logs its listen addresses. The process is stopped (SIGTERM,
-// then SIGKILL) at cleanup.
+// waits (up to 20 s) until it logs its listen addresses. The process is
+// stopped at cleanup: SIGTERM, and an error unless it exits 0 within 20 s.
 func start(t testing.TB, o startOpts) *proc {
 	t.Helper()
 	args := []string{"serve", "--log-format=json", "--log-level=debug"}
@@ -106,136 +80,69 @@ func start(t testing.TB, o startOpts) *proc {
 		args = append(args, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=127.0.0.1:0")
 	}
 	args = append(args, o.args...)
-	p := &proc{t: t, cmd: exec.Command(bin, args...), done: make(chan struct{})}
-	p.cmd.Env = append(baseEnv(), o.env...)
-	stderr, err := p.cmd.StderrPipe()
+	s, err := deploytest.StartServe(bin, args, deploytest.CleanEnv(o.env...), []string{deploytest.GRPC, deploytest.HTTP, deploytest.Debug}, 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.cmd.Stdout = io.Discard
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	addrs := make(chan deploytest.Listening, 8)
-	go func() {
-		deploytest.ScanLog(stderr, &p.logs, addrs)
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
+	p := &proc{Serve: s, grpc: s.Addrs[deploytest.GRPC], http: s.Addrs[deploytest.HTTP], debug: s.Addrs[deploytest.Debug]}
 	t.Cleanup(func() { p.stop(t) })
-	deadline := time.After(20 * time.Second)
-	for p.grpc == "" || p.http == "" || p.debug == "" {
-		select {
-		case a := <-addrs:
-			switch a.Server {
-			case "grpc":
-				p.grpc = a.Addr
-			case "http":
-				p.http = a.Addr
-			case "debug":
-				p.debug = a.Addr
-			}
-		case <-p.done:
-			t.Fatalf("ratelimitd exited during startup: %v\n%s", p.err, p.Logs())
-		case <-deadline:
-			t.Fatalf("ratelimitd did not log its listeners\n%s", p.Logs())
-		}
-	}
 	return p
 }
 
-// Logs returns everything the process wrote to stderr so far.
-func (p *proc) Logs() string {
-	return p.logs.String()
+// stop stops the process (deploytest.Serve.Stop with 20 s of grace) and
+// fails t for an unclean exit; later calls do nothing.
+func (p *proc) stop(t testing.TB) {
+	p.stopOnce.Do(func() {
+		if err := p.Stop(20 * time.Second); err != nil {
+			t.Error(err)
+		}
+	})
 }
 
-// signal sends SIGTERM and returns a channel closed when the process exited.
+// terminate sends SIGTERM and returns a channel closed when the process
+// exited.
 func (p *proc) terminate() <-chan struct{} {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	return p.done
+	_ = p.Signal(syscall.SIGTERM)
+	return p.Done()
 }
 
 // exitCode waits (bounded) for the process and returns its exit code.
 func (p *proc) exitCode(t testing.TB, within time.Duration) int {
 	t.Helper()
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-time.After(within):
 		t.Fatalf("ratelimitd still running after %v\n%s", within, p.Logs())
 	}
-	return p.cmd.ProcessState.ExitCode()
-}
-
-func (p *proc) stop(t testing.TB) {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		// A clean shutdown exits 0; a -race binary exits 66 after a race.
-		if code := p.cmd.ProcessState.ExitCode(); code != 0 || strings.Contains(p.Logs(), "DATA RACE") {
-			t.Errorf("ratelimitd exited %d after SIGTERM\n%s", code, p.Logs())
-		}
-	case <-time.After(20 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		t.Errorf("ratelimitd ignored SIGTERM for 20s\n%s", p.Logs())
-	}
+	return p.Cmd.ProcessState.ExitCode()
 }
 
 // dial opens a gRPC client connection to the process, closed at cleanup.
 func (p *proc) dial(t testing.TB) *grpc.ClientConn {
 	t.Helper()
-	cc, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc
+	return testproc.Dial(t, p.grpc)
 }
 
-// waitServing polls grpc.health.v1 for service until SERVING.
+// waitServing polls grpc.health.v1 for service until SERVING (up to 20 s).
 func (p *proc) waitServing(t testing.TB, cc *grpc.ClientConn, service string) {
 	t.Helper()
-	hc := healthpb.NewHealthClient(cc)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
-		cancel()
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("health %q not SERVING after 20s (last: %v, %v)\n%s", service, resp.GetStatus(), err, p.Logs())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := testproc.WaitHealth(cc, service, healthpb.HealthCheckResponse_SERVING, 20*time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, p.Logs())
 	}
 }
 
 // health returns the gRPC health status of service.
 func health(t testing.TB, cc *grpc.ClientConn, service string) healthpb.HealthCheckResponse_ServingStatus {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	st, err := testproc.Health(cc, service)
 	if err != nil {
 		t.Fatalf("health check %q: %v", service, err)
 	}
-	return resp.GetStatus()
+	return st
 }
 
 // desc builds a descriptor from key, value pairs.
-func desc(kv ...string) *rlcommon.RateLimitDescriptor {
-	d := &rlcommon.RateLimitDescriptor{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-	}
-	return d
-}
+var desc = testproc.Desc
 
 // call sends one ShouldRateLimit.
 func call(t testing.TB, cc *grpc.ClientConn, domain string, ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitResponse {
@@ -291,8 +198,7 @@ func writeFile(t testing.TB, dir, name, content string) {
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t testing.TB) string {
 	t.Helper()
-	_, port, _ := net.SplitHostPort(deploytest.FreeAddr(t))
-	return port
+	return deploytest.FreePorts(t, 1)[0]
 }
 
 // eventually retries f every 20ms until it returns "" or within elapses;
@@ -318,11 +224,11 @@ func runCmd(t testing.TB, args ...string) (int, string, string) {
 	return runCmdEnv(t, nil, args...)
 }
 
-// runCmdEnv is runCmd with env added to baseEnv.
+// runCmdEnv is runCmd with env added to deploytest.CleanEnv.
 func runCmdEnv(t testing.TB, env []string, args ...string) (int, string, string) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(baseEnv(), env...)
+	cmd.Env = deploytest.CleanEnv(env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

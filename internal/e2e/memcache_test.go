@@ -223,16 +223,7 @@ func TestMemcacheRefusesOtherAlgorithms(t *testing.T) {
 	}
 	writeFile(t, dir, "mc.yaml", "domain: mc\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n")
 	p.waitServing(t, cc, "")
-	writeFile(t, dir, "mc.yaml", bad)
-	eventually(t, 10*time.Second, func() string {
-		if n := strings.Count(p.Logs(), refused); n < 2 {
-			return fmt.Sprintf("%d refusals logged, want 2\n%s", n, p.Logs())
-		}
-		return ""
-	})
-	if got := call(t, cc, "mc", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 5 {
-		t.Errorf("limit %d after a refused reload, want 5 (the config in force)", got)
-	}
+	reloadRefused(t, p, cc, dir, "mc.yaml", bad, refused, "mc")
 	if got := health(t, cc, ""); got != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health %v after a refused reload, want SERVING on the config in force", got)
 	}

@@ -346,7 +346,7 @@ func TestGracefulShutdown(t *testing.T) {
 func TestSIGINT(t *testing.T) {
 	p := start(t, startOpts{args: []string{"--config", filepath.Join(repoRoot(t), "examples/config")}})
 	p.waitServing(t, p.dial(t), "")
-	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	_ = p.Signal(syscall.SIGINT)
 	if code := p.exitCode(t, 15*time.Second); code != 0 {
 		t.Errorf("exit code %d, want 0", code)
 	}

@@ -3,77 +3,28 @@ package e2e
 import (
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// udpStats is a statsd server on loopback: it sums counter lines and
-// counts timer samples by name, and keeps the last gauge value.
-type udpStats struct {
-	pc   net.PacketConn
-	mu   sync.Mutex
-	sums map[string]float64 // "name|type"
-	bad  []string
-	done chan struct{}
-}
+// udpStats is a statsd server on loopback (testproc.StatsdSink).
+type udpStats struct{ *testproc.StatsdSink }
 
-func listenStatsd(t *testing.T) *udpStats {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &udpStats{pc: pc, sums: map[string]float64{}, done: make(chan struct{})}
-	go func() {
-		defer close(u.done)
-		buf := make([]byte, 1<<16)
-		for {
-			n, _, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			u.mu.Lock()
-			for _, l := range strings.Split(string(buf[:n]), "\n") {
-				if l == "" {
-					continue
-				}
-				name, rest, ok1 := strings.Cut(l, ":")
-				val, typ, ok2 := strings.Cut(rest, "|")
-				v, err := strconv.ParseFloat(val, 64)
-				switch {
-				case !ok1 || !ok2 || err != nil:
-					u.bad = append(u.bad, l)
-				case typ == "c":
-					u.sums[name+"|c"] += v
-				case typ == "ms":
-					u.sums[name+"|ms"]++
-				case typ == "g":
-					u.sums[name+"|g"] = v
-				default:
-					u.bad = append(u.bad, l)
-				}
-			}
-			u.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { _ = pc.Close(); <-u.done })
-	return u
-}
+func listenStatsd(t *testing.T) udpStats { return udpStats{testproc.ListenStatsd(t)} }
 
-func (u *udpStats) port() string {
-	_, p, _ := net.SplitHostPort(u.pc.LocalAddr().String())
+func (u udpStats) port() string {
+	_, p, _ := net.SplitHostPort(u.Addr())
 	return p
 }
 
-func (u *udpStats) get(key string) (float64, bool) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	v, ok := u.sums[key]
+// get is the total of key ("name|type", see testproc.StatsdSink.Totals).
+func (u udpStats) get(key string) (float64, bool) {
+	totals, _ := u.Totals()
+	v, ok := totals[key]
 	return v, ok
 }
 
@@ -129,15 +80,14 @@ descriptors:
 		t.Errorf("/metrics %d without ratelimitd_statsd_datagrams_total", code)
 	}
 	p.stop(t)
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if len(u.bad) > 0 {
-		t.Errorf("malformed statsd lines: %q", u.bad)
+	sums, bad := u.Totals()
+	if len(bad) > 0 {
+		t.Errorf("malformed statsd lines: %q", bad)
 	}
 	// Counts are exact after the final flush at shutdown too.
 	for k, v := range want {
-		if u.sums[k] != v {
-			t.Errorf("after shutdown %s = %v, want %v", k, u.sums[k], v)
+		if sums[k] != v {
+			t.Errorf("after shutdown %s = %v, want %v", k, sums[k], v)
 		}
 	}
 }

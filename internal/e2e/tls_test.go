@@ -31,26 +31,37 @@ type testCA struct {
 
 var serial int64 = 1
 
-func newCA(t *testing.T) *testCA {
+// newKeyCert generates a P-256 key and a DER certificate of tmpl for it,
+// with the next serial number, valid from an hour ago to an hour from
+// now, signed by ca (self-signed when ca is nil).
+func newKeyCert(t *testing.T, tmpl *x509.Certificate, ca *testCA) ([]byte, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	serial++
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(serial),
-		Subject:               pkix.Name{CommonName: "e2e CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
+	tmpl.SerialNumber = big.NewInt(serial)
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	parent, signer := tmpl, key
+	if ca != nil {
+		parent, signer = ca.cert, ca.key
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, signer)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return der, key
+}
+
+func newCA(t *testing.T) *testCA {
+	t.Helper()
+	der, key := newKeyCert(t, &x509.Certificate{
+		Subject:               pkix.Name{CommonName: "e2e CA"},
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}, nil)
 	cert, _ := x509.ParseCertificate(der)
 	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
@@ -58,18 +69,10 @@ func newCA(t *testing.T) *testCA {
 // issue returns PEM certificate and key for cn with the given SANs.
 func (ca *testCA) issue(t *testing.T, cn string, server bool, uris ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial++
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial),
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		Subject:     pkix.Name{CommonName: cn},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 	if server {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
@@ -82,15 +85,35 @@ func (ca *testCA) issue(t *testing.T, cn string, server bool, uris ...string) (c
 		}
 		tmpl.URIs = append(tmpl.URIs, pu)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	der, key := newKeyCert(t, tmpl, ca)
 	kder, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// serverFiles writes a server certificate for cn (server.pem,
+// server-key.pem) and the CA (ca.pem) into a new directory and returns it.
+func (ca *testCA) serverFiles(t *testing.T, cn string) string {
+	t.Helper()
+	dir := t.TempDir()
+	srvCert, srvKey := ca.issue(t, cn, true)
+	writeFile(t, dir, "server.pem", string(srvCert))
+	writeFile(t, dir, "server-key.pem", string(srvKey))
+	writeFile(t, dir, "ca.pem", string(ca.pem))
+	return dir
+}
+
+// tlsSetup makes a CA, a server certificate for cn in dir (serverFiles)
+// and a config directory holding oneFile with limit.
+func tlsSetup(t *testing.T, cn string, limit int) (ca *testCA, dir, cfgDir string) {
+	t.Helper()
+	ca = newCA(t)
+	dir = ca.serverFiles(t, cn)
+	cfgDir = t.TempDir()
+	writeFile(t, cfgDir, "e2e.yaml", fmt.Sprintf(oneFile, limit))
+	return ca, dir, cfgDir
 }
 
 func clientTLS(t *testing.T, ca *testCA, certPEM, keyPEM []byte) *tls.Config {
@@ -131,14 +154,7 @@ func checkHealth(t *testing.T, addr string, cfg *tls.Config) error {
 // gRPC mTLS with a required SAN; a replaced server certificate is served
 // without a restart.
 func TestGRPCMutualTLS(t *testing.T) {
-	ca := newCA(t)
-	dir := t.TempDir()
-	srvCert, srvKey := ca.issue(t, "server-1", true)
-	writeFile(t, dir, "server.pem", string(srvCert))
-	writeFile(t, dir, "server-key.pem", string(srvKey))
-	writeFile(t, dir, "ca.pem", string(ca.pem))
-	cfgDir := t.TempDir()
-	writeFile(t, cfgDir, "e2e.yaml", fmt.Sprintf(oneFile, 3))
+	ca, dir, cfgDir := tlsSetup(t, "server-1", 3)
 	const san = "spiffe://cluster.local/ns/istio-system/sa/ingress"
 
 	p := start(t, startOpts{args: []string{"--config", cfgDir,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -67,7 +68,7 @@ func TestSIGHUPReloads(t *testing.T) {
 	p := start(t, startOpts{args: []string{"--config", filepath.Join(dir, "e2e.yaml"), "--log-level=debug"}})
 	cc := p.dial(t)
 	p.waitServing(t, cc, "")
-	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := p.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	// The same content: reloaded and found unchanged (nothing replaced).
@@ -84,8 +85,8 @@ func TestSIGHUPReloads(t *testing.T) {
 		t.Errorf("want exactly one first=true load\n%s", p.Logs())
 	}
 	select {
-	case <-p.done:
-		t.Fatalf("exited after SIGHUP: %v\n%s", p.err, p.Logs())
+	case <-p.Done():
+		t.Fatalf("exited after SIGHUP: %v\n%s", p.Err(), p.Logs())
 	default:
 	}
 	if got := call(t, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 5 {
@@ -267,8 +268,8 @@ func TestMakeRunStops(t *testing.T) {
 	cmd := exec.Command(makeBin, "-s", "run", "BIN="+built,
 		"RUN_ARGS=--grpc-addr=127.0.0.1:0 --http-addr=127.0.0.1:0 --debug-addr= --log-format=json")
 	cmd.Dir = repoRoot(t)
-	cmd.Env = append(baseEnv(), "GOFLAGS="+os.Getenv("GOFLAGS"), "GOCACHE="+goEnv(t, "GOCACHE"), "GOPATH="+goEnv(t, "GOPATH"))
-	logs := &deploytest.SyncBuffer{}
+	cmd.Env = deploytest.CleanEnv("GOFLAGS="+os.Getenv("GOFLAGS"), "GOCACHE="+goEnv(t, "GOCACHE"), "GOPATH="+goEnv(t, "GOPATH"))
+	logs := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -310,6 +311,10 @@ func TestMakeRunStops(t *testing.T) {
 		t.Errorf("server did not shut down gracefully\n%s", logs.String())
 	}
 }
+
+// syncBuffer is a bytes.Buffer safe for exec's copying goroutine and the
+// test reading it.
+type syncBuffer = testproc.Buffer
 
 // childRunning returns the pid of a child of parent running exe, or 0.
 func childRunning(parent int, exe string) int {
@@ -386,6 +391,24 @@ func waitRefusedAtStart(t *testing.T, p *proc, cc *grpc.ClientConn, refused stri
 	}
 }
 
+// reloadRefused writes content to dir/name while p serves a config whose
+// rule k allows 5 in domain, waits until p logged refused a second time
+// (the first was at startup), and checks that k still allows 5: the
+// config in force stays.
+func reloadRefused(t *testing.T, p *proc, cc *grpc.ClientConn, dir, name, content, refused, domain string) {
+	t.Helper()
+	writeFile(t, dir, name, content)
+	eventually(t, 10*time.Second, func() string {
+		if n := strings.Count(p.Logs(), refused); n < 2 {
+			return fmt.Sprintf("%d refusals logged, want 2\n%s", n, p.Logs())
+		}
+		return ""
+	})
+	if got := call(t, cc, domain, desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 5 {
+		t.Errorf("limit %d after a refused reload, want 5 (the config in force)", got)
+	}
+}
+
 // --max-config-rules refuses a config with more rules at startup (not
 // serving) and at reload (the config in force stays), with an ERROR naming
 // both counts.
@@ -399,16 +422,7 @@ func TestMaxConfigRules(t *testing.T) {
 	waitRefusedAtStart(t, p, cc, refused)
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
 	p.waitServing(t, cc, "")
-	writeFile(t, dir, "e2e.yaml", two)
-	eventually(t, 10*time.Second, func() string {
-		if n := strings.Count(p.Logs(), refused); n < 2 {
-			return fmt.Sprintf("%d refusals logged, want 2\n%s", n, p.Logs())
-		}
-		return ""
-	})
-	if got := call(t, cc, "e2e", desc("k", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 5 {
-		t.Errorf("limit %d after a refused reload, want 5 (the config in force)", got)
-	}
+	reloadRefused(t, p, cc, dir, "e2e.yaml", two, refused, "e2e")
 }
 
 // --max-config-bytes refuses a config larger than the limit before parsing.

@@ -14,14 +14,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	goredis "github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/deploytest"
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -56,22 +55,7 @@ func TestMain(m *testing.M) {
 	if raceEnabled {
 		flags = append(flags, "-race")
 	}
-	var out []byte
-	var err error
-	if bin, out, err = deploytest.Build(flags...); err != nil {
-		fmt.Fprintf(os.Stderr, "faults: go build: %v\n%s", err, out)
-		deploytest.RemoveBuilds()
-		os.Exit(1)
-	}
-	code := m.Run()
-	deploytest.RemoveBuilds()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(deploytest.BuildMain(m, "faults", &bin, flags...))
 }
 
 type quiet struct{}
@@ -126,7 +110,7 @@ func pinCPUs(t testing.TB, n int) {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
-	setProcAttr(cmd)
+	testproc.KillWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -238,95 +222,30 @@ func clusterBackend(g *redistest.ClusterGroup) backend {
 
 // proc is one running `ratelimitd serve`.
 type proc struct {
-	cmd  *exec.Cmd
+	*deploytest.Serve
 	grpc string // host:port
 	http string
-
-	logs deploytest.SyncBuffer
-	done chan struct{}
-
-	stopOnce sync.Once
-	stopErr  error
 }
 
 // startProc runs `ratelimitd serve --config cfgDir args...` with loopback
 // listeners on free ports (no debug listener) and returns once it has
-// logged its listeners. It does not use t, so that several can start at
-// once; the caller stops it.
+// logged its listeners (within 30 s). It does not use t, so that several
+// can start at once; the caller stops it.
 func startProc(cfgDir string, args []string) (*proc, error) {
 	full := append([]string{"serve", "--config", cfgDir, "--log-format=json",
 		"--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr="}, args...)
-	p := &proc{cmd: exec.Command(bin, full...), done: make(chan struct{})}
-	// A clean environment (no RATELIMITD_* or envoyproxy/ratelimit
-	// variables from the test's); GORACE: a -race binary otherwise sleeps
-	// 1 s at exit (atexit_sleep_ms), which would dominate the fresh bursts.
-	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir(), "GORACE=atexit_sleep_ms=0"}
-	p.cmd.Stdout = io.Discard
-	setProcAttr(p.cmd)
-	stderr, err := p.cmd.StderrPipe()
+	// GORACE: a -race binary otherwise sleeps 1 s at exit
+	// (atexit_sleep_ms), which would dominate the fresh bursts.
+	s, err := deploytest.StartServe(bin, full, deploytest.CleanEnv("GORACE=atexit_sleep_ms=0"), []string{deploytest.GRPC, deploytest.HTTP}, 30*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	if err := p.cmd.Start(); err != nil {
-		return nil, err
-	}
-	addrs := make(chan deploytest.Listening, 8)
-	go func() {
-		deploytest.ScanLog(stderr, &p.logs, addrs)
-		_ = p.cmd.Wait()
-		close(p.done)
-	}()
-	deadline := time.After(30 * time.Second)
-	for p.grpc == "" || p.http == "" {
-		select {
-		case a := <-addrs:
-			switch a.Server {
-			case "grpc":
-				p.grpc = a.Addr
-			case "http":
-				p.http = a.Addr
-			}
-		case <-p.done:
-			return nil, fmt.Errorf("ratelimitd exited during startup: %v\n%s", p.cmd.ProcessState, p.Logs())
-		case <-deadline:
-			_ = p.cmd.Process.Kill()
-			<-p.done
-			return nil, fmt.Errorf("ratelimitd did not log its listeners within 30s\n%s", p.Logs())
-		}
-	}
-	return p, nil
+	return &proc{Serve: s, grpc: s.Addrs[deploytest.GRPC], http: s.Addrs[deploytest.HTTP]}, nil
 }
 
-// Logs is everything the process wrote to stderr so far.
-func (p *proc) Logs() string {
-	return p.logs.String()
-}
-
-// logTail is the last n lines of Logs.
-func (p *proc) logTail(n int) string {
-	lines := strings.Split(strings.TrimRight(p.Logs(), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
-
-// stop sends SIGTERM and waits: an exit code other than 0 (66 after a data
-// race under -race) or a "DATA RACE" in the logs is an error. Safe to call
-// more than once.
-func (p *proc) stop() error {
-	p.stopOnce.Do(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-			if code := p.cmd.ProcessState.ExitCode(); code != 0 || strings.Contains(p.Logs(), "DATA RACE") {
-				p.stopErr = fmt.Errorf("ratelimitd exited %d after SIGTERM\n%s", code, p.Logs())
-			}
-		case <-time.After(20 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-			p.stopErr = fmt.Errorf("ratelimitd ignored SIGTERM for 20s\n%s", p.logTail(50))
-		}
-	})
-	return p.stopErr
-}
+// stop sends SIGTERM and waits up to 20 s (deploytest.Serve.Stop). Safe to
+// call more than once.
+func (p *proc) stop() error { return p.Stop(20 * time.Second) }
 
 // fleet is n ratelimitd instances of one config and backend, with one gRPC
 // client connection each.
@@ -401,7 +320,7 @@ func (f *fleet) stop() {
 func (f *fleet) logs(n int) string {
 	var b strings.Builder
 	for i, p := range f.procs {
-		fmt.Fprintf(&b, "--- ratelimitd %d (%s)\n%s\n", i, p.grpc, p.logTail(n))
+		fmt.Fprintf(&b, "--- ratelimitd %d (%s)\n%s\n", i, p.grpc, p.LogTail(n))
 	}
 	return b.String()
 }
@@ -409,26 +328,15 @@ func (f *fleet) logs(n int) string {
 // health is instance i's grpc.health.v1 status of service ("" and an error
 // when the check itself failed).
 func (f *fleet) health(i int, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	resp, err := healthpb.NewHealthClient(f.conns[i]).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
-	return resp.GetStatus(), err
+	return testproc.Health(f.conns[i], service)
 }
 
 // waitHealth polls instance i's health of service every 10 ms until it is
 // want, failing t after within.
 func (f *fleet) waitHealth(i int, service string, want healthpb.HealthCheckResponse_ServingStatus, within time.Duration) {
 	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		st, err := f.health(i, service)
-		if err == nil && st == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("instance %d: health %q not %v within %v (last: %v, %v)\n%s", i, service, want, within, st, err, f.logs(30))
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := testproc.WaitHealth(f.conns[i], service, want, within); err != nil {
+		f.t.Fatalf("instance %d: %v\n%s", i, err, f.logs(30))
 	}
 }
 

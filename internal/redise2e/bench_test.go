@@ -15,7 +15,6 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -127,11 +126,7 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 // BenchmarkShouldRateLimitMemory is the same path over the memory backend,
 // for comparison.
 func BenchmarkShouldRateLimitMemory(b *testing.B) {
-	st, err := memory.New(memory.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = st.Close() })
+	st := newMemory(b)
 	svc, err := service.New(service.Options{Store: st, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)

@@ -1,17 +1,13 @@
 package redise2e
 
 import (
-	"io"
-	"log/slog"
 	"math"
 	"sync"
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -53,21 +49,7 @@ func TestHugeHitsAddend(t *testing.T) {
 	srv := redistest.Standalone(t)
 	set := loadSet(t, hugeConfig)
 
-	mem, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = mem.Close() })
-	memReg := prometheus.NewRegistry()
-	memSvc, err := service.New(service.Options{
-		Store:      mem,
-		Registerer: memReg,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	memSvc.SetPolicy(set)
+	memSvc, memReg := newService(t, service.Options{Store: newMemory(t)}, set)
 	redisIn := newInstance(t, generous(standaloneOpts(srv.URL())), set)
 	warm(t, []*instance{redisIn})
 	backends := []struct {

@@ -2,8 +2,6 @@ package redise2e
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -94,12 +91,7 @@ func countingBackends(t *testing.T) []backend {
 	srv := redistest.Standalone(t)
 	return []backend{
 		{"memory", func(t testing.TB, _ int) service.Store {
-			m, err := memory.New(memory.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = m.Close() })
-			return m
+			return newMemory(t)
 		}},
 		{"redis", func(t testing.TB, localCache int) service.Store {
 			o := generous(standaloneOpts(srv.URL()))
@@ -114,17 +106,7 @@ func countingBackends(t *testing.T) []backend {
 // a client of it (as Envoy's) and the service's metrics registry.
 func grpcService(t testing.TB, store service.Store, counting policy.Counting) (rlsv3.RateLimitServiceClient, *prometheus.Registry) {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	svc, err := service.New(service.Options{
-		Store:      store,
-		Registerer: reg,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Counting:   counting,
-	})
-	if err != nil {
-		t.Fatalf("service.New: %v", err)
-	}
-	svc.SetPolicy(loadSet(t, countingConfig))
+	svc, reg := newService(t, service.Options{Store: store, Counting: counting}, loadSet(t, countingConfig))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

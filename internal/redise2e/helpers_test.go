@@ -16,10 +16,10 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -64,6 +64,17 @@ type instance struct {
 	reg   *prometheus.Registry
 }
 
+// newMemory is a memory store with default Options, closed when t ends.
+func newMemory(t testing.TB) *memory.Store {
+	t.Helper()
+	m, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
 // newStore builds a redis.Store from opts and closes it when t ends.
 func newStore(t testing.TB, opts redis.Options) *redis.Store {
 	t.Helper()
@@ -80,23 +91,23 @@ func newStore(t testing.TB, opts redis.Options) *redis.Store {
 func newInstance(t testing.TB, opts redis.Options, set *policy.Set) *instance {
 	t.Helper()
 	st := newStore(t, opts)
-	fb, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = fb.Close() })
+	svc, reg := newService(t, service.Options{Store: st, Fallback: newMemory(t)}, set)
+	return &instance{svc: svc, store: st, reg: reg}
+}
+
+// newService is service.New(o) with a new metrics registry (returned)
+// and a discarding logger, serving set; an error fails t.
+func newService(t testing.TB, o service.Options, set *policy.Set) (*service.Service, *prometheus.Registry) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	svc, err := service.New(service.Options{
-		Store:      st,
-		Fallback:   fb,
-		Registerer: reg,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	o.Registerer = reg
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc, err := service.New(o)
 	if err != nil {
 		t.Fatalf("service.New: %v", err)
 	}
 	svc.SetPolicy(set)
-	return &instance{svc: svc, store: st, reg: reg}
+	return svc, reg
 }
 
 // standaloneOpts are DefaultOptions for a standalone server URL.
@@ -180,35 +191,11 @@ func problemType(t testing.TB, r *rlsv3.RateLimitResponse) string {
 // every pair of want.
 func counter(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	v, err := testproc.MetricSum(reg, name, want)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if hasLabels(m, want) {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
-func hasLabels(m *dto.Metric, want map[string]string) bool {
-	n := 0
-	for _, lp := range m.GetLabel() {
-		if v, ok := want[lp.GetName()]; ok {
-			if v != lp.GetValue() {
-				return false
-			}
-			n++
-		}
-	}
-	return n == len(want)
+	return v
 }
 
 // causes returns ratelimitd_backend_errors_total by cause (non-zero only).

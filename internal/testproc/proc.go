@@ -1,9 +1,19 @@
-// Package testproc runs the server processes of the test helpers
-// (redis-server in pkg/backend/redis/redistest, memcached in
+// Package testproc runs the server processes of the tests.
+//
+// Proc runs the servers of the test helpers (redis-server in
+// pkg/backend/redis/redistest, memcached in
 // pkg/backend/memcache/memcachetest): start with the output appended to a
 // log file, kill, freeze (SIGSTOP) and resume, and tell whether the
-// process is alive. A server is killed when the test process dies without
-// running its cleanups (Linux: a parent-death signal).
+// process is alive; a server is killed when the test process dies
+// without running its cleanups (Linux: a parent-death signal,
+// KillWithParent). FreePort and FreePorts choose loopback ports.
+//
+// The rest is what tests of ratelimitd itself share, light enough for
+// any package's tests: Dial, Health and WaitHealth talk to a running
+// server, Desc and WithHits build the descriptors of its requests,
+// MetricSum and MetricValue read its Prometheus registry, StatsdSink
+// receives its statsd lines, and Buffer collects a log. Running the
+// binary itself is internal/deploytest's (Build, StartServe).
 package testproc
 
 import (
@@ -36,7 +46,7 @@ func (p *Proc) Start(name string, args []string, dir, logPath string) error {
 	defer p.mu.Unlock()
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
-	cmd.SysProcAttr = procAttr()
+	KillWithParent(cmd)
 	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -120,6 +130,11 @@ func (p *Proc) Cont() {
 		p.stopped = false
 	}
 }
+
+// KillWithParent sets cmd up, before its Start, to be killed when the
+// test process dies without running its cleanups (Linux: a parent-death
+// SIGKILL; elsewhere nothing).
+func KillWithParent(cmd *exec.Cmd) { cmd.SysProcAttr = procAttr() }
 
 // Faults are a Proc's fault controls (Kill, Stop, Cont, see Proc), for a
 // test helper's Server to embed, so that each helper does not restate

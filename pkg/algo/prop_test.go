@@ -20,13 +20,11 @@ type event struct {
 	allowed bool
 }
 
-// schedule draws a limit of kind k and a non-decreasing schedule of hits
-// (several at the same instant allowed), applies it, and checks the
-// properties every algorithm shares: Remaining >= 0; a hit is allowed iff
-// max(cost, 1) <= the Remaining a check reports just before it; a denied
-// hit and a check leave the state unchanged; RetryAfter > 0 iff denied.
-func schedule(rt *rapid.T, k algo.Kind) (algo.Limit, []event) {
-	l := algo.Limit{
+// drawLimit draws a limit of kind k: Rate 1 to 12 per Period of 1 µs to
+// 3 s, and for TokenBucket a Burst of 0 to 20. It returns the limit, its
+// capacity (Burst when set, else Rate) and its Period in microseconds.
+func drawLimit(rt *rapid.T, k algo.Kind) (l algo.Limit, capa, periodMicros int64) {
+	l = algo.Limit{
 		Kind:   k,
 		Rate:   rapid.Int64Range(1, 12).Draw(rt, "rate"),
 		Period: time.Duration(rapid.Int64Range(1, 3_000_000).Draw(rt, "period_us")) * time.Microsecond,
@@ -34,11 +32,20 @@ func schedule(rt *rapid.T, k algo.Kind) (algo.Limit, []event) {
 	if k == algo.TokenBucket {
 		l.Burst = rapid.Int64Range(0, 20).Draw(rt, "burst")
 	}
-	capa := l.Rate
+	capa = l.Rate
 	if l.Burst > 0 {
 		capa = l.Burst
 	}
-	p := l.Period.Microseconds()
+	return l, capa, l.Period.Microseconds()
+}
+
+// schedule draws a limit of kind k and a non-decreasing schedule of hits
+// (several at the same instant allowed), applies it, and checks the
+// properties every algorithm shares: Remaining >= 0; a hit is allowed iff
+// max(cost, 1) <= the Remaining a check reports just before it; a denied
+// hit and a check leave the state unchanged; RetryAfter > 0 iff denied.
+func schedule(rt *rapid.T, k algo.Kind) (algo.Limit, []event) {
+	l, capa, p := drawLimit(rt, k)
 	n := rapid.IntRange(1, 150).Draw(rt, "n")
 	var st algo.State
 	t := base + rapid.Int64Range(0, p).Draw(rt, "start")
@@ -347,19 +354,7 @@ func TestPropMaxCost(t *testing.T) {
 func TestPropChargeAndRefund(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		k := algo.Kind(rapid.IntRange(0, int(algo.Concurrency)).Draw(rt, "kind"))
-		l := algo.Limit{
-			Kind:   k,
-			Rate:   rapid.Int64Range(1, 12).Draw(rt, "rate"),
-			Period: time.Duration(rapid.Int64Range(1, 3_000_000).Draw(rt, "period_us")) * time.Microsecond,
-		}
-		if k == algo.TokenBucket {
-			l.Burst = rapid.Int64Range(0, 20).Draw(rt, "burst")
-		}
-		capa := l.Rate
-		if l.Burst > 0 {
-			capa = l.Burst
-		}
-		p := l.Period.Microseconds()
+		l, capa, p := drawLimit(rt, k)
 		var st algo.State
 		tt := base + rapid.Int64Range(0, p).Draw(rt, "start")
 		for i := range rapid.IntRange(1, 100).Draw(rt, "n") {

@@ -109,16 +109,24 @@ func (r *recorder) writeFor(d, interval time.Duration, write func(n int)) int {
 	return n
 }
 
+// watched writes version 0 of a config of rules rules (versionConfig)
+// to a new file and returns its path and a recorder watching it that has
+// seen the first Set.
+func watched(t *testing.T, rules int) (string, *recorder) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	write(t, p, versionConfig(0, rules))
+	r := record(t, p)
+	r.waitFirst(t)
+	return p, r
+}
+
 // TestWatchContinuousReplaceConverges: a config replaced (write-then-rename)
 // every 20 ms for 3 s has intermediate versions applied while the writes
 // go on (the maximum wait), and the last version is in force once they
 // stop; every Set applied is a complete version, in increasing order.
 func TestWatchContinuousReplaceConverges(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "config.yaml")
-	write(t, p, versionConfig(0, 5))
-	r := record(t, p)
-	r.waitFirst(t)
+	p, r := watched(t, 5)
 	last := r.writeFor(3*time.Second, 20*time.Millisecond, func(n int) { replace(t, p, versionConfig(n, 5)) })
 	sets := r.waitLast(t, last)
 	checkApplied(t, sets, 5)
@@ -138,11 +146,7 @@ func TestWatchContinuousReplaceConverges(t *testing.T) {
 // (truncate, write) every 20 ms for 2 s is never applied empty or partial,
 // and the last version is in force once the writes stop.
 func TestWatchContinuousInPlaceConverges(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "config.yaml")
-	write(t, p, versionConfig(0, 20))
-	r := record(t, p)
-	r.waitFirst(t)
+	p, r := watched(t, 20)
 	last := r.writeFor(2*time.Second, 20*time.Millisecond, func(n int) { write(t, p, versionConfig(n, 20)) })
 	checkApplied(t, r.waitLast(t, last), 20)
 }
@@ -157,11 +161,7 @@ func TestWatchHalfWrittenNeverApplied(t *testing.T) {
 	debounce, maxWait := watchDebounce, watchMaxWait
 	watchDebounce, watchMaxWait = time.Second, 2*time.Second
 	t.Cleanup(func() { watchDebounce, watchMaxWait = debounce, maxWait })
-	dir := t.TempDir()
-	p := filepath.Join(dir, "config.yaml")
-	write(t, p, versionConfig(0, 40))
-	r := record(t, p)
-	r.waitFirst(t)
+	p, r := watched(t, 40)
 	last := r.writeFor(3*time.Second, 10*time.Millisecond, func(n int) {
 		full := versionConfig(n, 40)
 		half := versionConfig(n, 20) // a prefix of full, and a valid config
@@ -188,11 +188,7 @@ func TestWatchHalfWrittenNeverApplied(t *testing.T) {
 // invalid version: the invalid one is reported and never applied, a
 // version written during the writes stays in force.
 func TestWatchInvalidAfterWritesKeepsValid(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "config.yaml")
-	write(t, p, versionConfig(0, 5))
-	r := record(t, p)
-	r.waitFirst(t)
+	p, r := watched(t, 5)
 	r.writeFor(2*time.Second, 20*time.Millisecond, func(n int) { replace(t, p, versionConfig(n, 5)) })
 	replace(t, p, "domain: bad\nbogus: 1\n")
 	deadline := time.Now().Add(reloadBound)

@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -36,24 +36,13 @@ descriptors:
 `
 
 // syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
+type syncBuffer struct{ testproc.Buffer }
 
 // lines returns the JSON log records with message msg.
 func (s *syncBuffer) lines(t *testing.T, msg string) []map[string]any {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(s.b.String()), "\n") {
+	for _, l := range strings.Split(strings.TrimSpace(s.String()), "\n") {
 		if l == "" {
 			continue
 		}
@@ -67,8 +56,6 @@ func (s *syncBuffer) lines(t *testing.T, msg string) []map[string]any {
 	}
 	return out
 }
-
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 type adminEnv struct {
 	svc   *service.Service
@@ -100,12 +87,7 @@ func newAdminEnv(t *testing.T, store service.Store, keys policy.KeyOptions, muta
 	e := &adminEnv{set: set, clock: c, reg: prometheus.NewRegistry(), log: &syncBuffer{}}
 	opts := service.Options{Store: store, Registerer: e.reg, Now: c.Now,
 		Logger: slog.New(slog.NewJSONHandler(e.log, nil))}
-	if mutate != nil {
-		mutate(&opts)
-	}
-	if e.svc, err = service.New(opts); err != nil {
-		t.Fatal(err)
-	}
+	e.svc = newService(t, opts, mutate)
 	e.svc.SetPolicy(set)
 	return e
 }
@@ -189,34 +171,9 @@ func TestExplainDoesNotConsume(t *testing.T) {
 	if _, err := e.svc.Explain(context.Background(), req("")); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("empty domain: %v", err)
 	}
-	if got := counterValue(t, e.reg, "ratelimitd_admin_requests_total", "explain", "ok"); got != 7 {
+	if got := metricValue(t, e.reg, "ratelimitd_admin_requests_total", map[string]string{"op": "explain", "result": "ok"}); got != 7 {
 		t.Errorf("admin_requests_total{explain,ok} = %v, want 7", got)
 	}
-}
-
-// counterValue is the value of the counter name{lvs...} in reg (0 when
-// absent).
-func counterValue(t *testing.T, reg *prometheus.Registry, name string, lvs ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			ok := len(m.GetLabel()) == len(lvs)
-			for i, lp := range m.GetLabel() {
-				ok = ok && lp.GetValue() == lvs[i]
-			}
-			if ok {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
 }
 
 // Reset deletes the counters of the matched descriptors, logs who and
@@ -247,7 +204,7 @@ func TestReset(t *testing.T) {
 	if strings.Contains(e.log.String(), "alice") {
 		t.Errorf("the descriptor value reached the log:\n%s", e.log.String())
 	}
-	if got := counterValue(t, e.reg, "ratelimitd_counter_resets_total"); got != 1 {
+	if got := metricValue(t, e.reg, "ratelimitd_counter_resets_total", nil); got != 1 {
 		t.Errorf("counter_resets_total = %v, want 1", got)
 	}
 
@@ -344,7 +301,7 @@ func TestDecisionLogBound(t *testing.T) {
 	if len(lines) != 5 {
 		t.Fatalf("%d decision lines for 50 decisions at 5/s with a pinned clock, want 5", len(lines))
 	}
-	if got := counterValue(t, e.reg, "ratelimitd_decision_log_suppressed_total"); got != 45 {
+	if got := metricValue(t, e.reg, "ratelimitd_decision_log_suppressed_total", nil); got != 45 {
 		t.Errorf("suppressed_total = %v, want 45", got)
 	}
 	e.clock.Advance(200 * time.Millisecond) // one token

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
@@ -137,6 +137,33 @@ func loadSet(t testing.TB, paths ...string) *policy.Set {
 	return set
 }
 
+// testOptions are the Options of the test services: store, metrics in
+// reg, a discarding logger, the test clock c and a Rand of 0 (no retry
+// jitter).
+func testOptions(c *clock, store service.Store, reg *prometheus.Registry) service.Options {
+	return service.Options{
+		Store:      store,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Registerer: reg,
+		Now:        c.Now,
+		Rand:       func() float64 { return 0 },
+	}
+}
+
+// newService is service.New(opts) after mutate (when not nil) has changed
+// opts, failing t on an error.
+func newService(t testing.TB, opts service.Options, mutate func(*service.Options)) *service.Service {
+	t.Helper()
+	if mutate != nil {
+		mutate(&opts)
+	}
+	svc, err := service.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
 func newEnv(t testing.TB, mutate func(*service.Options)) *env {
 	t.Helper()
 	return startEnv(t, false, mutate)
@@ -148,21 +175,9 @@ func startEnv(t testing.TB, withCodec bool, mutate func(*service.Options)) *env 
 	t.Helper()
 	c := &clock{now: t0}
 	e := &env{clock: c, store: newStore(t, c), fallback: newStore(t, c), reg: prometheus.NewRegistry()}
-	opts := service.Options{
-		Store:      e.store,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Fallback:   e.fallback,
-		Registerer: e.reg,
-		Now:        c.Now,
-		Rand:       func() float64 { return 0 },
-	}
-	if mutate != nil {
-		mutate(&opts)
-	}
-	svc, err := service.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts := testOptions(c, e.store, e.reg)
+	opts.Fallback = e.fallback
+	svc := newService(t, opts, mutate)
 	svc.SetPolicy(loadSet(t))
 	e.svc = svc
 
@@ -206,20 +221,12 @@ func newInProcess(tb testing.TB, st service.Store, now func() time.Time) *servic
 	return svc
 }
 
-// d builds a descriptor from key, value pairs.
-func d(kv ...string) *rlcommon.RateLimitDescriptor {
-	out := &rlcommon.RateLimitDescriptor{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		out.Entries = append(out.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
-	}
-	return out
-}
-
-// withHits sets the descriptor-level hits_addend.
-func withHits(x *rlcommon.RateLimitDescriptor, n uint64) *rlcommon.RateLimitDescriptor {
-	x.HitsAddend = wrapperspb.UInt64(n)
-	return x
-}
+// d builds a descriptor from key, value pairs; withHits sets the
+// descriptor-level hits_addend.
+var (
+	d        = testproc.Desc
+	withHits = testproc.WithHits
+)
 
 func req(domain string, ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitRequest {
 	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds}

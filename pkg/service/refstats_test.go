@@ -2,25 +2,21 @@ package service_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
@@ -50,57 +46,17 @@ descriptors:
 `
 
 // statsdSink is a UDP listener that records every stat line it receives.
-type statsdSink struct {
-	pc    net.PacketConn
-	mu    sync.Mutex
-	lines []string
-	n     int // datagrams
-	done  chan struct{}
-}
+type statsdSink struct{ *testproc.StatsdSink }
 
-func newStatsdSink(t testing.TB) *statsdSink {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u, ok := pc.(*net.UDPConn); ok {
-		_ = u.SetReadBuffer(4 << 20)
-	}
-	s := &statsdSink{pc: pc, done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		buf := make([]byte, 65536)
-		for {
-			n, _, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.n++
-			for _, l := range strings.Split(string(buf[:n]), "\n") {
-				if l != "" {
-					s.lines = append(s.lines, l)
-				}
-			}
-			s.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { _ = pc.Close(); <-s.done })
-	return s
-}
-
-func (s *statsdSink) addr() string { return s.pc.LocalAddr().String() }
+func newStatsdSink(t testing.TB) statsdSink { return statsdSink{testproc.ListenStatsd(t)} }
 
 // waitDatagrams waits until n datagrams in all have arrived (loopback
 // delivers them in well under the time allowed).
-func (s *statsdSink) waitDatagrams(t testing.TB, n uint64) {
+func (s statsdSink) waitDatagrams(t testing.TB, n uint64) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		s.mu.Lock()
-		got := s.n
-		s.mu.Unlock()
+		got := s.Datagrams()
 		if uint64(got) >= n {
 			return
 		}
@@ -112,34 +68,14 @@ func (s *statsdSink) waitDatagrams(t testing.TB, n uint64) {
 }
 
 // totals sums the values of every line by "name|type" (counters and
-// gauges by value; timers counted as samples).
-func (s *statsdSink) totals(t testing.TB) map[string]float64 {
+// gauges by value; timers counted as samples); a malformed line fails t.
+func (s statsdSink) totals(t testing.TB) map[string]float64 {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := map[string]float64{}
-	for _, l := range s.lines {
-		name, rest, ok := strings.Cut(l, ":")
-		val, typ, ok2 := strings.Cut(rest, "|")
-		if !ok || !ok2 {
-			t.Fatalf("malformed statsd line %q", l)
-		}
-		v, err := strconv.ParseFloat(val, 64)
-		if err != nil {
-			t.Fatalf("line %q: %v", l, err)
-		}
-		switch typ {
-		case "c":
-			out[name+"|c"] += v
-		case "g":
-			out[name+"|g"] = v
-		case "ms":
-			out[name+"|ms"]++
-		default:
-			t.Fatalf("line %q: unknown type %q", l, typ)
-		}
+	totals, bad := s.Totals()
+	if len(bad) > 0 {
+		t.Fatalf("malformed statsd lines %q", bad)
 	}
-	return out
+	return totals
 }
 
 // refEnv is a service with a statsd client behind a real loopback gRPC
@@ -147,7 +83,7 @@ func (s *statsdSink) totals(t testing.TB) map[string]float64 {
 type refEnv struct {
 	svc    *service.Service
 	sc     *statsd.Client
-	sink   *statsdSink
+	sink   statsdSink
 	reg    *prometheus.Registry
 	clock  *clock
 	client rlsv3.RateLimitServiceClient
@@ -160,27 +96,15 @@ func startRefEnv(t *testing.T, store service.Store, mutate func(*service.Options
 		store = newStore(t, c)
 	}
 	e := &refEnv{clock: c, sink: newStatsdSink(t), reg: prometheus.NewRegistry()}
-	sc, err := statsd.New(statsd.Options{Addr: e.sink.addr(), FlushInterval: time.Hour, Registerer: e.reg})
+	sc, err := statsd.New(statsd.Options{Addr: e.sink.Addr(), FlushInterval: time.Hour, Registerer: e.reg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sc.Close() })
 	e.sc = sc
-	opts := service.Options{
-		Store:      store,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Registerer: e.reg,
-		Statsd:     sc,
-		Now:        c.Now,
-		Rand:       func() float64 { return 0 },
-	}
-	if mutate != nil {
-		mutate(&opts)
-	}
-	svc, err := service.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts := testOptions(c, store, e.reg)
+	opts.Statsd = sc
+	svc := newService(t, opts, mutate)
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "rl.yaml"), refStatsConfig)
 	set, _, err := policy.Load(policy.LoadOptions{}, dir)
@@ -233,41 +157,15 @@ func datagrams(t *testing.T, g prometheus.Gatherer) uint64 {
 	return uint64(gatherValue(t, g, "ratelimitd_statsd_datagrams_total", nil))
 }
 
-// gatherValue returns the value of the series of name whose labels
-// include want (0 when absent).
+// gatherValue is the sum of the series of name in g whose labels include
+// want (0 when absent).
 func gatherValue(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
+	v, err := testproc.MetricSum(g, name, want)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if hasLabels(m, want) {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
-func hasLabels(m *dto.Metric, want map[string]string) bool {
-	for k, v := range want {
-		found := false
-		for _, lp := range m.GetLabel() {
-			if lp.GetName() == k && lp.GetValue() == v {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	return v
 }
 
 func checkStats(t *testing.T, got map[string]float64, want map[string]float64) {

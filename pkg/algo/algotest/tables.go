@@ -233,12 +233,15 @@ func fractional() []Table {
 			}
 			steps = append(steps, one(at, "k", l, 1, want))
 		}
-		out = append(out, Table{Name: "fractional_refill_" + kindName(k), Steps: steps})
+		out = append(out, Table{Name: "fractional_refill_" + KindName(k), Steps: steps})
 	}
 	return out
 }
 
-func kindName(k algo.Kind) string {
+// KindName is the configuration name of k (the algorithm: field of a
+// rule: fixed_window, sliding_window, sliding_log, token_bucket,
+// concurrency), for test and subtest names.
+func KindName(k algo.Kind) string {
 	switch k {
 	case algo.FixedWindow:
 		return "fixed_window"

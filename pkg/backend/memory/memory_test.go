@@ -202,7 +202,7 @@ func TestBackgroundSweep(t *testing.T) {
 
 func BenchmarkTake(b *testing.B) {
 	for _, k := range []algo.Kind{algo.FixedWindow, algo.SlidingWindow, algo.SlidingLog, algo.TokenBucket, algo.Concurrency} {
-		b.Run(kindName(k), func(b *testing.B) {
+		b.Run(algotest.KindName(k), func(b *testing.B) {
 			s := newStore(b, memory.Options{})
 			l := algo.Limit{Kind: k, Rate: 100, Period: time.Second}
 			var n atomic.Int64
@@ -260,10 +260,6 @@ func BenchmarkBytesPerKey(b *testing.B) {
 			}
 		})
 	}
-}
-
-func kindName(k algo.Kind) string {
-	return [...]string{"fixed_window", "sliding_window", "sliding_log", "token_bucket", "concurrency"}[k]
 }
 
 // TestMultiKeyStress: concurrent requests over overlapping key sets (in

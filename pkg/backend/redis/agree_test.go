@@ -42,6 +42,26 @@ func genLimit(t *rapid.T, kind algo.Kind) algo.Limit {
 	return l
 }
 
+// drawHit draws one hit on one of the two keys names[0], names[1] with
+// its limit from limits: a cost from 0 to Rate+Burst+2 (above capacity
+// included), soft one time in five.
+func drawHit(rt *rapid.T, names []string, limits map[string]algo.Limit) algo.Hit {
+	k := names[rapid.IntRange(0, 1).Draw(rt, "key")]
+	l := limits[k]
+	h := algo.Hit{Key: k, Limit: l, Cost: rapid.Int64Range(0, l.Rate+l.Burst+2).Draw(rt, "cost")}
+	h.Soft = rapid.IntRange(0, 4).Draw(rt, "soft?") == 0
+	return h
+}
+
+// stepSpan is the time scale of the clock steps for limit l: its Period,
+// or 400 days for a calendar window (whose Period field is a placeholder).
+func stepSpan(l algo.Limit) time.Duration {
+	if l.Calendar != algo.CalendarNone {
+		return 400 * 24 * time.Hour
+	}
+	return l.Period
+}
+
 var agreeCase atomic.Int64
 
 // TestAgreement: random schedules of (advance, hits) give identical
@@ -100,11 +120,7 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
 				states := map[string]algo.State{}
 				steps := rapid.IntRange(1, 40).Draw(rt, "steps")
 				for step := range steps {
-					l0 := limits[names[0]]
-					span := l0.Period
-					if l0.Calendar != algo.CalendarNone {
-						span = 400 * 24 * time.Hour
-					}
+					span := stepSpan(limits[names[0]])
 					switch rapid.IntRange(0, 9).Draw(rt, "advance_kind") {
 					case 0: // same instant
 					case 1: // clock goes back a little
@@ -120,11 +136,8 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
 					nh := rapid.IntRange(1, 3).Draw(rt, "hits")
 					hits := make([]algo.Hit, nh)
 					for i := range hits {
-						k := names[rapid.IntRange(0, 1).Draw(rt, "key")]
-						l := limits[k]
-						hits[i] = algo.Hit{Key: k, Limit: l, Cost: rapid.Int64Range(0, l.Rate+l.Burst+2).Draw(rt, "cost")}
-						hits[i].Soft = rapid.IntRange(0, 4).Draw(rt, "soft?") == 0
-						hits[i].Charge = charged[k]
+						hits[i] = drawHit(rt, names, limits)
+						hits[i].Charge = charged[hits[i].Key]
 						if !compensated {
 							if rapid.IntRange(0, 5).Draw(rt, "flip_charge?") == 0 {
 								hits[i].Charge = !hits[i].Charge

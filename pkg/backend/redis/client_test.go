@@ -529,11 +529,7 @@ func storeFailFast(t testing.TB, report func(fault string, lat []time.Duration))
 	srv := redistest.Standalone(t)
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
-	st, err := redis.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
+	st := openStore(t, o)
 	hits := []algo.Hit{{Key: "failfast", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 40, Period: time.Minute}, Cost: 1}}
 	call := func() error {
 		// Envoy's 20 ms deadline: a frozen Redis costs a call its budget

@@ -22,12 +22,7 @@ func newClusterStore(t testing.TB, g *redistest.ClusterGroup, now func() time.Ti
 	o.DialTimeout = 2 * time.Second
 	o.PoolSize = 8
 	o.Now = now
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatalf("redis.New: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
+	return openStore(t, o)
 }
 
 // slotKeys returns n keys with pairwise different hash slots on different

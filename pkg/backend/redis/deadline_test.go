@@ -25,11 +25,7 @@ func frozenStore(t testing.TB, breakerOff bool) (*redis.Store, *redistest.Server
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
 	o.Breaker.Disabled = breakerOff
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := openStore(t, o)
 	if _, err := s.Take(context.Background(), []algo.Hit{{Key: "warm", Limit: frozenLimit, Cost: 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -179,18 +175,11 @@ func TestFrozenRedisOpensCircuitForCallsWithoutDeadline(t *testing.T) {
 // ones (MinIdleConns), never a connection per request, and cost Redis at
 // most one EVALSHA each (no extra round trip; concurrent ones share one).
 func TestConcurrentTakesShareConnections(t *testing.T) {
-	redistest.Require(t)
-	srv := redistest.Standalone(t)
-	o := redis.DefaultOptions()
-	o.URL = srv.URL()
+	srv, o := standaloneOptions(t)
 	o.Timeout = 2 * time.Second // exactness of the counts, not latency
 	o.PoolSize = 32
 	o.Pipelines = 2
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := openStore(t, o)
 	ctx := context.Background()
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
 	if _, err := s.Take(ctx, []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {
@@ -267,16 +256,9 @@ func infoField(t *testing.T, info, name, field string) int {
 // EVALSHA behind it in the same pipeline), not once per call, and every
 // Take is decided exactly (100 of a 60-per-hour key).
 func TestNoScriptBurst(t *testing.T) {
-	redistest.Require(t)
-	srv := redistest.Standalone(t)
-	o := redis.DefaultOptions()
-	o.URL = srv.URL()
+	srv, o := standaloneOptions(t)
 	o.Timeout = 2 * time.Second // exactness of the counts, not latency
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := openStore(t, o)
 	ctx := context.Background()
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 60, Period: time.Hour}
 	if _, err := s.Take(ctx, []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {

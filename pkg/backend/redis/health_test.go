@@ -30,11 +30,7 @@ func newHealthStore(t *testing.T, o redis.Options) (*redis.Store, *redis.ManualC
 	t.Helper()
 	o.Timeout = 50 * time.Millisecond
 	o.HealthInterval = 0 // the probe is started below, on the manual clock
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatalf("redis.New: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := openStore(t, o)
 	clk := redis.NewManualClock()
 	redis.StartProbe(s, healthInterval, clk)
 	return s, clk
@@ -188,10 +184,7 @@ func TestHealthProbeWithoutTraffic(t *testing.T) {
 // TestHealthProbeQuietUnderTraffic: while a call succeeds within every
 // interval the probe sends no PING; once calls stop, every iteration does.
 func TestHealthProbeQuietUnderTraffic(t *testing.T) {
-	redistest.Require(t)
-	srv := redistest.Standalone(t)
-	o := redis.DefaultOptions()
-	o.URL = srv.URL()
+	srv, o := standaloneOptions(t)
 	s, clk := newHealthStore(t, o)
 	lim := algo.Limit{Kind: algo.TokenBucket, Rate: 1000, Period: time.Second}
 	take := func() {
@@ -222,10 +215,7 @@ func TestHealthProbeQuietUnderTraffic(t *testing.T) {
 // TestHealthProbeDisabled: HealthInterval 0 starts no probe (no PING),
 // and a negative interval is invalid.
 func TestHealthProbeDisabled(t *testing.T) {
-	redistest.Require(t)
-	srv := redistest.Standalone(t)
-	o := redis.DefaultOptions()
-	o.URL = srv.URL()
+	srv, o := standaloneOptions(t)
 	o.HealthInterval = -time.Second
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "health interval") {
 		t.Fatalf("Validate(HealthInterval -1s) = %v, want a health interval error", err)

@@ -157,11 +157,7 @@ func TestLuaCrossVersion(t *testing.T) {
 				var lastTake []luaSeg
 				steps := rapid.IntRange(1, 30).Draw(rt, "steps")
 				for step := range steps {
-					l0 := limits[names[0]]
-					span := l0.Period
-					if l0.Calendar != algo.CalendarNone {
-						span = 400 * 24 * time.Hour
-					}
+					span := stepSpan(limits[names[0]])
 					if rapid.IntRange(0, 3).Draw(rt, "advance?") != 0 {
 						now = now.Add(time.Duration(rapid.Int64Range(0, int64(span/time.Microsecond)/3).Draw(rt, "adv_us")) * time.Microsecond)
 					}
@@ -179,10 +175,7 @@ func TestLuaCrossVersion(t *testing.T) {
 							nh := rapid.IntRange(1, 3).Draw(rt, "hits")
 							hits := make([]algo.Hit, nh)
 							for i := range hits {
-								k := names[rapid.IntRange(0, 1).Draw(rt, "key")]
-								l := limits[k]
-								hits[i] = algo.Hit{Key: k, Limit: l, Cost: rapid.Int64Range(0, l.Rate+l.Burst+2).Draw(rt, "cost")}
-								hits[i].Soft = rapid.IntRange(0, 4).Draw(rt, "soft?") == 0
+								hits[i] = drawHit(rt, names, limits)
 								if kind == algo.Concurrency && rapid.IntRange(0, 3).Draw(rt, "release?") == 0 {
 									hits[i].Release = true
 								}

@@ -17,12 +17,31 @@ func defaultStore(t testing.TB, srv *redistest.Server) *redis.Store {
 	t.Helper()
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
+	return openStore(t, o)
+}
+
+// openStore is redis.New(o), failing t on an error; the Store is closed
+// at the end of the test.
+func openStore(t testing.TB, o redis.Options) *redis.Store {
+	t.Helper()
 	s, err := redis.New(o)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("redis.New: %v", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// standaloneOptions starts a standalone redis-server (t is skipped
+// without one, as redistest.Require does) and returns it with
+// DefaultOptions pointing at it.
+func standaloneOptions(t *testing.T) (*redistest.Server, redis.Options) {
+	t.Helper()
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	return srv, o
 }
 
 // waitHealthy polls s.Healthy for up to within and returns how long it
@@ -176,10 +195,7 @@ func BenchmarkRecoveryWithoutTraffic(b *testing.B) {
 // Healthy again; an OOM that starts while no request comes is found by
 // the idle probe's write at its next iteration.
 func TestHealthyOnlyWhenCounting(t *testing.T) {
-	redistest.Require(t)
-	srv := redistest.Standalone(t)
-	o := redis.DefaultOptions()
-	o.URL = srv.URL()
+	srv, o := standaloneOptions(t)
 	s, clk := newHealthStore(t, o)
 	if s.Healthy() {
 		t.Fatal("Healthy before Warm: nothing can be counted yet")
@@ -200,24 +216,9 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 	}
 
 	// OOM: maxmemory below what is used, noeviction.
-	for i := range 200 {
-		if err := ctl.Set(ctx, "fill"+strconv.Itoa(i), string(make([]byte, 4096)), 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	used, err := ctl.Info(ctx, "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := redistest.InfoInt(t, used, "used_memory")
-	if err := ctl.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := ctl.ConfigSet(ctx, "maxmemory", strconv.FormatInt(mem-1<<20, 10)).Err(); err != nil {
-		t.Fatal(err)
-	}
+	redistest.StartOOM(t, srv)
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Hour}
-	_, err = s.Take(ctx, []algo.Hit{{Key: "oom", Limit: l, Cost: 1}})
+	_, err := s.Take(ctx, []algo.Hit{{Key: "oom", Limit: l, Cost: 1}})
 	if redis.CauseOf(err) != redis.CauseOOM {
 		t.Fatalf("Take under OOM: %v, want cause oom", err)
 	}
@@ -230,9 +231,7 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 			t.Fatal("Healthy again under OOM after a probe iteration: a PING does not prove writes count")
 		}
 	}
-	if err := ctl.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
+	redistest.EndOOM(t, srv)
 	n := driveUntil(t, s, clk, true, "closed")
 	t.Logf("OOM: Healthy %d probe iterations after maxmemory was lifted, without traffic", n)
 	if st := s.BreakerState(); st != "closed" {
@@ -240,15 +239,11 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 	}
 
 	// OOM again, with no traffic at all: the probe's write finds it.
-	if err := ctl.ConfigSet(ctx, "maxmemory", strconv.FormatInt(mem-1<<20, 10)).Err(); err != nil {
-		t.Fatal(err)
-	}
+	redistest.StartOOM(t, srv)
 	clk.Tick(t)
 	if s.Healthy() {
 		t.Fatal("OOM with no traffic: Healthy after the next probe iteration, want its write refused")
 	}
-	if err := ctl.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
-		t.Fatal(err)
-	}
+	redistest.EndOOM(t, srv)
 	driveUntil(t, s, clk, true, "closed")
 }

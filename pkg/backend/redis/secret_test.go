@@ -29,11 +29,7 @@ func TestPasswordFileRotation(t *testing.T) {
 	o.URL = "redis://" + srv.Addr() + "/0"
 	o.PasswordFile = file
 	o.Timeout = time.Second
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := openStore(t, o)
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
 	// takeOK retries a Take until it succeeds (a killed connection fails
 	// the call that finds it dead): it returns the successful decision.

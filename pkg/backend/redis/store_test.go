@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -64,12 +65,7 @@ func newTestStore(t testing.TB, srv *redistest.Server, now func() time.Time, cac
 	o.PoolSize = 8
 	o.LocalCacheSize = cacheSize
 	o.Now = now
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatalf("redis.New: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
+	return openStore(t, o)
 }
 
 var epoch0 = time.Date(2026, 3, 14, 15, 9, 26, 535897000, time.UTC)
@@ -87,8 +83,10 @@ func allKinds() []algo.Limit {
 	}
 }
 
+// kindName is algotest.KindName of l's algorithm, with "_calendar" for a
+// calendar window.
 func kindName(l algo.Limit) string {
-	n := [...]string{"fixed_window", "sliding_window", "sliding_log", "token_bucket", "concurrency"}[l.Kind]
+	n := algotest.KindName(l.Kind)
 	if l.Calendar != algo.CalendarNone {
 		n += "_calendar"
 	}
@@ -324,11 +322,7 @@ func TestSentinelStore(t *testing.T) {
 	o := redis.DefaultOptions()
 	o.Mode, o.URL, o.Addrs, o.MasterName = redis.Sentinel, "", g.SentinelAddrs(), redistest.MasterName
 	o.Timeout = 50 * time.Millisecond
-	s, err := redis.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := openStore(t, o)
 	ctx := context.Background()
 	h := []algo.Hit{{Key: "sentinel", Limit: algo.Limit{Kind: algo.TokenBucket, Rate: 1 << 30, Period: time.Second}, Cost: 1}}
 	okWithin := func(limit time.Duration) time.Duration {
@@ -420,30 +414,13 @@ func TestSlidingLogLargeCost(t *testing.T) {
 }
 
 // concurrentAllowed sends n concurrent one-hit requests on key, spread
-// round-robin over stores, and returns how many were allowed. Any error
-// fails the test.
+// round-robin over stores, and returns how many were allowed
+// (algotest.ConcurrentAllowed). Any error fails the test.
 func concurrentAllowed(t *testing.T, stores []*redis.Store, key string, l algo.Limit, n int) int64 {
 	t.Helper()
-	var allowed atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i := range n {
-		s := stores[i%len(stores)]
-		wg.Go(func() {
-			d, err := s.Take(context.Background(), []algo.Hit{{Key: key, Limit: l, Cost: 1}})
-			if err != nil {
-				errs <- err
-				return
-			}
-			if d[0].Allowed {
-				allowed.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	allowed, err := algotest.ConcurrentAllowed(context.Background(), stores, key, l, n)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return allowed.Load()
+	return allowed
 }

@@ -84,12 +84,7 @@ func TestStoreTLSDefaultTimeout(t *testing.T) {
 	}
 	newStore := func(t *testing.T, o redis.Options) *redis.Store {
 		t.Helper()
-		s, err := redis.New(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		return s
+		return openStore(t, o)
 	}
 	for _, c := range tlsCases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,0 +1,91 @@
+package testproc
+
+import (
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// StatsdSink is a statsd server on a loopback UDP port that keeps every
+// line of every datagram it receives. Safe for concurrent use.
+type StatsdSink struct {
+	pc        net.PacketConn
+	mu        sync.Mutex
+	datagrams int
+	lines     []string // non-empty lines, in arrival order
+	done      chan struct{}
+}
+
+// ListenStatsd starts a StatsdSink (with a 4 MiB socket read buffer, so
+// that a burst of flushes is not dropped), closed when t ends.
+func ListenStatsd(t testing.TB) *StatsdSink {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, ok := pc.(*net.UDPConn); ok {
+		_ = u.SetReadBuffer(4 << 20)
+	}
+	s := &StatsdSink{pc: pc, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		buf := make([]byte, 1<<16)
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.datagrams++
+			for _, l := range strings.Split(string(buf[:n]), "\n") {
+				if l != "" {
+					s.lines = append(s.lines, l)
+				}
+			}
+			s.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { _ = pc.Close(); <-s.done })
+	return s
+}
+
+// Addr is the sink's host:port.
+func (s *StatsdSink) Addr() string { return s.pc.LocalAddr().String() }
+
+// Datagrams is the number of datagrams received so far.
+func (s *StatsdSink) Datagrams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.datagrams
+}
+
+// Totals sums the lines received so far by "name|type": counters ("c")
+// by value, gauges ("g") their last value, timers ("ms") counted as
+// samples. bad lists the lines that are not name:value|type with a
+// number value and one of those types (a sample rate included).
+func (s *StatsdSink) Totals() (totals map[string]float64, bad []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	totals = map[string]float64{}
+	for _, l := range s.lines {
+		name, rest, ok1 := strings.Cut(l, ":")
+		val, typ, ok2 := strings.Cut(rest, "|")
+		v, err := strconv.ParseFloat(val, 64)
+		switch {
+		case !ok1 || !ok2 || err != nil:
+			bad = append(bad, l)
+		case typ == "c":
+			totals[name+"|c"] += v
+		case typ == "g":
+			totals[name+"|g"] = v
+		case typ == "ms":
+			totals[name+"|ms"]++
+		default:
+			bad = append(bad, l)
+		}
+	}
+	return totals, bad
+}
