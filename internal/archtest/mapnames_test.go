@@ -50,12 +50,14 @@ type goNames struct {
 	files map[string]map[string]bool
 	// pkgOf maps a file's path to its package name (without _test).
 	pkgOf map[string]string
+	// dirs maps a directory to its Go files.
+	dirs map[string][]string
 }
 
 func indexGo(t *testing.T, files []string) goNames {
 	t.Helper()
 	n := goNames{pkgs: map[string]bool{}, top: map[string]map[string]bool{}, members: map[string]bool{}, any: map[string]bool{},
-		files: map[string]map[string]bool{}, pkgOf: map[string]string{}}
+		files: map[string]map[string]bool{}, pkgOf: map[string]string{}, dirs: map[string][]string{}}
 	fset := token.NewFileSet()
 	for _, f := range files {
 		if !strings.HasSuffix(f, ".go") || strings.Contains(f, "/testdata/") {
@@ -72,6 +74,7 @@ func indexGo(t *testing.T, files []string) goNames {
 		}
 		decl := map[string]bool{}
 		n.files[f], n.pkgOf[f] = decl, pkg
+		n.dirs[path.Dir(f)] = append(n.dirs[path.Dir(f)], f)
 		addTop := func(name string) { n.top[pkg][name], n.any[name], decl[name] = true, true, true }
 		for _, d := range af.Decls {
 			switch d := d.(type) {
@@ -136,6 +139,15 @@ func goLike(s string) bool {
 	return lower && upper && !strings.Contains(s, "_")
 }
 
+// declaredAt reports whether place, a file or a directory, declares the
+// dotted name (see declaredIn); a directory declares what its files do.
+func (n goNames) declaredAt(place, name string) bool {
+	if strings.HasSuffix(place, ".go") {
+		return n.declaredIn(place, name)
+	}
+	return slices.ContainsFunc(n.dirs[place], func(f string) bool { return n.declaredIn(f, name) })
+}
+
 // declaredIn reports whether file declares the dotted name: pkg.Name,
 // pkg.Type.Member, Type.Member or Name (a top-level name, or a method of
 // any type), with pkg the file's package.
@@ -160,11 +172,11 @@ func (n goNames) declaredIn(file, name string) bool {
 	return false
 }
 
-// A span's place: which file declares the Go names of a map page is said
-// by writing the file after them, "`A`, `B` and `C` (`dir/file.go`)", or
-// before them, "`dir/file.go`: `A`, `B`" or "`dir/file.go` `A`". A bare
-// file name ("`store.go`") is in the directory of the path named last
-// before it.
+// A span's place: which file or package declares the Go names of a page
+// is said by writing it after them, "`A`, `B` and `C` (`dir/file.go`)",
+// "`TestX` (`pkg/service`)", or before them, "`dir/file.go`: `A`, `B`",
+// "`pkg/replay` `TestY`". A bare file name ("`store.go`") is in the
+// directory of the path named last before it.
 var (
 	nameSep   = regexp.MustCompile(`^(\(\))?(,\s*|\s+and\s+|,\s+and\s+)$`)
 	openParen = regexp.MustCompile(`^(\(\))?\s*\(\s*$`)
@@ -177,7 +189,10 @@ type mapSpan struct {
 	start, end int    // byte offsets of the span, backquotes included
 	line       int
 	goName     bool
-	file       string // for a path span of a .go file: the tracked path ("" if none)
+	// place is, for a path span of a tracked .go file or of a directory
+	// holding Go files, that path ("" otherwise): the Go names written
+	// with it must be declared there.
+	place string
 }
 
 // docIndex is what the span checks look names up in.
@@ -217,7 +232,7 @@ func (x docIndex) spans(t *testing.T, doc, text string, strict bool) (spans []ma
 				}
 				if strings.HasSuffix(p, ".go") {
 					if full := path.Join(lastDir, p); x.isFile[full] {
-						sp.file = full
+						sp.place = full
 					} else {
 						errorf("%s:%d: file %q: not in %s, the directory named last before it", doc, sp.line, s, lastDir)
 					}
@@ -232,10 +247,13 @@ func (x docIndex) spans(t *testing.T, doc, text string, strict bool) (spans []ma
 			if x.isFile[p] {
 				lastDir = path.Dir(p)
 				if strings.HasSuffix(p, ".go") {
-					sp.file = p
+					sp.place = p
 				}
 			} else {
 				lastDir = p
+				if x.names.dirs[p] != nil {
+					sp.place = p
+				}
 			}
 		case identSpan.MatchString(s) && goLike(s):
 			checked++
@@ -254,20 +272,20 @@ func (x docIndex) spans(t *testing.T, doc, text string, strict bool) (spans []ma
 func (x docIndex) checkPlacement(t *testing.T, doc, text string, spans []mapSpan) (placed int) {
 	t.Helper()
 	between := func(i int) string { return text[spans[i-1].end:spans[i].start] }
-	checkIn := func(sp mapSpan, file string) {
+	checkIn := func(sp mapSpan, place string) {
 		placed++
-		if !x.names.declaredIn(file, sp.text) {
-			t.Errorf("%s:%d: %q is not declared in %s, the file named with it", doc, sp.line, sp.text, file)
+		if !x.names.declaredAt(place, sp.text) {
+			t.Errorf("%s:%d: %q is not declared in %s, the file or package named with it", doc, sp.line, sp.text, place)
 		}
 	}
 	for i, sp := range spans {
-		if sp.file == "" {
+		if sp.place == "" {
 			continue
 		}
 		// Names before: "`A`, `B` (`file.go`)".
 		if i > 0 && openParen.MatchString(between(i)) {
 			for j := i - 1; j >= 0 && spans[j].goName; j-- {
-				checkIn(spans[j], sp.file)
+				checkIn(spans[j], sp.place)
 				if j == 0 || !nameSep.MatchString(between(j)) {
 					break
 				}
@@ -276,7 +294,7 @@ func (x docIndex) checkPlacement(t *testing.T, doc, text string, spans []mapSpan
 		// Names after: "`file.go`: `A`, `B`", "`file.go` `A`".
 		if i+1 < len(spans) && colonSep.MatchString(between(i+1)) {
 			for j := i + 1; j < len(spans) && spans[j].goName; j++ {
-				checkIn(spans[j], sp.file)
+				checkIn(spans[j], sp.place)
 				if j+1 == len(spans) || !nameSep.MatchString(between(j+1)) {
 					break
 				}
