@@ -25,7 +25,7 @@ var externalNames = map[string]bool{
 	"grpc.Server": true, "atomic.Pointer": true, "prometheus.Registerer": true,
 	"envoy.service.ratelimit.v3.RateLimitService": true, "ratelimitd.admin.v1.Admin": true,
 	// gRPC status codes.
-	"InvalidArgument": true, "Unknown": true, "Unavailable": true, "DeadlineExceeded": true,
+	"InvalidArgument": true, "Unknown": true, "Unavailable": true, "DeadlineExceeded": true, "Canceled": true,
 }
 
 var (
