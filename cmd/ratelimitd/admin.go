@@ -57,7 +57,7 @@ type events struct {
 func newEvents(log *slog.Logger, backend string) *events {
 	return &events{log: log, backend: backend, circuit: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ratelimitd_backend_circuit_transitions_total",
-		Help: "Redis circuit breaker state changes by the state entered (open, half_open, closed).",
+		Help: "Backend (Redis, memcached with one server) circuit breaker state changes by the state entered (open, half_open, closed).",
 	}, []string{"to"})}
 }
 

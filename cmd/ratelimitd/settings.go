@@ -22,7 +22,7 @@ import (
 // it, its default and its doc line. settings is the one table the flag
 // registration (registerServeFlags), the twins, the plain legacy mapping
 // (applyLegacyTable), defaultOptions, `serve -h`, the README's flag table
-// and docs/flags.md are made from (flagdocs.go renders the last two).
+// and docs/flags.md are made from (flagdocs_test.go renders the last two and checks them).
 type setting struct {
 	name  string // flag name without dashes: "redis-url"
 	group string // section of docs/flags.md: one of the group* constants

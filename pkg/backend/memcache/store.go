@@ -5,9 +5,11 @@
 // for the semantics, in particular what all-or-nothing means across keys
 // that memcached cannot update together.
 //
-// The package imports pkg/algo only (never pkg/service or pkg/policy): hit
-// keys arrive built (policy.Set.Key) and the Store satisfies
-// service.Store, service.Causer (its errors) and service.Healther.
+// The package imports pkg/algo and the shared backend packages
+// (pkg/backend/overlimit, breaker, causes), never pkg/service or
+// pkg/policy: hit keys arrive built (policy.Set.Key) and the Store
+// satisfies service.Store, service.Causer (its errors) and
+// service.Healther.
 package memcache
 
 import (
