@@ -160,7 +160,7 @@ func (s *Store) note(err error) {
 		return
 	}
 	var e *Error
-	if errors.As(err, &e) && e.outage {
+	if errors.As(err, &e) && e.Outage() {
 		s.unhealthy.Store(true)
 	}
 }
@@ -197,7 +197,7 @@ func (s *Store) probeLoop() {
 // ping asks every server for its version (each bounded by Timeout).
 func (s *Store) ping() error {
 	if !s.resolved.Load() {
-		return &Error{cause: CauseRefused, outage: true, err: gomemcache.ErrNoServers}
+		return newError(CauseRefused, true, gomemcache.ErrNoServers)
 	}
 	return Classify(s.client.Ping())
 }
@@ -403,7 +403,7 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	}
 	for _, h := range hits {
 		if h.Limit.Kind != algo.FixedWindow {
-			return nil, &Error{cause: CauseUnsupported, err: fmt.Errorf("algorithm %d: only fixed_window is supported", h.Limit.Kind)}
+			return nil, newError(CauseUnsupported, false, fmt.Errorf("algorithm %d: only fixed_window is supported", h.Limit.Kind))
 		}
 	}
 	return s.cache.Take(ctx, hits, s.now, s.take)
@@ -686,7 +686,7 @@ func (s *Store) get(key string) (int64, error) {
 	}
 	n, err := strconv.ParseUint(strings.TrimSpace(string(it.Value)), 10, 64)
 	if err != nil {
-		return 0, &Error{cause: CauseOther, err: errors.New("counter value is not a number")}
+		return 0, newError(CauseOther, false, errors.New("counter value is not a number"))
 	}
 	return int64(min(n, uint64(algo.MaxExact))), nil
 }
@@ -712,5 +712,5 @@ func (s *Store) incr(key string, cost int64, exp int32) (int64, error) {
 		}
 		// Another caller created it first: INCR again.
 	}
-	return 0, &Error{cause: CauseOther, err: errors.New("counter vanished between ADD and INCR three times")}
+	return 0, newError(CauseOther, false, errors.New("counter vanished between ADD and INCR three times"))
 }
