@@ -68,16 +68,8 @@ type reloadEnv struct {
 
 func newReloadEnv(t *testing.T, opts policy.LoadOptions, paths ...string) *reloadEnv {
 	t.Helper()
-	mem, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = mem.Close() })
-	e := &reloadEnv{store: &resetStore{Store: mem}, reg: prometheus.NewRegistry(), logs: &levelLog{}}
-	svc, err := service.New(service.Options{Store: e.store, Registerer: e.reg, DetailedMetricCap: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := &reloadEnv{store: &resetStore{Store: memoryStore(t)}, reg: prometheus.NewRegistry(), logs: &levelLog{}}
+	svc := newTestService(t, service.Options{Store: e.store, Registerer: e.reg, DetailedMetricCap: 1})
 	e.s = &server{log: slog.New(e.logs), svc: svc, store: e.store, health: health.NewServer()}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -94,24 +86,7 @@ func newReloadEnv(t *testing.T, opts policy.LoadOptions, paths ...string) *reloa
 // reloads returns ratelimitd_config_reloads_total by result.
 func (e *reloadEnv) reloads(t *testing.T) map[string]float64 {
 	t.Helper()
-	fams, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range fams {
-		if f.GetName() != "ratelimitd_config_reloads_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" {
-					out[l.GetValue()] = m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return out
+	return counterByLabel(t, e.reg, "ratelimitd_config_reloads_total", "result")
 }
 
 // waitReloads polls until result has reached n (generous bound, for a
@@ -156,23 +131,7 @@ func (e *reloadEnv) hit(t *testing.T, user string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fams, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]bool{}
-	for _, f := range fams {
-		if f.GetName() != "ratelimitd_decisions_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "rule" {
-					seen[l.GetValue()] = true
-				}
-			}
-		}
-	}
+	seen := counterByLabel(t, e.reg, "ratelimitd_decisions_total", "rule")
 	var out []string
 	for r := range seen {
 		out = append(out, r)

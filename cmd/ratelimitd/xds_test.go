@@ -16,7 +16,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds/xdstest"
@@ -101,15 +100,8 @@ func newXDSEnv(t *testing.T) *xdsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = mem.Close() })
-	svc, err := service.New(service.Options{Store: mem, Registerer: e.reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem := memoryStore(t)
+	svc := newTestService(t, service.Options{Store: mem, Registerer: e.reg})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	e.s = &server{opts: o, log: log, svc: svc, store: mem, health: health.NewServer()}
 	e.s.warm.Store(true)
