@@ -126,6 +126,29 @@ func newXDSEnv(t *testing.T) *xdsEnv {
 	return e
 }
 
+// xdsBase gives xds.Options the flags' meaning: the default factor and
+// jitter by default, and exact waits for --xds-backoff-random-factor=0
+// (xds.NoBackoffSpread) or --xds-backoff-jitter=false.
+func TestXDSBackoffSpreadOptions(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		factor  float64
+		disable bool
+	}{
+		{nil, xds.DefaultBackoffRandomFactor, false},
+		{[]string{"--xds-backoff-random-factor=0"}, xds.NoBackoffSpread, false},
+		{[]string{"--xds-backoff-random-factor=0.25", "--xds-backoff-jitter=false"}, 0.25, true},
+	} {
+		o, _, err := parseServe(tc.args, env(), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if xo := xdsBase(o); xo.BackoffRandomFactor != tc.factor || xo.DisableBackoffJitter != tc.disable {
+			t.Errorf("%q: factor %v, jitter disabled %v; want %v, %v", tc.args, xo.BackoffRandomFactor, xo.DisableBackoffJitter, tc.factor, tc.disable)
+		}
+	}
+}
+
 // splitEnv turns NAME=value entries into env's name, value pairs.
 func splitEnv(kvs []string) []string {
 	var out []string
