@@ -184,13 +184,21 @@ func (s *Store) probeLoop() {
 		if err != nil {
 			d = min(d, unhealthyProbeInterval)
 		}
-		t := time.NewTimer(d)
-		select {
-		case <-s.stop:
-			t.Stop()
+		if !s.wait(d) {
 			return
-		case <-t.C:
 		}
+	}
+}
+
+// wait waits d; it reports false, early, when the Store is closed.
+func (s *Store) wait(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.stop:
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -218,12 +226,8 @@ func (s *Store) resolveLoop() {
 		if d == 0 {
 			return // resolved, no refresh
 		}
-		t := time.NewTimer(d)
-		select {
-		case <-s.stop:
-			t.Stop()
+		if !s.wait(d) {
 			return
-		case <-t.C:
 		}
 		_ = s.resolve()
 	}
