@@ -117,26 +117,7 @@ func TestMatchWebsite(t *testing.T) {
 }
 
 func TestLoadEnvoyRejectsUnreplayableActions(t *testing.T) {
-	b, err := DecodeBootstrap([]byte(`
-static_resources:
-  listeners:
-    - name: l
-      address: { socket_address: { address: 127.0.0.1, port_value: 1 } }
-      filter_chains:
-        - filters:
-            - name: hcm
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: t
-                route_config:
-                  virtual_hosts:
-                    - name: v
-                      domains: ["*"]
-                      routes:
-                        - match: { prefix: "/" }
-                          route:
-                            cluster: c
-                            rate_limits:
+	b, err := DecodeBootstrap([]byte(routeBootstrap + `
                               - actions: [ { metadata: { descriptor_key: k, metadata_key: { key: a, path: [ { key: b } ] } } } ]
                 http_filters:
                   - name: envoy.filters.http.ratelimit
