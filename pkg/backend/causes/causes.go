@@ -105,10 +105,10 @@ func (c Classified) Error() string { return c.backend + ": " + c.cause + ": " + 
 // Unwrap returns the classified error.
 func (c Classified) Unwrap() error { return c.err }
 
-// Wrap is the body of each backend's Classify: nil for a nil err, err
-// itself when its chain already holds an E (the backend's *Error), and
-// classify(err) otherwise.
-func Wrap[E error](err error, classify func(error) E) error {
+// Wrap is each backend's Classify: nil for a nil err, err itself when its
+// chain already holds an E (the backend's *Error), and otherwise
+// wrap(cause, outage, err) of classify's cause and outage of err.
+func Wrap[E error](err error, classify func(error) (cause string, outage bool), wrap func(cause string, outage bool, err error) E) error {
 	if err == nil {
 		return nil
 	}
@@ -116,5 +116,6 @@ func Wrap[E error](err error, classify func(error) E) error {
 	if errors.As(err, &e) {
 		return err
 	}
-	return classify(err)
+	cause, outage := classify(err)
+	return wrap(cause, outage, err)
 }

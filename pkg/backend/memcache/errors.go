@@ -88,10 +88,7 @@ var errAbandoned = newError(CauseTimeout, false, errors.New("caller gone: the de
 // Classify wraps err in an *Error with its cause; nil stays nil and an err
 // that already has an *Error in its chain is returned unchanged.
 func Classify(err error) error {
-	return causes.Wrap(err, func(err error) *Error {
-		cause, outage := classify(err)
-		return newError(cause, outage, err)
-	})
+	return causes.Wrap(err, classify, newError)
 }
 
 func classify(err error) (cause string, outage bool) {

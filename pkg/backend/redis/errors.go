@@ -100,10 +100,7 @@ var ErrStalledOpen = newError(CauseTimeout, false, errors.New("circuit open afte
 // Classify wraps err in an *Error with its cause; nil stays nil and an err
 // that already has an *Error in its chain is returned unchanged.
 func Classify(err error) error {
-	return causes.Wrap(err, func(err error) *Error {
-		cause, outage := classify(err)
-		return newError(cause, outage, err)
-	})
+	return causes.Wrap(err, classify, newError)
 }
 
 // CauseOf returns the cause label of err: its Cause() when err (or an error
