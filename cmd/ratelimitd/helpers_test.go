@@ -34,14 +34,21 @@ func newTestService(t testing.TB, o service.Options) *service.Service {
 	return svc
 }
 
+// writeTestFile writes s to the file p (mode 0600, readable by the test's
+// user only, as secret files must be), failing t on an error.
+func writeTestFile(t testing.TB, p, s string) {
+	t.Helper()
+	if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // setConfig loads cfg, the YAML of one config file, as policy.Load loads a
 // file and puts it in force in svc.
 func setConfig(t testing.TB, svc *service.Service, cfg string) {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "rl.yaml")
-	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, file, cfg)
 	set, _, err := policy.Load(policy.LoadOptions{}, file)
 	if err != nil {
 		t.Fatal(err)

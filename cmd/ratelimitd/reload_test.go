@@ -149,9 +149,7 @@ func userConfig(rpu int) string {
 func replaceFile(t *testing.T, p, content string) {
 	t.Helper()
 	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, tmp, content)
 	if err := os.Rename(tmp, p); err != nil {
 		t.Fatal(err)
 	}
@@ -175,9 +173,7 @@ func (e *reloadEnv) rpu(t *testing.T) uint32 {
 func TestReloadIdempotent(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(userConfig(100)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, file, userConfig(100))
 	e := newReloadEnv(t, policy.LoadOptions{}, file)
 	e.want(t, e.waitReloads(t, "success", 1), map[string]float64{"success": 1}, 1)
 	e.hit(t, "a")
@@ -262,9 +258,7 @@ func TestReloadConfigMapSwap(t *testing.T) {
 				if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.WriteFile(filepath.Join(dir, ts, "config.yaml"), []byte(content), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				writeTestFile(t, filepath.Join(dir, ts, "config.yaml"), content)
 				old, _ := os.Readlink(filepath.Join(dir, "..data"))
 				tmp := filepath.Join(dir, "..data_tmp")
 				if err := os.Symlink(ts, tmp); err != nil {
@@ -318,9 +312,7 @@ func TestReloadConfigMapSwap(t *testing.T) {
 func TestReloadFailAccounting(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(userConfig(100)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, file, userConfig(100))
 	e := newReloadEnv(t, policy.LoadOptions{}, file)
 	e.waitReloads(t, "success", 1)
 	inForce := e.s.svc.Policy()
@@ -329,9 +321,7 @@ func TestReloadFailAccounting(t *testing.T) {
 	_, _, readErr := policy.Load(policy.LoadOptions{}, filepath.Join(dir, "missing.yaml"))
 	e.s.fail(readErr)
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	if err := os.WriteFile(bad, []byte("domain: [broken\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, bad, "domain: [broken\n")
 	_, _, badErr := policy.Load(policy.LoadOptions{}, bad)
 	e.s.fail(badErr)
 	e.want(t, e.reloads(t), map[string]float64{"success": 1, "watch_error": 1, "read_error": 1, "failure": 1}, 1)
@@ -374,9 +364,7 @@ func TestReloadMaxConfigRules(t *testing.T) {
 	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(usersConfig(3)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, file, usersConfig(3))
 	e := newReloadEnv(t, policy.LoadOptions{MaxRules: 2}, file)
 	e.waitReloads(t, "failure", 1)
 	if p := e.s.svc.Policy(); p != nil {
