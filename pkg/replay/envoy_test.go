@@ -51,10 +51,7 @@ func TestMatchSmall(t *testing.T) {
 			if ok == tc.noRoute {
 				t.Fatalf("matched = %v, want %v", ok, !tc.noRoute)
 			}
-			var got []string
-			for _, d := range route.Descriptors {
-				got = append(got, compact(d.Entries))
-			}
+			got := compactAll(route.Descriptors)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("descriptors (-want +got):\n%s", diff)
 			}
@@ -99,13 +96,7 @@ func TestMatchWebsite(t *testing.T) {
 			if !ok {
 				t.Fatal("no route")
 			}
-			var got, done []string
-			for _, d := range route.Descriptors {
-				got = append(got, compact(d.Entries))
-			}
-			for _, d := range route.OnStreamDone {
-				done = append(done, compact(d.Entries))
-			}
+			got, done := compactAll(route.Descriptors), compactAll(route.OnStreamDone)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("descriptors (-want +got):\n%s", diff)
 			}
@@ -132,6 +123,15 @@ func TestLoadEnvoyRejectsUnreplayableActions(t *testing.T) {
 	if _, err := NewEnvoy(b); err == nil {
 		t.Fatal("metadata action accepted; a log cannot reproduce it")
 	}
+}
+
+// compactAll renders each descriptor of ds as compact does (nil for none).
+func compactAll(ds []Descriptor) []string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, compact(d.Entries))
+	}
+	return out
 }
 
 // compact renders entries as "k=v,k=v".

@@ -219,13 +219,7 @@ func TestMatchWebsiteGatedRelease(t *testing.T) {
 	if _, set := r.Headers["x-ratelimitd-lease"]; set {
 		t.Error("Match modified the request")
 	}
-	var done, denied []string
-	for _, d := range rt.OnStreamDone {
-		done = append(done, compact(d.Entries))
-	}
-	for _, d := range rt.OnStreamDoneDenied {
-		denied = append(denied, compact(d.Entries))
-	}
+	done, denied := compactAll(rt.OnStreamDone), compactAll(rt.OnStreamDoneDenied)
 	if diff := cmp.Diff([]string{"destination_cluster=search,ratelimitd.release=1"}, done); diff != "" {
 		t.Errorf("let through (-want +got):\n%s", diff)
 	}
