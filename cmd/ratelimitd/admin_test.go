@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -125,13 +124,6 @@ func startAdmin(t *testing.T, o Options, remote bool) *adminEnv {
 		<-done
 	})
 	return e
-}
-
-func writeTestFile(t *testing.T, p, s string) {
-	t.Helper()
-	if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func loginRequest(user string) *rlsv3.RateLimitRequest {

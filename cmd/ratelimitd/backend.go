@@ -32,6 +32,13 @@ const (
 // dropped when the config changes (the Redis store's over-limit cache).
 type resetter interface{ ResetCache() }
 
+// closingStore is a store that holds connections or goroutines until
+// Close.
+type closingStore interface {
+	service.Store
+	Close() error
+}
+
 // newStore builds the configured backend store and the in-process fallback
 // for failure_mode: local (nil for the memory backend). Both in-memory
 // stores hold at most --memory-max-keys keys; beyond that a request that
@@ -41,33 +48,28 @@ type resetter interface{ ResetCache() }
 // and memcached with one server).
 func newStore(o Options, onCircuit func(redis.BreakerState)) (service.Store, service.Store, func() error, error) {
 	mem := func() (*memory.Store, error) { return memory.New(memory.Options{MaxKeys: o.MemoryMaxKeys}) }
+	// withFallback pairs a network store built without error with its
+	// in-process fallback, closing the store when the fallback fails.
+	withFallback := func(st closingStore, err error) (service.Store, service.Store, func() error, error) {
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		fb, err := mem()
+		if err != nil {
+			_ = st.Close()
+			return nil, nil, nil, err
+		}
+		return st, fb, func() error { return errors.Join(st.Close(), fb.Close()) }, nil
+	}
 	switch o.Backend {
 	case "redis":
 		ro := redisOptions(o)
 		ro.Breaker.OnTransition = onCircuit
-		rs, err := redis.New(ro)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		fb, err := mem()
-		if err != nil {
-			_ = rs.Close()
-			return nil, nil, nil, err
-		}
-		return rs, fb, func() error { return errors.Join(rs.Close(), fb.Close()) }, nil
+		return withFallback(redis.New(ro))
 	case "memcache":
 		mo := memcacheOptions(o)
 		mo.OnCircuit = onCircuit
-		ms, err := memcache.New(mo)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		fb, err := mem()
-		if err != nil {
-			_ = ms.Close()
-			return nil, nil, nil, err
-		}
-		return ms, fb, func() error { return errors.Join(ms.Close(), fb.Close()) }, nil
+		return withFallback(memcache.New(mo))
 	default:
 		ms, err := mem()
 		if err != nil {

@@ -30,6 +30,10 @@ var breakerStates = []string{"closed", "open", "half_open"}
 // Stores without these methods export nothing.
 func registerBackendMetrics(reg prometheus.Registerer, store any) error {
 	var cs []prometheus.Collector
+	// counter exports v, a count the store keeps, as the counter name.
+	counter := func(name, help string, v func() uint64) {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v()) }))
+	}
 	if b, ok := store.(breakerStater); ok {
 		for _, st := range breakerStates {
 			cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -45,34 +49,24 @@ func registerBackendMetrics(reg prometheus.Registerer, store any) error {
 		}
 	}
 	if c, ok := store.(cacheHitter); ok {
-		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "ratelimitd_local_cache_hits_total",
-			Help: "Local over-limit cache lookups that found a denial (one lookup per cacheable hit of a request).",
-		}, func() float64 { return float64(c.CacheHits()) }))
+		counter("ratelimitd_local_cache_hits_total",
+			"Local over-limit cache lookups that found a denial (one lookup per cacheable hit of a request).", c.CacheHits)
 	}
 	if c, ok := store.(cacheLookuper); ok {
-		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "ratelimitd_local_cache_misses_total",
-			Help: "Local over-limit cache lookups that found no denial (no entry, an expired one, or a smaller cost than the one cached).",
-		}, func() float64 { return float64(c.CacheMisses()) }))
+		counter("ratelimitd_local_cache_misses_total",
+			"Local over-limit cache lookups that found no denial (no entry, an expired one, or a smaller cost than the one cached).", c.CacheMisses)
 	}
 	if r, ok := store.(refundCounter); ok {
-		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "ratelimitd_cluster_refund_errors_total",
-			Help: "Redis Cluster compensating refunds that failed (a slot group that allowed could not be undone after another denied).",
-		}, func() float64 { return float64(r.RefundErrors()) }))
+		counter("ratelimitd_cluster_refund_errors_total",
+			"Redis Cluster compensating refunds that failed (a slot group that allowed could not be undone after another denied).", r.RefundErrors)
 	}
 	if m, ok := store.(masterChanger); ok {
-		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "ratelimitd_backend_master_changes_total",
-			Help: "Times the Redis Sentinel master the store writes to changed address (failovers; 0 outside Sentinel mode).",
-		}, func() float64 { return float64(m.MasterChanges()) }))
+		counter("ratelimitd_backend_master_changes_total",
+			"Times the Redis Sentinel master the store writes to changed address (failovers; 0 outside Sentinel mode).", m.MasterChanges)
 	}
 	if r, ok := store.(refundFailer); ok {
-		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "ratelimitd_backend_refund_errors_total",
-			Help: "memcached refunds (DECR of a denied or failed request's increments) that failed; each leaves those units counted until the window ends.",
-		}, func() float64 { return float64(r.RefundFailures()) }))
+		counter("ratelimitd_backend_refund_errors_total",
+			"memcached refunds (DECR of a denied or failed request's increments) that failed; each leaves those units counted until the window ends.", r.RefundFailures)
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {

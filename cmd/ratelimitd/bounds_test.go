@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime/metrics"
 	"strconv"
 	"strings"
@@ -31,8 +30,6 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
-	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -41,25 +38,8 @@ import (
 // of o, as serve wires it.
 func boundsService(t testing.TB, o Options) *service.Service {
 	t.Helper()
-	mem, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = mem.Close() })
-	svc, err := service.New(service.Options{Store: mem, MaxJSONBodyBytes: o.GRPCMaxRecvMsgSize})
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "rl.yaml")
-	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n"
-	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	set, _, err := policy.Load(policy.LoadOptions{}, file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc.SetPolicy(set)
+	svc := newTestService(t, service.Options{Store: memoryStore(t), MaxJSONBodyBytes: o.GRPCMaxRecvMsgSize})
+	setConfig(t, svc, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n")
 	return svc
 }
 

@@ -48,6 +48,30 @@ func ageServer(t *testing.T, o Options, hs *health.Server) (*grpc.ClientConn, *c
 	return cc, d, addr
 }
 
+// agedWatch serves as ageServer does with --grpc-max-connection-age=age
+// and --grpc-max-connection-age-grace=grace, and opens a health Watch
+// stream on the client's first connection, whose first answer SERVING it
+// has read. It returns the client, its dialer, the health server, the
+// test's context (canceled when t ends, at the latest after two minutes)
+// and the stream.
+func agedWatch(t *testing.T, age, grace time.Duration) (*grpc.ClientConn, *countingDialer, *health.Server, context.Context, grpc.ServerStreamingClient[healthpb.HealthCheckResponse]) {
+	t.Helper()
+	o := defaultOptions()
+	o.GRPCMaxConnectionAge, o.GRPCMaxConnectionAgeGrace = age, grace
+	hs := health.NewServer()
+	cc, dials, _ := ageServer(t, o, hs)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	watch, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := watch.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("watch: %v %v", r, err)
+	}
+	return cc, dials, hs, ctx, watch
+}
+
 func ageRequest() *rlsv3.RateLimitRequest {
 	return &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{{
 		Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}},
@@ -101,21 +125,7 @@ func TestGRPCMaxConnectionAgeGoAway(t *testing.T) {
 // flight on the old connection (a health Watch stream) goes on within
 // --grpc-max-connection-age-grace.
 func TestGRPCMaxConnectionAgeReconnects(t *testing.T) {
-	o := defaultOptions()
-	o.GRPCMaxConnectionAge = 150 * time.Millisecond
-	o.GRPCMaxConnectionAgeGrace = time.Hour // longer than the test
-	hs := health.NewServer()
-	cc, dials, _ := ageServer(t, o, hs)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
-	watch, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r, err := watch.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("watch: %v %v", r, err)
-	}
+	cc, dials, hs, ctx, watch := agedWatch(t, 150*time.Millisecond, time.Hour) // a grace longer than the test
 	if n := dials.n.Load(); n != 1 {
 		t.Fatalf("%d connections before any age, want 1", n)
 	}
@@ -163,23 +173,10 @@ func TestGRPCMaxConnectionAgeReconnects(t *testing.T) {
 // After the grace, a call still in flight on an aged connection is cut
 // (Unavailable) and a new one succeeds on a new connection.
 func TestGRPCMaxConnectionAgeGraceCuts(t *testing.T) {
-	o := defaultOptions()
-	o.GRPCMaxConnectionAge = 100 * time.Millisecond
-	o.GRPCMaxConnectionAgeGrace = 100 * time.Millisecond
-	hs := health.NewServer()
-	cc, dials, _ := ageServer(t, o, hs)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	watch, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := watch.Recv(); err != nil {
-		t.Fatal(err)
-	}
+	cc, dials, _, ctx, watch := agedWatch(t, 100*time.Millisecond, 100*time.Millisecond)
 	// Nothing more is sent on the stream: it ends only when the server
 	// closes the aged connection.
-	_, err = watch.Recv()
+	_, err := watch.Recv()
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("watch past the grace: %v, want Unavailable", err)
 	}

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/health"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -128,16 +127,9 @@ func TestCircuitTransitionEvents(t *testing.T) {
 // A config put in force is logged with its hash and source hash; a
 // rejected reload is logged and counted, the config in force stays.
 func TestConfigAppliedAndRejectedEvents(t *testing.T) {
-	mem, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = mem.Close() }()
+	mem := memoryStore(t)
 	reg := prometheus.NewRegistry()
-	svc, err := service.New(service.Options{Store: mem, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := newTestService(t, service.Options{Store: mem, Registerer: reg})
 	logs := &lockedBuffer{}
 	s := &server{log: slog.New(slog.NewJSONHandler(logs, nil)), svc: svc, store: mem, health: health.NewServer()}
 	dir := t.TempDir()

@@ -39,17 +39,9 @@ func (w *watchRecorder) Send(r *healthpb.HealthCheckResponse) error {
 // gRPC health ("ratelimitd.backend") to the Store's Healthy, and a Watch
 // stream is sent a status only when it changes, however often the poll runs.
 func TestUpdateHealthBackendChangesOnly(t *testing.T) {
-	mem, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = mem.Close() }()
-	store := &healthStore{Store: mem}
+	store := &healthStore{Store: memoryStore(t)}
 	store.healthy.Store(true)
-	svc, err := service.New(service.Options{Store: store})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := newTestService(t, service.Options{Store: store})
 	s := &server{svc: svc, store: store, health: health.NewServer(), log: slog.New(slog.DiscardHandler)}
 	s.warm.Store(true)
 	s.updateHealth()

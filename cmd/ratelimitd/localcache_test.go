@@ -4,8 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -97,29 +95,32 @@ func (u *udpLines) until(t *testing.T, prefix string) map[string]float64 {
 // them).
 func TestLocalCacheStatsd(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC) // the stores' clock
-	t.Run("redis", func(t *testing.T) {
-		srv := redistest.Standalone(t)
-		ro := redis.DefaultOptions()
-		ro.URL, ro.Timeout, ro.PoolSize, ro.MinIdleConns, ro.LocalCacheSize = srv.URL(), 5*time.Second, 2, 0, 8
-		ro.Now = func() time.Time { return now }
-		store, err := redis.New(ro)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
-		testLocalCacheStatsd(t, store, now)
-	})
-	t.Run("memcache", func(t *testing.T) {
-		mo := memcache.DefaultOptions()
-		mo.Addrs, mo.Timeout, mo.LocalCacheSize = []string{memcachetest.Start(t).Addr()}, 5*time.Second, 8
-		mo.Now = func() time.Time { return now }
-		store, err := memcache.New(mo)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
-		testLocalCacheStatsd(t, store, now)
-	})
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) (closingStore, error)
+	}{
+		{"redis", func(t *testing.T) (closingStore, error) {
+			ro := redis.DefaultOptions()
+			ro.URL, ro.Timeout, ro.PoolSize, ro.MinIdleConns, ro.LocalCacheSize = redistest.Standalone(t).URL(), 5*time.Second, 2, 0, 8
+			ro.Now = func() time.Time { return now }
+			return redis.New(ro)
+		}},
+		{"memcache", func(t *testing.T) (closingStore, error) {
+			mo := memcache.DefaultOptions()
+			mo.Addrs, mo.Timeout, mo.LocalCacheSize = []string{memcachetest.Start(t).Addr()}, 5*time.Second, 8
+			mo.Now = func() time.Time { return now }
+			return memcache.New(mo)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, err := tc.store(t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			testLocalCacheStatsd(t, store, now)
+		})
+	}
 }
 
 // testLocalCacheStatsd: 23 calls on a 20-per-minute limit, the last two
@@ -139,20 +140,8 @@ func testLocalCacheStatsd(t *testing.T, store service.Store, now time.Time) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := service.New(service.Options{Store: store, Statsd: sc, Counting: counting, Now: func() time.Time { return now }, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "rl.yaml")
-	cfg := "domain: another\ndescriptors:\n  - key: key2\n    rate_limit: {unit: minute, requests_per_unit: 20}\n"
-	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	set, _, err := policy.Load(policy.LoadOptions{}, file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc.SetPolicy(set)
+	svc := newTestService(t, service.Options{Store: store, Statsd: sc, Counting: counting, Now: func() time.Time { return now }, Logger: slog.New(slog.DiscardHandler)})
+	setConfig(t, svc, "domain: another\ndescriptors:\n  - key: key2\n    rate_limit: {unit: minute, requests_per_unit: 20}\n")
 
 	req := &rlsv3.RateLimitRequest{Domain: "another", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "key2", Value: "v"}}}}}
 	for i := range 23 {

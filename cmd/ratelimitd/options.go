@@ -697,9 +697,7 @@ func (o Options) validateBounds(add func(error)) {
 	// Flag values that the packages read as their defaults are refused
 	// here (the flag's default is spelled out instead); the packages'
 	// own ranges are theirs (validateOwners, at the end).
-	if o.RedisPoolSize < 0 {
-		add(fmt.Errorf("--redis-pool-size=%d: must be >= 0 (0 = the store's default)", o.RedisPoolSize))
-	}
+	notNegative(add, "redis-pool-size", o.RedisPoolSize, "the store's default")
 	if o.RedisWarmup < 0 {
 		add(fmt.Errorf("--redis-warmup=%s: must be >= 0 (0: no warm-up)", o.RedisWarmup))
 	}
@@ -724,15 +722,9 @@ func (o Options) validateBounds(add func(error)) {
 	if o.DetailedMetricCap == 0 {
 		add(errors.New("--detailed-metric-cap=0: want > 0, or negative to disable detailed labels"))
 	}
-	if o.MemoryMaxKeys < 0 {
-		add(fmt.Errorf("--memory-max-keys=%d: must be >= 0 (0 = unbounded)", o.MemoryMaxKeys))
-	}
-	if o.MaxConfigRules < 0 {
-		add(fmt.Errorf("--max-config-rules=%d: must be >= 0 (0 = no limit)", o.MaxConfigRules))
-	}
-	if o.MaxConfigBytes < 0 {
-		add(fmt.Errorf("--max-config-bytes=%d: must be >= 0 (0 = no limit)", o.MaxConfigBytes))
-	}
+	notNegative(add, "memory-max-keys", o.MemoryMaxKeys, "unbounded")
+	notNegative(add, "max-config-rules", o.MaxConfigRules, "no limit")
+	notNegative(add, "max-config-bytes", o.MaxConfigBytes, "no limit")
 }
 
 // validateServing checks shutdown, TLS, secrets files and the listeners' resource bounds.
@@ -766,15 +758,9 @@ func (o Options) validateServing(add func(error)) {
 	if o.GRPCMaxConcurrentStreams <= 0 || int64(o.GRPCMaxConcurrentStreams) > math.MaxUint32 {
 		add(fmt.Errorf("--grpc-max-concurrent-streams=%d: must be in [1, %d]", o.GRPCMaxConcurrentStreams, uint32(math.MaxUint32)))
 	}
-	if o.GRPCMaxConnections < 0 {
-		add(fmt.Errorf("--grpc-max-connections=%d: must be >= 0 (0 = unbounded)", o.GRPCMaxConnections))
-	}
-	if o.GRPCMaxConnectionAge < 0 {
-		add(fmt.Errorf("--grpc-max-connection-age=%s: must be >= 0 (0 = never)", o.GRPCMaxConnectionAge))
-	}
-	if o.GRPCMaxConnectionAgeGrace < 0 {
-		add(fmt.Errorf("--grpc-max-connection-age-grace=%s: must be >= 0 (0 = no bound)", o.GRPCMaxConnectionAgeGrace))
-	}
+	notNegative(add, "grpc-max-connections", o.GRPCMaxConnections, "unbounded")
+	notNegative(add, "grpc-max-connection-age", o.GRPCMaxConnectionAge, "never")
+	notNegative(add, "grpc-max-connection-age-grace", o.GRPCMaxConnectionAgeGrace, "no bound")
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -847,4 +833,12 @@ func parseStatsdTags(s string) (map[string]string, error) {
 		tags[kv[0]] = kv[1]
 	}
 	return tags, nil
+}
+
+// notNegative adds "--<flag>=<v>: must be >= 0 (0 = <zero>)" when v is
+// negative; zero says what the flag's 0 means.
+func notNegative[T int | int64 | time.Duration](add func(error), flag string, v T, zero string) {
+	if v < 0 {
+		add(fmt.Errorf("--%s=%v: must be >= 0 (0 = %s)", flag, v, zero))
+	}
 }

@@ -68,16 +68,8 @@ type reloadEnv struct {
 
 func newReloadEnv(t *testing.T, opts policy.LoadOptions, paths ...string) *reloadEnv {
 	t.Helper()
-	mem, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = mem.Close() })
-	e := &reloadEnv{store: &resetStore{Store: mem}, reg: prometheus.NewRegistry(), logs: &levelLog{}}
-	svc, err := service.New(service.Options{Store: e.store, Registerer: e.reg, DetailedMetricCap: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := &reloadEnv{store: &resetStore{Store: memoryStore(t)}, reg: prometheus.NewRegistry(), logs: &levelLog{}}
+	svc := newTestService(t, service.Options{Store: e.store, Registerer: e.reg, DetailedMetricCap: 1})
 	e.s = &server{log: slog.New(e.logs), svc: svc, store: e.store, health: health.NewServer()}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -94,24 +86,7 @@ func newReloadEnv(t *testing.T, opts policy.LoadOptions, paths ...string) *reloa
 // reloads returns ratelimitd_config_reloads_total by result.
 func (e *reloadEnv) reloads(t *testing.T) map[string]float64 {
 	t.Helper()
-	fams, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range fams {
-		if f.GetName() != "ratelimitd_config_reloads_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" {
-					out[l.GetValue()] = m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return out
+	return counterByLabel(t, e.reg, "ratelimitd_config_reloads_total", "result")
 }
 
 // waitReloads polls until result has reached n (generous bound, for a
@@ -156,23 +131,7 @@ func (e *reloadEnv) hit(t *testing.T, user string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fams, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]bool{}
-	for _, f := range fams {
-		if f.GetName() != "ratelimitd_decisions_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "rule" {
-					seen[l.GetValue()] = true
-				}
-			}
-		}
-	}
+	seen := counterByLabel(t, e.reg, "ratelimitd_decisions_total", "rule")
 	var out []string
 	for r := range seen {
 		out = append(out, r)
@@ -190,9 +149,7 @@ func userConfig(rpu int) string {
 func replaceFile(t *testing.T, p, content string) {
 	t.Helper()
 	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, tmp, content)
 	if err := os.Rename(tmp, p); err != nil {
 		t.Fatal(err)
 	}
@@ -216,9 +173,7 @@ func (e *reloadEnv) rpu(t *testing.T) uint32 {
 func TestReloadIdempotent(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(userConfig(100)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, file, userConfig(100))
 	e := newReloadEnv(t, policy.LoadOptions{}, file)
 	e.want(t, e.waitReloads(t, "success", 1), map[string]float64{"success": 1}, 1)
 	e.hit(t, "a")
@@ -303,9 +258,7 @@ func TestReloadConfigMapSwap(t *testing.T) {
 				if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.WriteFile(filepath.Join(dir, ts, "config.yaml"), []byte(content), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				writeTestFile(t, filepath.Join(dir, ts, "config.yaml"), content)
 				old, _ := os.Readlink(filepath.Join(dir, "..data"))
 				tmp := filepath.Join(dir, "..data_tmp")
 				if err := os.Symlink(ts, tmp); err != nil {
@@ -359,9 +312,7 @@ func TestReloadConfigMapSwap(t *testing.T) {
 func TestReloadFailAccounting(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(userConfig(100)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, file, userConfig(100))
 	e := newReloadEnv(t, policy.LoadOptions{}, file)
 	e.waitReloads(t, "success", 1)
 	inForce := e.s.svc.Policy()
@@ -370,9 +321,7 @@ func TestReloadFailAccounting(t *testing.T) {
 	_, _, readErr := policy.Load(policy.LoadOptions{}, filepath.Join(dir, "missing.yaml"))
 	e.s.fail(readErr)
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	if err := os.WriteFile(bad, []byte("domain: [broken\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, bad, "domain: [broken\n")
 	_, _, badErr := policy.Load(policy.LoadOptions{}, bad)
 	e.s.fail(badErr)
 	e.want(t, e.reloads(t), map[string]float64{"success": 1, "watch_error": 1, "read_error": 1, "failure": 1}, 1)
@@ -415,9 +364,7 @@ func TestReloadMaxConfigRules(t *testing.T) {
 	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(usersConfig(3)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, file, usersConfig(3))
 	e := newReloadEnv(t, policy.LoadOptions{MaxRules: 2}, file)
 	e.waitReloads(t, "failure", 1)
 	if p := e.s.svc.Policy(); p != nil {

@@ -120,9 +120,7 @@ func TestServeFlagErrorOnce(t *testing.T) {
 
 func TestValidateEmptyConfig(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, filepath.Join(dir, "notes.txt"), "x")
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), []string{"validate", dir}, env(), &out, &errb); code != 0 {
 		t.Errorf("validate: exit %d, want 0\n%s%s", code, out.String(), errb.String())
@@ -203,9 +201,7 @@ func TestRetryJitterZeroDisables(t *testing.T) {
 func TestValidateBackendAlgorithms(t *testing.T) {
 	dir := t.TempDir()
 	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_window}\n"
-	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, filepath.Join(dir, "d.yaml"), cfg)
 	for _, c := range []struct {
 		args []string
 		env  []string
@@ -243,9 +239,7 @@ func configMapDir(t *testing.T, files map[string]string) string {
 		t.Fatal(err)
 	}
 	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, ts, name), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		writeTestFile(t, filepath.Join(dir, ts, name), content)
 		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(dir, name)); err != nil {
 			t.Fatal(err)
 		}
@@ -305,9 +299,7 @@ func TestValidateConfigSizeBounds(t *testing.T) {
 	for i := range 12 {
 		fmt.Fprintf(&b, "  - key: k%d\n    rate_limit: {unit: second, requests_per_unit: 5}\n", i)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTestFile(t, filepath.Join(dir, "d.yaml"), b.String())
 	for _, c := range []struct {
 		args []string
 		env  []string

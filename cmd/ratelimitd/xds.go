@@ -83,8 +83,18 @@ func xdsBase(o Options) xds.Options {
 		ConnectRetryInterval: o.XDSConnectRetryInterval,
 		BackoffInitial:       o.XDSBackoffInitial,
 		BackoffMax:           o.XDSBackoffMax,
-		BackoffRandomFactor:  o.XDSBackoffRandomFactor,
-		BackoffJitter:        o.XDSBackoffJitter,
+		BackoffRandomFactor:  backoffRandomFactor(o.XDSBackoffRandomFactor),
+		DisableBackoffJitter: !o.XDSBackoffJitter,
 		MaxRecvMsgSize:       o.XDSMaxMsgSize,
 	}
+}
+
+// backoffRandomFactor is the xds.Options.BackoffRandomFactor of
+// --xds-backoff-random-factor=f: f, or xds.NoBackoffSpread for 0 (no
+// spread, as envoyproxy/ratelimit reads XDS_CLIENT_BACKOFF_RANDOM_FACTOR=0).
+func backoffRandomFactor(f float64) float64 {
+	if f == 0 {
+		return xds.NoBackoffSpread
+	}
+	return f
 }

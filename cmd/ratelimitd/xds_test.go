@@ -16,7 +16,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds/xdstest"
@@ -101,15 +100,8 @@ func newXDSEnv(t *testing.T) *xdsEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = mem.Close() })
-	svc, err := service.New(service.Options{Store: mem, Registerer: e.reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem := memoryStore(t)
+	svc := newTestService(t, service.Options{Store: mem, Registerer: e.reg})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	e.s = &server{opts: o, log: log, svc: svc, store: mem, health: health.NewServer()}
 	e.s.warm.Store(true)
@@ -132,6 +124,29 @@ func newXDSEnv(t *testing.T) *xdsEnv {
 		}
 	})
 	return e
+}
+
+// xdsBase gives xds.Options the flags' meaning: the default factor and
+// jitter by default, and exact waits for --xds-backoff-random-factor=0
+// (xds.NoBackoffSpread) or --xds-backoff-jitter=false.
+func TestXDSBackoffSpreadOptions(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		factor  float64
+		disable bool
+	}{
+		{nil, xds.DefaultBackoffRandomFactor, false},
+		{[]string{"--xds-backoff-random-factor=0"}, xds.NoBackoffSpread, false},
+		{[]string{"--xds-backoff-random-factor=0.25", "--xds-backoff-jitter=false"}, 0.25, true},
+	} {
+		o, _, err := parseServe(tc.args, env(), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if xo := xdsBase(o); xo.BackoffRandomFactor != tc.factor || xo.DisableBackoffJitter != tc.disable {
+			t.Errorf("%q: factor %v, jitter disabled %v; want %v, %v", tc.args, xo.BackoffRandomFactor, xo.DisableBackoffJitter, tc.factor, tc.disable)
+		}
+	}
 }
 
 // splitEnv turns NAME=value entries into env's name, value pairs.

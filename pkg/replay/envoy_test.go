@@ -51,10 +51,7 @@ func TestMatchSmall(t *testing.T) {
 			if ok == tc.noRoute {
 				t.Fatalf("matched = %v, want %v", ok, !tc.noRoute)
 			}
-			var got []string
-			for _, d := range route.Descriptors {
-				got = append(got, compact(d.Entries))
-			}
+			got := compactAll(route.Descriptors)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("descriptors (-want +got):\n%s", diff)
 			}
@@ -99,13 +96,7 @@ func TestMatchWebsite(t *testing.T) {
 			if !ok {
 				t.Fatal("no route")
 			}
-			var got, done []string
-			for _, d := range route.Descriptors {
-				got = append(got, compact(d.Entries))
-			}
-			for _, d := range route.OnStreamDone {
-				done = append(done, compact(d.Entries))
-			}
+			got, done := compactAll(route.Descriptors), compactAll(route.OnStreamDone)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("descriptors (-want +got):\n%s", diff)
 			}
@@ -117,26 +108,7 @@ func TestMatchWebsite(t *testing.T) {
 }
 
 func TestLoadEnvoyRejectsUnreplayableActions(t *testing.T) {
-	b, err := DecodeBootstrap([]byte(`
-static_resources:
-  listeners:
-    - name: l
-      address: { socket_address: { address: 127.0.0.1, port_value: 1 } }
-      filter_chains:
-        - filters:
-            - name: hcm
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: t
-                route_config:
-                  virtual_hosts:
-                    - name: v
-                      domains: ["*"]
-                      routes:
-                        - match: { prefix: "/" }
-                          route:
-                            cluster: c
-                            rate_limits:
+	b, err := DecodeBootstrap([]byte(routeBootstrap + `
                               - actions: [ { metadata: { descriptor_key: k, metadata_key: { key: a, path: [ { key: b } ] } } } ]
                 http_filters:
                   - name: envoy.filters.http.ratelimit
@@ -151,6 +123,15 @@ static_resources:
 	if _, err := NewEnvoy(b); err == nil {
 		t.Fatal("metadata action accepted; a log cannot reproduce it")
 	}
+}
+
+// compactAll renders each descriptor of ds as compact does (nil for none).
+func compactAll(ds []Descriptor) []string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, compact(d.Entries))
+	}
+	return out
 }
 
 // compact renders entries as "k=v,k=v".

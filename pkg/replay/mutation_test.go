@@ -14,6 +14,44 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
+// routeBootstrap is the start of a bootstrap with one listener whose HTTP
+// connection manager routes "/" to cluster c; the rate_limits of the
+// route (items indented by 30 spaces) and http_filters (a key indented by
+// 16) follow.
+const routeBootstrap = `
+static_resources:
+  listeners:
+    - name: l
+      address: {socket_address: {address: 127.0.0.1, port_value: 1}}
+      filter_chains:
+        - filters:
+            - name: hcm
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: t
+                route_config:
+                  virtual_hosts:
+                    - name: v
+                      domains: ["*"]
+                      routes:
+                        - match: {prefix: "/"}
+                          route:
+                            cluster: c
+                            rate_limits:`
+
+// replayOptions are the Options of a replay of e under set, on a memory
+// store closed when t ends and a Clock the replay moves.
+func replayOptions(t *testing.T, e *Envoy, set *policy.Set) Options {
+	t.Helper()
+	clock := &Clock{}
+	st, err := memory.New(memory.Options{Now: clock.Now, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return Options{Envoy: e, Policy: set, Store: st, Clock: clock}
+}
+
 // mutationBootstrap is an HTTP connection manager whose filters are before +
 // the rate-limit filter + after + the router; the route sends one enforced
 // descriptor per header of hdrs (request_headers, key = header name) and one
@@ -34,26 +72,7 @@ func mutationBootstrap(before, after string, hdrs ...string) string {
                       mutations:
                         request_mutations: ` + muts
 	}
-	return `
-static_resources:
-  listeners:
-    - name: l
-      address: {socket_address: {address: 127.0.0.1, port_value: 1}}
-      filter_chains:
-        - filters:
-            - name: hcm
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: t
-                route_config:
-                  virtual_hosts:
-                    - name: v
-                      domains: ["*"]
-                      routes:
-                        - match: {prefix: "/"}
-                          route:
-                            cluster: c
-                            rate_limits:
+	return routeBootstrap + `
                               - actions:` + acts.String() + `
                               - apply_on_stream_done: true
                                 actions:` + acts.String() + `
@@ -200,13 +219,7 @@ func TestMatchWebsiteGatedRelease(t *testing.T) {
 	if _, set := r.Headers["x-ratelimitd-lease"]; set {
 		t.Error("Match modified the request")
 	}
-	var done, denied []string
-	for _, d := range rt.OnStreamDone {
-		done = append(done, compact(d.Entries))
-	}
-	for _, d := range rt.OnStreamDoneDenied {
-		denied = append(denied, compact(d.Entries))
-	}
+	done, denied := compactAll(rt.OnStreamDone), compactAll(rt.OnStreamDoneDenied)
 	if diff := cmp.Diff([]string{"destination_cluster=search,ratelimitd.release=1"}, done); diff != "" {
 		t.Errorf("let through (-want +got):\n%s", diff)
 	}
@@ -256,13 +269,7 @@ func TestRunSendsReleaseOnlyWhenLetThrough(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			clock := &Clock{}
-			st, err := memory.New(memory.Options{Now: clock.Now, SweepInterval: -1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			rep, err := Run(context.Background(), strings.NewReader(log.String()), Options{Envoy: e, Policy: set, Store: st, Clock: clock})
+			rep, err := Run(context.Background(), strings.NewReader(log.String()), replayOptions(t, e, set))
 			if err != nil {
 				t.Fatal(err)
 			}

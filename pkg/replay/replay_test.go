@@ -12,7 +12,6 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -28,13 +27,7 @@ func smallOptions(t *testing.T) Options {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := &Clock{}
-	st, err := memory.New(memory.Options{Now: clock.Now, SweepInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	return Options{Envoy: e, Policy: set, Store: st, Clock: clock}
+	return replayOptions(t, e, set)
 }
 
 func runSmall(t *testing.T, opts Options) *Report {

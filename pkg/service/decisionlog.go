@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -27,31 +26,14 @@ const (
 )
 
 // String returns the flag spelling: "off", "denied" or "all".
-func (m DecisionLogMode) String() string {
-	switch m {
-	case DecisionLogOff:
-		return "off"
-	case DecisionLogDenied:
-		return "denied"
-	case DecisionLogAll:
-		return "all"
-	}
-	return fmt.Sprintf("DecisionLogMode(%d)", uint8(m))
-}
+func (m DecisionLogMode) String() string { return decisionLogModes.String(m) }
+
+// decisionLogModes are the spellings of DecisionLogMode.
+var decisionLogModes = flagEnum[DecisionLogMode]{typ: "DecisionLogMode", what: "decision log mode", names: []string{"off", "denied", "all"}}
 
 // ParseDecisionLogMode parses "off", "denied" or "all" (case-insensitive;
 // "" means off).
-func ParseDecisionLogMode(s string) (DecisionLogMode, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "off":
-		return DecisionLogOff, nil
-	case "denied":
-		return DecisionLogDenied, nil
-	case "all":
-		return DecisionLogAll, nil
-	}
-	return 0, fmt.Errorf("service: unknown decision log mode %q (want off, denied or all)", s)
-}
+func ParseDecisionLogMode(s string) (DecisionLogMode, error) { return decisionLogModes.Parse(s) }
 
 // DefaultDecisionLogRate is the default bound of the decision log, in
 // lines per second (Options.DecisionLogRate).

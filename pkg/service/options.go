@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,38 +35,17 @@ const (
 )
 
 // String returns the flag spelling: "ietf", "legacy", "both" or "none".
-func (m HeaderMode) String() string {
-	switch m {
-	case HeadersIETF:
-		return "ietf"
-	case HeadersLegacy:
-		return "legacy"
-	case HeadersBoth:
-		return "both"
-	case HeadersNone:
-		return "none"
-	}
-	return fmt.Sprintf("HeaderMode(%d)", uint8(m))
-}
+func (m HeaderMode) String() string { return headerModes.String(m) }
+
+// headerModes are the spellings of HeaderMode.
+var headerModes = flagEnum[HeaderMode]{typ: "HeaderMode", what: "header mode", names: []string{"ietf", "legacy", "both", "none"}}
 
 func (m HeaderMode) ietf() bool   { return m == HeadersIETF || m == HeadersBoth }
 func (m HeaderMode) legacy() bool { return m == HeadersLegacy || m == HeadersBoth }
 
 // ParseHeaderMode parses "ietf", "legacy", "both" or "none"
 // (case-insensitive; "" means ietf).
-func ParseHeaderMode(s string) (HeaderMode, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "ietf":
-		return HeadersIETF, nil
-	case "legacy":
-		return HeadersLegacy, nil
-	case "both":
-		return HeadersBoth, nil
-	case "none":
-		return HeadersNone, nil
-	}
-	return 0, fmt.Errorf("service: unknown header mode %q (want ietf, legacy, both or none)", s)
-}
+func ParseHeaderMode(s string) (HeaderMode, error) { return headerModes.Parse(s) }
 
 // LegacyHeaderNames are the names of the HeadersLegacy headers. An empty
 // field takes its default: HeaderLegacyLimit, HeaderLegacyRemaining,

@@ -72,3 +72,50 @@ func Dial(err error) bool {
 	var de *net.DNSError
 	return errors.As(err, &oe) || errors.As(err, &de)
 }
+
+// Classified is what a backend's Error type carries and embeds
+// (redis.Error, memcache.Error), so that both report a failure the same
+// way: a cause label (one of the backend's Causes), whether the error
+// suggests the backend is unreachable or not answering (an outage: it
+// feeds the circuit breaker and the backend's health), and the error it
+// classifies. The zero value has no cause and no error; use New.
+type Classified struct {
+	backend string
+	cause   string
+	outage  bool
+	err     error
+}
+
+// New returns the classification of err as cause, an outage or not, in
+// the messages of backend ("redis", "memcache"). err must not be nil.
+func New(backend, cause string, outage bool, err error) Classified {
+	return Classified{backend: backend, cause: cause, outage: outage, err: err}
+}
+
+// Cause is the bounded label of the error (one of the backend's Causes).
+func (c Classified) Cause() string { return c.cause }
+
+// Outage reports whether the error suggests the backend is unreachable or
+// not answering (what each backend's Error documents).
+func (c Classified) Outage() bool { return c.outage }
+
+// Error returns "<backend>: <cause>: <classified error>".
+func (c Classified) Error() string { return c.backend + ": " + c.cause + ": " + c.err.Error() }
+
+// Unwrap returns the classified error.
+func (c Classified) Unwrap() error { return c.err }
+
+// Wrap is each backend's Classify: nil for a nil err, err itself when its
+// chain already holds an E (the backend's *Error), and otherwise
+// wrap(cause, outage, err) of classify's cause and outage of err.
+func Wrap[E error](err error, classify func(error) (cause string, outage bool), wrap func(cause string, outage bool, err error) E) error {
+	if err == nil {
+		return nil
+	}
+	var e E
+	if errors.As(err, &e) {
+		return err
+	}
+	cause, outage := classify(err)
+	return wrap(cause, outage, err)
+}

@@ -44,8 +44,8 @@ func breakerOptions(opts Options) breaker.Options {
 func breakerOutcome(err error) breaker.Outcome {
 	var e *Error
 	errors.As(Classify(err), &e) // always true for err != nil
-	neutral := e.cause == CauseCanceled || e.cause == CauseCircuitOpen || (e.cause == CauseTimeout && !e.outage)
-	return breaker.OutcomeOf(e.outage, e.cause == CauseTimeout, neutral)
+	neutral := e.Cause() == CauseCanceled || e.Cause() == CauseCircuitOpen || (e.Cause() == CauseTimeout && !e.Outage())
+	return breaker.OutcomeOf(e.Outage(), e.Cause() == CauseTimeout, neutral)
 }
 
 // guarded reports whether the breaker guards the decisions: the server

@@ -24,12 +24,7 @@ func newBreakerStore(t *testing.T, srv *memcachetest.Server, probe time.Duration
 	o.Addrs = []string{srv.Addr()}
 	o.HealthInterval = probe
 	o.OnCircuit = onCircuit
-	s, err := memcache.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
+	return openStore(t, o)
 }
 
 // untilRefused calls s until a call is refused by the open circuit with
@@ -150,11 +145,7 @@ func TestSeveralServersShareNoCircuit(t *testing.T) {
 	o := memcache.DefaultOptions()
 	o.Addrs = []string{live.Addr(), dead.Addr()}
 	o.HealthInterval = 0
-	s, err := memcache.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := openStore(t, o)
 	dead.Kill()
 	l := fixed(1000, time.Hour)
 	call := func(key string) ([]algo.Decision, error) {

@@ -24,11 +24,7 @@ func TestLocalCache(t *testing.T) {
 	o.Now = clock.Now
 	o.HealthInterval = 0
 	o.LocalCacheSize = 16
-	s, err := memcache.New(o)
-	if err != nil {
-		t.Fatalf("memcache.New: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := openStore(t, o)
 	if !s.CacheEnabled() {
 		t.Fatal("CacheEnabled false with LocalCacheSize 16")
 	}

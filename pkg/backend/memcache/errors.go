@@ -47,67 +47,48 @@ const (
 var Causes = []string{CauseTimeout, CauseRefused, CauseOOM, CauseCanceled, CauseCircuitOpen, CauseUnsupported, CauseOther}
 
 // Error is a classified store error. It implements service.Causer and
-// unwraps to the gomemcache or network error it classifies. Its message
-// never holds a key (keys may carry descriptor values in clear text with
-// --key-values=clear).
-type Error struct {
-	cause string
-	// outage marks errors that suggest memcached is unreachable or not
-	// answering: they make Store.Healthy false until a call or probe
-	// succeeds.
-	outage bool
-	err    error
+// unwraps to the gomemcache or network error it classifies; its message
+// is "memcache: <cause>: <underlying error>" and never holds a key (keys
+// may carry descriptor values in clear text with --key-values=clear).
+// Outage marks the errors that suggest memcached is unreachable or not
+// answering (timeout, refused): they make Store.Healthy false until a
+// call or probe succeeds.
+type Error struct{ causes.Classified }
+
+// newError returns the *Error of err classified as cause, an outage or
+// not.
+func newError(cause string, outage bool, err error) *Error {
+	return &Error{causes.New("memcache", cause, outage, err)}
 }
-
-// Cause is the bounded label of the error (one of Causes).
-func (e *Error) Cause() string { return e.cause }
-
-// Outage reports whether the error suggests memcached is unreachable
-// (timeout, refused).
-func (e *Error) Outage() bool { return e.outage }
-
-// Error returns "memcache: <cause>: <underlying error>".
-func (e *Error) Error() string { return "memcache: " + e.cause + ": " + e.err.Error() }
-
-// Unwrap returns the classified error.
-func (e *Error) Unwrap() error { return e.err }
 
 // errTimeout is returned when a call's budget ran out before memcached
 // answered.
-var errTimeout = &Error{cause: CauseTimeout, outage: true, err: errors.New("no reply within the call's budget")}
+var errTimeout = newError(CauseTimeout, true, errors.New("no reply within the call's budget"))
 
 // errBudgetCut is what the circuit breaker records for a call whose
 // budget, cut short by the caller's deadline, ran out: less than a whole
 // Timeout of silence proves nothing about memcached.
-var errBudgetCut = &Error{cause: CauseTimeout, err: errors.New("no reply within the caller's deadline")}
+var errBudgetCut = newError(CauseTimeout, false, errors.New("no reply within the caller's deadline"))
 
 // ErrCircuitOpen is returned, without calling memcached, while the circuit
 // breaker is open after failures memcached proved (refused connections):
 // the rules' failure modes decide. Its Cause is CauseCircuitOpen.
-var ErrCircuitOpen = &Error{cause: CauseCircuitOpen, err: errors.New("circuit open, not calling memcached")}
+var ErrCircuitOpen = newError(CauseCircuitOpen, false, errors.New("circuit open, not calling memcached"))
 
 // ErrStalledOpen is returned, without calling memcached, while the circuit
 // is open because memcached stalled (only timeouts opened it): a frozen
 // memcached and a very slow one look the same, so its cause is
 // CauseTimeout, which the service sheds like a budget that ran out.
-var ErrStalledOpen = &Error{cause: CauseTimeout, err: errors.New("circuit open after memcached stalled, not calling memcached")}
+var ErrStalledOpen = newError(CauseTimeout, false, errors.New("circuit open after memcached stalled, not calling memcached"))
 
 // errAbandoned stops a decision whose caller already returned (with
 // errTimeout or its context's error): it says nothing about memcached.
-var errAbandoned = &Error{cause: CauseTimeout, err: errors.New("caller gone: the decision stopped")}
+var errAbandoned = newError(CauseTimeout, false, errors.New("caller gone: the decision stopped"))
 
 // Classify wraps err in an *Error with its cause; nil stays nil and an err
 // that already has an *Error in its chain is returned unchanged.
 func Classify(err error) error {
-	if err == nil {
-		return nil
-	}
-	var e *Error
-	if errors.As(err, &e) {
-		return err
-	}
-	cause, outage := classify(err)
-	return &Error{cause: cause, outage: outage, err: err}
+	return causes.Wrap(err, classify, newError)
 }
 
 func classify(err error) (cause string, outage bool) {

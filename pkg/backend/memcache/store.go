@@ -162,7 +162,7 @@ func (s *Store) note(err error) {
 		return
 	}
 	var e *Error
-	if errors.As(err, &e) && e.outage {
+	if errors.As(err, &e) && e.Outage() {
 		s.unhealthy.Store(true)
 	}
 }
@@ -186,20 +186,28 @@ func (s *Store) probeLoop() {
 		if err != nil {
 			d = min(d, unhealthyProbeInterval)
 		}
-		t := time.NewTimer(d)
-		select {
-		case <-s.stop:
-			t.Stop()
+		if !s.wait(d) {
 			return
-		case <-t.C:
 		}
+	}
+}
+
+// wait waits d; it reports false, early, when the Store is closed.
+func (s *Store) wait(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.stop:
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
 // ping asks every server for its version (each bounded by Timeout).
 func (s *Store) ping() error {
 	if !s.resolved.Load() {
-		return &Error{cause: CauseRefused, outage: true, err: gomemcache.ErrNoServers}
+		return newError(CauseRefused, true, gomemcache.ErrNoServers)
 	}
 	return Classify(s.client.Ping())
 }
@@ -220,12 +228,8 @@ func (s *Store) resolveLoop() {
 		if d == 0 {
 			return // resolved, no refresh
 		}
-		t := time.NewTimer(d)
-		select {
-		case <-s.stop:
-			t.Stop()
+		if !s.wait(d) {
 			return
-		case <-t.C:
 		}
 		_ = s.resolve()
 	}
@@ -405,7 +409,7 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	}
 	for _, h := range hits {
 		if h.Limit.Kind != algo.FixedWindow {
-			return nil, &Error{cause: CauseUnsupported, err: fmt.Errorf("algorithm %d: only fixed_window is supported", h.Limit.Kind)}
+			return nil, newError(CauseUnsupported, false, fmt.Errorf("algorithm %d: only fixed_window is supported", h.Limit.Kind))
 		}
 	}
 	return s.cache.Take(ctx, hits, s.now, s.take)
@@ -688,7 +692,7 @@ func (s *Store) get(key string) (int64, error) {
 	}
 	n, err := strconv.ParseUint(strings.TrimSpace(string(it.Value)), 10, 64)
 	if err != nil {
-		return 0, &Error{cause: CauseOther, err: errors.New("counter value is not a number")}
+		return 0, newError(CauseOther, false, errors.New("counter value is not a number"))
 	}
 	return int64(min(n, uint64(algo.MaxExact))), nil
 }
@@ -714,5 +718,5 @@ func (s *Store) incr(key string, cost int64, exp int32) (int64, error) {
 		}
 		// Another caller created it first: INCR again.
 	}
-	return 0, &Error{cause: CauseOther, err: errors.New("counter vanished between ADD and INCR three times")}
+	return 0, newError(CauseOther, false, errors.New("counter vanished between ADD and INCR three times"))
 }

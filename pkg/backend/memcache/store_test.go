@@ -30,6 +30,24 @@ func newStore(t testing.TB, addrs []string, now func() time.Time) *memcache.Stor
 	o.Addrs = addrs
 	o.Timeout = testTimeout
 	o.Now = now
+	return openStore(t, o)
+}
+
+// probedStore is a store on srv with timeout whose health probe runs
+// every 50 ms.
+func probedStore(t testing.TB, srv *memcachetest.Server, timeout time.Duration) *memcache.Store {
+	t.Helper()
+	o := memcache.DefaultOptions()
+	o.Addrs = []string{srv.Addr()}
+	o.Timeout = timeout
+	o.HealthInterval = 50 * time.Millisecond
+	return openStore(t, o)
+}
+
+// openStore returns memcache.New(o), failing t on an error, closed when
+// t ends.
+func openStore(t testing.TB, o memcache.Options) *memcache.Store {
+	t.Helper()
 	s, err := memcache.New(o)
 	if err != nil {
 		t.Fatalf("memcache.New: %v", err)
@@ -406,21 +424,13 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 // after a restart calls succeed and Healthy turns true again.
 func TestKilledAndRestarted(t *testing.T) {
 	srv := memcachetest.Start(t)
-	o := memcache.DefaultOptions()
-	o.Addrs = []string{srv.Addr()}
-	o.Timeout = testTimeout
-	o.HealthInterval = 50 * time.Millisecond
-	s, err := memcache.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := probedStore(t, srv, testTimeout)
 	eventually(t, 10*time.Second, s.Healthy, "healthy at start")
 	k, l := uniq(t), fixed(5, time.Hour)
 	take(t, s, algo.Hit{Key: k, Limit: l, Cost: 1})
 
 	srv.Kill()
-	_, err = s.Take(context.Background(), []algo.Hit{{Key: k, Limit: l, Cost: 1}})
+	_, err := s.Take(context.Background(), []algo.Hit{{Key: k, Limit: l, Cost: 1}})
 	if err == nil || causeOf(err) != memcache.CauseRefused {
 		t.Fatalf("Take with memcached killed: %v (cause %q), want cause %q", err, causeOf(err), memcache.CauseRefused)
 	}
@@ -468,18 +478,7 @@ func metaExp(t *testing.T, srv *memcachetest.Server, key string) int {
 // is refunded.
 func TestFrozenReturnsByBudget(t *testing.T) {
 	srv := memcachetest.Start(t)
-	mk := func(timeout time.Duration) *memcache.Store {
-		o := memcache.DefaultOptions()
-		o.Addrs = []string{srv.Addr()}
-		o.Timeout = timeout
-		o.HealthInterval = 50 * time.Millisecond
-		s, err := memcache.New(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}
+	mk := func(timeout time.Duration) *memcache.Store { return probedStore(t, srv, timeout) }
 	// long: the socket timeout outlives the freeze, so its operations
 	// complete after the caller gave up; short: its own Timeout is the
 	// budget.
@@ -550,11 +549,7 @@ func TestSRV(t *testing.T) {
 		}
 		return "", *current.Load(), nil
 	}
-	s, err := memcache.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := openStore(t, o)
 	if got := s.Servers(); len(got) != 1 || got[0] != a.Addr() {
 		t.Fatalf("servers %v, want [%s]", got, a.Addr())
 	}
@@ -571,11 +566,7 @@ func TestSRV(t *testing.T) {
 	o2.LookupSRV = func(context.Context, string, string, string) (string, []*net.SRV, error) {
 		return "", nil, errors.New("lookup failed")
 	}
-	s2, err := memcache.New(o2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = s2.Close() }()
+	s2 := openStore(t, o2)
 	if _, err := s2.Take(context.Background(), []algo.Hit{{Key: k, Limit: l, Cost: 1}}); causeOf(err) != memcache.CauseRefused {
 		t.Fatalf("Take without any resolved server: %v, want cause refused", err)
 	}
@@ -600,12 +591,8 @@ func TestUnresolvedAddrs(t *testing.T) {
 	o.Addrs = []string{"memcached.invalid:11211"}
 	o.Timeout = testTimeout
 	o.HealthInterval = 20 * time.Millisecond
-	s, err := memcache.New(o)
-	if err != nil {
-		t.Fatalf("New with an unresolvable name: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	_, err = s.Take(context.Background(), []algo.Hit{{Key: uniq(t), Limit: fixed(1, time.Hour), Cost: 1}})
+	s := openStore(t, o)
+	_, err := s.Take(context.Background(), []algo.Hit{{Key: uniq(t), Limit: fixed(1, time.Hour), Cost: 1}})
 	if causeOf(err) != memcache.CauseRefused {
 		t.Fatalf("Take: %v, want cause refused", err)
 	}

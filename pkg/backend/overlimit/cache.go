@@ -112,19 +112,6 @@ func (c *Cache) add(e cacheEntry) {
 	c.items[e.key] = c.ll.PushFront(&e)
 }
 
-// drop removes key's entry, if any (its key was credited by a release).
-func (c *Cache) drop(key string) {
-	if c == nil {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if el, ok := c.items[key]; ok {
-		c.ll.Remove(el)
-		delete(c.items, key)
-	}
-}
-
 // Reset drops every entry. Call it on a config reload so that no denial
 // computed under an old limit survives.
 func (c *Cache) Reset() {
@@ -219,7 +206,7 @@ func (c *Cache) Take(ctx context.Context, hits []algo.Hit, now func() time.Time,
 	}
 	for _, h := range hits {
 		if h.Release {
-			c.drop(h.Key)
+			c.Remove(h.Key) // credited by a release
 		}
 	}
 	out := make([]algo.Decision, len(hits))

@@ -123,8 +123,8 @@ const sweepIdleTicks = 64
 // looked stalled: a request written to one of its sockets at least
 // Options.Timeout ago had no byte of reply since (its cause is
 // CauseTimeout, an outage; errors.Is context.DeadlineExceeded).
-var ErrCallTimeout error = &Error{cause: CauseTimeout, outage: true,
-	err: fmt.Errorf("redis: no reply within the timeout: %w", context.DeadlineExceeded)}
+var ErrCallTimeout error = newError(CauseTimeout, true,
+	fmt.Errorf("redis: no reply within the timeout: %w", context.DeadlineExceeded))
 
 // ErrDeadline is the error of a call whose budget ran out while Redis was
 // answering: it was still queued, or in flight for less than
@@ -135,8 +135,8 @@ var ErrCallTimeout error = &Error{cause: CauseTimeout, outage: true,
 // circuit; errors.Is context.DeadlineExceeded. Whether the hit was
 // counted is unknown to the caller (it was, if its invocation reached
 // Redis).
-var ErrDeadline error = &Error{cause: CauseDeadline,
-	err: fmt.Errorf("redis: not decided within the caller's deadline: %w", context.DeadlineExceeded)}
+var ErrDeadline error = newError(CauseDeadline, false,
+	fmt.Errorf("redis: not decided within the caller's deadline: %w", context.DeadlineExceeded))
 
 // Call states: a flush completes a pending call only after claiming it,
 // and a caller leaving at its deadline abandons it, so the flush never
@@ -565,8 +565,8 @@ func (b *batcher) pipeline(ctx context.Context, invs []*invocation) {
 // Options.Timeout (WAIT): Redis decided them, but a failover now could
 // lose them, so the rules' failure modes answer instead (cause
 // "readonly", like the NOREPLICAS refusal of min-replicas-to-write).
-var ErrNotReplicated error = &Error{cause: CauseReadonly,
-	err: errors.New("redis: decision not acknowledged by the required replicas (WAIT)")}
+var ErrNotReplicated error = newError(CauseReadonly, false,
+	errors.New("redis: decision not acknowledged by the required replicas (WAIT)"))
 
 // deliver completes every call of the invocation from its reply: one line
 // per segment (parseSegment), or the invocation's error for all of them.

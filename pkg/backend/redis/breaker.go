@@ -72,8 +72,8 @@ func NewBreaker(o BreakerOptions, now func() time.Time) *Breaker {
 func breakerOutcome(err error) breaker.Outcome {
 	var e *Error
 	errors.As(Classify(err), &e) // always true for err != nil
-	neutral := e.cause == CauseCanceled || e.cause == CauseCircuitOpen || e.cause == CauseDeadline || e == ErrStalledOpen
-	return breaker.OutcomeOf(e.outage, e.cause == CauseTimeout, neutral)
+	neutral := e.Cause() == CauseCanceled || e.Cause() == CauseCircuitOpen || e.Cause() == CauseDeadline || e == ErrStalledOpen
+	return breaker.OutcomeOf(e.Outage(), e.Cause() == CauseTimeout, neutral)
 }
 
 // now is the breaker's clock.

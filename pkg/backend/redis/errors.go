@@ -71,33 +71,23 @@ var Causes = []string{
 
 // Error is a classified backend error. It implements service.Causer
 // (Cause returns one of the Cause* labels) and unwraps to the go-redis or
-// network error it classifies.
-type Error struct {
-	cause string
-	// outage marks errors that suggest Redis is unreachable or not serving
-	// (they feed the circuit breaker); error replies from a live server
-	// (OOM, READONLY, auth, script errors) do not.
-	outage bool
-	err    error
+// network error it classifies; its message is "redis: <cause>:
+// <underlying error>". Outage marks the errors that suggest Redis is
+// unreachable or not serving, which feed the circuit breaker: timeout,
+// refused, loading, clusterdown, and connection-level "other" errors;
+// error replies from a live server (OOM, READONLY, auth, script errors)
+// are not outages.
+type Error struct{ causes.Classified }
+
+// newError returns the *Error of err classified as cause, an outage or
+// not.
+func newError(cause string, outage bool, err error) *Error {
+	return &Error{causes.New("redis", cause, outage, err)}
 }
-
-// Cause is the bounded label of the error (one of Causes).
-func (e *Error) Cause() string { return e.cause }
-
-// Outage reports whether the error counts as a failure for the circuit
-// breaker: timeout, refused, loading, clusterdown, and connection-level
-// "other" errors.
-func (e *Error) Outage() bool { return e.outage }
-
-// Error returns "redis: <cause>: <underlying error>".
-func (e *Error) Error() string { return "redis: " + e.cause + ": " + e.err.Error() }
-
-// Unwrap returns the classified error.
-func (e *Error) Unwrap() error { return e.err }
 
 // ErrCircuitOpen is returned, without calling Redis, while the circuit
 // breaker is open. Its Cause is CauseCircuitOpen.
-var ErrCircuitOpen = &Error{cause: CauseCircuitOpen, err: errors.New("circuit open, not calling redis")}
+var ErrCircuitOpen = newError(CauseCircuitOpen, false, errors.New("circuit open, not calling redis"))
 
 // ErrStalledOpen is returned, without calling Redis, while the circuit is
 // open because Redis stalled (only timeouts opened it): nothing proves a
@@ -105,20 +95,12 @@ var ErrCircuitOpen = &Error{cause: CauseCircuitOpen, err: errors.New("circuit op
 // cause is CauseTimeout, which the service sheds like a budget that ran
 // out (never admitted uncounted); ErrCircuitOpen is for a circuit opened
 // by failures Redis proved (refused connections, LOADING, CLUSTERDOWN).
-var ErrStalledOpen = &Error{cause: CauseTimeout, err: errors.New("circuit open after Redis stalled, not calling redis")}
+var ErrStalledOpen = newError(CauseTimeout, false, errors.New("circuit open after Redis stalled, not calling redis"))
 
 // Classify wraps err in an *Error with its cause; nil stays nil and an err
 // that already has an *Error in its chain is returned unchanged.
 func Classify(err error) error {
-	if err == nil {
-		return nil
-	}
-	var e *Error
-	if errors.As(err, &e) {
-		return err
-	}
-	cause, outage := classify(err)
-	return &Error{cause: cause, outage: outage, err: err}
+	return causes.Wrap(err, classify, newError)
 }
 
 // CauseOf returns the cause label of err: its Cause() when err (or an error

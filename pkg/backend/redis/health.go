@@ -263,5 +263,5 @@ var probeLimit = algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 40, Period: time.
 // isOutage reports whether err (from Breaker.Do) is an outage failure.
 func isOutage(err error) bool {
 	var e *Error
-	return err != nil && errors.As(err, &e) && e.outage
+	return err != nil && errors.As(err, &e) && e.Outage()
 }

@@ -6,13 +6,13 @@ import (
 )
 
 func TestBackoff(t *testing.T) {
-	c := &client{o: Options{BackoffInitial: time.Second, BackoffMax: 5 * time.Second}}
+	c := &client{o: Options{BackoffInitial: time.Second, BackoffMax: 5 * time.Second, DisableBackoffJitter: true}}
 	for n, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second} {
 		if got := c.backoff(n); got != want {
 			t.Errorf("backoff(%d) = %v, want %v", n, got, want)
 		}
 	}
-	c.o.BackoffJitter, c.o.BackoffRandomFactor = true, 0.5
+	c.o.DisableBackoffJitter, c.o.BackoffRandomFactor = false, 0.5
 	for n := 0; n < 200; n++ {
 		base := min(time.Second<<min(n%4, 3), 5*time.Second)
 		if got := c.backoff(n % 4); got < base/2 || got > base*3/2 {
@@ -40,5 +40,30 @@ func TestTruncate(t *testing.T) {
 func TestUnreachable(t *testing.T) {
 	if !unreachable("dial tcp 127.0.0.1:1: connect: connection refused") || unreachable("remote error: tls: certificate required") {
 		t.Error("unreachable misclassifies")
+	}
+}
+
+// The zero Options spread the waits by DefaultBackoffRandomFactor, as
+// envoyproxy/ratelimit does; NoBackoffSpread is the only valid factor
+// outside [0, 1], and it, like DisableBackoffJitter, keeps waits exact.
+func TestBackoffZeroValues(t *testing.T) {
+	var o Options
+	o.defaults()
+	if o.BackoffRandomFactor != DefaultBackoffRandomFactor || o.DisableBackoffJitter {
+		t.Errorf("zero Options: factor %v, jitter disabled %v; want %v, false", o.BackoffRandomFactor, o.DisableBackoffJitter, DefaultBackoffRandomFactor)
+	}
+	for _, f := range []float64{0, NoBackoffSpread, 0.25, 1} {
+		if err := (Options{BackoffRandomFactor: f}).Validate(); err != nil {
+			t.Errorf("BackoffRandomFactor %v: %v", f, err)
+		}
+	}
+	for _, f := range []float64{-0.5, 1.5} {
+		if err := (Options{BackoffRandomFactor: f}).Validate(); err == nil {
+			t.Errorf("BackoffRandomFactor %v accepted", f)
+		}
+	}
+	c := &client{o: Options{BackoffInitial: time.Second, BackoffMax: time.Second, BackoffRandomFactor: NoBackoffSpread}}
+	if got := c.backoff(0); got != time.Second {
+		t.Errorf("backoff with NoBackoffSpread = %v, want 1s", got)
 	}
 }

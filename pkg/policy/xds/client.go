@@ -182,13 +182,14 @@ func (c *client) backoff(n int) time.Duration {
 		d *= 2
 	}
 	d = min(d, c.o.BackoffMax)
-	if c.o.BackoffJitter {
+	if !c.o.DisableBackoffJitter {
 		d = jitter(d, c.o.BackoffRandomFactor)
 	}
 	return d
 }
 
-// jitter spreads d uniformly over [d(1-f), d(1+f)]; f is clamped to [0, 1].
+// jitter spreads d uniformly over [d(1-f), d(1+f)]; f is clamped to [0, 1]
+// (NoBackoffSpread to 0: no spread).
 func jitter(d time.Duration, f float64) time.Duration {
 	f = max(0, min(f, 1))
 	if f == 0 || d <= 0 {

@@ -136,7 +136,6 @@ func client(t *testing.T, srv *xdstest.Server, certFile, keyFile string, mod fun
 		BackoffInitial:       50 * time.Millisecond,
 		BackoffMax:           200 * time.Millisecond,
 		BackoffRandomFactor:  0.5,
-		BackoffJitter:        true,
 		Logger:               slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if mod != nil {

@@ -21,8 +21,13 @@ const (
 	DefaultBackoffRandomFactor  = 0.5
 )
 
-// Options configure Run. The zero value of a duration, the server URL or
-// the node id means its Default; Validate says which values are invalid
+// NoBackoffSpread is the BackoffRandomFactor of exact waits: no spread,
+// as with DisableBackoffJitter (XDS_CLIENT_BACKOFF_RANDOM_FACTOR=0).
+const NoBackoffSpread = -1.0
+
+// Options configure Run. The zero value of a duration, the server URL,
+// the node id or BackoffRandomFactor means its Default, and that of
+// DisableBackoffJitter means jitter, as envoyproxy/ratelimit does; Validate says which values are invalid
 // (Run reads a negative duration as its default, and a BackoffMax below
 // BackoffInitial as BackoffInitial).
 type Options struct {
@@ -47,25 +52,26 @@ type Options struct {
 	// stream going (connection refused, TLS handshake failed, stream
 	// refused before any response), ±50% at random.
 	ConnectRetryInterval time.Duration
-	// BackoffInitial, BackoffMax, BackoffRandomFactor and BackoffJitter
-	// shape the wait after a stream that had received a response ends:
-	// BackoffInitial, doubled after each further such end without a good
-	// response in between, at most BackoffMax; with BackoffJitter each
-	// wait is spread uniformly over ±BackoffRandomFactor of itself
-	// (XDS_CLIENT_BACKOFF_*).
+	// BackoffInitial, BackoffMax, BackoffRandomFactor and
+	// DisableBackoffJitter shape the wait after a stream that had received
+	// a response ends: BackoffInitial, doubled after each further such end
+	// without a good response in between, at most BackoffMax; unless
+	// DisableBackoffJitter, each wait is spread uniformly over
+	// ±BackoffRandomFactor of itself (XDS_CLIENT_BACKOFF_*).
 	BackoffInitial time.Duration
 	// BackoffMax caps the doubled wait (XDS_CLIENT_BACKOFF_MAX_INTERVAL);
 	// zero or negative means DefaultBackoffMax, and a value below
 	// BackoffInitial is raised to it.
 	BackoffMax time.Duration
-	// BackoffRandomFactor is the share of each wait spread at random with
-	// BackoffJitter, clamped to [0, 1] (XDS_CLIENT_BACKOFF_RANDOM_FACTOR).
-	// Its zero value means no spread, not DefaultBackoffRandomFactor.
+	// BackoffRandomFactor is the share of each wait spread at random, in
+	// (0, 1] (XDS_CLIENT_BACKOFF_RANDOM_FACTOR). Its zero value means
+	// DefaultBackoffRandomFactor; NoBackoffSpread means no spread.
 	BackoffRandomFactor float64
-	// BackoffJitter turns the spread on (XDS_CLIENT_BACKOFF_JITTER). Its
-	// zero value false means exact waits; envoyproxy/ratelimit and
-	// ratelimitd's own flag default to true.
-	BackoffJitter bool
+	// DisableBackoffJitter turns the spread off: exact waits
+	// (XDS_CLIENT_BACKOFF_JITTER=false). Its zero value false spreads
+	// them, as envoyproxy/ratelimit and ratelimitd's --xds-backoff-jitter
+	// do by default.
+	DisableBackoffJitter bool
 	// MaxRecvMsgSize is the largest DiscoveryResponse accepted, in bytes;
 	// 0 keeps gRPC's default of 4 MiB (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES).
 	MaxRecvMsgSize int
@@ -93,6 +99,9 @@ func (o *Options) defaults() {
 	}
 	if o.BackoffMax < o.BackoffInitial {
 		o.BackoffMax = o.BackoffInitial
+	}
+	if o.BackoffRandomFactor == 0 {
+		o.BackoffRandomFactor = DefaultBackoffRandomFactor
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -123,8 +132,8 @@ func (e *FieldError) OptionField() (field, reason string) { return "xds." + e.Fi
 // Validate reports every invalid field, joined, each a *FieldError: a
 // negative ConnectRetryInterval, BackoffInitial, BackoffMax or
 // MaxRecvMsgSize, a BackoffMax below BackoffInitial (both set), and a
-// BackoffRandomFactor outside [0, 1]. Zero values are valid: they mean
-// the defaults.
+// BackoffRandomFactor outside [0, 1] other than NoBackoffSpread. Zero
+// values are valid: they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field string, v any, reason string) {
@@ -141,7 +150,7 @@ func (o Options) Validate() error {
 	if o.BackoffMax > 0 && o.BackoffMax < o.BackoffInitial {
 		bad("BackoffMax", o.BackoffMax, fmt.Sprintf("must be >= BackoffInitial (%s)", o.BackoffInitial))
 	}
-	if !(o.BackoffRandomFactor >= 0 && o.BackoffRandomFactor <= 1) {
+	if !(o.BackoffRandomFactor >= 0 && o.BackoffRandomFactor <= 1) && o.BackoffRandomFactor != NoBackoffSpread {
 		bad("BackoffRandomFactor", o.BackoffRandomFactor, "must be in [0, 1]")
 	}
 	if o.MaxRecvMsgSize < 0 {

@@ -305,47 +305,35 @@ func (t *Timer) Record(d time.Duration) {
 // Options.Tags appended, is made safe for the line protocol (see
 // Sanitize).
 func (c *Client) Counter(name string) *Counter {
-	if v, ok := c.counters.Load(name); ok {
-		return v.(*Counter)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if v, ok := c.counters.Load(name); ok {
-		return v.(*Counter)
-	}
-	k := &Counter{name: Sanitize(name + c.suffix)}
-	c.counters.Store(name, k)
-	return k
+	return stat(c, &c.counters, name, func(n string) *Counter { return &Counter{name: n} })
 }
 
 // Gauge returns the gauge called name, creating it on first use.
 func (c *Client) Gauge(name string) *Gauge {
-	if v, ok := c.gauges.Load(name); ok {
-		return v.(*Gauge)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if v, ok := c.gauges.Load(name); ok {
-		return v.(*Gauge)
-	}
-	g := &Gauge{name: Sanitize(name + c.suffix)}
-	c.gauges.Store(name, g)
-	return g
+	return stat(c, &c.gauges, name, func(n string) *Gauge { return &Gauge{name: n} })
 }
 
 // Timer returns the timer called name, creating it on first use.
 func (c *Client) Timer(name string) *Timer {
-	if v, ok := c.timers.Load(name); ok {
-		return v.(*Timer)
+	return stat(c, &c.timers, name, func(n string) *Timer { return &Timer{name: n, c: c} })
+}
+
+// stat returns the stat called name in m (Client.counters, gauges or
+// timers), made by newStat from its line-protocol name (Options.Tags
+// appended, Sanitize) and stored on first use, under c.mu so that one
+// name never makes two.
+func stat[T any](c *Client, m *sync.Map, name string, newStat func(string) *T) *T {
+	if v, ok := m.Load(name); ok {
+		return v.(*T)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if v, ok := c.timers.Load(name); ok {
-		return v.(*Timer)
+	if v, ok := m.Load(name); ok {
+		return v.(*T)
 	}
-	t := &Timer{name: Sanitize(name + c.suffix), c: c}
-	c.timers.Store(name, t)
-	return t
+	st := newStat(Sanitize(name + c.suffix))
+	m.Store(name, st)
+	return st
 }
 
 // AddGenerator registers f, called before every flush of counters and

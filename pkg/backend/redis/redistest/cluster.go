@@ -62,10 +62,13 @@ func Cluster(t testing.TB, masters int, opts ...Option) *ClusterGroup {
 }
 
 // Addrs are the nodes' "127.0.0.1:port" addresses (seed nodes for a client).
-func (g *ClusterGroup) Addrs() []string {
-	addrs := make([]string, len(g.Nodes))
-	for i, n := range g.Nodes {
-		addrs[i] = n.Addr()
+func (g *ClusterGroup) Addrs() []string { return addrsOf(g.Nodes) }
+
+// addrsOf returns the "127.0.0.1:port" addresses of servers, in order.
+func addrsOf(servers []*Server) []string {
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr()
 	}
 	return addrs
 }

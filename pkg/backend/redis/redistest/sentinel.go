@@ -121,13 +121,7 @@ func (s *Server) sentinelArgs() []string {
 }
 
 // SentinelAddrs are the sentinels' "127.0.0.1:port" addresses.
-func (g *SentinelGroup) SentinelAddrs() []string {
-	addrs := make([]string, len(g.Sentinels))
-	for i, s := range g.Sentinels {
-		addrs[i] = s.Addr()
-	}
-	return addrs
-}
+func (g *SentinelGroup) SentinelAddrs() []string { return addrsOf(g.Sentinels) }
 
 // ClientOptions are go-redis failover options for test setup and
 // assertions (default user password, sentinel password).

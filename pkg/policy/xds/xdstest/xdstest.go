@@ -87,25 +87,16 @@ func nextSerial() *big.Int {
 	return big.NewInt(serial.n)
 }
 
+// newCA generates a self-signed CA called name.
 func newCA(t testing.TB, name string) (*ecdsa.PrivateKey, *x509.Certificate) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	tmpl := &x509.Certificate{
-		SerialNumber:          nextSerial(),
 		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	key, der := issue(t, tmpl, nil, nil)
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		t.Fatal(err)
@@ -113,29 +104,22 @@ func newCA(t testing.TB, name string) (*ecdsa.PrivateKey, *x509.Certificate) {
 	return key, cert
 }
 
+// leaf generates a certificate called name signed by ca, for a server
+// (ServerName and 127.0.0.1) or a client, and writes it and its key to
+// dir/name.crt and dir/name.key.
 func leaf(t testing.TB, dir, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, server bool) (string, string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	tmpl := &x509.Certificate{
-		SerialNumber: nextSerial(),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		Subject:     pkix.Name{CommonName: name},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 	if server {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 		tmpl.DNSNames = []string{ServerName}
 		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
+	key, der := issue(t, tmpl, ca, caKey)
 	kder, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
@@ -144,6 +128,27 @@ func leaf(t testing.TB, dir, name string, ca *x509.Certificate, caKey *ecdsa.Pri
 	writePEM(t, certFile, "CERTIFICATE", der)
 	writePEM(t, keyFile, "EC PRIVATE KEY", kder)
 	return certFile, keyFile
+}
+
+// issue generates an ECDSA P-256 key and the DER certificate of tmpl for
+// it, with the next serial number, valid from an hour ago for a day,
+// signed by parent with parentKey, or self-signed when parent is nil.
+func issue(t testing.TB, tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*ecdsa.PrivateKey, []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl.SerialNumber = nextSerial()
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
+	if parent == nil {
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, der
 }
 
 func writePEM(t testing.TB, file, typ string, der []byte) {
