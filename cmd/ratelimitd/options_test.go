@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -310,3 +311,13 @@ func TestTracingOptions(t *testing.T) {
 // ignoreFromEnv compares Options without their record of which values
 // came from environment twins (Options.fromEnv).
 var ignoreFromEnv = cmpopts.IgnoreUnexported(Options{})
+
+// sortedKeys is a small helper for deterministic messages.
+func sortedKeys(m map[string]string) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}

@@ -1,0 +1,237 @@
+// Parsing serve's command line and RATELIMITD_* twins into Options.
+
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+)
+
+// listValue is a repeatable/comma-separated string list flag. The first Set
+// from each source (environment, then command line) replaces the value
+// inherited from the previous source; later Sets of the same source append.
+type listValue struct {
+	p       *[]string
+	touched bool
+}
+
+func (v *listValue) String() string {
+	if v == nil || v.p == nil {
+		return ""
+	}
+	return strings.Join(*v.p, ",")
+}
+
+func (v *listValue) Set(s string) error {
+	if !v.touched {
+		*v.p = nil
+		v.touched = true
+	}
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			*v.p = append(*v.p, part)
+		}
+	}
+	return nil
+}
+
+// envName is the RATELIMITD_* twin of a flag: "redis-url" → "RATELIMITD_REDIS_URL".
+func envName(flagName string) string {
+	return "RATELIMITD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseServe turns serve's arguments and the environment into validated
+// Options. getenv is os.LookupEnv in production. Warnings are non-fatal
+// remarks for the startup log (at most one line naming every unsupported
+// envoyproxy/ratelimit variable). Errors name the offending flag or
+// variable; flag.ErrHelp is returned for -h.
+func parseServe(args []string, lookup func(string) (string, bool), usage io.Writer) (Options, []string, error) {
+	return parseServeAs(false, args, lookup, usage)
+}
+
+// parseServeAs is parseServe for a binary invoked as envoyproxy/ratelimit's
+// (asRef: its name is ratelimit), which selects reference mode under
+// --mode=auto.
+func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool), usage io.Writer) (Options, []string, error) {
+	o := defaultOptions()
+	warnings, err := applyLegacyEnv(&o, lookup)
+	if err != nil {
+		return o, warnings, scrubErr(err, legacySecrets(o, lookup)...)
+	}
+	explicit, err := parseFlagsAndTwins(&o, args, lookup, usage)
+	if err != nil {
+		return o, warnings, err
+	}
+	if err := resolveMode(&o, explicit, asRef, lookup); err != nil {
+		return o, warnings, o.annotateEnv(err)
+	}
+	if o.Reference {
+		warnings = referenceWarnings(warnings)
+	}
+	if err := o.checkBackendChosen(explicit); err != nil {
+		return o, warnings, o.annotateEnv(err)
+	}
+	if err := o.Validate(); err != nil {
+		return o, warnings, o.annotateEnv(scrubErr(err, secretsOf(o)...))
+	}
+	if o.RedisSentinelAuthFile != "" {
+		auth, err := readSecretFile("redis-sentinel-auth-file", o.RedisSentinelAuthFile)
+		if err != nil {
+			return o, warnings, o.annotateEnv(err)
+		}
+		o.RedisSentinelAuth = auth
+	}
+	return o, warnings, nil
+}
+
+// legacySecrets are the credentials of o and of the reference's variables
+// (REDIS_AUTH, REDIS_SENTINEL_AUTH, a REDIS_URL with user info): none is
+// quoted back in an error.
+func legacySecrets(o Options, lookup func(string) (string, bool)) []string {
+	secrets := secretsOf(o)
+	for _, name := range []string{"REDIS_AUTH", "REDIS_SENTINEL_AUTH", "REDIS_URL"} {
+		if v, ok := lookup(name); ok {
+			v = strings.TrimSpace(v)
+			secrets = append(secrets, redis.URLPassword(v))
+			if name != "REDIS_URL" {
+				secrets = append(secrets, v)
+				if _, p, ok := strings.Cut(v, ":"); ok {
+					secrets = append(secrets, p)
+				}
+			}
+		}
+	}
+	return secrets
+}
+
+// parseFlagsAndTwins sets o from the RATELIMITD_* twins, then from args
+// (the flag wins), normalizes the spellings, and records in o.fromEnv the
+// flags whose value came from a twin. It returns the flags set on the
+// command line or by a twin; flag.ErrHelp (usage printed) for -h.
+func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, bool), usage io.Writer) (map[string]bool, error) {
+	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
+	// The flag package prints a parse error and the whole usage itself;
+	// the caller prints the error once with a short hint instead, and the
+	// usage goes out only for -h.
+	fs.SetOutput(io.Discard)
+	lists := registerServeFlags(fs, o)
+	durErr, restoreDurations := clearDurationErrors(fs)
+	fs.Usage = func() {}
+	envValues, err := setTwins(fs, lists, lookup)
+	if err != nil {
+		return nil, err
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
+			fs.SetOutput(usage)
+			restoreDurations()
+			fs.PrintDefaults()
+		}
+		if *durErr != nil {
+			// "--redis-timeout=10: missing unit (e.g. 10ms or 10s)",
+			// not the flag package's "parse error".
+			err = *durErr
+		}
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("serve takes no arguments, got %q (use --config)", fs.Args())
+	}
+	o.normalizeSpellings()
+	for name, v := range envValues {
+		if fs.Lookup(name).Value.String() == v {
+			if o.fromEnv == nil {
+				o.fromEnv = map[string]string{}
+			}
+			o.fromEnv[name] = envName(name)
+		}
+	}
+	explicit := map[string]bool{} // set on the command line or by a twin
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	return explicit, nil
+}
+
+// setTwins sets every flag of fs whose RATELIMITD_* twin is set, and
+// returns each such flag's value as the twin set it (a list flag set by
+// its twin is then replaced, not extended, by the command line). Every
+// malformed twin is reported, as NAME="value": error.
+func setTwins(fs *flag.FlagSet, lists []*listValue, lookup func(string) (string, bool)) (map[string]string, error) {
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envName(f.Name)
+		if v, ok := lookup(name); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for _, l := range lists {
+		l.touched = false
+	}
+	envValues := map[string]string{} // flag name → its value as set from the twin
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := lookup(envName(f.Name)); ok {
+			envValues[f.Name] = f.Value.String()
+		}
+	})
+	return envValues, nil
+}
+
+// normalizeSpellings lowers the case of --log-level (RATELIMITD_LOG_LEVEL=
+// DEBUG; "warning" is warn) and --log-format, and reads
+// --backend=memcached as memcache.
+func (o *Options) normalizeSpellings() {
+	o.LogLevel = strings.ToLower(strings.TrimSpace(o.LogLevel))
+	if o.LogLevel == "warning" {
+		o.LogLevel = "warn"
+	}
+	o.LogFormat = strings.ToLower(strings.TrimSpace(o.LogFormat))
+	if o.Backend == "memcached" {
+		o.Backend = "memcache"
+	}
+}
+
+// checkBackendChosen refuses Redis flags given while the backend is the
+// in-memory store by default: every replica would count alone (N replicas
+// admit N times a limit) although the operator pointed ratelimitd at a
+// Redis. explicit holds the flags set on the command line or by their
+// twins; --backend=memory given explicitly keeps the memory store.
+func (o Options) checkBackendChosen(explicit map[string]bool) error {
+	if o.Backend != "memory" || explicit["backend"] {
+		return nil
+	}
+	for _, f := range []string{"redis-url", "redis-mode", "redis-addrs", "redis-master", "redis-password-file"} {
+		if explicit[f] {
+			return fmt.Errorf("--%s is set but the backend is the in-memory store (--backend defaults to memory): add --backend=redis, or --backend=memory to count in this process only", f)
+		}
+	}
+	return nil
+}
+
+// parseStatsdTags parses --statsd-tags ("k1:v1,k2:v2", as
+// envoyproxy/ratelimit's EXTRA_TAGS is parsed: items split on ',', each
+// split on ':' into exactly two parts, nothing trimmed, a later key
+// replacing an earlier one). "" (or only spaces) is no tags.
+func parseStatsdTags(s string) (map[string]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	tags := make(map[string]string)
+	for _, item := range strings.Split(s, ",") {
+		kv := strings.Split(item, ":")
+		if len(kv) != 2 {
+			return nil, fmt.Errorf("--statsd-tags: item %q: want key:value", item)
+		}
+		tags[kv[0]] = kv[1]
+	}
+	return tags, nil
+}
