@@ -3,7 +3,8 @@
 // The Redis script (pkg/backend/redis) must return bit-identical decisions
 // for the same (Limit, State, now, cost). The conformance suite
 // (pkg/algo/algotest) and the step-by-step agreement test check it. This
-// section is the reference; take.go and calendar.go are the executable form.
+// section is the reference; take.go (the algorithms), limit.go (the bounds),
+// state.go (expiry) and calendar.go are the executable form.
 //
 // Units. now is t = integer microseconds since the Unix epoch (Go:
 // now.UnixMicro(); Redis: TIME as sec*1000000+usec). P = Period in whole µs.

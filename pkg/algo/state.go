@@ -1,0 +1,84 @@
+// The stored state of a key and the instant from which it is empty.
+
+package algo
+
+import "time"
+
+// State is the stored state of one key. The zero value is the state of a key
+// that was never used (or has expired); every algorithm accepts it. Fields by
+// Kind (all instants are microseconds since the Unix epoch):
+//
+//	FixedWindow    Time = window start, Count = cost admitted in that window
+//	SlidingWindow  Time = current window start, Count = cost admitted in it,
+//	               Prev = cost admitted in the window before it
+//	TokenBucket    Time = TAT (theoretical arrival time), whole µs part;
+//	               Count = TAT fraction numerator in units of 1/Rate µs,
+//	               0 <= Count < Rate (the exact TAT is Time + Count/Rate)
+//	SlidingLog     Log = one timestamp per admitted unit of cost, ascending
+//	Concurrency    Log = one acquisition timestamp per live lease, ascending
+//
+// A State is a value: functions in this package never modify a State (or
+// the backing array of its Log) passed to them; they return a new one.
+type State struct {
+	// Time is the window start (FixedWindow, SlidingWindow) or the whole
+	// microseconds of the TAT (TokenBucket), in µs since the Unix epoch;
+	// 0 for the other kinds.
+	Time int64
+	// Count is the cost admitted in the window at Time (FixedWindow,
+	// SlidingWindow) or the TAT fraction numerator in 1/Rate µs
+	// (TokenBucket).
+	Count int64
+	// Prev is the cost admitted in the window before Time (SlidingWindow
+	// only).
+	Prev int64
+	// Log holds ascending µs timestamps: one per admitted unit of cost
+	// (SlidingLog) or per live lease (Concurrency); nil for other kinds.
+	Log []int64
+}
+
+// ExpiresAt returns the instant from which s is equivalent to the zero
+// State for l (the counter reset, the bucket is full, the log is empty), so
+// a store may drop the key; the zero time.Time when s is already empty.
+func ExpiresAt(l Limit, s State) time.Time {
+	us := ExpiresAtUs(l, s)
+	if us == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(us)
+}
+
+// ExpiresAtUs is ExpiresAt in microseconds since the epoch; 0 means
+// already empty.
+func ExpiresAtUs(l Limit, s State) int64 {
+	switch l.Kind {
+	case FixedWindow:
+		if s.Count == 0 {
+			return 0
+		}
+		_, end := WindowBoundsUs(l, s.Time)
+		return end
+	case SlidingWindow:
+		_, end := WindowBoundsUs(l, s.Time)
+		if s.Count > 0 {
+			_, end = WindowBoundsUs(l, end)
+			return end
+		}
+		if s.Prev > 0 {
+			return end
+		}
+		return 0
+	case TokenBucket:
+		if s.Time == 0 && s.Count == 0 {
+			return 0
+		}
+		if s.Count > 0 {
+			return s.Time + 1
+		}
+		return s.Time
+	default: // SlidingLog, Concurrency
+		if len(s.Log) == 0 {
+			return 0
+		}
+		return s.Log[len(s.Log)-1] + periodUs(l)
+	}
+}
