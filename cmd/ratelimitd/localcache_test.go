@@ -3,10 +3,6 @@ package main
 import (
 	"context"
 	"log/slog"
-	"net"
-	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +10,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -21,71 +18,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
-
-// udpLines records the statsd lines a loopback UDP listener receives.
-type udpLines struct {
-	pc    net.PacketConn
-	mu    sync.Mutex
-	lines []string
-}
-
-func listenUDP(t *testing.T) *udpLines {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &udpLines{pc: pc}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 1<<16)
-		for {
-			n, _, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			u.mu.Lock()
-			u.lines = append(u.lines, strings.Split(strings.TrimSuffix(string(buf[:n]), "\n"), "\n")...)
-			u.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { _ = pc.Close(); <-done })
-	return u
-}
-
-// until waits for a line starting with prefix and returns the stats
-// received so far, "name|type" → value (counters summed, gauges last).
-func (u *udpLines) until(t *testing.T, prefix string) map[string]float64 {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		u.mu.Lock()
-		got, found := map[string]float64{}, false
-		for _, l := range u.lines {
-			found = found || strings.HasPrefix(l, prefix)
-			colon, bar := strings.LastIndexByte(l, ':'), strings.LastIndexByte(l, '|')
-			if colon < 0 || bar < colon {
-				continue
-			}
-			v, _ := strconv.ParseFloat(l[colon+1:bar], 64)
-			k := l[:colon] + l[bar:]
-			if l[bar+1:] == "g" {
-				got[k] = v
-			} else {
-				got[k] += v
-			}
-		}
-		u.mu.Unlock()
-		if found {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %q line within 10s; got %v", prefix, got)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // The local over-limit cache as envoyproxy/ratelimit reports it through
 // statsd, with EXTRA_TAGS: a denial answered from the cache counts
@@ -127,9 +59,9 @@ func TestLocalCacheStatsd(t *testing.T) {
 // answered by store's local over-limit cache, as the reference's statsd
 // stats count them.
 func testLocalCacheStatsd(t *testing.T, store service.Store, now time.Time) {
-	sink := listenUDP(t)
+	sink := testproc.ListenStatsd(t)
 	o := defaultOptions()
-	o.StatsdAddr, o.StatsdFlushInterval, o.StatsdTags = sink.pc.LocalAddr().String(), time.Hour, "foo:bar,a:b"
+	o.StatsdAddr, o.StatsdFlushInterval, o.StatsdTags = sink.Addr(), time.Hour, "foo:bar,a:b"
 	sc, stop, err := startStatsd(o, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +87,11 @@ func testLocalCacheStatsd(t *testing.T, store service.Store, now time.Time) {
 	}
 	sc.Flush()
 	const tags = ".__a=b.__foo=bar"
-	got := sink.until(t, "ratelimit.localcache.lookupCount")
+	sink.WaitLine(t, "ratelimit.localcache.lookupCount")
+	got, bad := sink.Totals()
+	if len(bad) > 0 {
+		t.Fatalf("malformed statsd lines %q", bad)
+	}
 	p := "ratelimit.service.rate_limit.another.key2."
 	for name, want := range map[string]float64{
 		p + "total_hits" + tags + "|c":                   23,

@@ -1,11 +1,14 @@
 package testproc
 
 import (
+	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // StatsdSink is a statsd server on a loopback UDP port that keeps every
@@ -14,6 +17,7 @@ type StatsdSink struct {
 	pc        net.PacketConn
 	mu        sync.Mutex
 	datagrams int
+	raw       []string // every datagram as received, in arrival order
 	lines     []string // non-empty lines, in arrival order
 	done      chan struct{}
 }
@@ -40,6 +44,7 @@ func ListenStatsd(t testing.TB) *StatsdSink {
 			}
 			s.mu.Lock()
 			s.datagrams++
+			s.raw = append(s.raw, string(buf[:n]))
 			for _, l := range strings.Split(string(buf[:n]), "\n") {
 				if l != "" {
 					s.lines = append(s.lines, l)
@@ -48,8 +53,16 @@ func ListenStatsd(t testing.TB) *StatsdSink {
 			s.mu.Unlock()
 		}
 	}()
-	t.Cleanup(func() { _ = pc.Close(); <-s.done })
+	t.Cleanup(s.Close)
 	return s
+}
+
+// Close stops the sink (a later datagram to Addr is refused) and waits
+// for its reader; what it received stays readable. Closing twice is
+// harmless.
+func (s *StatsdSink) Close() {
+	_ = s.pc.Close()
+	<-s.done
 }
 
 // Addr is the sink's host:port.
@@ -60,6 +73,47 @@ func (s *StatsdSink) Datagrams() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.datagrams
+}
+
+// WaitDatagrams waits up to 10 s until n datagrams in all have arrived
+// (loopback delivers them in well under that) and returns every datagram
+// received so far, each as sent; fewer fails t.
+func (s *StatsdSink) WaitDatagrams(t testing.TB, n int) []string {
+	t.Helper()
+	var got []string
+	s.waitFor(t, func() bool {
+		got = slices.Clone(s.raw)
+		return len(got) >= n
+	}, func() string { return fmt.Sprintf("received %d datagrams, want %d", len(got), n) })
+	return got
+}
+
+// WaitLine waits up to 10 s for a line that starts with prefix; none
+// fails t.
+func (s *StatsdSink) WaitLine(t testing.TB, prefix string) {
+	t.Helper()
+	s.waitFor(t, func() bool {
+		return slices.ContainsFunc(s.lines, func(l string) bool { return strings.HasPrefix(l, prefix) })
+	}, func() string { return fmt.Sprintf("no line starting with %q within 10s", prefix) })
+}
+
+// waitFor calls done (with the sink locked) every 5 ms until it reports
+// true, for up to 10 s; then it fails t with why().
+func (s *StatsdSink) waitFor(t testing.TB, done func() bool, why func() string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.mu.Lock()
+		ok := done()
+		s.mu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("statsd sink: %s", why())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // Totals sums the lines received so far by "name|type": counters ("c")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,62 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 )
-
-// listener receives datagrams on a loopback UDP socket.
-type listener struct {
-	pc   net.PacketConn
-	mu   sync.Mutex
-	dgs  []string
-	done chan struct{}
-}
-
-func listen(t *testing.T) *listener {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = pc.(*net.UDPConn).SetReadBuffer(4 << 20)
-	l := &listener{pc: pc, done: make(chan struct{})}
-	go func() {
-		defer close(l.done)
-		buf := make([]byte, 1<<16)
-		for {
-			n, _, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			l.mu.Lock()
-			l.dgs = append(l.dgs, string(buf[:n]))
-			l.mu.Unlock()
-		}
-	}()
-	t.Cleanup(l.close)
-	return l
-}
-
-func (l *listener) close() {
-	_ = l.pc.Close()
-	<-l.done
-}
-
-func (l *listener) wait(t *testing.T, n int) []string {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		l.mu.Lock()
-		got := append([]string(nil), l.dgs...)
-		l.mu.Unlock()
-		if len(got) >= n {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("got %d datagrams, want %d", len(got), n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
@@ -89,8 +35,8 @@ func newClient(t *testing.T, o Options) *Client {
 }
 
 func TestLineFormatAndDeltas(t *testing.T) {
-	l := listen(t)
-	c := newClient(t, Options{Addr: l.pc.LocalAddr().String()})
+	l := testproc.ListenStatsd(t)
+	c := newClient(t, Options{Addr: l.Addr()})
 	k := c.Counter("a.b.total_hits")
 	k.Add(3)
 	k.Inc()
@@ -99,7 +45,7 @@ func TestLineFormatAndDeltas(t *testing.T) {
 	c.Timer("t.rt").Record(1500 * time.Microsecond)
 	c.Timer("t.rt").Record(2 * time.Millisecond)
 	c.Flush()
-	got := l.wait(t, 1)
+	got := l.WaitDatagrams(t, 1)
 	want := "t.rt:1.5|ms\nt.rt:2|ms\na.b.total_hits:4|c\ng.x:42|g\n"
 	if len(got) != 1 || got[0] != want {
 		t.Fatalf("datagrams %q, want [%q]", got, want)
@@ -107,15 +53,15 @@ func TestLineFormatAndDeltas(t *testing.T) {
 	// Next flush: only the counter's change, and the gauge again.
 	k.Add(2)
 	c.Flush()
-	got = l.wait(t, 2)
+	got = l.WaitDatagrams(t, 2)
 	if got[1] != "a.b.total_hits:2|c\ng.x:42|g\n" {
 		t.Errorf("second datagram %q", got[1])
 	}
 }
 
 func TestBatchesBelowDatagramSize(t *testing.T) {
-	l := listen(t)
-	c := newClient(t, Options{Addr: l.pc.LocalAddr().String(), MaxDatagramBytes: 200})
+	l := testproc.ListenStatsd(t)
+	c := newClient(t, Options{Addr: l.Addr(), MaxDatagramBytes: 200})
 	const n = 100
 	for i := range n {
 		c.Counter("ratelimit.service.rate_limit.domain.key_" + strconv.Itoa(i) + ".total_hits").Add(uint64(i + 1))
@@ -126,7 +72,7 @@ func TestBatchesBelowDatagramSize(t *testing.T) {
 		t.Fatalf("%d datagrams for %d lines of ~50 bytes in 200-byte datagrams", sent, n)
 	}
 	lines := 0
-	for _, dg := range l.wait(t, sent) {
+	for _, dg := range l.WaitDatagrams(t, sent) {
 		if len(dg) > 200 {
 			t.Errorf("datagram of %d bytes > 200", len(dg))
 		}
@@ -162,9 +108,9 @@ func TestSanitize(t *testing.T) {
 // A full sample queue drops timer samples without blocking and counts
 // them; counters never drop.
 func TestQueueFullDrops(t *testing.T) {
-	l := listen(t)
+	l := testproc.ListenStatsd(t)
 	reg := prometheus.NewRegistry()
-	c := newClient(t, Options{Addr: l.pc.LocalAddr().String(), QueueSize: 4, Registerer: reg})
+	c := newClient(t, Options{Addr: l.Addr(), QueueSize: 4, Registerer: reg})
 	tm := c.Timer("t")
 	for range 10 {
 		tm.Record(time.Millisecond)
@@ -176,16 +122,16 @@ func TestQueueFullDrops(t *testing.T) {
 		t.Errorf("ratelimitd_statsd_dropped_total{reason=queue_full} = %v, want 6", got)
 	}
 	c.Flush()
-	if got := l.wait(t, 1)[0]; strings.Count(got, "t:1|ms\n") != 4 {
+	if got := l.WaitDatagrams(t, 1)[0]; strings.Count(got, "t:1|ms\n") != 4 {
 		t.Errorf("datagram %q, want the 4 queued samples", got)
 	}
 }
 
 // An unwritable socket drops the datagram's lines and counts them.
 func TestUnwritableSocketDrops(t *testing.T) {
-	l := listen(t)
+	l := testproc.ListenStatsd(t)
 	reg := prometheus.NewRegistry()
-	c := newClient(t, Options{Addr: l.pc.LocalAddr().String(), Registerer: reg})
+	c := newClient(t, Options{Addr: l.Addr(), Registerer: reg})
 	c.Counter("a").Inc()
 	c.Counter("b").Inc()
 	_ = c.conn.Close() // the socket is gone under the client
@@ -205,9 +151,9 @@ func TestUnwritableSocketDrops(t *testing.T) {
 // unreachable on loopback): they are dropped and counted, and Flush
 // does not block.
 func TestNoListenerDrops(t *testing.T) {
-	l := listen(t)
-	addr := l.pc.LocalAddr().String()
-	l.close()
+	l := testproc.ListenStatsd(t)
+	addr := l.Addr()
+	l.Close()
 	c := newClient(t, Options{Addr: addr})
 	k := c.Counter("a")
 	deadline := time.Now().Add(10 * time.Second)
@@ -235,13 +181,13 @@ func TestUnresolvableHost(t *testing.T) {
 // Run sends timer samples within about a second and counters at the flush
 // interval, and flushes on cancel.
 func TestRun(t *testing.T) {
-	l := listen(t)
-	c := newClient(t, Options{Addr: l.pc.LocalAddr().String(), FlushInterval: time.Hour})
+	l := testproc.ListenStatsd(t)
+	c := newClient(t, Options{Addr: l.Addr(), FlushInterval: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- c.Run(ctx) }()
 	c.Timer("t").Record(3 * time.Millisecond)
-	if got := l.wait(t, 1)[0]; got != "t:3|ms\n" {
+	if got := l.WaitDatagrams(t, 1)[0]; got != "t:3|ms\n" {
 		t.Errorf("timer datagram %q", got)
 	}
 	c.Counter("k").Add(7)
@@ -249,7 +195,7 @@ func TestRun(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if got := l.wait(t, 2)[1]; got != "k:7|c\n" {
+	if got := l.WaitDatagrams(t, 2)[1]; got != "k:7|c\n" {
 		t.Errorf("final flush %q", got)
 	}
 }
@@ -271,8 +217,8 @@ func TestOptionsValidate(t *testing.T) {
 
 // Counter updates racing with flushes are each sent exactly once.
 func TestConcurrentAddsAndFlushes(t *testing.T) {
-	l := listen(t)
-	c := newClient(t, Options{Addr: l.pc.LocalAddr().String()})
+	l := testproc.ListenStatsd(t)
+	c := newClient(t, Options{Addr: l.Addr()})
 	k := c.Counter("k")
 	const workers, adds = 4, 2000
 	var wg sync.WaitGroup
@@ -303,7 +249,7 @@ func TestConcurrentAddsAndFlushes(t *testing.T) {
 	close(stop)
 	<-flushed
 	c.Flush()
-	dgs := l.wait(t, int(c.datagrams.Load()))
+	dgs := l.WaitDatagrams(t, int(c.datagrams.Load()))
 	sum := 0
 	for _, dg := range dgs {
 		for _, line := range strings.Split(strings.TrimSuffix(dg, "\n"), "\n") {
@@ -327,13 +273,13 @@ func TestConcurrentAddsAndFlushes(t *testing.T) {
 // by key, empty keys or values dropped, '.', ':' and '|' of a value made
 // '_'.
 func TestTagsInNames(t *testing.T) {
-	l := listen(t)
-	c := newClient(t, Options{Addr: l.pc.LocalAddr().String(), Tags: map[string]string{"foo": "bar", "a": "b", "z": "", "": "x", "v": "1.2:3|4"}})
+	l := testproc.ListenStatsd(t)
+	c := newClient(t, Options{Addr: l.Addr(), Tags: map[string]string{"foo": "bar", "a": "b", "z": "", "": "x", "v": "1.2:3|4"}})
 	c.Counter("ratelimit.service.rate_limit.basic.key1.total_hits").Inc()
 	c.Gauge("ratelimit.localcache.hitCount").Set(7)
 	c.Timer("ratelimit_server.ShouldRateLimit.response_time").Record(time.Millisecond)
 	c.Flush()
-	got := l.wait(t, 1)
+	got := l.WaitDatagrams(t, 1)
 	const tags = ".__a=b.__foo=bar.__v=1_2_3_4"
 	want := "ratelimit_server.ShouldRateLimit.response_time" + tags + ":1|ms\n" +
 		"ratelimit.service.rate_limit.basic.key1.total_hits" + tags + ":1|c\n" +
