@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,13 +12,13 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
@@ -168,38 +167,9 @@ func TestDisabledIsPassThrough(t *testing.T) {
 	}
 }
 
-// collector is a minimal OTLP/gRPC trace collector.
-type collector struct {
-	collectortrace.UnimplementedTraceServiceServer
-	mu    sync.Mutex
-	names []string
-}
-
-func (c *collector) Export(_ context.Context, r *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, rs := range r.GetResourceSpans() {
-		for _, ss := range rs.GetScopeSpans() {
-			for _, s := range ss.GetSpans() {
-				c.names = append(c.names, s.GetName())
-			}
-		}
-	}
-	return &collectortrace.ExportTraceServiceResponse{}, nil
-}
-
 func TestOTLPExportReachesCollector(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	col := &collector{}
-	srv := grpc.NewServer()
-	collectortrace.RegisterTraceServiceServer(srv, col)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-
-	tr, err := Setup(context.Background(), Options{Enabled: true, Endpoint: lis.Addr().String(), Insecure: true})
+	col := testproc.StartOTLPCollector(t)
+	tr, err := Setup(context.Background(), Options{Enabled: true, Endpoint: col.Addr(), Insecure: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,10 +181,8 @@ func TestOTLPExportReachesCollector(t *testing.T) {
 	if err := tr.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	col.mu.Lock()
-	defer col.mu.Unlock()
-	if len(col.names) != 1 || col.names[0] != "ratelimitd.backend.take" {
-		t.Fatalf("collector received %v, want [ratelimitd.backend.take]", col.names)
+	if got := col.Spans(); len(got) != 1 || got[0].Name != "ratelimitd.backend.take" {
+		t.Fatalf("collector received %v, want one ratelimitd.backend.take span", got)
 	}
 }
 
