@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,24 +26,12 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
-
-// lockedBuffer is a log sink safe for concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
 // remoteListener makes every accepted connection look remote at both
 // ends (as a connection to the pod IP does), to exercise the debug
@@ -71,7 +58,7 @@ func (c remoteConn) RemoteAddr() net.Addr {
 type adminEnv struct {
 	svc  *service.Service
 	addr string
-	log  *lockedBuffer
+	log  *testproc.Buffer
 	reg  *prometheus.Registry
 }
 
@@ -84,7 +71,7 @@ func startAdmin(t *testing.T, o Options, remote bool) *adminEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = closeStore() })
-	e := &adminEnv{log: &lockedBuffer{}, reg: prometheus.NewRegistry()}
+	e := &adminEnv{log: &testproc.Buffer{}, reg: prometheus.NewRegistry()}
 	log := slog.New(slog.NewJSONHandler(e.log, nil))
 	al, _ := store.(service.AlgorithmLister)
 	lo := policy.LoadOptions{Keys: policy.KeyOptions{ClearText: o.KeyValues == "clear"}}

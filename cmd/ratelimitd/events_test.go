@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/health"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -70,7 +71,7 @@ func TestBuildInfo(t *testing.T) {
 // dies, half-open and closed when it is back.
 func TestCircuitTransitionEvents(t *testing.T) {
 	srv := redistest.Standalone(t)
-	logs := &lockedBuffer{}
+	logs := &testproc.Buffer{}
 	ev := newEvents(slog.New(slog.NewJSONHandler(logs, nil)), "redis")
 	reg := prometheus.NewRegistry()
 	if err := ev.register(reg); err != nil {
@@ -130,7 +131,7 @@ func TestConfigAppliedAndRejectedEvents(t *testing.T) {
 	mem := memoryStore(t)
 	reg := prometheus.NewRegistry()
 	svc := newTestService(t, service.Options{Store: mem, Registerer: reg})
-	logs := &lockedBuffer{}
+	logs := &testproc.Buffer{}
 	s := &server{log: slog.New(slog.NewJSONHandler(logs, nil)), svc: svc, store: mem, health: health.NewServer()}
 	dir := t.TempDir()
 	writeTestFile(t, filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")

@@ -1,7 +1,6 @@
 package xds_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds/xdstest"
@@ -73,24 +73,11 @@ func (r *recorder) waitFor(t *testing.T, what string, ok func(sets []*policy.Set
 	}
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+// syncBuffer is the client's log (testproc.Buffer: safe for concurrent
+// writes), waited on by waitFor.
+type syncBuffer struct{ testproc.Buffer }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
+// waitFor waits until the log contains sub (at most wait).
 func (s *syncBuffer) waitFor(t *testing.T, sub string) {
 	t.Helper()
 	deadline := time.Now().Add(wait)
