@@ -150,35 +150,15 @@ func TestUnsupportedAlgorithm(t *testing.T) {
 	}
 }
 
-// concurrentAllowed runs n single-hit requests of cost 1 on key from n
-// goroutines spread over stores and returns how many were allowed.
+// concurrentAllowed is algotest.ConcurrentAllowed on stores (a Take
+// error fails t): how many of n cost-1 requests on key were allowed.
 func concurrentAllowed(t *testing.T, stores []*memcache.Store, key string, l algo.Limit, n int) int {
 	t.Helper()
-	var allowed atomic.Int64
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	errs := make(chan error, n)
-	for i := range n {
-		s := stores[i%len(stores)]
-		wg.Go(func() {
-			<-start
-			d, err := s.Take(context.Background(), []algo.Hit{{Key: key, Limit: l, Cost: 1}})
-			if err != nil {
-				errs <- err
-				return
-			}
-			if d[0].Allowed {
-				allowed.Add(1)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	allowed, err := algotest.ConcurrentAllowed(context.Background(), stores, key, l, n)
+	if err != nil {
 		t.Fatalf("Take: %v", err)
 	}
-	return int(allowed.Load())
+	return int(allowed)
 }
 
 // Exactness: goroutines over several Store instances on one counter admit
