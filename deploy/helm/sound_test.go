@@ -1,0 +1,435 @@
+// What every release must hold (selectors, ports, probes, secrets,
+// hardening, replicas, monitors), checked on every documented value
+// combination.
+
+package helm_test
+
+import (
+	"net"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+)
+
+// combos are the documented value combinations (values.yaml,
+// docs/kubernetes.md): each must render, decode strictly, and pass the
+// checks every release must pass (TestEveryComboIsSound).
+var combos = map[string]string{
+	"default":    ``,
+	"memory dev": "backend: memory\n",
+	"hpa off":    "autoscaling: {enabled: false}\nreplicaCount: 4\n",
+	"existing secret": `
+redis:
+  url: redis://ratelimitd@redis-master.cache:6379/0
+  existingSecret: redis-credentials
+  existingSecretPasswordKey: redis-password
+`,
+	"cluster": `
+redis:
+  mode: cluster
+  url: rediss://ratelimitd@redis-0.cache.example.internal:6380/0
+  addrs: [redis-0.cache.example.internal:6380, redis-1.cache.example.internal:6380, redis-2.cache.example.internal:6380]
+  existingSecret: ratelimitd-redis
+  tls: {enabled: true}
+`,
+	"sentinel": `
+redis:
+  mode: sentinel
+  url: redis://ratelimitd@unused:6379/2
+  addrs: [sentinel-0.cache:26379, sentinel-1.cache:26379, sentinel-2.cache:26379]
+  master: mymaster
+  existingSecret: ratelimitd-redis
+  sentinelAuth: {existingSecret: ratelimitd-sentinel, key: auth}
+`,
+	"tls": `
+redis:
+  url: rediss://ratelimitd@redis.cache.example.internal:6380/0
+  existingSecret: ratelimitd-redis
+  tls:
+    enabled: true
+    existingSecret: ratelimitd-redis-tls
+    caKey: ca.crt
+    certKey: tls.crt
+    keyKey: tls.key
+`,
+	"service monitor": `
+serviceMonitor: {enabled: true, namespace: monitoring, labels: {release: kube-prometheus-stack}, interval: 15s}
+prometheusRule: {enabled: true}
+dashboard: {enabled: true}
+`,
+	"pod monitor": `
+podMonitor: {enabled: true, labels: {release: kube-prometheus-stack}}
+`,
+	"custom rule namespace and labels": `
+prometheusRule:
+  enabled: true
+  namespace: monitoring
+  labels: {release: kube-prometheus-stack, team: edge}
+  additionalRuleLabels: {team: edge, severity: page}
+`,
+	"network policy": `
+networkPolicy:
+  enabled: true
+  redisEgress:
+    - to: [{ipBlock: {cidr: 10.64.0.0/20}}]
+      ports: [{port: 6380, protocol: TCP}]
+`,
+	"existing config map":   "config: {existingConfigMap: my-rules}\n",
+	"config as yaml object": "config:\n  files:\n    edge.yaml:\n      domain: edge\n      descriptors:\n        - key: tenant\n          rate_limit: {unit: second, requests_per_unit: 10}\n",
+	"extra args and env": `
+extraArgs: ["--headers=both", "--redis-pool-size=32", "--local-cache-size=10000"]
+extraEnv:
+  - {name: RATELIMITD_NEAR_LIMIT_RATIO, value: "0.9"}
+  - {name: OTEL_EXPORTER_OTLP_ENDPOINT, value: "otel-collector.observability:4317"}
+`,
+	"metrics on the http port": "metrics: {enabled: false}\n",
+}
+
+// TestEveryComboIsSound renders every combination and checks what every
+// release must hold: selectors select the pods, named ports exist, probes
+// hit ratelimitd's real ports and /healthcheck, --config names the mounted
+// ConfigMap directory, the debug listener stays on loopback, no secret in
+// args or env, hardening, and a replica count that is safe for the backend.
+func TestEveryComboIsSound(t *testing.T) {
+	for name, values := range combos {
+		t.Run(name, func(t *testing.T) {
+			r := render(t, values)
+			checkRelease(t, r)
+		})
+	}
+}
+
+// checkRelease checks what every release must hold, one subject per check.
+func checkRelease(t *testing.T, r release) {
+	t.Helper()
+	d, c := deployment(t, r)
+	podLabels := labels.Set(d.Spec.Template.Labels)
+	sel := deploytest.MustSelector(t, "Deployment", d.Spec.Selector)
+	if !sel.Matches(podLabels) {
+		t.Errorf("Deployment selector %v does not match its pod labels %v", d.Spec.Selector.MatchLabels, podLabels)
+	}
+	for _, o := range r.Objects {
+		if m := metaOf(o.Obj); m.Namespace == "" {
+			t.Errorf("%s: no namespace (helm install -n would still apply it, kubectl apply of helm template output would not)", o)
+		}
+	}
+
+	grpcPort, httpPort := checkListeners(t, c)
+	checkProbes(t, c, grpcPort, httpPort)
+	checkTermination(t, d, c)
+	checkConfigMount(t, r, d, c)
+	checkSecretsAsFiles(t, d, c)
+	checkHardening(t, d, c)
+	checkBackendReplicas(t, r, d, c, podLabels)
+	svc := checkService(t, r, d, c, podLabels)
+	checkNetworkPolicies(t, r, c, podLabels)
+	checkMonitors(t, r, c, svc, podLabels)
+}
+
+// checkListeners: the container ports are the ports ratelimitd listens
+// on (gRPC, HTTP, metrics when apart), and the debug listener stays on
+// loopback. It returns the gRPC and HTTP ports.
+func checkListeners(t *testing.T, c *corev1.Container) (grpcPort, httpPort int32) {
+	t.Helper()
+	grpcPort = deploytest.AddrPort(t, "--grpc-addr", mustArg(t, c, "grpc-addr"))
+	httpPort = deploytest.AddrPort(t, "--http-addr", mustArg(t, c, "http-addr"))
+	listening := map[string]int32{"grpc": grpcPort, "http": httpPort}
+	if m, ok := arg(t, c, "metrics-addr"); ok {
+		listening["metrics"] = deploytest.AddrPort(t, "--metrics-addr", m)
+	}
+	if len(c.Ports) != len(listening) {
+		t.Errorf("container ports %v, ratelimitd listens on %v", c.Ports, listening)
+	}
+	for _, p := range c.Ports {
+		if listening[p.Name] != p.ContainerPort {
+			t.Errorf("container port %s/%d: ratelimitd listens there as %v", p.Name, p.ContainerPort, listening)
+		}
+	}
+	if dbg, ok := arg(t, c, "debug-addr"); ok && dbg != "" {
+		if h, _, err := net.SplitHostPort(dbg); err != nil || !net.ParseIP(h).IsLoopback() {
+			t.Errorf("--debug-addr=%s: pprof and /rlconfig must stay on loopback", dbg)
+		}
+	}
+	return grpcPort, httpPort
+}
+
+// checkProbes: startup and readiness ask the gRPC health of the
+// RateLimitService, liveness GETs /healthcheck on the HTTP port.
+func checkProbes(t *testing.T, c *corev1.Container, grpcPort, httpPort int32) {
+	t.Helper()
+	if c.StartupProbe == nil || c.ReadinessProbe == nil || c.LivenessProbe == nil {
+		t.Fatalf("want startup, readiness and liveness probes")
+	}
+	if g := c.ReadinessProbe.GRPC; g == nil || g.Port != grpcPort || g.Service == nil || *g.Service != "envoy.service.ratelimit.v3.RateLimitService" {
+		t.Errorf("readiness: want the gRPC health of envoy.service.ratelimit.v3.RateLimitService on %d, got %+v", grpcPort, c.ReadinessProbe.ProbeHandler)
+	}
+	if g := c.StartupProbe.GRPC; g == nil || g.Port != grpcPort {
+		t.Errorf("startup: want gRPC health on %d, got %+v", grpcPort, c.StartupProbe.ProbeHandler)
+	}
+	if h := c.LivenessProbe.HTTPGet; h == nil || h.Path != "/healthcheck" || deploytest.ContainerPort(c, h.Port.String()) != httpPort {
+		t.Errorf("liveness: want GET /healthcheck on the http port %d, got %+v", httpPort, c.LivenessProbe.ProbeHandler)
+	}
+}
+
+// checkTermination: the graceful termination period exceeds --drain +
+// --shutdown-grace.
+func checkTermination(t *testing.T, d *appsv1.Deployment, c *corev1.Container) {
+	t.Helper()
+	drain, err1 := time.ParseDuration(mustArg(t, c, "drain"))
+	grace, err2 := time.ParseDuration(mustArg(t, c, "shutdown-grace"))
+	if err1 != nil || err2 != nil {
+		t.Fatalf("--drain/--shutdown-grace: %v %v", err1, err2)
+	}
+	if tgp := d.Spec.Template.Spec.TerminationGracePeriodSeconds; tgp == nil || time.Duration(*tgp)*time.Second <= drain+grace {
+		t.Errorf("terminationGracePeriodSeconds %v must exceed --drain %s + --shutdown-grace %s", tgp, drain, grace)
+	}
+}
+
+// checkSecretsAsFiles: secrets only as files, no password in args, env or
+// the URL; every secret file flag names a mounted Secret key.
+func checkSecretsAsFiles(t *testing.T, d *appsv1.Deployment, c *corev1.Container) {
+	t.Helper()
+	for _, a := range c.Args {
+		if strings.Contains(a, "password=") || strings.HasPrefix(a, "--redis-sentinel-auth=") {
+			t.Errorf("arg %q passes a secret on the command line", a)
+		}
+	}
+	for _, e := range c.Env {
+		if e.Name == "RATELIMITD_REDIS_SENTINEL_AUTH" || strings.Contains(e.Name, "PASSWORD") && !strings.HasSuffix(e.Name, "_FILE") {
+			t.Errorf("env %s passes a secret in the environment", e.Name)
+		}
+	}
+	if u, ok := arg(t, c, "redis-url"); ok {
+		pu, err := url.Parse(u)
+		if err != nil {
+			t.Errorf("--redis-url=%s: %v", u, err)
+		} else if _, set := pu.User.Password(); set {
+			t.Errorf("--redis-url carries a password")
+		}
+	}
+	for _, f := range []string{"redis-password-file", "redis-sentinel-auth-file", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"} {
+		if p, ok := arg(t, c, f); ok {
+			deploytest.CheckSecretFile(t, d, c, "--"+f, p)
+		}
+	}
+}
+
+// checkHardening: non-root, RuntimeDefault seccomp, read-only root, no
+// privilege escalation, no capabilities, no service-account token.
+func checkHardening(t *testing.T, d *appsv1.Deployment, c *corev1.Container) {
+	t.Helper()
+	ps, sc := d.Spec.Template.Spec.SecurityContext, c.SecurityContext
+	switch {
+	case ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot:
+		t.Errorf("pod: runAsNonRoot must be true")
+	case ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		t.Errorf("pod: seccompProfile must be RuntimeDefault")
+	case sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+		t.Errorf("container: readOnlyRootFilesystem must be true")
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		t.Errorf("container: allowPrivilegeEscalation must be false")
+	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}):
+		t.Errorf("container: capabilities must drop ALL")
+	}
+	if sa := d.Spec.Template.Spec.AutomountServiceAccountToken; sa == nil || *sa {
+		t.Errorf("the pod mounts a service-account token; ratelimitd calls no Kubernetes API")
+	}
+}
+
+// checkBackendReplicas: a replica count safe for the backend (memory:
+// exactly one pod, no HPA; redis: the HPA owns the count), and the HPA,
+// PDB and topology spread target these pods.
+func checkBackendReplicas(t *testing.T, r release, d *appsv1.Deployment, c *corev1.Container, podLabels labels.Set) {
+	t.Helper()
+	hpas := byKind[autoscalingv2.HorizontalPodAutoscaler](r, "autoscaling/v2/HorizontalPodAutoscaler")
+	switch b := mustArg(t, c, "backend"); b {
+	case "memory":
+		if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
+			t.Errorf("backend memory with replicas %v: each pod counts alone, want exactly 1", d.Spec.Replicas)
+		}
+		if len(hpas) != 0 {
+			t.Errorf("backend memory with an HPA: a second pod multiplies every limit")
+		}
+		for _, a := range c.Args {
+			if strings.HasPrefix(a, "--redis-") {
+				t.Errorf("backend memory, yet %s", a)
+			}
+		}
+		if !strings.Contains(r.Notes, "WARNING: backend memory") {
+			t.Errorf("NOTES.txt does not warn about the memory backend:\n%s", r.Notes)
+		}
+	case "redis":
+		if strings.Contains(r.Notes, "WARNING") {
+			t.Errorf("NOTES.txt warns with backend redis:\n%s", r.Notes)
+		}
+		if len(hpas) == 1 && d.Spec.Replicas != nil {
+			t.Errorf("with an HPA the Deployment must not set replicas (an upgrade would reset the HPA's count)")
+		}
+	default:
+		t.Errorf("--backend=%s: want redis or memory", b)
+	}
+	for _, h := range hpas {
+		ref := h.Spec.ScaleTargetRef
+		if ref.APIVersion != "apps/v1" || ref.Kind != "Deployment" || ref.Name != d.Name {
+			t.Errorf("HPA %s targets %+v, not Deployment %s", h.Name, ref, d.Name)
+		}
+		if h.Spec.MinReplicas == nil || *h.Spec.MinReplicas < 2 || h.Spec.MaxReplicas < *h.Spec.MinReplicas {
+			t.Errorf("HPA %s: min %v max %d", h.Name, h.Spec.MinReplicas, h.Spec.MaxReplicas)
+		}
+	}
+	for _, p := range byKind[policyv1.PodDisruptionBudget](r, "policy/v1/PodDisruptionBudget") {
+		if !deploytest.MustSelector(t, "PDB", p.Spec.Selector).Matches(podLabels) {
+			t.Errorf("PDB %s selects other pods", p.Name)
+		}
+	}
+	for _, tsc := range d.Spec.Template.Spec.TopologySpreadConstraints {
+		if !deploytest.MustSelector(t, "topologySpread", tsc.LabelSelector).Matches(podLabels) {
+			t.Errorf("topologySpreadConstraint %s selects other pods", tsc.TopologyKey)
+		}
+	}
+}
+
+// checkService: the Service selects the pods, every target port is a
+// container port, gRPC has appProtocol grpc, and the pod runs as the
+// chart's ServiceAccount. It returns the Service.
+func checkService(t *testing.T, r release, d *appsv1.Deployment, c *corev1.Container, podLabels labels.Set) *corev1.Service {
+	t.Helper()
+	svc := one[corev1.Service](t, r, "v1/Service")
+	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) {
+		t.Errorf("Service selector %v does not match the pods", svc.Spec.Selector)
+	}
+	for _, p := range svc.Spec.Ports {
+		if deploytest.ContainerPort(c, p.TargetPort.String()) == 0 {
+			t.Errorf("Service port %s: targetPort %s is no container port", p.Name, p.TargetPort.String())
+		}
+		if p.Name == "grpc" && (p.AppProtocol == nil || *p.AppProtocol != "grpc") {
+			t.Errorf("Service port grpc needs appProtocol grpc (per-request balancing in meshes)")
+		}
+	}
+	if sa := d.Spec.Template.Spec.ServiceAccountName; len(byKind[corev1.ServiceAccount](r, "v1/ServiceAccount")) == 1 && one[corev1.ServiceAccount](t, r, "v1/ServiceAccount").Name != sa {
+		t.Errorf("pod runs as %q, the chart creates another ServiceAccount", sa)
+	}
+	return svc
+}
+
+// checkNetworkPolicies: each NetworkPolicy selects the pods, names its
+// sources, and opens container ports only.
+func checkNetworkPolicies(t *testing.T, r release, c *corev1.Container, podLabels labels.Set) {
+	t.Helper()
+	for _, np := range byKind[networkingv1.NetworkPolicy](r, "networking.k8s.io/v1/NetworkPolicy") {
+		if !deploytest.MustSelector(t, "NetworkPolicy", &np.Spec.PodSelector).Matches(podLabels) {
+			t.Errorf("NetworkPolicy %s selects other pods", np.Name)
+		}
+		for _, in := range np.Spec.Ingress {
+			if len(in.From) == 0 {
+				t.Errorf("NetworkPolicy %s admits every source", np.Name)
+			}
+			for _, p := range in.Ports {
+				if deploytest.ContainerPort(c, p.Port.String()) == 0 {
+					t.Errorf("NetworkPolicy %s: ingress port %s is no container port", np.Name, p.Port.String())
+				}
+			}
+		}
+	}
+}
+
+// checkMonitors: ServiceMonitors and PodMonitors scrape /metrics on the
+// metrics port of these pods.
+func checkMonitors(t *testing.T, r release, c *corev1.Container, svc *corev1.Service, podLabels labels.Set) {
+	t.Helper()
+	for _, sm := range byKind[monitoringv1.ServiceMonitor](r, "monitoring.coreos.com/v1/ServiceMonitor") {
+		if !deploytest.MustSelector(t, "ServiceMonitor", &sm.Spec.Selector).Matches(labels.Set(svc.Labels)) {
+			t.Errorf("ServiceMonitor selector %v does not match the Service labels %v", sm.Spec.Selector.MatchLabels, svc.Labels)
+		}
+		if sm.Namespace != svc.Namespace && !slices.Contains(sm.Spec.NamespaceSelector.MatchNames, svc.Namespace) {
+			t.Errorf("ServiceMonitor in %s does not look into the Service's namespace %s", sm.Namespace, svc.Namespace)
+		}
+		for _, ep := range sm.Spec.Endpoints {
+			if ep.Port != "metrics" || !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == ep.Port }) {
+				t.Errorf("ServiceMonitor endpoint port %q is not the Service's metrics port", ep.Port)
+			}
+			if ep.Path != "/metrics" {
+				t.Errorf("ServiceMonitor path %q", ep.Path)
+			}
+		}
+	}
+	for _, pm := range byKind[monitoringv1.PodMonitor](r, "monitoring.coreos.com/v1/PodMonitor") {
+		if !deploytest.MustSelector(t, "PodMonitor", &pm.Spec.Selector).Matches(podLabels) {
+			t.Errorf("PodMonitor selector does not match the pods")
+		}
+		for _, ep := range pm.Spec.PodMetricsEndpoints {
+			if ep.Port == nil || *ep.Port != "metrics" || deploytest.ContainerPort(c, *ep.Port) == 0 {
+				t.Errorf("PodMonitor endpoint port %v is not the metrics container port", ep.Port)
+			}
+		}
+	}
+}
+
+// checkConfigMount: --config names the directory a ConfigMap volume is
+// mounted at, without subPath or items (either would hide edits from the
+// hot reload); a rendered ConfigMap loads with ratelimitd's own loader,
+// laid out as the kubelet lays it out.
+func checkConfigMount(t *testing.T, r release, d *appsv1.Deployment, c *corev1.Container) {
+	t.Helper()
+	cfg := mustArg(t, c, "config")
+	var mount *corev1.VolumeMount
+	for i, m := range c.VolumeMounts {
+		if m.MountPath == cfg {
+			mount = &c.VolumeMounts[i]
+		}
+	}
+	if mount == nil {
+		t.Fatalf("--config=%s is no mount path of the container", cfg)
+	}
+	if mount.SubPath != "" || mount.SubPathExpr != "" || !mount.ReadOnly {
+		t.Errorf("config mount: want read-only, no subPath (the kubelet never updates subPath mounts)")
+	}
+	var vol *corev1.Volume
+	for i, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == mount.Name {
+			vol = &d.Spec.Template.Spec.Volumes[i]
+		}
+	}
+	if vol == nil || vol.ConfigMap == nil {
+		t.Fatalf("--config=%s: volume %s is no ConfigMap", cfg, mount.Name)
+	}
+	if len(vol.ConfigMap.Items) > 0 {
+		t.Errorf("config volume lists items: files added later would not appear")
+	}
+	if v, ok := arg(t, c, "ignore-dotfiles"); ok && v != "true" {
+		t.Errorf("--ignore-dotfiles=%s: the ConfigMap directory holds ..data copies of every file", v)
+	}
+	var cm *corev1.ConfigMap
+	for _, m := range byKind[corev1.ConfigMap](r, "v1/ConfigMap") {
+		if m.Name == vol.ConfigMap.Name {
+			cm = m
+		}
+	}
+	if cm == nil {
+		return // config.existingConfigMap: the user's own (TestExistingConfigMap)
+	}
+	if len(cm.Data) == 0 {
+		t.Fatalf("ConfigMap %s is empty", cm.Name)
+	}
+	dir := deploytest.KubeletVolume(t, cm.Data)
+	set, _, err := policy.Load(policy.LoadOptions{IgnoreDotFiles: true}, dir)
+	if err != nil {
+		t.Fatalf("policy.Load(ConfigMap %s as mounted): %v", cm.Name, err)
+	}
+	if len(set.Domains()) == 0 {
+		t.Errorf("ConfigMap %s loads no domain", cm.Name)
+	}
+}
