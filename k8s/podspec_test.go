@@ -88,20 +88,7 @@ func TestRatelimitdPodSpec(t *testing.T) {
 			}
 
 			// Hardening.
-			ps := d.Spec.Template.Spec.SecurityContext
-			sc := c.SecurityContext
-			switch {
-			case ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot:
-				t.Errorf("pod: runAsNonRoot must be true")
-			case ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
-				t.Errorf("pod: seccompProfile must be RuntimeDefault")
-			case sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
-				t.Errorf("container: readOnlyRootFilesystem must be true")
-			case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
-				t.Errorf("container: allowPrivilegeEscalation must be false")
-			case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0:
-				t.Errorf("container: capabilities must drop ALL and add none")
-			}
+			deploytest.CheckHardening(t, d, c)
 			for _, res := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 				if _, ok := c.Resources.Requests[res]; !ok {
 					t.Errorf("no %s request", res)

@@ -227,23 +227,12 @@ func checkSecretsAsFiles(t *testing.T, d *appsv1.Deployment, c *corev1.Container
 	}
 }
 
-// checkHardening: non-root, RuntimeDefault seccomp, read-only root, no
-// privilege escalation, no capabilities, no service-account token.
+// checkHardening: deploytest.CheckHardening (non-root, RuntimeDefault
+// seccomp, read-only root, no privilege escalation, no capabilities), and
+// no service-account token.
 func checkHardening(t *testing.T, d *appsv1.Deployment, c *corev1.Container) {
 	t.Helper()
-	ps, sc := d.Spec.Template.Spec.SecurityContext, c.SecurityContext
-	switch {
-	case ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot:
-		t.Errorf("pod: runAsNonRoot must be true")
-	case ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
-		t.Errorf("pod: seccompProfile must be RuntimeDefault")
-	case sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
-		t.Errorf("container: readOnlyRootFilesystem must be true")
-	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
-		t.Errorf("container: allowPrivilegeEscalation must be false")
-	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}):
-		t.Errorf("container: capabilities must drop ALL")
-	}
+	deploytest.CheckHardening(t, d, c)
 	if sa := d.Spec.Template.Spec.AutomountServiceAccountToken; sa == nil || *sa {
 		t.Errorf("the pod mounts a service-account token; ratelimitd calls no Kubernetes API")
 	}

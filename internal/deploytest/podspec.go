@@ -77,6 +77,27 @@ func CheckSecretFile(t testing.TB, d *appsv1.Deployment, c *corev1.Container, wh
 	t.Errorf("%s=%s is in no mounted Secret volume", what, path)
 }
 
+// CheckHardening checks the security contexts of d's pod and of c, the
+// first rule broken failing t: the pod runs as non-root with the
+// RuntimeDefault seccomp profile; c has a read-only root filesystem, no
+// privilege escalation, and drops ALL capabilities and adds none.
+func CheckHardening(t testing.TB, d *appsv1.Deployment, c *corev1.Container) {
+	t.Helper()
+	ps, sc := d.Spec.Template.Spec.SecurityContext, c.SecurityContext
+	switch {
+	case ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot:
+		t.Errorf("pod: runAsNonRoot must be true")
+	case ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		t.Errorf("pod: seccompProfile must be RuntimeDefault")
+	case sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+		t.Errorf("container: readOnlyRootFilesystem must be true")
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		t.Errorf("container: allowPrivilegeEscalation must be false")
+	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0:
+		t.Errorf("container: capabilities must drop ALL and add none")
+	}
+}
+
 // ContainerPort resolves a named or numbered port p of c: its number, or
 // 0 when c has no such port.
 func ContainerPort(c *corev1.Container, p string) int32 {
