@@ -111,7 +111,9 @@ func TestValidateCommand(t *testing.T) {
 		t.Fatalf("ratelimitd validate base/config: %v\n%s", err, out)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	os.WriteFile(bad, []byte("domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"), 0o644)
+	if err := os.WriteFile(bad, []byte("domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := runCmd(bin, "validate", bad); err == nil {
 		t.Errorf("ratelimitd validate accepted a bad unit:\n%s", out)
 	}
