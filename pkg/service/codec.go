@@ -69,8 +69,9 @@ type serverCodec struct {
 func (c *serverCodec) Name() string { return grpcproto.Name }
 
 // vtMarshaler is the marshalling code vtprotobuf generates: go-control-plane
-// ships it for the RLS messages (rls_vtproto.pb.go) behind the build tag
-// vtprotobuf, so a binary built with -tags vtprotobuf has it.
+// ships it for the RLS messages (in its generated ratelimit/v3 package)
+// behind the build tag vtprotobuf, so a binary built with -tags vtprotobuf
+// has it.
 type vtMarshaler interface {
 	SizeVT() int
 	MarshalToSizedBufferVTStrict(dAtA []byte) (int, error)
