@@ -20,15 +20,15 @@ const DefaultHealthInterval = time.Second
 // traffic. Every interval it checks whether a call succeeded within the
 // last interval; when none did, or a circuit is not closed, it sends one
 // PING (Cluster: to every master at once, each through its own breaker;
-// see probeMasters) through the breaker, as a request would be: an open circuit is not called, a
-// half-open one takes the PING as a probe, and the outcome is recorded
-// like a call's (refused opens the circuit after Failures consecutive
-// failures, timeouts once they also span FailFor). While PINGs fail and
-// the circuit is still closed, the next one follows one Timeout later
-// instead of one interval, so that an idle Store opens its circuit about
-// as fast as a busy one. At most one PING is in flight at a time, on one
-// pooled connection (per Cluster node), in a goroutine of its own: it never
-// holds anything a request waits for.
+// see probeMasters) through the breaker, as a request would be: an open
+// circuit is not called, a half-open one takes the PING as a probe, and
+// the outcome is recorded like a call's (refused opens the circuit after
+// Failures consecutive failures, timeouts once they also span FailFor).
+// While PINGs fail and the circuit is still closed, the next one follows
+// one Timeout later instead of one interval, so that an idle Store opens
+// its circuit about as fast as a busy one. At most one PING is in flight
+// at a time, on one pooled connection (per Cluster node), in a goroutine
+// of its own: it never holds anything a request waits for.
 type healthProbe struct {
 	interval time.Duration
 	clock    probeClock // systemClock{}; tests drive a manual one
