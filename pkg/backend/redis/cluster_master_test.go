@@ -104,7 +104,9 @@ func burst(s *redis.Store, keys []string, l algo.Limit, callers int, deadline ti
 // an outage error (circuit open, stalled, timeout). With the 20 ms
 // deadline a loaded host may leave calls undecided in time (cause
 // deadline, shed by the service, and possibly counted): then the count is
-// bounded on both sides instead.
+// bounded on both sides instead. Once the master is back, the health
+// probe alone closes its circuit, the Store is healthy, and its keys are
+// counted again.
 func TestClusterMasterKilledFrozenOthersCounted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two 3-node clusters: -short")
@@ -217,6 +219,27 @@ func TestClusterMasterKilledFrozenOthersCounted(t *testing.T) {
 				if !slices.Contains(victimCauses, cause) {
 					t.Errorf("%d Takes on the %s master's keys failed with cause %q, want one of %v", n, fault, cause, victimCauses)
 				}
+			}
+
+			// The master returns: without traffic, the probe closes its
+			// circuit and the Store is healthy again; its keys are counted.
+			if fault == "killed" {
+				victim.Restart()
+			} else {
+				victim.Cont()
+			}
+			g.WaitOK()
+			deadline := time.Now().Add(within)
+			for !s.Healthy() || s.BreakerState() != "closed" {
+				if time.Now().After(deadline) {
+					t.Fatalf("%v after the %s master returned: Healthy() = %v, BreakerState() = %q", within, fault, s.Healthy(), s.BreakerState())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			back := keysOf[victim.Addr()]("back-"+fault, 1)
+			got := burst(s, back, l, callers, 0)
+			if c := got[back[0]]; c.allowed != limit || c.denied != callers-limit || len(c.causes) > 0 {
+				t.Errorf("the returned master's key: allowed %d, denied %d, errors %v; want %d, %d, none", c.allowed, c.denied, c.causes, limit, callers-limit)
 			}
 		})
 	}
