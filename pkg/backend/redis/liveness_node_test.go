@@ -31,6 +31,17 @@ func TestLivenessStallIsPerNode(t *testing.T) {
 	}
 	frozenStalled, liveStalled, anyStalled := batcherOf(frozen), batcherOf(live), batcherOf("")
 
+	buf := make([]byte, 16)
+	// answer has srv reply +PONG and conn read it.
+	answer := func(conn interface{ Read([]byte) (int, error) }, srv interface{ Write([]byte) (int, error) }) {
+		t.Helper()
+		if _, err := srv.Write([]byte("+PONG\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := conn.Read(buf); err != nil || n != 7 {
+			t.Fatalf("read %d %v", n, err)
+		}
+	}
 	fc, _ := tcpPair(t)
 	lc, lsrv := tcpPair(t)
 	fconn, lconn := l.wrap(frozen, fc), l.wrap(live, lc)
@@ -39,14 +50,7 @@ func TestLivenessStallIsPerNode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The live node answers; the frozen one does not.
-	if _, err := lsrv.Write([]byte("+PONG\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 16)
-	if n, err := lconn.Read(buf); err != nil || n != 7 {
-		t.Fatalf("read %d %v", n, err)
-	}
+	answer(lconn, lsrv) // the live node answers; the frozen one does not
 	wait(timeout)
 	if !frozenStalled() || !anyStalled() {
 		t.Fatalf("a timeout after an unanswered write: frozen node stalled %v, every-socket view %v; want both", frozenStalled(), anyStalled())
@@ -67,12 +71,7 @@ func TestLivenessStallIsPerNode(t *testing.T) {
 	if _, err := lconn.Write([]byte("PING\r\n")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lsrv.Write([]byte("+PONG\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := lconn.Read(buf); err != nil || n != 7 {
-		t.Fatalf("read %d %v", n, err)
-	}
+	answer(lconn, lsrv)
 	if !frozenStalled() {
 		t.Error("the frozen node's stall ended with a byte from another node")
 	}
@@ -83,13 +82,7 @@ func TestLivenessStallIsPerNode(t *testing.T) {
 		t.Error("the live node is stalled")
 	}
 	fc2, fsrv2 := tcpPair(t)
-	fconn2 := l.wrap(frozen, fc2)
-	if _, err := fsrv2.Write([]byte("+PONG\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := fconn2.Read(buf); err != nil || n != 7 {
-		t.Fatalf("read %d %v", n, err)
-	}
+	answer(l.wrap(frozen, fc2), fsrv2)
 	if frozenStalled() {
 		t.Error("the frozen node is still stalled after a byte from it")
 	}
