@@ -71,6 +71,11 @@ const maxBatchHits = 4 * maxBatch
 // OOM, READONLY, NOSCRIPT after the retry...) reaches every call of it; an
 // error the script reports for one segment reaches that call only
 // (SegmentError).
+//
+// A Store has one batcher per master (Cluster: one per master, with its
+// own circuit and liveAddr; see master), so that the flush loops, stalls
+// and open circuit of a frozen or dead master hold no other master's
+// calls.
 type batcher struct {
 	client    goredis.UniversalClient
 	pipelines int
@@ -91,8 +96,10 @@ type batcher struct {
 	open    func() error
 	// live decides whether Redis is stalled from the sockets themselves
 	// (see liveness); nil (batchers built without a Store, in tests):
-	// never stalled.
-	live *liveness
+	// never stalled. liveAddr limits it to the sockets of one Cluster
+	// master ("": every socket; see liveness.stalledAt).
+	live     *liveness
+	liveAddr string
 
 	mu    sync.Mutex
 	queue []*scriptCall
@@ -328,14 +335,15 @@ func (b *batcher) sweeper() {
 	}
 }
 
-// stalledLocked reports whether Redis looks stalled: a socket has had a
-// request pending for Timeout with no byte received since (see
-// liveness), and keeps stallFrom current. b.mu is held.
+// stalledLocked reports whether Redis looks stalled: a socket (of
+// liveAddr's master, when set) has had a request pending for Timeout with
+// no byte received since (see liveness), and keeps stallFrom current. b.mu
+// is held.
 func (b *batcher) stalledLocked() bool {
 	if b.live == nil {
 		return false
 	}
-	since, ok := b.live.stalled(b.timeout)
+	since, ok := b.live.stalledAt(b.liveAddr, b.timeout)
 	if !ok {
 		b.stallFrom, b.strikes = 0, 0
 		return false

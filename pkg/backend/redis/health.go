@@ -18,17 +18,17 @@ const DefaultHealthInterval = time.Second
 
 // healthProbe keeps Store.Healthy and Store.BreakerState current without
 // traffic. Every interval it checks whether a call succeeded within the
-// last interval; when none did, or the circuit is not closed, it sends one
-// PING (Cluster: to every master, one after the other) through the
-// breaker, as a request would be: an open circuit is not called, a
-// half-open one takes the PING as a probe, and the outcome is recorded
-// like a call's (refused opens the circuit after Failures consecutive
-// failures, timeouts once they also span FailFor). While PINGs fail and
-// the circuit is still closed, the next one follows one Timeout later
-// instead of one interval, so that an idle Store opens its circuit about
-// as fast as a busy one. At most one PING is in flight at a time, on one
-// pooled connection (per Cluster node), in a goroutine of its own: it never
-// holds anything a request waits for.
+// last interval; when none did, or a circuit is not closed, it sends one
+// PING (Cluster: to every master at once, each through its own breaker;
+// see probeMasters) through the breaker, as a request would be: an open
+// circuit is not called, a half-open one takes the PING as a probe, and
+// the outcome is recorded like a call's (refused opens the circuit after
+// Failures consecutive failures, timeouts once they also span FailFor).
+// While PINGs fail and the circuit is still closed, the next one follows
+// one Timeout later instead of one interval, so that an idle Store opens
+// its circuit about as fast as a busy one. At most one PING is in flight
+// at a time, on one pooled connection (per Cluster node), in a goroutine
+// of its own: it never holds anything a request waits for.
 type healthProbe struct {
 	interval time.Duration
 	clock    probeClock // systemClock{}; tests drive a manual one
@@ -128,8 +128,8 @@ func (s *Store) healthLoop(h *healthProbe) {
 		case <-t.C():
 		}
 		next := h.interval
-		if !s.breaker.Healthy() {
-			// The circuit opened: Redis may come back restarted (no
+		if !s.closed() {
+			// A circuit opened: Redis may come back restarted (no
 			// script, fresh pools), so warm again before serving.
 			s.warmed.Store(false)
 		}
@@ -137,14 +137,14 @@ func (s *Store) healthLoop(h *healthProbe) {
 			var err error
 			switch {
 			case !s.warmed.Load():
-				err = s.breaker.Do(h.ctx, max(s.timeout, probeTimeout, s.dialTimeout), s.warmOnce)
+				err = s.probeMasters(h.ctx, max(s.timeout, probeTimeout, s.dialTimeout), true)
 				if err == nil {
 					s.warmed.Store(true)
 				}
 			case s.writeRefused.Load():
 				err = s.writeProbe(h.ctx)
 			default:
-				err = s.breaker.Do(h.ctx, max(s.timeout, probeTimeout), s.ping)
+				err = s.probeMasters(h.ctx, max(s.timeout, probeTimeout), false)
 				if err == nil {
 					// A PING does not prove writes count (OOM, READONLY):
 					// one decision on the probe keys does.
@@ -160,7 +160,7 @@ func (s *Store) healthLoop(h *healthProbe) {
 			if !errors.Is(err, ErrCircuitOpen) && !errors.Is(err, ErrStalledOpen) && h.ctx.Err() == nil {
 				s.noteOutcome(err, false)
 			}
-			if isOutage(err) && s.breaker.Healthy() {
+			if isOutage(err) && s.closed() {
 				// Not yet enough failures to open the circuit: confirm soon.
 				next = max(s.timeout, probeTimeout)
 			}
@@ -191,16 +191,12 @@ const probeTimeout = 250 * time.Millisecond
 // within the last interval, or the circuit is not closed, or the Store is
 // not warm, or writes were refused.
 func (s *Store) needPing(h *healthProbe) bool {
-	if !s.breaker.Healthy() || !s.warmed.Load() || s.writeRefused.Load() {
+	if !s.closed() || !s.warmed.Load() || s.writeRefused.Load() {
 		return true
 	}
 	last := h.lastOK.Load()
 	return last < 0 || h.clock.Now().Sub(h.epoch)-time.Duration(last) >= h.interval
 }
-
-// ping PINGs the Store's warm connections on every node that takes
-// decisions (see warmNodes), redialing any that were lost.
-func (s *Store) ping(ctx context.Context) error { return s.warmNodes(ctx, false) }
 
 // writeProbe is one decision on s.probeKey (a fixed-window hit that
 // expires within a second): it succeeds only when the server counts

@@ -20,7 +20,10 @@ import (
 // returns bytes; and before a socket counts as stalled, the kernel's count
 // of bytes received and not read yet (FIONREAD, Linux) must be zero too.
 // Neither depends on ratelimitd being scheduled. Per connection, a Cluster
-// node that freezes stalls on its own while the others answer.
+// node that freezes stalls on its own while the others answer, and
+// stalledAt answers for one node's sockets only: each Cluster master's
+// batcher asks about its own master (see Store), so a frozen master
+// never makes the others look stalled.
 type liveness struct {
 	skip  map[string]bool  // addresses not to track (sentinels)
 	now   func() time.Time // time.Now; tests pass a clock they advance
@@ -32,12 +35,18 @@ type liveness struct {
 	unanswered atomic.Int64
 	mu         sync.Mutex
 	conns      map[*readConn]struct{}
+	// nodes is the per-address evidence, by dialed "host:port".
+	nodes map[string]*nodeLive
 }
+
+// nodeLive is the stall evidence of one node's sockets: unanswered as in
+// liveness, but cleared only by a read on a socket to that node.
+type nodeLive struct{ unanswered atomic.Int64 }
 
 // newLiveness tracks every socket but those to the sentinels (when
 // sentinel: their pub/sub connections receive messages unasked).
 func newLiveness(sentinels []string, sentinel bool) *liveness {
-	l := &liveness{skip: map[string]bool{}, now: time.Now, epoch: time.Now(), conns: map[*readConn]struct{}{}}
+	l := &liveness{skip: map[string]bool{}, now: time.Now, epoch: time.Now(), conns: map[*readConn]struct{}{}, nodes: map[string]*nodeLive{}}
 	if sentinel {
 		for _, a := range sentinels {
 			l.skip[a] = true
@@ -54,8 +63,13 @@ func (l *liveness) wrap(addr string, c *net.TCPConn) net.Conn {
 	if l.skip[addr] {
 		return c
 	}
-	rc := &readConn{TCPConn: c, l: l}
 	l.mu.Lock()
+	n := l.nodes[addr]
+	if n == nil {
+		n = &nodeLive{}
+		l.nodes[addr] = n
+	}
+	rc := &readConn{TCPConn: c, l: l, addr: addr, node: n}
 	l.conns[rc] = struct{}{}
 	l.mu.Unlock()
 	return rc
@@ -67,14 +81,30 @@ func (l *liveness) wrap(addr string, c *net.TCPConn) net.Conn {
 // received on any socket since, and since when (the earliest such
 // request, as a time).
 func (l *liveness) stalled(timeout time.Duration) (time.Time, bool) {
+	return l.stalledAt("", timeout)
+}
+
+// stalledAt is stalled for the sockets dialed to addr only ("": every
+// socket, as stalled), a closed socket's evidence ending with a byte
+// received from addr.
+func (l *liveness) stalledAt(addr string, timeout time.Duration) (time.Time, bool) {
 	now := l.clock()
-	since := l.unanswered.Load()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var since int64
+	switch n := l.nodes[addr]; {
+	case addr == "":
+		since = l.unanswered.Load()
+	case n != nil:
+		since = n.unanswered.Load()
+	}
 	if now-since < int64(timeout) {
 		since = 0
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	for c := range l.conns {
+		if addr != "" && c.addr != addr {
+			continue
+		}
 		p := c.pendingSince.Load()
 		if p == 0 || now-p < int64(timeout) {
 			continue
@@ -99,6 +129,8 @@ func (l *liveness) stalled(timeout time.Duration) (time.Time, bool) {
 type readConn struct {
 	*net.TCPConn
 	l            *liveness
+	addr         string    // as dialed
+	node         *nodeLive // l.nodes[addr]
 	pendingSince atomic.Int64
 }
 
@@ -119,6 +151,9 @@ func (c *readConn) Read(p []byte) (int, error) {
 		if c.l.unanswered.Load() != 0 {
 			c.l.unanswered.Store(0)
 		}
+		if c.node.unanswered.Load() != 0 {
+			c.node.unanswered.Store(0)
+		}
 	}
 	return n, err
 }
@@ -131,12 +166,8 @@ func (c *readConn) Close() error {
 	c.l.mu.Unlock()
 	if p := c.pendingSince.Load(); p != 0 {
 		if n, ok := c.unread(); ok && n == 0 {
-			for {
-				u := c.l.unanswered.Load()
-				if (u != 0 && u <= p) || c.l.unanswered.CompareAndSwap(u, p) {
-					break
-				}
-			}
+			keepEarliest(&c.l.unanswered, p)
+			keepEarliest(&c.node.unanswered, p)
 		}
 	}
 	return c.TCPConn.Close()
@@ -150,4 +181,15 @@ func (c *readConn) unread() (int, bool) {
 		return 0, false
 	}
 	return pendingBytes(rc)
+}
+
+// keepEarliest stores p (ns since liveness.epoch) in u unless u holds an
+// earlier stamp.
+func keepEarliest(u *atomic.Int64, p int64) {
+	for {
+		v := u.Load()
+		if (v != 0 && v <= p) || u.CompareAndSwap(v, p) {
+			return
+		}
+	}
 }

@@ -10,7 +10,8 @@ import (
 // UNLINK, and its over-limit cache entry: the next Take on it starts from
 // a full quota. Standalone and Sentinel: one UNLINK for all keys; Cluster:
 // one per key (keys of one request may lie in different slots). Each call
-// runs under the circuit breaker and Options.Timeout; errors are
+// runs under the circuit breaker (Cluster: the key's master's) and
+// Options.Timeout; errors are
 // classified (*Error with a Cause). Cluster calls before a failed one
 // stay done.
 func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
@@ -22,17 +23,17 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 		keys[i] = h.Key
 		s.cache.Remove(h.Key)
 	}
-	unlink := func(ks ...string) error {
-		return s.breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
+	unlink := func(b *Breaker, ks ...string) error {
+		return b.Do(ctx, s.timeout, func(ctx context.Context) error {
 			return s.client.Unlink(ctx, ks...).Err()
 		})
 	}
 	var err error
 	if !s.cluster {
-		err = unlink(keys...)
+		err = unlink(s.breaker, keys...)
 	} else {
 		for _, k := range keys {
-			if err = unlink(k); err != nil {
+			if err = unlink(s.masterFor(ctx, k).breaker, k); err != nil {
 				break
 			}
 		}

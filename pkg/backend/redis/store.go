@@ -21,9 +21,18 @@ import (
 // Sentinel) or each hash-slot group of a request (Cluster) is one segment,
 // and the segments of concurrent requests are decided together by one
 // EVALSHA per flush (Cluster: one per hash slot). It implements
-// service.Store. Safe for concurrent use; at most Options.Pipelines
-// flushes are in flight at a time, each on one pooled connection (see
-// batcher), and every call returns by its deadline: min(the caller's
+// service.Store.
+//
+// On Cluster each master has its own circuit breaker, stall detection
+// and batcher (see master), chosen per slot group from go-redis' slot
+// map: a master that is dead or frozen fails (or sheds) the groups of its
+// own slots only, and every other master's keys keep being decided and
+// counted by Redis. Standalone and Sentinel have one of each (one
+// master).
+//
+// Safe for concurrent use; at most Options.Pipelines flushes are in
+// flight at a time (Cluster: per master), each on one pooled connection
+// (see batcher), and every call returns by its deadline: min(the caller's
 // context deadline, Options.Timeout after it was queued), plus scheduling
 // delay, and for the Timeout plus at most one sweeper tick
 // (min(1 ms, max(100 µs, Timeout/10))).
@@ -32,14 +41,28 @@ type Store struct {
 	// batch runs the script: it pipelines concurrent requests (one write
 	// and one read syscall per batch instead of per request) and lets each
 	// caller go at its own deadline.
+	//
+	// batch and breaker are those of def, the Store's master path: the
+	// only one on standalone and Sentinel (one master); on Cluster the
+	// path of the keys whose master is unknown (no slot map loaded),
+	// while every master has its own (see masters).
 	batch   *batcher
+	breaker *Breaker
+	def     *master
+	// masters are the Cluster masters' paths by address (nil on
+	// standalone and Sentinel), added as decisions reach them and kept
+	// (a former master's stays idle); see masterFor.
+	mastersMu sync.RWMutex
+	masters   map[string]*master
+	// live watches the sockets for the batchers (nil without New).
+	live    *liveness
+	opts    Options // for the batchers and breakers of new masters
 	cluster bool
 	now     func() time.Time // nil: the script uses the server's TIME
 	timeout time.Duration    // Options.Timeout
 	// dialTimeout is Options.DialTimeout: it bounds the probe's warm-ups
 	// (dials, TLS handshakes, SCRIPT LOAD).
 	dialTimeout time.Duration
-	breaker     *Breaker
 	cache       *overlimit.Cache
 
 	noncePrefix string
@@ -70,8 +93,9 @@ type Store struct {
 	// the circuit is open (the health probe warms again: pools, script).
 	warmed   atomic.Bool
 	probeKey string
-	// masters watches the Sentinel master's address (nil in other modes).
-	masters *masterWatch
+	// sentinelMaster watches the Sentinel master's address (nil in other
+	// modes).
+	sentinelMaster *masterWatch
 	// warmConns is how many connections per node Warm and the health
 	// probe keep dialed: max(Options.MinIdleConns, pipelines + 1).
 	warmConns int
@@ -95,7 +119,8 @@ func New(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := newStore(c, opts)
-	s.masters = mw
+	s.sentinelMaster = mw
+	s.live = live
 	s.batch.live = live
 	s.startHealth(opts.HealthInterval)
 	return s, nil
@@ -109,25 +134,114 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		now:         opts.Now,
 		timeout:     opts.Timeout,
 		dialTimeout: opts.DialTimeout,
-		breaker:     NewBreaker(breakerOptions(opts), nil), // real clock: Options.Now pins only the script
 		cache:       overlimit.New(opts.LocalCacheSize),
 		noncePrefix: hex.EncodeToString(b[:]),
 		probeKey:    opts.ProbeKey,
+		opts:        opts,
 	}
 	if s.probeKey == "" {
 		s.probeKey = DefaultProbeKey
 	}
+	_, s.cluster = c.(*goredis.ClusterClient)
+	if s.cluster {
+		s.masters = map[string]*master{}
+	}
+	s.def = s.newMaster("")
+	s.batch, s.breaker = s.def.batch, s.def.breaker
+	s.warmConns = min(max(opts.MinIdleConns, s.batch.pipelines+1), max(1, opts.PoolSize))
+	return s
+}
+
+// master is the decision path of one Redis master (the standalone server,
+// the Sentinel master, or one Cluster master): its circuit breaker and
+// the batcher of the calls for its slots. Keeping them per master is what
+// lets a Cluster master that is dead or frozen cost only its own keys:
+// its failures and stalls open its circuit alone, its sockets alone look
+// stalled (liveness.stalledAt), and its invocations hold only its own
+// flush loops, while the other masters' decisions stay counted.
+type master struct {
+	addr    string // Cluster: "host:port" as the slot map names it; "" otherwise
+	breaker *Breaker
+	batch   *batcher
+	// current is false from a probe that found the master no longer
+	// serving slots (a former master) until a decision reaches it: it
+	// then does not count for Healthy and BreakerState.
+	current atomic.Bool
+}
+
+// newMaster builds the path of the master at addr (see master).
+func (s *Store) newMaster(addr string) *master {
+	opts := s.opts
 	pipelines := opts.Pipelines
 	if pipelines == 0 {
 		pipelines = DefaultPipelines
 	}
-	s.batch = newBatcher(c, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
-	s.warmConns = min(max(opts.MinIdleConns, s.batch.pipelines+1), max(1, opts.PoolSize))
-	s.batch.waitReplicas = opts.WaitReplicas
-	s.batch.overdue = func(sent time.Time) { s.breaker.Overdue(sent, s.breaker.now()) }
-	s.batch.open = func() error { return s.breaker.OpenErr(s.breaker.now()) }
-	_, s.cluster = c.(*goredis.ClusterClient)
-	return s
+	m := &master{addr: addr, breaker: NewBreaker(breakerOptions(opts), nil)} // real clock: Options.Now pins only the script
+	m.batch = newBatcher(s.client, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
+	m.batch.waitReplicas = opts.WaitReplicas
+	m.batch.overdue = func(sent time.Time) { m.breaker.Overdue(sent, m.breaker.now()) }
+	m.batch.open = func() error { return m.breaker.OpenErr(m.breaker.now()) }
+	m.batch.live, m.batch.liveAddr = s.live, addr
+	m.current.Store(true)
+	return m
+}
+
+// masterFor is the path of the master serving key's slot (Cluster,
+// from go-redis' slot map: no command is sent once it is loaded), or def
+// on standalone and Sentinel, and on Cluster while no slot map can be
+// loaded.
+func (s *Store) masterFor(ctx context.Context, key string) *master {
+	if s.masters == nil {
+		return s.def
+	}
+	c, err := s.client.(*goredis.ClusterClient).MasterForKey(ctx, key)
+	if err != nil {
+		return s.def
+	}
+	return s.masterAt(c.Options().Addr)
+}
+
+// masterAt is the Cluster master path of addr, made on first use; a
+// decision that reaches it makes it current again.
+func (s *Store) masterAt(addr string) *master {
+	s.mastersMu.RLock()
+	m := s.masters[addr]
+	s.mastersMu.RUnlock()
+	if m != nil {
+		if !m.current.Load() { // serving slots again
+			m.current.Store(true)
+		}
+		return m
+	}
+	s.mastersMu.Lock()
+	defer s.mastersMu.Unlock()
+	if m = s.masters[addr]; m == nil {
+		m = s.newMaster(addr)
+		s.masters[addr] = m
+	}
+	return m
+}
+
+// paths is every master path the Store has: def, then the Cluster
+// masters.
+func (s *Store) paths() []*master {
+	ms := []*master{s.def}
+	s.mastersMu.RLock()
+	for _, m := range s.masters {
+		ms = append(ms, m)
+	}
+	s.mastersMu.RUnlock()
+	return ms
+}
+
+// closed reports whether every current master's circuit is closed.
+func (s *Store) closed() bool {
+	for _, m := range s.paths() {
+		if m.current.Load() && !m.breaker.Healthy() {
+			return false
+		}
+	}
+	return true
 }
 
 // breakerOptions are opts.Breaker with FailFor raised to 2 × Timeout (see
@@ -145,7 +259,9 @@ func breakerOptions(opts Options) BreakerOptions {
 func (s *Store) Close() error {
 	s.stopHealth()
 	s.bg.Wait()
-	s.batch.close()
+	for _, m := range s.paths() {
+		m.batch.close()
+	}
 	if err := s.client.Close(); err != nil {
 		return fmt.Errorf("redis: close: %w", err)
 	}
@@ -177,10 +293,10 @@ func (s *Store) ResetCache() { s.cache.Reset() }
 // changed address (a failover; 0 in other modes): each is logged, and
 // docs/redis-operations.md bounds the hits a failover may lose.
 func (s *Store) MasterChanges() uint64 {
-	if s.masters == nil {
+	if s.sentinelMaster == nil {
 		return 0
 	}
-	return s.masters.changes.Load()
+	return s.sentinelMaster.changes.Load()
 }
 
 // RefundErrors is the number of Cluster compensating refunds that failed
@@ -234,7 +350,9 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 }
 
 // Healthy reports whether the circuit breaker is closed (Redis answered
-// recently); it implements service.Healther. Without traffic it follows
+// recently; Cluster: every master's breaker, so that one master down makes
+// the Store unhealthy although the others' keys are counted); it
+// implements service.Healther. Without traffic it follows
 // the health probe's PINGs (every Options.HealthInterval): it turns false
 // about one interval after Redis stops answering (plus Failures PINGs one
 // Timeout apart, FailFor for timeouts) and true again about one interval
@@ -258,7 +376,7 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 // which without traffic the probe tries once per interval with a write
 // on Options.ProbeKey. Healthy is true only while decisions are counted.
 func (s *Store) Healthy() bool {
-	return s.warmed.Load() && s.breaker.Healthy() && !s.refused.Load() && !s.writeRefused.Load() && !s.probeFailed.Load()
+	return s.warmed.Load() && s.closed() && !s.refused.Load() && !s.writeRefused.Load() && !s.probeFailed.Load()
 }
 
 // noteOutcome keeps refused and writeRefused current from the classified
@@ -283,23 +401,44 @@ func (s *Store) noteOutcome(err error, decision bool) {
 }
 
 // BreakerState is the circuit breaker's state now: "closed", "open" or
-// "half_open" (the label of ratelimitd_backend_circuit_state). Kept
-// current without traffic by the health probe, like Healthy.
-func (s *Store) BreakerState() string { return s.breaker.State().String() }
+// "half_open" (the label of ratelimitd_backend_circuit_state). On Cluster
+// each master has its own circuit and this is the worst of them (open,
+// then half_open, then closed), former masters excluded. Kept current
+// without traffic by the health probe, like Healthy.
+func (s *Store) BreakerState() string {
+	worst := BreakerClosed
+	for _, m := range s.paths() {
+		if !m.current.Load() {
+			continue
+		}
+		switch st := m.breaker.State(); st {
+		case BreakerOpen:
+			return st.String()
+		case BreakerHalfOpen:
+			worst = st
+		}
+	}
+	return worst.String()
+}
 
 // run decides hits (all in one slot on Cluster) as one segment of a
-// batched script invocation, under the circuit breaker and
+// batched script invocation of their master's path (masterFor), under
+// that master's circuit breaker and
 // Options.Timeout (enforced by the batcher's sweeper, not by a timer per
 // call: see batcher). Errors are classified (*Error with a Cause): the
 // invocation's error, or this segment's SegmentError, or ErrCallTimeout.
 func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string, hits []algo.Hit, out []algo.Decision) (int64, error) {
-	start := s.breaker.now()
-	if err := s.breaker.Allow(start); err != nil {
+	m := s.def
+	if len(hits) > 0 {
+		m = s.masterFor(ctx, hits[0].Key)
+	}
+	start := m.breaker.now()
+	if err := m.breaker.Allow(start); err != nil {
 		return 0, err
 	}
-	scriptNow, err := s.batch.do(ctx, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
+	scriptNow, err := m.batch.do(ctx, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
 	err = Classify(err)
-	s.breaker.record(start, s.breaker.now(), err)
+	m.breaker.record(start, m.breaker.now(), err)
 	s.noteOutcome(err, true)
 	if err == nil {
 		s.callSucceeded()

@@ -56,48 +56,98 @@ func (s *Store) warmOnce(ctx context.Context) error { return s.warmNodes(ctx, tr
 
 // warmNodes PINGs, on every node that takes decisions, s.warmConns
 // connections at once (dialing those that are missing), and with script
-// loads the script there. Every connection it dials is used at once, so
-// none waits idle in the pool unverified (see dialer).
+// loads the script there (see warmNode).
 func (s *Store) warmNodes(ctx context.Context, script bool) error {
-	conns := s.warmConns
-	node := func(ctx context.Context, c *goredis.Client) error {
-		var wg sync.WaitGroup
-		errs := make([]error, conns)
-		cs := make([]*goredis.Conn, conns)
-		for i := range conns {
-			cs[i] = c.Conn()
-			wg.Go(func() { errs[i] = cs[i].Ping(ctx).Err() })
-		}
-		wg.Wait()
-		for _, cn := range cs {
-			_ = cn.Close() // back to the pool, dialed
-		}
-		if err := errors.Join(errs...); err != nil {
-			return err
-		}
-		if !script {
-			return nil
-		}
-		for _, sc := range []struct {
-			src string
-			s   *goredis.Script
-		}{{takeLua, takeScript}, {take1Lua, take1Script}} {
-			sha, err := c.ScriptLoad(ctx, sc.src).Result()
-			if err != nil {
-				return err
-			}
-			if sha != sc.s.Hash() {
-				return fmt.Errorf("redis: SCRIPT LOAD returned %s, want %s", sha, sc.s.Hash())
-			}
-		}
-		return nil
-	}
 	switch c := s.client.(type) {
 	case *goredis.ClusterClient:
-		return c.ForEachMaster(ctx, node) // loads the slot map first
+		return c.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			return s.warmNode(ctx, c, script)
+		}) // loads the slot map first
 	case *goredis.Client:
-		return node(ctx, c)
+		return s.warmNode(ctx, c, script)
 	default:
 		return fmt.Errorf("redis: warm: unexpected client %T", s.client)
 	}
+}
+
+// warmNode PINGs s.warmConns connections to the node of c at once
+// (dialing those that are missing), and with script loads both scripts
+// there. Every connection it dials is used at once, so none waits idle in
+// the pool unverified (see dialer).
+func (s *Store) warmNode(ctx context.Context, c *goredis.Client, script bool) error {
+	conns := s.warmConns
+	var wg sync.WaitGroup
+	errs := make([]error, conns)
+	cs := make([]*goredis.Conn, conns)
+	for i := range conns {
+		cs[i] = c.Conn()
+		wg.Go(func() { errs[i] = cs[i].Ping(ctx).Err() })
+	}
+	wg.Wait()
+	for _, cn := range cs {
+		_ = cn.Close() // back to the pool, dialed
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if !script {
+		return nil
+	}
+	for _, sc := range []struct {
+		src string
+		s   *goredis.Script
+	}{{takeLua, takeScript}, {take1Lua, take1Script}} {
+		sha, err := c.ScriptLoad(ctx, sc.src).Result()
+		if err != nil {
+			return err
+		}
+		if sha != sc.s.Hash() {
+			return fmt.Errorf("redis: SCRIPT LOAD returned %s, want %s", sha, sc.s.Hash())
+		}
+	}
+	return nil
+}
+
+// probeMasters is the health probe's warmNodes (script: a warm-up, else
+// PINGs): each master through its own circuit breaker, as its requests
+// would be (an open circuit is not called, a half-open one takes it as a
+// probe, the outcome is recorded like a call's). On Cluster the slot map
+// is loaded first, through def's breaker, and the masters it no longer
+// names stop counting for Healthy and BreakerState (master.current). The
+// error joins the masters' errors (nil: every master answered).
+func (s *Store) probeMasters(ctx context.Context, timeout time.Duration, script bool) error {
+	cc, ok := s.client.(*goredis.ClusterClient)
+	if !ok {
+		return s.breaker.Do(ctx, timeout, func(ctx context.Context) error { return s.warmNodes(ctx, script) })
+	}
+	var mu sync.Mutex
+	var clients []*goredis.Client
+	err := s.breaker.Do(ctx, timeout, func(ctx context.Context) error {
+		return cc.ForEachMaster(ctx, func(_ context.Context, c *goredis.Client) error {
+			mu.Lock()
+			clients = append(clients, c)
+			mu.Unlock()
+			return nil
+		})
+	})
+	if err != nil {
+		return err
+	}
+	addrs := make(map[string]bool, len(clients))
+	for _, c := range clients {
+		addrs[c.Options().Addr] = true
+	}
+	for _, m := range s.paths()[1:] {
+		m.current.Store(addrs[m.addr])
+	}
+	errs := make([]error, len(clients))
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		m := s.masterAt(c.Options().Addr)
+		wg.Go(func() {
+			errs[i] = m.breaker.Do(ctx, timeout, func(ctx context.Context) error { return s.warmNode(ctx, c, script) })
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
