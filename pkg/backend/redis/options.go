@@ -139,7 +139,8 @@ type Options struct {
 	// Default DefaultMinIdleConns.
 	MinIdleConns int
 	// Pipelines is how many pipelines of batched requests may be in flight
-	// at once (each on its own pooled connection; capped at PoolSize). A
+	// at once (each on its own pooled connection; capped at PoolSize), per
+	// master: on Cluster each master has its own batcher with this many. A
 	// request that finds them all busy joins the next batch. 0 means
 	// DefaultPipelines.
 	Pipelines int
