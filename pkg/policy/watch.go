@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"time"
 
@@ -54,10 +55,14 @@ const (
 // Anything else (a log file next to the config, an editor's swap file, a
 // Chmod) is ignored. Watching: every directory the loader walks and the
 // directory of every file given and of every symlink target, recomputed
-// before each load. Events are debounced: a reload starts 150 ms after the
-// last relevant event, or 1 s after the first event of a burst when the
-// events go on (files rewritten continuously are still loaded about once a
-// second, and the last version always once they stop). Before a reload is
+// before each load; when the directory of a file given does not exist
+// (yet), its nearest existing ancestor instead, each missing directory's
+// creation being a relevant event that moves the watch one level down,
+// until the file's directory exists. Events are debounced: a reload
+// starts 150 ms after the last relevant event, or 1 s after the first
+// event of a burst when the events go on (files rewritten continuously
+// are still loaded about once a second, and the last version always once
+// they stop). Before a reload is
 // delivered the files are read twice and must hash the same: 150 ms apart
 // when the burst wrote a config file in place (so a file written in parts
 // with pauses shorter than that is never delivered half), 10 ms apart when
@@ -173,8 +178,36 @@ func (w *watchLoop) load(probe string) (readErr, delivered bool, hash string) {
 // reload plans and watches first, then loads, so a change between the two
 // is seen by the watcher (and compared against the plan). setupErr is the
 // first directory that could not be watched.
+//
+// When a config file's directory is missing (its nearest existing ancestor
+// watched instead), the plan is recomputed after the watches are set, up
+// to watchReplans times, until it watches the same directories: a
+// directory created between the plan and its watch (mkdir -p) produces no
+// event on the ancestor's watch, which is what the second plan catches.
 func (w *watchLoop) reload(probe string) (readErr, delivered bool, hash string, setupErr error) {
 	w.plan = newWatchPlan(w.c.opts, w.c.paths)
+	setupErr = w.sync()
+	for i := 0; w.plan.missing && i < watchReplans; i++ {
+		next := newWatchPlan(w.c.opts, w.c.paths)
+		if maps.Equal(next.dirs, w.plan.dirs) {
+			break
+		}
+		w.plan = next
+		if err := w.sync(); setupErr == nil {
+			setupErr = err
+		}
+	}
+	readErr, delivered, hash = w.load(probe)
+	return readErr, delivered, hash, setupErr
+}
+
+// watchReplans bounds the plans reload recomputes while a config file's
+// directory is missing (one more per directory created meanwhile).
+const watchReplans = 8
+
+// sync watches the plan's directories and stops watching the others; the
+// error is the first directory that could not be watched.
+func (w *watchLoop) sync() (setupErr error) {
 	for _, d := range sortedKeys(w.watched) {
 		if !w.plan.dirs[d] {
 			_ = w.w.Remove(d)
@@ -193,8 +226,7 @@ func (w *watchLoop) reload(probe string) (readErr, delivered bool, hash string, 
 		}
 		w.watched[d] = true
 	}
-	readErr, delivered, hash = w.load(probe)
-	return readErr, delivered, hash, setupErr
+	return setupErr
 }
 
 // scheduleRetry schedules the next read-error retry (readRetryDelay,

@@ -20,6 +20,9 @@ type watchPlan struct {
 	roots     []string        // directories given
 	links     []watchLink     // loaded files whose path involves a symlink
 	ignoreDot bool
+	// missing: the directory of a file given does not exist (yet), so its
+	// nearest existing ancestor is watched instead.
+	missing bool
 }
 
 // watchLink is a loaded file whose canonical target differs from its
@@ -49,15 +52,35 @@ func resolve(p string) string {
 	return t
 }
 
+// existingAncestor is dir, canonical, when it is a directory; else the
+// nearest ancestor that is (fsnotify cannot watch a missing path), each
+// missing element on the way recorded in names: its creation (mkdir, a
+// rename into place) is the event that moves the watch one level down.
+func (p *watchPlan) existingAncestor(dir string) string {
+	dir = filepath.Clean(dir)
+	for {
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			return canonDir(dir)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return dir // the root itself is missing: Add fails, as before
+		}
+		p.missing = true
+		p.names[canonName(dir)] = true
+		dir = parent
+	}
+}
+
 func newWatchPlan(opts LoadOptions, paths []string) *watchPlan {
 	p := &watchPlan{dirs: map[string]bool{}, names: map[string]bool{}, ignoreDot: opts.IgnoreDotFiles}
 	for _, root := range paths {
 		st, err := os.Stat(root)
 		if err != nil || !st.IsDir() {
 			// A file, or a path that does not exist (yet): watch its
-			// directory for it.
+			// directory for it, or its nearest existing ancestor.
 			p.names[canonName(root)] = true
-			p.dirs[canonDir(filepath.Dir(root))] = true
+			p.dirs[p.existingAncestor(filepath.Dir(root))] = true
 			continue
 		}
 		p.roots = append(p.roots, canonDir(root))

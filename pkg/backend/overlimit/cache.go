@@ -55,12 +55,15 @@ type cacheDecision struct {
 }
 
 // New returns a cache of at most size entries (least recently used
-// evicted first); size <= 0 returns nil (disabled).
+// evicted first); size <= 0 returns nil (disabled). Memory grows with the
+// entries held, not with size: nothing proportional to size is allocated
+// up front, so a large bound costs nothing until denials fill it (about
+// 200 bytes per entry plus its key's length, see docs/redis.md).
 func New(size int) *Cache {
 	if size <= 0 {
 		return nil
 	}
-	return &Cache{max: size, ll: list.New(), items: make(map[string]*list.Element, size)}
+	return &Cache{max: size, ll: list.New(), items: map[string]*list.Element{}}
 }
 
 // lookup reports a cached denial for key at now for the given cost; it
