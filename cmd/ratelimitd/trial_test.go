@@ -38,3 +38,29 @@ func TestRedisTLSPairUnderEveryBackend(t *testing.T) {
 		}
 	}
 }
+
+// A malformed boolean in any of envoyproxy/ratelimit's variables stops
+// startup naming the variable, and GRPC_SERVER_USE_TLS=true without a
+// certificate and key is refused rather than served in plaintext.
+func TestLegacyBooleansAndGRPCTLS(t *testing.T) {
+	for _, c := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"GRPC_SERVER_USE_TLS", "maybe"}, `GRPC_SERVER_USE_TLS="maybe": `},
+		{[]string{"USE_PROMETHEUS", "maybe"}, `USE_PROMETHEUS="maybe": `},
+		{[]string{"USE_STATSD", "true", "USE_PROMETHEUS", "maybe"}, `USE_PROMETHEUS="maybe": `},
+		{[]string{"DISABLE_STATS", "maybe"}, `DISABLE_STATS="maybe": `},
+		{[]string{"USE_DOG_STATSD", "maybe"}, `USE_DOG_STATSD="maybe": `},
+		{[]string{"GRPC_SERVER_USE_TLS", "true"}, "GRPC_SERVER_USE_TLS=true: needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY"},
+		{[]string{"GRPC_SERVER_USE_TLS", "true", "GRPC_SERVER_TLS_CERT", "c.pem"}, "GRPC_SERVER_USE_TLS=true: needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY"},
+	} {
+		if got := serveErr(t, []string{"--config=."}, c.env...); !strings.Contains(got, c.want) {
+			t.Errorf("%q: error %q, want %q", c.env, got, c.want)
+		}
+	}
+	o, _, err := parseServe([]string{"--config=."}, env("GRPC_SERVER_USE_TLS", "true", "GRPC_SERVER_TLS_CERT", "c.pem", "GRPC_SERVER_TLS_KEY", "k.pem"), io.Discard)
+	if err != nil || o.GRPCTLSCert != "c.pem" || o.GRPCTLSKey != "k.pem" {
+		t.Errorf("GRPC_SERVER_USE_TLS=true with both files: cert %q key %q err %v, want c.pem k.pem nil", o.GRPCTLSCert, o.GRPCTLSKey, err)
+	}
+}
