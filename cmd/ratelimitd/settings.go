@@ -45,7 +45,8 @@ type setting struct {
 	// owner is the package option the setting feeds, whose Validate
 	// states its rules ("redis.Timeout", "service.NearLimitRatio"; a
 	// comma-separated list when it feeds several packages): an
-	// error about that field is reported naming this flag (ownerErrors).
+	// error about that field is reported naming this flag (validateOwners,
+	// which finds the setting by ownerSetting).
 	owner string
 	// backend, when set, is the only --backend the setting matters to:
 	// its owner's errors are dropped under another backend.
