@@ -111,7 +111,8 @@ func legacySecrets(o Options, lookup func(string) (string, bool)) []string {
 
 // parseFlagsAndTwins sets o from the RATELIMITD_* twins, then from args
 // (the flag wins), normalizes the spellings, and records in o.fromEnv the
-// flags whose value came from a twin. It returns the flags set on the
+// flags whose value came from a twin (dropping those an
+// envoyproxy/ratelimit variable set that a twin or flag then replaced). It returns the flags set on the
 // command line or by a twin; flag.ErrHelp (usage printed) for -h.
 func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, bool), usage io.Writer) (map[string]bool, error) {
 	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
@@ -144,6 +145,9 @@ func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, 
 		return nil, fmt.Errorf("serve takes no arguments, got %q (use --config)", fs.Args())
 	}
 	o.normalizeSpellings()
+	// A flag set on the command line or by its twin no longer holds an
+	// envoyproxy/ratelimit variable's value (applyLegacyTable).
+	fs.Visit(func(f *flag.Flag) { delete(o.fromEnv, f.Name) })
 	for name, v := range envValues {
 		if fs.Lookup(name).Value.String() == v {
 			if o.fromEnv == nil {

@@ -208,7 +208,7 @@ var settings = []setting{
 	{name: "tracing", group: groupTelemetry, legacy: []string{"TRACING_ENABLED"}, field: fieldOf(func(o *Options) *bool { return &o.Tracing }, false), doc: "export OpenTelemetry spans (one per `ShouldRateLimit`, a child per backend call) over OTLP/gRPC; Envoy's W3C `traceparent` is continued"},
 	{name: "tracing-endpoint", group: groupTelemetry, field: fieldOf(func(o *Options) *string { return &o.TracingEndpoint }, ""), doc: "OTLP/gRPC collector `host:port`; empty uses `OTEL_EXPORTER_OTLP_ENDPOINT`, else `localhost:4317`"},
 	{name: "tracing-insecure", group: groupTelemetry, field: fieldOf(func(o *Options) *bool { return &o.TracingInsecure }, false), doc: "plaintext to the collector (node-local collector or mesh sidecar)"},
-	{name: "tracing-sample-ratio", group: groupTelemetry, legacy: []string{"TRACING_SAMPLING_RATE"}, field: fieldOf(func(o *Options) *float64 { return &o.TracingSampleRatio }, 1), doc: "share of root spans sampled; a sampled parent from Envoy is always followed"},
+	{name: "tracing-sample-ratio", group: groupTelemetry, legacy: []string{"TRACING_SAMPLING_RATE"}, field: fieldOf(func(o *Options) *float64 { return &o.TracingSampleRatio }, 1), doc: "share of root spans sampled; a sampled parent from Envoy is always followed", owner: "telemetry.SampleRatio"},
 	{name: "tracing-service-name", group: groupTelemetry, legacy: []string{"TRACING_SERVICE_NAME"}, field: fieldOf(func(o *Options) *string { return &o.TracingServiceName }, "ratelimitd"), doc: "`service.name` of exported spans"},
 }
 
@@ -272,7 +272,8 @@ func helpText(doc string) string {
 // variable that is set and not empty (its value trimmed), parsed as
 // envoyproxy/ratelimit parses it: strconv.ParseBool, strconv.Atoi,
 // strconv.ParseFloat, parseDuration, a comma-separated list or a string
-// as is. A malformed value is appended to errs as NAME="value": error.
+// as is. A malformed value is appended to errs as NAME="value": error;
+// a field set is recorded in o.fromEnv as set by that variable.
 func applyLegacyTable(o *Options, get func(string) (string, bool), errs *[]error) {
 	for _, s := range settings {
 		for _, name := range s.legacy {
@@ -282,7 +283,12 @@ func applyLegacyTable(o *Options, get func(string) (string, bool), errs *[]error
 			}
 			if err := setLegacy(s.field.ptr(o), v); err != nil {
 				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
+				continue
 			}
+			if o.fromEnv == nil {
+				o.fromEnv = map[string]string{}
+			}
+			o.fromEnv[s.name] = name
 		}
 	}
 }

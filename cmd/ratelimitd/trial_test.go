@@ -94,3 +94,28 @@ func TestValidateSpacedFlagValues(t *testing.T) {
 		}
 	}
 }
+
+// The tracing sample ratio is checked with the other options (before any
+// backend is built), naming the flag or the variable that set it.
+func TestTracingSampleRatioRefusedUpFront(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  []string
+		want string
+	}{
+		{[]string{"--tracing-sample-ratio=-1"}, nil, "--tracing-sample-ratio=-1: must be in [0, 1]"},
+		{nil, []string{"RATELIMITD_TRACING_SAMPLE_RATIO", "1.5"}, "--tracing-sample-ratio=1.5: must be in [0, 1] (set by RATELIMITD_TRACING_SAMPLE_RATIO)"},
+		{nil, []string{"TRACING_SAMPLING_RATE", "2"}, "--tracing-sample-ratio=2: must be in [0, 1] (set by TRACING_SAMPLING_RATE)"},
+		{nil, []string{"NEAR_LIMIT_RATIO", "2"}, "(set by NEAR_LIMIT_RATIO)"},
+	} {
+		got := serveErr(t, append([]string{"--config=."}, c.args...), c.env...)
+		if !strings.Contains(got, c.want) {
+			t.Errorf("%q %q: error %q, want %q", c.args, c.env, got, c.want)
+		}
+	}
+	// A flag replaces the variable's value: the error names the flag alone.
+	got := serveErr(t, []string{"--config=.", "--tracing-sample-ratio=3"}, "TRACING_SAMPLING_RATE", "0.5")
+	if want := "--tracing-sample-ratio=3: must be in [0, 1]"; !strings.Contains(got, want) || strings.Contains(got, "set by") {
+		t.Errorf("flag over variable: error %q, want %q without a source", got, want)
+	}
+}

@@ -44,10 +44,33 @@ type Options struct {
 	Exporter sdktrace.SpanExporter
 }
 
-// Validate reports option errors.
+// FieldError is one invalid Options field, as Validate reports it:
+// Field is the field's name ("SampleRatio"), Value its value and Reason
+// what a valid value is ("must be in [0, 1]").
+type FieldError struct {
+	// Field is the Options field's name.
+	Field string
+	// Value is the field's value.
+	Value any
+	// Reason is what a valid value is.
+	Reason string
+}
+
+// Error returns "telemetry: Field=Value: Reason".
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("telemetry: %s=%v: %s", e.Field, e.Value, e.Reason)
+}
+
+// OptionField returns the package-qualified field name
+// ("telemetry.SampleRatio") and the reason, for callers that name the
+// field their own way (a command-line flag).
+func (e *FieldError) OptionField() (field, reason string) { return "telemetry." + e.Field, e.Reason }
+
+// Validate reports a *FieldError for a SampleRatio outside [0, 1] or NaN,
+// whether or not tracing is enabled.
 func (o Options) Validate() error {
-	if o.SampleRatio < 0 || o.SampleRatio > 1 {
-		return fmt.Errorf("telemetry: sample ratio %v outside [0, 1]", o.SampleRatio)
+	if !(o.SampleRatio >= 0 && o.SampleRatio <= 1) {
+		return &FieldError{Field: "SampleRatio", Value: o.SampleRatio, Reason: "must be in [0, 1]"}
 	}
 	return nil
 }
