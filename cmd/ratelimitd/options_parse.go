@@ -204,18 +204,22 @@ func (o *Options) normalizeSpellings() {
 	}
 }
 
-// checkBackendChosen refuses Redis flags given while the backend is the
-// in-memory store by default: every replica would count alone (N replicas
-// admit N times a limit) although the operator pointed ratelimitd at a
-// Redis. explicit holds the flags set on the command line or by their
-// twins; --backend=memory given explicitly keeps the memory store.
+// checkBackendChosen refuses Redis or memcached flags given while the
+// backend is the in-memory store by default: every replica would count
+// alone (N replicas admit N times a limit) although the operator pointed
+// ratelimitd at a shared store. explicit holds the flags set on the
+// command line or by their twins; --backend=memory given explicitly keeps
+// the memory store.
 func (o Options) checkBackendChosen(explicit map[string]bool) error {
 	if o.Backend != "memory" || explicit["backend"] {
 		return nil
 	}
-	for _, f := range []string{"redis-url", "redis-mode", "redis-addrs", "redis-master", "redis-password-file"} {
-		if explicit[f] {
-			return fmt.Errorf("--%s is set but the backend is the in-memory store (--backend defaults to memory): add --backend=redis, or --backend=memory to count in this process only", f)
+	for _, c := range []struct{ flag, backend string }{
+		{"redis-url", "redis"}, {"redis-mode", "redis"}, {"redis-addrs", "redis"}, {"redis-master", "redis"}, {"redis-password-file", "redis"},
+		{"memcache-addrs", "memcache"}, {"memcache-srv", "memcache"},
+	} {
+		if explicit[c.flag] {
+			return fmt.Errorf("--%s is set but the backend is the in-memory store (--backend defaults to memory): add --backend=%s, or --backend=memory to count in this process only", c.flag, c.backend)
 		}
 	}
 	return nil

@@ -119,3 +119,18 @@ func TestTracingSampleRatioRefusedUpFront(t *testing.T) {
 		t.Errorf("flag over variable: error %q, want %q without a source", got, want)
 	}
 }
+
+// The memcached server flags without --backend are refused as the Redis
+// ones are: the memory store would count in each replica alone.
+func TestMemcacheFlagsNeedBackend(t *testing.T) {
+	for _, args := range [][]string{{"--memcache-addrs=127.0.0.1:11211"}, {"--memcache-srv=_memcache._tcp.example"}} {
+		name := strings.TrimPrefix(strings.SplitN(args[0], "=", 2)[0], "--")
+		want := "--" + name + " is set but the backend is the in-memory store (--backend defaults to memory): add --backend=memcache, or --backend=memory to count in this process only"
+		if got := serveErr(t, append([]string{"--config=."}, args...)); !strings.Contains(got, want) {
+			t.Errorf("%q: error %q, want %q", args, got, want)
+		}
+		if _, _, err := parseServe(append([]string{"--config=.", "--backend=memory"}, args...), env(), io.Discard); err != nil {
+			t.Errorf("%q with --backend=memory: %v", args, err)
+		}
+	}
+}
