@@ -134,3 +134,40 @@ func TestMemcacheFlagsNeedBackend(t *testing.T) {
 		}
 	}
 }
+
+// Each refusal states the flag's whole rule: a value the message calls
+// valid is accepted, and the flag's refused 0 is not called valid.
+func TestRangeMessagesStateTheRule(t *testing.T) {
+	xds := []string{"--config-source=xds"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--near-limit-ratio=-1"}, "--near-limit-ratio=-1: must be in (0, 1]"},
+		{[]string{"--near-limit-ratio=1.5"}, "--near-limit-ratio=1.5: must be in (0, 1]"},
+		{[]string{"--near-limit-ratio=0"}, "--near-limit-ratio=0: must be in (0, 1]"},
+		{[]string{"--log-decisions-rate=-1"}, "--log-decisions-rate=-1: must be > 0 (lines per second)"},
+		{[]string{"--fail-closed-retry-after=-1s"}, "--fail-closed-retry-after=-1s: must be > 0"},
+		{append(xds, "--xds-backoff-initial=-1s"), "--xds-backoff-initial=-1s: must be > 0"},
+		{append(xds, "--xds-connect-retry-interval=-1s"), "--xds-connect-retry-interval=-1s: must be > 0"},
+		{append(xds, "--xds-backoff-max=-1s"), "--xds-backoff-max=-1s: must be >= --xds-backoff-initial (10s)"},
+		{append(xds, "--xds-backoff-max=0s"), "--xds-backoff-max=0s: must be >= --xds-backoff-initial (10s)"},
+		{append(xds, "--xds-backoff-max=1s"), "--xds-backoff-max=1s: must be >= --xds-backoff-initial (10s)"},
+		{[]string{"--redis-min-idle-conns=-1"}, "--redis-min-idle-conns=-1: must be >= 0 (more than the pool size is capped to it)"},
+	} {
+		got := serveErr(t, append([]string{"--config=."}, c.args...))
+		if got != c.want {
+			t.Errorf("%q: error %q, want %q alone", c.args, got, c.want)
+		}
+	}
+	// What the messages call valid is accepted.
+	for _, args := range [][]string{
+		{"--near-limit-ratio=1"}, {"--log-decisions-rate=0.5"}, {"--fail-closed-retry-after=1ms"},
+		{"--redis-min-idle-conns=0"}, {"--backend=redis", "--redis-min-idle-conns=20"},
+		append(xds, "--xds-backoff-initial=1ms", "--xds-backoff-max=1ms", "--xds-connect-retry-interval=1ms"),
+	} {
+		if _, _, err := parseServe(append([]string{"--config=."}, args...), env(), io.Discard); err != nil {
+			t.Errorf("%q: %v", args, err)
+		}
+	}
+}
