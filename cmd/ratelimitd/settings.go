@@ -51,6 +51,9 @@ type setting struct {
 	// backend, when set, is the only --backend the setting matters to:
 	// its owner's errors are dropped under another backend.
 	backend string
+	// arg, when set, is the name -h gives the flag's value ("bytes"),
+	// a word of doc; "" leaves the flag package's ("value", "int", ...).
+	arg string
 }
 
 // Groups of settings (the sections of docs/flags.md).
@@ -90,7 +93,7 @@ func fieldOf[T any](p func(o *Options) *T, def T) fieldRef {
 
 // settings is the table of every serve setting, in the README's order.
 var settings = []setting{
-	{name: "config", group: groupConfig, legacyVia: "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY", field: fieldOf(func(o *Options) *[]string { return &o.Config }, []string{"./config"}), doc: "YAML file or directory (repeatable); directories are watched and reloaded; not read with `--config-source=xds`"},
+	{name: "config", group: groupConfig, legacyVia: "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY", field: fieldOf(func(o *Options) *[]string { return &o.Config }, []string{"./config"}), doc: "YAML file or directory (repeatable, or comma-separated); directories are watched and reloaded; not read with `--config-source=xds`"},
 	{name: "config-source", group: groupConfig, legacyVia: "CONFIG_TYPE", field: fieldOf(func(o *Options) *string { return &o.ConfigSource }, "file"), doc: "where configs come from: `file` (`--config`) or `xds`, an xDS management server such as Envoy Gateway's (envoyproxy/ratelimit `CONFIG_TYPE=GRPC_XDS_SOTW`; [docs/xds.md](docs/xds.md))"},
 	{name: "xds-server-url", group: groupConfig, legacy: []string{"CONFIG_GRPC_XDS_SERVER_URL"}, field: fieldOf(func(o *Options) *string { return &o.XDSServerURL }, xds.DefaultServerURL), doc: "xDS management server, `host:port`"},
 	{name: "xds-node-id", group: groupConfig, legacy: []string{"CONFIG_GRPC_XDS_NODE_ID"}, field: fieldOf(func(o *Options) *string { return &o.XDSNodeID }, xds.DefaultNodeID), doc: "node id the server keys its snapshot by (Envoy Gateway: `envoy-ratelimit`)"},
@@ -188,7 +191,7 @@ var settings = []setting{
 	{name: "log-level", group: groupTelemetry, legacyVia: "LOG_LEVEL", field: fieldOf(func(o *Options) *string { return &o.LogLevel }, "info"), doc: "`debug`, `info`, `warn`, `error` (any case)"},
 	{name: "log-format", group: groupTelemetry, legacy: []string{"LOG_FORMAT"}, field: fieldOf(func(o *Options) *string { return &o.LogFormat }, "text"), doc: "`text` or `json`; go-redis' own messages are logged through it too (`\"redis client\"`, WARN at most once per 10 s per kind, the rest at DEBUG)"},
 	{name: "gc-percent", group: groupRuntime, field: fieldOf(func(o *Options) *int { return &o.GCPercent }, defaultGCPercent), doc: "Go GC target unless `GOGC` is set; `-1` turns the GC off (only with a memory limit) ([docs/operations.md](docs/operations.md#go-gc-and-memory-limit))"},
-	{name: "memory-limit", group: groupRuntime, field: fieldOf(func(o *Options) *byteSize { return &o.MemoryLimit }, 0), doc: "Go soft memory limit unless `GOMEMLIMIT` is set, e.g. `400MiB` (at least `16MiB`); `0` derives it from the cgroup limit"},
+	{name: "memory-limit", group: groupRuntime, field: fieldOf(func(o *Options) *byteSize { return &o.MemoryLimit }, 0), doc: "Go soft memory limit in bytes unless `GOMEMLIMIT` is set, e.g. `400MiB` (at least `16MiB`); `0` derives it from the cgroup limit", arg: "bytes"},
 	{name: "memory-limit-ratio", group: groupRuntime, field: fieldOf(func(o *Options) *float64 { return &o.MemoryLimitRatio }, defaultMemoryLimitRatio), doc: "without `--memory-limit` or `GOMEMLIMIT`: the soft memory limit as a share of the container's cgroup memory limit (`0`: none)"},
 	{name: "drain", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.Drain }, 0), doc: "on SIGTERM, report NOT_SERVING this long before closing the listeners"},
 	{name: "shutdown-grace", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.ShutdownGrace }, 15*time.Second), doc: "on SIGTERM, wait at most this long for in-flight calls"},
@@ -232,6 +235,13 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	var lists []*listValue
 	for _, s := range settings {
 		usage := helpText(s.doc)
+		if s.arg != "" {
+			if !strings.Contains(usage, s.arg) {
+				panic(fmt.Sprintf("setting --%s: arg %q is not a word of its doc", s.name, s.arg))
+			}
+			// The flag package takes a backquoted word for the value's name.
+			usage = strings.Replace(usage, s.arg, "`"+s.arg+"`", 1)
+		}
 		switch p := s.field.ptr(o).(type) {
 		case *string:
 			fs.StringVar(p, s.name, *p, usage)
@@ -263,7 +273,7 @@ var markdownLink = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
 
 // helpText is a doc line as -h prints it: links become their text and
 // backquotes go (the flag package would take a backquoted word for the
-// value's name).
+// value's name; registerServeFlags adds the setting's arg back).
 func helpText(doc string) string {
 	return strings.ReplaceAll(markdownLink.ReplaceAllString(doc, "$1"), "`", "")
 }

@@ -171,3 +171,21 @@ func TestRangeMessagesStateTheRule(t *testing.T) {
 		}
 	}
 }
+
+// serve -h names --memory-limit's value bytes and says --config takes a
+// comma-separated list, as the previous release did.
+func TestServeHelpWords(t *testing.T) {
+	var usage bytes.Buffer
+	if _, _, err := parseServe([]string{"-h"}, env(), &usage); err == nil {
+		t.Fatal("-h: no flag.ErrHelp")
+	}
+	for _, want := range []string{"  -memory-limit bytes\n", "YAML file or directory (repeatable, or comma-separated)"} {
+		if !strings.Contains(usage.String(), want) {
+			t.Errorf("-h lacks %q", want)
+		}
+	}
+	o, _, err := parseServe([]string{"--config=a,b"}, env(), io.Discard)
+	if err != nil || strings.Join(o.Config, "|") != "a|b" {
+		t.Errorf("--config=a,b: %q %v, want [a b]", o.Config, err)
+	}
+}
