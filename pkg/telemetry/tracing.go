@@ -44,26 +44,21 @@ type Options struct {
 	Exporter sdktrace.SpanExporter
 }
 
-// FieldError is one invalid Options field, as Validate reports it:
-// Field is the field's name ("SampleRatio"), Value its value and Reason
-// what a valid value is ("must be in [0, 1]").
+// FieldError is one invalid Options field, as Validate reports it: the
+// field's name ("SampleRatio"), its value and what a valid value is
+// ("must be in [0, 1]"). Error returns "telemetry: Field=Value: Reason";
+// OptionField returns "telemetry."+Field and Reason, for callers that
+// name the field their own way (a command-line flag).
 type FieldError struct {
-	// Field is the Options field's name.
-	Field string
-	// Value is the field's value.
-	Value any
-	// Reason is what a valid value is.
-	Reason string
+	Field, Reason string
+	Value         any
 }
 
-// Error returns "telemetry: Field=Value: Reason".
 func (e *FieldError) Error() string {
 	return fmt.Sprintf("telemetry: %s=%v: %s", e.Field, e.Value, e.Reason)
 }
 
-// OptionField returns the package-qualified field name
-// ("telemetry.SampleRatio") and the reason, for callers that name the
-// field their own way (a command-line flag).
+// OptionField is described at FieldError.
 func (e *FieldError) OptionField() (field, reason string) { return "telemetry." + e.Field, e.Reason }
 
 // Validate reports a *FieldError for a SampleRatio outside [0, 1] or NaN,
