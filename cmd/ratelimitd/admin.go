@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -32,9 +31,9 @@ func (o Options) validateDecisionLog() error {
 	if _, err := service.ParseDecisionLogMode(o.LogDecisions); err != nil {
 		return fmt.Errorf("--log-decisions=%s: want off, denied or all", o.LogDecisions)
 	}
-	if o.LogDecisionsRate == 0 {
-		// 0 would be service's default; its range is service's rule.
-		return errors.New("--log-decisions-rate=0: must be > 0 (lines per second)")
+	if !(o.LogDecisionsRate > 0) {
+		// 0 would be service's default: the flag's rule is stated here.
+		return fmt.Errorf("--log-decisions-rate=%v: must be > 0 (lines per second)", o.LogDecisionsRate)
 	}
 	return nil
 }

@@ -303,6 +303,7 @@ func (l *legacyEnv) metrics(o *Options) {
 		l.unsupportedIf("STATSD_PROTOCOL="+v+" (statsd is sent over UDP)", o.StatsdAddr != "" || o.StatsdReferenceAddr != "")
 	}
 	if v, ok := l.get("USE_PROMETHEUS"); ok && v != "" {
+		// A malformed value is reported by legacyStatsd.
 		if b, err := strconv.ParseBool(v); err == nil && b {
 			o.MetricsAddr = ":9090"
 			if a, ok := l.get("PROMETHEUS_ADDR"); ok && a != "" {
@@ -315,12 +316,17 @@ func (l *legacyEnv) metrics(o *Options) {
 	}
 
 	// gRPC server TLS.
-	if v, ok := l.get("GRPC_SERVER_USE_TLS"); ok && v != "" {
-		if b, err := strconv.ParseBool(v); err == nil && b {
-			o.GRPCTLSCert, _ = l.get("GRPC_SERVER_TLS_CERT")
-			o.GRPCTLSKey, _ = l.get("GRPC_SERVER_TLS_KEY")
-			o.GRPCTLSClientCA, _ = l.get("GRPC_CLIENT_TLS_CACERT")
-			o.GRPCTLSClientSAN, _ = l.get("GRPC_CLIENT_TLS_SAN")
+	var useTLS bool
+	l.boolVar("GRPC_SERVER_USE_TLS", &useTLS)
+	if useTLS {
+		o.GRPCTLSCert, _ = l.get("GRPC_SERVER_TLS_CERT")
+		o.GRPCTLSKey, _ = l.get("GRPC_SERVER_TLS_KEY")
+		o.GRPCTLSClientCA, _ = l.get("GRPC_CLIENT_TLS_CACERT")
+		o.GRPCTLSClientSAN, _ = l.get("GRPC_CLIENT_TLS_SAN")
+		if o.GRPCTLSCert == "" || o.GRPCTLSKey == "" {
+			// Serving plaintext instead would silently drop the TLS asked
+			// for; envoyproxy/ratelimit fails to load an empty path too.
+			l.errs = append(l.errs, errors.New("GRPC_SERVER_USE_TLS=true: needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY"))
 		}
 	}
 }
@@ -344,12 +350,22 @@ func legacyStatsd(o *Options, get func(string) (string, bool), unsupported *[]st
 		}
 		use, useSet = b, true
 	}
+	// isTrue reads a boolean variable; a malformed value is an error.
 	isTrue := func(name string) bool {
-		v, _ := get(name)
+		v, ok := get(name)
+		if !ok || v == "" {
+			return false
+		}
 		b, err := strconv.ParseBool(v)
-		return err == nil && b
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+		return b
 	}
-	if isTrue("DISABLE_STATS") {
+	// Each read once, whatever the others say, so that every malformed
+	// value is reported.
+	disable, prometheus, dogStatsd := isTrue("DISABLE_STATS"), isTrue("USE_PROMETHEUS"), isTrue("USE_DOG_STATSD")
+	if disable {
 		use, useSet = false, true
 	}
 	host, port := "localhost", "8125"
@@ -367,7 +383,7 @@ func legacyStatsd(o *Options, get func(string) (string, bool), unsupported *[]st
 	switch {
 	case useSet && use:
 		o.StatsdAddr = addr
-	case !useSet && !isTrue("USE_PROMETHEUS") && !isTrue("USE_DOG_STATSD"):
+	case !useSet && !prometheus && !dogStatsd:
 		o.StatsdReferenceAddr = addr
 		for _, name := range []string{"STATSD_HOST", "STATSD_PORT"} {
 			if _, ok := get(name); ok {

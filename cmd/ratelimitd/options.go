@@ -283,7 +283,8 @@ type Options struct {
 	legacySeen legacySeen
 
 	// fromEnv maps the name of each flag whose value came from its
-	// RATELIMITD_* twin (not overridden on the command line) to that
+	// RATELIMITD_* twin or from an envoyproxy/ratelimit variable of the
+	// settings table (not overridden on the command line) to that
 	// variable, so that errors name where a bad value was set.
 	fromEnv map[string]string
 }

@@ -11,8 +11,9 @@ import (
 )
 
 // annotateEnv returns err with every line that starts with a flag whose
-// value came from its environment twin ("--gc-percent=-1: ...") followed
-// by " (set by RATELIMITD_GC_PERCENT)"; nil stays nil.
+// value came from the environment ("--gc-percent=-1: ...") followed by
+// " (set by RATELIMITD_GC_PERCENT)", or the envoyproxy/ratelimit variable
+// that set it (" (set by NEAR_LIMIT_RATIO)"); nil stays nil.
 func (o Options) annotateEnv(err error) error {
 	if err == nil || len(o.fromEnv) == 0 {
 		return err

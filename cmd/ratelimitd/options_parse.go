@@ -111,7 +111,8 @@ func legacySecrets(o Options, lookup func(string) (string, bool)) []string {
 
 // parseFlagsAndTwins sets o from the RATELIMITD_* twins, then from args
 // (the flag wins), normalizes the spellings, and records in o.fromEnv the
-// flags whose value came from a twin. It returns the flags set on the
+// flags whose value came from a twin (dropping those an
+// envoyproxy/ratelimit variable set that a twin or flag then replaced). It returns the flags set on the
 // command line or by a twin; flag.ErrHelp (usage printed) for -h.
 func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, bool), usage io.Writer) (map[string]bool, error) {
 	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
@@ -144,6 +145,9 @@ func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, 
 		return nil, fmt.Errorf("serve takes no arguments, got %q (use --config)", fs.Args())
 	}
 	o.normalizeSpellings()
+	// A flag set on the command line or by its twin no longer holds an
+	// envoyproxy/ratelimit variable's value (applyLegacyTable).
+	fs.Visit(func(f *flag.Flag) { delete(o.fromEnv, f.Name) })
 	for name, v := range envValues {
 		if fs.Lookup(name).Value.String() == v {
 			if o.fromEnv == nil {
@@ -200,18 +204,22 @@ func (o *Options) normalizeSpellings() {
 	}
 }
 
-// checkBackendChosen refuses Redis flags given while the backend is the
-// in-memory store by default: every replica would count alone (N replicas
-// admit N times a limit) although the operator pointed ratelimitd at a
-// Redis. explicit holds the flags set on the command line or by their
-// twins; --backend=memory given explicitly keeps the memory store.
+// checkBackendChosen refuses Redis or memcached flags given while the
+// backend is the in-memory store by default: every replica would count
+// alone (N replicas admit N times a limit) although the operator pointed
+// ratelimitd at a shared store. explicit holds the flags set on the
+// command line or by their twins; --backend=memory given explicitly keeps
+// the memory store.
 func (o Options) checkBackendChosen(explicit map[string]bool) error {
 	if o.Backend != "memory" || explicit["backend"] {
 		return nil
 	}
-	for _, f := range []string{"redis-url", "redis-mode", "redis-addrs", "redis-master", "redis-password-file"} {
-		if explicit[f] {
-			return fmt.Errorf("--%s is set but the backend is the in-memory store (--backend defaults to memory): add --backend=redis, or --backend=memory to count in this process only", f)
+	for _, c := range []struct{ flag, backend string }{
+		{"redis-url", "redis"}, {"redis-mode", "redis"}, {"redis-addrs", "redis"}, {"redis-master", "redis"}, {"redis-password-file", "redis"},
+		{"memcache-addrs", "memcache"}, {"memcache-srv", "memcache"},
+	} {
+		if explicit[c.flag] {
+			return fmt.Errorf("--%s is set but the backend is the in-memory store (--backend defaults to memory): add --backend=%s, or --backend=memory to count in this process only", c.flag, c.backend)
 		}
 	}
 	return nil

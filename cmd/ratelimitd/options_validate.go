@@ -112,9 +112,14 @@ func (o Options) validateSpellings(add func(error)) {
 // validateBounds checks the numbers the command reads itself (store, GC, answers, config bounds).
 func (o Options) validateBounds(add func(error)) {
 	// Flag values that the packages read as their defaults are refused
-	// here (the flag's default is spelled out instead); the packages'
-	// own ranges are theirs (validateOwners, at the end).
+	// here (the flag's default is spelled out instead), with the rest of
+	// the flag's range so that the message states its whole rule; the
+	// packages' own ranges are theirs (validateOwners, at the end).
 	notNegative(add, "redis-pool-size", o.RedisPoolSize, "the store's default")
+	if o.RedisMinIdleConns < 0 {
+		// redisOptions caps it at the pool size.
+		add(fmt.Errorf("--redis-min-idle-conns=%d: must be >= 0 (more than the pool size is capped to it)", o.RedisMinIdleConns))
+	}
 	if o.RedisWarmup < 0 {
 		add(fmt.Errorf("--redis-warmup=%s: must be >= 0 (0: no warm-up)", o.RedisWarmup))
 	}
@@ -127,14 +132,16 @@ func (o Options) validateBounds(add func(error)) {
 	if !(o.MemoryLimitRatio >= 0 && o.MemoryLimitRatio <= 1) {
 		add(fmt.Errorf("--memory-limit-ratio=%v: must be in [0, 1] (0: no limit from the cgroup)", o.MemoryLimitRatio))
 	}
-	if o.NearLimitRatio == 0 {
-		add(errors.New("--near-limit-ratio=0: must be in (0, 1]"))
+	// Where the flag's 0 would be the package's default, the flag's
+	// whole rule is stated here (validateOwners then skips the flag).
+	if !(o.NearLimitRatio > 0 && o.NearLimitRatio <= 1) {
+		add(fmt.Errorf("--near-limit-ratio=%v: must be in (0, 1]", o.NearLimitRatio))
 	}
 	if o.RetryJitter < 0 {
 		add(fmt.Errorf("--retry-jitter=%s: must be >= 0", o.RetryJitter))
 	}
-	if o.FailClosedRetryAfter == 0 {
-		add(errors.New("--fail-closed-retry-after=0s: must be > 0"))
+	if o.FailClosedRetryAfter <= 0 {
+		add(fmt.Errorf("--fail-closed-retry-after=%s: must be > 0", o.FailClosedRetryAfter))
 	}
 	if o.DetailedMetricCap == 0 {
 		add(errors.New("--detailed-metric-cap=0: want > 0, or negative to disable detailed labels"))

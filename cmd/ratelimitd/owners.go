@@ -14,12 +14,14 @@ import (
 
 // The rules of the options the command hands to other packages are those
 // packages' (redis.Options.Validate, memcache.Options.Validate,
-// service.Options.Validate); validateOwners runs them on the options the
+// service.Options.Validate, xds.Options.Validate,
+// telemetry.Options.Validate); validateOwners runs them on the options the
 // flags build and reports each error naming the flag of the field it is
 // about, by the settings table's owner entries.
 
 // optionFielder is the field errors of the packages' Validate
-// (redis.FieldError, memcache.FieldError, service.FieldError).
+// (redis.FieldError, memcache.FieldError, service.FieldError,
+// xds.FieldError, telemetry.FieldError).
 type optionFielder interface {
 	OptionField() (field, reason string)
 }
@@ -31,8 +33,8 @@ var ownerFlagErrors = map[error]string{
 	memcache.ErrTwoServerSources: "--memcache-addrs and --memcache-srv: set one, not both",
 }
 
-// validateOwners validates the options o builds for the redis, memcache
-// and service packages. An error about a setting's owner field is worded
+// validateOwners validates the options o builds for the redis, memcache,
+// service, xds and telemetry packages. An error about a setting's owner field is worded
 // "--flag=value: reason" (at most one per flag) and dropped when the
 // setting's backend is not o.Backend (the Redis topology does not matter
 // to the memory store); any other error counts only where its package
@@ -53,6 +55,7 @@ func (o Options) validateOwners(named map[string]bool) error {
 		{o.Backend == "memcache", memcacheOptions(o).Validate()},
 		{true, so.Validate()},
 		{o.ConfigSource == "xds", xdsOptionsError(o)},
+		{true, telemetryOptions(o).Validate()},
 	} {
 		for _, e := range leafErrors(c.err) {
 			if msg, ok := ownerFlagErrors[e]; ok {

@@ -45,11 +45,15 @@ type setting struct {
 	// owner is the package option the setting feeds, whose Validate
 	// states its rules ("redis.Timeout", "service.NearLimitRatio"; a
 	// comma-separated list when it feeds several packages): an
-	// error about that field is reported naming this flag (ownerErrors).
+	// error about that field is reported naming this flag (validateOwners,
+	// which finds the setting by ownerSetting).
 	owner string
 	// backend, when set, is the only --backend the setting matters to:
 	// its owner's errors are dropped under another backend.
 	backend string
+	// arg, when set, is the name -h gives the flag's value ("bytes"),
+	// a word of doc; "" leaves the flag package's ("value", "int", ...).
+	arg string
 }
 
 // Groups of settings (the sections of docs/flags.md).
@@ -89,7 +93,7 @@ func fieldOf[T any](p func(o *Options) *T, def T) fieldRef {
 
 // settings is the table of every serve setting, in the README's order.
 var settings = []setting{
-	{name: "config", group: groupConfig, legacyVia: "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY", field: fieldOf(func(o *Options) *[]string { return &o.Config }, []string{"./config"}), doc: "YAML file or directory (repeatable); directories are watched and reloaded; not read with `--config-source=xds`"},
+	{name: "config", group: groupConfig, legacyVia: "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_APPDIRECTORY", field: fieldOf(func(o *Options) *[]string { return &o.Config }, []string{"./config"}), doc: "YAML file or directory (repeatable, or comma-separated); directories are watched and reloaded; not read with `--config-source=xds`"},
 	{name: "config-source", group: groupConfig, legacyVia: "CONFIG_TYPE", field: fieldOf(func(o *Options) *string { return &o.ConfigSource }, "file"), doc: "where configs come from: `file` (`--config`) or `xds`, an xDS management server such as Envoy Gateway's (envoyproxy/ratelimit `CONFIG_TYPE=GRPC_XDS_SOTW`; [docs/xds.md](docs/xds.md))"},
 	{name: "xds-server-url", group: groupConfig, legacy: []string{"CONFIG_GRPC_XDS_SERVER_URL"}, field: fieldOf(func(o *Options) *string { return &o.XDSServerURL }, xds.DefaultServerURL), doc: "xDS management server, `host:port`"},
 	{name: "xds-node-id", group: groupConfig, legacy: []string{"CONFIG_GRPC_XDS_NODE_ID"}, field: fieldOf(func(o *Options) *string { return &o.XDSNodeID }, xds.DefaultNodeID), doc: "node id the server keys its snapshot by (Envoy Gateway: `envoy-ratelimit`)"},
@@ -116,7 +120,7 @@ var settings = []setting{
 	{name: "statsd-addr", group: groupTelemetry, legacyVia: "USE_STATSD, STATSD_HOST, STATSD_PORT", field: fieldOf(func(o *Options) *string { return &o.StatsdAddr }, ""), doc: "also send envoyproxy/ratelimit's statsd stats (its names) over UDP to this `host:port`; `USE_STATSD=true` sets it from `STATSD_HOST`/`STATSD_PORT` ([docs/metrics.md](docs/metrics.md#statsd-reference-names))"},
 	{name: "statsd-flush-interval", group: groupTelemetry, legacyVia: "STATS_FLUSH_INTERVAL", field: fieldOf(func(o *Options) *time.Duration { return &o.StatsdFlushInterval }, statsd.DefaultFlushInterval), doc: "how often statsd counters and gauges are sent (`STATS_FLUSH_INTERVAL`); timer samples go within a second"},
 	{name: "statsd-tags", group: groupTelemetry, legacyVia: "EXTRA_TAGS", field: fieldOf(func(o *Options) *string { return &o.StatsdTags }, ""), doc: "tags appended to every statsd name as gostats does (`EXTRA_TAGS`): `key:value` items separated by `,`, sent as `.__key=value` sorted by key ([metrics](docs/metrics.md))", shown: "—"},
-	{name: "backend", group: groupBackend, legacyVia: "BACKEND_TYPE", field: fieldOf(func(o *Options) *string { return &o.Backend }, "memory"), doc: "`memory`, `redis` or `memcache` (also spelled `memcached`; fixed windows only, see [docs/memcached.md](docs/memcached.md)); `--redis-url`, `--redis-mode`, `--redis-addrs`, `--redis-master` or `--redis-password-file` without `--backend` is a startup error, since every replica would count alone in memory"},
+	{name: "backend", group: groupBackend, legacyVia: "BACKEND_TYPE", field: fieldOf(func(o *Options) *string { return &o.Backend }, "memory"), doc: "`memory`, `redis` or `memcache` (also spelled `memcached`; fixed windows only, see [docs/memcached.md](docs/memcached.md)); `--redis-url`, `--redis-mode`, `--redis-addrs`, `--redis-master`, `--redis-password-file`, `--memcache-addrs` or `--memcache-srv` without `--backend` is a startup error, since every replica would count alone in memory"},
 	{name: "redis-url", group: groupBackend, legacyVia: "REDIS_URL, REDIS_TYPE, REDIS_AUTH, REDIS_TLS, REDIS_SOCKET_TYPE", field: fieldOf(func(o *Options) *string { return &o.RedisURL }, "redis://127.0.0.1:6379/0"), doc: "`redis://` or `rediss://` (TLS), `user:password@` for ACL", owner: "redis.URL", backend: "redis"},
 	{name: "redis-mode", group: groupBackend, legacyVia: "REDIS_TYPE", field: fieldOf(func(o *Options) *string { return &o.RedisMode }, "standalone"), doc: "`standalone`, `cluster` (seed nodes in `--redis-addrs`), `sentinel` (`--redis-addrs` + `--redis-master`)", owner: "redis.Mode", backend: "redis"},
 	{name: "redis-addrs", group: groupBackend, legacyVia: "REDIS_URL", field: fieldOf(func(o *Options) *[]string { return &o.RedisAddrs }, nil), doc: "cluster seed nodes or sentinels, `host:port`", owner: "redis.Addrs", backend: "redis"},
@@ -128,8 +132,8 @@ var settings = []setting{
 	{name: "redis-warmup", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisWarmup }, redis.DefaultWarmup), doc: "at startup, health stays NOT_SERVING until the pools are dialed (every Cluster master) and the script is loaded, at most this long; `0` skips it; Redis is never required to start"},
 	{name: "redis-pool-size", group: groupBackend, legacy: []string{"REDIS_POOL_SIZE"}, field: fieldOf(func(o *Options) *int { return &o.RedisPoolSize }, redis.DefaultPoolSize), doc: "connections per node (0 = the store's default, 16)", owner: "redis.PoolSize"},
 	{name: "redis-tls-ca", group: groupBackend, legacy: []string{"REDIS_TLS_CACERT"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSCA }, ""), doc: "PEM CA bundle trusted for Redis TLS", shown: "system roots", owner: "redis.TLS", backend: "redis"},
-	{name: "redis-tls-cert", group: groupBackend, legacy: []string{"REDIS_TLS_CLIENT_CERT"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSCert }, ""), doc: "PEM client certificate and key for Redis mutual TLS", shown: "(none)", owner: "redis.TLSCertFile", backend: "redis"},
-	{name: "redis-tls-key", group: groupBackend, legacy: []string{"REDIS_TLS_CLIENT_KEY"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSKey }, ""), doc: "PEM client key for Redis mutual TLS", joins: "redis-tls-cert"},
+	{name: "redis-tls-cert", group: groupBackend, legacy: []string{"REDIS_TLS_CLIENT_CERT"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSCert }, ""), doc: "PEM client certificate and key for Redis mutual TLS", shown: "(none)", owner: "redis.TLSCertFile"},
+	{name: "redis-tls-key", group: groupBackend, legacy: []string{"REDIS_TLS_CLIENT_KEY"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSKey }, ""), doc: "PEM client key for Redis mutual TLS", joins: "redis-tls-cert", owner: "redis.TLSKeyFile"},
 	{name: "redis-tls-skip-verify", group: groupBackend, legacy: []string{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"}, field: fieldOf(func(o *Options) *bool { return &o.RedisTLSSkipVerify }, false), doc: "do not verify the Redis server certificate (insecure)"},
 	{name: "redis-sentinel-auth", group: groupBackend, legacy: []string{"REDIS_SENTINEL_AUTH"}, field: fieldOf(func(o *Options) *string { return &o.RedisSentinelAuth }, ""), doc: "sentinel credentials, `password` or `user:password` (visible in the process's command line: prefer the file or the environment twin)"},
 	{name: "redis-password-file", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.RedisPasswordFile }, ""), doc: "file holding the Redis password (a mounted Secret key; one trailing newline ignored), read for every new connection so a rotated password takes effect without a restart; wins over the URL's password"},
@@ -187,7 +191,7 @@ var settings = []setting{
 	{name: "log-level", group: groupTelemetry, legacyVia: "LOG_LEVEL", field: fieldOf(func(o *Options) *string { return &o.LogLevel }, "info"), doc: "`debug`, `info`, `warn`, `error` (any case)"},
 	{name: "log-format", group: groupTelemetry, legacy: []string{"LOG_FORMAT"}, field: fieldOf(func(o *Options) *string { return &o.LogFormat }, "text"), doc: "`text` or `json`; go-redis' own messages are logged through it too (`\"redis client\"`, WARN at most once per 10 s per kind, the rest at DEBUG)"},
 	{name: "gc-percent", group: groupRuntime, field: fieldOf(func(o *Options) *int { return &o.GCPercent }, defaultGCPercent), doc: "Go GC target unless `GOGC` is set; `-1` turns the GC off (only with a memory limit) ([docs/operations.md](docs/operations.md#go-gc-and-memory-limit))"},
-	{name: "memory-limit", group: groupRuntime, field: fieldOf(func(o *Options) *byteSize { return &o.MemoryLimit }, 0), doc: "Go soft memory limit unless `GOMEMLIMIT` is set, e.g. `400MiB` (at least `16MiB`); `0` derives it from the cgroup limit"},
+	{name: "memory-limit", group: groupRuntime, field: fieldOf(func(o *Options) *byteSize { return &o.MemoryLimit }, 0), doc: "Go soft memory limit in bytes unless `GOMEMLIMIT` is set, e.g. `400MiB` (at least `16MiB`); `0` derives it from the cgroup limit", arg: "bytes"},
 	{name: "memory-limit-ratio", group: groupRuntime, field: fieldOf(func(o *Options) *float64 { return &o.MemoryLimitRatio }, defaultMemoryLimitRatio), doc: "without `--memory-limit` or `GOMEMLIMIT`: the soft memory limit as a share of the container's cgroup memory limit (`0`: none)"},
 	{name: "drain", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.Drain }, 0), doc: "on SIGTERM, report NOT_SERVING this long before closing the listeners"},
 	{name: "shutdown-grace", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.ShutdownGrace }, 15*time.Second), doc: "on SIGTERM, wait at most this long for in-flight calls"},
@@ -207,7 +211,7 @@ var settings = []setting{
 	{name: "tracing", group: groupTelemetry, legacy: []string{"TRACING_ENABLED"}, field: fieldOf(func(o *Options) *bool { return &o.Tracing }, false), doc: "export OpenTelemetry spans (one per `ShouldRateLimit`, a child per backend call) over OTLP/gRPC; Envoy's W3C `traceparent` is continued"},
 	{name: "tracing-endpoint", group: groupTelemetry, field: fieldOf(func(o *Options) *string { return &o.TracingEndpoint }, ""), doc: "OTLP/gRPC collector `host:port`; empty uses `OTEL_EXPORTER_OTLP_ENDPOINT`, else `localhost:4317`"},
 	{name: "tracing-insecure", group: groupTelemetry, field: fieldOf(func(o *Options) *bool { return &o.TracingInsecure }, false), doc: "plaintext to the collector (node-local collector or mesh sidecar)"},
-	{name: "tracing-sample-ratio", group: groupTelemetry, legacy: []string{"TRACING_SAMPLING_RATE"}, field: fieldOf(func(o *Options) *float64 { return &o.TracingSampleRatio }, 1), doc: "share of root spans sampled; a sampled parent from Envoy is always followed"},
+	{name: "tracing-sample-ratio", group: groupTelemetry, legacy: []string{"TRACING_SAMPLING_RATE"}, field: fieldOf(func(o *Options) *float64 { return &o.TracingSampleRatio }, 1), doc: "share of root spans sampled; a sampled parent from Envoy is always followed", owner: "telemetry.SampleRatio"},
 	{name: "tracing-service-name", group: groupTelemetry, legacy: []string{"TRACING_SERVICE_NAME"}, field: fieldOf(func(o *Options) *string { return &o.TracingServiceName }, "ratelimitd"), doc: "`service.name` of exported spans"},
 }
 
@@ -231,6 +235,13 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 	var lists []*listValue
 	for _, s := range settings {
 		usage := helpText(s.doc)
+		if s.arg != "" {
+			if !strings.Contains(usage, s.arg) {
+				panic(fmt.Sprintf("setting --%s: arg %q is not a word of its doc", s.name, s.arg))
+			}
+			// The flag package takes a backquoted word for the value's name.
+			usage = strings.Replace(usage, s.arg, "`"+s.arg+"`", 1)
+		}
 		switch p := s.field.ptr(o).(type) {
 		case *string:
 			fs.StringVar(p, s.name, *p, usage)
@@ -262,7 +273,7 @@ var markdownLink = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
 
 // helpText is a doc line as -h prints it: links become their text and
 // backquotes go (the flag package would take a backquoted word for the
-// value's name).
+// value's name; registerServeFlags adds the setting's arg back).
 func helpText(doc string) string {
 	return strings.ReplaceAll(markdownLink.ReplaceAllString(doc, "$1"), "`", "")
 }
@@ -271,7 +282,8 @@ func helpText(doc string) string {
 // variable that is set and not empty (its value trimmed), parsed as
 // envoyproxy/ratelimit parses it: strconv.ParseBool, strconv.Atoi,
 // strconv.ParseFloat, parseDuration, a comma-separated list or a string
-// as is. A malformed value is appended to errs as NAME="value": error.
+// as is. A malformed value is appended to errs as NAME="value": error;
+// a field set is recorded in o.fromEnv as set by that variable.
 func applyLegacyTable(o *Options, get func(string) (string, bool), errs *[]error) {
 	for _, s := range settings {
 		for _, name := range s.legacy {
@@ -281,7 +293,12 @@ func applyLegacyTable(o *Options, get func(string) (string, bool), errs *[]error
 			}
 			if err := setLegacy(s.field.ptr(o), v); err != nil {
 				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
+				continue
 			}
+			if o.fromEnv == nil {
+				o.fromEnv = map[string]string{}
+			}
+			o.fromEnv[s.name] = name
 		}
 	}
 }

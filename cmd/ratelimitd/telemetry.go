@@ -62,15 +62,20 @@ func logStartup(log *slog.Logger, o Options, gc gcPolicy, warnings []string) {
 	}
 }
 
+// telemetryOptions maps the --tracing-* flags onto telemetry.Options.
+func telemetryOptions(o Options) telemetry.Options {
+	return telemetry.Options{
+		Enabled: o.Tracing, Endpoint: o.TracingEndpoint, Insecure: o.TracingInsecure,
+		SampleRatio: o.TracingSampleRatio, ServiceName: o.TracingServiceName,
+	}
+}
+
 // newTelemetry sets up tracing (flushed by release), the Prometheus
 // registry with the Go, process, backend and event metrics, and the
 // statsd client of --statsd-addr (flushed and closed by release).
 func (s *server) newTelemetry(ev *events) error {
 	o := s.opts
-	tr, err := telemetry.Setup(context.Background(), telemetry.Options{
-		Enabled: o.Tracing, Endpoint: o.TracingEndpoint, Insecure: o.TracingInsecure,
-		SampleRatio: o.TracingSampleRatio, ServiceName: o.TracingServiceName,
-	})
+	tr, err := telemetry.Setup(context.Background(), telemetryOptions(o))
 	if err != nil {
 		return err
 	}

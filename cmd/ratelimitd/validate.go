@@ -50,7 +50,11 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 		fs.PrintDefaults()
 	}
 	fs.Usage = func() {}
-	if err := fs.Parse(interleave(fs, args)); err != nil {
+	ordered, err := interleave(fs, args)
+	if err == nil {
+		err = fs.Parse(ordered)
+	}
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printUsage()
 			return 0
@@ -101,8 +105,13 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 }
 
 // interleave lets flags follow paths (`validate dir --strict`): the flag
-// package stops at the first non-flag argument.
-func interleave(fs *flag.FlagSet, args []string) []string {
+// package stops at the first non-flag argument. It reads the arguments as
+// the flag package would: a flag of fs that is not boolean, given without
+// "=", takes the next argument as its value (`--backend memcache`); a
+// boolean flag takes a value only as --flag=value. A boolean flag followed
+// by a word strconv.ParseBool reads (`--ignore-dotfiles false`) is an
+// error, since that word would otherwise be loaded as a path.
+func interleave(fs *flag.FlagSet, args []string) ([]string, error) {
 	var flags, paths []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -110,13 +119,33 @@ func interleave(fs *flag.FlagSet, args []string) []string {
 			paths = append(paths, args[i+1:]...)
 			break
 		}
-		if strings.HasPrefix(a, "-") && len(a) > 1 {
-			flags = append(flags, a)
+		if !strings.HasPrefix(a, "-") || len(a) == 1 {
+			paths = append(paths, a)
 			continue
 		}
-		paths = append(paths, a)
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // fs.Parse reports it
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			if i+1 < len(args) {
+				if _, err := strconv.ParseBool(args[i+1]); err == nil {
+					return nil, fmt.Errorf("%s %s: a boolean flag takes its value as %s=%s", a, args[i+1], a, args[i+1])
+				}
+			}
+			continue
+		}
+		if i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
 	}
-	return append(append(flags, "--"), paths...)
+	return append(append(flags, "--"), paths...), nil
 }
 
 // envBackend is the backend serve would use from the environment:

@@ -27,16 +27,21 @@ func (o Options) validateXDS() error {
 	if _, err := xds.ParseHeaders(o.XDSHeaders); err != nil {
 		add("--xds-headers: %v (want name:value,name2:value2)", err)
 	}
-	// 0 would be the package's default; the ranges are xds.Options.Validate's
-	// (validateOwners).
-	if o.XDSConnectRetryInterval == 0 {
-		add("--xds-connect-retry-interval=0s: must be > 0")
+	// 0 would be the package's default: these flags' rules are stated
+	// here (xds.Options.Validate's, through validateOwners, are then
+	// skipped for them).
+	if o.XDSConnectRetryInterval <= 0 {
+		add("--xds-connect-retry-interval=%s: must be > 0", o.XDSConnectRetryInterval)
 	}
-	if o.XDSBackoffInitial == 0 {
-		add("--xds-backoff-initial=0s: must be > 0")
+	if o.XDSBackoffInitial <= 0 {
+		add("--xds-backoff-initial=%s: must be > 0", o.XDSBackoffInitial)
 	}
-	if o.XDSBackoffMax == 0 {
-		add("--xds-backoff-max=0s: must be > 0")
+	// A positive --xds-backoff-max below --xds-backoff-initial is
+	// xds.BackoffMax's rule.
+	if o.XDSBackoffMax <= 0 && o.XDSBackoffInitial > 0 {
+		add("--xds-backoff-max=%s: must be >= --xds-backoff-initial (%s)", o.XDSBackoffMax, o.XDSBackoffInitial)
+	} else if o.XDSBackoffMax <= 0 {
+		add("--xds-backoff-max=%s: must be > 0", o.XDSBackoffMax)
 	}
 	if (o.XDSTLSCert == "") != (o.XDSTLSKey == "") {
 		add("--xds-tls-cert and --xds-tls-key go together")

@@ -44,10 +44,28 @@ type Options struct {
 	Exporter sdktrace.SpanExporter
 }
 
-// Validate reports option errors.
+// FieldError is one invalid Options field, as Validate reports it: the
+// field's name ("SampleRatio"), its value and what a valid value is
+// ("must be in [0, 1]"). Error returns "telemetry: Field=Value: Reason";
+// OptionField returns "telemetry."+Field and Reason, for callers that
+// name the field their own way (a command-line flag).
+type FieldError struct {
+	Field, Reason string
+	Value         any
+}
+
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("telemetry: %s=%v: %s", e.Field, e.Value, e.Reason)
+}
+
+// OptionField is described at FieldError.
+func (e *FieldError) OptionField() (field, reason string) { return "telemetry." + e.Field, e.Reason }
+
+// Validate reports a *FieldError for a SampleRatio outside [0, 1] or NaN,
+// whether or not tracing is enabled.
 func (o Options) Validate() error {
-	if o.SampleRatio < 0 || o.SampleRatio > 1 {
-		return fmt.Errorf("telemetry: sample ratio %v outside [0, 1]", o.SampleRatio)
+	if !(o.SampleRatio >= 0 && o.SampleRatio <= 1) {
+		return &FieldError{Field: "SampleRatio", Value: o.SampleRatio, Reason: "must be in [0, 1]"}
 	}
 	return nil
 }

@@ -292,7 +292,7 @@ func (o Options) Validate() error {
 		bad("TLS", "tls files or skip-verify given but tls is off (use rediss:// or enable tls)")
 	}
 	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
-		bad("TLSCertFile", "tls client certificate and key must be given together")
+		bad("TLSCertFile", "TLSCertFile and TLSKeyFile go together")
 	}
 	if o.Timeout <= 0 {
 		bad("Timeout", "timeout must be positive, got %v", o.Timeout)
