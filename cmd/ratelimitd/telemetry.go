@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,11 +63,21 @@ func logStartup(log *slog.Logger, o Options, gc gcPolicy, warnings []string) {
 	}
 }
 
-// telemetryOptions maps the --tracing-* flags onto telemetry.Options.
+// telemetryOptions maps the --tracing-* flags onto telemetry.Options;
+// --tracing-sample-ratio=0 samples no root span (telemetry.NeverSample:
+// the package's zero SampleRatio is its default, 1), and a negative one
+// stays invalid.
 func telemetryOptions(o Options) telemetry.Options {
+	ratio := o.TracingSampleRatio
+	switch {
+	case ratio == 0:
+		ratio = telemetry.NeverSample
+	case ratio < 0:
+		ratio = math.NaN() // refused by telemetry.Options.Validate, never NeverSample
+	}
 	return telemetry.Options{
 		Enabled: o.Tracing, Endpoint: o.TracingEndpoint, Insecure: o.TracingInsecure,
-		SampleRatio: o.TracingSampleRatio, ServiceName: o.TracingServiceName,
+		SampleRatio: ratio, ServiceName: o.TracingServiceName,
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -96,10 +97,14 @@ func xdsBase(o Options) xds.Options {
 
 // backoffRandomFactor is the xds.Options.BackoffRandomFactor of
 // --xds-backoff-random-factor=f: f, or xds.NoBackoffSpread for 0 (no
-// spread, as envoyproxy/ratelimit reads XDS_CLIENT_BACKOFF_RANDOM_FACTOR=0).
+// spread, as envoyproxy/ratelimit reads XDS_CLIENT_BACKOFF_RANDOM_FACTOR=0);
+// a negative f stays invalid.
 func backoffRandomFactor(f float64) float64 {
-	if f == 0 {
+	switch {
+	case f == 0:
 		return xds.NoBackoffSpread
+	case f < 0:
+		return math.NaN() // refused by xds.Options.Validate, never NoBackoffSpread
 	}
 	return f
 }

@@ -38,7 +38,8 @@ type Options struct {
 	// ServiceName is the resource attribute service.name (default "ratelimitd").
 	ServiceName string
 	// SampleRatio is the parent-based ratio sampler's ratio for root spans
-	// in [0, 1]; a sampled parent from Envoy is always followed. Default 1.
+	// in (0, 1]; a sampled parent from Envoy is always followed. 0 means
+	// the default, 1 (every root span); NeverSample samples no root span.
 	SampleRatio float64
 	// Exporter overrides the OTLP exporter (tests).
 	Exporter sdktrace.SpanExporter
@@ -50,10 +51,11 @@ type Options struct {
 // OptionField returns "telemetry."+Field and Reason, for callers that
 // name the field their own way (a command-line flag).
 type FieldError struct {
-	Field, Reason string
-	Value         any
+	Field, Reason string // the Options field's Go name; what a valid value is
+	Value         any    // the refused value
 }
 
+// Error is described at FieldError.
 func (e *FieldError) Error() string {
 	return fmt.Sprintf("telemetry: %s=%v: %s", e.Field, e.Value, e.Reason)
 }
@@ -61,10 +63,15 @@ func (e *FieldError) Error() string {
 // OptionField is described at FieldError.
 func (e *FieldError) OptionField() (field, reason string) { return "telemetry." + e.Field, e.Reason }
 
-// Validate reports a *FieldError for a SampleRatio outside [0, 1] or NaN,
-// whether or not tracing is enabled.
+// NeverSample is the SampleRatio that samples no root span (a sampled
+// parent from Envoy is still followed); the zero SampleRatio is the
+// default, 1.
+const NeverSample = -1.0
+
+// Validate reports a *FieldError for a SampleRatio outside [0, 1] that is
+// not NeverSample, or NaN, whether or not tracing is enabled.
 func (o Options) Validate() error {
-	if !(o.SampleRatio >= 0 && o.SampleRatio <= 1) {
+	if !(o.SampleRatio >= 0 && o.SampleRatio <= 1) && o.SampleRatio != NeverSample {
 		return &FieldError{Field: "SampleRatio", Value: o.SampleRatio, Reason: "must be in [0, 1]"}
 	}
 	return nil
@@ -115,8 +122,11 @@ func Setup(ctx context.Context, o Options) (*Tracing, error) {
 		}
 	}
 	ratio := o.SampleRatio
-	if ratio == 0 {
+	switch ratio {
+	case 0:
 		ratio = 1
+	case NeverSample:
+		ratio = 0
 	}
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),

@@ -220,3 +220,50 @@ func TestTracedStoreForwardsReset(t *testing.T) {
 		t.Errorf("Reset of a store without one: %v, want ErrUnsupported", err)
 	}
 }
+
+// TestSampleRatioZeroValues: the zero SampleRatio samples every root span
+// (the default, 1), NeverSample none, and a sampled parent is followed
+// under either.
+func TestSampleRatioZeroValues(t *testing.T) {
+	parent := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled, Remote: true,
+	}))
+	for _, c := range []struct {
+		name      string
+		ratio     float64
+		root, sub int // spans exported for a root call and for one under a sampled parent
+	}{
+		{"zero is the default 1", 0, 1, 1},
+		{"NeverSample", NeverSample, 0, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			exp := tracetest.NewInMemoryExporter()
+			tr, err := Setup(context.Background(), Options{Enabled: true, Exporter: exp, SampleRatio: c.ratio})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Shutdown(context.Background()) //nolint:errcheck
+			st := tr.Store(fakeStore{})
+			hits := []algo.Hit{{Key: "k", Cost: 1}}
+			count := func(ctx context.Context) int {
+				exp.Reset()
+				if _, err := st.Take(ctx, hits); err != nil {
+					t.Fatal(err)
+				}
+				if err := tr.sdk.ForceFlush(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				return len(exp.GetSpans())
+			}
+			if n := count(context.Background()); n != c.root {
+				t.Errorf("root call exported %d spans, want %d", n, c.root)
+			}
+			if n := count(parent); n != c.sub {
+				t.Errorf("call under a sampled parent exported %d spans, want %d", n, c.sub)
+			}
+		})
+	}
+	if err := (Options{SampleRatio: -0.5}).Validate(); err == nil {
+		t.Error("SampleRatio -0.5 accepted")
+	}
+}
