@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"sync"
 	"testing"
 	"time"
 )
@@ -14,11 +13,7 @@ import (
 // A batcher with liveAddr follows its node only.
 func TestLivenessStallIsPerNode(t *testing.T) {
 	const timeout = 20 * time.Millisecond
-	l := newLiveness(nil, false)
-	var mu sync.Mutex
-	now := l.epoch.Add(time.Second) // a stamp of 0 means "none pending"
-	l.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	wait := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	l, wait := manualLiveness()
 	const frozen, live = "10.0.0.1:6379", "10.0.0.2:6379"
 	batcherOf := func(addr string) func() bool {
 		b := newBatcher(nil, 1, timeout, time.Second, 0)

@@ -36,13 +36,9 @@ func tcpPair(t *testing.T) (client *net.TCPConn, server net.Conn) {
 // until a byte arrives on any socket. The batcher's stalledLocked follows.
 func TestLivenessStallIsPerSocketAndKernelBased(t *testing.T) {
 	const timeout = 20 * time.Millisecond
-	l := newLiveness(nil, false)
 	// The stamps are read on a clock the test moves: "a timeout later" is
 	// exact, whatever the speed of the host.
-	var mu sync.Mutex
-	now := l.epoch.Add(time.Second) // a stamp of 0 means "none pending"
-	l.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	wait := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	l, wait := manualLiveness()
 	b := newBatcher(nil, 1, timeout, time.Second, 0)
 	b.live = l
 	stalled := func() bool {
@@ -124,4 +120,15 @@ func TestLivenessStallIsPerSocketAndKernelBased(t *testing.T) {
 	if stalled() {
 		t.Error("stalled after a byte arrived on another socket")
 	}
+}
+
+// manualLiveness is a liveness whose stamps are read on a clock that only
+// wait moves (it starts 1 s after the epoch: a stamp of 0 means "none
+// pending").
+func manualLiveness() (*liveness, func(time.Duration)) {
+	l := newLiveness(nil, false)
+	var mu sync.Mutex
+	now := l.epoch.Add(time.Second)
+	l.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	return l, func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
 }
