@@ -26,11 +26,18 @@ func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.
 		s.m.backendErrors.WithLabelValues(causeCanceled).Inc()
 		return false, true
 	}
-	all := make([]int, len(hits))
-	for i := range all {
-		all[i] = i
+	var failed []int
+	var pf PartialFailure
+	if d, f := partialOf(err, &pf); len(d) == len(hits) {
+		copy(decs, d) // the decided hits; fail fills the failed ones
+		failed = f
+	} else {
+		failed = make([]int, len(hits))
+		for i := range failed {
+			failed[i] = i
+		}
 	}
-	s.fail(ctx, err, hits, specs, all, decs, outs)
+	s.fail(ctx, err, hits, specs, failed, decs, outs)
 	if c := causeOf(err); c == causeDeadline || c == causeTimeout {
 		for h, o := range outs {
 			undecided = undecided || (o == byFailedOpen && !hits[h].Release)
@@ -115,3 +122,19 @@ func (s *Service) fail(ctx context.Context, err error, hits []algo.Hit, specs []
 }
 
 const errNoFallback = storeError("service: failure_mode local without a fallback store")
+
+// partialOf returns the decisions and failed indexes of err when its chain
+// holds a PartialFailure whose indexes are all valid for its decisions,
+// else nil.
+func partialOf(err error, pf *PartialFailure) ([]algo.Decision, []int) {
+	if !errors.As(err, pf) {
+		return nil, nil
+	}
+	d, f := (*pf).Decided()
+	for _, i := range f {
+		if i < 0 || i >= len(d) {
+			return nil, nil
+		}
+	}
+	return d, f
+}

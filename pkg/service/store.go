@@ -80,6 +80,20 @@ type Causer interface {
 	Cause() string
 }
 
+// PartialFailure is implemented by a Store error for a request the Store
+// decided in parts (Redis Cluster: one script call per hash slot) when
+// some parts failed and another part denied the request, which decides it
+// whatever the failed parts would have said (all-or-nothing). The service
+// answers the decided hits and applies the failure modes to the failed
+// ones only, so the request stays denied; a Store error without it fails
+// every hit of the request. The Redis store returns a *causes.Partial.
+type PartialFailure interface {
+	error
+	// Decided returns one decision per hit of the request (those at the
+	// failed indexes are not used) and the failed hits' indexes.
+	Decided() (decisions []algo.Decision, failed []int)
+}
+
 // Healther is optionally implemented by a Store that can report whether its
 // backend is currently reachable (for /healthcheck and gRPC health).
 type Healther interface {

@@ -14,6 +14,8 @@ import (
 	"net"
 	"os"
 	"syscall"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // The cause labels both backends use; each backend documents when it
@@ -119,3 +121,26 @@ func Wrap[E error](err error, classify func(error) (cause string, outage bool), 
 	cause, outage := classify(err)
 	return wrap(cause, outage, err)
 }
+
+// Partial is a backend's error for a request whose hits it decided in
+// parts (Redis Cluster: one script call per hash slot) when some parts
+// failed and another part denied the request: the request is denied
+// whatever the failed parts would have said (all-or-nothing), so its
+// decided hits are answered and only the failed ones are a failure.
+// Decisions has one entry per hit of the request (the zero Decision for a
+// failed hit), Failed the indexes of the failed hits, ascending; Err is
+// the failed parts' error (errors.Join of them), with their causes.
+type Partial struct {
+	Decisions []algo.Decision // one per hit of the request, in order
+	Failed    []int           // indexes into Decisions of the failed hits
+	Err       error           // the failed parts' error
+}
+
+// Error returns Err's message.
+func (p *Partial) Error() string { return p.Err.Error() }
+
+// Unwrap returns Err, so that errors.As finds the failed parts' causes.
+func (p *Partial) Unwrap() error { return p.Err }
+
+// Decided returns Decisions and Failed (service.PartialFailure).
+func (p *Partial) Decided() ([]algo.Decision, []int) { return p.Decisions, p.Failed }

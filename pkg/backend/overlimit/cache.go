@@ -7,11 +7,13 @@ package overlimit
 import (
 	"container/list"
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/causes"
 )
 
 // Cache is the optional local over-limit cache: a bounded LRU of
@@ -202,7 +204,9 @@ type TakeFunc func(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error
 //
 // The denials take returns are remembered (see remember). now is the
 // clock (read once before the lookups and once after take). On a nil
-// Cache, Take is take. Errors are take's, unchanged.
+// Cache, Take is take. Errors are take's, unchanged, except that a
+// *causes.Partial of the hits sent to take is given for the whole request
+// (its decisions and failed indexes placed at the request's positions).
 func (c *Cache) Take(ctx context.Context, hits []algo.Hit, now func() time.Time, take TakeFunc) ([]algo.Decision, error) {
 	if c == nil || len(hits) == 0 {
 		return take(ctx, hits)
@@ -224,7 +228,7 @@ func (c *Cache) Take(ctx context.Context, hits []algo.Hit, now func() time.Time,
 		}
 		subOut, err := c.takeAndRemember(ctx, sub, now, take)
 		if err != nil {
-			return nil, err
+			return nil, remapPartial(err, rest, out)
 		}
 		for j, i := range rest {
 			out[i] = subOut[j]
@@ -316,4 +320,22 @@ func (c *Cache) remember(hits []algo.Hit, out []algo.Decision, now time.Time) {
 			},
 		})
 	}
+}
+
+// remapPartial is err, or, when err is a *causes.Partial of the hits at
+// the positions rest of a request whose other decisions are in out, the
+// same Partial for the whole request.
+func remapPartial(err error, rest []int, out []algo.Decision) error {
+	var p *causes.Partial
+	if !errors.As(err, &p) || len(p.Decisions) != len(rest) {
+		return err
+	}
+	whole := &causes.Partial{Decisions: out, Failed: make([]int, len(p.Failed)), Err: p.Err}
+	for j, i := range rest {
+		out[i] = p.Decisions[j]
+	}
+	for k, j := range p.Failed {
+		whole.Failed[k] = rest[j]
+	}
+	return whole
 }

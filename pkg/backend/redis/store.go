@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/causes"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 )
 
@@ -473,6 +475,13 @@ func (g *group) denied() bool {
 	return false
 }
 
+// takeCluster decides hits on a Cluster: one script call per hash slot
+// group, in parallel, all-or-nothing across groups by compensating
+// refunds. It returns the groups' joined errors when some failed and none
+// denied; when some failed and another denied, the request is denied
+// whatever the failed ones would have said, and it returns a
+// *causes.Partial with the decided hits' decisions and the failed hits'
+// indexes.
 func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	start := time.Now()
 	bySlot := make(map[uint16]*group, 2)
@@ -513,15 +522,30 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 		}
 	}
 	if denied || len(errs) > 0 {
-		s.compensate(ctx, s.batch.epoch.Add(time.Duration(s.batch.budget(ctx, int64(start.Sub(s.batch.epoch))))), groups, len(errs) > 0)
+		// A denial decides the request whatever the failed groups would
+		// have said, so then the refunds' decisions are waited for as
+		// for any denial; a failure without a denial uses none.
+		s.compensate(ctx, s.batch.epoch.Add(time.Duration(s.batch.budget(ctx, int64(start.Sub(s.batch.epoch))))), groups, !denied)
 	}
-	if len(errs) > 0 {
+	if len(errs) > 0 && !denied {
 		return errors.Join(errs...)
 	}
+	var failed []int
 	for _, g := range groups {
+		if g.err != nil {
+			failed = append(failed, g.idx...)
+			continue
+		}
 		for j, i := range g.idx {
 			out[i] = g.out[j]
 		}
+	}
+	if len(errs) > 0 {
+		// Denied by a live master while another failed: the decided
+		// hits are answered, the failed ones get their failure modes
+		// (service.PartialFailure), and the request stays denied.
+		slices.Sort(failed)
+		return &causes.Partial{Decisions: out, Failed: failed, Err: errors.Join(errs...)}
 	}
 	return nil
 }
