@@ -70,7 +70,7 @@ func TestHealthWaitsForWarmBackend(t *testing.T) {
 	if err != nil || fmt.Sprint(ex) != "[1 1]" {
 		t.Errorf("SERVING before both scripts were loaded: SCRIPT EXISTS %v %v", ex, err)
 	}
-	if countLogs(t, p, "backend warm", nil) != 1 {
+	if logCount(t, p, "backend warm", nil, 1) != 1 {
 		t.Errorf("warm-up not logged\n%s", p.Logs())
 	}
 	if got := health(t, cc, "ratelimitd.backend"); got != healthpb.HealthCheckResponse_SERVING {
@@ -91,7 +91,7 @@ func TestHealthWaitsForWarmBackend(t *testing.T) {
 		t.Errorf("health %v while warming up against a dead Redis, want NOT_SERVING", got)
 	}
 	q.waitServing(t, qc, "")
-	if countLogs(t, q, "backend warm-up did not finish", nil) != 1 {
+	if logCount(t, q, "backend warm-up did not finish", nil, 1) != 1 {
 		t.Errorf("the warm-up bound was not logged\n%s", q.Logs())
 	}
 	if got := health(t, qc, "ratelimitd.backend"); got != healthpb.HealthCheckResponse_NOT_SERVING {
@@ -105,7 +105,7 @@ func TestHealthWaitsForWarmBackend(t *testing.T) {
 		}
 		return ""
 	})
-	if n := countLogs(t, q, "backend healthy", nil); n != 1 {
+	if n := logCount(t, q, "backend healthy", nil, 1); n != 1 {
 		t.Errorf("%d 'backend healthy' lines after Redis started, want 1\n%s", n, q.Logs())
 	}
 }

@@ -61,6 +61,18 @@ func countLogs(t testing.TB, p *proc, msgPrefix string, attrs map[string]any) in
 	return n
 }
 
+// logCount is countLogs once at least want records match, or after 20 s:
+// a line the process wrote before a state the test observed (health,
+// an answer) can reach the log reader after it.
+func logCount(t testing.TB, p *proc, msgPrefix string, attrs map[string]any, want int) int {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if n := countLogs(t, p, msgPrefix, attrs); n >= want || time.Now().After(deadline) {
+			return n
+		}
+	}
+}
+
 // SIGHUP reloads the config and the process keeps running.
 func TestSIGHUPReloads(t *testing.T) {
 	dir := t.TempDir()
@@ -78,10 +90,10 @@ func TestSIGHUPReloads(t *testing.T) {
 		}
 		return ""
 	})
-	if countLogs(t, p, "SIGHUP: reloading config", nil) != 1 {
+	if logCount(t, p, "SIGHUP: reloading config", nil, 1) != 1 {
 		t.Errorf("SIGHUP not logged\n%s", p.Logs())
 	}
-	if countLogs(t, p, "config loaded", map[string]any{"first": true}) != 1 {
+	if logCount(t, p, "config loaded", map[string]any{"first": true}, 1) != 1 {
 		t.Errorf("want exactly one first=true load\n%s", p.Logs())
 	}
 	select {
@@ -104,7 +116,7 @@ func TestEmptyConfig(t *testing.T) {
 	cc := p.dial(t)
 	p.waitServing(t, cc, "")
 	want := "no rate-limit domains loaded from " + dir
-	if countLogs(t, p, want, map[string]any{"level": "WARN"}) != 1 {
+	if logCount(t, p, want, map[string]any{"level": "WARN"}, 1) != 1 {
 		t.Errorf("no WARN %q\n%s", want, p.Logs())
 	}
 	if resp := call(t, cc, "e2e", desc("k", "x")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit() != nil {
@@ -130,7 +142,7 @@ func TestEmptyConfig(t *testing.T) {
 		}
 		return ""
 	})
-	if n := countLogs(t, p, want, map[string]any{"level": "WARN"}); n != 2 {
+	if n := logCount(t, p, want, map[string]any{"level": "WARN"}, 2); n != 2 {
 		t.Errorf("%d empty-config warnings, want 2\n%s", n, p.Logs())
 	}
 	if got := health(t, cc, ""); got != healthpb.HealthCheckResponse_SERVING {
@@ -175,7 +187,7 @@ func TestFirstLoadLogging(t *testing.T) {
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
 	cc := p.dial(t)
 	p.waitServing(t, cc, "")
-	if n := countLogs(t, p, "config loaded", map[string]any{"first": true}); n != 1 {
+	if n := logCount(t, p, "config loaded", map[string]any{"first": true}, 1); n != 1 {
 		t.Errorf("%d first=true loads, want 1\n%s", n, p.Logs())
 	}
 }
