@@ -103,7 +103,8 @@ func burst(s *redis.Store, keys []string, l algo.Limit, callers int, deadline ti
 // callers > limit on each key admits exactly the limit, and no call gets
 // an outage error (circuit open, stalled, timeout). With the 20 ms
 // deadline a loaded host may leave calls undecided in time (cause
-// deadline, shed by the service, and possibly counted): then the count is
+// deadline, or timeout when no byte came back in time: shed by the service,
+// never admitted, possibly counted): then the count is
 // bounded on both sides instead. Once the master is back, the health
 // probe alone closes its circuit, the Store is healthy, and its keys are
 // counted again.
@@ -195,9 +196,23 @@ func TestClusterMasterKilledFrozenOthersCounted(t *testing.T) {
 						c := got[k]
 						t.Logf("%s, %s, deadline %v, key %s (slot %d): allowed %d, denied %d, errors %v",
 							fault, phase, dl, k, redis.Slot(k), c.allowed, c.denied, c.causes)
-						undecided := c.causes[redis.CauseDeadline]
+						// Under a 20 ms caller deadline a loaded host (a -race
+						// build next to other test packages) may not see the
+						// live master answer in time: such calls are shed
+						// (deadline, or timeout when no byte came back), never
+						// admitted, and count as undecided. A circuit_open or
+						// refused on a live master's key is the bug, always.
+						shed := func(cause string) bool {
+							return dl > 0 && (cause == redis.CauseDeadline || cause == redis.CauseTimeout)
+						}
+						undecided := 0
+						for cause, n := range c.causes {
+							if shed(cause) {
+								undecided += n
+							}
+						}
 						for _, cause := range slices.Sorted(maps.Keys(c.causes)) {
-							if cause != redis.CauseDeadline || dl == 0 {
+							if !shed(cause) {
 								t.Errorf("%s, deadline %v, key %s on a live master: %d calls failed with cause %q", phase, dl, k, c.causes[cause], cause)
 							}
 						}
