@@ -27,8 +27,7 @@ func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.
 		return false, true
 	}
 	var failed []int
-	var pf PartialFailure
-	if d, f := partialOf(err, &pf); len(d) == len(hits) {
+	if d, f := partialOf(err); len(d) == len(hits) {
 		copy(decs, d) // the decided hits; fail fills the failed ones
 		failed = f
 	} else {
@@ -126,11 +125,12 @@ const errNoFallback = storeError("service: failure_mode local without a fallback
 // partialOf returns the decisions and failed indexes of err when its chain
 // holds a PartialFailure whose indexes are all valid for its decisions,
 // else nil.
-func partialOf(err error, pf *PartialFailure) ([]algo.Decision, []int) {
-	if !errors.As(err, pf) {
+func partialOf(err error) ([]algo.Decision, []int) {
+	var pf PartialFailure
+	if !errors.As(err, &pf) {
 		return nil, nil
 	}
-	d, f := (*pf).Decided()
+	d, f := pf.Decided()
 	for _, i := range f {
 		if i < 0 || i >= len(d) {
 			return nil, nil

@@ -2,7 +2,6 @@ package service_test
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -112,7 +111,6 @@ func (e causeErr) Cause() string { return e.cause }
 var errDown = causeErr{"refused"}
 
 var _ service.Causer = causeErr{}
-var _ = errors.New
 
 // env is one service behind a bufconn gRPC server.
 type env struct {
