@@ -170,7 +170,9 @@ type Match struct {
 	// when the override applies no limit.
 	Rule *Rule
 	// MetricKey is the stat key for this match (Rule.Path, or with
-	// detailed_metric / value_to_metric the request-value form). It may
+	// detailed_metric / value_to_metric the request-value form; for a
+	// request limit override, envoyproxy/ratelimit's key of the request
+	// entries). It may
 	// carry request values: only use it as a label under a cardinality cap.
 	MetricKey string
 	// Release is true when the request descriptor is a concurrency lease
