@@ -56,7 +56,7 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 	if v, ok := lookup("RATELIMITD_MODE"); ok {
 		modeDefault = strings.TrimSpace(v)
 	}
-	mode := fs.String("mode", modeDefault, "auto, reference or native, as serve resolves it; reference mode loads as envoyproxy/ratelimit does (with no PATH its config directory, dot files unless RUNTIME_IGNOREDOTFILES=true, a file named twice twice)")
+	mode := fs.String("mode", modeDefault, "auto, reference or native, as serve resolves it; reference mode loads as envoyproxy/ratelimit does (with no PATH its config directory, dot files unless RUNTIME_IGNOREDOTFILES=true, a file named twice loaded twice)")
 	printUsage := func() {
 		fmt.Fprintf(stderr, "Usage: ratelimitd validate [--strict] [--explain] PATH...\n       ratelimitd validate [flags]   (reference mode: the directory serve loads)\n\nExit status: 0 valid, 1 invalid, 2 usage error.\n\nFlags:\n")
 		fs.SetOutput(stderr)
