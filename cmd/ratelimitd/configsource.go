@@ -17,9 +17,12 @@ func (s *server) newConfigSource() error {
 	s.loadOpts = policy.LoadOptions{
 		MergeDomains:   o.MergeDomains,
 		IgnoreDotFiles: o.IgnoreDotfiles,
-		Keys:           policy.KeyOptions{Prefix: o.KeyPrefix, ClearText: o.KeyValues == "clear"},
-		MaxRules:       o.MaxConfigRules,
-		MaxBytes:       o.MaxConfigBytes,
+		// Reference mode loads a file as often as the config paths
+		// name it, as envoyproxy/ratelimit does.
+		RepeatPaths: o.Reference,
+		Keys:        policy.KeyOptions{Prefix: o.KeyPrefix, ClearText: o.KeyValues == "clear"},
+		MaxRules:    o.MaxConfigRules,
+		MaxBytes:    o.MaxConfigBytes,
 	}
 	if al, ok := s.store.(service.AlgorithmLister); ok {
 		// A limit of an algorithm the backend does not decide is refused

@@ -156,18 +156,9 @@ func (l *legacyEnv) listeners(o *Options) {
 // TRACING_EXPORTER_PROTOCOL.
 func (l *legacyEnv) config(o *Options) {
 	// Config location: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
-	root, rok := l.get("RUNTIME_ROOT")
-	sub, sok := l.get("RUNTIME_SUBDIRECTORY")
-	app, aok := l.get("RUNTIME_APPDIRECTORY")
-	if rok || sok || aok {
+	if dir, ok := legacyConfigDir(l.get); ok {
 		o.legacySeen.configDir = true
-		if root == "" {
-			root = "/srv/runtime_data/current"
-		}
-		if app == "" {
-			app = "config"
-		}
-		o.Config = []string{filepath.Join(root, sub, app)}
+		o.Config = []string{dir}
 	}
 
 	// Tracing: OTLP over gRPC only (TRACING_EXPORTER_PROTOCOL=http is not).
@@ -185,6 +176,26 @@ func (l *legacyEnv) config(o *Options) {
 		}
 	}
 	legacyXDS(o, l.get)
+}
+
+// legacyConfigDir is envoyproxy/ratelimit's config directory,
+// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY (defaults
+// /srv/runtime_data/current, "" and config); ok is false when none of the
+// three is set.
+func legacyConfigDir(get func(string) (string, bool)) (dir string, ok bool) {
+	root, rok := get("RUNTIME_ROOT")
+	sub, sok := get("RUNTIME_SUBDIRECTORY")
+	app, aok := get("RUNTIME_APPDIRECTORY")
+	if !rok && !sok && !aok {
+		return "", false
+	}
+	if root == "" {
+		root = "/srv/runtime_data/current"
+	}
+	if app == "" {
+		app = "config"
+	}
+	return filepath.Join(root, sub, app), true
 }
 
 // backend maps BACKEND_TYPE, the Redis location (legacyRedis),

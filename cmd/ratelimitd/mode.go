@@ -63,6 +63,18 @@ type legacySeen struct {
 	resetName   bool // LIMIT_RESET_HEADER
 }
 
+// referenceVarsSet returns the referenceTriggers that are set, in
+// their order.
+func referenceVarsSet(lookup func(string) (string, bool)) []string {
+	var set []string
+	for _, n := range referenceTriggers {
+		if _, ok := lookup(n); ok {
+			set = append(set, n)
+		}
+	}
+	return set
+}
+
 // invokedAsReference reports whether argv0 is envoyproxy/ratelimit's
 // binary name (a symlink or copy named ratelimit).
 func invokedAsReference(argv0 string) bool {
@@ -92,12 +104,7 @@ func resolveMode(o *Options, explicit map[string]bool, asRef bool, lookup func(s
 	case modeNative:
 		o.Reference, o.modeReason = false, from+"=native"
 	case modeAuto:
-		var set []string
-		for _, n := range referenceTriggers {
-			if _, ok := lookup(n); ok {
-				set = append(set, n)
-			}
-		}
+		set := referenceVarsSet(lookup)
 		switch {
 		case explicit["config"] || explicit["config-source"]:
 			o.modeReason = "--config or --config-source (or their RATELIMITD_* twins) given"
@@ -138,7 +145,11 @@ func resolveMode(o *Options, explicit map[string]bool, asRef bool, lookup func(s
 //     reference's memcache client keeps);
 //   - the config directory /srv/runtime_data/current/config and a Redis
 //     backend at /var/run/nutcracker/ratelimit.sock when no variable
-//     names them (the reference's defaults).
+//     names them (the reference's defaults);
+//   - config files loaded as the reference loads them: dot files and
+//     directories too unless RUNTIME_IGNOREDOTFILES=true (its default is
+//     false), and a file as often as the config paths name it
+//     (policy.LoadOptions.RepeatPaths, set in newConfigSource).
 func (o *Options) applyReferenceDefaults(explicit map[string]bool, lookup func(string) (string, bool)) error {
 	seen := o.legacySeen
 	if !explicit["headers"] && !seen.headersFlag {
@@ -183,6 +194,7 @@ func (o *Options) applyReferenceDefaults(explicit map[string]bool, lookup func(s
 	if !explicit["config"] && !seen.configDir {
 		o.Config = []string{referenceConfigDir}
 	}
+	o.IgnoreDotfiles = referenceIgnoreDotfiles(o.IgnoreDotfiles, explicit["ignore-dotfiles"] || o.fromEnv["ignore-dotfiles"] != "")
 	// The reference's memcache client keeps gomemcache's default timeout.
 	if !explicit["memcache-timeout"] {
 		o.MemcacheTimeout = referenceMemcacheTimeout
@@ -196,6 +208,15 @@ func (o *Options) applyReferenceDefaults(explicit map[string]bool, lookup func(s
 		}
 	}
 	return nil
+}
+
+// referenceIgnoreDotfiles is --ignore-dotfiles in reference mode: set
+// (by the flag, its twin or RUNTIME_IGNOREDOTFILES) it is v, else the
+// reference's default, false. A Kubernetes ConfigMap volume then loads
+// every file twice (its ..<timestamp> directory), a duplicate domain or
+// key, exactly as the reference refuses it.
+func referenceIgnoreDotfiles(v, set bool) bool {
+	return set && v
 }
 
 // modeLog returns the startup log message and attributes that say which

@@ -12,7 +12,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
-// validate implements `ratelimitd validate [--strict] [--explain] PATH...`:
+// validate implements `ratelimitd validate [--strict] [--explain] [PATH...]`:
 // it loads the paths as serve would, prints every error (each starting with
 // file:line) and every warning, and with --explain the compiled rules.
 // Exit 0 valid, 1 invalid (or warnings with --strict), 2 usage error.
@@ -23,6 +23,14 @@ import (
 // --backend (RATELIMITD_BACKEND, BACKEND_TYPE) checks the algorithms as
 // serve would with that backend: with memcache, a limit of an algorithm
 // other than fixed_window is an error.
+//
+// The mode is the one serve would be in with this environment (--mode,
+// RATELIMITD_MODE, envoyproxy/ratelimit's variables; PATHs do not count
+// as --config). In reference mode the load is the reference's: with no
+// PATH, the directory serve loads (RUNTIME_ROOT, RUNTIME_SUBDIRECTORY,
+// RUNTIME_APPDIRECTORY, or RATELIMITD_CONFIG); dot files loaded unless
+// RUNTIME_IGNOREDOTFILES=true (or --ignore-dotfiles); a file loaded as
+// often as the paths name it.
 func validate(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ratelimitd validate", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are printed once below, usage only for -h
@@ -43,9 +51,14 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 	backend := fs.String("backend", envBackend(lookup), "check the config against this backend's algorithms: memory, redis or memcache")
 	maxRules := fs.Int("max-config-rules", int(rulesDefault), "most rules the config may hold, as serve enforces it (0 = no limit)")
 	maxBytes := fs.Int64("max-config-bytes", bytesDefault, "most bytes the config files may hold together, as serve enforces it (0 = no limit)")
-	dot := fs.Bool("ignore-dotfiles", dotDefault, "skip config files and directories whose name starts with a dot (Kubernetes ConfigMap ..data); --ignore-dotfiles=false loads them")
+	dot := fs.Bool("ignore-dotfiles", dotDefault, "skip config files and directories whose name starts with a dot (Kubernetes ConfigMap ..data); --ignore-dotfiles=false loads them (reference mode's default unless RUNTIME_IGNOREDOTFILES=true)")
+	modeDefault := modeAuto
+	if v, ok := lookup("RATELIMITD_MODE"); ok {
+		modeDefault = strings.TrimSpace(v)
+	}
+	mode := fs.String("mode", modeDefault, "auto, reference or native, as serve resolves it; reference mode loads as envoyproxy/ratelimit does (with no PATH its config directory, dot files unless RUNTIME_IGNOREDOTFILES=true, a file named twice loaded twice)")
 	printUsage := func() {
-		fmt.Fprintf(stderr, "Usage: ratelimitd validate [--strict] [--explain] PATH...\n\nExit status: 0 valid, 1 invalid, 2 usage error.\n\nFlags:\n")
+		fmt.Fprintf(stderr, "Usage: ratelimitd validate [--strict] [--explain] PATH...\n       ratelimitd validate [flags]   (reference mode: the directory serve loads)\n\nExit status: 0 valid, 1 invalid, 2 usage error.\n\nFlags:\n")
 		fs.SetOutput(stderr)
 		fs.PrintDefaults()
 	}
@@ -62,11 +75,37 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 		fmt.Fprintf(stderr, "ratelimitd validate: %v\nRun 'ratelimitd validate -h' for the flags.\n", err)
 		return 2
 	}
-	if fs.NArg() == 0 {
+	ref, reason, err := validateMode(*mode, lookup)
+	if err != nil {
+		fmt.Fprintf(stderr, "ratelimitd validate: %v\n", err)
+		return 2
+	}
+	paths := fs.Args()
+	lo := policy.LoadOptions{MergeDomains: *merge, IgnoreDotFiles: *dot, MaxRules: *maxRules, MaxBytes: *maxBytes}
+	if ref {
+		dotSet := false
+		fs.Visit(func(f *flag.Flag) { dotSet = dotSet || f.Name == "ignore-dotfiles" })
+		if _, ok := lookup("RATELIMITD_IGNORE_DOTFILES"); ok {
+			dotSet = true
+		}
+		if v, ok := lookup("RUNTIME_IGNOREDOTFILES"); ok && strings.TrimSpace(v) != "" {
+			dotSet = true
+		}
+		lo.IgnoreDotFiles = referenceIgnoreDotfiles(*dot, dotSet)
+		lo.RepeatPaths = true
+		if len(paths) == 0 {
+			if paths, err = referenceConfigPaths(lookup); err != nil {
+				fmt.Fprintf(stderr, "ratelimitd validate: %v\n", err)
+				return 2
+			}
+		}
+		fmt.Fprintf(stderr, "reference mode (%s): loading %s as envoyproxy/ratelimit does (dot files %s, a file named twice loaded twice)\n",
+			reason, strings.Join(paths, ", "), map[bool]string{true: "skipped", false: "loaded"}[lo.IgnoreDotFiles])
+	}
+	if len(paths) == 0 {
 		printUsage()
 		return 2
 	}
-	lo := policy.LoadOptions{MergeDomains: *merge, IgnoreDotFiles: *dot, MaxRules: *maxRules, MaxBytes: *maxBytes}
 	switch b := strings.ToLower(strings.TrimSpace(*backend)); b {
 	case "", "memory", "redis":
 	case "memcache", "memcached":
@@ -75,7 +114,7 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 		fmt.Fprintf(stderr, "ratelimitd validate: --backend=%q: want one of memory, redis, memcache\n", *backend)
 		return 2
 	}
-	set, warnings, err := policy.Load(lo, fs.Args()...)
+	set, warnings, err := policy.Load(lo, paths...)
 	for _, w := range warnings {
 		fmt.Fprintln(stdout, w.String())
 	}
@@ -102,6 +141,64 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 	}
 	fmt.Fprintf(stderr, "ok: %d domain(s), %d rule(s), %d warning(s)\n", len(set.Domains()), len(set.Rules()), len(warnings))
 	return 0
+}
+
+// validateMode is the mode serve would resolve from the environment for
+// `validate --mode=mode` (serve's rule without --config: PATHs are not
+// --config), and why.
+func validateMode(mode string, lookup func(string) (string, bool)) (ref bool, reason string, err error) {
+	switch mode {
+	case modeReference:
+		return true, "--mode=reference", nil
+	case modeNative:
+		return false, "--mode=native", nil
+	case modeAuto:
+		for _, n := range []string{"RATELIMITD_CONFIG", "RATELIMITD_CONFIG_SOURCE"} {
+			if _, ok := lookup(n); ok {
+				return false, n + " given", nil
+			}
+		}
+		if set := referenceVarsSet(lookup); len(set) > 0 {
+			return true, "envoyproxy/ratelimit variables set: " + strings.Join(set, ", "), nil
+		}
+		return false, "no envoyproxy/ratelimit variable set", nil
+	}
+	return false, "", fmt.Errorf("--mode=%q: want one of auto, reference, native", mode)
+}
+
+// referenceConfigPaths are the config paths serve loads in reference
+// mode: RATELIMITD_CONFIG, else RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
+// RUNTIME_APPDIRECTORY (referenceConfigDir when none is set). A config
+// from xDS (RATELIMITD_CONFIG_SOURCE=xds, CONFIG_TYPE=GRPC_XDS_SOTW) has
+// no path to check.
+func referenceConfigPaths(lookup func(string) (string, bool)) ([]string, error) {
+	get := func(n string) (string, bool) { v, ok := lookup(n); return strings.TrimSpace(v), ok }
+	source := ""
+	if v, ok := get("CONFIG_TYPE"); ok && strings.EqualFold(v, "GRPC_XDS_SOTW") {
+		source = "CONFIG_TYPE=" + v
+	}
+	if v, ok := get("RATELIMITD_CONFIG_SOURCE"); ok {
+		source = ""
+		if strings.EqualFold(v, "xds") {
+			source = "RATELIMITD_CONFIG_SOURCE=" + v
+		}
+	}
+	if source != "" {
+		return nil, fmt.Errorf("the config comes from xDS (%s): give the PATHs of the files to check", source)
+	}
+	if v, ok := get("RATELIMITD_CONFIG"); ok && v != "" {
+		var paths []string
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				paths = append(paths, p)
+			}
+		}
+		return paths, nil
+	}
+	if dir, ok := legacyConfigDir(get); ok {
+		return []string{dir}, nil
+	}
+	return []string{referenceConfigDir}, nil
 }
 
 // interleave lets flags follow paths (`validate dir --strict`): the flag

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -155,7 +157,8 @@ func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // configRoot lays out a RUNTIME_ROOT with RUNTIME_SUBDIRECTORY=ratelimit:
 // the reference's integration configs, copied from its module, and
-// extra files (name → YAML). It returns the RUNTIME_ROOT.
+// extra files (name → YAML; a name may hold '/' for a file in a
+// subdirectory). It returns the RUNTIME_ROOT.
 func configRoot(t *testing.T, src string, extra map[string]string) string {
 	t.Helper()
 	root := filepath.Join(t.TempDir(), "current")
@@ -186,7 +189,11 @@ func configRoot(t *testing.T, src string, extra map[string]string) string {
 		t.Fatalf("no YAML files in %s", from)
 	}
 	for name, y := range extra {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(y), 0o644); err != nil {
+		f := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte(y), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -208,10 +215,16 @@ func (p *proc) Write(b []byte) (int, error) { p.mu.Lock(); defer p.mu.Unlock(); 
 
 func (p *proc) Logs() string { p.mu.Lock(); defer p.mu.Unlock(); return p.logs.String() }
 
+// noConfigMessage is the reference's (and reference mode's) error for a
+// call while no config is in force.
+const noConfigMessage = "no rate limit configuration loaded"
+
 // startProc runs argv with env (no other variable) and waits until it
 // answers ShouldRateLimit (a request for a domain no config has, which
-// counts nothing). It is stopped at cleanup.
-func startProc(t *testing.T, name string, argv, env []string, grpcPort string) *proc {
+// counts nothing). With failedLoad set, it is also ready when it answers
+// noConfigMessage after logging failedLoad (its first config load was
+// refused). It is stopped at cleanup.
+func startProc(t *testing.T, name string, argv, env []string, grpcPort, failedLoad string) *proc {
 	t.Helper()
 	p := &proc{name: name, cmd: exec.Command(argv[0], argv[1:]...), done: make(chan struct{})}
 	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
@@ -249,6 +262,9 @@ func startProc(t *testing.T, name string, argv, env []string, grpcPort string) *
 		if err == nil {
 			return p
 		}
+		if failedLoad != "" && status.Convert(err).Message() == noConfigMessage && strings.Contains(p.Logs(), failedLoad) {
+			return p
+		}
 		select {
 		case <-p.done:
 			t.Fatalf("%s exited during startup: %v\n%s", name, p.cmd.ProcessState, p.Logs())
@@ -273,6 +289,24 @@ type pair struct {
 	// differences are the documented differences applied to every
 	// answer of this pair before comparing.
 	differences []difference
+	// env is the environment both servers share (without listeners,
+	// key prefix and statsd); ourBin is ratelimitd's binary.
+	env    []string
+	ourBin string
+}
+
+// withEnv is base with env applied: NAME=value replaces or adds NAME, a
+// bare NAME removes it.
+func withEnv(base, env []string) []string {
+	out := append([]string{}, base...)
+	for _, kv := range env {
+		name, _, set := strings.Cut(kv, "=")
+		out = slices.DeleteFunc(out, func(e string) bool { return strings.HasPrefix(e, name+"=") })
+		if set {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // difference is a documented difference between ratelimitd and the pinned
@@ -287,6 +321,36 @@ type difference struct {
 // (RUNTIME_ROOT etc. are added) and the extra config files.
 func startPair(t *testing.T, env []string, extra map[string]string) *pair {
 	t.Helper()
+	return startPairWith(t, pairConfig{env: env, extra: extra})
+}
+
+// pairConfig is what startPairWith starts a pair with.
+type pairConfig struct {
+	// env is added to the environment both servers share; an entry
+	// without '=' removes that variable from it.
+	env []string
+	// extra are config files next to the reference's integration
+	// configs (configRoot).
+	extra map[string]string
+	// refSink and ourSink, when both are set, receive each server's
+	// statsd stats (USE_STATSD=true over UDP); else statsd is off.
+	refSink, ourSink *testproc.StatsdSink
+	// refusedConfig: the config is expected to be refused at startup;
+	// each server is ready once it logged the refusal (refFailedLoad,
+	// ourFailedLoad) and answers noConfigMessage.
+	refusedConfig bool
+}
+
+// The log lines of a refused first config load.
+const (
+	refFailedLoad = "Error loading new configuration"
+	ourFailedLoad = "config rejected; no config loaded yet"
+)
+
+// startPairWith starts the reference and ratelimitd as pc says.
+func startPairWith(t *testing.T, pc pairConfig) *pair {
+	t.Helper()
+	env, extra, refSink, ourSink := pc.env, pc.extra, pc.refSink, pc.ourSink
 	refBin, ourBin, src := builds(t)
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
@@ -297,10 +361,13 @@ func startPair(t *testing.T, env []string, extra map[string]string) *pair {
 		// Generous for a loaded host: a timed-out ratelimitd call would
 		// fail open where the reference waits.
 		"REDIS_TIMEOUT=5s",
-		"USE_STATSD=false", "LOG_LEVEL=info",
+		"LOG_LEVEL=info",
 	}
-	common = append(common, env...)
-	p := &pair{redis: srv, resetHeader: "RateLimit-Reset"}
+	if refSink == nil || ourSink == nil {
+		common = append(common, "USE_STATSD=false")
+	}
+	common = withEnv(common, env)
+	p := &pair{redis: srv, resetHeader: "RateLimit-Reset", env: common, ourBin: ourBin}
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "LIMIT_RESET_HEADER="); ok {
 			p.resetHeader = v
@@ -312,14 +379,32 @@ func startPair(t *testing.T, env []string, extra map[string]string) *pair {
 			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + ports[2], "CACHE_KEY_PREFIX=" + prefix}
 	}
 	re, oe := listen("refdiff_reference_"), listen("refdiff_ratelimitd_")
-	p.ref = startProc(t, "reference", []string{refBin}, append(append([]string{}, common...), re...), strings.TrimPrefix(re[1], "GRPC_PORT="))
+	if refSink != nil && ourSink != nil {
+		re = append(re, statsdEnv(t, refSink)...)
+		oe = append(oe, statsdEnv(t, ourSink)...)
+	}
+	refFailed, ourFailed := "", ""
+	if pc.refusedConfig {
+		refFailed, ourFailed = refFailedLoad, ourFailedLoad
+	}
+	p.ref = startProc(t, "reference", []string{refBin}, append(append([]string{}, common...), re...), strings.TrimPrefix(re[1], "GRPC_PORT="), refFailed)
 	// `ratelimitd serve` with nothing but the environment: the mode
 	// comes from the environment alone.
-	p.ours = startProc(t, "ratelimitd", []string{ourBin, "serve"}, append(append([]string{}, common...), oe...), strings.TrimPrefix(oe[1], "GRPC_PORT="))
+	p.ours = startProc(t, "ratelimitd", []string{ourBin, "serve"}, append(append([]string{}, common...), oe...), strings.TrimPrefix(oe[1], "GRPC_PORT="), ourFailed)
 	if !strings.Contains(p.ours.Logs(), "mode=reference") {
 		t.Fatalf("ratelimitd is not in reference mode with the reference's environment:\n%s", p.ours.Logs())
 	}
 	return p
+}
+
+// statsdEnv is the environment that sends a server's statsd stats to sink.
+func statsdEnv(t *testing.T, sink *testproc.StatsdSink) []string {
+	t.Helper()
+	host, port, err := net.SplitHostPort(sink.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{"USE_STATSD=true", "STATSD_PROTOCOL=udp", "STATSD_HOST=" + host, "STATSD_PORT=" + port}
 }
 
 // step is one ShouldRateLimit call, sent to both servers.

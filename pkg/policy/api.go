@@ -170,7 +170,9 @@ type Match struct {
 	// when the override applies no limit.
 	Rule *Rule
 	// MetricKey is the stat key for this match (Rule.Path, or with
-	// detailed_metric / value_to_metric the request-value form). It may
+	// detailed_metric / value_to_metric the request-value form; for a
+	// request limit override, envoyproxy/ratelimit's key of the request
+	// entries). It may
 	// carry request values: only use it as a label under a cardinality cap.
 	MetricKey string
 	// Release is true when the request descriptor is a concurrency lease
@@ -204,6 +206,12 @@ type LoadOptions struct {
 	// IgnoreDotFiles skips files and directories whose name starts with a
 	// dot (Kubernetes ConfigMap ..data and timestamped directories).
 	IgnoreDotFiles bool
+	// RepeatPaths loads a file as often as the paths name it (a path
+	// given twice, or a file and a directory holding it), as
+	// envoyproxy/ratelimit loads every file it is given: the repeat is
+	// then a duplicate domain, or with MergeDomains a duplicate key.
+	// False loads each file once.
+	RepeatPaths bool
 	// Keys shape the backend keys of the loaded Set ((*Set).Key); the
 	// zero value hashes values and adds no prefix.
 	Keys KeyOptions

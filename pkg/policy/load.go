@@ -168,13 +168,13 @@ func isYAML(name string) bool {
 }
 
 // collectFiles expands paths into the list of files to load, in order,
-// without duplicates.
+// without duplicates unless opts.RepeatPaths.
 func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 	var out []string
 	seen := map[string]bool{}
 	addFile := func(p string) {
 		c := filepath.Clean(p)
-		if !seen[c] {
+		if !seen[c] || opts.RepeatPaths {
 			seen[c] = true
 			out = append(out, p)
 		}

@@ -509,3 +509,27 @@ func TestLoadConfigMapDir(t *testing.T) {
 		t.Errorf("plain duplicate: %v; want the merge-domains hint", err)
 	}
 }
+
+// A file named twice loads once; with RepeatPaths (envoyproxy/ratelimit
+// loads every file it is given) twice, which is a duplicate domain, or
+// with MergeDomains a duplicate key, as in the reference's own config
+// tests. A file and its directory count as naming it twice.
+func TestLoadRepeatPaths(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"a.yaml": "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"})
+	f := filepath.Join(dir, "a.yaml")
+	for _, merge := range []bool{false, true} {
+		s := mustLoad(t, LoadOptions{MergeDomains: merge}, f, f, dir)
+		if len(s.Rules()) != 1 {
+			t.Errorf("merge %t, each file once: %d rules, want 1", merge, len(s.Rules()))
+		}
+	}
+	want := map[bool]string{false: "duplicate domain", true: "duplicate descriptor composite key 'test-domain.key1_value1'"}
+	for _, paths := range [][]string{{f, f}, {dir, f}, {f, filepath.Join(dir, ".", "a.yaml")}} {
+		for merge, msg := range want {
+			_, _, err := Load(LoadOptions{MergeDomains: merge, RepeatPaths: true}, paths...)
+			if err == nil || !strings.Contains(err.Error(), msg) {
+				t.Errorf("RepeatPaths, merge %t, %v: %v; want %q", merge, paths, err, msg)
+			}
+		}
+	}
+}

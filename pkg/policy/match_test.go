@@ -254,6 +254,22 @@ func TestOverride(t *testing.T) {
 	if m.MetricKey != "test-domain.key2_value2.x" {
 		t.Errorf("override metric key %q", m.MetricKey)
 	}
+	// envoyproxy/ratelimit's stat key of an override: '.' after the
+	// domain always, between entries only once something was written.
+	for _, c := range []struct {
+		entries []Entry
+		want    string
+	}{
+		{nil, "test-domain."},
+		{ents("", ""), "test-domain."},
+		{ents("", "", "key2", "x"), "test-domain.key2_x"},
+		{ents("key2", "x", "", ""), "test-domain.key2_x."},
+		{ents("", "v", "k", ""), "test-domain._v.k"},
+	} {
+		if got := s.Override("test-domain", c.entries, 5, Minute).MetricKey; got != c.want {
+			t.Errorf("override metric key of %v = %q, want %q", c.entries, got, c.want)
+		}
+	}
 	if strings.Contains(sp.Policy, "value2") {
 		t.Errorf("override policy carries a request value: %q", sp.Policy)
 	}

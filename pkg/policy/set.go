@@ -206,7 +206,7 @@ func (r *Rule) identity(entries []Entry) []Entry {
 // failure_mode (default open) when no rule with limits matches: an override
 // never changes the failure mode of a rule. It has no shadow_mode,
 // quota_mode, name or replaces. MetricKey is "domain.k1_v1.k2_v2" (request
-// values: cap its cardinality). The override limit's key (Set.Key) is
+// values: cap its cardinality; overrideMetricKey). The override limit's key (Set.Key) is
 // distinct for every (domain, entries, requestsPerUnit, unit) after
 // clamping and never collides with a config rule's. An invalid unit gives a
 // Match with a nil Rule; callers reject it as InvalidArgument first.
@@ -269,5 +269,29 @@ func (s *Set) Override(domain string, entries []Entry, requestsPerUnit uint32, u
 		r.keyPre = append(slices.Clone(rule.keyPre), r.keyPre[0])
 		id = rule.identity(entries)
 	}
-	return Match{Rule: r, MetricKey: r.Path, Override: true, id: id}
+	return Match{Rule: r, MetricKey: overrideMetricKey(domain, entries), Override: true, id: id}
+}
+
+// overrideMetricKey is the stat key envoyproxy/ratelimit gives a request
+// limit override: the domain and '.', then each entry as "key" or
+// "key_value", preceded by '.' only once something was written after the
+// domain's. So no entries give "domain." and a leading entry with an
+// empty key and value vanishes ("domain.k_v"). Only reference mode
+// accepts such entries; for others this is Rule.Path.
+func overrideMetricKey(domain string, entries []Entry) string {
+	var b strings.Builder
+	b.WriteString(domain)
+	b.WriteByte('.')
+	n := b.Len()
+	for _, e := range entries {
+		if b.Len() > n {
+			b.WriteByte('.')
+		}
+		b.WriteString(e.Key)
+		if e.Value != "" {
+			b.WriteByte('_')
+			b.WriteString(e.Value)
+		}
+	}
+	return b.String()
 }
