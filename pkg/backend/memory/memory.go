@@ -76,6 +76,11 @@ type Options struct {
 	// maxmemory. Live keys are never dropped (see the package
 	// documentation).
 	MaxKeys int
+	// SketchWidth and SketchDepth size the sketches a full store decides
+	// new keys with: SketchDepth rows of SketchWidth cells (rounded up to
+	// a power of 2) per algorithm and window (0 means 4096 and 4; see the
+	// package documentation).
+	SketchWidth, SketchDepth int
 }
 
 // Validate reports an invalid option.
@@ -85,6 +90,12 @@ func (o Options) Validate() error {
 	}
 	if o.MaxKeys < 0 {
 		return fmt.Errorf("memory: MaxKeys %d is negative", o.MaxKeys)
+	}
+	if o.SketchWidth < 0 || o.SketchWidth > 1<<24 {
+		return fmt.Errorf("memory: SketchWidth %d outside [0, 16777216]", o.SketchWidth)
+	}
+	if o.SketchDepth < 0 || o.SketchDepth > 16 {
+		return fmt.Errorf("memory: SketchDepth %d outside [0, 16]", o.SketchDepth)
 	}
 	return nil
 }
@@ -125,6 +136,8 @@ type Store struct {
 	// shard tops read by makeRoom.
 	evicted atomic.Int64
 	scanned atomic.Int64
+	// sk decides the new keys a full store has no slot for.
+	sk sketches
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -151,6 +164,7 @@ func New(opts Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.sk.init(opts.SketchWidth, opts.SketchDepth)
 	s.soonest.Store(math.MaxInt64)
 	for i := range s.shards {
 		s.shards[i].st = s
@@ -357,13 +371,17 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	slices.Sort(c.locks)
 	c.locks = slices.Compact(c.locks)
 
-	short := s.take(&c, hits, now, out)
+	short := s.take(&c, hits, now, out, false)
 	if short > 0 {
 		if got := s.makeRoom(&c, short, now.UnixMicro()); got > 0 {
 			c.held += got
 			if got >= short {
-				short = s.take(&c, hits, now, out)
+				short = s.take(&c, hits, now, out, false)
 			}
+		}
+		if short > 0 {
+			// no slot: the new keys go to the sketches
+			s.take(&c, hits, now, out, true)
 		}
 	}
 	if c.held > 0 {
@@ -375,16 +393,15 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if c.scanned > 0 {
 		s.scanned.Add(c.scanned)
 	}
-	if short > 0 {
-		return nil, fmt.Errorf("memory: take: %w", ErrFull)
-	}
 	return out, nil
 }
 
 // take decides hits with their shards locked and commits them. It returns
 // 0 when the request is decided (out is filled), or the number of slots
-// still missing for its new keys, having written nothing.
-func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decision) int64 {
+// still missing for its new keys, having written nothing. With over (the
+// store is full), every absent key is decided by its window's sketch and
+// merged into it, or refused (see refuse), and takes no slot.
+func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decision, over bool) int64 {
 	nowUs := now.UnixMicro()
 	for _, i := range c.locks {
 		s.shards[i].mu.Lock()
@@ -406,14 +423,38 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 			c.held++
 		}
 	}
-	// stored returns the state of hit i's key before the request (zero if
-	// absent).
+	// stored returns the state of hit i's key before the request: its
+	// stored state or, when absent, its sketch's estimate (zero when its
+	// window has no sketch), so a key leaving a sketch for a slot keeps
+	// its count.
 	stored := func(i int) algo.State {
 		r := c.refs[i]
 		if !r.ok {
-			return algo.State{}
+			if s.sk.m.Load() == nil {
+				return algo.State{}
+			}
+			return s.sk.estimate(hits[i].Limit, hits[i].Key, nowUs)
 		}
 		return s.shards[r.shard].state(r.id)
+	}
+	// refused[i]: hit i's key is absent, the store is full and its kind
+	// has no sketch, so a hit that would change its state is denied.
+	var refused []bool
+	if over {
+		refused = make([]bool, len(hits))
+		var a, f uint64
+		for i, h := range hits {
+			switch {
+			case c.refs[i].ok:
+			case !h.Release && h.Cost > 0 && s.sk.make(h.Limit) == nil:
+				refused[i] = true
+				f++
+			default:
+				a++
+			}
+		}
+		s.sk.approx.Add(a)
+		s.sk.refused.Add(f)
 	}
 
 	type tent struct {
@@ -433,6 +474,9 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 			t = tent{st: stored(i), first: i}
 		}
 		ns, d := algo.Apply(t.st, h, now)
+		if refused != nil && refused[i] {
+			ns, d = t.st, s.refuse(h.Limit, nowUs)
+		}
 		out[i] = d
 		if !d.Allowed && !h.Soft {
 			denied = true
@@ -455,6 +499,7 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 				t = tent{st: stored(i), first: i}
 			}
 			switch {
+			case refused != nil && refused[i]:
 			case h.Kept():
 				t.st, out[i] = algo.Apply(t.st, h, now)
 				t.limit = h.Limit
@@ -473,7 +518,7 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 	}
 
 	isNew := func(t tent) bool {
-		return !c.refs[t.first].ok && algo.ExpiresAtUs(t.limit, t.st) > nowUs
+		return !over && !c.refs[t.first].ok && algo.ExpiresAtUs(t.limit, t.st) > nowUs
 	}
 	added := int64(0)
 	if pending == nil {
@@ -494,6 +539,10 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 	}
 	commit := func(key string, t tent) {
 		r := c.refs[t.first]
+		if over && !r.ok {
+			s.sk.merge(t.limit, key, t.st) // no-op without a sketch
+			return
+		}
 		sh := &s.shards[r.shard]
 		exp := algo.ExpiresAtUs(t.limit, t.st)
 		switch {
@@ -516,6 +565,29 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 		}
 	}
 	return 0
+}
+
+// refuse is the decision of a hit refused for want of a slot and of a
+// sketch: denied until the earliest stored key expires (at least 1 ms;
+// the limit's period when nothing is stored).
+func (s *Store) refuse(l algo.Limit, nowUs int64) algo.Decision {
+	e := int64(math.MaxInt64)
+	for i := range s.shards {
+		e = min(e, s.shards[i].top.Load())
+	}
+	d := l.Period
+	if e != math.MaxInt64 {
+		d = algo.MicrosDuration(e - nowUs)
+	}
+	d = max(d, time.Millisecond)
+	return algo.Decision{RetryAfter: d, ResetAfter: d, WindowAfter: d}
+}
+
+// Approximated returns the hits a full store decided with a sketch, and
+// those it denied for want of a slot and of a sketch (sliding log and
+// concurrency keys), since New.
+func (s *Store) Approximated() (sketched, refused uint64) {
+	return s.sk.approx.Load(), s.sk.refused.Load()
 }
 
 // room finds slots for added new keys (shards locked): slots the call
