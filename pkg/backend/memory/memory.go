@@ -100,17 +100,6 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// ErrFull is returned (wrapped) by Take when MaxKeys keys are stored, none
-// of them has expired, and the request needs a new one. Its Cause is "oom".
-var ErrFull error = fullError{}
-
-type fullError struct{}
-
-func (fullError) Error() string { return "memory: store is full (MaxKeys reached)" }
-
-// Cause implements service.Causer.
-func (fullError) Cause() string { return "oom" }
-
 // sweepChunk is the most keys the sweep drops per shard lock hold.
 const sweepChunk = 256
 
@@ -583,9 +572,10 @@ func (s *Store) refuse(l algo.Limit, nowUs int64) algo.Decision {
 	return algo.Decision{RetryAfter: d, ResetAfter: d, WindowAfter: d}
 }
 
-// Approximated returns the hits a full store decided with a sketch, and
-// those it denied for want of a slot and of a sketch (sliding log and
-// concurrency keys), since New.
+// Approximated returns, since New, the hits of keys a full store had no
+// slot for that it decided with a sketch, and those it denied for want of
+// a slot and of a sketch (sliding log and concurrency keys). A request
+// that needs no new slot (one denied, or a check) is not counted.
 func (s *Store) Approximated() (sketched, refused uint64) {
 	return s.sk.approx.Load(), s.sk.refused.Load()
 }

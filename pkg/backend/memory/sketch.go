@@ -69,6 +69,7 @@ type sketch struct {
 
 // sketches are the sketches of one Store.
 type sketches struct {
+	hash  func(string) uint64 // of a key, for its cells
 	seed  maphash.Seed
 	depth int
 	width int
@@ -89,6 +90,7 @@ func (ss *sketches) init(width, depth int) {
 	}
 	width = 1 << bits.Len(uint(width-1)) // a power of 2
 	ss.seed, ss.width, ss.depth, ss.mask = maphash.MakeSeed(), width, depth, uint64(width-1)
+	ss.hash = func(k string) uint64 { return maphash.String(ss.seed, k) }
 }
 
 // get returns the sketch of l's window, or nil when there is none.
@@ -146,7 +148,7 @@ func (ss *sketches) estimate(l algo.Limit, key string, nowUs int64) algo.State {
 	if sk == nil {
 		return algo.State{}
 	}
-	h := maphash.String(ss.seed, key)
+	h := ss.hash(key)
 	sk.mu.Lock()
 	defer sk.mu.Unlock()
 	switch l.Kind {
@@ -220,7 +222,7 @@ func (ss *sketches) merge(l algo.Limit, key string, st algo.State) {
 	if sk == nil {
 		return
 	}
-	h := maphash.String(ss.seed, key)
+	h := ss.hash(key)
 	sk.mu.Lock()
 	defer sk.mu.Unlock()
 	for r := range ss.depth {
