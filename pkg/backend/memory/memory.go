@@ -20,14 +20,23 @@
 // that needs a new key (one it would store that is absent or expired)
 // while the store is full drops expired keys to make room, one per key it
 // needs, earliest expiry first: from the shards it has locked, then from
-// the others. When no stored key has expired, the request fails with
-// ErrFull and writes nothing; the service applies each rule's failure
-// mode. A live key (one still inside its window, or with tokens or leases
-// taken) is never dropped to make room: evicting it, as an LRU cache
-// would, resets a counter inside its window, so a flood of unique keys
-// could reset the limits of the clients the flood competes with. The keys
-// already stored keep being decided exactly and at the same cost while
-// the store is full; only new keys are refused, until keys expire.
+// the others. A live key (one still inside its window, or with tokens or
+// leases taken) is never dropped to make room: evicting it, as an LRU
+// cache would, resets a counter inside its window, so a flood of unique
+// keys could reset the limits of the clients the flood competes with.
+//
+// When no stored key has expired, the request is still decided, never
+// failed: its stored keys exactly, and each new key by the sketch of its
+// algorithm and window (see sketch.go), an approximate counter that never
+// under-counts a key, so a new key is never admitted beyond its limit and
+// may be denied earlier when it shares cells with busy keys. A fixed
+// window's, sliding window's or token bucket's new key is decided and
+// counted there; a sliding log's or concurrency limit's new key is denied
+// (Retry-After: until the earliest stored key expires), as the sketch
+// cannot hold timestamps or releases. A new key that gets a slot later
+// starts from its sketch estimate, so leaving the sketch frees nothing.
+// The keys already stored keep being decided exactly and at the same cost
+// while the store is full.
 //
 // # Work per call
 //
@@ -37,7 +46,9 @@
 // shard), and, when the store is full, at most one eviction per new key
 // plus, when some key may have expired, a scan of the shards' earliest
 // expiries (at most Options.Shards atomic loads; while no key can have
-// expired, one load). Growing a shard past its previous peak copies its
+// expired, one load); a new key with no slot costs Options.SketchDepth
+// cell reads and writes under its sketch's lock, and, while any sketch
+// exists, a new key that gets a slot reads its estimate first. Growing a shard past its previous peak copies its
 // slices, amortised over the keys that grew it. The sweep drops expired
 // keys a chunk at a time, releasing the shard lock between chunks.
 package memory
@@ -71,10 +82,9 @@ type Options struct {
 	SweepInterval time.Duration
 	// MaxKeys bounds the number of stored keys (0 means no bound). A
 	// request that needs a new key when MaxKeys keys are stored drops an
-	// expired key for it; when none has expired it fails with ErrFull, so
-	// the service applies the rule's failure mode, as with a Redis at
-	// maxmemory. Live keys are never dropped (see the package
-	// documentation).
+	// expired key for it; when none has expired the new key is decided
+	// by a sketch that never under-counts, or denied. Live keys are never
+	// dropped (see the package documentation).
 	MaxKeys int
 	// SketchWidth and SketchDepth size the sketches a full store decides
 	// new keys with: SketchDepth rows of SketchWidth cells (rounded up to
@@ -333,8 +343,9 @@ type call struct {
 // the states before the request, and every other hit that did not deny
 // reports a check (cost 0) on its key's replayed state (the state before
 // the request when no Kept hit shares its key). When the request needs new keys and the store is full, it drops
-// expired keys for them or, when none has expired, fails with ErrFull
-// having written nothing (see the package documentation).
+// expired keys for them or, when none has expired, decides them with the
+// sketches (see the package documentation). It fails only when ctx is done
+// before it starts.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("memory: %w", err)
