@@ -46,10 +46,11 @@
 // shard), and, when the store is full, at most one eviction per new key
 // plus, when some key may have expired, a scan of the shards' earliest
 // expiries (at most Options.Shards atomic loads; while no key can have
-// expired, one load); a new key with no slot costs Options.SketchDepth
-// cell reads and writes under its sketch's lock, and, while any sketch
-// exists, a new key that gets a slot reads its estimate first. Growing a shard past its previous peak copies its
-// slices, amortised over the keys that grew it. The sweep drops expired
+// expired, one load). A new key with no slot costs Options.SketchDepth
+// cell reads and writes, each under one of its sketch's striped locks;
+// while any sketch exists, a new key that gets a slot reads its estimate
+// first. Growing a shard past its previous peak copies its slices,
+// amortised over the keys that grew it. The sweep drops expired
 // keys a chunk at a time, releasing the shard lock between chunks.
 package memory
 

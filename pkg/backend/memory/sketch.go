@@ -22,9 +22,9 @@ import (
 // credits nothing, and a window's counts clear only when the window ends.
 //
 // Every use of one key, exact or sketched, holds the key's shard lock, so
-// a key's own merges are ordered; other keys only raise its cells. The
-// sketch lock is taken under shard locks and guards only cell reads and
-// merges.
+// a key's own merges are ordered; other keys only raise its cells, so its
+// cells need not be read or raised together: each cell is read or raised
+// alone under one of the sketch's striped locks, taken under shard locks.
 //
 // Fixed windows, sliding windows and token buckets are sketched. A sliding
 // log or concurrency key that needs a slot while none is free is denied
@@ -62,9 +62,33 @@ func sketchable(k algo.Kind) bool {
 // sliding window, or a token bucket's TAT rounded up to a whole µs in time.
 type cell struct{ time, count, prev int64 }
 
+// sketchStripes is the number of locks of a sketch's cells: cell i is
+// read and written under stripe i % sketchStripes.
+const sketchStripes = 64
+
 type sketch struct {
-	mu    sync.Mutex
-	cells []cell // depth rows of width cells
+	cells   []cell // depth rows of width cells
+	stripes [sketchStripes]struct {
+		sync.Mutex
+		_ [56]byte // one lock per cache line
+	}
+}
+
+// at returns cell i, read under its stripe's lock.
+func (sk *sketch) at(i int) cell {
+	m := &sk.stripes[i%sketchStripes]
+	m.Lock()
+	c := sk.cells[i]
+	m.Unlock()
+	return c
+}
+
+// raise sets cell i to f(cell i) under its stripe's lock.
+func (sk *sketch) raise(i int, f func(cell) cell) {
+	m := &sk.stripes[i%sketchStripes]
+	m.Lock()
+	sk.cells[i] = f(sk.cells[i])
+	m.Unlock()
 }
 
 // sketches are the sketches of one Store.
@@ -149,13 +173,11 @@ func (ss *sketches) estimate(l algo.Limit, key string, nowUs int64) algo.State {
 		return algo.State{}
 	}
 	h := ss.hash(key)
-	sk.mu.Lock()
-	defer sk.mu.Unlock()
 	switch l.Kind {
 	case algo.TokenBucket:
 		tat := int64(0)
 		for r := range ss.depth {
-			c := sk.cells[ss.index(h, r)]
+			c := sk.at(ss.index(h, r))
 			if r == 0 || c.time < tat {
 				tat = c.time
 			}
@@ -168,7 +190,7 @@ func (ss *sketches) estimate(l algo.Limit, key string, nowUs int64) algo.State {
 		ws, _ := algo.WindowBoundsUs(l, nowUs)
 		n := int64(0)
 		for r := range ss.depth {
-			c := sk.cells[ss.index(h, r)]
+			c := sk.at(ss.index(h, r))
 			v := int64(0)
 			if c.time >= ws {
 				v = c.count
@@ -185,7 +207,7 @@ func (ss *sketches) estimate(l algo.Limit, key string, nowUs int64) algo.State {
 		ws, _ := algo.WindowBoundsUs(l, nowUs)
 		var cur, prev int64
 		for r := range ss.depth {
-			c, p := normalise(l, sk.cells[ss.index(h, r)], ws)
+			c, p := normalise(l, sk.at(ss.index(h, r)), ws)
 			if r == 0 || c < cur {
 				cur = c
 			}
@@ -223,34 +245,40 @@ func (ss *sketches) merge(l algo.Limit, key string, st algo.State) {
 		return
 	}
 	h := ss.hash(key)
-	sk.mu.Lock()
-	defer sk.mu.Unlock()
-	for r := range ss.depth {
-		c := &sk.cells[ss.index(h, r)]
-		switch l.Kind {
-		case algo.TokenBucket:
-			tat := st.Time
-			if st.Count > 0 {
-				tat++
-			}
-			c.time = max(c.time, tat)
-		case algo.FixedWindow:
-			if st.Count == 0 {
-				continue
-			}
-			if st.Time > c.time {
-				c.time, c.count = st.Time, st.Count
-			} else {
-				c.count = max(c.count, st.Count)
-			}
-		default: // SlidingWindow
-			if st.Count == 0 && st.Prev == 0 {
-				continue
-			}
-			w := max(c.time, st.Time)
-			cc, cp := normalise(l, *c, w)
-			sc, sp := normalise(l, cell{time: st.Time, count: st.Count, prev: st.Prev}, w)
-			*c = cell{time: w, count: max(cc, sc), prev: max(cp, sp)}
+	var f func(cell) cell
+	switch l.Kind {
+	case algo.TokenBucket:
+		tat := st.Time
+		if st.Count > 0 {
+			tat++
 		}
+		if tat == 0 {
+			return
+		}
+		f = func(c cell) cell { c.time = max(c.time, tat); return c }
+	case algo.FixedWindow:
+		if st.Count == 0 {
+			return
+		}
+		f = func(c cell) cell {
+			if st.Time > c.time {
+				return cell{time: st.Time, count: st.Count}
+			}
+			c.count = max(c.count, st.Count)
+			return c
+		}
+	default: // SlidingWindow
+		if st.Count == 0 && st.Prev == 0 {
+			return
+		}
+		f = func(c cell) cell {
+			w := max(c.time, st.Time)
+			cc, cp := normalise(l, c, w)
+			sc, sp := normalise(l, cell{time: st.Time, count: st.Count, prev: st.Prev}, w)
+			return cell{time: w, count: max(cc, sc), prev: max(cp, sp)}
+		}
+	}
+	for r := range ss.depth {
+		sk.raise(ss.index(h, r), f)
 	}
 }
