@@ -616,8 +616,10 @@ func (s *Store) room(c *call, added, nowUs int64) int64 {
 }
 
 // Reset deletes the state of every hit's Key (service.Resetter): the next
-// Take on it starts from a full quota. Absent keys are skipped; it fails
-// only when ctx is done before it starts.
+// Take on it starts from a full quota, or from its sketch's estimate when
+// a full store counted keys of its window in a sketch (cells are shared,
+// so a reset cannot lower them). Absent keys are skipped; it fails only
+// when ctx is done before it starts.
 func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("memory: %w", err)
