@@ -23,7 +23,9 @@ type (
 
 // approximator is a memory store (the memory backend, or the
 // failure_mode local fallback) that decides new keys while full.
-type approximator interface{ Approximated() (sketched, refused uint64) }
+type approximator interface {
+	Approximated() (sketched, refused uint64)
+}
 
 // registerMemoryMetrics exports ratelimitd_memory_full_hits_total for the
 // in-memory stores: the backend when it is the memory store, and the
