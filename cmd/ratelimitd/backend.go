@@ -42,8 +42,9 @@ type closingStore interface {
 // newStore builds the configured backend store and the in-process fallback
 // for failure_mode: local (nil for the memory backend). Both in-memory
 // stores hold at most --memory-max-keys keys; beyond that a request that
-// needs a new key drops an expired key or, when none has expired, fails
-// with memory.ErrFull (cause "oom") and its rule's failure mode decides.
+// needs a new key drops an expired key or, when none has expired, the
+// store decides the new key with its sketch or denies it (memory.Store,
+// "Full store"), so a flood of keys switches no limit off.
 // onCircuit, when not nil, is the circuit breaker's OnTransition (Redis,
 // and memcached with one server).
 func newStore(o Options, onCircuit func(redis.BreakerState)) (service.Store, service.Store, func() error, error) {

@@ -7,7 +7,7 @@ import (
 )
 
 // Optional store interfaces read by the backend metrics (implemented by the
-// Redis store; the memory store has none of them).
+// Redis store; the memory store has none of them: see approximator).
 type (
 	breakerStater interface{ BreakerState() string }
 	cacheHitter   interface{ CacheHits() uint64 }
@@ -20,6 +20,45 @@ type (
 	masterChanger interface{ MasterChanges() uint64 }
 	refundFailer  interface{ RefundFailures() uint64 }
 )
+
+// approximator is a memory store (the memory backend, or the
+// failure_mode local fallback) that decides new keys while full.
+type approximator interface {
+	Approximated() (sketched, refused uint64)
+}
+
+// registerMemoryMetrics exports ratelimitd_memory_full_hits_total for the
+// in-memory stores: the backend when it is the memory store, and the
+// failure_mode local fallback; labels store (backend, fallback) and
+// decision (sketched, refused).
+func registerMemoryMetrics(reg prometheus.Registerer, backend, fallback any) error {
+	for _, st := range []struct {
+		name string
+		s    any
+	}{{"backend", backend}, {"fallback", fallback}} {
+		a, ok := st.s.(approximator)
+		if !ok {
+			continue
+		}
+		for _, d := range []string{"sketched", "refused"} {
+			c := prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name:        "ratelimitd_memory_full_hits_total",
+				Help:        "Hits of new keys a full in-memory store had no slot for: decided by its sketch (sketched), or denied (refused: sliding log and concurrency).",
+				ConstLabels: prometheus.Labels{"store": st.name, "decision": d},
+			}, func() float64 {
+				sk, ref := a.Approximated()
+				if d == "sketched" {
+					return float64(sk)
+				}
+				return float64(ref)
+			})
+			if err := reg.Register(c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // breakerStates are the label values of ratelimitd_backend_circuit_state.
 var breakerStates = []string{"closed", "open", "half_open"}

@@ -64,3 +64,35 @@ func mustCollector(t *testing.T, reg *prometheus.Registry, name string) promethe
 	t.Fatalf("%s not exported", name)
 	return nil
 }
+
+type fakeMemory struct{ sketched, refused uint64 }
+
+func (f fakeMemory) Approximated() (uint64, uint64) { return f.sketched, f.refused }
+
+// TestMemoryMetrics: the in-memory stores, backend and fallback, export
+// their full-store hits under ratelimitd_memory_full_hits_total; other
+// stores export nothing.
+func TestMemoryMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if err := registerMemoryMetrics(reg, fakeMemory{3, 1}, fakeMemory{7, 0}); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP ratelimitd_memory_full_hits_total Hits of new keys a full in-memory store had no slot for: decided by its sketch (sketched), or denied (refused: sliding log and concurrency).
+# TYPE ratelimitd_memory_full_hits_total counter
+ratelimitd_memory_full_hits_total{decision="refused",store="backend"} 1
+ratelimitd_memory_full_hits_total{decision="refused",store="fallback"} 0
+ratelimitd_memory_full_hits_total{decision="sketched",store="backend"} 3
+ratelimitd_memory_full_hits_total{decision="sketched",store="fallback"} 7
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratelimitd_memory_full_hits_total"); err != nil {
+		t.Error(err)
+	}
+	empty := prometheus.NewRegistry()
+	if err := registerMemoryMetrics(empty, struct{}{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := testutil.GatherAndCount(empty); n != 0 {
+		t.Errorf("a store without Approximated exported %d series", n)
+	}
+}

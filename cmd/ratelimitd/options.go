@@ -136,8 +136,8 @@ type Options struct {
 	// MemoryMaxKeys bounds the keys of the in-memory store (the memory
 	// backend, and the failure_mode: local fallback of the Redis
 	// backend); 0 = unbounded. A request needing a new key beyond it
-	// drops an expired key, or, when none has expired, fails with
-	// memory.ErrFull (cause "oom"): its rule's failure mode decides.
+	// drops an expired key, or, when none has expired, the new key is
+	// decided by the store's sketch (never over-admitting) or denied.
 	MemoryMaxKeys int
 	// MaxConfigRules is the most rules a loaded config may hold, at
 	// startup and at every reload; a larger config is refused and the

@@ -1,16 +1,20 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"google.golang.org/grpc"
@@ -192,11 +196,14 @@ func TestFirstLoadLogging(t *testing.T) {
 	}
 }
 
-// --memory-max-keys bounds the memory store: a request that needs a new key
-// beyond it gets its rule's failure mode, counted with cause "oom".
+// --memory-max-keys bounds the memory store, and a full store switches no
+// limit off: after two values fill it, a third value of a 10-per-minute
+// rule with the default failure_mode open, called 30 times at once, is
+// admitted exactly 10 times (decided by the store's sketch, counted in
+// ratelimitd_memory_full_hits_total), not 30 by the failure mode.
 func TestMemoryMaxKeys(t *testing.T) {
 	dir := t.TempDir()
-	writeFile(t, dir, "e2e.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10, failure_mode: closed}\n")
+	writeFile(t, dir, "e2e.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n")
 	p := start(t, startOpts{args: []string{"--config", dir, "--memory-max-keys=2"}})
 	cc := p.dial(t)
 	p.waitServing(t, cc, "")
@@ -205,12 +212,32 @@ func TestMemoryMaxKeys(t *testing.T) {
 			t.Fatalf("call %d (%s): %v, want OK", i, v, resp.GetOverallCode())
 		}
 	}
-	if resp := call(t, cc, "e2e", desc("k", "c")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
-		t.Errorf("third key with the store full and failure_mode closed: %v, want OVER_LIMIT", resp.GetOverallCode())
+	var ok atomic.Int64
+	var wg sync.WaitGroup
+	for range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			resp, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "e2e", Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "c")}})
+			if err != nil {
+				t.Error(err)
+			} else if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+				ok.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != 10 {
+		t.Errorf("a new value with the store full: %d of 30 admitted on a 10-per-minute rule, want 10", ok.Load())
 	}
 	_, m := httpGet(t, "http://"+p.http+"/metrics")
-	if v := metricValue(m, `ratelimitd_backend_errors_total{cause="oom"}`); v != 1 {
-		t.Errorf(`ratelimitd_backend_errors_total{cause="oom"} = %v, want 1`, v)
+	if v := metricValue(m, `ratelimitd_memory_full_hits_total{decision="sketched",store="backend"}`); v != 10 {
+		t.Errorf(`ratelimitd_memory_full_hits_total{decision="sketched",store="backend"} = %v, want 10 (the admitted hits)`, v)
+	}
+	if v := metricValue(m, `ratelimitd_backend_errors_total{cause="oom"}`); v != 0 {
+		t.Errorf(`ratelimitd_backend_errors_total{cause="oom"} = %v, want 0: a full store fails no call`, v)
 	}
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fills the in-memory store of `ratelimitd serve --backend memory` to its
-# default bound (1,000,000 keys), then floods it with new keys (all refused:
-# every stored key is live) while calls on stored keys are measured, and
+# default bound (1,000,000 keys), then floods it with new keys (all decided
+# by the store's sketch: every stored key is live) while calls on stored
+# keys are measured, and
 # prints the service's RSS after each phase (docs/operations.md, "In-memory
 # store").
 #
@@ -36,4 +37,4 @@ echo "stored keys during the flood: $(load --key user --keys 1000000 --duration 
 wait $FL
 echo "flood (new keys): $(cat "$work/flood.json")"
 echo "after flood: $(rss)"
-curl -fs "http://127.0.0.1:$HP/metrics" | grep -E '^ratelimitd_(backend_errors_total|decisions_total)'
+curl -fs "http://127.0.0.1:$HP/metrics" | grep -E '^ratelimitd_(backend_errors_total|decisions_total|memory_full_hits_total)'

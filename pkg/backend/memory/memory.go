@@ -20,14 +20,23 @@
 // that needs a new key (one it would store that is absent or expired)
 // while the store is full drops expired keys to make room, one per key it
 // needs, earliest expiry first: from the shards it has locked, then from
-// the others. When no stored key has expired, the request fails with
-// ErrFull and writes nothing; the service applies each rule's failure
-// mode. A live key (one still inside its window, or with tokens or leases
-// taken) is never dropped to make room: evicting it, as an LRU cache
-// would, resets a counter inside its window, so a flood of unique keys
-// could reset the limits of the clients the flood competes with. The keys
-// already stored keep being decided exactly and at the same cost while
-// the store is full; only new keys are refused, until keys expire.
+// the others. A live key (one still inside its window, or with tokens or
+// leases taken) is never dropped to make room: evicting it, as an LRU
+// cache would, resets a counter inside its window, so a flood of unique
+// keys could reset the limits of the clients the flood competes with.
+//
+// When no stored key has expired, the request is still decided, never
+// failed: its stored keys exactly, and each new key by the sketch of its
+// algorithm and window (see sketch.go), an approximate counter that never
+// under-counts a key, so a new key is never admitted beyond its limit and
+// may be denied earlier when it shares cells with busy keys. A fixed
+// window's, sliding window's or token bucket's new key is decided and
+// counted there; a sliding log's or concurrency limit's new key is denied
+// (Retry-After: until the earliest stored key expires), as the sketch
+// cannot hold timestamps or releases. A new key that gets a slot later
+// starts from its sketch estimate, so leaving the sketch frees nothing.
+// The keys already stored keep being decided exactly and at the same cost
+// while the store is full.
 //
 // # Work per call
 //
@@ -37,8 +46,11 @@
 // shard), and, when the store is full, at most one eviction per new key
 // plus, when some key may have expired, a scan of the shards' earliest
 // expiries (at most Options.Shards atomic loads; while no key can have
-// expired, one load). Growing a shard past its previous peak copies its
-// slices, amortised over the keys that grew it. The sweep drops expired
+// expired, one load). A new key with no slot costs Options.SketchDepth
+// cell reads and writes, each under one of its sketch's striped locks;
+// while any sketch exists, a new key that gets a slot reads its estimate
+// first. Growing a shard past its previous peak copies its slices,
+// amortised over the keys that grew it. The sweep drops expired
 // keys a chunk at a time, releasing the shard lock between chunks.
 package memory
 
@@ -71,11 +83,15 @@ type Options struct {
 	SweepInterval time.Duration
 	// MaxKeys bounds the number of stored keys (0 means no bound). A
 	// request that needs a new key when MaxKeys keys are stored drops an
-	// expired key for it; when none has expired it fails with ErrFull, so
-	// the service applies the rule's failure mode, as with a Redis at
-	// maxmemory. Live keys are never dropped (see the package
-	// documentation).
+	// expired key for it; when none has expired the new key is decided
+	// by a sketch that never under-counts, or denied. Live keys are never
+	// dropped (see the package documentation).
 	MaxKeys int
+	// SketchWidth and SketchDepth size the sketches a full store decides
+	// new keys with: SketchDepth rows of SketchWidth cells (rounded up to
+	// a power of 2) per algorithm and window (0 means 4096 and 4; see the
+	// package documentation).
+	SketchWidth, SketchDepth int
 }
 
 // Validate reports an invalid option.
@@ -86,19 +102,14 @@ func (o Options) Validate() error {
 	if o.MaxKeys < 0 {
 		return fmt.Errorf("memory: MaxKeys %d is negative", o.MaxKeys)
 	}
+	if o.SketchWidth < 0 || o.SketchWidth > 1<<24 {
+		return fmt.Errorf("memory: SketchWidth %d outside [0, 16777216]", o.SketchWidth)
+	}
+	if o.SketchDepth < 0 || o.SketchDepth > 16 {
+		return fmt.Errorf("memory: SketchDepth %d outside [0, 16]", o.SketchDepth)
+	}
 	return nil
 }
-
-// ErrFull is returned (wrapped) by Take when MaxKeys keys are stored, none
-// of them has expired, and the request needs a new one. Its Cause is "oom".
-var ErrFull error = fullError{}
-
-type fullError struct{}
-
-func (fullError) Error() string { return "memory: store is full (MaxKeys reached)" }
-
-// Cause implements service.Causer.
-func (fullError) Cause() string { return "oom" }
 
 // sweepChunk is the most keys the sweep drops per shard lock hold.
 const sweepChunk = 256
@@ -125,6 +136,8 @@ type Store struct {
 	// shard tops read by makeRoom.
 	evicted atomic.Int64
 	scanned atomic.Int64
+	// sk decides the new keys a full store has no slot for.
+	sk sketches
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -151,6 +164,7 @@ func New(opts Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.sk.init(opts.SketchWidth, opts.SketchDepth)
 	s.soonest.Store(math.MaxInt64)
 	for i := range s.shards {
 		s.shards[i].st = s
@@ -330,8 +344,9 @@ type call struct {
 // the states before the request, and every other hit that did not deny
 // reports a check (cost 0) on its key's replayed state (the state before
 // the request when no Kept hit shares its key). When the request needs new keys and the store is full, it drops
-// expired keys for them or, when none has expired, fails with ErrFull
-// having written nothing (see the package documentation).
+// expired keys for them or, when none has expired, decides them with the
+// sketches (see the package documentation). It fails only when ctx is done
+// before it starts.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("memory: %w", err)
@@ -357,13 +372,17 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	slices.Sort(c.locks)
 	c.locks = slices.Compact(c.locks)
 
-	short := s.take(&c, hits, now, out)
+	short := s.take(&c, hits, now, out, false)
 	if short > 0 {
 		if got := s.makeRoom(&c, short, now.UnixMicro()); got > 0 {
 			c.held += got
 			if got >= short {
-				short = s.take(&c, hits, now, out)
+				short = s.take(&c, hits, now, out, false)
 			}
+		}
+		if short > 0 {
+			// no slot: the new keys go to the sketches
+			s.take(&c, hits, now, out, true)
 		}
 	}
 	if c.held > 0 {
@@ -375,16 +394,15 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if c.scanned > 0 {
 		s.scanned.Add(c.scanned)
 	}
-	if short > 0 {
-		return nil, fmt.Errorf("memory: take: %w", ErrFull)
-	}
 	return out, nil
 }
 
 // take decides hits with their shards locked and commits them. It returns
 // 0 when the request is decided (out is filled), or the number of slots
-// still missing for its new keys, having written nothing.
-func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decision) int64 {
+// still missing for its new keys, having written nothing. With over (the
+// store is full), every absent key is decided by its window's sketch and
+// merged into it, or refused (see refuse), and takes no slot.
+func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decision, over bool) int64 {
 	nowUs := now.UnixMicro()
 	for _, i := range c.locks {
 		s.shards[i].mu.Lock()
@@ -406,14 +424,38 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 			c.held++
 		}
 	}
-	// stored returns the state of hit i's key before the request (zero if
-	// absent).
+	// stored returns the state of hit i's key before the request: its
+	// stored state or, when absent, its sketch's estimate (zero when its
+	// window has no sketch), so a key leaving a sketch for a slot keeps
+	// its count.
 	stored := func(i int) algo.State {
 		r := c.refs[i]
 		if !r.ok {
-			return algo.State{}
+			if s.sk.m.Load() == nil {
+				return algo.State{}
+			}
+			return s.sk.estimate(hits[i].Limit, hits[i].Key, nowUs)
 		}
 		return s.shards[r.shard].state(r.id)
+	}
+	// refused[i]: hit i's key is absent, the store is full and its kind
+	// has no sketch, so a hit that would change its state is denied.
+	var refused []bool
+	if over {
+		refused = make([]bool, len(hits))
+		var a, f uint64
+		for i, h := range hits {
+			switch {
+			case c.refs[i].ok:
+			case !h.Release && h.Cost > 0 && s.sk.make(h.Limit) == nil:
+				refused[i] = true
+				f++
+			default:
+				a++
+			}
+		}
+		s.sk.approx.Add(a)
+		s.sk.refused.Add(f)
 	}
 
 	type tent struct {
@@ -433,6 +475,9 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 			t = tent{st: stored(i), first: i}
 		}
 		ns, d := algo.Apply(t.st, h, now)
+		if refused != nil && refused[i] {
+			ns, d = t.st, s.refuse(h.Limit, nowUs)
+		}
 		out[i] = d
 		if !d.Allowed && !h.Soft {
 			denied = true
@@ -455,6 +500,7 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 				t = tent{st: stored(i), first: i}
 			}
 			switch {
+			case refused != nil && refused[i]:
 			case h.Kept():
 				t.st, out[i] = algo.Apply(t.st, h, now)
 				t.limit = h.Limit
@@ -473,7 +519,7 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 	}
 
 	isNew := func(t tent) bool {
-		return !c.refs[t.first].ok && algo.ExpiresAtUs(t.limit, t.st) > nowUs
+		return !over && !c.refs[t.first].ok && algo.ExpiresAtUs(t.limit, t.st) > nowUs
 	}
 	added := int64(0)
 	if pending == nil {
@@ -494,6 +540,10 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 	}
 	commit := func(key string, t tent) {
 		r := c.refs[t.first]
+		if over && !r.ok {
+			s.sk.merge(t.limit, key, t.st) // no-op without a sketch
+			return
+		}
 		sh := &s.shards[r.shard]
 		exp := algo.ExpiresAtUs(t.limit, t.st)
 		switch {
@@ -516,6 +566,30 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 		}
 	}
 	return 0
+}
+
+// refuse is the decision of a hit refused for want of a slot and of a
+// sketch: denied until the earliest stored key expires (at least 1 ms;
+// the limit's period when nothing is stored).
+func (s *Store) refuse(l algo.Limit, nowUs int64) algo.Decision {
+	e := int64(math.MaxInt64)
+	for i := range s.shards {
+		e = min(e, s.shards[i].top.Load())
+	}
+	d := l.Period
+	if e != math.MaxInt64 {
+		d = algo.MicrosDuration(e - nowUs)
+	}
+	d = max(d, time.Millisecond)
+	return algo.Decision{RetryAfter: d, ResetAfter: d, WindowAfter: d}
+}
+
+// Approximated returns, since New, the hits of keys a full store had no
+// slot for that it decided with a sketch, and those it denied for want of
+// a slot and of a sketch (sliding log and concurrency keys). A request
+// that needs no new slot (one denied, or a check) is not counted.
+func (s *Store) Approximated() (sketched, refused uint64) {
+	return s.sk.approx.Load(), s.sk.refused.Load()
 }
 
 // room finds slots for added new keys (shards locked): slots the call
@@ -542,8 +616,10 @@ func (s *Store) room(c *call, added, nowUs int64) int64 {
 }
 
 // Reset deletes the state of every hit's Key (service.Resetter): the next
-// Take on it starts from a full quota. Absent keys are skipped; it fails
-// only when ctx is done before it starts.
+// Take on it starts from a full quota, or from its sketch's estimate when
+// a full store counted keys of its window in a sketch (cells are shared,
+// so a reset cannot lower them). Absent keys are skipped; it fails only
+// when ctx is done before it starts.
 func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("memory: %w", err)

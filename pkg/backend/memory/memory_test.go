@@ -18,10 +18,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
-var (
-	_ service.Store  = (*memory.Store)(nil)
-	_ service.Causer = memory.ErrFull.(service.Causer)
-)
+var _ service.Store = (*memory.Store)(nil)
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
@@ -146,6 +143,9 @@ func TestLazyExpiry(t *testing.T) {
 	}
 }
 
+// TestMaxKeys: a full store decides a request with a new key, the stored
+// key exactly and the new one with its sketch, which counts it on; once
+// keys expire the new key gets a slot.
 func TestMaxKeys(t *testing.T) {
 	c := newClock(algotest.Base)
 	s := newStore(t, memory.Options{Now: c.now, MaxKeys: 2, SweepInterval: -1})
@@ -155,22 +155,26 @@ func TestMaxKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err := s.Take(context.Background(), []algo.Hit{hit("a", l), hit("c", l)})
-	if !errors.Is(err, memory.ErrFull) {
-		t.Fatalf("err %v, want ErrFull", err)
+	d, err := s.Take(context.Background(), []algo.Hit{hit("a", l), hit("c", l)})
+	if err != nil || !d[0].Allowed || d[0].Remaining != 3 || !d[1].Allowed || d[1].Remaining != 4 {
+		t.Fatalf("a and new c at a full store: %+v %v; want both allowed, 3 and 4 left", d, err)
 	}
-	var ca service.Causer
-	if !errors.As(err, &ca) || ca.Cause() != "oom" {
-		t.Fatalf("cause of %v", err)
+	if s.Len() != 2 {
+		t.Fatalf("Len %d, want 2", s.Len())
 	}
-	// the failed request wrote nothing: a still has 4
-	d, err := s.Take(context.Background(), []algo.Hit{{Key: "a", Limit: l}})
-	if err != nil || d[0].Remaining != 4 {
-		t.Fatalf("a after failed request: %+v %v", d, err)
+	if sk, ref := s.Approximated(); sk != 1 || ref != 0 {
+		t.Fatalf("Approximated %d, %d; want 1, 0", sk, ref)
+	}
+	for want := int64(3); want >= -1; want-- {
+		d, err := s.Take(context.Background(), []algo.Hit{hit("c", l)})
+		if err != nil || d[0].Allowed != (want >= 0) || d[0].Remaining != max(want, 0) {
+			t.Fatalf("c in the sketch: %+v %v; want remaining %d", d, err, want)
+		}
 	}
 	c.add(time.Minute)
-	if _, err := s.Take(context.Background(), []algo.Hit{hit("c", l)}); err != nil {
-		t.Fatalf("expired keys must make room: %v", err)
+	d, err = s.Take(context.Background(), []algo.Hit{hit("c", l)})
+	if sk, _ := s.Approximated(); err != nil || d[0].Remaining != 4 || sk != 5 {
+		t.Fatalf("c in a new window after keys expired: %+v %v, %d sketched; want 4 left, stored (5 sketched before: the denied hit needed no slot)", d, err, sk)
 	}
 }
 
@@ -322,9 +326,8 @@ func TestMultiKeyStress(t *testing.T) {
 
 // TestFullStoreWorkPerCall counts the work of calls at a full store, not
 // their time: keys dropped by eviction and shards' earliest expiries read
-// (Store.Work). The store this replaced swept every stored key on each
-// refused call (20,000 here). Now, whatever the number of keys: a refused
-// new key costs no eviction and at most one scan of the shards (none while
+// (Store.Work). Whatever the number of keys: a new key with no slot
+// (decided by the sketch) costs no eviction and at most one scan of the shards (none while
 // no key can have expired), an admitted one exactly one eviction, a call on
 // a stored key neither, and the sweep visits only expired keys.
 func TestFullStoreWorkPerCall(t *testing.T) {
@@ -354,12 +357,13 @@ func TestFullStoreWorkPerCall(t *testing.T) {
 		}
 	}
 
-	// nothing has expired: new keys are refused; a stored key is decided
-	// exactly (it had 1 hit of 10)
+	// nothing has expired: new keys are decided by the sketch with no
+	// work on the stored keys; a stored key is decided exactly (it had 1
+	// hit of 10)
 	for i := range 5_000 {
 		_, w, err := take(hour, fmt.Sprint("new", i))
-		if !errors.Is(err, memory.ErrFull) || w != (work{}) {
-			t.Fatalf("new key %d at a full store: %v, work %+v; want ErrFull and no work", i, err, w)
+		if err != nil || w != (work{}) {
+			t.Fatalf("new key %d at a full store: %v, work %+v; want a decision and no work", i, err, w)
 		}
 		if i%500 == 0 {
 			d, w, err := take(hour, "fill1")
@@ -382,8 +386,8 @@ func TestFullStoreWorkPerCall(t *testing.T) {
 	}
 	// full of live keys again: one scan finds that out, then none
 	for i := range 1_000 {
-		_, w, err := take(hour, fmt.Sprint("refused", i))
-		if !errors.Is(err, memory.ErrFull) || w.evicted != 0 || w.scanned > shards || i > 0 && w.scanned != 0 {
+		_, w, err := take(hour, fmt.Sprint("sketched", i))
+		if err != nil || w.evicted != 0 || w.scanned > shards || i > 0 && w.scanned != 0 {
 			t.Fatalf("new key %d at a full store: %v, work %+v", i, err, w)
 		}
 	}
@@ -409,7 +413,7 @@ func TestFullStoreWorkPerCall(t *testing.T) {
 
 // TestFloodKeepsStoredKeysExact: 8 goroutines flood unique short-lived
 // keys at a small full store, moving the clock, so that new keys are both
-// refused and admitted by eviction; meanwhile 8 goroutines hit one stored
+// sketched and admitted by eviction; meanwhile 8 goroutines hit one stored
 // key limited to 100: exactly 100 of its 400 hits pass, none fails, and the
 // store never holds more than MaxKeys keys.
 func TestFloodKeepsStoredKeysExact(t *testing.T) {
@@ -430,7 +434,7 @@ func TestFloodKeepsStoredKeysExact(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var admitted, refused, stored, errs atomic.Int64
+	var admitted, errs atomic.Int64
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for g := range 8 {
@@ -443,13 +447,8 @@ func TestFloodKeepsStoredKeysExact(t *testing.T) {
 					c.add(100 * time.Millisecond)
 				}
 				_, err := s.Take(ctx, []algo.Hit{hit(fmt.Sprintf("flood%d:%d", g, i), flood)})
-				switch {
-				case errors.Is(err, memory.ErrFull):
-					refused.Add(1)
-				case err != nil:
+				if err != nil {
 					errs.Add(1)
-				default:
-					stored.Add(1)
 				}
 				if n := s.Len(); n > maxKeys {
 					t.Errorf("Len %d above MaxKeys", n)
@@ -476,7 +475,7 @@ func TestFloodKeepsStoredKeysExact(t *testing.T) {
 		t.Fatalf("stored key: %d of 400 admitted (want 99 after the first), %d errors", admitted.Load(), errs.Load())
 	}
 	// at most 500 new keys per clock second against room for 200
-	if refused.Load() == 0 || stored.Load() == 0 {
-		t.Fatalf("flood: %d stored, %d refused; want both", stored.Load(), refused.Load())
+	if sk, _ := s.Approximated(); sk == 0 || sk == 16_000 {
+		t.Fatalf("flood: %d of 16,000 keys sketched; want some sketched and some stored", sk)
 	}
 }
