@@ -142,7 +142,6 @@ func TestSegmentDenied(t *testing.T) {
 				{Key: x, Limit: l, Cost: 1},
 				{Key: y, Limit: l, Cost: 2, Charge: true},
 				{Key: z, Limit: l, Cost: 1, Release: true},
-				{Key: x, Limit: l, Cost: 5}, // denied on its own too
 			}
 			// the request on one server: these hits and the other group's denial
 			denier := algo.Hit{Key: pre + "other-group", Limit: l, Cost: algo.MaxCost}
