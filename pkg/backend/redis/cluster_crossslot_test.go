@@ -192,3 +192,49 @@ func TestClusterCrossSlotUnderAdmission(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkClusterCrossSlot is the latency of one request of two hits on
+// a 3-master Cluster, one caller at a time: both keys in one slot (a hash
+// tag), on two masters and admitted, and on two masters and denied by
+// the exhausted one.
+//
+//	RATELIMITD_REQUIRE_REDIS=1 go test -run XXX -bench ClusterCrossSlot ./pkg/backend/redis/
+func BenchmarkClusterCrossSlot(b *testing.B) {
+	g := redistest.Cluster(b, 3)
+	o := redis.DefaultOptions()
+	o.Mode = redis.Cluster
+	o.URL = ""
+	o.Addrs = g.Addrs()
+	o.Timeout = 5 * time.Second
+	o.MaxWait = 20 * time.Second
+	s, err := redis.New(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	big := algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 40, Period: time.Hour}
+	small := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}
+	keys := slotKeys("xsb", 2)
+	if _, err := s.Take(ctx, []algo.Hit{{Key: keys[0] + ":full", Limit: small, Cost: 1}}); err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name    string
+		hits    []algo.Hit
+		allowed bool
+	}{
+		{"one slot", []algo.Hit{{Key: "{xsb}:a", Limit: big, Cost: 1}, {Key: "{xsb}:b", Limit: big, Cost: 1}}, true},
+		{"two slots admitted", []algo.Hit{{Key: keys[0], Limit: big, Cost: 1}, {Key: keys[1], Limit: big, Cost: 1}}, true},
+		{"two slots denied", []algo.Hit{{Key: keys[0] + ":full", Limit: small, Cost: 1}, {Key: keys[1], Limit: big, Cost: 1}}, false},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				d, err := s.Take(ctx, bc.hits)
+				if err != nil || d[0].Allowed != bc.allowed {
+					b.Fatalf("%+v %v", d, err)
+				}
+			}
+		})
+	}
+}

@@ -21,21 +21,16 @@ const leadHintMin = time.Second
 // spanning slots is first decided in the slot group most likely to deny
 // (see Store.takeCluster): when that group denies, the others consume
 // nothing. Keys share a fixed table by hash: a collision can only change
-// which group goes first, never a decision. Safe for concurrent use; the
-// zero value is ready (its seed is set on first use).
+// which group goes first, never a decision. Safe for concurrent use.
 type leadHints struct {
-	seedOnce atomic.Pointer[maphash.Seed]
-	until    [leadHintSlots]atomic.Int64 // unix ns until which the key is a likely denier
+	seed  maphash.Seed
+	until [leadHintSlots]atomic.Int64 // unix ns until which the key is a likely denier
 }
 
+func newLeadHints() *leadHints { return &leadHints{seed: maphash.MakeSeed()} }
+
 func (h *leadHints) slot(key string) *atomic.Int64 {
-	seed := h.seedOnce.Load()
-	if seed == nil {
-		s := maphash.MakeSeed()
-		h.seedOnce.CompareAndSwap(nil, &s)
-		seed = h.seedOnce.Load()
-	}
-	return &h.until[maphash.String(*seed, key)%leadHintSlots]
+	return &h.until[maphash.String(h.seed, key)%leadHintSlots]
 }
 
 // note records the denied hits of decisions (hits[i] got out[i]) at now.

@@ -70,8 +70,9 @@ type Store struct {
 	noncePrefix string
 	seq         atomic.Uint64
 
-	// hints rank a Cluster request's slot groups (see takeCluster).
-	hints leadHints
+	// hints rank a Cluster request's slot groups (see takeCluster; nil
+	// on standalone and Sentinel).
+	hints *leadHints
 
 	// refundErrors counts failed compensating refunds (Cluster only).
 	refundErrors atomic.Uint64
@@ -150,6 +151,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	_, s.cluster = c.(*goredis.ClusterClient)
 	if s.cluster {
 		s.masters = map[string]*master{}
+		s.hints = newLeadHints()
 	}
 	s.def = s.newMaster("")
 	s.batch, s.breaker = s.def.batch, s.def.breaker
