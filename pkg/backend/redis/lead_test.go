@@ -57,16 +57,16 @@ func TestLeadHints(t *testing.T) {
 	}
 
 	score := func(hits ...algo.Hit) int64 { return h.leadScore(hits, now) }
-	if !(score(algo.Hit{Key: "a", Limit: big, Cost: 1}) < score(algo.Hit{Key: "x", Limit: small, Cost: 1})) {
+	if score(algo.Hit{Key: "a", Limit: big, Cost: 1}) >= score(algo.Hit{Key: "x", Limit: small, Cost: 1}) {
 		t.Error("a hot key's group does not lead a smaller limit's")
 	}
-	if !(score(algo.Hit{Key: "x", Limit: small, Cost: 1}) < score(algo.Hit{Key: "y", Limit: big, Cost: 1})) {
+	if score(algo.Hit{Key: "x", Limit: small, Cost: 1}) >= score(algo.Hit{Key: "y", Limit: big, Cost: 1}) {
 		t.Error("the smaller limit does not lead")
 	}
-	if !(score(algo.Hit{Key: "y", Limit: big, Cost: 500}) < score(algo.Hit{Key: "x", Limit: small, Cost: 1})) {
+	if score(algo.Hit{Key: "y", Limit: big, Cost: 500}) >= score(algo.Hit{Key: "x", Limit: small, Cost: 1}) {
 		t.Error("capacity / cost: 1000/500 does not lead 4/1")
 	}
-	if !(score(algo.Hit{Key: "t", Limit: tb, Cost: 1}) < score(algo.Hit{Key: "x", Limit: small, Cost: 1})) {
+	if score(algo.Hit{Key: "t", Limit: tb, Cost: 1}) >= score(algo.Hit{Key: "x", Limit: small, Cost: 1}) {
 		t.Error("a token bucket's capacity is not its burst")
 	}
 	if got := score(algo.Hit{Key: "x", Limit: small, Cost: 1, Soft: true}, algo.Hit{Key: "y", Limit: small, Cost: 1, Release: true}); got != math.MaxInt64 {
