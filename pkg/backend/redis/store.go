@@ -327,10 +327,12 @@ func (s *Store) nonce() string {
 
 // Take decides all hits of one request atomically (see service.Store):
 // when the request is denied only its kept hits (algo.Hit.Kept: refunds,
-// always_charge) are written. On Cluster, hits are grouped by hash slot
-// and the groups run in parallel; when a group denies, what the groups
-// that allowed consumed and do not keep is reversed by a compensating
-// refund (see docs/redis.md for the bounded transient). A refund hit first
+// always_charge) are written. On Cluster, hits are grouped by hash slot;
+// the group most likely to deny is decided first, then the others (in
+// parallel: denied mode when the first denied, takes otherwise); when a
+// later group denies, what the groups that allowed consumed and do not
+// keep is reversed by a compensating refund (see takeCluster, and
+// docs/redis.md for the bounded transient). A refund hit first
 // drops its key from the local over-limit cache. Errors wrap the go-redis
 // error, prefixed "redis:".
 func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
