@@ -109,6 +109,7 @@ func TestScriptArgsGolden(t *testing.T) {
 		{"rate 0", []*segment{seg(modeTake, -1, "n1", hit("rl:z", algo.Limit{Kind: algo.FixedWindow, Period: time.Second}, 1))}},
 		{"cost above 2^53 is clamped", []*segment{seg(modeTake, -1, "n1", hit("rl:a", fw, math.MaxInt64))}},
 		{"refund of a take (Cluster compensation) at the take's now", []*segment{seg(modeRefund, now, "n1", hit("rl:a", fw, 1), hit("rl:l", sl, 2))}},
+		{"a slot group of a request another group denied (Cluster)", []*segment{seg(modeDenied, -1, "n1", hit("rl:a", fw, 1))}},
 		{"a simple and a general segment in one batch", []*segment{
 			seg(modeTake, -1, "n1", hit("rl:a", fw, 1)),
 			seg(modeTake, -1, "n2", hit("rl:l", sl, 1)),
@@ -118,7 +119,7 @@ func TestScriptArgsGolden(t *testing.T) {
 	b.WriteString(`# Script invocations as the Redis store sends them (TestScriptArgsGolden;
 # go test -run TestScriptArgsGolden -update rewrites this file).
 # take1.lua segment: now_us ("" = server TIME) kind rate period_us burst cost
-# take.lua segment:  mode ("t" take, "r" refund) now_us nonce hits
+# take.lua segment:  mode ("t" take, "r" refund, "d" denied) now_us nonce hits
 #          hit:      kind rate period_us burst calendar multiplier cost flags
 #                    (flags: 1 release, 2 soft, 4 always_charge)
 # kind: 0 fixed_window, 1 sliding_window, 2 sliding_log, 3 token_bucket,

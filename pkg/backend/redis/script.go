@@ -93,6 +93,10 @@ func FastScriptSHA() string { return take1Script.Hash() }
 const (
 	modeTake   = "t"
 	modeRefund = "r"
+	// modeDenied decides a take whose request another slot group already
+	// denied: as a take that denied (nothing but the kept hits is
+	// written; the other hits report a check on the state before it).
+	modeDenied = "d"
 )
 
 // fieldsPerHit is the number of ARGV entries per hit after a segment's
@@ -113,6 +117,7 @@ const replyPerHit = 5
 var (
 	argModeTake   any = modeTake
 	argModeRefund any = modeRefund
+	argModeDenied any = modeDenied
 	argServerNow  any = ""
 	argEvalSHA    any = "evalsha"
 	argEval       any = "eval"
@@ -143,7 +148,7 @@ type segment struct {
 // []any holds pointers into it (*string, *int64: go-redis writes them
 // without boxing allocations). It must not be copied after init.
 type segArgs struct {
-	mode  any // argModeTake or argModeRefund
+	mode  any // argModeTake, argModeRefund or argModeDenied
 	now   any // argServerNow or &ints[0]
 	nonce string
 	keys  []string // KEYS of the segment's hits, in order
@@ -186,9 +191,13 @@ func isSimple(sg *segment) bool {
 // init copies sg's arguments into a.
 func (a *segArgs) init(sg *segment) {
 	n := len(sg.hits)
-	a.mode = argModeTake
-	if sg.mode == modeRefund {
+	switch sg.mode {
+	case modeRefund:
 		a.mode = argModeRefund
+	case modeDenied:
+		a.mode = argModeDenied
+	default:
+		a.mode = argModeTake
 	}
 	a.nonce = sg.nonce
 	a.keys, a.ints = a.keyBuf[:0], a.intBuf[:0]

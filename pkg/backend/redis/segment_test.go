@@ -103,3 +103,74 @@ func TestSegmentInvalidArguments(t *testing.T) {
 		t.Errorf("rejected segments wrote %d keys", n)
 	}
 }
+
+// TestSegmentDenied: a segment in mode "d" (a Cluster slot group whose
+// request another group denied) is decided and written as that request
+// on one server: its kept hits (release, always_charge) are written and
+// report their own state, the others write nothing and report a check on
+// the state before the request, for every kind, twice in a row (the
+// second sees only the first's kept hits).
+func TestSegmentDenied(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	ctx := context.Background()
+	now := batchEpoch.UnixMicro()
+	p := time.Hour
+	for _, l := range []algo.Limit{
+		{Kind: algo.FixedWindow, Rate: 3, Period: p},
+		{Kind: algo.SlidingWindow, Rate: 3, Period: p},
+		{Kind: algo.SlidingLog, Rate: 3, Period: p},
+		{Kind: algo.TokenBucket, Rate: 3, Period: p},
+		{Kind: algo.Concurrency, Rate: 3, Period: p},
+	} {
+		t.Run(algotest.KindName(l.Kind), func(t *testing.T) {
+			pre := algotest.KindName(l.Kind) + ":"
+			x, y, z := pre+"take", pre+"charge", pre+"release"
+			states := map[string]algo.State{}
+			// z holds 2 units before, so that its release returns one
+			seed := []algo.Hit{{Key: z, Limit: l, Cost: 2}}
+			sc := newCall(ctx, &segment{mode: modeTake, nowUS: now, nonce: "seed", hits: seed}, make([]algo.Decision, 1))
+			inv := &invocation{calls: []*scriptCall{sc}, cmd: argsCmd(ctx, false, segmentsOf([]*scriptCall{sc}))}
+			if err := c.Process(ctx, inv.cmd); err != nil {
+				t.Fatal(err)
+			}
+			b := newBatcher(c, 1, DefaultTimeout, DefaultMaxWait, 0)
+			b.deliver(inv)
+			<-sc.done
+			algotest.Reference(states, seed, batchEpoch)
+			hits := []algo.Hit{
+				{Key: x, Limit: l, Cost: 1},
+				{Key: y, Limit: l, Cost: 2, Charge: true},
+				{Key: z, Limit: l, Cost: 1, Release: true},
+			}
+			// the request on one server: these hits and the other group's denial
+			denier := algo.Hit{Key: pre + "other-group", Limit: l, Cost: algo.MaxCost}
+			for round := range 2 {
+				call := newCall(ctx, &segment{mode: modeDenied, nowUS: now, nonce: "d" + strconv.Itoa(round), hits: hits}, make([]algo.Decision, len(hits)))
+				inv := &invocation{calls: []*scriptCall{call}, cmd: argsCmd(ctx, false, segmentsOf([]*scriptCall{call}))}
+				if err := c.Process(ctx, inv.cmd); err != nil {
+					t.Fatal(err)
+				}
+				b.deliver(inv)
+				<-call.done
+				if call.err != nil {
+					t.Fatalf("round %d: %v", round, call.err)
+				}
+				want := algotest.Reference(states, append(slices.Clone(hits), denier), batchEpoch)[:len(hits)]
+				if !slices.Equal(call.out, want) {
+					t.Errorf("round %d:\n redis %+v\n  algo %+v", round, call.out, want)
+				}
+			}
+			if n := c.Exists(ctx, x).Val(); n != 0 {
+				t.Errorf("%s written by a denied group", x)
+			}
+			charged := int64(1)
+			if l.Kind == algo.Concurrency { // a lease is never charged
+				charged = 0
+			}
+			if n := c.Exists(ctx, y).Val(); n != charged {
+				t.Errorf("%s exists %d, want %d (always_charge is kept)", y, n, charged)
+			}
+		})
+	}
+}

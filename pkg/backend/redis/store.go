@@ -70,6 +70,10 @@ type Store struct {
 	noncePrefix string
 	seq         atomic.Uint64
 
+	// hints rank a Cluster request's slot groups (see takeCluster; nil
+	// on standalone and Sentinel).
+	hints *leadHints
+
 	// refundErrors counts failed compensating refunds (Cluster only).
 	refundErrors atomic.Uint64
 	// bg tracks compensating refunds, which may outlive their Take.
@@ -147,6 +151,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	_, s.cluster = c.(*goredis.ClusterClient)
 	if s.cluster {
 		s.masters = map[string]*master{}
+		s.hints = newLeadHints()
 	}
 	s.def = s.newMaster("")
 	s.batch, s.breaker = s.def.batch, s.def.breaker
@@ -322,10 +327,12 @@ func (s *Store) nonce() string {
 
 // Take decides all hits of one request atomically (see service.Store):
 // when the request is denied only its kept hits (algo.Hit.Kept: refunds,
-// always_charge) are written. On Cluster, hits are grouped by hash slot
-// and the groups run in parallel; when a group denies, what the groups
-// that allowed consumed and do not keep is reversed by a compensating
-// refund (see docs/redis.md for the bounded transient). A refund hit first
+// always_charge) are written. On Cluster, hits are grouped by hash slot;
+// the group most likely to deny is decided first, then the others (in
+// parallel: denied mode when the first denied, takes otherwise); when a
+// later group denies, what the groups that allowed consumed and do not
+// keep is reversed by a compensating refund (see takeCluster, and
+// docs/redis.md for the bounded transient). A refund hit first
 // drops its key from the local over-limit cache. Errors wrap the go-redis
 // error, prefixed "redis:".
 func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
@@ -476,12 +483,16 @@ func (g *group) denied() bool {
 }
 
 // takeCluster decides hits on a Cluster: one script call per hash slot
-// group, in parallel, all-or-nothing across groups by compensating
-// refunds. It returns the groups' joined errors when some failed and none
-// denied; when some failed and another denied, the request is denied
-// whatever the failed ones would have said, and it returns a
-// *causes.Partial with the decided hits' decisions and the failed hits'
-// indexes.
+// group, all-or-nothing across groups. The group most likely to deny
+// (leadScore) goes first, alone: when it denies, the request is denied
+// and the other groups are decided as denied (modeDenied: they consume
+// nothing, so no other request ever sees them held); when it allows, the
+// others are taken in parallel and, when one of them denies or fails,
+// what the allowed groups consumed is reversed by compensating refunds.
+// It returns the groups' joined errors when some failed and none denied;
+// when some failed and another denied, the request is denied whatever the
+// failed ones would have said, and it returns a *causes.Partial with the
+// decided hits' decisions and the failed hits' indexes.
 func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	start := time.Now()
 	bySlot := make(map[uint16]*group, 2)
@@ -501,31 +512,53 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 	nowUS := s.nowUS()
 	if len(groups) == 1 {
 		_, err := s.run(ctx, modeTake, nowUS, nonce, hits, out)
+		if err == nil {
+			s.hints.note(hits, out, s.clock())
+		}
 		return err
 	}
-	var wg sync.WaitGroup
-	for _, g := range groups {
+	now := s.clock()
+	lead, best := 0, int64(0)
+	for i, g := range groups {
 		g.out = make([]algo.Decision, len(g.hits))
 		g.nonce = nonce
-		wg.Go(func() {
-			g.nowUS, g.err = s.run(ctx, modeTake, nowUS, nonce, g.hits, g.out)
-		})
+		if sc := s.hints.leadScore(g.hits, now); i == 0 || sc < best {
+			lead, best = i, sc
+		}
 	}
-	wg.Wait()
+	groups[0], groups[lead] = groups[lead], groups[0]
+	first, rest := groups[0], groups[1:]
+	first.nowUS, first.err = s.run(ctx, modeTake, nowUS, nonce, first.hits, first.out)
+	deadline := s.batch.epoch.Add(time.Duration(s.batch.budget(ctx, int64(start.Sub(s.batch.epoch)))))
+	firstDenied := first.err == nil && first.denied()
+	if firstDenied {
+		s.decideDenied(ctx, deadline, nowUS, rest)
+	} else {
+		var wg sync.WaitGroup
+		for _, g := range rest {
+			wg.Go(func() {
+				g.nowUS, g.err = s.run(ctx, modeTake, nowUS, nonce, g.hits, g.out)
+			})
+		}
+		wg.Wait()
+	}
 	var errs []error
 	denied := false
 	for _, g := range groups {
 		if g.err != nil {
 			errs = append(errs, g.err)
-		} else if g.denied() {
+			continue
+		}
+		s.hints.note(g.hits, g.out, now)
+		if g.denied() {
 			denied = true
 		}
 	}
-	if denied || len(errs) > 0 {
+	if !firstDenied && (denied || len(errs) > 0) {
 		// A denial decides the request whatever the failed groups would
 		// have said, so then the refunds' decisions are waited for as
 		// for any denial; a failure without a denial uses none.
-		s.compensate(ctx, s.batch.epoch.Add(time.Duration(s.batch.budget(ctx, int64(start.Sub(s.batch.epoch))))), groups, !denied)
+		s.compensate(ctx, deadline, groups, !denied)
 	}
 	if len(errs) > 0 && !denied {
 		return errors.Join(errs...)
@@ -548,6 +581,48 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 		return &causes.Partial{Decisions: out, Failed: failed, Err: errors.Join(errs...)}
 	}
 	return nil
+}
+
+// decideDenied decides groups, the rest of a request another group
+// denied, in modeDenied: each writes only its kept hits (releases,
+// always_charge) and reports the others as a denied request does (a check
+// on the state before it). Like compensating refunds they run in the
+// background under their own Timeout (kept hits are written even when
+// the caller has gone; Close waits for them), and decideDenied waits for
+// them until deadline or ctx's end: a group not decided by then gets
+// ErrDeadline (or its own error), so its hits get their failure modes
+// while the request stays denied.
+func (s *Store) decideDenied(ctx context.Context, deadline time.Time, nowUS int64, groups []*group) {
+	type decided struct {
+		g     *group
+		out   []algo.Decision
+		nowUS int64
+		err   error
+	}
+	done := make(chan decided, len(groups))
+	for _, g := range groups {
+		hits := g.hits
+		s.bg.Go(func() {
+			out := make([]algo.Decision, len(hits))
+			n, err := s.run(context.WithoutCancel(ctx), modeDenied, nowUS, g.nonce, hits, out)
+			done <- decided{g, out, n, err}
+		})
+	}
+	for _, g := range groups {
+		g.err = ErrDeadline
+	}
+	wait := time.NewTimer(time.Until(deadline))
+	defer wait.Stop()
+	for range groups {
+		select {
+		case d := <-done:
+			d.g.out, d.g.nowUS, d.g.err = d.out, d.nowUS, d.err
+		case <-wait.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // compensate reverses every group of a denied or failed request that

@@ -11,7 +11,10 @@
 --          holds segments of one slot).
 -- ARGV[1]  S, the number of segments (>= 1). Then per segment:
 --   mode   "t" take, "r" refund (reverse a previous take exactly and reply
---          with check-only decisions on the restored state).
+--          with check-only decisions on the restored state), "d" denied (a
+--          take whose request another segment already denied: decided and
+--          written as a take that denied, so only its kept hits are
+--          written; Cluster, the groups after a denying one).
 --   now    integer microseconds since the Unix epoch, or "" for the
 --          server's TIME (read once per invocation). Tests pin it; refunds
 --          pass the take's now.
@@ -131,7 +134,7 @@ do
     -- header fails the invocation. A bad now or hit field fails only its
     -- segment (reply line "!ERR ratelimitd take.lua: invalid segment: ...").
     local mode, nowarg, nonce, nh = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])
-    if (mode ~= 't' and mode ~= 'r') or nonce == nil or nowarg == nil or not int(nh, 0, BIG - 1) then
+    if (mode ~= 't' and mode ~= 'r' and mode ~= 'd') or nonce == nil or nowarg == nil or not int(nh, 0, BIG - 1) then
       return bad('header of segment ' .. s)
     end
     local problem = nil

@@ -127,7 +127,7 @@ local function segment(seg)
   end
 
   local decisions = {}
-  local denied = false
+  local denied = seg.mode == 'd' -- denied by another segment of its request
   for i, h in ipairs(hits) do
     local d = step(h, states, members)
     if not d.allowed and not h.soft then denied = true end
