@@ -27,6 +27,9 @@ func TestYAMLSyntaxErrorLine(t *testing.T) {
 		{"unclosed flow on the first line", "domain: [broken\ndescriptors: []\n", 1, "did not find expected ',' or ']'"},
 		{"unclosed flow on the first line, alone", "domain: [broken\n", 1, "did not find expected ',' or ']'"},
 		{"error in the second document", "domain: d\n---\ndomain: e\n  x: y\n", 4, "mapping values are not allowed"},
+		{"reserved character", "domain: d\ndescriptors:\n  - key: a\n    value: x\n  - key: b\n    value: @x\n", 6, "found character that cannot start any token"},
+		{"unknown alias", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &a {unit: second, requests_per_unit: 5}\n  - key: b\n    rate_limit: *zz\n", 6, "unknown anchor 'zz' referenced"},
+		{"list item under a mapping", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n    - key: b\n", 7, "did not find expected key"},
 		{"duplicate key", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n    key: b\n", 5, `duplicate key "key" (first at line 3)`},
 		{"no final newline", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n     requests_per_unit: 5", 6, "did not find expected key"},
 	} {
