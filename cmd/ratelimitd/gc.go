@@ -54,6 +54,20 @@ type gcPolicy struct {
 	// set or the cgroup was not consulted).
 	Cgroup     uint64
 	CgroupNote string
+	// PercentBy and LimitBy name the setting each came from and its value,
+	// as logged: "GOGC=150", "--gc-percent=400", or
+	// "--memory-limit=300MiB from RATELIMITD_MEMORY_LIMIT" for a twin.
+	PercentBy, LimitBy string
+}
+
+// flagSetting is "--name=value", with " from VAR" when the value came
+// from an environment variable (a RATELIMITD_* twin).
+func flagSetting(o Options, name, value string) string {
+	s := "--" + name + "=" + value
+	if v, ok := o.fromEnv[name]; ok {
+		s += " from " + v
+	}
+	return s
 }
 
 // chooseGC decides the GC policy without changing the runtime: GOGC, when
@@ -68,15 +82,20 @@ type gcPolicy struct {
 func chooseGC(o Options, lookup func(string) (string, bool), cgroupLimit func() (uint64, error), current func() (int, int64)) (gcPolicy, error) {
 	envSet := func(name string) bool { v, ok := lookup(name); return ok && v != "" }
 	curPercent, curLimit := current()
-	p := gcPolicy{Percent: o.GCPercent, PercentSource: sourceFlag, Limit: noMemoryLimit, LimitSource: sourceNone}
+	p := gcPolicy{Percent: o.GCPercent, PercentSource: sourceFlag, Limit: noMemoryLimit, LimitSource: sourceNone,
+		PercentBy: flagSetting(o, "gc-percent", strconv.Itoa(o.GCPercent)),
+		LimitBy:   flagSetting(o, "memory-limit-ratio", strconv.FormatFloat(o.MemoryLimitRatio, 'g', -1, 64))}
 	if envSet("GOGC") {
-		p.Percent, p.PercentSource = curPercent, sourceEnv
+		v, _ := lookup("GOGC")
+		p.Percent, p.PercentSource, p.PercentBy = curPercent, sourceEnv, "GOGC="+v
 	}
 	switch {
 	case envSet("GOMEMLIMIT"):
-		p.Limit, p.LimitSource = curLimit, sourceEnv
+		v, _ := lookup("GOMEMLIMIT")
+		p.Limit, p.LimitSource, p.LimitBy = curLimit, sourceEnv, "GOMEMLIMIT="+v
 	case o.MemoryLimit > 0:
 		p.Limit, p.LimitSource = int64(o.MemoryLimit), sourceFlag
+		p.LimitBy = flagSetting(o, "memory-limit", formatBytes(int64(o.MemoryLimit)))
 	case o.MemoryLimitRatio > 0:
 		n, err := cgroupLimit()
 		switch {
@@ -115,13 +134,13 @@ func (p gcPolicy) apply() {
 
 // log reports the policy at startup, at info.
 func (p gcPolicy) log(log *slog.Logger) {
-	attrs := []any{"gc_percent", p.Percent, "gc_percent_source", p.PercentSource}
+	attrs := []any{"gc_percent", p.Percent, "gc_percent_source", p.PercentSource, "gc_percent_set_by", p.PercentBy}
 	if p.Limit == noMemoryLimit {
 		attrs = append(attrs, "memory_limit", "none")
 	} else {
 		attrs = append(attrs, "memory_limit", formatBytes(p.Limit), "memory_limit_bytes", p.Limit)
 	}
-	attrs = append(attrs, "memory_limit_source", p.LimitSource)
+	attrs = append(attrs, "memory_limit_source", p.LimitSource, "memory_limit_set_by", p.LimitBy)
 	if p.Cgroup > 0 {
 		attrs = append(attrs, "cgroup_memory_limit_bytes", p.Cgroup)
 	}

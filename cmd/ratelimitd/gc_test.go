@@ -40,35 +40,35 @@ func TestChooseGC(t *testing.T) {
 		want    gcPolicy
 	}{
 		{"defaults in a 512Mi container", nil, nil, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"no cgroup limit", nil, nil, cgroupOf(0, memlimit.ErrNoLimit), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "the cgroup sets no memory limit"}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "the cgroup sets no memory limit", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"not in a cgroup", nil, nil, cgroupOf(0, notInCgroup), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "no cgroup memory limit: process is not in cgroup"}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "no cgroup memory limit: process is not in cgroup", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"ratio flag", []string{"--memory-limit-ratio=0.5"}, nil, cgroupOf(1000*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 500 * mib, LimitSource: "cgroup", Cgroup: 1000 * mib}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 500 * mib, LimitSource: "cgroup", Cgroup: 1000 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.5"}},
 		{"ratio twin", nil, []string{"RATELIMITD_MEMORY_LIMIT_RATIO", "1"}, cgroupOf(1000*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 1000 * mib, LimitSource: "cgroup", Cgroup: 1000 * mib}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 1000 * mib, LimitSource: "cgroup", Cgroup: 1000 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=1 from RATELIMITD_MEMORY_LIMIT_RATIO"}},
 		{"ratio 0: no limit, cgroup not read", []string{"--memory-limit-ratio=0"}, nil, func() (uint64, error) { panic("cgroup read") }, runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none"}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0"}},
 		{"explicit limit beats cgroup", []string{"--memory-limit=400MiB"}, nil, func() (uint64, error) { panic("cgroup read") }, runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 400 * mib, LimitSource: "flag"}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 400 * mib, LimitSource: "flag", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit=400MiB"}},
 		{"limit twin", nil, []string{"RATELIMITD_MEMORY_LIMIT", "300Mi"}, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 300 * mib, LimitSource: "flag"}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 300 * mib, LimitSource: "flag", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit=300MiB from RATELIMITD_MEMORY_LIMIT"}},
 		{"GOMEMLIMIT beats flag", []string{"--memory-limit=400MiB"}, []string{"GOMEMLIMIT", "256MiB"}, cgroupOf(512*mib, nil), runtimeSays(100, 256*mib),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 256 * mib, LimitSource: "env"}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 256 * mib, LimitSource: "env", PercentBy: "--gc-percent=400", LimitBy: "GOMEMLIMIT=256MiB"}},
 		{"GOMEMLIMIT=off", nil, []string{"GOMEMLIMIT", "off"}, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "env"}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "env", PercentBy: "--gc-percent=400", LimitBy: "GOMEMLIMIT=off"}},
 		{"GOGC beats flag", []string{"--gc-percent=200"}, []string{"GOGC", "150"}, cgroupOf(512*mib, nil), runtimeSays(150, math.MaxInt64),
-			gcPolicy{Percent: 150, PercentSource: "env", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib}},
+			gcPolicy{Percent: 150, PercentSource: "env", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "GOGC=150", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"empty GOGC is unset", nil, []string{"GOGC", ""}, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib}},
+			gcPolicy{Percent: 400, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"gc percent twin", nil, []string{"RATELIMITD_GC_PERCENT", "100"}, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 100, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib}},
+			gcPolicy{Percent: 100, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=100 from RATELIMITD_GC_PERCENT", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"GC off with a cgroup limit", []string{"--gc-percent=-1"}, nil, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: -1, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib}},
+			gcPolicy{Percent: -1, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=-1", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"GOGC=off without a limit is the operator's choice", nil, []string{"GOGC", "off"}, cgroupOf(0, memlimit.ErrNoLimit), runtimeSays(-1, math.MaxInt64),
-			gcPolicy{Percent: -1, PercentSource: "env", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "the cgroup sets no memory limit"}},
+			gcPolicy{Percent: -1, PercentSource: "env", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "the cgroup sets no memory limit", PercentBy: "GOGC=off", LimitBy: "--memory-limit-ratio=0.8"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o, _, err := parseServe(c.args, env(c.env...), io.Discard)
@@ -164,8 +164,8 @@ func TestGCPolicyApply(t *testing.T) {
 func TestGCPolicyLog(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	gcPolicy{Percent: 400, PercentSource: "flag", Limit: 429496729, LimitSource: "cgroup", Cgroup: 512 * mib}.log(log)
-	gcPolicy{Percent: 100, PercentSource: "env", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "the cgroup sets no memory limit"}.log(log)
+	gcPolicy{Percent: 400, PercentSource: "flag", PercentBy: "--gc-percent=400", Limit: 429496729, LimitSource: "cgroup", LimitBy: "--memory-limit-ratio=0.8", Cgroup: 512 * mib}.log(log)
+	gcPolicy{Percent: 100, PercentSource: "env", PercentBy: "GOGC=100", Limit: math.MaxInt64, LimitSource: "none", LimitBy: "--memory-limit-ratio=0.8", CgroupNote: "the cgroup sets no memory limit"}.log(log)
 	gcPolicy{Percent: -1, PercentSource: "env", Limit: math.MaxInt64, LimitSource: "none"}.log(log) // GOGC=off alone: warned
 	gcPolicy{Percent: -1, PercentSource: "env", Limit: 200 * mib, LimitSource: "env"}.log(log)      // with a limit: fine
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
@@ -173,8 +173,8 @@ func TestGCPolicyLog(t *testing.T) {
 		t.Fatalf("%d lines:\n%s", len(lines), buf.String())
 	}
 	for i, want := range [][]string{
-		{"level=INFO", `msg="go gc policy"`, "gc_percent=400", "gc_percent_source=flag", "memory_limit=429496729", "memory_limit_bytes=429496729", "memory_limit_source=cgroup", "cgroup_memory_limit_bytes=536870912"},
-		{"gc_percent=100", "gc_percent_source=env", "memory_limit=none", "memory_limit_source=none", `cgroup="the cgroup sets no memory limit"`},
+		{"level=INFO", `msg="go gc policy"`, "gc_percent=400", "gc_percent_source=flag", `gc_percent_set_by="--gc-percent=400"`, "memory_limit=429496729", "memory_limit_bytes=429496729", "memory_limit_source=cgroup", `memory_limit_set_by="--memory-limit-ratio=0.8"`, "cgroup_memory_limit_bytes=536870912"},
+		{"gc_percent=100", "gc_percent_source=env", `gc_percent_set_by="GOGC=100"`, "memory_limit=none", "memory_limit_source=none", `cgroup="the cgroup sets no memory limit"`},
 		{"gc_percent=-1", "memory_limit=none"},
 		{"level=WARN", "GOGC=off without a memory limit"},
 		{"level=INFO", "gc_percent=-1", "memory_limit=200MiB"},

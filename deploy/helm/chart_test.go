@@ -46,16 +46,22 @@ func secretOf(t *testing.T, d *appsv1.Deployment, c *corev1.Container, flag stri
 	return "", ""
 }
 
-// TestDefaults: the default install runs on Redis, 3 to 12 replicas under
-// an HPA, debug on loopback, the appVersion image, no optional objects.
+// TestDefaults: the default install runs on the chart's own Redis (a
+// StatefulSet and its Service, which --redis-url names), 3 to 12 replicas
+// under an HPA, debug on loopback, the appVersion image, no optional
+// objects.
 func TestDefaults(t *testing.T) {
 	r := render(t, "")
 	d, c := deployment(t, r)
 	if got := mustArg(t, c, "backend"); got != "redis" {
 		t.Errorf("--backend=%s, want redis by default", got)
 	}
-	if got := mustArg(t, c, "redis-url"); got != "redis://redis:6379/0" {
-		t.Errorf("--redis-url=%s", got)
+	if got := mustArg(t, c, "redis-url"); got != "redis://ratelimitd-redis.ratelimitd.svc:6379/0" {
+		t.Errorf("--redis-url=%s, want the chart's Redis Service", got)
+	}
+	ss := one[appsv1.StatefulSet](t, r, "apps/v1/StatefulSet")
+	if ss.Name != "ratelimitd-redis" || ss.Spec.ServiceName != "ratelimitd-redis" {
+		t.Errorf("StatefulSet %s (service %s), want ratelimitd-redis", ss.Name, ss.Spec.ServiceName)
 	}
 	if got := mustArg(t, c, "debug-addr"); got != "127.0.0.1:6070" {
 		t.Errorf("--debug-addr=%s, want 127.0.0.1:6070", got)
@@ -82,7 +88,7 @@ func TestDefaults(t *testing.T) {
 		kinds[o.Kind]++
 	}
 	want := map[string]int{
-		"apps/v1/Deployment": 1, "v1/Service": 1, "v1/ServiceAccount": 1, "v1/ConfigMap": 1,
+		"apps/v1/Deployment": 1, "apps/v1/StatefulSet": 1, "v1/Service": 2, "v1/ServiceAccount": 1, "v1/ConfigMap": 1,
 		"autoscaling/v2/HorizontalPodAutoscaler": 1, "policy/v1/PodDisruptionBudget": 1,
 	}
 	if d := cmp.Diff(want, kinds); d != "" {
@@ -96,7 +102,48 @@ func TestDefaults(t *testing.T) {
 	if !strings.Contains(r.Notes, "ratelimitd.ratelimitd.svc.cluster.local:8081") {
 		t.Errorf("NOTES.txt does not give the gRPC address:\n%s", r.Notes)
 	}
+	if !strings.Contains(r.Notes, "the chart's Redis") || !strings.Contains(r.Notes, "redis.enabled=false") {
+		t.Errorf("NOTES.txt does not say the counters are in the chart's Redis and how to use your own:\n%s", r.Notes)
+	}
 }
+
+// TestMemcacheBackend: backend memcache passes the servers (addresses or
+// an SRV record) and no Redis flag, mounts no Redis Secret, runs no Redis,
+// and the replicas share the counters (HPA as with Redis).
+func TestMemcacheBackend(t *testing.T) {
+	for name, want := range map[string][2]string{
+		"memcache":     {"memcache-addrs", "memcached-0.cache:11211,memcached-1.cache:11211"},
+		"memcache srv": {"memcache-srv", "_memcache._tcp.memcached.cache.svc.cluster.local"},
+	} {
+		r := render(t, combos[name]+"redis: {existingSecret: ignored}\n")
+		d, c := deployment(t, r)
+		if got := mustArg(t, c, "backend"); got != "memcache" {
+			t.Errorf("%s: --backend=%s", name, got)
+		}
+		if got := mustArg(t, c, want[0]); got != want[1] {
+			t.Errorf("%s: --%s=%s, want %s", name, want[0], got, want[1])
+		}
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Secret != nil {
+				t.Errorf("%s: volume %s mounts a Redis Secret with backend memcache", name, v.Name)
+			}
+		}
+		if n := len(byKind[appsv1.StatefulSet](r, "apps/v1/StatefulSet")); n != 0 {
+			t.Errorf("%s: %d StatefulSets: the chart runs no Redis with backend memcache", name, n)
+		}
+		if n := len(byKind[autoscalingv2.HorizontalPodAutoscaler](r, "autoscaling/v2/HorizontalPodAutoscaler")); n != 1 {
+			t.Errorf("%s: %d HPAs, want 1 (memcached is shared)", name, n)
+		}
+		if !strings.Contains(r.Notes, "memcached") {
+			t.Errorf("%s: NOTES.txt:\n%s", name, r.Notes)
+		}
+	}
+	if got := mustArg(t, must(deployment(t, render(t, combos["memcache"]))), "memcache-timeout"); got != "100ms" {
+		t.Errorf("--memcache-timeout=%s", got)
+	}
+}
+
+func must[A, B any](_ A, b B) B { return b }
 
 // TestMemoryBackend: whatever replicaCount and autoscaling say, the memory
 // store runs one pod, no HPA, no Redis flags, and the notes warn.
@@ -203,23 +250,32 @@ func TestRedisTopologies(t *testing.T) {
 			"redis: {url: 'redis://:hunter2@redis:6379/0'}\n":   "carries a password",
 			"redis: {url: 'rediss://u:hunter2@redis:6379/0'}\n": "carries a password",
 			"redis: {url: 'redis.example:6379'}\n":              "/redis/url",
+			// The chart's Redis, or the user's: never a name nothing answers.
+			"redis: {enabled: false}\n":                                           "needs redis.url",
+			"redis: {url: 'redis://redis:6379/0'}\n":                              "set redis.enabled=false",
+			"redis: {mode: cluster, addrs: ['a:6379']}\n":                         "deploys one standalone Redis",
+			"redis: {existingSecret: s}\n":                                        "for your own Redis",
+			"redis: {tls: {enabled: true}}\n":                                     "for your own Redis",
+			"backend: memcache\n":                                                 "needs the memcached servers",
+			"backend: memcache\nmemcache: {addrs: ['m:11211'], srv: _m._tcp.x}\n": "one of the two",
+			"backend: memcache\nmemcache: {addrs: ['m']}\n":                       "/memcache/addrs/0",
 			// values.schema.json: a misspelt or misplaced key is an error.
-			"replicas: 3\n":                                                  "additional properties 'replicas'",
-			"redis: {password: hunter2}\n":                                   "additional properties 'password'",
-			"serviceMonitor: {enabled: true, intervall: 10s}\n":              "additional properties 'intervall'",
-			"extraArgs: [redis-pool-size=3]\n":                               "/extraArgs/0",
-			"drain: 5\n":                                                     "/drain",
-			"redis: {mode: cluster}\n":                                       "needs redis.addrs",
-			"redis: {mode: sentinel, addrs: ['s:26379']}\n":                  "needs redis.master",
-			"redis: {addrs: ['a:6379']}\n":                                   "standalone",
-			"redis: {tls: {enabled: true}}\n":                                "rediss://",
-			"redis: {tls: {existingSecret: ca}}\n":                           "need redis.tls.enabled",
-			"redis: {sentinelAuth: {existingSecret: s}}\n":                   "sentinel",
-			"serviceMonitor: {enabled: true}\npodMonitor: {enabled: true}\n": "choose one",
-			"serviceMonitor: {enabled: true}\nmetrics: {enabled: false}\n":   "metrics.enabled",
-			"config: {files: {ratelimitd.yaml: null}}\n":                     "needs a config",
-			"config: {files: {'..data': 'domain: x'}}\n":                     "config.files key",
-			"redis: {url: 'rediss://u@r:6380/0', tls: {enabled: true, existingSecret: s, certKey: tls.crt}}\n": "both",
+			"replicas: 3\n":                                                                         "additional properties 'replicas'",
+			"redis: {password: hunter2}\n":                                                          "additional properties 'password'",
+			"serviceMonitor: {enabled: true, intervall: 10s}\n":                                     "additional properties 'intervall'",
+			"extraArgs: [redis-pool-size=3]\n":                                                      "/extraArgs/0",
+			"drain: 5\n":                                                                            "/drain",
+			"redis: {enabled: false, mode: cluster}\n":                                              "needs redis.addrs",
+			"redis: {enabled: false, mode: sentinel, addrs: ['s:26379']}\n":                         "needs redis.master",
+			"redis: {enabled: false, url: 'redis://r:6379/0', addrs: ['a:6379']}\n":                 "standalone",
+			"redis: {enabled: false, url: 'redis://r:6379/0', tls: {enabled: true}}\n":              "rediss://",
+			"redis: {enabled: false, url: 'redis://r:6379/0', tls: {existingSecret: ca}}\n":         "need redis.tls.enabled",
+			"redis: {enabled: false, url: 'redis://r:6379/0', sentinelAuth: {existingSecret: s}}\n": "sentinel",
+			"serviceMonitor: {enabled: true}\npodMonitor: {enabled: true}\n":                        "choose one",
+			"serviceMonitor: {enabled: true}\nmetrics: {enabled: false}\n":                          "metrics.enabled",
+			"config: {files: {ratelimitd.yaml: null}}\n":                                            "needs a config",
+			"config: {files: {'..data': 'domain: x'}}\n":                                            "config.files key",
+			"redis: {enabled: false, url: 'rediss://u@r:6380/0', tls: {enabled: true, existingSecret: s, certKey: tls.crt}}\n": "both",
 		} {
 			renderFails(t, values, want)
 		}
@@ -249,7 +305,7 @@ func TestPasswordNeverInline(t *testing.T) {
 		d, c := deployment(t, r)
 		_, ok := arg(t, c, "redis-password-file")
 		switch {
-		case v.Redis.ExistingSecret != "" && v.Backend != "memory":
+		case v.Redis.ExistingSecret != "" && (v.Backend == "" || v.Backend == "redis"):
 			if s, _ := secretOf(t, d, c, "redis-password-file"); s != v.Redis.ExistingSecret {
 				t.Errorf("%s: password file from Secret %s, want %s", name, s, v.Redis.ExistingSecret)
 			}
@@ -410,8 +466,9 @@ func TestNames(t *testing.T) {
 		if d.Name != c.want {
 			t.Errorf("release %s values %q: Deployment %s, want %s", c.release, c.values, d.Name, c.want)
 		}
-		if svc := one[corev1.Service](t, r, "v1/Service"); svc.Name != c.want {
-			t.Errorf("Service %s, want %s", svc.Name, c.want)
+		serviceNamed(t, r, c.want)
+		if ss := one[appsv1.StatefulSet](t, r, "apps/v1/StatefulSet"); ss.Name != c.want+"-redis" {
+			t.Errorf("Redis StatefulSet %s, want %s-redis", ss.Name, c.want)
 		}
 	}
 }

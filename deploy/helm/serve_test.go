@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/deploytest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -99,30 +100,107 @@ func firstLines(b []byte, n int) string {
 // redis-server that requires a password proves the password reaches
 // ratelimitd through --redis-password-file: a decision is counted in Redis.
 func TestRenderedPodServesAgainstRedis(t *testing.T) {
-	bin := deploytest.Ratelimitd(t)
 	const password = "chart-e2e-pw-7f3a"
 	srv := redistest.Standalone(t, redistest.WithPassword(password))
 
-	r := render(t, "redis: {existingSecret: ratelimitd-redis}\n")
-	d, c := deployment(t, r)
+	r := render(t, "redis: {enabled: false, url: 'redis://redis:6379/0', existingSecret: ratelimitd-redis}\n")
 	secrets := map[string]map[string]string{"ratelimitd-redis": {"password": password + "\n"}}
-	mounts := layOutVolumes(t, r, d, c, secrets)
+	pod := runPod(t, r, secrets, map[string]string{"redis": srv.Addr()})
+	if strings.Contains(strings.Join(pod.argv, " "), password) {
+		t.Fatalf("the password is on the command line: %q", pod.argv)
+	}
+	pod.decide(t)
+	requireKeys(t, srv, pod)
+	if strings.Contains(pod.log.String(), password) {
+		t.Errorf("the password appears in ratelimitd's log")
+	}
+}
 
-	httpAddr := deploytest.FreeAddr(t)
-	var argv []string
+// TestDefaultInstallCounts: `helm install` with no values counts every
+// decision. The chart's Redis StatefulSet runs here as a real
+// redis-server with the rendered container's arguments (the port aside),
+// the ratelimitd pod with its rendered args, its --redis-url host being
+// the chart's Redis Service (checkBundledRedis), moved onto this machine:
+// a decision leaves its key in that Redis.
+func TestDefaultInstallCounts(t *testing.T) {
+	r := render(t, "")
+	ss := one[appsv1.StatefulSet](t, r, "apps/v1/StatefulSet")
+	checkBundledRedis(t, r, must(deployment(t, r)))
+	rc := ss.Spec.Template.Spec.Containers[0]
+	var args []string
+	for i := 0; i < len(rc.Args); i++ {
+		if rc.Args[i] == "--port" {
+			i++ // the test server's own port
+			continue
+		}
+		args = append(args, rc.Args[i])
+	}
+	srv := redistest.Standalone(t, redistest.WithArgs(args...))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if got, err := srv.Client().ConfigGet(ctx, "maxmemory-policy").Result(); err != nil || got["maxmemory-policy"] != "noeviction" {
+		t.Fatalf("redis-server with the chart's args: maxmemory-policy %v, %v", got, err)
+	}
+	svc := serviceNamed(t, r, ss.Spec.ServiceName)
+	pod := runPod(t, r, nil, map[string]string{svc.Name + "." + svc.Namespace + ".svc": srv.Addr()})
+	pod.decide(t)
+	requireKeys(t, srv, pod)
+}
+
+// TestRenderedPodServesAgainstMemcache: backend memcache as rendered,
+// against a real memcached: decisions are counted there (the second
+// decision sees the first).
+func TestRenderedPodServesAgainstMemcache(t *testing.T) {
+	mc := memcachetest.Start(t)
+	// A generous timeout: the test host may be loaded; the timeout is not under test.
+	r := render(t, "backend: memcache\nmemcache: {addrs: ['memcached-0.cache:11211'], timeout: 5s}\n")
+	pod := runPod(t, r, nil, nil, func(name, val string) string {
+		if name == "memcache-addrs" {
+			return mc.Addr()
+		}
+		return val
+	})
+	first, second := pod.decide(t), pod.decide(t)
+	if first-second != 1 {
+		t.Fatalf("limit_remaining %d then %d: the decisions were not counted in memcached\n%s", first, second, pod.log.String())
+	}
+}
+
+// pod is a rendered ratelimitd container running on this host.
+type pod struct {
+	httpAddr string
+	argv     []string
+	log      interface{ String() string }
+}
+
+// runPod starts the rendered Deployment's container with its volumes laid
+// out (secrets: test data of the Secrets it mounts), the listen addresses
+// on free loopback ports, each --redis-url host found in hosts replaced
+// by its address, and then each arg passed through rewrite. It waits for
+// the liveness path to answer.
+func runPod(t *testing.T, r release, secrets map[string]map[string]string, hosts map[string]string, rewrite ...func(name, val string) string) *pod {
+	t.Helper()
+	bin := deploytest.Ratelimitd(t)
+	d, c := deployment(t, r)
+	mounts := layOutVolumes(t, r, d, c, secrets)
+	p := &pod{httpAddr: deploytest.FreeAddr(t)}
 	for _, a := range c.Args {
 		name, val, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
 		switch name {
 		case "grpc-addr", "metrics-addr", "debug-addr":
 			val = deploytest.FreeAddr(t)
 		case "http-addr":
-			val = httpAddr
+			val = p.httpAddr
 		case "redis-url":
 			u, err := url.Parse(val)
 			if err != nil {
 				t.Fatal(err)
 			}
-			u.Host = srv.Addr() // the Service "redis" on this host
+			addr, ok := hosts[u.Hostname()]
+			if !ok {
+				t.Fatalf("--redis-url=%s: host %s is not among %v", val, u.Hostname(), hosts)
+			}
+			u.Host = addr
 			val = u.String()
 		default:
 			for mp, dir := range mounts {
@@ -131,32 +209,49 @@ func TestRenderedPodServesAgainstRedis(t *testing.T) {
 				}
 			}
 		}
-		argv = append(argv, "--"+name+"="+val)
+		for _, f := range rewrite {
+			val = f(name, val)
+		}
+		p.argv = append(p.argv, "--"+name+"="+val)
 	}
-	if strings.Contains(strings.Join(argv, " "), password) {
-		t.Fatalf("the password is on the command line: %q", argv)
-	}
-	cmd := exec.Command(bin, append([]string{"serve"}, argv...)...)
+	cmd := exec.Command(bin, append([]string{"serve"}, p.argv...)...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, literalEnv(c)...)
 	proc := deploytest.Start(t, cmd, 30*time.Second)
-	log := proc.Log
+	p.log = proc.Log
 	// The liveness probe's path on the http port.
-	proc.WaitOK(t, "http://"+httpAddr+c.LivenessProbe.HTTPGet.Path, 60*time.Second)
+	proc.WaitOK(t, "http://"+p.httpAddr+c.LivenessProbe.HTTPGet.Path, 60*time.Second)
+	return p
+}
 
-	// One decision of the chart's default config (domain example,
-	// remote_address, 100 per minute) is counted in Redis.
+// decide sends one decision of the chart's default config (domain
+// example, remote_address, 100 per minute) and returns its
+// limit_remaining; it must be OK.
+func (p *pod) decide(t *testing.T) int {
+	t.Helper()
 	body, _ := json.Marshal(map[string]any{"domain": "example", "descriptors": []any{
 		map[string]any{"entries": []any{map[string]string{"key": "remote_address", "value": "192.0.2.7"}}},
 	}})
-	resp, err := http.Post("http://"+httpAddr+"/json", "application/json", bytes.NewReader(body))
+	resp, err := http.Post("http://"+p.httpAddr+"/json", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatalf("POST /json: %v", err)
 	}
 	out, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(out), `"OK"`) {
-		t.Fatalf("POST /json: %d %s\n%s", resp.StatusCode, out, log.String())
+	var ans struct {
+		OverallCode string `json:"overallCode"`
+		Statuses    []struct {
+			LimitRemaining int `json:"limitRemaining"`
+		} `json:"statuses"`
 	}
+	if err := json.Unmarshal(out, &ans); err != nil || resp.StatusCode != http.StatusOK || ans.OverallCode != "OK" || len(ans.Statuses) != 1 {
+		t.Fatalf("POST /json: %d %s (%v)\n%s", resp.StatusCode, out, err, p.log.String())
+	}
+	return ans.Statuses[0].LimitRemaining
+}
+
+// requireKeys fails unless srv holds a key (a counted decision).
+func requireKeys(t *testing.T, srv *redistest.Server, p *pod) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	n, err := srv.Client().DBSize(ctx).Result()
@@ -164,10 +259,7 @@ func TestRenderedPodServesAgainstRedis(t *testing.T) {
 		t.Fatalf("DBSIZE: %v", err)
 	}
 	if n == 0 {
-		t.Fatalf("the decision left no key in Redis (did ratelimitd authenticate?):\n%s", log.String())
-	}
-	if strings.Contains(log.String(), password) {
-		t.Errorf("the password appears in ratelimitd's log")
+		t.Fatalf("the decision left no key in Redis:\n%s", p.log.String())
 	}
 }
 

@@ -5,6 +5,7 @@
 package helm_test
 
 import (
+	"fmt"
 	"net"
 	"net/url"
 	"slices"
@@ -33,12 +34,14 @@ var combos = map[string]string{
 	"hpa off":    "autoscaling: {enabled: false}\nreplicaCount: 4\n",
 	"existing secret": `
 redis:
+  enabled: false
   url: redis://ratelimitd@redis-master.cache:6379/0
   existingSecret: redis-credentials
   existingSecretPasswordKey: redis-password
 `,
 	"cluster": `
 redis:
+  enabled: false
   mode: cluster
   url: rediss://ratelimitd@redis-0.cache.example.internal:6380/0
   addrs: [redis-0.cache.example.internal:6380, redis-1.cache.example.internal:6380, redis-2.cache.example.internal:6380]
@@ -47,6 +50,7 @@ redis:
 `,
 	"sentinel": `
 redis:
+  enabled: false
   mode: sentinel
   url: redis://ratelimitd@unused:6379/2
   addrs: [sentinel-0.cache:26379, sentinel-1.cache:26379, sentinel-2.cache:26379]
@@ -56,6 +60,7 @@ redis:
 `,
 	"tls": `
 redis:
+  enabled: false
   url: rediss://ratelimitd@redis.cache.example.internal:6380/0
   existingSecret: ratelimitd-redis
   tls:
@@ -96,6 +101,18 @@ extraEnv:
   - {name: OTEL_EXPORTER_OTLP_ENDPOINT, value: "otel-collector.observability:4317"}
 `,
 	"metrics on the http port": "metrics: {enabled: false}\n",
+	"own redis, no secret":     "redis: {enabled: false, url: 'redis://redis-master.cache:6379/0'}\n",
+	"cluster without url":      "redis: {enabled: false, mode: cluster, addrs: ['redis-0.cache:6379', 'redis-1.cache:6379']}\n",
+	"memcache":                 "backend: memcache\nmemcache: {addrs: ['memcached-0.cache:11211', 'memcached-1.cache:11211'], timeout: 100ms}\n",
+	"memcache srv":             "backend: memcache\nmemcache: {srv: _memcache._tcp.memcached.cache.svc.cluster.local}\nnetworkPolicy: {enabled: true}\n",
+	"network policy, own redis": `
+redis: {enabled: false, url: 'redis://10.64.0.7:6380/0'}
+networkPolicy:
+  enabled: true
+  redisEgress:
+    - to: [{ipBlock: {cidr: 10.64.0.0/20}}]
+      ports: [{port: 6380, protocol: TCP}]
+`,
 }
 
 // TestEveryComboIsSound renders every combination and checks what every
@@ -134,6 +151,7 @@ func checkRelease(t *testing.T, r release) {
 	checkSecretsAsFiles(t, d, c)
 	checkHardening(t, d, c)
 	checkBackendReplicas(t, r, d, c, podLabels)
+	checkBundledRedis(t, r, c)
 	svc := checkService(t, r, d, c, podLabels)
 	checkNetworkPolicies(t, r, c, podLabels)
 	checkMonitors(t, r, c, svc, podLabels)
@@ -260,15 +278,26 @@ func checkBackendReplicas(t *testing.T, r release, d *appsv1.Deployment, c *core
 		if !strings.Contains(r.Notes, "WARNING: backend memory") {
 			t.Errorf("NOTES.txt does not warn about the memory backend:\n%s", r.Notes)
 		}
-	case "redis":
+	case "redis", "memcache":
 		if strings.Contains(r.Notes, "WARNING") {
-			t.Errorf("NOTES.txt warns with backend redis:\n%s", r.Notes)
+			t.Errorf("NOTES.txt warns with backend %s:\n%s", b, r.Notes)
 		}
 		if len(hpas) == 1 && d.Spec.Replicas != nil {
 			t.Errorf("with an HPA the Deployment must not set replicas (an upgrade would reset the HPA's count)")
 		}
+		other := map[string]string{"redis": "--memcache-", "memcache": "--redis-"}[b]
+		for _, a := range c.Args {
+			if strings.HasPrefix(a, other) {
+				t.Errorf("backend %s, yet %s", b, a)
+			}
+		}
+		if _, addrs := arg(t, c, "memcache-addrs"); b == "memcache" {
+			if _, srv := arg(t, c, "memcache-srv"); addrs == srv {
+				t.Errorf("backend memcache needs exactly one of --memcache-addrs and --memcache-srv: %q", c.Args)
+			}
+		}
 	default:
-		t.Errorf("--backend=%s: want redis or memory", b)
+		t.Errorf("--backend=%s: want redis, memcache or memory", b)
 	}
 	for _, h := range hpas {
 		ref := h.Spec.ScaleTargetRef
@@ -296,7 +325,7 @@ func checkBackendReplicas(t *testing.T, r release, d *appsv1.Deployment, c *core
 // chart's ServiceAccount. It returns the Service.
 func checkService(t *testing.T, r release, d *appsv1.Deployment, c *corev1.Container, podLabels labels.Set) *corev1.Service {
 	t.Helper()
-	svc := one[corev1.Service](t, r, "v1/Service")
+	svc := serviceNamed(t, r, d.Name)
 	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) {
 		t.Errorf("Service selector %v does not match the pods", svc.Spec.Selector)
 	}
@@ -319,6 +348,9 @@ func checkService(t *testing.T, r release, d *appsv1.Deployment, c *corev1.Conta
 func checkNetworkPolicies(t *testing.T, r release, c *corev1.Container, podLabels labels.Set) {
 	t.Helper()
 	for _, np := range byKind[networkingv1.NetworkPolicy](r, "networking.k8s.io/v1/NetworkPolicy") {
+		if np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] == "redis" {
+			continue // the chart's Redis: checkBundledRedis
+		}
 		if !deploytest.MustSelector(t, "NetworkPolicy", &np.Spec.PodSelector).Matches(podLabels) {
 			t.Errorf("NetworkPolicy %s selects other pods", np.Name)
 		}
@@ -421,4 +453,141 @@ func checkConfigMount(t *testing.T, r release, d *appsv1.Deployment, c *corev1.C
 	if len(set.Domains()) == 0 {
 		t.Errorf("ConfigMap %s loads no domain", cm.Name)
 	}
+}
+
+// serviceNamed returns the rendered Service called name.
+func serviceNamed(t *testing.T, r release, name string) *corev1.Service {
+	t.Helper()
+	for _, s := range byKind[corev1.Service](r, "v1/Service") {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no Service %s", name)
+	return nil
+}
+
+// checkBundledRedis: with backend redis, --redis-url reaches something.
+// When the chart runs its Redis (a StatefulSet), the URL's host is the
+// cluster DNS name of a rendered Service whose selector picks exactly the
+// StatefulSet's pods and whose port leads to the redis container's port;
+// the pods run as non-root with a read-only root, no persistence and
+// noeviction; with a NetworkPolicy, only ratelimitd's pods reach them and
+// ratelimitd may reach them. Without the StatefulSet the URL names no
+// Service of the release (the user's own Redis).
+func checkBundledRedis(t *testing.T, r release, c *corev1.Container) {
+	t.Helper()
+	sts := byKind[appsv1.StatefulSet](r, "apps/v1/StatefulSet")
+	u, hasURL := arg(t, c, "redis-url")
+	if mustArg(t, c, "backend") != "redis" {
+		if len(sts) != 0 || hasURL {
+			t.Errorf("backend %s, yet a Redis StatefulSet (%d) or --redis-url", mustArg(t, c, "backend"), len(sts))
+		}
+		return
+	}
+	var host, port string
+	if hasURL {
+		pu, err := url.Parse(u)
+		if err != nil {
+			t.Fatalf("--redis-url=%s: %v", u, err)
+		}
+		host, port = pu.Hostname(), pu.Port()
+	}
+	if len(sts) == 0 {
+		for _, s := range byKind[corev1.Service](r, "v1/Service") {
+			if host == s.Name || strings.HasPrefix(host, s.Name+".") {
+				t.Errorf("--redis-url=%s names the release's Service %s, which is not a Redis", u, s.Name)
+			}
+		}
+		return
+	}
+	if len(sts) != 1 {
+		t.Fatalf("%d StatefulSets", len(sts))
+	}
+	ss := sts[0]
+	svc := serviceNamed(t, r, ss.Spec.ServiceName)
+	if want := svc.Name + "." + svc.Namespace + ".svc"; host != want {
+		t.Errorf("--redis-url host %q, want the chart's Redis Service %s", host, want)
+	}
+	podLabels := labels.Set(ss.Spec.Template.Labels)
+	if !deploytest.MustSelector(t, "StatefulSet", ss.Spec.Selector).Matches(podLabels) {
+		t.Errorf("StatefulSet selector does not match its pods")
+	}
+	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) {
+		t.Errorf("Service %s selector %v does not match the Redis pods %v", svc.Name, svc.Spec.Selector, podLabels)
+	}
+	d := one[appsv1.Deployment](t, r, "apps/v1/Deployment")
+	if labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) ||
+		deploytest.MustSelector(t, "Deployment", d.Spec.Selector).Matches(podLabels) {
+		t.Errorf("the Redis and ratelimitd pods share selectors")
+	}
+	if ss.Spec.Replicas == nil || *ss.Spec.Replicas != 1 || len(ss.Spec.Template.Spec.Containers) != 1 {
+		t.Fatalf("the chart's Redis: want one pod of one container")
+	}
+	rc := &ss.Spec.Template.Spec.Containers[0]
+	found := false
+	for _, p := range svc.Spec.Ports {
+		if fmt.Sprint(p.Port) == port && deploytest.ContainerPort(rc, p.TargetPort.String()) != 0 {
+			found = true
+			if got := deploytest.ContainerPort(rc, p.TargetPort.String()); fmt.Sprint(got) != redisArg(rc, "--port") {
+				t.Errorf("Service port %d targets %d, redis-server listens on %s", p.Port, got, redisArg(rc, "--port"))
+			}
+		}
+	}
+	if !found {
+		t.Errorf("Service %s has no port %s leading to the redis container", svc.Name, port)
+	}
+	if redisArg(rc, "--maxmemory-policy") != "noeviction" || redisArg(rc, "--save") != "" || redisArg(rc, "--appendonly") != "no" {
+		t.Errorf("the chart's Redis args %q: want noeviction, no save, no AOF", rc.Args)
+	}
+	psc, sc := ss.Spec.Template.Spec.SecurityContext, rc.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("the chart's Redis is not hardened: %+v %+v", psc, sc)
+	}
+	if ss.Spec.Template.Spec.AutomountServiceAccountToken == nil || *ss.Spec.Template.Spec.AutomountServiceAccountToken {
+		t.Errorf("the chart's Redis mounts a service-account token")
+	}
+	nps := byKind[networkingv1.NetworkPolicy](r, "networking.k8s.io/v1/NetworkPolicy")
+	if len(nps) == 0 {
+		return
+	}
+	rlLabels := labels.Set(d.Spec.Template.Labels)
+	var guarded, egress bool
+	for _, np := range nps {
+		sel := deploytest.MustSelector(t, "NetworkPolicy", &np.Spec.PodSelector)
+		switch {
+		case sel.Matches(podLabels):
+			guarded = true
+			for _, in := range np.Spec.Ingress {
+				for _, f := range in.From {
+					if f.PodSelector == nil || f.NamespaceSelector != nil || f.IPBlock != nil ||
+						!deploytest.MustSelector(t, "from", f.PodSelector).Matches(rlLabels) {
+						t.Errorf("NetworkPolicy %s admits more than ratelimitd's pods to Redis: %+v", np.Name, f)
+					}
+				}
+			}
+		case sel.Matches(rlLabels):
+			for _, e := range np.Spec.Egress {
+				for _, to := range e.To {
+					if to.PodSelector != nil && deploytest.MustSelector(t, "to", to.PodSelector).Matches(podLabels) {
+						egress = true
+					}
+				}
+			}
+		}
+	}
+	if !guarded || !egress {
+		t.Errorf("NetworkPolicies: Redis guarded %v, ratelimitd may reach it %v", guarded, egress)
+	}
+}
+
+// redisArg is the value after name in redis-server's args ("" if none).
+func redisArg(c *corev1.Container, name string) string {
+	for i, a := range c.Args {
+		if a == name && i+1 < len(c.Args) {
+			return c.Args[i+1]
+		}
+	}
+	return ""
 }

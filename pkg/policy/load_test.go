@@ -37,7 +37,7 @@ func TestLoadErrors(t *testing.T) {
 		want []string
 	}{
 		{"yaml syntax", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: a\n    value: [b\n"}, false,
-			[]string{"a.yaml:3: YAML syntax error: did not find expected"}},
+			[]string{"a.yaml:4: YAML syntax error: did not find expected"}},
 		{"yaml bad indent", map[string]string{"a.yaml": "domain: d\n  x: y\n"}, false,
 			[]string{"a.yaml:2: YAML syntax error: mapping values are not allowed"}},
 		{"unknown top key", map[string]string{"a.yaml": "domain: d\nfoo: 1\n"}, false,

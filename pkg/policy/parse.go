@@ -93,7 +93,7 @@ func parseFile(file string, data []byte, errs *errList) *fileConfig {
 			errs.add(file, 1, "empty config file: domain is required")
 			return nil
 		}
-		p.yamlError(err)
+		p.yamlError(data, err)
 		return nil
 	}
 	var extra yaml.Node
@@ -101,7 +101,7 @@ func parseFile(file string, data []byte, errs *errList) *fileConfig {
 		errs.add(file, extra.Line, "a config file holds one YAML document; found a second one")
 		return nil
 	} else if !errors.Is(err, io.EOF) {
-		p.yamlError(err)
+		p.yamlError(data, err)
 		return nil
 	}
 	root := deref(&doc)

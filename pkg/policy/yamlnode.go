@@ -1,6 +1,9 @@
 package policy
 
 import (
+	"bytes"
+	"errors"
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -11,9 +14,10 @@ import (
 // yamlLineRE finds the line number in a yaml.v3 error message.
 var yamlLineRE = regexp.MustCompile(`line (\d+)`)
 
-// yamlError reports a yaml.v3 decoding error at the line its message
-// names, as "YAML syntax error: ..." without yaml.v3's own prefix.
-func (p *parser) yamlError(err error) {
+// yamlError reports a yaml.v3 decoding error of data as "YAML syntax
+// error: ..." without yaml.v3's own prefix, at the line of the offending
+// token (yamlProblemLine).
+func (p *parser) yamlError(data []byte, err error) {
 	line := 0
 	msg := err.Error()
 	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
@@ -22,7 +26,86 @@ func (p *parser) yamlError(err error) {
 	msg = strings.TrimPrefix(msg, "yaml: ")
 	msg = yamlLineRE.ReplaceAllString(msg, "")
 	msg = strings.TrimPrefix(msg, ": ")
-	p.errs.add(p.file, line, "YAML syntax error: %s", msg)
+	p.errs.add(p.file, yamlProblemLine(data, line, msg), "YAML syntax error: %s", msg)
+}
+
+// yamlProblemLine returns the 1-based line of the token a syntax error
+// stopped at. yaml.v3's message names the line where the enclosing block
+// or scalar began, and for parser errors counts it from 0: an indentation
+// error on line 6 inside a mapping that began on line 3 says "line 2". The
+// offending token is at or after that line, and every prefix of the file
+// that ends with its line fails with the same problem while shorter
+// prefixes parse or fail otherwise (at their end). So the smallest such
+// prefix, found by bisection over whole lines from the reported line on,
+// ends with the offending line. A flow collection ({...} or [...]) that
+// does not close is the exception: the problem is its opening bracket,
+// whose 0-based line yaml.v3 names, unless it is the first line (0), when
+// it names the problem's instead; parsed one blank line down, the 0-based
+// line it names is the bracket's 1-based line. reported is the line
+// yaml.v3 named (0 if none) and problem its message without the line.
+func yamlProblemLine(data []byte, reported int, problem string) int {
+	if strings.HasPrefix(problem, "did not find expected ',' or ") {
+		err := decodeDocs(append([]byte("\n"), data...))
+		if err != nil && strings.HasSuffix(err.Error(), problem) {
+			if m := yamlLineRE.FindStringSubmatch(err.Error()); m != nil {
+				line, _ := strconv.Atoi(m[1])
+				return line
+			}
+		}
+		return reported + 1
+	}
+	ends := lineEnds(data)
+	lo, hi := max(reported, 1), len(ends)
+	if lo > hi {
+		return reported
+	}
+	sameProblem := func(n int) bool {
+		err := decodeDocs(data[:ends[n-1]])
+		return err != nil && strings.HasSuffix(err.Error(), problem)
+	}
+	if !sameProblem(hi) {
+		return reported
+	}
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if sameProblem(mid) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
+}
+
+// lineEnds returns the offset just past each line of data (its newline,
+// or the end of data for a last line without one).
+func lineEnds(data []byte) []int {
+	var ends []int
+	for i, c := range data {
+		if c == '\n' {
+			ends = append(ends, i+1)
+		}
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		ends = append(ends, len(data))
+	}
+	return ends
+}
+
+// decodeDocs decodes the first two YAML documents of data as parseFile
+// does and returns the first syntax error, or nil.
+func decodeDocs(data []byte) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for range 2 {
+		var n yaml.Node
+		if err := dec.Decode(&n); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // deref follows alias nodes to the node they stand for.

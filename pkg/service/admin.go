@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -43,7 +44,12 @@ const (
 	adminInvalid     = "invalid"
 	adminUnavailable = "unavailable"
 	adminError       = "error"
+	adminNotFound    = "unknown_domain"
 )
+
+// maxListedDomains bounds the loaded domains an unknown-domain error
+// lists; the rest are counted.
+const maxListedDomains = 20
 
 // Explanation is the answer of Service.Explain (JSON field names as
 // tagged; the admin gRPC service returns the same document as a
@@ -221,7 +227,35 @@ func (s *Service) adminSnapshot(op string, req *rlsv3.RateLimitRequest) (*snapsh
 		s.m.admin.WithLabelValues(op, adminUnavailable).Inc()
 		return nil, status.Error(codes.Unavailable, "service: no rate limit configuration loaded")
 	}
+	if d := req.GetDomain(); !sn.set.HasDomain(d) {
+		s.m.admin.WithLabelValues(op, adminNotFound).Inc()
+		return nil, status.Error(codes.NotFound, unknownDomain(d, sn.set.Domains()))
+	}
 	return sn, nil
+}
+
+// unknownDomain is the error message for a request on a domain the config
+// in force lacks: ShouldRateLimit would match nothing and answer OK, so an
+// explanation or a reset would only hide a misspelt or unloaded domain. It
+// names the domain (cut to 128 bytes) and the loaded domains, at most
+// maxListedDomains of them.
+func unknownDomain(domain string, loaded []string) string {
+	if len(domain) > 128 {
+		domain = domain[:128] + "..."
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "service: unknown domain %q: the config in force has no such domain; ShouldRateLimit matches nothing there and answers OK. Loaded domains (%d):", domain, len(loaded))
+	for i, d := range loaded {
+		if i == maxListedDomains {
+			fmt.Fprintf(&b, " and %d more", len(loaded)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, " %q", d)
+	}
+	return b.String()
 }
 
 // Explain says how the service would decide req now without consuming
@@ -231,7 +265,8 @@ func (s *Service) adminSnapshot(op string, req *rlsv3.RateLimitRequest) (*snapsh
 // would deny. The result is what a ShouldRateLimit call would see had it
 // arrived instead, but concurrent traffic may change it at any moment.
 // Errors are gRPC status errors: InvalidArgument (validateRequest),
-// Unavailable before the first config or when the Store fails (no
+// NotFound for a domain the config in force lacks (naming the loaded
+// ones), Unavailable before the first config or when the Store fails (no
 // failure mode applies to an explanation).
 func (s *Service) Explain(ctx context.Context, req *rlsv3.RateLimitRequest) (*Explanation, error) {
 	sn, err := s.adminSnapshot(adminExplain, req)
@@ -312,7 +347,8 @@ func seconds(d time.Duration) float64 {
 // a descriptor value unless Options.LogValues. Counted in
 // ratelimitd_admin_requests_total{op="reset"} and, per counter, in
 // ratelimitd_counter_resets_total. Errors are gRPC status errors:
-// InvalidArgument, Unavailable (no config, Store failed), Unimplemented
+// InvalidArgument, NotFound (unknown domain), Unavailable (no config,
+// Store failed), Unimplemented
 // (ErrResetUnsupported).
 func (s *Service) Reset(ctx context.Context, req *rlsv3.RateLimitRequest, who string) (*ResetResult, error) {
 	sn, err := s.adminSnapshot(adminReset, req)

@@ -350,3 +350,41 @@ func TestDecisionLogDenied(t *testing.T) {
 		t.Error("unknown mode accepted")
 	}
 }
+
+// An explanation or a reset on a domain the config lacks is an error
+// naming the domain and the loaded domains (HTTP 404, gRPC NotFound),
+// never an answer that looks like "nothing limits this".
+func TestAdminUnknownDomain(t *testing.T) {
+	e := newAdminEnv(t, nil, policy.KeyOptions{}, nil)
+	srv := httptest.NewServer(e.svc.AdminHandler())
+	defer srv.Close()
+	body, _ := protojson.Marshal(req("logn", d("user", "alice")))
+	for _, path := range []string{service.AdminExplainPath, service.AdminResetPath} {
+		resp, err := http.Post(srv.URL+path, "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		var m map[string]string
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatalf("%s: %v: %s", path, err, raw)
+		}
+		if resp.StatusCode != http.StatusNotFound || !strings.Contains(m["error"], `unknown domain "logn"`) || !strings.Contains(m["error"], `Loaded domains (1): "login"`) {
+			t.Errorf("%s on an unknown domain: %d %s", path, resp.StatusCode, raw)
+		}
+	}
+	if _, err := e.svc.Explain(context.Background(), req("logn", d("user", "alice"))); status.Code(err) != codes.NotFound {
+		t.Errorf("Explain: %v, want NotFound", err)
+	}
+	if _, err := e.svc.Reset(context.Background(), req("logn", d("user", "alice")), "test"); status.Code(err) != codes.NotFound {
+		t.Errorf("Reset: %v, want NotFound", err)
+	}
+	if got := metricValue(t, e.reg, "ratelimitd_admin_requests_total", map[string]string{"op": "explain", "result": "unknown_domain"}); got != 2 {
+		t.Errorf("admin_requests_total{op=explain,result=unknown_domain} = %v, want 2", got)
+	}
+	// ShouldRateLimit itself still answers OK on an unknown domain.
+	if r := e.hit(t, req("logn", d("user", "alice"))); r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("ShouldRateLimit on an unknown domain: %v", r.GetOverallCode())
+	}
+}

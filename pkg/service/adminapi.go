@@ -45,7 +45,8 @@ const adminProtoFile = "ratelimitd/admin/v1/admin.proto"
 
 // AdminHandler serves AdminExplainPath and AdminResetPath. The caller
 // named in the reset log line is r.RemoteAddr. Status: 200, 400 for a
-// bad body or an invalid request, 405 for methods other than POST, 413
+// bad body or an invalid request, 404 for a domain the config in force
+// lacks, 405 for methods other than POST, 413
 // for a body over Options.MaxJSONBodyBytes, 501 when the Store cannot
 // reset, 503 before the first config or when the Store failed; errors
 // have the body {"error": message}.
@@ -101,6 +102,8 @@ func writeAdmin(w http.ResponseWriter, v any, err error) {
 		switch status.Code(err) {
 		case codes.InvalidArgument:
 			code = http.StatusBadRequest
+		case codes.NotFound:
+			code = http.StatusNotFound
 		case codes.Unavailable:
 			code = http.StatusServiceUnavailable
 		case codes.Unimplemented:

@@ -81,7 +81,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		invalidUTF8:           r.counter("ratelimitd_invalid_utf8_requests_total", "gRPC RateLimitRequests whose domain or descriptor entry key/value held invalid UTF-8 and were decoded with those strings escaped (U+FFFD + hex of the raw bytes) instead of failing."),
 		refunds:               r.counterVec("ratelimitd_refunds_total", "Descriptors with is_negative_hits whose hits_addend the store credited to their limits, by domain (config domains only).", "domain"),
 		refundUnits:           r.counterVec("ratelimitd_refund_units_total", "Units (hits_addend) of the descriptors counted in ratelimitd_refunds_total, by domain.", "domain"),
-		admin:                 r.counterVec("ratelimitd_admin_requests_total", "Admin explain and reset calls (debug listener, HTTP and gRPC) by op (explain, reset) and result (ok, invalid, unavailable, error).", "op", "result"),
+		admin:                 r.counterVec("ratelimitd_admin_requests_total", "Admin explain and reset calls (debug listener, HTTP and gRPC) by op (explain, reset) and result (ok, invalid, unknown_domain, unavailable, error).", "op", "result"),
 		resets:                r.counter("ratelimitd_counter_resets_total", "Counters deleted by admin resets (one per applied limit of each matched descriptor)."),
 		decisionLogSuppressed: r.counter("ratelimitd_decision_log_suppressed_total", "Decision log lines (--log-decisions) dropped by the --log-decisions-rate bound."),
 	}

@@ -81,6 +81,47 @@ the chart then runs exactly one pod and no HPA.
 {{- if eq .Values.backend "memory" }}true{{ end }}
 {{- end }}
 
+{{/*
+"true" when the chart runs its own Redis: backend redis and redis.enabled.
+*/}}
+{{- define "ratelimitd.bundledRedis" -}}
+{{- if and (eq .Values.backend "redis") .Values.redis.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+The chart's Redis: the name of its StatefulSet and Service, its labels,
+and the --redis-url that reaches it.
+*/}}
+{{- define "ratelimitd.redisName" -}}
+{{- printf "%s-redis" (include "ratelimitd.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "ratelimitd.redisSelectorLabels" -}}
+app.kubernetes.io/name: redis
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: counter-store
+{{- end }}
+
+{{- define "ratelimitd.redisLabels" -}}
+helm.sh/chart: {{ include "ratelimitd.chart" . }}
+{{ include "ratelimitd.redisSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.redis.server.image.tag | quote }}
+app.kubernetes.io/part-of: ratelimitd
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+--redis-url: the chart's Redis when redis.enabled, else redis.url (""
+in cluster or sentinel mode without one: the flag is then left out).
+*/}}
+{{- define "ratelimitd.redisURL" -}}
+{{- if include "ratelimitd.bundledRedis" . }}
+{{- printf "redis://%s.%s.svc:6379/0" (include "ratelimitd.redisName" .) .Release.Namespace }}
+{{- else }}
+{{- .Values.redis.url }}
+{{- end }}
+{{- end }}
+
 {{- define "ratelimitd.hpaEnabled" -}}
 {{- if and .Values.autoscaling.enabled (not (include "ratelimitd.memory" .)) }}true{{ end }}
 {{- end }}
@@ -99,18 +140,31 @@ the key to fix.
 */}}
 {{- define "ratelimitd.validate" -}}
 {{- $v := .Values }}
-{{- if not (has $v.backend (list "redis" "memory")) }}
-{{- fail (printf "backend %q: want redis or memory" $v.backend) }}
+{{- if not (has $v.backend (list "redis" "memcache" "memory")) }}
+{{- fail (printf "backend %q: want redis, memcache or memory" $v.backend) }}
 {{- end }}
 {{- if eq $v.backend "redis" }}
 {{- if not (has $v.redis.mode (list "standalone" "cluster" "sentinel")) }}
 {{- fail (printf "redis.mode %q: want standalone, cluster or sentinel" $v.redis.mode) }}
 {{- end }}
-{{- if not (or (hasPrefix "redis://" $v.redis.url) (hasPrefix "rediss://" $v.redis.url)) }}
+{{- if and $v.redis.url (not (or (hasPrefix "redis://" $v.redis.url) (hasPrefix "rediss://" $v.redis.url))) }}
 {{- fail (printf "redis.url %q: want redis://host:port/db or rediss:// (TLS)" $v.redis.url) }}
 {{- end }}
 {{- if regexMatch "^rediss?://[^/@]*:[^/@]*@" $v.redis.url }}
 {{- fail "redis.url carries a password: put it in a Secret and name it in redis.existingSecret (--redis-password-file)" }}
+{{- end }}
+{{- if $v.redis.enabled }}
+{{- if $v.redis.url }}
+{{- fail "redis.url names your own Redis, and redis.enabled also deploys one: set redis.enabled=false to use yours, or leave redis.url empty to use the chart's" }}
+{{- end }}
+{{- if ne $v.redis.mode "standalone" }}
+{{- fail (printf "redis.mode %s: redis.enabled deploys one standalone Redis; for your own %s set redis.enabled=false and redis.addrs" $v.redis.mode $v.redis.mode) }}
+{{- end }}
+{{- if or $v.redis.existingSecret $v.redis.tls.enabled }}
+{{- fail "redis.existingSecret and redis.tls are for your own Redis (redis.enabled=false, redis.url): the chart's Redis (redis.enabled) has no password and no TLS; the NetworkPolicy (networkPolicy.enabled) admits only ratelimitd to it" }}
+{{- end }}
+{{- else if and (eq $v.redis.mode "standalone") (not $v.redis.url) }}
+{{- fail "backend redis with redis.enabled=false needs redis.url (redis://host:6379/0, or rediss:// for TLS) of your Redis: the chart deploys none, and a name no Service answers would leave every counter uncounted" }}
 {{- end }}
 {{- if and (ne $v.redis.mode "standalone") (not $v.redis.addrs) }}
 {{- fail (printf "redis.mode %s needs redis.addrs (the %s)" $v.redis.mode (ternary "sentinels" "cluster seed nodes" (eq $v.redis.mode "sentinel"))) }}
@@ -136,6 +190,9 @@ the key to fix.
 {{- if and (or $v.redis.tls.certKey $v.redis.tls.keyKey) (not $v.redis.tls.existingSecret) }}
 {{- fail "redis.tls.certKey/keyKey need redis.tls.existingSecret" }}
 {{- end }}
+{{- end }}
+{{- if and (eq $v.backend "memcache") (eq (empty $v.memcache.addrs) (empty $v.memcache.srv)) }}
+{{- fail "backend memcache needs the memcached servers: memcache.addrs (host:port of each) or memcache.srv (an SRV record), one of the two" }}
 {{- end }}
 {{- if and $v.serviceMonitor.enabled $v.podMonitor.enabled }}
 {{- fail "serviceMonitor.enabled and podMonitor.enabled: choose one (both would scrape every pod twice)" }}
