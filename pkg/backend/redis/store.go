@@ -102,6 +102,9 @@ type Store struct {
 	// sentinelMaster watches the Sentinel master's address (nil in other
 	// modes).
 	sentinelMaster *masterWatch
+	// noNX is set once a server refused PEXPIRE's NX (Redis 6; see
+	// nativeCall): native calls then send PEXPIRE without it.
+	noNX atomic.Bool
 	// warmConns is how many connections per node Warm and the health
 	// probe keep dialed: max(Options.MinIdleConns, pipelines + 1).
 	warmConns int
@@ -189,6 +192,7 @@ func (s *Store) newMaster(addr string) *master {
 	m.batch.overdue = func(sent time.Time) { m.breaker.Overdue(sent, m.breaker.now()) }
 	m.batch.open = func() error { return m.breaker.OpenErr(m.breaker.now()) }
 	m.batch.live, m.batch.liveAddr = s.live, addr
+	m.batch.noNX = &s.noNX
 	m.current.Store(true)
 	return m
 }
@@ -347,7 +351,9 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	out := make([]algo.Decision, len(hits))
 	var err error
-	if !s.cluster {
+	if s.opts.NativeCounting && slices.ContainsFunc(hits, func(h algo.Hit) bool { return nativeHit(&h) }) {
+		err = s.takeNative(ctx, hits, out)
+	} else if !s.cluster {
 		_, err = s.run(ctx, modeTake, s.nowUS(), s.nonce(), hits, out)
 	} else {
 		err = s.takeCluster(ctx, hits, out)
@@ -441,11 +447,16 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 	if len(hits) > 0 {
 		m = s.masterFor(ctx, hits[0].Key)
 	}
+	return s.runOn(ctx, m, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
+}
+
+// runOn decides seg on master m's path (see run).
+func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.Decision) (int64, error) {
 	start := m.breaker.now()
 	if err := m.breaker.Allow(start); err != nil {
 		return 0, err
 	}
-	scriptNow, err := m.batch.do(ctx, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
+	scriptNow, err := m.batch.do(ctx, seg, out)
 	err = Classify(err)
 	m.breaker.record(start, m.breaker.now(), err)
 	s.noteOutcome(err, true)
