@@ -16,7 +16,9 @@
 # rlload --client h2, key user: fixed window; c50: 50 in flight, whose
 # batches are larger under callgrind's slowdown than at full speed), ours-tb-c1,
 # ours-sw-c1 (token_bucket, sliding_window), ref-c1, ref-c50 (the reference,
-# pipelined INCRBY+EXPIRE), floor (redis-benchmark -c 1 EVALSHA of
+# pipelined INCRBY+EXPIRE), oursref-c1, oursref-c50 (ratelimitd in
+# reference mode: the reference's environment and config, its counting
+# decided natively by INCRBY+PEXPIRE), floor (redis-benchmark -c 1 EVALSHA of
 # "INCRBY KEYS[1] ARGV[1]; PEXPIRE KEYS[1] 60000"). RATELIMITD (a binary)
 # replaces the ratelimitd built from this tree (e.g. an older build, for an
 # A/B of the scripts). CG_KEEP (a directory) keeps each workload's
@@ -25,7 +27,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-2000}
-WORKLOADS=${WORKLOADS:-ours-c1 ours-c50 ours-tb-c1 ours-sw-c1 ref-c1 ref-c50 floor}
+WORKLOADS=${WORKLOADS:-ours-c1 ours-c50 ours-tb-c1 ours-sw-c1 oursref-c1 oursref-c50 ref-c1 ref-c50 floor}
 REF_VERSION=${REF_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}
 command -v valgrind >/dev/null || { echo "valgrind is missing (apt-get install valgrind)"; exit 1; }
 ./scripts/ensure-redis.sh >/dev/null
@@ -70,12 +72,14 @@ start_ours() {
   for _ in $(seq 300); do curl -fs "http://127.0.0.1:$HP/healthcheck" >/dev/null 2>&1 && return; sleep 0.1; done
   echo "ratelimitd did not become healthy"; cat "$work/svc.log"; exit 1
 }
+# start_ref [binary]: the reference's environment and config, run by the
+# reference (default) or by another binary (ratelimitd: reference mode).
 start_ref() {
   GP=$(free_port); HP=$(free_port); DP=$(free_port)
   env RUNTIME_ROOT="$work/runtime" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
     REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$RP" USE_STATSD=false DISABLE_STATS=true LOG_LEVEL=error \
     HOST=127.0.0.1 PORT="$HP" GRPC_HOST=127.0.0.1 GRPC_PORT="$GP" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$DP" \
-    "$work/refbin/service_cmd" >"$work/svc.log" 2>&1 &
+    "${1:-$work/refbin/service_cmd}" >"$work/svc.log" 2>&1 &
   SVC=$!
   for _ in $(seq 300); do curl -fs "http://127.0.0.1:$HP/healthcheck" >/dev/null 2>&1 && return; sleep 0.1; done
   echo "reference did not become healthy"; cat "$work/svc.log"; exit 1
@@ -91,8 +95,8 @@ for w in $WORKLOADS; do
   W=$w
   start_redis
   case "$w" in
-    ours-*|ref-*)
-      case "$w" in ours-*) start_ours ;; *) start_ref ;; esac
+    ours-*|oursref-*|ref-*)
+      case "$w" in ours-*) start_ours ;; oursref-*) start_ref "$work/ratelimitd" ;; *) start_ref ;; esac
       key=user; conc=1
       case "$w" in *-tb-*) key=tb ;; *-sw-*) key=sw ;; esac
       case "$w" in *-c50) conc=50 ;; esac
