@@ -166,6 +166,12 @@ func Run(ctx context.Context, log io.Reader, opts Options) (*Report, error) {
 
 // RunLines is Run on already parsed lines (ParseCombined's results).
 func RunLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Options) (*Report, error) {
+	return runLines(ctx, lines, bad, opts, nil)
+}
+
+// runLines is RunLines, recording per rule and key usage in use when not
+// nil.
+func runLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Options, use *usage) (*Report, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
@@ -197,6 +203,7 @@ func RunLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Option
 		slices.SortStableFunc(lines, func(a, b LogLine) int { return a.Time.Compare(b.Time) })
 	}
 	b := newBuilder(opts)
+	b.use = use
 	b.rep.Lines = len(lines) + len(bad)
 	b.rep.Malformed = len(bad)
 	for i, m := range bad {
