@@ -206,7 +206,18 @@ func runReplay(ctx context.Context, o replayOptions, stdout, stderr io.Writer) e
 		if perr != nil {
 			return perr
 		}
-		rep, err = replay.Suggest(ctx, lines, bad, ropts, replay.SuggestOptions{Load: policy.LoadOptions{MergeDomains: o.MergeDomains, Keys: policy.KeyOptions{Prefix: o.KeyPrefix}}})
+		rep, err = replay.Suggest(ctx, lines, bad, ropts, replay.SuggestOptions{
+			Load: policy.LoadOptions{MergeDomains: o.MergeDomains, Keys: policy.KeyOptions{Prefix: o.KeyPrefix}},
+			// Candidates replay on the memory store whatever --backend:
+			// they need no shared state, and the algorithms are the same.
+			NewStore: func(now func() time.Time) (service.Store, func(), error) {
+				ms, err := memory.New(memory.Options{Now: now, SweepInterval: -1})
+				if err != nil {
+					return nil, nil, err
+				}
+				return ms, func() { _ = ms.Close() }, nil
+			},
+		})
 	} else {
 		rep, err = replay.Run(ctx, in, ropts)
 	}

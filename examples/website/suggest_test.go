@@ -7,12 +7,23 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/golden"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/replay"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
+
+// memoryStores is SuggestOptions.NewStore on the memory store.
+func memoryStores(now func() time.Time) (service.Store, func(), error) {
+	st, err := memory.New(memory.Options{Now: now, SweepInterval: -1})
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, func() { _ = st.Close() }, nil
+}
 
 func readLog(t *testing.T) []replay.LogLine {
 	t.Helper()
@@ -68,7 +79,7 @@ func TestSuggestGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	rep, err := replay.Suggest(context.Background(), lines, nil, replay.Options{Envoy: env, Policy: set, Store: st, Clock: clock}, replay.SuggestOptions{})
+	rep, err := replay.Suggest(context.Background(), lines, nil, replay.Options{Envoy: env, Policy: set, Store: st, Clock: clock}, replay.SuggestOptions{NewStore: memoryStores})
 	if err != nil {
 		t.Fatal(err)
 	}

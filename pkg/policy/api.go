@@ -102,7 +102,12 @@ type Spec struct {
 // ratelimitd_early_warning_total: its usage crosses Used × the limit while
 // less than Within of its window has passed. Used == 0: off.
 type EarlyWarning struct {
-	Used, Within float64
+	// Used is the share of requests_per_unit to cross, in (0, 1]; 0 is
+	// off.
+	Used float64
+	// Within is the share of the window at whose start a crossing counts,
+	// in (0, 1].
+	Within float64
 }
 
 // Rule is a descriptor node that answers a request descriptor: it carries

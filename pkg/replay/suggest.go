@@ -16,8 +16,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // SuggestOptions configure Suggest. The zero value uses the defaults.
@@ -43,6 +43,10 @@ type SuggestOptions struct {
 	// Outlier: a key whose peak is above Outlier × the p99 of the keys
 	// not denied persistently is set aside (default 10).
 	Outlier float64
+	// NewStore returns an empty store reading its clock from now and a
+	// function that closes it; each candidate is replayed on a new one.
+	// Required.
+	NewStore func(now func() time.Time) (service.Store, func(), error)
 	// BurstShare is the token-bucket burst as a share of the suggested
 	// per-minute rate (default 0.2; from 0.1 to 0.2); the observed p99 of
 	// the keys' busiest second wins when larger.
@@ -111,26 +115,30 @@ type Fragment struct {
 // ClassSuggestion is the suggestion for one rule: its keys are the request
 // descriptors' entries that matched it (per IP, per API key, per route...).
 type ClassSuggestion struct {
-	// Domain and Rule (policy.Rule.Path) identify the rule.
+	// Domain is the domain the rule's descriptors were sent under.
 	Domain string `json:"domain"`
-	Rule   string `json:"rule"`
+	// Rule is the rule's stat key (policy.Rule.Path).
+	Rule string `json:"rule"`
 	// Current is the rule's first limit as configured.
 	Current string `json:"current"`
 	// Window is that limit's window ("1m0s").
 	Window Duration `json:"window"`
-	// Keys and Requests count what reached the rule; Legitimate of the
-	// keys remain once the abusive ones are set aside.
-	Keys       int `json:"keys"`
-	Requests   int `json:"requests"`
+	// Keys is the number of distinct keys that reached the rule.
+	Keys int `json:"keys"`
+	// Requests is the number of requests that reached the rule.
+	Requests int `json:"requests"`
+	// Legitimate is the number of keys left once the abusive ones are
+	// set aside.
 	Legitimate int `json:"legitimate"`
 	// Peaks is the distribution over legitimate keys of each key's peak
 	// usage (cost) per window.
 	Peaks Distribution `json:"peaks"`
-	// Abusive are the keys set aside, heaviest first (at most 20 listed;
-	// AbusiveKeys counts all, AbusiveRequests their requests).
-	Abusive         []AbusiveKey `json:"abusive,omitempty"`
-	AbusiveKeys     int          `json:"abusive_keys"`
-	AbusiveRequests int          `json:"abusive_requests"`
+	// Abusive are the keys set aside, most requests first (at most 20).
+	Abusive []AbusiveKey `json:"abusive,omitempty"`
+	// AbusiveKeys is the number of keys set aside (all of them).
+	AbusiveKeys int `json:"abusive_keys"`
+	// AbusiveRequests is their number of requests to the rule.
+	AbusiveRequests int `json:"abusive_requests"`
 	// Suggested is the suggested requests_per_unit (0 when Refused).
 	Suggested int64 `json:"suggested,omitempty"`
 	// Burst is the token-bucket burst for Suggested: BurstShare of its
@@ -154,41 +162,52 @@ type ClassSuggestion struct {
 
 // Distribution summarises per-key peaks (nearest-rank percentiles).
 type Distribution struct {
-	P50  int64 `json:"p50"`
-	P95  int64 `json:"p95"`
-	P99  int64 `json:"p99"`
+	// P50 is the median peak (units of cost per window).
+	P50 int64 `json:"p50"`
+	// P95 is the 95th percentile peak.
+	P95 int64 `json:"p95"`
+	// P99 is the 99th percentile peak, the base of the suggestion.
+	P99 int64 `json:"p99"`
+	// P999 is the 99.9th percentile peak (the max below 1000 keys).
 	P999 int64 `json:"p99_9"`
-	Max  int64 `json:"max"`
+	// Max is the largest peak.
+	Max int64 `json:"max"`
 }
 
 // AbusiveKey is a key set aside from the legitimate distribution.
 type AbusiveKey struct {
-	Key      string `json:"key"`
-	Requests int    `json:"requests"`
-	Peak     int64  `json:"peak"`
-	Reason   string `json:"reason"`
+	// Key is the descriptor's entries ("remote_address=192.0.2.1").
+	Key string `json:"key"`
+	// Requests is the key's number of requests to the rule.
+	Requests int `json:"requests"`
+	// Peak is its busiest window (units of cost).
+	Peak int64 `json:"peak"`
+	// Reason says which rule set it aside, with its numbers.
+	Reason string `json:"reason"`
 }
 
 // Candidate is one limit replayed for a rule.
 type Candidate struct {
 	// Name is "current", "suggested" or "N× p99".
 	Name string `json:"name"`
-	// Limit is requests_per_unit; Burst the token-bucket burst (0 for
-	// other algorithms).
+	// Limit is the candidate requests_per_unit.
 	Limit int64 `json:"limit"`
+	// Burst is its token-bucket burst (0 for other algorithms).
 	Burst int64 `json:"burst,omitempty"`
-	// LegitDenied of LegitRequests legitimate requests would be denied;
-	// LegitShare is their ratio.
-	LegitDenied int     `json:"legit_denied"`
-	LegitShare  float64 `json:"legit_share"`
-	// LegitKeysDenied legitimate keys would see at least one denial;
-	// LegitKeyShare is their share of the legitimate keys.
-	LegitKeysDenied int     `json:"legit_keys_denied"`
-	LegitKeyShare   float64 `json:"legit_key_share"`
-	// AbusiveDenied of the abusive requests would be stopped;
-	// AbusiveShare is their share.
-	AbusiveDenied int     `json:"abusive_denied"`
-	AbusiveShare  float64 `json:"abusive_share"`
+	// LegitDenied is the number of legitimate keys' requests it denied.
+	LegitDenied int `json:"legit_denied"`
+	// LegitShare is LegitDenied over the legitimate keys' requests (the
+	// false-positive rate).
+	LegitShare float64 `json:"legit_share"`
+	// LegitKeysDenied is the number of legitimate keys denied at least
+	// once.
+	LegitKeysDenied int `json:"legit_keys_denied"`
+	// LegitKeyShare is LegitKeysDenied over the legitimate keys.
+	LegitKeyShare float64 `json:"legit_key_share"`
+	// AbusiveDenied is the number of abusive keys' requests it denied.
+	AbusiveDenied int `json:"abusive_denied"`
+	// AbusiveShare is AbusiveDenied over the abusive keys' requests.
+	AbusiveShare float64 `json:"abusive_share"`
 	// Denied counts every request the rule would deny (all keys).
 	Denied int `json:"denied"`
 }
@@ -200,10 +219,13 @@ var candidateFactors = []float64{0, 0, 1, 2, 3, 5}
 // Suggest replays lines as RunLines does and adds the suggestion
 // (Report.Suggestion): the replay with opts is the baseline that sets
 // abusive keys aside; then every candidate limit is replayed, with every
-// rule in shadow mode (global shadow mode), on a fresh memory store, so
-// each rule sees all its traffic. opts.Store serves the baseline only.
+// rule in shadow mode (global shadow mode), on a new store from
+// so.NewStore, so each rule sees all its traffic. opts.Store serves the baseline only.
 func Suggest(ctx context.Context, lines []LogLine, bad []Malformed, opts Options, so SuggestOptions) (*Report, error) {
 	so.defaults()
+	if so.NewStore == nil {
+		return nil, errors.New("replay: SuggestOptions.NewStore is required")
+	}
 	base := newUsage()
 	rep, err := runLines(ctx, lines, bad, opts, base)
 	if err != nil {
@@ -449,7 +471,7 @@ func ratio(a, b int) float64 {
 }
 
 // replayCandidate replays lines with the config srcs in global shadow mode
-// on a fresh memory store and returns the usage.
+// on a new store (SuggestOptions.NewStore) and returns the usage.
 func replayCandidate(ctx context.Context, lines []LogLine, opts Options, so SuggestOptions, srcs []rewritten) (*usage, error) {
 	ps := make([]policy.Source, len(srcs))
 	for i, s := range srcs {
@@ -460,11 +482,11 @@ func replayCandidate(ctx context.Context, lines []LogLine, opts Options, so Sugg
 		return nil, err
 	}
 	clock := &Clock{}
-	st, err := memory.New(memory.Options{Now: clock.Now, SweepInterval: -1})
+	st, closeStore, err := so.NewStore(clock.Now)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = st.Close() }()
+	defer closeStore()
 	o := opts
 	o.Policy, o.Store, o.Clock, o.ShadowMode, o.Speed = set, st, clock, true, 0
 	use := newUsage()

@@ -11,8 +11,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
+
+// memoryStores is SuggestOptions.NewStore on the memory store.
+func memoryStores(now func() time.Time) (service.Store, func(), error) {
+	st, err := memory.New(memory.Options{Now: now, SweepInterval: -1})
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, func() { _ = st.Close() }, nil
+}
 
 // synthetic is a log of legitimate keys with a known distribution of peaks
 // plus injected scanners, and the config it is replayed with.
@@ -98,7 +109,7 @@ func (s *synthetic) options(t *testing.T, cfg string) Options {
 // the printed fragment.
 func TestSuggestSynthetic(t *testing.T) {
 	s := newSynthetic(t)
-	rep, err := Suggest(context.Background(), s.lines, nil, s.options(t, s.config), SuggestOptions{})
+	rep, err := Suggest(context.Background(), s.lines, nil, s.options(t, s.config), SuggestOptions{NewStore: memoryStores})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +225,7 @@ func TestSuggestRefusesFewKeys(t *testing.T) {
 			few = append(few, l)
 		}
 	}
-	rep, err := Suggest(context.Background(), few, nil, s.options(t, s.config), SuggestOptions{})
+	rep, err := Suggest(context.Background(), few, nil, s.options(t, s.config), SuggestOptions{NewStore: memoryStores})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +242,7 @@ func TestSuggestRefusesFewKeys(t *testing.T) {
 			short = append(short, l)
 		}
 	}
-	rep, err = Suggest(context.Background(), short, nil, s.options(t, s.config), SuggestOptions{MinKeys: 5})
+	rep, err = Suggest(context.Background(), short, nil, s.options(t, s.config), SuggestOptions{MinKeys: 5, NewStore: memoryStores})
 	if err != nil {
 		t.Fatal(err)
 	}
