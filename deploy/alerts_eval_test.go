@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/histogram"
 	"github.com/prometheus/prometheus/model/labels"
 	promqlengine "github.com/prometheus/prometheus/promql"
@@ -46,7 +47,7 @@ func counters(perMinute map[string]float64) storage.Queryable {
 	var all []storage.Series
 	for spec, rate := range perMinute {
 		name, rest, _ := strings.Cut(spec, "{")
-		kv := []string{labels.MetricName, name}
+		kv := []string{model.MetricNameLabel, name}
 		for _, p := range strings.Split(strings.TrimSuffix(rest, "}"), ",") {
 			k, v, _ := strings.Cut(p, "=")
 			kv = append(kv, k, strings.Trim(v, `"`))
