@@ -162,4 +162,13 @@ func TestReplaySuggest(t *testing.T) {
 			t.Errorf("%s: %d candidates, want 6", c.Rule, len(c.Candidates))
 		}
 	}
+	out.Reset()
+	if code := replayMain(append(base, "--output", "html"), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"<h2>Suggested limits</h2>", "<h3>website.remote_address</h3>", "<td>suggested</td><td>83 burst 17</td>", "shadow_mode: true"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("html output lacks %q", want)
+		}
+	}
 }

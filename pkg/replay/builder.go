@@ -192,7 +192,7 @@ func (b *builder) tally(route Route, resp *rlsv3.RateLimitResponse, rec *recorde
 			rs.Allowed++
 		}
 		cm.observe(st)
-		if b.use != nil && !m.Rule.Unlimited && !m.Release {
+		if b.use != nil && !m.Release {
 			b.use.add(route.Domain, m.Rule, d, b.now, rawDenied)
 		}
 	}

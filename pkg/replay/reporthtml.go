@@ -176,6 +176,7 @@ td:first-child,th:first-child{text-align:left}.big{font-size:28px;font-weight:60
 <p>Current: {{.Current}} (window {{.Window}}). {{.Keys}} keys ({{.Legitimate}} legitimate, {{.AbusiveKeys}} set aside with {{.AbusiveRequests}} requests), {{.Requests}} requests.<br>
 Peak per window: p50 {{.Peaks.P50}}, p95 {{.Peaks.P95}}, p99 {{.Peaks.P99}}, p99.9 {{.Peaks.P999}}, max {{.Peaks.Max}}.<br>
 {{if .Refused}}<b>No suggestion:</b> {{.Refused}}{{else}}<b>Suggested: {{.Suggested}} per {{.Window}}</b>; as a token_bucket, burst {{.Burst}} (p99 busiest second {{.BurstP99}}).{{end}}</p>
+{{if .Windows}}<table><tr><th>window</th><th>p50</th><th>p95</th><th>p99</th><th>p99.9</th><th>max</th><th>suggested</th></tr>{{range .Windows}}<tr><td>{{.Window}}</td><td>{{.Peaks.P50}}</td><td>{{.Peaks.P95}}</td><td>{{.Peaks.P99}}</td><td>{{.Peaks.P999}}</td><td>{{.Peaks.Max}}</td><td>{{.Suggested}}</td></tr>{{end}}</table>{{end}}
 {{range .Flags}}<p style="color:#ef6c00">Caution: {{.}}</p>{{end}}
 {{if .Abusive}}<table><tr><th>set aside</th><th>requests</th><th>peak</th><th style="text-align:left">why</th></tr>{{range .Abusive}}<tr><td>{{.Key}}</td><td>{{.Requests}}</td><td>{{.Peak}}</td><td style="text-align:left">{{.Reason}}</td></tr>{{end}}</table>{{end}}
 {{if .Candidates}}<table><tr><th>candidate</th><th>limit</th><th>legit requests denied</th><th>legit keys denied</th><th>abusive stopped</th><th>denied (all keys)</th></tr>

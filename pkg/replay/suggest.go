@@ -150,6 +150,11 @@ type ClassSuggestion struct {
 	Refused string `json:"refused,omitempty"`
 	// Flags are caveats of the suggestion (short log, few keys).
 	Flags []string `json:"flags,omitempty"`
+	// Windows, for a rule still to be written (an unlimited rule), are the
+	// peaks and suggested limits per minute, hour and day (Peaks and
+	// Suggested are the minute's); such a rule has no candidates and the
+	// fragment leaves it as it is.
+	Windows []WindowSuggestion `json:"windows,omitempty"`
 	// Candidates are what each candidate limit would have done, each
 	// replayed with every rule in shadow mode.
 	Candidates []Candidate `json:"candidates,omitempty"`
@@ -158,6 +163,18 @@ type ClassSuggestion struct {
 	tb       bool  // the rule's first limit is a token bucket
 	curLimit int64 // its requests_per_unit
 	curBurst int64 // its burst (token bucket), else 0
+}
+
+// WindowSuggestion is the distribution and suggestion for one window of a
+// rule still to be written.
+type WindowSuggestion struct {
+	// Window is the window ("1h0m0s").
+	Window Duration `json:"window"`
+	// Peaks is the distribution over legitimate keys of their peak per
+	// Window.
+	Peaks Distribution `json:"peaks"`
+	// Suggested is Factor × Peaks.P99, rounded up.
+	Suggested int64 `json:"suggested"`
 }
 
 // Distribution summarises per-key peaks (nearest-rank percentiles).
@@ -241,7 +258,7 @@ func Suggest(ctx context.Context, lines []LogLine, bad []Malformed, opts Options
 	legit := map[string]map[string]bool{}
 	for _, id := range sortedIDs(base) {
 		cu := base.classes[id]
-		if !counted(cu.rule) {
+		if !counted(cu.rule) && !cu.toWrite {
 			continue
 		}
 		cs, lk := analyse(cu, so, time.Duration(sg.Span))
@@ -255,7 +272,7 @@ func Suggest(ctx context.Context, lines []LogLine, bad []Malformed, opts Options
 	for ci, name := range candidateNames {
 		changes := map[string]limitChange{}
 		for _, cs := range classes {
-			if cs.Refused != "" {
+			if cs.Refused != "" || len(cs.Windows) > 0 {
 				continue
 			}
 			if lim, burst, ok := cs.candidateLimit(ci, so); ok {
@@ -279,7 +296,7 @@ func Suggest(ctx context.Context, lines []LogLine, bad []Malformed, opts Options
 			return nil, fmt.Errorf("replay --suggest: candidate %s: %w", name, err)
 		}
 		for _, cs := range classes {
-			if cs.Refused != "" {
+			if cs.Refused != "" || len(cs.Windows) > 0 {
 				continue
 			}
 			id := ruleID(cs.Domain, cs.Rule)
@@ -329,9 +346,12 @@ func distribution(sorted []int64) Distribution {
 // distribution and the suggestion; it returns the legitimate keys.
 func analyse(cu *classUsage, so SuggestOptions, span time.Duration) (*ClassSuggestion, map[string]bool) {
 	r := cu.rule
-	cs := &ClassSuggestion{Domain: cu.domain, Rule: r.Path, Current: describeSpec(r.Limits[0]),
-		Window: Duration(time.Duration(cu.window) * time.Second), Keys: len(cu.keys), window: cu.window,
-		tb: r.Limits[0].Algorithm == algo.TokenBucket, curLimit: int64(r.Limits[0].RequestsPerUnit)}
+	cs := &ClassSuggestion{Domain: cu.domain, Rule: r.Path, Current: "unlimited",
+		Window: Duration(time.Duration(cu.window) * time.Second), Keys: len(cu.keys), window: cu.window}
+	if !cu.toWrite {
+		cs.Current = describeSpec(r.Limits[0])
+		cs.tb, cs.curLimit = r.Limits[0].Algorithm == algo.TokenBucket, int64(r.Limits[0].RequestsPerUnit)
+	}
 	if cs.tb {
 		cs.curBurst = cmp.Or(r.Limits[0].Burst, cs.curLimit)
 	}
@@ -404,6 +424,25 @@ func analyse(cu *classUsage, so SuggestOptions, span time.Duration) (*ClassSugge
 	}
 	cs.Suggested = int64(math.Ceil(so.Factor * float64(cs.Peaks.P99)))
 	cs.Burst = burstFor(cs.Suggested, cs.window, cs.BurstP99, so)
+	if cu.toWrite {
+		for _, w := range []struct {
+			d    time.Duration
+			peak func(*keyUsage) map[int64]int64
+		}{
+			{time.Minute, func(k *keyUsage) map[int64]int64 { return k.perWin }},
+			{time.Hour, func(k *keyUsage) map[int64]int64 { return k.perHour }},
+			{24 * time.Hour, func(k *keyUsage) map[int64]int64 { return k.perDay }},
+		} {
+			var ps []int64
+			for k := range legit {
+				ps = append(ps, maxOf(w.peak(cu.keys[k])))
+			}
+			slices.Sort(ps)
+			d := distribution(ps)
+			cs.Windows = append(cs.Windows, WindowSuggestion{Window: Duration(w.d), Peaks: d,
+				Suggested: int64(math.Ceil(so.Factor * float64(d.P99)))})
+		}
+	}
 	if span < so.MinSpan {
 		cs.Flags = append(cs.Flags, fmt.Sprintf("based on %s of log time (less than %s): daily and weekly peaks may be missing", time.Duration(span), so.MinSpan))
 	}

@@ -250,3 +250,41 @@ func TestSuggestRefusesFewKeys(t *testing.T) {
 		t.Errorf("flags %q: want the short-log flag", fl)
 	}
 }
+
+// TestSuggestRuleToWrite: for an unlimited rule (a limit still to be
+// written) the suggestion gives the minute, hour and day distributions and
+// limits, sets the scanners aside by the outlier bound alone (no current
+// limit denies them), replays no candidate and leaves the rule unchanged.
+func TestSuggestRuleToWrite(t *testing.T) {
+	s := newSynthetic(t)
+	cfg := filepath.Join(t.TempDir(), "unlimited.yaml")
+	if err := os.WriteFile(cfg, []byte("domain: small\ndescriptors:\n  - key: remote_address\n    rate_limit: {unlimited: true}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Suggest(context.Background(), s.lines, nil, s.options(t, cfg), SuggestOptions{NewStore: memoryStores})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rep.Suggestion.Classes[0]
+	if c.Current != "unlimited" || c.Legitimate != 1000 || c.AbusiveKeys != 4 || len(c.Candidates) != 0 || len(c.Windows) != 3 {
+		t.Fatalf("class %+v: want 1000 legitimate keys, 4 set aside, 3 windows, no candidates", c)
+	}
+	want := 2.5 * -s.mean * math.Log(0.01)
+	for _, w := range c.Windows {
+		// Each legitimate key is busy in one minute only: its hour and
+		// day peaks are its minute peak.
+		if w.Peaks != c.Peaks || math.Abs(float64(w.Suggested)-want) > 0.1*want {
+			t.Errorf("window %s: peaks %+v suggested %d, want %+v and within 10%% of %.1f", time.Duration(w.Window), w.Peaks, w.Suggested, c.Peaks, want)
+		}
+	}
+	for _, a := range c.Abusive {
+		if !strings.Contains(a.Reason, "above 10× the p99") {
+			t.Errorf("%s set aside for %q", a.Key, a.Reason)
+		}
+	}
+	for _, f := range rep.Suggestion.Fragments {
+		if strings.Contains(f.YAML, "suggested by") {
+			t.Errorf("fragment rewrites the unlimited rule:\n%s", f.YAML)
+		}
+	}
+}

@@ -31,6 +31,13 @@ func (s *Suggestion) WriteText(w io.Writer) error {
 			p("  suggested:\t%d per %s (%g × p99 %d); as a token_bucket, burst %d (p99 busiest second %d)\n",
 				c.Suggested, time.Duration(c.Window), s.Factor, d.P99, c.Burst, c.BurstP99)
 		}
+		for _, w := range c.Windows {
+			d := w.Peaks
+			p("  per %s:\tp50 %d  p95 %d  p99 %d  p99.9 %d  max %d; suggested %d\n", time.Duration(w.Window), d.P50, d.P95, d.P99, d.P999, d.Max, w.Suggested)
+		}
+		if len(c.Windows) > 0 && c.Refused == "" {
+			p("  (unlimited):\tno candidates; write the rule with one of these limits, then run --suggest again\n")
+		}
 		for _, f := range c.Flags {
 			p("  caution:\t%s\n", f)
 		}

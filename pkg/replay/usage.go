@@ -22,6 +22,9 @@ type classUsage struct {
 	rule   *policy.Rule
 	window int64 // seconds
 	keys   map[string]*keyUsage
+	// toWrite: the rule has no counted limit yet (unlimited); its keys
+	// also record their hourly and daily usage.
+	toWrite bool
 }
 
 // keyUsage is one key's usage of a rule.
@@ -31,6 +34,8 @@ type keyUsage struct {
 	deniedWin map[int64]bool
 	perWin    map[int64]int64
 	perSec    map[int64]int64
+	perHour   map[int64]int64 // toWrite classes only
+	perDay    map[int64]int64 // toWrite classes only
 }
 
 func newUsage() *usage { return &usage{classes: map[string]*classUsage{}} }
@@ -70,7 +75,7 @@ func (u *usage) add(domain string, r *policy.Rule, d Descriptor, now time.Time, 
 	id := ruleID(domain, r.Path)
 	c := u.classes[id]
 	if c == nil {
-		c = &classUsage{domain: domain, rule: r, window: windowOf(r), keys: map[string]*keyUsage{}}
+		c = &classUsage{domain: domain, rule: r, window: windowOf(r), keys: map[string]*keyUsage{}, toWrite: r.Unlimited}
 		u.classes[id] = c
 		u.order = append(u.order, id)
 	}
@@ -78,6 +83,9 @@ func (u *usage) add(domain string, r *policy.Rule, d Descriptor, now time.Time, 
 	ku := c.keys[k]
 	if ku == nil {
 		ku = &keyUsage{deniedWin: map[int64]bool{}, perWin: map[int64]int64{}, perSec: map[int64]int64{}}
+		if c.toWrite {
+			ku.perHour, ku.perDay = map[int64]int64{}, map[int64]int64{}
+		}
 		c.keys[k] = ku
 	}
 	cost := int64(d.HitsAddend)
@@ -89,6 +97,10 @@ func (u *usage) add(domain string, r *policy.Rule, d Descriptor, now time.Time, 
 	ku.requests++
 	ku.perWin[win] += cost
 	ku.perSec[sec] += cost
+	if c.toWrite {
+		ku.perHour[floorDiv(sec, 3600)] += cost
+		ku.perDay[floorDiv(sec, 86400)] += cost
+	}
 	if denied {
 		ku.denied++
 		ku.deniedWin[win] = true
@@ -103,18 +115,13 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-func (k *keyUsage) peak() int64 {
-	var m int64
-	for _, n := range k.perWin {
-		m = max(m, n)
-	}
-	return m
-}
+func (k *keyUsage) peak() int64       { return maxOf(k.perWin) }
+func (k *keyUsage) peakSecond() int64 { return maxOf(k.perSec) }
 
-func (k *keyUsage) peakSecond() int64 {
-	var m int64
-	for _, n := range k.perSec {
-		m = max(m, n)
+func maxOf(m map[int64]int64) int64 {
+	var v int64
+	for _, n := range m {
+		v = max(v, n)
 	}
-	return m
+	return v
 }
