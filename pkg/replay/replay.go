@@ -15,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -192,6 +194,7 @@ func runLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Option
 		RetryJitter: -1,
 		Now:         opts.Clock.Now,
 		Rand:        func() float64 { return 0 },
+		Logger:      slog.New(quietHandler{slog.Default().Handler()}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
@@ -243,4 +246,24 @@ func runLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Option
 	}
 	b.finish()
 	return b.rep, nil
+}
+
+// quietHandler drops the service's early-warning lines: in a replay they
+// are sampled per second of log time, one per crossing key, and the report
+// already says which keys come near their limits.
+type quietHandler struct{ slog.Handler }
+
+func (h quietHandler) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "early warning") {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h quietHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return quietHandler{h.Handler.WithAttrs(as)}
+}
+
+func (h quietHandler) WithGroup(name string) slog.Handler {
+	return quietHandler{h.Handler.WithGroup(name)}
 }

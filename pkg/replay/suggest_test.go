@@ -1,8 +1,10 @@
 package replay
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/netip"
 	"os"
@@ -286,5 +288,33 @@ func TestSuggestRuleToWrite(t *testing.T) {
 		if strings.Contains(f.YAML, "suggested by") {
 			t.Errorf("fragment rewrites the unlimited rule:\n%s", f.YAML)
 		}
+	}
+}
+
+// TestReplayQuietEarlyWarnings: a replay writes none of the service's
+// early-warning log lines (sampled per second of log time, they would be
+// one per crossing key), while other service lines still pass.
+func TestReplayQuietEarlyWarnings(t *testing.T) {
+	var buf bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	defer slog.SetDefault(prev)
+	s := newSynthetic(t)
+	cfg := filepath.Join(t.TempDir(), "early.yaml")
+	if err := os.WriteFile(cfg, []byte(strings.Replace(syntheticConfig, "requests_per_unit: 600", "requests_per_unit: 600\n      early_warning: {used: 0.1, within: 1}", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The scanners (650 and 550 in a minute) cross 60 of 600.
+	opts := s.options(t, cfg)
+	if _, err := RunLines(context.Background(), s.lines, nil, opts); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "early warning") {
+		t.Errorf("replay logged early warnings:\n%.500s", buf.String())
+	}
+	h := quietHandler{slog.Default().Handler()}
+	_ = h.Handle(context.Background(), slog.NewRecord(time.Now(), slog.LevelWarn, "backend error", 0))
+	if !strings.Contains(buf.String(), "backend error") {
+		t.Errorf("quietHandler dropped another line: %q", buf.String())
 	}
 }
