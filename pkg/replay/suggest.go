@@ -234,10 +234,10 @@ var candidateNames = []string{"current", "suggested", "1x p99", "2x p99", "3x p9
 var candidateFactors = []float64{0, 0, 1, 2, 3, 5}
 
 // Suggest replays lines as RunLines does and adds the suggestion
-// (Report.Suggestion): the replay with opts is the baseline that sets
-// abusive keys aside; then every candidate limit is replayed, with every
-// rule in shadow mode (global shadow mode), on a new store from
-// so.NewStore, so each rule sees all its traffic. opts.Store serves the baseline only.
+// (Report.Suggestion): the replay with opts (on opts.Store) is the
+// baseline that sets abusive keys aside; then every candidate limit is
+// replayed with every rule in shadow mode (global shadow mode) on a new
+// store from so.NewStore, so that each rule sees all its traffic.
 func Suggest(ctx context.Context, lines []LogLine, bad []Malformed, opts Options, so SuggestOptions) (*Report, error) {
 	so.defaults()
 	if so.NewStore == nil {
@@ -269,7 +269,11 @@ func Suggest(ctx context.Context, lines []LogLine, bad []Malformed, opts Options
 	if err != nil {
 		return nil, err
 	}
+	replayed := slices.ContainsFunc(classes, func(cs *ClassSuggestion) bool { return cs.Refused == "" && len(cs.Windows) == 0 })
 	for ci, name := range candidateNames {
+		if !replayed {
+			break // no class to replay candidates for
+		}
 		changes := map[string]limitChange{}
 		for _, cs := range classes {
 			if cs.Refused != "" || len(cs.Windows) > 0 {
