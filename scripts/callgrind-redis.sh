@@ -72,14 +72,15 @@ start_ours() {
   for _ in $(seq 300); do curl -fs "http://127.0.0.1:$HP/healthcheck" >/dev/null 2>&1 && return; sleep 0.1; done
   echo "ratelimitd did not become healthy"; cat "$work/svc.log"; exit 1
 }
-# start_ref [binary]: the reference's environment and config, run by the
-# reference (default) or by another binary (ratelimitd: reference mode).
+# start_ref [command...]: the reference's environment and config, run by
+# the reference (default) or by another command (ratelimitd serve: its
+# reference mode, which that environment selects).
 start_ref() {
   GP=$(free_port); HP=$(free_port); DP=$(free_port)
   env RUNTIME_ROOT="$work/runtime" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
     REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$RP" USE_STATSD=false DISABLE_STATS=true LOG_LEVEL=error \
     HOST=127.0.0.1 PORT="$HP" GRPC_HOST=127.0.0.1 GRPC_PORT="$GP" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$DP" \
-    "${1:-$work/refbin/service_cmd}" >"$work/svc.log" 2>&1 &
+    "${@:-$work/refbin/service_cmd}" >"$work/svc.log" 2>&1 &
   SVC=$!
   for _ in $(seq 300); do curl -fs "http://127.0.0.1:$HP/healthcheck" >/dev/null 2>&1 && return; sleep 0.1; done
   echo "reference did not become healthy"; cat "$work/svc.log"; exit 1
@@ -96,7 +97,7 @@ for w in $WORKLOADS; do
   start_redis
   case "$w" in
     ours-*|oursref-*|ref-*)
-      case "$w" in ours-*) start_ours ;; oursref-*) start_ref "$work/ratelimitd" ;; *) start_ref ;; esac
+      case "$w" in ours-*) start_ours ;; oursref-*) start_ref "$work/ratelimitd" serve ;; *) start_ref ;; esac
       key=user; conc=1
       case "$w" in *-tb-*) key=tb ;; *-sw-*) key=sw ;; esac
       case "$w" in *-c50) conc=50 ;; esac
