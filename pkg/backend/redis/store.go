@@ -181,6 +181,7 @@ func (s *Store) newMaster(addr string) *master {
 	m := &master{addr: addr, breaker: NewBreaker(breakerOptions(opts), nil)} // real clock: Options.Now pins only the script
 	m.batch = newBatcher(s.client, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
 	m.batch.waitReplicas = opts.WaitReplicas
+	m.batch.establish = breakerOptions(opts).FailFor
 	m.batch.overdue = func(sent time.Time) { m.breaker.Overdue(sent, m.breaker.now()) }
 	m.batch.open = func() error { return m.breaker.OpenErr(m.breaker.now()) }
 	m.batch.live, m.batch.liveAddr = s.live, addr
