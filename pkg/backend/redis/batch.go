@@ -56,8 +56,8 @@ const maxBatchHits = 4 * maxBatch
 // circuit breaker (overdue). A call whose budget runs out completes with
 // ErrCallTimeout while Redis looks stalled and with ErrDeadline otherwise;
 // neither proves a failure, and the service sheds both (see ErrDeadline).
-// Once the stall is established (it has lasted `establish`, the breaker's
-// FailFor: long enough to open the circuit), a pending call that has
+// Once the stall is established (it has lasted `establish`: the breaker's
+// FailFor, at most half of maxWait; see establishAfter), a pending call that has
 // waited a Timeout itself completes at once with ErrStalled, and a budget
 // that runs out gives ErrStalled too: the rules' failure modes answer
 // within the caller's budget, as for a dead Redis. A call gets its own
@@ -89,7 +89,7 @@ type batcher struct {
 	cluster   bool          // group by hash slot: one invocation per slot
 	timeout   time.Duration // Options.Timeout: an unanswered invocation this old is overdue
 	// establish is how long a stall must have lasted before calls get
-	// ErrStalled (the breaker's FailFor); 0: never.
+	// ErrStalled (establishAfter); 0: never.
 	establish time.Duration
 	maxWait   time.Duration // budget of a call whose context has no deadline
 	margin    time.Duration // kept before the caller's deadline
@@ -146,12 +146,12 @@ var ErrCallTimeout error = newError(CauseTimeout, true,
 
 // ErrStalled is the error of a call on a master whose stall is
 // established: its sockets have had a request unanswered, with nothing
-// received, for the breaker's FailFor, and the call itself has waited a
+// received, for establishAfter, and the call itself has waited a
 // Timeout (or its budget ran out) with still nothing received. Its cause
 // is CauseStalled, an outage: the rules' failure modes answer, as for a
 // dead Redis.
 var ErrStalled error = newError(CauseStalled, true,
-	errors.New("redis: stalled: no reply from redis within the breaker's fail-for"))
+	errors.New("redis: stalled: no reply from redis, stall established"))
 
 // ErrDeadline is the error of a call whose budget ran out while Redis was
 // answering: it was still queued, or in flight for less than
@@ -620,6 +620,16 @@ var ErrNotReplicated error = newError(CauseReadonly, false,
 // Calls abandoned by their caller or completed by the sweeper are skipped.
 func (b *batcher) deliver(inv *invocation) {
 	err := inv.cmd.Err()
+	if err != nil && CauseOf(err) == CauseTimeout {
+		// The invocation's context (the latest budget of its calls) or a
+		// read timeout ended it: as for a budget that ran out, an
+		// established stall gives the failure modes.
+		b.mu.Lock()
+		if b.stalledLocked() && b.establishedLocked(b.clock()) {
+			err = ErrStalled
+		}
+		b.mu.Unlock()
+	}
 	if err == nil && inv.wait != nil {
 		if werr := inv.wait.Err(); werr != nil {
 			err = werr
