@@ -27,6 +27,10 @@ const (
 	BreakerHalfOpen = breaker.HalfOpen
 )
 
+// BreakerReport is one report of an outage for the log
+// (breaker.Report, see BreakerOptions.OnReport).
+type BreakerReport = breaker.Report
+
 // Defaults of DefaultBreakerOptions (breaker.Default*).
 const (
 	DefaultBreakerFailures     = breaker.DefaultFailures
@@ -36,6 +40,7 @@ const (
 	DefaultBreakerOpenFor      = breaker.DefaultOpenFor
 	DefaultBreakerFailFor      = breaker.DefaultFailFor
 	DefaultBreakerProbes       = breaker.DefaultProbes
+	DefaultBreakerReportEvery  = breaker.DefaultReportEvery
 )
 
 // BreakerOptions configure the Store's Breaker (breaker.Options). Only
