@@ -35,6 +35,11 @@ type healthProbe struct {
 	epoch    time.Time  // origin of lastOK (monotonic)
 	// lastOK is when a call last succeeded, in ns since epoch; -1: never.
 	lastOK atomic.Int64
+	// slow multiplies the probe's timeouts: doubled (up to maxProbeSlow)
+	// after a probe that ran out of time while Redis was answering
+	// (errProbeSlow: a starved host), back to 1 after a success. Only the
+	// loop's goroutine uses it.
+	slow time.Duration
 
 	ctx    context.Context // canceled by stop
 	cancel context.CancelFunc
@@ -128,6 +133,7 @@ func (s *Store) healthLoop(h *healthProbe) {
 		case <-t.C():
 		}
 		next := h.interval
+		slow := max(1, h.slow)
 		if !s.closed() {
 			// A circuit opened: Redis may come back restarted (no
 			// script, fresh pools), so warm again before serving.
@@ -137,19 +143,25 @@ func (s *Store) healthLoop(h *healthProbe) {
 			var err error
 			switch {
 			case !s.warmed.Load():
-				err = s.probeMasters(h.ctx, max(s.timeout, probeTimeout, s.dialTimeout), true)
+				err = s.probeMasters(h.ctx, slow*max(s.timeout, probeTimeout, s.dialTimeout), true)
 				if err == nil {
 					s.warmed.Store(true)
 				}
 			case s.writeRefused.Load():
 				err = s.writeProbe(h.ctx)
 			default:
-				err = s.probeMasters(h.ctx, max(s.timeout, probeTimeout), false)
+				err = s.probeMasters(h.ctx, slow*max(s.timeout, probeTimeout), false)
 				if err == nil {
 					// A PING does not prove writes count (OOM, READONLY):
 					// one decision on the probe keys does.
 					err = s.writeProbe(h.ctx)
 				}
+			}
+			switch {
+			case errors.Is(err, errProbeSlow):
+				h.slow = min(2*slow, maxProbeSlow)
+			case err == nil:
+				h.slow = 1
 			}
 			switch {
 			case err == nil:
@@ -186,6 +198,10 @@ const recoveryPoll = 100 * time.Millisecond
 // make a healthy Redis that slow; the breaker still needs Failures of
 // them in a row, and a failed probe marks the Store unhealthy at once.
 const probeTimeout = 250 * time.Millisecond
+
+// maxProbeSlow bounds healthProbe.slow: a warm-up probe gets at most
+// 8 × max(probeTimeout, DialTimeout) (2 s by default) on a starved host.
+const maxProbeSlow = 8
 
 // needPing reports whether the probe must act now: no call succeeded
 // within the last interval, or the circuit is not closed, or the Store is
