@@ -57,7 +57,8 @@ const maxBatchHits = 4 * maxBatch
 // ErrCallTimeout while Redis looks stalled and with ErrDeadline otherwise;
 // neither proves a failure, and the service sheds both (see ErrDeadline).
 // Once the stall is established (it has lasted `establish`: the breaker's
-// FailFor, at most half of maxWait; see establishAfter), a pending call that has
+// FailFor, at most half of maxWait, see establishAfter; and nothing was
+// received from the master since it began), a pending call that has
 // waited a Timeout itself completes at once with ErrStalled, and a budget
 // that runs out gives ErrStalled too: the rules' failure modes answer
 // within the caller's budget, as for a dead Redis. A call gets its own
@@ -379,10 +380,16 @@ func (b *batcher) stalledLocked() bool {
 }
 
 // establishedLocked reports whether the stall stalledLocked last saw is
-// established at now (ns since b.epoch): it has lasted b.establish. b.mu
-// is held; call it after stalledLocked.
+// established at now (ns since b.epoch): it has lasted b.establish, and
+// no byte has been received from the master (on any of its sockets)
+// since it began, so a socket whose last write expects no reply cannot
+// establish a stall while Redis answers the others. b.mu is held; call
+// it after stalledLocked.
 func (b *batcher) establishedLocked(now int64) bool {
-	return b.establish > 0 && b.stallFrom != 0 && now-b.stallFrom >= int64(b.establish)
+	if b.establish <= 0 || b.stallFrom == 0 || now-b.stallFrom < int64(b.establish) {
+		return false
+	}
+	return !b.live.heardSince(b.liveAddr, b.epoch.Add(time.Duration(b.stallFrom)))
 }
 
 // budgetError is the error of a call whose budget ran out: ErrStalled
