@@ -37,7 +37,7 @@ type liveness struct {
 	// epoch; 0: never).
 	heard atomic.Int64
 	mu    sync.Mutex
-	conns      map[*readConn]struct{}
+	conns map[*readConn]struct{}
 	// nodes is the per-address evidence, by dialed "host:port".
 	nodes map[string]*nodeLive
 }
