@@ -56,12 +56,15 @@ const maxBatchHits = 4 * maxBatch
 // circuit breaker (overdue). A call whose budget runs out completes with
 // ErrCallTimeout while Redis looks stalled and with ErrDeadline otherwise;
 // neither proves a failure, and the service sheds both (see ErrDeadline).
-// Once the stall is established (it has lasted `establish`: the breaker's
-// FailFor, at most half of maxWait, see establishAfter; and nothing was
-// received from the master since it began), a pending call that has
+// Once the stall is established (it has lasted `establish`, the breaker's
+// FailFor, and nothing was received from the master since it began), a
+// pending call that has
 // waited a Timeout itself completes at once with ErrStalled, and a budget
 // that runs out gives ErrStalled too: the rules' failure modes answer
-// within the caller's budget, as for a dead Redis. A call gets its own
+// within the caller's budget, as for a dead Redis. So does a call whose
+// budget runs out after it waited `establish` itself with nothing
+// received from the master since it was queued (a caller without a
+// deadline on a stall that began as it was queued). A call gets its own
 // Timeout first, so that a half-open probe sent to a Redis that answers
 // again is decided, not failed on the old evidence.
 // While the circuit breaker is open (open reports its error), every
@@ -392,6 +395,16 @@ func (b *batcher) establishedLocked(now int64) bool {
 	return !b.live.heardSince(b.liveAddr, b.epoch.Add(time.Duration(b.stallFrom)))
 }
 
+// waitedOutLocked reports whether c, whose budget ran out at now while
+// Redis looks stalled, has itself waited b.establish with nothing
+// received from the master since it was queued. b.mu is held.
+func (b *batcher) waitedOutLocked(c *scriptCall, now int64, stalled bool) bool {
+	if !stalled || b.establish <= 0 || now-c.queued < int64(b.establish) {
+		return false
+	}
+	return !b.live.heardSince(b.liveAddr, b.epoch.Add(time.Duration(c.queued)))
+}
+
 // budgetError is the error of a call whose budget ran out: ErrStalled
 // once the stall is established, ErrCallTimeout while Redis looks stalled
 // (stalledLocked), ErrDeadline otherwise.
@@ -421,7 +434,7 @@ func (b *batcher) sweepLocked(cs []*scriptCall, now int64, open error, stalled, 
 		case open != nil:
 			err = open
 		case c.deadline <= now:
-			err = budgetError(stalled, established)
+			err = budgetError(stalled, established || b.waitedOutLocked(c, now, stalled))
 		case established && now-c.queued >= int64(b.timeout):
 			err = ErrStalled
 		default:
@@ -627,15 +640,24 @@ var ErrNotReplicated error = newError(CauseReadonly, false,
 // Calls abandoned by their caller or completed by the sweeper are skipped.
 func (b *batcher) deliver(inv *invocation) {
 	err := inv.cmd.Err()
+	// stalledFor: the invocation's context (the latest budget of its
+	// calls) or a read timeout ended it; as for a budget that ran out, an
+	// established stall, or one a call waited out, gives ErrStalled.
+	stalledFor := func(*scriptCall) bool { return false }
 	if err != nil && CauseOf(err) == CauseTimeout {
-		// The invocation's context (the latest budget of its calls) or a
-		// read timeout ended it: as for a budget that ran out, an
-		// established stall gives the failure modes.
 		b.mu.Lock()
-		if b.stalledLocked() && b.establishedLocked(b.clock()) {
-			err = ErrStalled
-		}
+		now := b.clock()
+		stalled := b.stalledLocked()
+		est := stalled && b.establishedLocked(now)
 		b.mu.Unlock()
+		stalledFor = func(c *scriptCall) bool {
+			if est || !stalled {
+				return est
+			}
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return b.waitedOutLocked(c, now, stalled)
+		}
 	}
 	if err == nil && inv.wait != nil {
 		if werr := inv.wait.Err(); werr != nil {
@@ -657,6 +679,10 @@ func (b *batcher) deliver(inv *invocation) {
 			continue
 		}
 		if err != nil {
+			if stalledFor(c) {
+				c.finish(0, ErrStalled)
+				continue
+			}
 			c.finish(0, err)
 			continue
 		}

@@ -23,8 +23,7 @@ const (
 	CauseTimeout = causes.Timeout
 	// CauseStalled: the stall is established (its sockets to Redis have
 	// had a request unanswered, and nothing was received from it, for the
-	// breaker's FailFor or half of MaxWait, whichever is shorter; see
-	// batcher) and the call's master is still silent, or the
+	// breaker's FailFor; see batcher) and the call's master is still silent, or the
 	// circuit is open after that stall (ErrStalled, ErrStalledOpen). An
 	// outage, as for a dead Redis: the rules' failure modes answer.
 	CauseStalled = "stalled"

@@ -258,11 +258,9 @@ func breakerOptions(opts Options) BreakerOptions {
 
 // establishAfter is how long a stall lasts before it is established and
 // calls get ErrStalled (see batcher): the breaker's FailFor, when the
-// circuit opens on it, but at most half of MaxWait, so that a call
-// without a deadline that waits through a stall gets the failure modes
-// within its budget rather than being shed at its end; at least Timeout.
+// circuit opens on it; at least Timeout.
 func establishAfter(opts Options) time.Duration {
-	return max(opts.Timeout, min(breakerOptions(opts).FailFor, opts.maxWait()/2))
+	return max(opts.Timeout, breakerOptions(opts).FailFor)
 }
 
 // Close stops the health probe, waits for the pipelines in flight (at most
