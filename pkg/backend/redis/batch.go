@@ -58,10 +58,9 @@ const maxBatchHits = 4 * maxBatch
 // neither proves a failure, and the service sheds both (see ErrDeadline).
 // Once the stall is established (it has lasted `establish`, the breaker's
 // FailFor, and nothing was received from the master since it began), a
-// pending call that has
-// waited a Timeout itself completes at once with ErrStalled, and a budget
-// that runs out gives ErrStalled too: the rules' failure modes answer
-// within the caller's budget, as for a dead Redis. So does a call whose
+// pending call that has waited a Timeout itself completes at once with
+// ErrStalled, and a budget that runs out gives ErrStalled too: the rules'
+// failure modes answer within the caller's budget, as for a dead Redis. So does a call whose
 // budget runs out after it waited `establish` itself with nothing
 // received from the master since it was queued (a caller without a
 // deadline on a stall that began as it was queued). A call gets its own
