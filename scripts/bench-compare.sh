@@ -39,6 +39,8 @@
 #   redis us/dec  INFO commandstats: the usec of the service's top-level
 #                 commands (see redis_usec) / decisions: Redis' execution
 #                 time, without networking
+#   decisions/script call  decisions / EVALSHA (EVAL, FCALL) calls: the
+#                 batch size Redis saw, for scripts/callgrind-redis.sh
 # A run with errors is reported (errors column); its ratios still count.
 # The report and the targets are scripts/bench/compare/report.py.
 #
@@ -200,7 +202,10 @@ svc, sc, rnd, ticks, hz, r0, r1, us, load, path = sys.argv[1:]
 r = json.load(open(path))
 usec, cmds = us.split("\t", 1)
 d = max(r["decisions"], 1)
-print(json.dumps({"svc": svc, "scenario": sc, "round": int(rnd), "load": float(load),
+# script calls (EVALSHA, EVAL, FCALL): decisions per call is the batch size Redis saw
+calls = sum(int(e.split()[1]) for e in cmds.split("; ") if e.split()[:1] and e.split()[0] in
+            ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"))
+print(json.dumps({"script_calls": calls, "svc": svc, "scenario": sc, "round": int(rnd), "load": float(load),
   "rate": r["decisions_per_second"], "p50": r["p50_us"], "p99": r["p99_us"],
   "decisions": r["decisions"], "over_limit": r["over_limit"], "errors": r["errors"],
   "svc_cpu": int(ticks) / int(hz) * 1e6 / d, "redis_cpu": (float(r1) - float(r0)) * 1e6 / d,
@@ -209,8 +214,9 @@ EOF
   tail -1 "$work/runs.jsonl" | python3 -c '
 import json, sys
 r = json.loads(sys.stdin.read())
-print("  %-7s %-8s round %d: %8.0f/s p50 %6.0f p99 %6.0f µs, svc CPU %5.1f, redis CPU %5.1f, redis exec %5.2f µs/decision; over_limit %d, errors %d, load %.1f; %s" % (
-  r["svc"], r["scenario"], r["round"], r["rate"], r["p50"], r["p99"], r["svc_cpu"], r["redis_cpu"], r["redis_us"], r["over_limit"], r["errors"], r["load"], r["cmds"]))'
+b = "%.1f" % (r["decisions"] / r["script_calls"]) if r["script_calls"] else "-"
+print("  %-7s %-8s round %d: %8.0f/s p50 %6.0f p99 %6.0f µs, svc CPU %5.1f, redis CPU %5.1f, redis exec %5.2f µs/decision; decisions/script call %s; over_limit %d, errors %d, load %.1f; %s" % (
+  r["svc"], r["scenario"], r["round"], r["rate"], r["p50"], r["p99"], r["svc_cpu"], r["redis_cpu"], r["redis_us"], b, r["over_limit"], r["errors"], r["load"], r["cmds"]))'
 }
 
 echo "== machine: $(nproc) cores, redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2), $(go version | cut -d' ' -f3); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"

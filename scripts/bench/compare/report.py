@@ -99,6 +99,10 @@ def report(runs, out):
             line += " / %5.1f" % med("noop", "svc_cpu")
         line += "; Redis CPU %5.1f / %5.1f; Redis exec %5.2f / %5.2f µs per decision" % (
             med(subj, "redis_cpu"), med("ref", "redis_cpu"), med(subj, "redis_us"), med("ref", "redis_us"))
+        batch = [r["decisions"] / r["script_calls"] for r in runs
+                 if r["scenario"] == sc and r["svc"] == subj and r.get("script_calls")]
+        if batch:
+            line += "; %.1f decisions per script call" % st.median(batch)
         p(line)
     p()
     p("== targets (median of the per-round ratios; Redis exec from INFO commandstats, which the host's load inflates:")

@@ -99,13 +99,16 @@ type benchRun struct {
 	SvcCPU   float64 `json:"svc_cpu"`
 	RedisCPU float64 `json:"redis_cpu"`
 	RedisUS  float64 `json:"redis_us"`
+	// Decisions and ScriptCalls: decisions per EVALSHA is the batch size
+	Decisions   int `json:"decisions"`
+	ScriptCalls int `json:"script_calls"`
 }
 
 // TestReportTargets feeds the report three rounds of made-up runs and
 // checks each target's median ratio and verdict, bounds included, and
 // that a scenario not run is said so rather than judged.
 func TestReportTargets(t *testing.T) {
-	base := benchRun{Rate: 100, P50: 100, P99: 100, SvcCPU: 50, RedisCPU: 10, RedisUS: 1}
+	base := benchRun{Rate: 100, P50: 100, P99: 100, SvcCPU: 50, RedisCPU: 10, RedisUS: 1, Decisions: 1000}
 	var runs []benchRun
 	add := func(svc, sc string, round int, f func(*benchRun)) {
 		r := base
@@ -176,6 +179,9 @@ func TestReportTargets(t *testing.T) {
 		if !strings.Contains(line, w.median) || !strings.Contains(line, "  "+w.verdict) {
 			t.Errorf("target line %q: want median %q and %s", line, w.median, w.verdict)
 		}
+	}
+	if !strings.Contains(string(out), "; 10.0 decisions per script call") {
+		t.Errorf("no median batch size (10.0 decisions per script call) in\n%s", out)
 	}
 	if !strings.Contains(string(out), "| reference mode, 10k keys, c=1 | 1.00×") {
 		t.Errorf("no reference-mode row comparing refmode with the reference in\n%s", out)
