@@ -129,6 +129,7 @@ func TestReportTargets(t *testing.T) {
 			r.Rate = []float64{100, 300, 320}[round-1]
 			r.RedisUS = 2 // 2× the reference: MISS ≤ 1
 			r.SvcCPU = 15 // 0.30× the reference, 1.5× the no-op: PASS, PASS (bound)
+			r.ScriptCalls = []int{100, 125, 80}[round-1] // 10, 8 and 12.5 decisions per call
 		})
 		add("ours", "hot", round, func(r *benchRun) { r.Rate, r.RedisUS = 400, 0.04 })
 		add("ours", "c1", round, func(r *benchRun) { r.P50, r.P99, r.RedisUS = 80, 90, 2.3 })
