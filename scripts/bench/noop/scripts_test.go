@@ -127,8 +127,8 @@ func TestReportTargets(t *testing.T) {
 		// passes ≥ 2.5 where the mean (2.4) would not
 		add("ours", "keys10k", round, func(r *benchRun) {
 			r.Rate = []float64{100, 300, 320}[round-1]
-			r.RedisUS = 2 // 2× the reference: MISS ≤ 1
-			r.SvcCPU = 15 // 0.30× the reference, 1.5× the no-op: PASS, PASS (bound)
+			r.RedisUS = 2                                // 2× the reference: MISS ≤ 1
+			r.SvcCPU = 15                                // 0.30× the reference, 1.5× the no-op: PASS, PASS (bound)
 			r.ScriptCalls = []int{100, 125, 80}[round-1] // 10, 8 and 12.5 decisions per call
 		})
 		add("ours", "hot", round, func(r *benchRun) { r.Rate, r.RedisUS = 400, 0.04 })
