@@ -110,11 +110,11 @@ def report(runs, out):
     for label, sc, k, against, op, bound in TARGETS:
         rs = ratios(runs, sc, k, against)
         if not rs:
-            p("  %-50s %-18s target %s %-5g  NOT RUN (scenario %s)" % (label, "–", op, bound, sc))
+            p("  %-50s %-22s target %s %-5g  NOT RUN (scenario %s)" % (label, "–", op, bound, sc))
             continue
         m = st.median(rs)
         ok = m <= bound if op == "<=" else m >= bound
-        p("  %-50s %-18s target %s %-5g  %s" % (label, cell(rs), op, bound, "PASS" if ok else "MISS"))
+        p("  %-50s %-22s target %s %-5g  %s" % (label, cell(rs), op, bound, "PASS" if ok else "MISS"))
 
 
 def main():
