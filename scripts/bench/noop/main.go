@@ -74,7 +74,7 @@ func run(grpcAddr, httpAddr string) error {
 	}
 	hl, err := net.Listen("tcp", httpAddr)
 	if err != nil {
-		gl.Close()
+		_ = gl.Close()
 		return err
 	}
 	gs := newGRPCServer()
@@ -93,6 +93,6 @@ func run(grpcAddr, httpAddr string) error {
 	case err = <-errc:
 	}
 	gs.Stop()
-	hs.Close()
+	_ = hs.Close()
 	return err
 }
