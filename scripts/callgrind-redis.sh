@@ -16,7 +16,8 @@
 #
 # Per workload it prints Ir per decision, the ratio to the reference's
 # workload of the same shape (ref-c1, ref-c50 or ref-hot-c50; tb and sw
-# against the reference's fixed window) when that ran before it, decisions per script call (EVALSHA/EVAL/FCALL: the batch size
+# against the reference's fixed window; N > 1 without its own against
+# c50) when that ran before it, decisions per script call (EVALSHA/EVAL/FCALL: the batch size
 # Redis saw) and the commands per decision: which scripts or native
 # commands the service sent, and what the scripts called.
 #
@@ -165,6 +166,7 @@ for w in $WORKLOADS; do
   IR[$w]=$ir
   # the reference's workload of the same shape
   ref=; case "$w" in ours-*|refmode-*) ref=ref-${w#*-}; ref=${ref/-tb-/-}; ref=${ref/-sw-/-} ;; esac
+  if [ -n "$ref" ] && [ -z "${IR[$ref]:-}" ] && [ "${ref##*-c}" != 1 ]; then ref=${ref%-c*}-c50; fi
   x=–; if [ -n "$ref" ] && [ -n "${IR[$ref]:-}" ]; then x=$(printf '%.2f' "$(echo "$ir / ${IR[$ref]}" | bc -l)"); fi
   b=–; if [ "$scripts" -gt 0 ]; then b=$(printf '%.1f' "$(echo "$N / $scripts" | bc -l)"); fi
   printf '%-16s %14s %9.0f %8s %12s  %s\n' "$w" "$ir" "$(echo "$ir / $N" | bc -l)" "$x" "$b" "$cmds"
