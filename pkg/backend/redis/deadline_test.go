@@ -308,11 +308,14 @@ func TestNoScriptBurst(t *testing.T) {
 }
 
 // TestNativeFrozenRedis: native counting (reference mode) has the script
-// path's failure behaviour on a frozen Redis: with a 20 ms deadline every
-// Take of an always_charge fixed-window hit returns with cause timeout
-// (the breaker off, so that each reaches the batcher); with the breaker on
-// and no deadline the stalled sockets open the circuit and a later Take is
-// refused by it (ErrStalledOpen), not sent. After SIGCONT Takes succeed.
+// path's failure behaviour on a frozen Redis (as
+// TestTakeWithinDeadlineRedisFrozen and
+// TestFrozenRedisOpensCircuitForCallsWithoutDeadline): with a 20 ms
+// deadline every Take of an always_charge fixed-window hit returns with
+// cause timeout (the breaker off, so that each reaches the batcher); with
+// the breaker on and no deadline, with cause stalled once the stall is
+// established, the circuit opens and a later Take is refused by it
+// (ErrStalledOpen), not sent. After SIGCONT Takes succeed.
 func TestNativeFrozenRedis(t *testing.T) {
 	redistest.Require(t)
 	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
@@ -328,10 +331,9 @@ func TestNativeFrozenRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 		srv.Stop()
-		deadline := 20 * time.Millisecond
-		callers := 40
+		deadline, callers, cause := 20*time.Millisecond, 40, redis.CauseTimeout
 		if !breakerOff {
-			deadline, callers = 0, 20
+			deadline, callers, cause = 0, 20, redis.CauseStalled
 		}
 		var wg sync.WaitGroup
 		for g := range callers {
@@ -342,8 +344,8 @@ func TestNativeFrozenRedis(t *testing.T) {
 				}
 				defer cancel()
 				_, err := s.Take(ctx, hit("k"+strconv.Itoa(g)))
-				if redis.CauseOf(err) != redis.CauseTimeout {
-					t.Errorf("breaker off %v, Redis frozen: Take: %v (cause %q), want cause timeout", breakerOff, err, redis.CauseOf(err))
+				if redis.CauseOf(err) != cause {
+					t.Errorf("breaker off %v, Redis frozen: Take: %v (cause %q), want cause %q", breakerOff, err, redis.CauseOf(err), cause)
 				}
 			})
 		}
