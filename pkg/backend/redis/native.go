@@ -21,8 +21,8 @@ import (
 // INCRBY's reply (the count after the hit) is the whole decision: the
 // count before it is the reply less the cost. Its counter lives in its own
 // key per window, the hit's key followed by ":" and the window start in
-// µs since the Unix epoch, taken from the service's clock, holding a plain
-// integer. PEXPIRE … NX (Redis >= 7) gives the key its TTL once, when
+// µs since the Unix epoch in base 36, taken from the service's clock,
+// holding a plain integer. PEXPIRE … NX (Redis >= 7) gives the key its TTL once, when
 // INCRBY created it; a server that refuses NX (Redis 6) gets PEXPIRE
 // without it on every hit (see Store.noNX). A release (a refund) credits
 // the count floored at 0 with nativeReleaseLua, the only script of this
@@ -54,12 +54,13 @@ func nativeHit(h *algo.Hit) bool {
 }
 
 // nativeKey is the counter key of a native hit in the window starting at
-// ws (µs).
+// ws (µs), written in base 36: 10 bytes rather than 16 for today's
+// instants, so every command that hashes the key hashes less.
 func nativeKey(key string, ws int64) string {
-	b := make([]byte, 0, len(key)+18)
+	b := make([]byte, 0, len(key)+12)
 	b = append(b, key...)
 	b = append(b, ':')
-	b = strconv.AppendInt(b, ws, 10)
+	b = strconv.AppendInt(b, ws, 36)
 	return string(b)
 }
 
