@@ -1,6 +1,9 @@
 package refdiff
 
 import (
+	"context"
+	"strconv"
+	"strings"
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -48,9 +51,41 @@ func countingScenarios() []scenario {
 
 // TestDifferentialCounting: the reference's default counting
 // (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT unset), headers on.
+//
+// Reference mode counts these fixed windows as the reference does, by
+// INCRBY and PEXPIRE with no script (docs/redis.md, "Native counting"):
+// the shared redis-server ran no EVALSHA or EVAL for the scenarios' requests
+// (the Store's warm-up and health probe may run one of their own).
 func TestDifferentialCounting(t *testing.T) {
 	p := startPair(t, []string{"LIMIT_RESPONSE_HEADERS_ENABLED=true"}, map[string]string{"refdiff.yaml": refdiffConfig})
+	before := scriptCalls(t, p)
 	for _, sc := range countingScenarios() {
 		t.Run(sc.name, func(t *testing.T) { p.run(t, sc) })
 	}
+	if after := scriptCalls(t, p); after != before {
+		t.Errorf("reference mode ran %d scripts for always_charge fixed windows, want none", after-before)
+	}
+}
+
+// scriptCalls is the number of EVALSHA and EVAL calls p's redis-server
+// ran (INFO commandstats).
+func scriptCalls(t *testing.T, p *pair) int {
+	t.Helper()
+	info, err := p.redis.Client().Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for line := range strings.SplitSeq(info, "\n") {
+		for _, cmd := range []string{"evalsha", "eval"} {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+				c, err := strconv.Atoi(v[:strings.IndexByte(v, ',')])
+				if err != nil {
+					t.Fatal(err)
+				}
+				n += c
+			}
+		}
+	}
+	return n
 }

@@ -47,10 +47,23 @@ var argNativeRelease any = nativeReleaseLua
 
 // nativeHit reports whether h is decided natively (Options.NativeCounting
 // on): a fixed-window take or release under always_charge with
-// 1 <= rate < 2^53.
+// rate < 2^53. A rate of 0 or less is decided in Go with no command (see
+// zeroRate).
 func nativeHit(h *algo.Hit) bool {
 	l := &h.Limit
-	return h.Charge && l.Kind == algo.FixedWindow && l.Rate >= 1 && l.Rate < algo.MaxExact
+	return h.Charge && l.Kind == algo.FixedWindow && l.Rate < algo.MaxExact
+}
+
+// zeroRate is the decision on a fixed window that admits nothing (rate
+// <= 0) at now (µs), algo.Take's: denied until the window's end, nothing
+// counted, no key touched; a release holds nothing to return.
+func zeroRate(h *algo.Hit, nowUS int64) algo.Decision {
+	_, we := algo.WindowBoundsUs(h.Limit, nowUS)
+	r := time.Duration(we-nowUS) * time.Microsecond
+	if h.Release {
+		return algo.Decision{Allowed: true, ResetAfter: r, WindowAfter: r}
+	}
+	return algo.Decision{RetryAfter: r, ResetAfter: r, WindowAfter: r}
 }
 
 // nativeKey is the counter key of a native hit in the window starting at
@@ -184,16 +197,33 @@ func nativeDecision(rate, cost, v int64, release bool, reset int64) algo.Decisio
 // written) when a native hit that is not Soft denied, as the script
 // decides a request that one of its always_charge hits denied.
 func (s *Store) takeNative(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
-	var nat, rest []int
+	var nat, zero, rest []int
 	for i := range hits {
-		if nativeHit(&hits[i]) {
-			nat = append(nat, i)
-		} else {
+		switch {
+		case !nativeHit(&hits[i]):
 			rest = append(rest, i)
+		case hits[i].Limit.Rate <= 0:
+			zero = append(zero, i)
+		default:
+			nat = append(nat, i)
+		}
+	}
+	denied := false
+	if len(zero) > 0 {
+		nowUS := s.clock().UnixMicro()
+		for _, i := range zero {
+			out[i] = zeroRate(&hits[i], nowUS)
+			if !out[i].Allowed && !hits[i].Soft {
+				denied = true
+			}
 		}
 	}
 	nh, nout := pick(hits, nat), make([]algo.Decision, len(nat))
-	if err := s.runNative(ctx, nh, nout); err != nil {
+	var err error
+	if len(nat) > 0 {
+		err = s.runNative(ctx, nh, nout)
+	}
+	if err != nil {
 		var p *causes.Partial
 		if !errors.As(err, &p) {
 			return err
@@ -207,7 +237,6 @@ func (s *Store) takeNative(ctx context.Context, hits []algo.Hit, out []algo.Deci
 		slices.Sort(failed)
 		return &causes.Partial{Decisions: out, Failed: failed, Err: p.Err}
 	}
-	denied := false
 	for j, i := range nat {
 		out[i] = nout[j]
 		if !nout[j].Allowed && !hits[i].Soft {
@@ -218,7 +247,6 @@ func (s *Store) takeNative(ctx context.Context, hits []algo.Hit, out []algo.Deci
 		return nil
 	}
 	rh, rout := pick(hits, rest), make([]algo.Decision, len(rest))
-	var err error
 	switch {
 	case !s.cluster && denied:
 		_, err = s.run(ctx, modeDenied, s.nowUS(), s.nonce(), rh, rout)

@@ -182,7 +182,7 @@ func TestNativeClusterExactness(t *testing.T) {
 }
 
 // TestNativeEqualsReference: random requests mixing native hits (takes,
-// checks, releases, Soft, a key twice) with script hits (all_or_nothing
+// checks, releases, Soft, a key twice, a rate of 0) with script hits (all_or_nothing
 // fixed windows and token buckets, always_charge token buckets) decide
 // exactly as algotest.Reference, on standalone and Cluster.
 func TestNativeEqualsReference(t *testing.T) {
@@ -201,6 +201,7 @@ func TestNativeEqualsReference(t *testing.T) {
 				s = nativeStore(t, srv, nil, now)
 			}
 			fw := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: 10 * time.Second}
+			fw0 := algo.Limit{Kind: algo.FixedWindow, Period: 10 * time.Second}
 			tb := algo.Limit{Kind: algo.TokenBucket, Rate: 3, Period: 10 * time.Second, Burst: 3}
 			rng := rand.New(rand.NewPCG(1, 2))
 			prefix := "native:ref:" + mode + ":" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
@@ -211,9 +212,12 @@ func TestNativeEqualsReference(t *testing.T) {
 				hits := make([]algo.Hit, n)
 				for i := range hits {
 					h := algo.Hit{Cost: int64(rng.IntN(4))}
-					switch rng.IntN(4) {
+					switch rng.IntN(5) {
 					case 0, 1: // native: always_charge fixed windows "a", "b"
 						h.Key, h.Limit, h.Charge = prefix+string(rune('a'+rng.IntN(2))), fw, true
+						h.Release = rng.IntN(6) == 0
+					case 4: // native, decided in Go: a fixed window of rate 0
+						h.Key, h.Limit, h.Charge = prefix+"z", fw0, true
 						h.Release = rng.IntN(6) == 0
 					case 2: // script: all_or_nothing fixed window "c"
 						h.Key, h.Limit = prefix+"c", fw
