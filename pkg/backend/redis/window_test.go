@@ -219,3 +219,100 @@ func TestWindowKeysSkew(t *testing.T) {
 		t.Errorf("keys %q, want the server's window only", keys)
 	}
 }
+
+// TestWindowKeysMixedAllOrNothing: a request mixing a window-key limit
+// with a token bucket on a standalone server is two script calls, still
+// all-or-nothing whichever of them denies.
+func TestWindowKeysMixedAllOrNothing(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := windowStore(t, srv, nil)
+	ctx := context.Background()
+	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 3, Period: time.Hour}
+	tb := algo.Limit{Kind: algo.TokenBucket, Rate: 3, Period: time.Hour}
+	take := func(hits ...algo.Hit) []algo.Decision {
+		t.Helper()
+		d, err := s.Take(ctx, hits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	// The token bucket denies: the window key is not charged.
+	take(algo.Hit{Key: "mx:tb", Limit: tb, Cost: 3})
+	d := take(algo.Hit{Key: "mx:fw", Limit: fw, Cost: 1}, algo.Hit{Key: "mx:tb", Limit: tb, Cost: 1})
+	if !d[0].Allowed || d[0].Remaining != 3 || d[1].Allowed {
+		t.Fatalf("bucket empty: %+v, want the window hit reporting 3 left and the bucket denied", d)
+	}
+	if d := take(algo.Hit{Key: "mx:fw", Limit: fw, Cost: 0}); d[0].Remaining != 3 {
+		t.Fatalf("window after a denied mixed request: %+v, want 3 left", d[0])
+	}
+	// The window denies: the bucket is not charged.
+	take(algo.Hit{Key: "mx:fw2", Limit: fw, Cost: 3})
+	d = take(algo.Hit{Key: "mx:fw2", Limit: fw, Cost: 1}, algo.Hit{Key: "mx:tb2", Limit: tb, Cost: 2})
+	if d[0].Allowed || !d[1].Allowed || d[1].Remaining != 3 {
+		t.Fatalf("window full: %+v, want the window denied and the bucket reporting 3 left", d)
+	}
+	if d := take(algo.Hit{Key: "mx:tb2", Limit: tb, Cost: 0}); d[0].Remaining != 3 {
+		t.Fatalf("bucket after a denied mixed request: %+v, want 3 left", d[0])
+	}
+	// Both allow: both are charged.
+	d = take(algo.Hit{Key: "mx:fw3", Limit: fw, Cost: 1}, algo.Hit{Key: "mx:tb3", Limit: tb, Cost: 2})
+	if !d[0].Allowed || d[0].Remaining != 2 || !d[1].Allowed || d[1].Remaining != 1 {
+		t.Fatalf("both allow: %+v, want 2 and 1 left", d)
+	}
+}
+
+// TestWindowKeysShareInvocation: concurrent window-key requests from
+// many goroutines go out as far fewer script calls than requests, and
+// each is still counted exactly.
+func TestWindowKeysShareInvocation(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := windowStore(t, srv, nil)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
+	if _, err := s.Take(ctx, []algo.Hit{{Key: "sh:warm", Limit: l, Cost: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 400
+	var wg sync.WaitGroup
+	var allowed atomic.Int64
+	for i := range n {
+		wg.Go(func() {
+			d, err := s.Take(ctx, []algo.Hit{{Key: fmt.Sprintf("sh:%d", i%50), Limit: l, Cost: 1}})
+			if err == nil && d[0].Allowed {
+				allowed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if allowed.Load() != n {
+		t.Fatalf("allowed %d of %d", allowed.Load(), n)
+	}
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := int64(0)
+	for _, line := range strings.Split(info, "\n") {
+		if strings.HasPrefix(line, "cmdstat_evalsha:calls=") || strings.HasPrefix(line, "cmdstat_eval:calls=") {
+			v, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(line, "cmdstat_evalsha:calls="), "cmdstat_eval:calls="), ",")
+			var k int64
+			fmt.Sscan(v, &k)
+			calls += k
+		}
+	}
+	if calls < 1 || calls >= n {
+		t.Fatalf("%d script calls for %d requests, want fewer", calls, n)
+	}
+	for i := range 50 {
+		d, err := s.Take(ctx, []algo.Hit{{Key: fmt.Sprintf("sh:%d", i), Limit: l, Cost: 0}})
+		if err != nil || d[0].Remaining != 1000-n/50 {
+			t.Fatalf("sh:%d: %+v %v, want %d left", i, d, err, 1000-n/50)
+		}
+	}
+}
