@@ -472,12 +472,12 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 		// nothing: again with the server's now. A boundary passes at
 		// most once per window, so a third refusal is a clock that
 		// moved back.
-		if err != errStaleWindow || try == 2 {
+		if !errors.Is(err, errStaleWindow) || try == 2 {
 			break
 		}
 		seg.estUS = scriptNow
 	}
-	if err == errStaleWindow {
+	if errors.Is(err, errStaleWindow) {
 		err = fmt.Errorf("%w: the server's clock moved back", errReply)
 	}
 	err = Classify(err)

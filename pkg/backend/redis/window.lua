@@ -27,11 +27,11 @@ else
   now = tonumber(ARGV[1])
 end
 local nc = tonumber(ARGV[2])
-local RATE, WS, TTL, OK = {}, {}, {}, {}
+local RATE, TTL, OK = {}, {}, {}
 local p = 3
 for c = 0, nc - 1 do
   local rate, period, ws = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
-  RATE[c], WS[c], TTL[c] = rate, ws, ARGV[p + 3]
+  RATE[c], TTL[c] = rate, ARGV[p + 3]
   OK[c] = now - now % period == ws
   p = p + 4
 end
@@ -43,7 +43,9 @@ local k = 0 -- KEYS consumed
 -- general decides a segment of any shape exactly like pkg/algo's
 -- fixedWindow over tentative counts (a repeated key sees its earlier hits),
 -- all-or-nothing: reads first, then writes the difference per key.
-local function general(mode, n, a0, k0)
+local general
+local function define_general()
+general = function(mode, n, a0, k0)
   local cnt, first, keys = {}, {}, {}
   for i = 1, n do
     local key = KEYS[k0 + i]
@@ -141,25 +143,37 @@ local function general(mode, n, a0, k0)
     no = no + 2
   end
 end
+end
 
--- one decides a take of one plain hit: INCRBY, PEXPIRE when the key was
--- created, DECRBY (DEL when created) when it denies.
-local function one(key, c, cost, soft)
+-- one decides a take of one plain hit of class c: INCRBY, PEXPIRE when
+-- the key was created, DECRBY (DEL when created) when it denies. A write
+-- the server refuses (OOM, READONLY: before an invocation's first write)
+-- still lets a denial be decided from a GET, as take.lua does; an
+-- allowed hit then gets the error.
+local function one(key, c, cost)
   local rate = RATE[c]
   if cost == '0' then
     local rem = max(rate - (tonumber(call('GET', key)) or 0), 0)
     out[no + 1], out[no + 2] = rem >= 1 and 1 or 0, rem
+    no = no + 2
+    return
+  end
+  local n = tonumber(cost)
+  local v = redis.pcall('INCRBY', key, cost)
+  if type(v) == 'table' then
+    local rem = max(rate - (tonumber(call('GET', key)) or 0), 0)
+    if n <= rem then error(v) end
+    out[no + 1], out[no + 2] = 0, rem
+    no = no + 2
+    return
+  end
+  local rem = max(rate - (v - n), 0)
+  if n > rem then
+    if v == n then call('DEL', key) else call('DECRBY', key, cost) end
+    out[no + 1], out[no + 2] = 0, rem
   else
-    local v = call('INCRBY', key, cost)
-    local n = tonumber(cost)
-    local rem = max(rate - (v - n), 0)
-    if n > rem then
-      if v == n then call('DEL', key) else call('DECRBY', key, cost) end
-      out[no + 1], out[no + 2] = 0, rem
-    else
-      if v == n then call('PEXPIRE', key, TTL[c]) end
-      out[no + 1], out[no + 2] = 1, rem - n
-    end
+    if v == n then call('PEXPIRE', key, TTL[c]) end
+    out[no + 1], out[no + 2] = 1, rem - n
   end
   no = no + 2
 end
@@ -167,23 +181,23 @@ end
 for _ = 1, ns do
   local mode, n = ARGV[p], tonumber(ARGV[p + 1])
   local a0 = p + 1
-  local stale = false
-  for i = 1, n do
-    local code = tonumber(ARGV[a0 + 2 * i - 1])
-    if not OK[(code - code % 8) / 8] then stale = true end
+  local code = tonumber(ARGV[a0 + 1])
+  local stale = not OK[(code - code % 8) / 8]
+  for i = 2, n do
+    local ci = tonumber(ARGV[a0 + 2 * i - 1])
+    if not OK[(ci - ci % 8) / 8] then stale = true end
   end
+  no = no + 1
+  local at = no
   if stale then
-    no = no + 1
-    out[no] = 1
+    out[at] = 1
   else
-    no = no + 1
-    local at = no
     out[at] = 0
     local ok, err
-    if n == 1 and mode == 't' and tonumber(ARGV[a0 + 1]) % 8 < 4 and tonumber(ARGV[a0 + 1]) % 2 == 0 and tonumber(ARGV[a0 + 2]) <= BIG then
-      local code = tonumber(ARGV[a0 + 1])
+    if n == 1 and mode == 't' and code % 2 == 0 and code % 8 < 4 and #ARGV[a0 + 2] < 16 then
       ok, err = pcall(one, KEYS[k + 1], (code - code % 8) / 8, ARGV[a0 + 2])
     else
+      if not general then define_general() end
       ok, err = pcall(general, mode, n, a0, k)
     end
     if not ok then
