@@ -365,7 +365,7 @@ func TestKilledAndFrozen(t *testing.T) {
 	}{
 		// A call in flight at the kill may also time out on a loaded host.
 		{"killed", s.Kill, s.Restart, []string{redis.CauseRefused, redis.CauseTimeout, redis.CauseCircuitOpen}},
-		{"frozen", s.Stop, s.Cont, []string{redis.CauseTimeout, redis.CauseCircuitOpen}},
+		{"frozen", s.Stop, s.Cont, []string{redis.CauseTimeout, redis.CauseStalled, redis.CauseCircuitOpen}},
 	} {
 		t.Run(fault.name, func(t *testing.T) {
 			fault.inject()

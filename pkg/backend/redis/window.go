@@ -194,8 +194,9 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 }
 
 // deliverWindow completes the calls of a window invocation from its
-// reply (see window.lua).
-func deliverWindow(inv *invocation, err error) {
+// reply (see window.lua), or with err: ErrStalled for the calls
+// stalledFor reports (see batcher.deliver).
+func deliverWindow(inv *invocation, err error, stalledFor func(*scriptCall) bool) {
 	var r []any
 	if err == nil {
 		var ok bool
@@ -218,6 +219,10 @@ func deliverWindow(inv *invocation, err error) {
 			continue
 		}
 		if err != nil {
+			if stalledFor(c) {
+				c.finish(0, ErrStalled)
+				continue
+			}
 			c.finish(0, err)
 			continue
 		}

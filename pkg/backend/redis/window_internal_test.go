@@ -39,7 +39,7 @@ func TestWindowSegmentOOM(t *testing.T) {
 		if err := c.Process(ctx, inv.cmd); err != nil {
 			t.Fatalf("window invocation: %v", err)
 		}
-		deliverWindow(inv, nil)
+		deliverWindow(inv, nil, func(*scriptCall) bool { return false })
 		errs := make([]error, len(segs))
 		for i, call := range inv.calls {
 			<-call.done
