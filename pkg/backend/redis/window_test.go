@@ -15,12 +15,14 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// windowStore is newTestStore with Options.WindowKeys.
+// windowStore is newTestStore with Options.WindowKeys, and budgets for a
+// loaded host.
 func windowStore(t testing.TB, srv *redistest.Server, now func() time.Time) *redis.Store {
 	t.Helper()
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
-	o.Timeout = 2 * time.Second
+	o.Timeout = 5 * time.Second
+	o.MaxWait = 10 * time.Second
 	o.PoolSize = 8
 	o.Now = now
 	o.WindowKeys = true
