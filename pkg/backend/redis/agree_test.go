@@ -73,7 +73,7 @@ var agreeCase atomic.Int64
 func TestAgreement(t *testing.T) {
 	srv := redistest.Standalone(t)
 	clk := newPinnedClock(epoch0)
-	agree(t, newTestStore(t, srv, clk.Now, 0), clk, false)
+	agree(t, newTestStore(t, srv, clk.Now, 0), clk, false, false)
 }
 
 // TestAgreementCluster is TestAgreement through a 3-master Cluster: the two
@@ -94,12 +94,38 @@ func TestAgreementCluster(t *testing.T) {
 	}
 	g := redistest.Cluster(t, 3)
 	clk := newPinnedClock(epoch0)
-	agree(t, newClusterStore(t, g, clk.Now), clk, true)
+	agree(t, newClusterStore(t, g, clk.Now), clk, true, true)
+}
+
+// TestAgreementWindowKeys is TestAgreement with Options.WindowKeys (the
+// clock never goes back: see windowTables).
+func TestAgreementWindowKeys(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clk := newPinnedClock(epoch0)
+	agree(t, windowStore(t, srv, clk.Now), clk, false, true)
+}
+
+// TestAgreementClusterWindowKeys is TestAgreementCluster with
+// Options.WindowKeys.
+func TestAgreementClusterWindowKeys(t *testing.T) {
+	g := redistest.Cluster(t, 3)
+	clk := newPinnedClock(epoch0)
+	o := redis.DefaultOptions()
+	o.Mode = redis.Cluster
+	o.URL = ""
+	o.Addrs = g.Addrs()
+	o.Timeout = 5 * time.Second
+	o.DialTimeout = 2 * time.Second
+	o.PoolSize = 8
+	o.Now = clk.Now
+	o.WindowKeys = true
+	agree(t, openStore(t, o), clk, true, true)
 }
 
 // agree runs the agreement property on s; compensated leaves out releases
-// and backward clock steps (see TestAgreementCluster).
-func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
+// and backward clock steps (see TestAgreementCluster), noBack backward
+// clock steps only (window keys count in the window the clock names).
+func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated, noBack bool) {
 	ctx := context.Background()
 	kinds := []algo.Kind{algo.FixedWindow, algo.SlidingWindow, algo.SlidingLog, algo.TokenBucket, algo.Concurrency}
 	for _, kind := range kinds {
@@ -124,7 +150,7 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
 					switch rapid.IntRange(0, 9).Draw(rt, "advance_kind") {
 					case 0: // same instant
 					case 1: // clock goes back a little
-						if compensated {
+						if compensated || noBack {
 							break
 						}
 						now = now.Add(-time.Duration(rapid.Int64Range(1, 2_000_000).Draw(rt, "back_us")) * time.Microsecond)

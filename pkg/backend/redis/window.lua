@@ -96,7 +96,8 @@ general = function(mode, n, a0, k0)
     end
   elseif denied then
     -- Only kept hits are written: replayed in order on the states before
-    -- the request; the other hits that were allowed report a check on it.
+    -- the request; the other hits that were allowed report a check on the
+    -- state replayed up to them (algotest.Reference).
     for key, v in pairs(first) do cnt[key] = v end
     for i = 1, n do
       local code = tonumber(ARGV[a0 + 2 * i - 1])
@@ -118,8 +119,9 @@ general = function(mode, n, a0, k0)
           AL[i], RM[i] = true, rem - cost
           cnt[key] = count + cost
         end
-      elseif AL[i] then
-        RM[i] = max(rate - first[key], 0)
+      elseif AL[i] then -- a check on the state replayed so far
+        local rem = max(rate - count, 0)
+        AL[i], RM[i] = rem >= 1, rem
       end
     end
   end
