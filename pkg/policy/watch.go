@@ -65,15 +65,19 @@ const (
 // (yet), its nearest existing ancestor instead, each missing directory's
 // creation being a relevant event that moves the watch one level down,
 // until the file's directory exists. Events are debounced: a reload
-// starts 150 ms after the last relevant event, or 1 s after the first
-// event of a burst when the events go on (files rewritten continuously
-// are still loaded about once a second, and the last version always once
-// they stop). Before a reload is
-// delivered the files are read twice and must hash the same: 150 ms apart
-// when the burst wrote a config file in place (so a file written in parts
-// with pauses shorter than that is never delivered half), 10 ms apart when
+// starts 150 ms after the last relevant event, or 0.7 s after the first
+// event of a burst (or after the previous load, when the burst began
+// within 0.7 s of it) when the events go on. Before a reload is delivered
+// the files are read twice and must hash the same: 150 ms apart when the
+// burst wrote a config file in place (so a file written in parts with
+// pauses shorter than that is never delivered half), 10 ms apart when
 // files were only created, renamed or removed; when the reads differ the
-// check repeats. A change is in effect well within 2 s of the last write.
+// check repeats. Past the 0.7 s the files are sampled instead
+// (sampleFiles) and the first complete version seen is delivered, so files
+// changed continuously are loaded at least once a second, and when the
+// writes end with a bad version the newest good one loaded, from the last
+// second of writes, stays in force. A change is in effect well within 1 s
+// of the last write.
 //
 // Every load of a good config is delivered to apply, even one whose
 // content did not change: the caller compares Set.SourceHash with the
