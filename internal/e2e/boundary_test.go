@@ -151,14 +151,15 @@ func TestSecretsNotExposed(t *testing.T) {
 	writeFile(t, cfgDir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
 
 	t.Run("url", func(t *testing.T) {
-		p := start(t, startOpts{args: []string{"--config", cfgDir, "--backend=redis", "--redis-url", srv.URL(), "--redis-timeout=500ms"}})
+		p := start(t, startOpts{args: []string{"--config", cfgDir, "--backend=redis", "--redis-url", srv.URL(), "--redis-timeout=500ms",
+			"--xds-headers=authorization:Bearer " + pw}})
 		cc := p.dial(t)
 		p.waitServing(t, cc, "ratelimitd.backend")
 		if resp := call(t, cc, "e2e", desc("k", "a")); resp.GetStatuses()[0].GetLimitRemaining() != 4 {
 			t.Fatalf("decision through the password URL: %v", resp)
 		}
 		code, body := httpGet(t, "http://"+p.debug+"/debug/pprof/cmdline")
-		if code != 200 || !strings.Contains(body, "--redis-url") || strings.Contains(body, pw) {
+		if code != 200 || !strings.Contains(body, "--redis-url") || !strings.Contains(body, "--xds-headers=authorization:xxxxx") || strings.Contains(body, pw) {
 			t.Errorf("/debug/pprof/cmdline: %d %q; want the command line without the password", code, body)
 		}
 		if _, body := httpGet(t, "http://"+p.debug+"/rlconfig"); strings.Contains(body, pw) {
@@ -204,6 +205,12 @@ func TestSecretsNotExposed(t *testing.T) {
 			"legacy REDIS_URL":    {env: []string{"REDIS_TYPE=sentinel", "REDIS_URL=redis://u:" + pw + "@h:1"}},
 			"bad URL from env":    {env: []string{"RATELIMITD_BACKEND=redis", "RATELIMITD_REDIS_URL=redis://u:" + pw + "@[::1/0"}},
 			"password file, auth": {args: []string{"--backend=redis", "--redis-sentinel-auth", pw, "--redis-sentinel-auth-file", "/nonexistent"}},
+			"scheme typo":         {args: []string{"--backend=redis", "--redis-url", "redis//:" + pw + "@127.0.0.1:6379"}},
+			"no scheme":           {args: []string{"--backend=redis", "--redis-url", ":" + pw + "@127.0.0.1:6379"}},
+			"one slash":           {args: []string{"--backend=redis", "--redis-url", "redis:/:" + pw + "@127.0.0.1:6379"}},
+			"extra colon":         {args: []string{"--backend=redis", "--redis-url", "redis:://:" + pw + "@127.0.0.1:6379"}},
+			"no host":             {args: []string{"--backend=redis", "--redis-url", "redis://:" + pw + "@"}},
+			"legacy scheme typo":  {env: []string{"BACKEND_TYPE=redis", "REDIS_URL=redis//:" + pw + "@127.0.0.1:6379"}},
 		} {
 			args := append([]string{"serve", "--config", cfgDir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr="}, c.args...)
 			code, stdout, stderr := runCmdEnv(t, c.env, args...)
