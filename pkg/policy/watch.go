@@ -22,9 +22,17 @@ import (
 // them.
 var (
 	watchDebounce    = 150 * time.Millisecond
-	watchMaxWait     = 700 * time.Millisecond
+	watchMaxWait     = 500 * time.Millisecond
 	watchSampleEvery = 5 * time.Millisecond
 )
+
+// watchSampleGap bounds the time from the start of the last read that
+// returned a version to the end of the read that shows it replaced, for
+// that replacement to prove the version complete: a state of the files
+// that lasts watchSampleGap or longer (the rest of a file written in parts
+// with a pause) cannot fall between two such reads unseen. Writes 10 ms
+// apart or more are each seen.
+const watchSampleGap = 10 * time.Millisecond
 
 // Before a reload is delivered, the files are read twice, settle apart, and
 // the two reads must hash the same (else the second read is the new first
@@ -65,14 +73,14 @@ const (
 // (yet), its nearest existing ancestor instead, each missing directory's
 // creation being a relevant event that moves the watch one level down,
 // until the file's directory exists. Events are debounced: a reload
-// starts 150 ms after the last relevant event, or 0.7 s after the first
+// starts 150 ms after the last relevant event, or 0.5 s after the first
 // event of a burst (or after the previous load, when the burst began
-// within 0.7 s of it) when the events go on. Before a reload is delivered
+// within 0.5 s of it) when the events go on. Before a reload is delivered
 // the files are read twice and must hash the same: 150 ms apart when the
 // burst wrote a config file in place (so a file written in parts with
 // pauses shorter than that is never delivered half), 10 ms apart when
 // files were only created, renamed or removed; when the reads differ the
-// check repeats. Past the 0.7 s the files are sampled instead
+// check repeats. Past the 0.5 s the files are sampled instead
 // (sampleFiles) and the first complete version seen is delivered, so files
 // changed continuously are loaded at least once a second, and when the
 // writes end with a bad version the newest good one loaded, from the last
@@ -136,6 +144,8 @@ type watchLoop struct {
 	sampling  bool
 	prev      *snapshot
 	prevSince time.Time
+	// prevLast is when the last read that returned prev began.
+	prevLast time.Time
 }
 
 // snapshot is one read of the config files and the problems reading them.
@@ -375,9 +385,11 @@ func (w *watchLoop) endBurst() {
 // same for settle, or when a read differs from it other than by growing
 // (the next read is not the same files, each starting with its content:
 // a writer pausing mid-file is still appending, while the next version
-// truncates, replaces or rewrites). The delivered version is the one read,
+// truncates, replaces or rewrites) and came within watchSampleGap of the
+// last read of it. The delivered version is the one read,
 // compiled from the bytes read, so a good one among continuous writes is
-// applied even when the writes end with a bad one.
+// applied even when the writes end with a bad one. A read with read
+// problems is delivered only once it held still for settle.
 func (w *watchLoop) sampleFiles() {
 	if w.prev == nil {
 		w.plan = newWatchPlan(w.c.opts, w.c.paths)
@@ -386,15 +398,22 @@ func (w *watchLoop) sampleFiles() {
 	now := time.Now()
 	errs := &errList{}
 	cur := &snapshot{src: readSources(w.c.opts, w.c.paths, errs), errs: errs}
+	same := w.prev != nil && cur.src.hash == w.prev.src.hash
 	switch {
-	case w.prev == nil || (cur.src.hash != w.prev.src.hash && grows(w.prev.src, cur.src)):
-		w.prev, w.prevSince = cur, now
-	case cur.src.hash == w.prev.src.hash && now.Sub(w.prevSince) < w.settle():
+	case w.prev == nil:
+		w.prev, w.prevSince, w.prevLast = cur, now, now
+	case same && now.Sub(w.prevSince) < w.settle():
+		w.prevLast = now
+	case !same && (grows(w.prev.src, cur.src) || len(w.prev.errs.errs) > 0 || time.Since(w.prevLast) >= watchSampleGap):
+		// Still being written; a read that failed (a file replaced by
+		// remove and create); or reads too far apart to be sure that
+		// no state in between (the rest of the file) went unseen: not
+		// a version to deliver.
+		w.prev, w.prevSince, w.prevLast = cur, now, now
 	default:
 		w.deliver(w.prev)
-		changed := cur.src.hash != w.prev.src.hash
 		w.endBurst()
-		if changed {
+		if !same {
 			// The files moved on past the version delivered (their
 			// events were consumed while sampling): a new burst loads
 			// what follows.
