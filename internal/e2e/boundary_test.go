@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -213,7 +216,7 @@ func TestSecretsNotExposed(t *testing.T) {
 			"legacy scheme typo":  {env: []string{"BACKEND_TYPE=redis", "REDIS_URL=redis//:" + pw + "@127.0.0.1:6379"}},
 		} {
 			args := append([]string{"serve", "--config", cfgDir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr="}, c.args...)
-			code, stdout, stderr := runCmdEnv(t, c.env, args...)
+			code, stdout, stderr := runCmdRefused(t, c.env, args...)
 			if code == 0 {
 				t.Errorf("%s: started", name)
 			}
@@ -222,6 +225,29 @@ func TestSecretsNotExposed(t *testing.T) {
 			}
 		}
 	})
+}
+
+// runCmdRefused is runCmdEnv for a command line that must be refused at
+// startup: a binary that starts serving instead is stopped after 20 s and
+// reported with exit code 0, its output so far returned.
+func runCmdRefused(t testing.TB, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = deploytest.CleanEnv(env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		return 0, out.String(), errb.String()
+	}
+	if err != nil {
+		if _, ok := err.(*exec.ExitError); !ok {
+			t.Fatalf("run %v: %v", args, err)
+		}
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
 }
 
 // dialTLS is a gRPC client of addr over TLS cfg, closed at cleanup.
