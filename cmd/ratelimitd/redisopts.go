@@ -20,6 +20,7 @@ func redisOptions(o Options) redis.Options {
 	ro.MaxWait = o.RedisMaxWait
 	ro.DeadlineMargin = o.RedisDeadlineMargin
 	ro.WaitReplicas = o.RedisWaitReplicas
+	ro.WindowKeys = o.RedisWindowKeys
 	ro.ProbeKey = o.KeyPrefix + redis.DefaultProbeKey
 	if o.RedisPoolSize > 0 {
 		ro.PoolSize = o.RedisPoolSize

@@ -184,6 +184,7 @@ type scriptCall struct {
 	deadline int64           // the call's budget, ns since batcher.epoch
 	args     segArgs         // the segment's script arguments
 	slot     uint16          // Cluster: the hash slot of every key of seg
+	window   bool            // seg.window: decided by window.lua
 	out      []algo.Decision // the segment's decisions, written on success
 	now      int64           // the segment's now in µs, on success
 	err      error
@@ -261,6 +262,7 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 	c := newCall(ctx, &seg, out)
 	c.queued = b.clock()
 	c.deadline = b.budget(ctx, c.queued)
+	c.window = seg.window
 	if b.cluster && len(seg.hits) > 0 {
 		c.slot = Slot(seg.hits[0].Key)
 	}
@@ -578,14 +580,28 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 // one per hash slot (a script may only touch keys of one slot), keeping
 // the calls' order within each.
 func (b *batcher) group(ctx context.Context, calls []*scriptCall) []*invocation {
-	if !b.cluster {
+	split := false
+	for _, c := range calls {
+		if c.window != calls[0].window {
+			split = true
+			break
+		}
+	}
+	if !b.cluster && !split {
 		return []*invocation{{calls: calls, cmd: argsCmd(ctx, true, segmentsOf(calls))}}
 	}
-	slices.SortStableFunc(calls, func(x, y *scriptCall) int { return cmp.Compare(x.slot, y.slot) })
+	// One invocation per hash slot (Cluster) and script (window.lua or
+	// the others).
+	slices.SortStableFunc(calls, func(x, y *scriptCall) int {
+		if c := cmp.Compare(x.slot, y.slot); c != 0 {
+			return c
+		}
+		return cmp.Compare(b2i(x.window), b2i(y.window))
+	})
 	var invs []*invocation
 	for i := 0; i < len(calls); {
 		j := i + 1
-		for j < len(calls) && calls[j].slot == calls[i].slot {
+		for j < len(calls) && calls[j].slot == calls[i].slot && calls[j].window == calls[i].window {
 			j++
 		}
 		g := calls[i:j:j]
@@ -593,6 +609,13 @@ func (b *batcher) group(ctx context.Context, calls []*scriptCall) []*invocation 
 		i = j
 	}
 	return invs
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func segmentsOf(calls []*scriptCall) []*segArgs {
@@ -664,6 +687,10 @@ func (b *batcher) deliver(inv *invocation) {
 		} else if inv.wait.Val() < int64(b.waitReplicas) {
 			err = ErrNotReplicated
 		}
+	}
+	if inv.calls[0].window {
+		deliverWindow(inv, err, stalledFor)
+		return
 	}
 	var r string
 	if err == nil {

@@ -152,6 +152,15 @@ type Options struct {
 	// LocalCacheSize bounds the local over-limit cache (entries); 0 disables it.
 	LocalCacheSize int
 
+	// WindowKeys counts fixed_window limits (without a calendar) under
+	// one key per window, "<key>:<window_start_us>" (the key wrapped in
+	// {…} when it has no hash tag), holding a plain count: decided by
+	// INCRBY with no read before the write (window.lua). Off: the value
+	// "<window_start_us> <count>" under the key itself (take.lua). The
+	// two layouts do not see each other's counts: see docs/redis.md,
+	// "Window keys", for switching.
+	WindowKeys bool
+
 	// Breaker configures the circuit breaker guarding every call. Default
 	// DefaultBreakerOptions.
 	Breaker BreakerOptions

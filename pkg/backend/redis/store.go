@@ -70,6 +70,12 @@ type Store struct {
 	noncePrefix string
 	seq         atomic.Uint64
 
+	// windowKeys is Options.WindowKeys; serverOffset estimates the
+	// server's clock less the local one (µs), from the window segments'
+	// replies: the window of their keys (see Store.run).
+	windowKeys   bool
+	serverOffset atomic.Int64
+
 	// hints rank a Cluster request's slot groups (see takeCluster; nil
 	// on standalone and Sentinel).
 	hints *leadHints
@@ -144,6 +150,7 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		noncePrefix: hex.EncodeToString(b[:]),
 		probeKey:    opts.ProbeKey,
 		opts:        opts,
+		windowKeys:  opts.WindowKeys,
 	}
 	if s.probeKey == "" {
 		s.probeKey = DefaultProbeKey
@@ -151,6 +158,9 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	_, s.cluster = c.(*goredis.ClusterClient)
 	if s.cluster {
 		s.masters = map[string]*master{}
+		s.hints = newLeadHints()
+	}
+	if s.windowKeys && s.hints == nil { // mixed requests take takeCluster's path
 		s.hints = newLeadHints()
 	}
 	s.def = s.newMaster("")
@@ -355,7 +365,7 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	out := make([]algo.Decision, len(hits))
 	var err error
-	if !s.cluster {
+	if !s.cluster && !s.mixed(hits) {
 		_, err = s.run(ctx, modeTake, s.nowUS(), s.nonce(), hits, out)
 	} else {
 		err = s.takeCluster(ctx, hits, out)
@@ -453,7 +463,31 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 	if err := m.breaker.Allow(start); err != nil {
 		return 0, err
 	}
-	scriptNow, err := m.batch.do(ctx, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
+	seg := segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}
+	seg.window = s.windowKeys && len(hits) > 0 && windowKind(&hits[0])
+	var scriptNow int64
+	var err error
+	for try := 0; ; try++ {
+		if seg.window && nowUS < 0 && try == 0 {
+			seg.estUS = time.Now().UnixMicro() + s.serverOffset.Load()
+		}
+		scriptNow, err = m.batch.do(ctx, seg, out)
+		if seg.window && nowUS < 0 && scriptNow > 0 {
+			s.serverOffset.Store(scriptNow - time.Now().UnixMicro())
+		}
+		// A window segment whose keys were not the server's window
+		// (clocks apart, or a window boundary in between) wrote
+		// nothing: again with the server's now. A boundary passes at
+		// most once per window, so a third refusal is a clock that
+		// moved back.
+		if !errors.Is(err, errStaleWindow) || try == 2 {
+			break
+		}
+		seg.estUS = scriptNow
+	}
+	if errors.Is(err, errStaleWindow) {
+		err = fmt.Errorf("%w: the server's clock moved back", errReply)
+	}
 	err = Classify(err)
 	m.breaker.record(start, m.breaker.now(), err)
 	s.noteOutcome(err, true)
@@ -467,6 +501,22 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 		}
 	}
 	return scriptNow, err
+}
+
+// mixed reports whether hits mix window keys with other hits
+// (Options.WindowKeys): they go to two scripts, decided all-or-nothing as
+// a Cluster request's slot groups are (takeCluster).
+func (s *Store) mixed(hits []algo.Hit) bool {
+	if !s.windowKeys {
+		return false
+	}
+	w := windowKind(&hits[0])
+	for i := 1; i < len(hits); i++ {
+		if windowKind(&hits[i]) != w {
+			return true
+		}
+	}
+	return false
 }
 
 // group is the hits of one hash slot within a request.
@@ -503,10 +553,13 @@ func (g *group) denied() bool {
 // decided hits' decisions and the failed hits' indexes.
 func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	start := time.Now()
-	bySlot := make(map[uint16]*group, 2)
+	bySlot := make(map[uint32]*group, 2)
 	var groups []*group
 	for i, h := range hits {
-		sl := Slot(h.Key)
+		sl := uint32(Slot(h.Key))
+		if s.windowKeys && windowKind(&h) {
+			sl |= 1 << 16
+		}
 		g := bySlot[sl]
 		if g == nil {
 			g = &group{}
