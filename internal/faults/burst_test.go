@@ -164,15 +164,13 @@ func freshBursts(t *testing.T, cfg string, b backend) {
 
 // warmBursts runs burstReps(false) bursts of each shape on warmed fleets:
 // one for the shapes without a deadline, another for those with Envoy's.
-// Bursts whose callers give up after 20 ms on a CPU-starved host end in
-// many budget timeouts while Redis, starved too, has not answered for
-// --redis-timeout: stall evidence, which opens the circuit breaker of an
-// instance once it spans a second (by design: a frozen Redis looks the
-// same). A call without a deadline that meets that open circuit is shed
-// (DeadlineExceeded) whatever its budget, so on a shared fleet the exact
-// bursts would inherit the breaker state of the earlier deadline bursts;
-// on a fleet of their own, every instance's store is healthy (circuit
-// closed) before each of them, which waitHealthy checks.
+// The exact bursts' precondition is a healthy store: the budget timeouts
+// of bursts whose callers give up after 20 ms are stall evidence for the
+// circuit breaker (a starved Redis that has not answered for
+// --redis-timeout looks like a frozen one), and a call without a deadline
+// that met a circuit they opened would be shed whatever its budget. So
+// the exact bursts run on a fleet of their own, and before each of them
+// waitHealthy checks that every instance's store is healthy.
 func warmBursts(t *testing.T, cfg string, b backend) {
 	var exact, deadlined []int
 	for i, sh := range shapes {
