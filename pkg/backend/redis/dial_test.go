@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,27 +16,46 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// slowSentinel is how long the proxies of TestSlowDialWithinBudget hold
-// each reply of a sentinel: longer than DefaultDialTimeout, far shorter
-// than the calls' budget.
-const slowSentinel = 2 * redis.DefaultDialTimeout
+// slowDial is how long the proxies of TestSlowDialWithinBudget hold a
+// reply of the server: longer than DefaultDialTimeout, far shorter than
+// the calls' budget.
+const slowDial = 2 * redis.DefaultDialTimeout
 
-// TestSlowDialWithinBudget: with Sentinel, every new connection to the
-// master first asks a sentinel for the master's address, within the dial.
-// With every sentinel reply delayed by slowSentinel (as on a starved host,
-// where a dial can take longer than --redis-dial-timeout), 32 concurrent
-// calls without a deadline (budget MaxWait, 10 s here) on a Store that
-// has no connection yet are all decided: a call waits for its own dial
-// within its budget, never failed by the dial timeout of background dials.
+// TestSlowDialWithinBudget: a dial that takes longer than
+// --redis-dial-timeout (as on a starved host) fails no call whose budget
+// has room for it. 32 concurrent calls without a deadline (budget
+// MaxWait, 10 s here) on a Store that has no connection yet are all
+// decided when
+//   - sentinel: every new connection to the master first asks a sentinel
+//     for the master's address, within the dial, and every sentinel reply
+//     takes slowDial;
+//   - tls: the server's first TLS handshake flight on every connection
+//     takes slowDial.
 func TestSlowDialWithinBudget(t *testing.T) {
 	redistest.Require(t)
-	g := redistest.Sentinel(t)
-	var addrs []string
-	for _, a := range g.SentinelAddrs() {
-		addrs = append(addrs, delayProxy(t, a, slowSentinel))
-	}
-	o := redis.DefaultOptions()
-	o.Mode, o.URL, o.Addrs, o.MasterName = redis.Sentinel, "", addrs, redistest.MasterName
+	t.Run("sentinel", func(t *testing.T) {
+		g := redistest.Sentinel(t)
+		var addrs []string
+		for _, a := range g.SentinelAddrs() {
+			addrs = append(addrs, delayProxy(t, a, slowDial, false))
+		}
+		o := redis.DefaultOptions()
+		o.Mode, o.URL, o.Addrs, o.MasterName = redis.Sentinel, "", addrs, redistest.MasterName
+		decideAll(t, o)
+	})
+	t.Run("tls", func(t *testing.T) {
+		srv := redistest.Standalone(t, redistest.WithTLS())
+		o := redis.DefaultOptions()
+		o.URL = strings.Replace(srv.URL(), srv.Addr(), delayProxy(t, srv.Addr(), slowDial, true), 1)
+		o.TLSCAFile = srv.TLS().CAFile
+		decideAll(t, o)
+	})
+}
+
+// decideAll opens a Store with o (MaxWait 10 s) and fails t unless 32
+// concurrent calls without a deadline are all decided.
+func decideAll(t *testing.T, o redis.Options) {
+	t.Helper()
 	o.MaxWait = 10 * time.Second
 	s := openStore(t, o)
 	lim := algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 30, Period: time.Hour}
@@ -58,14 +78,15 @@ func TestSlowDialWithinBudget(t *testing.T) {
 		}
 	}
 	if failed > 0 {
-		t.Errorf("%d of %d calls without a deadline failed while every sentinel reply took %v", failed, calls, slowSentinel)
+		t.Errorf("%d of %d calls without a deadline failed while dials took %v", failed, calls, slowDial)
 	}
 }
 
 // delayProxy listens on a loopback port and forwards every connection to
-// addr, holding each chunk the server sends for delay before passing it
-// on; it returns its address and stops when t ends.
-func delayProxy(t testing.TB, addr string, delay time.Duration) string {
+// addr, holding each chunk the server sends (only the first one when
+// first) for delay before passing it on; it returns its address and
+// stops when t ends.
+func delayProxy(t testing.TB, addr string, delay time.Duration, first bool) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -115,10 +136,13 @@ func delayProxy(t testing.TB, addr string, delay time.Duration) string {
 			})
 			wg.Go(func() {
 				buf := make([]byte, 32<<10)
-				for {
+				for held := false; ; {
 					n, err := up.Read(buf)
 					if n > 0 {
-						time.Sleep(delay)
+						if !first || !held {
+							time.Sleep(delay)
+							held = true
+						}
 						if _, werr := down.Write(buf[:n]); werr != nil {
 							break
 						}
