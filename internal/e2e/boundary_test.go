@@ -65,7 +65,7 @@ func TestJSONBehindGRPCBoundary(t *testing.T) {
 
 	t.Run("plaintext HTTP", func(t *testing.T) {
 		p := start(t, startOpts{args: tlsArgs})
-		eventually(t, 10*time.Second, func() string {
+		eventually(t, settleWithin, func() string {
 			if err := checkHealth(t, p.grpc, good); err != nil {
 				return err.Error()
 			}
@@ -87,7 +87,7 @@ func TestJSONBehindGRPCBoundary(t *testing.T) {
 	t.Run("--http-tls", func(t *testing.T) {
 		p := start(t, startOpts{args: append(append([]string{}, tlsArgs...), "--http-tls")})
 		noCert := clientTLS(t, ca, nil, nil)
-		eventually(t, 10*time.Second, func() string {
+		eventually(t, settleWithin, func() string {
 			code, body, err := tlsPost(noCert, "https://"+p.http+"/healthcheck", "")
 			if err != nil || code != 200 {
 				return fmt.Sprintf("/healthcheck without a client certificate: %d %s %v", code, body, err)

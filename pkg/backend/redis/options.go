@@ -43,9 +43,9 @@ const (
 	DefaultDeadlineMargin = 2 * time.Millisecond
 	// DefaultProbeKey is Options.ProbeKey when empty.
 	DefaultProbeKey = "ratelimitd-health-probe"
-	// DefaultDialTimeout bounds background dials (idle-pool refill and the
-	// pool's reconnect probe). Dials made on behalf of a request are bounded
-	// by that request's Timeout instead, so this never delays a decision.
+	// DefaultDialTimeout bounds the health probe's warm-ups (Options.
+	// DialTimeout). A request waits for its own dial within its budget;
+	// the dial itself is bounded by MaxWait (see NewClient).
 	DefaultDialTimeout = 250 * time.Millisecond
 	// DefaultPoolSize is the connections per Redis node. Concurrent requests
 	// share them (go-redis pipelines nothing by itself; the Store batches).
@@ -131,7 +131,8 @@ type Options struct {
 	// reaches the caller before it gives up. Default
 	// DefaultDeadlineMargin; >= 0.
 	DeadlineMargin time.Duration
-	// DialTimeout bounds background dials. Default DefaultDialTimeout.
+	// DialTimeout bounds the health probe's warm-ups after an outage
+	// (dials, TLS handshakes, SCRIPT LOAD). Default DefaultDialTimeout.
 	DialTimeout time.Duration
 	// PoolSize is the maximum connections per Redis node (>= 1). Default
 	// DefaultPoolSize.
