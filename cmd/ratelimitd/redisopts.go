@@ -21,6 +21,7 @@ func redisOptions(o Options) redis.Options {
 	ro.DeadlineMargin = o.RedisDeadlineMargin
 	ro.WaitReplicas = o.RedisWaitReplicas
 	ro.ProbeKey = o.KeyPrefix + redis.DefaultProbeKey
+	ro.CreditChannel = o.KeyPrefix + redis.DefaultCreditChannel
 	if o.RedisPoolSize > 0 {
 		ro.PoolSize = o.RedisPoolSize
 	}

@@ -3,6 +3,8 @@ package overlimit
 import (
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 func TestOverLimitCacheLRU(t *testing.T) {
@@ -10,14 +12,14 @@ func TestOverLimitCacheLRU(t *testing.T) {
 	c := New(2)
 	c.add(cacheEntry{key: "a", until: base.Add(time.Second), cost: 1})
 	c.add(cacheEntry{key: "b", until: base.Add(time.Second), cost: 1})
-	if _, ok := c.lookup("a", 1, base); !ok { // a is now most recent
+	if _, ok := c.lookup("a", algo.Limit{}, 1, base); !ok { // a is now most recent
 		t.Fatal("a missing")
 	}
 	c.add(cacheEntry{key: "c", until: base.Add(time.Second), cost: 1}) // evicts b
 	if c.Len() != 2 {
 		t.Fatalf("len %d, want 2 (bounded)", c.Len())
 	}
-	if _, ok := c.lookup("b", 1, base); ok {
+	if _, ok := c.lookup("b", algo.Limit{}, 1, base); ok {
 		t.Error("b should have been evicted (least recently used)")
 	}
 	steps := []struct {
@@ -35,7 +37,7 @@ func TestOverLimitCacheLRU(t *testing.T) {
 		{"zz", 1, 0, false},
 	}
 	for i, s := range steps {
-		if _, ok := c.lookup(s.key, s.cost, base.Add(s.at)); ok != s.hit {
+		if _, ok := c.lookup(s.key, algo.Limit{}, s.cost, base.Add(s.at)); ok != s.hit {
 			t.Errorf("step %d %+v: hit=%v", i, s, ok)
 		}
 	}
@@ -54,7 +56,7 @@ func TestOverLimitCacheLRU(t *testing.T) {
 		t.Error("size 0 should disable the cache")
 	}
 	nilCache.add(cacheEntry{key: "x", until: base.Add(time.Hour)})
-	if _, ok := nilCache.lookup("x", 1, base); ok {
+	if _, ok := nilCache.lookup("x", algo.Limit{}, 1, base); ok {
 		t.Error("disabled cache answered")
 	}
 }

@@ -169,6 +169,13 @@ type Options struct {
 	// --key-prefix so that an ACL limited to the prefix allows it. Default
 	// DefaultProbeKey.
 	ProbeKey string
+	// CreditChannel is the pub/sub channel on which every refund and
+	// reset publishes the keys it credited, and to which a Store with a
+	// local over-limit cache subscribes to drop them (see
+	// Store.CreditsLive). Replicas that share counters must share it; an
+	// ACL user needs SUBSCRIBE and PUBLISH on it. Default
+	// DefaultCreditChannel.
+	CreditChannel string
 
 	// WaitReplicas, when > 0 (standalone or Sentinel with replicas), makes
 	// every script invocation wait for that many replicas to acknowledge

@@ -41,5 +41,6 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 	for _, k := range keys { // a denial cached meanwhile
 		s.cache.Remove(k)
 	}
+	s.publishCredits(hits, func(algo.Hit) bool { return true })
 	return err
 }

@@ -39,6 +39,10 @@ func (s *Store) Warm(ctx context.Context) error {
 		err := s.warmOnce(ctx)
 		if err == nil {
 			s.warmed.Store(true)
+			// The local over-limit cache answers once its credit
+			// subscription is confirmed; waiting for it keeps the first
+			// requests' denials cacheable.
+			_ = s.waitCredits(ctx)
 			return nil
 		}
 		select {
