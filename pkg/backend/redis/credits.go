@@ -42,8 +42,10 @@ type credits struct {
 	channel string
 	stop    context.CancelFunc
 	done    chan struct{}
-	// received counts the credited keys received.
+	// received counts the credited keys received; lost the times the
+	// subscription was lost after being confirmed.
 	received atomic.Uint64
+	lost     atomic.Uint64
 	// mu guards changed (closed and replaced whenever the subscription's
 	// state or received changes, see Store.creditsChanged), live and ps.
 	mu      sync.Mutex
@@ -130,6 +132,9 @@ func (s *Store) setCreditsLive(live bool) {
 		return
 	}
 	c.live = live
+	if !live {
+		c.lost.Add(1)
+	}
 	c.mu.Unlock()
 	if live {
 		s.cache.Resume()

@@ -41,8 +41,11 @@ func (s *Store) Warm(ctx context.Context) error {
 			s.warmed.Store(true)
 			// The local over-limit cache answers once its credit
 			// subscription is confirmed; waiting for it keeps the first
-			// requests' denials cacheable.
-			_ = s.waitCredits(ctx)
+			// requests' denials cacheable (up to Options.DialTimeout: a
+			// subscription refused, e.g. by an ACL, leaves it off).
+			wctx, cancel := context.WithTimeout(ctx, s.dialTimeout)
+			_ = s.waitCredits(wctx)
+			cancel()
 			return nil
 		}
 		select {
