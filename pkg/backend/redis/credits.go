@@ -27,6 +27,9 @@ import (
 // sensitive); a Concurrency lease is never cached and is not published.
 
 const (
+	// DefaultLocalCacheSize is ratelimitd's default --local-cache-size on
+	// Redis in native mode (Options.LocalCacheSize stays 0 unless set).
+	DefaultLocalCacheSize = 10000
 	// DefaultCreditChannel is Options.CreditChannel when empty.
 	DefaultCreditChannel = "ratelimitd:credited"
 	// creditPingAfter is how long the subscription may stay silent before

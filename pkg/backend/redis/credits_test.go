@@ -89,15 +89,23 @@ func takeOne(t *testing.T, s *Store, h algo.Hit) algo.Decision {
 // Store (replica) reopens it on this one as soon as the credit arrives:
 // the next call goes to Redis and is admitted. An override (another limit
 // on the same key) is never answered from a denial under the first limit.
-// Standalone and a 3-master Cluster.
+// Standalone, TLS 1.3 (the subscription's RESP3 pushes go through the
+// dialer's opaque TLS connection) and a 3-master Cluster.
 func TestCacheCreditFromOtherStore(t *testing.T) {
-	for _, mode := range []string{"standalone", "cluster"} {
+	for _, mode := range []string{"standalone", "tls1.3", "cluster"} {
 		t.Run(mode, func(t *testing.T) {
 			o := DefaultOptions()
 			var infos []func() (string, error)
-			if mode == "standalone" {
-				srv := redistest.Standalone(t)
+			if mode != "cluster" {
+				var opts []redistest.Option
+				if mode == "tls1.3" {
+					opts = append(opts, redistest.WithTLSProtocols("TLSv1.3"))
+				}
+				srv := redistest.Standalone(t, opts...)
 				o.URL = srv.URL()
+				if srv.TLS() != nil {
+					o.TLSCAFile = srv.TLS().CAFile
+				}
 				infos = append(infos, func() (string, error) {
 					return srv.Client().Info(context.Background(), "commandstats").Result()
 				})
