@@ -159,6 +159,16 @@ func TestMetricsExistInRunningService(t *testing.T) {
 			descs[d] = append(descs[d], ds...)
 		}
 	}
+	// A rule whose early warning fires whenever a key passes a quarter of
+	// its limit (within: 1 is the whole window), whatever the wall clock's
+	// position in the hour: the 12 calls below cross it.
+	early := filepath.Join(dir, "zz-early-warning.yaml")
+	if err := os.WriteFile(early, []byte("domain: early\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 20, early_warning: {used: 0.25, within: 1}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for d, ds := range exampleDescriptors(t, early) {
+		descs[d] = append(descs[d], ds...)
+	}
 
 	// A: in-memory backend; traffic, then a bad config file.
 	a := serve(t, bin, dir, "--backend", "memory")
@@ -251,6 +261,7 @@ func TestMetricsExistInRunningService(t *testing.T) {
 	}{
 		{famsA, "ratelimitd_decisions_total", "result", "ok"},
 		{famsA, "ratelimitd_config_reloads_total", "result", "success"},
+		{famsA, "ratelimitd_early_warning_total", "rule", "early.k"},
 		{famsB, "ratelimitd_decisions_total", "result", "failed_open"},
 		{famsB, "ratelimitd_decisions_total", "result", "failed_closed"},
 	} {

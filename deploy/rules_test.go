@@ -51,6 +51,7 @@ var queried = []family{
 		Values: map[string][]string{"code": {"ok", "over_limit", "invalid_argument", "unavailable", "deadline_exceeded"}}},
 	{Name: "ratelimitd_decisions_total", Type: "counter", Labels: []string{"domain", "rule", "result"},
 		Values: map[string][]string{"result": {"ok", "over_limit", "near_limit", "shadow", "failed_open", "failed_closed"}}},
+	{Name: "ratelimitd_early_warning_total", Type: "counter", Labels: []string{"domain", "rule"}},
 	{Name: "ratelimitd_request_duration_seconds", Type: "histogram"},
 	{Name: "ratelimitd_backend_duration_seconds", Type: "histogram", Labels: []string{"store"}},
 	{Name: "ratelimitd_backend_errors_total", Type: "counter", Labels: []string{"cause"}},

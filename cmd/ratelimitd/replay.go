@@ -54,6 +54,7 @@ type replayOptions struct {
 	Counting     string
 	MergeDomains bool
 	KeyPrefix    string
+	Suggest      bool
 
 	Backend       string
 	RedisURL      string
@@ -87,6 +88,7 @@ func parseReplay(args []string, usage io.Writer) (replayOptions, error) {
 	fs.BoolVar(&o.ShadowMode, "shadow-mode", false, "global shadow mode: evaluate and report, never deny")
 	fs.StringVar(&o.Counting, "counting", "all_or_nothing", "counting policy of rules without counting: all_or_nothing or always_charge")
 	fs.BoolVar(&o.MergeDomains, "merge-domains", false, "let several files contribute to one domain")
+	fs.BoolVar(&o.Suggest, "suggest", false, "also suggest limits from the traffic: per rule the peak usage per key, a limit of 2.5x the p99 of legitimate keys, what each candidate limit would deny, and the config with the suggested limits in shadow mode")
 	fs.StringVar(&o.KeyPrefix, "key-prefix", "", "prefix of every backend key (redis default: replay:<unix nanos>:)")
 	fs.StringVar(&o.Backend, "backend", o.Backend, "store: memory or redis")
 	fs.StringVar(&o.RedisURL, "redis-url", o.RedisURL, "redis:// or rediss:// URL, with user:password@ for ACL and /db")
@@ -194,10 +196,31 @@ func runReplay(ctx context.Context, o replayOptions, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	rep, err := replay.Run(ctx, in, replay.Options{
+	ropts := replay.Options{
 		Envoy: env, Policy: set, Store: store, Clock: clock, ShadowMode: o.ShadowMode, Counting: counting,
 		Host: o.Host, Order: replay.Order(o.Order), Speed: o.Speed, Top: o.Top,
-	})
+	}
+	var rep *replay.Report
+	if o.Suggest {
+		lines, bad, perr := replay.ParseCombined(in)
+		if perr != nil {
+			return perr
+		}
+		rep, err = replay.Suggest(ctx, lines, bad, ropts, replay.SuggestOptions{
+			Load: policy.LoadOptions{MergeDomains: o.MergeDomains, Keys: policy.KeyOptions{Prefix: o.KeyPrefix}},
+			// Candidates replay on the memory store whatever --backend:
+			// they need no shared state, and the algorithms are the same.
+			NewStore: func(now func() time.Time) (service.Store, func(), error) {
+				ms, err := memory.New(memory.Options{Now: now, SweepInterval: -1})
+				if err != nil {
+					return nil, nil, err
+				}
+				return ms, func() { _ = ms.Close() }, nil
+			},
+		})
+	} else {
+		rep, err = replay.Run(ctx, in, ropts)
+	}
 	if err != nil {
 		return err
 	}

@@ -122,3 +122,53 @@ func TestReplayAllMalformed(t *testing.T) {
 		t.Errorf("report not written:\n%s", out.String())
 	}
 }
+
+// TestReplaySuggest: --suggest adds the suggestion to the text report (with
+// the config fragment) and to the JSON report.
+func TestReplaySuggest(t *testing.T) {
+	base := []string{"--config", websiteConfig, "--envoy", websiteEnvoy, "--log", websiteLog, "--suggest"}
+	var out, errb bytes.Buffer
+	if code := replayMain(base, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"suggested limits:", "rule website.remote_address (per-ip: 60/minute token_bucket burst 120; window 1m0s)",
+		"# ../../examples/website/config.yaml with the suggested limits, every rule in shadow mode:", "shadow_mode: true"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text output lacks %q", want)
+		}
+	}
+	out.Reset()
+	if code := replayMain(append(base, "--output", "json"), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rep struct {
+		Suggestion struct {
+			Classes []struct {
+				Rule       string                  `json:"rule"`
+				Suggested  int                     `json:"suggested"`
+				Candidates []struct{ Name string } `json:"candidates"`
+			} `json:"classes"`
+			Fragments []struct{ YAML string } `json:"fragments"`
+		} `json:"suggestion"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Suggestion.Classes) == 0 || len(rep.Suggestion.Fragments) != 1 {
+		t.Fatalf("json suggestion %+v", rep.Suggestion)
+	}
+	for _, c := range rep.Suggestion.Classes {
+		if c.Suggested > 0 && len(c.Candidates) != 6 {
+			t.Errorf("%s: %d candidates, want 6", c.Rule, len(c.Candidates))
+		}
+	}
+	out.Reset()
+	if code := replayMain(append(base, "--output", "html"), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"<h2>Suggested limits</h2>", "<h3>website.remote_address</h3>", "<td>suggested</td><td>83 burst 17</td>", "shadow_mode: true"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("html output lacks %q", want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -368,6 +369,59 @@ func TestPrometheusRule(t *testing.T) {
 		}
 		if d := cmp.Diff(want, pr.Spec.Groups); d != "" {
 			t.Errorf("rules (-want +rendered):\n%s", d)
+		}
+	})
+	t.Run("thresholds from values", func(t *testing.T) {
+		// Every "# threshold: <name>" marker of the file has a value and
+		// every value a marker.
+		markers := map[string]bool{}
+		for _, m := range regexp.MustCompile(`> [0-9.eE+-]+ # threshold: ([A-Za-z]+)`).FindAllStringSubmatch(string(b), -1) {
+			markers[m[1]] = true
+		}
+		var values struct {
+			PrometheusRule struct {
+				Thresholds map[string]float64 `json:"thresholds"`
+			} `json:"prometheusRule"`
+		}
+		vb, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(vb, &values); err != nil {
+			t.Fatal(err)
+		}
+		for k := range values.PrometheusRule.Thresholds {
+			if !markers[k] {
+				t.Errorf("values prometheusRule.thresholds.%s: no \"# threshold: %s\" in files/alerts.rules.yaml", k, k)
+			}
+			delete(markers, k)
+		}
+		if len(markers) > 0 {
+			t.Errorf("markers without a value in prometheusRule.thresholds: %v", markers)
+		}
+		r := render(t, "prometheusRule: {enabled: true, thresholds: {ruleDeniedShare: 0.25, earlyWarningsPerMinute: 3}}\n")
+		pr := one[monitoringv1.PrometheusRule](t, r, "monitoring.coreos.com/v1/PrometheusRule")
+		want := map[string][]string{
+			"RatelimitdRuleSustainedDenials": {"> 0.25 # threshold: ruleDeniedShare", "> 0.1 # threshold: ruleMinRate"},
+			"RatelimitdEarlyWarnings":        {"> 3 # threshold: earlyWarningsPerMinute"},
+		}
+		for gi, g := range pr.Spec.Groups {
+			for ri, rule := range g.Rules {
+				expr := rule.Expr.String()
+				if ws, ok := want[rule.Alert]; ok {
+					for _, w := range ws {
+						if !strings.Contains(expr, w) {
+							t.Errorf("%s: expr lacks %q:\n%s", rule.Alert, w, expr)
+						}
+					}
+					delete(want, rule.Alert)
+				} else if fe := file.Groups[gi].Rules[ri].Expr.String(); expr != fe {
+					t.Errorf("%s changed by the thresholds:\n%s", rule.Alert, expr)
+				}
+			}
+		}
+		if len(want) > 0 {
+			t.Errorf("alerts missing: %v", want)
 		}
 	})
 	t.Run("off by default", func(t *testing.T) {

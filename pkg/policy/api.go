@@ -88,9 +88,26 @@ type Spec struct {
 	FailureMode FailureMode
 	// Limit is the compiled algorithm input.
 	Limit algo.Limit
+	// EarlyWarning is rate_limit.early_warning: when a key crosses Used of
+	// the limit within the first Within of its window (fixed_window and
+	// sliding_window only; DefaultEarlyWarning when absent, the zero value
+	// when off or for other algorithms).
+	EarlyWarning EarlyWarning
 	// Window is the quota window for RateLimit-Policy w= (unit × multiplier;
 	// the calendar unit's nominal length when Calendar).
 	Window time.Duration
+}
+
+// EarlyWarning is when a limit's key counts in
+// ratelimitd_early_warning_total: its usage crosses Used × the limit while
+// less than Within of its window has passed. Used == 0: off.
+type EarlyWarning struct {
+	// Used is the share of requests_per_unit to cross, in (0, 1]; 0 is
+	// off.
+	Used float64
+	// Within is the share of the window at whose start a crossing counts,
+	// in (0, 1].
+	Within float64
 }
 
 // Rule is a descriptor node that answers a request descriptor: it carries

@@ -224,6 +224,9 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 			Calendar:        l.calendar,
 			FailureMode:     l.failure,
 		}
+		if l.algorithm == algo.FixedWindow || l.algorithm == algo.SlidingWindow {
+			sp.EarlyWarning = l.earlyWarning
+		}
 		sp.Limit = compileLimit(&l)
 		sp.Window = sp.Limit.Period
 		switch {

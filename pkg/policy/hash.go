@@ -51,7 +51,7 @@ func (s *Set) computeHash() {
 				fmt.Fprintf(h, " counting=%s\n", r.Counting)
 			}
 			for _, l := range r.Limits {
-				fmt.Fprintf(h, " limit %q %q %d %d %d %d %d %t %d\n", l.Name, l.Policy, l.Unit, l.RequestsPerUnit, l.UnitMultiplier, l.Algorithm, l.Burst, l.Calendar, l.FailureMode)
+				fmt.Fprintf(h, " limit %q %q %d %d %d %d %d %t %d %g %g\n", l.Name, l.Policy, l.Unit, l.RequestsPerUnit, l.UnitMultiplier, l.Algorithm, l.Burst, l.Calendar, l.FailureMode, l.EarlyWarning.Used, l.EarlyWarning.Within)
 			}
 			if len(r.nodes) > 0 {
 				hashOverride(h, r.nodes[len(r.nodes)-1].override)

@@ -35,13 +35,15 @@ type rawLimit struct {
 	algorithmLine   int
 	unlimitedLine   int
 	extensionFields []string
+	earlyWarning    EarlyWarning
+	earlyLine       int
 }
 
 // limit parses one rate_limit object; line is where it starts (the
 // `rate_limit:` key, or the rate_limits item). ok is false when the object
 // had a problem (reported to p.errs).
 func (p *parser) limit(v *yaml.Node, line int, where string) (rawLimit, bool) {
-	l := rawLimit{line: line, mult: 1, ok: true}
+	l := rawLimit{line: line, mult: 1, ok: true, earlyWarning: DefaultEarlyWarning}
 	if v.Kind != yaml.MappingNode {
 		p.errs.add(p.file, v.Line, "%s must be a mapping, got %s", where, kindName(v))
 		return l, false
@@ -112,6 +114,10 @@ func (p *parser) limitField(l *rawLimit, unit *unitField, k string, kn, v *yaml.
 			l.failure = f
 			l.extensionFields = append(l.extensionFields, k)
 		}
+	case "early_warning":
+		l.earlyLine = kn.Line
+		l.earlyWarning = p.earlyWarning(v)
+		l.extensionFields = append(l.extensionFields, k)
 	case "calendar":
 		l.calendarLine = kn.Line
 		l.calendar = p.boolean(v, "calendar")
@@ -176,6 +182,9 @@ func (p *parser) checkLimit(l *rawLimit) {
 			p.errs.add(p.file, l.calendarLine, "calendar: true applies to fixed_window and sliding_window only (algorithm is %s)", AlgorithmName(l.algorithm))
 		}
 	}
+	if l.earlyLine != 0 && l.earlyWarning.Used > 0 && l.algorithm != algo.FixedWindow && l.algorithm != algo.SlidingWindow {
+		p.errs.add(p.file, l.earlyLine, "early_warning applies to fixed_window and sliding_window only (algorithm is %s)", AlgorithmName(l.algorithm))
+	}
 	if float64(l.unit.Duration())*float64(l.mult) > float64(MaxWindow) {
 		p.errs.add(p.file, at(l.multLine), "window %s × %d is longer than the maximum of %d days", unit, l.mult, MaxWindow/(24*time.Hour))
 	}
@@ -204,4 +213,46 @@ func compileLimit(l *rawLimit) algo.Limit {
 		}
 	}
 	return lim
+}
+
+// DefaultEarlyWarning is the early warning of a fixed or sliding window
+// without early_warning: more than half of the limit used within the
+// first fifth of the window.
+var DefaultEarlyWarning = EarlyWarning{Used: 0.5, Within: 0.2}
+
+// earlyWarning parses early_warning: false (off), true (the defaults) or
+// a mapping {used: <share>, within: <share>}, shares in (0, 1].
+func (p *parser) earlyWarning(v *yaml.Node) EarlyWarning {
+	if v.Kind == yaml.ScalarNode {
+		if p.boolean(v, "early_warning") {
+			return DefaultEarlyWarning
+		}
+		return EarlyWarning{}
+	}
+	ew := DefaultEarlyWarning
+	if v.Kind != yaml.MappingNode {
+		p.errs.add(p.file, v.Line, "early_warning must be true, false or a mapping {used, within}, got %s", kindName(v))
+		return ew
+	}
+	p.mapping(v, func(k string, kn, v *yaml.Node) {
+		switch k {
+		case "used":
+			ew.Used = p.share(v, "early_warning.used")
+		case "within":
+			ew.Within = p.share(v, "early_warning.within")
+		default:
+			p.unknown(kn, k, "early_warning", nil, []string{"used", "within"})
+		}
+	})
+	return ew
+}
+
+// share decodes a number in (0, 1].
+func (p *parser) share(v *yaml.Node, field string) float64 {
+	var f float64
+	if v.Kind != yaml.ScalarNode || (v.Tag != "!!float" && v.Tag != "!!int") || v.Decode(&f) != nil || !(f > 0 && f <= 1) {
+		p.errs.add(p.file, v.Line, "%s must be a number above 0 and at most 1, got %q", field, v.Value)
+		return 0
+	}
+	return f
 }

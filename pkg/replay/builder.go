@@ -27,6 +27,10 @@ type builder struct {
 	clients map[string]*TopEntry
 	paths   map[string]*TopEntry
 	minutes map[int64]*minuteAcc
+	// use records per rule and key usage for replay --suggest (nil
+	// otherwise).
+	use *usage
+	now time.Time
 }
 
 type minuteAcc struct {
@@ -91,6 +95,7 @@ func (b *builder) rule(domain string, r *policy.Rule) *RuleStats {
 
 func (b *builder) request(ctx context.Context, svc *service.Service, rec *recorder, l *LogLine, now time.Time) error {
 	rep := b.rep
+	b.now = now
 	rep.Requests++
 	if rep.First.IsZero() || now.Before(rep.First) {
 		rep.First = now
@@ -187,6 +192,9 @@ func (b *builder) tally(route Route, resp *rlsv3.RateLimitResponse, rec *recorde
 			rs.Allowed++
 		}
 		cm.observe(st)
+		if b.use != nil && !m.Release {
+			b.use.add(route.Domain, m.Rule, d, b.now, rawDenied)
+		}
 	}
 	return anyShadow
 }

@@ -15,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -166,6 +168,12 @@ func Run(ctx context.Context, log io.Reader, opts Options) (*Report, error) {
 
 // RunLines is Run on already parsed lines (ParseCombined's results).
 func RunLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Options) (*Report, error) {
+	return runLines(ctx, lines, bad, opts, nil)
+}
+
+// runLines is RunLines, recording per rule and key usage in use when not
+// nil.
+func runLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Options, use *usage) (*Report, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
@@ -186,6 +194,7 @@ func RunLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Option
 		RetryJitter: -1,
 		Now:         opts.Clock.Now,
 		Rand:        func() float64 { return 0 },
+		Logger:      slog.New(quietHandler{slog.Default().Handler()}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
@@ -197,6 +206,7 @@ func RunLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Option
 		slices.SortStableFunc(lines, func(a, b LogLine) int { return a.Time.Compare(b.Time) })
 	}
 	b := newBuilder(opts)
+	b.use = use
 	b.rep.Lines = len(lines) + len(bad)
 	b.rep.Malformed = len(bad)
 	for i, m := range bad {
@@ -236,4 +246,24 @@ func RunLines(ctx context.Context, lines []LogLine, bad []Malformed, opts Option
 	}
 	b.finish()
 	return b.rep, nil
+}
+
+// quietHandler drops the service's early-warning lines: in a replay they
+// are sampled per second of log time, one per crossing key, and the report
+// already says which keys come near their limits.
+type quietHandler struct{ slog.Handler }
+
+func (h quietHandler) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "early warning") {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h quietHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return quietHandler{h.Handler.WithAttrs(as)}
+}
+
+func (h quietHandler) WithGroup(name string) slog.Handler {
+	return quietHandler{h.Handler.WithGroup(name)}
 }

@@ -77,6 +77,9 @@ type Report struct {
 	TopDeniedPaths []TopEntry `json:"top_denied_paths"`
 	// Minutes holds one entry per minute of log time that had requests.
 	Minutes []Minute `json:"minutes"`
+	// Suggestion is the outcome of replay --suggest (Suggest); nil for a
+	// plain replay.
+	Suggestion *Suggestion `json:"suggestion,omitempty"`
 }
 
 // RuleStats counts the request descriptors one rule answered.
@@ -231,7 +234,13 @@ func (r *Report) WriteText(w io.Writer) error {
 	if shown == 0 {
 		p("(none)\t\n")
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if r.Suggestion != nil {
+		return r.Suggestion.WriteText(w)
+	}
+	return nil
 }
 
 // hotMinutes returns up to n minutes, in time order: those with denials or

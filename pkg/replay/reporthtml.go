@@ -133,7 +133,7 @@ func (r *Report) plotAccs(origin time.Time, per time.Duration) []plotAcc {
 	return accs
 }
 
-var htmlPage = template.Must(template.New("page").Parse(`<!DOCTYPE html>
+var htmlPage = template.Must(template.New("page").Funcs(template.FuncMap{"pct3": pct3}).Parse(`<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>ratelimitd replay: {{.R.Domain}}</title>
 <style>
@@ -170,6 +170,20 @@ td:first-child,th:first-child{text-align:left}.big{font-size:28px;font-weight:60
 <table><tr><th>minute (UTC)</th><th style="text-align:left">busiest clients: requests (denied/shadow) [tightest limit, min remaining]</th></tr>
 {{range .Hot}}<tr><td>{{.Start.Format "2006-01-02 15:04"}}</td><td style="text-align:left">{{range $i, $c := .Busiest}}{{if $i}}; {{end}}{{$c.Client}}: {{$c.Requests}} ({{$c.Denied}}/{{$c.Shadow}}){{if ge $c.MinRemaining 0}} [{{$c.Limit}}, {{$c.MinRemaining}} left]{{end}}{{end}}</td></tr>
 {{end}}</table>
-{{if .R.MalformedLines}}<h2>Malformed lines</h2><p>{{range $i, $m := .R.MalformedLines}}{{if $i}}, {{end}}{{$m.Line}}{{end}}</p>{{end}}
+{{with .R.Suggestion}}<h2>Suggested limits</h2>
+<p>{{.Span}} of log time; suggested limit = {{.Factor}} × the p99 of the legitimate keys' peak per window. Abusive keys: {{.AbuseRule}}.</p>
+{{range .Classes}}<h3>{{.Rule}}</h3>
+<p>Current: {{.Current}} (window {{.Window}}). {{.Keys}} keys ({{.Legitimate}} legitimate, {{.AbusiveKeys}} set aside with {{.AbusiveRequests}} requests), {{.Requests}} requests.<br>
+Peak per window: p50 {{.Peaks.P50}}, p95 {{.Peaks.P95}}, p99 {{.Peaks.P99}}, p99.9 {{.Peaks.P999}}, max {{.Peaks.Max}}.<br>
+{{if .Refused}}<b>No suggestion:</b> {{.Refused}}{{else}}<b>Suggested: {{.Suggested}} per {{.Window}}</b>; as a token_bucket, burst {{.Burst}} (p99 busiest second {{.BurstP99}}).{{end}}</p>
+{{if .Windows}}<table><tr><th>window</th><th>p50</th><th>p95</th><th>p99</th><th>p99.9</th><th>max</th><th>suggested</th></tr>{{range .Windows}}<tr><td>{{.Window}}</td><td>{{.Peaks.P50}}</td><td>{{.Peaks.P95}}</td><td>{{.Peaks.P99}}</td><td>{{.Peaks.P999}}</td><td>{{.Peaks.Max}}</td><td>{{.Suggested}}</td></tr>{{end}}</table>{{end}}
+{{range .Flags}}<p style="color:#ef6c00">Caution: {{.}}</p>{{end}}
+{{if .Abusive}}<table><tr><th>set aside</th><th>requests</th><th>peak</th><th style="text-align:left">why</th></tr>{{range .Abusive}}<tr><td>{{.Key}}</td><td>{{.Requests}}</td><td>{{.Peak}}</td><td style="text-align:left">{{.Reason}}</td></tr>{{end}}</table>{{end}}
+{{if .Candidates}}<table><tr><th>candidate</th><th>limit</th><th>legit requests denied</th><th>legit keys denied</th><th>abusive stopped</th><th>denied (all keys)</th></tr>
+{{range .Candidates}}<tr><td>{{.Name}}</td><td>{{.Limit}}{{if .Burst}} burst {{.Burst}}{{end}}</td><td>{{.LegitDenied}} ({{pct3 .LegitShare}})</td><td>{{.LegitKeysDenied}} ({{pct3 .LegitKeyShare}})</td><td>{{.AbusiveDenied}} ({{pct3 .AbusiveShare}})</td><td>{{.Denied}}</td></tr>
+{{end}}</table>{{end}}{{end}}
+{{range .Notes}}<p>Note: {{.}}</p>{{end}}
+{{range .Fragments}}<h3>{{.File}} with the suggested limits, every rule in shadow mode</h3><pre>{{.YAML}}</pre>{{end}}
+{{end}}{{if .R.MalformedLines}}<h2>Malformed lines</h2><p>{{range $i, $m := .R.MalformedLines}}{{if $i}}, {{end}}{{$m.Line}}{{end}}</p>{{end}}
 </body></html>
 `))

@@ -240,6 +240,7 @@ func (s *Service) respond(sn *snapshot, req *rlsv3.RateLimitRequest, ds []descSt
 		resp.OverallCode = s.overLimit()
 	}
 	s.observeDecisions(sn, domain, ds, decs, outs)
+	s.observeEarlyWarnings(domain, ds, hits, decs, outs, denied)
 	s.observeRefunds(domain, ds, outs)
 	if s.dlog != nil {
 		keys := make([]string, len(hits))

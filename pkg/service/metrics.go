@@ -41,6 +41,7 @@ var subMillisecondBuckets = []float64{
 type metrics struct {
 	requests        *prometheus.CounterVec   // domain, code
 	decisions       *prometheus.CounterVec   // domain, rule, result
+	earlyWarnings   *prometheus.CounterVec   // domain, rule
 	requestDuration prometheus.Histogram     // seconds
 	backendDuration *prometheus.HistogramVec // store
 	backendErrors   *prometheus.CounterVec   // cause
@@ -70,6 +71,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests:              r.counterVec("ratelimitd_requests_total", "ShouldRateLimit calls (gRPC and /json) by domain and final code (ok, over_limit, invalid_argument, unavailable). Unknown domains are labelled _unknown.", "domain", "code"),
 		decisions:             r.counterVec("ratelimitd_decisions_total", "Descriptor decisions with a counted limit, by domain, rule (config stat key) and result (ok, near_limit, over_limit, shadow, failed_open, failed_closed).", "domain", "rule", "result"),
+		earlyWarnings:         r.counterVec("ratelimitd_early_warning_total", "Keys whose usage of a limit crossed its early_warning share (default half of requests_per_unit) within the first part of the window (default a fifth), by domain and rule (config stat key); fixed and sliding windows.", "domain", "rule"),
 		requestDuration:       r.histogram("ratelimitd_request_duration_seconds", "Time to answer one ShouldRateLimit call, in seconds."),
 		backendDuration:       r.histogramVec("ratelimitd_backend_duration_seconds", "Time of one Store.Take call, in seconds, by store (primary, fallback).", "store"),
 		backendErrors:         r.counterVec("ratelimitd_backend_errors_total", "Store.Take errors by cause (the backend's bounded cause, timeout, canceled, fallback, other).", "cause"),

@@ -1,0 +1,81 @@
+package service
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// observeEarlyWarnings counts in ratelimitd_early_warning_total the keys
+// whose usage of a limit crossed its early warning share (Spec.EarlyWarning
+// .Used of requests_per_unit) with this request while less than Within of
+// the window had passed: a key on course to use several times its limit.
+// It reads only the decision (remaining after the hit) and the window
+// position, so it costs the store nothing. A key counts once per window:
+// only the hit that crosses the share counts. Denied requests are skipped
+// (their hits report the usage before the request, nothing was consumed),
+// except in global shadow mode where they are consumed. A sampled log line
+// (one per rule per second) names the key by a hash of its backend key.
+func (s *Service) observeEarlyWarnings(domain string, ds []descState, hits []algo.Hit, decs []algo.Decision, outs []outcome, denied bool) {
+	if denied && !s.opts.ShadowMode {
+		return
+	}
+	var now time.Time
+	for i := range ds {
+		st := &ds[i]
+		if st.override || st.refund || st.match.Release || st.match.Rule == nil {
+			continue
+		}
+		for _, a := range st.applied {
+			ew := a.spec.EarlyWarning
+			if ew.Used <= 0 || (outs[a.hit] != byStore && outs[a.hit] != byFallback) {
+				continue
+			}
+			d := decs[a.hit]
+			limit := int64(a.spec.RequestsPerUnit)
+			if !d.Allowed || limit <= 0 {
+				continue
+			}
+			used := limit - d.Remaining
+			share := ew.Used * float64(limit)
+			if !(float64(used) > share && float64(used-st.cost) <= share) {
+				continue
+			}
+			window := a.spec.Limit.Period
+			elapsed, ok := windowElapsed(a.spec.Limit, d)
+			if !ok || float64(elapsed) >= ew.Within*float64(window) {
+				continue
+			}
+			if now.IsZero() {
+				now = s.opts.Now()
+			}
+			rule := st.match.Rule.Path
+			s.m.earlyWarnings.WithLabelValues(domain, rule).Inc()
+			if ok, n := s.errLog.allow("early_warning\x00"+domain+"\x00"+rule, now); ok {
+				sum := sha256.Sum256([]byte(hits[a.hit].Key))
+				s.opts.Logger.Warn("early warning: a key used more than its share of a limit early in the window",
+					"domain", domain, "rule", rule, "key_hash", hex.EncodeToString(sum[:8]), "used", used, "limit", limit,
+					"elapsed", elapsed, "window", window, "suppressed", n)
+			}
+		}
+	}
+}
+
+// windowElapsed is how far into its current window an admitted hit of lim
+// was decided, from the store's answer (its own clock): for a fixed window
+// the window length less the time until the counter resets; for a sliding
+// window, whose state after a hit lasts
+// until the end of the next window, twice the period less that time. ok is
+// false for other algorithms and calendar windows (months differ in
+// length).
+func windowElapsed(lim algo.Limit, d algo.Decision) (time.Duration, bool) {
+	switch {
+	case lim.Kind == algo.FixedWindow && lim.Calendar == algo.CalendarNone:
+		return min(max(lim.Period-d.ResetAfter, 0), lim.Period), true
+	case lim.Kind == algo.SlidingWindow && lim.Calendar == algo.CalendarNone:
+		return min(max(2*lim.Period-d.ResetAfter, 0), lim.Period), true
+	}
+	return 0, false
+}
