@@ -50,8 +50,8 @@ type Cache struct {
 	// gen advances on every credit (Remove, Invalidate), Reset and
 	// Suspend: see remember.
 	gen uint64
-	// suspended: lookups miss without counting, denials are not
-	// remembered (Suspend, Resume).
+	// suspended: lookups miss, denials are not remembered (Suspend,
+	// Resume).
 	suspended bool
 }
 
@@ -84,7 +84,7 @@ func New(size int) *Cache {
 }
 
 // lookup reports a cached denial for key under limit at now for the
-// given cost; it counts one hit or one miss (none while suspended).
+// given cost; it counts one hit or one miss (a miss while suspended).
 func (c *Cache) lookup(key string, limit algo.Limit, cost int64, now time.Time) (cacheEntry, bool) {
 	if c == nil {
 		return cacheEntry{}, false
@@ -92,6 +92,7 @@ func (c *Cache) lookup(key string, limit algo.Limit, cost int64, now time.Time) 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.suspended {
+		c.misses.Add(1)
 		return cacheEntry{}, false
 	}
 	el, ok := c.items[key]

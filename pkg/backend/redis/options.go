@@ -207,6 +207,7 @@ func DefaultOptions() Options {
 		DeadlineMargin: DefaultDeadlineMargin,
 		HealthInterval: DefaultHealthInterval,
 		ProbeKey:       DefaultProbeKey,
+		CreditChannel:  DefaultCreditChannel,
 	}
 }
 
