@@ -53,6 +53,9 @@ type Cache struct {
 	// suspended: lookups miss, denials are not remembered (Suspend,
 	// Resume).
 	suspended bool
+	// unchargedOff: always_charge hits are never answered (see
+	// WithoutUncharged).
+	unchargedOff bool
 }
 
 type cacheEntry struct {
@@ -139,6 +142,23 @@ func (c *Cache) addLocked(e cacheEntry) {
 		delete(c.items, last.Value.(*cacheEntry).key)
 	}
 	c.items[e.key] = c.ll.PushFront(&e)
+}
+
+// WithoutUncharged makes c answer no always_charge hit, not even on a
+// fixed window (see Cacheable), and returns c: every such hit is
+// charged, so a later refund credits a count that includes every denied
+// hit. envoyproxy/ratelimit's cache (and so reference mode) skips those
+// charges; ratelimitd's own counting does not.
+func (c *Cache) WithoutUncharged() *Cache {
+	if c != nil {
+		c.unchargedOff = true
+	}
+	return c
+}
+
+// cacheable is Cacheable, and no always_charge hit when unchargedOff.
+func (c *Cache) cacheable(h algo.Hit) bool {
+	return Cacheable(h) && !(c.unchargedOff && h.Charge)
 }
 
 // Reset drops every entry. Call it on a config reload so that no denial
@@ -342,7 +362,7 @@ func (c *Cache) fromCache(hits []algo.Hit, out []algo.Decision, now time.Time) (
 	rest = make([]int, 0, len(hits))
 	restKept := true
 	for i, h := range hits {
-		if Cacheable(h) {
+		if c.cacheable(h) {
 			if e, ok := c.lookup(h.Key, h.Limit, h.Cost, now); ok {
 				cached = append(cached, i)
 				out[i] = algo.Decision{
@@ -386,7 +406,7 @@ func (c *Cache) remember(hits []algo.Hit, out []algo.Decision, now time.Time, ge
 	}
 	for i, h := range hits {
 		d := out[i]
-		if d.Allowed || d.RetryAfter <= 0 || !Cacheable(h) {
+		if d.Allowed || d.RetryAfter <= 0 || !c.cacheable(h) {
 			continue
 		}
 		dup := false

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,17 @@ func cacheStore(t *testing.T, o Options) *Store {
 		t.Fatal("credit subscription not confirmed after Warm")
 	}
 	return s
+}
+
+// waitCacheLive waits (up to 20 s) until s's cache answers: its credit
+// subscription is confirmed.
+func waitCacheLive(t *testing.T, s *Store) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.waitCredits(ctx); err != nil {
+		t.Fatalf("credit subscription: %v", err)
+	}
 }
 
 // waitCreditsUntil waits (on the subscription's events, up to 20 s) until
@@ -213,5 +225,43 @@ func TestCacheSubscriptionLost(t *testing.T) {
 	}
 	if d := takeOne(t, a, h); d.Allowed || !d.FromCache {
 		t.Fatalf("%+v, want a cached denial once subscribed again", d)
+	}
+}
+
+// TestCacheChargesAlwaysCharge: with ratelimitd's own counting
+// (Options.CacheUncharged false) an always_charge hit on a hot fixed
+// window is never answered from the cache: every denied hit reaches Redis
+// and is charged, so a later refund credits a count that includes them
+// (the cache changes no decision). With CacheUncharged (reference mode)
+// the cache answers them uncharged, as envoyproxy/ratelimit does.
+func TestCacheChargesAlwaysCharge(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for _, uncharged := range []bool{false, true} {
+		o := DefaultOptions()
+		o.URL, o.CacheUncharged = srv.URL(), uncharged
+		s := cacheStore(t, o)
+		key := fmt.Sprintf("charged-%v", uncharged)
+		h := algo.Hit{Key: key, Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 3, Period: time.Hour}, Cost: 1, Charge: true}
+		fromCache := 0
+		for i := range 8 {
+			d := takeOne(t, s, h)
+			if d.Allowed != (i < 3) {
+				t.Fatalf("uncharged=%v take %d: %+v", uncharged, i+1, d)
+			}
+			if d.FromCache {
+				fromCache++
+			}
+		}
+		refund := algo.Hit{Key: key, Limit: h.Limit, Cost: 2, Release: true}
+		if _, err := s.Take(context.Background(), []algo.Hit{refund}); err != nil {
+			t.Fatal(err)
+		}
+		d := takeOne(t, s, h)
+		if !uncharged && (fromCache != 0 || d.Allowed) {
+			t.Errorf("own counting: %d of 5 denials from the cache, take after a refund of 2 %+v; want 0 and denied (8 charged, 6 after the refund)", fromCache, d)
+		}
+		if uncharged && (fromCache != 4 || !d.Allowed) {
+			t.Errorf("reference counting: %d of 5 denials from the cache, take after a refund of 2 %+v; want 4 and admitted (4 charged, 2 after the refund)", fromCache, d)
+		}
 	}
 }

@@ -153,6 +153,9 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	if s.probeKey == "" {
 		s.probeKey = DefaultProbeKey
 	}
+	if !opts.CacheUncharged {
+		s.cache.WithoutUncharged()
+	}
 	_, s.cluster = c.(*goredis.ClusterClient)
 	if s.cluster {
 		s.masters = map[string]*master{}
