@@ -35,6 +35,7 @@ func TestLocalCacheStatsd(t *testing.T) {
 			ro := redis.DefaultOptions()
 			ro.URL, ro.Timeout, ro.PoolSize, ro.MinIdleConns, ro.LocalCacheSize = redistest.Standalone(t).URL(), 5*time.Second, 2, 0, 8
 			ro.Now = func() time.Time { return now }
+			ro.CacheUncharged = true // the reference's counting, as in reference mode
 			s, err := redis.New(ro)
 			if err == nil {
 				// Warm waits for the cache's credit subscription: until
