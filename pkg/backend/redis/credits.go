@@ -36,8 +36,12 @@ const (
 	// it is PINGed, and how long the PING may go unanswered before the
 	// subscription is given up (cache suspended) and dialed again.
 	creditPingAfter = time.Second
-	// creditRetry is the pause before subscribing again after a failure.
-	creditRetry = 100 * time.Millisecond
+	// creditRetry is the first pause before subscribing again after a
+	// failure; it doubles with every failure in a row up to creditRetryMax
+	// (each attempt dials, and failed dials count toward go-redis' pool
+	// backoff).
+	creditRetry    = 100 * time.Millisecond
+	creditRetryMax = time.Second
 )
 
 // credits is a Store's subscription to the credit channel.
@@ -74,6 +78,7 @@ func (s *Store) startCredits() {
 	s.credits = c
 	go func() {
 		defer close(c.done)
+		pause := creditRetry
 		for ctx.Err() == nil {
 			ps := s.client.Subscribe(ctx, ch)
 			c.mu.Lock()
@@ -84,30 +89,34 @@ func (s *Store) startCredits() {
 			}
 			c.ps = ps
 			c.mu.Unlock()
-			s.followCredits(ctx, ps)
+			if s.followCredits(ctx, ps) {
+				pause = creditRetry
+			}
 			_ = ps.Close()
 			s.setCreditsLive(false)
 			select {
 			case <-ctx.Done():
-			case <-time.After(creditRetry):
+			case <-time.After(pause):
 			}
+			pause = min(2*pause, creditRetryMax)
 		}
 	}()
 }
 
 // followCredits reads ps until it fails or goes silent: a confirmed
-// subscription resumes the cache, each message drops its key.
-func (s *Store) followCredits(ctx context.Context, ps *goredis.PubSub) {
+// subscription resumes the cache, each message drops its key. It reports
+// whether the subscription was confirmed.
+func (s *Store) followCredits(ctx context.Context, ps *goredis.PubSub) (confirmed bool) {
 	pinged := false
 	for {
 		msg, err := ps.ReceiveTimeout(ctx, creditPingAfter)
 		if err != nil {
 			var ne net.Error
 			if pinged || !errors.As(err, &ne) || !ne.Timeout() {
-				return
+				return confirmed
 			}
 			if ps.Ping(ctx) != nil {
-				return
+				return confirmed
 			}
 			pinged = true
 			continue
@@ -116,6 +125,7 @@ func (s *Store) followCredits(ctx context.Context, ps *goredis.PubSub) {
 		switch m := msg.(type) {
 		case *goredis.Subscription:
 			if m.Kind == "subscribe" && m.Channel == s.credits.channel {
+				confirmed = true
 				s.setCreditsLive(true)
 			}
 		case *goredis.Message:
