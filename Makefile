@@ -55,12 +55,12 @@ image:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
-## bench-compare: ratelimitd against envoyproxy/ratelimit in one run (scripts/bench-compare.sh; DUR, ROUNDS)
+## bench-compare: ratelimitd (native and reference mode) against envoyproxy/ratelimit and a no-op gRPC floor in one run, with the lean-path targets (scripts/bench-compare.sh; DUR, ROUNDS, SCENARIOS)
 DUR ?= 5s
 ROUNDS ?= 3
 bench-compare:
 	./scripts/bench-compare.sh $(DUR) $(ROUNDS)
 
-## callgrind-redis: Redis instructions per decision, ratelimitd vs the reference (scripts/callgrind-redis.sh; needs valgrind)
+## callgrind-redis: Redis instructions per decision and batch sizes, ratelimitd (native and reference mode) vs the reference (scripts/callgrind-redis.sh; WORKLOADS, CG_SCRIPT; needs valgrind)
 callgrind-redis:
 	./scripts/callgrind-redis.sh

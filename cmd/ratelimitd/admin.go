@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -76,16 +77,25 @@ func (e *events) register(reg prometheus.Registerer) error {
 }
 
 // onCircuit is the backend breaker's OnTransition (Redis, memcached):
-// one log line and one count per state change.
+// one count per state change. The log lines are onReport's.
 func (e *events) onCircuit(to redis.BreakerState) {
 	e.circuit.WithLabelValues(to.String()).Inc()
-	switch to {
-	case redis.BreakerOpen:
-		e.log.Warn("backend circuit opened: calls fail fast and decisions get the rules' failure modes until a probe succeeds", "backend", e.backend, "circuit", to.String())
-	case redis.BreakerHalfOpen:
-		e.log.Info("backend circuit half-open: probing the backend", "backend", e.backend, "circuit", to.String())
+}
+
+// onReport is the backend breaker's OnReport: one log line when the
+// circuit opens, one when it closes, each with the half-open probes that
+// failed meanwhile, and while it stays open one line per
+// redis.DefaultBreakerReportEvery at most, rather than one per probe.
+func (e *events) onReport(r redis.BreakerReport) {
+	switch {
+	case r.To == redis.BreakerClosed:
+		e.log.Info("backend circuit closed: a probe succeeded, calls go to the backend again",
+			"backend", e.backend, "circuit", r.To.String(), "failed_probes", r.FailedProbes, "open_for", time.Since(r.Since).Round(time.Millisecond).String())
+	case r.Still:
+		e.log.Warn("backend circuit still open: probes keep failing; decisions get the rules' failure modes",
+			"backend", e.backend, "circuit", r.To.String(), "failed_probes", r.FailedProbes, "open_for", time.Since(r.Since).Round(time.Millisecond).String())
 	default:
-		e.log.Info("backend circuit closed: a probe succeeded, calls go to the backend again", "backend", e.backend, "circuit", to.String())
+		e.log.Warn("backend circuit opened: calls fail fast and decisions get the rules' failure modes until a probe succeeds", "backend", e.backend, "circuit", r.To.String())
 	}
 }
 

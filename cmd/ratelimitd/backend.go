@@ -45,9 +45,9 @@ type closingStore interface {
 // needs a new key drops an expired key or, when none has expired, the
 // store decides the new key with its sketch or denies it (memory.Store,
 // "Full store"), so a flood of keys switches no limit off.
-// onCircuit, when not nil, is the circuit breaker's OnTransition (Redis,
-// and memcached with one server).
-func newStore(o Options, onCircuit func(redis.BreakerState)) (service.Store, service.Store, func() error, error) {
+// ev, when not nil, receives the circuit breaker's transitions and
+// reports (Redis, and memcached with one server).
+func newStore(o Options, ev *events) (service.Store, service.Store, func() error, error) {
 	mem := func() (*memory.Store, error) { return memory.New(memory.Options{MaxKeys: o.MemoryMaxKeys}) }
 	// withFallback pairs a network store built without error with its
 	// in-process fallback, closing the store when the fallback fails.
@@ -65,11 +65,15 @@ func newStore(o Options, onCircuit func(redis.BreakerState)) (service.Store, ser
 	switch o.Backend {
 	case "redis":
 		ro := redisOptions(o)
-		ro.Breaker.OnTransition = onCircuit
+		if ev != nil {
+			ro.Breaker.OnTransition, ro.Breaker.OnReport = ev.onCircuit, ev.onReport
+		}
 		return withFallback(redis.New(ro))
 	case "memcache":
 		mo := memcacheOptions(o)
-		mo.OnCircuit = onCircuit
+		if ev != nil {
+			mo.OnCircuit, mo.OnCircuitReport = ev.onCircuit, ev.onReport
+		}
 		return withFallback(memcache.New(mo))
 	default:
 		ms, err := mem()
@@ -84,7 +88,7 @@ func newStore(o Options, onCircuit func(redis.BreakerState)) (service.Store, ser
 // fallback (newStore), logs where the store points, and has release close
 // them. ev receives the Redis circuit breaker's transitions.
 func (s *server) newBackend(ev *events) error {
-	store, fallback, closeStore, err := newStore(s.opts, ev.onCircuit)
+	store, fallback, closeStore, err := newStore(s.opts, ev)
 	if err != nil {
 		return scrubErr(fmt.Errorf("backend: %w", err), secretsOf(s.opts)...)
 	}
@@ -105,14 +109,14 @@ func backendTarget(o Options) []any {
 		if o.MemcacheSRV != "" {
 			return []any{"type", "memcache", "srv", o.MemcacheSRV, "srv_refresh", o.MemcacheSRVRefresh.String(), "timeout", o.MemcacheTimeout.String()}
 		}
-		return []any{"type", "memcache", "addrs", strings.Join(o.MemcacheAddrs, ","), "timeout", o.MemcacheTimeout.String()}
+		return []any{"type", "memcache", "addrs", redactValue(secretAddress, strings.Join(o.MemcacheAddrs, ",")), "timeout", o.MemcacheTimeout.String()}
 	}
 	if o.Backend != "redis" {
 		return []any{"type", o.Backend}
 	}
 	attrs := []any{"type", "redis", "mode", o.RedisMode, "url", redis.RedactURL(o.RedisURL)}
 	if len(o.RedisAddrs) > 0 {
-		attrs = append(attrs, "addrs", strings.Join(o.RedisAddrs, ","))
+		attrs = append(attrs, "addrs", redactValue(secretAddress, strings.Join(o.RedisAddrs, ",")))
 	}
 	if o.RedisMaster != "" {
 		attrs = append(attrs, "master", o.RedisMaster)
@@ -148,11 +152,26 @@ func (s *server) updateHealth() {
 	}
 }
 
+// The backend health last logged (server.backendLogged).
+const (
+	backendUnknown int32 = iota // nothing logged yet
+	backendUp
+	backendDown
+)
+
 // logBackendTransition logs once when the backend becomes healthy
 // (warmed at startup, or recovered) and once when it stops being healthy
-// (circuit open, writes or credentials refused), with the breaker state.
+// (circuit open, writes or credentials refused), with the breaker state;
+// and, when it was never healthy, once the warm-up has ended (Redis down
+// from startup), the unhealthy line.
 func (s *server) logBackendTransition(up bool) {
-	if s.backendUp.Swap(up) == up {
+	want := backendDown
+	if up {
+		want = backendUp
+	} else if !s.warm.Load() {
+		return // still warming up: the warm-up logs its own outcome
+	}
+	if s.backendLogged.Swap(want) == want {
 		return
 	}
 	state := ""
@@ -162,9 +181,6 @@ func (s *server) logBackendTransition(up bool) {
 	if up {
 		s.log.Info("backend healthy: decisions are counted", "backend", s.opts.Backend, "circuit", state)
 		return
-	}
-	if !s.warm.Load() {
-		return // still warming up: the warm-up logs its own outcome
 	}
 	s.log.Warn("backend unhealthy: decisions get the rules' failure modes until it answers again", "backend", s.opts.Backend, "circuit", state)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -79,7 +81,7 @@ func TestCircuitTransitionEvents(t *testing.T) {
 	}
 	o := defaultOptions()
 	o.Backend, o.RedisURL, o.RedisTimeout = "redis", srv.URL(), time.Second
-	store, _, closeStore, err := newStore(o, ev.onCircuit)
+	store, _, closeStore, err := newStore(o, ev)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +110,8 @@ func TestCircuitTransitionEvents(t *testing.T) {
 		t.Fatalf("%v transitions while Redis answers", n)
 	}
 	srv.Kill()
-	until("circuit opened", func() bool { return count("open") >= 1 })
+	// Several failed half-open probes: each opens the circuit again.
+	until("circuit opened 4 times", func() bool { return count("open") >= 4 })
 	srv.Start()
 	until("circuit closed", func() bool { return count("closed") >= 1 })
 	if err := take(); err != nil {
@@ -117,10 +120,29 @@ func TestCircuitTransitionEvents(t *testing.T) {
 	if count("half_open") < 1 {
 		t.Errorf("closed without half_open")
 	}
+	// One line when it opened and one when it closed, with the failed
+	// probes, not one per transition (the metric counts those).
 	l := logs.String()
-	for _, msg := range []string{"backend circuit opened", "backend circuit half-open", "backend circuit closed"} {
-		if !strings.Contains(l, msg) {
-			t.Errorf("no %q line:\n%s", msg, l)
+	for _, msg := range []string{"backend circuit opened", "backend circuit closed"} {
+		if n := strings.Count(l, msg); n != 1 {
+			t.Errorf("%d %q lines for %v openings, want 1:\n%s", n, msg, count("open"), l)
+		}
+	}
+	if strings.Contains(l, "half-open") || strings.Contains(l, "still open") {
+		t.Errorf("a line per probe or a still-open line within %v:\n%s", redis.DefaultBreakerReportEvery, l)
+	}
+	for _, line := range strings.Split(l, "\n") {
+		if !strings.Contains(line, "backend circuit closed") {
+			continue
+		}
+		var rec struct {
+			FailedProbes float64 `json:"failed_probes"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if want := count("open") - 1; rec.FailedProbes != want {
+			t.Errorf("closed line: failed_probes %v, want %v (every opening after the first)", rec.FailedProbes, want)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -86,4 +88,36 @@ func TestUpdateHealthBackendChangesOnly(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestBackendDownFromStartupLogged: a backend that is never healthy (Redis
+// down from startup) gets the "backend unhealthy" line once the warm-up
+// has ended, once however often health is polled, and "backend healthy"
+// once when it answers.
+func TestBackendDownFromStartupLogged(t *testing.T) {
+	store := &healthStore{Store: memoryStore(t)}
+	svc := newTestService(t, service.Options{Store: store})
+	logs := &testproc.Buffer{}
+	s := &server{svc: svc, store: store, health: health.NewServer(), log: slog.New(slog.NewJSONHandler(logs, nil))}
+	count := func(msg string) int { return strings.Count(logs.String(), msg) }
+	for range 5 { // warming up: the warm-up logs its own outcome
+		s.updateHealth()
+	}
+	if n := count("backend unhealthy"); n != 0 {
+		t.Fatalf("%d unhealthy lines during the warm-up, want 0", n)
+	}
+	s.warm.Store(true) // the warm-up gave up: Redis is down
+	for range 20 {
+		s.updateHealth()
+	}
+	if n := count("backend unhealthy: decisions get the rules' failure modes until it answers again"); n != 1 {
+		t.Fatalf("%d unhealthy lines after the warm-up ended with the backend down, want 1:\n%s", n, logs.String())
+	}
+	store.healthy.Store(true)
+	for range 5 {
+		s.updateHealth()
+	}
+	if n := count("backend healthy: decisions are counted"); n != 1 {
+		t.Fatalf("%d healthy lines once the backend answered, want 1:\n%s", n, logs.String())
+	}
 }

@@ -506,7 +506,7 @@ func legacyRedis(o *Options, typ, raw string, urlSet bool, lookup func(string) (
 	case "sentinel":
 		parts := splitList(raw)
 		if len(parts) < 2 {
-			return fmt.Errorf("REDIS_TYPE=sentinel: REDIS_URL=%q must be master,host:port[,host:port...]", raw)
+			return errors.New("REDIS_TYPE=sentinel: REDIS_URL must be master,host:port[,host:port...] (its value is not shown: it may hold a credential)")
 		}
 		o.RedisMode = "sentinel"
 		o.RedisMaster = parts[0]

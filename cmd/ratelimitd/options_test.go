@@ -330,3 +330,18 @@ func sortedKeys(m map[string]string) []string {
 	sort.Strings(ks)
 	return ks
 }
+
+// TestLegacySentinelURLNotPrinted: a REDIS_URL refused in sentinel mode is
+// named, never quoted, since a mistaken value may hold a password.
+func TestLegacySentinelURLNotPrinted(t *testing.T) {
+	_, _, err := parseServe(nil, env("REDIS_TYPE", "sentinel", "REDIS_URL", "redis://:s3cr3tpw@sentinel"), io.Discard)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if strings.Contains(err.Error(), "s3cr3tpw") {
+		t.Errorf("error %q prints the password", err)
+	}
+	if !strings.Contains(err.Error(), "REDIS_URL must be master,host:port") {
+		t.Errorf("error %q does not say what REDIS_URL must be", err)
+	}
+}

@@ -40,11 +40,11 @@ type server struct {
 	// warm is set once the backend's startup warm-up ended (warmed, or
 	// --redis-warmup passed): until then health is NOT_SERVING.
 	warm atomic.Bool
-	// backendUp is the backend health last logged (transitions are
-	// logged once each: recovered, unhealthy).
-	backendUp atomic.Bool
-	reloadMu  sync.Mutex  // serializes apply and fail (watcher, SIGHUP)
-	stopping  atomic.Bool // shutdown started
+	// backendLogged is the backend health last logged (backendUnknown,
+	// backendUp, backendDown): transitions are logged once each.
+	backendLogged atomic.Int32
+	reloadMu      sync.Mutex  // serializes apply and fail (watcher, SIGHUP)
+	stopping      atomic.Bool // shutdown started
 
 	fallback service.Store // failure_mode: local store (nil: none)
 	reg      *prometheus.Registry

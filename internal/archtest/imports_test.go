@@ -59,6 +59,7 @@ var mayImport = map[string][]string{
 	"internal/golden":      {},
 	"internal/deploytest":  {"internal/testproc"},
 	"scripts/housekeeping": {"internal/doccheck"},
+	"scripts/bench/noop":   {},
 	// Test-only packages: their non-test code is a package doc at most;
 	// their tests may import any package of the module.
 	"deploy":            {},

@@ -124,47 +124,6 @@ func checkFailureModes(t testing.TB, in *instance, wantCauses ...string) {
 	}
 }
 
-// checkShed asserts, while Redis is stalled (frozen) and calls carry
-// Envoy's 20 ms deadline, that nothing is admitted uncounted: failure_mode
-// open requests are shed (DeadlineExceeded: Envoy's failure_mode_deny
-// decides), closed ones answer OVER_LIMIT with temporary-reduced-capacity,
-// local ones are decided by the memory fallback (5 of 8).
-func checkShed(t testing.TB, in *instance) {
-	t.Helper()
-	envoy := func(r *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		defer cancel()
-		return in.svc.ShouldRateLimit(ctx, r)
-	}
-	v := freshValue()
-	for i := range 3 {
-		if r, err := envoy(req("fm", []string{"open", v})); status.Code(err) != codes.DeadlineExceeded {
-			t.Errorf("failure_mode open, Redis stalled, call %d: %v %v, want DeadlineExceeded (shed)", i+1, r.GetOverallCode(), err)
-		}
-	}
-	r, err := envoy(req("fm", []string{"closed", freshValue()}))
-	if err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
-		t.Errorf("failure_mode closed, Redis stalled: %v %v, want OVER_LIMIT", r.GetOverallCode(), err)
-	} else if pt := problemType(t, r); !strings.HasSuffix(pt, "#"+service.ProblemTemporaryReducedCapacity) {
-		t.Errorf("failure_mode closed: problem type %q, want ...#%s", pt, service.ProblemTemporaryReducedCapacity)
-	}
-	v = freshValue()
-	ok := 0
-	for range 8 {
-		r, err := envoy(req("fm", []string{"local", v}))
-		if err != nil {
-			t.Errorf("failure_mode local, Redis stalled: %v", err)
-			continue
-		}
-		if isOK(r) {
-			ok++
-		}
-	}
-	if ok != 5 {
-		t.Errorf("failure_mode local: %d of 8 allowed on a 5/hour rule, want 5 (decided by the memory fallback)", ok)
-	}
-}
-
 // loadGen runs goroutines calling ShouldRateLimit on the load domain
 // (random mode, 1,000 values) and records each call's start and latency.
 type loadGen struct {
@@ -276,7 +235,7 @@ type outage struct {
 
 var killedAndFrozen = []outage{
 	{"killed", (*redistest.Server).Kill, (*redistest.Server).Restart, []string{redis.CauseRefused, redis.CauseCircuitOpen}},
-	{"frozen", (*redistest.Server).Stop, (*redistest.Server).Cont, []string{redis.CauseTimeout}},
+	{"frozen", (*redistest.Server).Stop, (*redistest.Server).Cont, []string{redis.CauseStalled}},
 }
 
 // outageTimes are what runOutage measured: when the circuit opened after
@@ -290,10 +249,11 @@ type outageTimes struct {
 // runOutage: with production defaults (10 ms timeout, circuit breaker),
 // Redis fails as tc says while 6 goroutines call the service. Killed
 // (refused: a proven failure): each rule's failure mode decides. Frozen
-// (a stall: nothing proves a failure), with Envoy's 20 ms deadline: open
-// requests are shed, closed and local rules answer by their modes, before
-// and after the circuit opens (FailFor). The circuit opens, and after
-// Restart / SIGCONT normal answers resume and the Store is healthy.
+// (a stall), with Envoy's 20 ms deadline: once the stall is established
+// (the circuit open after FailFor) each rule's failure mode decides too,
+// open included (cause stalled; TestStalledRedisGetsFailureModes counts
+// it). The circuit opens, and after Restart / SIGCONT normal answers
+// resume and the Store is healthy.
 func runOutage(t testing.TB, tc outage) outageTimes {
 	srv := redistest.Standalone(t)
 	in := newInstance(t, standaloneOpts(srv.URL()), failureSet(t))
@@ -331,20 +291,13 @@ func runOutage(t testing.TB, tc outage) outageTimes {
 		}
 	})
 	time.Sleep(time.Second) // the outage lasts, under load
-	if frozen {
-		checkShed(t, in) // before and after the circuit opens
-	}
 	var m outageTimes
 	m.opened = <-opened
 	t.Logf("%s: circuit opened %v after the fault", tc.name, m.opened.Round(time.Millisecond))
 	if m.opened < 0 {
 		t.Errorf("%s: the circuit did not open within %v of the fault", tc.name, stateWithin)
 	}
-	if frozen {
-		checkShed(t, in)
-	} else {
-		checkFailureModes(t, in, tc.causes...)
-	}
+	checkFailureModes(t, in, tc.causes...)
 	time.Sleep(500 * time.Millisecond)
 	outageEnd := time.Now()
 	tc.recover(srv)
@@ -547,8 +500,8 @@ func frozenCalls(t testing.TB, in *instance) latencies {
 		}
 	}
 	c1 := causes(t, in.reg)
-	if d := c1[redis.CauseTimeout] - c0[redis.CauseTimeout]; d != 10 {
-		t.Errorf("backend errors %v (before %v): %v more timeouts, want 10", c1, c0, d)
+	if d := c1[redis.CauseTimeout] + c1[redis.CauseStalled] - c0[redis.CauseTimeout] - c0[redis.CauseStalled]; d != 10 {
+		t.Errorf("backend errors %v (before %v): %v more timeouts and stalls, want 10", c1, c0, d)
 	}
 	return l
 }
@@ -602,4 +555,42 @@ func BenchmarkFrozenCall(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(over.Microseconds())/1000, "max_overrun_ms")
+}
+
+// TestStallNotEstablishedSheds: while a stall is not established yet
+// (Redis frozen for less than the breaker's fail-for, here 5 s, and half
+// of --redis-max-wait), nothing proves a failure: with Envoy's 20 ms
+// deadline, failure_mode open requests are shed (DeadlineExceeded: Envoy's
+// failure_mode_deny decides) and closed ones denied.
+func TestStallNotEstablishedSheds(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	o := standaloneOpts(srv.URL())
+	o.MaxWait = 20 * time.Second
+	o.Breaker.FailFor = 5 * time.Second
+	in := newInstance(t, o, failureSet(t))
+	warm(t, []*instance{in})
+	srv.Stop()
+	t.Cleanup(srv.Cont)
+	start := time.Now()
+	envoy := func(r *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), frozenDeadline)
+		defer cancel()
+		return in.svc.ShouldRateLimit(ctx, r)
+	}
+	v := freshValue()
+	for i := range 3 {
+		if r, err := envoy(req("fm", []string{"open", v})); status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("failure_mode open, stall not established, call %d: %v %v, want DeadlineExceeded (shed)", i+1, r.GetOverallCode(), err)
+		}
+	}
+	for i := range 3 {
+		r, err := envoy(req("fm", []string{"closed", freshValue()}))
+		if err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("failure_mode closed, stall not established, call %d: %v %v, want OVER_LIMIT", i+1, r.GetOverallCode(), err)
+		}
+	}
+	if took := time.Since(start); took >= o.Breaker.FailFor {
+		t.Fatalf("the checks took %v, past the fail-for %v: the stall was established meanwhile", took, o.Breaker.FailFor)
+	}
 }

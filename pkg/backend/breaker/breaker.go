@@ -133,6 +133,33 @@ type Options struct {
 	// goroutine of the call that changed the state, after the breaker's
 	// lock is released; keep it fast (a log line, a counter).
 	OnTransition func(to State)
+	// OnReport, when not nil, is called with the reports of an outage, for
+	// its log lines: once when the circuit opens from closed, once when
+	// it closes again (with the failed probes meanwhile), and while it
+	// stays open (each failed half-open probe opens it again) at most once
+	// per ReportEvery, with the failed probes so far. Called as
+	// OnTransition is, after it.
+	OnReport func(Report)
+	// ReportEvery is the least time between two OnReport calls of one
+	// outage that says the circuit is still open (0:
+	// DefaultReportEvery).
+	ReportEvery time.Duration
+}
+
+// DefaultReportEvery is Options.ReportEvery when 0.
+const DefaultReportEvery = 30 * time.Second
+
+// Report is one report of an outage (see Options.OnReport).
+type Report struct {
+	// To is Open (the circuit opened, or is still open) or Closed.
+	To State
+	// Still: the circuit was open already; a failed probe opened it again.
+	Still bool
+	// FailedProbes is how many half-open probe rounds failed (the circuit
+	// opening again) since the circuit opened from closed.
+	FailedProbes int
+	// Since is when the circuit opened from closed.
+	Since time.Time
 }
 
 // DefaultOptions: open after 5 consecutive failures or >= 50% failed
@@ -215,19 +242,51 @@ type Breaker struct {
 	// opened; pending are the transitions unlock reports.
 	halfOpened bool
 	pending    []State
+	// outageSince is when the circuit last opened from closed;
+	// failedProbes counts the reopenings since; reported is when
+	// OnReport was last called; reports are the reports unlock makes.
+	outageSince  time.Time
+	failedProbes int
+	reported     time.Time
+	reports      []Report
 }
 
 // unlock releases b.mu and then reports the transitions recorded while it
 // was held to OnTransition.
 func (b *Breaker) unlock() {
-	p := b.pending
-	b.pending = nil
+	p, r := b.pending, b.reports
+	b.pending, b.reports = nil, nil
 	b.mu.Unlock()
 	if b.opts.OnTransition != nil {
 		for _, st := range p {
 			b.opts.OnTransition(st)
 		}
 	}
+	if b.opts.OnReport != nil {
+		for _, rp := range r {
+			b.opts.OnReport(rp)
+		}
+	}
+}
+
+// reportLocked records a report for unlock: always for a circuit that
+// opened from closed or closed (every false), else (still open) only
+// ReportEvery after the previous one. b.mu is held.
+func (b *Breaker) reportLocked(now time.Time, r Report, every bool) {
+	if b.opts.OnReport == nil {
+		return
+	}
+	if every {
+		e := b.opts.ReportEvery
+		if e <= 0 {
+			e = DefaultReportEvery
+		}
+		if now.Sub(b.reported) < e {
+			return
+		}
+	}
+	b.reported = now
+	b.reports = append(b.reports, r)
 }
 
 // transitionLocked records a state change for unlock. b.mu is held.
@@ -392,7 +451,7 @@ func (b *Breaker) RecordSince(start, now time.Time, err error) {
 				b.openLocked(now, hard)
 			}
 		default:
-			b.closeLocked()
+			b.closeLocked(now)
 		}
 		return
 	}
@@ -506,13 +565,21 @@ func (b *Breaker) stateLocked(now time.Time) State {
 }
 
 func (b *Breaker) openLocked(now time.Time, hard bool) {
+	if b.state == Closed {
+		b.outageSince, b.failedProbes = now, 0
+		b.reportLocked(now, Report{To: Open, Since: now}, false)
+	} else {
+		b.failedProbes++
+		b.reportLocked(now, Report{To: Open, Still: true, FailedProbes: b.failedProbes, Since: b.outageSince}, true)
+	}
 	b.state, b.openedAt, b.probes, b.openHard = Open, now, 0, hard
 	b.opened++
 	b.halfOpened = false
 	b.transitionLocked(Open)
 }
 
-func (b *Breaker) closeLocked() {
+func (b *Breaker) closeLocked(now time.Time) {
+	b.reportLocked(now, Report{To: Closed, FailedProbes: b.failedProbes, Since: b.outageSince}, false)
 	b.state, b.consecutive, b.probes = Closed, 0, 0
 	b.buckets = [breakerBuckets]breakerBucket{}
 	b.transitionLocked(Closed)

@@ -77,3 +77,62 @@ func TestOutcomeOf(t *testing.T) {
 		}
 	}
 }
+
+// TestReportsOncePerOutage: a backend down for 10 minutes, probed every
+// OpenFor (each failed probe opens the circuit again: OnTransition sees
+// every one), is reported once when the circuit opens, once per
+// ReportEvery while it stays open (with the failed probes so far), and
+// once when a probe succeeds (with all the failed probes); a second
+// outage starts its own count.
+func TestReportsOncePerOutage(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var reps []breaker.Report
+	transitions := 0
+	o := breaker.Options{Failures: 1, Window: time.Second, MinCalls: 100, FailureRatio: 1, OpenFor: 300 * time.Millisecond,
+		ReportEvery: time.Minute, OnReport: func(r breaker.Report) { reps = append(reps, r) }, OnTransition: func(breaker.State) { transitions++ }}
+	b := breaker.New(o, breaker.Errors{Open: errOpen, StalledOpen: errStalled, Outcome: outcome}, nil)
+	now := t0
+	fail := func() {
+		if err := b.Allow(now); err != nil {
+			t.Fatalf("at %v: %v", now.Sub(t0), err)
+		}
+		b.Record(now, errRefused)
+	}
+	for round := range 2 {
+		reps, transitions = nil, 0
+		start := now
+		fail() // opens
+		probes := 0
+		for now.Sub(start) < 10*time.Minute {
+			now = now.Add(o.OpenFor)
+			fail() // a failed half-open probe: open again
+			probes++
+		}
+		now = now.Add(o.OpenFor)
+		if err := b.Allow(now); err != nil {
+			t.Fatal(err)
+		}
+		b.Record(now, nil) // closes
+		if transitions < 2*probes {
+			t.Fatalf("round %d: %d transitions for %d failed probes: OnTransition must see each", round, transitions, probes)
+		}
+		if len(reps) < 3 || len(reps) > 12 {
+			t.Fatalf("round %d: %d reports over 10 minutes with ReportEvery 1m, want 1 opened + 9 or 10 still open + 1 closed: %+v", round, len(reps), reps)
+		}
+		first, last := reps[0], reps[len(reps)-1]
+		if first.To != breaker.Open || first.Still || !first.Since.Equal(start) {
+			t.Errorf("round %d: first report %+v, want opened at the start", round, first)
+		}
+		if last.To != breaker.Closed || last.FailedProbes != probes || !last.Since.Equal(start) {
+			t.Errorf("round %d: last report %+v, want closed after %d failed probes", round, last, probes)
+		}
+		prev := first
+		for _, r := range reps[1 : len(reps)-1] {
+			if r.To != breaker.Open || !r.Still || r.FailedProbes <= prev.FailedProbes {
+				t.Errorf("round %d: report %+v after %+v, want still open with more failed probes", round, r, prev)
+			}
+			prev = r
+		}
+		now = now.Add(time.Hour)
+	}
+}

@@ -26,12 +26,13 @@ var breakerErrors = breaker.Errors{Open: ErrCircuitOpen, StalledOpen: ErrStalled
 
 // breakerOptions are breaker.DefaultOptions with FailFor raised to at
 // least 2 × opts.Timeout, so that a stall of 3 timeouts never opens the
-// circuit (as the Redis backend raises it), and opts.OnCircuit as
-// OnTransition.
+// circuit (as the Redis backend raises it), opts.OnCircuit as
+// OnTransition and opts.OnCircuitReport as OnReport.
 func breakerOptions(opts Options) breaker.Options {
 	b := breaker.DefaultOptions()
 	b.FailFor = max(b.FailFor, 2*opts.Timeout)
 	b.OnTransition = opts.OnCircuit
+	b.OnReport = opts.OnCircuitReport
 	return b
 }
 

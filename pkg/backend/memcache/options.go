@@ -80,6 +80,10 @@ type Options struct {
 	// goroutine of the call that changed it; keep it fast (a log line, a
 	// counter). nil: transitions show on BreakerState only.
 	OnCircuit func(to breaker.State)
+	// OnCircuitReport, when not nil, is the circuit breaker's OnReport
+	// (breaker.Options.OnReport): the reports of an outage for its log
+	// lines, rate-limited.
+	OnCircuitReport func(breaker.Report)
 }
 
 // DefaultOptions are the defaults of every field; Addrs or SRV must be

@@ -56,6 +56,16 @@ const maxBatchHits = 4 * maxBatch
 // circuit breaker (overdue). A call whose budget runs out completes with
 // ErrCallTimeout while Redis looks stalled and with ErrDeadline otherwise;
 // neither proves a failure, and the service sheds both (see ErrDeadline).
+// Once the stall is established (it has lasted `establish`, the breaker's
+// FailFor, and nothing was received from the master since it began), a
+// pending call that has waited a Timeout itself completes at once with
+// ErrStalled, and a budget that runs out gives ErrStalled too: the rules'
+// failure modes answer within the caller's budget, as for a dead Redis. So does a call whose
+// budget runs out after it waited `establish` itself with nothing
+// received from the master since it was queued (a caller without a
+// deadline on a stall that began as it was queued). A call gets its own
+// Timeout first, so that a half-open probe sent to a Redis that answers
+// again is decided, not failed on the old evidence.
 // While the circuit breaker is open (open reports its error), every
 // pending call completes at once with it (ErrCircuitOpen, or
 // ErrStalledOpen when only stalls opened it): no request waits on a dead
@@ -81,6 +91,9 @@ type batcher struct {
 	pipelines int
 	cluster   bool          // group by hash slot: one invocation per slot
 	timeout   time.Duration // Options.Timeout: an unanswered invocation this old is overdue
+	// establish is how long a stall must have lasted before calls get
+	// ErrStalled (establishAfter); 0: never.
+	establish time.Duration
 	maxWait   time.Duration // budget of a call whose context has no deadline
 	margin    time.Duration // kept before the caller's deadline
 	// waitReplicas is Options.WaitReplicas: replicas that must acknowledge
@@ -129,9 +142,19 @@ const sweepIdleTicks = 64
 // ErrCallTimeout is the error of a call whose budget ran out while Redis
 // looked stalled: a request written to one of its sockets at least
 // Options.Timeout ago had no byte of reply since (its cause is
-// CauseTimeout, an outage; errors.Is context.DeadlineExceeded).
+// CauseTimeout, an outage; errors.Is context.DeadlineExceeded), before
+// the stall is established (see ErrStalled).
 var ErrCallTimeout error = newError(CauseTimeout, true,
 	fmt.Errorf("redis: no reply within the timeout: %w", context.DeadlineExceeded))
+
+// ErrStalled is the error of a call on a master whose stall is
+// established: its sockets have had a request unanswered, with nothing
+// received, for establishAfter, and the call itself has waited a
+// Timeout (or its budget ran out) with still nothing received. Its cause
+// is CauseStalled, an outage: the rules' failure modes answer, as for a
+// dead Redis.
+var ErrStalled error = newError(CauseStalled, true,
+	errors.New("redis: stalled: no reply from redis, stall established"))
 
 // ErrDeadline is the error of a call whose budget ran out while Redis was
 // answering: it was still queued, or in flight for less than
@@ -157,6 +180,7 @@ const (
 // scriptCall is one queued segment and, once done is closed, its result.
 type scriptCall struct {
 	ctx      context.Context
+	queued   int64           // when it was queued, ns since batcher.epoch
 	deadline int64           // the call's budget, ns since batcher.epoch
 	args     segArgs         // the segment's script arguments
 	slot     uint16          // Cluster: the hash slot of every key of seg
@@ -235,7 +259,8 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 		return 0, b.ctxError(err)
 	}
 	c := newCall(ctx, &seg, out)
-	c.deadline = b.budget(ctx, b.clock())
+	c.queued = b.clock()
+	c.deadline = b.budget(ctx, c.queued)
 	if b.cluster && len(seg.hits) > 0 {
 		c.slot = Slot(seg.hits[0].Key)
 	}
@@ -285,8 +310,9 @@ func (b *batcher) ctxError(err error) error {
 	}
 	b.mu.Lock()
 	stalled := b.stalledLocked()
+	est := b.establishedLocked(b.clock())
 	b.mu.Unlock()
-	return budgetError(stalled)
+	return budgetError(stalled, est)
 }
 
 // sweeper, every tick, completes the pending calls (queued or in flight)
@@ -307,9 +333,10 @@ func (b *batcher) sweeper() {
 			open = b.open()
 		}
 		stalled := b.stalledLocked()
-		pending := b.sweepLocked(b.queue, now, open, stalled)
+		est := b.establishedLocked(now)
+		pending := b.sweepLocked(b.queue, now, open, stalled, est)
 		for _, f := range b.flights {
-			pending += b.sweepLocked(f, now, open, stalled)
+			pending += b.sweepLocked(f, now, open, stalled, est)
 		}
 		var overdue int64 = -1
 		if stalled && b.stallFrom != 0 {
@@ -354,20 +381,48 @@ func (b *batcher) stalledLocked() bool {
 	return true
 }
 
-// budgetError is the error of a call whose budget ran out: ErrCallTimeout
-// while Redis looks stalled (stalledLocked), ErrDeadline otherwise.
-func budgetError(stalled bool) error {
-	if stalled {
+// establishedLocked reports whether the stall stalledLocked last saw is
+// established at now (ns since b.epoch): it has lasted b.establish, and
+// no byte has been received from the master (on any of its sockets)
+// since it began, so a socket whose last write expects no reply cannot
+// establish a stall while Redis answers the others. b.mu is held; call
+// it after stalledLocked.
+func (b *batcher) establishedLocked(now int64) bool {
+	if b.establish <= 0 || b.stallFrom == 0 || now-b.stallFrom < int64(b.establish) {
+		return false
+	}
+	return !b.live.heardSince(b.liveAddr, b.epoch.Add(time.Duration(b.stallFrom)))
+}
+
+// waitedOutLocked reports whether c, whose budget ran out at now while
+// Redis looks stalled, has itself waited b.establish with nothing
+// received from the master since it was queued. b.mu is held.
+func (b *batcher) waitedOutLocked(c *scriptCall, now int64, stalled bool) bool {
+	if !stalled || b.establish <= 0 || now-c.queued < int64(b.establish) {
+		return false
+	}
+	return !b.live.heardSince(b.liveAddr, b.epoch.Add(time.Duration(c.queued)))
+}
+
+// budgetError is the error of a call whose budget ran out: ErrStalled
+// once the stall is established, ErrCallTimeout while Redis looks stalled
+// (stalledLocked), ErrDeadline otherwise.
+func budgetError(stalled, established bool) error {
+	switch {
+	case stalled && established:
+		return ErrStalled
+	case stalled:
 		return ErrCallTimeout
 	}
 	return ErrDeadline
 }
 
 // sweepLocked completes the calls of cs whose budget is at or before now
-// (with budgetError(stalled)), or every pending call of cs when open (with
-// the circuit's error, ErrCircuitOpen or ErrStalledOpen), and returns how
-// many are still pending. b.mu is held.
-func (b *batcher) sweepLocked(cs []*scriptCall, now int64, open error, stalled bool) int {
+// (with budgetError), those that have waited a Timeout while the stall is
+// established (with ErrStalled), or every pending call of cs when open
+// (with the circuit's error, ErrCircuitOpen or ErrStalledOpen), and
+// returns how many are still pending. b.mu is held.
+func (b *batcher) sweepLocked(cs []*scriptCall, now int64, open error, stalled, established bool) int {
 	pending := 0
 	for _, c := range cs {
 		if c.state.Load() != callPending {
@@ -378,7 +433,9 @@ func (b *batcher) sweepLocked(cs []*scriptCall, now int64, open error, stalled b
 		case open != nil:
 			err = open
 		case c.deadline <= now:
-			err = budgetError(stalled)
+			err = budgetError(stalled, established || b.waitedOutLocked(c, now, stalled))
+		case established && now-c.queued >= int64(b.timeout):
+			err = ErrStalled
 		default:
 			pending++
 			continue
@@ -456,7 +513,7 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 	live := make([]*scriptCall, 0, len(batch))
 	var deadline int64
 	now := b.clock()
-	stalled, checked := false, false
+	stalled, est, checked := false, false, false
 	for _, c := range batch {
 		if c.state.Load() != callPending { // abandoned, or completed by the sweeper
 			continue
@@ -465,10 +522,11 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 			if !checked {
 				b.mu.Lock()
 				stalled, checked = b.stalledLocked(), true
+				est = b.establishedLocked(now)
 				b.mu.Unlock()
 			}
 			if c.claim() {
-				c.finish(0, budgetError(stalled))
+				c.finish(0, budgetError(stalled, est))
 			}
 			continue
 		}
@@ -581,6 +639,25 @@ var ErrNotReplicated error = newError(CauseReadonly, false,
 // Calls abandoned by their caller or completed by the sweeper are skipped.
 func (b *batcher) deliver(inv *invocation) {
 	err := inv.cmd.Err()
+	// stalledFor: the invocation's context (the latest budget of its
+	// calls) or a read timeout ended it; as for a budget that ran out, an
+	// established stall, or one a call waited out, gives ErrStalled.
+	stalledFor := func(*scriptCall) bool { return false }
+	if err != nil && CauseOf(err) == CauseTimeout {
+		b.mu.Lock()
+		now := b.clock()
+		stalled := b.stalledLocked()
+		est := stalled && b.establishedLocked(now)
+		b.mu.Unlock()
+		stalledFor = func(c *scriptCall) bool {
+			if est || !stalled {
+				return est
+			}
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return b.waitedOutLocked(c, now, stalled)
+		}
+	}
 	if err == nil && inv.wait != nil {
 		if werr := inv.wait.Err(); werr != nil {
 			err = werr
@@ -601,6 +678,10 @@ func (b *batcher) deliver(inv *invocation) {
 			continue
 		}
 		if err != nil {
+			if stalledFor(c) {
+				c.finish(0, ErrStalled)
+				continue
+			}
 			c.finish(0, err)
 			continue
 		}

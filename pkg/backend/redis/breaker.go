@@ -27,6 +27,10 @@ const (
 	BreakerHalfOpen = breaker.HalfOpen
 )
 
+// BreakerReport is one report of an outage for the log
+// (breaker.Report, see BreakerOptions.OnReport).
+type BreakerReport = breaker.Report
+
 // Defaults of DefaultBreakerOptions (breaker.Default*).
 const (
 	DefaultBreakerFailures     = breaker.DefaultFailures
@@ -36,6 +40,7 @@ const (
 	DefaultBreakerOpenFor      = breaker.DefaultOpenFor
 	DefaultBreakerFailFor      = breaker.DefaultFailFor
 	DefaultBreakerProbes       = breaker.DefaultProbes
+	DefaultBreakerReportEvery  = breaker.DefaultReportEvery
 )
 
 // BreakerOptions configure the Store's Breaker (breaker.Options). Only
@@ -67,13 +72,15 @@ func NewBreaker(o BreakerOptions, now func() time.Time) *Breaker {
 
 // breakerOutcome classifies err (Classify) for the breaker: cancellations,
 // deadlines and refusals of the breaker itself are Neutral; outage errors
-// are Stalled when they are timeouts and Failed otherwise; every other
+// are Stalled when they are timeouts or stalls (ErrStalled) and Failed
+// otherwise; every other
 // error is a reply from a live server (Answered).
 func breakerOutcome(err error) breaker.Outcome {
 	var e *Error
 	errors.As(Classify(err), &e) // always true for err != nil
 	neutral := e.Cause() == CauseCanceled || e.Cause() == CauseCircuitOpen || e.Cause() == CauseDeadline || e == ErrStalledOpen
-	return breaker.OutcomeOf(e.Outage(), e.Cause() == CauseTimeout, neutral)
+	stall := e.Cause() == CauseTimeout || e.Cause() == CauseStalled
+	return breaker.OutcomeOf(e.Outage(), stall, neutral)
 }
 
 // now is the breaker's clock.

@@ -295,8 +295,8 @@ func TestBreakerDefaults(t *testing.T) {
 			t.Fatalf("probe %d refused: %v", i+1, err)
 		}
 	}
-	// Timeouts alone opened it: a refused call gets ErrStalledOpen (shed,
-	// not a proven failure).
+	// Timeouts alone opened it: a refused call gets ErrStalledOpen (the
+	// stall is established: failure modes, cause stalled).
 	if err := b.Allow(half); !errors.Is(err, redis.ErrStalledOpen) {
 		t.Fatalf("probe %d: %v, want ErrStalledOpen", opts.Probes+1, err)
 	}
@@ -304,7 +304,7 @@ func TestBreakerDefaults(t *testing.T) {
 
 // TestBreakerOpenErrTellsProof: a circuit opened by a proven failure
 // (refused) refuses calls with ErrCircuitOpen, one opened by timeouts only
-// with ErrStalledOpen (cause timeout); OpenErr says the same while open
+// with ErrStalledOpen (cause stalled); OpenErr says the same while open
 // and nil otherwise.
 func TestBreakerOpenErrTellsProof(t *testing.T) {
 	opts := redis.BreakerOptions{Failures: 1, Window: time.Second, MinCalls: 1, FailureRatio: 1, OpenFor: time.Second}
@@ -334,8 +334,8 @@ func TestBreakerOpenErrTellsProof(t *testing.T) {
 			t.Errorf("%s: OpenErr once half-open: %v", tc.name, err)
 		}
 	}
-	if redis.CauseOf(redis.ErrStalledOpen) != redis.CauseTimeout {
-		t.Errorf("ErrStalledOpen cause %q, want timeout", redis.CauseOf(redis.ErrStalledOpen))
+	if redis.CauseOf(redis.ErrStalledOpen) != redis.CauseStalled {
+		t.Errorf("ErrStalledOpen cause %q, want stalled", redis.CauseOf(redis.ErrStalledOpen))
 	}
 }
 

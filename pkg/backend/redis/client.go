@@ -47,8 +47,11 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 	base := &goredis.Options{}
 	if o.URL != "" {
 		var err error
+		if err = CheckURL(o.URL, o.Mode == Standalone); err != nil {
+			return nil, errors.New("redis: " + urlError(err))
+		}
 		if base, err = goredis.ParseURL(o.URL); err != nil {
-			return nil, errors.New("redis: " + urlError(o.URL, err))
+			return nil, errors.New("redis: " + urlError(urlReason(err)))
 		}
 	}
 	if o.Username != "" {

@@ -139,7 +139,7 @@ func BenchmarkTakeRedisFrozen(b *testing.B) {
 		var mx time.Duration
 		for range b.N {
 			s, _ := frozenStore(b, false)
-			took := frozenTakes(b, s, 0, 20, 1, redis.CauseTimeout)
+			took := frozenTakes(b, s, 0, 20, 1, redis.CauseStalled)
 			mx = max(mx, took[len(took)-1])
 		}
 		b.ReportMetric(float64(mx.Milliseconds()), "max_ms_no_deadline")
@@ -147,17 +147,18 @@ func BenchmarkTakeRedisFrozen(b *testing.B) {
 }
 
 // TestFrozenRedisOpensCircuitForCallsWithoutDeadline: callers without a
-// deadline (budget Options.MaxWait, 1 s) on a frozen Redis all return:
-// the stalled sockets are reported to the breaker once per Timeout, the
-// circuit opens after FailFor (1 s) and every pending call completes with
-// ErrStalledOpen, or the budget ends first (ErrCallTimeout); both have
-// cause timeout (shed, never admitted uncounted). Then the circuit is open
-// and a new call is refused by it (ErrStalledOpen), not sent. How long
-// the calls wait is BenchmarkTakeRedisFrozen's measure.
+// deadline (budget Options.MaxWait, 1 s) on a frozen Redis all return
+// within their budget with cause stalled (the rules' failure modes, as for
+// a dead Redis), none shed: the stalled sockets are reported to the
+// breaker once per Timeout, the stall is established after FailFor (1 s),
+// when the circuit opens, and every pending call completes with
+// ErrStalledOpen, or ErrStalled when its budget ends first. Then the
+// circuit is open and a new call is refused by it (ErrStalledOpen), not
+// sent. How long the calls wait is BenchmarkTakeRedisFrozen's measure.
 func TestFrozenRedisOpensCircuitForCallsWithoutDeadline(t *testing.T) {
 	redistest.Require(t)
 	s, _ := frozenStore(t, false)
-	took := frozenTakes(t, s, 0, 20, 1, redis.CauseTimeout)
+	took := frozenTakes(t, s, 0, 20, 1, redis.CauseStalled)
 	t.Logf("20 Takes without deadline, Redis frozen: p50 %v, max %v", took[len(took)/2], took[len(took)-1])
 	deadline := time.Now().Add(stateWithin)
 	for s.BreakerState() == "closed" || s.Healthy() {

@@ -18,9 +18,15 @@ const (
 	// CauseTimeout: the call's budget ran out while a socket to Redis was
 	// stalled (a request written Options.Timeout ago or more with no byte
 	// of reply: frozen or overloaded Redis, network black hole), a network
-	// or pool timeout, or the circuit is open after stalls alone
-	// (ErrStalledOpen). Nothing proves a failure: the service sheds it.
+	// or pool timeout, before the stall is established (CauseStalled).
+	// Nothing proves a failure yet: the service sheds it.
 	CauseTimeout = causes.Timeout
+	// CauseStalled: the stall is established (its sockets to Redis have
+	// had a request unanswered, and nothing was received from it, for the
+	// breaker's FailFor; see batcher) and the call's master is still silent, or the
+	// circuit is open after that stall (ErrStalled, ErrStalledOpen). An
+	// outage, as for a dead Redis: the rules' failure modes answer.
+	CauseStalled = "stalled"
 	// CauseRefused: no usable connection (connection refused, reset,
 	// closed mid-reply, unreachable host, TLS handshake failure).
 	CauseRefused = causes.Refused
@@ -64,7 +70,7 @@ const (
 
 // Causes lists every cause label, for pre-initialising metric series.
 var Causes = []string{
-	CauseTimeout, CauseRefused, CauseOOM, CauseReadonly, CauseLoading,
+	CauseTimeout, CauseStalled, CauseRefused, CauseOOM, CauseReadonly, CauseLoading,
 	CauseClusterDown, CauseNoScript, CauseAuth, CauseCircuitOpen,
 	CauseDeadline, CauseCanceled, CauseOther,
 }
@@ -90,12 +96,12 @@ func newError(cause string, outage bool, err error) *Error {
 var ErrCircuitOpen = newError(CauseCircuitOpen, false, errors.New("circuit open, not calling redis"))
 
 // ErrStalledOpen is returned, without calling Redis, while the circuit is
-// open because Redis stalled (only timeouts opened it): nothing proves a
-// failure, since a frozen Redis and a very slow one look the same, so its
-// cause is CauseTimeout, which the service sheds like a budget that ran
-// out (never admitted uncounted); ErrCircuitOpen is for a circuit opened
-// by failures Redis proved (refused connections, LOADING, CLUSTERDOWN).
-var ErrStalledOpen = newError(CauseTimeout, false, errors.New("circuit open after Redis stalled, not calling redis"))
+// open because Redis stalled (only stalls opened it, once they had lasted
+// the breaker's FailFor): the stall is established, so its cause is
+// CauseStalled and the rules' failure modes answer, as for a dead Redis;
+// ErrCircuitOpen is for a circuit opened by failures Redis proved
+// (refused connections, LOADING, CLUSTERDOWN).
+var ErrStalledOpen = newError(CauseStalled, false, errors.New("circuit open after Redis stalled, not calling redis"))
 
 // Classify wraps err in an *Error with its cause; nil stays nil and an err
 // that already has an *Error in its chain is returned unchanged.

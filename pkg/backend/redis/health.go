@@ -24,6 +24,9 @@ const DefaultHealthInterval = time.Second
 // circuit is not called, a half-open one takes the PING as a probe, and
 // the outcome is recorded like a call's (refused opens the circuit after
 // Failures consecutive failures, timeouts once they also span FailFor).
+// A PING or warm-up that runs out of time while Redis answered (no socket
+// to its master stalled: see judgeProbe) is ratelimitd's own slowness and
+// counts for nothing; the next one gets twice the time (slow).
 // While PINGs fail and the circuit is still closed, the next one follows
 // one Timeout later instead of one interval, so that an idle Store opens
 // its circuit about as fast as a busy one. At most one PING is in flight
@@ -35,6 +38,11 @@ type healthProbe struct {
 	epoch    time.Time  // origin of lastOK (monotonic)
 	// lastOK is when a call last succeeded, in ns since epoch; -1: never.
 	lastOK atomic.Int64
+	// slow multiplies the probe's timeouts: doubled (up to maxProbeSlow)
+	// after a probe that ran out of time while Redis was answering
+	// (errProbeSlow: a starved host), back to 1 after a success. Only the
+	// loop's goroutine uses it.
+	slow time.Duration
 
 	ctx    context.Context // canceled by stop
 	cancel context.CancelFunc
@@ -128,6 +136,7 @@ func (s *Store) healthLoop(h *healthProbe) {
 		case <-t.C():
 		}
 		next := h.interval
+		slow := max(1, h.slow)
 		if !s.closed() {
 			// A circuit opened: Redis may come back restarted (no
 			// script, fresh pools), so warm again before serving.
@@ -137,19 +146,25 @@ func (s *Store) healthLoop(h *healthProbe) {
 			var err error
 			switch {
 			case !s.warmed.Load():
-				err = s.probeMasters(h.ctx, max(s.timeout, probeTimeout, s.dialTimeout), true)
+				err = s.probeMasters(h.ctx, slow*max(s.timeout, probeTimeout, s.dialTimeout), true)
 				if err == nil {
 					s.warmed.Store(true)
 				}
 			case s.writeRefused.Load():
 				err = s.writeProbe(h.ctx)
 			default:
-				err = s.probeMasters(h.ctx, max(s.timeout, probeTimeout), false)
+				err = s.probeMasters(h.ctx, slow*max(s.timeout, probeTimeout), false)
 				if err == nil {
 					// A PING does not prove writes count (OOM, READONLY):
 					// one decision on the probe keys does.
 					err = s.writeProbe(h.ctx)
 				}
+			}
+			switch {
+			case errors.Is(err, errProbeSlow):
+				h.slow = min(2*slow, maxProbeSlow)
+			case err == nil:
+				h.slow = 1
 			}
 			switch {
 			case err == nil:
@@ -186,6 +201,10 @@ const recoveryPoll = 100 * time.Millisecond
 // make a healthy Redis that slow; the breaker still needs Failures of
 // them in a row, and a failed probe marks the Store unhealthy at once.
 const probeTimeout = 250 * time.Millisecond
+
+// maxProbeSlow bounds healthProbe.slow: a warm-up probe gets at most
+// 8 × max(probeTimeout, DialTimeout) (2 s by default) on a starved host.
+const maxProbeSlow = 8
 
 // needPing reports whether the probe must act now: no call succeeded
 // within the last interval, or the circuit is not closed, or the Store is

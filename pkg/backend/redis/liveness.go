@@ -33,15 +33,35 @@ type liveness struct {
 	// a connection whose command timed out), the request's stamp (ns
 	// since epoch), the earliest such; 0 after any read returns bytes.
 	unanswered atomic.Int64
-	mu         sync.Mutex
-	conns      map[*readConn]struct{}
+	// heard is when a read last returned bytes on any socket (ns since
+	// epoch; 0: never).
+	heard atomic.Int64
+	mu    sync.Mutex
+	conns map[*readConn]struct{}
 	// nodes is the per-address evidence, by dialed "host:port".
 	nodes map[string]*nodeLive
 }
 
-// nodeLive is the stall evidence of one node's sockets: unanswered as in
-// liveness, but cleared only by a read on a socket to that node.
-type nodeLive struct{ unanswered atomic.Int64 }
+// nodeLive is the stall evidence of one node's sockets: unanswered and
+// heard as in liveness, for reads on a socket to that node only.
+type nodeLive struct{ unanswered, heard atomic.Int64 }
+
+// heardSince reports whether a read returned bytes on a socket to addr
+// ("": any socket) at or after t: Redis answered something since.
+func (l *liveness) heardSince(addr string, t time.Time) bool {
+	h := &l.heard
+	if addr != "" {
+		l.mu.Lock()
+		n := l.nodes[addr]
+		l.mu.Unlock()
+		if n == nil {
+			return false
+		}
+		h = &n.heard
+	}
+	v := h.Load()
+	return v != 0 && v >= int64(t.Sub(l.epoch))
+}
 
 // newLiveness tracks every socket but those to the sentinels (when
 // sentinel: their pub/sub connections receive messages unasked).
@@ -145,6 +165,9 @@ func (c *readConn) Write(p []byte) (int, error) {
 func (c *readConn) Read(p []byte) (int, error) {
 	n, err := c.TCPConn.Read(p)
 	if n > 0 {
+		now := c.l.clock()
+		c.l.heard.Store(now)
+		c.node.heard.Store(now)
 		if c.pendingSince.Load() != 0 {
 			c.pendingSince.Store(0)
 		}

@@ -118,3 +118,7 @@ const RecoveryPoll = recoveryPoll
 
 // ProbeRunning reports whether s has a health probe loop.
 func ProbeRunning(s *Store) bool { return s.health != nil }
+
+// BreakerOpened is how many times the circuit of s's master (standalone,
+// Sentinel) has opened.
+func BreakerOpened(s *Store) uint64 { return s.breaker.Opened() }

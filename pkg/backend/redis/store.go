@@ -194,6 +194,7 @@ func (s *Store) newMaster(addr string) *master {
 	m := &master{addr: addr, breaker: NewBreaker(breakerOptions(opts), nil)} // real clock: Options.Now pins only the script
 	m.batch = newBatcher(s.client, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
 	m.batch.waitReplicas = opts.WaitReplicas
+	m.batch.establish = establishAfter(opts)
 	m.batch.overdue = func(sent time.Time) { m.breaker.Overdue(sent, m.breaker.now()) }
 	m.batch.open = func() error { return m.breaker.OpenErr(m.breaker.now()) }
 	m.batch.live, m.batch.liveAddr = s.live, addr
@@ -266,6 +267,13 @@ func breakerOptions(opts Options) BreakerOptions {
 	b := opts.Breaker
 	b.FailFor = max(b.FailFor, 2*opts.Timeout)
 	return b
+}
+
+// establishAfter is how long a stall lasts before it is established and
+// calls get ErrStalled (see batcher): the breaker's FailFor, when the
+// circuit opens on it; at least Timeout.
+func establishAfter(opts Options) time.Duration {
+	return max(opts.Timeout, breakerOptions(opts).FailFor)
 }
 
 // Close stops the health probe, waits for the pipelines in flight (at most

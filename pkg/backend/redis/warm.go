@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -115,6 +116,32 @@ func (s *Store) warmNode(ctx context.Context, c *goredis.Client, script bool) er
 	return nil
 }
 
+// errProbeSlow is the error of a health probe (PING, warm-up) that ran
+// out of time while Redis was answering: no socket to its master had a
+// request unanswered for a Timeout with nothing received (see liveness),
+// so ratelimitd itself was too slow (a CPU-starved host, a throttled
+// pod). Like ErrDeadline it is no outage and never opens the circuit: a
+// slow probe on a starved host must not keep a Redis that answers
+// counted as failed.
+var errProbeSlow = newError(CauseDeadline, false, errors.New("redis: health probe not finished in time while redis was answering"))
+
+// judgeProbe is err of a health probe of m, judged by whether Redis
+// replied: a timeout while no socket to m is stalled is errProbeSlow; a
+// dial that timed out, and any other error, stay as they are.
+func (s *Store) judgeProbe(m *master, err error) error {
+	if err == nil || s.live == nil || CauseOf(err) != CauseTimeout {
+		return err
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "dial" {
+		return err
+	}
+	if _, stalled := s.live.stalledAt(m.addr, s.timeout); stalled {
+		return err
+	}
+	return errProbeSlow
+}
+
 // probeMasters is the health probe's warmNodes (script: a warm-up, else
 // PINGs): each master through its own circuit breaker, as its requests
 // would be (an open circuit is not called, a half-open one takes it as a
@@ -125,7 +152,7 @@ func (s *Store) warmNode(ctx context.Context, c *goredis.Client, script bool) er
 func (s *Store) probeMasters(ctx context.Context, timeout time.Duration, script bool) error {
 	cc, ok := s.client.(*goredis.ClusterClient)
 	if !ok {
-		return s.breaker.Do(ctx, timeout, func(ctx context.Context) error { return s.warmNodes(ctx, script) })
+		return s.breaker.Do(ctx, timeout, func(ctx context.Context) error { return s.judgeProbe(s.def, s.warmNodes(ctx, script)) })
 	}
 	var mu sync.Mutex
 	var clients []*goredis.Client
@@ -152,7 +179,7 @@ func (s *Store) probeMasters(ctx context.Context, timeout time.Duration, script 
 	for i, c := range clients {
 		m := s.masterAt(c.Options().Addr)
 		wg.Go(func() {
-			errs[i] = m.breaker.Do(ctx, timeout, func(ctx context.Context) error { return s.warmNode(ctx, c, script) })
+			errs[i] = m.breaker.Do(ctx, timeout, func(ctx context.Context) error { return s.judgeProbe(m, s.warmNode(ctx, c, script)) })
 		})
 	}
 	wg.Wait()
