@@ -158,7 +158,7 @@ func (c *Cache) WithoutUncharged() *Cache {
 
 // cacheable is Cacheable, and no always_charge hit when unchargedOff.
 func (c *Cache) cacheable(h algo.Hit) bool {
-	return Cacheable(h) && !(c.unchargedOff && h.Charge)
+	return Cacheable(h) && (!c.unchargedOff || !h.Charge)
 }
 
 // Reset drops every entry. Call it on a config reload so that no denial
