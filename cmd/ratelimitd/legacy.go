@@ -240,8 +240,12 @@ func (l *legacyEnv) backend(o *Options) {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
 			l.errs = append(l.errs, fmt.Errorf("LOCAL_CACHE_SIZE_IN_BYTES=%q: not a size in bytes", v))
-		} else if n > 0 {
-			o.LocalCacheSize = max(1, n/legacyCacheEntryBytes)
+		} else {
+			o.legacySeen.localCache = true
+			o.LocalCacheSize = 0
+			if n > 0 {
+				o.LocalCacheSize = max(1, n/legacyCacheEntryBytes)
+			}
 		}
 	}
 	if v, ok := l.get("CACHE_KEY_PREFIX"); ok {

@@ -74,6 +74,7 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 	if o.Reference {
 		warnings = referenceWarnings(warnings)
 	}
+	o.defaultLocalCache(explicit)
 	if err := o.checkBackendChosen(explicit); err != nil {
 		return o, warnings, o.annotateEnv(err)
 	}
@@ -264,4 +265,21 @@ func parseStatsdTags(s string) (map[string]string, error) {
 		tags[kv[0]] = kv[1]
 	}
 	return tags, nil
+}
+
+// defaultLocalCache turns the local over-limit cache off unless it was
+// sized explicitly (--local-cache-size, its twin, or
+// LOCAL_CACHE_SIZE_IN_BYTES) where it is not on by default: in reference
+// mode (envoyproxy/ratelimit's default is off, and under its
+// always_charge counting a cached key stops being charged, which a later
+// refund would tell) and on memcached (which has no channel to learn of
+// other replicas' refunds). On Redis in native mode the cache is exact
+// (see redis.Options.CreditChannel) and on by default.
+func (o *Options) defaultLocalCache(explicit map[string]bool) {
+	if explicit["local-cache-size"] || o.legacySeen.localCache {
+		return
+	}
+	if o.Reference || o.Backend != "redis" {
+		o.LocalCacheSize = 0
+	}
 }

@@ -22,6 +22,8 @@ func redisOptions(o Options) redis.Options {
 	ro.WaitReplicas = o.RedisWaitReplicas
 	ro.WindowKeys = o.RedisWindowKeys
 	ro.ProbeKey = o.KeyPrefix + redis.DefaultProbeKey
+	ro.CreditChannel = o.KeyPrefix + redis.DefaultCreditChannel
+	ro.CacheUncharged = o.ReferenceCounting
 	if o.RedisPoolSize > 0 {
 		ro.PoolSize = o.RedisPoolSize
 	}

@@ -180,6 +180,18 @@ type Options struct {
 	// --key-prefix so that an ACL limited to the prefix allows it. Default
 	// DefaultProbeKey.
 	ProbeKey string
+	// CacheUncharged lets the local over-limit cache answer always_charge
+	// hits on fixed windows without charging them, as envoyproxy/ratelimit
+	// does (ratelimitd sets it in reference mode). Without it such hits
+	// always reach Redis and are charged (overlimit.Cache.WithoutUncharged).
+	CacheUncharged bool
+	// CreditChannel is the pub/sub channel on which every refund and
+	// reset publishes the keys it credited, and to which a Store with a
+	// local over-limit cache subscribes to drop them (see
+	// Store.CreditsLive). Replicas that share counters must share it; an
+	// ACL user needs SUBSCRIBE and PUBLISH on it. Default
+	// DefaultCreditChannel.
+	CreditChannel string
 
 	// WaitReplicas, when > 0 (standalone or Sentinel with replicas), makes
 	// every script invocation wait for that many replicas to acknowledge
@@ -211,6 +223,7 @@ func DefaultOptions() Options {
 		DeadlineMargin: DefaultDeadlineMargin,
 		HealthInterval: DefaultHealthInterval,
 		ProbeKey:       DefaultProbeKey,
+		CreditChannel:  DefaultCreditChannel,
 	}
 }
 

@@ -55,5 +55,6 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 	for _, h := range hits { // a denial cached meanwhile
 		s.cache.Remove(h.Key)
 	}
+	s.publishCredits(hits, func(algo.Hit) bool { return true })
 	return err
 }

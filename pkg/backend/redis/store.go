@@ -66,6 +66,10 @@ type Store struct {
 	// (dials, TLS handshakes, SCRIPT LOAD).
 	dialTimeout time.Duration
 	cache       *overlimit.Cache
+	// credits keeps cache exact across replicas (nil without a cache, or
+	// without New); see credits.go.
+	credits             *credits
+	creditPublishErrors atomic.Uint64
 
 	noncePrefix string
 	seq         atomic.Uint64
@@ -134,6 +138,7 @@ func New(opts Options) (*Store, error) {
 	s.sentinelMaster = mw
 	s.live = live
 	s.batch.live = live
+	s.startCredits()
 	s.startHealth(opts.HealthInterval)
 	return s, nil
 }
@@ -154,6 +159,9 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	}
 	if s.probeKey == "" {
 		s.probeKey = DefaultProbeKey
+	}
+	if !opts.CacheUncharged {
+		s.cache.WithoutUncharged()
 	}
 	_, s.cluster = c.(*goredis.ClusterClient)
 	if s.cluster {
@@ -283,6 +291,7 @@ func establishAfter(opts Options) time.Duration {
 // afterwards (it then fails).
 func (s *Store) Close() error {
 	s.stopHealth()
+	s.stopCredits()
 	s.bg.Wait()
 	for _, m := range s.paths() {
 		m.batch.close()
@@ -358,7 +367,9 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if len(hits) == 0 {
 		return out, nil
 	}
-	return s.cache.Take(ctx, hits, s.clock, s.take)
+	out, err := s.cache.Take(ctx, hits, s.clock, s.take)
+	s.publishCredits(hits, func(h algo.Hit) bool { return h.Release })
+	return out, err
 }
 
 // take decides hits on Redis (without the local cache).
@@ -726,6 +737,7 @@ func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*gr
 				s.refundErrors.Add(1)
 				checks = nil
 			}
+			s.publishCredits(rh, func(h algo.Hit) bool { return h.Cost > 0 })
 			done <- refunded{g, checks}
 		})
 	}

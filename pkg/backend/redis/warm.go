@@ -40,6 +40,13 @@ func (s *Store) Warm(ctx context.Context) error {
 		err := s.warmOnce(ctx)
 		if err == nil {
 			s.warmed.Store(true)
+			// The local over-limit cache answers once its credit
+			// subscription is confirmed; waiting for it keeps the first
+			// requests' denials cacheable (up to Options.DialTimeout: a
+			// subscription refused, e.g. by an ACL, leaves it off).
+			wctx, cancel := context.WithTimeout(ctx, s.dialTimeout)
+			_ = s.waitCredits(wctx)
+			cancel()
 			return nil
 		}
 		select {
