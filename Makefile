@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: run build test test-short vet fmt lint bench bench-compare callgrind-redis redis-deps memcached-deps image
+.PHONY: run build test test-long test-short vet fmt lint bench bench-compare callgrind-redis redis-deps memcached-deps image
 
 IMAGE ?= ghcr.io/ratelimitd/ratelimitd
 
@@ -23,11 +23,19 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/ratelimitd
 
 ## test: everything, with -race, including real redis-server and memcached tests
-## (RATELIMITD_REQUIRE_REDIS=1: a test that needs redis-server or memcached fails instead of skipping)
+## (RATELIMITD_REQUIRE_REDIS=1: a test that needs redis-server or memcached fails instead of skipping);
+## the fault and fleet suites run their quick variants (each fault, topology and burst shape at least once)
+TEST_TIMEOUT ?= 40m
 test: export RATELIMITD_REQUIRE_REDIS=1
 test: redis-deps memcached-deps vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
-	$(GO) test -race -count=1 -timeout 40m $(PKGS)
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+## test-long: `make test` with the long variants of the fault and fleet suites (RATELIMITD_LONG=1:
+## every repetition of the bursts)
+test-long: export RATELIMITD_LONG=1
+test-long: TEST_TIMEOUT = 120m
+test-long: test
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

@@ -109,14 +109,14 @@ func backendTarget(o Options) []any {
 		if o.MemcacheSRV != "" {
 			return []any{"type", "memcache", "srv", o.MemcacheSRV, "srv_refresh", o.MemcacheSRVRefresh.String(), "timeout", o.MemcacheTimeout.String()}
 		}
-		return []any{"type", "memcache", "addrs", strings.Join(o.MemcacheAddrs, ","), "timeout", o.MemcacheTimeout.String()}
+		return []any{"type", "memcache", "addrs", redactValue(secretAddress, strings.Join(o.MemcacheAddrs, ",")), "timeout", o.MemcacheTimeout.String()}
 	}
 	if o.Backend != "redis" {
 		return []any{"type", o.Backend}
 	}
 	attrs := []any{"type", "redis", "mode", o.RedisMode, "url", redis.RedactURL(o.RedisURL)}
 	if len(o.RedisAddrs) > 0 {
-		attrs = append(attrs, "addrs", strings.Join(o.RedisAddrs, ","))
+		attrs = append(attrs, "addrs", redactValue(secretAddress, strings.Join(o.RedisAddrs, ",")))
 	}
 	if o.RedisMaster != "" {
 		attrs = append(attrs, "master", o.RedisMaster)

@@ -17,6 +17,11 @@ type (
 		CacheMisses() uint64
 	}
 	refundCounter interface{ RefundErrors() uint64 }
+	creditWatcher interface {
+		CacheEnabled() bool
+		CreditsLive() bool
+		CreditPublishErrors() uint64
+	}
 	masterChanger interface{ MasterChanges() uint64 }
 	refundFailer  interface{ RefundFailures() uint64 }
 )
@@ -98,6 +103,21 @@ func registerBackendMetrics(reg prometheus.Registerer, store any) error {
 	if r, ok := store.(refundCounter); ok {
 		counter("ratelimitd_cluster_refund_errors_total",
 			"Redis Cluster compensating refunds that failed (a slot group that allowed could not be undone after another denied).", r.RefundErrors)
+	}
+	if w, ok := store.(creditWatcher); ok {
+		counter("ratelimitd_credit_publish_errors_total",
+			"Refunds and resets whose keys could not be published on the Redis credit channel: other instances may deny those keys until their cached retry time.", w.CreditPublishErrors)
+		if w.CacheEnabled() {
+			cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "ratelimitd_local_cache_live",
+				Help: "1 while the local over-limit cache answers (its subscription to the Redis credit channel is confirmed), 0 while it is flushed and waits for it.",
+			}, func() float64 {
+				if w.CreditsLive() {
+					return 1
+				}
+				return 0
+			}))
+		}
 	}
 	if m, ok := store.(masterChanger); ok {
 		counter("ratelimitd_backend_master_changes_total",

@@ -17,6 +17,46 @@ func (f *fakeBackend) BreakerState() string { return f.state }
 func (f *fakeBackend) CacheHits() uint64    { return f.hits }
 func (f *fakeBackend) RefundErrors() uint64 { return 2 }
 
+// fakeCredits is a store with the Redis credit channel's accessors.
+type fakeCredits struct{ live bool }
+
+func (f *fakeCredits) CacheEnabled() bool          { return true }
+func (f *fakeCredits) CreditsLive() bool           { return f.live }
+func (f *fakeCredits) CreditPublishErrors() uint64 { return 3 }
+
+// TestCreditMetrics: ratelimitd_local_cache_live follows the credit
+// subscription; publish errors are counted.
+func TestCreditMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f := &fakeCredits{}
+	if err := registerBackendMetrics(reg, f); err != nil {
+		t.Fatal(err)
+	}
+	gauge := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "ratelimitd_local_cache_live" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("ratelimitd_local_cache_live not exported")
+		return 0
+	}
+	if g := gauge(); g != 0 {
+		t.Errorf("live %v before the subscription, want 0", g)
+	}
+	f.live = true
+	if g := gauge(); g != 1 {
+		t.Errorf("live %v once subscribed, want 1", g)
+	}
+	if got := testutil.ToFloat64(mustCollector(t, reg, "ratelimitd_credit_publish_errors_total")); got != 3 {
+		t.Errorf("publish errors %v, want 3", got)
+	}
+}
+
 func TestBackendMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	b := &fakeBackend{state: "closed", hits: 5}

@@ -240,8 +240,12 @@ func (l *legacyEnv) backend(o *Options) {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
 			l.errs = append(l.errs, fmt.Errorf("LOCAL_CACHE_SIZE_IN_BYTES=%q: not a size in bytes", v))
-		} else if n > 0 {
-			o.LocalCacheSize = max(1, n/legacyCacheEntryBytes)
+		} else {
+			o.legacySeen.localCache = true
+			o.LocalCacheSize = 0
+			if n > 0 {
+				o.LocalCacheSize = max(1, n/legacyCacheEntryBytes)
+			}
 		}
 	}
 	if v, ok := l.get("CACHE_KEY_PREFIX"); ok {
@@ -502,7 +506,7 @@ func legacyRedis(o *Options, typ, raw string, urlSet bool, lookup func(string) (
 	case "sentinel":
 		parts := splitList(raw)
 		if len(parts) < 2 {
-			return fmt.Errorf("REDIS_TYPE=sentinel: REDIS_URL=%q must be master,host:port[,host:port...]", raw)
+			return errors.New("REDIS_TYPE=sentinel: REDIS_URL must be master,host:port[,host:port...] (its value is not shown: it may hold a credential)")
 		}
 		o.RedisMode = "sentinel"
 		o.RedisMaster = parts[0]

@@ -35,7 +35,18 @@ func TestLocalCacheStatsd(t *testing.T) {
 			ro := redis.DefaultOptions()
 			ro.URL, ro.Timeout, ro.PoolSize, ro.MinIdleConns, ro.LocalCacheSize = redistest.Standalone(t).URL(), 5*time.Second, 2, 0, 8
 			ro.Now = func() time.Time { return now }
-			return redis.New(ro)
+			ro.CacheUncharged = true // the reference's counting, as in reference mode
+			s, err := redis.New(ro)
+			if err == nil {
+				// Warm waits for the cache's credit subscription: until
+				// then the cache answers nothing.
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				if err := s.Warm(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return s, err
 		}},
 		{"memcache", func(t *testing.T) (closingStore, error) {
 			mo := memcache.DefaultOptions()

@@ -61,6 +61,7 @@ type legacySeen struct {
 	limitName   bool // LIMIT_LIMIT_HEADER
 	remainName  bool // LIMIT_REMAINING_HEADER
 	resetName   bool // LIMIT_RESET_HEADER
+	localCache  bool // LOCAL_CACHE_SIZE_IN_BYTES
 }
 
 // referenceVarsSet returns the referenceTriggers that are set, in

@@ -59,6 +59,7 @@ type Options struct {
 	RedisDeadlineMargin time.Duration // --redis-deadline-margin
 	RedisWarmup         time.Duration // --redis-warmup
 	RedisWaitReplicas   int           // redis.Options.WaitReplicas
+	RedisWindowKeys     bool          // redis.Options.WindowKeys
 	RedisPoolSize       int           // connections; 0 = the store's default
 	LocalCacheSize      int           // over-limit cache entries; 0 disables
 	// Redis pool, batching and health tuning: redis.Options.DialTimeout,

@@ -44,6 +44,7 @@ func (o Options) annotateEnv(err error) error {
 // and scripts, not by `serve`; they are not reported as unknown.
 var nonFlagVariables = map[string]bool{
 	"RATELIMITD_REQUIRE_REDIS":           true,
+	"RATELIMITD_LONG":                    true,
 	"RATELIMITD_SERVICE_REFERENCE_STORE": true,
 	"RATELIMITD_BENCH_TIMEOUT":           true,
 	"RATELIMITD_BENCH_POOL":              true,

@@ -63,6 +63,7 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 	if err != nil {
 		return o, warnings, scrubErr(err, legacySecrets(o, lookup)...)
 	}
+	markRedisURLFromEnv(&o, lookup)
 	explicit, err := parseFlagsAndTwins(&o, args, lookup, usage)
 	if err != nil {
 		return o, warnings, err
@@ -73,6 +74,7 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 	if o.Reference {
 		warnings = referenceWarnings(warnings)
 	}
+	o.defaultLocalCache(explicit)
 	if err := o.checkBackendChosen(explicit); err != nil {
 		return o, warnings, o.annotateEnv(err)
 	}
@@ -87,6 +89,24 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 		o.RedisSentinelAuth = auth
 	}
 	return o, warnings, nil
+}
+
+// markRedisURLFromEnv records that REDIS_URL (envoyproxy/ratelimit's,
+// mapped by legacyRedis) set --redis-url and --redis-addrs, so that an
+// error about them names the variable (annotateEnv) while it never shows
+// the value.
+func markRedisURLFromEnv(o *Options, lookup func(string) (string, bool)) {
+	if _, ok := lookup("REDIS_URL"); !ok {
+		return
+	}
+	if o.fromEnv == nil {
+		o.fromEnv = map[string]string{}
+	}
+	for _, name := range []string{"redis-url", "redis-addrs"} {
+		if _, ok := o.fromEnv[name]; !ok {
+			o.fromEnv[name] = "REDIS_URL"
+		}
+	}
 }
 
 // legacySecrets are the credentials of o and of the reference's variables
@@ -171,6 +191,9 @@ func setTwins(fs *flag.FlagSet, lists []*listValue, lookup func(string) (string,
 		name := envName(f.Name)
 		if v, ok := lookup(name); ok {
 			if err := fs.Set(f.Name, v); err != nil {
+				if k := secretKindOf(f.Name); k != secretNone {
+					v = redactValue(k, v)
+				}
 				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
 			}
 		}
@@ -242,4 +265,21 @@ func parseStatsdTags(s string) (map[string]string, error) {
 		tags[kv[0]] = kv[1]
 	}
 	return tags, nil
+}
+
+// defaultLocalCache turns the local over-limit cache off unless it was
+// sized explicitly (--local-cache-size, its twin, or
+// LOCAL_CACHE_SIZE_IN_BYTES) where it is not on by default: in reference
+// mode (envoyproxy/ratelimit's default is off, and under its
+// always_charge counting a cached key stops being charged, which a later
+// refund would tell) and on memcached (which has no channel to learn of
+// other replicas' refunds). On Redis in native mode the cache is exact
+// (see redis.Options.CreditChannel) and on by default.
+func (o *Options) defaultLocalCache(explicit map[string]bool) {
+	if explicit["local-cache-size"] || o.legacySeen.localCache {
+		return
+	}
+	if o.Reference || o.Backend != "redis" {
+		o.LocalCacheSize = 0
+	}
 }

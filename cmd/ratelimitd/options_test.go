@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"io"
 	"os"
 	"regexp"
@@ -31,6 +32,7 @@ func TestParseServeDefaults(t *testing.T) {
 		t.Errorf("warnings = %q, want none", warnings)
 	}
 	want := defaultOptions()
+	want.LocalCacheSize = 0 // on by default with the Redis backend only
 	if diff := cmp.Diff(want, o, ignoreFromEnv); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
@@ -85,6 +87,13 @@ func TestParseServePrecedence(t *testing.T) {
 		{"log format", nil, []string{"LOG_FORMAT", "json"}, func(o Options) any { return o.LogFormat }, "json"},
 		{"near limit", nil, []string{"NEAR_LIMIT_RATIO", "0.9"}, func(o Options) any { return o.NearLimitRatio }, 0.9},
 		{"cache bytes", nil, []string{"LOCAL_CACHE_SIZE_IN_BYTES", "1048576"}, func(o Options) any { return o.LocalCacheSize }, 1048576 / legacyCacheEntryBytes},
+		{"cache on by default on redis", []string{"--backend=redis", "--redis-url=redis://127.0.0.1:6379", "--config=c"}, nil, func(o Options) any { return o.LocalCacheSize }, redis.DefaultLocalCacheSize},
+		{"cache off by default on memcache", []string{"--backend=memcache", "--memcache-addrs=127.0.0.1:11211", "--config=c"}, nil, func(o Options) any { return o.LocalCacheSize }, 0},
+		{"cache sized on memcache", []string{"--backend=memcache", "--memcache-addrs=127.0.0.1:11211", "--config=c", "--local-cache-size=7"}, nil, func(o Options) any { return o.LocalCacheSize }, 7},
+		{"cache off by default in reference mode", nil, []string{"REDIS_URL", "127.0.0.1:6379"}, func(o Options) any { return o.LocalCacheSize }, 0},
+		{"cache bytes in reference mode", nil, []string{"REDIS_URL", "127.0.0.1:6379", "LOCAL_CACHE_SIZE_IN_BYTES", "1280"}, func(o Options) any { return o.LocalCacheSize }, 10},
+		{"cache flag in reference mode", []string{"--local-cache-size=5"}, []string{"REDIS_URL", "127.0.0.1:6379"}, func(o Options) any { return o.LocalCacheSize }, 5},
+		{"cache bytes 0 on redis", []string{"--backend=redis", "--redis-url=redis://127.0.0.1:6379", "--config=c"}, []string{"LOCAL_CACHE_SIZE_IN_BYTES", "0"}, func(o Options) any { return o.LocalCacheSize }, 0},
 		{"key prefix", nil, []string{"CACHE_KEY_PREFIX", "rl:"}, func(o Options) any { return o.KeyPrefix }, "rl:"},
 		{"merge", nil, []string{"MERGE_DOMAIN_CONFIG", "true"}, func(o Options) any { return o.MergeDomains }, true},
 		{"quota", nil, []string{"QUOTA_MODE", "true"}, func(o Options) any { return o.QuotaMode }, true},
@@ -320,4 +329,19 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+// TestLegacySentinelURLNotPrinted: a REDIS_URL refused in sentinel mode is
+// named, never quoted, since a mistaken value may hold a password.
+func TestLegacySentinelURLNotPrinted(t *testing.T) {
+	_, _, err := parseServe(nil, env("REDIS_TYPE", "sentinel", "REDIS_URL", "redis://:s3cr3tpw@sentinel"), io.Discard)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if strings.Contains(err.Error(), "s3cr3tpw") {
+		t.Errorf("error %q prints the password", err)
+	}
+	if !strings.Contains(err.Error(), "REDIS_URL must be master,host:port") {
+		t.Errorf("error %q does not say what REDIS_URL must be", err)
+	}
 }

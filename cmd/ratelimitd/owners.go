@@ -78,7 +78,7 @@ func (o Options) validateOwners(named map[string]bool) error {
 			case s.backend != "" && s.backend != o.Backend, seen[s.name]:
 			default:
 				seen[s.name] = true
-				errs = append(errs, fmt.Errorf("--%s=%v: %s", s.name, fieldValue(s.field.ptr(&o)), flagWords(field, reason)))
+				errs = append(errs, fmt.Errorf("%s: %s", flagEquals(s.name, fieldValue(s.field.ptr(&o))), flagWords(field, reason)))
 			}
 		}
 	}

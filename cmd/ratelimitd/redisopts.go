@@ -20,7 +20,10 @@ func redisOptions(o Options) redis.Options {
 	ro.MaxWait = o.RedisMaxWait
 	ro.DeadlineMargin = o.RedisDeadlineMargin
 	ro.WaitReplicas = o.RedisWaitReplicas
+	ro.WindowKeys = o.RedisWindowKeys
 	ro.ProbeKey = o.KeyPrefix + redis.DefaultProbeKey
+	ro.CreditChannel = o.KeyPrefix + redis.DefaultCreditChannel
+	ro.CacheUncharged = o.ReferenceCounting
 	if o.RedisPoolSize > 0 {
 		ro.PoolSize = o.RedisPoolSize
 	}

@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -62,7 +65,7 @@ func TestJSONBehindGRPCBoundary(t *testing.T) {
 
 	t.Run("plaintext HTTP", func(t *testing.T) {
 		p := start(t, startOpts{args: tlsArgs})
-		eventually(t, 10*time.Second, func() string {
+		eventually(t, settleWithin, func() string {
 			if err := checkHealth(t, p.grpc, good); err != nil {
 				return err.Error()
 			}
@@ -84,7 +87,7 @@ func TestJSONBehindGRPCBoundary(t *testing.T) {
 	t.Run("--http-tls", func(t *testing.T) {
 		p := start(t, startOpts{args: append(append([]string{}, tlsArgs...), "--http-tls")})
 		noCert := clientTLS(t, ca, nil, nil)
-		eventually(t, 10*time.Second, func() string {
+		eventually(t, settleWithin, func() string {
 			code, body, err := tlsPost(noCert, "https://"+p.http+"/healthcheck", "")
 			if err != nil || code != 200 {
 				return fmt.Sprintf("/healthcheck without a client certificate: %d %s %v", code, body, err)
@@ -151,14 +154,15 @@ func TestSecretsNotExposed(t *testing.T) {
 	writeFile(t, cfgDir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
 
 	t.Run("url", func(t *testing.T) {
-		p := start(t, startOpts{args: []string{"--config", cfgDir, "--backend=redis", "--redis-url", srv.URL(), "--redis-timeout=500ms"}})
+		p := start(t, startOpts{args: []string{"--config", cfgDir, "--backend=redis", "--redis-url", srv.URL(), "--redis-timeout=500ms",
+			"--xds-headers=authorization:Bearer " + pw}})
 		cc := p.dial(t)
 		p.waitServing(t, cc, "ratelimitd.backend")
 		if resp := call(t, cc, "e2e", desc("k", "a")); resp.GetStatuses()[0].GetLimitRemaining() != 4 {
 			t.Fatalf("decision through the password URL: %v", resp)
 		}
 		code, body := httpGet(t, "http://"+p.debug+"/debug/pprof/cmdline")
-		if code != 200 || !strings.Contains(body, "--redis-url") || strings.Contains(body, pw) {
+		if code != 200 || !strings.Contains(body, "--redis-url") || !strings.Contains(body, "--xds-headers=authorization:xxxxx") || strings.Contains(body, pw) {
 			t.Errorf("/debug/pprof/cmdline: %d %q; want the command line without the password", code, body)
 		}
 		if _, body := httpGet(t, "http://"+p.debug+"/rlconfig"); strings.Contains(body, pw) {
@@ -204,9 +208,15 @@ func TestSecretsNotExposed(t *testing.T) {
 			"legacy REDIS_URL":    {env: []string{"REDIS_TYPE=sentinel", "REDIS_URL=redis://u:" + pw + "@h:1"}},
 			"bad URL from env":    {env: []string{"RATELIMITD_BACKEND=redis", "RATELIMITD_REDIS_URL=redis://u:" + pw + "@[::1/0"}},
 			"password file, auth": {args: []string{"--backend=redis", "--redis-sentinel-auth", pw, "--redis-sentinel-auth-file", "/nonexistent"}},
+			"scheme typo":         {args: []string{"--backend=redis", "--redis-url", "redis//:" + pw + "@127.0.0.1:6379"}},
+			"no scheme":           {args: []string{"--backend=redis", "--redis-url", ":" + pw + "@127.0.0.1:6379"}},
+			"one slash":           {args: []string{"--backend=redis", "--redis-url", "redis:/:" + pw + "@127.0.0.1:6379"}},
+			"extra colon":         {args: []string{"--backend=redis", "--redis-url", "redis:://:" + pw + "@127.0.0.1:6379"}},
+			"no host":             {args: []string{"--backend=redis", "--redis-url", "redis://:" + pw + "@"}},
+			"legacy scheme typo":  {env: []string{"BACKEND_TYPE=redis", "REDIS_URL=redis//:" + pw + "@127.0.0.1:6379"}},
 		} {
 			args := append([]string{"serve", "--config", cfgDir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr="}, c.args...)
-			code, stdout, stderr := runCmdEnv(t, c.env, args...)
+			code, stdout, stderr := runCmdRefused(t, c.env, args...)
 			if code == 0 {
 				t.Errorf("%s: started", name)
 			}
@@ -215,6 +225,29 @@ func TestSecretsNotExposed(t *testing.T) {
 			}
 		}
 	})
+}
+
+// runCmdRefused is runCmdEnv for a command line that must be refused at
+// startup: a binary that starts serving instead is stopped after 20 s and
+// reported with exit code 0, its output so far returned.
+func runCmdRefused(t testing.TB, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = deploytest.CleanEnv(env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		return 0, out.String(), errb.String()
+	}
+	if err != nil {
+		if _, ok := err.(*exec.ExitError); !ok {
+			t.Fatalf("run %v: %v", args, err)
+		}
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
 }
 
 // dialTLS is a gRPC client of addr over TLS cfg, closed at cleanup.

@@ -201,6 +201,13 @@ func freePort(t testing.TB) string {
 	return deploytest.FreePorts(t, 1)[0]
 }
 
+// settleWithin bounds, in real time, the waits of eventually for a state
+// the process reaches on its own (a reloaded config, a log line, a
+// backend back): generous, so that a loaded host passes and a process
+// that never gets there fails. How soon it happens is the benchmarks'
+// measure (BenchmarkHotReload).
+const settleWithin = 30 * time.Second
+
 // eventually retries f every 20ms until it returns "" or within elapses;
 // it then fails with f's last message.
 func eventually(t testing.TB, within time.Duration, f func() string) {

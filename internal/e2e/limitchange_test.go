@@ -83,7 +83,7 @@ func reload(t *testing.T, p *proc, cc *grpc.ClientConn, dir string, rpu uint32) 
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(hourFile, rpu))
 	check := desc("k", "x")
 	check.HitsAddend = wrapperspb.UInt64(0)
-	eventually(t, 2*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		resp, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "e2e", Descriptors: []*rlcommon.RateLimitDescriptor{check}})

@@ -171,7 +171,7 @@ func TestMemcacheFailureModes(t *testing.T) {
 	}
 
 	srv.Kill()
-	eventually(t, 10*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if got := health(t, cc, "ratelimitd.backend"); got != healthpb.HealthCheckResponse_NOT_SERVING {
 			return fmt.Sprintf("ratelimitd.backend %v with memcached killed, want NOT_SERVING", got)
 		}

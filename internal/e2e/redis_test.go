@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -81,7 +80,7 @@ func TestHealthWaitsForWarmBackend(t *testing.T) {
 	down.Kill()
 	q := start(t, startOpts{args: []string{"--config", dir, "--backend=redis", "--redis-url", down.URL(), "--redis-warmup=1500ms"}})
 	qc := q.dial(t)
-	eventually(t, 10*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if st, _ := httpGet(t, "http://"+q.http+"/healthcheck"); st != 500 {
 			return fmt.Sprintf("/healthcheck %d while warming up against a dead Redis, want 500", st)
 		}
@@ -99,7 +98,7 @@ func TestHealthWaitsForWarmBackend(t *testing.T) {
 	}
 	down.Start()
 	down.WaitReady()
-	eventually(t, 5*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if got := health(t, qc, "ratelimitd.backend"); got != healthpb.HealthCheckResponse_SERVING {
 			return fmt.Sprintf("ratelimitd.backend %v after Redis started", got)
 		}

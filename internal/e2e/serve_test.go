@@ -224,7 +224,7 @@ func TestHotReload(t *testing.T) {
 
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 50))
 	changed := time.Now()
-	eventually(t, 20*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if got := limit(); got != 50 {
 			return fmt.Sprintf("limit %d after %v, want 50", got, time.Since(changed))
 		}
@@ -237,7 +237,7 @@ func TestHotReload(t *testing.T) {
 	}
 	before := failures()
 	writeFile(t, dir, "e2e.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    ratelimit: {unit: minute}\n")
-	eventually(t, 20*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if f := failures(); f <= before {
 			return fmt.Sprintf("failure counter %v, want > %v", f, before)
 		}

@@ -5,7 +5,6 @@ import (
 	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -64,7 +63,7 @@ descriptors:
 		"ratelimit_server.ShouldRateLimit.response_time|ms":    3,
 		"ratelimit.service.config_load_success|c":              1,
 	}
-	eventually(t, 10*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		var diffs []string
 		for k, v := range want {
 			if got, _ := u.get(k); got != v {

@@ -163,7 +163,7 @@ func TestGRPCMutualTLS(t *testing.T) {
 
 	goodCert, goodKey := ca.issue(t, "envoy", false, san)
 	good := clientTLS(t, ca, goodCert, goodKey)
-	eventually(t, 10*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if err := checkHealth(t, p.grpc, good); err != nil {
 			return "client with the right certificate: " + err.Error()
 		}
@@ -197,7 +197,7 @@ func TestGRPCMutualTLS(t *testing.T) {
 	srvCert2, srvKey2 := ca.issue(t, "server-2", true)
 	writeFile(t, dir, "server-key.pem", string(srvKey2))
 	writeFile(t, dir, "server.pem", string(srvCert2))
-	eventually(t, 5*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if cn := peerCN(); cn != "server-2" {
 			return "server certificate CN " + cn + ", want server-2 after rotation"
 		}

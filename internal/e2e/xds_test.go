@@ -84,7 +84,7 @@ func TestXDSReferenceEnvironment(t *testing.T) {
 
 	// Update.
 	v2 := srv.Set(xdstest.NodeID, xdstest.EGConfigs(10)...)
-	eventually(t, 20*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if l := user("bob").GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); l != 10 {
 			return fmt.Sprintf("limit %d after the update, want 10", l)
 		}
@@ -105,7 +105,7 @@ func TestXDSReferenceEnvironment(t *testing.T) {
 	if !strings.Contains(nack.GetErrorDetail().GetMessage(), "xds:"+xdstest.EGDomain) {
 		t.Errorf("NACK detail %q does not name the resource", nack.GetErrorDetail().GetMessage())
 	}
-	eventually(t, 20*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if !strings.Contains(p.Logs(), "config rejected; keeping the last good config") {
 			return "no rejection logged"
 		}
@@ -123,7 +123,7 @@ func TestXDSReferenceEnvironment(t *testing.T) {
 
 	// Server restart: the client reconnects and gets the config set meanwhile.
 	srv.Stop()
-	eventually(t, 20*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if !strings.Contains(p.Logs(), "stream to the management server ended") {
 			return "stream end not logged"
 		}
@@ -134,7 +134,7 @@ func TestXDSReferenceEnvironment(t *testing.T) {
 	if _, err := srv.WaitRequest(20*time.Second, xdstest.IsACK(v4)); err != nil {
 		t.Fatalf("%v\n%s", err, p.Logs())
 	}
-	eventually(t, 20*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		if l := user("dave").GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); l != 20 {
 			return fmt.Sprintf("limit %d after the restart, want 20", l)
 		}
@@ -154,7 +154,7 @@ func TestXDSWrongClientCertificate(t *testing.T) {
 	env = append(env, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT="+srv.Certs.RogueCert, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY="+srv.Certs.RogueKey)
 	p := start(t, startOpts{env: env})
 	cc := p.dial(t)
-	eventually(t, 20*time.Second, func() string {
+	eventually(t, settleWithin, func() string {
 		logs := p.Logs()
 		if !strings.Contains(logs, "cannot get a stream from the management server") || !strings.Contains(logs, "client certificate") {
 			return "no connection failure with the certificate hint logged"

@@ -2,9 +2,11 @@ package faults
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -44,13 +46,18 @@ var shapes = []shape{
 // pkg/backend/redis BenchmarkTakeRedisFrozen (max_ms_no_deadline).
 var patientArgs = []string{"--redis-max-wait=20s"}
 
-const (
-	// burstReps is how often each shape runs per topology, load and
-	// instance state.
-	burstReps = 20
-	// fleetSize is the number of instances a burst is spread over.
-	fleetSize = 3
-)
+// fleetSize is the number of instances a burst is spread over.
+const fleetSize = 3
+
+// burstReps is how often each shape runs per topology, load and instance
+// state: 20 times with RATELIMITD_LONG=1 (`make test-long`), else
+// (`make test`) once on fresh fleets and 3 times on warm ones.
+func burstReps(fresh bool) int {
+	if fresh {
+		return testproc.Reps(1, 20)
+	}
+	return testproc.Reps(3, 20)
+}
 
 // topology starts a Redis deployment for a test.
 type topology struct {
@@ -95,13 +102,14 @@ func runShape(t *testing.T, f *fleet, sh shape, what string, log *burstLog) {
 	log.consumed = append(log.consumed, consumed)
 	if sh.deadline == 0 {
 		if res.ok() != sh.l || res.ok()+res.over != sh.c || consumed != sh.l {
-			t.Errorf("%s %v: %v, store counted %d; want OK exactly %d, OVER_LIMIT %d, no error, %d counted",
-				what, sh, res, consumed, sh.l, sh.c-sh.l, sh.l)
+			t.Errorf("%s %v: %v, store counted %d; want OK exactly %d, OVER_LIMIT %d, no error, %d counted; backend errors by cause %v\n%s",
+				what, sh, res, consumed, sh.l, sh.c-sh.l, sh.l, f.backendErrors(), f.logs(20))
 		}
 		return
 	}
 	if res.ok() > consumed || consumed > sh.l {
-		t.Errorf("%s %v: %v, store counted %d; want OK <= counted <= %d", what, sh, res, consumed, sh.l)
+		t.Errorf("%s %v: %v, store counted %d; want OK <= counted <= %d; backend errors by cause %v\n%s",
+			what, sh, res, consumed, sh.l, f.backendErrors(), f.logs(20))
 	}
 }
 
@@ -129,13 +137,13 @@ func TestBursts(t *testing.T) {
 	}
 }
 
-// freshBursts runs burstReps bursts of each shape, each on a fleet
+// freshBursts runs burstReps(true) bursts of each shape, each on a fleet
 // started for it: started, SERVING, then at once the burst.
 func freshBursts(t *testing.T, cfg string, b backend) {
 	logs := make([]burstLog, len(shapes))
 	causes := map[string]float64{}
 	var lifecycle time.Duration
-	for rep := range burstReps {
+	for rep := range burstReps(true) {
 		awayFromWindowEnd(t, time.Minute)
 		for i, sh := range shapes {
 			t0 := time.Now()
@@ -151,24 +159,55 @@ func freshBursts(t *testing.T, cfg string, b backend) {
 	for i, sh := range shapes {
 		t.Logf("%s fresh %v: %v", b.name, sh, &logs[i])
 	}
-	t.Logf("%s fresh: backend errors by cause %v; %v starting and stopping %d fleets", b.name, causes, lifecycle.Round(time.Millisecond), burstReps*len(shapes))
+	t.Logf("%s fresh: backend errors by cause %v; %v starting and stopping %d fleets", b.name, causes, lifecycle.Round(time.Millisecond), burstReps(true)*len(shapes))
 }
 
-// warmBursts runs burstReps bursts of each shape on one warmed fleet.
+// warmBursts runs burstReps(false) bursts of each shape on warmed fleets:
+// one for the shapes without a deadline, another for those with Envoy's.
+// The exact bursts' precondition is a healthy store: the budget timeouts
+// of bursts whose callers give up after 20 ms are stall evidence for the
+// circuit breaker (a starved Redis that has not answered for
+// --redis-timeout looks like a frozen one), and a call without a deadline
+// that met a circuit they opened would be shed whatever its budget. So
+// the exact bursts run on a fleet of their own, and before each of them
+// waitHealthy checks that every instance's store is healthy.
 func warmBursts(t *testing.T, cfg string, b backend) {
-	f := startFleet(t, fleetSize, cfg, b, patientArgs...)
-	for i := range f.rls {
-		f.warm(i)
+	var exact, deadlined []int
+	for i, sh := range shapes {
+		if sh.deadline == 0 {
+			exact = append(exact, i)
+		} else {
+			deadlined = append(deadlined, i)
+		}
 	}
 	logs := make([]burstLog, len(shapes))
-	for rep := range burstReps {
-		awayFromWindowEnd(t, time.Minute)
-		for i, sh := range shapes {
-			runShape(t, f, sh, fmt.Sprintf("warm repetition %d:", rep+1), &logs[i])
+	for _, idx := range [][]int{exact, deadlined} {
+		f := startFleet(t, fleetSize, cfg, b, patientArgs...)
+		for i := range f.rls {
+			f.warm(i)
 		}
+		for rep := range burstReps(false) {
+			awayFromWindowEnd(t, time.Minute)
+			for _, i := range idx {
+				if shapes[i].deadline == 0 {
+					f.waitHealthy()
+				}
+				runShape(t, f, shapes[i], fmt.Sprintf("warm repetition %d:", rep+1), &logs[i])
+			}
+		}
+		t.Logf("%s warm %s: backend errors by cause %v", b.name, shapesString(idx), f.backendErrors())
+		f.stop()
 	}
 	for i, sh := range shapes {
 		t.Logf("%s warm %v: %v", b.name, sh, &logs[i])
 	}
-	t.Logf("%s warm: backend errors by cause %v", b.name, f.backendErrors())
+}
+
+// shapesString names the shapes of idx.
+func shapesString(idx []int) string {
+	s := make([]string, len(idx))
+	for j, i := range idx {
+		s[j] = shapes[i].String()
+	}
+	return strings.Join(s, ",")
 }

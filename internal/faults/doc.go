@@ -22,5 +22,8 @@
 //     during the fault and SERVING within 1 s after it (TestFaults).
 //
 // Timing is never asserted except the health bounds above; latency belongs
-// to the benchmarks. The package has no non-test code.
+// to the benchmarks. `make test` runs the quick variant (every topology,
+// load, instance state and burst shape, each fault at least once);
+// RATELIMITD_LONG=1, as `make test-long` sets, repeats each burst 20
+// times. The package has no non-test code.
 package faults

@@ -265,7 +265,11 @@ func runFault(t testing.TB, fk fault, busy, tls bool) faultTimes {
 		t.Errorf("%s: after %v without traffic and SERVING, calls on a fresh 1-per-day key answered %v then %v; want OK decided by the store, then OVER_LIMIT (the first was counted)\n%s",
 			fk.name, quietAfter, outcomeName(first, err1), outcomeName(second, err2), f.logs(20))
 	}
-	return checkHealth(t, fk, obs, faultAt, endAt, recoveredAt)
+	m := checkHealth(t, fk, obs, faultAt, endAt, recoveredAt)
+	if t.Failed() {
+		t.Logf("%s: the instance's log:\n%s", fk.name, f.logs(40))
+	}
+	return m
 }
 
 // checkHealth asserts the backend's health around a fault: during a

@@ -326,9 +326,14 @@ func (f *fleet) logs(n int) string {
 }
 
 // health is instance i's grpc.health.v1 status of service ("" and an error
-// when the check itself failed).
+// when the check itself failed). The check waits up to stateWithin for
+// the answer: on a loaded host an answer may take seconds, and a check
+// that gave up sooner would say nothing about the instance.
 func (f *fleet) health(i int, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
-	return testproc.Health(f.conns[i], service)
+	ctx, cancel := context.WithTimeout(context.Background(), stateWithin)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(f.conns[i]).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	return resp.GetStatus(), err
 }
 
 // waitHealth polls instance i's health of service every 10 ms until it is
@@ -531,14 +536,19 @@ func (f *fleet) warm(i int) {
 	}
 }
 
-// backendErrors sums ratelimitd_backend_errors_total by cause over the
-// fleet's instances, from their /metrics (zero causes omitted); for
-// failure messages and logs.
+// backendErrors sums ratelimitd_backend_errors_total by cause, and
+// ratelimitd_backend_circuit_transitions_total by state entered (as
+// "circuit_<state>"), over the fleet's instances, from their /metrics
+// (zero counts omitted); for failure messages and logs.
 func (f *fleet) backendErrors() map[string]float64 {
 	out := map[string]float64{}
 	// No keep-alive: no idle connection (and its goroutines) outlives the
 	// scrape, for goleak.
 	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	series := []struct{ prefix, name string }{
+		{`ratelimitd_backend_errors_total{cause="`, ""},
+		{`ratelimitd_backend_circuit_transitions_total{to="`, "circuit_"},
+	}
 	for _, p := range f.procs {
 		resp, err := c.Get("http://" + p.http + "/metrics")
 		if err != nil {
@@ -548,16 +558,18 @@ func (f *fleet) backendErrors() map[string]float64 {
 		body, _ := io.ReadAll(resp.Body)
 		_ = resp.Body.Close()
 		for line := range strings.SplitSeq(string(body), "\n") {
-			rest, ok := strings.CutPrefix(line, `ratelimitd_backend_errors_total{cause="`)
-			if !ok {
-				continue
-			}
-			cause, val, ok := strings.Cut(rest, `"} `)
-			if !ok {
-				continue
-			}
-			if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil && v > 0 {
-				out[cause] += v
+			for _, s := range series {
+				rest, ok := strings.CutPrefix(line, s.prefix)
+				if !ok {
+					continue
+				}
+				label, val, ok := strings.Cut(rest, `"} `)
+				if !ok {
+					continue
+				}
+				if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil && v > 0 {
+					out[s.name+label] += v
+				}
 			}
 		}
 	}
@@ -578,4 +590,14 @@ func intsString(v []int) string {
 		s[i] = strconv.Itoa(n)
 	}
 	return strings.Join(s, ",")
+}
+
+// waitHealthy waits until every instance reports its store healthy (gRPC
+// health of backendHealth SERVING: circuit closed, last call or probe
+// answered), failing t after stateWithin.
+func (f *fleet) waitHealthy() {
+	f.t.Helper()
+	for i := range f.procs {
+		f.waitHealth(i, backendHealth, healthpb.HealthCheckResponse_SERVING, stateWithin)
+	}
 }

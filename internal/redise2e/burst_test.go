@@ -28,7 +28,10 @@ descriptors:
 // then 50 goroutines × 20 sequential calls, each with a 5 s deadline, on
 // one 10-per-minute key with failure_mode open. Whatever the load of the
 // host, exactly 10 are allowed and 990 denied: an OK beyond the 10 that
-// Redis counted is an over-admission, failed open or not.
+// Redis counted is an over-admission, failed open or not. MaxWait is
+// raised to the calls' 5 s (it caps every call's budget, 1 s by default),
+// so that each call's budget is its deadline: a loaded -race host can
+// take a second to decide one.
 func TestFreshBurstDefaultOptions(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
@@ -36,7 +39,9 @@ func TestFreshBurstDefaultOptions(t *testing.T) {
 	if now := time.Now(); now.Truncate(time.Minute).Add(time.Minute).Sub(now) < 15*time.Second {
 		time.Sleep(now.Truncate(time.Minute).Add(time.Minute).Sub(now) + 100*time.Millisecond)
 	}
-	in := newInstance(t, standaloneOpts(srv.URL()), loadSet(t, burstRules))
+	o := standaloneOpts(srv.URL())
+	o.MaxWait = 5 * time.Second
+	in := newInstance(t, o, loadSet(t, burstRules))
 	value := "u" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	r := req("burst", []string{"user", value})
 	var ok, over atomic.Int64

@@ -83,6 +83,13 @@ func newStore(t testing.TB, opts redis.Options) *redis.Store {
 		t.Fatalf("redis.New: %v", err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
+	if opts.LocalCacheSize > 0 { // Warm waits for the cache's credit subscription
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := st.Warm(ctx); err != nil {
+			t.Fatalf("Warm: %v", err)
+		}
+	}
 	return st
 }
 

@@ -12,7 +12,8 @@
 // any package's tests: Dial, Health and WaitHealth talk to a running
 // server, Desc and WithHits build the descriptors of its requests,
 // MetricSum and MetricValue read its Prometheus registry, StatsdSink
-// receives its statsd lines, and Buffer collects a log. Running the
+// receives its statsd lines, Buffer collects a log, and Long and Reps
+// choose between a suite's quick and long variants. Running the
 // binary itself is internal/deploytest's (Build, StartServe).
 package testproc
 

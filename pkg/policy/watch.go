@@ -1,10 +1,12 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -12,13 +14,25 @@ import (
 
 // watchDebounce is how long Watch waits after the last relevant file event
 // before reloading: editors and Kubernetes write several entries per
-// change. watchMaxWait bounds the wait from the first event of a burst, so
-// that files rewritten continuously are still loaded about once a second.
-// Variables only so that a test can widen them.
+// change. watchMaxWait bounds the wait from the first event of a burst, or
+// from the previous load when the burst began right after it, so that
+// files rewritten continuously are still loaded at least once a second
+// (watchMaxWait plus a sampling, watchSampleEvery apart, that ends at the
+// first complete version it sees). Variables only so that a test can widen
+// them.
 var (
-	watchDebounce = 150 * time.Millisecond
-	watchMaxWait  = time.Second
+	watchDebounce    = 150 * time.Millisecond
+	watchMaxWait     = 500 * time.Millisecond
+	watchSampleEvery = 5 * time.Millisecond
 )
+
+// watchSampleGap bounds the time from the start of the last read that
+// returned a version to the end of the read that shows it replaced, for
+// that replacement to prove the version complete: a state of the files
+// that lasts watchSampleGap or longer (the rest of a file written in parts
+// with a pause) cannot fall between two such reads unseen. Writes 10 ms
+// apart or more are each seen.
+const watchSampleGap = 10 * time.Millisecond
 
 // Before a reload is delivered, the files are read twice, settle apart, and
 // the two reads must hash the same (else the second read is the new first
@@ -59,15 +73,19 @@ const (
 // (yet), its nearest existing ancestor instead, each missing directory's
 // creation being a relevant event that moves the watch one level down,
 // until the file's directory exists. Events are debounced: a reload
-// starts 150 ms after the last relevant event, or 1 s after the first
-// event of a burst when the events go on (files rewritten continuously
-// are still loaded about once a second, and the last version always once
-// they stop). Before a reload is
-// delivered the files are read twice and must hash the same: 150 ms apart
-// when the burst wrote a config file in place (so a file written in parts
-// with pauses shorter than that is never delivered half), 10 ms apart when
+// starts 150 ms after the last relevant event, or 0.5 s after the first
+// event of a burst (or after the previous load, when the burst began
+// within 0.5 s of it) when the events go on. Before a reload is delivered
+// the files are read twice and must hash the same: 150 ms apart when the
+// burst wrote a config file in place (so a file written in parts with
+// pauses shorter than that is never delivered half), 10 ms apart when
 // files were only created, renamed or removed; when the reads differ the
-// check repeats. A change is in effect well within 2 s of the last write.
+// check repeats. Past the 0.5 s the files are sampled instead
+// (sampleFiles) and the first complete version seen is delivered, so files
+// changed continuously are loaded at least once a second, and when the
+// writes end with a bad version the newest good one loaded, from the last
+// second of writes, stays in force. A change is in effect well within 1 s
+// of the last write.
 //
 // Every load of a good config is delivered to apply, even one whose
 // content did not change: the caller compares Set.SourceHash with the
@@ -117,6 +135,23 @@ type watchLoop struct {
 	burstStart time.Time
 	probe      string
 	inPlace    bool
+
+	// lastLoad is when the last load was delivered. sampling: the burst
+	// passed its maximum wait and the files are being read every
+	// watchSampleEvery (sampleFiles) until a complete version is seen;
+	// prev is the last read, first seen at prevSince.
+	lastLoad  time.Time
+	sampling  bool
+	prev      *snapshot
+	prevSince time.Time
+	// prevLast is when the last read that returned prev began.
+	prevLast time.Time
+}
+
+// snapshot is one read of the config files and the problems reading them.
+type snapshot struct {
+	src  sources
+	errs *errList
 }
 
 func watch(ctx context.Context, c watchConfig) error {
@@ -167,6 +202,7 @@ func (w *watchLoop) load(probe string) (readErr, delivered bool, hash string) {
 	if probe != "" && hash != probe {
 		return false, false, hash
 	}
+	w.lastLoad = time.Now()
 	if err != nil {
 		w.c.fail(err)
 		return IsReadError(err), true, hash
@@ -261,7 +297,10 @@ func (w *watchLoop) event(write bool) {
 		w.inPlace = true
 	}
 	w.retries = 0
-	deadline := w.burstStart.Add(watchMaxWait)
+	if w.sampling {
+		return // sampleFiles runs on its own timer
+	}
+	deadline := w.deadline()
 	switch {
 	case now.Add(watchDebounce).Before(deadline):
 		w.probe = ""
@@ -269,6 +308,17 @@ func (w *watchLoop) event(write bool) {
 	case w.probe == "":
 		w.timer.Reset(max(deadline.Sub(now), 0))
 	}
+}
+
+// deadline is the latest a burst's reload starts: watchMaxWait after its
+// first event, or after the previous load when the burst began within
+// watchMaxWait of it (writes going on across loads).
+func (w *watchLoop) deadline() time.Time {
+	anchor := w.burstStart
+	if !w.lastLoad.IsZero() && w.burstStart.Sub(w.lastLoad) < watchMaxWait {
+		anchor = w.lastLoad
+	}
+	return anchor.Add(watchMaxWait)
 }
 
 // onEvent handles one file system event: it forgets a removed watched
@@ -298,6 +348,15 @@ func (w *watchLoop) onTimer() {
 		w.scheduleRetry()
 		return
 	}
+	if !w.sampling && !time.Now().Before(w.deadline()) {
+		// Past the burst's deadline: sample until a complete version
+		// shows, instead of waiting for the files to stay unchanged.
+		w.probe, w.sampling, w.prev = "", true, nil
+	}
+	if w.sampling {
+		w.sampleFiles()
+		return
+	}
 	if w.probe == "" {
 		w.probe = readSources(w.c.opts, w.c.paths, &errList{}).hash
 		w.timer.Reset(w.settle())
@@ -312,6 +371,84 @@ func (w *watchLoop) onTimer() {
 		w.timer.Reset(w.settle())
 		return
 	}
-	w.pending, w.probe = false, ""
+	w.endBurst()
+}
+
+// endBurst ends a burst whose reload was delivered.
+func (w *watchLoop) endBurst() {
+	w.pending, w.probe, w.sampling, w.prev = false, "", false, nil
 	w.scheduleRetry()
+}
+
+// sampleFiles reads the files once while files keep changing past a
+// burst's deadline. A version is complete, and delivered, when it read the
+// same for settle, or when a read differs from it other than by growing
+// (the next read is not the same files, each starting with its content:
+// a writer pausing mid-file is still appending, while the next version
+// truncates, replaces or rewrites) and came within watchSampleGap of the
+// last read of it. The delivered version is the one read,
+// compiled from the bytes read, so a good one among continuous writes is
+// applied even when the writes end with a bad one. A read with read
+// problems is delivered only once it held still for settle.
+func (w *watchLoop) sampleFiles() {
+	if w.prev == nil {
+		w.plan = newWatchPlan(w.c.opts, w.c.paths)
+		_ = w.sync()
+	}
+	now := time.Now()
+	errs := &errList{}
+	cur := &snapshot{src: readSources(w.c.opts, w.c.paths, errs), errs: errs}
+	same := w.prev != nil && cur.src.hash == w.prev.src.hash
+	switch {
+	case w.prev == nil:
+		w.prev, w.prevSince, w.prevLast = cur, now, now
+	case same && now.Sub(w.prevSince) < w.settle():
+		w.prevLast = now
+	case !same && (grows(w.prev.src, cur.src) || len(w.prev.errs.errs) > 0 || time.Since(w.prevLast) >= watchSampleGap):
+		// Still being written; a read that failed (a file replaced by
+		// remove and create); or reads too far apart to be sure that
+		// no state in between (the rest of the file) went unseen: not
+		// a version to deliver.
+		w.prev, w.prevSince, w.prevLast = cur, now, now
+	default:
+		w.deliver(w.prev)
+		w.endBurst()
+		if !same {
+			// The files moved on past the version delivered (their
+			// events were consumed while sampling): a new burst loads
+			// what follows.
+			w.pending, w.burstStart = true, now
+			w.timer.Reset(watchDebounce)
+		}
+		return
+	}
+	w.timer.Reset(watchSampleEvery)
+}
+
+// deliver compiles snap and delivers it as load does.
+func (w *watchLoop) deliver(snap *snapshot) {
+	s, warns, _, err := compileSources(w.c.opts, snap.src, snap.errs, "from "+strings.Join(w.c.paths, ", ")+" (no .yaml or .yml config files)")
+	w.lastLoad = time.Now()
+	w.readErr = false
+	if err != nil {
+		w.readErr = IsReadError(err)
+		w.c.fail(err)
+		return
+	}
+	w.c.apply(s, warns)
+}
+
+// grows reports whether next is prev still being written: the same files,
+// each starting with its content in prev, and not the same bytes.
+func grows(prev, next sources) bool {
+	if len(prev.files) != len(next.files) {
+		return false
+	}
+	for i, f := range prev.files {
+		n := next.files[i]
+		if n.name != f.name || !bytes.HasPrefix(n.data, f.data) {
+			return false
+		}
+	}
+	return true
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // missingDirBound is generous: the directories appear one reload each
-// before the config does (docs/config.md: within 2 s each).
+// before the config does (docs/config.md: within 1 s each).
 const missingDirBound = 20 * time.Second
 
 // TestWatchMissingParent: a config path two levels below a directory that

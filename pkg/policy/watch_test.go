@@ -51,7 +51,7 @@ func startWatchConfig(t *testing.T, c watchConfig) *watcher {
 	return w
 }
 
-// reloadBound is generous: docs/config.md ("Reloads") says a change is in effect within 2 s; the debounce is
+// reloadBound is generous: docs/config.md ("Reloads") says a change is in effect within 1 s; the debounce is
 // 150 ms, but CI machines are shared.
 const reloadBound = 10 * time.Second
 

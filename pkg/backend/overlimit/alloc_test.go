@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // heapAlloc is the live heap after a full collection, in bytes.
@@ -30,7 +32,7 @@ func TestNewLargeBoundAllocatesLittle(t *testing.T) {
 	}
 	base := time.Unix(1000, 0)
 	c.add(cacheEntry{key: "a", until: base.Add(time.Second), cost: 1})
-	if _, ok := c.lookup("a", 1, base); !ok || c.Len() != 1 {
+	if _, ok := c.lookup("a", algo.Limit{}, 1, base); !ok || c.Len() != 1 {
 		t.Fatalf("entry not held in a large cache: len %d", c.Len())
 	}
 	runtime.KeepAlive(c)

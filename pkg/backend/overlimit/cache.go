@@ -8,6 +8,7 @@ import (
 	"container/list"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,9 +27,16 @@ import (
 // once in its request: the key's state can only become more permissive
 // with time, and other replicas can only consume more, so the cached
 // answer can never be more permissive than the backend's would be. The exception
-// is a refund (algo.Hit.Release), which credits the key: Take drops
-// the key's entry before it sends a refund, and a refund through another
-// replica is seen here once the entry's instant has passed. always_charge
+// is a credit (a refund, algo.Hit.Release, or a reset): Take drops the
+// key's entry before it sends a refund, and a store that learns of other
+// replicas' credits calls Invalidate (the Redis store does, from a
+// channel every replica's refunds and resets are published on). An entry
+// holds for its limit only (a request override or a reloaded limit on the
+// same key misses). Every credit, Reset and Suspend advances a generation:
+// a denial whose backend call started before the latest one is not
+// remembered, so a credit received while the call was in flight is never
+// undone by it. While suspended (Suspend, until Resume) the cache answers
+// nothing and remembers nothing. always_charge
 // hits are never answered from the cache (they must be charged), except
 // on a fixed window (see Cacheable). A nil *Cache is a disabled cache:
 // every method is a no-op. Safe for concurrent use.
@@ -39,12 +47,22 @@ type Cache struct {
 	items  map[string]*list.Element
 	hits   atomic.Uint64 // lookups that answered a denial
 	misses atomic.Uint64 // lookups that did not
+	// gen advances on every credit (Remove, Invalidate), Reset and
+	// Suspend: see remember.
+	gen uint64
+	// suspended: lookups miss, denials are not remembered (Suspend,
+	// Resume).
+	suspended bool
+	// unchargedOff: always_charge hits are never answered (see
+	// WithoutUncharged).
+	unchargedOff bool
 }
 
 type cacheEntry struct {
 	key   string
-	until time.Time // denial holds strictly before until
-	cost  int64     // smallest cost known to be denied
+	limit algo.Limit // the limit the denial was decided against
+	until time.Time  // denial holds strictly before until
+	cost  int64      // smallest cost known to be denied
 	dec   cacheDecision
 }
 
@@ -68,14 +86,18 @@ func New(size int) *Cache {
 	return &Cache{max: size, ll: list.New(), items: map[string]*list.Element{}}
 }
 
-// lookup reports a cached denial for key at now for the given cost; it
-// counts one hit or one miss.
-func (c *Cache) lookup(key string, cost int64, now time.Time) (cacheEntry, bool) {
+// lookup reports a cached denial for key under limit at now for the
+// given cost; it counts one hit or one miss (a miss while suspended).
+func (c *Cache) lookup(key string, limit algo.Limit, cost int64, now time.Time) (cacheEntry, bool) {
 	if c == nil {
 		return cacheEntry{}, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.suspended {
+		c.misses.Add(1)
+		return cacheEntry{}, false
+	}
 	el, ok := c.items[key]
 	if !ok {
 		c.misses.Add(1)
@@ -88,7 +110,7 @@ func (c *Cache) lookup(key string, cost int64, now time.Time) (cacheEntry, bool)
 		c.misses.Add(1)
 		return cacheEntry{}, false
 	}
-	if cost < e.cost {
+	if cost < e.cost || e.limit != limit {
 		c.misses.Add(1)
 		return cacheEntry{}, false
 	}
@@ -97,13 +119,18 @@ func (c *Cache) lookup(key string, cost int64, now time.Time) (cacheEntry, bool)
 	return *e, true
 }
 
-// add records that key denies cost (and more) until until.
+// add records that e.key denies e.cost (and more) until e.until.
 func (c *Cache) add(e cacheEntry) {
 	if c == nil {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.addLocked(e)
+}
+
+// addLocked is add; the caller holds mu.
+func (c *Cache) addLocked(e cacheEntry) {
 	if el, ok := c.items[e.key]; ok {
 		*el.Value.(*cacheEntry) = e
 		c.ll.MoveToFront(el)
@@ -117,6 +144,23 @@ func (c *Cache) add(e cacheEntry) {
 	c.items[e.key] = c.ll.PushFront(&e)
 }
 
+// WithoutUncharged makes c answer no always_charge hit, not even on a
+// fixed window (see Cacheable), and returns c: every such hit is
+// charged, so a later refund credits a count that includes every denied
+// hit. envoyproxy/ratelimit's cache (and so reference mode) skips those
+// charges; ratelimitd's own counting does not.
+func (c *Cache) WithoutUncharged() *Cache {
+	if c != nil {
+		c.unchargedOff = true
+	}
+	return c
+}
+
+// cacheable is Cacheable, and no always_charge hit when unchargedOff.
+func (c *Cache) cacheable(h algo.Hit) bool {
+	return Cacheable(h) && (!c.unchargedOff || !h.Charge)
+}
+
 // Reset drops every entry. Call it on a config reload so that no denial
 // computed under an old limit survives.
 func (c *Cache) Reset() {
@@ -125,8 +169,60 @@ func (c *Cache) Reset() {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.flush()
+}
+
+// flush drops every entry and advances the generation; the caller holds
+// mu.
+func (c *Cache) flush() {
 	c.ll.Init()
 	clear(c.items)
+	c.gen++
+}
+
+// Suspend drops every entry and stops the cache until Resume: lookups
+// miss and denials are not remembered. A store calls it when it can no
+// longer learn of other replicas' credits (see Invalidate).
+func (c *Cache) Suspend() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.flush()
+	c.suspended = true
+}
+
+// Resume starts a suspended cache again, empty.
+func (c *Cache) Resume() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.flush()
+	c.suspended = false
+}
+
+// Suspended reports whether the cache is suspended (false when disabled).
+func (c *Cache) Suspended() bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.suspended
+}
+
+// Invalidate drops key's entry because the key was credited elsewhere (a
+// refund or reset through another replica): the same as Remove.
+func (c *Cache) Invalidate(key string) { c.Remove(key) }
+
+// generation is the current generation (see remember).
+func (c *Cache) generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
 }
 
 // Len is the number of entries (0 when disabled).
@@ -139,13 +235,15 @@ func (c *Cache) Len() int {
 	return c.ll.Len()
 }
 
-// Remove drops key's entry, if any (its counter was reset).
+// Remove drops key's entry, if any (its counter was credited or reset),
+// and advances the generation.
 func (c *Cache) Remove(key string) {
 	if c == nil {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
 	if el, ok := c.items[key]; ok {
 		c.ll.Remove(el)
 		delete(c.items, key)
@@ -216,6 +314,7 @@ func (c *Cache) Take(ctx context.Context, hits []algo.Hit, now func() time.Time,
 			c.Remove(h.Key) // credited by a release
 		}
 	}
+	gen := c.generation()
 	out := make([]algo.Decision, len(hits))
 	rest, cached := c.fromCache(hits, out, now())
 	if len(rest) == 0 {
@@ -226,7 +325,7 @@ func (c *Cache) Take(ctx context.Context, hits []algo.Hit, now func() time.Time,
 		for j, i := range rest {
 			sub[j] = hits[i]
 		}
-		subOut, err := c.takeAndRemember(ctx, sub, now, take)
+		subOut, err := c.takeAndRemember(ctx, sub, now, gen, take)
 		if err != nil {
 			return nil, remapPartial(err, rest, out)
 		}
@@ -235,7 +334,7 @@ func (c *Cache) Take(ctx context.Context, hits []algo.Hit, now func() time.Time,
 		}
 		return out, nil
 	}
-	out, err := c.takeAndRemember(ctx, hits, now, take)
+	out, err := c.takeAndRemember(ctx, hits, now, gen, take)
 	if err != nil {
 		return nil, err
 	}
@@ -245,12 +344,12 @@ func (c *Cache) Take(ctx context.Context, hits []algo.Hit, now func() time.Time,
 	return out, nil
 }
 
-func (c *Cache) takeAndRemember(ctx context.Context, hits []algo.Hit, now func() time.Time, take TakeFunc) ([]algo.Decision, error) {
+func (c *Cache) takeAndRemember(ctx context.Context, hits []algo.Hit, now func() time.Time, gen uint64, take TakeFunc) ([]algo.Decision, error) {
 	out, err := take(ctx, hits)
 	if err != nil {
 		return nil, err
 	}
-	c.remember(hits, out, now())
+	c.remember(hits, out, now(), gen)
 	return out, nil
 }
 
@@ -263,8 +362,8 @@ func (c *Cache) fromCache(hits []algo.Hit, out []algo.Decision, now time.Time) (
 	rest = make([]int, 0, len(hits))
 	restKept := true
 	for i, h := range hits {
-		if Cacheable(h) {
-			if e, ok := c.lookup(h.Key, h.Cost, now); ok {
+		if c.cacheable(h) {
+			if e, ok := c.lookup(h.Key, h.Limit, h.Cost, now); ok {
 				cached = append(cached, i)
 				out[i] = algo.Decision{
 					Allowed:     false,
@@ -292,11 +391,22 @@ func (c *Cache) fromCache(hits []algo.Hit, out []algo.Decision, now time.Time) (
 }
 
 // remember caches the denials of hits whose key occurs once in the request
-// (a repeated key's denial depends on the request's earlier hits).
-func (c *Cache) remember(hits []algo.Hit, out []algo.Decision, now time.Time) {
+// (a repeated key's denial depends on the request's earlier hits), unless
+// the generation moved from gen (read before the backend call): a credit
+// received meanwhile may postdate the backend's answer, which then must
+// not outlive it; nor while suspended.
+func (c *Cache) remember(hits []algo.Hit, out []algo.Decision, now time.Time, gen uint64) {
+	if !slices.ContainsFunc(out, func(d algo.Decision) bool { return !d.Allowed }) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.suspended || c.gen != gen {
+		return
+	}
 	for i, h := range hits {
 		d := out[i]
-		if d.Allowed || d.RetryAfter <= 0 || !Cacheable(h) {
+		if d.Allowed || d.RetryAfter <= 0 || !c.cacheable(h) {
 			continue
 		}
 		dup := false
@@ -309,8 +419,9 @@ func (c *Cache) remember(hits []algo.Hit, out []algo.Decision, now time.Time) {
 		if dup {
 			continue
 		}
-		c.add(cacheEntry{
+		c.addLocked(cacheEntry{
 			key:   h.Key,
+			limit: h.Limit,
 			until: now.Add(d.RetryAfter),
 			cost:  h.Cost,
 			dec: cacheDecision{

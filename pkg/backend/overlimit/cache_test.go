@@ -1,8 +1,12 @@
 package overlimit
 
 import (
+	"context"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 func TestOverLimitCacheLRU(t *testing.T) {
@@ -10,14 +14,14 @@ func TestOverLimitCacheLRU(t *testing.T) {
 	c := New(2)
 	c.add(cacheEntry{key: "a", until: base.Add(time.Second), cost: 1})
 	c.add(cacheEntry{key: "b", until: base.Add(time.Second), cost: 1})
-	if _, ok := c.lookup("a", 1, base); !ok { // a is now most recent
+	if _, ok := c.lookup("a", algo.Limit{}, 1, base); !ok { // a is now most recent
 		t.Fatal("a missing")
 	}
 	c.add(cacheEntry{key: "c", until: base.Add(time.Second), cost: 1}) // evicts b
 	if c.Len() != 2 {
 		t.Fatalf("len %d, want 2 (bounded)", c.Len())
 	}
-	if _, ok := c.lookup("b", 1, base); ok {
+	if _, ok := c.lookup("b", algo.Limit{}, 1, base); ok {
 		t.Error("b should have been evicted (least recently used)")
 	}
 	steps := []struct {
@@ -35,7 +39,7 @@ func TestOverLimitCacheLRU(t *testing.T) {
 		{"zz", 1, 0, false},
 	}
 	for i, s := range steps {
-		if _, ok := c.lookup(s.key, s.cost, base.Add(s.at)); ok != s.hit {
+		if _, ok := c.lookup(s.key, algo.Limit{}, s.cost, base.Add(s.at)); ok != s.hit {
 			t.Errorf("step %d %+v: hit=%v", i, s, ok)
 		}
 	}
@@ -54,7 +58,59 @@ func TestOverLimitCacheLRU(t *testing.T) {
 		t.Error("size 0 should disable the cache")
 	}
 	nilCache.add(cacheEntry{key: "x", until: base.Add(time.Hour)})
-	if _, ok := nilCache.lookup("x", 1, base); ok {
+	if _, ok := nilCache.lookup("x", algo.Limit{}, 1, base); ok {
 		t.Error("disabled cache answered")
+	}
+}
+
+// TestOverLimitCacheCreditDuringTake: a credit (Invalidate, Remove), a
+// Reset or a Suspend that arrives while the backend call is in flight
+// keeps that call's denial out of the cache (it may predate the credit),
+// and a denial is cached for its limit only.
+func TestOverLimitCacheCreditDuringTake(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}
+	hits := []algo.Hit{{Key: "k", Limit: l, Cost: 1}}
+	denied := []algo.Decision{{RetryAfter: time.Minute, ResetAfter: time.Minute, WindowAfter: time.Minute}}
+	for name, during := range map[string]func(c *Cache){
+		"invalidate": func(c *Cache) { c.Invalidate("k") },
+		"other key":  func(c *Cache) { c.Invalidate("other") },
+		"reset":      func(c *Cache) { c.Reset() },
+		"suspend":    func(c *Cache) { c.Suspend(); c.Resume() },
+	} {
+		c := New(8)
+		calls := 0
+		take := func(context.Context, []algo.Hit) ([]algo.Decision, error) {
+			calls++
+			if calls == 1 {
+				during(c)
+			}
+			return slices.Clone(denied), nil
+		}
+		for range 3 {
+			if _, err := c.Take(context.Background(), hits, clock, take); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if calls != 2 {
+			t.Errorf("%s during the first call: %d backend calls for 3 takes, want 2 (the second one's denial cached)", name, calls)
+		}
+	}
+	c := New(8)
+	calls := 0
+	take := func(context.Context, []algo.Hit) ([]algo.Decision, error) { calls++; return slices.Clone(denied), nil }
+	other := []algo.Hit{{Key: "k", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Hour}, Cost: 1}}
+	for _, h := range [][]algo.Hit{hits, hits, other} {
+		if _, err := c.Take(context.Background(), h, clock, take); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls != 2 {
+		t.Errorf("%d backend calls, want 2: the second limit on the key is not answered by the first's denial", calls)
+	}
+	c.Suspend()
+	if _, err := c.Take(context.Background(), other, clock, take); err != nil || calls != 3 || c.Len() != 0 {
+		t.Errorf("suspended: calls %d, entries %d (err %v), want 3 calls and nothing cached", calls, c.Len(), err)
 	}
 }

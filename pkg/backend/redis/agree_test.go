@@ -73,7 +73,7 @@ var agreeCase atomic.Int64
 func TestAgreement(t *testing.T) {
 	srv := redistest.Standalone(t)
 	clk := newPinnedClock(epoch0)
-	agree(t, newTestStore(t, srv, clk.Now, 0), clk, false)
+	agree(t, newTestStore(t, srv, clk.Now, 0), clk, agreeOpts{})
 }
 
 // TestAgreementCluster is TestAgreement through a 3-master Cluster: the two
@@ -94,12 +94,48 @@ func TestAgreementCluster(t *testing.T) {
 	}
 	g := redistest.Cluster(t, 3)
 	clk := newPinnedClock(epoch0)
-	agree(t, newClusterStore(t, g, clk.Now), clk, true)
+	agree(t, newClusterStore(t, g, clk.Now), clk, agreeOpts{compensated: true})
 }
 
-// agree runs the agreement property on s; compensated leaves out releases
-// and backward clock steps (see TestAgreementCluster).
-func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
+// TestAgreementWindowKeys is TestAgreement with Options.WindowKeys (the
+// clock never goes back: see windowTables): with epoch-aligned windows
+// only, every request is one window.lua segment; with calendar windows
+// too, a request mixing both is decided as slot groups, so the
+// exclusions of TestAgreementCluster apply.
+func TestAgreementWindowKeys(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clk := newPinnedClock(epoch0)
+	s := windowStore(t, srv, clk.Now)
+	t.Run("aligned", func(t *testing.T) { agree(t, s, clk, agreeOpts{noBack: true, noCalendar: true}) })
+	t.Run("mixed", func(t *testing.T) { agree(t, s, clk, agreeOpts{compensated: true}) })
+}
+
+// TestAgreementClusterWindowKeys is TestAgreementCluster with
+// Options.WindowKeys.
+func TestAgreementClusterWindowKeys(t *testing.T) {
+	g := redistest.Cluster(t, 3)
+	clk := newPinnedClock(epoch0)
+	o := redis.DefaultOptions()
+	o.Mode = redis.Cluster
+	o.URL = ""
+	o.Addrs = g.Addrs()
+	o.Timeout = 5 * time.Second
+	o.DialTimeout = 2 * time.Second
+	o.PoolSize = 8
+	o.Now = clk.Now
+	o.WindowKeys = true
+	agree(t, openStore(t, o), clk, agreeOpts{compensated: true})
+}
+
+// agreeOpts narrow what agree draws: compensated leaves out releases,
+// always_charge flips within a key and backward clock steps (see
+// TestAgreementCluster); noBack backward clock steps only (window keys
+// count in the window the clock names); noCalendar calendar windows.
+type agreeOpts struct{ compensated, noBack, noCalendar bool }
+
+// agree runs the agreement property on s, as narrowed by o.
+func agree(t *testing.T, s *redis.Store, clk *pinnedClock, o agreeOpts) {
+	compensated, noBack := o.compensated, o.noBack
 	ctx := context.Background()
 	kinds := []algo.Kind{algo.FixedWindow, algo.SlidingWindow, algo.SlidingLog, algo.TokenBucket, algo.Concurrency}
 	for _, kind := range kinds {
@@ -111,6 +147,14 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
 					kb = fmt.Sprintf("agree:%d:b%d", n, i)
 				}
 				limits := map[string]algo.Limit{ka: genLimit(rt, kind), kb: genLimit(rt, kind)}
+				if o.noCalendar {
+					for k, l := range limits {
+						if l.Calendar != algo.CalendarNone {
+							l.Calendar, l.Multiplier, l.Period = algo.CalendarNone, 0, 90*time.Second+7*time.Microsecond
+							limits[k] = l
+						}
+					}
+				}
 				charged := map[string]bool{ka: rapid.IntRange(0, 2).Draw(rt, "charge_a") == 0, kb: rapid.IntRange(0, 2).Draw(rt, "charge_b") == 0}
 				var names []string
 				for k := range limits {
@@ -124,7 +168,7 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, compensated bool) {
 					switch rapid.IntRange(0, 9).Draw(rt, "advance_kind") {
 					case 0: // same instant
 					case 1: // clock goes back a little
-						if compensated {
+						if compensated || noBack {
 							break
 						}
 						now = now.Add(-time.Duration(rapid.Int64Range(1, 2_000_000).Draw(rt, "back_us")) * time.Microsecond)

@@ -188,6 +188,7 @@ type scriptCall struct {
 	args     segArgs         // the segment's script arguments
 	native   *nativeCall     // the segment's commands when it is native (args unused)
 	slot     uint16          // Cluster: the hash slot of every key of seg
+	window   bool            // seg.window: decided by window.lua
 	out      []algo.Decision // the segment's decisions, written on success
 	now      int64           // the segment's now in µs, on success
 	err      error
@@ -277,6 +278,7 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 	c := newCall(ctx, &seg, out)
 	c.queued = b.clock()
 	c.deadline = b.budget(ctx, c.queued)
+	c.window = seg.window
 	if b.cluster && len(seg.hits) > 0 {
 		c.slot = Slot(seg.hits[0].Key)
 	}
@@ -623,14 +625,28 @@ func (b *batcher) groupScript(ctx context.Context, calls []*scriptCall) []*invoc
 	if len(calls) == 0 {
 		return nil
 	}
-	if !b.cluster {
+	split := false
+	for _, c := range calls {
+		if c.window != calls[0].window {
+			split = true
+			break
+		}
+	}
+	if !b.cluster && !split {
 		return []*invocation{{calls: calls, cmd: argsCmd(ctx, true, segmentsOf(calls))}}
 	}
-	slices.SortStableFunc(calls, func(x, y *scriptCall) int { return cmp.Compare(x.slot, y.slot) })
+	// One invocation per hash slot (Cluster) and script (window.lua or
+	// the others).
+	slices.SortStableFunc(calls, func(x, y *scriptCall) int {
+		if c := cmp.Compare(x.slot, y.slot); c != 0 {
+			return c
+		}
+		return cmp.Compare(b2i(x.window), b2i(y.window))
+	})
 	var invs []*invocation
 	for i := 0; i < len(calls); {
 		j := i + 1
-		for j < len(calls) && calls[j].slot == calls[i].slot {
+		for j < len(calls) && calls[j].slot == calls[i].slot && calls[j].window == calls[i].window {
 			j++
 		}
 		g := calls[i:j:j]
@@ -638,6 +654,13 @@ func (b *batcher) groupScript(ctx context.Context, calls []*scriptCall) []*invoc
 		i = j
 	}
 	return invs
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func segmentsOf(calls []*scriptCall) []*segArgs {
@@ -736,6 +759,10 @@ func (b *batcher) deliver(inv *invocation) {
 				c.finish(0, c.native.decide(c.out))
 			}
 		}
+		return
+	}
+	if inv.calls[0].window {
+		deliverWindow(inv, err, stalledFor)
 		return
 	}
 	var r string

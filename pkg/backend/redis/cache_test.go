@@ -22,6 +22,7 @@ func TestStoreLocalCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	waitCacheLive(t, s)
 	ctx := context.Background()
 	// Token bucket 1 per second, capacity 2: the retry time is far shorter
 	// than any window.
@@ -91,11 +92,13 @@ func TestStoreLocalCacheLookupCounts(t *testing.T) {
 	o := DefaultOptions()
 	o.URL, o.Timeout, o.PoolSize, o.MinIdleConns, o.LocalCacheSize = srv.URL(), 5*time.Second, 2, 0, 16
 	o.Now = func() time.Time { return now }
+	o.CacheUncharged = true // envoyproxy/ratelimit's counting, which these counts mirror
 	s, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	waitCacheLive(t, s)
 	if !s.CacheEnabled() {
 		t.Fatal("cache disabled")
 	}

@@ -47,8 +47,11 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 	base := &goredis.Options{}
 	if o.URL != "" {
 		var err error
+		if err = CheckURL(o.URL, o.Mode == Standalone); err != nil {
+			return nil, errors.New("redis: " + urlError(err))
+		}
 		if base, err = goredis.ParseURL(o.URL); err != nil {
-			return nil, errors.New("redis: " + urlError(o.URL, err))
+			return nil, errors.New("redis: " + urlError(urlReason(err)))
 		}
 	}
 	if o.Username != "" {
@@ -80,7 +83,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			return nil, err
 		}
 	}
-	dial := dialer(o.DialTimeout, tlsCfg, hooks)
+	dial := dialer(o.maxWait(), tlsCfg, hooks)
 	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 
 	switch o.Mode {
@@ -93,7 +96,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			CredentialsProviderContext: creds,
 			MaxRedirects:               3,
 			MaxRetries:                 -1,
-			DialTimeout:                o.DialTimeout,
+			DialTimeout:                o.maxWait(),
 			DialerRetries:              1,
 			ReadTimeout:                o.maxWait(),
 			WriteTimeout:               o.maxWait(),
@@ -117,7 +120,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			CredentialsProviderContext: creds,
 			DB:                         base.DB,
 			MaxRetries:                 -1,
-			DialTimeout:                o.DialTimeout,
+			DialTimeout:                o.maxWait(),
 			DialerRetries:              1,
 			ReadTimeout:                o.maxWait(),
 			WriteTimeout:               o.maxWait(),
@@ -134,7 +137,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 		base.CredentialsProviderContext = creds
 		base.TLSConfig = nil // TLS is done by dial, bounded by the context
 		base.MaxRetries = -1
-		base.DialTimeout = o.DialTimeout
+		base.DialTimeout = o.maxWait()
 		base.DialerRetries = 1
 		base.ReadTimeout = o.maxWait()
 		base.WriteTimeout = o.maxWait()
@@ -152,7 +155,15 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 
 // maxWait is the client's own bound of a command (read, write, pool wait)
 // when its context has an earlier deadline or none: Options.MaxWait, or
-// Timeout when that is longer.
+// Timeout when that is longer. It also bounds each dial (TCP, TLS
+// handshake and, with Sentinel, the master's address asked of a
+// sentinel): go-redis dials a new connection detached from the call that
+// needs it and bounds the dial by its DialTimeout alone, while the call
+// waits for it within its own budget. A shorter bound would fail a call
+// whose budget still had room, when a starved host or a slow network
+// takes longer than it to dial (a call without a deadline, of budget
+// MaxWait, then failed with a timeout); a dial that outlives the call
+// that started it gives the pool a connection for the next one.
 func (o Options) maxWait() time.Duration { return max(o.MaxWait, o.Timeout) }
 
 // dialer dials TCP, then TLS when cfg is set, both bounded by the caller's

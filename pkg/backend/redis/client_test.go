@@ -55,7 +55,7 @@ func TestOptionsValidate(t *testing.T) {
 	}{
 		{func(o *redis.Options) { o.Mode = "ring" }, "unknown mode"},
 		{func(o *redis.Options) { o.URL = "http://x:1" }, "url"},
-		{func(o *redis.Options) { o.URL = "redis://alice:secret@h:1/0?bad_param=1" }, "unexpected option"},
+		{func(o *redis.Options) { o.URL = "redis://alice:secret@h:1/0?bad_param=1" }, "unknown query option"},
 		{func(o *redis.Options) { o.Addrs = []string{"a:1"} }, "standalone dials the url"},
 		{func(o *redis.Options) { o.Mode = redis.Cluster }, "seed node"},
 		{func(o *redis.Options) { o.Mode, o.Addrs, o.URL = redis.Cluster, []string{"a:1"}, "redis://h:1/3" }, "only db 0"},

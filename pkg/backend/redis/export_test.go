@@ -3,3 +3,7 @@ package redis
 // WaitRefunds waits for the compensating refunds (and other background
 // segments) the Store has started: tests read counters once they ran.
 func (s *Store) WaitRefunds() { s.bg.Wait() }
+
+// SetServerOffset sets the Store's estimate of the server's clock less
+// the local one (window keys): tests make it wrong on purpose.
+func (s *Store) SetServerOffset(us int64) { s.serverOffset.Store(us) }

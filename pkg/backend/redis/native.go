@@ -247,10 +247,11 @@ func (s *Store) takeNative(ctx context.Context, hits []algo.Hit, out []algo.Deci
 		return nil
 	}
 	rh, rout := pick(hits, rest), make([]algo.Decision, len(rest))
+	single := !s.cluster && !s.mixed(rh) // one script call decides the rest
 	switch {
-	case !s.cluster && denied:
+	case single && denied:
 		_, err = s.run(ctx, modeDenied, s.nowUS(), s.nonce(), rh, rout)
-	case !s.cluster:
+	case single:
 		_, err = s.run(ctx, modeTake, s.nowUS(), s.nonce(), rh, rout)
 	case denied:
 		err = s.deniedCluster(ctx, rh, rout)
@@ -277,13 +278,17 @@ func (s *Store) takeNative(ctx context.Context, hits []algo.Hit, out []algo.Deci
 }
 
 // deniedCluster decides hits, the rest of a request that is denied, on a
-// Cluster: each slot group in modeDenied (see decideDenied).
+// Cluster, or with window keys mixed with others (Options.WindowKeys):
+// each group of one slot and script in modeDenied (see decideDenied).
 func (s *Store) deniedCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	start := time.Now()
-	bySlot := map[uint16]*group{}
+	bySlot := map[uint32]*group{}
 	var groups []*group
 	for i, h := range hits {
-		sl := Slot(h.Key)
+		sl := uint32(Slot(h.Key))
+		if s.windowKeys && windowKind(&h) {
+			sl |= 1 << 16
+		}
 		g := bySlot[sl]
 		if g == nil {
 			g = &group{nonce: s.nonce()}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sort"
 	"strings"
 	"time"
 
@@ -42,9 +43,9 @@ const (
 	DefaultDeadlineMargin = 2 * time.Millisecond
 	// DefaultProbeKey is Options.ProbeKey when empty.
 	DefaultProbeKey = "ratelimitd-health-probe"
-	// DefaultDialTimeout bounds background dials (idle-pool refill and the
-	// pool's reconnect probe). Dials made on behalf of a request are bounded
-	// by that request's Timeout instead, so this never delays a decision.
+	// DefaultDialTimeout bounds the health probe's warm-ups (Options.
+	// DialTimeout). A request waits for its own dial within its budget;
+	// the dial itself is bounded by MaxWait (see NewClient).
 	DefaultDialTimeout = 250 * time.Millisecond
 	// DefaultPoolSize is the connections per Redis node. Concurrent requests
 	// share them (go-redis pipelines nothing by itself; the Store batches).
@@ -130,7 +131,8 @@ type Options struct {
 	// reaches the caller before it gives up. Default
 	// DefaultDeadlineMargin; >= 0.
 	DeadlineMargin time.Duration
-	// DialTimeout bounds background dials. Default DefaultDialTimeout.
+	// DialTimeout bounds the health probe's warm-ups after an outage
+	// (dials, TLS handshakes, SCRIPT LOAD). Default DefaultDialTimeout.
 	DialTimeout time.Duration
 	// PoolSize is the maximum connections per Redis node (>= 1). Default
 	// DefaultPoolSize.
@@ -151,6 +153,15 @@ type Options struct {
 	// LocalCacheSize bounds the local over-limit cache (entries); 0 disables it.
 	LocalCacheSize int
 
+	// WindowKeys counts fixed_window limits (without a calendar) under
+	// one key per window, "<key>:<window_start_us>" (the key wrapped in
+	// {…} when it has no hash tag), holding a plain count: decided by
+	// INCRBY with no read before the write (window.lua). Off: the value
+	// "<window_start_us> <count>" under the key itself (take.lua). The
+	// two layouts do not see each other's counts: see docs/redis.md,
+	// "Window keys", for switching.
+	WindowKeys bool
+
 	// Breaker configures the circuit breaker guarding every call. Default
 	// DefaultBreakerOptions.
 	Breaker BreakerOptions
@@ -169,6 +180,18 @@ type Options struct {
 	// --key-prefix so that an ACL limited to the prefix allows it. Default
 	// DefaultProbeKey.
 	ProbeKey string
+	// CacheUncharged lets the local over-limit cache answer always_charge
+	// hits on fixed windows without charging them, as envoyproxy/ratelimit
+	// does (ratelimitd sets it in reference mode). Without it such hits
+	// always reach Redis and are charged (overlimit.Cache.WithoutUncharged).
+	CacheUncharged bool
+	// CreditChannel is the pub/sub channel on which every refund and
+	// reset publishes the keys it credited, and to which a Store with a
+	// local over-limit cache subscribes to drop them (see
+	// Store.CreditsLive). Replicas that share counters must share it; an
+	// ACL user needs SUBSCRIBE and PUBLISH on it. Default
+	// DefaultCreditChannel.
+	CreditChannel string
 
 	// WaitReplicas, when > 0 (standalone or Sentinel with replicas), makes
 	// every script invocation wait for that many replicas to acknowledge
@@ -211,6 +234,7 @@ func DefaultOptions() Options {
 		DeadlineMargin: DefaultDeadlineMargin,
 		HealthInterval: DefaultHealthInterval,
 		ProbeKey:       DefaultProbeKey,
+		CreditChannel:  DefaultCreditChannel,
 	}
 }
 
@@ -263,9 +287,10 @@ func (o Options) Validate() error {
 	}
 	var url *goredis.Options
 	if o.URL != "" {
-		var err error
-		if url, err = goredis.ParseURL(o.URL); err != nil {
-			bad("URL", "%s", urlError(o.URL, err))
+		if err := CheckURL(o.URL, o.Mode == Standalone); err != nil {
+			bad("URL", "%s", urlError(err))
+		} else {
+			url, _ = goredis.ParseURL(o.URL)
 		}
 	}
 	switch o.Mode {
@@ -375,76 +400,155 @@ func breakerFieldErrors(b BreakerOptions) []error {
 	return errs
 }
 
-// RedactURL returns a Redis URL with the password of its user info
-// replaced by "xxxxx" ("redis://user:xxxxx@host:6379/0"), for logs and
-// errors. A value that does not parse as a URL is redacted textually (the
-// text between "://" and the last '@' after the first ':'), so a malformed
-// URL never leaks its password either.
+// RedactURL returns a Redis URL as logs and errors may show it: its
+// password replaced by "xxxxx" ("redis://user:xxxxx@host:6379/0"), a user
+// without a password (which may be a password written alone) replaced
+// likewise, and every query value too. A value CheckURL refuses (with or
+// without a host) is shown as "xxxxx" only: nothing of a URL that does
+// not parse is ever printed, since no part of it can be told apart from
+// its password.
 func RedactURL(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		if u.User != nil {
-			if _, has := u.User.Password(); has {
-				u.User = url.UserPassword(u.User.Username(), redactedSecret)
-			}
+	u, err := parseURL(raw)
+	if err != nil {
+		return redactedSecret
+	}
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), redactedSecret)
+		} else {
+			u.User = url.User(redactedSecret)
 		}
-		return u.String()
 	}
-	scheme := strings.Index(raw, "://")
-	at := strings.LastIndex(raw, "@")
-	if scheme < 0 || at < scheme {
-		return raw
+	if u.RawQuery != "" {
+		q := u.Query()
+		keys := make([]string, 0, len(q))
+		for k := range q {
+			keys = append(keys, url.QueryEscape(k)+"="+redactedSecret)
+		}
+		sort.Strings(keys)
+		u.RawQuery = strings.Join(keys, "&")
 	}
-	cred := raw[scheme+3 : at]
-	if i := strings.Index(cred, ":"); i >= 0 {
-		cred = cred[:i+1] + redactedSecret
-	}
-	return raw[:scheme+3] + cred + raw[at:]
+	return u.String()
 }
 
 // URLPassword returns the password in a Redis URL's user info ("" for
-// none), also for a URL that does not parse (see RedactURL).
+// none). For a value that does not parse it guesses (the text between the
+// first ':' after the scheme and the last '@'), so that callers can scrub
+// it from texts that quote the value.
 func URLPassword(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		if u.User == nil {
-			return ""
-		}
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
 		p, _ := u.User.Password()
 		return p
 	}
-	scheme := strings.Index(raw, "://")
-	at := strings.LastIndex(raw, "@")
-	if scheme < 0 || at < scheme {
+	rest := raw
+	if i := strings.Index(rest, "://"); i >= 0 {
+		rest = rest[i+3:]
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
 		return ""
 	}
-	if _, p, ok := strings.Cut(raw[scheme+3:at], ":"); ok {
+	if _, p, ok := strings.Cut(rest[:at], ":"); ok {
 		return p
 	}
 	return ""
 }
 
+// CheckURL reports why raw is not a Redis URL ratelimitd accepts, nil when
+// it is: scheme redis://, rediss:// or unix://, in the hierarchical form
+// (scheme://[user[:password]@]host[:port][/db][?option=value]), no
+// fragment, and what go-redis parses. needHost refuses a redis:// or
+// rediss:// URL without a host (standalone mode dials it; sentinel and
+// cluster take only the credentials, TLS and DB from the URL). The error
+// never quotes the URL or any part of it: it is one of a fixed set of
+// reasons.
+func CheckURL(raw string, needHost bool) error {
+	u, err := parseURL(raw)
+	if err != nil {
+		return err
+	}
+	if needHost && u.Scheme != "unix" && u.Hostname() == "" {
+		return errURLNoHost
+	}
+	return nil
+}
+
+// parseURL parses raw as CheckURL describes, without the host check.
+func parseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, urlReason(err)
+	}
+	switch u.Scheme {
+	case "redis", "rediss", "unix":
+	case "":
+		return nil, errors.New("has no scheme (want redis://, rediss:// or unix://)")
+	default:
+		return nil, errors.New("has an unknown scheme (want redis://, rediss:// or unix://)")
+	}
+	if u.Opaque != "" || !strings.HasPrefix(raw[len(u.Scheme)+1:], "//") {
+		return nil, errors.New("is not of the form scheme://host:port/db (credentials before the host)")
+	}
+	if u.Fragment != "" || strings.Contains(raw, "#") {
+		return nil, errors.New("has a fragment (#)")
+	}
+	if u.Scheme == "unix" && u.Host != "" {
+		return nil, errors.New("unix:// takes a path, not a host (unix:///path/to/socket)")
+	}
+	if _, err := goredis.ParseURL(raw); err != nil {
+		return nil, urlReason(err)
+	}
+	return u, nil
+}
+
+var errURLNoHost = errors.New("has no host (want scheme://host:port/db)")
+
+// urlReasons are the reasons net/url and go-redis give, by prefix of
+// their error text, worded without the part of the URL they quote.
+var urlReasons = []struct{ prefix, reason string }{
+	{"missing protocol scheme", "has no scheme (want redis://, rediss:// or unix://)"},
+	{"first path segment in URL cannot contain colon", "has no scheme (want redis://, rediss:// or unix://)"},
+	{"net/url: invalid control character", "holds a control character"},
+	{"invalid control character", "holds a control character"},
+	{"invalid URL escape", "holds an invalid %-escape"},
+	{"invalid character", "holds a character not allowed in a host name"},
+	{"invalid port", "has an invalid port"},
+	{"invalid host", "has an invalid host"},
+	{"invalid IP-literal", "has an invalid IPv6 host"},
+	{"missing ']' in host", "has an invalid IPv6 host"},
+	{"net/url: invalid userinfo", "has invalid user info"},
+	{"invalid semicolon separator in query", "has an invalid query"},
+	{"number of URL query parameters exceeded limit", "has an invalid query"},
+	{"redis: invalid URL scheme", "has an unknown scheme (want redis://, rediss:// or unix://)"},
+	{"redis: invalid database number", "has an invalid database number (want /0, /1, ...)"},
+	{"redis: invalid URL path", "has an invalid path (want /db)"},
+	{"redis: unexpected option", "has an unknown query option"},
+	{"redis: empty unix socket path", "has no unix socket path"},
+	{"redis: invalid", "has an invalid query option value"},
+}
+
+// urlReason maps a net/url or go-redis error to a fixed reason
+// (urlReasons), never to a text that holds a part of the URL.
+func urlReason(err error) error {
+	msg := err.Error()
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		msg = ue.Err.Error()
+	}
+	for _, r := range urlReasons {
+		if strings.HasPrefix(msg, r.prefix) {
+			return errors.New(r.reason)
+		}
+	}
+	return errors.New("does not parse")
+}
+
 // redactedSecret replaces a password in everything the backend prints.
 const redactedSecret = "xxxxx"
 
-// urlError describes a Redis URL that go-redis could not parse without
-// quoting the URL or any part of it: go-redis and net/url quote the whole
-// URL (or the part they stumbled on, which may be the user info) in their
-// errors, and a URL that does not parse cannot be redacted reliably. The
-// reason kept is net/url's own (url.Error.Err: "invalid port", "invalid
-// control character in URL") or go-redis' up to its first quoted part
-// ("invalid URL scheme", "invalid database number").
-func urlError(raw string, err error) string {
-	reason := err.Error()
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		reason = ue.Err.Error()
-	} else {
-		reason = strings.TrimPrefix(reason, "redis: ")
-		if i := strings.Index(reason, ": "); i >= 0 {
-			reason = reason[:i]
-		}
-	}
-	if p := URLPassword(raw); p != "" {
-		reason = strings.ReplaceAll(reason, p, redactedSecret)
-	}
-	return "url (not shown: it may hold a password) does not parse: " + reason
+// urlError describes a Redis URL that CheckURL refused: the reason only,
+// never the URL or a part of it (net/url and go-redis quote the URL, or
+// the part they stumbled on, which may be the user info).
+func urlError(err error) string {
+	return "url (not shown: it may hold a password) " + err.Error()
 }

@@ -2,12 +2,14 @@ package redis
 
 import (
 	"context"
+	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // Reset deletes the state key of every hit (service.Resetter) with
-// UNLINK, and its over-limit cache entry: the next Take on it starts from
+// UNLINK (with Options.WindowKeys also the keys of the current window and
+// its neighbours), and its over-limit cache entry: the next Take on it starts from
 // a full quota. Standalone and Sentinel: one UNLINK for all keys; Cluster:
 // one per key (keys of one request may lie in different slots). Each call
 // runs under the circuit breaker (Cluster: the key's master's) and
@@ -18,9 +20,21 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 	if len(hits) == 0 {
 		return nil
 	}
-	keys := make([]string, len(hits))
-	for i, h := range hits {
-		keys[i] = h.Key
+	keys := make([]string, 0, len(hits))
+	for _, h := range hits {
+		keys = append(keys, h.Key)
+		if s.windowKeys && windowKind(&h) {
+			// Window keys: the window of the server's now (as estimated)
+			// and its neighbours, so that an estimate off by up to a
+			// window still finds the one being counted.
+			at := s.nowUS()
+			if at < 0 {
+				at = time.Now().UnixMicro() + s.serverOffset.Load()
+			}
+			p := h.Limit.Period.Microseconds()
+			ws := at - (at%p+p)%p
+			keys = append(keys, windowKey(h.Key, ws-p), windowKey(h.Key, ws), windowKey(h.Key, ws+p))
+		}
 		s.cache.Remove(h.Key)
 	}
 	unlink := func(b *Breaker, ks ...string) error {
@@ -38,8 +52,9 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 			}
 		}
 	}
-	for _, k := range keys { // a denial cached meanwhile
-		s.cache.Remove(k)
+	for _, h := range hits { // a denial cached meanwhile
+		s.cache.Remove(h.Key)
 	}
+	s.publishCredits(hits, func(algo.Hit) bool { return true })
 	return err
 }

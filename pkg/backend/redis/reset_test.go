@@ -17,9 +17,19 @@ var _ service.Resetter = (*redis.Store)(nil)
 // keep their state.
 func TestReset(t *testing.T) {
 	srv := redistest.Standalone(t)
-	ctx := context.Background()
 	clk := newPinnedClock(epoch0)
-	s := newTestStore(t, srv, clk.Now, 16)
+	testReset(t, srv, newTestStore(t, srv, clk.Now, 16))
+}
+
+// TestResetWindowKeys is TestReset with Options.WindowKeys and the
+// server's clock: Reset deletes the window key being counted.
+func TestResetWindowKeys(t *testing.T) {
+	srv := redistest.Standalone(t)
+	testReset(t, srv, windowStore(t, srv, nil))
+}
+
+func testReset(t *testing.T, srv *redistest.Server, s *redis.Store) {
+	ctx := context.Background()
 	for _, l := range allKinds() {
 		t.Run(kindName(l), func(t *testing.T) {
 			hit := algo.Hit{Key: "reset." + kindName(l), Limit: l, Cost: 3}

@@ -143,6 +143,11 @@ type segment struct {
 	// native: the hits are all native (nativeHit), decided by INCRBY
 	// and PEXPIRE at nowUS, the service's clock, without a script.
 	native bool
+	// window: the hits are all windowKind and decided by window.lua on
+	// the keys of the windows containing estUS (the estimate of the
+	// server's now) or nowUS when pinned.
+	window bool
+	estUS  int64
 }
 
 // segArgs is a segment's script arguments, copied from its hits when the
@@ -166,6 +171,9 @@ type segArgs struct {
 
 	keyBuf [1]string
 	intBuf [2 + fieldsPerHit]int64
+
+	// win is set for a window segment (segment.window).
+	win *winArgs
 }
 
 // isSimple reports whether take1.lua decides sg: a take of exactly one hit
@@ -203,6 +211,15 @@ func (a *segArgs) init(sg *segment) {
 		a.mode = argModeTake
 	}
 	a.nonce = sg.nonce
+	if sg.window {
+		a.now = argServerNow
+		if sg.nowUS >= 0 {
+			a.ints = append(a.intBuf[:0], sg.nowUS)
+			a.now = &a.ints[0]
+		}
+		a.initWindow(sg)
+		return
+	}
 	a.keys, a.ints = a.keyBuf[:0], a.intBuf[:0]
 	if n > len(a.keyBuf) {
 		a.keys = make([]string, 0, n)
@@ -269,6 +286,9 @@ func (a *segArgs) appendSimple(args []any) []any {
 // segment count, segments. The first key is at position 3 (Cluster
 // routing).
 func argsCmd(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
+	if segs[0].win != nil {
+		return argsWindow(ctx, sha, segs)
+	}
 	simple := true
 	for _, sg := range segs {
 		if !sg.simple {

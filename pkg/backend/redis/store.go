@@ -66,9 +66,19 @@ type Store struct {
 	// (dials, TLS handshakes, SCRIPT LOAD).
 	dialTimeout time.Duration
 	cache       *overlimit.Cache
+	// credits keeps cache exact across replicas (nil without a cache, or
+	// without New); see credits.go.
+	credits             *credits
+	creditPublishErrors atomic.Uint64
 
 	noncePrefix string
 	seq         atomic.Uint64
+
+	// windowKeys is Options.WindowKeys; serverOffset estimates the
+	// server's clock less the local one (µs), from the window segments'
+	// replies: the window of their keys (see Store.run).
+	windowKeys   bool
+	serverOffset atomic.Int64
 
 	// hints rank a Cluster request's slot groups (see takeCluster; nil
 	// on standalone and Sentinel).
@@ -131,6 +141,7 @@ func New(opts Options) (*Store, error) {
 	s.sentinelMaster = mw
 	s.live = live
 	s.batch.live = live
+	s.startCredits()
 	s.startHealth(opts.HealthInterval)
 	return s, nil
 }
@@ -147,13 +158,20 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 		noncePrefix: hex.EncodeToString(b[:]),
 		probeKey:    opts.ProbeKey,
 		opts:        opts,
+		windowKeys:  opts.WindowKeys,
 	}
 	if s.probeKey == "" {
 		s.probeKey = DefaultProbeKey
 	}
+	if !opts.CacheUncharged {
+		s.cache.WithoutUncharged()
+	}
 	_, s.cluster = c.(*goredis.ClusterClient)
 	if s.cluster {
 		s.masters = map[string]*master{}
+		s.hints = newLeadHints()
+	}
+	if s.windowKeys && s.hints == nil { // mixed requests take takeCluster's path
 		s.hints = newLeadHints()
 	}
 	s.def = s.newMaster("")
@@ -277,6 +295,7 @@ func establishAfter(opts Options) time.Duration {
 // afterwards (it then fails).
 func (s *Store) Close() error {
 	s.stopHealth()
+	s.stopCredits()
 	s.bg.Wait()
 	for _, m := range s.paths() {
 		m.batch.close()
@@ -352,7 +371,9 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if len(hits) == 0 {
 		return out, nil
 	}
-	return s.cache.Take(ctx, hits, s.clock, s.take)
+	out, err := s.cache.Take(ctx, hits, s.clock, s.take)
+	s.publishCredits(hits, func(h algo.Hit) bool { return h.Release })
+	return out, err
 }
 
 // take decides hits on Redis (without the local cache).
@@ -361,7 +382,7 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	var err error
 	if s.opts.NativeCounting && slices.ContainsFunc(hits, func(h algo.Hit) bool { return nativeHit(&h) }) {
 		err = s.takeNative(ctx, hits, out)
-	} else if !s.cluster {
+	} else if !s.cluster && !s.mixed(hits) {
 		_, err = s.run(ctx, modeTake, s.nowUS(), s.nonce(), hits, out)
 	} else {
 		err = s.takeCluster(ctx, hits, out)
@@ -464,7 +485,31 @@ func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.De
 	if err := m.breaker.Allow(start); err != nil {
 		return 0, err
 	}
-	scriptNow, err := m.batch.do(ctx, seg, out)
+	nowUS := seg.nowUS
+	seg.window = !seg.native && s.windowKeys && len(seg.hits) > 0 && windowKind(&seg.hits[0])
+	var scriptNow int64
+	var err error
+	for try := 0; ; try++ {
+		if seg.window && nowUS < 0 && try == 0 {
+			seg.estUS = time.Now().UnixMicro() + s.serverOffset.Load()
+		}
+		scriptNow, err = m.batch.do(ctx, seg, out)
+		if seg.window && nowUS < 0 && scriptNow > 0 {
+			s.serverOffset.Store(scriptNow - time.Now().UnixMicro())
+		}
+		// A window segment whose keys were not the server's window
+		// (clocks apart, or a window boundary in between) wrote
+		// nothing: again with the server's now. A boundary passes at
+		// most once per window, so a third refusal is a clock that
+		// moved back.
+		if !errors.Is(err, errStaleWindow) || try == 2 {
+			break
+		}
+		seg.estUS = scriptNow
+	}
+	if errors.Is(err, errStaleWindow) {
+		err = fmt.Errorf("%w: the server's clock moved back", errReply)
+	}
 	err = Classify(err)
 	m.breaker.record(start, m.breaker.now(), err)
 	s.noteOutcome(err, true)
@@ -478,6 +523,22 @@ func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.De
 		}
 	}
 	return scriptNow, err
+}
+
+// mixed reports whether hits mix window keys with other hits
+// (Options.WindowKeys): they go to two scripts, decided all-or-nothing as
+// a Cluster request's slot groups are (takeCluster).
+func (s *Store) mixed(hits []algo.Hit) bool {
+	if !s.windowKeys {
+		return false
+	}
+	w := windowKind(&hits[0])
+	for i := 1; i < len(hits); i++ {
+		if windowKind(&hits[i]) != w {
+			return true
+		}
+	}
+	return false
 }
 
 // group is the hits of one hash slot within a request.
@@ -514,10 +575,13 @@ func (g *group) denied() bool {
 // decided hits' decisions and the failed hits' indexes.
 func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	start := time.Now()
-	bySlot := make(map[uint16]*group, 2)
+	bySlot := make(map[uint32]*group, 2)
 	var groups []*group
 	for i, h := range hits {
-		sl := Slot(h.Key)
+		sl := uint32(Slot(h.Key))
+		if s.windowKeys && windowKind(&h) {
+			sl |= 1 << 16
+		}
 		g := bySlot[sl]
 		if g == nil {
 			g = &group{}
@@ -684,6 +748,7 @@ func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*gr
 				s.refundErrors.Add(1)
 				checks = nil
 			}
+			s.publishCredits(rh, func(h algo.Hit) bool { return h.Cost > 0 })
 			done <- refunded{g, checks}
 		})
 	}

@@ -65,7 +65,15 @@ func newTestStore(t testing.TB, srv *redistest.Server, now func() time.Time, cac
 	o.PoolSize = 8
 	o.LocalCacheSize = cacheSize
 	o.Now = now
-	return openStore(t, o)
+	s := openStore(t, o)
+	if cacheSize > 0 { // Warm waits for the cache's credit subscription
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := s.Warm(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
 }
 
 var epoch0 = time.Date(2026, 3, 14, 15, 9, 26, 535897000, time.UTC)

@@ -40,6 +40,13 @@ func (s *Store) Warm(ctx context.Context) error {
 		err := s.warmOnce(ctx)
 		if err == nil {
 			s.warmed.Store(true)
+			// The local over-limit cache answers once its credit
+			// subscription is confirmed; waiting for it keeps the first
+			// requests' denials cacheable (up to Options.DialTimeout: a
+			// subscription refused, e.g. by an ACL, leaves it off).
+			wctx, cancel := context.WithTimeout(ctx, s.dialTimeout)
+			_ = s.waitCredits(wctx)
+			cancel()
 			return nil
 		}
 		select {
@@ -97,7 +104,7 @@ func (s *Store) warmNode(ctx context.Context, c *goredis.Client, script bool) er
 	for _, sc := range []struct {
 		src string
 		s   *goredis.Script
-	}{{takeLua, takeScript}, {take1Lua, take1Script}} {
+	}{{takeLua, takeScript}, {take1Lua, take1Script}, {windowLua, windowScript}} {
 		sha, err := c.ScriptLoad(ctx, sc.src).Result()
 		if err != nil {
 			return err
