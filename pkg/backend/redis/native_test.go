@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,7 +20,7 @@ import (
 
 // nativeStore is a Store with NativeCounting on srv (standalone) or g
 // (Cluster), reading the instant from now (nil: time.Now).
-func nativeStore(t testing.TB, srv *redistest.Server, g *redistest.ClusterGroup, now func() time.Time) *Store {
+func nativeStore(t testing.TB, srv *redistest.Server, g *redistest.ClusterGroup, now func() time.Time, set ...func(*Options)) *Store {
 	t.Helper()
 	o := DefaultOptions()
 	if g != nil {
@@ -35,6 +36,9 @@ func nativeStore(t testing.TB, srv *redistest.Server, g *redistest.ClusterGroup,
 	// A loaded host may hold a call past the default budget (a second):
 	// the exactness tests count decisions, not latency.
 	o.MaxWait = 20 * time.Second
+	for _, f := range set {
+		f(&o)
+	}
 	s, err := New(o)
 	if err != nil {
 		t.Fatal(err)
@@ -184,21 +188,24 @@ func TestNativeClusterExactness(t *testing.T) {
 // TestNativeEqualsReference: random requests mixing native hits (takes,
 // checks, releases, Soft, a key twice, a rate of 0) with script hits (all_or_nothing
 // fixed windows and token buckets, always_charge token buckets) decide
-// exactly as algotest.Reference, on standalone and Cluster.
+// exactly as algotest.Reference, on standalone and Cluster, with and
+// without Options.WindowKeys (the all_or_nothing fixed window then goes to
+// window.lua).
 func TestNativeEqualsReference(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
 	g := redistest.Cluster(t, 3)
-	for _, mode := range []string{"standalone", "cluster"} {
+	for _, mode := range []string{"standalone", "cluster", "standalone-window-keys", "cluster-window-keys"} {
 		t.Run(mode, func(t *testing.T) {
 			var clock atomic.Int64
 			clock.Store(algotest.Base.UnixMicro())
 			now := func() time.Time { return time.UnixMicro(clock.Load()) }
 			var s *Store
-			if mode == "cluster" {
-				s = nativeStore(t, nil, g, now)
+			wk := func(o *Options) { o.WindowKeys = strings.HasSuffix(mode, "-window-keys") }
+			if strings.HasPrefix(mode, "cluster") {
+				s = nativeStore(t, nil, g, now, wk)
 			} else {
-				s = nativeStore(t, srv, nil, now)
+				s = nativeStore(t, srv, nil, now, wk)
 			}
 			fw := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: 10 * time.Second}
 			fw0 := algo.Limit{Kind: algo.FixedWindow, Period: 10 * time.Second}
