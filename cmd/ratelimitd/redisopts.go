@@ -44,6 +44,9 @@ func redisOptions(o Options) redis.Options {
 		Disabled:     !o.RedisBreaker,
 	}
 	ro.LocalCacheSize = o.LocalCacheSize
+	// Reference mode counts always_charge fixed windows as the reference
+	// does: INCRBY and PEXPIRE, no script.
+	ro.NativeCounting = o.Reference
 	ro.TLSCAFile, ro.TLSCertFile, ro.TLSKeyFile = o.RedisTLSCA, o.RedisTLSCert, o.RedisTLSKey
 	ro.TLSSkipVerify = o.RedisTLSSkipVerify
 	ro.TLS = o.RedisTLSCA != "" || o.RedisTLSCert != "" || o.RedisTLSSkipVerify

@@ -1,6 +1,9 @@
 package refdiff
 
 import (
+	"context"
+	"slices"
+	"strings"
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -48,9 +51,46 @@ func countingScenarios() []scenario {
 
 // TestDifferentialCounting: the reference's default counting
 // (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT unset), headers on.
+//
+// Reference mode counts these fixed windows as the reference does, by
+// INCRBY and PEXPIRE with no script (docs/redis.md, "Native counting"):
+// the shared redis-server (its slow log set to record every command) ran
+// no EVALSHA or EVAL for the scenarios' requests; the Store's health
+// probe, which writes its own probe key in idle gaps, may.
 func TestDifferentialCounting(t *testing.T) {
 	p := startPair(t, []string{"LIMIT_RESPONSE_HEADERS_ENABLED=true"}, map[string]string{"refdiff.yaml": refdiffConfig})
+	ctx := context.Background()
+	c := p.redis.Client()
+	for _, kv := range [][2]string{{"slowlog-max-len", "100000"}, {"slowlog-log-slower-than", "0"}} {
+		if err := c.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.SlowLogReset(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 	for _, sc := range countingScenarios() {
 		t.Run(sc.name, func(t *testing.T) { p.run(t, sc) })
+	}
+	logs, err := c.SlowLogGet(ctx, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	incr := 0
+	for _, l := range logs {
+		if len(l.Args) == 0 {
+			continue
+		}
+		switch strings.ToLower(l.Args[0]) {
+		case "incrby":
+			incr++
+		case "evalsha", "eval":
+			if !slices.ContainsFunc(l.Args, func(a string) bool { return strings.Contains(a, "health-probe") }) {
+				t.Errorf("reference mode ran a script for a request: %q", l.Args)
+			}
+		}
+	}
+	if incr == 0 {
+		t.Errorf("no INCRBY in the slow log of %d commands", len(logs))
 	}
 }

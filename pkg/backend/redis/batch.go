@@ -113,6 +113,9 @@ type batcher struct {
 	// master ("": every socket; see liveness.stalledAt).
 	live     *liveness
 	liveAddr string
+	// noNX, when set, is true once a server refused PEXPIRE's NX (Redis
+	// 6): native calls then send PEXPIRE without it (see nativeCall).
+	noNX *atomic.Bool
 
 	mu    sync.Mutex
 	queue []*scriptCall
@@ -183,6 +186,7 @@ type scriptCall struct {
 	queued   int64           // when it was queued, ns since batcher.epoch
 	deadline int64           // the call's budget, ns since batcher.epoch
 	args     segArgs         // the segment's script arguments
+	native   *nativeCall     // the segment's commands when it is native (args unused)
 	slot     uint16          // Cluster: the hash slot of every key of seg
 	window   bool            // seg.window: decided by window.lua
 	out      []algo.Decision // the segment's decisions, written on success
@@ -195,8 +199,20 @@ type scriptCall struct {
 // newCall is a pending call deciding seg into out.
 func newCall(ctx context.Context, seg *segment, out []algo.Decision) *scriptCall {
 	c := &scriptCall{ctx: ctx, out: out, done: make(chan struct{})}
-	c.args.init(seg)
+	if seg.native {
+		c.native = newNativeCall(seg.hits, seg.nowUS)
+	} else {
+		c.args.init(seg)
+	}
 	return c
+}
+
+// hits is the number of hits the call decides.
+func (c *scriptCall) hits() int {
+	if c.native != nil {
+		return len(c.native.keys)
+	}
+	return c.args.hits()
 }
 
 func (c *scriptCall) claim() bool { return c.state.CompareAndSwap(callPending, callClaimed) }
@@ -468,7 +484,7 @@ func (b *batcher) flushLoop(slot int) {
 		clear(batch) // under mu: the sweeper reads b.flights[slot]
 		n, hits := 0, 0
 		for n < len(b.queue) && n < maxBatch {
-			h := b.queue[n].args.hits()
+			h := b.queue[n].hits()
 			if n > 0 && hits+h > maxBatchHits {
 				break
 			}
@@ -501,7 +517,10 @@ func (b *batcher) flushLoop(slot int) {
 // on standalone/Sentinel; one hash slot's on Cluster).
 type invocation struct {
 	calls []*scriptCall
-	cmd   *goredis.Cmd
+	cmd   *goredis.Cmd // nil for native calls
+	// native: the calls are native (their commands are in each
+	// call's nativeCall).
+	native bool
 	// wait is the WAIT that follows cmd when waitReplicas > 0.
 	wait *goredis.IntCmd
 }
@@ -548,6 +567,7 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 	defer cancel()
 	invs := b.group(ctx, live)
 	b.pipeline(ctx, invs)
+	b.retryNX(ctx, invs)
 	// NOSCRIPT: the server does not have the script (first call, SCRIPT
 	// FLUSH, restart, failover). Round 1 sends it once, as EVAL (which
 	// caches it), followed by EVALSHA for the other invocations in the same
@@ -557,7 +577,7 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 	for round := 1; round <= 2; round++ {
 		var retry []*invocation
 		for _, inv := range invs {
-			if isNoScript(inv.cmd.Err()) {
+			if inv.cmd != nil && isNoScript(inv.cmd.Err()) {
 				sha := round == 1 && len(retry) > 0
 				inv.cmd = argsCmd(ctx, sha, segmentsOf(inv.calls))
 				retry = append(retry, inv)
@@ -580,6 +600,31 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 // one per hash slot (a script may only touch keys of one slot), keeping
 // the calls' order within each.
 func (b *batcher) group(ctx context.Context, calls []*scriptCall) []*invocation {
+	var nat *invocation
+	if i := slices.IndexFunc(calls, func(c *scriptCall) bool { return c.native != nil }); i >= 0 {
+		nat = &invocation{native: true}
+		script := calls[:0:0]
+		for _, c := range calls {
+			if c.native != nil {
+				nat.calls = append(nat.calls, c)
+			} else {
+				script = append(script, c)
+			}
+		}
+		calls = script
+	}
+	invs := b.groupScript(ctx, calls)
+	if nat != nil {
+		invs = append(invs, nat)
+	}
+	return invs
+}
+
+// groupScript is group for script calls.
+func (b *batcher) groupScript(ctx context.Context, calls []*scriptCall) []*invocation {
+	if len(calls) == 0 {
+		return nil
+	}
 	split := false
 	for _, c := range calls {
 		if c.window != calls[0].window {
@@ -634,13 +679,20 @@ func segmentsOf(calls []*scriptCall) []*segArgs {
 // acknowledgement of its writes (see Options.WaitReplicas).
 func (b *batcher) pipeline(ctx context.Context, invs []*invocation) {
 	wait := b.waitReplicas > 0 && !b.cluster
-	if len(invs) == 1 && !wait {
+	if len(invs) == 1 && !wait && !invs[0].native {
 		_ = b.client.Process(ctx, invs[0].cmd)
 		return
 	}
 	p := b.client.Pipeline()
+	noNX := b.noNX != nil && b.noNX.Load()
 	for _, inv := range invs {
-		_ = p.Process(ctx, inv.cmd)
+		if inv.native {
+			for _, c := range inv.calls {
+				c.native.queue(ctx, p, noNX)
+			}
+		} else {
+			_ = p.Process(ctx, inv.cmd)
+		}
 		if wait {
 			inv.wait = goredis.NewIntCmd(ctx, "wait", b.waitReplicas, max(1, b.timeout.Milliseconds()))
 			_ = p.Process(ctx, inv.wait)
@@ -661,7 +713,12 @@ var ErrNotReplicated error = newError(CauseReadonly, false,
 // per segment (parseSegment), or the invocation's error for all of them.
 // Calls abandoned by their caller or completed by the sweeper are skipped.
 func (b *batcher) deliver(inv *invocation) {
-	err := inv.cmd.Err()
+	var err error
+	if inv.cmd != nil {
+		err = inv.cmd.Err()
+	} else {
+		err = inv.nativeTimeout()
+	}
 	// stalledFor: the invocation's context (the latest budget of its
 	// calls) or a read timeout ended it; as for a budget that ran out, an
 	// established stall, or one a call waited out, gives ErrStalled.
@@ -687,6 +744,22 @@ func (b *batcher) deliver(inv *invocation) {
 		} else if inv.wait.Val() < int64(b.waitReplicas) {
 			err = ErrNotReplicated
 		}
+	}
+	if inv.native {
+		for _, c := range inv.calls {
+			if !c.claim() {
+				continue
+			}
+			switch {
+			case err != nil && stalledFor(c):
+				c.finish(0, ErrStalled)
+			case err != nil:
+				c.finish(0, err)
+			default:
+				c.finish(0, c.native.decide(c.out))
+			}
+		}
+		return
 	}
 	if inv.calls[0].window {
 		deliverWindow(inv, err, stalledFor)
@@ -722,4 +795,54 @@ func (b *batcher) deliver(inv *invocation) {
 // or the server restarted or failed over).
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// retryNX sends PEXPIRE again without NX for the native calls of invs
+// whose server refused NX (Redis 6), and makes every later native call
+// do without it.
+func (b *batcher) retryNX(ctx context.Context, invs []*invocation) {
+	var retry []*scriptCall
+	for _, inv := range invs {
+		if !inv.native {
+			continue
+		}
+		for _, c := range inv.calls {
+			if c.native.refusedNX() {
+				retry = append(retry, c)
+			}
+		}
+	}
+	if len(retry) == 0 {
+		return
+	}
+	if b.noNX != nil {
+		b.noNX.Store(true)
+	}
+	p := b.client.Pipeline()
+	for _, c := range retry {
+		for i, e := range c.native.exp {
+			if e.Err() != nil && isArgError(e.Err()) {
+				c.native.exp[i] = goredis.NewBoolCmd(ctx, "pexpire", c.native.keys[i], c.native.ttl[i])
+				_ = p.Process(ctx, c.native.exp[i])
+			}
+		}
+	}
+	_, _ = p.Exec(ctx)
+}
+
+// nativeTimeout is the error of a native invocation whose pipeline timed
+// out (its context ended, or a read timed out): the first command error
+// with cause timeout, nil if none. Other command errors (replies such as
+// OOM) reach their own call only (nativeCall.decide).
+func (inv *invocation) nativeTimeout() error {
+	for _, c := range inv.calls {
+		for i := range c.native.incr {
+			for _, err := range []error{c.native.incr[i].Err(), c.native.exp[i].Err()} {
+				if err != nil && CauseOf(err) == CauseTimeout {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }

@@ -306,3 +306,71 @@ func TestNoScriptBurst(t *testing.T) {
 		t.Errorf("%d EVAL for a burst of 100 after SCRIPT FLUSH, want 1..%d (one per pipeline in flight)", evals, redis.DefaultPipelines)
 	}
 }
+
+// TestNativeFrozenRedis: native counting (reference mode) has the script
+// path's failure behaviour on a frozen Redis (as
+// TestTakeWithinDeadlineRedisFrozen and
+// TestFrozenRedisOpensCircuitForCallsWithoutDeadline): with a 20 ms
+// deadline every Take of an always_charge fixed-window hit returns with
+// cause timeout (the breaker off, so that each reaches the batcher); with
+// the breaker on and no deadline, with cause stalled once the stall is
+// established, the circuit opens and a later Take is refused by it
+// (ErrStalledOpen), not sent. After SIGCONT Takes succeed.
+func TestNativeFrozenRedis(t *testing.T) {
+	redistest.Require(t)
+	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
+	hit := func(k string) []algo.Hit { return []algo.Hit{{Key: k, Limit: fw, Cost: 1, Charge: true}} }
+	for _, breakerOff := range []bool{true, false} {
+		srv := redistest.Standalone(t)
+		o := redis.DefaultOptions()
+		o.URL = srv.URL()
+		o.NativeCounting = true
+		o.Breaker.Disabled = breakerOff
+		s := openStore(t, o)
+		if _, err := s.Take(context.Background(), hit("warm")); err != nil {
+			t.Fatal(err)
+		}
+		srv.Stop()
+		deadline, callers, cause := 20*time.Millisecond, 40, redis.CauseTimeout
+		if !breakerOff {
+			deadline, callers, cause = 0, 20, redis.CauseStalled
+		}
+		var wg sync.WaitGroup
+		for g := range callers {
+			wg.Go(func() {
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				if deadline > 0 {
+					ctx, cancel = context.WithTimeout(ctx, deadline)
+				}
+				defer cancel()
+				_, err := s.Take(ctx, hit("k"+strconv.Itoa(g)))
+				if redis.CauseOf(err) != cause {
+					t.Errorf("breaker off %v, Redis frozen: Take: %v (cause %q), want cause %q", breakerOff, err, redis.CauseOf(err), cause)
+				}
+			})
+		}
+		wg.Wait()
+		if !breakerOff {
+			until := time.Now().Add(stateWithin)
+			for s.BreakerState() == "closed" {
+				if time.Now().After(until) {
+					t.Fatalf("circuit still closed %v after the budgets ran out on a frozen Redis", stateWithin)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if _, err := s.Take(context.Background(), hit("after-open")); !errors.Is(err, redis.ErrStalledOpen) {
+				t.Errorf("a native Take with the circuit open after a stall: %v, want ErrStalledOpen", err)
+			}
+		}
+		srv.Cont()
+		start := time.Now()
+		for {
+			if _, err := s.Take(context.Background(), hit("after")); err == nil {
+				break
+			} else if time.Since(start) > stateWithin {
+				t.Fatalf("native Takes still failing %v after SIGCONT: %v", stateWithin, err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}

@@ -202,6 +202,17 @@ type Options struct {
 	// not supported in Cluster mode.
 	WaitReplicas int
 
+	// NativeCounting decides fixed-window hits under always_charge
+	// (algo.Hit.Charge) with pipelined INCRBY and PEXPIRE instead of the
+	// script, as envoyproxy/ratelimit counts (ratelimitd sets it in
+	// reference mode). Their counters are then other keys than the
+	// script's (the hit's key followed by ":" and the window start), so
+	// every hit on a key must have the same Charge, as the service's hits
+	// of one rule do; turning it on or off restarts those counters. The
+	// window comes from the service's clock, not the server's TIME. See
+	// docs/redis.md, "Native counting".
+	NativeCounting bool
+
 	// Now, when set (tests only), pins the script's clock instead of the
 	// server's TIME. The breaker always uses the real clock.
 	Now func() time.Time

@@ -140,6 +140,9 @@ type segment struct {
 	nowUS int64 // < 0: the server's TIME
 	nonce string
 	hits  []algo.Hit
+	// native: the hits are all native (nativeHit), decided by INCRBY
+	// and PEXPIRE at nowUS, the service's clock, without a script.
+	native bool
 	// window: the hits are all windowKind and decided by window.lua on
 	// the keys of the windows containing estUS (the estimate of the
 	// server's now) or nowUS when pinned.

@@ -112,6 +112,9 @@ type Store struct {
 	// sentinelMaster watches the Sentinel master's address (nil in other
 	// modes).
 	sentinelMaster *masterWatch
+	// noNX is set once a server refused PEXPIRE's NX (Redis 6; see
+	// nativeCall): native calls then send PEXPIRE without it.
+	noNX atomic.Bool
 	// warmConns is how many connections per node Warm and the health
 	// probe keep dialed: max(Options.MinIdleConns, pipelines + 1).
 	warmConns int
@@ -208,6 +211,7 @@ func (s *Store) newMaster(addr string) *master {
 	m.batch.overdue = func(sent time.Time) { m.breaker.Overdue(sent, m.breaker.now()) }
 	m.batch.open = func() error { return m.breaker.OpenErr(m.breaker.now()) }
 	m.batch.live, m.batch.liveAddr = s.live, addr
+	m.batch.noNX = &s.noNX
 	m.current.Store(true)
 	return m
 }
@@ -376,7 +380,9 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
 	out := make([]algo.Decision, len(hits))
 	var err error
-	if !s.cluster && !s.mixed(hits) {
+	if s.opts.NativeCounting && slices.ContainsFunc(hits, func(h algo.Hit) bool { return nativeHit(&h) }) {
+		err = s.takeNative(ctx, hits, out)
+	} else if !s.cluster && !s.mixed(hits) {
 		_, err = s.run(ctx, modeTake, s.nowUS(), s.nonce(), hits, out)
 	} else {
 		err = s.takeCluster(ctx, hits, out)
@@ -470,12 +476,17 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 	if len(hits) > 0 {
 		m = s.masterFor(ctx, hits[0].Key)
 	}
+	return s.runOn(ctx, m, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
+}
+
+// runOn decides seg on master m's path (see run).
+func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.Decision) (int64, error) {
 	start := m.breaker.now()
 	if err := m.breaker.Allow(start); err != nil {
 		return 0, err
 	}
-	seg := segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}
-	seg.window = s.windowKeys && len(hits) > 0 && windowKind(&hits[0])
+	nowUS := seg.nowUS
+	seg.window = !seg.native && s.windowKeys && len(seg.hits) > 0 && windowKind(&seg.hits[0])
 	var scriptNow int64
 	var err error
 	for try := 0; ; try++ {
