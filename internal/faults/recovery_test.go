@@ -192,7 +192,7 @@ func pingAgain(t testing.TB, srv *redistest.Server) time.Time {
 // calls stop when Redis is started again (only the health probe can find
 // it back), counted again is when ratelimitd's backend health turned
 // SERVING, and the calls resume recoveryBound after the PING answer.
-func recoveryTrial(t *testing.T, f *fleet, srv *redistest.Server, idle bool) (time.Duration, []answer, string) {
+func recoveryTrial(t *testing.T, f *fleet, srv *redistest.Server, idle bool, redisIn *cpuCgroup) (time.Duration, []answer, string) {
 	t.Helper()
 	p := f.startPeriodic()
 	time.Sleep(300 * time.Millisecond) // counted before the outage
@@ -203,6 +203,11 @@ func recoveryTrial(t *testing.T, f *fleet, srv *redistest.Server, idle bool) (ti
 		got = p.stop()
 	}
 	srv.Start()
+	if redisIn != nil {
+		if err := redisIn.add(srv.Pid()); err != nil {
+			t.Fatalf("moving redis into the cgroup: %v", err)
+		}
+	}
 	pinged := pingAgain(t, srv)
 	first := time.Duration(-1)
 	if idle {
@@ -285,12 +290,15 @@ func TestRecoveryStarved(t *testing.T) {
 		cgroup  bool
 		persist bool
 		idle    bool
+		redis   bool // Redis in the cgroup too
 	}{
-		{"busy_loops", false, false, false},
-		{"busy_loops/idle", false, false, true},
-		{"busy_loops_cgroup_0.2cpu", true, false, false},
-		{"busy_loops_cgroup_0.2cpu/idle", true, false, true},
-		{"busy_loops_cgroup_0.2cpu_aof/idle", true, true, true},
+		{"busy_loops", false, false, false, false},
+		{"busy_loops/idle", false, false, true, false},
+		{"busy_loops_cgroup_0.2cpu", true, false, false, false},
+		{"busy_loops_cgroup_0.2cpu/idle", true, false, true, false},
+		{"busy_loops_cgroup_0.2cpu_aof/idle", true, true, true, false},
+		{"busy_loops_cgroup_0.2cpu_with_redis", true, false, false, true},
+		{"busy_loops_cgroup_0.2cpu_with_redis/idle", true, false, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var opts []redistest.Option
@@ -304,6 +312,7 @@ func TestRecoveryStarved(t *testing.T) {
 			}
 			f := startFleet(t, 1, cfg, standaloneBackend("standalone", srv))
 			warmRule(f, "open")
+			var redisIn *cpuCgroup
 			if c.cgroup {
 				g, err := newCPUCgroup(t, 0.2)
 				if err != nil {
@@ -315,13 +324,19 @@ func TestRecoveryStarved(t *testing.T) {
 				// A neighbour in the cgroup (another container of the
 				// pod) uses its quota, so that ratelimitd is throttled.
 				busyLoop(t, g)
+				if c.redis {
+					redisIn = g
+					if err := g.add(srv.Pid()); err != nil {
+						t.Fatalf("moving redis into the cgroup: %v", err)
+					}
+				}
 			}
 			for range 2 * runtime.NumCPU() {
 				busyLoop(t, nil)
 			}
 			var took []time.Duration
 			for trial := range recoveryTrials {
-				first, late, tl := recoveryTrial(t, f, srv, c.idle)
+				first, late, tl := recoveryTrial(t, f, srv, c.idle, redisIn)
 				took = append(took, first)
 				if first < 0 || first > recoveryBound || len(late) > 0 {
 					t.Errorf("trial %d: counted again %v after Redis answered PING (want within %v); %d calls sent %v or more after it answered by their failure mode\ncalls: %s\nbackend errors: %v\n%s",
