@@ -284,11 +284,14 @@ func warmRule(f *fleet, rule string) {
 // default flags, a failure_mode open and a failure_mode closed rule each
 // called every 50 ms; Redis is killed (SIGKILL) and started again on its
 // port recoveryTrials times, while two busy loops per CPU saturate the
-// host, and (where a cgroup can be made) ratelimitd runs in a cgroup
-// limited to 0.2 CPU. Each time, within 1 s of Redis answering PING a call
-// is counted, and no call sent 1 s or more after it is answered by its
-// failure mode. With and without persistence (appendonly, RDB at
-// shutdown).
+// host; in some cases ratelimitd (and in one Redis too) runs in a cgroup
+// limited to 0.2 CPU that a busy neighbour saturates (the test fails
+// where no cgroup can be made). Busy cases call throughout; idle ones
+// stop calling when Redis is started again and resume 1 s after it
+// answered. Each time, within 1 s of Redis answering PING it counts again
+// (busy: a call is counted; idle: ratelimitd's backend health is
+// SERVING), and no call sent 1 s or more after it is answered by its
+// failure mode. One case runs Redis with an append-only file.
 func TestRecoveryStarved(t *testing.T) {
 	redistest.Require(t)
 	for _, c := range []struct {
