@@ -86,7 +86,7 @@ func (p *slowProxy) replies(c, u net.Conn) {
 }
 
 // TestRecoverySlowRedis: Redis killed, the circuit open, then Redis
-// started again but answering every command 120 ms late (a Redis starved
+// started again but answering every command 100 ms late (a Redis starved
 // of CPU with ratelimitd: it answers PING, slowly). The health probe's
 // warm-up (a dial and several round trips, 250 ms at first) then runs out
 // of time while Redis is answering it: that is no failure of Redis, so
@@ -103,7 +103,7 @@ func TestRecoverySlowRedis(t *testing.T) {
 	waitHealthy(t, s, true, stateWithin, "warm")
 	srv.Kill()
 	failWithTraffic(t, s, "killed")
-	p.setDelay(120 * time.Millisecond)
+	p.setDelay(100 * time.Millisecond)
 	srv.Restart()
 	answered := time.Now()
 	opened := redis.BreakerOpened(s)
