@@ -67,6 +67,16 @@ func (p *Proc) Start(name string, args []string, dir, logPath string) error {
 	return nil
 }
 
+// Pid is the current process' id (0 before Start).
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Done is closed once the current process has exited (nil before Start).
 func (p *Proc) Done() <-chan struct{} {
 	p.mu.Lock()

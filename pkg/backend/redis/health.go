@@ -24,9 +24,10 @@ const DefaultHealthInterval = time.Second
 // circuit is not called, a half-open one takes the PING as a probe, and
 // the outcome is recorded like a call's (refused opens the circuit after
 // Failures consecutive failures, timeouts once they also span FailFor).
-// A PING or warm-up that runs out of time while Redis answered (no socket
-// to its master stalled: see judgeProbe) is ratelimitd's own slowness and
-// counts for nothing; the next one gets twice the time (slow).
+// A PING or warm-up that runs out of time while Redis answered (a byte
+// from its master during the probe, or no socket to it stalled: see
+// judgeProbe) is slowness, not an outage, and counts for nothing; the
+// next one gets twice the time (slow).
 // While PINGs fail and the circuit is still closed, the next one follows
 // one Timeout later instead of one interval, so that an idle Store opens
 // its circuit about as fast as a busy one. At most one PING is in flight

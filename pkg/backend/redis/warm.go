@@ -117,20 +117,27 @@ func (s *Store) warmNode(ctx context.Context, c *goredis.Client, script bool) er
 }
 
 // errProbeSlow is the error of a health probe (PING, warm-up) that ran
-// out of time while Redis was answering: no socket to its master had a
-// request unanswered for a Timeout with nothing received (see liveness),
-// so ratelimitd itself was too slow (a CPU-starved host, a throttled
-// pod). Like ErrDeadline it is no outage and never opens the circuit: a
-// slow probe on a starved host must not keep a Redis that answers
-// counted as failed.
+// out of time while Redis was answering: a byte arrived from its master
+// during the probe, or no socket to the master had a request unanswered
+// for a Timeout with nothing received (see liveness), so ratelimitd, or a
+// Redis starved with it, was too slow, not gone (a CPU-starved host, a
+// throttled pod). Like ErrDeadline it is no outage and never opens the
+// circuit: a slow probe on a starved host must not keep a Redis that
+// answers counted as failed.
 var errProbeSlow = newError(CauseDeadline, false, errors.New("redis: health probe not finished in time while redis was answering"))
 
-// judgeProbe is err of a health probe of m, judged by whether Redis
-// replied: a timeout while no socket to m is stalled is errProbeSlow; a
-// dial that timed out, and any other error, stay as they are.
-func (s *Store) judgeProbe(m *master, err error) error {
+// judgeProbe is err of a health probe of m that started at start, judged
+// by whether Redis replied: a timeout is errProbeSlow when a byte was
+// received from m since start (Redis answered part of the probe: the
+// warm-up's many round trips did not fit a starved host's time slices),
+// or else when no socket to m is stalled and the timeout was not a
+// dial's; any other error stays as it is.
+func (s *Store) judgeProbe(m *master, start time.Time, err error) error {
 	if err == nil || s.live == nil || CauseOf(err) != CauseTimeout {
 		return err
+	}
+	if s.live.heardSince(m.addr, start) {
+		return errProbeSlow
 	}
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Op == "dial" {
@@ -152,7 +159,10 @@ func (s *Store) judgeProbe(m *master, err error) error {
 func (s *Store) probeMasters(ctx context.Context, timeout time.Duration, script bool) error {
 	cc, ok := s.client.(*goredis.ClusterClient)
 	if !ok {
-		return s.breaker.Do(ctx, timeout, func(ctx context.Context) error { return s.judgeProbe(s.def, s.warmNodes(ctx, script)) })
+		return s.breaker.Do(ctx, timeout, func(ctx context.Context) error {
+			start := time.Now()
+			return s.judgeProbe(s.def, start, s.warmNodes(ctx, script))
+		})
 	}
 	var mu sync.Mutex
 	var clients []*goredis.Client
@@ -179,7 +189,10 @@ func (s *Store) probeMasters(ctx context.Context, timeout time.Duration, script 
 	for i, c := range clients {
 		m := s.masterAt(c.Options().Addr)
 		wg.Go(func() {
-			errs[i] = m.breaker.Do(ctx, timeout, func(ctx context.Context) error { return s.judgeProbe(m, s.warmNode(ctx, c, script)) })
+			errs[i] = m.breaker.Do(ctx, timeout, func(ctx context.Context) error {
+				start := time.Now()
+				return s.judgeProbe(m, start, s.warmNode(ctx, c, script))
+			})
 		})
 	}
 	wg.Wait()

@@ -395,6 +395,9 @@ func (s *Server) Start() {
 // WaitReady waits until the server answers PING (after Start).
 func (s *Server) WaitReady() { s.t.Helper(); s.waitReady() }
 
+// Pid is the id of the server's current process (0 before it started).
+func (s *Server) Pid() int { return s.proc.Pid() }
+
 // Alive reports whether the process is running (possibly frozen).
 func (s *Server) Alive() bool { return s.proc.Alive() }
 
