@@ -137,8 +137,9 @@ type ExplainedLimit struct {
 	Key string `json:"key"`
 	// Remaining is the whole units admissible now.
 	Remaining int64 `json:"remaining"`
-	// ResetAfterSeconds is the time in seconds (microsecond precision)
-	// until the state is full again; 0 when no state is stored.
+	// ResetAfterSeconds is the decision's ResetAfter in seconds
+	// (microsecond precision), as a check reports it: not 0 for a key
+	// with nothing stored (a fixed window reports its window's end).
 	ResetAfterSeconds float64 `json:"reset_after_seconds"`
 	// RetryAfterSeconds, when not 0, is the wait until one unit is
 	// admissible (nothing remains now).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -498,8 +499,17 @@ func parseURL(raw string) (*url.URL, error) {
 	if _, err := goredis.ParseURL(raw); err != nil {
 		return nil, urlReason(err)
 	}
+	if p := u.Port(); p != "" {
+		// net/url accepts any digits; a port outside 1..65535 would only
+		// fail every dial later, so it is refused here.
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, errURLPort
+		}
+	}
 	return u, nil
 }
+
+var errURLPort = errors.New("has a port outside 1..65535")
 
 var errURLNoHost = errors.New("has no host (want scheme://host:port/db)")
 

@@ -161,3 +161,23 @@ func TestURLHostRequired(t *testing.T) {
 		}
 	}
 }
+
+// TestURLPortRange: a port net/url accepts but no dial can use is refused
+// at validation, without quoting the URL.
+func TestURLPortRange(t *testing.T) {
+	for _, raw := range []string{"redis://:pw@127.0.0.1:99999/0", "rediss://:pw@127.0.0.1:0/0", "redis://:pw@h:65536"} {
+		o := redis.DefaultOptions()
+		o.URL = raw
+		err := o.Validate()
+		if err == nil || !strings.Contains(err.Error(), "port outside 1..65535") || strings.Contains(err.Error(), "pw") {
+			t.Errorf("port of URL #%d: %v, want refused for its port without quoting it", len(raw), err)
+		}
+	}
+	for _, raw := range []string{"redis://127.0.0.1:1/0", "redis://127.0.0.1:65535/0", "redis://127.0.0.1/0"} {
+		o := redis.DefaultOptions()
+		o.URL = raw
+		if err := o.Validate(); err != nil {
+			t.Errorf("%s: %v, want accepted", raw, err)
+		}
+	}
+}
