@@ -36,8 +36,19 @@ const warmRetry = 50 * time.Millisecond
 // Afterwards the health probe PINGs the same connections every
 // Options.HealthInterval when idle, which keeps them dialed and verified.
 func (s *Store) Warm(ctx context.Context) error {
+	// said is the latest error Redis itself answered (a refused AUTH, a
+	// DB index out of range): when the warm-up runs out of time it is
+	// the one to report, not the timeout that ended the last attempt.
+	var said error
 	for {
 		err := s.warmOnce(ctx)
+		if err != nil {
+			switch CauseOf(err) {
+			case CauseTimeout, CauseStalled, CauseDeadline, CauseCanceled, CauseRefused:
+			default:
+				said = err
+			}
+		}
 		if err == nil {
 			s.warmed.Store(true)
 			// The local over-limit cache answers once its credit
@@ -51,6 +62,9 @@ func (s *Store) Warm(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+			if said != nil {
+				return Classify(said)
+			}
 			return Classify(err)
 		case <-time.After(warmRetry):
 		}
