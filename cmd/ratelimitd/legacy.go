@@ -493,6 +493,10 @@ func legacyRedis(o *Options, typ, raw string, urlSet bool, lookup func(string) (
 				}
 			}
 			o.RedisURL = u.String()
+		case strings.ContainsAny(raw, "@/?#%"):
+			// host:port has none of these; a value with user info (a
+			// password) or a path is named, never quoted.
+			return errors.New("REDIS_URL must be host:port, a unix socket path or a redis:// URL; credentials go in REDIS_AUTH (its value is not shown: it may hold a credential)")
 		default:
 			o.RedisURL = build(raw)
 		}

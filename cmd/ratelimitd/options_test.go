@@ -345,3 +345,19 @@ func TestLegacySentinelURLNotPrinted(t *testing.T) {
 		t.Errorf("error %q does not say what REDIS_URL must be", err)
 	}
 }
+
+// TestLegacyURLWithUserInfo: envoyproxy/ratelimit's REDIS_URL is
+// host:port; a value carrying user info is refused with a message that
+// says so, without quoting it.
+func TestLegacyURLWithUserInfo(t *testing.T) {
+	for _, v := range []string{":s3cr3tpw@127.0.0.1:6379", "u:s3cr3tpw@h:1", "h:1/0"} {
+		_, _, err := parseServe(nil, env("REDIS_SOCKET_TYPE", "tcp", "REDIS_URL", v), io.Discard)
+		if err == nil {
+			t.Errorf("REDIS_URL #%d accepted", len(v))
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cr3tpw") || !strings.Contains(err.Error(), "credentials go in REDIS_AUTH") {
+			t.Errorf("REDIS_URL #%d: %v, want the host:port rule, unquoted", len(v), err)
+		}
+	}
+}

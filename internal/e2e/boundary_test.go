@@ -214,6 +214,7 @@ func TestSecretsNotExposed(t *testing.T) {
 			"extra colon":         {args: []string{"--backend=redis", "--redis-url", "redis:://:" + pw + "@127.0.0.1:6379"}},
 			"no host":             {args: []string{"--backend=redis", "--redis-url", "redis://:" + pw + "@"}},
 			"legacy scheme typo":  {env: []string{"BACKEND_TYPE=redis", "REDIS_URL=redis//:" + pw + "@127.0.0.1:6379"}},
+			"legacy user info":    {env: []string{"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=:" + pw + "@127.0.0.1:6379"}},
 		} {
 			args := append([]string{"serve", "--config", cfgDir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr="}, c.args...)
 			code, stdout, stderr := runCmdRefused(t, c.env, args...)
