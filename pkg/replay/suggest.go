@@ -629,7 +629,12 @@ func rewrite(files []policy.Source, set *policy.Set, changes map[string]limitCha
 						setScalar(rl, "burst", strconv.FormatInt(ch.burst, 10), yaml.Node{Tag: "!!int"})
 					}
 					if comment {
-						lims[k].key.HeadComment = "suggested by ratelimitd replay --suggest (was " + describeSpec(r.Limits[k]) + ")"
+						c := "suggested by ratelimitd replay --suggest (was " + describeSpec(r.Limits[k]) + ")"
+						if lims[k].key != nil {
+							lims[k].key.HeadComment = c
+						} else {
+							mapValue(rl, "requests_per_unit").LineComment = c
+						}
 					}
 				}
 			}
@@ -654,8 +659,8 @@ func rewrite(files []policy.Source, set *policy.Set, changes map[string]limitCha
 	return out, notes, nil
 }
 
-// limitNode is one limit of a rule in its file: the node a comment goes
-// on and the limit's mapping.
+// limitNode is one limit of a rule in its file: the rate_limit key (nil
+// for an item of rate_limits) and the limit's mapping.
 type limitNode struct{ key, value *yaml.Node }
 
 // ruleLimits returns the limit mappings of the rule mapping m: rate_limit,
@@ -673,10 +678,10 @@ func ruleLimits(m *yaml.Node) []limitNode {
 	}
 	var out []limitNode
 	for _, rl := range rls.Content {
-		if rl.Kind != yaml.MappingNode || len(rl.Content) == 0 {
+		if rl.Kind != yaml.MappingNode {
 			return nil
 		}
-		out = append(out, limitNode{rl.Content[0], rl})
+		out = append(out, limitNode{nil, rl})
 	}
 	return out
 }
