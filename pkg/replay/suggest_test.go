@@ -405,6 +405,15 @@ func TestSuggestEveryLimit(t *testing.T) {
 			t.Errorf("limit %d: candidate %+v denies no legitimate request: the check below would be vacuous", c.Limit, c.Candidates[2])
 		}
 	}
+	var txt bytes.Buffer
+	if err := sg.WriteText(&txt); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"window 1s, limit 1 of 2)", "window 1m0s, limit 2 of 2)"} {
+		if !strings.Contains(txt.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, txt.String())
+		}
+	}
 	frag := sg.Fragments[0].YAML
 	var doc struct {
 		Domain      string `yaml:"domain"`
