@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -158,4 +159,71 @@ func ruleStats(t *testing.T, rep *replay.Report, path string) replay.RuleStats {
 func ruleShadow(t *testing.T, rep *replay.Report, path string) int {
 	t.Helper()
 	return ruleStats(t, rep, path).Shadow
+}
+
+// TestSuggestDocMatchesGolden: the sample output in docs/replay.md is a
+// selection of the golden output: each run of its lines between "..." or
+// blank lines (a rule's block; the command excepted) is a run of
+// consecutive lines of suggest.golden.
+func TestSuggestDocMatchesGolden(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/replay.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gold, err := os.ReadFile("testdata/suggest.golden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const intro = "On the shipped log (`examples/website/testdata/suggest.golden`"
+	i := bytes.Index(doc, []byte(intro))
+	if i < 0 {
+		t.Fatalf("docs/replay.md has no paragraph starting %q", intro)
+	}
+	rest := string(doc[i:])
+	start := strings.Index(rest, "```\n")
+	if start < 0 {
+		t.Fatal("no code block after the sample's introduction")
+	}
+	rest = rest[start+4:]
+	end := strings.Index(rest, "```\n")
+	if end < 0 {
+		t.Fatal("the sample's code block is not closed")
+	}
+	var runs [][]string
+	var cur []string
+	for _, l := range strings.Split(strings.TrimSuffix(rest[:end], "\n"), "\n") {
+		switch {
+		case strings.HasPrefix(l, "$ ratelimitd replay"), strings.HasPrefix(l, "    --"):
+		case l == "..." || l == "":
+			if len(cur) > 0 {
+				runs = append(runs, cur)
+			}
+			cur = nil
+		default:
+			// The command runs from the repository's root, the golden
+			// test from this directory: file names differ by the prefix.
+			cur = append(cur, strings.ReplaceAll(l, "examples/website/", ""))
+		}
+	}
+	if len(cur) > 0 {
+		runs = append(runs, cur)
+	}
+	if n := 0; true {
+		for _, r := range runs {
+			n += len(r)
+		}
+		if n < 20 {
+			t.Fatalf("the sample has %d lines of output: the check would be vacuous", n)
+		}
+	}
+	gl := strings.Split(string(gold), "\n")
+	for _, r := range runs {
+		found := false
+		for j := 0; j+len(r) <= len(gl) && !found; j++ {
+			found = slices.Equal(gl[j:j+len(r)], r)
+		}
+		if !found {
+			t.Errorf("docs/replay.md's sample has a block that is not in testdata/suggest.golden (copy it from the golden file):\n%s", strings.Join(r, "\n"))
+		}
+	}
 }

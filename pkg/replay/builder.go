@@ -175,9 +175,10 @@ func (b *builder) tally(route Route, resp *rlsv3.RateLimitResponse, rec *recorde
 		if i < len(resp.GetStatuses()) {
 			st = resp.GetStatuses()[i]
 		}
+		deniedLimit := func(k int) bool { return rec.wasDenied(b.opts.Policy.Key(m, k)) }
 		rawDenied := false
 		for k := range m.Rule.Limits {
-			if rec.wasDenied(b.opts.Policy.Key(m, k)) {
+			if deniedLimit(k) {
 				rawDenied = true
 			}
 		}
@@ -193,7 +194,7 @@ func (b *builder) tally(route Route, resp *rlsv3.RateLimitResponse, rec *recorde
 		}
 		cm.observe(st)
 		if b.use != nil && !m.Release {
-			b.use.add(route.Domain, m.Rule, d, b.now, rawDenied)
+			b.use.add(route.Domain, m.Rule, d, b.now, deniedLimit)
 		}
 	}
 	return anyShadow

@@ -133,7 +133,7 @@ func (r *Report) plotAccs(origin time.Time, per time.Duration) []plotAcc {
 	return accs
 }
 
-var htmlPage = template.Must(template.New("page").Funcs(template.FuncMap{"pct3": pct3}).Parse(`<!DOCTYPE html>
+var htmlPage = template.Must(template.New("page").Funcs(template.FuncMap{"pct3": pct3, "inc": func(i int) int { return i + 1 }}).Parse(`<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>ratelimitd replay: {{.R.Domain}}</title>
 <style>
@@ -172,7 +172,7 @@ td:first-child,th:first-child{text-align:left}.big{font-size:28px;font-weight:60
 {{end}}</table>
 {{with .R.Suggestion}}<h2>Suggested limits</h2>
 <p>{{.Span}} of log time; suggested limit = {{.Factor}} × the p99 of the legitimate keys' peak per window. Abusive keys: {{.AbuseRule}}.</p>
-{{range .Classes}}<h3>{{.Rule}}</h3>
+{{range .Classes}}<h3>{{.Rule}}{{if .Of}} (limit {{inc .Limit}} of {{.Of}}){{end}}</h3>
 <p>Current: {{.Current}} (window {{.Window}}). {{.Keys}} keys ({{.Legitimate}} legitimate, {{.AbusiveKeys}} set aside with {{.AbusiveRequests}} requests), {{.Requests}} requests.<br>
 Peak per window: p50 {{.Peaks.P50}}, p95 {{.Peaks.P95}}, p99 {{.Peaks.P99}}, p99.9 {{.Peaks.P999}}, max {{.Peaks.Max}}.<br>
 {{if .Refused}}<b>No suggestion:</b> {{.Refused}}{{else}}<b>Suggested: {{.Suggested}} per {{.Window}}</b>; as a token_bucket, burst {{.Burst}} (p99 busiest second {{.BurstP99}}).{{end}}</p>

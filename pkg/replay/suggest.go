@@ -119,7 +119,13 @@ type ClassSuggestion struct {
 	Domain string `json:"domain"`
 	// Rule is the rule's stat key (policy.Rule.Path).
 	Rule string `json:"rule"`
-	// Current is the rule's first limit as configured.
+	// Limit is the index of the limit in the rule's rate_limits (0 for
+	// rate_limit): every limit of a rule is a class of its own, with its
+	// own window, distribution and suggestion.
+	Limit int `json:"limit,omitempty"`
+	// Of is the rule's number of limits when it has several (else 0).
+	Of int `json:"of,omitempty"`
+	// Current is the limit as configured.
 	Current string `json:"current"`
 	// Window is that limit's window ("1m0s").
 	Window Duration `json:"window"`
@@ -160,7 +166,7 @@ type ClassSuggestion struct {
 	Candidates []Candidate `json:"candidates,omitempty"`
 
 	window   int64
-	tb       bool  // the rule's first limit is a token bucket
+	tb       bool  // the limit is a token bucket
 	curLimit int64 // its requests_per_unit
 	curBurst int64 // its burst (token bucket), else 0
 }
@@ -258,7 +264,7 @@ func Suggest(ctx context.Context, lines []LogLine, bad []Malformed, opts Options
 	legit := map[string]map[string]bool{}
 	for _, id := range sortedIDs(base) {
 		cu := base.classes[id]
-		if !counted(cu.rule) && !cu.toWrite {
+		if !counted(cu.rule, cu.limit) && !cu.toWrite {
 			continue
 		}
 		cs, lk := analyse(cu, so, time.Duration(sg.Span))
@@ -280,7 +286,7 @@ func Suggest(ctx context.Context, lines []LogLine, bad []Malformed, opts Options
 				continue
 			}
 			if lim, burst, ok := cs.candidateLimit(ci, so); ok {
-				changes[ruleID(cs.Domain, cs.Rule)] = limitChange{limit: lim, burst: burst}
+				changes[classID(cs.Domain, cs.Rule, cs.Limit)] = limitChange{limit: lim, burst: burst}
 			}
 		}
 		srcs, notes, err := rewrite(files, opts.Policy, changes, ci == 1)
@@ -303,7 +309,7 @@ func Suggest(ctx context.Context, lines []LogLine, bad []Malformed, opts Options
 			if cs.Refused != "" || len(cs.Windows) > 0 {
 				continue
 			}
-			id := ruleID(cs.Domain, cs.Rule)
+			id := classID(cs.Domain, cs.Rule, cs.Limit)
 			lim, burst, _ := cs.candidateLimit(ci, so)
 			cs.Candidates = append(cs.Candidates, score(name, lim, burst, use.classes[id], legit[id]))
 		}
@@ -324,9 +330,20 @@ func sortedIDs(u *usage) []string {
 	return ids
 }
 
-// counted reports whether the rule's first limit counts requests per window.
-func counted(r *policy.Rule) bool {
-	return !r.Unlimited && len(r.Limits) > 0 && r.Limits[0].Algorithm != algo.Concurrency
+// counted reports whether the rule's limit k counts requests per window.
+func counted(r *policy.Rule, k int) bool {
+	return !r.Unlimited && k < len(r.Limits) && r.Limits[k].Algorithm != algo.Concurrency
+}
+
+// anyCounted reports whether one of the rule's limits counts requests per
+// window.
+func anyCounted(r *policy.Rule) bool {
+	for k := range r.Limits {
+		if counted(r, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // percentile is the nearest-rank percentile of sorted values.
@@ -350,14 +367,18 @@ func distribution(sorted []int64) Distribution {
 // distribution and the suggestion; it returns the legitimate keys.
 func analyse(cu *classUsage, so SuggestOptions, span time.Duration) (*ClassSuggestion, map[string]bool) {
 	r := cu.rule
-	cs := &ClassSuggestion{Domain: cu.domain, Rule: r.Path, Current: "unlimited",
+	cs := &ClassSuggestion{Domain: cu.domain, Rule: r.Path, Limit: cu.limit, Current: "unlimited",
 		Window: Duration(time.Duration(cu.window) * time.Second), Keys: len(cu.keys), window: cu.window}
 	if !cu.toWrite {
-		cs.Current = describeSpec(r.Limits[0])
-		cs.tb, cs.curLimit = r.Limits[0].Algorithm == algo.TokenBucket, int64(r.Limits[0].RequestsPerUnit)
+		l := r.Limits[cu.limit]
+		cs.Current = describeSpec(l)
+		cs.tb, cs.curLimit = l.Algorithm == algo.TokenBucket, int64(l.RequestsPerUnit)
+		if len(r.Limits) > 1 {
+			cs.Of = len(r.Limits)
+		}
 	}
 	if cs.tb {
-		cs.curBurst = cmp.Or(r.Limits[0].Burst, cs.curLimit)
+		cs.curBurst = cmp.Or(r.Limits[cu.limit].Burst, cs.curLimit)
 	}
 	keys := make([]string, 0, len(cu.keys))
 	for k, ku := range cu.keys {
@@ -561,8 +582,8 @@ func configFiles(set *policy.Set, so SuggestOptions) ([]policy.Source, error) {
 	return out, nil
 }
 
-// limitChange is a new requests_per_unit (and burst, 0 = unchanged) for a
-// rule's first limit.
+// limitChange is a new requests_per_unit (and burst, 0 = unchanged) for
+// one limit of a rule.
 type limitChange struct{ limit, burst int64 }
 
 type rewritten struct {
@@ -577,7 +598,7 @@ type rewritten struct {
 func rewrite(files []policy.Source, set *policy.Set, changes map[string]limitChange, comment bool) ([]rewritten, []string, error) {
 	byFile := map[string][]*policy.Rule{}
 	for _, r := range set.Rules() {
-		if counted(r) {
+		if anyCounted(r) {
 			byFile[r.File] = append(byFile[r.File], r)
 		}
 	}
@@ -592,34 +613,34 @@ func rewrite(files []policy.Source, set *policy.Set, changes map[string]limitCha
 		collectMappings(&doc, nodes)
 		changed := false
 		for _, r := range byFile[f.Name] {
-			ch, has := changes[ruleID(r.Domain, r.Path)]
 			m := nodes[r.Line]
-			rl := mapValue(m, "rate_limit")
-			if rl == nil {
-				if rls := mapValue(m, "rate_limits"); rls != nil && rls.Kind == yaml.SequenceNode && len(rls.Content) > 0 {
-					rl = rls.Content[0]
-				}
-			}
-			if m == nil || rl == nil || rl.Kind != yaml.MappingNode {
-				if has {
+			lims := ruleLimits(m)
+			found := m != nil && len(lims) == len(r.Limits)
+			for k := range r.Limits {
+				ch, has := changes[classID(r.Domain, r.Path, k)]
+				switch {
+				case !has:
+				case !found:
 					notes = append(notes, fmt.Sprintf("%s: rule %s not found at line %d (plans or merge keys); set its limit by hand", f.Name, r.Path, r.Line))
+				default:
+					rl := lims[k].value
+					setScalar(rl, "requests_per_unit", strconv.FormatInt(ch.limit, 10), yaml.Node{Tag: "!!int"})
+					if ch.burst > 0 {
+						setScalar(rl, "burst", strconv.FormatInt(ch.burst, 10), yaml.Node{Tag: "!!int"})
+					}
+					if comment {
+						c := "suggested by ratelimitd replay --suggest (was " + describeSpec(r.Limits[k]) + ")"
+						if lims[k].key != nil {
+							lims[k].key.HeadComment = c
+						} else {
+							mapValue(rl, "requests_per_unit").LineComment = c
+						}
+					}
 				}
-				continue
 			}
-			setScalar(m, "shadow_mode", "true", yaml.Node{Tag: "!!bool"})
-			changed = true
-			if !has {
-				continue
-			}
-			old := describeSpec(r.Limits[0])
-			setScalar(rl, "requests_per_unit", strconv.FormatInt(ch.limit, 10), yaml.Node{Tag: "!!int"})
-			if ch.burst > 0 {
-				setScalar(rl, "burst", strconv.FormatInt(ch.burst, 10), yaml.Node{Tag: "!!int"})
-			}
-			if comment {
-				if k := mapKey(m, "rate_limit"); k != nil {
-					k.HeadComment = "suggested by ratelimitd replay --suggest (was " + old + ")"
-				}
+			if found {
+				setScalar(m, "shadow_mode", "true", yaml.Node{Tag: "!!bool"})
+				changed = true
 			}
 		}
 		data := f.Data
@@ -636,6 +657,33 @@ func rewrite(files []policy.Source, set *policy.Set, changes map[string]limitCha
 		out = append(out, rewritten{Source: policy.Source{Name: f.Name, Data: data}, changed: changed})
 	}
 	return out, notes, nil
+}
+
+// limitNode is one limit of a rule in its file: the rate_limit key (nil
+// for an item of rate_limits) and the limit's mapping.
+type limitNode struct{ key, value *yaml.Node }
+
+// ruleLimits returns the limit mappings of the rule mapping m: rate_limit,
+// or each item of rate_limits (in config order).
+func ruleLimits(m *yaml.Node) []limitNode {
+	if rl := mapValue(m, "rate_limit"); rl != nil {
+		if rl.Kind != yaml.MappingNode {
+			return nil
+		}
+		return []limitNode{{mapKey(m, "rate_limit"), rl}}
+	}
+	rls := mapValue(m, "rate_limits")
+	if rls == nil || rls.Kind != yaml.SequenceNode {
+		return nil
+	}
+	var out []limitNode
+	for _, rl := range rls.Content {
+		if rl.Kind != yaml.MappingNode {
+			return nil
+		}
+		out = append(out, limitNode{nil, rl})
+	}
+	return out
 }
 
 // collectMappings indexes every mapping node that has a "key" by line.

@@ -9,10 +9,15 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"gopkg.in/yaml.v3"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -316,5 +321,182 @@ func TestReplayQuietEarlyWarnings(t *testing.T) {
 	_ = h.Handle(context.Background(), slog.NewRecord(time.Now(), slog.LevelWarn, "backend error", 0))
 	if !strings.Contains(buf.String(), "backend error") {
 		t.Errorf("quietHandler dropped another line: %q", buf.String())
+	}
+}
+
+const twoLimitConfig = `domain: small
+descriptors:
+  - key: remote_address
+    rate_limits:
+      - name: per-ip-second
+        unit: second
+        requests_per_unit: 10
+      - name: per-ip-minute
+        unit: minute
+        requests_per_unit: 300
+`
+
+// denialCounter is a Store that counts the denied decisions per hit key.
+type denialCounter struct {
+	service.Store
+	mu     sync.Mutex
+	denied map[string]int
+}
+
+func (d *denialCounter) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+	ds, err := d.Store.Take(ctx, hits)
+	if err == nil {
+		d.mu.Lock()
+		for i, h := range hits {
+			if i < len(ds) && !ds[i].Allowed {
+				d.denied[h.Key]++
+			}
+		}
+		d.mu.Unlock()
+	}
+	return ds, err
+}
+
+// TestSuggestEveryLimit: a rule with two limits (10/second and 300/minute)
+// gets a suggestion per limit, each on the distribution of its own window;
+// the fragment rewrites both limits; and for every candidate, a direct
+// replay of the fragment with both limits set to that candidate counts, per
+// limit, exactly the printed denials and false-positive rate.
+func TestSuggestEveryLimit(t *testing.T) {
+	s := newSynthetic(t)
+	cfg := filepath.Join(t.TempDir(), "two.yaml")
+	if err := os.WriteFile(cfg, []byte(twoLimitConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Suggest(context.Background(), s.lines, nil, s.options(t, cfg), SuggestOptions{NewStore: memoryStores})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg := rep.Suggestion
+	if sg == nil || len(sg.Classes) != 2 || len(sg.Fragments) != 1 {
+		t.Fatalf("suggestion %+v: want two classes and one fragment", sg)
+	}
+	sec, perMin := sg.Classes[0], sg.Classes[1]
+	if sec.Limit != 0 || perMin.Limit != 1 || sec.Of != 2 || perMin.Of != 2 ||
+		time.Duration(sec.Window) != time.Second || time.Duration(perMin.Window) != time.Minute {
+		t.Fatalf("classes %d/%d of %d/%d windows %s/%s: want limits 0 and 1 of 2, 1s and 1m0s",
+			sec.Limit, perMin.Limit, sec.Of, perMin.Of, time.Duration(sec.Window), time.Duration(perMin.Window))
+	}
+	// The log spreads a key's busy minute over distinct seconds (j*7 mod
+	// 60): its busiest second holds ceil(peak/60) requests.
+	var secPeaks, minPeaks []int64
+	for _, p := range s.peaks {
+		secPeaks = append(secPeaks, (p+59)/60)
+		minPeaks = append(minPeaks, p)
+	}
+	slices.Sort(secPeaks)
+	slices.Sort(minPeaks)
+	if perMin.Legitimate != 1000 || perMin.Peaks != distribution(minPeaks) {
+		t.Errorf("per-minute: legitimate %d peaks %+v, want 1000 and %+v", perMin.Legitimate, perMin.Peaks, distribution(minPeaks))
+	}
+	if want := percentile(secPeaks, 0.99); sec.Peaks.P99 != want {
+		t.Errorf("per-second p99 %d, want %d", sec.Peaks.P99, want)
+	}
+	for _, c := range []ClassSuggestion{sec, perMin} {
+		if want := int64(math.Ceil(2.5 * float64(c.Peaks.P99))); c.Suggested != want || len(c.Candidates) != 6 {
+			t.Fatalf("limit %d: suggested %d (want %d), %d candidates (want 6)", c.Limit, c.Suggested, want, len(c.Candidates))
+		}
+		if c.Candidates[2].Name != "1x p99" || c.Candidates[2].LegitDenied == 0 {
+			t.Errorf("limit %d: candidate %+v denies no legitimate request: the check below would be vacuous", c.Limit, c.Candidates[2])
+		}
+	}
+	var txt bytes.Buffer
+	if err := sg.WriteText(&txt); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"window 1s, limit 1 of 2)", "window 1m0s, limit 2 of 2)"} {
+		if !strings.Contains(txt.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, txt.String())
+		}
+	}
+	frag := sg.Fragments[0].YAML
+	var doc struct {
+		Domain      string `yaml:"domain"`
+		Descriptors []struct {
+			Key        string           `yaml:"key"`
+			ShadowMode bool             `yaml:"shadow_mode"`
+			RateLimits []map[string]any `yaml:"rate_limits"`
+		} `yaml:"descriptors"`
+	}
+	if err := yaml.Unmarshal([]byte(frag), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Descriptors) != 1 || !doc.Descriptors[0].ShadowMode || len(doc.Descriptors[0].RateLimits) != 2 {
+		t.Fatalf("fragment:\n%s\nwant one descriptor in shadow mode with two limits", frag)
+	}
+	rls := doc.Descriptors[0].RateLimits
+	if rls[0]["requests_per_unit"] != int(sec.Suggested) || rls[1]["requests_per_unit"] != int(perMin.Suggested) {
+		t.Fatalf("fragment limits %v / %v, want %d / %d:\n%s", rls[0]["requests_per_unit"], rls[1]["requests_per_unit"], sec.Suggested, perMin.Suggested, frag)
+	}
+	if n := strings.Count(frag, "suggested by ratelimitd replay --suggest"); n != 2 {
+		t.Errorf("fragment has %d comments on the changed limits, want 2:\n%s", n, frag)
+	}
+	legitOf := func(c ClassSuggestion) map[string]bool {
+		aside := map[string]bool{}
+		for _, a := range c.Abusive {
+			aside[strings.TrimPrefix(a.Key, "remote_address=")] = true
+		}
+		if len(aside) != c.AbusiveKeys {
+			t.Fatalf("limit %d: %d keys set aside, %d listed", c.Limit, c.AbusiveKeys, len(aside))
+		}
+		legit := map[string]bool{}
+		for _, l := range s.lines {
+			if c := l.Client.String(); !aside[c] {
+				legit[c] = true
+			}
+		}
+		return legit
+	}
+	legit := []map[string]bool{legitOf(sec), legitOf(perMin)}
+	reqs := map[string]int{}
+	for _, l := range s.lines {
+		reqs[l.Client.String()]++
+	}
+	for ci := range sec.Candidates {
+		// The fragment with both limits set to candidate ci, replayed.
+		rls[0]["requests_per_unit"], rls[1]["requests_per_unit"] = sec.Candidates[ci].Limit, perMin.Candidates[ci].Limit
+		data, err := yaml.Marshal(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), "candidate.yaml")
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		opts := s.options(t, path)
+		dc := &denialCounter{Store: opts.Store, denied: map[string]int{}}
+		opts.Store = dc
+		direct, err := RunLines(context.Background(), s.lines, nil, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if direct.Denied != 0 {
+			t.Errorf("candidate %d: the fragment denied %d requests: it must be shadow only", ci, direct.Denied)
+		}
+		for k, c := range []ClassSuggestion{sec, perMin} {
+			var denied, legitDenied, legitReq int
+			for client := range reqs {
+				m, ok := opts.Policy.Match("small", []policy.Entry{{Key: "remote_address", Value: client}})
+				if !ok {
+					t.Fatalf("%s matches no rule", client)
+				}
+				n := dc.denied[opts.Policy.Key(m, k)]
+				denied += n
+				if legit[k][client] {
+					legitDenied += n
+					legitReq += reqs[client]
+				}
+			}
+			p := c.Candidates[ci]
+			if p.Denied != denied || p.LegitDenied != legitDenied || p.LegitShare != float64(legitDenied)/float64(legitReq) {
+				t.Errorf("limit %d candidate %s (%d): printed denied %d legit %d share %v; direct replay %d, legit %d, share %v",
+					k, p.Name, p.Limit, p.Denied, p.LegitDenied, p.LegitShare, denied, legitDenied, float64(legitDenied)/float64(legitReq))
+			}
+		}
 	}
 }

@@ -21,7 +21,11 @@ func (s *Suggestion) WriteText(w io.Writer) error {
 	p("\nsuggested limits: %s of log time, limit = %g × p99 of the legitimate keys' peak per window\n", time.Duration(s.Span), s.Factor)
 	p("abusive keys: %s\n", s.AbuseRule)
 	for _, c := range s.Classes {
-		p("\nrule %s (%s; window %s)\n", c.Rule, c.Current, time.Duration(c.Window))
+		of := ""
+		if c.Of > 0 {
+			of = fmt.Sprintf(", limit %d of %d", c.Limit+1, c.Of)
+		}
+		p("\nrule %s (%s; window %s%s)\n", c.Rule, c.Current, time.Duration(c.Window), of)
 		p("  keys:\t%d (legitimate %d, set aside %d with %d requests); requests %d\n", c.Keys, c.Legitimate, c.AbusiveKeys, c.AbusiveRequests, c.Requests)
 		d := c.Peaks
 		p("  peak per window:\tp50 %d  p95 %d  p99 %d  p99.9 %d  max %d\n", d.P50, d.P95, d.P99, d.P999, d.Max)

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -20,6 +21,7 @@ type usage struct {
 type classUsage struct {
 	domain string
 	rule   *policy.Rule
+	limit  int   // index of the limit in rule.Limits (0 when unlimited)
 	window int64 // seconds
 	keys   map[string]*keyUsage
 	// toWrite: the rule has no counted limit yet (unlimited); its keys
@@ -40,14 +42,18 @@ type keyUsage struct {
 
 func newUsage() *usage { return &usage{classes: map[string]*classUsage{}} }
 
-func ruleID(domain, path string) string { return domain + "\x00" + path }
+// classID names a class: one limit of a rule (rate_limits holds several,
+// each with its own window and suggestion).
+func classID(domain, path string, limit int) string {
+	return domain + "\x00" + path + "\x00" + fmt.Sprintf("%03d", limit)
+}
 
-// windowOf is the window of the rule's first limit in seconds (at least 1).
-func windowOf(r *policy.Rule) int64 {
-	if len(r.Limits) == 0 {
+// windowOf is the window of the rule's limit k in seconds (at least 1).
+func windowOf(r *policy.Rule, k int) int64 {
+	if k >= len(r.Limits) {
 		return 60
 	}
-	w := int64(r.Limits[0].Window / time.Second)
+	w := int64(r.Limits[k].Window / time.Second)
 	if w < 1 {
 		w = 1
 	}
@@ -71,11 +77,24 @@ func keyOf(es []policy.Entry) string {
 	return b.String()
 }
 
-func (u *usage) add(domain string, r *policy.Rule, d Descriptor, now time.Time, denied bool) {
-	id := ruleID(domain, r.Path)
+// add records the request of descriptor d to every limit of rule r (its
+// only class when r is unlimited); denied(k) reports whether the store
+// denied limit k's hit.
+func (u *usage) add(domain string, r *policy.Rule, d Descriptor, now time.Time, denied func(k int) bool) {
+	if r.Unlimited || len(r.Limits) == 0 {
+		u.addLimit(domain, r, 0, d, now, false)
+		return
+	}
+	for k := range r.Limits {
+		u.addLimit(domain, r, k, d, now, denied(k))
+	}
+}
+
+func (u *usage) addLimit(domain string, r *policy.Rule, limit int, d Descriptor, now time.Time, denied bool) {
+	id := classID(domain, r.Path, limit)
 	c := u.classes[id]
 	if c == nil {
-		c = &classUsage{domain: domain, rule: r, window: windowOf(r), keys: map[string]*keyUsage{}, toWrite: r.Unlimited}
+		c = &classUsage{domain: domain, rule: r, limit: limit, window: windowOf(r, limit), keys: map[string]*keyUsage{}, toWrite: r.Unlimited}
 		u.classes[id] = c
 		u.order = append(u.order, id)
 	}

@@ -43,13 +43,12 @@ func (s *Service) observeEarlyWarnings(domain string, ds []descState, hits []alg
 			if !(float64(used) > share && float64(used-st.cost) <= share) {
 				continue
 			}
-			window := a.spec.Limit.Period
-			elapsed, ok := windowElapsed(a.spec.Limit, d)
-			if !ok || float64(elapsed) >= ew.Within*float64(window) {
-				continue
-			}
 			if now.IsZero() {
 				now = s.opts.Now()
+			}
+			elapsed, window, ok := windowElapsed(a.spec.Limit, d, now)
+			if !ok || float64(elapsed) >= ew.Within*float64(window) {
+				continue
 			}
 			rule := st.match.Rule.Path
 			s.m.earlyWarnings.WithLabelValues(domain, rule).Inc()
@@ -64,18 +63,27 @@ func (s *Service) observeEarlyWarnings(domain string, ds []descState, hits []alg
 }
 
 // windowElapsed is how far into its current window an admitted hit of lim
-// was decided, from the store's answer (its own clock): for a fixed window
-// the window length less the time until the counter resets; for a sliding
-// window, whose state after a hit lasts
-// until the end of the next window, twice the period less that time. ok is
-// false for other algorithms and calendar windows (months differ in
-// length).
-func windowElapsed(lim algo.Limit, d algo.Decision) (time.Duration, bool) {
-	switch {
-	case lim.Kind == algo.FixedWindow && lim.Calendar == algo.CalendarNone:
-		return min(max(lim.Period-d.ResetAfter, 0), lim.Period), true
-	case lim.Kind == algo.SlidingWindow && lim.Calendar == algo.CalendarNone:
-		return min(max(2*lim.Period-d.ResetAfter, 0), lim.Period), true
+// was decided, and that window's length, from the store's answer (its own
+// clock): for a fixed window the window length less the time until the
+// counter resets; for a sliding window, whose state after a hit lasts until
+// the end of the next window, the two windows' lengths less that time. A
+// calendar window's length is the month's or year's (times the
+// multiplier): the window is the one holding now (the service's clock),
+// the elapsed time still comes from the store's reset time. ok is false for
+// other algorithms.
+func windowElapsed(lim algo.Limit, d algo.Decision, now time.Time) (elapsed, window time.Duration, ok bool) {
+	if lim.Kind != algo.FixedWindow && lim.Kind != algo.SlidingWindow {
+		return 0, 0, false
 	}
-	return 0, false
+	window, next := lim.Period, lim.Period
+	if lim.Calendar != algo.CalendarNone {
+		start, end := algo.WindowBoundsUs(lim, now.UnixMicro())
+		_, nextEnd := algo.WindowBoundsUs(lim, end)
+		window, next = time.Duration(end-start)*time.Microsecond, time.Duration(nextEnd-end)*time.Microsecond
+	}
+	left := d.ResetAfter
+	if lim.Kind == algo.SlidingWindow {
+		left -= next
+	}
+	return min(max(window-left, 0), window), window, true
 }

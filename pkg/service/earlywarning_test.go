@@ -127,3 +127,65 @@ func TestEarlyWarning(t *testing.T) {
 		t.Errorf("log lines must name keys by hash only:\n%s", out)
 	}
 }
+
+const calendarEarlyWarningConfig = `domain: ew
+descriptors:
+  - key: fw
+    rate_limit: {unit: month, requests_per_unit: 10, calendar: true}
+  - key: sw
+    rate_limit: {unit: month, requests_per_unit: 10, calendar: true, algorithm: sliding_window}
+`
+
+// TestEarlyWarningCalendar: on calendar months the first fifth of the
+// window is a fifth of that month (5.6 days of February, 6.2 days of
+// March), not of a nominal 30 days (6 days): 5 days 20 hours into February
+// is too late, 6 days 2 hours into March is early, for fixed and sliding
+// windows alike.
+func TestEarlyWarningCalendar(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "ew.yaml"), calendarEarlyWarningConfig)
+	c := &clock{now: time.Date(2026, 2, 1, 2, 0, 0, 0, time.UTC)}
+	reg := prometheus.NewRegistry()
+	svc := newService(t, testOptions(c, newMemoryStore(t, c), reg), nil)
+	svc.SetPolicy(loadSet(t, dir))
+	ctx := context.Background()
+	hit := func(key, value string, n int) {
+		t.Helper()
+		for range n {
+			if _, err := svc.ShouldRateLimit(ctx, req("ew", d(key, value))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	expect := func(step string, want float64) {
+		t.Helper()
+		for _, rule := range []string{"ew.fw", "ew.sw"} {
+			got := metricValue(t, reg, "ratelimitd_early_warning_total", map[string]string{"domain": "ew", "rule": rule})
+			if got != want {
+				t.Errorf("%s: early warnings of %s = %v, want %v", step, rule, got, want)
+			}
+		}
+	}
+	for _, k := range []string{"fw", "sw"} {
+		hit(k, "a", 6)
+	}
+	expect("2 hours into February", 1)
+
+	c.Advance(5*24*time.Hour + 18*time.Hour) // February 6, 20:00
+	for _, k := range []string{"fw", "sw"} {
+		hit(k, "b", 6)
+	}
+	expect("5 days 20 hours into February (a fifth is 5.6 days)", 1)
+
+	c.Advance(time.Date(2026, 3, 7, 2, 0, 0, 0, time.UTC).Sub(c.Now()))
+	for _, k := range []string{"fw", "sw"} {
+		hit(k, "c", 6)
+	}
+	expect("6 days 2 hours into March (a fifth is 6.2 days)", 2)
+
+	c.Advance(4 * time.Hour)
+	for _, k := range []string{"fw", "sw"} {
+		hit(k, "d", 6)
+	}
+	expect("6 days 6 hours into March", 2)
+}
