@@ -301,22 +301,12 @@ func (s *Store) deniedCluster(ctx context.Context, hits []algo.Hit, out []algo.D
 	deadline := s.batch.epoch.Add(time.Duration(s.batch.budget(ctx, int64(start.Sub(s.batch.epoch)))))
 	s.decideDenied(ctx, deadline, s.nowUS(), groups)
 	var errs []error
-	var failed []int
 	for _, g := range groups {
 		if g.err != nil {
 			errs = append(errs, g.err)
-			failed = append(failed, g.idx...)
-			continue
-		}
-		for j, i := range g.idx {
-			out[i] = g.out[j]
 		}
 	}
-	if len(errs) > 0 {
-		slices.Sort(failed)
-		return &causes.Partial{Decisions: out, Failed: failed, Err: errors.Join(errs...)}
-	}
-	return nil
+	return collect(groups, out, errs)
 }
 
 // runNative decides native hits at the service's clock: one segment on

@@ -646,6 +646,14 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 	if len(errs) > 0 && !denied {
 		return errors.Join(errs...)
 	}
+	return collect(groups, out, errs)
+}
+
+// collect copies the decided groups' decisions into out. When errs is not
+// empty (a group failed while a live master denied), it returns a
+// causes.Partial: the decided hits are answered, the failed ones get their
+// failure modes (service.PartialFailure), and the request stays denied.
+func collect(groups []*group, out []algo.Decision, errs []error) error {
 	var failed []int
 	for _, g := range groups {
 		if g.err != nil {
@@ -657,9 +665,6 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 		}
 	}
 	if len(errs) > 0 {
-		// Denied by a live master while another failed: the decided
-		// hits are answered, the failed ones get their failure modes
-		// (service.PartialFailure), and the request stays denied.
 		slices.Sort(failed)
 		return &causes.Partial{Decisions: out, Failed: failed, Err: errors.Join(errs...)}
 	}
