@@ -9,6 +9,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
 // TestStallEstablishedAfterPartialAnswer: Redis froze after answering
@@ -38,7 +39,21 @@ func TestStallEstablishedAfterPartialAnswer(t *testing.T) {
 	}
 	held := make(chan error, 1)
 	go func() { held <- take(ctx, "held") }()
-	time.Sleep(50 * time.Millisecond)
+	// The paused script counts as a blocked client once Redis read it.
+	waitFor := time.Now().Add(stateWithin)
+	for {
+		info, err := ctl.Info(ctx, "clients").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if redistest.InfoInt(t, info, "blocked_clients") >= 1 {
+			break
+		}
+		if time.Now().After(waitFor) {
+			t.Fatalf("the Store's script never reached the paused Redis:\n%s", info)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	// Redis answers a later request on another connection, then freezes.
 	if err := s.Ping(ctx); err != nil {
 		t.Fatalf("PING during CLIENT PAUSE WRITE: %v", err)
