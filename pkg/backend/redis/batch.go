@@ -402,14 +402,18 @@ func (b *batcher) stalledLocked() bool {
 // establishedLocked reports whether the stall stalledLocked last saw is
 // established at now (ns since b.epoch): it has lasted b.establish, and
 // no byte has been received from the master (on any of its sockets)
-// since it began, so a socket whose last write expects no reply cannot
-// establish a stall while Redis answers the others. b.mu is held; call
-// it after stalledLocked.
+// for b.establish, so a socket whose last write expects no reply cannot
+// establish a stall while Redis answers the others. The silence is
+// counted from the last byte received, not from when the stall began: a
+// Redis that answered a later request and then froze (a SIGSTOP between
+// two replies) leaves its earliest request unanswered with a reply
+// received after it, and is stalled all the same. b.mu is held; call it
+// after stalledLocked.
 func (b *batcher) establishedLocked(now int64) bool {
 	if b.establish <= 0 || b.stallFrom == 0 || now-b.stallFrom < int64(b.establish) {
 		return false
 	}
-	return !b.live.heardSince(b.liveAddr, b.epoch.Add(time.Duration(b.stallFrom)))
+	return !b.live.heardSince(b.liveAddr, b.epoch.Add(time.Duration(now-int64(b.establish))))
 }
 
 // waitedOutLocked reports whether c, whose budget ran out at now while

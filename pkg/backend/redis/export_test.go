@@ -1,5 +1,7 @@
 package redis
 
+import "context"
+
 // WaitRefunds waits for the compensating refunds (and other background
 // segments) the Store has started: tests read counters once they ran.
 func (s *Store) WaitRefunds() { s.bg.Wait() }
@@ -7,3 +9,7 @@ func (s *Store) WaitRefunds() { s.bg.Wait() }
 // SetServerOffset sets the Store's estimate of the server's clock less
 // the local one (window keys): tests make it wrong on purpose.
 func (s *Store) SetServerOffset(us int64) { s.serverOffset.Store(us) }
+
+// Ping sends PING on one of the Store's own connections: tests make Redis
+// answer something at a chosen moment.
+func (s *Store) Ping(ctx context.Context) error { return s.client.Ping(ctx).Err() }
