@@ -242,6 +242,7 @@ func (s *Service) respond(sn *snapshot, req *rlsv3.RateLimitRequest, ds []descSt
 	s.observeDecisions(sn, domain, ds, decs, outs)
 	s.observeEarlyWarnings(domain, ds, hits, decs, outs, denied)
 	s.observeRefunds(domain, ds, outs)
+	s.observeAddressPolicies(domain, ds, hits, decs, outs)
 	if s.dlog != nil {
 		keys := make([]string, len(hits))
 		for i := range hits {

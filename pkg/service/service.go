@@ -42,6 +42,7 @@ type Service struct {
 	errLog   *logLimiter
 	ref      *refStats   // nil without Options.Statsd
 	dlog     *lineBucket // nil with DecisionLogOff
+	cgnatLog *lineBucket // bounds the cgnat decision log lines
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
@@ -63,6 +64,7 @@ func New(opts Options) (*Service, error) {
 	if opts.DecisionLog != DecisionLogOff {
 		s.dlog = newLineBucket(opts.DecisionLogRate, opts.Now())
 	}
+	s.cgnatLog = newLineBucket(cgnatLogRate, opts.Now())
 	return s, nil
 }
 
