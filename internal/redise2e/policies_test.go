@@ -7,11 +7,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -353,5 +355,44 @@ func TestPoliciesGlobalCapStopsDistributedScrape(t *testing.T) {
 		if ok != 1000 {
 			t.Errorf("%s: per-client limits alone admitted %d of 1000, want all", name, ok)
 		}
+	}
+}
+
+// TestPoliciesExamplesGlobalCap: examples/policies as shipped. 800
+// addresses each send 4 searches at once, far under the per-address limit
+// of 30; the identity-free search cap admits exactly 3000 of the 3200.
+// The calls take well under the 20 s left in the minute.
+func TestPoliciesExamplesGlobalCap(t *testing.T) {
+	redistest.Require(t)
+	awayFromMinuteBoundary(t)
+	set, _, err := policy.Load(policy.LoadOptions{}, "../../examples/policies")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := redistest.Standalone(t)
+	backends := map[string][]*instance{}
+	svc, reg := newService(t, service.Options{Store: newMemory(t)}, set)
+	backends["memory"] = []*instance{{svc: svc, reg: reg}}
+	for range 2 {
+		backends["redis"] = append(backends["redis"], newInstance(t, generous(standaloneOpts(srv.URL())), set))
+	}
+	for name, ins := range backends {
+		ok, over := concurrentCalls(t, ins, 3200, func(i int) *rlsv3.RateLimitRequest {
+			addr := fmt.Sprintf("203.0.%d.%d", (i%800)/200, (i%800)%200+1)
+			return req("edge", []string{"route", "search"}, []string{"route", "search", "remote_address", addr})
+		})
+		if ok != 3000 || over != 200 {
+			t.Errorf("%s: %d admitted, %d denied; want 3000, 200", name, ok, over)
+		}
+	}
+}
+
+// awayFromMinuteBoundary waits until at least 20 s remain in the current
+// minute (at most 20 s).
+func awayFromMinuteBoundary(t testing.TB) {
+	t.Helper()
+	now := time.Now()
+	if left := now.Truncate(time.Minute).Add(time.Minute).Sub(now); left < 20*time.Second {
+		time.Sleep(left + 100*time.Millisecond)
 	}
 }
