@@ -260,6 +260,14 @@ func TestPoliciesReserveTable(t *testing.T) {
 				if isOK(resp) != s.ok {
 					t.Fatalf("%s: %s step %d (priority %q): OK = %t, want %t", name, key, i, s.priority, isOK(resp), s.ok)
 				}
+				// Each request is told the quota it is decided against.
+				q := ";q=8;"
+				if s.priority == "critical" {
+					q = ";q=10;"
+				}
+				if p := header(resp, "RateLimit-Policy"); !strings.Contains(p, q) {
+					t.Errorf("%s: %s step %d: RateLimit-Policy %q, want %s", name, key, i, p, q)
+				}
 				if !s.ok {
 					if got := problemType(t, resp); !strings.HasSuffix(got, s.problem) {
 						t.Errorf("%s: %s step %d: problem type %q, want …%s", name, key, i, got, s.problem)
