@@ -46,6 +46,9 @@ type domainTree struct {
 	// override is the domain's top-level override: mapping (one file's;
 	// nil when none sets it).
 	override *overridePolicy
+	// reserve: some rule of the domain has reserve (Match then looks
+	// for a trailing priority entry).
+	reserve bool
 }
 
 // underDotEntry reports whether a or b, below the directories the two
@@ -112,6 +115,9 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 		dt := &domainTree{name: name, override: src.override}
 		first := len(s.rules)
 		dt.top = s.buildLevel(name, nil, src.descs, errs)
+		for _, r := range s.rules[first:] {
+			dt.reserve = dt.reserve || r.Reserve != nil
+		}
 		s.domains[name] = dt
 		warnPolicyCollisions(s.rules[first:], errs)
 	}

@@ -100,7 +100,7 @@ func (s *Set) Match(domain string, entries []Entry) (Match, bool) {
 	}
 	nd := d.walk(entries)
 	critical := false
-	if n := len(entries); (nd == nil || nd.rule == nil) && n > 1 {
+	if n := len(entries); d.reserve && (nd == nil || nd.rule == nil) && n > 1 {
 		// A trailing entry that names the priority of a rule with
 		// reserve is not a level of the tree.
 		last := entries[n-1]
