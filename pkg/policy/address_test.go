@@ -340,3 +340,37 @@ func BenchmarkMatchCIDR(b *testing.B) {
 		})
 	}
 }
+
+// TestCIDRShareAndNestedIPv6Prefix: share_threshold makes a CIDR value
+// one counter; ipv6_prefix on an intermediate level keys the rules below.
+func TestCIDRShareAndNestedIPv6Prefix(t *testing.T) {
+	s := loadYAML(t, `
+domain: d
+descriptors:
+  - key: ip
+    value: 10.0.0.0/8
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: ip
+    ipv6_prefix: 48
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 5}
+`)
+	key := func(es ...string) string {
+		m, ok := s.Match("d", ents(es...))
+		if !ok {
+			t.Fatalf("%v: no match", es)
+		}
+		return s.Key(m, 0)
+	}
+	if key("ip", "10.1.1.1") != key("ip", "10.200.3.4") {
+		t.Error("share_threshold CIDR: two addresses inside have different keys")
+	}
+	if key("ip", "2001:db8:5:1::1", "path", "/a") != key("ip", "2001:db8:5:ffff::2", "path", "/a") {
+		t.Error("ipv6_prefix 48 on the parent: two addresses of one /48 have different keys")
+	}
+	if key("ip", "2001:db8:5::1", "path", "/a") == key("ip", "2001:db8:6::1", "path", "/a") {
+		t.Error("ipv6_prefix 48 on the parent: two /48 share a key")
+	}
+}
