@@ -13,6 +13,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -88,13 +89,26 @@ func policyBackends(t *testing.T) (backends map[string][]*instance, logs map[str
 	srv := redistest.Standalone(t)
 	var rs []*instance
 	for range 2 {
-		st := newStore(t, generous(standaloneOpts(srv.URL())))
+		st := newStore(t, patient(standaloneOpts(srv.URL())))
 		in := withLog("redis", service.Options{Store: st, Fallback: newMemory(t)})
 		in.store = st
 		rs = append(rs, in)
 	}
+	warm(t, rs)
 	return map[string][]*instance{"memory": {mem}, "redis": rs}, logs
 }
+
+// patient returns o with a Timeout of 10 s. These tests count what is
+// admitted, which needs Redis to decide every call; on the shared 2-core
+// host under -race, a burst of calls that must dial the pool and load the
+// script can exceed exactTimeout, and a call that times out is (rightly)
+// left to the failure mode. The latency budget is the failure-mode tests'
+// subject.
+func patient(o redis.Options) redis.Options {
+	o.Timeout = 10 * time.Second
+	return o
+}
+
 
 // syncBuffer is a log destination that goroutines share.
 type syncBuffer struct {
@@ -384,8 +398,9 @@ func TestPoliciesExamplesGlobalCap(t *testing.T) {
 	svc, reg := newService(t, service.Options{Store: newMemory(t)}, set)
 	backends["memory"] = []*instance{{svc: svc, reg: reg}}
 	for range 2 {
-		backends["redis"] = append(backends["redis"], newInstance(t, generous(standaloneOpts(srv.URL())), set))
+		backends["redis"] = append(backends["redis"], newInstance(t, patient(standaloneOpts(srv.URL())), set))
 	}
+	warm(t, backends["redis"])
 	for name, ins := range backends {
 		ok, over := pooledCalls(t, ins, 3200, 64, func(i int) *rlsv3.RateLimitRequest {
 			addr := fmt.Sprintf("203.0.%d.%d", (i%800)/200, (i%800)%200+1)
