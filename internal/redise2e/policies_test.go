@@ -109,7 +109,6 @@ func patient(o redis.Options) redis.Options {
 	return o
 }
 
-
 // syncBuffer is a log destination that goroutines share.
 type syncBuffer struct {
 	mu sync.Mutex
