@@ -289,6 +289,10 @@ type Reserve struct {
 	// Share is the part of each limit that other requests may use, in
 	// (0, 1).
 	Share float64
+	// SaturatedShare is the lower share other requests may use while the
+	// rule is marked saturated (adaptive mode; service admin API), in
+	// (0, Share); 0 when not set.
+	SaturatedShare float64
 	// Line is the line of the `reserve:` key.
 	Line int
 }
@@ -308,15 +312,18 @@ func (p *parser) reserve(kn, v *yaml.Node) *Reserve {
 			r.Entry, _ = p.str(v, "reserve entry")
 		case "value":
 			r.Value, _ = p.str(v, "reserve value")
-		case "share":
-			shareSet = true
+		case "share", "saturated_share":
 			f, err := strconv.ParseFloat(v.Value, 64)
 			if v.Kind != yaml.ScalarNode || (v.Tag != "!!float" && v.Tag != "!!int") || err != nil || !(f > 0 && f < 1) {
-				p.errs.add(p.file, v.Line, "reserve share must be a number between 0 and 1 (exclusive), got %s", kindName(v))
+				p.errs.add(p.file, v.Line, "reserve %s must be a number between 0 and 1 (exclusive), got %s", k, kindName(v))
 				ok = false
 				return
 			}
-			r.Share = f
+			if k == "share" {
+				shareSet, r.Share = true, f
+			} else {
+				r.SaturatedShare = f
+			}
 		default:
 			p.unknown(kn, k, "reserve", nil, reserveKeys)
 		}
@@ -330,6 +337,10 @@ func (p *parser) reserve(kn, v *yaml.Node) *Reserve {
 		return nil
 	}
 	if !ok {
+		return nil
+	}
+	if r.SaturatedShare != 0 && r.SaturatedShare >= r.Share {
+		p.errs.add(p.file, kn.Line, "reserve saturated_share %g must be below share %g", r.SaturatedShare, r.Share)
 		return nil
 	}
 	return r
@@ -384,6 +395,14 @@ func (s *Set) buildVariants(r *Rule, n *node, errs *errList) {
 		if r.raised != nil {
 			r.raised.reduced = reducedOf(r.raised, rs.Share)
 		}
+		if rs.SaturatedShare > 0 {
+			r.reduced.saturated = reducedOf(r, rs.SaturatedShare)
+			r.reduced.saturated.Saturated = true
+			if r.raised != nil {
+				r.raised.reduced.saturated = reducedOf(r.raised, rs.SaturatedShare)
+				r.raised.reduced.saturated.Saturated = true
+			}
+		}
 	}
 }
 
@@ -396,7 +415,7 @@ func variantOf(r *Rule) *Rule {
 	for i, k := range r.keyPre {
 		v.keyPre[i] = slices.Clip(slices.Clone(k))
 	}
-	v.raised, v.reduced = nil, nil
+	v.raised, v.reduced, v.saturated = nil, nil, nil
 	return &v
 }
 
@@ -429,20 +448,31 @@ func reducedRate(rate int64, share float64) int64 {
 	return f
 }
 
-// Variants returns the variants of r that Match may return (see
-// Rule.Base), nil when it has none.
+// Variants returns the variants of r that Match may return, and their
+// SaturatedVariants (see Rule.Base), nil when it has none.
 func (r *Rule) Variants() []*Rule {
 	var out []*Rule
-	for _, v := range []*Rule{r.raised, r.reduced} {
+	add := func(v *Rule) {
 		if v != nil {
 			out = append(out, v)
-			if v.reduced != nil {
-				out = append(out, v.reduced)
+			if v.saturated != nil {
+				out = append(out, v.saturated)
 			}
 		}
 	}
+	add(r.reduced)
+	if r.raised != nil {
+		add(r.raised)
+		add(r.raised.reduced)
+	}
 	return out
 }
+
+// SaturatedVariant returns the variant that replaces r, a Reduced
+// variant, while its rule is marked saturated: the limits at
+// Reserve.SaturatedShare, on the same counters. nil when r is not Reduced
+// or the reserve has no saturated_share.
+func (r *Rule) SaturatedVariant() *Rule { return r.saturated }
 
 // variant selects the rule that decides a request matched to r: the
 // raised variant when the value of r's own entry (last) is inside a

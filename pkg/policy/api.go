@@ -171,6 +171,9 @@ type Rule struct {
 	// Reserve: its limits are floor(Reserve.Share × requests_per_unit),
 	// counted on the same counters as the full limits.
 	Reduced bool
+	// Saturated marks the Reduced variant at Reserve.SaturatedShare
+	// (Rule.SaturatedVariant).
+	Saturated bool
 
 	// nodes is the config path from the top level to this rule's node.
 	nodes []*node
@@ -186,8 +189,9 @@ type Rule struct {
 	// normalize: some node on the path has ipv6_prefix.
 	normalize bool
 	// raised and reduced are the variants (nil when the option is
-	// absent); raised.reduced is the variant for both.
-	raised, reduced *Rule
+	// absent); raised.reduced is the variant for both; saturated, on a
+	// reduced variant, its saturated_share variant.
+	raised, reduced, saturated *Rule
 }
 
 // Entry is one request descriptor entry (Envoy RateLimitDescriptor.Entry).

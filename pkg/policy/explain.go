@@ -85,6 +85,9 @@ func (s *Set) WriteExplain(w io.Writer) error {
 		}
 		if rv := r.Reserve; rv != nil {
 			fmt.Fprintf(&b, " reserve=%s:%s/%g", rv.Entry, rv.Value, rv.Share)
+			if rv.SaturatedShare > 0 {
+				fmt.Fprintf(&b, " saturated_share=%g", rv.SaturatedShare)
+			}
 		}
 		if pol, set := s.ruleOverride(r); set {
 			fmt.Fprintf(&b, " override=%s", pol.mode)

@@ -59,7 +59,7 @@ func (s *Set) computeHash() {
 				fmt.Fprintf(h, " cgnat=%d %v\n", c.Multiplier, c.Ranges)
 			}
 			if rs := r.Reserve; rs != nil {
-				fmt.Fprintf(h, " reserve=%q %q %g\n", rs.Entry, rs.Value, rs.Share)
+				fmt.Fprintf(h, " reserve=%q %q %g %g\n", rs.Entry, rs.Value, rs.Share, rs.SaturatedShare)
 			}
 			for _, l := range r.Limits {
 				fmt.Fprintf(h, " limit %q %q %d %d %d %d %d %t %d %g %g\n", l.Name, l.Policy, l.Unit, l.RequestsPerUnit, l.UnitMultiplier, l.Algorithm, l.Burst, l.Calendar, l.FailureMode, l.EarlyWarning.Used, l.EarlyWarning.Within)

@@ -326,6 +326,13 @@ func (s *Service) matchDescriptor(st *descState, set *policy.Set, domain string,
 		st.matched = st.matched && st.match.Rule != nil
 	}
 	if st.matched {
+		// Adaptive reserve: a marked rule's non-critical requests get
+		// the saturated share.
+		if r := st.match.Rule; r.Reduced && !st.override {
+			if sv := r.SaturatedVariant(); sv != nil && s.saturated(domain, r) {
+				st.match.Rule = sv
+			}
+		}
 		st.shadow = st.match.Rule.ShadowMode && !st.override
 		st.quota = st.match.Rule.QuotaMode || s.opts.QuotaMode
 	}

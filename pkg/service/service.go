@@ -43,6 +43,9 @@ type Service struct {
 	ref      *refStats   // nil without Options.Statsd
 	dlog     *lineBucket // nil with DecisionLogOff
 	cgnatLog *lineBucket // bounds the cgnat decision log lines
+	// saturation holds the rules marked saturated (SetSaturation):
+	// saturationKey -> time.Time, the end of the mark.
+	saturation sync.Map
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
