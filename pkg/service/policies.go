@@ -123,17 +123,17 @@ func (s *Service) saturated(domain string, r *policy.Rule) bool {
 // SaturationRequest is the body of POST AdminSaturationPath: the rule's
 // domain and stat key, and for how long ("30s"; "0s" clears the mark).
 type SaturationRequest struct {
-	Domain string `json:"domain"`
-	Rule   string `json:"rule"`
-	For    string `json:"for"`
+	Domain string `json:"domain"` // the rule's domain
+	Rule   string `json:"rule"`   // the rule's stat key (policy.Rule.Path)
+	For    string `json:"for"`    // a Go duration; "0s" (or negative) clears
 }
 
 // SaturationResult answers POST AdminSaturationPath: the mark's end,
 // RFC 3339 in UTC, "" when cleared.
 type SaturationResult struct {
-	Domain string `json:"domain"`
-	Rule   string `json:"rule"`
-	Until  string `json:"saturated_until"`
+	Domain string `json:"domain"`          // as requested
+	Rule   string `json:"rule"`            // as requested
+	Until  string `json:"saturated_until"` // RFC 3339 UTC end of the mark; "" when cleared
 }
 
 // saturationHandler serves AdminSaturationPath: POST a SaturationRequest.
