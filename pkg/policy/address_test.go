@@ -106,6 +106,7 @@ func TestLoadAddressErrors(t *testing.T) {
 		{"reserve incomplete", "domain: d\ndescriptors:\n  - key: r\n    reserve: {entry: priority, share: 0.5}\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "t.yaml:4: reserve needs entry, value and share"},
 		{"reserve token bucket", "domain: d\ndescriptors:\n  - key: r\n    reserve: {entry: priority, value: critical, share: 0.5}\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: token_bucket}\n", "t.yaml:4: reserve applies to fixed_window, sliding_window, sliding_log and concurrency limits"},
 		{"reserve child", "domain: d\ndescriptors:\n  - key: r\n    reserve: {entry: priority, value: critical, share: 0.5}\n    rate_limit: {unit: second, requests_per_unit: 1}\n    descriptors:\n      - key: priority\n        rate_limit: {unit: second, requests_per_unit: 1}\n", "t.yaml:4: reserve entry \"priority\" is also the key of a child descriptor (line 7)"},
+		{"reserve saturated_share above share", "domain: d\ndescriptors:\n  - key: r\n    reserve: {entry: priority, value: critical, share: 0.5, saturated_share: 0.6}\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "t.yaml:4: reserve saturated_share 0.6 must be below share 0.5"},
 		{"reserve unknown key", "domain: d\ndescriptors:\n  - key: r\n    reserve: {entry: priority, value: critical, share: 0.5, shares: 1}\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "unknown key \"shares\" in reserve"},
 	}
 	for _, c := range cases {
