@@ -69,6 +69,23 @@ func TestMatchCIDR(t *testing.T) {
 	})
 }
 
+// TestLiteralValues: with LoadOptions.LiteralValues (reference mode) a
+// prefix-shaped value is an ordinary string, as envoyproxy/ratelimit
+// compares it: it matches only the same string, not addresses inside it.
+func TestLiteralValues(t *testing.T) {
+	s, _, err := LoadSources(LoadOptions{LiteralValues: true}, Source{Name: "t.yaml", Data: []byte(cidrConfig)})
+	if err != nil {
+		t.Fatalf("LoadSources: %v", err)
+	}
+	runMatch(t, s, []matchCase{
+		{"same string", "edge", ents("remote_address", "10.0.0.0/8"), "min:8", "edge.remote_address_10.0.0.0/8"},
+		{"address inside: the wildcard, not the prefix", "edge", ents("remote_address", "10.200.0.1"), "min:4", ""},
+		{"IPv6 inside: default", "edge", ents("remote_address", "2001:db8:aa:1::7"), "min:1", "edge.remote_address"},
+		{"exact still exact", "edge", ents("remote_address", "10.1.2.3"), "min:3", "edge.remote_address_10.1.2.3"},
+		{"masked: same string only", "edge", ents("masked_remote_address", "192.168.1.0/24"), "hou:1", ""},
+	})
+}
+
 // TestMatchCIDRManyPrefixes: many prefixes of few lengths match by
 // length, and each request finds its most specific prefix.
 func TestMatchCIDRManyPrefixes(t *testing.T) {

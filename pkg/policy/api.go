@@ -255,6 +255,10 @@ type LoadOptions struct {
 	// then a duplicate domain, or with MergeDomains a duplicate key.
 	// False loads each file once.
 	RepeatPaths bool
+	// LiteralValues compares every descriptor value as a string, as
+	// envoyproxy/ratelimit does: a value such as 10.0.0.0/8 matches only
+	// the same string, not the addresses inside it. Reference mode sets it.
+	LiteralValues bool
 	// Keys shape the backend keys of the loaded Set ((*Set).Key); the
 	// zero value hashes values and adds no prefix.
 	Keys KeyOptions

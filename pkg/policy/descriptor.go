@@ -67,6 +67,9 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 		p.errs.add(p.file, n.reserve.Line, "reserve applies to the limits of its descriptor, which has no rate_limit or rate_limits")
 	}
 	n.classify()
+	if n.kind == valueCIDR && p.literal {
+		n.kind = valueExact // the reference compares values as strings
+	}
 	if n.kind == valueCIDR {
 		p.cidr(n, f.valueLine)
 	}

@@ -70,6 +70,9 @@ type parser struct {
 	// merging holds the mappings whose merge keys are being expanded, to
 	// report a merge cycle (`a: &x {<<: *x}` parses) instead of looping.
 	merging map[*yaml.Node]bool
+	// literal compares every descriptor value as a string
+	// (LoadOptions.LiteralValues).
+	literal bool
 }
 
 // maxNodes bounds the descriptors, limits and metadata values of one file
@@ -90,8 +93,8 @@ func (p *parser) spend(n *yaml.Node) bool {
 	return false
 }
 
-func parseFile(file string, data []byte, errs *errList) *fileConfig {
-	p := &parser{file: file, errs: errs}
+func parseFile(file string, data []byte, errs *errList, literal bool) *fileConfig {
+	p := &parser{file: file, errs: errs, literal: literal}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
