@@ -50,6 +50,7 @@ var mayImport = map[string][]string{
 		"cmd/ratelimitd/...",
 		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay",
 		"pkg/backend/memory", "pkg/backend/redis", "pkg/backend/memcache", "pkg/backend/overlimit",
+		"pkg/backend/postgres",
 		"pkg/telemetry", "pkg/telemetry/statsd",
 	},
 	"cmd/rlload":           {},
