@@ -51,9 +51,9 @@ type server struct {
 	// nil: none); durableLogged is its health last logged.
 	durable       service.Store
 	durableLogged atomic.Int32
-	reg      *prometheus.Registry
-	tracing  *telemetry.Tracing
-	statsd   *statsd.Client // nil without --statsd-addr
+	reg           *prometheus.Registry
+	tracing       *telemetry.Tracing
+	statsd        *statsd.Client // nil without --statsd-addr
 	// closers release what newServer built, run in reverse by release.
 	closers []func()
 
