@@ -16,7 +16,7 @@ import (
 // dir and everything below it given to that user.
 func runAs(dir string) (func(*exec.Cmd), error) {
 	if os.Geteuid() != 0 {
-		return func(*exec.Cmd) {}, nil
+		return ownGroup, nil
 	}
 	uid, gid, err := postgresUser()
 	if err != nil {
@@ -37,12 +37,25 @@ func runAs(dir string) (func(*exec.Cmd), error) {
 		}
 	}
 	return func(cmd *exec.Cmd) {
-		if cmd.SysProcAttr == nil {
-			cmd.SysProcAttr = &syscall.SysProcAttr{}
-		}
+		ownGroup(cmd)
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}, nil
 }
+
+// ownGroup starts cmd in a process group of its own: postgres and its
+// backends are signalled together (signalGroup).
+func ownGroup(cmd *exec.Cmd) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+}
+
+// signalGroup sends sig to the process group led by pid.
+func signalGroup(pid int, sig syscall.Signal) { _ = syscall.Kill(-pid, sig) }
+
+// groupGone reports whether no process of the group led by pid is left.
+func groupGone(pid int) bool { return syscall.Kill(-pid, 0) == syscall.ESRCH }
 
 // postgresUser looks the postgres user up, creating it when missing.
 func postgresUser() (uid, gid int, err error) {

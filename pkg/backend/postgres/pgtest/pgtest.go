@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -88,8 +89,7 @@ type Server struct {
 	// Password is User's password (random per server).
 	Password string
 	proc     testproc.Proc
-	testproc.Faults
-	fsync bool
+	fsync    bool
 }
 
 // Option configures Start.
@@ -112,7 +112,6 @@ func Start(t testing.TB, opts ...Option) *Server {
 	for _, o := range opts {
 		o(s)
 	}
-	s.Faults = testproc.NewFaults(&s.proc)
 	base := t.TempDir()
 	s.dir = filepath.Join(base, "data")
 	pwfile := filepath.Join(base, "pw")
@@ -132,7 +131,7 @@ func Start(t testing.TB, opts ...Option) *Server {
 		unavailable(t, "initdb: %v\n%s", err, out)
 	}
 	_ = os.Remove(pwfile)
-	t.Cleanup(s.proc.Kill)
+	t.Cleanup(s.Kill)
 	for attempt := 0; ; attempt++ {
 		s.port = testproc.FreePort(t)
 		s.start()
@@ -245,11 +244,44 @@ func (s *Server) QueryInt(t testing.TB, db, sql string, args ...any) int64 {
 	return v
 }
 
-// Restart starts postgres again after Kill (same port and data) and
-// returns once it accepts connections.
+// Kill kills postgres and its backends (SIGKILL to the process group)
+// and waits until they are gone: clients then see connection refused.
+func (s *Server) Kill() {
+	if pid := s.proc.Pid(); pid != 0 && s.proc.Alive() {
+		s.proc.Cont()
+		signalGroup(pid, syscall.SIGCONT)
+		signalGroup(pid, syscall.SIGKILL)
+		s.proc.Kill()
+		for deadline := time.Now().Add(10 * time.Second); !groupGone(pid) && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// Stop freezes postgres and its backends (SIGSTOP to the process group):
+// connections stay open and new ones are accepted by the kernel, but
+// nothing is answered (a hung server).
+func (s *Server) Stop() {
+	if pid := s.proc.Pid(); pid != 0 {
+		signalGroup(pid, syscall.SIGSTOP)
+		s.proc.Stop()
+	}
+}
+
+// Cont resumes a server frozen by Stop.
+func (s *Server) Cont() {
+	if pid := s.proc.Pid(); pid != 0 {
+		s.proc.Cont()
+		signalGroup(pid, syscall.SIGCONT)
+	}
+}
+
+// Restart kills postgres when it runs and starts it again (same port and
+// data, crash recovery included); it returns once the server accepts
+// connections.
 func (s *Server) Restart() {
 	s.t.Helper()
-	s.proc.Kill()
+	s.Kill()
 	s.start()
 	if err := s.waitReady(); err != nil {
 		s.t.Fatalf("pgtest: restart: %v", err)
