@@ -95,9 +95,11 @@ type Server struct {
 // Option configures Start.
 type Option func(*Server)
 
-// WithFsync keeps fsync and synchronous_commit on (the default of a real
-// server); without it the cluster runs with fsync off, for speed. Data
-// survives a killed postgres either way (it is in the page cache).
+// WithFsync keeps fsync and full_page_writes on (the default of a real
+// server); without it the cluster runs with both off, for speed. A commit
+// survives a killed postgres either way (its WAL is written before the
+// commit returns, to the page cache at least); only an OS crash could
+// lose it without fsync.
 func WithFsync() Option { return func(s *Server) { s.fsync = true } }
 
 // Start creates a cluster and starts postgres; it returns once the
@@ -150,7 +152,7 @@ func (s *Server) start() {
 	args := []string{"-D", s.dir, "-p", strconv.Itoa(s.port), "-k", s.dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", "-c", "shared_buffers=32MB"}
 	if !s.fsync {
-		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+		args = append(args, "-c", "fsync=off", "-c", "full_page_writes=off")
 	}
 	if err := s.proc.Start(filepath.Join(s.bin, "postgres"), args, s.dir, s.logPath()); err != nil {
 		s.t.Fatalf("pgtest: start postgres: %v", err)
@@ -244,35 +246,34 @@ func (s *Server) QueryInt(t testing.TB, db, sql string, args ...any) int64 {
 	return v
 }
 
-// Kill kills postgres and its backends (SIGKILL to the process group)
-// and waits until they are gone: clients then see connection refused.
+// Kill kills postgres and its backends (SIGKILL) and waits until they
+// are gone: clients then see connection refused.
 func (s *Server) Kill() {
 	if pid := s.proc.Pid(); pid != 0 && s.proc.Alive() {
-		s.proc.Cont()
-		signalGroup(pid, syscall.SIGCONT)
-		signalGroup(pid, syscall.SIGKILL)
+		pids := tree(pid)
+		signalAll(pids, syscall.SIGKILL)
 		s.proc.Kill()
-		for deadline := time.Now().Add(10 * time.Second); !groupGone(pid) && time.Now().Before(deadline); {
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitGone(pids)
 	}
 }
 
-// Stop freezes postgres and its backends (SIGSTOP to the process group):
-// connections stay open and new ones are accepted by the kernel, but
-// nothing is answered (a hung server).
+// Stop freezes postgres and its backends (SIGSTOP; the postmaster first,
+// so that it forks no new one): connections stay open and new ones are
+// accepted by the kernel, but nothing is answered (a hung server).
 func (s *Server) Stop() {
 	if pid := s.proc.Pid(); pid != 0 {
-		signalGroup(pid, syscall.SIGSTOP)
 		s.proc.Stop()
+		pids := tree(pid)
+		signalAll(pids, syscall.SIGSTOP)
+		waitStopped(pids)
 	}
 }
 
 // Cont resumes a server frozen by Stop.
 func (s *Server) Cont() {
 	if pid := s.proc.Pid(); pid != 0 {
+		signalAll(tree(pid), syscall.SIGCONT)
 		s.proc.Cont()
-		signalGroup(pid, syscall.SIGCONT)
 	}
 }
 
