@@ -15,6 +15,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,11 +23,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 )
+
+// minConns is how many connections the pool keeps dialed at least.
+const minConns = 4
 
 // Store decides fixed-window and sliding-window hits on PostgreSQL. Safe
 // for concurrent use.
@@ -71,6 +77,19 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		cfg.ConnConfig.Password = opt.Password
 	}
 	cfg.MaxConns = opt.MaxConns
+	// A few connections are dialed ahead, each warmed by a call with no
+	// hits (the session parses ratelimitd_take once and prepares
+	// takeSQL), so that the first decisions do not pay for it. Before
+	// the schema exists the call fails; the connection is kept.
+	cfg.MinConns = min(opt.MaxConns, minConns)
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		var pe *pgconn.PgError
+		_, err := c.Exec(ctx, takeSQL, nil, []string{}, []int32{}, []int32{}, []int64{}, []int64{}, []int32{}, []int64{}, []int64{}, []int32{})
+		if err != nil && !errors.As(err, &pe) {
+			return err
+		}
+		return nil
+	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "ratelimitd"
 	}

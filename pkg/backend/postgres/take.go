@@ -72,7 +72,6 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	}
 	cctx, cancel := context.WithDeadline(ctx, end)
 	out, err := s.call(cctx, hits)
-	cancel()
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
@@ -81,6 +80,7 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 			err = errTimeout
 		}
 	}
+	cancel()
 	rec := err
 	if errors.Is(err, errTimeout) && cut || errors.Is(err, context.DeadlineExceeded) {
 		rec = errBudgetCut

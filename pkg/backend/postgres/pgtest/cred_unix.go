@@ -8,7 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 )
 
 // runAs returns how to run initdb and postgres: as they are, or, as
@@ -44,6 +46,80 @@ func runAs(dir string) (func(*exec.Cmd), error) {
 	}, nil
 }
 
+// tree is pid and its children (/proc; postgres' backends, each in a
+// session of its own, so that no process group holds them all).
+func tree(pid int) []int {
+	out := []int{pid}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f := statFields(p); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// statFields are the fields of /proc/<pid>/stat after "(comm)": state,
+// ppid, pgrp, ...; nil when the process is gone.
+func statFields(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil
+	}
+	st := string(b)
+	i := strings.LastIndexByte(st, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(st[i+1:])
+}
+
+// signalAll sends sig to every pid.
+func signalAll(pids []int, sig syscall.Signal) {
+	for _, p := range pids {
+		_ = syscall.Kill(p, sig)
+	}
+}
+
+// waitGone waits (at most 10 s) until no pid is left.
+func waitGone(pids []int) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		left := false
+		for _, p := range pids {
+			if f := statFields(p); f != nil && f[0] != "Z" {
+				left = true
+			}
+		}
+		if !left {
+			return
+		}
+	}
+}
+
+// waitStopped waits (at most 2 s) until every pid is stopped (state T):
+// SIGSTOP is delivered asynchronously, and a backend still running could
+// answer one more query.
+func waitStopped(pids []int) {
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		all := true
+		for _, p := range pids {
+			if f := statFields(p); f != nil && f[0] != "T" && f[0] != "t" && f[0] != "Z" {
+				all = false
+			}
+		}
+		if all {
+			return
+		}
+	}
+}
+
 // postgresUser looks the postgres user up, creating it when missing.
 func postgresUser() (uid, gid int, err error) {
 	if _, err := exec.Command("id", "-u", "postgres").Output(); err != nil {
@@ -59,17 +135,9 @@ func postgresUser() (uid, gid int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	uid, err = strconv.Atoi(string(trim(u)))
-	if err != nil {
+	if uid, err = strconv.Atoi(strings.TrimSpace(string(u))); err != nil {
 		return 0, 0, err
 	}
-	gid, err = strconv.Atoi(string(trim(g)))
+	gid, err = strconv.Atoi(strings.TrimSpace(string(g)))
 	return uid, gid, err
-}
-
-func trim(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
-		b = b[:len(b)-1]
-	}
-	return b
 }

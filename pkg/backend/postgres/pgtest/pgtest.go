@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -88,16 +89,17 @@ type Server struct {
 	// Password is User's password (random per server).
 	Password string
 	proc     testproc.Proc
-	testproc.Faults
-	fsync bool
+	fsync    bool
 }
 
 // Option configures Start.
 type Option func(*Server)
 
-// WithFsync keeps fsync and synchronous_commit on (the default of a real
-// server); without it the cluster runs with fsync off, for speed. Data
-// survives a killed postgres either way (it is in the page cache).
+// WithFsync keeps fsync and full_page_writes on (the default of a real
+// server); without it the cluster runs with both off, for speed. A commit
+// survives a killed postgres either way (its WAL is written before the
+// commit returns, to the page cache at least); only an OS crash could
+// lose it without fsync.
 func WithFsync() Option { return func(s *Server) { s.fsync = true } }
 
 // Start creates a cluster and starts postgres; it returns once the
@@ -112,7 +114,6 @@ func Start(t testing.TB, opts ...Option) *Server {
 	for _, o := range opts {
 		o(s)
 	}
-	s.Faults = testproc.NewFaults(&s.proc)
 	base := t.TempDir()
 	s.dir = filepath.Join(base, "data")
 	pwfile := filepath.Join(base, "pw")
@@ -132,7 +133,7 @@ func Start(t testing.TB, opts ...Option) *Server {
 		unavailable(t, "initdb: %v\n%s", err, out)
 	}
 	_ = os.Remove(pwfile)
-	t.Cleanup(s.proc.Kill)
+	t.Cleanup(s.Kill)
 	for attempt := 0; ; attempt++ {
 		s.port = testproc.FreePort(t)
 		s.start()
@@ -151,7 +152,7 @@ func (s *Server) start() {
 	args := []string{"-D", s.dir, "-p", strconv.Itoa(s.port), "-k", s.dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", "-c", "shared_buffers=32MB"}
 	if !s.fsync {
-		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+		args = append(args, "-c", "fsync=off", "-c", "full_page_writes=off")
 	}
 	if err := s.proc.Start(filepath.Join(s.bin, "postgres"), args, s.dir, s.logPath()); err != nil {
 		s.t.Fatalf("pgtest: start postgres: %v", err)
@@ -245,11 +246,43 @@ func (s *Server) QueryInt(t testing.TB, db, sql string, args ...any) int64 {
 	return v
 }
 
-// Restart starts postgres again after Kill (same port and data) and
-// returns once it accepts connections.
+// Kill kills postgres and its backends (SIGKILL) and waits until they
+// are gone: clients then see connection refused.
+func (s *Server) Kill() {
+	if pid := s.proc.Pid(); pid != 0 && s.proc.Alive() {
+		pids := tree(pid)
+		signalAll(pids, syscall.SIGKILL)
+		s.proc.Kill()
+		waitGone(pids)
+	}
+}
+
+// Stop freezes postgres and its backends (SIGSTOP; the postmaster first,
+// so that it forks no new one): connections stay open and new ones are
+// accepted by the kernel, but nothing is answered (a hung server).
+func (s *Server) Stop() {
+	if pid := s.proc.Pid(); pid != 0 {
+		s.proc.Stop()
+		pids := tree(pid)
+		signalAll(pids, syscall.SIGSTOP)
+		waitStopped(pids)
+	}
+}
+
+// Cont resumes a server frozen by Stop.
+func (s *Server) Cont() {
+	if pid := s.proc.Pid(); pid != 0 {
+		signalAll(tree(pid), syscall.SIGCONT)
+		s.proc.Cont()
+	}
+}
+
+// Restart kills postgres when it runs and starts it again (same port and
+// data, crash recovery included); it returns once the server accepts
+// connections.
 func (s *Server) Restart() {
 	s.t.Helper()
-	s.proc.Kill()
+	s.Kill()
 	s.start()
 	if err := s.waitReady(); err != nil {
 		s.t.Fatalf("pgtest: restart: %v", err)
