@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -52,7 +53,7 @@ func (s *server) newDurable() error {
 	if err != nil {
 		return scrubErr(fmt.Errorf("durable store %s: %w", postgres.RedactURL(o.DurableURL), err), append(secretsOf(o), password)...)
 	}
-	s.durable = st
+	s.durable, s.durableRaw = asStore(st), st
 	attrs := []any{"url", postgres.RedactURL(o.DurableURL), "timeout", o.DurableTimeout.String(), "max_conns", po.MaxConns}
 	if o.DurablePasswordFile != "" {
 		attrs = append(attrs, "password_file", o.DurablePasswordFile)
@@ -69,7 +70,7 @@ func (s *server) newDurable() error {
 // updateDurableHealth sets the gRPC health of durableHealth from the
 // durable store's Healthy, and logs its transitions once each.
 func (s *server) updateDurableHealth() {
-	h, ok := s.durable.(service.Healther)
+	h, ok := s.durableRaw.(service.Healther)
 	if !ok {
 		return
 	}
@@ -141,3 +142,42 @@ func registerDurableMetrics(reg prometheus.Registerer, store any) error {
 	}
 	return nil
 }
+
+// asStore is st as a service.Store: st itself, or, for a store whose Take
+// still returns its decisions (Take(ctx, hits) ([]algo.Decision, error)),
+// st behind takeInto; nil for anything else.
+func asStore(st any) service.Store {
+	switch v := st.(type) {
+	case service.Store:
+		return v
+	case returningTaker:
+		return takeInto{v}
+	}
+	return nil
+}
+
+// returningTaker is a Take that returns its decisions.
+type returningTaker interface {
+	Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
+}
+
+// takeInto adapts a returningTaker to service.Store: the decisions are
+// copied into the caller's array, and a count other than len(hits) is an
+// error. The store's optional interfaces (health, breaker state,
+// algorithms, sweeper counts) stay reachable through Unwrap.
+type takeInto struct{ returningTaker }
+
+func (t takeInto) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
+	res, err := t.returningTaker.Take(ctx, hits)
+	if err != nil {
+		return err
+	}
+	if len(res) != len(hits) {
+		return fmt.Errorf("durable store: %d decisions for %d hits", len(res), len(hits))
+	}
+	copy(out, res)
+	return nil
+}
+
+// Unwrap returns the adapted store.
+func (t takeInto) Unwrap() any { return t.returningTaker }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
@@ -73,7 +74,7 @@ func startRLS(t *testing.T, redisURL, pgURL string, set *policy.Set) *rlsInstanc
 	if err != nil {
 		t.Fatalf("postgres.New: %v", err)
 	}
-	svc, _ := newService(t, service.Options{Store: rs, Durable: ps, Fallback: newMemory(t)}, set)
+	svc, _ := newService(t, service.Options{Store: rs, Durable: durableStore(t, ps), Fallback: newMemory(t)}, set)
 	lis, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -237,4 +238,33 @@ func TestStoresFailApart(t *testing.T) {
 	if c, rem := in.code(t, fast); c != codeOK || rem[0] != before[0]-1 {
 		t.Fatalf("PostgreSQL down, fast only: %v %v, want OK, counted (%d left)", c, rem, before[0]-1)
 	}
+}
+
+// durableStore is st as a service.Store: itself, or behind an adapter
+// while its Take returns its decisions instead of filling the caller's
+// array.
+func durableStore(t testing.TB, st any) service.Store {
+	switch v := st.(type) {
+	case service.Store:
+		return v
+	case interface {
+		Take(context.Context, []algo.Hit) ([]algo.Decision, error)
+	}:
+		return fillingStore{v.Take}
+	}
+	t.Fatalf("%T is not a store", st)
+	return nil
+}
+
+// fillingStore is a Take that returns its decisions, as a service.Store.
+type fillingStore struct {
+	take func(context.Context, []algo.Hit) ([]algo.Decision, error)
+}
+
+func (f fillingStore) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
+	res, err := f.take(ctx, hits)
+	if err == nil {
+		copy(out, res)
+	}
+	return err
 }

@@ -164,7 +164,8 @@ func (s *Service) refundFast(ctx context.Context, idx []int, fh []algo.Hit, fdec
 		detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 		go func() {
 			defer cancel()
-			res, err := s.take(detached, r.st, r.label, rh)
+			res := make([]algo.Decision, len(rh))
+			err := s.take(detached, r.st, r.label, rh, res)
 			if err != nil {
 				s.m.durableRefunds.WithLabelValues("error").Inc()
 				s.logBackendError("durable/refund", err, "service: refunding the fast-store hits of a request the durable store denied failed; they stay counted")
@@ -227,8 +228,8 @@ func (s *Service) checkAll(ctx context.Context, ds []descState, hits []algo.Hit,
 		for j, i := range part.idx {
 			sub[j] = hits[i]
 		}
-		res, err := s.take(ctx, part.st, part.label, sub)
-		if err != nil {
+		res := make([]algo.Decision, len(sub))
+		if err := s.take(ctx, part.st, part.label, sub, res); err != nil {
 			return err
 		}
 		for j, i := range part.idx {

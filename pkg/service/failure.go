@@ -41,18 +41,16 @@ const (
 // fallback, no decision metric), as nobody receives the answer (see
 // errCallerGone).
 func (s *Service) takeOn(ctx context.Context, role storeRole, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
-	var res []algo.Decision
 	var err error
 	switch {
 	case role == roleFast:
-		res, err = s.take(ctx, s.opts.Store, "primary", hits)
+		err = s.take(ctx, s.opts.Store, "primary", hits, decs)
 	case s.opts.Durable == nil:
 		err = errNoDurable
 	default:
-		res, err = s.take(ctx, s.opts.Durable, "durable", hits)
+		err = s.take(ctx, s.opts.Durable, "durable", hits, decs)
 	}
 	if err == nil {
-		copy(decs, res)
 		return false, false
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
@@ -86,10 +84,11 @@ func (s *Service) errorsOf(role storeRole) *prometheus.CounterVec {
 	return s.m.backendErrors
 }
 
-// take calls st.Take with the request deadline and measures it.
-func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.Hit) ([]algo.Decision, error) {
+// take calls st.Take with the request deadline, deciding into out
+// (len(out) == len(hits)), and measures it.
+func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.Hit, out []algo.Decision) error {
 	t0 := s.opts.Now()
-	res, err := st.Take(ctx, hits)
+	err := st.Take(ctx, hits, out)
 	o := &s.m.primaryDuration
 	switch label {
 	case "fallback":
@@ -98,10 +97,7 @@ func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.
 		o = &s.m.durableDuration
 	}
 	o.get(s.m.backendDuration, label).Observe(s.opts.Now().Sub(t0).Seconds())
-	if err == nil && len(res) != len(hits) {
-		err = errBadResult
-	}
-	return res, err
+	return err
 }
 
 // storeError is an error the service itself raises about a Store call,
@@ -109,9 +105,7 @@ func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.
 type storeError string
 
 func (e storeError) Error() string { return string(e) }
-func (e storeError) Cause() string { return "bad_result" }
-
-const errBadResult = storeError("service: store returned a decision count different from the hit count")
+func (e storeError) Cause() string { return "fallback" }
 
 // errNoDurable fails the durable hits of a service without
 // Options.Durable (the loader refuses such limits unless told a durable
@@ -157,14 +151,14 @@ func (s *Service) fail(ctx context.Context, role storeRole, err error, hits []al
 	if len(local) == 0 {
 		return
 	}
-	var res []algo.Decision
+	res := make([]algo.Decision, len(local))
 	var ferr error = errNoFallback
 	if s.opts.Fallback != nil {
 		sub := make([]algo.Hit, len(local))
 		for j, h := range local {
 			sub[j] = hits[h]
 		}
-		res, ferr = s.take(ctx, s.opts.Fallback, "fallback", sub)
+		ferr = s.take(ctx, s.opts.Fallback, "fallback", sub, res)
 	}
 	if ferr != nil {
 		s.m.backendErrors.WithLabelValues("fallback").Inc()
