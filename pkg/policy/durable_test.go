@@ -90,3 +90,31 @@ func equalKinds(a, b []StoreKind) bool {
 	}
 	return true
 }
+
+// The worked plan of docs/quotas.md (examples/quotas) loads with a
+// durable store, its day and month limits on it and the burst guards on
+// the fast store; without a durable store it is refused.
+func TestQuotasExample(t *testing.T) {
+	const dir = "../../examples/quotas"
+	set, _, err := Load(LoadOptions{Durable: DurableOptions{Enabled: true, Algorithms: []algo.Kind{algo.FixedWindow, algo.SlidingWindow}}}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	durable := 0
+	for _, r := range set.Rules() {
+		for _, l := range r.Limits {
+			if (l.Store == StoreDurable) != (l.Limit.Period >= MinDurableWindow) {
+				t.Errorf("%s: %s window on store %d", r.Path, l.Limit.Period, l.Store)
+			}
+			if l.Store == StoreDurable {
+				durable++
+			}
+		}
+	}
+	if durable != 4 {
+		t.Errorf("%d durable limits, want 4", durable)
+	}
+	if _, _, err := Load(LoadOptions{}, dir); err == nil {
+		t.Error("loaded without a durable store")
+	}
+}
