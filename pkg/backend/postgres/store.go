@@ -77,6 +77,9 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		cfg.ConnConfig.Password = opt.Password
 	}
 	cfg.MaxConns = opt.MaxConns
+	if opt.AsyncCommit {
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	}
 	// A few connections are dialed ahead, each warmed by a call with no
 	// hits (the session parses ratelimitd_take once and prepares
 	// takeSQL), so that the first decisions do not pay for it. Before
