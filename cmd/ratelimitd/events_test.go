@@ -17,6 +17,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -87,7 +88,7 @@ func TestCircuitTransitionEvents(t *testing.T) {
 	}
 	defer func() { _ = closeStore() }()
 	hit := []algo.Hit{{Key: "events", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}, Cost: 1}}
-	take := func() error { _, err := store.Take(context.Background(), hit); return err }
+	take := func() error { _, err := algotest.Take(context.Background(), store, hit); return err }
 	if err := take(); err != nil {
 		t.Fatal(err)
 	}

@@ -48,6 +48,7 @@ var mayImport = map[string][]string{
 	"pkg/telemetry/statsd":              {},
 	"pkg/service":                       {"pkg/algo", "pkg/policy", "pkg/telemetry/statsd"},
 	"pkg/replay":                        {"pkg/algo", "pkg/policy", "pkg/service"},
+	"pkg/client":                        {"pkg/algo"},
 	"cmd/ratelimitd/...": {
 		"cmd/ratelimitd/...",
 		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay",

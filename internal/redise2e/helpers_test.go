@@ -21,6 +21,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -288,7 +289,7 @@ func warm(t testing.TB, ins []*instance) {
 		start := time.Now()
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err = in.store.Take(ctx, hit)
+			_, err = algotest.Take(ctx, in.store, hit)
 			cancel()
 			if err == nil {
 				break

@@ -124,18 +124,18 @@ type recorder struct {
 	denied map[string]bool
 }
 
-func (r *recorder) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
-	d, err := r.Store.Take(ctx, hits)
-	if err == nil && len(d) == len(hits) {
+func (r *recorder) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
+	err := r.Store.Take(ctx, hits, out)
+	if err == nil {
 		r.mu.Lock()
 		for i, h := range hits {
-			if !d[i].Allowed {
+			if !out[i].Allowed {
 				r.denied[h.Key] = true
 			}
 		}
 		r.mu.Unlock()
 	}
-	return d, err
+	return err
 }
 
 func (r *recorder) reset() {

@@ -343,8 +343,8 @@ type denialCounter struct {
 	denied map[string]int
 }
 
-func (d *denialCounter) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
-	ds, err := d.Store.Take(ctx, hits)
+func (d *denialCounter) Take(ctx context.Context, hits []algo.Hit, ds []algo.Decision) error {
+	err := d.Store.Take(ctx, hits, ds)
 	if err == nil {
 		d.mu.Lock()
 		for i, h := range hits {
@@ -354,7 +354,7 @@ func (d *denialCounter) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decis
 		}
 		d.mu.Unlock()
 	}
-	return ds, err
+	return err
 }
 
 // TestSuggestEveryLimit: a rule with two limits (10/second and 300/minute)

@@ -277,12 +277,10 @@ func (s *Service) Explain(ctx context.Context, req *rlsv3.RateLimitRequest) (*Ex
 	ds, hits := s.adminPlan(sn, req)
 	decs := make([]algo.Decision, len(hits))
 	if len(hits) > 0 {
-		res, err := s.take(ctx, s.opts.Store, "primary", hits)
-		if err != nil {
+		if err := s.take(ctx, s.opts.Store, "primary", hits, decs); err != nil {
 			s.m.admin.WithLabelValues(adminExplain, adminUnavailable).Inc()
 			return nil, status.Errorf(codes.Unavailable, "service: explain: backend failed (%s): %v", causeOf(err), err)
 		}
-		copy(decs, res)
 	}
 	// A limit denies the request's cost when fewer units remain: the
 	// decisions evaluate as the request's own would have.

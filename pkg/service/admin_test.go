@@ -21,6 +21,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -218,13 +219,13 @@ func TestReset(t *testing.T) {
 	f := newAdminEnv(t, newReferenceStore(&clock{now: t0}), policy.KeyOptions{}, func(o *service.Options) { o.Fallback = fb })
 	key := res.Counters[0].Key
 	hit := []algo.Hit{{Key: key, Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 3, Period: time.Minute}, Cost: 3}}
-	if _, err := fb.Take(context.Background(), hit); err != nil {
+	if _, err := algotest.Take(context.Background(), fb, hit); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.svc.Reset(context.Background(), alice, "x"); status.Code(err) != codes.Unimplemented {
 		t.Errorf("store without Reset: %v, want Unimplemented", err)
 	}
-	if d, err := fb.Take(context.Background(), hit); err != nil || !d[0].Allowed {
+	if d, err := algotest.Take(context.Background(), fb, hit); err != nil || !d[0].Allowed {
 		t.Errorf("fallback counter not reset: %+v, %v", d, err)
 	}
 }

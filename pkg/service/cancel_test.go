@@ -18,10 +18,10 @@ import (
 // context's error; entered receives one value per Take.
 type stallStore struct{ entered chan struct{} }
 
-func (s stallStore) Take(ctx context.Context, _ []algo.Hit) ([]algo.Decision, error) {
+func (s stallStore) Take(ctx context.Context, _ []algo.Hit, _ []algo.Decision) error {
 	s.entered <- struct{}{}
 	<-ctx.Done()
-	return nil, ctx.Err()
+	return ctx.Err()
 }
 
 // TestCallerCancelledDecidesNothing: a caller that cancels while the Store

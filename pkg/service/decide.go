@@ -55,12 +55,14 @@ const (
 )
 
 // scratch holds per-request arrays that descState slices point into
-// (stores through ds's pointer make stack arrays escape); decide takes one
-// from scratchPool and returns it, cleared, when it returns. Nothing
-// outside decide keeps a pointer into it.
+// (stores through ds's pointer make stack arrays escape), and the array
+// the Store decides into (an interface call's argument escapes too);
+// decide takes one from scratchPool and returns it, cleared, when it
+// returns. Nothing outside decide keeps a pointer into it.
 type scratch struct {
 	entries [smallEntries]policy.Entry
 	applied [smallHits]applied
+	decs    [smallHits]algo.Decision
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -68,6 +70,7 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 func (sc *scratch) release() {
 	clear(sc.entries[:])
 	clear(sc.applied[:])
+	clear(sc.decs[:])
 	scratchPool.Put(sc)
 }
 
@@ -166,12 +169,11 @@ func (s *Service) decide(ctx context.Context, sn *snapshot, req *rlsv3.RateLimit
 	}
 
 	// 3. One Store call; failure modes on error.
-	var decArr [smallHits]algo.Decision
 	var outArr [smallHits]outcome
 	var decs []algo.Decision
 	var outs []outcome
 	if len(hits) <= smallHits {
-		decs, outs = decArr[:len(hits)], outArr[:len(hits)]
+		decs, outs = sc.decs[:len(hits)], outArr[:len(hits)]
 	} else {
 		decs, outs = make([]algo.Decision, len(hits)), make([]outcome, len(hits))
 	}

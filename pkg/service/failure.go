@@ -17,9 +17,8 @@ import (
 // no fallback, no decision metric), as nobody receives the answer (see
 // errCallerGone).
 func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
-	res, err := s.take(ctx, s.opts.Store, "primary", hits)
+	err := s.take(ctx, s.opts.Store, "primary", hits, decs)
 	if err == nil {
-		copy(decs, res)
 		return false, false
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
@@ -45,19 +44,17 @@ func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.
 	return undecided, false
 }
 
-// take calls st.Take with the request deadline and measures it.
-func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.Hit) ([]algo.Decision, error) {
+// take calls st.Take with the request deadline, deciding into out
+// (len(out) == len(hits)), and measures it.
+func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.Hit, out []algo.Decision) error {
 	t0 := s.opts.Now()
-	res, err := st.Take(ctx, hits)
+	err := st.Take(ctx, hits, out)
 	o := &s.m.primaryDuration
 	if label != "primary" {
 		o = &s.m.fallbackDuration
 	}
 	o.get(s.m.backendDuration, label).Observe(s.opts.Now().Sub(t0).Seconds())
-	if err == nil && len(res) != len(hits) {
-		err = errBadResult
-	}
-	return res, err
+	return err
 }
 
 // storeError is an error the service itself raises about a Store call,
@@ -65,9 +62,7 @@ func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.
 type storeError string
 
 func (e storeError) Error() string { return string(e) }
-func (e storeError) Cause() string { return "bad_result" }
-
-const errBadResult = storeError("service: store returned a decision count different from the hit count")
+func (e storeError) Cause() string { return "fallback" }
 
 // fail applies each hit's failure_mode after the primary store failed on
 // the hits listed in active.
@@ -98,14 +93,14 @@ func (s *Service) fail(ctx context.Context, err error, hits []algo.Hit, specs []
 	if len(local) == 0 {
 		return
 	}
-	var res []algo.Decision
+	res := make([]algo.Decision, len(local))
 	var ferr error = errNoFallback
 	if s.opts.Fallback != nil {
 		sub := make([]algo.Hit, len(local))
 		for j, h := range local {
 			sub[j] = hits[h]
 		}
-		res, ferr = s.take(ctx, s.opts.Fallback, "fallback", sub)
+		ferr = s.take(ctx, s.opts.Fallback, "fallback", sub, res)
 	}
 	if ferr != nil {
 		s.m.backendErrors.WithLabelValues("fallback").Inc()

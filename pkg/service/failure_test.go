@@ -130,11 +130,11 @@ func TestFailureModesMixed(t *testing.T) {
 // was given (zero: none) on deadlines.
 type blockingStore struct{ deadlines chan time.Time }
 
-func (s blockingStore) Take(ctx context.Context, _ []algo.Hit) ([]algo.Decision, error) {
+func (s blockingStore) Take(ctx context.Context, _ []algo.Hit, _ []algo.Decision) error {
 	d, _ := ctx.Deadline()
 	s.deadlines <- d
 	<-ctx.Done()
-	return nil, ctx.Err()
+	return ctx.Err()
 }
 
 func TestStoreGetsRequestDeadline(t *testing.T) {

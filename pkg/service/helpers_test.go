@@ -83,15 +83,15 @@ func newStore(t testing.TB, c *clock) *faultStore {
 	return newReferenceStore(c)
 }
 
-func (f *faultStore) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+func (f *faultStore) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	f.mu.Lock()
 	f.calls++
 	err := f.err
 	f.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return f.inner.Take(ctx, hits)
+	return f.inner.Take(ctx, hits, out)
 }
 
 // fail makes every later Take fail with err (nil: decide again).

@@ -19,14 +19,14 @@ import (
 // its limit while the other hits' master is down.
 type partialStore struct{}
 
-func (partialStore) Take(_ context.Context, hits []algo.Hit) ([]algo.Decision, error) {
-	d := make([]algo.Decision, len(hits))
+func (partialStore) Take(_ context.Context, hits []algo.Hit, out []algo.Decision) error {
+	d := out
 	d[0] = algo.Decision{Allowed: false, Remaining: 0, RetryAfter: 30e9, ResetAfter: 30e9}
 	var failed []int
 	for i := 1; i < len(hits); i++ {
 		failed = append(failed, i)
 	}
-	return nil, &causes.Partial{Decisions: d, Failed: failed, Err: causeErr{"refused"}}
+	return &causes.Partial{Decisions: d, Failed: failed, Err: causeErr{"refused"}}
 }
 
 // TestPartialFailureStaysDenied: a request a live part of the Store denied

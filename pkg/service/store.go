@@ -44,13 +44,15 @@ import (
 // nothing, and a Soft hit's denial writes nothing for it but does not
 // roll the request back.
 //
-// Output. On success len(result) == len(hits), in the same order, and the
-// service reads it before Take is called again by the same request. In
+// Output. out has one element per hit (len(out) == len(hits)); on
+// success Take has written each hit's decision into it, in the same
+// order. The array is the caller's: Take writes it only before it
+// returns (never after, even when the caller's context ends first), and
+// does not keep it. On error its content is unspecified. In
 // each algo.Decision, Remaining is whole units (>= 0), RetryAfter is 0
 // when Allowed, and RetryAfter, ResetAfter and WindowAfter are exact to
 // the microsecond; FromCache is true only for a denial a store's local
-// over-limit cache answered. A result of another length is treated as a
-// backend error (cause "bad_result").
+// over-limit cache answered.
 //
 // Errors. An error means the store could not decide the request
 // (unreachable, timeout, out of memory, read-only, circuit open, full);
@@ -67,8 +69,8 @@ import (
 // failure_mode open would admit is then answered DeadlineExceeded instead
 // of being admitted uncounted.
 type Store interface {
-	// Take decides hits, one request, as Store documents.
-	Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
+	// Take decides hits, one request, into out, as Store documents.
+	Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error
 }
 
 // Causer is implemented by backend errors that know a bounded cause label

@@ -80,10 +80,10 @@ func (o Options) Validate() error {
 // Store is the shape of service.Store (declared here so telemetry depends on
 // algo only).
 type Store interface {
-	// Take decides the hits of one request (service.Store.Take's
-	// contract); the traced wrapper passes its result and error through
-	// unchanged.
-	Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
+	// Take decides the hits of one request into out (service.Store.Take's
+	// contract); the traced wrapper passes its decisions and error
+	// through unchanged.
+	Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error
 }
 
 // Tracing is a configured tracer provider. A disabled Tracing is valid and
@@ -168,11 +168,11 @@ type tracedStore struct {
 	tracer trace.Tracer
 }
 
-func (s *tracedStore) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+func (s *tracedStore) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	ctx, span := s.tracer.Start(ctx, "ratelimitd.backend.take", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.Int("ratelimitd.hits", len(hits))))
 	defer span.End()
-	d, err := s.next.Take(ctx, hits)
+	err := s.next.Take(ctx, hits, out)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "backend error")
@@ -180,16 +180,16 @@ func (s *tracedStore) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decisio
 		if errors.As(err, &c) {
 			span.SetAttributes(attribute.String("ratelimitd.backend.cause", c.Cause()))
 		}
-		return d, err
+		return err
 	}
 	denied := 0
-	for _, x := range d {
+	for _, x := range out {
 		if !x.Allowed {
 			denied++
 		}
 	}
 	span.SetAttributes(attribute.Int("ratelimitd.denied", denied))
-	return d, nil
+	return nil
 }
 
 // Healthy forwards to the wrapped store when it reports health.

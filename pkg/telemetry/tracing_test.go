@@ -20,21 +20,21 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type fakeStore struct{ err error }
 
-func (f fakeStore) Take(_ context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+func (f fakeStore) Take(_ context.Context, _ []algo.Hit, out []algo.Decision) error {
 	if f.err != nil {
-		return nil, f.err
+		return f.err
 	}
-	d := make([]algo.Decision, len(hits))
-	for i := range d {
-		d[i].Allowed = i == 0
+	for i := range out {
+		out[i].Allowed = i == 0
 	}
-	return d, nil
+	return nil
 }
 
 type causeErr struct{}
@@ -50,7 +50,7 @@ type rls struct {
 }
 
 func (r rls) ShouldRateLimit(ctx context.Context, _ *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	_, _ = r.store.Take(ctx, []algo.Hit{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}})
+	_, _ = algotest.Take(ctx, r.store, []algo.Hit{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}})
 	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
 }
 
@@ -133,7 +133,7 @@ func TestBackendErrorRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := tr.Store(fakeStore{err: causeErr{}})
-	if _, err := s.Take(context.Background(), []algo.Hit{{Key: "k", Cost: 1}}); !errors.As(err, new(causeErr)) {
+	if _, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "k", Cost: 1}}); !errors.As(err, new(causeErr)) {
 		t.Fatalf("Take error = %v, want the backend's error unchanged", err)
 	}
 	_ = tr.sdk.ForceFlush(context.Background())
@@ -173,7 +173,7 @@ func TestOTLPExportReachesCollector(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tr.Store(fakeStore{}).Take(context.Background(), []algo.Hit{{Key: "k", Cost: 1}}); err != nil {
+	if _, err := algotest.Take(context.Background(), tr.Store(fakeStore{}), []algo.Hit{{Key: "k", Cost: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -247,7 +247,7 @@ func TestSampleRatioZeroValues(t *testing.T) {
 			hits := []algo.Hit{{Key: "k", Cost: 1}}
 			count := func(ctx context.Context) int {
 				exp.Reset()
-				if _, err := st.Take(ctx, hits); err != nil {
+				if _, err := algotest.Take(ctx, st, hits); err != nil {
 					t.Fatal(err)
 				}
 				if err := tr.sdk.ForceFlush(context.Background()); err != nil {

@@ -30,11 +30,21 @@ import (
 // Store is the shape of service.Store (declared here so that algotest does
 // not import the service).
 type Store interface {
-	// Take decides the hits of one request with the semantics of
-	// service.Store.Take: len(result) == len(hits), same order; a
+	// Take decides the hits of one request into out with the semantics
+	// of service.Store.Take: len(out) == len(hits), same order; a
 	// non-nil error fails the step. Reference is the executable
 	// definition of the expected decisions.
-	Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
+	Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error
+}
+
+// Take calls s.Take with a new array of len(hits) decisions and returns
+// it (nil on error): the shape tests find convenient.
+func Take(ctx context.Context, s Store, hits []algo.Hit) ([]algo.Decision, error) {
+	out := make([]algo.Decision, len(hits))
+	if err := s.Take(ctx, hits, out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Base is the instant every table's offsets start from: 2026-01-01T00:00Z,
@@ -102,7 +112,7 @@ func RunTables(t *testing.T, tables []Table, newStore func(t *testing.T, now fun
 					h.Key = prefix + h.Key
 					hits[j] = h
 				}
-				got, err := s.Take(context.Background(), hits)
+				got, err := Take(context.Background(), s, hits)
 				if err != nil {
 					t.Fatalf("step %d at %v: Take: %v", i, at, err)
 				}

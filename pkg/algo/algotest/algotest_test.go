@@ -21,12 +21,11 @@ type brokenStore struct {
 	states map[string]algo.State
 }
 
-func (s *brokenStore) Take(_ context.Context, hits []algo.Hit) ([]algo.Decision, error) {
-	out := make([]algo.Decision, len(hits))
+func (s *brokenStore) Take(_ context.Context, hits []algo.Hit, out []algo.Decision) error {
 	for i, h := range hits {
 		s.states[h.Key], out[i] = algo.Apply(s.states[h.Key], h, s.now())
 	}
-	return out, nil
+	return nil
 }
 
 func TestSuiteCatchesBrokenStore(t *testing.T) {
@@ -39,7 +38,7 @@ func TestSuiteCatchesBrokenStore(t *testing.T) {
 		for _, st := range tb.Steps {
 			at := algotest.Base.Add(st.At)
 			s.now = func() time.Time { return at }
-			got, _ := s.Take(context.Background(), st.Hits)
+			got, _ := algotest.Take(context.Background(), s, st.Hits)
 			for j := range got {
 				if got[j] != st.Want[j] {
 					failed = true

@@ -23,7 +23,7 @@ func ConcurrentAllowed[S Store](ctx context.Context, stores []S, key string, l a
 		s := stores[i%len(stores)]
 		wg.Go(func() {
 			<-start
-			d, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+			d, err := Take(ctx, s, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
 			if err != nil {
 				errs[i] = err
 				return

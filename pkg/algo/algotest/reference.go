@@ -82,9 +82,11 @@ func NewReferenceStore(now func() time.Time) *ReferenceStore {
 	return &ReferenceStore{now: now, states: map[string]algo.State{}}
 }
 
-// Take decides hits with Reference at s's now; the error is always nil.
-func (s *ReferenceStore) Take(_ context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+// Take decides hits into out with Reference at s's now; the error is
+// always nil.
+func (s *ReferenceStore) Take(_ context.Context, hits []algo.Hit, out []algo.Decision) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Reference(s.states, hits, s.now()), nil
+	copy(out, Reference(s.states, hits, s.now()))
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
@@ -34,7 +35,7 @@ func untilRefused(t *testing.T, s *memcache.Store, want error, before string, ma
 	t.Helper()
 	l := fixed(1000, time.Hour)
 	for i := range max {
-		_, err := s.Take(context.Background(), []algo.Hit{{Key: uniq(t), Limit: l, Cost: 1}})
+		_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: uniq(t), Limit: l, Cost: 1}})
 		if errors.Is(err, want) {
 			return i
 		}
@@ -52,7 +53,7 @@ func recovers(t *testing.T, s *memcache.Store) {
 	t.Helper()
 	l := fixed(1000, time.Hour)
 	eventually(t, 10*time.Second, func() bool {
-		_, err := s.Take(context.Background(), []algo.Hit{{Key: uniq(t), Limit: l, Cost: 1}})
+		_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: uniq(t), Limit: l, Cost: 1}})
 		return err == nil
 	}, "a call succeeds after memcached came back")
 	if st := s.BreakerState(); st != "closed" || !s.Healthy() {
@@ -149,7 +150,7 @@ func TestSeveralServersShareNoCircuit(t *testing.T) {
 	dead.Kill()
 	l := fixed(1000, time.Hour)
 	call := func(key string) ([]algo.Decision, error) {
-		return s.Take(context.Background(), []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+		return algotest.Take(context.Background(), s, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
 	}
 	// Which keys live on which server.
 	var onLive, onDead []string

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 )
@@ -120,7 +121,7 @@ func TestLocalCache(t *testing.T) {
 		}
 	}
 	counts("memcached down", 9, 14)
-	if _, err := s.Take(context.Background(), []algo.Hit{other}); err == nil {
+	if _, err := algotest.Take(context.Background(), s, []algo.Hit{other}); err == nil {
 		t.Fatal("uncached hit with memcached down: no error")
 	}
 	counts("uncached with memcached down", 9, 15)
@@ -132,14 +133,14 @@ func TestLocalCache(t *testing.T) {
 	}
 	counts("k before window end", 10, 15)
 	clock.Advance(time.Microsecond)
-	if _, err := s.Take(context.Background(), []algo.Hit{k}); err == nil {
+	if _, err := algotest.Take(context.Background(), s, []algo.Hit{k}); err == nil {
 		t.Fatal("k in the next window with memcached down: no error (answered from an expired entry)")
 	}
 	counts("k after window end", 10, 16)
 
 	// ResetCache drops every entry.
 	s.ResetCache()
-	if _, err := s.Take(context.Background(), []algo.Hit{dup}); err == nil {
+	if _, err := algotest.Take(context.Background(), s, []algo.Hit{dup}); err == nil {
 		t.Fatal("dup after ResetCache with memcached down: no error")
 	}
 	counts("after ResetCache", 10, 17)

@@ -71,7 +71,7 @@ var fixed = func(rate int64, period time.Duration) algo.Limit {
 
 func take(t *testing.T, s *memcache.Store, hits ...algo.Hit) []algo.Decision {
 	t.Helper()
-	d, err := s.Take(context.Background(), hits)
+	d, err := algotest.Take(context.Background(), s, hits)
 	if err != nil {
 		t.Fatalf("Take: %v", err)
 	}
@@ -143,7 +143,7 @@ func TestUnsupportedAlgorithm(t *testing.T) {
 	if got := s.Algorithms(); len(got) != 1 || got[0] != algo.FixedWindow {
 		t.Fatalf("Algorithms() = %v, want [FixedWindow]", got)
 	}
-	_, err := s.Take(context.Background(), []algo.Hit{{Key: uniq(t), Limit: algo.Limit{Kind: algo.TokenBucket, Rate: 1, Period: time.Second}, Cost: 1}})
+	_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: uniq(t), Limit: algo.Limit{Kind: algo.TokenBucket, Rate: 1, Period: time.Second}, Cost: 1}})
 	var c interface{ Cause() string }
 	if !errors.As(err, &c) || c.Cause() != memcache.CauseUnsupported {
 		t.Fatalf("token bucket hit: err %v, want cause %q", err, memcache.CauseUnsupported)
@@ -304,7 +304,7 @@ func TestAllOrNothingConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 100 {
 		wg.Go(func() {
-			d, err := stores[i%2].Take(context.Background(), []algo.Hit{{Key: a, Limit: la, Cost: 1}, {Key: b, Limit: lb, Cost: 1}})
+			d, err := algotest.Take(context.Background(), stores[i%2], []algo.Hit{{Key: a, Limit: la, Cost: 1}, {Key: b, Limit: lb, Cost: 1}})
 			if err != nil {
 				t.Error(err)
 				return
@@ -410,7 +410,7 @@ func TestKilledAndRestarted(t *testing.T) {
 	take(t, s, algo.Hit{Key: k, Limit: l, Cost: 1})
 
 	srv.Kill()
-	_, err := s.Take(context.Background(), []algo.Hit{{Key: k, Limit: l, Cost: 1}})
+	_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: k, Limit: l, Cost: 1}})
 	if err == nil || causeOf(err) != memcache.CauseRefused {
 		t.Fatalf("Take with memcached killed: %v (cause %q), want cause %q", err, causeOf(err), memcache.CauseRefused)
 	}
@@ -471,7 +471,7 @@ func TestFrozenReturnsByBudget(t *testing.T) {
 	check := func(name string, s *memcache.Store, ctx context.Context, key string, bound time.Duration) {
 		t.Helper()
 		t0 := time.Now()
-		_, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+		_, err := algotest.Take(ctx, s, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
 		took := time.Since(t0)
 		if causeOf(err) != memcache.CauseTimeout {
 			t.Fatalf("%s: err %v, want cause timeout", name, err)
@@ -499,7 +499,7 @@ func TestFrozenReturnsByBudget(t *testing.T) {
 	// The abandoned take's INCR completed once memcached answered, and
 	// was refunded: only the first take is counted.
 	eventually(t, 10*time.Second, func() bool {
-		d, err := long.Take(context.Background(), []algo.Hit{{Key: k, Limit: l, Cost: 0}})
+		d, err := algotest.Take(context.Background(), long, []algo.Hit{{Key: k, Limit: l, Cost: 0}})
 		return err == nil && d[0].Remaining == 4
 	}, "abandoned take refunded (4 remaining)")
 }
@@ -547,7 +547,7 @@ func TestSRV(t *testing.T) {
 		return "", nil, errors.New("lookup failed")
 	}
 	s2 := openStore(t, o2)
-	if _, err := s2.Take(context.Background(), []algo.Hit{{Key: k, Limit: l, Cost: 1}}); causeOf(err) != memcache.CauseRefused {
+	if _, err := algotest.Take(context.Background(), s2, []algo.Hit{{Key: k, Limit: l, Cost: 1}}); causeOf(err) != memcache.CauseRefused {
 		t.Fatalf("Take without any resolved server: %v, want cause refused", err)
 	}
 	if s2.Healthy() {
@@ -572,7 +572,7 @@ func TestUnresolvedAddrs(t *testing.T) {
 	o.Timeout = testTimeout
 	o.HealthInterval = 20 * time.Millisecond
 	s := openStore(t, o)
-	_, err := s.Take(context.Background(), []algo.Hit{{Key: uniq(t), Limit: fixed(1, time.Hour), Cost: 1}})
+	_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: uniq(t), Limit: fixed(1, time.Hour), Cost: 1}})
 	if causeOf(err) != memcache.CauseRefused {
 		t.Fatalf("Take: %v, want cause refused", err)
 	}

@@ -74,36 +74,36 @@ type request struct {
 // key occurs once in the request are cached until their RetryAfter (the
 // window's end). See overlimit.Cache.Take for requests that mix cached
 // and uncached hits.
-func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if len(hits) == 0 {
-		return []algo.Decision{}, nil
+		return nil
 	}
 	for _, h := range hits {
 		if h.Limit.Kind != algo.FixedWindow {
-			return nil, newError(CauseUnsupported, false, fmt.Errorf("algorithm %d: only fixed_window is supported", h.Limit.Kind))
+			return newError(CauseUnsupported, false, fmt.Errorf("algorithm %d: only fixed_window is supported", h.Limit.Kind))
 		}
 	}
-	return s.cache.Take(ctx, hits, s.now, s.take)
+	return s.cache.Take(ctx, hits, out, s.now, s.take)
 }
 
 // take decides hits (all fixed_window) on memcached, without the local
-// cache.
-func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
-	out := make([]algo.Decision, len(hits))
+// cache, into out.
+func (s *Store) take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	start := time.Now()
 	end := s.budget(ctx, start)
 	if !end.After(start) {
-		return nil, errTimeout
+		return errTimeout
 	}
 	guarded := s.guarded()
 	if guarded {
 		if err := s.breaker.Allow(start); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	// decide may outlive the call (see below): it keeps its own copy of
-	// hits, whose backing array the caller may reuse.
-	r := &request{hits: append([]algo.Hit(nil), hits...), out: out, done: make(chan struct{})}
+	// decide may outlive the call (see below): it keeps its own copies of
+	// hits and of the decisions, whose backing arrays the caller may
+	// reuse, and out receives the decisions only once they stand.
+	r := &request{hits: append([]algo.Hit(nil), hits...), out: make([]algo.Decision, len(hits)), done: make(chan struct{})}
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
@@ -142,9 +142,10 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 			// decides then).
 			s.note(err)
 		}
-		return nil, err
+		return err
 	}
-	return r.out, nil
+	copy(out, r.out)
+	return nil
 }
 
 // taken records what decide counted for one hit.

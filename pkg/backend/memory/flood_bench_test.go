@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 )
 
@@ -54,7 +55,7 @@ func BenchmarkFloodFull(b *testing.B) {
 				if i < hot {
 					k, l = fmt.Sprintf("hot:%016x", i), forever
 				}
-				if _, err := s.Take(ctx, []algo.Hit{hit(k, l)}); err != nil {
+				if _, err := algotest.Take(ctx, s, []algo.Hit{hit(k, l)}); err != nil {
 					b.Fatal(i, err)
 				}
 			}
@@ -73,7 +74,7 @@ func BenchmarkFloodFull(b *testing.B) {
 						default:
 						}
 						hits[0].Key = "flood:" + strconv.Itoa(g) + ":" + strconv.Itoa(i)
-						if _, err := s.Take(ctx, hits); err != nil {
+						if _, err := algotest.Take(ctx, s, hits); err != nil {
 							b.Error(err)
 							return
 						}
@@ -90,7 +91,7 @@ func BenchmarkFloodFull(b *testing.B) {
 			for i := range b.N {
 				hits[0].Key = fmt.Sprintf("hot:%016x", i%hot)
 				t0 := time.Now()
-				d, err := s.Take(ctx, hits)
+				d, err := algotest.Take(ctx, s, hits)
 				lat[i] = time.Since(t0)
 				if err != nil || !d[0].Allowed {
 					b.Fatalf("existing key %s: %+v %v", hits[0].Key, d, err)
@@ -146,7 +147,7 @@ func BenchmarkBytesPerKey1M(b *testing.B) {
 				hits := []algo.Hit{hit("", l)}
 				for i := range keys {
 					hits[0].Key = c.key(i)
-					if _, err := s.Take(context.Background(), hits); err != nil {
+					if _, err := algotest.Take(context.Background(), s, hits); err != nil {
 						b.Fatal(err)
 					}
 				}

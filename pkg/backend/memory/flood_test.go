@@ -39,7 +39,7 @@ func TestFloodDoesNotFreeNewKeys(t *testing.T) {
 			l := algo.Limit{Kind: c.kind, Rate: 10, Period: time.Hour}
 			ctx := context.Background()
 			for i := range maxKeys {
-				if _, err := s.Take(ctx, []algo.Hit{hit(fmt.Sprint("fill", i), l)}); err != nil {
+				if _, err := algotest.Take(ctx, s, []algo.Hit{hit(fmt.Sprint("fill", i), l)}); err != nil {
 					t.Fatal(i, err)
 				}
 			}
@@ -52,7 +52,7 @@ func TestFloodDoesNotFreeNewKeys(t *testing.T) {
 					defer wg.Done()
 					<-start
 					for i := range extra / 8 {
-						d, err := s.Take(ctx, []algo.Hit{hit(fmt.Sprintf("flood%d:%d", g, i), l)})
+						d, err := algotest.Take(ctx, s, []algo.Hit{hit(fmt.Sprintf("flood%d:%d", g, i), l)})
 						switch {
 						case err != nil:
 							errs.Add(1)
@@ -67,7 +67,7 @@ func TestFloodDoesNotFreeNewKeys(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					<-start
-					d, err := s.Take(ctx, []algo.Hit{hit("victim", l)})
+					d, err := algotest.Take(ctx, s, []algo.Hit{hit("victim", l)})
 					switch {
 					case err != nil:
 						errs.Add(1)
@@ -96,7 +96,7 @@ func TestFloodDoesNotFreeNewKeys(t *testing.T) {
 			k := "flood0:0"
 			n := 0
 			for range 20 {
-				if d, err := s.Take(ctx, []algo.Hit{hit(k, l)}); err == nil && d[0].Allowed {
+				if d, err := algotest.Take(ctx, s, []algo.Hit{hit(k, l)}); err == nil && d[0].Allowed {
 					n++
 				}
 			}
@@ -128,7 +128,7 @@ func TestFloodManyKeysStaysConservative(t *testing.T) {
 					defer wg.Done()
 					for range rounds {
 						for i := range keys {
-							d, err := s.Take(ctx, []algo.Hit{hit(fmt.Sprintf("g%d:%d", g, i), l)})
+							d, err := algotest.Take(ctx, s, []algo.Hit{hit(fmt.Sprintf("g%d:%d", g, i), l)})
 							if err != nil {
 								t.Error(err)
 								return

@@ -347,13 +347,12 @@ type call struct {
 // expired keys for them or, when none has expired, decides them with the
 // sketches (see the package documentation). It fails only when ctx is done
 // before it starts.
-func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("memory: %w", err)
+		return fmt.Errorf("memory: %w", err)
 	}
-	out := make([]algo.Decision, len(hits))
 	if len(hits) == 0 {
-		return out, nil
+		return nil
 	}
 	now := s.now()
 	var refs [4]ref
@@ -394,7 +393,7 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	if c.scanned > 0 {
 		s.scanned.Add(c.scanned)
 	}
-	return out, nil
+	return nil
 }
 
 // take decides hits with their shards locked and commits them. It returns

@@ -63,7 +63,7 @@ func TestConcurrentExactlyN(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				d, err := s.Take(context.Background(), []algo.Hit{{Key: "k", Limit: l, Cost: 1}, {Key: "other", Limit: l, Cost: 0}})
+				d, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "k", Limit: l, Cost: 1}, {Key: "other", Limit: l, Cost: 0}})
 				if err != nil {
 					t.Error(err)
 					return
@@ -101,7 +101,7 @@ func TestIdleKeysExpire(t *testing.T) {
 	}
 	for i := range 1000 {
 		l := limits[i%len(limits)]
-		if _, err := s.Take(context.Background(), []algo.Hit{hit(fmt.Sprint("u", i), l)}); err != nil {
+		if _, err := algotest.Take(context.Background(), s, []algo.Hit{hit(fmt.Sprint("u", i), l)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -120,7 +120,7 @@ func TestIdleKeysExpire(t *testing.T) {
 		t.Fatalf("after two minutes Len %d, want 0", s.Len())
 	}
 	// a check on an absent key stores nothing
-	if _, err := s.Take(context.Background(), []algo.Hit{{Key: "x", Limit: limits[0]}}); err != nil || s.Len() != 0 {
+	if _, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "x", Limit: limits[0]}}); err != nil || s.Len() != 0 {
 		t.Fatalf("check created a key: %v %d", err, s.Len())
 	}
 }
@@ -131,11 +131,11 @@ func TestLazyExpiry(t *testing.T) {
 	s := newStore(t, memory.Options{Now: c.now, SweepInterval: -1})
 	l := algo.Limit{Kind: algo.SlidingLog, Rate: 1, Period: time.Second}
 	// an old log entry that the clock going back would otherwise revive is gone
-	if d, _ := s.Take(context.Background(), []algo.Hit{hit("k", l)}); !d[0].Allowed {
+	if d, _ := algotest.Take(context.Background(), s, []algo.Hit{hit("k", l)}); !d[0].Allowed {
 		t.Fatal("first denied")
 	}
 	c.add(time.Second)
-	if d, _ := s.Take(context.Background(), []algo.Hit{hit("k", l)}); !d[0].Allowed || d[0].Remaining != 0 {
+	if d, _ := algotest.Take(context.Background(), s, []algo.Hit{hit("k", l)}); !d[0].Allowed || d[0].Remaining != 0 {
 		t.Fatalf("after expiry: %+v", d[0])
 	}
 	if s.Len() != 1 {
@@ -151,11 +151,11 @@ func TestMaxKeys(t *testing.T) {
 	s := newStore(t, memory.Options{Now: c.now, MaxKeys: 2, SweepInterval: -1})
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Minute}
 	for _, k := range []string{"a", "b"} {
-		if _, err := s.Take(context.Background(), []algo.Hit{hit(k, l)}); err != nil {
+		if _, err := algotest.Take(context.Background(), s, []algo.Hit{hit(k, l)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	d, err := s.Take(context.Background(), []algo.Hit{hit("a", l), hit("c", l)})
+	d, err := algotest.Take(context.Background(), s, []algo.Hit{hit("a", l), hit("c", l)})
 	if err != nil || !d[0].Allowed || d[0].Remaining != 3 || !d[1].Allowed || d[1].Remaining != 4 {
 		t.Fatalf("a and new c at a full store: %+v %v; want both allowed, 3 and 4 left", d, err)
 	}
@@ -166,13 +166,13 @@ func TestMaxKeys(t *testing.T) {
 		t.Fatalf("Approximated %d, %d; want 1, 0", sk, ref)
 	}
 	for want := int64(3); want >= -1; want-- {
-		d, err := s.Take(context.Background(), []algo.Hit{hit("c", l)})
+		d, err := algotest.Take(context.Background(), s, []algo.Hit{hit("c", l)})
 		if err != nil || d[0].Allowed != (want >= 0) || d[0].Remaining != max(want, 0) {
 			t.Fatalf("c in the sketch: %+v %v; want remaining %d", d, err, want)
 		}
 	}
 	c.add(time.Minute)
-	d, err = s.Take(context.Background(), []algo.Hit{hit("c", l)})
+	d, err = algotest.Take(context.Background(), s, []algo.Hit{hit("c", l)})
 	if sk, _ := s.Approximated(); err != nil || d[0].Remaining != 4 || sk != 5 {
 		t.Fatalf("c in a new window after keys expired: %+v %v, %d sketched; want 4 left, stored (5 sketched before: the denied hit needed no slot)", d, err, sk)
 	}
@@ -182,7 +182,7 @@ func TestContextCanceled(t *testing.T) {
 	s := newStore(t, memory.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := s.Take(ctx, []algo.Hit{hit("k", algo.Limit{Rate: 1, Period: time.Second})}); !errors.Is(err, context.Canceled) {
+	if _, err := algotest.Take(ctx, s, []algo.Hit{hit("k", algo.Limit{Rate: 1, Period: time.Second})}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err %v", err)
 	}
 }
@@ -191,7 +191,7 @@ func TestBackgroundSweep(t *testing.T) {
 	c := newClock(algotest.Base)
 	s := newStore(t, memory.Options{Now: c.now, SweepInterval: time.Millisecond})
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Second}
-	s.Take(context.Background(), []algo.Hit{hit("k", l)})
+	algotest.Take(context.Background(), s, []algo.Hit{hit("k", l)})
 	c.add(time.Second)
 	deadline := time.Now().Add(5 * time.Second)
 	for s.Len() != 0 {
@@ -215,7 +215,7 @@ func BenchmarkTake(b *testing.B) {
 				key := fmt.Sprint("k", n.Add(1))
 				hits := []algo.Hit{hit(key, l)}
 				for pb.Next() {
-					if _, err := s.Take(context.Background(), hits); err != nil {
+					if _, err := algotest.Take(context.Background(), s, hits); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -253,7 +253,7 @@ func BenchmarkBytesPerKey(b *testing.B) {
 				runtime.ReadMemStats(&before)
 				for i := range keys {
 					h := algo.Hit{Key: fmt.Sprintf("ratelimitd:domain:rule:%016x", i), Limit: c.l, Cost: c.fill}
-					if _, err := s.Take(context.Background(), []algo.Hit{h}); err != nil {
+					if _, err := algotest.Take(context.Background(), s, []algo.Hit{h}); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -293,7 +293,7 @@ func TestMultiKeyStress(t *testing.T) {
 						hits[x], hits[y] = hits[y], hits[x]
 					}
 				}
-				d, err := s.Take(context.Background(), hits)
+				d, err := algotest.Take(context.Background(), s, hits)
 				if err != nil {
 					t.Error(err)
 					return
@@ -314,7 +314,7 @@ func TestMultiKeyStress(t *testing.T) {
 	}
 	wg.Wait()
 	for _, k := range keys {
-		d, err := s.Take(context.Background(), []algo.Hit{{Key: k, Limit: l}})
+		d, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: k, Limit: l}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -343,7 +343,7 @@ func TestFullStoreWorkPerCall(t *testing.T) {
 		for i, k := range keys {
 			hits[i] = hit(k, l)
 		}
-		d, err := s.Take(context.Background(), hits)
+		d, err := algotest.Take(context.Background(), s, hits)
 		e1, s1 := s.Work()
 		return d, work{e1 - e0, s1 - s0}, err
 	}
@@ -423,14 +423,14 @@ func TestFloodKeepsStoredKeysExact(t *testing.T) {
 	hot := algo.Limit{Kind: algo.FixedWindow, Rate: 100, Period: algo.MaxPeriod}
 	flood := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Second}
 	ctx := context.Background()
-	if _, err := s.Take(ctx, []algo.Hit{{Key: "hot", Limit: hot}}); err != nil || s.Len() != 0 {
+	if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: "hot", Limit: hot}}); err != nil || s.Len() != 0 {
 		t.Fatal(err) // a check stores nothing
 	}
-	if _, err := s.Take(ctx, []algo.Hit{hit("hot", hot)}); err != nil {
+	if _, err := algotest.Take(ctx, s, []algo.Hit{hit("hot", hot)}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range maxKeys - 1 {
-		if _, err := s.Take(ctx, []algo.Hit{hit(fmt.Sprint("fill", i), flood)}); err != nil {
+		if _, err := algotest.Take(ctx, s, []algo.Hit{hit(fmt.Sprint("fill", i), flood)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -446,7 +446,7 @@ func TestFloodKeepsStoredKeysExact(t *testing.T) {
 				if i%50 == 49 {
 					c.add(100 * time.Millisecond)
 				}
-				_, err := s.Take(ctx, []algo.Hit{hit(fmt.Sprintf("flood%d:%d", g, i), flood)})
+				_, err := algotest.Take(ctx, s, []algo.Hit{hit(fmt.Sprintf("flood%d:%d", g, i), flood)})
 				if err != nil {
 					errs.Add(1)
 				}
@@ -459,7 +459,7 @@ func TestFloodKeepsStoredKeysExact(t *testing.T) {
 			defer wg.Done()
 			<-start
 			for range 50 {
-				d, err := s.Take(ctx, []algo.Hit{hit("hot", hot)})
+				d, err := algotest.Take(ctx, s, []algo.Hit{hit("hot", hot)})
 				if err != nil {
 					errs.Add(1)
 				} else if d[0].Allowed {

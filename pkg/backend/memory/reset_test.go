@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -25,7 +26,7 @@ func TestReset(t *testing.T) {
 	for _, kind := range []algo.Kind{algo.FixedWindow, algo.SlidingWindow, algo.SlidingLog, algo.TokenBucket, algo.Concurrency} {
 		l := algo.Limit{Kind: kind, Rate: 3, Period: time.Minute}
 		a, b := algo.Hit{Key: "a", Limit: l, Cost: 3}, algo.Hit{Key: "b", Limit: l, Cost: 3}
-		if d, err := s.Take(ctx, []algo.Hit{a, b}); err != nil || !d[0].Allowed || !d[1].Allowed {
+		if d, err := algotest.Take(ctx, s, []algo.Hit{a, b}); err != nil || !d[0].Allowed || !d[1].Allowed {
 			t.Fatalf("kind %d: first take %+v, %v", kind, d, err)
 		}
 		if err := s.Reset(ctx, []algo.Hit{a, {Key: "absent", Limit: l}}); err != nil {
@@ -34,12 +35,12 @@ func TestReset(t *testing.T) {
 		if s.Len() != 1 {
 			t.Errorf("kind %d: %d keys after Reset, want 1", kind, s.Len())
 		}
-		d, err := s.Take(ctx, []algo.Hit{a})
+		d, err := algotest.Take(ctx, s, []algo.Hit{a})
 		if err != nil || !d[0].Allowed || d[0].Remaining != 0 {
 			t.Errorf("kind %d: take of the whole quota after Reset: %+v, %v", kind, d, err)
 		}
 		b.Cost = 1
-		if d, err := s.Take(ctx, []algo.Hit{b}); err != nil || d[0].Allowed {
+		if d, err := algotest.Take(ctx, s, []algo.Hit{b}); err != nil || d[0].Allowed {
 			t.Errorf("kind %d: a key not reset was reset: %+v, %v", kind, d, err)
 		}
 		_ = s.Reset(ctx, []algo.Hit{a, b})

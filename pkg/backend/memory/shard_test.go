@@ -125,7 +125,7 @@ func runReference(t *testing.T, shards, maxKeys int, seed uint64) {
 			full = added > 0 && live(nowUs)+added > maxKeys
 		}
 
-		got, err := s.Take(context.Background(), hits)
+		got, err := algotest.Take(context.Background(), s, hits)
 		over = over || full
 		switch {
 		case err != nil:

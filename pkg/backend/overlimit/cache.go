@@ -283,14 +283,14 @@ func Cacheable(h algo.Hit) bool {
 	return !h.Charge || h.Limit.Kind == algo.FixedWindow
 }
 
-// TakeFunc decides hits on the backend (a store's Take without the cache):
-// one decision per hit, in order.
-type TakeFunc func(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
+// TakeFunc decides hits on the backend (a store's Take without the cache)
+// into out: one decision per hit, in order (len(out) == len(hits)).
+type TakeFunc func(ctx context.Context, hits []algo.Hit, out []algo.Decision) error
 
-// Take decides the hits of one request through the cache: a release first
-// drops its key's entry; every Cacheable hit is looked up once, in request
-// order (one counted hit or miss each, as envoyproxy/ratelimit looks up
-// every descriptor); then
+// Take decides the hits of one request through the cache into out
+// (len(out) == len(hits)): a release first drops its key's entry; every
+// Cacheable hit is looked up once, in request order (one counted hit or
+// miss each, as envoyproxy/ratelimit looks up every descriptor); then
 //   - when every hit is a cached denial, the request is answered locally
 //     (each decision FromCache) and take is not called;
 //   - when some are and all the others are Kept (releases, always_charge),
@@ -305,9 +305,9 @@ type TakeFunc func(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error
 // Cache, Take is take. Errors are take's, unchanged, except that a
 // *causes.Partial of the hits sent to take is given for the whole request
 // (its decisions and failed indexes placed at the request's positions).
-func (c *Cache) Take(ctx context.Context, hits []algo.Hit, now func() time.Time, take TakeFunc) ([]algo.Decision, error) {
+func (c *Cache) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision, now func() time.Time, take TakeFunc) error {
 	if c == nil || len(hits) == 0 {
-		return take(ctx, hits)
+		return take(ctx, hits, out)
 	}
 	for _, h := range hits {
 		if h.Release {
@@ -315,42 +315,39 @@ func (c *Cache) Take(ctx context.Context, hits []algo.Hit, now func() time.Time,
 		}
 	}
 	gen := c.generation()
-	out := make([]algo.Decision, len(hits))
 	rest, cached := c.fromCache(hits, out, now())
 	if len(rest) == 0 {
-		return out, nil
+		return nil
 	}
 	if len(rest) < len(hits) {
 		sub := make([]algo.Hit, len(rest))
 		for j, i := range rest {
 			sub[j] = hits[i]
 		}
-		subOut, err := c.takeAndRemember(ctx, sub, now, gen, take)
-		if err != nil {
-			return nil, remapPartial(err, rest, out)
+		subOut := make([]algo.Decision, len(rest))
+		if err := c.takeAndRemember(ctx, sub, subOut, now, gen, take); err != nil {
+			return remapPartial(err, rest, out)
 		}
 		for j, i := range rest {
 			out[i] = subOut[j]
 		}
-		return out, nil
+		return nil
 	}
-	out, err := c.takeAndRemember(ctx, hits, now, gen, take)
-	if err != nil {
-		return nil, err
+	if err := c.takeAndRemember(ctx, hits, out, now, gen, take); err != nil {
+		return err
 	}
 	for _, i := range cached {
 		out[i].FromCache = !out[i].Allowed
 	}
-	return out, nil
+	return nil
 }
 
-func (c *Cache) takeAndRemember(ctx context.Context, hits []algo.Hit, now func() time.Time, gen uint64, take TakeFunc) ([]algo.Decision, error) {
-	out, err := take(ctx, hits)
-	if err != nil {
-		return nil, err
+func (c *Cache) takeAndRemember(ctx context.Context, hits []algo.Hit, out []algo.Decision, now func() time.Time, gen uint64, take TakeFunc) error {
+	if err := take(ctx, hits, out); err != nil {
+		return err
 	}
 	c.remember(hits, out, now(), gen)
-	return out, nil
+	return nil
 }
 
 // fromCache looks every cacheable hit up and answers from the cache the

@@ -2,7 +2,6 @@ package overlimit
 
 import (
 	"context"
-	"slices"
 	"testing"
 	"time"
 
@@ -81,15 +80,16 @@ func TestOverLimitCacheCreditDuringTake(t *testing.T) {
 	} {
 		c := New(8)
 		calls := 0
-		take := func(context.Context, []algo.Hit) ([]algo.Decision, error) {
+		take := func(_ context.Context, _ []algo.Hit, out []algo.Decision) error {
 			calls++
 			if calls == 1 {
 				during(c)
 			}
-			return slices.Clone(denied), nil
+			copy(out, denied)
+			return nil
 		}
 		for range 3 {
-			if _, err := c.Take(context.Background(), hits, clock, take); err != nil {
+			if err := c.Take(context.Background(), hits, make([]algo.Decision, len(hits)), clock, take); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -99,10 +99,14 @@ func TestOverLimitCacheCreditDuringTake(t *testing.T) {
 	}
 	c := New(8)
 	calls := 0
-	take := func(context.Context, []algo.Hit) ([]algo.Decision, error) { calls++; return slices.Clone(denied), nil }
+	take := func(_ context.Context, _ []algo.Hit, out []algo.Decision) error {
+		calls++
+		copy(out, denied)
+		return nil
+	}
 	other := []algo.Hit{{Key: "k", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Hour}, Cost: 1}}
 	for _, h := range [][]algo.Hit{hits, hits, other} {
-		if _, err := c.Take(context.Background(), h, clock, take); err != nil {
+		if err := c.Take(context.Background(), h, make([]algo.Decision, len(h)), clock, take); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -110,7 +114,7 @@ func TestOverLimitCacheCreditDuringTake(t *testing.T) {
 		t.Errorf("%d backend calls, want 2: the second limit on the key is not answered by the first's denial", calls)
 	}
 	c.Suspend()
-	if _, err := c.Take(context.Background(), other, clock, take); err != nil || calls != 3 || c.Len() != 0 {
+	if err := c.Take(context.Background(), other, make([]algo.Decision, len(other)), clock, take); err != nil || calls != 3 || c.Len() != 0 {
 		t.Errorf("suspended: calls %d, entries %d (err %v), want 3 calls and nothing cached", calls, c.Len(), err)
 	}
 }

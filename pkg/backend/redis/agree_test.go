@@ -194,7 +194,7 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, o agreeOpts) {
 					want := algotest.Reference(states, hits, now)
 					rt.Logf("step %d at %d: hits %+v -> %+v", step, now.UnixMicro(), hits, want)
 					clk.Set(now)
-					got, err := s.Take(ctx, hits)
+					got, err := algotest.Take(ctx, s, hits)
 					if err != nil {
 						rt.Fatalf("step %d: %v", step, err)
 					}

@@ -340,7 +340,7 @@ func TestConcurrentCallsShareInvocation(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 40, Period: time.Hour}
-	if _, err := s.Take(ctx, []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {
+	if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	ctl := srv.Client()
@@ -357,7 +357,7 @@ func TestConcurrentCallsShareInvocation(t *testing.T) {
 	allowed := 0
 	var wg sync.WaitGroup
 	take := func() {
-		d, err := s.Take(ctx, []algo.Hit{{Key: "shared", Limit: l, Cost: 1}})
+		d, err := algotest.Take(ctx, s, []algo.Hit{{Key: "shared", Limit: l, Cost: 1}})
 		if err != nil {
 			t.Error(err)
 			return
@@ -449,7 +449,7 @@ func TestClusterBatchBySlot(t *testing.T) {
 		}
 	}
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 3, Period: time.Hour}
-	if _, err := s.Take(ctx, []algo.Hit{{Key: keys[0], Limit: l, Cost: 0}}); err != nil { // load the script
+	if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: keys[0], Limit: l, Cost: 0}}); err != nil { // load the script
 		t.Fatal(err)
 	}
 	cc := g.Client()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -29,7 +30,7 @@ func TestStoreLocalCache(t *testing.T) {
 	h := []algo.Hit{{Key: "tb", Limit: algo.Limit{Kind: algo.TokenBucket, Rate: 1, Period: time.Second, Burst: 2}, Cost: 1}}
 	take := func() algo.Decision {
 		t.Helper()
-		d, err := s.Take(ctx, h)
+		d, err := algotest.Take(ctx, s, h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +72,7 @@ func TestStoreLocalCache(t *testing.T) {
 	// Concurrency denials are never cached (a release may free a lease).
 	c := []algo.Hit{{Key: "cc", Limit: algo.Limit{Kind: algo.Concurrency, Rate: 1, Period: time.Minute}, Cost: 1}}
 	for range 3 {
-		if _, err := s.Take(ctx, c); err != nil {
+		if _, err := algotest.Take(ctx, s, c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -108,7 +109,7 @@ func TestStoreLocalCacheLookupCounts(t *testing.T) {
 	}
 	take := func(hits ...algo.Hit) []algo.Decision {
 		t.Helper()
-		d, err := s.Take(ctx, hits)
+		d, err := algotest.Take(ctx, s, hits)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -536,7 +537,7 @@ func storeFailFast(t testing.TB, report func(fault string, lat []time.Duration))
 		// until the circuit opens (FailFor), then nothing.
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		defer cancel()
-		d, err := st.Take(ctx, hits)
+		d, err := algotest.Take(ctx, st, hits)
 		if err == nil && (len(d) != 1 || !d[0].Allowed) {
 			return fmt.Errorf("decision %+v", d)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -57,7 +58,7 @@ func crossSlotBurst(t *testing.T, stores []*redis.Store, a, b algo.Hit, nBoth, n
 		}
 		wg.Go(func() {
 			<-start
-			d, err := s.Take(context.Background(), hits)
+			d, err := algotest.Take(context.Background(), s, hits)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -89,7 +90,7 @@ func crossSlotBurst(t *testing.T, stores []*redis.Store, a, b algo.Hit, nBoth, n
 // remaining.
 func consumed(t *testing.T, s *redis.Store, key string, l algo.Limit) int64 {
 	t.Helper()
-	d, err := s.Take(context.Background(), []algo.Hit{{Key: key, Limit: l, Cost: 0}})
+	d, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: key, Limit: l, Cost: 0}})
 	if err != nil {
 		t.Fatalf("check of %s: %v", key, err)
 	}
@@ -173,7 +174,7 @@ func TestClusterCrossSlotUnderAdmission(t *testing.T) {
 					t.Fatalf("%s and %s share a slot", ka, kb)
 				}
 				if sc.aUsed > 0 {
-					if d, err := filler.Take(context.Background(), []algo.Hit{{Key: ka, Limit: la, Cost: sc.aUsed}}); err != nil || !d[0].Allowed {
+					if d, err := algotest.Take(context.Background(), filler, []algo.Hit{{Key: ka, Limit: la, Cost: sc.aUsed}}); err != nil || !d[0].Allowed {
 						t.Fatalf("filling A: %v %v", d, err)
 					}
 				}
@@ -216,7 +217,7 @@ func BenchmarkClusterCrossSlot(b *testing.B) {
 	big := algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 40, Period: time.Hour}
 	small := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}
 	keys := slotKeys("xsb", 2)
-	if _, err := s.Take(ctx, []algo.Hit{{Key: keys[0] + ":full", Limit: small, Cost: 1}}); err != nil {
+	if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: keys[0] + ":full", Limit: small, Cost: 1}}); err != nil {
 		b.Fatal(err)
 	}
 	for _, bc := range []struct {
@@ -230,7 +231,7 @@ func BenchmarkClusterCrossSlot(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			for b.Loop() {
-				d, err := s.Take(ctx, bc.hits)
+				d, err := algotest.Take(ctx, s, bc.hits)
 				if err != nil || d[0].Allowed != bc.allowed {
 					b.Fatalf("%+v %v", d, err)
 				}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -74,7 +75,7 @@ func burst(s *redis.Store, keys []string, l algo.Limit, callers int, deadline ti
 					ctx, cancel = context.WithTimeout(ctx, deadline)
 					defer cancel()
 				}
-				d, err := s.Take(ctx, []algo.Hit{{Key: k, Limit: l, Cost: 1}})
+				d, err := algotest.Take(ctx, s, []algo.Hit{{Key: k, Limit: l, Cost: 1}})
 				mu.Lock()
 				defer mu.Unlock()
 				switch c := out[k]; {
@@ -160,7 +161,7 @@ func TestClusterMasterKilledFrozenOthersCounted(t *testing.T) {
 							cancel()
 							ctx, cancel = context.WithCancel(context.Background())
 						}
-						d, err := s.Take(ctx, []algo.Hit{{Key: k, Limit: l, Cost: 1}})
+						d, err := algotest.Take(ctx, s, []algo.Hit{{Key: k, Limit: l, Cost: 1}})
 						cancel()
 						vmu.Lock()
 						if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/causes"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
@@ -42,7 +43,7 @@ func TestClusterDeniedGroupDecidesFailedRequest(t *testing.T) {
 	dead := keysOf[victim.Addr()]("dead", 1)[0]
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: limit, Period: time.Hour}
 	for range limit {
-		if d, err := s.Take(ctx, []algo.Hit{{Key: full, Limit: l, Cost: 1}}); err != nil || !d[0].Allowed {
+		if d, err := algotest.Take(ctx, s, []algo.Hit{{Key: full, Limit: l, Cost: 1}}); err != nil || !d[0].Allowed {
 			t.Fatalf("filling %s: %v %v", full, d, err)
 		}
 	}
@@ -51,7 +52,7 @@ func TestClusterDeniedGroupDecidesFailedRequest(t *testing.T) {
 	var p *causes.Partial
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		_, err := s.Take(ctx, []algo.Hit{{Key: full, Limit: l, Cost: 1}, {Key: dead, Limit: l, Cost: 1}})
+		_, err := algotest.Take(ctx, s, []algo.Hit{{Key: full, Limit: l, Cost: 1}, {Key: dead, Limit: l, Cost: 1}})
 		if errors.As(err, &p) {
 			break
 		}
@@ -68,14 +69,14 @@ func TestClusterDeniedGroupDecidesFailedRequest(t *testing.T) {
 
 	// Within the live limit: the request fails as a whole, and the live hit
 	// is refunded (the key still admits exactly limit).
-	_, err := s.Take(ctx, []algo.Hit{{Key: fresh, Limit: l, Cost: 1}, {Key: dead, Limit: l, Cost: 1}})
+	_, err := algotest.Take(ctx, s, []algo.Hit{{Key: fresh, Limit: l, Cost: 1}, {Key: dead, Limit: l, Cost: 1}})
 	if err == nil || errors.As(err, &p) {
 		t.Fatalf("mixed request within the live limit: %v, want a plain error", err)
 	}
 	// The refund runs in the background: wait (check-only takes, which
 	// consume nothing) until the key shows its whole limit again.
 	for until := time.Now().Add(20 * time.Second); ; {
-		d, err := s.Take(ctx, []algo.Hit{{Key: fresh, Limit: l, Cost: 0}})
+		d, err := algotest.Take(ctx, s, []algo.Hit{{Key: fresh, Limit: l, Cost: 0}})
 		if err == nil && d[0].Remaining == limit {
 			break
 		}
@@ -86,7 +87,7 @@ func TestClusterDeniedGroupDecidesFailedRequest(t *testing.T) {
 	}
 	admitted := 0
 	for range limit + 2 {
-		d, err := s.Take(ctx, []algo.Hit{{Key: fresh, Limit: l, Cost: 1}})
+		d, err := algotest.Take(ctx, s, []algo.Hit{{Key: fresh, Limit: l, Cost: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -66,11 +66,11 @@ func TestCluster(t *testing.T) {
 				s := newClusterStore(t, g, clk.Now)
 				ks := slotKeys("xs:"+kindName(l), 3)
 				blocker := algo.Hit{Key: ks[2], Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}, Cost: 1}
-				if _, err := s.Take(ctx, []algo.Hit{blocker}); err != nil {
+				if _, err := algotest.Take(ctx, s, []algo.Hit{blocker}); err != nil {
 					t.Fatal(err)
 				}
 				hits := []algo.Hit{{Key: ks[0], Limit: l, Cost: 2}, {Key: ks[1], Limit: l, Cost: 1}, blocker}
-				d, err := s.Take(ctx, hits)
+				d, err := algotest.Take(ctx, s, hits)
 				if err != nil {
 					t.Fatalf("cross-slot take: %v", err)
 				}
@@ -88,7 +88,7 @@ func TestCluster(t *testing.T) {
 					if n != 0 {
 						t.Errorf("key %s exists after the refund of a denied request", k)
 					}
-					d, err := s.Take(ctx, []algo.Hit{{Key: k, Limit: l, Cost: 3}})
+					d, err := algotest.Take(ctx, s, []algo.Hit{{Key: k, Limit: l, Cost: 3}})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -98,7 +98,7 @@ func TestCluster(t *testing.T) {
 				}
 				// An allowed cross-slot request consumes in every slot.
 				clk.Advance(time.Hour)
-				d, err = s.Take(ctx, []algo.Hit{{Key: ks[0] + "b", Limit: l, Cost: 1}, {Key: ks[1] + "b", Limit: l, Cost: 2}, {Key: ks[2] + "b", Limit: l, Cost: 3}})
+				d, err = algotest.Take(ctx, s, []algo.Hit{{Key: ks[0] + "b", Limit: l, Cost: 1}, {Key: ks[1] + "b", Limit: l, Cost: 2}, {Key: ks[2] + "b", Limit: l, Cost: 3}})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -89,7 +90,7 @@ func storeCommands(t *testing.T, infos ...func() (string, error)) int {
 
 func takeOne(t *testing.T, s *Store, h algo.Hit) algo.Decision {
 	t.Helper()
-	d, err := s.Take(context.Background(), []algo.Hit{h})
+	d, err := algotest.Take(context.Background(), s, []algo.Hit{h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +254,7 @@ func TestCacheChargesAlwaysCharge(t *testing.T) {
 			}
 		}
 		refund := algo.Hit{Key: key, Limit: h.Limit, Cost: 2, Release: true}
-		if _, err := s.Take(context.Background(), []algo.Hit{refund}); err != nil {
+		if _, err := algotest.Take(context.Background(), s, []algo.Hit{refund}); err != nil {
 			t.Fatal(err)
 		}
 		d := takeOne(t, s, h)

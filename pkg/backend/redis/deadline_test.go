@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -26,7 +27,7 @@ func frozenStore(t testing.TB, breakerOff bool) (*redis.Store, *redistest.Server
 	o.URL = srv.URL()
 	o.Breaker.Disabled = breakerOff
 	s := openStore(t, o)
-	if _, err := s.Take(context.Background(), []algo.Hit{{Key: "warm", Limit: frozenLimit, Cost: 1}}); err != nil {
+	if _, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "warm", Limit: frozenLimit, Cost: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	srv.Stop()
@@ -57,7 +58,7 @@ func frozenTakes(t testing.TB, s *redis.Store, deadline time.Duration, callers, 
 					ctx, cancel = context.WithTimeout(ctx, deadline)
 				}
 				t0 := time.Now()
-				_, err := s.Take(ctx, []algo.Hit{{Key: "k" + strconv.Itoa(g*per+i), Limit: frozenLimit, Cost: 1}})
+				_, err := algotest.Take(ctx, s, []algo.Hit{{Key: "k" + strconv.Itoa(g*per+i), Limit: frozenLimit, Cost: 1}})
 				d := time.Since(t0)
 				cancel()
 				if redis.CauseOf(err) != cause {
@@ -95,7 +96,7 @@ func TestTakeWithinDeadlineRedisFrozen(t *testing.T) {
 	srv.Cont()
 	start := time.Now()
 	for {
-		_, err := s.Take(context.Background(), []algo.Hit{{Key: "after", Limit: frozenLimit, Cost: 1}})
+		_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "after", Limit: frozenLimit, Cost: 1}})
 		if err == nil {
 			break
 		}
@@ -167,7 +168,7 @@ func TestFrozenRedisOpensCircuitForCallsWithoutDeadline(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := s.Take(context.Background(), []algo.Hit{{Key: "after-open", Limit: frozenLimit, Cost: 1}}); !errors.Is(err, redis.ErrStalledOpen) {
+	if _, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "after-open", Limit: frozenLimit, Cost: 1}}); !errors.Is(err, redis.ErrStalledOpen) {
 		t.Errorf("a Take with the circuit open after a stall: %v, want ErrStalledOpen", err)
 	}
 }
@@ -183,7 +184,7 @@ func TestConcurrentTakesShareConnections(t *testing.T) {
 	s := openStore(t, o)
 	ctx := context.Background()
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
-	if _, err := s.Take(ctx, []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {
+	if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	ctl := srv.Client()
@@ -193,7 +194,7 @@ func TestConcurrentTakesShareConnections(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 200 {
 		wg.Go(func() {
-			if _, err := s.Take(ctx, []algo.Hit{{Key: fmt.Sprintf("c%d", i%20), Limit: l, Cost: 1}}); err != nil {
+			if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: fmt.Sprintf("c%d", i%20), Limit: l, Cost: 1}}); err != nil {
 				t.Error(err)
 			}
 		})
@@ -262,7 +263,7 @@ func TestNoScriptBurst(t *testing.T) {
 	s := openStore(t, o)
 	ctx := context.Background()
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 60, Period: time.Hour}
-	if _, err := s.Take(ctx, []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {
+	if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: "warm", Limit: l, Cost: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	ctl := srv.Client()
@@ -277,7 +278,7 @@ func TestNoScriptBurst(t *testing.T) {
 	allowed := 0
 	for range 100 {
 		wg.Go(func() {
-			d, err := s.Take(ctx, []algo.Hit{{Key: "burst", Limit: l, Cost: 1}})
+			d, err := algotest.Take(ctx, s, []algo.Hit{{Key: "burst", Limit: l, Cost: 1}})
 			if err != nil {
 				t.Error(err)
 				return
@@ -327,7 +328,7 @@ func TestNativeFrozenRedis(t *testing.T) {
 		o.NativeCounting = true
 		o.Breaker.Disabled = breakerOff
 		s := openStore(t, o)
-		if _, err := s.Take(context.Background(), hit("warm")); err != nil {
+		if _, err := algotest.Take(context.Background(), s, hit("warm")); err != nil {
 			t.Fatal(err)
 		}
 		srv.Stop()
@@ -343,7 +344,7 @@ func TestNativeFrozenRedis(t *testing.T) {
 					ctx, cancel = context.WithTimeout(ctx, deadline)
 				}
 				defer cancel()
-				_, err := s.Take(ctx, hit("k"+strconv.Itoa(g)))
+				_, err := algotest.Take(ctx, s, hit("k"+strconv.Itoa(g)))
 				if redis.CauseOf(err) != cause {
 					t.Errorf("breaker off %v, Redis frozen: Take: %v (cause %q), want cause %q", breakerOff, err, redis.CauseOf(err), cause)
 				}
@@ -358,14 +359,14 @@ func TestNativeFrozenRedis(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			if _, err := s.Take(context.Background(), hit("after-open")); !errors.Is(err, redis.ErrStalledOpen) {
+			if _, err := algotest.Take(context.Background(), s, hit("after-open")); !errors.Is(err, redis.ErrStalledOpen) {
 				t.Errorf("a native Take with the circuit open after a stall: %v, want ErrStalledOpen", err)
 			}
 		}
 		srv.Cont()
 		start := time.Now()
 		for {
-			if _, err := s.Take(context.Background(), hit("after")); err == nil {
+			if _, err := algotest.Take(context.Background(), s, hit("after")); err == nil {
 				break
 			} else if time.Since(start) > stateWithin {
 				t.Fatalf("native Takes still failing %v after SIGCONT: %v", stateWithin, err)

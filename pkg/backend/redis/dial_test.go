@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -64,7 +65,7 @@ func decideAll(t *testing.T, o redis.Options) {
 	var wg sync.WaitGroup
 	for i := range calls {
 		wg.Go(func() {
-			_, errs[i] = s.Take(context.Background(), []algo.Hit{{Key: "slow-dial-" + strconv.Itoa(i), Limit: lim, Cost: 1}})
+			_, errs[i] = algotest.Take(context.Background(), s, []algo.Hit{{Key: "slow-dial-" + strconv.Itoa(i), Limit: lim, Cost: 1}})
 		})
 	}
 	wg.Wait()

@@ -16,6 +16,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -192,7 +193,7 @@ func TestFastPathSelected(t *testing.T) {
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Take(ctx, tc.hits); err != nil {
+		if _, err := algotest.Take(ctx, s, tc.hits); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		ex, err := c.ScriptExists(ctx, general, fast).Result()

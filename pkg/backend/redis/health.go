@@ -228,8 +228,7 @@ func (s *Store) writeProbe(ctx context.Context) error {
 	if err != nil {
 		return Classify(err)
 	}
-	_, err = s.Take(ctx, hits)
-	return Classify(err)
+	return Classify(s.Take(ctx, hits, make([]algo.Decision, len(hits))))
 }
 
 // probeHits are the write probe's hits: one on Options.ProbeKey

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -174,7 +175,7 @@ func TestHealthProbeWithoutTraffic(t *testing.T) {
 			lim := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Minute}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			if _, err := s.Take(ctx, []algo.Hit{{Key: "health:" + tc.name, Limit: lim, Cost: 1}}); err != nil {
+			if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: "health:" + tc.name, Limit: lim, Cost: 1}}); err != nil {
 				t.Fatalf("Take after recovery: %v", err)
 			}
 		})
@@ -190,7 +191,7 @@ func TestHealthProbeQuietUnderTraffic(t *testing.T) {
 	take := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if _, err := s.Take(ctx, []algo.Hit{{Key: "health:traffic", Limit: lim, Cost: 1}}); err != nil {
+		if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: "health:traffic", Limit: lim, Cost: 1}}); err != nil {
 			t.Fatalf("Take: %v", err)
 		}
 	}
@@ -281,7 +282,7 @@ func TestHealthRefusedConfiguration(t *testing.T) {
 		o := redis.DefaultOptions()
 		o.URL = strings.TrimSuffix(srv.URL(), "/0") + "/99" // redis-server has 16 databases
 		s, clk := newHealthStore(t, o)
-		_, err := s.Take(ctx, hit)
+		_, err := algotest.Take(ctx, s, hit)
 		if redis.CauseOf(err) != redis.CauseAuth {
 			t.Fatalf("Take on db 99: %v (cause %q), want cause auth", err, redis.CauseOf(err))
 		}
@@ -310,7 +311,7 @@ func TestHealthRefusedConfiguration(t *testing.T) {
 		if !inState(s, false, "closed") {
 			t.Fatalf("after a refused probe: Healthy() = %v, BreakerState() = %q; want unhealthy, closed", s.Healthy(), s.BreakerState())
 		}
-		if _, err := s.Take(ctx, hit); redis.CauseOf(err) != redis.CauseAuth {
+		if _, err := algotest.Take(ctx, s, hit); redis.CauseOf(err) != redis.CauseAuth {
 			t.Fatalf("Take with a wrong password: %v (cause %q), want cause auth", err, redis.CauseOf(err))
 		}
 		// The operator fixes the ACL: the next PING (or call) succeeds.
@@ -318,7 +319,7 @@ func TestHealthRefusedConfiguration(t *testing.T) {
 			t.Fatalf("ACL SETUSER: %v", err)
 		}
 		driveUntil(t, s, clk, true, "closed")
-		if _, err := s.Take(ctx, hit); err != nil {
+		if _, err := algotest.Take(ctx, s, hit); err != nil {
 			t.Fatalf("Take after the ACL fix: %v", err)
 		}
 	})

@@ -68,7 +68,7 @@ func chargeConcurrently(t *testing.T, stores []*Store, key string, perStore int)
 		for range perStore {
 			wg.Go(func() {
 				<-start
-				d, err := s.Take(context.Background(), []algo.Hit{chargeHit(key, nativeLimit, 1)})
+				d, err := algotest.Take(context.Background(), s, []algo.Hit{chargeHit(key, nativeLimit, 1)})
 				if err != nil {
 					errs <- err
 					return
@@ -158,7 +158,7 @@ func TestNativeClusterExactness(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				hits := []algo.Hit{chargeHit(keys[0], nativeLimit, 1), chargeHit(keys[1], nativeLimit, 1), chargeHit(keys[2], nativeLimit, 1)}
-				d, err := s.Take(context.Background(), hits)
+				d, err := algotest.Take(context.Background(), s, hits)
 				if err != nil {
 					t.Error(err)
 					return
@@ -239,7 +239,7 @@ func TestNativeEqualsReference(t *testing.T) {
 				}
 				at := now()
 				want := algotest.Reference(ref, hits, at)
-				got, err := s.Take(context.Background(), hits)
+				got, err := algotest.Take(context.Background(), s, hits)
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
 				}

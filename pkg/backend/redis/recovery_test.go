@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -65,7 +66,7 @@ func countedTwice(t testing.TB, s *redis.Store, key string) {
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}
 	for i, want := range []bool{true, false} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		d, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+		d, err := algotest.Take(ctx, s, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
 		cancel()
 		if err != nil {
 			t.Fatalf("%s: Take %d with an Envoy-like 20 ms deadline: %v (cause %q)", key, i, err, redis.CauseOf(err))
@@ -91,7 +92,7 @@ func failTakes(t testing.TB, s *redis.Store, what string) {
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}
 	for i := range 20 {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		_, err := s.Take(ctx, []algo.Hit{{Key: "fail" + strconv.Itoa(i), Limit: l, Cost: 1}})
+		_, err := algotest.Take(ctx, s, []algo.Hit{{Key: "fail" + strconv.Itoa(i), Limit: l, Cost: 1}})
 		cancel()
 		if err == nil {
 			t.Fatalf("%s: a Take succeeded", what)
@@ -218,7 +219,7 @@ func TestHealthyOnlyWhenCounting(t *testing.T) {
 	// OOM: maxmemory below what is used, noeviction.
 	redistest.StartOOM(t, srv)
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Hour}
-	_, err := s.Take(ctx, []algo.Hit{{Key: "oom", Limit: l, Cost: 1}})
+	_, err := algotest.Take(ctx, s, []algo.Hit{{Key: "oom", Limit: l, Cost: 1}})
 	if redis.CauseOf(err) != redis.CauseOOM {
 		t.Fatalf("Take under OOM: %v, want cause oom", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -35,14 +36,14 @@ func testReset(t *testing.T, srv *redistest.Server, s *redis.Store) {
 			hit := algo.Hit{Key: "reset." + kindName(l), Limit: l, Cost: 3}
 			other := algo.Hit{Key: "keep." + kindName(l), Limit: l, Cost: 3}
 			for _, h := range []algo.Hit{hit, other} {
-				if d, err := s.Take(ctx, []algo.Hit{h}); err != nil || !d[0].Allowed {
+				if d, err := algotest.Take(ctx, s, []algo.Hit{h}); err != nil || !d[0].Allowed {
 					t.Fatalf("first take %s: %+v, %v", h.Key, d, err)
 				}
 			}
 			one := hit
 			one.Cost = 1
 			for range 2 { // denied: the second denial may come from the cache
-				if d, err := s.Take(ctx, []algo.Hit{one}); err != nil || d[0].Allowed {
+				if d, err := algotest.Take(ctx, s, []algo.Hit{one}); err != nil || d[0].Allowed {
 					t.Fatalf("take after exhausting: %+v, %v", d, err)
 				}
 			}
@@ -52,13 +53,13 @@ func testReset(t *testing.T, srv *redistest.Server, s *redis.Store) {
 			if n := srv.Client().Exists(ctx, hit.Key).Val(); n != 0 {
 				t.Errorf("key %s still exists after Reset", hit.Key)
 			}
-			d, err := s.Take(ctx, []algo.Hit{hit})
+			d, err := algotest.Take(ctx, s, []algo.Hit{hit})
 			if err != nil || !d[0].Allowed || d[0].Remaining != 0 {
 				t.Errorf("take of the whole quota after Reset: %+v, %v", d, err)
 			}
 			one = other
 			one.Cost = 1
-			if d, err := s.Take(ctx, []algo.Hit{one}); err != nil || d[0].Allowed {
+			if d, err := algotest.Take(ctx, s, []algo.Hit{one}); err != nil || d[0].Allowed {
 				t.Errorf("a key not reset was reset: %+v, %v", d, err)
 			}
 		})

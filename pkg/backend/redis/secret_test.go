@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -37,7 +38,7 @@ func TestPasswordFileRotation(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			d, err := s.Take(context.Background(), []algo.Hit{{Key: "rotate", Limit: l, Cost: 1}})
+			d, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "rotate", Limit: l, Cost: 1}})
 			if err == nil {
 				return d[0]
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -116,7 +117,7 @@ func TestRecoverySlowRedis(t *testing.T) {
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}
 	for i, want := range []bool{true, false} {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		d, err := s.Take(ctx, []algo.Hit{{Key: "slowredis", Limit: l, Cost: 1}})
+		d, err := algotest.Take(ctx, s, []algo.Hit{{Key: "slowredis", Limit: l, Cost: 1}})
 		cancel()
 		if err != nil {
 			t.Fatalf("Take %d, 1 s after the slow Redis answered: %v (cause %q)", i, err, redis.CauseOf(err))

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -25,7 +26,7 @@ func TestStallEstablishedAfterPartialAnswer(t *testing.T) {
 	s := openStore(t, o)
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 30, Period: time.Hour}
 	take := func(ctx context.Context, key string) error {
-		_, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+		_, err := algotest.Take(ctx, s, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
 		return err
 	}
 	waitHealthy(t, s, true, stateWithin, "start")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -156,7 +157,7 @@ func starvedRecovery(t *testing.T, g *cpuCgroup, trial int) (time.Duration, uint
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}
 	key := "starved" + strconv.Itoa(trial)
 	for i, want := range []bool{true, false} {
-		d, err := s.Take(context.Background(), []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+		d, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
 		if err != nil {
 			t.Fatalf("trial %d: Take %d once healthy: %v (cause %q)", trial, i, err, redis.CauseOf(err))
 		}

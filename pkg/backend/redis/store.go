@@ -366,31 +366,24 @@ func (s *Store) nonce() string {
 // docs/redis.md for the bounded transient). A refund hit first
 // drops its key from the local over-limit cache. Errors wrap the go-redis
 // error, prefixed "redis:".
-func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
-	out := make([]algo.Decision, len(hits))
+func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if len(hits) == 0 {
-		return out, nil
+		return nil
 	}
-	out, err := s.cache.Take(ctx, hits, s.clock, s.take)
+	err := s.cache.Take(ctx, hits, out, s.clock, s.take)
 	s.publishCredits(hits, func(h algo.Hit) bool { return h.Release })
-	return out, err
+	return err
 }
 
-// take decides hits on Redis (without the local cache).
-func (s *Store) take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
-	out := make([]algo.Decision, len(hits))
-	var err error
+// take decides hits on Redis (without the local cache) into out.
+func (s *Store) take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if s.opts.NativeCounting && slices.ContainsFunc(hits, func(h algo.Hit) bool { return nativeHit(&h) }) {
-		err = s.takeNative(ctx, hits, out)
+		return s.takeNative(ctx, hits, out)
 	} else if !s.cluster && !s.mixed(hits) {
-		_, err = s.run(ctx, modeTake, s.nowUS(), s.nonce(), hits, out)
-	} else {
-		err = s.takeCluster(ctx, hits, out)
+		_, err := s.run(ctx, modeTake, s.nowUS(), s.nonce(), hits, out)
+		return err
 	}
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return s.takeCluster(ctx, hits, out)
 }
 
 // Healthy reports whether the circuit breaker is closed (Redis answered

@@ -128,12 +128,12 @@ func TestAllOrNothing(t *testing.T) {
 			clk := newPinnedClock(epoch0)
 			s := newTestStore(t, srv, clk.Now, 0)
 			blocker := algo.Hit{Key: "blocker", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: time.Hour}, Cost: 1}
-			if _, err := s.Take(ctx, []algo.Hit{blocker}); err != nil {
+			if _, err := algotest.Take(ctx, s, []algo.Hit{blocker}); err != nil {
 				t.Fatal(err)
 			}
 			before := scanKeys(t, c)
 			hits := []algo.Hit{{Key: "k", Limit: l, Cost: 2}, blocker}
-			d, err := s.Take(ctx, hits)
+			d, err := algotest.Take(ctx, s, hits)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -147,7 +147,7 @@ func TestAllOrNothing(t *testing.T) {
 				t.Errorf("keys after denied request %v, before %v: a denied request wrote", after, before)
 			}
 			// The full cost is still available.
-			d, err = s.Take(ctx, []algo.Hit{{Key: "k", Limit: l, Cost: 3}})
+			d, err = algotest.Take(ctx, s, []algo.Hit{{Key: "k", Limit: l, Cost: 3}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -171,7 +171,7 @@ func TestNoScript(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		d, err := s.Take(ctx, h)
+		d, err := algotest.Take(ctx, s, h)
 		if err != nil {
 			t.Fatalf("take %d: %v", i, err)
 		}
@@ -211,21 +211,21 @@ func TestSameKeyTwice(t *testing.T) {
 		t.Run(kindName(l), func(t *testing.T) {
 			s := newTestStore(t, srv, newPinnedClock(epoch0).Now, 0)
 			key := "twice:" + kindName(l)
-			d, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}, {Key: key, Limit: l, Cost: 1}})
+			d, err := algotest.Take(ctx, s, []algo.Hit{{Key: key, Limit: l, Cost: 1}, {Key: key, Limit: l, Cost: 1}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !d[0].Allowed || !d[1].Allowed || d[0].Remaining != 2 || d[1].Remaining != 1 {
 				t.Fatalf("decisions %+v, want remaining 2 then 1", d)
 			}
-			d, err = s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}, {Key: key, Limit: l, Cost: 1}})
+			d, err = algotest.Take(ctx, s, []algo.Hit{{Key: key, Limit: l, Cost: 1}, {Key: key, Limit: l, Cost: 1}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !d[0].Allowed || d[1].Allowed {
 				t.Fatalf("decisions %+v, want the first allowed and the second denied", d)
 			}
-			d, err = s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+			d, err = algotest.Take(ctx, s, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -267,7 +267,7 @@ func TestMemoryUsage(t *testing.T) {
 			t.Fatal(err)
 		}
 		for range tc.takes {
-			if _, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: tc.limit, Cost: 1}}); err != nil {
+			if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: key, Limit: tc.limit, Cost: 1}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -309,7 +309,7 @@ func BenchmarkTake(b *testing.B) {
 				ctx := context.Background()
 				for pb.Next() {
 					k := keys[seq.Add(1)%uint64(len(keys))]
-					if _, err := s.Take(ctx, []algo.Hit{{Key: k, Limit: l, Cost: 1}}); err != nil {
+					if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: k, Limit: l, Cost: 1}}); err != nil {
 						b.Error(err)
 						return
 					}
@@ -338,11 +338,11 @@ func TestSentinelStore(t *testing.T) {
 		start := time.Now()
 		var last error
 		for time.Since(start) < limit {
-			if _, last = s.Take(ctx, h); last == nil {
+			if _, last = algotest.Take(ctx, s, h); last == nil {
 				// require a quiet stretch: 20 consecutive successes
 				ok := true
 				for range 20 {
-					if _, last = s.Take(ctx, h); last != nil {
+					if _, last = algotest.Take(ctx, s, h); last != nil {
 						ok = false
 						break
 					}
@@ -382,7 +382,7 @@ func TestSoftHit(t *testing.T) {
 		{[]algo.Hit{{Key: "hard", Limit: three, Cost: 1}}, []bool{true}, []int64{0}},
 	}
 	for i, st := range steps {
-		d, err := s.Take(ctx, st.hits)
+		d, err := algotest.Take(ctx, s, st.hits)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -405,7 +405,7 @@ func TestSlidingLogLargeCost(t *testing.T) {
 	l := algo.Limit{Kind: algo.SlidingLog, Rate: algo.MaxSlidingLogRate, Period: time.Minute}
 	var st algo.State
 	for i, cost := range []int64{4000, 3999, 2001, 1, 1} {
-		d, err := s.Take(ctx, []algo.Hit{{Key: "biglog", Limit: l, Cost: cost}})
+		d, err := algotest.Take(ctx, s, []algo.Hit{{Key: "biglog", Limit: l, Cost: cost}})
 		if err != nil {
 			t.Fatalf("step %d cost %d: %v", i, cost, err)
 		}

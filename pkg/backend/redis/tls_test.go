@@ -14,6 +14,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -76,7 +77,7 @@ func TestStoreTLSDefaultTimeout(t *testing.T) {
 	redistest.Require(t)
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
 	take := func(s *redis.Store, key string, cost int64) (algo.Decision, error) {
-		d, err := s.Take(context.Background(), []algo.Hit{{Key: key, Limit: l, Cost: cost}})
+		d, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: key, Limit: l, Cost: cost}})
 		if err != nil {
 			return algo.Decision{}, err
 		}

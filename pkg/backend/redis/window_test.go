@@ -105,7 +105,7 @@ func TestWindowKeysLayout(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Hour}
 	for _, base := range []string{"wk:plain", "{rl}:wk:tagged"} {
-		d, err := s.Take(ctx, []algo.Hit{{Key: base, Limit: l, Cost: 2}})
+		d, err := algotest.Take(ctx, s, []algo.Hit{{Key: base, Limit: l, Cost: 2}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,7 +143,7 @@ func TestWindowKeysLayout(t *testing.T) {
 			t.Errorf("%s PTTL %v, want in [ResetAfter %v, 1 h]", k, ttl, d[0].ResetAfter)
 		}
 		// A denial leaves the count as it was.
-		d, err = s.Take(ctx, []algo.Hit{{Key: base, Limit: l, Cost: 4}})
+		d, err = algotest.Take(ctx, s, []algo.Hit{{Key: base, Limit: l, Cost: 4}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +155,7 @@ func TestWindowKeysLayout(t *testing.T) {
 		}
 	}
 	// A first hit that denies creates nothing.
-	if d, err := s.Take(ctx, []algo.Hit{{Key: "wk:big", Limit: l, Cost: 6}}); err != nil || d[0].Allowed {
+	if d, err := algotest.Take(ctx, s, []algo.Hit{{Key: "wk:big", Limit: l, Cost: 6}}); err != nil || d[0].Allowed {
 		t.Fatalf("cost above the rate: %+v %v, want denied", d, err)
 	}
 	if keys, _ := c.Keys(ctx, "*wk:big*").Result(); len(keys) != 0 {
@@ -197,7 +197,7 @@ func TestWindowKeysSkew(t *testing.T) {
 			s.SetServerOffset(offsets[i].Microseconds())
 		}
 		wg.Go(func() {
-			d, err := s.Take(context.Background(), []algo.Hit{{Key: "wk:skew", Limit: l, Cost: 1}})
+			d, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "wk:skew", Limit: l, Cost: 1}})
 			if err != nil {
 				errs <- err
 				return
@@ -233,7 +233,7 @@ func TestWindowKeysMixedAllOrNothing(t *testing.T) {
 	tb := algo.Limit{Kind: algo.TokenBucket, Rate: 3, Period: time.Hour}
 	take := func(hits ...algo.Hit) []algo.Decision {
 		t.Helper()
-		d, err := s.Take(ctx, hits)
+		d, err := algotest.Take(ctx, s, hits)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -274,7 +274,7 @@ func TestWindowKeysShareInvocation(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
-	if _, err := s.Take(ctx, []algo.Hit{{Key: "sh:warm", Limit: l, Cost: 1}}); err != nil {
+	if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: "sh:warm", Limit: l, Cost: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
@@ -285,7 +285,7 @@ func TestWindowKeysShareInvocation(t *testing.T) {
 	var allowed atomic.Int64
 	for i := range n {
 		wg.Go(func() {
-			d, err := s.Take(ctx, []algo.Hit{{Key: fmt.Sprintf("sh:%d", i%50), Limit: l, Cost: 1}})
+			d, err := algotest.Take(ctx, s, []algo.Hit{{Key: fmt.Sprintf("sh:%d", i%50), Limit: l, Cost: 1}})
 			if err == nil && d[0].Allowed {
 				allowed.Add(1)
 			}
@@ -312,7 +312,7 @@ func TestWindowKeysShareInvocation(t *testing.T) {
 		t.Fatalf("%d script calls for %d requests, want fewer", calls, n)
 	}
 	for i := range 50 {
-		d, err := s.Take(ctx, []algo.Hit{{Key: fmt.Sprintf("sh:%d", i), Limit: l, Cost: 0}})
+		d, err := algotest.Take(ctx, s, []algo.Hit{{Key: fmt.Sprintf("sh:%d", i), Limit: l, Cost: 0}})
 		if err != nil || d[0].Remaining != 1000-n/50 {
 			t.Fatalf("sh:%d: %+v %v, want %d left", i, d, err, 1000-n/50)
 		}

@@ -1,0 +1,191 @@
+package client
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dunglas/httpsfv"
+)
+
+// Resyncer is implemented by a Limiter whose rate can follow the quota an
+// upstream advertises (RateLimit-Policy, or a limit with a window).
+type Resyncer interface {
+	// Resync sets the limit to quota units per window, less margin.
+	Resync(quota int64, window time.Duration, margin float64)
+}
+
+// Observe feeds the response of a call released by Wait back to the Pacer:
+// the call is no longer in flight, and the upstream's rate-limit fields
+// adjust what the next callers may send. Malformed fields are ignored, as
+// the RateLimit draft requires.
+//
+//   - Retry-After (seconds or an HTTP date) holds every caller until it
+//     passes, plus jitter; a 429 or 503 without one holds them one second.
+//   - RateLimit ("name";r=R;t=T), or X-RateLimit-Remaining and
+//     X-RateLimit-Reset, lets at most R less the margin and the calls in
+//     flight go before T seconds; none when that is zero.
+//   - RateLimit-Policy ("name";q=Q;w=W) resyncs a Resyncer Limiter to Q
+//     per W seconds, less the margin.
+func (p *Pacer) Observe(status int, h http.Header) {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inFlight = max(p.inFlight-1, 0)
+
+	retry, hasRetry := retryAfter(h.Get("Retry-After"), now)
+	r, t, hasR := remaining(h, now)
+	if hasR && t > 0 {
+		if r >= 0 {
+			budget := int64(math.Floor(float64(r)*(1-p.opt.Margin))) - int64(p.inFlight)
+			p.gate, p.gateEnd = max(budget, 0), now.Add(min(t, p.opt.MaxWait))
+			if budget <= 0 {
+				p.hold(now, t)
+			}
+		}
+	}
+	switch {
+	case hasRetry:
+		p.hold(now, retry)
+	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
+		if !hasR || t <= 0 {
+			p.hold(now, time.Second)
+		}
+	}
+	if rs, ok := p.opt.Limiter.(Resyncer); ok {
+		if q, w, ok := policy(h); ok {
+			rs.Resync(q, w, p.opt.Margin)
+		}
+	}
+}
+
+// hold keeps every caller back until now+d plus jitter, unless a later
+// hold is already set.
+func (p *Pacer) hold(now time.Time, d time.Duration) {
+	till := now.Add(p.jittered(min(d, p.opt.MaxWait)))
+	if till.After(p.holdTill) {
+		p.holdTill = till
+	}
+}
+
+// retryAfter parses Retry-After: delay-seconds or an HTTP date.
+func retryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+		if s < 0 {
+			return 0, false
+		}
+		return time.Duration(min(s, math.MaxInt64/int64(time.Second))) * time.Second, true
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(at.Sub(now), 0), true
+	}
+	return 0, false
+}
+
+// remaining returns the tightest remaining quota and the time until more
+// becomes available, from RateLimit, or else from X-RateLimit-Remaining
+// and X-RateLimit-Reset (or their unprefixed draft names).
+func remaining(h http.Header, now time.Time) (r int64, t time.Duration, ok bool) {
+	if vs := h.Values("RateLimit"); len(vs) > 0 {
+		if l, err := httpsfv.UnmarshalList(vs); err == nil {
+			for _, m := range l {
+				it, isItem := m.(httpsfv.Item)
+				if !isItem {
+					continue
+				}
+				ri, okR := intParam(it.Params, "r")
+				if !okR {
+					continue
+				}
+				ti, _ := intParam(it.Params, "t")
+				if !ok || ri < r {
+					r, t, ok = ri, time.Duration(ti)*time.Second, true
+				}
+			}
+			if ok {
+				return r, t, true
+			}
+		}
+	}
+	for _, prefix := range []string{"X-RateLimit-", "RateLimit-"} {
+		rv, rerr := firstInt(h.Get(prefix + "Remaining"))
+		tv, terr := firstInt(h.Get(prefix + "Reset"))
+		if rerr != nil || terr != nil || rv < 0 || tv < 0 {
+			continue
+		}
+		if tv > 1_000_000_000 { // an epoch time, as some APIs send
+			return rv, max(time.Unix(tv, 0).Sub(now), 0), true
+		}
+		return rv, time.Duration(tv) * time.Second, true
+	}
+	return 0, 0, false
+}
+
+// policy returns the quota policy with the lowest rate from
+// RateLimit-Policy, or else from X-RateLimit-Limit items with a w
+// parameter ("10, 10;w=1").
+func policy(h http.Header) (q int64, w time.Duration, ok bool) {
+	best := math.Inf(1)
+	consider := func(qi, wi int64) {
+		if qi < 0 || wi <= 0 {
+			return
+		}
+		if rate := float64(qi) / float64(wi); rate < best {
+			best, q, w, ok = rate, qi, time.Duration(wi)*time.Second, true
+		}
+	}
+	if vs := h.Values("RateLimit-Policy"); len(vs) > 0 {
+		if l, err := httpsfv.UnmarshalList(vs); err == nil {
+			for _, m := range l {
+				if it, isItem := m.(httpsfv.Item); isItem {
+					qi, okQ := intParam(it.Params, "q")
+					wi, okW := intParam(it.Params, "w")
+					if okQ && okW {
+						consider(qi, wi)
+					}
+				}
+			}
+		}
+		if ok {
+			return q, w, true
+		}
+	}
+	if vs := h.Values("X-RateLimit-Limit"); len(vs) > 0 {
+		if l, err := httpsfv.UnmarshalList(vs); err == nil {
+			for _, m := range l {
+				if it, isItem := m.(httpsfv.Item); isItem {
+					qi, okQ := it.Value.(int64)
+					wi, okW := intParam(it.Params, "w")
+					if okQ && okW {
+						consider(qi, wi)
+					}
+				}
+			}
+		}
+	}
+	return q, w, ok
+}
+
+func intParam(ps *httpsfv.Params, name string) (int64, bool) {
+	if ps == nil {
+		return 0, false
+	}
+	v, ok := ps.Get(name)
+	if !ok {
+		return 0, false
+	}
+	i, ok := v.(int64)
+	return i, ok && i >= 0
+}
+
+// firstInt parses the leading integer of a field ("7" or "10, 10;w=1").
+func firstInt(v string) (int64, error) {
+	v, _, _ = strings.Cut(v, ",")
+	v, _, _ = strings.Cut(v, ";")
+	return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+}

@@ -1,0 +1,189 @@
+// Package client paces a Go program's outbound calls to a third-party API
+// that publishes rate limits, so that the program stays under them instead
+// of collecting 429s.
+//
+// A Pacer asks a Limiter before each call: an in-process token bucket from
+// pkg/algo (NewLocal) or a ratelimitd shared by many processes over gRPC
+// (NewRemote). Callers wait in a bounded FIFO queue until the Limiter
+// admits them or their context ends. Responses feed the Pacer (Observe, or
+// the Transport wrapper): Retry-After holds every caller until it passes,
+// with jitter, and RateLimit or X-RateLimit-* fields cap the calls sent
+// before the upstream's window resets, less a safety margin.
+package client
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// ErrQueueFull is returned by Wait when MaxQueue callers are already waiting.
+var ErrQueueFull = errors.New("client: pacing queue is full")
+
+// Limiter decides whether a call of cost units may go now.
+type Limiter interface {
+	// Take asks for cost units at now. It reports ok, or how long to wait
+	// before asking again.
+	Take(ctx context.Context, now time.Time, cost int64) (ok bool, wait time.Duration, err error)
+}
+
+// Options configure a Pacer.
+type Options struct {
+	// Limiter admits calls; required.
+	Limiter Limiter
+	// MaxQueue bounds the callers waiting at once; more fail with
+	// ErrQueueFull. Default 1024.
+	MaxQueue int
+	// Margin is the share of an upstream-advertised quota left unused, to
+	// absorb calls in flight and clock drift. Default 0.1; negative means 0.
+	Margin float64
+	// Jitter is the largest extra wait added to a Retry-After or a reset,
+	// as a share of it, so that paced clients do not return together.
+	// Default 0.1; negative means 0.
+	Jitter float64
+	// MaxWait caps one wait the Limiter or the upstream asks for, so that a
+	// bad header cannot park callers for days. Default 1 h.
+	MaxWait time.Duration
+}
+
+// Pacer queues calls and releases them as the Limiter and the upstream's
+// own headers allow. It is safe for concurrent use.
+type Pacer struct {
+	opt Options
+
+	mu       sync.Mutex
+	queue    []chan struct{} // waiters in arrival order; queue[0] may ask the Limiter
+	inFlight int             // calls released and not yet observed
+	holdTill time.Time       // no call before this (Retry-After, spent upstream quota)
+	gate     int64           // calls left before gateEnd, by the upstream's count; -1 none
+	gateEnd  time.Time
+}
+
+// New returns a Pacer. It panics when opt.Limiter is nil.
+func New(opt Options) *Pacer {
+	if opt.Limiter == nil {
+		panic("client: Options.Limiter is nil")
+	}
+	if opt.MaxQueue <= 0 {
+		opt.MaxQueue = 1024
+	}
+	if opt.Margin == 0 {
+		opt.Margin = 0.1
+	}
+	opt.Margin = min(max(opt.Margin, 0), 0.9)
+	if opt.Jitter == 0 {
+		opt.Jitter = 0.1
+	}
+	opt.Jitter = max(opt.Jitter, 0)
+	if opt.MaxWait <= 0 {
+		opt.MaxWait = time.Hour
+	}
+	return &Pacer{opt: opt, gate: -1}
+}
+
+// Wait blocks until a call of cost units may go, and counts it in flight
+// until Done or Observe. It returns ctx's error if ctx ends first,
+// ErrQueueFull when the queue is full, or the Limiter's error.
+func (p *Pacer) Wait(ctx context.Context, cost int64) error {
+	me := make(chan struct{}, 1)
+	p.mu.Lock()
+	if len(p.queue) >= p.opt.MaxQueue {
+		p.mu.Unlock()
+		return ErrQueueFull
+	}
+	p.queue = append(p.queue, me)
+	if len(p.queue) == 1 {
+		me <- struct{}{}
+	}
+	p.mu.Unlock()
+	defer p.leave(me)
+
+	select { // wait for our turn at the head of the queue
+	case <-me:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for {
+		wait, err := p.try(ctx, cost)
+		if err != nil || wait == 0 {
+			return err
+		}
+		if err := sleep(ctx, min(wait, p.opt.MaxWait)); err != nil {
+			return err
+		}
+	}
+}
+
+// try asks the upstream's gate and then the Limiter; on success the call is
+// in flight. It returns the wait before the next try, 0 when admitted.
+func (p *Pacer) try(ctx context.Context, cost int64) (time.Duration, error) {
+	now := time.Now()
+	p.mu.Lock()
+	if d := p.holdTill.Sub(now); d > 0 {
+		p.mu.Unlock()
+		return d, nil
+	}
+	if p.gate >= 0 && now.Before(p.gateEnd) && p.gate < max(cost, 1) {
+		d := p.gateEnd.Sub(now)
+		p.mu.Unlock()
+		return d, nil
+	}
+	p.mu.Unlock()
+
+	ok, wait, err := p.opt.Limiter.Take(ctx, now, cost)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		return max(wait, time.Millisecond), nil
+	}
+	p.mu.Lock()
+	p.inFlight++
+	if p.gate >= 0 {
+		p.gate = max(p.gate-max(cost, 1), 0)
+	}
+	p.mu.Unlock()
+	return 0, nil
+}
+
+// leave removes me from the queue and hands the head to the next waiter.
+func (p *Pacer) leave(me chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, c := range p.queue {
+		if c == me {
+			p.queue = append(p.queue[:i], p.queue[i+1:]...)
+			if i == 0 && len(p.queue) > 0 {
+				p.queue[0] <- struct{}{}
+			}
+			return
+		}
+	}
+}
+
+// Done ends a call released by Wait that got no response to Observe (a
+// transport error): it is no longer in flight.
+func (p *Pacer) Done() {
+	p.mu.Lock()
+	p.inFlight = max(p.inFlight-1, 0)
+	p.mu.Unlock()
+}
+
+// jittered returns d plus a random share of it up to Jitter.
+func (p *Pacer) jittered(d time.Duration) time.Duration {
+	return d + time.Duration(rand.Float64()*p.opt.Jitter*float64(d))
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
