@@ -10,6 +10,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 )
@@ -28,7 +29,7 @@ func takeWithin(s *postgres.Store, budget time.Duration, hit algo.Hit) (error, t
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	start := time.Now()
-	_, err := s.Take(ctx, []algo.Hit{hit})
+	_, err := algotest.Take(ctx, s, []algo.Hit{hit})
 	return err, time.Since(start)
 }
 
@@ -145,7 +146,7 @@ func warm(t *testing.T, s *postgres.Store, hit algo.Hit) {
 	t.Helper()
 	start := time.Now()
 	for {
-		_, err := s.Take(context.Background(), []algo.Hit{hit})
+		_, err := algotest.Take(context.Background(), s, []algo.Hit{hit})
 		if err == nil {
 			return
 		}
@@ -201,7 +202,7 @@ func TestPasswordNeverShown(t *testing.T) {
 	srv.Kill()
 	time.Sleep(100 * time.Millisecond) // sweeps fail and log
 	for range 8 {
-		_, err := s.Take(context.Background(), []algo.Hit{{Key: "pw", Limit: longWindow, Cost: 1}})
+		_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "pw", Limit: longWindow, Cost: 1}})
 		check("take, server killed", err)
 	}
 	texts = append(texts, logs.String(), postgres.RedactURL(srv.URL(db)), postgres.RedactURL(closed))
