@@ -193,6 +193,7 @@ func TestPasswordNeverShown(t *testing.T) {
 	check("wrong password in the URL", newWith(strings.Replace(srv.URL(db), srv.Password, wrong, 1), ""))
 	check("wrong password given", newWith(srv.URLNoPassword(db), wrong))
 	check("bad URL", newWith("postgres://"+pgtest.User+":"+srv.Password+"@127.0.0.1:notaport/x", ""))
+	check("bad URL parameter", newWith(strings.Replace(srv.URL(db), "sslmode=disable", "sslmode=bogus", 1), ""))
 	o := postgres.DefaultOptions()
 	o.URL, o.Logger, o.SweepInterval = srv.URLNoPassword(db), logger, 10*time.Millisecond
 	o.Password = srv.Password
