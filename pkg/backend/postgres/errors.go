@@ -94,6 +94,8 @@ func causeOf(err error) (cause string, outage bool) {
 			return CauseRefused, true
 		case pe.Code == "57014": // query_canceled: statement_timeout or our cancel
 			return CauseTimeout, true
+		case pe.Code == "55P03": // lock_not_available: lock_timeout on a hot key's row
+			return CauseTimeout, false
 		case pe.Code == "42883" || pe.Code == "42P01": // undefined function or table
 			return CauseSchema, false
 		}

@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 )
@@ -28,7 +31,7 @@ func takeWithin(s *postgres.Store, budget time.Duration, hit algo.Hit) (error, t
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	start := time.Now()
-	_, err := s.Take(ctx, []algo.Hit{hit})
+	_, err := algotest.Take(ctx, s, []algo.Hit{hit})
 	return err, time.Since(start)
 }
 
@@ -145,7 +148,7 @@ func warm(t *testing.T, s *postgres.Store, hit algo.Hit) {
 	t.Helper()
 	start := time.Now()
 	for {
-		_, err := s.Take(context.Background(), []algo.Hit{hit})
+		_, err := algotest.Take(context.Background(), s, []algo.Hit{hit})
 		if err == nil {
 			return
 		}
@@ -190,6 +193,7 @@ func TestPasswordNeverShown(t *testing.T) {
 	check("wrong password in the URL", newWith(strings.Replace(srv.URL(db), srv.Password, wrong, 1), ""))
 	check("wrong password given", newWith(srv.URLNoPassword(db), wrong))
 	check("bad URL", newWith("postgres://"+pgtest.User+":"+srv.Password+"@127.0.0.1:notaport/x", ""))
+	check("bad URL parameter", newWith(strings.Replace(srv.URL(db), "sslmode=disable", "sslmode=bogus", 1), ""))
 	o := postgres.DefaultOptions()
 	o.URL, o.Logger, o.SweepInterval = srv.URLNoPassword(db), logger, 10*time.Millisecond
 	o.Password = srv.Password
@@ -201,7 +205,7 @@ func TestPasswordNeverShown(t *testing.T) {
 	srv.Kill()
 	time.Sleep(100 * time.Millisecond) // sweeps fail and log
 	for range 8 {
-		_, err := s.Take(context.Background(), []algo.Hit{{Key: "pw", Limit: longWindow, Cost: 1}})
+		_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "pw", Limit: longWindow, Cost: 1}})
 		check("take, server killed", err)
 	}
 	texts = append(texts, logs.String(), postgres.RedactURL(srv.URL(db)), postgres.RedactURL(closed))
@@ -214,5 +218,55 @@ func TestPasswordNeverShown(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "sweeping expired rows failed") {
 		t.Errorf("no sweeper error logged; logs:\n%s", logs.String())
+	}
+}
+
+// TestLockWaitBounded: a decision on a row another transaction holds
+// locked returns by its budget with cause timeout, and its session stops
+// waiting on the server too (the closed connection ends it; lock_timeout
+// when the close does not reach the server), instead of deciding, and
+// counting, once the lock is released long after its caller gave up.
+func TestLockWaitBounded(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	s := newStore(t, srv, db, func(o *postgres.Options) { o.Timeout = 200 * time.Millisecond })
+	hit := algo.Hit{Key: "locked", Limit: longWindow, Cost: 1}
+	warm(t, s, hit)
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, srv.URL(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM ratelimitd_counters WHERE key = $1 FOR UPDATE", hit.Key); err != nil {
+		t.Fatal(err)
+	}
+	const budget = time.Second
+	err, took := takeWithin(s, budget, hit)
+	if causeOf(err) != postgres.CauseTimeout || took > budget+slack {
+		t.Fatalf("take on a locked row: %v after %v, want cause timeout within %v", err, took, budget)
+	}
+	// No session of the store is left waiting for the lock.
+	waiting := func() int64 {
+		return srv.QueryInt(t, db, `SELECT count(*) FROM pg_stat_activity
+WHERE application_name = 'ratelimitd' AND wait_event_type = 'Lock'`)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for waiting() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a store session still waits on the lock 5 s after its caller gave up")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.QueryInt(t, db, "SELECT count FROM ratelimitd_counters WHERE key = $1", hit.Key); n != 1 {
+		t.Fatalf("the row counts %d, want 1 (the abandoned decision not counted)", n)
 	}
 }

@@ -83,6 +83,14 @@ type Options struct {
 	SweepInterval time.Duration
 	// SweepBatch bounds the rows one DELETE of the sweeper removes (> 0).
 	SweepBatch int
+	// AsyncCommit sets synchronous_commit=off for the store's sessions:
+	// a decision no longer waits for its WAL to reach the disk (the
+	// fsync that dominates a decision's latency), and a crash of
+	// PostgreSQL loses the counts of the last moments (up to three
+	// times wal_writer_delay, 600 ms by default), whose requests were
+	// admitted. false (the default) waits: a count a decision returned
+	// is never lost.
+	AsyncCommit bool
 }
 
 // DefaultOptions are the defaults of every field but URL.

@@ -33,6 +33,11 @@ var ErrSchemaNewer = errors.New("schema newer than this binary")
 // advisory lock.
 func (s *Store) migrate(ctx context.Context) error {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// Another replica may be migrating: wait for it (New's ctx
+		// bounds the wait), not only lock_timeout.
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = 0"); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLock)); err != nil {
 			return err
 		}

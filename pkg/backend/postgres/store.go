@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,6 +78,15 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		cfg.ConnConfig.Password = opt.Password
 	}
 	cfg.MaxConns = opt.MaxConns
+	if opt.AsyncCommit {
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	}
+	// A decision waits for a row lock at most Timeout on the server too:
+	// its caller has given up by then. A closed connection ends the wait
+	// already; this bounds it when the close never reaches the server (a
+	// partition), where a session abandoned on a hot key's lock would
+	// wait, and count, long after.
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(max(opt.Timeout.Milliseconds(), 1), 10)
 	// A few connections are dialed ahead, each warmed by a call with no
 	// hits (the session parses ratelimitd_take once and prepares
 	// takeSQL), so that the first decisions do not pay for it. Before

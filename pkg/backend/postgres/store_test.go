@@ -27,7 +27,7 @@ func take(t testing.TB, s *postgres.Store, hits ...algo.Hit) []algo.Decision {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	d, err := s.Take(ctx, hits)
+	d, err := algotest.Take(ctx, s, hits)
 	if err != nil {
 		t.Fatalf("Take: %v", err)
 	}
@@ -228,7 +228,7 @@ func TestMonthBudgetPostPaid(t *testing.T) {
 func TestUnsupportedKind(t *testing.T) {
 	srv := pgtest.Start(t)
 	s := newStore(t, srv, srv.CreateDB(t))
-	_, err := s.Take(context.Background(), []algo.Hit{{Key: "k", Limit: algo.Limit{Kind: algo.TokenBucket, Rate: 1, Period: time.Hour}, Cost: 1}})
+	_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "k", Limit: algo.Limit{Kind: algo.TokenBucket, Rate: 1, Period: time.Hour}, Cost: 1}})
 	var e *postgres.Error
 	if !errors.As(err, &e) || e.Cause() != postgres.CauseUnsupported {
 		t.Fatalf("err %v, want cause %s", err, postgres.CauseUnsupported)

@@ -39,7 +39,7 @@ func (s *Store) budget(ctx context.Context, start time.Time) (end time.Time, cut
 	return end, false
 }
 
-// Take decides the hits of one request (service.Store): every hit must be
+// Take decides the hits of one request into out (service.Store): every hit must be
 // a fixed_window or sliding_window limit. The request is one call of
 // ratelimitd_take, so one statement in one transaction: it locks the
 // request's rows (in key order), reads the server's clock, decides every
@@ -53,25 +53,25 @@ func (s *Store) budget(ctx context.Context, start time.Time) (end time.Time, cut
 // first (then the request was counted, as after a Redis timeout). Errors
 // are *Error. While the circuit breaker is open Take returns
 // ErrCircuitOpen or ErrStalledOpen at once, without calling PostgreSQL.
-func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if len(hits) == 0 {
-		return []algo.Decision{}, nil
+		return nil
 	}
 	for _, h := range hits {
 		if h.Limit.Kind != algo.FixedWindow && h.Limit.Kind != algo.SlidingWindow {
-			return nil, newError(CauseUnsupported, false, fmt.Errorf("algorithm %d: only fixed_window and sliding_window are supported", h.Limit.Kind))
+			return newError(CauseUnsupported, false, fmt.Errorf("algorithm %d: only fixed_window and sliding_window are supported", h.Limit.Kind))
 		}
 	}
 	start := time.Now()
 	end, cut := s.budget(ctx, start)
 	if !end.After(start) {
-		return nil, errBudgetCut
+		return errBudgetCut
 	}
 	if err := s.breaker.Allow(start); err != nil {
-		return nil, err
+		return err
 	}
 	cctx, cancel := context.WithDeadline(ctx, end)
-	out, err := s.call(cctx, hits)
+	err := s.call(cctx, hits, out)
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
@@ -86,16 +86,12 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 		rec = errBudgetCut
 	}
 	s.breaker.RecordSince(start, time.Now(), rec)
-	if err != nil {
-		s.note(err)
-		return nil, err
-	}
-	s.note(nil)
-	return out, nil
+	s.note(err)
+	return err
 }
 
-// call runs ratelimitd_take for hits and builds the decisions.
-func (s *Store) call(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error) {
+// call runs ratelimitd_take for hits and writes their decisions into out.
+func (s *Store) call(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	n := len(hits)
 	// Distinct keys, sorted: the order the function locks them in.
 	keys := make([]string, 0, n)
@@ -147,13 +143,12 @@ func (s *Store) call(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 	err := s.pool.QueryRow(ctx, takeSQL, now, keys, slot, kind, rate, period, cal, mult, cost, flags).
 		Scan(&nowUs, &mode, &stWin, &stCnt, &stPrv, &allowed)
 	if err != nil {
-		return nil, classify(err, s.secrets)
+		return classify(err, s.secrets)
 	}
 	if len(mode) != n || len(stWin) != n || len(stCnt) != n || len(stPrv) != n || len(allowed) != n {
-		return nil, newError(CauseOther, false, fmt.Errorf("ratelimitd_take returned %d decisions for %d hits", len(mode), n))
+		return newError(CauseOther, false, fmt.Errorf("ratelimitd_take returned %d decisions for %d hits", len(mode), n))
 	}
 	t := time.UnixMicro(nowUs)
-	out := make([]algo.Decision, n)
 	for i, h := range hits {
 		st := algo.State{Time: stWin[i], Count: stCnt[i], Prev: stPrv[i]}
 		var d algo.Decision
@@ -164,10 +159,10 @@ func (s *Store) call(ctx context.Context, hits []algo.Hit) ([]algo.Decision, err
 			if d.Allowed != allowed[i] {
 				// The function and pkg/algo disagree: a defect, never
 				// answered as a decision.
-				return nil, newError(CauseOther, false, fmt.Errorf("hit %d: the database decided allowed=%v, pkg/algo %v", i, allowed[i], d.Allowed))
+				return newError(CauseOther, false, fmt.Errorf("hit %d: the database decided allowed=%v, pkg/algo %v", i, allowed[i], d.Allowed))
 			}
 		}
 		out[i] = d
 	}
-	return out, nil
+	return nil
 }
