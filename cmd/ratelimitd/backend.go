@@ -233,7 +233,7 @@ const envoyFilterTimeout = 20 * time.Millisecond
 // reports its health).
 func (s *server) startHealthPoll() {
 	_, fast := s.store.(service.Healther)
-	if _, durable := s.durableRaw.(service.Healther); !fast && !durable {
+	if _, durable := s.durable.(service.Healther); !fast && !durable {
 		return
 	}
 	s.wg.Add(1)

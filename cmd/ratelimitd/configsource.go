@@ -34,7 +34,7 @@ func (s *server) newConfigSource() error {
 		// `store: durable` limits load only with a durable store, and
 		// only of the algorithms it decides.
 		s.loadOpts.Durable.Enabled = true
-		if al, ok := s.durableRaw.(service.AlgorithmLister); ok {
+		if al, ok := s.durable.(service.AlgorithmLister); ok {
 			s.loadOpts.Durable.Algorithms = al.Algorithms()
 		}
 	}

@@ -71,7 +71,7 @@ func TestServerDurableStore(t *testing.T) {
 		labels map[string]string
 		want   float64
 	}{
-		{"ratelimitd_durable_up", nil, 1},
+		{"ratelimitd_durable_healthy", nil, 1},
 		{"ratelimitd_durable_circuit_state", map[string]string{"state": "closed"}, 1},
 		{"ratelimitd_durable_refunds_total", map[string]string{"result": "ok"}, 1},
 	} {

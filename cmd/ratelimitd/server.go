@@ -48,11 +48,8 @@ type server struct {
 
 	fallback service.Store // failure_mode: local store (nil: none)
 	// durable is the store of `store: durable` limits (--durable-url;
-	// nil: none), durableRaw the store itself, whose optional
-	// interfaces (health, breaker, algorithms) the server reads;
-	// durableLogged is its health last logged.
+	// nil: none); durableLogged is its health last logged.
 	durable       service.Store
-	durableRaw    any
 	durableLogged atomic.Int32
 	reg           *prometheus.Registry
 	tracing       *telemetry.Tracing

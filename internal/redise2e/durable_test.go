@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
@@ -81,7 +80,7 @@ func startRLS(t *testing.T, redisURL, pgURL string, set *policy.Set) *rlsInstanc
 	if err != nil {
 		t.Fatalf("postgres.New: %v", err)
 	}
-	svc, _ := newService(t, service.Options{Store: rs, Durable: durableStore(t, ps), Fallback: newMemory(t)}, set)
+	svc, _ := newService(t, service.Options{Store: rs, Durable: ps, Fallback: newMemory(t)}, set)
 	lis, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -247,35 +246,6 @@ func TestStoresFailApart(t *testing.T) {
 	}
 }
 
-// durableStore is st as a service.Store: itself, or behind an adapter
-// while its Take returns its decisions instead of filling the caller's
-// array.
-func durableStore(t testing.TB, st any) service.Store {
-	switch v := st.(type) {
-	case service.Store:
-		return v
-	case interface {
-		Take(context.Context, []algo.Hit) ([]algo.Decision, error)
-	}:
-		return fillingStore{v.Take}
-	}
-	t.Fatalf("%T is not a store", st)
-	return nil
-}
-
-// fillingStore is a Take that returns its decisions, as a service.Store.
-type fillingStore struct {
-	take func(context.Context, []algo.Hit) ([]algo.Decision, error)
-}
-
-func (f fillingStore) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
-	res, err := f.take(ctx, hits)
-	if err == nil {
-		copy(out, res)
-	}
-	return err
-}
-
 // BenchmarkMixedStores measures one decision at c=1 (service in process,
 // real redis-server and PostgreSQL on loopback, sharing the machine) with
 // a fast limit only, a durable limit only, and both (fast first, then
@@ -294,7 +264,7 @@ func BenchmarkMixedStores(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = ps.Close() })
 	rs := newStore(b, standaloneOpts(rdb.URL()))
-	svc, reg := newService(b, service.Options{Store: rs, Durable: durableStore(b, ps), Fallback: newMemory(b)}, loadDurable(b))
+	svc, reg := newService(b, service.Options{Store: rs, Durable: ps, Fallback: newMemory(b)}, loadDurable(b))
 	for _, c := range []struct {
 		name  string
 		descs func(v string) [][]string
