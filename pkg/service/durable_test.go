@@ -8,6 +8,8 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -221,4 +223,27 @@ func TestDurableExplainAndReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantAnswer(t, "after reset", e.call(t, both), rlsv3.RateLimitResponse_OK, 3, 1)
+}
+
+// A fast store that times out leaves the request undecided
+// (DeadlineExceeded) without charging the durable quota; a durable store
+// that times out keeps the fast hits (the caller's failure policy may
+// admit the request).
+func TestUndecidedAcrossStores(t *testing.T) {
+	e := newDurableEnv(t)
+	both := req("q", d("api", "k"), d("day3", "acme"))
+	e.fast.fail(causeErr{"timeout"})
+	if _, err := e.svc.ShouldRateLimit(context.Background(), both); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("fast store timed out: %v, want DeadlineExceeded", err)
+	}
+	if n := e.durable.Calls(); n != 0 {
+		t.Fatalf("the durable store was asked %d times for a request the fast store did not decide", n)
+	}
+	e.fast.fail(nil)
+	e.durable.fail(causeErr{"timeout"})
+	if _, err := e.svc.ShouldRateLimit(context.Background(), both); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("durable store timed out: %v, want DeadlineExceeded", err)
+	}
+	e.durable.fail(nil)
+	wantAnswer(t, "after both", e.call(t, both), rlsv3.RateLimitResponse_OK, 3, 2)
 }
