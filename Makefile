@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: run build test test-long test-short vet fmt lint bench bench-compare callgrind-redis redis-deps memcached-deps image
+.PHONY: run build test test-long test-short vet fmt lint bench bench-compare callgrind-redis redis-deps memcached-deps postgres-deps image
 
 IMAGE ?= ghcr.io/ratelimitd/ratelimitd
 
@@ -22,12 +22,14 @@ run: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/ratelimitd
 
-## test: everything, with -race, including real redis-server and memcached tests
-## (RATELIMITD_REQUIRE_REDIS=1: a test that needs redis-server or memcached fails instead of skipping);
+## test: everything, with -race, including real redis-server, memcached and PostgreSQL tests
+## (RATELIMITD_REQUIRE_REDIS=1, RATELIMITD_REQUIRE_POSTGRES=1: a test that needs redis-server,
+## memcached or PostgreSQL fails instead of skipping);
 ## the fault and fleet suites run their quick variants (each fault, topology and burst shape at least once)
 TEST_TIMEOUT ?= 40m
 test: export RATELIMITD_REQUIRE_REDIS=1
-test: redis-deps memcached-deps vet
+test: export RATELIMITD_REQUIRE_POSTGRES=1
+test: redis-deps memcached-deps postgres-deps vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
@@ -45,6 +47,9 @@ redis-deps:
 
 memcached-deps:
 	@./scripts/ensure-memcached.sh
+
+postgres-deps:
+	@./scripts/ensure-postgres.sh
 
 vet:
 	$(GO) vet $(PKGS)

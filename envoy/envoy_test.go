@@ -32,8 +32,16 @@ var files = map[string]struct {
 }{
 	"edge.yaml":    {"../examples/config", 0},
 	"plans.yaml":   {"../examples/plans", 1},
+	"shard.yaml":   {"../examples/shard", 1},
 	"sidecar.yaml": {"../examples/config", 1},
 	"website.yaml": {"../examples/website", 0},
+}
+
+// ringFiles maps each consistent-hash edge (no rate-limit filter of its
+// own) to the shard bootstrap behind it (docs/quotas.md, "Without a shared
+// store: consistent-hash routing").
+var ringFiles = map[string]string{
+	"shard-ring.yaml": "shard.yaml",
 }
 
 func TestEveryFileIsListed(t *testing.T) {
@@ -45,7 +53,7 @@ func TestEveryFileIsListed(t *testing.T) {
 		t.Fatal("no Envoy files found")
 	}
 	for _, n := range names {
-		if _, ok := files[n]; !ok {
+		if _, ok := files[n]; !ok && ringFiles[n] == "" {
 			t.Errorf("%s is not listed in files: say which config it drives", n)
 		}
 	}
@@ -501,4 +509,121 @@ func TestLeaseReleaseGated(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConsistentHashRing: every route of a consistent-hash edge goes to a
+// RING_HASH or MAGLEV cluster with a header hash policy, the edge decides
+// no limit itself, and every descriptor its shards send is keyed by a
+// hashed header, so that one shard sees all the traffic of each key it
+// counts. A broken edge (round robin, no hash policy, a hash on another
+// header than the shards limit by) is reported.
+func TestConsistentHashRing(t *testing.T) {
+	for edge, shard := range ringFiles {
+		t.Run(edge, func(t *testing.T) {
+			if errs := ringErrors(decode(t, edge), decode(t, shard)); len(errs) > 0 {
+				t.Fatal(errors.Join(errs...))
+			}
+			good, err := os.ReadFile(edge)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, bad := range map[string]string{
+				"round robin":  strings.Replace(string(good), "lb_policy: RING_HASH", "lb_policy: ROUND_ROBIN", 1),
+				"other header": strings.Replace(string(good), "header: { header_name: x-tenant-id }", "header: { header_name: x-user }", 1),
+				"no hash":      strings.Replace(string(good), "header: { header_name: x-tenant-id }", "connection_properties: { source_ip: true }", 1),
+			} {
+				if bad == string(good) {
+					t.Fatalf("%s: replacement did not apply", name)
+				}
+				b, err := replay.DecodeBootstrap([]byte(bad))
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				if errs := ringErrors(b, decode(t, shard)); len(errs) == 0 {
+					t.Errorf("%s: no error", name)
+				}
+			}
+		})
+	}
+}
+
+// ringErrors checks a consistent-hash edge against its shard bootstrap
+// (see TestConsistentHashRing).
+func ringErrors(edge, shard *bootstrapv3.Bootstrap) []error {
+	var errs []error
+	clusters := map[string]*clusterv3.Cluster{}
+	for _, c := range edge.GetStaticResources().GetClusters() {
+		clusters[c.GetName()] = c
+	}
+	hashed := map[string]bool{}
+	routes := 0
+	for _, hcm := range hcms(edge) {
+		for _, hf := range hcm.GetHttpFilters() {
+			if hf.GetName() == replay.RateLimitFilterName {
+				errs = append(errs, errors.New("the edge has a rate-limit filter: its shards decide"))
+			}
+		}
+		for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
+			for _, r := range vh.GetRoutes() {
+				ra := r.GetRoute()
+				routes++
+				c := clusters[ra.GetCluster()]
+				if lb := c.GetLbPolicy(); c == nil || (lb != clusterv3.Cluster_RING_HASH && lb != clusterv3.Cluster_MAGLEV) {
+					errs = append(errs, fmt.Errorf("route %q: cluster %q is not RING_HASH or MAGLEV", r.GetMatch().GetPrefix(), ra.GetCluster()))
+				}
+				n := 0
+				for _, hp := range ra.GetHashPolicy() {
+					if h := hp.GetHeader(); h != nil {
+						hashed[strings.ToLower(h.GetHeaderName())] = true
+						n++
+					}
+				}
+				if n == 0 {
+					errs = append(errs, fmt.Errorf("route %q: no header hash_policy", r.GetMatch().GetPrefix()))
+				}
+			}
+		}
+	}
+	if routes == 0 {
+		errs = append(errs, errors.New("the edge has no route"))
+	}
+	limited := 0
+	for _, hcm := range hcms(shard) {
+		for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
+			for _, r := range vh.GetRoutes() {
+				for i, rl := range r.GetRoute().GetRateLimits() {
+					limited++
+					keyed := false
+					for _, a := range rl.GetActions() {
+						if rh := a.GetRequestHeaders(); rh != nil && hashed[strings.ToLower(rh.GetHeaderName())] {
+							keyed = true
+						}
+					}
+					if !keyed {
+						errs = append(errs, fmt.Errorf("shard route %q rate_limits[%d]: not keyed by a header the edge hashes on (%v): it would be counted per shard", r.GetMatch().GetPrefix(), i, hashed))
+					}
+				}
+			}
+		}
+	}
+	if limited == 0 {
+		errs = append(errs, errors.New("the shard sends no descriptor"))
+	}
+	return errs
+}
+
+// hcms are the HTTP connection managers of b's listeners.
+func hcms(b *bootstrapv3.Bootstrap) []*hcmv3.HttpConnectionManager {
+	var out []*hcmv3.HttpConnectionManager
+	for _, l := range b.GetStaticResources().GetListeners() {
+		for _, fc := range l.GetFilterChains() {
+			for _, f := range fc.GetFilters() {
+				var hcm hcmv3.HttpConnectionManager
+				if f.GetTypedConfig().UnmarshalTo(&hcm) == nil {
+					out = append(out, &hcm)
+				}
+			}
+		}
+	}
+	return out
 }

@@ -150,6 +150,7 @@ func (s *server) updateHealth() {
 		s.health.SetServingStatus(backendHealth, bs)
 		s.logBackendTransition(up)
 	}
+	s.updateDurableHealth()
 }
 
 // The backend health last logged (server.backendLogged).
@@ -231,7 +232,8 @@ const envoyFilterTimeout = 20 * time.Millisecond
 // backendHealthPoll until the config source stops (only for a store that
 // reports its health).
 func (s *server) startHealthPoll() {
-	if _, ok := s.store.(service.Healther); !ok {
+	_, fast := s.store.(service.Healther)
+	if _, durable := s.durable.(service.Healther); !fast && !durable {
 		return
 	}
 	s.wg.Add(1)

@@ -32,6 +32,14 @@ func (s *server) newConfigSource() error {
 		// stays, and at startup the service is not SERVING.
 		s.loadOpts.Algorithms, s.loadOpts.Backend = al.Algorithms(), o.Backend
 	}
+	if s.durable != nil {
+		// `store: durable` limits load only with a durable store, and
+		// only of the algorithms it decides.
+		s.loadOpts.Durable.Enabled = true
+		if al, ok := s.durable.(service.AlgorithmLister); ok {
+			s.loadOpts.Durable.Algorithms = al.Algorithms()
+		}
+	}
 	if o.ConfigSource == "xds" {
 		var err error
 		if s.xdsOpts, err = xdsOptions(o, s.log, s.loadOpts); err != nil {

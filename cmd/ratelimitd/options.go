@@ -99,6 +99,15 @@ type Options struct {
 	MemcacheMaxIdleConns int           // --memcache-max-idle-conns
 	MemcacheTimeout      time.Duration // --memcache-timeout
 
+	// The durable store of `store: durable` limits (postgres.Options):
+	// its postgres:// URL (empty: none), a file holding its password,
+	// the bound of a decision and the pool's size.
+	DurableURL          string        // --durable-url
+	DurablePasswordFile string        // --durable-password-file
+	DurableTimeout      time.Duration // --durable-timeout
+	DurableMaxConns     int           // --durable-max-conns
+	DurableConnect      time.Duration // --durable-connect-timeout
+
 	ShadowMode bool // --shadow-mode
 	QuotaMode  bool // --quota-mode
 	// Counting is the global counting policy (service.Options.Counting):

@@ -146,6 +146,7 @@ func (o Options) validateBounds(add func(error)) {
 	if o.DetailedMetricCap == 0 {
 		add(errors.New("--detailed-metric-cap=0: want > 0, or negative to disable detailed labels"))
 	}
+	o.validateDurable(add)
 	notNegative(add, "memory-max-keys", o.MemoryMaxKeys, "unbounded")
 	notNegative(add, "max-config-rules", o.MaxConfigRules, "no limit")
 	notNegative(add, "max-config-bytes", o.MaxConfigBytes, "no limit")
@@ -216,5 +217,24 @@ func validHeaderName(s string) bool {
 func notNegative[T int | int64 | time.Duration](add func(error), flag string, v T, zero string) {
 	if v < 0 {
 		add(fmt.Errorf("--%s=%v: must be >= 0 (0 = %s)", flag, v, zero))
+	}
+}
+
+// validateDurable checks the --durable-* flags: with --durable-url, the
+// store's own rules (postgres.Options.Validate, whose messages never hold
+// the password) and a positive connect timeout; without it, no password
+// file.
+func (o Options) validateDurable(add func(error)) {
+	if o.DurableURL == "" {
+		if o.DurablePasswordFile != "" {
+			add(errors.New("--durable-password-file needs --durable-url"))
+		}
+		return
+	}
+	for _, e := range leafErrors(durableOptions(o, "").Validate()) {
+		add(fmt.Errorf("--durable-*: %w", e))
+	}
+	if o.DurableConnect <= 0 {
+		add(fmt.Errorf("--durable-connect-timeout=%s: must be > 0", o.DurableConnect))
 	}
 }

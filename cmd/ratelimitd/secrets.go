@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 )
 
@@ -42,6 +43,9 @@ const (
 	// secretHeaders: "name:value,name2:value2" whose values are
 	// credentials (bearer tokens).
 	secretHeaders
+	// secretPostgresURL: a postgres:// URL (postgres.RedactURL: its
+	// password and query values).
+	secretPostgresURL
 )
 
 // settingNamed returns the setting of flag name.
@@ -78,6 +82,11 @@ func redactValue(k secretKind, v string) string {
 			return ""
 		}
 		return redis.RedactURL(v)
+	case secretPostgresURL:
+		if v == "" {
+			return ""
+		}
+		return postgres.RedactURL(v)
 	case secretAddress:
 		items := strings.Split(v, ",")
 		for i, it := range items {
@@ -124,7 +133,7 @@ func flagEquals(name string, v any) string {
 		return fmt.Sprintf("--%s=%v", name, v)
 	}
 	red := redactValue(k, fmt.Sprint(v))
-	if k == secretRedisURL || (k == secretAddress && slices.Contains(strings.Split(red, ","), redacted)) {
+	if k == secretRedisURL || k == secretPostgresURL || (k == secretAddress && slices.Contains(strings.Split(red, ","), redacted)) {
 		return "--" + name
 	}
 	return "--" + name + "=" + red
@@ -181,6 +190,19 @@ func secretParts(k secretKind, v string) []string {
 		for _, it := range strings.Split(v, ",") {
 			if _, val, ok := strings.Cut(it, ":"); ok {
 				out = append(out, strings.TrimSpace(val))
+			}
+		}
+	case secretPostgresURL:
+		// The password of the user info and of the query (libpq takes
+		// password= and sslpassword= there).
+		if u, err := url.Parse(v); err == nil {
+			if p, ok := u.User.Password(); ok {
+				out = append(out, p)
+			}
+			for k, vs := range u.Query() {
+				if strings.Contains(strings.ToLower(k), "password") {
+					out = append(out, vs...)
+				}
 			}
 		}
 	}

@@ -129,6 +129,8 @@ func TestSecretSettingsDeclared(t *testing.T) {
 			v = "h1:1,u:" + pw + "@h2:2,scheme://" + pw + "@h3:3"
 		case secretHeaders:
 			v = "authorization:Bearer " + pw + ",x-k:" + pw
+		case secretPostgresURL:
+			v = "postgres://u:" + pw + "@h:5432/db?sslmode=disable&sslpassword=" + pw
 		}
 		for _, args := range [][]string{{"rl", "--" + s.name + "=" + v}, {"rl", "-" + s.name, v}} {
 			got := redactArgs(args)

@@ -47,9 +47,13 @@ type server struct {
 	stopping      atomic.Bool // shutdown started
 
 	fallback service.Store // failure_mode: local store (nil: none)
-	reg      *prometheus.Registry
-	tracing  *telemetry.Tracing
-	statsd   *statsd.Client // nil without --statsd-addr
+	// durable is the store of `store: durable` limits (--durable-url;
+	// nil: none); durableLogged is its health last logged.
+	durable       service.Store
+	durableLogged atomic.Int32
+	reg           *prometheus.Registry
+	tracing       *telemetry.Tracing
+	statsd        *statsd.Client // nil without --statsd-addr
 	// closers release what newServer built, run in reverse by release.
 	closers []func()
 
@@ -112,6 +116,7 @@ func newServer(o Options, gc gcPolicy, warnings []string, logOut io.Writer) (_ *
 	ev := newEvents(log, o.Backend)
 	for _, step := range []func() error{
 		func() error { return s.newBackend(ev) },
+		s.newDurable,
 		func() error { return s.newTelemetry(ev) },
 		s.newService,
 		s.openListeners,
@@ -134,6 +139,9 @@ func (s *server) newService() error {
 		return err
 	}
 	so.Store, so.Fallback, so.Registerer, so.Statsd, so.Logger = s.tracing.Store(s.store), s.fallback, s.reg, s.statsd, s.log
+	if s.durable != nil {
+		so.Durable = s.tracing.Store(s.durable)
+	}
 	if s.svc, err = service.New(so); err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -160,6 +161,11 @@ var settings = []setting{
 	{name: "memcache-srv-refresh", group: groupBackend, legacy: []string{"MEMCACHE_SRV_REFRESH"}, field: fieldOf(func(o *Options) *time.Duration { return &o.MemcacheSRVRefresh }, 0), doc: "resolve `--memcache-srv` again at this interval; `0s` resolves once (retried every 100 ms until it succeeds)", owner: "memcache.SRVRefresh"},
 	{name: "memcache-max-idle-conns", group: groupBackend, legacy: []string{"MEMCACHE_MAX_IDLE_CONNS"}, field: fieldOf(func(o *Options) *int { return &o.MemcacheMaxIdleConns }, memcache.DefaultMaxIdleConns), doc: "idle connections kept per memcached server", owner: "memcache.MaxIdleConns"},
 	{name: "memcache-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.MemcacheTimeout }, memcache.DefaultTimeout), doc: "bound of each memcached call: socket and connect timeout, and a decision's budget when the caller's deadline (less 2 ms or a quarter of the time left) is later", shown: "`50ms` (reference mode: `500ms`, gomemcache's default)", owner: "memcache.Timeout"},
+	{name: "durable-url", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.DurableURL }, ""), doc: "PostgreSQL store of the limits with `store: durable` (`postgres://user@host:port/database`, libpq parameters such as `sslmode` in the query): their counts survive a restart of ratelimitd and of Redis ([docs/quotas.md](docs/quotas.md#quotas-that-must-survive)); the schema is created or migrated at startup, which waits for PostgreSQL up to `--durable-connect-timeout`; empty: no durable store, and a config with `store: durable` is refused", shown: "(none)", secret: secretPostgresURL},
+	{name: "durable-password-file", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.DurablePasswordFile }, ""), doc: "file holding the PostgreSQL password (a mounted Secret key; one trailing newline ignored), read at startup; wins over the URL's password"},
+	{name: "durable-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.DurableTimeout }, postgres.DefaultTimeout), doc: "budget of a durable decision when the caller's deadline (less 2 ms or a quarter of the time left) is later; a failure or timeout gives the durable limits their `failure_mode`"},
+	{name: "durable-max-conns", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.DurableMaxConns }, postgres.DefaultMaxConns), doc: "connections in the PostgreSQL pool; durable decisions beyond it wait for one within their budget"},
+	{name: "durable-connect-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.DurableConnect }, 30*time.Second), doc: "how long startup waits for PostgreSQL to answer and its schema to be checked or migrated before it fails (a schema newer than the binary always fails it)"},
 	{name: "local-cache-size", group: groupBackend, legacyVia: "LOCAL_CACHE_SIZE_IN_BYTES", field: fieldOf(func(o *Options) *int { return &o.LocalCacheSize }, redis.DefaultLocalCacheSize), doc: "entries of the local over-limit cache (0 disables): denied keys answered locally until their retry time, kept exact across replicas on Redis ([docs/redis.md](docs/redis.md#local-over-limit-cache)); an upper bound, memory grows with use (about 200 bytes plus the key per entry)", shown: "`10000` on Redis in native mode; `0` in reference mode and on memcached", owner: "redis.LocalCacheSize,memcache.LocalCacheSize"},
 	// ≈ 111–128 bytes of heap per key for fixed/sliding window and token
 	// bucket (docs/operations.md): about 110–130 MB at the bound.

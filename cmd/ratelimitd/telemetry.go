@@ -103,6 +103,9 @@ func (s *server) newTelemetry(ev *events) error {
 	if err := registerBackendMetrics(s.reg, s.store); err != nil {
 		return fmt.Errorf("backend metrics: %w", err)
 	}
+	if err := registerDurableMetrics(s.reg, s.durable); err != nil {
+		return err
+	}
 	if err := registerMemoryMetrics(s.reg, s.store, s.fallback); err != nil {
 		return fmt.Errorf("memory store metrics: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -49,6 +50,8 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 	}
 	merge := fs.Bool("merge-domains", mergeDefault, "let several files contribute to one domain")
 	backend := fs.String("backend", envBackend(lookup), "check the config against this backend's algorithms: memory, redis or memcache")
+	_, durableSet := lookup("RATELIMITD_DURABLE_URL")
+	durable := fs.Bool("durable", durableSet, "check the config as serve with --durable-url does: limits with store: durable load (fixed_window or sliding_window, windows of an hour or longer); default true when RATELIMITD_DURABLE_URL is set")
 	maxRules := fs.Int("max-config-rules", int(rulesDefault), "most rules the config may hold, as serve enforces it (0 = no limit)")
 	maxBytes := fs.Int64("max-config-bytes", bytesDefault, "most bytes the config files may hold together, as serve enforces it (0 = no limit)")
 	dot := fs.Bool("ignore-dotfiles", dotDefault, "skip config files and directories whose name starts with a dot (Kubernetes ConfigMap ..data); --ignore-dotfiles=false loads them (reference mode's default unless RUNTIME_IGNOREDOTFILES=true)")
@@ -82,6 +85,9 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 	}
 	paths := fs.Args()
 	lo := policy.LoadOptions{MergeDomains: *merge, IgnoreDotFiles: *dot, MaxRules: *maxRules, MaxBytes: *maxBytes}
+	if *durable {
+		lo.Durable = policy.DurableOptions{Enabled: true, Algorithms: postgres.SupportedAlgorithms()}
+	}
 	if ref {
 		dotSet := false
 		fs.Visit(func(f *flag.Flag) { dotSet = dotSet || f.Name == "ignore-dotfiles" })

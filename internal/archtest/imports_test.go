@@ -27,7 +27,7 @@ const mod = "github.com/ratelimitd/ratelimitd/"
 // pkg/algo (stdlib only) <- pkg/policy <- pkg/service <- cmd, and
 // pkg/algo <- backends <- cmd; the service never imports a backend, a
 // backend never the service or pkg/policy; test fixtures (algotest,
-// redistest, memcachetest, xdstest) never reach the binary.
+// redistest, memcachetest, pgtest, xdstest) never reach the binary.
 var mayImport = map[string][]string{
 	"pkg/algo":                          {}, // and the standard library only: TestAlgoStdlibOnly
 	"pkg/algo/algotest":                 {"pkg/algo"},
@@ -42,6 +42,8 @@ var mayImport = map[string][]string{
 	"pkg/backend/redis/redistest":       {"internal/testproc"},
 	"pkg/backend/memcache":              {"pkg/algo", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/causes"},
 	"pkg/backend/memcache/memcachetest": {"internal/testproc"},
+	"pkg/backend/postgres":              {"pkg/algo", "pkg/backend/breaker", "pkg/backend/causes"},
+	"pkg/backend/postgres/pgtest":       {"internal/testproc"},
 	"pkg/telemetry":                     {"pkg/algo"},
 	"pkg/telemetry/statsd":              {},
 	"pkg/service":                       {"pkg/algo", "pkg/policy", "pkg/telemetry/statsd"},
@@ -51,6 +53,7 @@ var mayImport = map[string][]string{
 		"cmd/ratelimitd/...",
 		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay",
 		"pkg/backend/memory", "pkg/backend/redis", "pkg/backend/memcache", "pkg/backend/overlimit",
+		"pkg/backend/postgres",
 		"pkg/telemetry", "pkg/telemetry/statsd",
 	},
 	"cmd/rlload":           {},

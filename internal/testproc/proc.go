@@ -33,6 +33,11 @@ import (
 // Proc is one server process, started again after a Kill by Start. The
 // zero value has no process. Safe for concurrent use.
 type Proc struct {
+	// Prepare, when set, adjusts each command before it starts (after
+	// KillWithParent): a helper that must run its server as another
+	// user sets the credential here.
+	Prepare func(*exec.Cmd)
+
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when cmd has been waited for
@@ -48,6 +53,9 @@ func (p *Proc) Start(name string, args []string, dir, logPath string) error {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	KillWithParent(cmd)
+	if p.Prepare != nil {
+		p.Prepare(cmd)
+	}
 	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err

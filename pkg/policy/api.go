@@ -38,6 +38,27 @@ const (
 	FailLocal                     // decide with the in-process limiter
 )
 
+// StoreKind is the store that decides a limit (the rate_limit field
+// store). The zero value StoreFast is the server's backend (memory,
+// Redis or memcached).
+type StoreKind uint8
+
+const (
+	// StoreFast: the server's backend decides the limit (config name
+	// "fast", the default).
+	StoreFast StoreKind = iota
+	// StoreDurable: the durable store (PostgreSQL) decides it, so that
+	// its count survives a restart or a flush of the fast store (config
+	// name "durable"). Only windows of an hour or longer, of the
+	// algorithms the durable store decides (LoadOptions.Durable).
+	StoreDurable
+)
+
+// MinDurableWindow is the shortest window a `store: durable` limit may
+// have: a durable decision costs a database write, which suits quotas
+// over hours, days and months, not per-second limits.
+const MinDurableWindow = time.Hour
+
 // Counting is a counting policy: what a denied request consumes. The zero
 // value CountingDefault defers to the service's global policy
 // (--counting).
@@ -93,6 +114,9 @@ type Spec struct {
 	// sliding_window only; DefaultEarlyWarning when absent, the zero value
 	// when off or for other algorithms).
 	EarlyWarning EarlyWarning
+	// Store is rate_limit.store: the store that decides the limit
+	// (StoreFast when absent).
+	Store StoreKind
 	// Window is the quota window for RateLimit-Policy w= (unit × multiplier;
 	// the calendar unit's nominal length when Calendar).
 	Window time.Duration
@@ -281,6 +305,24 @@ type LoadOptions struct {
 	Algorithms []algo.Kind
 	// Backend names the backend in that message ("memcache").
 	Backend string
+	// Durable says which limits may have `store: durable` (Spec.Store).
+	// Its zero value refuses every one of them at its line: no durable
+	// store is configured.
+	Durable DurableOptions
+}
+
+// DurableOptions describe the durable store to the loader: a limit with
+// `store: durable` is refused at its file:line when Enabled is false,
+// when its window is shorter than MinDurableWindow, or when its
+// algorithm is not in Algorithms. Algorithms does not restrict the
+// other limits, and LoadOptions.Algorithms does not restrict durable
+// ones.
+type DurableOptions struct {
+	// Enabled: a durable store is configured (ratelimitd --durable-url).
+	Enabled bool
+	// Algorithms, when not nil, are the only algorithms the durable store
+	// decides (its service.AlgorithmLister); nil allows every algorithm.
+	Algorithms []algo.Kind
 }
 
 // Warning is a lint finding that does not reject a load.

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -109,7 +110,7 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 			d.override = fc.override
 		}
 	}
-	s := &Set{keys: opts.Keys, domains: make(map[string]*domainTree, len(order)), algorithms: opts.Algorithms, backend: opts.Backend}
+	s := &Set{keys: opts.Keys, domains: make(map[string]*domainTree, len(order)), algorithms: opts.Algorithms, backend: opts.Backend, durable: opts.Durable}
 	for _, name := range order {
 		src := byDomain[name]
 		dt := &domainTree{name: name, override: src.override}
@@ -254,6 +255,7 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 			Burst:           l.burst,
 			Calendar:        l.calendar,
 			FailureMode:     l.failure,
+			Store:           l.store,
 		}
 		if l.algorithm == algo.FixedWindow || l.algorithm == algo.SlidingWindow {
 			sp.EarlyWarning = l.earlyWarning
@@ -268,7 +270,9 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 		default:
 			sp.Policy = sfSafe(r.Path) + "#" + strconv.Itoa(i+1)
 		}
-		if !s.supports(l.algorithm) {
+		if l.store == StoreDurable {
+			s.checkDurable(errs, n.file, r.Path, &l, &sp)
+		} else if !s.supports(l.algorithm) {
 			line := l.algorithmLine
 			if line == 0 {
 				line = l.line
@@ -322,6 +326,29 @@ func sfSafe(s string) string {
 		b.WriteByte(c)
 	}
 	return b.String()
+}
+
+// checkDurable reports, at the `store:` line of limit l (compiled: sp) of
+// the rule at path, why the durable store cannot decide it: none is
+// configured, its window is shorter than MinDurableWindow, or its
+// algorithm is not one the durable store decides.
+func (s *Set) checkDurable(errs *errList, file, path string, l *rawLimit, sp *Spec) {
+	d := s.durable
+	if !d.Enabled {
+		errs.add(file, l.storeLine, "descriptor %q: store: durable needs a durable store, and none is configured (ratelimitd --durable-url)", path)
+		return
+	}
+	if sp.Limit.Period < MinDurableWindow {
+		errs.add(file, l.storeLine, "descriptor %q: store: durable needs a window of an hour or longer (window is %s); keep shorter limits on the fast store", path, sp.Limit.Period)
+	}
+	if d.Algorithms == nil || slices.Contains(d.Algorithms, l.algorithm) {
+		return
+	}
+	names := make([]string, len(d.Algorithms))
+	for i, a := range d.Algorithms {
+		names[i] = AlgorithmName(a)
+	}
+	errs.add(file, l.storeLine, "descriptor %q: algorithm %s is not supported by the durable store (supported: %s)", path, AlgorithmName(l.algorithm), strings.Join(names, ", "))
 }
 
 // supports reports whether the backend decides algorithm k

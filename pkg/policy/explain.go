@@ -14,7 +14,7 @@ import (
 //	<path>: <limit>[; <limit>…] [shadow_mode] [quota_mode] [counting=<policy>] [detailed_metric] [replaces=a,b] [override=<mode> [override_max=<n>/<unit>]] (file:line)
 //
 // where <limit> is `<algorithm> <requests_per_unit>/<unit>[×<multiplier>]
-// [burst=<n>] [calendar] failure_mode=<mode> policy="<policy>"` or
+// [burst=<n>] [calendar] [store=durable] failure_mode=<mode> policy="<policy>"` or
 // `unlimited`; override= appears when the rule or its domain sets
 // `override:` (the effective mode and cap). Used by /rlconfig and
 // `ratelimitd validate --explain`.
@@ -50,6 +50,9 @@ func (s *Set) WriteExplain(w io.Writer) error {
 			}
 			if l.Calendar {
 				b.WriteString(" calendar")
+			}
+			if l.Store == StoreDurable {
+				b.WriteString(" store=durable")
 			}
 			fmt.Fprintf(&b, " failure_mode=%s policy=%q", l.FailureMode, l.Policy)
 			if l.Name != "" {

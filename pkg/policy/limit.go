@@ -37,6 +37,8 @@ type rawLimit struct {
 	extensionFields []string
 	earlyWarning    EarlyWarning
 	earlyLine       int
+	store           StoreKind
+	storeLine       int
 }
 
 // limit parses one rate_limit object; line is where it starts (the
@@ -118,6 +120,12 @@ func (p *parser) limitField(l *rawLimit, unit *unitField, k string, kn, v *yaml.
 		l.earlyLine = kn.Line
 		l.earlyWarning = p.earlyWarning(v)
 		l.extensionFields = append(l.extensionFields, k)
+	case "store":
+		l.storeLine = kn.Line
+		if k, ok := p.store(v); ok {
+			l.store = k
+			l.extensionFields = append(l.extensionFields, "store")
+		}
 	case "calendar":
 		l.calendarLine = kn.Line
 		l.calendar = p.boolean(v, "calendar")

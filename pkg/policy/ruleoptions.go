@@ -7,7 +7,7 @@ import (
 )
 
 // The per-rule options that are enums or lists: a rate_limit's algorithm,
-// failure_mode and replaces, a descriptor's counting. override: is parsed
+// failure_mode, store and replaces, a descriptor's counting. override: is parsed
 // in override.go.
 
 // algorithm parses a rate_limit `algorithm:` (fixed_window, sliding_window,
@@ -32,6 +32,20 @@ func (p *parser) failureMode(v *yaml.Node, field string) (FailureMode, bool) {
 		p.errs.add(p.file, v.Line, "invalid %s %q: want open, closed or local", field, s)
 	}
 	return f, ok
+}
+
+// store parses a rate_limit `store:` (fast or durable; case-sensitive).
+// ok is false, reported, for anything else.
+func (p *parser) store(v *yaml.Node) (StoreKind, bool) {
+	s, _ := p.str(v, "store")
+	switch s {
+	case "fast":
+		return StoreFast, true
+	case "durable":
+		return StoreDurable, true
+	}
+	p.errs.add(p.file, v.Line, "invalid store %q: want fast or durable", s)
+	return StoreFast, false
 }
 
 // counting parses a descriptor `counting:` (all_or_nothing or

@@ -23,6 +23,8 @@ type Set struct {
 	// (checked while compiling).
 	algorithms []algo.Kind
 	backend    string
+	// durable is LoadOptions.Durable.
+	durable DurableOptions
 }
 
 func sortedKeys[V any](m map[string]V) []string {

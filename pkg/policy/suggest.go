@@ -20,7 +20,7 @@ var (
 		"unit": "(belongs in rate_limit)", "requests_per_unit": "(belongs in rate_limit)", "unlimited": "(belongs in rate_limit)",
 		"name": "(belongs in rate_limit)", "replaces": "(belongs in rate_limit)", "algorithm": "(belongs in rate_limit)",
 		"burst": "(belongs in rate_limit)", "unit_multiplier": "(belongs in rate_limit)", "failure_mode": "(belongs in rate_limit)",
-		"calendar": "(belongs in rate_limit)", "requestsperunit": "(did you mean requests_per_unit inside rate_limit?)",
+		"calendar": "(belongs in rate_limit)", "store": "(belongs in rate_limit)", "requestsperunit": "(did you mean requests_per_unit inside rate_limit?)",
 		"domain": "(belongs at the top level of the file)",
 	}
 	limitHints = map[string]string{
@@ -40,7 +40,7 @@ var (
 	descKeys     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "override", "counting", "ipv6_prefix", "cgnat", "reserve"}
 	cgnatKeys    = []string{"multiplier", "ranges"}
 	reserveKeys  = []string{"entry", "value", "share", "saturated_share"}
-	limitKeys    = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "failure_mode", "calendar", "early_warning"}
+	limitKeys    = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "failure_mode", "calendar", "early_warning", "store"}
 	plansKeys    = []string{"plan_key", "credential_key", "route_key", "tiers", "routes", "exempt", "anonymous"}
 	replacesKeys = []string{"name"}
 	routeKeys    = []string{"rate_limit", "tiers"}

@@ -277,7 +277,7 @@ func (s *Service) Explain(ctx context.Context, req *rlsv3.RateLimitRequest) (*Ex
 	ds, hits := s.adminPlan(sn, req)
 	decs := make([]algo.Decision, len(hits))
 	if len(hits) > 0 {
-		if err := s.take(ctx, s.opts.Store, "primary", hits, decs); err != nil {
+		if err := s.checkAll(ctx, ds, hits, decs); err != nil {
 			s.m.admin.WithLabelValues(adminExplain, adminUnavailable).Inc()
 			return nil, status.Errorf(codes.Unavailable, "service: explain: backend failed (%s): %v", causeOf(err), err)
 		}
@@ -366,20 +366,7 @@ func (s *Service) Reset(ctx context.Context, req *rlsv3.RateLimitRequest, who st
 		}
 	}
 	if len(hits) > 0 {
-		// The fallback's counters too, also when the primary fails: while
-		// the backend is down, they are the ones deciding.
-		var errs []error
-		if r, ok := s.opts.Store.(Resetter); !ok {
-			errs = append(errs, ErrResetUnsupported)
-		} else if err := r.Reset(ctx, hits); err != nil {
-			errs = append(errs, err)
-		}
-		if fr, ok := s.opts.Fallback.(Resetter); ok && s.opts.Fallback != nil {
-			if err := fr.Reset(ctx, hits); err != nil {
-				errs = append(errs, fmt.Errorf("fallback: %w", err))
-			}
-		}
-		err = errors.Join(errs...)
+		err = s.resetStores(ctx, ds, hits)
 		if err != nil {
 			s.m.admin.WithLabelValues(adminReset, adminError).Inc()
 			s.opts.Logger.Warn("admin reset failed", "who", who, "domain", req.GetDomain(), "keys", keysOf(out.Counters), "error", err)

@@ -4,25 +4,57 @@ import (
 	"context"
 	"errors"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
-// takeAll decides hits (specs[i] the limit of hits[i]) with one call of
-// the primary Store, filling decs and outs; when that call fails, each
-// hit's failure_mode decides it (fail). undecided: the call failed by
-// deadline or timeout and a hit other than a release was only admitted
-// by failure_mode open (see errUndecided). gone: the call failed after
-// the caller cancelled the request; nothing was decided (no failure mode,
-// no fallback, no decision metric), as nobody receives the answer (see
-// errCallerGone).
+// takeAll decides hits (specs[i] the limit of hits[i]), filling decs and
+// outs: with one call of the primary Store (takeOn), or, when some limits
+// are on the durable store, with one call of each (takeMixed). See takeOn
+// for undecided and gone.
 func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
-	err := s.take(ctx, s.opts.Store, "primary", hits, decs)
+	for _, sp := range specs {
+		if sp.Store == policy.StoreDurable {
+			return s.takeMixed(ctx, hits, specs, decs, outs)
+		}
+	}
+	return s.takeOn(ctx, roleFast, hits, specs, decs, outs)
+}
+
+// storeRole is the store a call goes to: the primary Store (fast) or
+// Options.Durable. Each counts its own durations and errors.
+type storeRole uint8
+
+const (
+	roleFast    storeRole = iota // Options.Store: metrics store "primary", ratelimitd_backend_errors_total
+	roleDurable                  // Options.Durable: store "durable", ratelimitd_durable_errors_total
+)
+
+// takeOn decides hits (specs[i] the limit of hits[i]) with one call of the
+// store of role, filling decs and outs; when that call fails, each hit's
+// failure_mode decides it (fail). undecided: the call failed by deadline
+// or timeout and a hit other than a release was only admitted by
+// failure_mode open (see errUndecided). gone: the call failed after the
+// caller cancelled the request; nothing was decided (no failure mode, no
+// fallback, no decision metric), as nobody receives the answer (see
+// errCallerGone).
+func (s *Service) takeOn(ctx context.Context, role storeRole, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
+	var err error
+	switch {
+	case role == roleFast:
+		err = s.take(ctx, s.opts.Store, "primary", hits, decs)
+	case s.opts.Durable == nil:
+		err = errNoDurable
+	default:
+		err = s.take(ctx, s.opts.Durable, "durable", hits, decs)
+	}
 	if err == nil {
 		return false, false
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
-		s.m.backendErrors.WithLabelValues(causeCanceled).Inc()
+		s.errorsOf(role).WithLabelValues(causeCanceled).Inc()
 		return false, true
 	}
 	var failed []int
@@ -35,7 +67,7 @@ func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.
 			failed[i] = i
 		}
 	}
-	s.fail(ctx, err, hits, specs, failed, decs, outs)
+	s.fail(ctx, role, err, hits, specs, failed, decs, outs)
 	if c := causeOf(err); c == causeDeadline || c == causeTimeout {
 		for h, o := range outs {
 			undecided = undecided || (o == byFailedOpen && !hits[h].Release)
@@ -44,14 +76,25 @@ func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.
 	return undecided, false
 }
 
+// errorsOf is the error counter of role's store.
+func (s *Service) errorsOf(role storeRole) *prometheus.CounterVec {
+	if role == roleDurable {
+		return s.m.durableErrors
+	}
+	return s.m.backendErrors
+}
+
 // take calls st.Take with the request deadline, deciding into out
 // (len(out) == len(hits)), and measures it.
 func (s *Service) take(ctx context.Context, st Store, label string, hits []algo.Hit, out []algo.Decision) error {
 	t0 := s.opts.Now()
 	err := st.Take(ctx, hits, out)
 	o := &s.m.primaryDuration
-	if label != "primary" {
+	switch label {
+	case "fallback":
 		o = &s.m.fallbackDuration
+	case "durable":
+		o = &s.m.durableDuration
 	}
 	o.get(s.m.backendDuration, label).Observe(s.opts.Now().Sub(t0).Seconds())
 	return err
@@ -64,15 +107,30 @@ type storeError string
 func (e storeError) Error() string { return string(e) }
 func (e storeError) Cause() string { return "fallback" }
 
-// fail applies each hit's failure_mode after the primary store failed on
+// errNoDurable fails the durable hits of a service without
+// Options.Durable (the loader refuses such limits unless told a durable
+// store is configured, policy.LoadOptions.Durable).
+var errNoDurable = causeError{"service: a limit is on the durable store, and none is configured", "unconfigured"}
+
+// causeError is an error the service raises with a fixed Cause label.
+type causeError struct{ msg, cause string }
+
+func (e causeError) Error() string { return e.msg }
+func (e causeError) Cause() string { return e.cause }
+
+// fail applies each hit's failure_mode after the store of role failed on
 // the hits listed in active.
-func (s *Service) fail(ctx context.Context, err error, hits []algo.Hit, specs []*policy.Spec, active []int, decs []algo.Decision, outs []outcome) {
+func (s *Service) fail(ctx context.Context, role storeRole, err error, hits []algo.Hit, specs []*policy.Spec, active []int, decs []algo.Decision, outs []outcome) {
 	cause := causeOf(err)
-	s.m.backendErrors.WithLabelValues(cause).Inc()
-	if s.ref != nil {
-		s.ref.redisError.Inc()
+	s.errorsOf(role).WithLabelValues(cause).Inc()
+	if role == roleDurable {
+		s.logBackendError("durable/"+cause, err, "service: durable store failed; applying failure modes to its limits")
+	} else {
+		if s.ref != nil {
+			s.ref.redisError.Inc()
+		}
+		s.logBackendError(cause, err, "service: rate limit backend failed; applying failure modes")
 	}
-	s.logBackendError(cause, err, "service: rate limit backend failed; applying failure modes")
 	var local []int
 	for _, h := range active {
 		switch specs[h].FailureMode {

@@ -45,6 +45,8 @@ type metrics struct {
 	requestDuration prometheus.Histogram     // seconds
 	backendDuration *prometheus.HistogramVec // store
 	backendErrors   *prometheus.CounterVec   // cause
+	durableErrors   *prometheus.CounterVec   // cause
+	durableRefunds  *prometheus.CounterVec   // result
 	reloads         *prometheus.CounterVec   // result
 	configInfo      *prometheus.GaugeVec     // hash
 	inflight        prometheus.Gauge
@@ -61,7 +63,7 @@ type metrics struct {
 	reserveShed           *prometheus.CounterVec // domain, rule
 
 	// children of backendDuration, created on first use
-	primaryDuration, fallbackDuration lazyObserver
+	primaryDuration, fallbackDuration, durableDuration lazyObserver
 }
 
 // newMetrics creates the service's metrics (docs/metrics.md lists them)
@@ -75,8 +77,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		decisions:             r.counterVec("ratelimitd_decisions_total", "Descriptor decisions with a counted limit, by domain, rule (config stat key) and result (ok, near_limit, over_limit, shadow, failed_open, failed_closed).", "domain", "rule", "result"),
 		earlyWarnings:         r.counterVec("ratelimitd_early_warning_total", "Keys whose usage of a limit crossed its early_warning share (default half of requests_per_unit) within the first part of the window (default a fifth), by domain and rule (config stat key); fixed and sliding windows.", "domain", "rule"),
 		requestDuration:       r.histogram("ratelimitd_request_duration_seconds", "Time to answer one ShouldRateLimit call, in seconds."),
-		backendDuration:       r.histogramVec("ratelimitd_backend_duration_seconds", "Time of one Store.Take call, in seconds, by store (primary, fallback).", "store"),
+		backendDuration:       r.histogramVec("ratelimitd_backend_duration_seconds", "Time of one Store.Take call, in seconds, by store (primary, fallback, durable).", "store"),
 		backendErrors:         r.counterVec("ratelimitd_backend_errors_total", "Store.Take errors by cause (the backend's bounded cause, timeout, canceled, fallback, other).", "cause"),
+		durableErrors:         r.counterVec("ratelimitd_durable_errors_total", "Durable store (store: durable limits) Take errors by cause (the store's bounded cause, timeout, canceled, unconfigured, other); the failure modes of those limits applied.", "cause"),
+		durableRefunds:        r.counterVec("ratelimitd_durable_refunds_total", "Requests whose fast-store hits were refunded because their durable limits denied or failed closed, by result (ok; error: the refund failed and those hits stay counted until their window ends).", "result"),
 		reloads:               r.counterVec("ratelimitd_config_reloads_total", "Config loads by result: success (a changed config put in force), unchanged (same content as the config in force, nothing applied), failure (invalid config rejected), read_error (config files could not be read), watch_error (file watcher error).", "result"),
 		configInfo:            r.gaugeVec("ratelimitd_config_info", "1 for the hash of the config in force (one series at a time).", "hash"),
 		inflight:              r.gauge("ratelimitd_inflight_requests", "ShouldRateLimit calls being answered."),

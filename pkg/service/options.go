@@ -84,8 +84,16 @@ type Options struct {
 	// Store decides the hits of a request (memory or Redis backend).
 	// Required.
 	Store Store
+	// Durable decides the limits with `store: durable` (policy.Spec.Store;
+	// the PostgreSQL backend). A request with limits on both stores is
+	// decided all or nothing across them (takeMixed: Store first, then
+	// Durable, Store's hits refunded when Durable denies or fails closed).
+	// nil: such limits fail with cause "unconfigured" (the loader refuses
+	// them unless policy.LoadOptions.Durable says a durable store is
+	// configured).
+	Durable Store
 	// Fallback is the in-process limiter used by rules with
-	// failure_mode: local when Store fails. nil makes local behave as
+	// failure_mode: local when Store (or Durable) fails. nil makes local behave as
 	// open (logged).
 	Fallback Store
 	// Registerer receives the service's metrics; nil disables metrics.

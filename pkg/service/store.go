@@ -14,8 +14,10 @@ import (
 // backend (pkg/backend/memory), the Redis backend (pkg/backend/redis:
 // take.lua and its one-hit fast path take1.lua) and the memcached backend
 // (pkg/backend/memcache, fixed windows only; see AlgorithmLister and
-// docs/memcached.md for what all-or-nothing means there). The service
-// never imports a concrete backend; cmd/ratelimitd wires one in.
+// docs/memcached.md for what all-or-nothing means there); and, as
+// Options.Durable for the limits with `store: durable`, the PostgreSQL
+// store (pkg/backend/postgres). The service never imports a concrete
+// backend; cmd/ratelimitd wires them in.
 //
 // Input. hits are the request's hits in request order (the service builds
 // one per applied limit of each descriptor, in descriptor order). Each

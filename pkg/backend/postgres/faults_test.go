@@ -1,0 +1,272 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
+)
+
+// slack is what a loaded 2-core host may add to a bound before a call
+// returns.
+const slack = 300 * time.Millisecond
+
+// recoveryBound is how soon after PostgreSQL accepts connections again
+// an idle Store counts decisions again.
+const recoveryBound = time.Second
+
+// takeWithin takes hit with a caller's deadline of budget and returns the
+// error and how long the call took.
+func takeWithin(s *postgres.Store, budget time.Duration, hit algo.Hit) (error, time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	start := time.Now()
+	_, err := algotest.Take(ctx, s, []algo.Hit{hit})
+	return err, time.Since(start)
+}
+
+func causeOf(err error) string {
+	var e *postgres.Error
+	if errors.As(err, &e) {
+		return e.Cause()
+	}
+	return ""
+}
+
+// waitHealthy polls Healthy every 5 ms, without any decision, and
+// returns how long it took to become true (or fails after 10 s).
+func waitHealthy(t *testing.T, s *postgres.Store) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !s.Healthy() {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("not healthy 10 s after PostgreSQL came back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestKilledThenRestarted: with PostgreSQL killed, decisions fail within
+// the caller's deadline with cause refused until the breaker opens, then
+// circuit_open at once; Healthy is false. Once it is restarted, the idle
+// Store is healthy again within recoveryBound, and the counts from before
+// are there.
+func TestKilledThenRestarted(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	s := newStore(t, srv, db, func(o *postgres.Options) { o.Timeout = 500 * time.Millisecond })
+	hit := algo.Hit{Key: "killed", Limit: longWindow, Cost: 1}
+	take(t, s, hit)
+	take(t, s, hit)
+	srv.Kill()
+	const budget = 200 * time.Millisecond
+	seen := map[string]int{}
+	for i := range 20 {
+		err, took := takeWithin(s, budget, hit)
+		if err == nil {
+			t.Fatalf("take %d with PostgreSQL killed: no error", i)
+		}
+		if took > budget+slack {
+			t.Errorf("take %d took %v, the caller's deadline is %v", i, took, budget)
+		}
+		seen[causeOf(err)]++
+	}
+	if seen[postgres.CauseRefused] == 0 || seen[postgres.CauseCircuitOpen] == 0 || len(seen) != 2 {
+		t.Fatalf("causes %v, want refused, then circuit_open once the breaker opened", seen)
+	}
+	if s.Healthy() || s.BreakerState() == "closed" {
+		t.Fatalf("healthy %v, circuit %s with PostgreSQL killed", s.Healthy(), s.BreakerState())
+	}
+	srv.Restart()
+	took := waitHealthy(t, s)
+	t.Logf("healthy %v after PostgreSQL accepted connections again", took)
+	if took > recoveryBound {
+		t.Errorf("healthy %v after PostgreSQL accepted connections again, want within %v", took, recoveryBound)
+	}
+	if d := take(t, s, hit); !d[0].Allowed || d[0].Remaining != longWindow.Rate-3 {
+		t.Fatalf("after recovery: %+v, want allowed with %d remaining (the 2 before the kill counted)", d[0], longWindow.Rate-3)
+	}
+}
+
+// TestStalledThenResumed: with PostgreSQL frozen (SIGSTOP), a decision
+// returns by its caller's deadline with cause timeout; the breaker opens
+// once the stall lasts FailFor, and refuses at once (cause timeout). Once
+// resumed, the idle Store is healthy within recoveryBound.
+func TestStalledThenResumed(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	s := newStore(t, srv, db, func(o *postgres.Options) { o.Timeout = 100 * time.Millisecond })
+	hit := algo.Hit{Key: "stalled", Limit: longWindow, Cost: 1}
+	warm(t, s, hit)
+	srv.Stop()
+	defer srv.Cont()
+	const budget = 150 * time.Millisecond
+	start := time.Now()
+	opened := false
+	for i := 0; time.Since(start) < 10*time.Second; i++ {
+		err, took := takeWithin(s, budget, hit)
+		if err == nil {
+			t.Fatalf("take %d with PostgreSQL frozen: no error", i)
+		}
+		if c := causeOf(err); c != postgres.CauseTimeout {
+			t.Fatalf("take %d: cause %q (%v), want %s", i, c, err, postgres.CauseTimeout)
+		}
+		if took > budget+slack {
+			t.Errorf("take %d took %v, the caller's deadline is %v", i, took, budget)
+		}
+		if errors.Is(err, postgres.ErrStalledOpen) {
+			opened = true
+			break
+		}
+	}
+	if !opened || s.Healthy() {
+		t.Fatalf("breaker opened %v, healthy %v after a stall of %v", opened, s.Healthy(), time.Since(start))
+	}
+	srv.Cont()
+	took := waitHealthy(t, s)
+	t.Logf("healthy %v after PostgreSQL resumed", took)
+	if took > recoveryBound {
+		t.Errorf("healthy %v after PostgreSQL resumed, want within %v", took, recoveryBound)
+	}
+	warm(t, s, hit)
+}
+
+// warm takes hit until a take succeeds (a fresh connection's first
+// decision on a loaded host may outlast a short Timeout), for at most 10 s.
+func warm(t *testing.T, s *postgres.Store, hit algo.Hit) {
+	t.Helper()
+	start := time.Now()
+	for {
+		_, err := algotest.Take(context.Background(), s, []algo.Hit{hit})
+		if err == nil {
+			return
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("no decision within 10 s: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestPasswordNeverShown: the password (in the URL, or given on its own)
+// appears in no error of New or Take and in no log line, whatever fails:
+// a refused connection, a wrong password, a killed server.
+func TestPasswordNeverShown(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	var logs testproc.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var texts []string
+	check := func(what string, err error) {
+		t.Helper()
+		if err == nil {
+			t.Fatalf("%s: no error", what)
+		}
+		texts = append(texts, what+": "+err.Error())
+	}
+	newWith := func(url, pw string) error {
+		o := postgres.DefaultOptions()
+		o.URL, o.Password, o.Logger = url, pw, logger
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := postgres.New(ctx, o)
+		if err == nil {
+			_ = s.Close()
+		}
+		return err
+	}
+	wrong := "wrong-" + srv.Password
+	closed := "postgres://" + pgtest.User + ":" + srv.Password + "@127.0.0.1:1/" + db + "?sslmode=disable"
+	check("refused", newWith(closed, ""))
+	check("refused, password given", newWith("postgres://"+pgtest.User+"@127.0.0.1:1/"+db+"?sslmode=disable", srv.Password))
+	check("wrong password in the URL", newWith(strings.Replace(srv.URL(db), srv.Password, wrong, 1), ""))
+	check("wrong password given", newWith(srv.URLNoPassword(db), wrong))
+	check("bad URL", newWith("postgres://"+pgtest.User+":"+srv.Password+"@127.0.0.1:notaport/x", ""))
+	check("bad URL parameter", newWith(strings.Replace(srv.URL(db), "sslmode=disable", "sslmode=bogus", 1), ""))
+	o := postgres.DefaultOptions()
+	o.URL, o.Logger, o.SweepInterval = srv.URLNoPassword(db), logger, 10*time.Millisecond
+	o.Password = srv.Password
+	s, err := postgres.New(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	srv.Kill()
+	time.Sleep(100 * time.Millisecond) // sweeps fail and log
+	for range 8 {
+		_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "pw", Limit: longWindow, Cost: 1}})
+		check("take, server killed", err)
+	}
+	texts = append(texts, logs.String(), postgres.RedactURL(srv.URL(db)), postgres.RedactURL(closed))
+	for _, txt := range texts {
+		for _, pw := range []string{srv.Password, wrong} {
+			if strings.Contains(txt, pw) {
+				t.Errorf("the password is shown: %s", txt)
+			}
+		}
+	}
+	if !strings.Contains(logs.String(), "sweeping expired rows failed") {
+		t.Errorf("no sweeper error logged; logs:\n%s", logs.String())
+	}
+}
+
+// TestLockWaitBounded: a decision on a row another transaction holds
+// locked returns by its budget with cause timeout, and its session stops
+// waiting on the server too (the closed connection ends it; lock_timeout
+// when the close does not reach the server), instead of deciding, and
+// counting, once the lock is released long after its caller gave up.
+func TestLockWaitBounded(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	s := newStore(t, srv, db, func(o *postgres.Options) { o.Timeout = 200 * time.Millisecond })
+	hit := algo.Hit{Key: "locked", Limit: longWindow, Cost: 1}
+	warm(t, s, hit)
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, srv.URL(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM ratelimitd_counters WHERE key = $1 FOR UPDATE", hit.Key); err != nil {
+		t.Fatal(err)
+	}
+	const budget = time.Second
+	err, took := takeWithin(s, budget, hit)
+	if causeOf(err) != postgres.CauseTimeout || took > budget+slack {
+		t.Fatalf("take on a locked row: %v after %v, want cause timeout within %v", err, took, budget)
+	}
+	// No session of the store is left waiting for the lock.
+	waiting := func() int64 {
+		return srv.QueryInt(t, db, `SELECT count(*) FROM pg_stat_activity
+WHERE application_name = 'ratelimitd' AND wait_event_type = 'Lock'`)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for waiting() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a store session still waits on the lock 5 s after its caller gave up")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.QueryInt(t, db, "SELECT count FROM ratelimitd_counters WHERE key = $1", hit.Key); n != 1 {
+		t.Fatalf("the row counts %d, want 1 (the abandoned decision not counted)", n)
+	}
+}

@@ -1,0 +1,92 @@
+// Health: what decisions and the background probe learn about
+// PostgreSQL.
+
+package postgres
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Healthy reports whether decisions are counted now: false from an
+// outage error (timeout, refused, read-only, credentials refused) of a
+// decision or the probe until the next success, and while the circuit
+// breaker is not closed. Implements service.Healther.
+func (s *Store) Healthy() bool { return !s.unhealthy.Load() && s.breaker.Healthy() }
+
+// note records the outcome of a decision or probe for Healthy. A refused
+// connection also drops the pool's idle connections: they point at a
+// server that is gone, and each would fail one call after it is back.
+func (s *Store) note(err error) {
+	if err == nil {
+		if s.unhealthy.Load() {
+			s.unhealthy.Store(false)
+		}
+		return
+	}
+	var e *Error
+	if errors.As(err, &e) && e.Outage() {
+		s.unhealthy.Store(true)
+		if e.Cause() == CauseRefused {
+			s.pool.Reset()
+		}
+	}
+}
+
+// errStandby is the probe's error when the server is a standby: it
+// answers but refuses writes.
+var errStandby = newError(CauseReadOnly, true, errors.New("the server is a standby (pg_is_in_recovery)"))
+
+// probe asks the server whether it is a primary, within Timeout.
+func (s *Store) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	var standby bool
+	if err := s.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
+		if ctx.Err() != nil {
+			return errTimeout
+		}
+		return classify(err, s.secrets)
+	}
+	if standby {
+		return errStandby
+	}
+	return nil
+}
+
+func (s *Store) probeLoop() {
+	defer s.wg.Done()
+	for {
+		// While the circuit is closed the probe runs beside the breaker
+		// (only decisions open it); while it is not, through it: refused
+		// while open, a half-open probe after OpenFor that closes it when
+		// the server answers, so that an idle Store recovers.
+		var err error
+		if s.breaker.Healthy() {
+			err = s.probe(context.Background())
+		} else {
+			err = s.breaker.Do(context.Background(), 0, s.probe)
+		}
+		s.note(err)
+		d := s.opts.HealthInterval
+		if err != nil || !s.breaker.Healthy() {
+			d = min(d, unhealthyProbeInterval)
+		}
+		if !s.wait(d) {
+			return
+		}
+	}
+}
+
+// wait waits d; it reports false, early, when the Store is closed.
+func (s *Store) wait(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,203 @@
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
+)
+
+// Defaults of DefaultOptions.
+const (
+	// DefaultTimeout bounds a decision whose caller has no earlier
+	// deadline: one call of ratelimitd_take on loopback takes about a
+	// millisecond, a busy server a few.
+	DefaultTimeout = 100 * time.Millisecond
+	// DefaultDeadlineMargin is kept before a caller's deadline, as the
+	// Redis store keeps it: a call is decided by deadline − min(margin, a
+	// quarter of the time left), so that the service can still answer.
+	DefaultDeadlineMargin = 2 * time.Millisecond
+	// DefaultMaxConns is the pool's size: concurrent decisions beyond it
+	// wait for a connection (within their budget).
+	DefaultMaxConns = 16
+	// DefaultHealthInterval is the health probe's period while healthy;
+	// while not, it probes every unhealthyProbeInterval.
+	DefaultHealthInterval = time.Second
+	// DefaultSweepInterval is how often expired rows are deleted.
+	DefaultSweepInterval = time.Minute
+	// DefaultSweepBatch is how many rows one DELETE of the sweeper removes
+	// at most (each its own short transaction).
+	DefaultSweepBatch = 1000
+)
+
+// unhealthyProbeInterval is the probe's period while the store is not
+// healthy: recovery is noticed within about this long.
+const unhealthyProbeInterval = 100 * time.Millisecond
+
+// BreakerOptions configure the Store's circuit breaker (breaker.Options),
+// named as the Redis store names them.
+type BreakerOptions = breaker.Options
+
+// BreakerState is a circuit breaker's state (breaker.State).
+type BreakerState = breaker.State
+
+// BreakerReport is one report of an outage for the log (breaker.Report).
+type BreakerReport = breaker.Report
+
+// DefaultBreakerOptions are breaker.DefaultOptions.
+func DefaultBreakerOptions() BreakerOptions { return breaker.DefaultOptions() }
+
+// Options configure a Store. Start from DefaultOptions; URL is required.
+type Options struct {
+	// URL is a postgres:// (or postgresql://) URL, with libpq's query
+	// parameters (sslmode, ...). Its password is never printed: errors
+	// and logs show RedactURL's form.
+	URL string
+	// Password, when set, replaces the URL's password (read from
+	// --durable-password-file).
+	Password string
+	// Timeout bounds a decision when the caller's deadline (less the
+	// margin) is later or absent, and every statement of the probe and
+	// the sweeper; > 0.
+	Timeout time.Duration
+	// DeadlineMargin is kept before the caller's deadline (see
+	// DefaultDeadlineMargin); >= 0.
+	DeadlineMargin time.Duration
+	// MaxConns is the pool's size (> 0).
+	MaxConns int32
+	// Logger receives the sweeper's and the schema's log lines; nil
+	// discards them.
+	Logger *slog.Logger
+	// Breaker configures the circuit breaker guarding every decision
+	// (see breaker.go). Default DefaultBreakerOptions.
+	Breaker BreakerOptions
+	// HealthInterval is the health probe's period while healthy (see
+	// Store.Healthy); 0 disables the probe.
+	HealthInterval time.Duration
+	// SweepInterval is how often the sweeper deletes expired rows; 0
+	// disables it.
+	SweepInterval time.Duration
+	// SweepBatch bounds the rows one DELETE of the sweeper removes (> 0).
+	SweepBatch int
+	// AsyncCommit sets synchronous_commit=off for the store's sessions:
+	// a decision no longer waits for its WAL to reach the disk (the
+	// fsync that dominates a decision's latency), and a crash of
+	// PostgreSQL loses the counts of the last moments (up to three
+	// times wal_writer_delay, 600 ms by default), whose requests were
+	// admitted. false (the default) waits: a count a decision returned
+	// is never lost.
+	AsyncCommit bool
+}
+
+// DefaultOptions are the defaults of every field but URL.
+func DefaultOptions() Options {
+	return Options{
+		Timeout:        DefaultTimeout,
+		DeadlineMargin: DefaultDeadlineMargin,
+		MaxConns:       DefaultMaxConns,
+		Breaker:        DefaultBreakerOptions(),
+		HealthInterval: DefaultHealthInterval,
+		SweepInterval:  DefaultSweepInterval,
+		SweepBatch:     DefaultSweepBatch,
+	}
+}
+
+// ErrNoURL is Validate's error for an empty URL.
+var ErrNoURL = errors.New("postgres: no URL: set a postgres:// URL")
+
+// Validate reports every invalid field, joined. Its messages never hold
+// the password.
+func (o Options) Validate() error {
+	var errs []error
+	switch {
+	case o.URL == "":
+		errs = append(errs, ErrNoURL)
+	default:
+		u, err := url.Parse(o.URL)
+		if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+			errs = append(errs, fmt.Errorf("postgres: URL %s: want postgres://user@host:port/database", RedactURL(o.URL)))
+		}
+	}
+	if o.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("postgres: timeout %v: must be > 0", o.Timeout))
+	}
+	if o.DeadlineMargin < 0 {
+		errs = append(errs, fmt.Errorf("postgres: deadline margin %v: must be >= 0", o.DeadlineMargin))
+	}
+	if o.MaxConns <= 0 {
+		errs = append(errs, fmt.Errorf("postgres: max connections %d: must be > 0", o.MaxConns))
+	}
+	if o.HealthInterval < 0 {
+		errs = append(errs, fmt.Errorf("postgres: health interval %v: must be >= 0", o.HealthInterval))
+	}
+	if o.SweepInterval < 0 {
+		errs = append(errs, fmt.Errorf("postgres: sweep interval %v: must be >= 0", o.SweepInterval))
+	}
+	if o.SweepBatch <= 0 {
+		errs = append(errs, fmt.Errorf("postgres: sweep batch %d: must be > 0", o.SweepBatch))
+	}
+	if err := o.Breaker.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("postgres: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+const redacted = "xxxxx"
+
+// RedactURL returns raw with its password and its query values replaced
+// by "xxxxx" (a value that does not parse as a URL is replaced whole),
+// for logs.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return redacted
+	}
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), redacted)
+		}
+	}
+	if u.RawQuery != "" {
+		q := u.Query()
+		for k := range q {
+			if k != "sslmode" && k != "application_name" && k != "connect_timeout" {
+				q.Set(k, redacted)
+			}
+		}
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+// secrets are the strings no message may show: the password given and
+// the URL's own, and their URL-escaped forms.
+func (o Options) secrets() []string {
+	var out []string
+	add := func(s string) {
+		if s != "" {
+			out = append(out, s, url.QueryEscape(s), url.PathEscape(s))
+		}
+	}
+	add(o.Password)
+	if u, err := url.Parse(o.URL); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok {
+			add(pw)
+		}
+		add(u.Query().Get("password"))
+	}
+	return out
+}
+
+// scrub replaces every secret in s by "xxxxx".
+func scrub(s string, secrets []string) string {
+	for _, x := range secrets {
+		if len(x) >= 1 {
+			s = strings.ReplaceAll(s, x, redacted)
+		}
+	}
+	return s
+}

@@ -1,0 +1,168 @@
+// Package postgres is the durable ratelimitd store on PostgreSQL, for
+// quotas over hours, days and months that must survive a Redis flush:
+// fixed windows and sliding window counters (calendar months and years
+// included), one row per key in ratelimitd_counters, decided by one call
+// of the PL/pgSQL function ratelimitd_take per request (every hit of the
+// request in one statement, one transaction, with the rows locked and
+// the server's clock). See docs/postgres.md for the schema, sizing,
+// backup and failover.
+//
+// The package imports pkg/algo and the shared backend packages
+// (breaker, causes), never pkg/service or pkg/policy: hit keys arrive
+// built, and the Store satisfies service.Store, service.Healther and
+// service.AlgorithmLister, its errors service.Causer.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
+)
+
+// minConns is how many connections the pool keeps dialed at least.
+const minConns = 4
+
+// Store decides fixed-window and sliding-window hits on PostgreSQL. Safe
+// for concurrent use.
+type Store struct {
+	pool    *pgxpool.Pool
+	opts    Options
+	secrets []string
+	log     *slog.Logger
+	breaker *breaker.Breaker
+	// now, when set (tests), is the instant of every decision instead of
+	// the server's clock.
+	now func() time.Time
+
+	// unhealthy is set by an outage error of a decision or the probe and
+	// cleared by the next success.
+	unhealthy atomic.Bool
+
+	swept       atomic.Uint64
+	sweepErrors atomic.Uint64
+
+	stop      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+}
+
+// New connects to opt.URL, creates or migrates the schema (see
+// SchemaVersion; a database whose schema is newer than this binary's is
+// refused with an error of cause CauseSchema) and starts the health probe
+// and the sweeper. ctx bounds the connection and the migration: New fails
+// when PostgreSQL cannot be reached by then. Errors never hold the
+// password.
+func New(ctx context.Context, opt Options) (*Store, error) {
+	if err := opt.Validate(); err != nil {
+		return nil, err
+	}
+	sec := opt.secrets()
+	cfg, err := pgxpool.ParseConfig(opt.URL)
+	if err != nil {
+		return nil, classify(fmt.Errorf("URL %s: %w", RedactURL(opt.URL), err), sec)
+	}
+	if opt.Password != "" {
+		cfg.ConnConfig.Password = opt.Password
+	}
+	cfg.MaxConns = opt.MaxConns
+	if opt.AsyncCommit {
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	}
+	// A decision waits for a row lock at most Timeout on the server too:
+	// its caller has given up by then. A closed connection ends the wait
+	// already; this bounds it when the close never reaches the server (a
+	// partition), where a session abandoned on a hot key's lock would
+	// wait, and count, long after.
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(max(opt.Timeout.Milliseconds(), 1), 10)
+	// A few connections are dialed ahead, each warmed by a call with no
+	// hits (the session parses ratelimitd_take once and prepares
+	// takeSQL), so that the first decisions do not pay for it. Before
+	// the schema exists the call fails; the connection is kept.
+	cfg.MinConns = min(opt.MaxConns, minConns)
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		var pe *pgconn.PgError
+		_, err := c.Exec(ctx, takeSQL, nil, []string{}, []int32{}, []int32{}, []int64{}, []int64{}, []int32{}, []int64{}, []int64{}, []int32{})
+		if err != nil && !errors.As(err, &pe) {
+			return err
+		}
+		return nil
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "ratelimitd"
+	}
+	log := opt.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, classify(err, sec)
+	}
+	s := &Store{
+		pool:    pool,
+		opts:    opt,
+		secrets: sec,
+		log:     log,
+		stop:    make(chan struct{}),
+	}
+	b := opt.Breaker
+	b.FailFor = max(b.FailFor, 2*opt.Timeout)
+	s.breaker = breaker.New(b, breakerErrors, nil)
+	if err := s.migrate(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if opt.HealthInterval > 0 {
+		s.wg.Add(1)
+		go s.probeLoop()
+	}
+	if opt.SweepInterval > 0 {
+		s.wg.Add(1)
+		go s.sweepLoop()
+	}
+	return s, nil
+}
+
+// Close stops the probe and the sweeper and closes the pool (waiting for
+// the connections in use). Take must not be called afterwards.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		s.wg.Wait()
+		s.pool.Close()
+	})
+	return nil
+}
+
+// SupportedAlgorithms lists the algorithms the store decides:
+// fixed_window and sliding_window (a row holds a window's count and the
+// previous window's; a token bucket's or a log's state over hours has no
+// use for quotas and no place in it).
+func SupportedAlgorithms() []algo.Kind { return []algo.Kind{algo.FixedWindow, algo.SlidingWindow} }
+
+// Algorithms is SupportedAlgorithms (service.AlgorithmLister).
+func (s *Store) Algorithms() []algo.Kind { return SupportedAlgorithms() }
+
+// BreakerState is the circuit breaker's state now: "closed", "open" or
+// "half_open" (the label of the circuit-state gauge).
+func (s *Store) BreakerState() string { return s.breaker.State().String() }
+
+// Swept is the number of expired rows the sweeper deleted since New.
+func (s *Store) Swept() uint64 { return s.swept.Load() }
+
+// SweepErrors is the number of sweeper DELETEs that failed since New
+// (each retried at the next sweep).
+func (s *Store) SweepErrors() uint64 { return s.sweepErrors.Load() }

@@ -1,0 +1,168 @@
+// Take: one request's hits decided by one call of ratelimitd_take within
+// the call's budget.
+
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// takeSQL calls the schema's function (schema_v1.sql) with every hit of a
+// request; pgx prepares it once per connection.
+const takeSQL = `SELECT now_us, mode, st_win, st_cnt, st_prv, allowed
+FROM ratelimitd_take($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
+
+// Flags of a hit in ratelimitd_take's p_flags.
+const (
+	flagRelease = 1
+	flagCharge  = 2
+	flagSoft    = 4
+)
+
+// budget is when a call started at start must return: start + Timeout,
+// or earlier the caller's deadline less min(DeadlineMargin, a quarter of
+// the time left). cut reports that the caller's deadline set it.
+func (s *Store) budget(ctx context.Context, start time.Time) (end time.Time, cut bool) {
+	end = start.Add(s.opts.Timeout)
+	if d, ok := ctx.Deadline(); ok {
+		d = d.Add(-min(s.opts.DeadlineMargin, d.Sub(start)/4))
+		if d.Before(end) {
+			return d, true
+		}
+	}
+	return end, false
+}
+
+// Take decides the hits of one request into out (service.Store): every hit must be
+// a fixed_window or sliding_window limit. The request is one call of
+// ratelimitd_take, so one statement in one transaction: it locks the
+// request's rows (in key order), reads the server's clock, decides every
+// hit as algo.Apply does, all-or-nothing as service.Store says, and writes
+// the rows that changed. Go only turns each hit's state into its
+// decision with pkg/algo (the same functions the other stores use).
+//
+// Take returns by its budget (see budget) with an error of cause
+// CauseTimeout when PostgreSQL has not answered; the connection is then
+// closed, and the transaction rolls back unless the server committed it
+// first (then the request was counted, as after a Redis timeout). Errors
+// are *Error. While the circuit breaker is open Take returns
+// ErrCircuitOpen or ErrStalledOpen at once, without calling PostgreSQL.
+func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
+	if len(hits) == 0 {
+		return nil
+	}
+	for _, h := range hits {
+		if h.Limit.Kind != algo.FixedWindow && h.Limit.Kind != algo.SlidingWindow {
+			return newError(CauseUnsupported, false, fmt.Errorf("algorithm %d: only fixed_window and sliding_window are supported", h.Limit.Kind))
+		}
+	}
+	start := time.Now()
+	end, cut := s.budget(ctx, start)
+	if !end.After(start) {
+		return errBudgetCut
+	}
+	if err := s.breaker.Allow(start); err != nil {
+		return err
+	}
+	cctx, cancel := context.WithDeadline(ctx, end)
+	err := s.call(cctx, hits, out)
+	if err != nil {
+		switch {
+		case ctx.Err() != nil:
+			err = classify(ctx.Err(), s.secrets)
+		case cctx.Err() != nil:
+			err = errTimeout
+		}
+	}
+	cancel()
+	rec := err
+	if errors.Is(err, errTimeout) && cut || errors.Is(err, context.DeadlineExceeded) {
+		rec = errBudgetCut
+	}
+	s.breaker.RecordSince(start, time.Now(), rec)
+	s.note(err)
+	return err
+}
+
+// call runs ratelimitd_take for hits and writes their decisions into out.
+func (s *Store) call(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
+	n := len(hits)
+	// Distinct keys, sorted: the order the function locks them in.
+	keys := make([]string, 0, n)
+	for _, h := range hits {
+		keys = append(keys, h.Key)
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	slot := make([]int32, n)
+	kind := make([]int32, n)
+	rate := make([]int64, n)
+	period := make([]int64, n)
+	cal := make([]int32, n)
+	mult := make([]int64, n)
+	cost := make([]int64, n)
+	flags := make([]int32, n)
+	for i, h := range hits {
+		k, _ := slices.BinarySearch(keys, h.Key)
+		slot[i] = int32(k + 1)
+		kind[i] = int32(h.Limit.Kind)
+		rate[i] = h.Limit.Rate
+		period[i] = max(h.Limit.Period.Microseconds(), 1)
+		cal[i] = int32(h.Limit.Calendar)
+		mult[i] = h.Limit.Multiplier
+		cost[i] = algo.ClampCost(h.Cost)
+		var f int32
+		if h.Release {
+			f |= flagRelease
+		}
+		if h.Charge {
+			f |= flagCharge
+		}
+		if h.Soft {
+			f |= flagSoft
+		}
+		flags[i] = f
+	}
+	var now *int64
+	if s.now != nil {
+		us := s.now().UnixMicro()
+		now = &us
+	}
+	var (
+		nowUs               int64
+		mode                []int32
+		stWin, stCnt, stPrv []int64
+		allowed             []bool
+	)
+	err := s.pool.QueryRow(ctx, takeSQL, now, keys, slot, kind, rate, period, cal, mult, cost, flags).
+		Scan(&nowUs, &mode, &stWin, &stCnt, &stPrv, &allowed)
+	if err != nil {
+		return classify(err, s.secrets)
+	}
+	if len(mode) != n || len(stWin) != n || len(stCnt) != n || len(stPrv) != n || len(allowed) != n {
+		return newError(CauseOther, false, fmt.Errorf("ratelimitd_take returned %d decisions for %d hits", len(mode), n))
+	}
+	t := time.UnixMicro(nowUs)
+	for i, h := range hits {
+		st := algo.State{Time: stWin[i], Count: stCnt[i], Prev: stPrv[i]}
+		var d algo.Decision
+		if mode[i] == 1 {
+			_, d = algo.Take(h.Limit, st, t, 0)
+		} else {
+			_, d = algo.Apply(st, h, t)
+			if d.Allowed != allowed[i] {
+				// The function and pkg/algo disagree: a defect, never
+				// answered as a decision.
+				return newError(CauseOther, false, fmt.Errorf("hit %d: the database decided allowed=%v, pkg/algo %v", i, allowed[i], d.Allowed))
+			}
+		}
+		out[i] = d
+	}
+	return nil
+}
