@@ -25,8 +25,8 @@ const slack = 300 * time.Millisecond
 // an idle Store counts decisions again.
 const recoveryBound = time.Second
 
-// takeWithin takes hit with a caller's deadline of budget and returns the
-// error and how long the call took.
+// takeWithin takes hit with a caller's deadline of budget and returns how
+// long the call took and its error.
 func takeWithin(s *postgres.Store, budget time.Duration, hit algo.Hit) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
