@@ -31,6 +31,12 @@ func (s *Store) note(err error) {
 		if e.Cause() == CauseRefused {
 			s.pool.Reset()
 		}
+		// Wake the probe, which may be waiting a whole HealthInterval:
+		// from now on it probes every unhealthyProbeInterval.
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -73,19 +79,22 @@ func (s *Store) probeLoop() {
 		if err != nil || !s.breaker.Healthy() {
 			d = min(d, unhealthyProbeInterval)
 		}
-		if !s.wait(d) {
+		if !s.wait(d, s.wake) {
 			return
 		}
 	}
 }
 
-// wait waits d; it reports false, early, when the Store is closed.
-func (s *Store) wait(d time.Duration) bool {
+// wait waits d, or less when wake receives (the probe's s.wake; nil
+// never does); it reports false, early, when the Store is closed.
+func (s *Store) wait(d time.Duration, wake <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-s.stop:
 		return false
+	case <-wake:
+		return true
 	case <-t.C:
 		return true
 	}

@@ -55,6 +55,7 @@ type Store struct {
 	sweepErrors atomic.Uint64
 
 	stop      chan struct{}
+	wake      chan struct{} // the probe's wake-up after an outage error (note)
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 }
@@ -117,6 +118,7 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		secrets: sec,
 		log:     log,
 		stop:    make(chan struct{}),
+		wake:    make(chan struct{}, 1),
 	}
 	b := opt.Breaker
 	b.FailFor = max(b.FailFor, 2*opt.Timeout)
