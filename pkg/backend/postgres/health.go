@@ -44,9 +44,17 @@ func (s *Store) note(err error) {
 // answers but refuses writes.
 var errStandby = newError(CauseReadOnly, true, errors.New("the server is a standby (pg_is_in_recovery)"))
 
-// probe asks the server whether it is a primary, within Timeout.
+// probeTimeout is the least budget of a probe: it runs in the
+// background, so it may wait longer than a decision for a server that is
+// resuming (a fresh connection, authentication, a backlog of others), and
+// a probe that succeeds as soon as the server answers closes the breaker
+// sooner than one that gave up and waits out another OpenFor.
+const probeTimeout = 500 * time.Millisecond
+
+// probe asks the server whether it is a primary, within max(Timeout,
+// probeTimeout).
 func (s *Store) probe(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, max(s.opts.Timeout, probeTimeout))
 	defer cancel()
 	var standby bool
 	if err := s.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
