@@ -20,9 +20,11 @@ func (s *server) newConfigSource() error {
 		// Reference mode loads a file as often as the config paths
 		// name it, as envoyproxy/ratelimit does.
 		RepeatPaths: o.Reference,
-		Keys:        policy.KeyOptions{Prefix: o.KeyPrefix, ClearText: o.KeyValues == "clear"},
-		MaxRules:    o.MaxConfigRules,
-		MaxBytes:    o.MaxConfigBytes,
+		// and compares descriptor values as strings (no CIDR prefixes).
+		LiteralValues: o.Reference,
+		Keys:          policy.KeyOptions{Prefix: o.KeyPrefix, ClearText: o.KeyValues == "clear"},
+		MaxRules:      o.MaxConfigRules,
+		MaxBytes:      o.MaxConfigBytes,
 	}
 	if al, ok := s.store.(service.AlgorithmLister); ok {
 		// A limit of an algorithm the backend does not decide is refused

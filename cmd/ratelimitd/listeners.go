@@ -206,6 +206,7 @@ func (s *server) debugMux() http.Handler {
 		_, _ = io.WriteString(w, "/rlconfig: compiled rate-limit rules\n"+
 			"POST /admin/explain: how a RateLimitRequest (JSON, as POST /json) would be decided now, without consuming\n"+
 			"POST /admin/reset: delete the counters of a RateLimitRequest's descriptors\n"+
+			"POST /admin/saturation: mark a rule with reserve saturated ({\"domain\", \"rule\", \"for\"})\n"+
 			"gRPC ratelimitd.admin.v1.Admin/{Explain,Reset}: the same over HTTP/2 on this port\n"+
 			"/debug/pprof/: Go profiles\n")
 	})
@@ -223,6 +224,7 @@ func (s *server) debugMux() http.Handler {
 	admin := s.svc.AdminHandler()
 	m.Handle(service.AdminExplainPath, admin)
 	m.Handle(service.AdminResetPath, admin)
+	m.Handle(service.AdminSaturationPath, admin)
 	m.HandleFunc("/debug/pprof/", pprof.Index)
 	m.HandleFunc("/debug/pprof/cmdline", cmdlineHandler(os.Args))
 	m.HandleFunc("/debug/pprof/profile", pprof.Profile)

@@ -93,6 +93,7 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 		}
 		lo.IgnoreDotFiles = referenceIgnoreDotfiles(*dot, dotSet)
 		lo.RepeatPaths = true
+		lo.LiteralValues = true
 		if len(paths) == 0 {
 			if paths, err = referenceConfigPaths(lookup); err != nil {
 				fmt.Fprintf(stderr, "ratelimitd validate: %v\n", err)

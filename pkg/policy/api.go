@@ -154,6 +154,26 @@ type Rule struct {
 	File string
 	// Line is the 1-based line of the node's mapping in File.
 	Line int
+	// CGNAT is the descriptor's `cgnat:` option, nil when absent.
+	CGNAT *CGNAT
+	// Reserve is the descriptor's `reserve:` option, nil when absent.
+	Reserve *Reserve
+	// Base is the config rule that this rule is a variant of, nil for a
+	// config rule. Match returns a variant for a request that cgnat or
+	// reserve decide against other limits: it shares everything with
+	// Base but Limits (and, when Raised, the keys).
+	Base *Rule
+	// Raised marks the variant for addresses in CGNAT.Ranges: its limits
+	// are multiplied by CGNAT.Multiplier and count on counters of their
+	// own (Set.Key).
+	Raised bool
+	// Reduced marks the variant for requests that are not critical under
+	// Reserve: its limits are floor(Reserve.Share × requests_per_unit),
+	// counted on the same counters as the full limits.
+	Reduced bool
+	// Saturated marks the Reduced variant at Reserve.SaturatedShare
+	// (Rule.SaturatedVariant).
+	Saturated bool
 
 	// nodes is the config path from the top level to this rule's node.
 	nodes []*node
@@ -166,6 +186,12 @@ type Rule struct {
 	needsPath bool
 	// override marks an ad hoc rule built by (*Set).Override.
 	override bool
+	// normalize: some node on the path has ipv6_prefix.
+	normalize bool
+	// raised and reduced are the variants (nil when the option is
+	// absent); raised.reduced is the variant for both; saturated, on a
+	// reduced variant, its saturated_share variant.
+	raised, reduced, saturated *Rule
 }
 
 // Entry is one request descriptor entry (Envoy RateLimitDescriptor.Entry).
@@ -229,6 +255,10 @@ type LoadOptions struct {
 	// then a duplicate domain, or with MergeDomains a duplicate key.
 	// False loads each file once.
 	RepeatPaths bool
+	// LiteralValues compares every descriptor value as a string, as
+	// envoyproxy/ratelimit does: a value such as 10.0.0.0/8 matches only
+	// the same string, not the addresses inside it. Reference mode sets it.
+	LiteralValues bool
 	// Keys shape the backend keys of the loaded Set ((*Set).Key); the
 	// zero value hashes values and adds no prefix.
 	Keys KeyOptions

@@ -12,17 +12,24 @@ import (
 type level struct {
 	exact map[entryKey]*node // key + exact value
 	wild  map[string][]*node // key -> wildcard nodes in declaration order
-	bare  map[string]*node   // value-less key defaults
+	cidr  map[string]*prefixTable
+	bare  map[string]*node // value-less key defaults
 }
 
 type entryKey struct{ k, v string }
 
 // find resolves one request entry at this level: exact value, then the
-// first declared wildcard for the key, then the value-less default.
+// most specific CIDR prefix holding the value, then the first declared
+// wildcard for the key, then the value-less default.
 func (lv *level) find(e Entry) *node {
 	if e.Value != "" {
 		if n := lv.exact[entryKey{e.Key, e.Value}]; n != nil {
 			return n
+		}
+		if t := lv.cidr[e.Key]; t != nil {
+			if n := t.lookup(e.Value); n != nil {
+				return n
+			}
 		}
 	}
 	for _, n := range lv.wild[e.Key] {
@@ -39,6 +46,9 @@ type domainTree struct {
 	// override is the domain's top-level override: mapping (one file's;
 	// nil when none sets it).
 	override *overridePolicy
+	// reserve: some rule of the domain has reserve (Match then looks
+	// for a trailing priority entry).
+	reserve bool
 }
 
 // underDotEntry reports whether a or b, below the directories the two
@@ -105,6 +115,9 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 		dt := &domainTree{name: name, override: src.override}
 		first := len(s.rules)
 		dt.top = s.buildLevel(name, nil, src.descs, errs)
+		for _, r := range s.rules[first:] {
+			dt.reserve = dt.reserve || r.Reserve != nil
+		}
 		s.domains[name] = dt
 		warnPolicyCollisions(s.rules[first:], errs)
 	}
@@ -129,6 +142,12 @@ func (s *Set) buildLevel(domain string, path []*node, descs []*node, errs *errLi
 			continue // reported at parse
 		}
 		id := sib{n.key, n.kind, n.value}
+		if n.kind == valueCIDR {
+			if !n.prefix.IsValid() {
+				continue // reported at parse
+			}
+			id.val = n.prefix.String()
+		}
 		if first, dup := seen[id]; dup {
 			errs.add(n.file, n.line, "duplicate descriptor composite key '%s' (first at %s)", statPath(domain, path, n), formatPos(first.file, first.line))
 			continue
@@ -145,6 +164,14 @@ func (s *Set) buildLevel(domain string, path []*node, descs []*node, errs *errLi
 				lv.wild = map[string][]*node{}
 			}
 			lv.wild[n.key] = append(lv.wild[n.key], n)
+		case valueCIDR:
+			if lv.cidr == nil {
+				lv.cidr = map[string]*prefixTable{}
+			}
+			if lv.cidr[n.key] == nil {
+				lv.cidr[n.key] = &prefixTable{}
+			}
+			lv.cidr[n.key].add(n)
 		default:
 			if lv.bare == nil {
 				lv.bare = map[string]*node{}
@@ -196,7 +223,11 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 		if p.share || p.valueToMetric {
 			r.needsPath = true
 		}
+		if p.ipv6Prefix > 0 {
+			r.normalize = true
+		}
 	}
+	r.CGNAT, r.Reserve = n.cgnat, n.reserve
 	if n.detailed {
 		r.needsPath = true
 	}
@@ -258,6 +289,7 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 		}
 		_ = i
 	}
+	s.buildVariants(r, n, errs)
 	n.rule = r
 	s.rules = append(s.rules, r)
 }

@@ -42,6 +42,7 @@ type descFields struct {
 	shareLine    int // share_threshold:
 	overrideLine int // override:
 	countingLine int // counting:
+	valueLine    int // value:
 	meta         *yaml.Node
 }
 
@@ -59,9 +60,21 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 		p.errs.add(p.file, m.Line, "descriptor has empty key: key is required")
 	}
 	p.checkDescriptor(&f)
+	if n.cgnat != nil && f.rlLine == 0 && f.rlsLine == 0 {
+		p.errs.add(p.file, n.cgnat.Line, "cgnat applies to the limits of its descriptor, which has no rate_limit or rate_limits")
+	}
+	if n.reserve != nil && f.rlLine == 0 && f.rlsLine == 0 {
+		p.errs.add(p.file, n.reserve.Line, "reserve applies to the limits of its descriptor, which has no rate_limit or rate_limits")
+	}
 	n.classify()
-	if n.share && n.kind != valuePattern {
-		p.errs.add(p.file, f.shareLine, "share_threshold requires a value with a '*' wildcard (value is %q)", n.value)
+	if n.kind == valueCIDR && p.literal {
+		n.kind = valueExact // the reference compares values as strings
+	}
+	if n.kind == valueCIDR {
+		p.cidr(n, f.valueLine)
+	}
+	if n.share && n.kind != valuePattern && n.kind != valueCIDR {
+		p.errs.add(p.file, f.shareLine, "share_threshold requires a value with a '*' wildcard or a CIDR prefix (value is %q)", n.value)
 	}
 	if f.meta != nil {
 		md := p.metadata(f.meta)
@@ -90,7 +103,14 @@ func (p *parser) descriptorField(n *node, f *descFields, k string, kn, v *yaml.N
 			p.errs.add(p.file, v.Line, "descriptor key %q is reserved for concurrency lease releases", ReleaseKey)
 		}
 	case "value":
+		f.valueLine = v.Line
 		n.value, _ = p.str(v, "value")
+	case "ipv6_prefix":
+		n.ipv6Prefix = p.ipv6Prefix(v)
+	case "cgnat":
+		n.cgnat = p.cgnat(kn, v)
+	case "reserve":
+		n.reserve = p.reserve(kn, v)
 	case "rate_limit":
 		f.rlLine = kn.Line
 		if isNull(v) {
@@ -187,12 +207,15 @@ func (p *parser) checkDescriptor(f *descFields) {
 
 // classify sets n's value kind and stat key segment from its key and
 // value: "key" without a value, "key_value" with one ('*' makes it a
-// pattern).
+// pattern, an IP address before a '/' a CIDR prefix).
 func (n *node) classify() {
 	switch {
 	case n.value == "":
 		n.kind = valueNone
 		n.seg = n.key
+	case cidrValue(n.value):
+		n.kind = valueCIDR
+		n.seg = n.key + "_" + n.value
 	case strings.Contains(n.value, "*"):
 		n.kind = valuePattern
 		n.pat = compilePattern(n.value)

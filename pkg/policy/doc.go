@@ -52,7 +52,9 @@
 // override.go, plans.go and plannodes.go parse the parts of a file (the
 // plans form expands into descriptors); suggest.go proposes the key meant
 // by an unknown one; compile.go builds the Set and lint.go finds what it
-// warns about; set.go, pattern.go and key.go answer requests; hash.go and
+// warns about; set.go, pattern.go and key.go answer requests; address.go
+// holds the address options (CIDR values, ipv6_prefix, cgnat) and
+// reserve, with the rule variants Match returns for them; hash.go and
 // explain.go describe a Set; load.go reads files, and watch.go and
 // watchplan.go reload them.
 package policy

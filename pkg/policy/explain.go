@@ -71,6 +71,24 @@ func (s *Set) WriteExplain(w io.Writer) error {
 		if len(r.Replaces) > 0 {
 			fmt.Fprintf(&b, " replaces=%s", strings.Join(r.Replaces, ","))
 		}
+		for _, n := range r.nodes {
+			if n.ipv6Prefix > 0 {
+				fmt.Fprintf(&b, " ipv6_prefix(%s)=%d", n.key, n.ipv6Prefix)
+			}
+		}
+		if c := r.CGNAT; c != nil {
+			rs := make([]string, len(c.Ranges))
+			for i, p := range c.Ranges {
+				rs[i] = p.String()
+			}
+			fmt.Fprintf(&b, " cgnat=x%d[%s]", c.Multiplier, strings.Join(rs, ","))
+		}
+		if rv := r.Reserve; rv != nil {
+			fmt.Fprintf(&b, " reserve=%s:%s/%g", rv.Entry, rv.Value, rv.Share)
+			if rv.SaturatedShare > 0 {
+				fmt.Fprintf(&b, " saturated_share=%g", rv.SaturatedShare)
+			}
+		}
 		if pol, set := s.ruleOverride(r); set {
 			fmt.Fprintf(&b, " override=%s", pol.mode)
 			if pol.maxSet {

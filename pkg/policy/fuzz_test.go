@@ -19,7 +19,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("domain: &x d\ndescriptors:\n  - &n {key: a, rate_limit: {unit: second}}\n  - *n\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		errs := &errList{}
-		fc := parseFile("f.yaml", data, errs)
+		fc := parseFile("f.yaml", data, errs, false)
 		s := compile([]*fileConfig{fc}, LoadOptions{}, errs)
 		if len(errs.errs) > 0 {
 			for _, e := range errs.errs {

@@ -50,6 +50,17 @@ func (s *Set) computeHash() {
 			if r.Counting != CountingDefault { // absent from older hashes: they stay the same
 				fmt.Fprintf(h, " counting=%s\n", r.Counting)
 			}
+			for i, n := range r.nodes { // absent when unset: older hashes stay the same
+				if n.ipv6Prefix > 0 {
+					fmt.Fprintf(h, " ipv6_prefix[%d]=%d\n", i, n.ipv6Prefix)
+				}
+			}
+			if c := r.CGNAT; c != nil {
+				fmt.Fprintf(h, " cgnat=%d %v\n", c.Multiplier, c.Ranges)
+			}
+			if rs := r.Reserve; rs != nil {
+				fmt.Fprintf(h, " reserve=%q %q %g %g\n", rs.Entry, rs.Value, rs.Share, rs.SaturatedShare)
+			}
 			for _, l := range r.Limits {
 				fmt.Fprintf(h, " limit %q %q %d %d %d %d %d %t %d %g %g\n", l.Name, l.Policy, l.Unit, l.RequestsPerUnit, l.UnitMultiplier, l.Algorithm, l.Burst, l.Calendar, l.FailureMode, l.EarlyWarning.Used, l.EarlyWarning.Within)
 			}

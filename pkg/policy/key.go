@@ -17,7 +17,8 @@ import (
 //	C = ns("rl1") ns(domain) ns("rule") ns(depth) { ns(key) ns(kind) ns(value) }×depth
 //	    ns(limit index) ns(algorithm) ns(window)  ns(n) { ns(entry key) ns(entry value) }×n
 //
-// kind is "-" (value-less), "=" (exact value) or "*" (wildcard pattern);
+// kind is "-" (value-less), "=" (exact value), "*" (wildcard pattern) or
+// "/" (CIDR prefix);
 // window is "<UNIT>x<multiplier>" plus "/cal" for calendar windows. The
 // identity entries are the request entries (the pattern in place of the
 // value on share_threshold levels).
@@ -29,6 +30,13 @@ import (
 //
 // The third component ("rule" or "override") selects the grammar, so a
 // rule key and an override key never share C.
+//
+// The raised counter of a rule with cgnat (Rule.Raised) has two more
+// components after the window, ns("cgnat") ns(multiplier); a count
+// never starts with a letter, so it never shares C with the rule's other
+// counters. Identity values on levels with ipv6_prefix are the keyed
+// address (keyedAddress). The non-critical share of a rule with reserve
+// (Rule.Reduced) keeps the rule's keys: both count on one counter.
 //
 // For config rules requests_per_unit and burst are not part of C, so a
 // raised or lowered limit keeps counting on the same counter; the
@@ -57,7 +65,7 @@ func appendNSInt(b []byte, i int) []byte {
 	return appendNS(b, string(strconv.AppendInt(tmp[:0], int64(i), 10)))
 }
 
-var kindTags = [...]string{valueNone: "-", valueExact: "=", valuePattern: "*"}
+var kindTags = [...]string{valueNone: "-", valueExact: "=", valuePattern: "*", valueCIDR: "/"}
 
 func windowTag(sp *Spec) string {
 	t := sp.Unit.String() + "x" + strconv.FormatUint(uint64(sp.UnitMultiplier), 10)

@@ -4,8 +4,9 @@ import "testing"
 
 // goldenConfig covers every shape of key the config can produce: exact,
 // value-less, nested, wildcard and share_threshold levels, every
-// algorithm, a unit multiplier, calendar windows and several limits on one
-// node.
+// algorithm, a unit multiplier, calendar windows, several limits on one
+// node, a CIDR value, and ipv6_prefix, cgnat (the raised counter) and
+// reserve (critical and other requests on one counter).
 const goldenConfig = `domain: golden
 descriptors:
   - key: plain
@@ -42,6 +43,14 @@ descriptors:
       - {unit: second, requests_per_unit: 20}
       - {unit: month, requests_per_unit: 1000, calendar: true}
       - {unit: year, unit_multiplier: 2, requests_per_unit: 5000, calendar: true, algorithm: sliding_window}
+  - key: addr
+    value: 10.0.0.0/8
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: addr
+    ipv6_prefix: 64
+    cgnat: {multiplier: 10}
+    reserve: {entry: priority, value: critical, share: 0.5}
+    rate_limit: {unit: minute, requests_per_unit: 10}
 `
 
 // goldenKey is one pinned key: the request entries, the limit index, and
@@ -123,6 +132,37 @@ var goldenKeys = []goldenKey{
 		"VEZ6jzAvU7AMunpLwvcpOQ",
 		"rl:VEZ6jzAvU7AMunpLwvcpOQ",
 		"rl:3:rl1,6:golden,4:rule,1:1,5:multi,1:-,0:,1:2,14:sliding_window,10:YEARx2/cal,1:1,5:multi,1:m,",
+	}},
+	// A CIDR value: kind "/", the request address as identity.
+	{ents("addr", "10.1.2.3"), 0, [3]string{
+		"AazBEpzNPJ_PpvhaCG5pFA",
+		"rl:AazBEpzNPJ_PpvhaCG5pFA",
+		"rl:3:rl1,6:golden,4:rule,1:1,4:addr,1:/,10:10.0.0.0/8,1:0,12:fixed_window,8:MINUTEx1,1:1,4:addr,8:10.1.2.3,",
+	}},
+	// ipv6_prefix: the /64 as identity.
+	{ents("addr", "2001:db8:1:2::7"), 0, [3]string{
+		"wM_NO55XUPPmRNrSdr8Omw",
+		"rl:wM_NO55XUPPmRNrSdr8Omw",
+		"rl:3:rl1,6:golden,4:rule,1:1,4:addr,1:-,0:,1:0,12:fixed_window,8:MINUTEx1,1:1,4:addr,17:2001:db8:1:2::/64,",
+	}},
+	// IPv4 on an ipv6_prefix level, not critical under reserve: the
+	// rule's own counter.
+	{ents("addr", "192.0.2.1"), 0, [3]string{
+		"UVPje1mnY1vbrYYWQ5VauA",
+		"rl:UVPje1mnY1vbrYYWQ5VauA",
+		"rl:3:rl1,6:golden,4:rule,1:1,4:addr,1:-,0:,1:0,12:fixed_window,8:MINUTEx1,1:1,4:addr,9:192.0.2.1,",
+	}},
+	// The same address, critical: the same counter.
+	{ents("addr", "192.0.2.1", "priority", "critical"), 0, [3]string{
+		"UVPje1mnY1vbrYYWQ5VauA",
+		"rl:UVPje1mnY1vbrYYWQ5VauA",
+		"rl:3:rl1,6:golden,4:rule,1:1,4:addr,1:-,0:,1:0,12:fixed_window,8:MINUTEx1,1:1,4:addr,9:192.0.2.1,",
+	}},
+	// A CGNAT address: the raised counter.
+	{ents("addr", "100.64.0.1"), 0, [3]string{
+		"8JhIX8Axx3xumHmlTCIvmw",
+		"rl:8JhIX8Axx3xumHmlTCIvmw",
+		"rl:3:rl1,6:golden,4:rule,1:1,4:addr,1:-,0:,1:0,12:fixed_window,8:MINUTEx1,5:cgnat,2:10,1:1,4:addr,10:100.64.0.1,",
 	}},
 }
 

@@ -89,7 +89,7 @@ func LoadSources(opts LoadOptions, srcs ...Source) (*Set, []Warning, error) {
 func compileSources(opts LoadOptions, src sources, errs *errList, empty string) (*Set, []Warning, string, error) {
 	var parsed []*fileConfig
 	for _, f := range src.files {
-		parsed = append(parsed, parseFile(f.name, f.data, errs))
+		parsed = append(parsed, parseFile(f.name, f.data, errs, opts.LiteralValues))
 	}
 	s := compile(parsed, opts, errs)
 	if opts.MaxRules > 0 && len(s.rules) > opts.MaxRules {

@@ -199,16 +199,8 @@ func (d *domainTree) lookup(entries []Entry) *Rule {
 	if d == nil || len(entries) == 0 {
 		return nil
 	}
-	lv := d.top
-	var nd *node
-	for _, e := range entries {
-		if lv == nil {
-			return nil
-		}
-		if nd = lv.find(e); nd == nil {
-			return nil
-		}
-		lv = nd.level
+	if nd := d.walk(entries); nd != nil {
+		return nd.rule
 	}
-	return nd.rule
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net/netip"
 
 	"gopkg.in/yaml.v3"
 )
@@ -24,6 +25,7 @@ const (
 	valueNone    valueKind = iota // no value: the key's default
 	valueExact                    // value without '*'
 	valuePattern                  // value with one or more '*'
+	valueCIDR                     // value that is an IP prefix (address.go)
 )
 
 // node is one descriptor of the config tree.
@@ -49,6 +51,10 @@ type node struct {
 	metadata      map[string]any
 	limits        []rawLimit      // parsed rate_limit / rate_limits items
 	override      *overridePolicy // override:, nil when absent
+	prefix        netip.Prefix    // the value of a valueCIDR node
+	ipv6Prefix    int             // ipv6_prefix: (0: off)
+	cgnat         *CGNAT          // cgnat:, nil when absent
+	reserve       *Reserve        // reserve:, nil when absent
 	// seg is the node's stat key segment: "key" or "key_value".
 	seg string
 }
@@ -64,6 +70,9 @@ type parser struct {
 	// merging holds the mappings whose merge keys are being expanded, to
 	// report a merge cycle (`a: &x {<<: *x}` parses) instead of looping.
 	merging map[*yaml.Node]bool
+	// literal compares every descriptor value as a string
+	// (LoadOptions.LiteralValues).
+	literal bool
 }
 
 // maxNodes bounds the descriptors, limits and metadata values of one file
@@ -84,8 +93,8 @@ func (p *parser) spend(n *yaml.Node) bool {
 	return false
 }
 
-func parseFile(file string, data []byte, errs *errList) *fileConfig {
-	p := &parser{file: file, errs: errs}
+func parseFile(file string, data []byte, errs *errList, literal bool) *fileConfig {
+	p := &parser{file: file, errs: errs, literal: literal}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {

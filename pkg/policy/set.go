@@ -73,6 +73,11 @@ func (s *Set) Rules() []*Rule {
 // pattern is matched against the value only (the reference matches
 // "key_value" strings, so key "a" value "b*" also matched key "a_b").
 //
+// A descriptor whose entries match a rule with reserve and then carry one
+// more entry whose key is Reserve.Entry is matched without it; it makes
+// the request critical when its value is Reserve.Value. Match returns the
+// rule's variant (Rule.Base) when cgnat or reserve select one.
+//
 // A descriptor whose last entry has key ReleaseKey (and at least one entry
 // before it) is a concurrency lease release: the entries before it are
 // matched, and the match holds only when the rule has a concurrency limit.
@@ -93,21 +98,20 @@ func (s *Set) Match(domain string, entries []Entry) (Match, bool) {
 	if n := len(entries); n > 1 && entries[n-1].Key == ReleaseKey {
 		entries, release = entries[:n-1], true
 	}
-	lv := d.top
-	var nd *node
-	for _, e := range entries {
-		if lv == nil {
-			return Match{}, false
+	nd := d.walk(entries)
+	critical := false
+	if n := len(entries); d.reserve && (nd == nil || nd.rule == nil) && n > 1 {
+		// A trailing entry that names the priority of a rule with
+		// reserve is not a level of the tree.
+		last := entries[n-1]
+		if p := d.walk(entries[:n-1]); p != nil && p.rule != nil && p.rule.Reserve != nil && p.rule.Reserve.Entry == last.Key {
+			nd, entries, critical = p, entries[:n-1], last.Value == p.rule.Reserve.Value
 		}
-		if nd = lv.find(e); nd == nil {
-			return Match{}, false
-		}
-		lv = nd.level
 	}
-	r := nd.rule
-	if r == nil {
+	if nd == nil || nd.rule == nil {
 		return Match{}, false
 	}
+	r := nd.rule
 	if release && !r.hasConcurrency() {
 		return Match{}, false
 	}
@@ -116,7 +120,30 @@ func (s *Set) Match(domain string, entries []Entry) (Match, bool) {
 		m.MetricKey = r.metricKey(entries)
 		m.id = r.identity(entries)
 	}
+	if r.normalize {
+		m.id = r.keyedIdentity(m.id, r.needsPath && len(m.id) > 0 && &m.id[0] != &entries[0])
+	}
+	if r.raised != nil || r.reduced != nil {
+		m.Rule = r.variant(entries[len(entries)-1].Value, critical)
+	}
 	return m, true
+}
+
+// walk follows entries down the tree: the node reached by the last
+// entry, nil when some entry has no node.
+func (d *domainTree) walk(entries []Entry) *node {
+	lv := d.top
+	var nd *node
+	for _, e := range entries {
+		if lv == nil {
+			return nil
+		}
+		if nd = lv.find(e); nd == nil {
+			return nil
+		}
+		lv = nd.level
+	}
+	return nd
 }
 
 func (r *Rule) hasConcurrency() bool {

@@ -32,6 +32,9 @@ import (
 const (
 	AdminExplainPath = "/admin/explain"
 	AdminResetPath   = "/admin/reset"
+	// AdminSaturationPath marks a rule with reserve saturated (POST a
+	// SaturationRequest; answer a SaturationResult; see SetSaturation).
+	AdminSaturationPath = "/admin/saturation"
 )
 
 // AdminServiceName is the gRPC service of RegisterAdmin; its methods are
@@ -68,6 +71,7 @@ func (s *Service) AdminHandler() http.Handler {
 		res, err := s.Reset(r.Context(), req, r.RemoteAddr)
 		writeAdmin(w, res, err)
 	})
+	m.HandleFunc(AdminSaturationPath, s.saturationHandler)
 	return m
 }
 

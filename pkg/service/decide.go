@@ -244,6 +244,7 @@ func (s *Service) respond(sn *snapshot, req *rlsv3.RateLimitRequest, ds []descSt
 	s.observeDecisions(sn, domain, ds, decs, outs)
 	s.observeEarlyWarnings(domain, ds, hits, decs, outs, denied)
 	s.observeRefunds(domain, ds, outs)
+	s.observeAddressPolicies(domain, ds, hits, decs, outs)
 	if s.dlog != nil {
 		keys := make([]string, len(hits))
 		for i := range hits {
@@ -325,6 +326,13 @@ func (s *Service) matchDescriptor(st *descState, set *policy.Set, domain string,
 		st.matched = st.matched && st.match.Rule != nil
 	}
 	if st.matched {
+		// Adaptive reserve: a marked rule's non-critical requests get
+		// the saturated share.
+		if r := st.match.Rule; r.Reduced && !st.override {
+			if sv := r.SaturatedVariant(); sv != nil && s.saturated(domain, r) {
+				st.match.Rule = sv
+			}
+		}
 		st.shadow = st.match.Rule.ShadowMode && !st.override
 		st.quota = st.match.Rule.QuotaMode || s.opts.QuotaMode
 	}

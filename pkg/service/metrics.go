@@ -57,6 +57,8 @@ type metrics struct {
 	resets          prometheus.Counter
 	// decisionLogSuppressed counts decision log lines over the rate bound.
 	decisionLogSuppressed prometheus.Counter
+	cgnatRaised           *prometheus.CounterVec // domain, rule
+	reserveShed           *prometheus.CounterVec // domain, rule
 
 	// children of backendDuration, created on first use
 	primaryDuration, fallbackDuration lazyObserver
@@ -86,6 +88,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		admin:                 r.counterVec("ratelimitd_admin_requests_total", "Admin explain and reset calls (debug listener, HTTP and gRPC) by op (explain, reset) and result (ok, invalid, unknown_domain, unavailable, error).", "op", "result"),
 		resets:                r.counter("ratelimitd_counter_resets_total", "Counters deleted by admin resets (one per applied limit of each matched descriptor)."),
 		decisionLogSuppressed: r.counter("ratelimitd_decision_log_suppressed_total", "Decision log lines (--log-decisions) dropped by the --log-decisions-rate bound."),
+		cgnatRaised:           r.counterVec("ratelimitd_cgnat_raised_total", "Descriptors decided against a cgnat-raised limit (the value is an address in a cgnat range), by domain and rule (config stat key).", "domain", "rule"),
+		reserveShed:           r.counterVec("ratelimitd_reserve_shed_total", "Descriptors that are not critical under a rule's reserve and were denied by the share of its limits they may use, by domain and rule (config stat key).", "domain", "rule"),
 	}
 	if reg == nil {
 		return m, nil

@@ -16,7 +16,9 @@ const (
 	// ProblemQuotaExceeded is the type of a denial by a counted limit.
 	ProblemQuotaExceeded = "quota-exceeded"
 	// ProblemTemporaryReducedCapacity is the type of a denial made only
-	// by limits that failed closed (the backend could not decide).
+	// by limits that failed closed (the backend could not decide) or by
+	// the share of a limit with reserve that requests other than the
+	// critical ones may use (a shed request).
 	ProblemTemporaryReducedCapacity = "temporary-reduced-capacity"
 )
 
@@ -48,11 +50,15 @@ type Problem struct {
 // the Retry-After delay in whole seconds (at least 1, jitter included):
 // the longest wait of the violated limits (violated[i] applied in
 // descriptor ds[violatedDesc[i]]). The document is temporary reduced
-// capacity when only limits that failed closed denied. body is nil when
-// the document cannot be encoded.
+// capacity when only limits that failed closed denied, or only those and
+// the reserve shares of non-critical requests (policy.Rule.Reduced).
+// body is nil when the document cannot be encoded.
 func (s *Service) problemBody(ds []descState, decs []algo.Decision, outs []outcome, violated []applied, violatedDesc []int) (body []byte, secs int64) {
 	var exact time.Duration
 	closedOnly := len(violated) > 0
+	// shedOnly: every violated limit failed closed or is a reserve
+	// share, and at least one is a share.
+	shedOnly, shed := len(violated) > 0, false
 	var names []string
 	seen := map[string]bool{}
 	var first applied
@@ -60,6 +66,13 @@ func (s *Service) problemBody(ds []descState, decs []algo.Decision, outs []outco
 	for i, a := range violated {
 		d := decs[a.hit]
 		exact = max(exact, d.RetryAfter, d.WindowAfter)
+		switch {
+		case outs[a.hit] == byFailedClosed:
+		case ds[violatedDesc[i]].match.Rule.Reduced:
+			shed = true
+		default:
+			shedOnly = false
+		}
 		if outs[a.hit] != byFailedClosed {
 			if closedOnly || firstDesc == nil {
 				first, firstDesc = a, &ds[violatedDesc[i]]
@@ -89,6 +102,10 @@ func (s *Service) problemBody(ds []descState, decs []algo.Decision, outs []outco
 		p.Type = s.opts.ProblemTypeBase + ProblemTemporaryReducedCapacity
 		p.Title = "Temporary Reduced Capacity"
 	}
+	if shedOnly && shed {
+		p.Type = s.opts.ProblemTypeBase + ProblemTemporaryReducedCapacity
+		p.Title = "Temporary Reduced Capacity"
+	}
 	p.Detail = s.detail(firstDesc, first, closedOnly, secs)
 	body, err := json.Marshal(p)
 	if err != nil {
@@ -115,6 +132,9 @@ func (s *Service) detail(st *descState, a applied, closed bool, retry int64) str
 	}
 	if closed {
 		return fmt.Sprintf("The rate limit backend is unavailable and policy %q fails closed; retry after %d seconds.", name, retry)
+	}
+	if st != nil && st.match.Rule.Reduced {
+		return fmt.Sprintf("Policy %q keeps its remaining capacity for critical requests; this request may use %d and is shed; retry after %d seconds.", name, quota, retry)
 	}
 	if a.spec != nil && a.spec.Limit.Kind == algo.Concurrency {
 		return fmt.Sprintf("Policy %q allows %d concurrent requests; retry after %d seconds.", name, quota, retry)

@@ -42,6 +42,10 @@ type Service struct {
 	errLog   *logLimiter
 	ref      *refStats   // nil without Options.Statsd
 	dlog     *lineBucket // nil with DecisionLogOff
+	cgnatLog *lineBucket // bounds the cgnat decision log lines
+	// saturation holds the rules marked saturated (SetSaturation):
+	// saturationKey -> time.Time, the end of the mark.
+	saturation sync.Map
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
@@ -63,6 +67,7 @@ func New(opts Options) (*Service, error) {
 	if opts.DecisionLog != DecisionLogOff {
 		s.dlog = newLineBucket(opts.DecisionLogRate, opts.Now())
 	}
+	s.cgnatLog = newLineBucket(cgnatLogRate, opts.Now())
 	return s, nil
 }
 

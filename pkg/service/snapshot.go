@@ -35,10 +35,20 @@ func newSnapshot(set *policy.Set) *snapshot {
 		sn.domains[d] = &domainInfo{label: d}
 	}
 	for _, r := range set.Rules() {
-		sn.rules[r] = &ruleInfo{}
+		ri := &ruleInfo{}
+		sn.rules[r] = ri
 		for k := range r.Limits {
 			sp := &r.Limits[k]
 			sn.specs[sp] = newSpecInfo(r, sp)
+		}
+		// A variant (cgnat, reserve) has its own limits and shares the
+		// metric children of its rule.
+		for _, v := range r.Variants() {
+			sn.rules[v] = ri
+			for k := range v.Limits {
+				sp := &v.Limits[k]
+				sn.specs[sp] = newSpecInfo(v, sp)
+			}
 		}
 	}
 	return sn

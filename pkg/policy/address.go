@@ -1,0 +1,503 @@
+package policy
+
+import (
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// Address options of a descriptor: CIDR values (a node whose value is a
+// prefix matches request values inside it), ipv6_prefix (request
+// addresses are keyed by their prefix) and cgnat (addresses in carrier-
+// grade NAT ranges get a raised limit).
+
+// DefaultIPv6Prefix is the ipv6_prefix used when the option is set
+// without a number (`ipv6_prefix: true` or `ipv6_prefix:`).
+const DefaultIPv6Prefix = 64
+
+// DefaultCGNATMultiplier is the cgnat multiplier when none is given.
+const DefaultCGNATMultiplier = 10
+
+// DefaultCGNATRange is the cgnat range when none is given: the shared
+// address space of RFC 6598.
+var DefaultCGNATRange = netip.MustParsePrefix("100.64.0.0/10")
+
+// CGNAT is a rule's `cgnat:` option: a request whose value (the entry of
+// the rule's own descriptor) is an address or prefix inside one of Ranges
+// is decided against the rule's limits multiplied by Multiplier, on a
+// counter of its own (Rule.Raised).
+type CGNAT struct {
+	// Multiplier raises requests_per_unit (and a token bucket's burst);
+	// at least 2.
+	Multiplier uint32
+	// Ranges are the carrier-grade NAT prefixes, masked; IPv4 ones
+	// written as IPv4.
+	Ranges []netip.Prefix
+	// Line is the line of the `cgnat:` key.
+	Line int
+}
+
+// contains reports whether request value v is an address or prefix
+// inside one of c's ranges.
+func (c *CGNAT) contains(v string) bool {
+	p, ok := parseIPValue(v)
+	if !ok {
+		return false
+	}
+	for _, r := range c.Ranges {
+		if r.Addr().Is4() == p.Addr().Is4() && r.Bits() <= p.Bits() && r.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// prefixTable holds the CIDR-valued nodes of one key at one level, by
+// prefix, and the distinct prefix lengths of each family longest first:
+// a lookup masks the request address to each length and probes the map,
+// so its cost grows with the number of lengths, not of prefixes, and the
+// first hit is the most specific prefix.
+type prefixTable struct {
+	v4, v6 []int
+	nodes  map[netip.Prefix]*node
+}
+
+func (t *prefixTable) add(n *node) {
+	if t.nodes == nil {
+		t.nodes = map[netip.Prefix]*node{}
+	}
+	t.nodes[n.prefix] = n
+	lens := &t.v6
+	if n.prefix.Addr().Is4() {
+		lens = &t.v4
+	}
+	if !slices.Contains(*lens, n.prefix.Bits()) {
+		*lens = append(*lens, n.prefix.Bits())
+		slices.SortFunc(*lens, func(a, b int) int { return b - a })
+	}
+}
+
+// lookup returns the node of the longest configured prefix that holds
+// request value v (an address, or a prefix no shorter than it), nil when
+// none does or v is not an address.
+func (t *prefixTable) lookup(v string) *node {
+	p, ok := parseIPValue(v)
+	if !ok {
+		return nil
+	}
+	lens := t.v6
+	if p.Addr().Is4() {
+		lens = t.v4
+	}
+	for _, l := range lens {
+		if l > p.Bits() {
+			continue
+		}
+		q, err := p.Addr().Prefix(l)
+		if err != nil {
+			continue
+		}
+		if n := t.nodes[q]; n != nil {
+			return n
+		}
+	}
+	return nil
+}
+
+// maxIPValue bounds the request values parsed as addresses (the longest
+// IPv6 text with a prefix length is 49 bytes).
+const maxIPValue = 64
+
+// parseIPValue parses a request value as an address (a full-length
+// prefix: what Envoy's remote_address action sends) or a prefix (what
+// masked_remote_address sends, "192.168.1.0/24"), masked. An IPv4-mapped
+// IPv6 address or prefix is its IPv4 form; an IPv6 zone is dropped. ok is
+// false for anything else.
+func parseIPValue(v string) (netip.Prefix, bool) {
+	if len(v) == 0 || len(v) > maxIPValue {
+		return netip.Prefix{}, false
+	}
+	if strings.IndexByte(v, '/') >= 0 {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return netip.Prefix{}, false
+		}
+		a, bits := p.Addr(), p.Bits()
+		if a.Is4In6() {
+			if bits < 96 {
+				return netip.Prefix{}, false
+			}
+			a, bits = a.Unmap(), bits-96
+		}
+		return netip.PrefixFrom(a, bits).Masked(), true
+	}
+	a, err := netip.ParseAddr(v)
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	a = a.WithZone("").Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), true
+}
+
+// keyedAddress is the identity value of request value v on a level with
+// ipv6_prefix bits: an IPv4 address (or IPv4-mapped IPv6) as its /32,
+// written as the address; an IPv6 address or longer prefix masked to
+// bits, written as a prefix; a shorter prefix as itself. A value that is
+// not an address is kept: it cannot parse, so it never equals a
+// normalized value.
+func keyedAddress(v string, bits int) string {
+	p, ok := parseIPValue(v)
+	if !ok {
+		return v
+	}
+	if p.Addr().Is4() {
+		if p.Bits() == 32 {
+			return p.Addr().String()
+		}
+		return p.String()
+	}
+	if p.Bits() > bits {
+		p, _ = p.Addr().Prefix(bits)
+	}
+	return p.String()
+}
+
+// cidrValue reports whether a config value is meant as a CIDR: it holds a
+// '/' and what precedes it is an IP address.
+func cidrValue(v string) bool {
+	i := strings.IndexByte(v, '/')
+	if i < 0 {
+		return false
+	}
+	_, err := netip.ParseAddr(v[:i])
+	return err == nil
+}
+
+// cidr parses the CIDR value of node n (written at line), reporting
+// malformed prefixes, set host bits and IPv4-mapped IPv6 prefixes.
+func (p *parser) cidr(n *node, line int) {
+	pf, err := netip.ParsePrefix(n.value)
+	if err != nil {
+		p.errs.add(p.file, line, "value %q is not a valid CIDR prefix: %v", n.value, err)
+		return
+	}
+	if pf.Addr().Is4In6() {
+		p.errs.add(p.file, line, "value %q is an IPv4-mapped IPv6 prefix; write it as IPv4 (requests from mapped addresses match IPv4 prefixes)", n.value)
+		return
+	}
+	if m := pf.Masked(); m != pf {
+		p.errs.add(p.file, line, "value %q has bits set after the prefix length; did you mean %q?", n.value, m.String())
+		return
+	}
+	n.prefix = pf
+}
+
+// ipv6Prefix parses `ipv6_prefix:`: an integer in [1, 128], true or null
+// (DefaultIPv6Prefix), or false (off).
+func (p *parser) ipv6Prefix(v *yaml.Node) int {
+	if isNull(v) {
+		return DefaultIPv6Prefix
+	}
+	if v.Kind == yaml.ScalarNode && v.Tag == "!!bool" {
+		if p.boolean(v, "ipv6_prefix") {
+			return DefaultIPv6Prefix
+		}
+		return 0
+	}
+	i, ok := p.integer(v, "ipv6_prefix", 1, 128)
+	if !ok {
+		return 0
+	}
+	return int(i)
+}
+
+// cgnat parses `cgnat:`: true or null (the defaults), or a mapping of
+// multiplier (at least 2; DefaultCGNATMultiplier when absent) and ranges
+// (a non-empty list of CIDR prefixes; DefaultCGNATRange when absent).
+// false is off (nil).
+func (p *parser) cgnat(kn, v *yaml.Node) *CGNAT {
+	c := &CGNAT{Multiplier: DefaultCGNATMultiplier, Ranges: []netip.Prefix{DefaultCGNATRange}, Line: kn.Line}
+	switch {
+	case isNull(v):
+		return c
+	case v.Kind == yaml.ScalarNode && v.Tag == "!!bool":
+		if p.boolean(v, "cgnat") {
+			return c
+		}
+		return nil
+	case v.Kind != yaml.MappingNode:
+		p.errs.add(p.file, v.Line, "cgnat must be a mapping {multiplier: 10, ranges: [100.64.0.0/10]} or true, got %s", kindName(v))
+		return nil
+	}
+	p.mapping(v, func(k string, kn, v *yaml.Node) {
+		switch k {
+		case "multiplier":
+			if m, ok := p.integer(v, "cgnat multiplier", 2, 1_000_000); ok {
+				c.Multiplier = uint32(m)
+			}
+		case "ranges":
+			c.Ranges = p.cgnatRanges(v)
+		default:
+			p.unknown(kn, k, "cgnat", nil, cgnatKeys)
+		}
+	})
+	return c
+}
+
+func (p *parser) cgnatRanges(v *yaml.Node) []netip.Prefix {
+	if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
+		p.errs.add(p.file, v.Line, "cgnat ranges must be a non-empty list of CIDR prefixes, got %s", listKindName(v))
+		return nil
+	}
+	var out []netip.Prefix
+	for _, it := range v.Content {
+		it = deref(it)
+		s, ok := p.str(it, "cgnat range")
+		if !ok {
+			continue
+		}
+		n := &node{value: s}
+		if !cidrValue(s) {
+			p.errs.add(p.file, it.Line, "cgnat range %q is not a CIDR prefix (want e.g. 100.64.0.0/10)", s)
+			continue
+		}
+		before := len(p.errs.errs)
+		p.cidr(n, it.Line)
+		if len(p.errs.errs) == before {
+			out = append(out, n.prefix)
+		}
+	}
+	return out
+}
+
+// Reserve is a rule's `reserve:` option: requests whose descriptor ends
+// with the entry Entry=Value (critical requests) are decided against the
+// rule's limits; the others against Share of them (floor(Share ×
+// requests_per_unit)), on the same counters (Rule.Reduced), so that the
+// last 1-Share of every limit is kept for critical requests.
+type Reserve struct {
+	// Entry is the key of the trailing request entry that carries the
+	// priority.
+	Entry string
+	// Value is the priority value of critical requests.
+	Value string
+	// Share is the part of each limit that other requests may use, in
+	// (0, 1).
+	Share float64
+	// SaturatedShare is the lower share other requests may use while the
+	// rule is marked saturated (adaptive mode; service admin API), in
+	// (0, Share); 0 when not set.
+	SaturatedShare float64
+	// Line is the line of the `reserve:` key.
+	Line int
+}
+
+// reserve parses `reserve: {entry: priority, value: critical, share: 0.8}`;
+// all three are required.
+func (p *parser) reserve(kn, v *yaml.Node) *Reserve {
+	if v.Kind != yaml.MappingNode {
+		p.errs.add(p.file, v.Line, "reserve must be a mapping {entry: priority, value: critical, share: 0.8}, got %s", kindName(v))
+		return nil
+	}
+	r := &Reserve{Line: kn.Line}
+	ok, shareSet := true, false
+	p.mapping(v, func(k string, kn, v *yaml.Node) {
+		switch k {
+		case "entry":
+			r.Entry, _ = p.str(v, "reserve entry")
+		case "value":
+			r.Value, _ = p.str(v, "reserve value")
+		case "share", "saturated_share":
+			f, err := strconv.ParseFloat(v.Value, 64)
+			if v.Kind != yaml.ScalarNode || (v.Tag != "!!float" && v.Tag != "!!int") || err != nil || !(f > 0 && f < 1) {
+				p.errs.add(p.file, v.Line, "reserve %s must be a number between 0 and 1 (exclusive), got %s", k, kindName(v))
+				ok = false
+				return
+			}
+			if k == "share" {
+				shareSet, r.Share = true, f
+			} else {
+				r.SaturatedShare = f
+			}
+		default:
+			p.unknown(kn, k, "reserve", nil, reserveKeys)
+		}
+	})
+	if r.Entry == "" || r.Value == "" || !shareSet {
+		p.errs.add(p.file, kn.Line, "reserve needs entry, value and share (e.g. {entry: priority, value: critical, share: 0.8})")
+		return nil
+	}
+	if r.Entry == ReleaseKey {
+		p.errs.add(p.file, kn.Line, "reserve entry %q is reserved for concurrency lease releases", ReleaseKey)
+		return nil
+	}
+	if !ok {
+		return nil
+	}
+	if r.SaturatedShare != 0 && r.SaturatedShare >= r.Share {
+		p.errs.add(p.file, kn.Line, "reserve saturated_share %g must be below share %g", r.SaturatedShare, r.Share)
+		return nil
+	}
+	return r
+}
+
+// buildVariants compiles the variants of rule r (node n) that cgnat and
+// reserve select: a raised one, a reduced one, and the raised one
+// reduced.
+func (s *Set) buildVariants(r *Rule, n *node, errs *errList) {
+	if r.Unlimited || len(r.Limits) == 0 {
+		return
+	}
+	if c := r.CGNAT; c != nil && len(c.Ranges) > 0 {
+		v := variantOf(r)
+		v.Raised = true
+		for i := range v.Limits {
+			sp := &v.Limits[i]
+			rpu := uint64(sp.RequestsPerUnit) * uint64(c.Multiplier)
+			if rpu > uint64(^uint32(0)) {
+				errs.add(n.file, c.Line, "cgnat: requests_per_unit %d × multiplier %d overflows", sp.RequestsPerUnit, c.Multiplier)
+				return
+			}
+			sp.RequestsPerUnit = uint32(rpu)
+			sp.Limit.Rate *= int64(c.Multiplier)
+			if sp.Limit.Burst > 0 {
+				sp.Limit.Burst *= int64(c.Multiplier)
+				sp.Burst = sp.Limit.Burst
+			}
+			if err := sp.Limit.Validate(); err != nil {
+				errs.add(n.file, c.Line, "cgnat: the raised limit of %q is invalid: %v", r.Path, err)
+				return
+			}
+			var tmp [10]byte
+			v.keyPre[i] = appendNS(appendNS(v.keyPre[i], "cgnat"), string(strconv.AppendUint(tmp[:0], uint64(c.Multiplier), 10)))
+		}
+		r.raised = v
+	}
+	if rs := r.Reserve; rs != nil {
+		for _, sp := range r.Limits {
+			if sp.Algorithm == algo.TokenBucket {
+				errs.add(n.file, rs.Line, "reserve applies to fixed_window, sliding_window, sliding_log and concurrency limits; %q has a token_bucket limit", r.Path)
+				return
+			}
+		}
+		for _, c := range n.children {
+			if c.key == rs.Entry {
+				errs.add(n.file, rs.Line, "reserve entry %q is also the key of a child descriptor (line %d); requests would match the child", rs.Entry, c.line)
+				return
+			}
+		}
+		r.reduced = reducedOf(r, rs.Share)
+		if r.raised != nil {
+			r.raised.reduced = reducedOf(r.raised, rs.Share)
+		}
+		if rs.SaturatedShare > 0 {
+			r.reduced.saturated = reducedOf(r, rs.SaturatedShare)
+			r.reduced.saturated.Saturated = true
+			if r.raised != nil {
+				r.raised.reduced.saturated = reducedOf(r.raised, rs.SaturatedShare)
+				r.raised.reduced.saturated.Saturated = true
+			}
+		}
+	}
+}
+
+// variantOf copies r as a variant with its own Limits and key prefixes.
+func variantOf(r *Rule) *Rule {
+	v := *r
+	v.Base = r
+	v.Limits = slices.Clone(r.Limits)
+	v.keyPre = make([][]byte, len(r.keyPre))
+	for i, k := range r.keyPre {
+		v.keyPre[i] = slices.Clip(slices.Clone(k))
+	}
+	v.raised, v.reduced, v.saturated = nil, nil, nil
+	return &v
+}
+
+// reducedOf is the reserve variant of r: every limit at floor(share ×
+// requests_per_unit), on r's keys.
+func reducedOf(r *Rule, share float64) *Rule {
+	v := variantOf(r)
+	if r.Base != nil {
+		v.Base = r.Base
+	}
+	v.Reduced = true
+	v.keyPre = r.keyPre
+	for i := range v.Limits {
+		sp := &v.Limits[i]
+		sp.Limit.Rate = reducedRate(sp.Limit.Rate, share)
+		sp.RequestsPerUnit = uint32(sp.Limit.Rate)
+	}
+	return v
+}
+
+// reducedRate is floor(share × rate), computed so that a share written
+// in decimal (0.8 × 10) is not floored below its exact product by
+// binary rounding.
+func reducedRate(rate int64, share float64) int64 {
+	x := share * float64(rate)
+	f := int64(x)
+	if float64(f+1)-x < 1e-9 {
+		f++
+	}
+	return f
+}
+
+// Variants returns the variants of r that Match may return, and their
+// SaturatedVariants (see Rule.Base), nil when it has none.
+func (r *Rule) Variants() []*Rule {
+	var out []*Rule
+	add := func(v *Rule) {
+		if v != nil {
+			out = append(out, v)
+			if v.saturated != nil {
+				out = append(out, v.saturated)
+			}
+		}
+	}
+	add(r.reduced)
+	if r.raised != nil {
+		add(r.raised)
+		add(r.raised.reduced)
+	}
+	return out
+}
+
+// SaturatedVariant returns the variant that replaces r, a Reduced
+// variant, while its rule is marked saturated: the limits at
+// Reserve.SaturatedShare, on the same counters. nil when r is not Reduced
+// or the reserve has no saturated_share.
+func (r *Rule) SaturatedVariant() *Rule { return r.saturated }
+
+// variant selects the rule that decides a request matched to r: the
+// raised variant when the value of r's own entry (last) is inside a
+// cgnat range, then the reduced one unless the request is critical.
+func (r *Rule) variant(last string, critical bool) *Rule {
+	if r.raised != nil && r.CGNAT.contains(last) {
+		r = r.raised
+	}
+	if r.reduced != nil && !critical {
+		r = r.reduced
+	}
+	return r
+}
+
+// keyedIdentity rewrites the identity values of the levels with
+// ipv6_prefix to their keyed address; id is copied first when it is the
+// request's entries.
+func (r *Rule) keyedIdentity(id []Entry, copied bool) []Entry {
+	if !copied {
+		id = slices.Clone(id)
+	}
+	for i, n := range r.nodes {
+		if n.ipv6Prefix > 0 && !n.share && i < len(id) {
+			id[i].Value = keyedAddress(id[i].Value, n.ipv6Prefix)
+		}
+	}
+	return id
+}
