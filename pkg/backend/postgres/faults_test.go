@@ -25,14 +25,14 @@ const slack = 300 * time.Millisecond
 // an idle Store counts decisions again.
 const recoveryBound = time.Second
 
-// takeWithin takes hit with a caller's deadline of budget and returns the
-// error and how long the call took.
-func takeWithin(s *postgres.Store, budget time.Duration, hit algo.Hit) (error, time.Duration) {
+// takeWithin takes hit with a caller's deadline of budget and returns how
+// long the call took and its error.
+func takeWithin(s *postgres.Store, budget time.Duration, hit algo.Hit) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	start := time.Now()
 	_, err := algotest.Take(ctx, s, []algo.Hit{hit})
-	return err, time.Since(start)
+	return time.Since(start), err
 }
 
 func causeOf(err error) string {
@@ -73,7 +73,7 @@ func TestKilledThenRestarted(t *testing.T) {
 	const budget = 200 * time.Millisecond
 	seen := map[string]int{}
 	for i := range 20 {
-		err, took := takeWithin(s, budget, hit)
+		took, err := takeWithin(s, budget, hit)
 		if err == nil {
 			t.Fatalf("take %d with PostgreSQL killed: no error", i)
 		}
@@ -115,7 +115,7 @@ func TestStalledThenResumed(t *testing.T) {
 	start := time.Now()
 	opened := false
 	for i := 0; time.Since(start) < 10*time.Second; i++ {
-		err, took := takeWithin(s, budget, hit)
+		took, err := takeWithin(s, budget, hit)
 		if err == nil {
 			t.Fatalf("take %d with PostgreSQL frozen: no error", i)
 		}
@@ -247,7 +247,7 @@ func TestLockWaitBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	const budget = time.Second
-	err, took := takeWithin(s, budget, hit)
+	took, err := takeWithin(s, budget, hit)
 	if causeOf(err) != postgres.CauseTimeout || took > budget+slack {
 		t.Fatalf("take on a locked row: %v after %v, want cause timeout within %v", err, took, budget)
 	}

@@ -31,6 +31,12 @@ func (s *Store) note(err error) {
 		if e.Cause() == CauseRefused {
 			s.pool.Reset()
 		}
+		// Wake the probe, which may be waiting a whole HealthInterval:
+		// from now on it probes every unhealthyProbeInterval.
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -38,9 +44,17 @@ func (s *Store) note(err error) {
 // answers but refuses writes.
 var errStandby = newError(CauseReadOnly, true, errors.New("the server is a standby (pg_is_in_recovery)"))
 
-// probe asks the server whether it is a primary, within Timeout.
+// probeTimeout is the least budget of a probe: it runs in the
+// background, so it may wait longer than a decision for a server that is
+// resuming (a fresh connection, authentication, a backlog of others), and
+// a probe that succeeds as soon as the server answers closes the breaker
+// sooner than one that gave up and waits out another OpenFor.
+const probeTimeout = 500 * time.Millisecond
+
+// probe asks the server whether it is a primary, within max(Timeout,
+// probeTimeout).
 func (s *Store) probe(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, max(s.opts.Timeout, probeTimeout))
 	defer cancel()
 	var standby bool
 	if err := s.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
@@ -73,19 +87,22 @@ func (s *Store) probeLoop() {
 		if err != nil || !s.breaker.Healthy() {
 			d = min(d, unhealthyProbeInterval)
 		}
-		if !s.wait(d) {
+		if !s.wait(d, s.wake) {
 			return
 		}
 	}
 }
 
-// wait waits d; it reports false, early, when the Store is closed.
-func (s *Store) wait(d time.Duration) bool {
+// wait waits d, or less when wake receives (the probe's s.wake; nil
+// never does); it reports false, early, when the Store is closed.
+func (s *Store) wait(d time.Duration, wake <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-s.stop:
 		return false
+	case <-wake:
+		return true
 	case <-t.C:
 		return true
 	}

@@ -113,14 +113,10 @@ var ErrNoURL = errors.New("postgres: no URL: set a postgres:// URL")
 // the password.
 func (o Options) Validate() error {
 	var errs []error
-	switch {
-	case o.URL == "":
+	if o.URL == "" {
 		errs = append(errs, ErrNoURL)
-	default:
-		u, err := url.Parse(o.URL)
-		if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-			errs = append(errs, fmt.Errorf("postgres: URL %s: want postgres://user@host:port/database", RedactURL(o.URL)))
-		}
+	} else if u, err := url.Parse(o.URL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		errs = append(errs, fmt.Errorf("postgres: URL %s: want postgres://user@host:port/database", RedactURL(o.URL)))
 	}
 	if o.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("postgres: timeout %v: must be > 0", o.Timeout))

@@ -55,6 +55,7 @@ type Store struct {
 	sweepErrors atomic.Uint64
 
 	stop      chan struct{}
+	wake      chan struct{} // the probe's wake-up after an outage error (note)
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 }
@@ -78,21 +79,26 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		cfg.ConnConfig.Password = opt.Password
 	}
 	cfg.MaxConns = opt.MaxConns
+	// Session settings, set after connecting rather than as startup
+	// parameters (which a connection pooler such as PgBouncer refuses):
+	// a decision waits for a row lock at most Timeout on the server too,
+	// since its caller has given up by then (a closed connection ends
+	// the wait already; this bounds it when the close never reaches the
+	// server, where a session abandoned on a hot key's lock would wait,
+	// and count, long after); and AsyncCommit.
+	set := "SET lock_timeout = " + strconv.FormatInt(max(opt.Timeout.Milliseconds(), 1), 10)
 	if opt.AsyncCommit {
-		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+		set += "; SET synchronous_commit = off"
 	}
-	// A decision waits for a row lock at most Timeout on the server too:
-	// its caller has given up by then. A closed connection ends the wait
-	// already; this bounds it when the close never reaches the server (a
-	// partition), where a session abandoned on a hot key's lock would
-	// wait, and count, long after.
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = strconv.FormatInt(max(opt.Timeout.Milliseconds(), 1), 10)
 	// A few connections are dialed ahead, each warmed by a call with no
 	// hits (the session parses ratelimitd_take once and prepares
 	// takeSQL), so that the first decisions do not pay for it. Before
 	// the schema exists the call fails; the connection is kept.
 	cfg.MinConns = min(opt.MaxConns, minConns)
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if _, err := c.Exec(ctx, set); err != nil {
+			return err
+		}
 		var pe *pgconn.PgError
 		_, err := c.Exec(ctx, takeSQL, nil, []string{}, []int32{}, []int32{}, []int64{}, []int64{}, []int32{}, []int64{}, []int64{}, []int32{})
 		if err != nil && !errors.As(err, &pe) {
@@ -117,6 +123,7 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		secrets: sec,
 		log:     log,
 		stop:    make(chan struct{}),
+		wake:    make(chan struct{}, 1),
 	}
 	b := opt.Breaker
 	b.FailFor = max(b.FailFor, 2*opt.Timeout)

@@ -53,7 +53,7 @@ func (s *Store) sweepLoop() {
 		<-s.stop
 		cancel()
 	}()
-	for s.wait(s.opts.SweepInterval) {
+	for s.wait(s.opts.SweepInterval, nil) {
 		if !s.breaker.Healthy() {
 			continue
 		}
