@@ -104,16 +104,16 @@ func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGra
 func (s *Store) leaseAt(ctx context.Context, req algo.LeaseRequest, at, pinned int64) (algo.LeaseGrant, int64, error) {
 	l := req.Limit
 	keys, ws := leaseKeys(req.Key, l, at)
-	now := ""
+	now, born := "", ""
 	if pinned >= 0 {
-		now = strconv.FormatInt(pinned, 10)
+		now, born = strconv.FormatInt(pinned, 10), strconv.FormatInt(s.born, 10)
 	}
 	kind := map[algo.Kind]int{algo.FixedWindow: 0, algo.SlidingWindow: 1, algo.TokenBucket: 3}[l.Kind]
 	capa := l.Rate
 	if l.Kind == algo.TokenBucket && l.Burst > 0 {
 		capa = l.Burst
 	}
-	args := []any{now, kind, l.Rate, l.Period.Microseconds(), capa, ws,
+	args := []any{now, born, kind, l.Rate, l.Period.Microseconds(), capa, ws,
 		max(req.Want, 0), max(req.Return, 0), req.ReturnWindow, req.Subscriber, max(req.Demand, 0), max(req.Stale, 0)}
 	v, err := leaseScript.Run(ctx, s.client, keys, args...).Int64Slice()
 	if err != nil {
