@@ -113,8 +113,10 @@ type LeaseRequest struct {
 
 // SubscriberDemand is one subscriber's last reported demand.
 type SubscriberDemand struct {
+	// Subscriber is LeaseRequest.Subscriber of the report.
 	Subscriber int64
-	Demand     int64
+	// Demand is its LeaseRequest.Demand (units per interval).
+	Demand int64
 }
 
 // LeaseGrant is a store's answer to a LeaseRequest.
