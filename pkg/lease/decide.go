@@ -98,7 +98,7 @@ func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, error) {
 			ls.m.decided(0, 1)
 			return d, nil
 		}
-		if e.failErr != nil && !e.renewing && (attempt > 0 || lt-e.lastRenew < e.interval) {
+		if e.failErr != nil && !e.renewing && (attempt > 0 || !e.mayRenew(t, lt)) {
 			err := e.failErr
 			e.mu.Unlock()
 			return algo.Decision{}, err

@@ -143,6 +143,7 @@ type entry struct {
 	lastRenew            int64         // local µs
 	lastUse              int64         // local µs
 	failErr              error         // the last renewal's error; nil after a success
+	failures             int           // renewals failed in a row
 }
 
 // now is the local clock in µs.

@@ -9,12 +9,14 @@ import (
 )
 
 // mayRenew reports whether a renewal may start now: none is in flight,
-// the store has units to give, and after a failure an interval passed.
+// the store has units to give, and after two failures in a row an
+// interval passed (one failure is retried at once: a single slow reply
+// of a loaded store is not an outage).
 func (e *entry) mayRenew(t, lt int64) bool {
 	if e.renewing || t < e.exhaustedUntil {
 		return false
 	}
-	return e.failErr == nil || lt-e.lastRenew >= e.interval
+	return e.failures < 2 || lt-e.lastRenew >= e.interval
 }
 
 // startRenew plans a lease operation and runs it in the background
@@ -46,6 +48,10 @@ func (e *entry) startRenew(t, lt int64) {
 	switch {
 	case share > e.avail:
 		req.Want = share - e.avail
+	case e.avail == 0:
+		// The division left nothing for this instance, from what the
+		// store said last; ask for the floor: the store decides.
+		req.Want = max(1, capacity(e.l)/64)
 	case e.avail > 2*share+1:
 		// Well above the share: give back what is beyond it.
 		req.Return = e.avail - share
@@ -69,11 +75,12 @@ func (e *entry) renew(req algo.LeaseRequest) {
 	defer close(e.renewed)
 	if err != nil {
 		e.failErr = err
+		e.failures++
 		ls.m.renewed("error", 0, 0)
 		ls.logFailure(err)
 		return
 	}
-	e.failErr = nil
+	e.failErr, e.failures = nil, 0
 	ls.offset.Store(g.Now - sent)
 	granted := g.Granted
 	if e.l.Kind != algo.TokenBucket {
@@ -94,7 +101,7 @@ func (e *entry) renew(req algo.LeaseRequest) {
 		e.demands[strconv.FormatInt(d.Subscriber, 10)] = d.Demand
 	}
 	e.exhaustedUntil = 0
-	if g.Granted < req.Want && g.Remaining == 0 {
+	if g.Remaining == 0 && e.avail == 0 {
 		e.exhaustedUntil = g.Now + e.interval
 		if e.l.Kind == algo.FixedWindow {
 			p := e.l.Period.Microseconds()

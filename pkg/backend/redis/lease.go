@@ -68,15 +68,13 @@ func tagged(base string) string {
 // keys taken from the estimate of the server's clock; when the server's
 // window differs (a clock step, the first call) nothing was written and
 // it is sent once more with the server's window. The call is bounded by
-// Options.Timeout. Errors are classified (*Error).
+// ctx only: a lease operation runs in the background of the requests
+// (pkg/lease bounds it, and no request waits for it past its own
+// deadline), so Options.Timeout, the budget of a request's call, does
+// not apply. Errors are classified (*Error).
 func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
 	if !algo.Leasable(req.Limit) {
 		return algo.LeaseGrant{}, newError(CauseOther, false, fmt.Errorf("redis: limit kind %d cannot be leased", req.Limit.Kind))
-	}
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
 	}
 	pinned := s.nowUS()
 	at := pinned
