@@ -21,7 +21,10 @@
 #                    INFO and CONFIG; a script's own commands are counted
 #                    inside it, not apart) / decisions
 #   svc CPU/dec      the 3 services' user+system CPU / decisions, µs
-#   admitted share   OK answers / (limit × measured seconds)
+#   admitted share   OK answers / (limit × the windows the measured run
+#                    overlapped, first and last included: demand far
+#                    above the limit uses a window's limit up in its
+#                    first milliseconds)
 #   max window       leased: the most units any window's counter held
 #                    (sampled every 100 ms: what the store granted, which
 #                    bounds what was admitted), against the limit
@@ -109,21 +112,22 @@ run() { # mode round
   python3 -c 'import time; time.sleep(1 - time.time() % 1 + 0.002)'
   rc config resetstat >/dev/null
   rm -f "$work/stop"; sample >"$work/max" &
-  local sp=$! c0 c1
-  c0=$(cpu)
+  local sp=$! c0 c1 t0 t1
+  c0=$(cpu); t0=$(date +%s.%N)
   load "$key" "$DUR" "$work/r"
-  c1=$(cpu)
+  c1=$(cpu); t1=$(date +%s.%N)
   local n; n=$(cmds)
   touch "$work/stop"; wait $sp
-  python3 - "$mode" "$round" "$((c1 - c0))" "$(getconf CLK_TCK)" "$n" "$(cat "$work/max")" "$LIMIT" "$(cut -d' ' -f1 /proc/loadavg)" "$work"/r{0,1,2}.json >>"$work/runs.jsonl" <<'PY'
-import json, sys
-mode, rnd, ticks, hz, n, mx, limit, load = sys.argv[1:9]
-rs = [json.load(open(p)) for p in sys.argv[9:]]
+  python3 - "$mode" "$round" "$((c1 - c0))" "$(getconf CLK_TCK)" "$n" "$(cat "$work/max")" "$LIMIT" "$(cut -d' ' -f1 /proc/loadavg)" "$t0" "$t1" "$work"/r{0,1,2}.json >>"$work/runs.jsonl" <<'PY'
+import json, math, sys
+mode, rnd, ticks, hz, n, mx, limit, load, t0, t1 = sys.argv[1:11]
+rs = [json.load(open(p)) for p in sys.argv[11:]]
+windows = math.floor(float(t1)) - math.floor(float(t0)) + 1
 d = sum(r["decisions"] for r in rs); ok = sum(r["ok"] for r in rs)
 secs = max(r["seconds"] for r in rs)
 print(json.dumps({"mode": mode, "round": int(rnd), "rate": d / secs, "decisions": d, "ok": ok,
   "errors": sum(r["errors"] for r in rs), "cmds_per_dec": int(n) / max(d, 1),
-  "svc_cpu": int(ticks) / int(hz) * 1e6 / max(d, 1), "share": ok / (int(limit) * round(secs)),
+  "svc_cpu": int(ticks) / int(hz) * 1e6 / max(d, 1), "share": ok / (int(limit) * windows), "windows": windows,
   "max_window": int(mx), "limit": int(limit), "p99": max(r["p99_us"] for r in rs), "load": float(load)}))
 PY
   tail -1 "$work/runs.jsonl" | python3 -c '

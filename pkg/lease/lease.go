@@ -121,11 +121,15 @@ func (ls *Leaser) Subscriber() int64 { return ls.sub }
 
 // entry is one key's lease at this instance.
 type entry struct {
-	ls       *Leaser
-	key      string
-	l        algo.Limit
-	interval int64 // µs
-	alloc    *fairshare.Allocator
+	ls  *Leaser
+	key string
+	// shape is the limit but its rate and burst (fixed for the entry);
+	// rate and burst mirror l's for entryFor, which reads them unlocked.
+	shape       algo.Limit
+	rate, burst atomic.Int64
+	l           algo.Limit // under mu
+	interval    int64      // µs
+	alloc       *fairshare.Allocator
 
 	mu     sync.Mutex
 	ws     int64 // window start (store clock, µs) of avail; 0 for a token bucket
@@ -164,19 +168,38 @@ func (ls *Leaser) entryFor(h *algo.Hit) *entry {
 	ls.mu.RLock()
 	e := ls.entries[h.Key]
 	ls.mu.RUnlock()
-	if e != nil && e.l == h.Limit {
+	if e != nil && e.shape == shapeOf(h.Limit) {
+		if e.rate.Load() != h.Limit.Rate || e.burst.Load() != h.Limit.Burst {
+			// The rate changed (a cell's allowance, a reload): the
+			// lease and its units stay, the store enforces the new
+			// rate, which may have room again.
+			e.mu.Lock()
+			e.l = h.Limit
+			e.exhaustedUntil = 0
+			e.rate.Store(h.Limit.Rate)
+			e.burst.Store(h.Limit.Burst)
+			e.mu.Unlock()
+		}
 		return e
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if e = ls.entries[h.Key]; e != nil && e.l == h.Limit {
+	if e = ls.entries[h.Key]; e != nil && e.shape == shapeOf(h.Limit) {
 		return e
 	}
 	floor := max(1, capacity(h.Limit)/64)
-	e = &entry{ls: ls, key: h.Key, l: h.Limit, interval: ls.interval(h.Limit),
+	e = &entry{ls: ls, key: h.Key, l: h.Limit, shape: shapeOf(h.Limit), interval: ls.interval(h.Limit),
 		alloc: fairshare.New(fairshare.Options{Floor: floor}), since: ls.now(), remaining: -1}
+	e.rate.Store(h.Limit.Rate)
+	e.burst.Store(h.Limit.Burst)
 	ls.entries[h.Key] = e
 	return e
+}
+
+// shapeOf is l without its rate and burst.
+func shapeOf(l algo.Limit) algo.Limit {
+	l.Rate, l.Burst = 0, 0
+	return l
 }
 
 func capacity(l algo.Limit) int64 {

@@ -168,7 +168,7 @@ func (ls *Leaser) loop() {
 // lease); a failure leaves them charged until the window ends.
 func (e *entry) giveBack(ctx context.Context) {
 	e.mu.Lock()
-	n, ws := e.avail, e.ws
+	n, ws, l := e.avail, e.ws, e.l
 	e.avail = 0
 	e.mu.Unlock()
 	if n <= 0 {
@@ -176,7 +176,7 @@ func (e *entry) giveBack(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.ls.opt.Timeout)
 	defer cancel()
-	_, err := e.ls.opt.Store.Lease(ctx, algo.LeaseRequest{Key: e.key, Limit: e.l, Subscriber: e.ls.sub,
+	_, err := e.ls.opt.Store.Lease(ctx, algo.LeaseRequest{Key: e.key, Limit: l, Subscriber: e.ls.sub,
 		Return: n, ReturnWindow: ws, Stale: 4 * e.interval})
 	if err != nil {
 		e.ls.m.renewed("error", 0, 0)
