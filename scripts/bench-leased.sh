@@ -5,7 +5,9 @@
 # concurrency 17+17+16 = 50 in all, all on one descriptor: hot=hot-0
 # (exact) or hotl=hotl-0 (consistency: leased), both 2000/second
 # (scripts/bench/leased/config.yaml), demand far above the limit. The
-# modes alternate, the order flipping every round.
+# modes alternate, the order flipping every round. A third mode, noop,
+# sends the same load to 3 scripts/bench/noop servers (grpc-go answering
+# OK with no work): the floor of service CPU per decision.
 #
 #   scripts/bench-leased.sh [duration=5s] [rounds=3]
 #
@@ -45,6 +47,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 echo "== building ratelimitd and rlload"
 go build -o "$work/ratelimitd" ./cmd/ratelimitd
 go build -o "$work/rlload" ./cmd/rlload
+go build -o "$work/noop" ./scripts/bench/noop
 
 RP=$(free_port)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
@@ -60,15 +63,21 @@ for i in 0 1 2; do
     --debug-addr "127.0.0.1:$(free_port)" --log-level error "${svc_args[@]}" >"$work/svc$i.log" 2>&1 &
   PIDS[i]=$!
 done
+NOOP=(); NGRPC=(); NHTTP=()
 for i in 0 1 2; do
-  ok=
-  for _ in $(seq 100); do curl -fs "http://127.0.0.1:${HTTP[i]}/healthcheck" >/dev/null 2>&1 && { ok=1; break; }; sleep 0.1; done
+  NGRPC[i]=$(free_port); NHTTP[i]=$(free_port)
+  "$work/noop" --grpc-addr "127.0.0.1:${NGRPC[i]}" --http-addr "127.0.0.1:${NHTTP[i]}" >"$work/noop$i.log" 2>&1 &
+  NOOP[i]=$!
+done
+for i in 0 1 2 3 4 5; do
+  ok=; h=${HTTP[i]:-}; [ "$i" -ge 3 ] && h=${NHTTP[i-3]}
+  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$h/healthcheck" >/dev/null 2>&1 && { ok=1; break; }; sleep 0.1; done
   [ -n "$ok" ] || { echo "instance $i did not become healthy"; cat "$work/svc$i.log"; exit 1; }
 done
 # A window that began before Redis started grants no lease (docs/leases.md).
 sleep 1.2
 
-cpu() { local s=0; for p in "${PIDS[@]}"; do s=$((s + $(awk '{ printf "%d", $14 + $15 }' "/proc/$p/stat"))); done; echo $s; }
+cpu() { local s=0; for p in "$@"; do s=$((s + $(awk '{ printf "%d", $14 + $15 }' "/proc/$p/stat"))); done; echo $s; }
 # cmds prints the commands the services sent: INFO commandstats also
 # counts the commands a script calls; when scripts ran, only the scripts
 # and the connection's own commands (PING, HELLO, SELECT, CLIENT, SCRIPT)
@@ -81,11 +90,12 @@ cmds() { rc info commandstats | tr -d '\r' | awk -F'[:,=]' '
     if (n ~ /^(evalsha|eval|evalsha_ro|eval_ro|fcall|fcall_ro|ping|hello|select)$/ || n ~ /^(script|client)\|/) top += $3 }
   END { print (scripts ? top : all) + 0 }'; }
 load() { # key duration [json-prefix]: the 3 clients, until they end
-  local pids=() conc out
+  local pids=() conc out addr
   for i in 0 1 2; do
     conc=17; [ "$i" = 2 ] && conc=16
     out=/dev/null; [ -n "${3:-}" ] && out="$3$i.json"
-    "$work/rlload" --client h2 --addr "127.0.0.1:${GRPC[i]}" --concurrency $conc --keys 1 --key "$1" \
+    addr=${GRPC[i]}; [ "$1" = noop ] && addr=${NGRPC[i]}
+    "$work/rlload" --client h2 --addr "127.0.0.1:$addr" --concurrency $conc --keys 1 --key "$1" \
       --warmup 0 --duration "$2" --json >"$out" &
     pids+=($!)
   done
@@ -105,17 +115,18 @@ sample() {
 }
 
 run() { # mode round
-  local mode=$1 round=$2 key=hot
+  local mode=$1 round=$2 key=hot pids=("${PIDS[@]}")
   [ "$mode" = leased ] && key=hotl
+  [ "$mode" = noop ] && { key=noop; pids=("${NOOP[@]}"); }
   load "$key" 1s ""
   # start on a whole second: the measured seconds are whole windows
   python3 -c 'import time; time.sleep(1 - time.time() % 1 + 0.002)'
   rc config resetstat >/dev/null
   rm -f "$work/stop"; sample >"$work/max" &
   local sp=$! c0 c1 t0 t1
-  c0=$(cpu); t0=$(date +%s.%N)
+  c0=$(cpu "${pids[@]}"); t0=$(date +%s.%N)
   load "$key" "$DUR" "$work/r"
-  c1=$(cpu); t1=$(date +%s.%N)
+  c1=$(cpu "${pids[@]}"); t1=$(date +%s.%N)
   local n; n=$(cmds)
   touch "$work/stop"; wait $sp
   python3 - "$mode" "$round" "$((c1 - c0))" "$(getconf CLK_TCK)" "$n" "$(cat "$work/max")" "$LIMIT" "$(cut -d' ' -f1 /proc/loadavg)" "$t0" "$t1" "$work"/r{0,1,2}.json >>"$work/runs.jsonl" <<'PY'
@@ -134,23 +145,24 @@ PY
 import json, sys
 r = json.loads(sys.stdin.read())
 mw = "%d" % r["max_window"] if r["mode"] == "leased" else "-"
-print("  %-6s round %d: %8.0f decisions/s, %.4f cmds/decision, svc CPU %5.1f µs/decision, admitted %.3f of the limit, max window %s of %d, p99 %6.0f µs, errors %d, load %.1f" % (
-  r["mode"], r["round"], r["rate"], r["cmds_per_dec"], r["svc_cpu"], r["share"], mw, r["limit"], r["p99"], r["errors"], r["load"]))'
+sh = "%.3f" % r["share"] if r["mode"] != "noop" else "-"
+print("  %-6s round %d: %8.0f decisions/s, %.4f cmds/decision, svc CPU %5.1f µs/decision, admitted %s of the limit, max window %s of %d, p99 %6.0f µs, errors %d, load %.1f" % (
+  r["mode"], r["round"], r["rate"], r["cmds_per_dec"], r["svc_cpu"], sh, mw, r["limit"], r["p99"], r["errors"], r["load"]))'
 }
 
 echo "== machine: $(nproc) cores, redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2), $(go version | cut -d' ' -f3); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== $ROUNDS rounds × (exact, leased), $DUR each, 3 instances, c=50, limit $LIMIT/s"
 for round in $(seq "$ROUNDS"); do
-  if [ $((round % 2)) = 0 ]; then run leased "$round"; run exact "$round"; else run exact "$round"; run leased "$round"; fi
+  if [ $((round % 2)) = 0 ]; then run noop "$round"; run leased "$round"; run exact "$round"; else run exact "$round"; run leased "$round"; run noop "$round"; fi
 done
 echo "== load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$work/runs.jsonl" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
-by = {m: [r for r in runs if r["mode"] == m] for m in ("exact", "leased")}
+by = {m: [r for r in runs if r["mode"] == m] for m in ("exact", "leased", "noop")}
 med = lambda m, k: statistics.median(r[k] for r in by[m])
 print("== medians over the rounds")
-for m in by:
+for m in ("exact", "leased", "noop"):
     print("  %-6s %8.0f decisions/s, %.4f cmds/decision, svc CPU %5.1f µs/decision, admitted %.3f of the limit" % (
         m, med(m, "rate"), med(m, "cmds_per_dec"), med(m, "svc_cpu"), med(m, "share")))
 t = [("store commands per decision <= 0.01", med("leased", "cmds_per_dec") <= 0.01),
@@ -158,6 +170,9 @@ t = [("store commands per decision <= 0.01", med("leased", "cmds_per_dec") <= 0.
      ("throughput >= 1.5 x exact", med("leased", "rate") >= 1.5 * med("exact", "rate")),
      ("no window over the limit", all(r["max_window"] <= r["limit"] for r in by["leased"])),
      (">= 95 % of the limit admitted", min(r["share"] for r in by["leased"]) >= 0.95)]
+print("  leased CPU / exact %.2f, leased CPU / noop floor %.2f, noop floor / exact %.2f" % (
+    med("leased", "svc_cpu") / med("exact", "svc_cpu"), med("leased", "svc_cpu") / med("noop", "svc_cpu"),
+    med("noop", "svc_cpu") / med("exact", "svc_cpu")))
 print("== targets (leased)")
 for name, ok in t:
     print("  %-4s %s" % ("PASS" if ok else "MISS", name))
