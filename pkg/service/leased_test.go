@@ -162,4 +162,3 @@ func equalCodes(a, b []rlsv3.RateLimitResponse_Code) bool {
 	}
 	return true
 }
-
