@@ -44,9 +44,10 @@ type CellOptions struct {
 	ID int64
 	// Store is the cell's own store, which its instances lease from.
 	Store Store
-	// Key and Limit are the limit the cells share: Limit.Rate per window
-	// across all cells (fixed_window).
-	Key   string
+	// Key is the shared limit's key in every cell's store.
+	Key string
+	// Limit is the limit the cells share: Limit.Rate per window across
+	// all cells (fixed_window).
 	Limit algo.Limit
 	// Headroom is the share of the limit the cells keep back, in [0, 1):
 	// it absorbs what the cells admit before their reports arrive.
