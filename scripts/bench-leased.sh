@@ -2,12 +2,15 @@
 # Measures consistency: leased against exact on a hot key, in one run: one
 # redis-server, 3 ratelimitd instances on it (defaults but for the
 # addresses), 3 load clients (cmd/rlload --client h2), one per instance,
-# concurrency 17+17+16 = 50 in all, all on one descriptor: hot=hot-0
-# (exact) or hotl=hotl-0 (consistency: leased), both 2000/second
-# (scripts/bench/leased/config.yaml), demand far above the limit. The
-# modes alternate, the order flipping every round. A third mode, noop,
-# sends the same load to 3 scripts/bench/noop servers (grpc-go answering
-# OK with no work): the floor of service CPU per decision.
+# concurrency 17+17+16 = 50 in all, all on one descriptor
+# (scripts/bench/leased/config.yaml). Scenarios:
+#   over   hot=hot-0 (exact) or hotl=hotl-0 (leased), both 2000/second:
+#          demand far above the limit
+#   under  hotu=hotu-0 (exact) or hotlu=hotlu-0 (leased), both
+#          10,000,000/second: every request admitted
+# The modes alternate, the order flipping every round. A third mode,
+# noop, sends the same load to 3 scripts/bench/noop servers (grpc-go
+# answering OK with no work): the floor of service CPU per decision.
 #
 #   scripts/bench-leased.sh [duration=5s] [rounds=3]
 #
@@ -114,10 +117,12 @@ sample() {
   echo "$max"
 }
 
-run() { # mode round
-  local mode=$1 round=$2 key=hot pids=("${PIDS[@]}")
+run() { # mode round scenario
+  local mode=$1 round=$2 sc=$3 key=hot pids=("${PIDS[@]}")
   [ "$mode" = leased ] && key=hotl
+  [ "$sc" = under ] && key=${key}u
   [ "$mode" = noop ] && { key=noop; pids=("${NOOP[@]}"); }
+  local lim=$LIMIT; [ "$sc" = under ] && lim=10000000
   load "$key" 1s ""
   # start on a whole second: the measured seconds are whole windows
   python3 -c 'import time; time.sleep(1 - time.time() % 1 + 0.002)'
@@ -129,7 +134,7 @@ run() { # mode round
   c1=$(cpu "${pids[@]}"); t1=$(date +%s.%N)
   local n; n=$(cmds)
   touch "$work/stop"; wait $sp
-  python3 - "$mode" "$round" "$((c1 - c0))" "$(getconf CLK_TCK)" "$n" "$(cat "$work/max")" "$LIMIT" "$(cut -d' ' -f1 /proc/loadavg)" "$t0" "$t1" "$work"/r{0,1,2}.json >>"$work/runs.jsonl" <<'PY'
+  python3 - "$mode:$sc" "$round" "$((c1 - c0))" "$(getconf CLK_TCK)" "$n" "$(cat "$work/max")" "$lim" "$(cut -d' ' -f1 /proc/loadavg)" "$t0" "$t1" "$work"/r{0,1,2}.json >>"$work/runs.jsonl" <<'PY'
 import json, math, sys
 mode, rnd, ticks, hz, n, mx, limit, load, t0, t1 = sys.argv[1:11]
 rs = [json.load(open(p)) for p in sys.argv[11:]]
@@ -151,29 +156,38 @@ print("  %-6s round %d: %8.0f decisions/s, %.4f cmds/decision, svc CPU %5.1f µs
 }
 
 echo "== machine: $(nproc) cores, redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2), $(go version | cut -d' ' -f3); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "== $ROUNDS rounds × (exact, leased), $DUR each, 3 instances, c=50, limit $LIMIT/s"
+echo "== $ROUNDS rounds × (exact, leased) × (over: $LIMIT/s, under: 10,000,000/s) + noop, $DUR each, 3 instances, c=50"
 for round in $(seq "$ROUNDS"); do
-  if [ $((round % 2)) = 0 ]; then run noop "$round"; run leased "$round"; run exact "$round"; else run exact "$round"; run leased "$round"; run noop "$round"; fi
+  for sc in over under; do
+    if [ $((round % 2)) = 0 ]; then run leased "$round" $sc; run exact "$round" $sc; else run exact "$round" $sc; run leased "$round" $sc; fi
+  done
+  run noop "$round" under
 done
 echo "== load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$work/runs.jsonl" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
-by = {m: [r for r in runs if r["mode"] == m] for m in ("exact", "leased", "noop")}
+modes = ("exact:over", "leased:over", "exact:under", "leased:under", "noop:under")
+by = {m: [r for r in runs if r["mode"] == m] for m in modes}
 med = lambda m, k: statistics.median(r[k] for r in by[m])
 print("== medians over the rounds")
-for m in ("exact", "leased", "noop"):
-    print("  %-6s %8.0f decisions/s, %.4f cmds/decision, svc CPU %5.1f µs/decision, admitted %.3f of the limit" % (
-        m, med(m, "rate"), med(m, "cmds_per_dec"), med(m, "svc_cpu"), med(m, "share")))
-t = [("store commands per decision <= 0.01", med("leased", "cmds_per_dec") <= 0.01),
-     ("service CPU per decision <= 0.5 x exact", med("leased", "svc_cpu") <= 0.5 * med("exact", "svc_cpu")),
-     ("throughput >= 1.5 x exact", med("leased", "rate") >= 1.5 * med("exact", "rate")),
-     ("no window over the limit", all(r["max_window"] <= r["limit"] for r in by["leased"])),
-     (">= 95 % of the limit admitted", min(r["share"] for r in by["leased"]) >= 0.95)]
-print("  leased CPU / exact %.2f, leased CPU / noop floor %.2f, noop floor / exact %.2f" % (
-    med("leased", "svc_cpu") / med("exact", "svc_cpu"), med("leased", "svc_cpu") / med("noop", "svc_cpu"),
-    med("noop", "svc_cpu") / med("exact", "svc_cpu")))
-print("== targets (leased)")
-for name, ok in t:
-    print("  %-4s %s" % ("PASS" if ok else "MISS", name))
+for m in modes:
+    sh = "%.3f" % med(m, "share") if not m.startswith("noop") else "-"
+    print("  %-13s %8.0f decisions/s, %.4f cmds/decision, svc CPU %5.1f µs/decision, admitted %s of the limit" % (
+        m, med(m, "rate"), med(m, "cmds_per_dec"), med(m, "svc_cpu"), sh))
+for sc in ("over", "under"):
+    print("  %s: leased/exact throughput %.2f, CPU %.2f; noop floor / exact CPU %.2f" % (sc,
+        med("leased:" + sc, "rate") / med("exact:" + sc, "rate"), med("leased:" + sc, "svc_cpu") / med("exact:" + sc, "svc_cpu"),
+        med("noop:under", "svc_cpu") / med("exact:" + sc, "svc_cpu")))
+for sc in ("over", "under"):
+    L, E = "leased:" + sc, "exact:" + sc
+    t = [("store commands per decision <= 0.01", med(L, "cmds_per_dec") <= 0.01),
+         ("service CPU per decision <= 0.5 x exact", med(L, "svc_cpu") <= 0.5 * med(E, "svc_cpu")),
+         ("throughput >= 1.5 x exact", med(L, "rate") >= 1.5 * med(E, "rate")),
+         ("no window over the limit", all(r["max_window"] <= r["limit"] for r in by[L]))]
+    if sc == "over":
+        t.append((">= 95 % of the limit admitted", min(r["share"] for r in by[L]) >= 0.95))
+    print("== targets (leased, %s)" % sc)
+    for name, ok in t:
+        print("  %-4s %s" % ("PASS" if ok else "MISS", name))
 PY
