@@ -2,6 +2,9 @@ package lease
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -116,6 +119,13 @@ func (e *entry) renew(req algo.LeaseRequest) {
 		result = "short"
 	}
 	ls.m.renewed(result, g.Granted, req.Return)
+	if ls.log.Enabled(context.Background(), slog.LevelDebug) {
+		// The key may hold request values: it is logged hashed.
+		sum := sha256.Sum256([]byte(e.key))
+		ls.log.Debug("lease: renewed", "key_hash", hex.EncodeToString(sum[:8]), "result", result,
+			"asked", req.Want, "granted", g.Granted, "returned", req.Return, "held", e.avail,
+			"remaining", g.Remaining, "demand", req.Demand, "subscribers", len(g.Demands))
+	}
 }
 
 // logFailure logs a failed lease operation, at most once a second.
