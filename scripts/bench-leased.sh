@@ -149,8 +149,8 @@ PY
   tail -1 "$work/runs.jsonl" | python3 -c '
 import json, sys
 r = json.loads(sys.stdin.read())
-mw = "%d" % r["max_window"] if r["mode"] == "leased" else "-"
-sh = "%.3f" % r["share"] if r["mode"] != "noop" else "-"
+mw = "%d" % r["max_window"] if r["mode"].startswith("leased") else "-"
+sh = "%.3f" % r["share"] if r["mode"].endswith("over") else "-"
 print("  %-6s round %d: %8.0f decisions/s, %.4f cmds/decision, svc CPU %5.1f µs/decision, admitted %s of the limit, max window %s of %d, p99 %6.0f µs, errors %d, load %.1f" % (
   r["mode"], r["round"], r["rate"], r["cmds_per_dec"], r["svc_cpu"], sh, mw, r["limit"], r["p99"], r["errors"], r["load"]))'
 }
@@ -172,7 +172,7 @@ by = {m: [r for r in runs if r["mode"] == m] for m in modes}
 med = lambda m, k: statistics.median(r[k] for r in by[m])
 print("== medians over the rounds")
 for m in modes:
-    sh = "%.3f" % med(m, "share") if not m.startswith("noop") else "-"
+    sh = "%.3f" % med(m, "share") if m.endswith("over") else "-"
     print("  %-13s %8.0f decisions/s, %.4f cmds/decision, svc CPU %5.1f µs/decision, admitted %s of the limit" % (
         m, med(m, "rate"), med(m, "cmds_per_dec"), med(m, "svc_cpu"), sh))
 for sc in ("over", "under"):

@@ -68,9 +68,10 @@ const probeSubscriber = 1 << 52
 // and sets its allowance to what it used plus its max-min fair share
 // (pkg/fairshare, cells as subscribers) of what is free of the limit
 // less the headroom: less what it used, and less every other cell's
-// allowance (or use, if larger) by the latest reports. A cell thus only
-// ever takes a share of room no other cell had claimed when it last
-// reported; the reports' lag, during which two cells may claim the same
+// allowance (or use, if larger) plus two intervals of its demand, by the
+// latest reports. A cell thus only takes a share of room no other cell
+// had claimed when it last reported, nor is about to claim at its next
+// Step; the reports' lag, during which two cells may still claim the same
 // room, is what the headroom covers.
 type Cell struct {
 	opt   CellOptions
@@ -143,7 +144,11 @@ func (c *Cell) Step(ctx context.Context) error {
 			continue
 		}
 		if r.Window == ws {
-			total += max(r.Used, r.Allowance)
+			// Since its report the cell may have claimed more: about
+			// its demand over the report's lag and its next interval.
+			// Count two intervals of it as claimed, so that two
+			// cells rarely claim the same room.
+			total += max(r.Used, r.Allowance) + 2*r.Demand
 		} else {
 			// No report of this window yet: the cell uses the even
 			// split (Limit).

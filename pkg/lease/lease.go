@@ -148,6 +148,7 @@ type entry struct {
 	lastUse              int64         // local µs
 	failErr              error         // the last renewal's error; nil after a success
 	failures             int           // renewals failed in a row
+	renewWS              int64         // the window of the last renewal
 }
 
 // now is the local clock in µs.

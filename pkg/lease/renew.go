@@ -31,6 +31,7 @@ func (e *entry) mayRenew(t, lt int64) bool {
 func (e *entry) startRenew(t, lt int64) {
 	ls := e.ls
 	e.renewing = true
+	e.renewWS = e.ws
 	e.renewed = make(chan struct{})
 	demand := max(e.demand, e.asked)
 	me := strconv.FormatInt(ls.sub, 10)
@@ -162,8 +163,12 @@ func (ls *Leaser) loop() {
 				delete(ls.entries, k)
 				idle = append(idle, e)
 			case lt-e.lastRenew >= e.interval && e.mayRenew(t, lt):
-				e.roll(t, lt)
-				e.startRenew(t, lt)
+				// The first lease of a window is a hit's: it carries
+				// the limit in force (a cell's allowance may differ
+				// from the last window's).
+				if e.roll(t, lt); e.renewWS == e.ws {
+					e.startRenew(t, lt)
+				}
 			}
 			e.mu.Unlock()
 		}
