@@ -14,11 +14,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// leaser is what the lease tests need of a store.
-type leaser interface {
-	Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error)
-}
-
 var leaseLimits = []algo.Limit{
 	{Kind: algo.FixedWindow, Rate: 50, Period: time.Second},
 	{Kind: algo.SlidingWindow, Rate: 50, Period: time.Second},
