@@ -127,7 +127,7 @@ func TestCellsWithinHeadroom(t *testing.T) {
 					}
 					cs[i].Asked(1)
 					tb := time.Now()
-					d, failed, _ := insts[i].Take(ctx, []algo.Hit{{Key: "global", Limit: cs[i].Limit(), Cost: 1}})
+					d, failed, _, _ := insts[i].Take(ctx, []algo.Hit{{Key: "global", Limit: cs[i].Limit(), Cost: 1}})
 					ta := time.Now()
 					if len(failed) == 0 && d[0].Allowed {
 						ty.add(tb, ta, d[0])

@@ -16,24 +16,28 @@ import (
 // one that is not Soft is denied, the units the others took go back to
 // the lease. A release (Hit.Release) puts its units back into the lease.
 //
-// failed lists the hits that could not be decided: their lease is used up
-// and its last renewal failed (err is that error), or ctx ended while
-// they waited (err is ctx's error). The caller applies their failure
-// mode.
-func (ls *Leaser) Take(ctx context.Context, hits []algo.Hit) (out []algo.Decision, failed []int, err error) {
+// undo gives back what the allowed hits took (for a request another
+// limit denied), into the windows they took it from. failed lists the
+// hits that could not be decided: their lease is used up and its last
+// renewal failed (err is that error), or ctx ended while they waited
+// (err is ctx's error). The caller applies their failure mode.
+func (ls *Leaser) Take(ctx context.Context, hits []algo.Hit) (out []algo.Decision, failed []int, undo func(), err error) {
 	out = make([]algo.Decision, len(hits))
-	var taken []int
-	var entries []*entry
+	type took struct {
+		e     *entry
+		i     int
+		n, ws int64
+	}
+	var taken []took
 	denied := false
 	for i := range hits {
 		h := &hits[i]
 		e := ls.entryFor(h)
-		entries = append(entries, e)
 		if h.Release {
-			out[i] = e.give(algo.ClampCost(h.Cost))
+			out[i] = e.give(algo.ClampCost(h.Cost), -1)
 			continue
 		}
-		d, ferr := e.take(ctx, algo.ClampCost(h.Cost))
+		d, ws, ferr := e.take(ctx, algo.ClampCost(h.Cost))
 		if ferr != nil {
 			failed = append(failed, i)
 			err = ferr
@@ -41,36 +45,31 @@ func (ls *Leaser) Take(ctx context.Context, hits []algo.Hit) (out []algo.Decisio
 		}
 		out[i] = d
 		if d.Allowed && h.Cost > 0 {
-			taken = append(taken, i)
+			taken = append(taken, took{e, i, algo.ClampCost(h.Cost), ws})
 		}
 		if !d.Allowed && !h.Soft {
 			denied = true
 		}
 	}
 	if denied {
-		for _, i := range taken {
-			d := entries[i].give(algo.ClampCost(hits[i].Cost))
-			d.Remaining = out[i].Remaining
-			out[i] = d
+		for _, tk := range taken {
+			d := tk.e.give(tk.n, tk.ws)
+			d.Remaining = out[tk.i].Remaining
+			out[tk.i] = d
+		}
+		taken = nil
+	}
+	undo = func() {
+		for _, tk := range taken {
+			tk.e.give(tk.n, tk.ws)
 		}
 	}
-	return out, failed, err
+	return out, failed, undo, err
 }
 
-// Undo gives back the units of the hits decs allowed (a request that a
-// limit decided elsewhere denied): releases are not undone.
-func (ls *Leaser) Undo(hits []algo.Hit, decs []algo.Decision) {
-	for i := range hits {
-		h := &hits[i]
-		if h.Release || h.Cost <= 0 || !decs[i].Allowed {
-			continue
-		}
-		ls.entryFor(h).give(algo.ClampCost(h.Cost))
-	}
-}
-
-// take decides one hit of cost units (0: a check) from the lease.
-func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, error) {
+// take decides one hit of cost units (0: a check) from the lease, and
+// returns the window its units came from.
+func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, int64, error) {
 	ls := e.ls
 	need := max(cost, 1)
 	for attempt := 0; ; attempt++ {
@@ -88,26 +87,27 @@ func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, error) {
 			if e.avail < (e.target+1)/2 && e.mayRenew(t, lt) {
 				e.startRenew(t, lt)
 			}
+			ws := e.ws
 			e.mu.Unlock()
 			ls.m.decided(1, 0)
-			return d, nil
+			return d, ws, nil
 		}
 		if t < e.exhaustedUntil {
 			d := e.decision(false, t)
 			e.mu.Unlock()
 			ls.m.decided(0, 1)
-			return d, nil
+			return d, 0, nil
 		}
 		if e.failErr != nil && !e.renewing && (attempt > 0 || !e.mayRenew(t, lt)) {
 			err := e.failErr
 			e.mu.Unlock()
-			return algo.Decision{}, err
+			return algo.Decision{}, 0, err
 		}
 		if attempt >= 2 {
 			d := e.decision(false, t)
 			e.mu.Unlock()
 			ls.m.decided(0, 1)
-			return d, nil
+			return d, 0, nil
 		}
 		if !e.renewing {
 			e.startRenew(t, lt)
@@ -117,20 +117,23 @@ func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, error) {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return algo.Decision{}, ctx.Err()
+			return algo.Decision{}, 0, ctx.Err()
 		}
 	}
 }
 
-// give puts n units back into the lease (same window) and returns the
-// decision of a check.
-func (e *entry) give(n int64) algo.Decision {
+// give puts n units taken in the window ws back into the lease, unless
+// that window has ended (a token bucket's units always count; ws -1: the
+// current window, a refund), and returns the decision of a check.
+func (e *entry) give(n, ws int64) algo.Decision {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	lt := e.ls.now()
 	t := lt + e.ls.offset.Load()
 	e.roll(t, lt)
-	e.avail += n
+	if ws < 0 || e.l.Kind == algo.TokenBucket || ws == e.ws {
+		e.avail += n
+	}
 	return e.decision(true, t)
 }
 

@@ -79,8 +79,13 @@ type Leaser struct {
 	done    chan struct{}
 	closed  atomic.Bool
 	// offset estimates the store's clock less the local one (µs), from
-	// above: the store's now less the local time the operation was sent.
-	offset atomic.Int64
+	// above: each operation's store now less the local time it was sent
+	// is at least the true offset (the store acts after the send); the
+	// estimate follows the smallest of them at once and larger ones
+	// slowly (clock drift), so a slow reply hardly moves it.
+	offset     atomic.Int64
+	offsetMu   sync.Mutex
+	offsetSeen bool
 	// lastErrLog limits store failure logs to one per second.
 	lastErrLog atomic.Int64
 }

@@ -87,7 +87,7 @@ func hammer(ctx context.Context, insts []*Leaser, hit algo.Hit, workers int, ty 
 						time.Sleep(time.Duration(d))
 					}
 					tb := time.Now()
-					d, failed, _ := ls.Take(ctx, hits)
+					d, failed, _, _ := ls.Take(ctx, hits)
 					ta := time.Now()
 					if len(failed) == 0 && d[0].Allowed {
 						ty.add(tb, ta, d[0])

@@ -85,7 +85,7 @@ func (e *entry) renew(req algo.LeaseRequest) {
 		return
 	}
 	e.failErr, e.failures = nil, 0
-	ls.offset.Store(g.Now - sent)
+	ls.observeOffset(g.Now - sent)
 	granted := g.Granted
 	if e.l.Kind != algo.TokenBucket {
 		p := e.l.Period.Microseconds()
@@ -126,6 +126,21 @@ func (e *entry) renew(req algo.LeaseRequest) {
 		ls.log.Debug("lease: renewed", "key_hash", hex.EncodeToString(sum[:8]), "result", result,
 			"asked", req.Want, "granted", g.Granted, "returned", req.Return, "held", e.avail,
 			"remaining", g.Remaining, "demand", req.Demand, "subscribers", len(g.Demands))
+	}
+}
+
+// observeOffset updates the clock offset estimate with a sample (see
+// Leaser.offset).
+func (ls *Leaser) observeOffset(s int64) {
+	ls.offsetMu.Lock()
+	defer ls.offsetMu.Unlock()
+	cur := ls.offset.Load()
+	switch {
+	case !ls.offsetSeen || s <= cur:
+		ls.offsetSeen = true
+		ls.offset.Store(s)
+	default:
+		ls.offset.Store(cur + (s-cur)/64)
 	}
 }
 

@@ -46,11 +46,11 @@ func (s *Service) takeLeased(ctx context.Context, hits []algo.Hit, specs []*poli
 		}
 	}
 	lh, ls := sub(li)
-	ld, failed, err := s.opts.Leases.Take(ctx, lh)
+	ld, failed, undo, err := s.opts.Leases.Take(ctx, lh)
 	lo := make([]outcome, len(li))
 	if len(failed) > 0 {
 		if errors.Is(ctx.Err(), context.Canceled) {
-			s.opts.Leases.Undo(lh, ld)
+			undo()
 			s.m.backendErrors.WithLabelValues(causeCanceled).Inc()
 			return false, true
 		}
@@ -66,7 +66,7 @@ func (s *Service) takeLeased(ctx context.Context, hits []algo.Hit, specs []*poli
 		leaseDenied = leaseDenied || (!ld[j].Allowed && !lh[j].Soft)
 	}
 	if storeDenied {
-		s.opts.Leases.Undo(lh, ld)
+		undo()
 	}
 	for j, i := range li {
 		decs[i], outs[i] = ld[j], lo[j]

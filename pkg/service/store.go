@@ -75,12 +75,11 @@ type Store interface {
 // the instance leased from the store in advance (pkg/lease.Leaser).
 type Leaser interface {
 	// Take decides hits, all of leased limits; the hits of one request
-	// are all-or-nothing. failed lists the hits it could not decide (no
-	// units left and the store failing, or ctx ended), err says why.
-	Take(ctx context.Context, hits []algo.Hit) (decs []algo.Decision, failed []int, err error)
-	// Undo gives back the units of the hits decs allowed, for a
-	// request another limit denied.
-	Undo(hits []algo.Hit, decs []algo.Decision)
+	// are all-or-nothing. undo gives back what the allowed hits took,
+	// for a request another limit denied. failed lists the hits it
+	// could not decide (no units left and the store failing, or ctx
+	// ended), err says why.
+	Take(ctx context.Context, hits []algo.Hit) (decs []algo.Decision, failed []int, undo func(), err error)
 }
 
 // Causer is implemented by backend errors that know a bounded cause label
