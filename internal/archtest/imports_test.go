@@ -31,6 +31,8 @@ const mod = "github.com/ratelimitd/ratelimitd/"
 var mayImport = map[string][]string{
 	"pkg/algo":                          {}, // and the standard library only: TestAlgoStdlibOnly
 	"pkg/algo/algotest":                 {"pkg/algo"},
+	"pkg/fairshare":                     {}, // and the standard library only: TestFairshareStdlibOnly
+	"pkg/lease":                         {"pkg/algo", "pkg/fairshare"},
 	"pkg/policy":                        {"pkg/algo"},
 	"pkg/policy/xds":                    {"pkg/algo", "pkg/policy"},
 	"pkg/policy/xds/xdstest":            {},
@@ -54,7 +56,7 @@ var mayImport = map[string][]string{
 		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay",
 		"pkg/backend/memory", "pkg/backend/redis", "pkg/backend/memcache", "pkg/backend/overlimit",
 		"pkg/backend/postgres",
-		"pkg/telemetry", "pkg/telemetry/statsd",
+		"pkg/telemetry", "pkg/telemetry/statsd", "pkg/lease",
 	},
 	"cmd/rlload":           {},
 	"examples/client":      {},
@@ -174,6 +176,14 @@ func TestAlgoStdlibOnly(t *testing.T) {
 	for _, d := range deps(t, "pkg/algo") {
 		if d != mod+"pkg/algo" {
 			t.Errorf("pkg/algo must import the standard library only, imports %s", d)
+		}
+	}
+}
+
+func TestFairshareStdlibOnly(t *testing.T) {
+	for _, d := range deps(t, "pkg/fairshare") {
+		if d != mod+"pkg/fairshare" {
+			t.Errorf("pkg/fairshare must import the standard library only, imports %s", d)
 		}
 	}
 }

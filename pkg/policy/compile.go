@@ -256,6 +256,7 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 			Calendar:        l.calendar,
 			FailureMode:     l.failure,
 			Store:           l.store,
+			Consistency:     l.consistency,
 		}
 		if l.algorithm == algo.FixedWindow || l.algorithm == algo.SlidingWindow {
 			sp.EarlyWarning = l.earlyWarning

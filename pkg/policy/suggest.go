@@ -40,7 +40,7 @@ var (
 	descKeys     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "override", "counting", "ipv6_prefix", "cgnat", "reserve"}
 	cgnatKeys    = []string{"multiplier", "ranges"}
 	reserveKeys  = []string{"entry", "value", "share", "saturated_share"}
-	limitKeys    = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "failure_mode", "calendar", "early_warning", "store"}
+	limitKeys    = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "failure_mode", "calendar", "early_warning", "store", "consistency"}
 	plansKeys    = []string{"plan_key", "credential_key", "route_key", "tiers", "routes", "exempt", "anonymous"}
 	replacesKeys = []string{"name"}
 	routeKeys    = []string{"rate_limit", "tiers"}

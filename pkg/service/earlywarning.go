@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
 // observeEarlyWarnings counts in ratelimitd_early_warning_total the keys
@@ -31,6 +32,11 @@ func (s *Service) observeEarlyWarnings(domain string, ds []descState, hits []alg
 		for _, a := range st.applied {
 			ew := a.spec.EarlyWarning
 			if ew.Used <= 0 || (outs[a.hit] != byStore && outs[a.hit] != byFallback) {
+				continue
+			}
+			if a.spec.Consistency == policy.Leased && s.opts.Leases != nil {
+				// The decision holds the instance's units, not what
+				// the key used: nothing to read the crossing from.
 				continue
 			}
 			d := decs[a.hit]

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -11,10 +12,19 @@ import (
 )
 
 // takeAll decides hits (specs[i] the limit of hits[i]), filling decs and
-// outs: with one call of the primary Store (takeOn), or, when some limits
-// are on the durable store, with one call of each (takeMixed). See takeOn
-// for undecided and gone.
+// outs: the leased limits from the instance's leases (takeLeased), the
+// others in their stores (takeStore). See takeOn for undecided and gone.
 func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
+	if s.opts.Leases != nil && slices.ContainsFunc(specs, func(sp *policy.Spec) bool { return sp.Consistency == policy.Leased }) {
+		return s.takeLeased(ctx, hits, specs, decs, outs)
+	}
+	return s.takeStore(ctx, hits, specs, decs, outs)
+}
+
+// takeStore decides hits in their stores: with one call of the primary
+// Store (takeOn), or, when some limits are on the durable store, with one
+// call of each (takeMixed).
+func (s *Service) takeStore(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
 	for _, sp := range specs {
 		if sp.Store == policy.StoreDurable {
 			return s.takeMixed(ctx, hits, specs, decs, outs)

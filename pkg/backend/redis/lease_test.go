@@ -1,0 +1,164 @@
+package redis_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+)
+
+var leaseLimits = []algo.Limit{
+	{Kind: algo.FixedWindow, Rate: 50, Period: time.Second},
+	{Kind: algo.SlidingWindow, Rate: 50, Period: time.Second},
+	{Kind: algo.TokenBucket, Rate: 50, Period: time.Second, Burst: 20},
+	{Kind: algo.TokenBucket, Rate: 7, Period: 3 * time.Second},
+}
+
+// leaseAgrees drives the same random lease operations (several
+// subscribers, returns, demands, time passing across windows) through
+// the Redis store and the memory store, whose Lease is algo.Lease under a
+// lock, on one pinned clock, and fails on the first different grant.
+func leaseAgrees(t *testing.T, s *redis.Store, clk *pinnedClock, key string) {
+	ctx := context.Background()
+	for _, l := range leaseLimits {
+		t.Run(kindName(l), func(t *testing.T) {
+			clk.Set(epoch0)
+			ref, err := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(uint64(l.Kind), uint64(l.Rate)))
+			k := key + ":" + kindName(l) + ":" + l.Period.String()
+			held := map[int64]int64{} // per subscriber, in the window heldWS
+			heldWS := int64(0)
+			for i := range 400 {
+				clk.Advance(time.Duration(rng.Int64N(int64(l.Period/8))) + time.Microsecond)
+				sub := 1 + rng.Int64N(3)
+				ws, _ := algo.WindowBoundsUs(l, clk.Now().UnixMicro())
+				if ws != heldWS && l.Kind != algo.TokenBucket {
+					clear(held)
+					heldWS = ws
+				}
+				req := algo.LeaseRequest{
+					Key: k, Limit: l, Subscriber: sub, Demand: rng.Int64N(40),
+					Want: rng.Int64N(30), Stale: l.Period.Microseconds() / 2,
+				}
+				if h := held[sub]; h > 0 && rng.IntN(3) == 0 {
+					req.Return, req.ReturnWindow = 1+rng.Int64N(h), ws
+				}
+				want, err := ref.Lease(ctx, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := s.Lease(ctx, req)
+				if err != nil {
+					t.Fatalf("op %d: %v", i, err)
+				}
+				if got.Granted != want.Granted || got.Remaining != want.Remaining || got.Now != want.Now || !slices.Equal(got.Demands, want.Demands) {
+					t.Fatalf("op %d %+v:\nredis  %+v\nmemory %+v", i, req, got, want)
+				}
+				held[sub] += got.Granted - req.Return
+			}
+		})
+	}
+}
+
+func TestLeaseAgrees(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	clk := newPinnedClock(epoch0)
+	leaseAgrees(t, newTestStore(t, srv, clk.Now, 0), clk, "agree")
+}
+
+func TestLeaseAgreesCluster(t *testing.T) {
+	redistest.Require(t)
+	g := redistest.Cluster(t, 3)
+	clk := newPinnedClock(epoch0)
+	leaseAgrees(t, newClusterStore(t, g, clk.Now), clk, "agree")
+}
+
+// Many goroutines on three Stores lease from fixed windows of 100 ms on
+// the server's clock for 1.5 s: the units granted in each window never
+// exceed the limit, and when asked for more, whole windows are granted.
+func TestLeaseConcurrentNeverAboveLimit(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	stores := []*redis.Store{newTestStore(t, srv, nil, 0), newTestStore(t, srv, nil, 0), newTestStore(t, srv, nil, 0)}
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 500, Period: 100 * time.Millisecond}
+	p := l.Period.Microseconds()
+	// A window that began before the server did grants nothing, and the
+	// server's start is known to the second.
+	time.Sleep(1200 * time.Millisecond)
+	var mu sync.Mutex
+	perWindow := map[int64]int64{} // units granted by the window of the server's now
+	var wg sync.WaitGroup
+	end := time.Now().Add(1500 * time.Millisecond)
+	for i := range 48 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := stores[i%3]
+			for time.Now().Before(end) {
+				g, err := s.Lease(context.Background(), algo.LeaseRequest{Key: "conc", Limit: l, Subscriber: int64(1 + i%3), Want: 7, Stale: 1e6})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				perWindow[g.Now-g.Now%p] += g.Granted
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	full := 0
+	for ws, n := range perWindow {
+		if n > l.Rate {
+			t.Errorf("window %d: %d units granted > limit %d", ws, n, l.Rate)
+		}
+		if n == l.Rate {
+			full++
+		}
+	}
+	if full == 0 {
+		t.Fatalf("no window of %d was granted its whole limit %d: %v", len(perWindow), l.Rate, perWindow)
+	}
+	t.Logf("%d windows, %d granted the whole limit", len(perWindow), full)
+}
+
+// After a restart the server has forgotten the units it leased, which
+// their holders may still be using: a window that began before the
+// restart grants nothing more, nor does a token bucket until it could
+// have refilled.
+func TestLeaseAfterRestart(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	s := newTestStore(t, srv, nil, 0)
+	ctx := context.Background()
+	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 100, Period: time.Hour}
+	tb := algo.Limit{Kind: algo.TokenBucket, Rate: 100, Period: time.Hour}
+	srv.Restart()
+	for _, l := range []algo.Limit{fw, tb} {
+		var g algo.LeaseGrant
+		var err error
+		for range 50 { // the store reconnects
+			if g, err = s.Lease(ctx, algo.LeaseRequest{Key: "rs:" + kindName(l), Limit: l, Subscriber: 1, Want: 10, Stale: 1e6}); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Granted != 0 {
+			t.Errorf("%s: granted %d right after a restart, want 0", kindName(l), g.Granted)
+		}
+	}
+}
