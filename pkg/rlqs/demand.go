@@ -1,0 +1,66 @@
+package rlqs
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Demand shares each stream's demand on a counter among the replicas of
+// ratelimitd, so that every replica divides a limit among all the fleet's
+// streams. The Redis store implements it (redis.Store.ShareDemand); Memory
+// is the one-process form.
+type Demand interface {
+	// ShareDemand records this replica's streams' demand on key for round
+	// (local: stream id -> demand) and returns the demand of every stream
+	// that reported in this round or the previous one, the latest value
+	// per stream. The entries of a round expire after ttl. One atomic step
+	// per key.
+	ShareDemand(ctx context.Context, key string, round int64, ttl time.Duration, local map[string]int64) (map[string]int64, error)
+}
+
+// Memory is Demand within one process (the memory backend, and replicas
+// in one test process).
+type Memory struct {
+	mu     sync.Mutex
+	rounds map[string]map[int64]map[string]int64 // key -> round -> stream -> demand
+}
+
+// NewMemory returns an empty Memory.
+func NewMemory() *Memory { return &Memory{rounds: map[string]map[int64]map[string]int64{}} }
+
+// ShareDemand implements Demand. Rounds older than the previous one are
+// dropped; ttl is not needed within one process.
+func (m *Memory) ShareDemand(_ context.Context, key string, round int64, _ time.Duration, local map[string]int64) (map[string]int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	byRound := m.rounds[key]
+	if byRound == nil {
+		byRound = map[int64]map[string]int64{}
+		m.rounds[key] = byRound
+	}
+	cur := byRound[round]
+	if cur == nil {
+		cur = map[string]int64{}
+		byRound[round] = cur
+	}
+	for id, d := range local {
+		cur[id] = d
+	}
+	out := map[string]int64{}
+	for id, d := range byRound[round-1] {
+		out[id] = d
+	}
+	for id, d := range cur {
+		out[id] = d
+	}
+	for r := range byRound {
+		if r < round-1 {
+			delete(byRound, r)
+		}
+	}
+	if len(local) == 0 && len(out) == 0 {
+		delete(m.rounds, key)
+	}
+	return out, nil
+}
