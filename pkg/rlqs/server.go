@@ -258,7 +258,7 @@ func (s *Server) Round(ctx context.Context) {
 	views := make(map[string]map[string]int64, len(keys))
 	var shareErr error
 	for _, k := range keys {
-		v, e := s.opt.Demand.ShareDemand(ctx, demandKey(k), round, 3*s.opt.Interval, ins[k].local)
+		v, e := s.opt.Demand.ShareDemand(ctx, k, round, 3*s.opt.Interval, ins[k].local)
 		if e != nil {
 			shareErr = e
 			continue
@@ -330,5 +330,3 @@ func (s *Server) keyState(k string, sp *policy.Spec) *keyState {
 	return ks
 }
 
-// demandKey is the store key of a counter's shared demand.
-func demandKey(k string) string { return "rlqs:" + k }
