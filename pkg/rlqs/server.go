@@ -329,4 +329,3 @@ func (s *Server) keyState(k string, sp *policy.Spec) *keyState {
 	ks.spec = sp
 	return ks
 }
-
