@@ -295,7 +295,7 @@ func (s *Server) Round(ctx context.Context) {
 			ks.remote = v
 		}
 	}
-	s.assign(now, ins, all)
+	s.assign(now, ins, all, false)
 }
 
 // allBuckets lists every bucket of every stream.
@@ -322,8 +322,7 @@ func (s *Server) forgetGone(ks *keyState, v map[string]int64) {
 func (s *Server) keyState(k string, sp *policy.Spec) *keyState {
 	ks := s.keys[k]
 	if ks == nil {
-		floor := int64(sp.RequestsPerUnit) * milli / 10
-		ks = &keyState{alloc: fairshare.New(fairshare.Options{Floor: max(floor, 1)})}
+		ks = &keyState{alloc: fairshare.New(fairshare.Options{})}
 		s.keys[k] = ks
 	}
 	ks.spec = sp

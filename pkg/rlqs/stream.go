@@ -1,8 +1,10 @@
 package rlqs
 
 import (
+	"context"
 	"errors"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/fairshare"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -176,15 +179,65 @@ func (s *Server) leave(st *stream) {
 	s.m.streams.Dec()
 }
 
+// joinTimeout bounds the store call that shares a new bucket's demand, so
+// that its first assignment leaves within 50 ms.
+const joinTimeout = 40 * time.Millisecond
+
 // report records one usage report. Envoy sends the domain on the first
 // report and may repeat it; a bucket's first report (sent on its first
 // request, time_elapsed 0) gets its assignment at once, and the other
-// streams on its counters get theirs again, because the division moved.
+// local streams on its counters get theirs again, because the division
+// moved. The new demand is shared with the other replicas first, so that
+// their next division counts it.
 func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	now := s.now()
 	set := s.set.Load()
 	s.mu.Lock()
+	fresh := s.record(st, m, now, set)
+	if len(fresh) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	only := map[string]bool{}
+	for _, b := range fresh {
+		for _, k := range b.keys {
+			only[k] = true
+		}
+	}
+	ins := s.gatherKeys(set, only)
+	s.mu.Unlock()
+
+	round := now.UnixNano() / int64(s.opt.Interval)
+	ctx, cancel := context.WithTimeout(context.Background(), min(joinTimeout, s.opt.Interval/2))
+	defer cancel()
+	views := map[string]map[string]int64{}
+	for k, in := range ins {
+		v, err := s.opt.Demand.ShareDemand(ctx, k, round, 3*s.opt.Interval, in.local)
+		if err != nil {
+			s.m.errors.WithLabelValues("demand").Inc()
+			s.log.Warn("rlqs: demand of a new bucket not shared; dividing by the fleet's demand last shared", "err", err)
+			break
+		}
+		views[k] = v
+	}
+
+	s.mu.Lock()
 	defer s.mu.Unlock()
+	for k, v := range views {
+		ks := s.keyState(k, ins[k].spec)
+		merged := maps.Clone(ks.remote)
+		if merged == nil {
+			merged = map[string]int64{}
+		}
+		maps.Copy(merged, v)
+		ks.remote = merged
+	}
+	// Streams may have left meanwhile: divide among those still here.
+	s.assign(now, s.gatherKeys(set, only), fresh, true)
+}
+
+// record applies a report to st's buckets and returns the new ones.
+func (s *Server) record(st *stream, m *rlqspb.RateLimitQuotaUsageReports, now time.Time, set *policy.Set) []*bucket {
 	if st.domain == "" {
 		st.domain = m.GetDomain()
 	}
@@ -212,17 +265,7 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 			b.rate = float64(n) / float64(el/time.Second)
 		}
 	}
-	if len(fresh) == 0 {
-		return
-	}
-	only := map[string]bool{}
-	for _, b := range fresh {
-		for _, k := range b.keys {
-			only[k] = true
-		}
-	}
-	ins := s.gatherKeys(set, only)
-	s.assign(now, ins, fresh)
+	return fresh
 }
 
 // keyIn is one counter's input to a round.
@@ -278,18 +321,65 @@ func (s *Server) gatherKeys(set *policy.Set, only map[string]bool) map[string]*k
 	return ins
 }
 
-// demandOf is a bucket's demand on a limit in milli-units per window; a
-// bucket with no whole second reported yet asks for the limit's floor.
+// unknown is the demand of a bucket that has not reported a whole second
+// yet.
+const unknown = -1
+
+// demandOf is a bucket's demand on a limit in milli-units per window, or
+// unknown.
 func (s *Server) demandOf(b *bucket, sp *policy.Spec) int64 {
 	if b.rate < 0 {
-		return int64(sp.RequestsPerUnit) * milli / 10
+		return unknown
 	}
 	return int64(b.rate * window(sp).Seconds() * milli)
 }
 
+// floorOf is what a stream whose demand is not known yet gets of a limit: a
+// tenth of it, in milli-units per window.
+func floorOf(sp *policy.Spec) int64 { return max(int64(sp.RequestsPerUnit)*milli/10, 1) }
+
+// divide divides budget among fleet (subscriber -> demand or unknown). The
+// streams of unknown demand get floor each first (an even part of the
+// budget when it is short), so that a new stream can start before it has
+// a whole second to report; the rest is divided max-min fairly by demand.
+// A round divides with the counter's allocator, which keeps the demand
+// history; a join divides the demand as it is and leaves the history to
+// the rounds, so that every replica's allocator sees the same rounds.
+func (s *Server) divide(ks *keyState, now time.Time, budget int64, fleet map[string]int64, floor int64, join bool) map[string]int64 {
+	known := make(map[string]int64, len(fleet))
+	var fresh []string
+	for id, d := range fleet {
+		if d == unknown {
+			fresh = append(fresh, id)
+		} else {
+			known[id] = d
+		}
+	}
+	out := map[string]int64{}
+	if n := int64(len(fresh)); n > 0 {
+		each := min(floor, budget/n)
+		for _, id := range fresh {
+			out[id] = each
+		}
+		budget -= each * n
+	}
+	a := ks.alloc
+	if join {
+		a = fairshare.New(fairshare.Options{})
+	}
+	for id, g := range a.Allocate(now, budget, known) {
+		out[id] = g
+	}
+	return out
+}
+
 // assign divides the counters of ins among the fleet's streams and queues
-// the assignments of every local bucket on them, and of extra.
-func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket) {
+// the assignments of every local bucket on them, and of extra. A round
+// divides with each counter's allocator, which keeps the demand history; a
+// join (a new bucket between rounds) divides the demand as it is, leaving
+// the history to the rounds, so that every replica's allocator sees the
+// same rounds.
+func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, join bool) {
 	shares := map[*bucket]share{}
 	seen := map[*bucket]bool{}
 	for k, in := range ins {
@@ -310,7 +400,7 @@ func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket) {
 		deny := p.spent || (ks.failed && sp.FailureMode == policy.FailClosed)
 		var alloc map[string]int64
 		if !deny {
-			alloc = ks.alloc.Allocate(now, p.budget, fleet)
+			alloc = s.divide(ks, now, p.budget, fleet, floorOf(sp), join)
 		}
 		for sub, b := range in.refs {
 			sh := share{deny: deny, maxTokens: p.burst, rate: alloc[sub], window: window(sp)}
