@@ -31,6 +31,7 @@ const mod = "github.com/ratelimitd/ratelimitd/"
 var mayImport = map[string][]string{
 	"pkg/algo":                          {}, // and the standard library only: TestAlgoStdlibOnly
 	"pkg/algo/algotest":                 {"pkg/algo"},
+	"pkg/fairshare":                     {}, // and the standard library only: TestFairshareStdlibOnly
 	"pkg/policy":                        {"pkg/algo"},
 	"pkg/policy/xds":                    {"pkg/algo", "pkg/policy"},
 	"pkg/policy/xds/xdstest":            {},
@@ -170,6 +171,14 @@ func TestAlgoStdlibOnly(t *testing.T) {
 	for _, d := range deps(t, "pkg/algo") {
 		if d != mod+"pkg/algo" {
 			t.Errorf("pkg/algo must import the standard library only, imports %s", d)
+		}
+	}
+}
+
+func TestFairshareStdlibOnly(t *testing.T) {
+	for _, d := range deps(t, "pkg/fairshare") {
+		if d != mod+"pkg/fairshare" {
+			t.Errorf("pkg/fairshare must import the standard library only, imports %s", d)
 		}
 	}
 }

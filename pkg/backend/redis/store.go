@@ -79,6 +79,9 @@ type Store struct {
 	// replies: the window of their keys (see Store.run).
 	windowKeys   bool
 	serverOffset atomic.Int64
+	// leaseOffset is the same estimate from the lease replies (Lease):
+	// the window the keys of the next lease carry.
+	leaseOffset atomic.Int64
 
 	// hints rank a Cluster request's slot groups (see takeCluster; nil
 	// on standalone and Sentinel).

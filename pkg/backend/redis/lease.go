@@ -1,0 +1,142 @@
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// leaseLua does one lease operation (algo.LeaseRequest) in one call:
+// return, demand, charge. See its header for the keys, arguments and
+// reply.
+//
+//go:embed lease.lua
+var leaseLua string
+
+// leaseScript is leaseLua's handle.
+var leaseScript = goredis.NewScript(leaseLua)
+
+// LeaseScriptSHA is the SHA1 of the embedded lease script.
+func LeaseScriptSHA() string { return leaseScript.Hash() }
+
+// errLeaseReply is the error of a lease reply of the wrong shape.
+var errLeaseReply = errors.New("redis: lease script reply is not an integer array of 3 + 2n")
+
+// leaseKeys returns the keys of a lease of l on base when the server's
+// clock reads at (µs): the window's count (and the one before it for a
+// sliding window) or the bucket, then the demands; and the window start.
+func leaseKeys(base string, l algo.Limit, at int64) ([]string, int64) {
+	tag := tagged(base)
+	switch l.Kind {
+	case algo.FixedWindow:
+		p := l.Period.Microseconds()
+		ws := at - at%p
+		return []string{tag + ":" + strconv.FormatInt(ws, 10), tag + ":d"}, ws
+	case algo.SlidingWindow:
+		p := l.Period.Microseconds()
+		ws := at - at%p
+		return []string{tag + ":" + strconv.FormatInt(ws, 10), tag + ":" + strconv.FormatInt(ws-p, 10), tag + ":d"}, ws
+	default:
+		return []string{tag + ":tb", tag + ":d"}, 0
+	}
+}
+
+// tagged is base with a hash tag: itself when it has one, else "{base}"
+// (then base must hold no '}', which policy keys never do; such a base is
+// used as it is, one slot per key).
+func tagged(base string) string {
+	if i := strings.IndexByte(base, '{'); i >= 0 {
+		if j := strings.IndexByte(base[i+1:], '}'); j > 0 {
+			return base
+		}
+	}
+	if strings.IndexByte(base, '}') >= 0 {
+		return base
+	}
+	return "{" + base + "}"
+}
+
+// Lease does req in one script call (lease.lua), with the window of the
+// keys taken from the estimate of the server's clock; when the server's
+// window differs (a clock step, the first call) nothing was written and
+// it is sent once more with the server's window. The call is bounded by
+// Options.Timeout. Errors are classified (*Error).
+func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
+	if !algo.Leasable(req.Limit) {
+		return algo.LeaseGrant{}, newError(CauseOther, false, fmt.Errorf("redis: limit kind %d cannot be leased", req.Limit.Kind))
+	}
+	if s.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+	}
+	pinned := s.nowUS()
+	at := pinned
+	if at < 0 {
+		at = s.clock().UnixMicro() + s.leaseOffset.Load()
+	}
+	for range 2 {
+		g, serverNow, err := s.leaseAt(ctx, req, at, pinned)
+		if err != nil {
+			s.noteOutcome(err, false)
+			return algo.LeaseGrant{}, err
+		}
+		if g.Granted >= 0 {
+			s.noteOutcome(nil, true)
+			return g, nil
+		}
+		at = serverNow
+	}
+	return algo.LeaseGrant{}, newError(CauseOther, false, errors.New("redis: lease window moved twice"))
+}
+
+// leaseAt runs the script once with the keys of the window containing at;
+// Granted -1 means the server's window is another one, whose now it
+// returns.
+func (s *Store) leaseAt(ctx context.Context, req algo.LeaseRequest, at, pinned int64) (algo.LeaseGrant, int64, error) {
+	l := req.Limit
+	keys, ws := leaseKeys(req.Key, l, at)
+	now := ""
+	if pinned >= 0 {
+		now = strconv.FormatInt(pinned, 10)
+	}
+	kind := map[algo.Kind]int{algo.FixedWindow: 0, algo.SlidingWindow: 1, algo.TokenBucket: 3}[l.Kind]
+	capa := l.Rate
+	if l.Kind == algo.TokenBucket && l.Burst > 0 {
+		capa = l.Burst
+	}
+	args := []any{now, kind, l.Rate, l.Period.Microseconds(), capa, ws,
+		max(req.Want, 0), max(req.Return, 0), req.ReturnWindow, req.Subscriber, max(req.Demand, 0), max(req.Stale, 0)}
+	v, err := leaseScript.Run(ctx, s.client, keys, args...).Int64Slice()
+	if err != nil {
+		return algo.LeaseGrant{}, 0, Classify(err)
+	}
+	if len(v) < 3 || len(v)%2 == 0 {
+		return algo.LeaseGrant{}, 0, newError(CauseOther, false, errLeaseReply)
+	}
+	if pinned < 0 {
+		s.leaseOffset.Store(v[2] - s.clock().UnixMicro())
+	}
+	g := algo.LeaseGrant{Granted: v[0], Remaining: v[1], Now: v[2]}
+	for i := 3; i+1 < len(v); i += 2 {
+		g.Demands = append(g.Demands, algo.SubscriberDemand{Subscriber: v[i], Demand: v[i+1]})
+	}
+	slices.SortFunc(g.Demands, func(a, b algo.SubscriberDemand) int {
+		switch {
+		case a.Subscriber < b.Subscriber:
+			return -1
+		case a.Subscriber > b.Subscriber:
+			return 1
+		}
+		return 0
+	})
+	return g, v[2], nil
+}

@@ -1,0 +1,137 @@
+-- ratelimitd: one lease operation of a leased limit (consistency: leased),
+-- atomically: give back unused units of an earlier grant, record the
+-- subscriber's demand, and charge up to `want` units up front, as
+-- pkg/algo's Lease does (min(want, what a check reports remaining), taken
+-- as one allowed take). Every key of a call shares the base key's hash
+-- slot ("{base}" or the base's own hash tag).
+--
+-- KEYS   fixed_window:   count of the window  "<tagged base>:<ws>", demands
+--        sliding_window: count of the window, count of the window before,
+--                        demands
+--        token_bucket:   the bucket (hash: t = TAT µs, f = TAT fraction in
+--                        1/rate µs), demands
+--        demands is "<tagged base>:d", a hash: "<sub>" = demand,
+--        "t<sub>" = when it was reported (µs).
+-- ARGV   now ("" for TIME), kind (0 fixed, 1 sliding, 3 token), rate,
+--        period_us, capacity, ws (window start the keys carry; 0 for
+--        token), want, ret, ret_ws, sub, demand, stale_us
+-- Reply  an array of integers: granted (-1: the keys' window is not the
+--        server's, nothing written), remaining after the grant, now_us,
+--        then sub, demand per subscriber reported within stale_us.
+local ARGV, KEYS = ARGV, KEYS
+local call, tonumber, min, max, floor = redis.call, tonumber, math.min, math.max, math.floor
+local now
+if ARGV[1] == '' then
+  local t = call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local kind, rate, period, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local ws, want, ret, retws = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local sub, demand, stale = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])
+local dkey = KEYS[#KEYS]
+
+if kind ~= 3 and now - now % period ~= ws then
+  return { -1, 0, now }
+end
+
+local granted, rem = 0, 0
+if kind == 0 then
+  local key = KEYS[1]
+  local count = tonumber(call('GET', key)) or 0
+  if ret > 0 and retws == ws and count > 0 then
+    local back = min(ret, count)
+    count = count - back
+    call('DECRBY', key, back)
+  end
+  rem = max(rate - count, 0)
+  granted = min(want, rem)
+  if granted > 0 then
+    call('INCRBY', key, granted)
+    call('PEXPIRE', key, floor((ws + period - now) / 1000) + 1000)
+    rem = rem - granted
+  end
+elseif kind == 1 then
+  local key, pkey = KEYS[1], KEYS[2]
+  local curr = tonumber(call('GET', key)) or 0
+  local prev = tonumber(call('GET', pkey)) or 0
+  if ret > 0 and retws == ws and (curr > 0 or prev > 0) then
+    -- algo's creditSliding: from this window's count, the rest from the
+    -- window before, each floored at 0.
+    local c = max(curr - ret, 0)
+    local p = max(prev - (ret - (curr - c)), 0)
+    if c ~= curr then call('DECRBY', key, curr - c) end
+    if p ~= prev then call('DECRBY', pkey, prev - p) end
+    curr, prev = c, p
+  end
+  -- algo's swin.remaining: w = (we - tw) / (we - ws), est = prev*w + curr
+  local we = ws + period
+  local w = (we - now) / (we - ws)
+  rem = max(floor(rate - (prev * w + curr)), 0)
+  granted = min(want, rem)
+  if granted > 0 then
+    call('INCRBY', key, granted)
+    call('PEXPIRE', key, floor((we + period - now) / 1000) + 1000)
+    rem = rem - granted
+  end
+else
+  -- GCRA as algo's tokenBucket: T = q + m/rate µs per token.
+  local key = KEYS[1]
+  local q, m = floor(period / rate), period % rate
+  local v = call('HMGET', key, 't', 'f')
+  local tat, f = tonumber(v[1]) or 0, tonumber(v[2]) or 0
+  if f < 0 or f >= rate then tat, f = tat + 1, 0 end
+  if ret > 0 and tat >= now then
+    -- algo's creditToken: the TAT moves back by ret*T, in steps of the
+    -- capacity, never before now.
+    local n = ret
+    for _ = 1, 2 do
+      if n <= 0 then break end
+      local k = min(n, cap)
+      n = n - k
+      tat, f = tat - (k * q + floor(k * m / rate)), f - (k * m) % rate
+      if f < 0 then f, tat = f + rate, tat - 1 end
+      if tat < now then break end
+    end
+  end
+  if tat < now then tat, f = now, 0 end
+  local tauUs, tauF = cap * q + floor(cap * m / rate), (cap * m) % rate
+  local sUs, sF = tauUs - (tat - now), tauF - f
+  if sF < 0 then sF, sUs = sF + rate, sUs - 1 end
+  if sUs >= 0 then rem = floor((sUs * rate + sF) / period) end
+  granted = min(want, rem)
+  if granted > 0 then
+    local n = f + granted * m
+    tat, f = tat + granted * q + floor(n / rate), n % rate
+    rem = rem - granted
+  end
+  if granted > 0 or ret > 0 then
+    call('HSET', key, 't', tat, 'f', f)
+    call('PEXPIRE', key, floor((tat - now) / 1000) + 1000)
+  end
+end
+
+call('HSET', dkey, sub, demand, 't' .. sub, now)
+call('PEXPIRE', dkey, floor(stale / 1000) + 1000)
+local all = call('HGETALL', dkey)
+local at, dem = {}, {}
+for i = 1, #all, 2 do
+  local f, val = all[i], tonumber(all[i + 1])
+  if string.sub(f, 1, 1) == 't' then
+    at[string.sub(f, 2)] = val
+  else
+    dem[f] = val
+  end
+end
+local out = { granted, rem, now }
+for id, d in pairs(dem) do
+  local t = at[id]
+  if t == nil or now - t > stale then
+    call('HDEL', dkey, id, 't' .. id)
+  else
+    out[#out + 1] = tonumber(id)
+    out[#out + 1] = d
+  end
+end
+return out
