@@ -113,6 +113,7 @@ func (s *server) apply(set *policy.Set, warnings []policy.Warning) {
 		s.log.Warn("config warning", "warning", w.String())
 	}
 	s.svc.SetPolicy(set)
+	s.rlqs.SetPolicy(set)
 	if r, ok := s.store.(resetter); ok {
 		r.ResetCache()
 	}

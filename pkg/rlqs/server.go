@@ -65,19 +65,49 @@ type Options struct {
 	Replica string
 }
 
-// Validate reports the first invalid field.
+// FieldError is one invalid Options field, as Validate reports it.
+type FieldError struct {
+	// Field is the Options field's name.
+	Field string
+	// Value is the field's value.
+	Value any
+	// Reason is what a valid value is.
+	Reason string
+}
+
+// Error returns "rlqs: Field=Value: Reason".
+func (e *FieldError) Error() string { return fmt.Sprintf("rlqs: %s=%v: %s", e.Field, e.Value, e.Reason) }
+
+// OptionField returns the package-qualified field name ("rlqs.Interval")
+// and the reason, for callers that name the field their own way (a flag).
+func (e *FieldError) OptionField() (field, reason string) { return "rlqs." + e.Field, e.Reason }
+
+// Validate reports every invalid field, joined, each a *FieldError: a nil
+// Store; an Interval that is negative or not whole seconds; a negative
+// AbandonAfter, or one shorter than two intervals; a Headroom outside
+// [0, 0.5). Zero values are valid: they mean the defaults.
 func (o Options) Validate() error {
-	switch {
-	case o.Store == nil:
-		return errors.New("rlqs: Store is required")
-	case o.Interval < 0 || o.Interval%time.Second != 0:
-		return fmt.Errorf("rlqs: interval %s must be whole seconds", o.Interval)
-	case o.AbandonAfter < 0:
-		return fmt.Errorf("rlqs: abandon-after %s must not be negative", o.AbandonAfter)
-	case o.Headroom < 0 || o.Headroom >= 0.5:
-		return fmt.Errorf("rlqs: headroom %g must be in [0, 0.5)", o.Headroom)
+	var errs []error
+	bad := func(field string, v any, reason string) {
+		errs = append(errs, &FieldError{Field: field, Value: v, Reason: reason})
 	}
-	return nil
+	if o.Store == nil {
+		bad("Store", o.Store, "required")
+	}
+	if o.Interval < 0 || o.Interval%time.Second != 0 {
+		bad("Interval", o.Interval, "must be whole seconds (Envoy reads whole seconds)")
+	}
+	interval := o.Interval
+	if interval <= 0 {
+		interval = DefaultInterval
+	}
+	if o.AbandonAfter < 0 || (o.AbandonAfter > 0 && o.AbandonAfter < 2*interval) {
+		bad("AbandonAfter", o.AbandonAfter, "must be at least two intervals")
+	}
+	if !(o.Headroom >= 0 && o.Headroom < 0.5) {
+		bad("Headroom", o.Headroom, "must be in [0, 0.5)")
+	}
+	return errors.Join(errs...)
 }
 
 // Server is the Rate Limit Quota Service
