@@ -76,7 +76,9 @@ type FieldError struct {
 }
 
 // Error returns "rlqs: Field=Value: Reason".
-func (e *FieldError) Error() string { return fmt.Sprintf("rlqs: %s=%v: %s", e.Field, e.Value, e.Reason) }
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("rlqs: %s=%v: %s", e.Field, e.Value, e.Reason)
+}
 
 // OptionField returns the package-qualified field name ("rlqs.Interval")
 // and the reason, for callers that name the field their own way (a flag).
