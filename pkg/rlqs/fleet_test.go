@@ -133,7 +133,7 @@ func (f *fleetRun) run(t *testing.T, clock *fakeClock) fleetResult {
 		e.stream.cancel()
 		e.mu.Lock()
 		if len(e.violations) > 0 {
-			t.Errorf("assignments Envoy's client misreads: %v", e.violations)
+			t.Errorf("%d assignments Envoy's client misreads, the first: %v", len(e.violations), e.violations[:min(3, len(e.violations))])
 		}
 		e.mu.Unlock()
 	}
@@ -201,6 +201,27 @@ func (f *fleetRun) check(t *testing.T, r fleetResult) {
 		k := int(f.kill / time.Second)
 		return f.kill == 0 || s < k || s >= k+3
 	}
+	fairAt := func(s int) bool {
+		for i, got := range r.rates[s] {
+			if math.Abs(got-fair[i]) > math.Max(0.03*fair[i], 2) {
+				return false
+			}
+		}
+		return r.rates[s] != nil
+	}
+	since := func(from int) string {
+		for s := from; s < len(r.rates); s++ {
+			if fairAt(s) {
+				return fmt.Sprintf("%d", s-from)
+			}
+		}
+		return "never"
+	}
+	k := int(f.kill / time.Second)
+	if f.kill == 0 {
+		k = 0
+	}
+	t.Logf("max-min fair shares (within 3 %% or 2/s) from the round at %s.5 s after the start, %s.5 s after the kill (bound: 3 intervals)", since(0), since(k))
 	bad := 0
 	for s, rates := range r.rates {
 		if !settled(s) || rates == nil {
