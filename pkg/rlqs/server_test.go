@@ -49,7 +49,7 @@ descriptors:
 // rig is one Server on a real gRPC listener, on the memory store and a
 // frozen clock: nothing runs a round unless the test does.
 type rig struct {
-	t     *testing.T
+	t     testing.TB
 	srv   *Server
 	store *memory.Store
 	clock *fakeClock
@@ -57,7 +57,7 @@ type rig struct {
 	conn  *grpc.ClientConn
 }
 
-func newRig(t *testing.T, cfg string, store Store, mode ...func(*Options)) *rig {
+func newRig(t testing.TB, cfg string, store Store, mode ...func(*Options)) *rig {
 	t.Helper()
 	clock := &fakeClock{t: time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)}
 	ms, err := memory.New(memory.Options{Now: clock.Now})
@@ -103,7 +103,7 @@ func loadSet(t testing.TB, cfg string) *policy.Set {
 }
 
 type client struct {
-	t  *testing.T
+	t  testing.TB
 	st grpc.BidiStreamingClient[rlqspb.RateLimitQuotaUsageReports, rlqspb.RateLimitQuotaResponse]
 }
 

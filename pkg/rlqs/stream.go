@@ -181,7 +181,7 @@ func (s *Server) leave(st *stream) {
 
 // joinTimeout bounds the store call that shares a new bucket's demand, so
 // that its first assignment leaves within 50 ms.
-const joinTimeout = 40 * time.Millisecond
+const joinTimeout = 20 * time.Millisecond
 
 // report records one usage report. Envoy sends the domain on the first
 // report and may repeat it; a bucket's first report (sent on its first
