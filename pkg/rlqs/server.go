@@ -191,18 +191,20 @@ func (s *Server) Register(g grpc.ServiceRegistrar) { rlqspb.RegisterRateLimitQuo
 // SetPolicy installs a config: every bucket is matched again and every
 // stream gets its assignments again at once.
 func (s *Server) SetPolicy(set *policy.Set) {
-	old := s.set.Swap(set)
-	if old == nil || old == set {
+	if old := s.set.Swap(set); old == set {
 		return
 	}
 	s.mu.Lock()
+	n := len(s.streams)
 	for st := range s.streams {
 		for _, b := range st.buckets {
 			s.match(b, set)
 		}
 	}
 	s.mu.Unlock()
-	s.Round(context.Background())
+	if n > 0 {
+		s.Round(context.Background())
+	}
 }
 
 // TTL is the assignment_time_to_live of every assignment: two rounds,

@@ -57,6 +57,8 @@ type rig struct {
 	conn  *grpc.ClientConn
 }
 
+// newRig serves a Server with config cfg ("": none yet) on store (nil: the
+// rig's memory store).
 func newRig(t testing.TB, cfg string, store Store, mode ...func(*Options)) *rig {
 	t.Helper()
 	clock := &fakeClock{t: time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)}
@@ -76,7 +78,9 @@ func newRig(t testing.TB, cfg string, store Store, mode ...func(*Options)) *rig 
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.SetPolicy(loadSet(t, cfg))
+	if cfg != "" {
+		srv.SetPolicy(loadSet(t, cfg))
+	}
 	g := grpc.NewServer()
 	srv.Register(g)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
