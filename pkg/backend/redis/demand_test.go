@@ -1,0 +1,72 @@
+package redis_test
+
+import (
+	"context"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+)
+
+// TestShareDemand: two stores (two replicas) share their streams' demand on
+// a counter: each sees the other's of this round and the previous one, the
+// latest value per stream; older rounds are not returned, and each round's
+// hash expires.
+func TestShareDemand(t *testing.T) {
+	srv := redistest.Standalone(t)
+	a, b := newTestStore(t, srv, nil, 0), newTestStore(t, srv, nil, 0)
+	checkShareDemand(t, a, b, func(key string) time.Duration {
+		ttl, err := srv.Client().PTTL(context.Background(), "{"+key+"}:rlqs:7").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ttl
+	})
+}
+
+// TestShareDemandCluster: the same on Redis Cluster, where a counter's hashes
+// of two rounds share its hash slot.
+func TestShareDemandCluster(t *testing.T) {
+	g := redistest.Cluster(t, 3)
+	a, b := newClusterStore(t, g, nil), newClusterStore(t, g, nil)
+	checkShareDemand(t, a, b, func(key string) time.Duration {
+		ttl, err := g.Client().PTTL(context.Background(), "{"+key+"}:rlqs:7").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ttl
+	})
+}
+
+func checkShareDemand(t *testing.T, a, b *redis.Store, pttl func(string) time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	share := func(s *redis.Store, key string, round int64, local map[string]int64) map[string]int64 {
+		t.Helper()
+		got, err := s.ShareDemand(ctx, key, round, 3*time.Second, local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	want := func(got, want map[string]int64) {
+		t.Helper()
+		if !maps.Equal(got, want) {
+			t.Errorf("shared demand %v, want %v", got, want)
+		}
+	}
+	const k = "counter-key"
+	want(share(a, k, 6, map[string]int64{"a-1.1": 100, "a-2.1": -1}), map[string]int64{"a-1.1": 100, "a-2.1": -1})
+	want(share(b, k, 6, map[string]int64{"b-1.1": 50}), map[string]int64{"a-1.1": 100, "a-2.1": -1, "b-1.1": 50})
+	// Round 7: a reports first; b's streams are those of round 6.
+	want(share(a, k, 7, map[string]int64{"a-1.1": 120}), map[string]int64{"a-1.1": 120, "a-2.1": -1, "b-1.1": 50})
+	if ttl := pttl(k); ttl <= 0 || ttl > 3*time.Second {
+		t.Errorf("round hash TTL %s, want in (0, 3s]", ttl)
+	}
+	// Round 8 no longer sees round 6: a-2.1 left after round 6.
+	want(share(b, k, 8, map[string]int64{"b-1.1": 60}), map[string]int64{"a-1.1": 120, "b-1.1": 60})
+	// Another counter is separate.
+	want(share(b, "other", 8, nil), map[string]int64{})
+}
