@@ -76,7 +76,9 @@ func (s *server) newGRPCServer() error {
 	s.grpcLn = limitConns(s.grpcLn, o.GRPCMaxConnections)
 	s.grpc = grpc.NewServer(gopts...)
 	s.svc.Register(s.grpc)
-	s.rlqs.Register(s.grpc)
+	if s.rlqs != nil {
+		s.rlqs.Register(s.grpc)
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	return nil

@@ -193,7 +193,12 @@ func (s *server) Run(ctx context.Context) error {
 	s.logListening()
 	s.startServing()
 	s.wg.Add(1)
-	go func() { defer s.wg.Done(); s.rlqs.Run(s.watchCtx) }()
+	go func() {
+		defer s.wg.Done()
+		if s.rlqs != nil {
+			s.rlqs.Run(s.watchCtx)
+		}
+	}()
 
 	var runErr error
 	select {
@@ -241,7 +246,9 @@ func (s *server) shutdown(drain bool) {
 	// RLQS streams get their assignments with a 1 s TTL and end, so the
 	// graceful stop below does not wait on them and no Envoy keeps an
 	// assignment of this replica for longer.
-	s.rlqs.Shutdown()
+	if s.rlqs != nil {
+		s.rlqs.Shutdown()
+	}
 	s.stopServing()
 	s.wg.Wait()
 	s.log.Info("stopped")

@@ -45,11 +45,12 @@ type Options struct {
 	// (NewMemory).
 	Demand Demand
 	// Interval is the reporting round: every Interval the usage is charged
-	// and each limit divided again (DefaultInterval; whole seconds, at
-	// least 1 s, because Envoy's token buckets refill by whole seconds).
+	// and each limit divided again (DefaultInterval). Envoy's
+	// reporting_interval should be the same.
 	Interval time.Duration
 	// AbandonAfter is how long a bucket may go without a report before the
-	// server sends it an AbandonAction and forgets it (DefaultAbandonAfter).
+	// server sends it an AbandonAction and forgets it (DefaultAbandonAfter);
+	// several of Envoy's reporting intervals, or live buckets are abandoned.
 	AbandonAfter time.Duration
 	// Headroom is the share of each limit held by the streams' full
 	// buckets together (DefaultHeadroom); the rates share the rest.
@@ -85,9 +86,8 @@ func (e *FieldError) Error() string {
 func (e *FieldError) OptionField() (field, reason string) { return "rlqs." + e.Field, e.Reason }
 
 // Validate reports every invalid field, joined, each a *FieldError: a nil
-// Store; an Interval that is negative or not whole seconds; a negative
-// AbandonAfter, or one shorter than two intervals; a Headroom outside
-// [0, 0.5). Zero values are valid: they mean the defaults.
+// Store; a negative Interval or AbandonAfter; a Headroom outside [0, 0.5).
+// Zero values are valid: they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field string, v any, reason string) {
@@ -96,15 +96,11 @@ func (o Options) Validate() error {
 	if o.Store == nil {
 		bad("Store", o.Store, "required")
 	}
-	if o.Interval < 0 || o.Interval%time.Second != 0 {
-		bad("Interval", o.Interval, "must be whole seconds (Envoy reads whole seconds)")
+	if o.Interval < 0 {
+		bad("Interval", o.Interval, "must not be negative")
 	}
-	interval := o.Interval
-	if interval <= 0 {
-		interval = DefaultInterval
-	}
-	if o.AbandonAfter < 0 || (o.AbandonAfter > 0 && o.AbandonAfter < 2*interval) {
-		bad("AbandonAfter", o.AbandonAfter, "must be at least two intervals")
+	if o.AbandonAfter < 0 {
+		bad("AbandonAfter", o.AbandonAfter, "must not be negative")
 	}
 	if !(o.Headroom >= 0 && o.Headroom < 0.5) {
 		bad("Headroom", o.Headroom, "must be in [0, 0.5)")
