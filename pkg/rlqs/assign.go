@@ -103,7 +103,8 @@ func tokenBucket(s share) *typev3.TokenBucket {
 	if w < 1 {
 		w = 1
 	}
-	fill, tokens := w, int64(1)
+	var fill int64
+	tokens := int64(1)
 	switch {
 	case s.rate <= 0:
 		fill = max(w, maxFill)
