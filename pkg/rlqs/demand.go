@@ -8,14 +8,15 @@ import (
 
 // Demand shares each stream's demand on a counter among the replicas of
 // ratelimitd, so that every replica divides a limit among all the fleet's
-// streams. The Redis store implements it (redis.Store.ShareDemand); Memory
-// is the one-process form.
+// streams, and divides it by the same numbers. The Redis store implements
+// it (redis.Store.ShareDemand); Memory is the one-process form.
 type Demand interface {
 	// ShareDemand records this replica's streams' demand on key for round
-	// (local: stream id -> demand) and returns the demand of every stream
-	// that reported in this round or the previous one, the latest value
-	// per stream. The entries of a round expire after ttl. One atomic step
-	// per key.
+	// (local: stream id -> demand) and returns the fleet's demand as every
+	// replica sees it in that round: per stream its value of the previous
+	// round, else of the one before, else of this round (a stream that
+	// just joined). The entries of a round expire after ttl. One atomic
+	// step per key.
 	ShareDemand(ctx context.Context, key string, round int64, ttl time.Duration, local map[string]int64) (map[string]int64, error)
 }
 
@@ -29,7 +30,7 @@ type Memory struct {
 // NewMemory returns an empty Memory.
 func NewMemory() *Memory { return &Memory{rounds: map[string]map[int64]map[string]int64{}} }
 
-// ShareDemand implements Demand. Rounds older than the previous one are
+// ShareDemand implements Demand. Rounds older than two before round are
 // dropped; ttl is not needed within one process.
 func (m *Memory) ShareDemand(_ context.Context, key string, round int64, _ time.Duration, local map[string]int64) (map[string]int64, error) {
 	m.mu.Lock()
@@ -47,20 +48,23 @@ func (m *Memory) ShareDemand(_ context.Context, key string, round int64, _ time.
 	for id, d := range local {
 		cur[id] = d
 	}
-	out := map[string]int64{}
-	for id, d := range byRound[round-1] {
-		out[id] = d
-	}
-	for id, d := range cur {
-		out[id] = d
-	}
 	for r := range byRound {
-		if r < round-1 {
+		if r < round-2 {
 			delete(byRound, r)
 		}
 	}
-	if len(local) == 0 && len(out) == 0 {
-		delete(m.rounds, key)
+	return mergeRounds(cur, byRound[round-2], byRound[round-1]), nil
+}
+
+// mergeRounds is the fleet's view from the demand of three rounds, the
+// later arguments first: per stream the previous round's value, else the
+// one before, else this round's.
+func mergeRounds(rounds ...map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	for _, r := range rounds {
+		for id, d := range r {
+			out[id] = d
+		}
 	}
-	return out, nil
+	return out
 }

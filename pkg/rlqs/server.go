@@ -288,7 +288,7 @@ func (s *Server) Round(ctx context.Context) {
 	views := make(map[string]map[string]int64, len(keys))
 	var shareErr error
 	for _, k := range keys {
-		v, e := s.opt.Demand.ShareDemand(ctx, k, round, 3*s.opt.Interval, ins[k].local)
+		v, e := s.opt.Demand.ShareDemand(ctx, k, round, 4*s.opt.Interval, ins[k].local)
 		if e != nil {
 			shareErr = e
 			continue

@@ -212,7 +212,7 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	defer cancel()
 	views := map[string]map[string]int64{}
 	for k, in := range ins {
-		v, err := s.opt.Demand.ShareDemand(ctx, k, round, 3*s.opt.Interval, in.local)
+		v, err := s.opt.Demand.ShareDemand(ctx, k, round, 4*s.opt.Interval, in.local)
 		if err != nil {
 			s.m.errors.WithLabelValues("demand").Inc()
 			s.log.Warn("rlqs: demand of a new bucket not shared; dividing by the fleet's demand last shared", "err", err)
@@ -384,15 +384,20 @@ func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, j
 	seen := map[*bucket]bool{}
 	for k, in := range ins {
 		ks := s.keyState(k, in.spec)
+		// The fleet's demand as every replica sees it this round; this
+		// replica's streams that left are dropped, and those not shared yet
+		// are added with their demand as it is.
 		fleet := map[string]int64{}
 		mine := s.opt.Replica + "-"
 		for id, d := range ks.remote {
-			if !strings.HasPrefix(id, mine) {
+			if _, ok := in.local[id]; ok || !strings.HasPrefix(id, mine) {
 				fleet[id] = d
 			}
 		}
 		for id, d := range in.local {
-			fleet[id] = d
+			if _, ok := fleet[id]; !ok {
+				fleet[id] = d
+			}
 		}
 		sp := in.spec
 		windowed := window(sp) > s.TTL() && ks.known

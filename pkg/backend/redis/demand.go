@@ -10,9 +10,10 @@ import (
 )
 
 // demandLua records the demand of one replica's streams on a counter for a
-// round and returns the demand of every stream in that round and the
-// previous one. KEYS[1]: this round's hash, KEYS[2]: the previous round's
-// (same hash slot); ARGV[1]: TTL in ms; ARGV[2..]: stream id, demand pairs.
+// round and returns the demand of every stream in that round and the two
+// before. KEYS[1]: this round's hash, KEYS[2], KEYS[3]: the two rounds
+// before (same hash slot); ARGV[1]: TTL in ms; ARGV[2..]: stream id,
+// demand pairs.
 const demandLua = `
 for i = 2, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i+1])
@@ -20,7 +21,7 @@ end
 if #ARGV > 1 then
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
 end
-return {redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[1])}
+return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[3]), redis.call('HGETALL', KEYS[2])}
 `
 
 var demandScript = goredis.NewScript(demandLua)
@@ -43,12 +44,13 @@ func demandKey(key string, round int64) string {
 
 // ShareDemand shares the demand of RLQS streams on a counter among the
 // replicas (rlqs.Demand): one script records local (stream id -> demand)
-// in a hash per round that expires after ttl, and returns every stream's
-// demand of this round and the previous one, the latest per stream. The
+// in a hash per round that expires after ttl, and returns per stream its
+// demand of the previous round, else of the one before, else of this round
+// (every replica dividing in a round sees the same numbers). The
 // stream ids and the counter key carry no request value. It runs under the
 // circuit breaker and Options.Timeout; errors are classified.
 func (s *Store) ShareDemand(ctx context.Context, key string, round int64, ttl time.Duration, local map[string]int64) (map[string]int64, error) {
-	keys := []string{demandKey(key, round), demandKey(key, round-1)}
+	keys := []string{demandKey(key, round), demandKey(key, round-1), demandKey(key, round-2)}
 	args := make([]any, 0, 1+2*len(local))
 	args = append(args, max(ttl.Milliseconds(), 1))
 	for id, d := range local {
@@ -65,7 +67,7 @@ func (s *Store) ShareDemand(ctx context.Context, key string, round int64, ttl ti
 	}
 	out := map[string]int64{}
 	parts, _ := reply.([]any)
-	for _, p := range parts { // previous round first: the latest wins
+	for _, p := range parts { // this round, two before, the previous: the last wins
 		kv, _ := p.([]any)
 		for i := 0; i+1 < len(kv); i += 2 {
 			id, _ := kv[i].(string)

@@ -11,9 +11,9 @@ import (
 )
 
 // TestShareDemand: two stores (two replicas) share their streams' demand on
-// a counter: each sees the other's of this round and the previous one, the
-// latest value per stream; older rounds are not returned, and each round's
-// hash expires.
+// a counter: in a round both see per stream its value of the previous round,
+// else of the one before, else of this round (a new stream); older rounds
+// are not returned, and each round's hash expires.
 func TestShareDemand(t *testing.T) {
 	srv := redistest.Standalone(t)
 	a, b := newTestStore(t, srv, nil, 0), newTestStore(t, srv, nil, 0)
@@ -60,13 +60,15 @@ func checkShareDemand(t *testing.T, a, b *redis.Store, pttl func(string) time.Du
 	const k = "counter-key"
 	want(share(a, k, 6, map[string]int64{"a-1.1": 100, "a-2.1": -1}), map[string]int64{"a-1.1": 100, "a-2.1": -1})
 	want(share(b, k, 6, map[string]int64{"b-1.1": 50}), map[string]int64{"a-1.1": 100, "a-2.1": -1, "b-1.1": 50})
-	// Round 7: a reports first; b's streams are those of round 6.
-	want(share(a, k, 7, map[string]int64{"a-1.1": 120}), map[string]int64{"a-1.1": 120, "a-2.1": -1, "b-1.1": 50})
+	// Round 7 divides by round 6's numbers, whoever runs first.
+	want(share(a, k, 7, map[string]int64{"a-1.1": 120}), map[string]int64{"a-1.1": 100, "a-2.1": -1, "b-1.1": 50})
 	if ttl := pttl(k); ttl <= 0 || ttl > 3*time.Second {
 		t.Errorf("round hash TTL %s, want in (0, 3s]", ttl)
 	}
-	// Round 8 no longer sees round 6: a-2.1 left after round 6.
-	want(share(b, k, 8, map[string]int64{"b-1.1": 60}), map[string]int64{"a-1.1": 120, "b-1.1": 60})
+	// Round 8: round 7's numbers, else round 6's (b did not share in 7).
+	want(share(b, k, 8, map[string]int64{"b-1.1": 60}), map[string]int64{"a-1.1": 120, "a-2.1": -1, "b-1.1": 50})
+	// Round 9 no longer sees round 6: a-2.1 left after it.
+	want(share(a, k, 9, nil), map[string]int64{"a-1.1": 120, "b-1.1": 60})
 	// Another counter is separate.
-	want(share(b, "other", 8, nil), map[string]int64{})
+	want(share(b, "other", 9, nil), map[string]int64{})
 }
