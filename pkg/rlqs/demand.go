@@ -11,13 +11,13 @@ import (
 // streams, and divides it by the same numbers. The Redis store implements
 // it (redis.Store.ShareDemand); Memory is the one-process form.
 type Demand interface {
-	// ShareDemand records this replica's streams' demand on key for round
-	// (local: stream id -> demand) and returns the fleet's demand as every
-	// replica sees it in that round: per stream its value of the previous
-	// round, else of the one before, else of this round (a stream that
-	// just joined). The entries of a round expire after ttl. One atomic
-	// step per key.
-	ShareDemand(ctx context.Context, key string, round int64, ttl time.Duration, local map[string]int64) (map[string]int64, error)
+	// ShareDemand records, per counter key of local, this replica's
+	// streams' demand for round (stream id -> demand) and returns per key
+	// the fleet's demand as every replica sees it in that round: per stream
+	// its value of the previous round, else of the one before, else of this
+	// round (a stream that just joined). The entries of a round expire
+	// after ttl. One atomic step per key.
+	ShareDemand(ctx context.Context, round int64, ttl time.Duration, local map[string]map[string]int64) (map[string]map[string]int64, error)
 }
 
 // Memory is Demand within one process (the memory backend, and replicas
@@ -32,28 +32,32 @@ func NewMemory() *Memory { return &Memory{rounds: map[string]map[int64]map[strin
 
 // ShareDemand implements Demand. Rounds older than two before round are
 // dropped; ttl is not needed within one process.
-func (m *Memory) ShareDemand(_ context.Context, key string, round int64, _ time.Duration, local map[string]int64) (map[string]int64, error) {
+func (m *Memory) ShareDemand(_ context.Context, round int64, _ time.Duration, local map[string]map[string]int64) (map[string]map[string]int64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	byRound := m.rounds[key]
-	if byRound == nil {
-		byRound = map[int64]map[string]int64{}
-		m.rounds[key] = byRound
-	}
-	cur := byRound[round]
-	if cur == nil {
-		cur = map[string]int64{}
-		byRound[round] = cur
-	}
-	for id, d := range local {
-		cur[id] = d
-	}
-	for r := range byRound {
-		if r < round-2 {
-			delete(byRound, r)
+	out := make(map[string]map[string]int64, len(local))
+	for key, l := range local {
+		byRound := m.rounds[key]
+		if byRound == nil {
+			byRound = map[int64]map[string]int64{}
+			m.rounds[key] = byRound
 		}
+		cur := byRound[round]
+		if cur == nil {
+			cur = map[string]int64{}
+			byRound[round] = cur
+		}
+		for id, d := range l {
+			cur[id] = d
+		}
+		for r := range byRound {
+			if r < round-2 {
+				delete(byRound, r)
+			}
+		}
+		out[key] = mergeRounds(cur, byRound[round-2], byRound[round-1])
 	}
-	return mergeRounds(cur, byRound[round-2], byRound[round-1]), nil
+	return out, nil
 }
 
 // mergeRounds is the fleet's view from the demand of three rounds, the

@@ -285,16 +285,11 @@ func (s *Server) Round(ctx context.Context) {
 			err = fmt.Errorf("rlqs: store returned %d decisions for %d hits", len(decs), len(hits))
 		}
 	}
-	views := make(map[string]map[string]int64, len(keys))
-	var shareErr error
+	local := make(map[string]map[string]int64, len(keys))
 	for _, k := range keys {
-		v, e := s.opt.Demand.ShareDemand(ctx, k, round, 4*s.opt.Interval, ins[k].local)
-		if e != nil {
-			shareErr = e
-			continue
-		}
-		views[k] = v
+		local[k] = ins[k].local
 	}
+	views, shareErr := s.opt.Demand.ShareDemand(ctx, round, 4*s.opt.Interval, local)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()

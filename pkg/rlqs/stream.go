@@ -210,15 +210,14 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	round := now.UnixNano() / int64(s.opt.Interval)
 	ctx, cancel := context.WithTimeout(context.Background(), min(joinTimeout, s.opt.Interval/2))
 	defer cancel()
-	views := map[string]map[string]int64{}
+	local := make(map[string]map[string]int64, len(ins))
 	for k, in := range ins {
-		v, err := s.opt.Demand.ShareDemand(ctx, k, round, 4*s.opt.Interval, in.local)
-		if err != nil {
-			s.m.errors.WithLabelValues("demand").Inc()
-			s.log.Warn("rlqs: demand of a new bucket not shared; dividing by the fleet's demand last shared", "err", err)
-			break
-		}
-		views[k] = v
+		local[k] = in.local
+	}
+	views, err := s.opt.Demand.ShareDemand(ctx, round, 4*s.opt.Interval, local)
+	if err != nil {
+		s.m.errors.WithLabelValues("demand").Inc()
+		s.log.Warn("rlqs: demand of a new bucket not shared; dividing by the fleet's demand last shared", "err", err)
 	}
 
 	s.mu.Lock()

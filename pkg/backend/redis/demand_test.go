@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"testing"
 	"time"
@@ -45,11 +46,11 @@ func checkShareDemand(t *testing.T, a, b *redis.Store, pttl func(string) time.Du
 	ctx := context.Background()
 	share := func(s *redis.Store, key string, round int64, local map[string]int64) map[string]int64 {
 		t.Helper()
-		got, err := s.ShareDemand(ctx, key, round, 3*time.Second, local)
+		got, err := s.ShareDemand(ctx, round, 3*time.Second, map[string]map[string]int64{key: local})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return got
+		return got[key]
 	}
 	want := func(got, want map[string]int64) {
 		t.Helper()
@@ -71,4 +72,16 @@ func checkShareDemand(t *testing.T, a, b *redis.Store, pttl func(string) time.Du
 	want(share(a, k, 9, nil), map[string]int64{"a-1.1": 120, "b-1.1": 60})
 	// Another counter is separate.
 	want(share(b, "other", 9, nil), map[string]int64{})
+	// Many counters in one call (one pipeline), each its own view.
+	many := map[string]map[string]int64{}
+	for i := range 50 {
+		many[fmt.Sprintf("k%d", i)] = map[string]int64{"a-1.1": int64(i)}
+	}
+	got, err := a.ShareDemand(ctx, 20, 3*time.Second, many)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, l := range many {
+		want(got[k], l)
+	}
 }
