@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/health"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
@@ -137,6 +138,21 @@ func (s *server) newService() error {
 		return err
 	}
 	so.Store, so.Fallback, so.Registerer, so.Statsd, so.Logger = s.tracing.Store(s.store), s.fallback, s.reg, s.statsd, s.log
+	// Rules with consistency: leased decide from leases when the store
+	// charges them (memory, Redis); on memcached they are decided in the
+	// store like the others.
+	if st, ok := s.store.(lease.Store); ok {
+		l, err := lease.New(lease.Options{Store: st, Registerer: s.reg, Logger: s.log})
+		if err != nil {
+			return err
+		}
+		so.Leases = l
+		s.onClose(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = l.Close(ctx)
+		})
+	}
 	if s.svc, err = service.New(so); err != nil {
 		return err
 	}

@@ -32,6 +32,7 @@ var mayImport = map[string][]string{
 	"pkg/algo":                          {}, // and the standard library only: TestAlgoStdlibOnly
 	"pkg/algo/algotest":                 {"pkg/algo"},
 	"pkg/fairshare":                     {}, // and the standard library only: TestFairshareStdlibOnly
+	"pkg/lease":                         {"pkg/algo", "pkg/fairshare"},
 	"pkg/policy":                        {"pkg/algo"},
 	"pkg/policy/xds":                    {"pkg/algo", "pkg/policy"},
 	"pkg/policy/xds/xdstest":            {},
@@ -52,7 +53,7 @@ var mayImport = map[string][]string{
 		"cmd/ratelimitd/...",
 		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay", "pkg/rlqs",
 		"pkg/backend/memory", "pkg/backend/redis", "pkg/backend/memcache", "pkg/backend/overlimit",
-		"pkg/telemetry", "pkg/telemetry/statsd",
+		"pkg/telemetry", "pkg/telemetry/statsd", "pkg/lease",
 	},
 	"cmd/rlload":           {},
 	"examples/client":      {},

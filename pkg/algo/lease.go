@@ -18,7 +18,16 @@ func Leasable(l Limit) bool {
 // granted and the decision of a check on the next state (Remaining: what
 // is left for other leases). want <= 0 grants nothing and leaves prev as
 // it was. Units a subscriber does not use go back with Release.
-func Lease(l Limit, prev State, now time.Time, want int64) (next State, granted int64, d Decision) {
+//
+// bornUs is when the store's memory of the counters began (µs; a
+// restarted Redis forgot everything before it, and units leased then are
+// still being used): what happened before it is assumed the worst, so a
+// restart never lets a window admit more than the limit. A window that
+// began before bornUs is full; a sliding window's previous window that
+// began before bornUs counts Rate; a token bucket was empty at bornUs
+// (its TAT at least bornUs + capacity·T). 0 assumes nothing.
+func Lease(l Limit, prev State, now time.Time, want, bornUs int64) (next State, granted int64, d Decision) {
+	prev = assumeLost(l, prev, now.UnixMicro(), bornUs)
 	st, chk := Take(l, prev, now, 0)
 	g := min(max(want, 0), chk.Remaining, MaxCost)
 	if g == 0 {
@@ -29,6 +38,48 @@ func Lease(l Limit, prev State, now time.Time, want int64) (next State, granted 
 		return prev, 0, chk
 	}
 	return st, g, d
+}
+
+// assumeLost is prev with what a store born at bornUs cannot know
+// assumed the worst (see Lease).
+func assumeLost(l Limit, prev State, t, bornUs int64) State {
+	if bornUs <= 0 || l.Rate <= 0 {
+		return prev
+	}
+	switch l.Kind {
+	case FixedWindow, SlidingWindow:
+		ws, _ := WindowBoundsUs(l, t)
+		if prev.Time > ws {
+			return prev
+		}
+		cur, pre := int64(0), int64(0)
+		if prev.Time == ws {
+			cur, pre = prev.Count, prev.Prev
+		} else if ps, _ := WindowBoundsUs(l, ws-1); prev.Time == ps {
+			pre = prev.Count
+		}
+		if ws < bornUs {
+			cur = max(cur, l.Rate)
+		} else if ps, _ := WindowBoundsUs(l, ws-1); l.Kind == SlidingWindow && ps < bornUs {
+			pre = max(pre, l.Rate)
+		}
+		if l.Kind == FixedWindow {
+			pre = 0
+		}
+		return State{Time: ws, Count: cur, Prev: pre}
+	case TokenBucket:
+		r, b, p := l.Rate, capacity(l), periodUs(l)
+		q, m := p/r, p%r
+		tat, frac := prev.Time, prev.Count
+		if frac < 0 || frac >= r {
+			tat, frac = tat+1, 0
+		}
+		et, ef := bornUs+b*q+(b*m)/r, (b*m)%r
+		if tat < et || (tat == et && frac < ef) {
+			return State{Time: et, Count: ef}
+		}
+	}
+	return prev
 }
 
 // LeaseRequest is one subscriber's lease operation on one key: give back
@@ -62,8 +113,10 @@ type LeaseRequest struct {
 
 // SubscriberDemand is one subscriber's last reported demand.
 type SubscriberDemand struct {
+	// Subscriber is LeaseRequest.Subscriber of the report.
 	Subscriber int64
-	Demand     int64
+	// Demand is its LeaseRequest.Demand (units per interval).
+	Demand int64
 }
 
 // LeaseGrant is a store's answer to a LeaseRequest.

@@ -25,7 +25,7 @@ func TestLeaseNeverAboveLimit(t *testing.T) {
 			now := time.UnixMicro(tm)
 			want := rapid.Int64Range(-2, 2*capa).Draw(rt, "want")
 			_, chk := algo.Take(l, st, now, 0)
-			next, g, d := algo.Lease(l, st, now, want)
+			next, g, d := algo.Lease(l, st, now, want, 0)
 			if g < 0 || g > max(want, 0) || g > chk.Remaining {
 				rt.Fatalf("granted %d of want %d with %d remaining", g, want, chk.Remaining)
 			}

@@ -38,6 +38,21 @@ const (
 	FailLocal                     // decide with the in-process limiter
 )
 
+// Consistency is how a limit is counted across instances (the rate_limit
+// field consistency). The zero value Exact decides every hit in the store.
+type Consistency uint8
+
+const (
+	// Exact: every hit is one store call (config name "exact", the
+	// default).
+	Exact Consistency = iota
+	// Leased: each instance decides from units it leased from the store
+	// in advance and renews them in the background (config name
+	// "leased"; docs/leases.md). Never over the limit; fixed_window,
+	// sliding_window and token_bucket only.
+	Leased
+)
+
 // Counting is a counting policy: what a denied request consumes. The zero
 // value CountingDefault defers to the service's global policy
 // (--counting).
@@ -86,6 +101,8 @@ type Spec struct {
 	Calendar bool
 	// FailureMode is rate_limit.failure_mode (FailOpen when absent).
 	FailureMode FailureMode
+	// Consistency is rate_limit.consistency (Exact when absent).
+	Consistency Consistency
 	// Limit is the compiled algorithm input.
 	Limit algo.Limit
 	// EarlyWarning is rate_limit.early_warning: when a key crosses Used of

@@ -223,6 +223,7 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 			Burst:           l.burst,
 			Calendar:        l.calendar,
 			FailureMode:     l.failure,
+			Consistency:     l.consistency,
 		}
 		if l.algorithm == algo.FixedWindow || l.algorithm == algo.SlidingWindow {
 			sp.EarlyWarning = l.earlyWarning

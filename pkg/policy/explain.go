@@ -52,6 +52,9 @@ func (s *Set) WriteExplain(w io.Writer) error {
 				b.WriteString(" calendar")
 			}
 			fmt.Fprintf(&b, " failure_mode=%s policy=%q", l.FailureMode, l.Policy)
+			if l.Consistency == Leased {
+				b.WriteString(" consistency=leased")
+			}
 			if l.Name != "" {
 				fmt.Fprintf(&b, " name=%q", l.Name)
 			}

@@ -25,6 +25,8 @@ type rawLimit struct {
 	burst           int64
 	mult            int64
 	failure         FailureMode
+	consistency     Consistency
+	consistencyLine int
 	calendar        bool
 	ok              bool
 	nameLine        int
@@ -114,6 +116,18 @@ func (p *parser) limitField(l *rawLimit, unit *unitField, k string, kn, v *yaml.
 			l.failure = f
 			l.extensionFields = append(l.extensionFields, k)
 		}
+	case "consistency":
+		l.consistencyLine = kn.Line
+		s, _ := p.str(v, "consistency")
+		switch s {
+		case "exact":
+			l.consistency = Exact
+		case "leased":
+			l.consistency = Leased
+		default:
+			p.errs.add(p.file, v.Line, "invalid consistency %q: want exact or leased", s)
+		}
+		l.extensionFields = append(l.extensionFields, k)
 	case "early_warning":
 		l.earlyLine = kn.Line
 		l.earlyWarning = p.earlyWarning(v)
@@ -181,6 +195,13 @@ func (p *parser) checkLimit(l *rawLimit) {
 		if l.algorithm != algo.FixedWindow && l.algorithm != algo.SlidingWindow {
 			p.errs.add(p.file, l.calendarLine, "calendar: true applies to fixed_window and sliding_window only (algorithm is %s)", AlgorithmName(l.algorithm))
 		}
+	}
+	if l.consistency == Leased && (l.calendar || (l.algorithm != algo.FixedWindow && l.algorithm != algo.SlidingWindow && l.algorithm != algo.TokenBucket)) {
+		what := "algorithm is " + AlgorithmName(l.algorithm)
+		if l.calendar {
+			what = "calendar: true"
+		}
+		p.errs.add(p.file, l.consistencyLine, "consistency: leased applies to fixed_window, sliding_window and token_bucket without calendar windows (%s); use consistency: exact", what)
 	}
 	if l.earlyLine != 0 && l.earlyWarning.Used > 0 && l.algorithm != algo.FixedWindow && l.algorithm != algo.SlidingWindow {
 		p.errs.add(p.file, l.earlyLine, "early_warning applies to fixed_window and sliding_window only (algorithm is %s)", AlgorithmName(l.algorithm))

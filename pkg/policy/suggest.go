@@ -38,7 +38,7 @@ var (
 var (
 	topKeys      = []string{"domain", "descriptors", "plans", "override"}
 	descKeys     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "override", "counting"}
-	limitKeys    = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "failure_mode", "calendar", "early_warning"}
+	limitKeys    = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "failure_mode", "calendar", "early_warning", "consistency"}
 	plansKeys    = []string{"plan_key", "credential_key", "route_key", "tiers", "routes", "exempt", "anonymous"}
 	replacesKeys = []string{"name"}
 	routeKeys    = []string{"rate_limit", "tiers"}

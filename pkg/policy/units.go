@@ -106,6 +106,16 @@ func (f FailureMode) String() string {
 	return fmt.Sprintf("FailureMode(%d)", uint8(f))
 }
 
+var consistencyNames = [...]string{Exact: "exact", Leased: "leased"}
+
+// String returns the config name: "exact" or "leased".
+func (c Consistency) String() string {
+	if int(c) < len(consistencyNames) {
+		return consistencyNames[c]
+	}
+	return fmt.Sprintf("Consistency(%d)", uint8(c))
+}
+
 var countingNames = [...]string{CountingDefault: "", AllOrNothing: "all_or_nothing", AlwaysCharge: "always_charge"}
 
 // String returns the config spelling: "all_or_nothing", "always_charge",

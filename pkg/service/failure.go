@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -17,6 +18,14 @@ import (
 // no fallback, no decision metric), as nobody receives the answer (see
 // errCallerGone).
 func (s *Service) takeAll(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
+	if s.opts.Leases != nil && slices.ContainsFunc(specs, func(sp *policy.Spec) bool { return sp.Consistency == policy.Leased }) {
+		return s.takeLeased(ctx, hits, specs, decs, outs)
+	}
+	return s.takeStore(ctx, hits, specs, decs, outs)
+}
+
+// takeStore decides hits with one Store call, failure modes on error.
+func (s *Service) takeStore(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
 	res, err := s.take(ctx, s.opts.Store, "primary", hits)
 	if err == nil {
 		copy(decs, res)

@@ -88,6 +88,10 @@ type Options struct {
 	// failure_mode: local when Store fails. nil makes local behave as
 	// open (logged).
 	Fallback Store
+	// Leases decides the hits of limits with consistency: leased from
+	// the leases this instance holds (pkg/lease); nil decides them in
+	// Store like the others.
+	Leases Leaser
 	// Registerer receives the service's metrics; nil disables metrics.
 	Registerer prometheus.Registerer
 	// Statsd, when not nil, receives envoyproxy/ratelimit's statsd stats

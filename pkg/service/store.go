@@ -71,6 +71,18 @@ type Store interface {
 	Take(ctx context.Context, hits []algo.Hit) ([]algo.Decision, error)
 }
 
+// Leaser decides the hits of leased limits (policy.Leased) from units
+// the instance leased from the store in advance (pkg/lease.Leaser).
+type Leaser interface {
+	// Take decides hits, all of leased limits; the hits of one request
+	// are all-or-nothing. failed lists the hits it could not decide (no
+	// units left and the store failing, or ctx ended), err says why.
+	Take(ctx context.Context, hits []algo.Hit) (decs []algo.Decision, failed []int, err error)
+	// Undo gives back the units of the hits decs allowed, for a
+	// request another limit denied.
+	Undo(hits []algo.Hit, decs []algo.Decision)
+}
+
 // Causer is implemented by backend errors that know a bounded cause label
 // for ratelimitd_backend_errors_total{cause} (e.g. "timeout", "refused",
 // "oom", "readonly", "circuit_open", "other").

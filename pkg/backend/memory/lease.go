@@ -61,7 +61,7 @@ func (s *Store) Lease(_ context.Context, req algo.LeaseRequest) (algo.LeaseGrant
 	e.demand[req.Subscriber] = reported{units: max(req.Demand, 0), at: t}
 	var g algo.LeaseGrant
 	var d algo.Decision
-	e.st, g.Granted, d = algo.Lease(l, e.st, now, req.Want)
+	e.st, g.Granted, d = algo.Lease(l, e.st, now, req.Want, s.born)
 	g.Remaining, g.Now = d.Remaining, t
 	for id, r := range e.demand {
 		if t-r.at > req.Stale {

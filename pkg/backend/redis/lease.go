@@ -68,15 +68,13 @@ func tagged(base string) string {
 // keys taken from the estimate of the server's clock; when the server's
 // window differs (a clock step, the first call) nothing was written and
 // it is sent once more with the server's window. The call is bounded by
-// Options.Timeout. Errors are classified (*Error).
+// ctx only: a lease operation runs in the background of the requests
+// (pkg/lease bounds it, and no request waits for it past its own
+// deadline), so Options.Timeout, the budget of a request's call, does
+// not apply. Errors are classified (*Error).
 func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
 	if !algo.Leasable(req.Limit) {
 		return algo.LeaseGrant{}, newError(CauseOther, false, fmt.Errorf("redis: limit kind %d cannot be leased", req.Limit.Kind))
-	}
-	if s.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.timeout)
-		defer cancel()
 	}
 	pinned := s.nowUS()
 	at := pinned
@@ -104,16 +102,16 @@ func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGra
 func (s *Store) leaseAt(ctx context.Context, req algo.LeaseRequest, at, pinned int64) (algo.LeaseGrant, int64, error) {
 	l := req.Limit
 	keys, ws := leaseKeys(req.Key, l, at)
-	now := ""
+	now, born := "", ""
 	if pinned >= 0 {
-		now = strconv.FormatInt(pinned, 10)
+		now, born = strconv.FormatInt(pinned, 10), strconv.FormatInt(s.born, 10)
 	}
 	kind := map[algo.Kind]int{algo.FixedWindow: 0, algo.SlidingWindow: 1, algo.TokenBucket: 3}[l.Kind]
 	capa := l.Rate
 	if l.Kind == algo.TokenBucket && l.Burst > 0 {
 		capa = l.Burst
 	}
-	args := []any{now, kind, l.Rate, l.Period.Microseconds(), capa, ws,
+	args := []any{now, born, kind, l.Rate, l.Period.Microseconds(), capa, ws,
 		max(req.Want, 0), max(req.Return, 0), req.ReturnWindow, req.Subscriber, max(req.Demand, 0), max(req.Stale, 0)}
 	v, err := leaseScript.Run(ctx, s.client, keys, args...).Int64Slice()
 	if err != nil {

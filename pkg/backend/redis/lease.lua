@@ -12,7 +12,14 @@
 --                        1/rate µs), demands
 --        demands is "<tagged base>:d", a hash: "<sub>" = demand,
 --        "t<sub>" = when it was reported (µs).
--- ARGV   now ("" for TIME), kind (0 fixed, 1 sliding, 3 token), rate,
+-- Counters a restarted server forgot are assumed the worst (algo's
+-- assumeLost, from born: when the server's memory began, now less
+-- INFO's uptime_in_seconds): a window that began before born is full, a
+-- sliding window's previous window that began before born counts rate,
+-- and a token bucket was empty at born. Units leased before a restart
+-- may still be in use, so this is what keeps a window within the limit.
+--
+-- ARGV   now and born ("" for TIME and INFO), kind (0 fixed, 1 sliding, 3 token), rate,
 --        period_us, capacity, ws (window start the keys carry; 0 for
 --        token), want, ret, ret_ws, sub, demand, stale_us
 -- Reply  an array of integers: granted (-1: the keys' window is not the
@@ -20,16 +27,18 @@
 --        then sub, demand per subscriber reported within stale_us.
 local ARGV, KEYS = ARGV, KEYS
 local call, tonumber, min, max, floor = redis.call, tonumber, math.min, math.max, math.floor
-local now
+local now, born
 if ARGV[1] == '' then
   local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local up = string.match(call('INFO', 'server'), 'uptime_in_seconds:(%d+)')
+  born = now - tonumber(up) * 1000000
 else
-  now = tonumber(ARGV[1])
+  now, born = tonumber(ARGV[1]), tonumber(ARGV[2])
 end
-local kind, rate, period, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local ws, want, ret, retws = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local sub, demand, stale = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])
+local kind, rate, period, cap = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local ws, want, ret, retws = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local sub, demand, stale = ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13])
 local dkey = KEYS[#KEYS]
 
 if kind ~= 3 and now - now % period ~= ws then
@@ -45,7 +54,9 @@ if kind == 0 then
     count = count - back
     call('DECRBY', key, back)
   end
-  rem = max(rate - count, 0)
+  local seen = count
+  if ws < born then seen = max(count, rate) end
+  rem = max(rate - seen, 0)
   granted = min(want, rem)
   if granted > 0 then
     call('INCRBY', key, granted)
@@ -68,7 +79,13 @@ elseif kind == 1 then
   -- algo's swin.remaining: w = (we - tw) / (we - ws), est = prev*w + curr
   local we = ws + period
   local w = (we - now) / (we - ws)
-  rem = max(floor(rate - (prev * w + curr)), 0)
+  local c, p = curr, prev
+  if ws < born then
+    c = max(curr, rate)
+  elseif ws - period < born then
+    p = max(prev, rate)
+  end
+  rem = max(floor(rate - (p * w + c)), 0)
   granted = min(want, rem)
   if granted > 0 then
     call('INCRBY', key, granted)
@@ -95,8 +112,11 @@ else
       if tat < now then break end
     end
   end
-  if tat < now then tat, f = now, 0 end
   local tauUs, tauF = cap * q + floor(cap * m / rate), (cap * m) % rate
+  if born > 0 and (tat < born + tauUs or (tat == born + tauUs and f < tauF)) then
+    tat, f = born + tauUs, tauF
+  end
+  if tat < now then tat, f = now, 0 end
   local sUs, sF = tauUs - (tat - now), tauF - f
   if sF < 0 then sF, sUs = sF + rate, sUs - 1 end
   if sUs >= 0 then rem = floor((sUs * rate + sF) / period) end

@@ -82,6 +82,10 @@ type Store struct {
 	// leaseOffset is the same estimate from the lease replies (Lease):
 	// the window the keys of the next lease carry.
 	leaseOffset atomic.Int64
+	// born is Options.Now at New (µs) when the clock is pinned: the
+	// lease script's born (see lease.lua); with the server's clock the
+	// script reads it from INFO.
+	born int64
 
 	// hints rank a Cluster request's slot groups (see takeCluster; nil
 	// on standalone and Sentinel).
@@ -165,6 +169,9 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	}
 	if s.probeKey == "" {
 		s.probeKey = DefaultProbeKey
+	}
+	if s.now != nil {
+		s.born = s.now().UnixMicro()
 	}
 	if !opts.CacheUncharged {
 		s.cache.WithoutUncharged()

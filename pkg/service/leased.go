@@ -1,0 +1,90 @@
+package service
+
+import (
+	"context"
+	"errors"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+)
+
+// takeLeased decides a request with hits of leased limits: the others
+// with one Store call first (takeStore), then the leased ones from the
+// local leases (Options.Leases). The request stays all-or-nothing: when
+// the store denied it, the leased hits give their units back to the
+// lease; when a leased hit denied it, what the store's hits consumed and
+// do not keep (algo.Hit.Kept) is reversed by a refund call, as a Redis
+// Cluster request across slots is. A leased hit with no units left while
+// the store fails gets its failure_mode.
+func (s *Service) takeLeased(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
+	var li, ei []int
+	for i, sp := range specs {
+		if sp.Consistency == policy.Leased {
+			li = append(li, i)
+		} else {
+			ei = append(ei, i)
+		}
+	}
+	sub := func(idx []int) ([]algo.Hit, []*policy.Spec) {
+		h, sp := make([]algo.Hit, len(idx)), make([]*policy.Spec, len(idx))
+		for j, i := range idx {
+			h[j], sp[j] = hits[i], specs[i]
+		}
+		return h, sp
+	}
+	storeDenied := false
+	if len(ei) > 0 {
+		eh, es := sub(ei)
+		ed, eo := make([]algo.Decision, len(ei)), make([]outcome, len(ei))
+		undecided, gone = s.takeStore(ctx, eh, es, ed, eo)
+		if gone {
+			return false, true
+		}
+		for j, i := range ei {
+			decs[i], outs[i] = ed[j], eo[j]
+			storeDenied = storeDenied || (!ed[j].Allowed && !eh[j].Soft)
+		}
+	}
+	lh, ls := sub(li)
+	ld, failed, err := s.opts.Leases.Take(ctx, lh)
+	lo := make([]outcome, len(li))
+	if len(failed) > 0 {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			s.opts.Leases.Undo(lh, ld)
+			s.m.backendErrors.WithLabelValues(causeCanceled).Inc()
+			return false, true
+		}
+		s.fail(ctx, err, lh, ls, failed, ld, lo)
+		if c := causeOf(err); c == causeDeadline || c == causeTimeout {
+			for _, j := range failed {
+				undecided = undecided || (lo[j] == byFailedOpen && !lh[j].Release)
+			}
+		}
+	}
+	leaseDenied := false
+	for j := range lh {
+		leaseDenied = leaseDenied || (!ld[j].Allowed && !lh[j].Soft)
+	}
+	if storeDenied {
+		s.opts.Leases.Undo(lh, ld)
+	}
+	for j, i := range li {
+		decs[i], outs[i] = ld[j], lo[j]
+	}
+	if leaseDenied && !storeDenied && len(ei) > 0 {
+		var refund []algo.Hit
+		for _, i := range ei {
+			h := hits[i]
+			if outs[i] == byStore && decs[i].Allowed && h.Cost > 0 && !h.Kept() {
+				h.Release = true
+				refund = append(refund, h)
+			}
+		}
+		if len(refund) > 0 {
+			if _, err := s.opts.Store.Take(context.WithoutCancel(ctx), refund); err != nil {
+				s.logBackendError(causeOf(err), err, "service: refund of a request a leased limit denied failed; its other limits keep the units until their window ends")
+			}
+		}
+	}
+	return undecided, false
+}

@@ -1,0 +1,164 @@
+package service_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/lease"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+const leasedConfig = `domain: l
+descriptors:
+  - key: lz
+    rate_limit: {unit: minute, requests_per_unit: 5, consistency: leased}
+  - key: ex
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: lz2
+    rate_limit: {unit: minute, requests_per_unit: 1, consistency: leased}
+  - key: ex2
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: closed
+    rate_limit: {unit: minute, requests_per_unit: 5, consistency: leased, failure_mode: closed}
+  - key: open
+    rate_limit: {unit: minute, requests_per_unit: 5, consistency: leased}
+`
+
+// failingLeases is a memory store whose Lease fails while down is set.
+type failingLeases struct {
+	*memory.Store
+	down atomic.Bool
+}
+
+func (f *failingLeases) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
+	if f.down.Load() {
+		return algo.LeaseGrant{}, causeErr{"refused"}
+	}
+	return f.Store.Lease(ctx, req)
+}
+
+// newLeased is a service deciding leased limits from a Leaser on a memory
+// store (which also decides the exact ones), on the test clock, a minute
+// after the store began (a window that began before a store did grants
+// no lease).
+func newLeased(t *testing.T) (*service.Service, *failingLeases, *clock) {
+	t.Helper()
+	c := &clock{now: t0}
+	m, err := memory.New(memory.Options{Now: c.Now, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &failingLeases{Store: m}
+	c.Advance(time.Minute)
+	ls, err := lease.New(lease.Options{Store: st, Now: c.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ls.Close(context.Background()) })
+	svc := newService(t, testOptions(c, st, prometheus.NewRegistry()), func(o *service.Options) { o.Leases = ls })
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "l.yaml"), leasedConfig)
+	svc.SetPolicy(loadSet(t, dir))
+	return svc, st, c
+}
+
+func leasedCodes(t *testing.T, svc *service.Service, n int, ds ...string) []rlsv3.RateLimitResponse_Code {
+	t.Helper()
+	var out []rlsv3.RateLimitResponse_Code
+	for range n {
+		var descs = req("l")
+		for _, k := range ds {
+			descs.Descriptors = append(descs.Descriptors, d(k, "v"))
+		}
+		resp, err := svc.ShouldRateLimit(context.Background(), descs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, resp.GetOverallCode())
+	}
+	return out
+}
+
+const (
+	okC   = rlsv3.RateLimitResponse_OK
+	overC = rlsv3.RateLimitResponse_OVER_LIMIT
+)
+
+func TestLeasedLimit(t *testing.T) {
+	svc, _, _ := newLeased(t)
+	got := leasedCodes(t, svc, 7, "lz")
+	want := []rlsv3.RateLimitResponse_Code{okC, okC, okC, okC, okC, overC, overC}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("7 calls on 5/minute leased: %v, want %v", got, want)
+		}
+	}
+}
+
+// A request an exact limit denies gives its leased units back; one a
+// leased limit denies has its exact hits refunded.
+func TestLeasedAllOrNothing(t *testing.T) {
+	svc, _, _ := newLeased(t)
+	if got := leasedCodes(t, svc, 2, "ex", "lz"); got[0] != okC || got[1] != overC {
+		t.Fatalf("ex 1/minute + lz: %v, want OK then OVER_LIMIT", got)
+	}
+	// lz used 1 (the second request's unit went back): 4 more.
+	got := leasedCodes(t, svc, 5, "lz")
+	if want := []rlsv3.RateLimitResponse_Code{okC, okC, okC, okC, overC}; !equalCodes(got, want) {
+		t.Fatalf("lz after a request ex denied: %v, want %v", got, want)
+	}
+	if got := leasedCodes(t, svc, 2, "ex2", "lz2"); got[0] != okC || got[1] != overC {
+		t.Fatalf("ex2 2/minute + lz2 1/minute: %v, want OK then OVER_LIMIT", got)
+	}
+	// ex2 used 1 (the second request's unit was refunded): 1 more.
+	if got := leasedCodes(t, svc, 2, "ex2"); got[0] != okC || got[1] != overC {
+		t.Fatalf("ex2 after a request lz2 denied: %v, want OK then OVER_LIMIT", got)
+	}
+}
+
+// With the store down, the units in hand are used, then failure_mode
+// applies: closed denies, open admits.
+func TestLeasedStoreDown(t *testing.T) {
+	svc, st, _ := newLeased(t)
+	// One call each takes a lease; then the store goes down.
+	leasedCodes(t, svc, 1, "closed")
+	leasedCodes(t, svc, 1, "open")
+	st.down.Store(true)
+	got := leasedCodes(t, svc, 12, "closed")
+	n := 0
+	for _, c := range got {
+		if c == okC {
+			n++
+		}
+	}
+	if n > 4 || got[len(got)-1] != overC {
+		t.Fatalf("closed with the store down: %v: want at most the 4 units in hand, then OVER_LIMIT", got)
+	}
+	for _, c := range leasedCodes(t, svc, 12, "open") {
+		if c != okC {
+			t.Fatalf("open with the store down: %v, want OK", c)
+		}
+	}
+}
+
+func equalCodes(a, b []rlsv3.RateLimitResponse_Code) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
