@@ -32,7 +32,10 @@ type stream struct {
 
 	outMu sync.Mutex
 	out   map[string]*rlqspb.RateLimitQuotaResponse_BucketAction // not yet sent, by canonical id
-	wake  chan struct{}
+	// handedOff is set once the handoff is queued: a round still running
+	// must not replace it with a longer TTL.
+	handedOff bool
+	wake      chan struct{}
 }
 
 // What a bucket's rule asks of the server.
@@ -484,11 +487,19 @@ func (s *Server) handoff(st *stream) {
 			st.queue(b, assignment(b.id, b.sent, handoffTTL))
 		}
 	}
+	st.outMu.Lock()
+	st.handedOff = true
+	st.outMu.Unlock()
 }
 
-// queue replaces b's pending action and wakes the stream's sender.
+// queue replaces b's pending action and wakes the stream's sender; after
+// the handoff it does nothing.
 func (st *stream) queue(b *bucket, a *rlqspb.RateLimitQuotaResponse_BucketAction) {
 	st.outMu.Lock()
+	if st.handedOff {
+		st.outMu.Unlock()
+		return
+	}
 	st.out[b.canon] = a
 	st.outMu.Unlock()
 	select {
