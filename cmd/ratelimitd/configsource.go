@@ -123,6 +123,9 @@ func (s *server) apply(set *policy.Set, warnings []policy.Warning) {
 		s.log.Warn("config warning", "warning", w.String())
 	}
 	s.svc.SetPolicy(set)
+	if s.rlqs != nil {
+		s.rlqs.SetPolicy(set)
+	}
 	if r, ok := s.store.(resetter); ok {
 		r.ResetCache()
 	}

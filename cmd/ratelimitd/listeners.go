@@ -53,7 +53,7 @@ func (s *server) openListeners() error {
 // newGRPCServer builds the gRPC server: the service's codec and
 // interceptor, the transport options and bounds (grpcServerOptions),
 // tracing, TLS (reloaded on change), --grpc-max-connections, and the RLS,
-// health and reflection services.
+// RLQS, health and reflection services.
 func (s *server) newGRPCServer() error {
 	o := s.opts
 	gopts := append([]grpc.ServerOption{s.svc.ServerOption()}, grpcServerOptions(o)...)
@@ -76,6 +76,9 @@ func (s *server) newGRPCServer() error {
 	s.grpcLn = limitConns(s.grpcLn, o.GRPCMaxConnections)
 	s.grpc = grpc.NewServer(gopts...)
 	s.svc.Register(s.grpc)
+	if s.rlqs != nil {
+		s.rlqs.Register(s.grpc)
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	return nil

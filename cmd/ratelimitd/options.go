@@ -170,6 +170,14 @@ type Options struct {
 	// Drain is how long the health checks report NOT_SERVING before the
 	// listeners stop accepting (lets load balancers notice).
 	Drain time.Duration
+	// RLQSInterval is the RLQS reporting round (rlqs.Options.Interval).
+	RLQSInterval time.Duration
+	// RLQSAbandonAfter is the silence after which an RLQS bucket is
+	// abandoned (rlqs.Options.AbandonAfter).
+	RLQSAbandonAfter time.Duration
+	// RLQSHeadroom is the share of a limit the Envoys' full buckets hold
+	// (rlqs.Options.Headroom).
+	RLQSHeadroom float64
 	// ShutdownGrace bounds the wait for in-flight calls after the
 	// listeners stop; calls still running then are cut.
 	ShutdownGrace time.Duration

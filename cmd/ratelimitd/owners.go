@@ -9,6 +9,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -56,6 +57,7 @@ func (o Options) validateOwners(named map[string]bool) error {
 		{true, so.Validate()},
 		{o.ConfigSource == "xds", xdsOptionsError(o)},
 		{true, telemetryOptions(o).Validate()},
+		{true, rlqsOptions(o, noStore{}).Validate()},
 	} {
 		for _, e := range leafErrors(c.err) {
 			if msg, ok := ownerFlagErrors[e]; ok {
@@ -222,4 +224,9 @@ func retryJitter(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// rlqsOptions are the RLQS server's options of o on store.
+func rlqsOptions(o Options, store rlqs.Store) rlqs.Options {
+	return rlqs.Options{Store: store, Interval: o.RLQSInterval, AbandonAfter: o.RLQSAbandonAfter, Headroom: o.RLQSHeadroom}
 }

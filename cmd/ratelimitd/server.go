@@ -22,6 +22,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
@@ -35,6 +36,7 @@ type server struct {
 	opts   Options
 	log    *slog.Logger
 	svc    *service.Service
+	rlqs   *rlqs.Server // the Rate Limit Quota Service on the gRPC port
 	store  service.Store
 	health *health.Server
 	loaded atomic.Bool // a good config is in force
@@ -120,6 +122,7 @@ func newServer(o Options, gc gcPolicy, warnings []string, logOut io.Writer) (_ *
 		s.newDurable,
 		func() error { return s.newTelemetry(ev) },
 		s.newService,
+		s.newRLQS,
 		s.openListeners,
 		s.newGRPCServer,
 		s.newHTTPServers,
@@ -165,6 +168,24 @@ func (s *server) newService() error {
 	return nil
 }
 
+// newRLQS builds the Rate Limit Quota Service on the store: usage is
+// charged to the same counters as ShouldRateLimit's, and the demand of the
+// Envoys' streams is shared among replicas through the store (Redis); on
+// memory one process is the whole fleet, and memcached cannot share it, so
+// each replica divides the limits among its own streams (logged).
+func (s *server) newRLQS() error {
+	ro := rlqsOptions(s.opts, s.tracing.Store(s.store))
+	ro.Registerer, ro.Logger = s.reg, s.log
+	if d, ok := s.store.(rlqs.Demand); ok {
+		ro.Demand = d
+	} else if s.opts.Backend == "memcache" {
+		s.log.Warn("rlqs: the memcached backend cannot share the Envoys' demand among replicas: each replica divides every limit among its own RLQS streams; run one replica for RLQS, or use Redis")
+	}
+	var err error
+	s.rlqs, err = rlqs.New(ro)
+	return err
+}
+
 // onClose adds f to what release runs (in reverse order of onClose).
 func (s *server) onClose(f func()) { s.closers = append(s.closers, f) }
 
@@ -195,6 +216,13 @@ func (s *server) Run(ctx context.Context) error {
 	s.startHealthPoll()
 	s.logListening()
 	s.startServing()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if s.rlqs != nil {
+			s.rlqs.Run(s.watchCtx)
+		}
+	}()
 
 	var runErr error
 	select {
@@ -239,6 +267,12 @@ func (s *server) shutdown(drain bool) {
 		time.Sleep(s.opts.Drain)
 	}
 	s.stopWatch()
+	// RLQS streams get their assignments with a 1 s TTL and end, so the
+	// graceful stop below does not wait on them and no Envoy keeps an
+	// assignment of this replica for longer.
+	if s.rlqs != nil {
+		s.rlqs.Shutdown()
+	}
 	s.stopServing()
 	s.wg.Wait()
 	s.log.Info("stopped")

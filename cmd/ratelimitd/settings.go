@@ -14,6 +14,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
@@ -187,6 +188,9 @@ var settings = []setting{
 	{name: "problem-detail", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.ProblemDetail }, ""), doc: "problem `detail` template; placeholders `{policy}`, `{quota}`, `{window}`, `{retry_after}` (seconds)", shown: "(built-in sentence)"},
 	{name: "fail-closed-retry-after", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.FailClosedRetryAfter }, service.DefaultFailClosedRetryAfter), doc: "`Retry-After` base when `failure_mode: closed` denies because the backend failed", owner: "service.FailClosedRetryAfter"},
 	{name: "detailed-metric-cap", group: groupTelemetry, field: fieldOf(func(o *Options) *int { return &o.DetailedMetricCap }, service.DefaultDetailedMetricCap), doc: "distinct `rule` label values from `detailed_metric` rules per loaded config, then `_other`; negative disables detailed labels ([docs/metrics.md](docs/metrics.md))", owner: "service.DetailedMetricCap"},
+	{name: "rlqs-interval", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.RLQSInterval }, rlqs.DefaultInterval), doc: "RLQS (Envoy's `rate_limit_quota` filter, [docs/rlqs.md](docs/rlqs.md)): every this long the reported usage is charged and each limit divided again among the Envoys; set Envoy's `reporting_interval` to the same", owner: "rlqs.Interval"},
+	{name: "rlqs-abandon-after", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.RLQSAbandonAfter }, rlqs.DefaultAbandonAfter), doc: "RLQS: a bucket not reported for this long is sent an `AbandonAction` and forgotten; several reporting intervals", owner: "rlqs.AbandonAfter"},
+	{name: "rlqs-headroom", group: groupAnswers, field: fieldOf(func(o *Options) *float64 { return &o.RLQSHeadroom }, rlqs.DefaultHeadroom), doc: "RLQS: share of each limit the Envoys' full token buckets hold together; the assigned rates share the rest, so a window never admits more than the limit", owner: "rlqs.Headroom"},
 	{name: "dynamic-metadata", group: groupAnswers, legacy: []string{"RESPONSE_DYNAMIC_METADATA"}, field: fieldOf(func(o *Options) *bool { return &o.DynamicMetadata }, false), doc: "fill `RateLimitResponse.dynamic_metadata`"},
 	{name: "merge-domains", group: groupConfig, legacy: []string{"MERGE_DOMAIN_CONFIG"}, field: fieldOf(func(o *Options) *bool { return &o.MergeDomains }, false), doc: "let several files contribute to one domain"},
 	// ≈ 10.7 MB of live heap per 10,000 rules (docs/config.md): about 54 MB

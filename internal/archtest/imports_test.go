@@ -51,9 +51,10 @@ var mayImport = map[string][]string{
 	"pkg/service":                       {"pkg/algo", "pkg/policy", "pkg/telemetry/statsd"},
 	"pkg/replay":                        {"pkg/algo", "pkg/policy", "pkg/service"},
 	"pkg/client":                        {"pkg/algo"},
+	"pkg/rlqs":                          {"pkg/algo", "pkg/policy", "pkg/fairshare"},
 	"cmd/ratelimitd/...": {
 		"cmd/ratelimitd/...",
-		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay",
+		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay", "pkg/rlqs",
 		"pkg/backend/memory", "pkg/backend/redis", "pkg/backend/memcache", "pkg/backend/overlimit",
 		"pkg/backend/postgres",
 		"pkg/telemetry", "pkg/telemetry/statsd", "pkg/lease",

@@ -1,0 +1,146 @@
+package rlqs
+
+import (
+	"math"
+	"time"
+
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+)
+
+// milli is the allocator's resolution: shares and demand are counted in
+// thousandths of a unit per window, so that a limit smaller than the number
+// of streams still divides.
+const milli = 1000
+
+// share is one stream's assignment for one limit: a token bucket of
+// maxTokens that refills rate milli-units per window, or deny.
+type share struct {
+	deny      bool
+	maxTokens int64 // tokens
+	rate      int64 // milli-units per window
+	window    time.Duration
+}
+
+// plan is the division of one limit among the fleet's streams for one
+// round: every stream's bucket holds burst tokens, and budget milli-units
+// per window are divided by demand.
+type plan struct {
+	burst  int64
+	budget int64
+	spent  bool // a windowed budget is used up: DENY_ALL
+}
+
+// planFor sizes the buckets of n streams (n >= 1) on limit sp. Envoy starts a
+// token bucket full and refills it continuously, so over any stretch of one
+// window a stream admits at most its maxTokens plus its rate: the buckets
+// together hold headroom × the limit (at least one token each), and the
+// rates share the rest, so that full buckets across the fleet cannot
+// overshoot the window. When the limit is smaller than the streams' single
+// tokens, the rates still get half of it (docs/rlqs.md, "Bounds").
+//
+// A window longer than ttl is a budget (hour, day, month): remaining is what
+// the store says is left of it, and the rates are cut so that every bucket
+// emptied plus two intervals of refill fit in it; when that leaves nothing,
+// the plan is spent.
+func planFor(sp *policy.Spec, n int, headroom float64, remaining int64, windowed bool, interval time.Duration) plan {
+	limit := int64(sp.RequestsPerUnit)
+	if limit == 0 {
+		return plan{spent: true}
+	}
+	burst := max(1, int64(headroom*float64(limit))/int64(n))
+	rest := limit - burst*int64(n)
+	if rest < limit/2 {
+		rest = limit / 2
+	}
+	budget := rest * milli
+	if windowed {
+		left := remaining - burst*int64(n)
+		if left <= 0 {
+			return plan{spent: true}
+		}
+		// Two intervals: usage is reported one interval late.
+		perWindow := float64(left) * float64(sp.Window) / float64(2*interval)
+		budget = int64(math.Min(float64(budget), perWindow*milli))
+	}
+	return plan{burst: burst, budget: budget}
+}
+
+// combine keeps the stricter of two shares of one bucket (a rule with
+// several limits): a denial, else the smaller rate per second and the
+// smaller bucket.
+func combine(a, b share, first bool) share {
+	if first {
+		return b
+	}
+	if a.deny || b.deny {
+		return share{deny: true}
+	}
+	ra := float64(a.rate) / a.window.Seconds()
+	rb := float64(b.rate) / b.window.Seconds()
+	out := a
+	if rb < ra {
+		out.rate, out.window = b.rate, b.window
+	}
+	out.maxTokens = min(a.maxTokens, b.maxTokens)
+	return out
+}
+
+// maxFill bounds fill_interval in seconds when a share is below one unit per
+// window (one day).
+const maxFill = 86400
+
+// tokenBucket turns a share into Envoy's token bucket. Envoy truncates
+// fill_interval to whole seconds and refills tokens_per_fill / fill_interval
+// per second, so the interval is whole seconds >= 1, and tokens_per_fill is
+// rounded down (never above the share); a longer interval keeps at least
+// 100 tokens per fill so that rounding costs at most 1 %.
+func tokenBucket(s share) *typev3.TokenBucket {
+	w := int64(s.window / time.Second)
+	if w < 1 {
+		w = 1
+	}
+	var fill int64
+	tokens := int64(1)
+	switch {
+	case s.rate <= 0:
+		fill = max(w, maxFill)
+	case s.rate < milli:
+		// Less than a unit per window: one token every so many windows.
+		fill = min(max((milli*w+s.rate-1)/s.rate, 1), max(w, maxFill))
+	default:
+		k := int64(1)
+		for k < 60 && s.rate*k/milli < 100 && w*(k+1) <= max(w, maxFill) {
+			k++
+		}
+		fill, tokens = w*k, s.rate*k/milli
+	}
+	tokens = min(max(tokens, 1), math.MaxUint32)
+	return &typev3.TokenBucket{
+		MaxTokens:     uint32(min(max(s.maxTokens, 1), math.MaxUint32)),
+		TokensPerFill: wrapperspb.UInt32(uint32(tokens)),
+		FillInterval:  durationpb.New(time.Duration(fill) * time.Second),
+	}
+}
+
+// strategy is the RateLimitStrategy of a share.
+func strategy(s share) *typev3.RateLimitStrategy {
+	if s.deny {
+		return blanket(typev3.RateLimitStrategy_DENY_ALL)
+	}
+	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: tokenBucket(s)}}
+}
+
+func blanket(r typev3.RateLimitStrategy_BlanketRule) *typev3.RateLimitStrategy {
+	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: r}}
+}
+
+// wholeSeconds rounds d up to whole seconds, at least 1: Envoy reads only
+// the seconds of assignment_time_to_live, and 0 expires at once.
+func wholeSeconds(d time.Duration) time.Duration {
+	s := (d + time.Second - 1) / time.Second
+	return max(s, 1) * time.Second
+}

@@ -1,0 +1,353 @@
+package rlqs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/fairshare"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+)
+
+// Store charges the usage Envoys report: the shape of the service's Store
+// (pkg/service), declared here by its consumer.
+type Store interface {
+	// Take decides hits as the service's Store documents.
+	Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error
+}
+
+// Defaults of Options.
+const (
+	DefaultInterval     = time.Second
+	DefaultAbandonAfter = 30 * time.Second
+	DefaultHeadroom     = 0.05
+	// handoffTTL is the assignment TTL sent when the server shuts down:
+	// the shortest Envoy honours (whole seconds).
+	handoffTTL = time.Second
+)
+
+// Options configure a Server. Zero values mean the defaults.
+type Options struct {
+	// Store is charged with the reported usage (required).
+	Store Store
+	// Demand shares stream demand among replicas; nil: this process only
+	// (NewMemory).
+	Demand Demand
+	// Interval is the reporting round: every Interval the usage is charged
+	// and each limit divided again (DefaultInterval). Envoy's
+	// reporting_interval should be the same.
+	Interval time.Duration
+	// AbandonAfter is how long a bucket may go without a report before the
+	// server sends it an AbandonAction and forgets it (DefaultAbandonAfter);
+	// several of Envoy's reporting intervals, or live buckets are abandoned.
+	AbandonAfter time.Duration
+	// Headroom is the share of each limit held by the streams' full
+	// buckets together (DefaultHeadroom); the rates share the rest.
+	Headroom float64
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the RLQS metrics; nil disables them.
+	Registerer prometheus.Registerer
+	// Replica names this process in stream ids shared through Demand (a
+	// random id when empty).
+	Replica string
+}
+
+// FieldError is one invalid Options field, as Validate reports it.
+type FieldError struct {
+	// Field is the Options field's name.
+	Field string
+	// Value is the field's value.
+	Value any
+	// Reason is what a valid value is.
+	Reason string
+}
+
+// Error returns "rlqs: Field=Value: Reason".
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("rlqs: %s=%v: %s", e.Field, e.Value, e.Reason)
+}
+
+// OptionField returns the package-qualified field name ("rlqs.Interval")
+// and the reason, for callers that name the field their own way (a flag).
+func (e *FieldError) OptionField() (field, reason string) { return "rlqs." + e.Field, e.Reason }
+
+// Validate reports every invalid field, joined, each a *FieldError: a nil
+// Store; a negative Interval or AbandonAfter; a Headroom outside [0, 0.5).
+// Zero values are valid: they mean the defaults.
+func (o Options) Validate() error {
+	var errs []error
+	bad := func(field string, v any, reason string) {
+		errs = append(errs, &FieldError{Field: field, Value: v, Reason: reason})
+	}
+	if o.Store == nil {
+		bad("Store", o.Store, "required")
+	}
+	if o.Interval < 0 {
+		bad("Interval", o.Interval, "must not be negative")
+	}
+	if o.AbandonAfter < 0 {
+		bad("AbandonAfter", o.AbandonAfter, "must not be negative")
+	}
+	if !(o.Headroom >= 0 && o.Headroom < 0.5) {
+		bad("Headroom", o.Headroom, "must be in [0, 0.5)")
+	}
+	return errors.Join(errs...)
+}
+
+// Server is the Rate Limit Quota Service
+// (envoy.service.rate_limit_quota.v3.RateLimitQuotaService): Envoy's
+// rate_limit_quota filter streams usage, and the server answers with quota
+// assignments that divide each rule's limit among the streams by demand.
+type Server struct {
+	rlqspb.UnimplementedRateLimitQuotaServiceServer
+
+	opt    Options
+	log    *slog.Logger
+	now    func() time.Time
+	set    atomic.Pointer[policy.Set]
+	seq    atomic.Uint64
+	m      *metrics
+	closed chan struct{}
+	once   sync.Once
+
+	roundMu sync.Mutex // one Round at a time
+	mu      sync.Mutex
+	streams map[*stream]struct{}
+	keys    map[string]*keyState
+	// reported counts processed report messages (tests wait on it).
+	reported atomic.Int64
+}
+
+// keyState is what the server keeps per counter between rounds.
+type keyState struct {
+	spec      *policy.Spec
+	alloc     *fairshare.Allocator
+	remote    map[string]int64 // the fleet's demand last shared
+	remaining int64            // of the window, from the last charge
+	known     bool             // remaining has been read
+	pending   int64            // usage not yet charged (a failed charge)
+	failed    bool             // the last charge failed
+	idle      int              // rounds without a local bucket
+}
+
+// New returns a Server; SetPolicy gives it its config.
+func New(opt Options) (*Server, error) {
+	if err := opt.Validate(); err != nil {
+		return nil, err
+	}
+	if opt.Demand == nil {
+		opt.Demand = NewMemory()
+	}
+	if opt.Interval == 0 {
+		opt.Interval = DefaultInterval
+	}
+	if opt.AbandonAfter == 0 {
+		opt.AbandonAfter = DefaultAbandonAfter
+	}
+	if opt.Headroom == 0 {
+		opt.Headroom = DefaultHeadroom
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.Replica == "" {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		opt.Replica = hex.EncodeToString(b[:])
+	}
+	log := opt.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	m, err := newMetrics(opt.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{opt: opt, log: log.With("component", "rlqs"), now: opt.Now, m: m, closed: make(chan struct{}),
+		streams: map[*stream]struct{}{}, keys: map[string]*keyState{}}, nil
+}
+
+// Register registers the server on g.
+func (s *Server) Register(g grpc.ServiceRegistrar) { rlqspb.RegisterRateLimitQuotaServiceServer(g, s) }
+
+// SetPolicy installs a config: every bucket is matched again and every
+// stream gets its assignments again at once.
+func (s *Server) SetPolicy(set *policy.Set) {
+	if old := s.set.Swap(set); old == set {
+		return
+	}
+	s.mu.Lock()
+	n := len(s.streams)
+	for st := range s.streams {
+		for _, b := range st.buckets {
+			s.match(b, set)
+		}
+	}
+	s.mu.Unlock()
+	if n > 0 {
+		s.Round(context.Background())
+	}
+}
+
+// TTL is the assignment_time_to_live of every assignment: two rounds,
+// whole seconds, so that one late round does not expire it.
+func (s *Server) TTL() time.Duration { return wholeSeconds(2 * s.opt.Interval) }
+
+// Run runs a round every Interval until ctx is done or Shutdown.
+func (s *Server) Run(ctx context.Context) {
+	t := time.NewTicker(s.opt.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.closed:
+			return
+		case <-t.C:
+			s.Round(ctx)
+		}
+	}
+}
+
+// Shutdown hands the streams off: each gets its current assignments again
+// with a TTL of one second, then its stream ends, so that Envoy reconnects
+// (to another replica) and no Envoy keeps an assignment of this replica
+// past a second. Streams that arrive later are refused.
+func (s *Server) Shutdown() {
+	s.once.Do(func() { close(s.closed) })
+}
+
+// Streams is the number of open streams.
+func (s *Server) Streams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.streams)
+}
+
+// window is the limit's window as a duration of whole seconds.
+func window(sp *policy.Spec) time.Duration { return max(sp.Window, time.Second) }
+
+// Round charges the usage reported since the last round to the store, shares
+// each counter's demand with the other replicas, divides each limit among
+// the fleet's streams and sends every stream its assignments.
+func (s *Server) Round(ctx context.Context) {
+	s.roundMu.Lock()
+	defer s.roundMu.Unlock()
+	now := s.now()
+	round := now.UnixNano() / int64(s.opt.Interval)
+	set := s.set.Load()
+
+	s.mu.Lock()
+	s.abandonSilent(now)
+	ins := s.gather(set)
+	hits := make([]algo.Hit, 0, len(ins))
+	keys := make([]string, 0, len(ins))
+	for k, in := range ins {
+		ks := s.keyState(k, in.spec)
+		ks.pending += in.usage
+		keys = append(keys, k)
+	}
+	// Counters whose streams left still have their last usage to charge.
+	for k, ks := range s.keys {
+		if _, ok := ins[k]; ok {
+			ks.idle = 0
+		} else if ks.idle++; ks.idle > 3 && ks.pending == 0 {
+			delete(s.keys, k)
+			continue
+		}
+		cost := min(ks.pending, algo.MaxCost)
+		hits = append(hits, algo.Hit{Key: k, Limit: ks.spec.Limit, Cost: cost, Soft: true, Charge: true})
+	}
+	all := s.allBuckets()
+	s.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(ctx, s.opt.Interval/2)
+	defer cancel()
+	var decs []algo.Decision
+	var err error
+	if len(hits) > 0 {
+		decs = make([]algo.Decision, len(hits))
+		err = s.opt.Store.Take(ctx, hits, decs)
+	}
+	local := make(map[string]map[string]int64, len(keys))
+	for _, k := range keys {
+		local[k] = ins[k].local
+	}
+	views, shareErr := s.opt.Demand.ShareDemand(ctx, round, 4*s.opt.Interval, local)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.m.errors.WithLabelValues("charge").Inc()
+		s.log.Warn("rlqs: usage not charged; kept for the next round, each rule's failure_mode applies", "err", err, "counters", len(hits))
+	}
+	if shareErr != nil {
+		s.m.errors.WithLabelValues("demand").Inc()
+		s.log.Warn("rlqs: demand not shared; dividing by the fleet's demand last shared", "err", shareErr)
+	}
+	for i, h := range hits {
+		ks := s.keys[h.Key]
+		if ks == nil {
+			continue
+		}
+		if err != nil {
+			ks.failed = true
+			continue
+		}
+		ks.failed, ks.known = false, true
+		ks.pending = max(ks.pending-h.Cost, 0)
+		ks.remaining = decs[i].Remaining
+	}
+	for k, v := range views {
+		if ks := s.keys[k]; ks != nil {
+			s.forgetGone(ks, v)
+			ks.remote = v
+		}
+	}
+	s.assign(now, ins, all, false)
+}
+
+// allBuckets lists every bucket of every stream.
+func (s *Server) allBuckets() []*bucket {
+	var out []*bucket
+	for st := range s.streams {
+		for _, b := range st.buckets {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// forgetGone drops the allocator history of streams no longer in the
+// fleet's view.
+func (s *Server) forgetGone(ks *keyState, v map[string]int64) {
+	for id := range ks.remote {
+		if _, ok := v[id]; !ok {
+			ks.alloc.Forget(id)
+		}
+	}
+}
+
+func (s *Server) keyState(k string, sp *policy.Spec) *keyState {
+	ks := s.keys[k]
+	if ks == nil {
+		ks = &keyState{alloc: fairshare.New(fairshare.Options{})}
+		s.keys[k] = ks
+	}
+	ks.spec = sp
+	return ks
+}

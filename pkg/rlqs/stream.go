@@ -1,0 +1,531 @@
+package rlqs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/fairshare"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
+)
+
+// stream is one Envoy's StreamRateLimitQuotas call (one Envoy and domain).
+type stream struct {
+	id      string // replica-seq: a subscriber id shared through Demand
+	domain  string
+	buckets map[string]*bucket // by canonical bucket id; Server.mu
+	seq     int
+
+	outMu sync.Mutex
+	out   map[string]*rlqspb.RateLimitQuotaResponse_BucketAction // not yet sent, by canonical id
+	// handedOff is set once the handoff is queued: a round still running
+	// must not replace it with a longer TTL.
+	handedOff bool
+	wake      chan struct{}
+}
+
+// What a bucket's rule asks of the server.
+type bucketKind uint8
+
+const (
+	kindAllow   bucketKind = iota // no rule, unlimited, or only concurrency limits: ALLOW_ALL, nothing charged
+	kindShadow                    // shadow mode: charged, ALLOW_ALL
+	kindLimited                   // charged and divided
+)
+
+// bucket is one bucket of one stream.
+type bucket struct {
+	st      *stream
+	canon   string
+	sub     string // subscriber id: stream id and a per-stream number, no request value
+	id      *rlqspb.BucketId
+	entries []policy.Entry // the bucket id's entries, sorted by key
+	kind    bucketKind
+	specs   []*policy.Spec // the limits it is charged and divided on
+	keys    []string       // the counter key of each of specs
+	rate    float64        // requests per second last reported; < 0 before the first whole second
+	usage   int64          // admitted requests not yet charged
+	last    time.Time      // last report
+	sent    *typev3.RateLimitStrategy
+}
+
+// canonical encodes a bucket id injectively: its entries sorted by key,
+// each length-prefixed.
+func canonical(m map[string]string) (string, []policy.Entry) {
+	es := make([]policy.Entry, 0, len(m))
+	for k, v := range m {
+		es = append(es, policy.Entry{Key: k, Value: v})
+	}
+	slices.SortFunc(es, func(a, b policy.Entry) int { return strings.Compare(a.Key, b.Key) })
+	var sb strings.Builder
+	for _, e := range es {
+		sb.WriteString(strconv.Itoa(len(e.Key)))
+		sb.WriteByte(':')
+		sb.WriteString(e.Key)
+		sb.WriteString(strconv.Itoa(len(e.Value)))
+		sb.WriteByte(':')
+		sb.WriteString(e.Value)
+	}
+	return sb.String(), es
+}
+
+// match resolves b against set: its entries, sorted by key, are one
+// descriptor of the stream's domain.
+func (s *Server) match(b *bucket, set *policy.Set) {
+	b.kind, b.specs, b.keys = kindAllow, nil, nil
+	m, ok := set.Match(b.st.domain, b.entries)
+	if !ok || m.Rule == nil || m.Rule.Unlimited {
+		return
+	}
+	for i := range m.Rule.Limits {
+		sp := &m.Rule.Limits[i]
+		if sp.Algorithm == algo.Concurrency {
+			continue
+		}
+		b.specs = append(b.specs, sp)
+		b.keys = append(b.keys, set.Key(m, i))
+	}
+	switch {
+	case len(b.specs) == 0:
+	case m.Rule.ShadowMode:
+		b.kind = kindShadow
+	default:
+		b.kind = kindLimited
+	}
+}
+
+// StreamRateLimitQuotas serves one Envoy's stream: each report is recorded
+// (a bucket's first report is answered at once), and the assignments of
+// every round are sent until the stream ends or the server shuts down.
+func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqspb.RateLimitQuotaUsageReports, rlqspb.RateLimitQuotaResponse]) error {
+	select {
+	case <-s.closed:
+		return status.Error(codes.Unavailable, "rlqs: shutting down")
+	default:
+	}
+	st := &stream{id: s.opt.Replica + "-" + strconv.FormatUint(s.seq.Add(1), 10), buckets: map[string]*bucket{},
+		out: map[string]*rlqspb.RateLimitQuotaResponse_BucketAction{}, wake: make(chan struct{}, 1)}
+	s.mu.Lock()
+	s.streams[st] = struct{}{}
+	s.mu.Unlock()
+	s.m.streams.Inc()
+	defer s.leave(st)
+
+	ctx := gs.Context()
+	recv := make(chan *rlqspb.RateLimitQuotaUsageReports)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := gs.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case recv <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case m := <-recv:
+			s.report(st, m)
+			s.reported.Add(1)
+		case <-st.wake:
+			if err := s.flush(st, gs); err != nil {
+				return err
+			}
+		case err := <-errc:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.closed:
+			s.handoff(st)
+			return s.flush(st, gs)
+		}
+	}
+}
+
+// leave forgets a stream; the other streams on its counters get their
+// shares again at the next round (its demand leaves the fleet's view then).
+func (s *Server) leave(st *stream) {
+	s.mu.Lock()
+	delete(s.streams, st)
+	for _, b := range st.buckets {
+		for _, k := range b.keys {
+			if ks := s.keys[k]; ks != nil {
+				ks.alloc.Forget(b.sub)
+				ks.pending += b.usage
+			}
+		}
+	}
+	s.mu.Unlock()
+	s.m.streams.Dec()
+}
+
+// joinTimeout bounds the store call that shares a new bucket's demand, so
+// that its first assignment leaves within 50 ms.
+const joinTimeout = 20 * time.Millisecond
+
+// report records one usage report. Envoy sends the domain on the first
+// report and may repeat it; a bucket's first report (sent on its first
+// request, time_elapsed 0) gets its assignment at once, and the other
+// local streams on its counters get theirs again, because the division
+// moved. The new demand is shared with the other replicas first, so that
+// their next division counts it.
+func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
+	now := s.now()
+	set := s.set.Load()
+	s.mu.Lock()
+	fresh := s.record(st, m, now, set)
+	if len(fresh) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	only := map[string]bool{}
+	for _, b := range fresh {
+		for _, k := range b.keys {
+			only[k] = true
+		}
+	}
+	ins := s.gatherKeys(set, only)
+	s.mu.Unlock()
+
+	round := now.UnixNano() / int64(s.opt.Interval)
+	ctx, cancel := context.WithTimeout(context.Background(), min(joinTimeout, s.opt.Interval/2))
+	defer cancel()
+	local := make(map[string]map[string]int64, len(ins))
+	for k, in := range ins {
+		local[k] = in.local
+	}
+	views, err := s.opt.Demand.ShareDemand(ctx, round, 4*s.opt.Interval, local)
+	if err != nil {
+		s.m.errors.WithLabelValues("demand").Inc()
+		s.log.Warn("rlqs: demand of a new bucket not shared; dividing by the fleet's demand last shared", "err", err)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, v := range views {
+		ks := s.keyState(k, ins[k].spec)
+		merged := maps.Clone(ks.remote)
+		if merged == nil {
+			merged = map[string]int64{}
+		}
+		maps.Copy(merged, v)
+		ks.remote = merged
+	}
+	// Streams may have left meanwhile: divide among those still here.
+	s.assign(now, s.gatherKeys(set, only), fresh, true)
+}
+
+// record applies a report to st's buckets and returns the new ones.
+func (s *Server) record(st *stream, m *rlqspb.RateLimitQuotaUsageReports, now time.Time, set *policy.Set) []*bucket {
+	if st.domain == "" {
+		st.domain = m.GetDomain()
+	}
+	var fresh []*bucket
+	for _, u := range m.GetBucketQuotaUsages() {
+		bm := u.GetBucketId().GetBucket()
+		if len(bm) == 0 {
+			continue
+		}
+		canon, entries := canonical(bm)
+		b := st.buckets[canon]
+		if b == nil {
+			st.seq++
+			b = &bucket{st: st, canon: canon, sub: st.id + "." + strconv.Itoa(st.seq), id: u.GetBucketId(), entries: entries, rate: -1}
+			st.buckets[canon] = b
+			if set != nil {
+				s.match(b, set)
+			}
+			fresh = append(fresh, b)
+		}
+		b.last = now
+		b.usage += int64(min(u.GetNumRequestsAllowed(), uint64(algo.MaxCost)))
+		if el := u.GetTimeElapsed().AsDuration(); el >= time.Second {
+			n := u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()
+			b.rate = float64(n) / float64(el/time.Second)
+		}
+	}
+	return fresh
+}
+
+// keyIn is one counter's input to a round.
+type keyIn struct {
+	spec  *policy.Spec
+	usage int64
+	local map[string]int64   // subscriber -> demand, milli-units per window
+	refs  map[string]*bucket // subscriber -> bucket
+}
+
+// gather collects every counter's usage (taken from the buckets) and local
+// demand.
+func (s *Server) gather(set *policy.Set) map[string]*keyIn {
+	ins := s.gatherKeys(set, nil)
+	for _, in := range ins {
+		for _, b := range in.refs {
+			in.usage += b.usage
+		}
+	}
+	for st := range s.streams {
+		for _, b := range st.buckets {
+			if len(b.keys) > 0 {
+				b.usage = 0
+			}
+		}
+	}
+	return ins
+}
+
+// gatherKeys collects the local demand of the counters in only (all when
+// nil).
+func (s *Server) gatherKeys(set *policy.Set, only map[string]bool) map[string]*keyIn {
+	ins := map[string]*keyIn{}
+	if set == nil {
+		return ins
+	}
+	for st := range s.streams {
+		for _, b := range st.buckets {
+			for i, k := range b.keys {
+				if only != nil && !only[k] {
+					continue
+				}
+				in := ins[k]
+				if in == nil {
+					in = &keyIn{spec: b.specs[i], local: map[string]int64{}, refs: map[string]*bucket{}}
+					ins[k] = in
+				}
+				in.local[b.sub] = s.demandOf(b, b.specs[i])
+				in.refs[b.sub] = b
+			}
+		}
+	}
+	return ins
+}
+
+// unknown is the demand of a bucket that has not reported a whole second
+// yet.
+const unknown = -1
+
+// demandOf is a bucket's demand on a limit in milli-units per window, or
+// unknown.
+func (s *Server) demandOf(b *bucket, sp *policy.Spec) int64 {
+	if b.rate < 0 {
+		return unknown
+	}
+	return int64(b.rate * window(sp).Seconds() * milli)
+}
+
+// floorOf is what a stream whose demand is not known yet gets of a limit: a
+// tenth of it, in milli-units per window.
+func floorOf(sp *policy.Spec) int64 { return max(int64(sp.RequestsPerUnit)*milli/10, 1) }
+
+// divide divides budget among fleet (subscriber -> demand or unknown). The
+// streams of unknown demand get floor each first, at most an even share of
+// the budget among all streams, so that a new stream can start before it
+// has a whole second to report; the rest is divided max-min fairly by
+// demand.
+// A round divides with the counter's allocator, which keeps the demand
+// history; a join divides the demand as it is and leaves the history to
+// the rounds, so that every replica's allocator sees the same rounds.
+func (s *Server) divide(ks *keyState, now time.Time, budget int64, fleet map[string]int64, floor int64, join bool) map[string]int64 {
+	known := make(map[string]int64, len(fleet))
+	var fresh []string
+	for id, d := range fleet {
+		if d == unknown {
+			fresh = append(fresh, id)
+		} else {
+			known[id] = d
+		}
+	}
+	out := map[string]int64{}
+	if n := int64(len(fresh)); n > 0 {
+		each := min(floor, budget/int64(len(fleet)))
+		for _, id := range fresh {
+			out[id] = each
+		}
+		budget -= each * n
+	}
+	a := ks.alloc
+	if join {
+		a = fairshare.New(fairshare.Options{})
+	}
+	for id, g := range a.Allocate(now, budget, known) {
+		out[id] = g
+	}
+	return out
+}
+
+// assign divides the counters of ins among the fleet's streams and queues
+// the assignments of every local bucket on them, and of extra. A round
+// divides with each counter's allocator, which keeps the demand history; a
+// join (a new bucket between rounds) divides the demand as it is, leaving
+// the history to the rounds, so that every replica's allocator sees the
+// same rounds.
+func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, join bool) {
+	shares := map[*bucket]share{}
+	seen := map[*bucket]bool{}
+	for k, in := range ins {
+		ks := s.keyState(k, in.spec)
+		// The fleet's demand as every replica sees it this round; this
+		// replica's streams that left are dropped, and those not shared yet
+		// are added with their demand as it is.
+		fleet := map[string]int64{}
+		mine := s.opt.Replica + "-"
+		for id, d := range ks.remote {
+			if _, ok := in.local[id]; ok || !strings.HasPrefix(id, mine) {
+				fleet[id] = d
+			}
+		}
+		for id, d := range in.local {
+			if _, ok := fleet[id]; !ok {
+				fleet[id] = d
+			}
+		}
+		sp := in.spec
+		windowed := window(sp) > s.TTL() && ks.known
+		p := planFor(sp, len(fleet), s.opt.Headroom, ks.remaining, windowed, s.opt.Interval)
+		deny := p.spent || (ks.failed && sp.FailureMode == policy.FailClosed)
+		var alloc map[string]int64
+		if !deny {
+			alloc = s.divide(ks, now, p.budget, fleet, floorOf(sp), join)
+		}
+		for sub, b := range in.refs {
+			sh := share{deny: deny, maxTokens: p.burst, rate: alloc[sub], window: window(sp)}
+			shares[b] = combine(shares[b], sh, !seen[b])
+			seen[b] = true
+		}
+	}
+	send := func(b *bucket) {
+		var st *typev3.RateLimitStrategy
+		switch sh, ok := shares[b]; {
+		case b.kind != kindLimited || !ok:
+			st = blanket(typev3.RateLimitStrategy_ALLOW_ALL)
+		default:
+			st = strategy(sh)
+		}
+		b.sent = st
+		s.m.count(st)
+		b.st.queue(b, assignment(b.id, st, s.TTL()))
+	}
+	for b := range shares {
+		send(b)
+	}
+	for _, b := range extra {
+		if _, ok := shares[b]; !ok {
+			send(b)
+		}
+	}
+}
+
+// assignment is a QuotaAssignmentAction for one bucket.
+func assignment(id *rlqspb.BucketId, st *typev3.RateLimitStrategy, ttl time.Duration) *rlqspb.RateLimitQuotaResponse_BucketAction {
+	return &rlqspb.RateLimitQuotaResponse_BucketAction{
+		BucketId: id,
+		BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+			QuotaAssignmentAction: &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+				AssignmentTimeToLive: durationpb.New(ttl),
+				RateLimitStrategy:    st,
+			},
+		},
+	}
+}
+
+// abandonSilent sends an AbandonAction to every bucket without a report
+// for AbandonAfter and forgets it.
+func (s *Server) abandonSilent(now time.Time) {
+	for st := range s.streams {
+		for canon, b := range st.buckets {
+			if now.Sub(b.last) < s.opt.AbandonAfter {
+				continue
+			}
+			delete(st.buckets, canon)
+			for _, k := range b.keys {
+				if ks := s.keys[k]; ks != nil {
+					ks.alloc.Forget(b.sub)
+					ks.pending += b.usage
+				}
+			}
+			s.m.assignments.WithLabelValues("abandon").Inc()
+			st.queue(b, &rlqspb.RateLimitQuotaResponse_BucketAction{
+				BucketId: b.id,
+				BucketAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction_{
+					AbandonAction: &rlqspb.RateLimitQuotaResponse_BucketAction_AbandonAction{},
+				},
+			})
+		}
+	}
+}
+
+// handoff queues every bucket's last assignment again with a TTL of one
+// second: the stream ends next, and the assignment expires before Envoy
+// could use it for long against a replica that no longer counts it.
+func (s *Server) handoff(st *stream) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range st.buckets {
+		if b.sent != nil {
+			st.queue(b, assignment(b.id, b.sent, handoffTTL))
+		}
+	}
+	st.outMu.Lock()
+	st.handedOff = true
+	st.outMu.Unlock()
+}
+
+// queue replaces b's pending action and wakes the stream's sender; after
+// the handoff it does nothing.
+func (st *stream) queue(b *bucket, a *rlqspb.RateLimitQuotaResponse_BucketAction) {
+	st.outMu.Lock()
+	if st.handedOff {
+		st.outMu.Unlock()
+		return
+	}
+	st.out[b.canon] = a
+	st.outMu.Unlock()
+	select {
+	case st.wake <- struct{}{}:
+	default:
+	}
+}
+
+// flush sends the pending actions as one response.
+func (s *Server) flush(st *stream, gs grpc.BidiStreamingServer[rlqspb.RateLimitQuotaUsageReports, rlqspb.RateLimitQuotaResponse]) error {
+	st.outMu.Lock()
+	if len(st.out) == 0 {
+		st.outMu.Unlock()
+		return nil
+	}
+	canons := make([]string, 0, len(st.out))
+	for c := range st.out {
+		canons = append(canons, c)
+	}
+	slices.Sort(canons)
+	resp := &rlqspb.RateLimitQuotaResponse{}
+	for _, c := range canons {
+		resp.BucketAction = append(resp.BucketAction, st.out[c])
+	}
+	clear(st.out)
+	st.outMu.Unlock()
+	return gs.Send(resp)
+}
