@@ -643,10 +643,15 @@ func (b *batcher) flushLoop(slot int) {
 		case <-b.wake[slot]:
 			batch = b.drain(slot, batch)
 		case <-b.quit:
-			select {
-			case <-b.wake[slot]: // woken before close
+			// A call queued before close may have made the slot busy
+			// and not sent its token yet: no call is queued after
+			// closed is set, so busy (read under mu) is final.
+			b.mu.Lock()
+			busy := b.busy[slot]
+			b.mu.Unlock()
+			if busy {
+				<-b.wake[slot]
 				b.drain(slot, batch)
-			default:
 			}
 			return
 		}
