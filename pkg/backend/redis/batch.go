@@ -85,10 +85,11 @@ const maxBatchHits = 4 * maxBatch
 // goroutine per batcher completes every queued or in-flight call whose
 // budget has passed, every sweepTick while it runs. It is parked (no
 // ticker) unless a call may outlive what its flush bounds: it is woken
-// when a call is queued behind busy flush loops, or by a flush still
+// when a call is queued behind busy flush loops, by a flush still
 // unanswered at the earliest budget of its calls or after a Timeout
-// (each slot's one reusable timer, armed per flush), and it parks again
-// at the first tick with nothing pending. A caller therefore waits at
+// (each slot's one reusable timer, armed per flush), and when the
+// circuit opens (kickSweeper); it parks again at the first tick with
+// nothing pending. A caller therefore waits at
 // most sweepTick (plus scheduling) past its budget, and never past its
 // context's end by more than scheduling. Calls whose budget passed while
 // queued are not sent. An invocation is bounded by the latest budget of
