@@ -89,13 +89,13 @@ const maxBatchHits = 4 * maxBatch
 // unanswered at the earliest budget of its calls or after a Timeout
 // (each slot's one reusable timer, armed per flush), and when the
 // circuit opens (kickSweeper); it parks again at the first tick with
-// nothing pending. A caller therefore waits at
-// most sweepTick (plus scheduling) past its budget, and never past its
-// context's end by more than scheduling. Calls whose budget passed while
-// queued are not sent. An invocation is bounded by the latest budget of
-// its calls (the slot's reusable context, see slotCtx). An error of the invocation (refused,
-// OOM, READONLY, NOSCRIPT after the retry...) reaches every call of it; an
-// error the script reports for one segment reaches that call only
+// nothing pending. A caller therefore waits at most sweepTick (plus
+// scheduling) past its budget, and never past its context's end by more
+// than scheduling. Calls whose budget passed while queued are not sent.
+// An invocation is bounded by the latest budget of its calls (the slot's
+// reusable context, see slotCtx). An error of the invocation (refused,
+// OOM, READONLY, NOSCRIPT after the retry...) reaches every call of it;
+// an error the script reports for one segment reaches that call only
 // (SegmentError).
 //
 // A Store has one batcher per master (Cluster: one per master, with its
