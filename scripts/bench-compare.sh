@@ -50,7 +50,11 @@
 # tree, or OURS_RATELIMITD; the ref* scenarios are then left out); SVC_ARGS
 # (extra ratelimitd serve flags, ours only), REF_ENV (extra environment of
 # the reference and of refmode, e.g. "LOCAL_CACHE_SIZE_IN_BYTES=1048576"),
-# KEEP=1 keeps the work directory (raw JSON results in runs.jsonl).
+# KEEP=1 keeps the work directory (raw JSON results in runs.jsonl);
+# BASE_RATELIMITD (a ratelimitd binary, e.g. the tree before a change)
+# runs as the service "base", flags as ours, in every scenario ours runs
+# in, so that a before/after pair is measured in the same run as the
+# reference and the no-op floor (the report adds the ratios ours / base).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-5s}; ROUNDS=${2:-3}
@@ -151,6 +155,13 @@ if [ -n "$need_noop" ]; then
   "$work/noop" --grpc-addr "127.0.0.1:${GRPC[noop]}" --http-addr "127.0.0.1:${HTTP[noop]}" >"$work/noop.log" 2>&1 &
   PID[noop]=$!
 fi
+if [ -n "${BASE_RATELIMITD:-}" ]; then
+  ports base
+  "$BASE_RATELIMITD" serve --config scripts/bench/compare/ratelimitd/config.yaml --backend redis \
+    --redis-url "redis://127.0.0.1:$RP/0" --grpc-addr "127.0.0.1:${GRPC[base]}" --http-addr "127.0.0.1:${HTTP[base]}" \
+    --debug-addr "127.0.0.1:$DBG" --log-level error "${svc_args[@]}" >"$work/base.log" 2>&1 &
+  PID[base]=$!
+fi
 PIDS=("${PID[@]}")
 
 for svc in "${!PID[@]}"; do
@@ -224,6 +235,7 @@ echo "== $ROUNDS rounds × ($SCENARIOS), $DUR each"
 for round in $(seq "$ROUNDS"); do
   for sc in $SCENARIOS; do
     read -r _ _ _ svcs < <(scenario "$sc")
+    if [ -n "${BASE_RATELIMITD:-}" ]; then svcs=${svcs/ours/ours base}; fi
     read -r -a svcs <<<"$svcs"
     # alternate the order of the services
     if [ $((round % 2)) = 0 ]; then

@@ -46,6 +46,16 @@ const maxBatchHits = 4 * maxBatch
 // command and one reply; no connection of its own. Under light load a call
 // finds a free flush loop and goes out alone at once (no coalescing wait).
 //
+// The flush loops are resident: one goroutine per pipeline slot, started
+// with the first call and parked on its slot's wake channel while the
+// queue is empty, so a call spawns no goroutine. On a standalone or
+// Sentinel client each slot pins one pooled connection (a goredis.Conn,
+// see slotConn): a flush takes no connection from the pool, so go-redis'
+// per-Get health check (a MSG_PEEK recvfrom) is not on the request path;
+// a pinned connection that failed, or sat idle for pinIdle, goes back to
+// the pool and the next flush pins a checked one. The caller waits on its
+// call's reusable channel (calls are pooled), not on a new one.
+//
 // Every call has a budget (see budget): its caller's context deadline less
 // a margin, or maxWait after it was queued when the context has none. Time
 // a call spends queued inside ratelimitd counts against that budget only,
@@ -72,14 +82,20 @@ const maxBatchHits = 4 * maxBatch
 // Redis.
 //
 // The budgets are enforced without a runtime timer per call: one sweeper
-// goroutine per batcher, running while calls are pending, completes every
-// queued or in-flight call whose budget has passed every sweepTick. A
-// caller therefore waits at most sweepTick (plus scheduling) past its
-// budget, and never past its context's end by more than scheduling. Calls
-// whose budget passed while queued are not sent. An invocation is bounded
-// by the latest budget of its calls. An error of the invocation (refused,
-// OOM, READONLY, NOSCRIPT after the retry...) reaches every call of it; an
-// error the script reports for one segment reaches that call only
+// goroutine per batcher completes every queued or in-flight call whose
+// budget has passed, every sweepTick while it runs. It is parked (no
+// ticker) unless a call may outlive what its flush bounds: it is woken
+// when a call is queued behind busy flush loops, by a flush still
+// unanswered at the earliest budget of its calls or after a Timeout
+// (each slot's one reusable timer, armed per flush), and when the
+// circuit opens (kickSweeper); it parks again at the first tick with
+// nothing pending. A caller therefore waits at most sweepTick (plus
+// scheduling) past its budget, and never past its context's end by more
+// than scheduling. Calls whose budget passed while queued are not sent.
+// An invocation is bounded by the latest budget of its calls (the slot's
+// reusable context, see slotCtx). An error of the invocation (refused,
+// OOM, READONLY, NOSCRIPT after the retry...) reaches every call of it;
+// an error the script reports for one segment reaches that call only
 // (SegmentError).
 //
 // A Store has one batcher per master (Cluster: one per master, with its
@@ -117,6 +133,10 @@ type batcher struct {
 	// 6): native calls then send PEXPIRE without it (see nativeCall).
 	noNX *atomic.Bool
 
+	// slots are the flush loops' own state (each touched by its loop
+	// only, but for its timer's callback).
+	slots []*slotConn
+
 	mu    sync.Mutex
 	queue []*scriptCall
 	spare []*scriptCall // the previous queue's backing array, for reuse
@@ -125,22 +145,63 @@ type batcher struct {
 	stallFrom int64
 	strikes   int64
 	flights   [][]*scriptCall // per flush loop slot: the batch in flight
-	busy      []bool          // per flush loop slot: a loop runs in it
-	inFlight  int             // running flush loops
-	sweeping  bool            // the sweeper runs
+	busy      []bool          // per flush loop slot: it has work (woken, flushing)
+	inFlight  int             // busy flush loops
+	sweeping  bool            // the sweeper ticks (woken, not parked)
+	started   bool            // the flush loops and the sweeper run
+	wake      []chan struct{} // per flush loop slot: one token when it turns busy
+	sweepWake chan struct{}   // one token when sweeping turns true
+	quit      chan struct{}   // closed by close
+	sweeps    atomic.Int64    // sweeper ticks so far (tests)
 	wg        sync.WaitGroup
 	closed    bool
 }
+
+// pinIdle is how long a flush loop's pinned connection may sit unused
+// before the loop gives it back to the pool and pins another, which the
+// pool checks (go-redis' health check on Get): a connection that idle may
+// have been closed meanwhile (a Redis restart, a failover, the server's
+// timeout), which a request on it would find by failing. Under steady
+// traffic a loop's flushes come closer together than that, and skip the
+// check.
+const pinIdle = 50 * time.Millisecond
+
+// slotConn is a flush loop's connection and reusable per-flush state.
+type slotConn struct {
+	// conn is the pinned connection (nil: none pinned now, or a Cluster
+	// client, whose flushes go through the client as before).
+	conn *goredis.Conn
+	// used is when conn last carried a flush (ns since batcher.epoch).
+	used int64
+	// ctx is the flushes' context: no values, never canceled, and
+	// Deadline the latest budget of the flush's calls, which go-redis
+	// applies to the socket; reused, so a flush allocates no context and
+	// no runtime timer.
+	ctx slotCtx
+	// timer wakes the sweeper when a flush is still unanswered at the
+	// earliest budget of its calls or after a Timeout; armed for each
+	// flush, stopped when it returns.
+	timer *time.Timer
+	// live is exec's reusable buffer.
+	live []*scriptCall
+}
+
+// slotCtx is a context.Context whose Deadline is set per flush (see
+// slotConn.ctx). Its Done is nil: nothing waits on it but the socket
+// deadline go-redis derives from Deadline.
+type slotCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+// Deadline is the flush's deadline.
+func (c *slotCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
 // sweepTick is the sweeper's period for a Timeout: a tenth of it, between
 // 100 µs and 1 ms. It is the slack of the Timeout (see batcher).
 func sweepTick(timeout time.Duration) time.Duration {
 	return min(time.Millisecond, max(100*time.Microsecond, timeout/10))
 }
-
-// sweepIdleTicks is how many ticks without a pending call the sweeper
-// waits for before it ends (a new call starts it again).
-const sweepIdleTicks = 64
 
 // ErrCallTimeout is the error of a call whose budget ran out while Redis
 // looked stalled: a request written to one of its sockets at least
@@ -180,7 +241,10 @@ const (
 	callAbandoned
 )
 
-// scriptCall is one queued segment and, once done is closed, its result.
+// scriptCall is one queued segment and, once done has delivered its
+// token, its result. Calls are pooled (callPool): the caller and the flush
+// loop that takes it from the queue each hold a reference (refs), and the
+// last one to let go puts it back.
 type scriptCall struct {
 	ctx      context.Context
 	queued   int64           // when it was queued, ns since batcher.epoch
@@ -193,18 +257,37 @@ type scriptCall struct {
 	now      int64           // the segment's now in µs, on success
 	err      error
 	state    atomic.Int32
-	done     chan struct{} // closed once claimed and completed
+	refs     atomic.Int32
+	// done receives one token once the call is claimed and completed
+	// (capacity 1, reused with the call).
+	done chan struct{}
 }
 
-// newCall is a pending call deciding seg into out.
+var callPool = sync.Pool{New: func() any { return &scriptCall{done: make(chan struct{}, 1)} }}
+
+// newCall is a pending call deciding seg into out, with two references
+// (see scriptCall).
 func newCall(ctx context.Context, seg *segment, out []algo.Decision) *scriptCall {
-	c := &scriptCall{ctx: ctx, out: out, done: make(chan struct{})}
+	c := callPool.Get().(*scriptCall)
+	c.ctx, c.out = ctx, out
+	c.state.Store(callPending)
+	c.refs.Store(2)
 	if seg.native {
 		c.native = newNativeCall(seg.hits, seg.nowUS)
 	} else {
 		c.args.init(seg)
 	}
 	return c
+}
+
+// release drops one reference to c; the last one resets it and puts it
+// back in callPool.
+func (c *scriptCall) release() {
+	if c.refs.Add(-1) != 0 {
+		return
+	}
+	*c = scriptCall{done: c.done}
+	callPool.Put(c)
 }
 
 // hits is the number of hits the call decides.
@@ -220,7 +303,7 @@ func (c *scriptCall) claim() bool { return c.state.CompareAndSwap(callPending, c
 // finish completes a claimed call.
 func (c *scriptCall) finish(now int64, err error) {
 	c.now, c.err = now, err
-	close(c.done)
+	c.done <- struct{}{}
 }
 
 // newBatcher batches script calls on c with at most pipelines flushes in
@@ -235,12 +318,55 @@ func newBatcher(c goredis.UniversalClient, pipelines int, timeout, maxWait, marg
 		maxWait = DefaultMaxWait
 	}
 	_, cluster := c.(*goredis.ClusterClient)
-	return &batcher{
+	b := &batcher{
 		client: c, pipelines: pipelines, cluster: cluster,
 		timeout: max(time.Microsecond, timeout), maxWait: maxWait, margin: max(0, margin),
 		tick: sweepTick(timeout), epoch: time.Now(),
 		flights: make([][]*scriptCall, pipelines), busy: make([]bool, pipelines),
+		wake: make([]chan struct{}, pipelines), sweepWake: make(chan struct{}, 1),
+		quit: make(chan struct{}), slots: make([]*slotConn, pipelines),
 	}
+	for i := range b.wake {
+		b.wake[i] = make(chan struct{}, 1)
+		sc := &slotConn{ctx: slotCtx{Context: context.Background()}}
+		sc.timer = time.AfterFunc(time.Hour, b.kickSweeper)
+		sc.timer.Stop()
+		b.slots[i] = sc
+	}
+	return b
+}
+
+// pinnable reports whether flush loops pin connections: on a standalone
+// or Sentinel client (a *goredis.Client) whose pool keeps at least one
+// connection beyond the pinned ones (for the health probe, resets and
+// the like).
+func (b *batcher) pinnable() (*goredis.Client, bool) {
+	c, ok := b.client.(*goredis.Client)
+	if !ok {
+		return nil, false
+	}
+	return c, c.Options().PoolSize > b.pipelines
+}
+
+// kickSweeper wakes the sweeper unless it ticks already.
+func (b *batcher) kickSweeper() {
+	b.mu.Lock()
+	kick := !b.sweeping && !b.closed
+	b.sweeping = b.sweeping || kick
+	b.mu.Unlock()
+	if kick {
+		b.sweepWake <- struct{}{}
+	}
+}
+
+// startLocked starts the flush loops and the sweeper. b.mu is held.
+func (b *batcher) startLocked() {
+	b.started = true
+	b.wg.Add(len(b.wake) + 1)
+	for slot := range b.wake {
+		go b.flushLoop(slot)
+	}
+	go b.sweeper()
 }
 
 // budget is the deadline of a call queued at now (ns since b.epoch) with
@@ -285,7 +411,12 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
+		c.refs.Store(1)
+		c.release()
 		return 0, errClosed
+	}
+	if !b.started {
+		b.startLocked()
 	}
 	b.queue = append(b.queue, c)
 	slot := -1
@@ -293,29 +424,31 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 		slot = slices.Index(b.busy, false)
 		b.busy[slot] = true
 		b.inFlight++
-		b.wg.Add(1)
 	}
-	sweep := !b.sweeping
+	// Queued behind busy flush loops: only the sweeper bounds its wait.
+	sweep := slot < 0 && !b.sweeping
 	if sweep {
 		b.sweeping = true
-		b.wg.Add(1)
 	}
 	b.mu.Unlock()
 	if slot >= 0 {
-		go b.flushLoop(slot)
+		b.wake[slot] <- struct{}{}
 	}
 	if sweep {
-		go b.sweeper()
+		b.sweepWake <- struct{}{}
 	}
 	select {
 	case <-c.done:
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(callPending, callAbandoned) {
+			c.release()
 			return 0, b.ctxError(ctx.Err())
 		}
 		<-c.done // claimed: the result is being written now
 	}
-	return c.now, c.err
+	now, err := c.now, c.err
+	c.release()
+	return now, err
 }
 
 // ctxError is the error of a call whose context ended before it was
@@ -333,51 +466,64 @@ func (b *batcher) ctxError(err error) error {
 	return budgetError(stalled, est)
 }
 
-// sweeper, every tick, completes the pending calls (queued or in flight)
-// whose budget has passed, reports overdue invocations, and completes
-// every pending call with ErrCircuitOpen while the circuit is open; it
-// ends after sweepIdleTicks ticks without a pending call, or once the
-// batcher is closed and nothing is pending.
+// sweeper, once woken (sweepWake), every tick completes the pending
+// calls (queued or in flight) whose budget has passed, reports overdue
+// invocations, and completes every pending call with ErrCircuitOpen while
+// the circuit is open; at the first tick without a pending call it parks
+// again, until the next wake. It ends once the batcher is closed (quit)
+// while parked: close waits for the flush loops, which complete every
+// call, so a sweeper ticking then parks after them.
 func (b *batcher) sweeper() {
 	defer b.wg.Done()
-	t := time.NewTicker(b.tick)
-	defer t.Stop()
-	idle := 0
-	for range t.C {
-		now := b.clock()
-		b.mu.Lock()
-		var open error
-		if b.open != nil {
-			open = b.open()
-		}
-		stalled := b.stalledLocked()
-		est := b.establishedLocked(now)
-		pending := b.sweepLocked(b.queue, now, open, stalled, est)
-		for _, f := range b.flights {
-			pending += b.sweepLocked(f, now, open, stalled, est)
-		}
-		var overdue int64 = -1
-		if stalled && b.stallFrom != 0 {
-			if k := (now - b.stallFrom) / int64(b.timeout); k > b.strikes {
-				b.strikes = k
-				overdue = b.stallFrom
-			}
-		}
-		if pending > 0 {
-			idle = 0
-		} else {
-			idle++
-		}
-		if pending == 0 && (b.closed || idle >= sweepIdleTicks) {
-			b.sweeping = false
-			b.mu.Unlock()
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	for {
+		select {
+		case <-b.sweepWake:
+		case <-b.quit:
 			return
 		}
-		b.mu.Unlock()
-		if b.overdue != nil && overdue >= 0 {
-			b.overdue(b.epoch.Add(time.Duration(overdue)))
+		for {
+			t.Reset(b.tick)
+			<-t.C
+			if !b.sweep() {
+				break
+			}
 		}
 	}
+}
+
+// sweep is one tick of the sweeper; it reports whether calls are still
+// pending, and when none is, it clears b.sweeping (the sweeper parks).
+func (b *batcher) sweep() bool {
+	b.sweeps.Add(1)
+	now := b.clock()
+	b.mu.Lock()
+	var open error
+	if b.open != nil {
+		open = b.open()
+	}
+	stalled := b.stalledLocked()
+	est := b.establishedLocked(now)
+	pending := b.sweepLocked(b.queue, now, open, stalled, est)
+	for _, f := range b.flights {
+		pending += b.sweepLocked(f, now, open, stalled, est)
+	}
+	var overdue int64 = -1
+	if stalled && b.stallFrom != 0 {
+		if k := (now - b.stallFrom) / int64(b.timeout); k > b.strikes {
+			b.strikes = k
+			overdue = b.stallFrom
+		}
+	}
+	if pending == 0 {
+		b.sweeping = false
+	}
+	b.mu.Unlock()
+	if b.overdue != nil && overdue >= 0 {
+		b.overdue(b.epoch.Add(time.Duration(overdue)))
+	}
+	return pending > 0
 }
 
 // stalledLocked reports whether Redis looks stalled: a socket (of
@@ -469,23 +615,56 @@ func (b *batcher) sweepLocked(cs []*scriptCall, now int64, open error, stalled, 
 	return pending
 }
 
-// close stops accepting calls and waits for the flush loops to end (each
-// within one Timeout).
+// close stops accepting calls, lets the flush loops send what is queued
+// (each flush within one Timeout), and waits for the loops and the
+// sweeper to end; the loops give their pinned connections back.
 func (b *batcher) close() {
 	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		b.wg.Wait()
+		return
+	}
 	b.closed = true
 	b.mu.Unlock()
+	close(b.quit)
 	b.wg.Wait()
 }
 
-// flushLoop sends the queue as script invocations until it is empty. slot
-// is its index in b.flights and b.busy.
+// flushLoop is the resident loop of slot (its index in b.flights,
+// b.busy, b.wake and b.slots): woken when it turns busy, it sends the
+// queue as script invocations until it is empty, then parks again. It
+// ends when the batcher is closed, after sending what was queued.
 func (b *batcher) flushLoop(slot int) {
 	defer b.wg.Done()
+	defer b.slots[slot].unpin()
 	var batch []*scriptCall
 	for {
+		select {
+		case <-b.wake[slot]:
+			batch = b.drain(slot, batch)
+		case <-b.quit:
+			// A call queued before close may have made the slot busy
+			// and not sent its token yet: no call is queued after
+			// closed is set, so busy (read under mu) is final.
+			b.mu.Lock()
+			busy := b.busy[slot]
+			b.mu.Unlock()
+			if busy {
+				<-b.wake[slot]
+				b.drain(slot, batch)
+			}
+			return
+		}
+	}
+}
+
+// drain sends the queue from slot until it is empty, then marks the slot
+// idle; batch is a reusable buffer, returned for the next drain.
+func (b *batcher) drain(slot int, batch []*scriptCall) []*scriptCall {
+	for {
 		b.mu.Lock()
-		clear(batch) // under mu: the sweeper reads b.flights[slot]
+		b.flights[slot] = nil // under mu: the sweeper reads it
 		n, hits := 0, 0
 		for n < len(b.queue) && n < maxBatch {
 			h := b.queue[n].hits()
@@ -498,9 +677,8 @@ func (b *batcher) flushLoop(slot int) {
 		if n == 0 {
 			b.inFlight--
 			b.busy[slot] = false
-			b.flights[slot] = nil
 			b.mu.Unlock()
-			return
+			return batch
 		}
 		batch = append(batch[:0], b.queue[:n]...)
 		b.flights[slot] = batch
@@ -514,6 +692,72 @@ func (b *batcher) flushLoop(slot int) {
 		}
 		b.mu.Unlock()
 		b.exec(slot, batch)
+		b.mu.Lock()
+		b.flights[slot] = nil
+		b.mu.Unlock()
+		for i, c := range batch {
+			c.release()
+			batch[i] = nil
+		}
+	}
+}
+
+// unpin gives the pinned connection back to the pool (go-redis drops
+// it instead when it failed).
+func (sc *slotConn) unpin() {
+	if sc.conn != nil {
+		_ = sc.conn.Close()
+		sc.conn = nil
+	}
+}
+
+// processor is what a flush sends on: the client, or a pinned connection.
+type processor interface {
+	Process(ctx context.Context, cmd goredis.Cmder) error
+	Pipeline() goredis.Pipeliner
+}
+
+// on is what slot's flushes send on at now (ns since b.epoch): its pinned
+// connection, pinning one when there is none or the one pinned sat idle
+// for pinIdle; the client itself when connections are not pinned.
+func (b *batcher) on(slot int, now int64) processor {
+	c, ok := b.pinnable()
+	if !ok {
+		return b.client
+	}
+	sc := b.slots[slot]
+	if sc.conn != nil && now-sc.used >= int64(pinIdle) {
+		sc.unpin()
+	}
+	if sc.conn == nil {
+		sc.conn = c.Conn()
+	}
+	sc.used = now
+	return sc.conn
+}
+
+// flushed gives slot's pinned connection back when a command of invs
+// failed: go-redis may have marked the connection bad (a timeout, a reset
+// or closed socket, a failed handshake), and the next flush pins a
+// checked one. Errors are rare, so any error does.
+func (b *batcher) flushed(slot int, invs []*invocation) {
+	sc := b.slots[slot]
+	if sc.conn == nil {
+		return
+	}
+	for _, inv := range invs {
+		failed := inv.cmd != nil && inv.cmd.Err() != nil || inv.wait != nil && inv.wait.Err() != nil
+		if inv.native {
+			for _, c := range inv.calls {
+				for i := range c.native.incr {
+					failed = failed || c.native.incr[i].Err() != nil || c.native.exp[i].Err() != nil
+				}
+			}
+		}
+		if failed {
+			sc.unpin()
+			return
+		}
 	}
 }
 
@@ -535,8 +779,10 @@ type invocation struct {
 // every call. The invocation's context ends at the latest budget of its
 // calls.
 func (b *batcher) exec(slot int, batch []*scriptCall) {
-	live := make([]*scriptCall, 0, len(batch))
-	var deadline int64
+	sc := b.slots[slot]
+	live := sc.live[:0]
+	defer func() { clear(live); sc.live = live[:0] }()
+	var deadline, earliest int64
 	now := b.clock()
 	stalled, est, checked := false, false, false
 	for _, c := range batch {
@@ -561,17 +807,26 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 			}
 			continue
 		}
+		if len(live) == 0 || c.deadline < earliest {
+			earliest = c.deadline
+		}
 		deadline = max(deadline, c.deadline)
 		live = append(live, c)
 	}
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), b.epoch.Add(time.Duration(deadline)))
-	defer cancel()
+	sc.ctx.deadline = b.epoch.Add(time.Duration(deadline))
+	ctx := &sc.ctx
+	on := b.on(slot, now)
+	// The sweeper is needed if the flush outlives its earliest budget
+	// (that call's answer is due) or a Timeout (a stall to report).
+	sc.timer.Reset(time.Duration(min(earliest-now, int64(b.timeout))))
+	defer sc.timer.Stop()
 	invs := b.group(ctx, live)
-	b.pipeline(ctx, invs)
-	b.retryNX(ctx, invs)
+	b.pipeline(ctx, on, invs)
+	b.retryNX(ctx, on, invs)
+	defer b.flushed(slot, invs)
 	// NOSCRIPT: the server does not have the script (first call, SCRIPT
 	// FLUSH, restart, failover). Round 1 sends it once, as EVAL (which
 	// caches it), followed by EVALSHA for the other invocations in the same
@@ -592,7 +847,7 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 		if len(retry) == 0 {
 			return
 		}
-		b.pipeline(ctx, retry)
+		b.pipeline(ctx, on, retry)
 		invs = retry
 	}
 	for _, inv := range invs {
@@ -681,13 +936,13 @@ func segmentsOf(calls []*scriptCall) []*segArgs {
 // With waitReplicas > 0 (standalone and Sentinel only) each invocation is
 // followed in the pipeline by WAIT waitReplicas Timeout: the replicas'
 // acknowledgement of its writes (see Options.WaitReplicas).
-func (b *batcher) pipeline(ctx context.Context, invs []*invocation) {
+func (b *batcher) pipeline(ctx context.Context, on processor, invs []*invocation) {
 	wait := b.waitReplicas > 0 && !b.cluster
 	if len(invs) == 1 && !wait && !invs[0].native {
-		_ = b.client.Process(ctx, invs[0].cmd)
+		_ = on.Process(ctx, invs[0].cmd)
 		return
 	}
-	p := b.client.Pipeline()
+	p := on.Pipeline()
 	noNX := b.noNX != nil && b.noNX.Load()
 	for _, inv := range invs {
 		if inv.native {
@@ -804,7 +1059,7 @@ func isNoScript(err error) bool {
 // retryNX sends PEXPIRE again without NX for the native calls of invs
 // whose server refused NX (Redis 6), and makes every later native call
 // do without it.
-func (b *batcher) retryNX(ctx context.Context, invs []*invocation) {
+func (b *batcher) retryNX(ctx context.Context, on processor, invs []*invocation) {
 	var retry []*scriptCall
 	for _, inv := range invs {
 		if !inv.native {
@@ -822,7 +1077,7 @@ func (b *batcher) retryNX(ctx context.Context, invs []*invocation) {
 	if b.noNX != nil {
 		b.noNX.Store(true)
 	}
-	p := b.client.Pipeline()
+	p := on.Pipeline()
 	for _, c := range retry {
 		for i, e := range c.native.exp {
 			if e.Err() != nil && isArgError(e.Err()) {

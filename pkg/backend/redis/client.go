@@ -27,6 +27,11 @@ import (
 //
 // Pipelines (the Store's batches) run on the main pool, not on go-redis'
 // separate pipeline pool: PoolSize bounds all connections to a node.
+// Standalone and Sentinel clients speak RESP2: with RESP3, go-redis
+// peeks the socket (a MSG_PEEK recvfrom) for push messages after every
+// command on a connection not returned to the pool within 5 s, which is
+// every command on a flush loop's pinned connection (see batcher); the
+// Store uses no push message.
 //
 // Every call is bounded by its context's deadline (connection-pool wait,
 // dial, TLS handshake, write and read; the Store gives each invocation the
@@ -131,6 +136,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			ConnMaxIdleTime:            -1,
 			PipelinePoolSize:           -1, // pipelines share the main pool (PoolSize, PoolTimeout)
 			DisableIdentity:            true,
+			Protocol:                   2, // see NewClient
 		}), nil
 	default:
 		base.Dialer = dial
@@ -149,6 +155,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 		base.PipelinePoolSize = -1 // pipelines share the main pool (PoolSize, PoolTimeout)
 		base.DisableIdentity = true
 		base.MaintNotificationsConfig = maint
+		base.Protocol = 2 // see NewClient
 		return goredis.NewClient(base), nil
 	}
 }

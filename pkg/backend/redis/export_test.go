@@ -1,6 +1,10 @@
 package redis
 
-import "context"
+import (
+	"context"
+
+	goredis "github.com/redis/go-redis/v9"
+)
 
 // WaitRefunds waits for the compensating refunds (and other background
 // segments) the Store has started: tests read counters once they ran.
@@ -13,3 +17,10 @@ func (s *Store) SetServerOffset(us int64) { s.serverOffset.Store(us) }
 // Ping sends PING on one of the Store's own connections: tests make Redis
 // answer something at a chosen moment.
 func (s *Store) Ping(ctx context.Context) error { return s.client.Ping(ctx).Err() }
+
+// PoolStats is the go-redis pool's counters: tests count the connections
+// taken from the pool (Hits + Misses).
+func (s *Store) PoolStats() *goredis.PoolStats { return s.client.PoolStats() }
+
+// SweeperTicks is how many times the default master's sweeper has ticked.
+func (s *Store) SweeperTicks() int64 { return s.batch.sweeps.Load() }

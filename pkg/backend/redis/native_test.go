@@ -306,7 +306,7 @@ func TestNativeRefusedNX(t *testing.T) {
 		t.Fatalf("PEXPIRE error %v not seen as refused", c.exp[0].Err())
 	}
 	sc := &scriptCall{native: c}
-	s.batch.retryNX(ctx, []*invocation{{native: true, calls: []*scriptCall{sc}}})
+	s.batch.retryNX(ctx, s.batch.client, []*invocation{{native: true, calls: []*scriptCall{sc}}})
 	if !s.noNX.Load() {
 		t.Fatal("noNX not set after a refused NX")
 	}

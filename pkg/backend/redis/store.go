@@ -214,7 +214,20 @@ func (s *Store) newMaster(addr string) *master {
 	if pipelines == 0 {
 		pipelines = DefaultPipelines
 	}
-	m := &master{addr: addr, breaker: NewBreaker(breakerOptions(opts), nil)} // real clock: Options.Now pins only the script
+	var m *master
+	bo := breakerOptions(opts)
+	// The circuit opening completes every call still waiting (see
+	// batcher): the sweeper does that, so it is woken.
+	next := bo.OnTransition
+	bo.OnTransition = func(to BreakerState) {
+		if next != nil {
+			next(to)
+		}
+		if to == BreakerOpen {
+			m.batch.kickSweeper()
+		}
+	}
+	m = &master{addr: addr, breaker: NewBreaker(bo, nil)} // real clock: Options.Now pins only the script
 	m.batch = newBatcher(s.client, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
 	m.batch.waitReplicas = opts.WaitReplicas
 	m.batch.establish = establishAfter(opts)

@@ -6,9 +6,11 @@ reference of each measure (median and range of the per-round ratios), the
 absolute medians, and the targets of the lean exact path with PASS or
 MISS, judged on the median ratio.
 
-The subject of a scenario is the service that is neither "ref" nor
-"noop" (ours, or refmode for the ref* scenarios); "noop" is the no-op
-gRPC server, the floor of service CPU.
+The subject of a scenario is the service that is neither "ref", "noop"
+nor "base" (ours, or refmode for the ref* scenarios); "noop" is the no-op
+gRPC server, the floor of service CPU; "base" (BASE_RATELIMITD) is
+another ratelimitd build, and the report then adds the ratios subject /
+base.
 
     python3 scripts/bench/compare/report.py runs.jsonl
 """
@@ -48,14 +50,15 @@ TARGETS = [
 
 def subject(runs, sc):
     for r in runs:
-        if r["scenario"] == sc and r["svc"] not in ("ref", "noop"):
+        if r["scenario"] == sc and r["svc"] not in ("ref", "noop", "base"):
             return r["svc"]
     return None
 
 
-def ratios(runs, sc, k, against):
-    """The per-round ratios subject / against of measure k in scenario sc."""
-    subj = subject(runs, sc)
+def ratios(runs, sc, k, against, subj=None):
+    """The per-round ratios subject (or subj) / against of measure k in
+    scenario sc."""
+    subj = subj or subject(runs, sc)
     rs = []
     for rnd in sorted({r["round"] for r in runs if r["scenario"] == sc}):
         o = [r[k] for r in runs if r["scenario"] == sc and r["round"] == rnd and r["svc"] == subj]
@@ -84,6 +87,18 @@ def report(runs, out):
         cells = [cell(ratios(runs, sc, k, "ref")) for k, _ in COLS]
         cells.append(cell(ratios(runs, sc, "svc_cpu", "noop")))
         p("| %s | %s |" % (NAMES.get(sc, sc), " | ".join(cells)))
+    if any(r["svc"] == "base" for r in runs):
+        p()
+        p("== ratio subject / base (BASE_RATELIMITD), and base / reference and base / no-op")
+        p("| scenario | " + " | ".join(c[1] for c in COLS) + " | base svc CPU/dec vs ref | base svc CPU/dec vs no-op | base p50 vs ref | base p99 vs ref |")
+        p("|---|" + "---:|" * (len(COLS) + 4))
+        for sc in order:
+            if not any(r["scenario"] == sc and r["svc"] == "base" for r in runs):
+                continue
+            cells = [cell(ratios(runs, sc, k, "base")) for k, _ in COLS]
+            cells += [cell(ratios(runs, sc, k, a, "base")) for k, a in
+                      (("svc_cpu", "ref"), ("svc_cpu", "noop"), ("p50", "ref"), ("p99", "ref"))]
+            p("| %s | %s |" % (NAMES.get(sc, sc), " | ".join(cells)))
     p()
     p("absolute medians (subject / reference [/ no-op]):")
     for sc in order:
