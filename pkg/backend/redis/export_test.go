@@ -1,14 +1,22 @@
 package redis
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // WaitRefunds waits for the compensating refunds (and other background
 // segments) the Store has started: tests read counters once they ran.
 func (s *Store) WaitRefunds() { s.bg.Wait() }
 
-// SetServerOffset sets the Store's estimate of the server's clock less
-// the local one (window keys): tests make it wrong on purpose.
-func (s *Store) SetServerOffset(us int64) { s.serverOffset.Store(us) }
+// SetServerOffset sets the Store's estimate of the server's clock to the
+// local clock plus us (window keys), not yet verified: tests make it
+// wrong on purpose.
+func (s *Store) SetServerOffset(us int64) {
+	for _, m := range s.paths() {
+		m.clock.set(time.Now().UnixMicro() + us)
+	}
+}
 
 // Ping sends PING on one of the Store's own connections: tests make Redis
 // answer something at a chosen moment.
