@@ -493,24 +493,7 @@ func (b *batcher) flushLoop(slot int) {
 	for {
 		b.mu.Lock()
 		clear(batch) // under mu: the sweeper reads b.flights[slot]
-		n, segs, hits, wins := 0, 0, 0, 0
-		for n < len(b.queue) {
-			c := b.queue[n]
-			h := c.hits()
-			if c.window {
-				if n > 0 && wins+h > maxWindowHits {
-					break
-				}
-				wins += h
-			} else {
-				if segs == maxBatch || n > 0 && hits+h > maxBatchHits {
-					break
-				}
-				segs++
-				hits += h
-			}
-			n++
-		}
+		n := batchLen(b.queue)
 		if n == 0 {
 			b.inFlight--
 			b.busy[slot] = false
@@ -531,6 +514,31 @@ func (b *batcher) flushLoop(slot int) {
 		b.mu.Unlock()
 		b.exec(slot, batch)
 	}
+}
+
+// batchLen is how many calls from the head of queue one flush sends: at
+// most maxBatch segments and maxBatchHits hits for take.lua, and
+// maxWindowHits window-key hits for window.lua; at least one call.
+func batchLen(queue []*scriptCall) int {
+	n, segs, hits, wins := 0, 0, 0, 0
+	for n < len(queue) {
+		c := queue[n]
+		h := c.hits()
+		if c.window {
+			if n > 0 && wins+h > maxWindowHits {
+				break
+			}
+			wins += h
+		} else {
+			if segs == maxBatch || n > 0 && hits+h > maxBatchHits {
+				break
+			}
+			segs++
+			hits += h
+		}
+		n++
+	}
+	return n
 }
 
 // invocation is the script invocation of one group of calls (all of them
