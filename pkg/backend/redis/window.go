@@ -100,9 +100,9 @@ type winArgs struct {
 	at                            int64 // the instant (µs) the keys' windows contain
 }
 
-// Window hit code bits above the flags (see window.lua): the hit
-// continues the previous hit's segment, the segment's mode; the class id
-// is the code divided by windowClassUnit.
+// Window hit code bits above the flags (see window.lua): the next hit
+// belongs to the same segment, the segment's mode; the class id is the
+// code divided by windowClassUnit.
 const (
 	windowJoin      = 8
 	windowDenied    = 16
@@ -116,8 +116,8 @@ const (
 // the window's count.
 const windowTTLSlack = 1000 // ms
 
-// argTrust is the first ARGV of a window.lua invocation that counts in
-// the windows its keys name without reading TIME.
+// argTrust marks a window segment that counts in the windows its keys
+// name without the server's TIME (segArgs.now; argServerNow: check).
 var argTrust any = "-"
 
 // initWindow fills a.win from sg: the keys of the windows containing
@@ -157,7 +157,7 @@ func (a *segArgs) initWindow(sg *segment) {
 		if h.Charge {
 			f |= 4
 		}
-		if i > 0 {
+		if i < n-1 {
 			f |= windowJoin
 		}
 		w.keys[i] = windowKey(h.Key, ws)
@@ -176,9 +176,10 @@ type windowClass struct{ rate, period, ws, ttl int64 }
 
 // argsWindow is one window.lua invocation (EVALSHA or EVAL) deciding
 // segs, which are all window segments: the class table (each distinct
-// rate, period, window start and TTL once), then a class id with flags
-// and a cost per hit. It reads the server's TIME when a segment asks to
-// check its windows (segment.check).
+// rate, period, window start and TTL once: rate and TTL, plus period and
+// window start when the server checks the windows), then a class id with
+// flags and a cost per hit. The server reads its TIME and checks the
+// windows when a segment asks (segment.check).
 func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	nkeys := 0
 	now := argTrust
@@ -208,7 +209,7 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 			codes = append(codes, int64(id)*windowClassUnit+w.flags[i])
 		}
 	}
-	a := make([]any, 0, 5+nkeys+4*len(classes)+2*nkeys)
+	a := make([]any, 0, 4+nkeys+4*len(classes)+2*nkeys)
 	if sha {
 		a = append(a, argEvalSHA, argSHAW)
 	} else {
@@ -220,9 +221,16 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 			a = append(a, &sg.win.keys[i])
 		}
 	}
-	a = append(a, now, int64(len(classes)))
-	for _, c := range classes {
-		a = append(a, c.rate, c.period, c.ws, c.ttl)
+	if now == argServerNow {
+		a = append(a, -int64(len(classes)))
+		for _, c := range classes {
+			a = append(a, c.rate, c.ttl, c.period, c.ws)
+		}
+	} else {
+		a = append(a, int64(len(classes)))
+		for _, c := range classes {
+			a = append(a, c.rate, c.ttl)
+		}
 	}
 	k := 0
 	for _, sg := range segs {
