@@ -161,8 +161,7 @@ for w in $WORKLOADS; do
       ws=$((now - now % period))
       args=("$B")
       for _ in $(seq "$B"); do args+=("{k:__rand_int__}:v2:$ws"); done
-      args+=(1 1000 3601000)
-      for _ in $(seq "$B"); do args+=(0 1); done
+      args+=(1000 3601000) # rate, TTL: one class, every cost 1 (Store.Take's usual call)
       calls=$((N / B))
       redis-benchmark -p "$RP" -c 1 -n "$calls" -r "$space" -q evalsha "$sha" "${args[@]}" >/dev/null 2>&1
       redis-cli -p "$RP" flushall >/dev/null

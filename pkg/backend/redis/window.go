@@ -171,6 +171,25 @@ func (a *segArgs) initWindow(sg *segment) {
 	}
 }
 
+// windowDirect reports whether segs go out in window.lua's short
+// layouts: no check of the windows, every segment a take of one hit
+// (soft or not) of one class (rate, period, window start), with a cost
+// from 1 to 10^15; ones: every cost is 1.
+func windowDirect(segs []*segArgs) (direct, ones bool) {
+	ones = true
+	w0 := segs[0].win
+	for _, sg := range segs {
+		w := sg.win
+		if sg.now == argServerNow || len(w.keys) != 1 || w.flags[0]&^2 != 0 ||
+			w.cost[0] < 1 || w.cost[0] >= 1e15 ||
+			w.rate[0] != w0.rate[0] || w.period[0] != w0.period[0] || w.ws[0] != w0.ws[0] {
+			return false, false
+		}
+		ones = ones && w.cost[0] == 1
+	}
+	return true, ones
+}
+
 // windowClass is one row of an invocation's class table.
 type windowClass struct{ rate, period, ws, ttl int64 }
 
@@ -188,6 +207,9 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 		if sg.now == argServerNow {
 			now = argServerNow
 		}
+	}
+	if direct, ones := windowDirect(segs); direct {
+		return argsWindowDirect(ctx, sha, segs, ones)
 	}
 	var classes []windowClass
 	codes := make([]int64, 0, nkeys)
@@ -244,6 +266,35 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	return cmd
 }
 
+// argsWindowDirect is argsWindow for windowDirect segments: keys, the
+// class's rate and TTL, and the costs unless they are all 1.
+func argsWindowDirect(ctx context.Context, sha bool, segs []*segArgs, ones bool) *goredis.Cmd {
+	n := 5 + 2*len(segs)
+	if ones {
+		n -= len(segs)
+	}
+	a := make([]any, 0, n)
+	if sha {
+		a = append(a, argEvalSHA, argSHAW)
+	} else {
+		a = append(a, argEval, argScriptW)
+	}
+	a = append(a, int64(len(segs)))
+	for _, sg := range segs {
+		a = append(a, &sg.win.keys[0])
+	}
+	w := segs[0].win
+	a = append(a, &w.rate[0], (w.period[0]+999)/1000+windowTTLSlack)
+	if !ones {
+		for _, sg := range segs {
+			a = append(a, &sg.win.cost[0])
+		}
+	}
+	cmd := goredis.NewCmd(ctx, a...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}
+
 // deliverWindow completes the calls of a window invocation from its
 // reply (see window.lua), or with err: ErrStalled for the calls
 // stalledFor reports (see batcher.deliver). A call's now is the server's
@@ -251,16 +302,26 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 // computed at.
 func deliverWindow(inv *invocation, err error, stalledFor func(*scriptCall) bool) {
 	var r []any
-	if err == nil {
-		var ok bool
-		if r, ok = inv.cmd.Val().([]any); !ok || len(r) < 1 {
-			err = fmt.Errorf("%w: %T", errReply, inv.cmd.Val())
-		}
-	}
 	var now int64
 	if err == nil {
-		now, _ = r[0].(int64)
-		r = r[1:]
+		direct, _ := windowDirect(segmentsOf(inv.calls))
+		switch v := inv.cmd.Val().(type) {
+		case int64: // the short layouts' answer to one decision
+			r = []any{v}
+			if !direct || len(inv.calls) != 1 {
+				err = fmt.Errorf("%w: an integer for %d window segments", errReply, len(inv.calls))
+			}
+		case []any:
+			r = v
+			if !direct && len(r) < 1 {
+				err = fmt.Errorf("%w: empty window reply", errReply)
+			} else if !direct {
+				now, _ = r[0].(int64)
+				r = r[1:]
+			}
+		default:
+			err = fmt.Errorf("%w: %T", errReply, inv.cmd.Val())
+		}
 	}
 	for _, c := range inv.calls {
 		claimed := c.claim()

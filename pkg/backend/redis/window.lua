@@ -9,17 +9,58 @@
 -- it reads no clock and counts in the windows the keys name.
 --
 -- KEYS   one key per hit, segments in order.
--- ARGV   C (-C: check the windows), then per class rate ttl_ms (and with
---        -C period_us ws), then per hit code and cost. code is class * 64
---        + flags: 1 release, 2 soft, 4 charge, 8 the next hit belongs to
---        the same segment, 16 the segment is a take that another slot
---        group denied, 32 a refund (the mode is on a segment's hits).
--- Reply  an array: now_us (0 without TIME), then per segment either one
---        integer per hit, remaining * 2 + allowed (0/1), or -1 (stale
---        window: nothing written), or the segment's error text.
+-- ARGV   one of three layouts, told apart by #ARGV:
+--        rate ttl_ms: one class, every segment a take of one hit costing 1
+--          (#ARGV == 2);
+--        rate ttl_ms cost...: the same with a cost per hit (2 + #KEYS);
+--        C (-C: check the windows), then per class rate ttl_ms (and with
+--          -C period_us ws), then per hit code and cost. code is class * 64
+--          + flags: 1 release, 2 soft, 4 charge, 8 the next hit belongs to
+--          the same segment, 16 the segment is a take that another slot
+--          group denied, 32 a refund (the mode is on a segment's hits).
+-- Reply  per segment either one integer per hit, remaining * 2 + allowed
+--        (0/1), or -1 (stale window: nothing written), or the segment's
+--        error text; in the third layout after now_us (0 without TIME).
+--        The first two layouts answer one decision as a plain integer.
 local ARGV, KEYS = ARGV, KEYS
 local call, rpcall, tonumber = redis.call, redis.pcall, tonumber
 local BIG = 9007199254740992
+local nk = #KEYS
+local na = #ARGV
+if na == 2 or na == 2 + nk then
+  -- A take of one hit per segment, one class: INCRBY, PEXPIRE when the
+  -- key was created, DECRBY (DEL when created) when it is over. A refused
+  -- INCRBY (OOM, READONLY) still decides a denial from a GET.
+  local rate, ttl = tonumber(ARGV[1]), ARGV[2]
+  local out = {}
+  for i = 1, nk do
+    local key, cost = KEYS[i], na == 2 and '1' or ARGV[2 + i]
+    local n = cost == '1' and 1 or tonumber(cost)
+    local v = rpcall('INCRBY', key, cost)
+    if type(v) == 'number' then
+      local rem = rate - v + n
+      if rem < 0 then rem = 0 end
+      if n > rem then
+        if v == n then call('DEL', key) else call('DECRBY', key, cost) end
+        out[i] = rem * 2
+      else
+        if v == n then call('PEXPIRE', key, ttl) end
+        out[i] = (rem - n) * 2 + 1
+      end
+    else
+      local g = rpcall('GET', key)
+      if type(g) == 'table' then
+        out[i] = g.err
+      else
+        local rem = rate - (tonumber(g) or 0)
+        if rem < 0 then rem = 0 end
+        out[i] = n > rem and rem * 2 or v.err
+      end
+    end
+  end
+  if nk == 1 and type(out[1]) == 'number' then return out[1] end
+  return out
+end
 local nc = tonumber(ARGV[1])
 local check = nc < 0
 local now = 0
@@ -42,7 +83,6 @@ for c = 1, nc do
   p = p + w
 end
 local out, no = { now }, 1
-local nk = #KEYS
 
 local slow -- the path of the other segments, defined on first use
 
