@@ -28,7 +28,7 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 			// window still finds the one being counted.
 			at := s.nowUS()
 			if at < 0 {
-				at, _, _ = s.masterFor(ctx, h.Key).clock.now()
+				at = s.masterFor(ctx, h.Key).clock.estimate()
 			}
 			p := h.Limit.Period.Microseconds()
 			ws := at - (at%p+p)%p

@@ -429,6 +429,10 @@ func (k *windowClock) now() (est, at int64, check bool) {
 	return est, m, m >= n && k.next.CompareAndSwap(n, m+clockRefresh.Microseconds())
 }
 
+// estimate is the estimate of the server's now in µs (as now, without
+// taking a check).
+func (k *windowClock) estimate() int64 { return k.mono() + k.off.Load() }
+
 // observe takes server, the server's now read by a checked call sent at
 // sent (local monotonic µs), as the estimate when the call's round trip
 // was within clockMaxRTT; otherwise the next call checks again.
