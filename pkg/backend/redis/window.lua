@@ -31,11 +31,14 @@ if na == 2 or na == 2 + nk then
   -- A take of one hit per segment, one class: INCRBY, PEXPIRE when the
   -- key was created, DECRBY (DEL when created) when it is over. A refused
   -- INCRBY (OOM, READONLY) still decides a denial from a GET.
-  local rate, ttl = tonumber(ARGV[1]), ARGV[2]
+  local rate, ttl, costs = tonumber(ARGV[1]), ARGV[2], na > 2
   local out = {}
   for i = 1, nk do
-    local key, cost = KEYS[i], na == 2 and '1' or ARGV[2 + i]
-    local n = cost == '1' and 1 or tonumber(cost)
+    local key, cost, n = KEYS[i], '1', 1
+    if costs then
+      cost = ARGV[2 + i]
+      n = tonumber(cost)
+    end
     local v = rpcall('INCRBY', key, cost)
     if type(v) == 'number' then
       local rem = rate - v + n
