@@ -443,6 +443,7 @@ func (k *windowClock) observe(server, sent int64) {
 		return
 	}
 	k.off.Store(server - m)
+	k.next.Store(m + clockRefresh.Microseconds())
 	k.known.Store(true)
 }
 

@@ -116,3 +116,45 @@ func TestBatchLenWindow(t *testing.T) {
 		t.Errorf("a 200-hit request: %d calls, want 1 (alone)", n)
 	}
 }
+
+// TestWindowClock: a master's window clock asks for a check until a
+// checked reply gave it an estimate, then not again within clockRefresh;
+// a failed check, or a reply whose round trip exceeded clockMaxRTT, makes
+// the next call check; the estimate runs from the server's now by the
+// local monotonic time, never ahead of it.
+func TestWindowClock(t *testing.T) {
+	k := windowClock{epoch: time.Now()}
+	for i := range 3 {
+		if _, _, check := k.now(); !check {
+			t.Fatalf("call %d without a verified estimate: no check", i)
+		}
+	}
+	const server = int64(1_800_000_000_000_000)
+	_, sent, _ := k.now()
+	k.observe(server, sent)
+	est, _, check := k.now()
+	after := k.mono()
+	if check {
+		t.Fatal("a call right after a verified estimate checks again")
+	}
+	// est = server + (mono at est - mono at observe): within what passed.
+	if est < server || est > server+(after-sent) {
+		t.Fatalf("estimate %d, want within [%d, %d]", est, server, server+(after-sent))
+	}
+	k.failed()
+	if _, _, check := k.now(); !check {
+		t.Fatal("after a failed check: no check")
+	}
+	if _, _, check := k.now(); check {
+		t.Fatal("two calls took the check")
+	}
+	// A reply from a round trip above clockMaxRTT is not taken.
+	off := k.off.Load()
+	k.observe(server+1_000_000_000, k.mono()-clockMaxRTT.Microseconds()-1)
+	if k.off.Load() != off {
+		t.Fatal("an estimate from a slow round trip was taken")
+	}
+	if _, _, check := k.now(); !check {
+		t.Fatal("after a slow round trip: no check")
+	}
+}
