@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,8 +28,8 @@ import (
 const windowKeyVersionLine = `const windowKeyVersion = ":v2:"`
 
 // buildPrevious builds ratelimitd from the parent of the commit that
-// introduced windowKeyVersionLine (git archive of that tree, go build)
-// and returns the binary's path.
+// introduced windowKeyVersionLine (git archive of that tree, go build),
+// or reuses the build of an earlier run, and returns the binary's path.
 func buildPrevious(t *testing.T) string {
 	t.Helper()
 	root := repoRoot(t)
@@ -46,20 +47,43 @@ func buildPrevious(t *testing.T) string {
 		t.Fatalf("no commit introduces %s in pkg/backend/redis/window.go", windowKeyVersionLine)
 	}
 	prev := git("rev-parse", intro+"^")
+	// The binary of a commit never changes: it is kept in a per-user cache
+	// directory keyed by the commit and reused by later runs.
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = t.TempDir()
+	}
+	keep := filepath.Join(cache, "ratelimitd-upgrade", prev+"-"+runtime.GOOS+"-"+runtime.GOARCH)
+	old := filepath.Join(keep, "ratelimitd")
+	if _, err := os.Stat(old); err == nil {
+		return old
+	}
 	dir := t.TempDir()
 	tarball := filepath.Join(t.TempDir(), "previous.tar")
 	git("archive", "--format=tar", "-o", tarball, prev)
 	if out, err := exec.Command("tar", "-x", "-f", tarball, "-C", dir).CombinedOutput(); err != nil {
 		t.Fatalf("tar: %v %s", err, out)
 	}
-	old := filepath.Join(dir, "ratelimitd-previous")
-	build := exec.Command("go", "build", "-o", old, "./cmd/ratelimitd")
+	if err := os.MkdirAll(filepath.Dir(keep), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	staging, err := os.MkdirTemp(filepath.Dir(keep), "staging-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(staging)
+	build := exec.Command("go", "build", "-o", filepath.Join(staging, "ratelimitd"), "./cmd/ratelimitd")
 	build.Dir = dir
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var out bytes.Buffer
 	build.Stdout, build.Stderr = &out, &out
 	if err := build.Run(); err != nil {
 		t.Fatalf("go build of %s: %v\n%s", prev, err, out.String())
+	}
+	if err := os.Rename(staging, keep); err != nil {
+		if _, serr := os.Stat(old); serr != nil { // not another run's copy
+			t.Fatalf("previous binary: %v", err)
+		}
 	}
 	return old
 }
