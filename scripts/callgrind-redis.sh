@@ -37,6 +37,11 @@
 # and
 #   floor    redis-benchmark -c 1 EVALSHA of
 #            "INCRBY KEYS[1] ARGV[1]; PEXPIRE KEYS[1] 60000"
+#   lean-bB  redis-benchmark -c 1 EVALSHA of pkg/backend/redis/window.lua
+#            (the fixed-window script, no TIME read) deciding B one-hit
+#            requests per call on 10,000 window keys of a 1000/hour limit
+#            (mostly first hits of a window); lean-rep-bB the same on 100
+#            keys (repeat hits). Compared with ref-c1 (B = 1) or ref-c50.
 #   script   redis-benchmark -c 1 EVALSHA of the Lua file CG_SCRIPT with
 #            the arguments CG_SCRIPT_ARGS (default "1 k:__rand_int__ 1":
 #            numkeys, keys, args; __rand_int__ is one of 10,000), one
@@ -149,6 +154,18 @@ for w in $WORKLOADS; do
       load "$conc" "$key" "$keys" 200 >/dev/null # warm-up: connections, script load
       ir=$(measure load "$conc" "$key" "$keys" "$N")
       stop_svc ;;
+    lean-b*|lean-rep-b*)
+      B=${w##*-b}; space=10000; case "$w" in lean-rep-*) space=100 ;; esac
+      sha=$(redis-cli -p "$RP" script load "$(cat pkg/backend/redis/window.lua)")
+      period=3600000000; mapfile -t tm < <(redis-cli -p "$RP" time | tr -d '\r'); now=$((tm[0] * 1000000 + tm[1]))
+      ws=$((now - now % period))
+      args=("$B")
+      for _ in $(seq "$B"); do args+=("{k:__rand_int__}:v2:$ws"); done
+      args+=(1000 3601000) # rate, TTL: one class, every cost 1 (Store.Take's usual call)
+      calls=$((N / B))
+      redis-benchmark -p "$RP" -c 1 -n "$calls" -r "$space" -q evalsha "$sha" "${args[@]}" >/dev/null 2>&1
+      redis-cli -p "$RP" flushall >/dev/null
+      ir=$(measure redis-benchmark -p "$RP" -c 1 -n "$calls" -r "$space" -q evalsha "$sha" "${args[@]}") ;;
     floor|script)
       if [ "$w" = floor ]; then
         src="redis.call('INCRBY', KEYS[1], ARGV[1]); redis.call('PEXPIRE', KEYS[1], 60000); return 1"
@@ -165,7 +182,8 @@ for w in $WORKLOADS; do
   IFS=$'\t' read -r scripts cmds < <(stats)
   IR[$w]=$ir
   # the reference's workload of the same shape
-  ref=; case "$w" in ours-*|refmode-*) ref=ref-${w#*-}; ref=${ref/-tb-/-}; ref=${ref/-sw-/-} ;; esac
+  ref=; case "$w" in ours-*|refmode-*) ref=ref-${w#*-}; ref=${ref/-tb-/-}; ref=${ref/-sw-/-} ;;
+    lean-*-b1|lean-b1) ref=ref-c1 ;; lean-*) ref=ref-c50 ;; esac
   if [ -n "$ref" ] && [ -z "${IR[$ref]:-}" ] && [ "${ref##*-c}" != 1 ]; then ref=${ref%-c*}-c50; fi
   x=–; if [ -n "$ref" ] && [ -n "${IR[$ref]:-}" ]; then x=$(printf '%.2f' "$(echo "$ir / ${IR[$ref]}" | bc -l)"); fi
   b=–; if [ "$scripts" -gt 0 ]; then b=$(printf '%.1f' "$(echo "$N / $scripts" | bc -l)"); fi

@@ -22,6 +22,7 @@ func newClusterStore(t testing.TB, g *redistest.ClusterGroup, now func() time.Ti
 	o.DialTimeout = 2 * time.Second
 	o.PoolSize = 8
 	o.Now = now
+	o.WindowKeys = false // take.lua's layout, as newTestStore
 	return openStore(t, o)
 }
 

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -10,9 +11,14 @@ import (
 // segments) the Store has started: tests read counters once they ran.
 func (s *Store) WaitRefunds() { s.bg.Wait() }
 
-// SetServerOffset sets the Store's estimate of the server's clock less
-// the local one (window keys): tests make it wrong on purpose.
-func (s *Store) SetServerOffset(us int64) { s.serverOffset.Store(us) }
+// SetServerOffset sets the Store's estimate of the server's clock to the
+// local clock plus us (window keys), not yet verified: tests make it
+// wrong on purpose.
+func (s *Store) SetServerOffset(us int64) {
+	for _, m := range s.paths() {
+		m.clock.set(time.Now().UnixMicro() + us)
+	}
+}
 
 // Ping sends PING on one of the Store's own connections: tests make Redis
 // answer something at a chosen moment.

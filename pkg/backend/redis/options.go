@@ -155,12 +155,14 @@ type Options struct {
 	LocalCacheSize int
 
 	// WindowKeys counts fixed_window limits (without a calendar) under
-	// one key per window, "<key>:<window_start_us>" (the key wrapped in
-	// {…} when it has no hash tag), holding a plain count: decided by
-	// INCRBY with no read before the write (window.lua). Off: the value
-	// "<window_start_us> <count>" under the key itself (take.lua). The
-	// two layouts do not see each other's counts: see docs/redis.md,
-	// "Window keys", for switching.
+	// one key per window, "<key>:v2:<window_start_us>" (the key wrapped
+	// in {…} when it has no hash tag), holding a plain count: decided by
+	// INCRBY with no read before the write and, outside one call per
+	// second per master, no read of the server's clock (window.lua). On
+	// in DefaultOptions. Off: the value "<window_start_us> <count>" under
+	// the key itself (take.lua), the layout of releases before window
+	// keys. The two layouts do not see each other's counts: see
+	// docs/redis.md, "Window keys", for switching.
 	WindowKeys bool
 
 	// Breaker configures the circuit breaker guarding every call. Default
@@ -236,6 +238,7 @@ func DefaultOptions() Options {
 		HealthInterval: DefaultHealthInterval,
 		ProbeKey:       DefaultProbeKey,
 		CreditChannel:  DefaultCreditChannel,
+		WindowKeys:     true,
 	}
 }
 

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
@@ -29,7 +28,7 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 			// window still finds the one being counted.
 			at := s.nowUS()
 			if at < 0 {
-				at = time.Now().UnixMicro() + s.serverOffset.Load()
+				at = s.masterFor(ctx, h.Key).clock.estimate()
 			}
 			p := h.Limit.Period.Microseconds()
 			ws := at - (at%p+p)%p

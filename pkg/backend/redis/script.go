@@ -148,6 +148,10 @@ type segment struct {
 	// server's now) or nowUS when pinned.
 	window bool
 	estUS  int64
+	// check: the window script reads the server's TIME and refuses the
+	// segment, writing nothing, when its keys do not name the server's
+	// current window (see Store.windowNow).
+	check bool
 }
 
 // segArgs is a segment's script arguments, copied from its hits when the
@@ -212,11 +216,6 @@ func (a *segArgs) init(sg *segment) {
 	}
 	a.nonce = sg.nonce
 	if sg.window {
-		a.now = argServerNow
-		if sg.nowUS >= 0 {
-			a.ints = append(a.intBuf[:0], sg.nowUS)
-			a.now = &a.ints[0]
-		}
 		a.initWindow(sg)
 		return
 	}

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
@@ -45,7 +46,15 @@ func TestSlotMatchesServer(t *testing.T) {
 // clock) and a 2 s timeout, closed at the end of the test.
 func newInternalStore(t *testing.T, srv *redistest.Server) *Store {
 	t.Helper()
+	return newInternalStoreOpts(t, srv, func(o *Options) { o.WindowKeys = false })
+}
+
+// newInternalStoreOpts is newInternalStore with the defaults, changed by
+// set.
+func newInternalStoreOpts(t *testing.T, srv *redistest.Server, set func(*Options)) *Store {
+	t.Helper()
 	o := DefaultOptions()
+	set(&o)
 	o.URL, o.Timeout = srv.URL(), 2*time.Second
 	s, err := New(o)
 	if err != nil {
@@ -60,10 +69,18 @@ func newInternalStore(t *testing.T, srv *redistest.Server) *Store {
 // ResetAfter, compared with PEXPIRETIME), and no key lives without one:
 // takes, always_charge takes (denied ones write too) and refunds.
 func TestTTLInvariant(t *testing.T) {
+	for _, wk := range []bool{false, true} {
+		t.Run(fmt.Sprintf("window_keys=%v", wk), func(t *testing.T) { ttlInvariant(t, wk) })
+	}
+}
+
+// ttlInvariant is TestTTLInvariant with Options.WindowKeys wk: a fixed
+// window's key is then its newest window key.
+func ttlInvariant(t *testing.T, wk bool) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
 	c := srv.Client()
-	s := newInternalStore(t, srv)
+	s := newInternalStoreOpts(t, srv, func(o *Options) { o.WindowKeys = wk })
 	p := 3 * time.Second
 	limits := []algo.Limit{
 		{Kind: algo.FixedWindow, Rate: 3, Period: p},
@@ -89,7 +106,19 @@ func TestTTLInvariant(t *testing.T) {
 					continue
 				}
 				written++
-				at, err := c.PExpireTime(ctx, key).Result()
+				stored := key
+				if wk && windowKind(&h[0]) {
+					ks, err := c.Keys(ctx, "{"+key+"}:v2:*").Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					slices.Sort(ks)
+					stored = key + ":none"
+					if len(ks) > 0 {
+						stored = ks[len(ks)-1]
+					}
+				}
+				at, err := c.PExpireTime(ctx, stored).Result()
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -74,13 +74,12 @@ type Store struct {
 	noncePrefix string
 	seq         atomic.Uint64
 
-	// windowKeys is Options.WindowKeys; serverOffset estimates the
-	// server's clock less the local one (µs), from the window segments'
-	// replies: the window of their keys (see Store.run).
-	windowKeys   bool
-	serverOffset atomic.Int64
-	// leaseOffset is the same estimate from the lease replies (Lease):
-	// the window the keys of the next lease carry.
+	// windowKeys is Options.WindowKeys (each master keeps its estimate
+	// of its clock: master.clock).
+	windowKeys bool
+	// leaseOffset estimates the server's clock less the local one (µs)
+	// from the lease replies (Lease): the window the keys of the next
+	// lease carry.
 	leaseOffset atomic.Int64
 	// born is Options.Now at New (µs) when the clock is pinned: the
 	// lease script's born (see lease.lua); with the server's clock the
@@ -205,6 +204,8 @@ type master struct {
 	// serving slots (a former master) until a decision reaches it: it
 	// then does not count for Healthy and BreakerState.
 	current atomic.Bool
+	// clock estimates the master's clock for window keys (Store.runOn).
+	clock windowClock
 }
 
 // newMaster builds the path of the master at addr (see master).
@@ -236,6 +237,7 @@ func (s *Store) newMaster(addr string) *master {
 	m.batch.live, m.batch.liveAddr = s.live, addr
 	m.batch.noNX = &s.noNX
 	m.current.Store(true)
+	m.clock.epoch = time.Now()
 	return m
 }
 
@@ -503,25 +505,29 @@ func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.De
 	}
 	nowUS := seg.nowUS
 	seg.window = !seg.native && s.windowKeys && len(seg.hits) > 0 && windowKind(&seg.hits[0])
-	var scriptNow int64
+	var scriptNow, sent int64
 	var err error
 	for try := 0; ; try++ {
 		if seg.window && nowUS < 0 && try == 0 {
-			seg.estUS = time.Now().UnixMicro() + s.serverOffset.Load()
+			seg.estUS, sent, seg.check = m.clock.now()
 		}
 		scriptNow, err = m.batch.do(ctx, seg, out)
-		if seg.window && nowUS < 0 && scriptNow > 0 {
-			s.serverOffset.Store(scriptNow - time.Now().UnixMicro())
+		if seg.window && nowUS < 0 && seg.check {
+			if scriptNow > 0 && (err == nil || errors.Is(err, errStaleWindow)) {
+				m.clock.observe(scriptNow, sent)
+			} else {
+				m.clock.failed()
+			}
 		}
-		// A window segment whose keys were not the server's window
-		// (clocks apart, or a window boundary in between) wrote
-		// nothing: again with the server's now. A boundary passes at
-		// most once per window, so a third refusal is a clock that
-		// moved back.
+		// A checked window segment whose keys were not the server's
+		// window (an estimate not yet verified, or a window boundary in
+		// between) wrote nothing: again with the server's now, checked.
+		// A boundary passes at most once per window, so a third refusal
+		// is a clock that moved back.
 		if !errors.Is(err, errStaleWindow) || try == 2 {
 			break
 		}
-		seg.estUS = scriptNow
+		seg.estUS, seg.check, sent = scriptNow, true, m.clock.mono()
 	}
 	if errors.Is(err, errStaleWindow) {
 		err = fmt.Errorf("%w: the server's clock moved back", errReply)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -65,31 +67,58 @@ func windowKeyable(key string) bool {
 	return strings.IndexByte(key, '}') < 0
 }
 
+// windowKeyVersion is the element between a key and its window start:
+// a version of the window-key layout, so that keys written by another
+// layout (the key alone, "<key>:<ws>" of earlier releases, the native
+// "<key>:<ws base 36>") never name the same Redis key as this one.
+const windowKeyVersion = ":v2:"
+
 // windowKey is the key of key's counter in the window starting at ws
-// (µs): "<key>:<ws>" when key has a hash tag, else "{<key>}:<ws>"; both
-// hash to Slot(key).
+// (µs): "<key>:v2:<ws>" when key has a hash tag, else "{<key>}:v2:<ws>";
+// both hash to Slot(key).
 func windowKey(key string, ws int64) string {
 	var b []byte
 	if i := strings.IndexByte(key, '{'); i >= 0 && strings.IndexByte(key[i+1:], '}') > 0 {
-		b = make([]byte, 0, len(key)+18)
+		b = make([]byte, 0, len(key)+len(windowKeyVersion)+17)
 		b = append(b, key...)
 	} else {
-		b = make([]byte, 0, len(key)+20)
+		b = make([]byte, 0, len(key)+len(windowKeyVersion)+19)
 		b = append(b, '{')
 		b = append(b, key...)
 		b = append(b, '}')
 	}
-	b = append(b, ':')
+	b = append(b, windowKeyVersion...)
 	return string(strconv.AppendInt(b, ws, 10))
 }
 
 // winArgs is a window segment's script arguments (see segArgs).
 type winArgs struct {
 	keys []string
-	// per hit: rate, period_us, window start, flags, cost
+	// per hit: rate, period_us, window start, flags (1 release, 2 soft,
+	// 4 charge), cost
 	rate, period, ws, flags, cost []int64
-	ttl                           int64 // extra TTL ms (1000 with a pinned clock)
+	at                            int64 // the instant (µs) the keys' windows contain
 }
+
+// Window hit code bits above the flags (see window.lua): the next hit
+// belongs to the same segment, the segment's mode; the class id is the
+// code divided by windowClassUnit.
+const (
+	windowJoin      = 8
+	windowDenied    = 16
+	windowRefund    = 32
+	windowClassUnit = 64
+)
+
+// windowTTLSlack is added to a window key's TTL (one period): the key
+// outlives its window by more than any instance's estimate of the
+// server's clock may lag (see Store.windowNow), so a late hit still finds
+// the window's count.
+const windowTTLSlack = 1000 // ms
+
+// argTrust marks a window segment that counts in the windows its keys
+// name without the server's TIME (segArgs.now; argServerNow: check).
+var argTrust any = "-"
 
 // initWindow fills a.win from sg: the keys of the windows containing
 // at (sg.nowUS when pinned, else the estimate of the server's now).
@@ -99,12 +128,18 @@ func (a *segArgs) initWindow(sg *segment) {
 	w := &winArgs{}
 	if at < 0 {
 		at = sg.estUS
-	} else {
-		w.ttl = 1000
 	}
+	w.at = at
 	w.keys = make([]string, n)
 	ints := make([]int64, 5*n)
 	w.rate, w.period, w.ws, w.flags, w.cost = ints[:n], ints[n:2*n], ints[2*n:3*n], ints[3*n:4*n], ints[4*n:]
+	var mode int64
+	switch sg.mode {
+	case modeDenied:
+		mode = windowDenied
+	case modeRefund:
+		mode = windowRefund
+	}
 	for i := range sg.hits {
 		h := &sg.hits[i]
 		p := h.Limit.Period.Microseconds()
@@ -112,7 +147,7 @@ func (a *segArgs) initWindow(sg *segment) {
 		if at < 0 {
 			ws = at - (at%p+p)%p
 		}
-		var f int64
+		f := mode
 		if h.Release {
 			f |= 1
 		}
@@ -122,31 +157,68 @@ func (a *segArgs) initWindow(sg *segment) {
 		if h.Charge {
 			f |= 4
 		}
+		if i < n-1 {
+			f |= windowJoin
+		}
 		w.keys[i] = windowKey(h.Key, ws)
 		w.rate[i], w.period[i], w.ws[i], w.flags[i], w.cost[i] = h.Limit.Rate, p, ws, f, algo.ClampCost(h.Cost)
 	}
 	a.win = w
 	a.keys = w.keys
+	a.now = argTrust
+	if sg.check {
+		a.now = argServerNow
+	}
+}
+
+// windowDirect reports whether segs go out in window.lua's short
+// layouts: no check of the windows, every segment a take of one hit
+// (soft or not) of one class (rate, period, window start), with a cost
+// from 1 to 10^15; ones: every cost is 1.
+func windowDirect(segs []*segArgs) (direct, ones bool) {
+	ones = true
+	w0 := segs[0].win
+	for _, sg := range segs {
+		w := sg.win
+		if sg.now == argServerNow || len(w.keys) != 1 || w.flags[0]&^2 != 0 ||
+			w.cost[0] < 1 || w.cost[0] >= 1e15 ||
+			w.rate[0] != w0.rate[0] || w.period[0] != w0.period[0] || w.ws[0] != w0.ws[0] {
+			return false, false
+		}
+		ones = ones && w.cost[0] == 1
+	}
+	return true, ones
 }
 
 // windowClass is one row of an invocation's class table.
 type windowClass struct{ rate, period, ws, ttl int64 }
 
 // argsWindow is one window.lua invocation (EVALSHA or EVAL) deciding
-// segs, which are all window segments.
+// segs, which are all window segments: the class table (each distinct
+// rate, period, window start and TTL once: rate and TTL, plus period and
+// window start when the server checks the windows), then a class id with
+// flags and a cost per hit. The server reads its TIME and checks the
+// windows when a segment asks (segment.check).
 func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	nkeys := 0
+	now := argTrust
 	for _, sg := range segs {
 		nkeys += len(sg.win.keys)
+		if sg.now == argServerNow {
+			now = argServerNow
+		}
+	}
+	if direct, ones := windowDirect(segs); direct {
+		return argsWindowDirect(ctx, sha, segs, ones)
 	}
 	var classes []windowClass
 	codes := make([]int64, 0, nkeys)
 	for _, sg := range segs {
 		w := sg.win
 		for i := range w.keys {
-			c := windowClass{w.rate[i], w.period[i], w.ws[i], (w.period[i]+999)/1000 + 1 + w.ttl}
+			c := windowClass{w.rate[i], w.period[i], w.ws[i], (w.period[i]+999)/1000 + windowTTLSlack}
 			id := -1
-			for j := range classes {
+			for j := len(classes) - 1; j >= 0; j-- {
 				if classes[j] == c {
 					id = j
 					break
@@ -156,10 +228,10 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 				id = len(classes)
 				classes = append(classes, c)
 			}
-			codes = append(codes, int64(id)*8+w.flags[i])
+			codes = append(codes, int64(id)*windowClassUnit+w.flags[i])
 		}
 	}
-	a := make([]any, 0, 6+nkeys+4*len(classes)+2*len(segs)+2*nkeys)
+	a := make([]any, 0, 4+nkeys+4*len(classes)+2*nkeys)
 	if sha {
 		a = append(a, argEvalSHA, argSHAW)
 	} else {
@@ -171,18 +243,19 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 			a = append(a, &sg.win.keys[i])
 		}
 	}
-	now := argServerNow
-	if segs[0].now != argServerNow {
-		now = segs[0].now
+	if now == argServerNow {
+		a = append(a, -int64(len(classes)))
+		for _, c := range classes {
+			a = append(a, c.rate, c.ttl, c.period, c.ws)
+		}
+	} else {
+		a = append(a, int64(len(classes)))
+		for _, c := range classes {
+			a = append(a, c.rate, c.ttl)
+		}
 	}
-	a = append(a, now, int64(len(classes)))
-	for _, c := range classes {
-		a = append(a, c.rate, c.period, c.ws, c.ttl)
-	}
-	a = append(a, int64(len(segs)))
 	k := 0
 	for _, sg := range segs {
-		a = append(a, sg.mode, int64(len(sg.win.keys)))
 		for i := range sg.win.keys {
 			a = append(a, &codes[k], &sg.win.cost[i])
 			k++
@@ -193,27 +266,72 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	return cmd
 }
 
-// deliverWindow completes the calls of a window invocation from its
-// reply (see window.lua), or with err: ErrStalled for the calls
-// stalledFor reports (see batcher.deliver).
-func deliverWindow(inv *invocation, err error, stalledFor func(*scriptCall) bool) {
-	var r []any
-	if err == nil {
-		var ok bool
-		if r, ok = inv.cmd.Val().([]any); !ok || len(r) < 1 {
-			err = fmt.Errorf("%w: %T", errReply, inv.cmd.Val())
+// argsWindowDirect is argsWindow for windowDirect segments: keys, the
+// class's rate and TTL, and the costs unless they are all 1.
+func argsWindowDirect(ctx context.Context, sha bool, segs []*segArgs, ones bool) *goredis.Cmd {
+	n := 5 + 2*len(segs)
+	if ones {
+		n -= len(segs)
+	}
+	a := make([]any, 0, n)
+	if sha {
+		a = append(a, argEvalSHA, argSHAW)
+	} else {
+		a = append(a, argEval, argScriptW)
+	}
+	a = append(a, int64(len(segs)))
+	for _, sg := range segs {
+		a = append(a, &sg.win.keys[0])
+	}
+	w := segs[0].win
+	a = append(a, &w.rate[0], (w.period[0]+999)/1000+windowTTLSlack)
+	if !ones {
+		for _, sg := range segs {
+			a = append(a, &sg.win.cost[0])
 		}
 	}
+	cmd := goredis.NewCmd(ctx, a...)
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}
+
+// deliverWindow completes the calls of a window invocation from its
+// reply (see window.lua), or with err: ErrStalled for the calls
+// stalledFor reports (see batcher.deliver). A call's now is the server's
+// TIME when the invocation read it, else the instant its keys were
+// computed at.
+func deliverWindow(inv *invocation, err error, stalledFor func(*scriptCall) bool) {
+	var r []any
 	var now int64
 	if err == nil {
-		now, _ = r[0].(int64)
-		r = r[1:]
+		direct, _ := windowDirect(segmentsOf(inv.calls))
+		switch v := inv.cmd.Val().(type) {
+		case int64: // the short layouts' answer to one decision
+			r = []any{v}
+			if !direct || len(inv.calls) != 1 {
+				err = fmt.Errorf("%w: an integer for %d window segments", errReply, len(inv.calls))
+			}
+		case []any:
+			r = v
+			if !direct && len(r) < 1 {
+				err = fmt.Errorf("%w: empty window reply", errReply)
+			} else if !direct {
+				now, _ = r[0].(int64)
+				r = r[1:]
+			}
+		default:
+			err = fmt.Errorf("%w: %T", errReply, inv.cmd.Val())
+		}
 	}
 	for _, c := range inv.calls {
 		claimed := c.claim()
 		var serr error
+		at := now
 		if err == nil {
-			r, serr = windowSegment(r, c, now, claimed)
+			if at <= 0 {
+				at = c.args.win.at
+			}
+			r, serr = windowSegment(r, c, at, claimed)
 		}
 		if !claimed {
 			continue
@@ -226,7 +344,7 @@ func deliverWindow(inv *invocation, err error, stalledFor func(*scriptCall) bool
 			c.finish(0, err)
 			continue
 		}
-		c.finish(now, serr)
+		c.finish(at, serr)
 	}
 }
 
@@ -239,31 +357,102 @@ func windowSegment(r []any, c *scriptCall, now int64, write bool) ([]any, error)
 	}
 	switch st := r[0].(type) {
 	case int64:
-		r = r[1:]
-		if st == 1 {
-			return r, errStaleWindow
+		if st == -1 {
+			return r[1:], errStaleWindow
 		}
 		w := c.args.win
-		if st != 0 || len(r) < 2*len(w.keys) {
+		if len(r) < len(w.keys) {
 			return nil, fmt.Errorf("%w: window segment", errReply)
 		}
 		for i := range w.keys {
 			if !write {
 				break
 			}
-			al, _ := r[2*i].(int64)
-			rem, _ := r[2*i+1].(int64)
+			v, ok := r[i].(int64)
+			if !ok || v < 0 {
+				return nil, fmt.Errorf("%w: window hit %T", errReply, r[i])
+			}
 			reset := algo.MicrosDuration(w.ws[i] + w.period[i] - now)
-			d := algo.Decision{Allowed: al == 1, Remaining: rem, ResetAfter: reset, WindowAfter: reset}
+			d := algo.Decision{Allowed: v&1 == 1, Remaining: v >> 1, ResetAfter: reset, WindowAfter: reset}
 			if !d.Allowed {
 				d.RetryAfter = reset
 			}
 			c.out[i] = d
 		}
-		return r[2*len(w.keys):], nil
+		return r[len(w.keys):], nil
 	case string:
 		return r[1:], SegmentError(st)
 	default:
 		return nil, fmt.Errorf("%w: window status %T", errReply, st)
 	}
+}
+
+// windowClock is a master's estimate of its clock, which names the
+// window of each window key: the server's now read by a checked call
+// (TIME) plus the local monotonic time elapsed since its reply. The
+// estimate never runs ahead of the server's clock (the server read it
+// before the reply arrived, and a wall-clock step of the local host does
+// not move a monotonic clock) and lags it by at most the round trip of
+// the call it was taken from (accepted only within clockMaxRTT) plus the
+// rate difference of the two clocks since; one call per clockRefresh
+// checks its windows against TIME and refreshes it. A call with no
+// verified estimate (a new master, or after a failed check) checks.
+type windowClock struct {
+	epoch time.Time    // origin of the local monotonic µs
+	off   atomic.Int64 // the server's µs less the local monotonic µs
+	known atomic.Bool  // off was taken from a checked reply
+	next  atomic.Int64 // local monotonic µs at which a call checks again
+}
+
+// clockRefresh is how often a master's window calls check their windows
+// against the server's TIME and refresh the estimate of its clock.
+const clockRefresh = time.Second
+
+// clockMaxRTT bounds the round trip of a checked call whose server time
+// is taken as the estimate, and so how far the estimate may lag the
+// server's clock (well under windowTTLSlack).
+const clockMaxRTT = 250 * time.Millisecond
+
+// mono is the local monotonic time in µs since k.epoch.
+func (k *windowClock) mono() int64 { return int64(time.Since(k.epoch) / time.Microsecond) }
+
+// now is the estimate of the server's now in µs, the local monotonic µs
+// it was taken at, and whether the call should check its windows (no
+// verified estimate, or clockRefresh since the last check).
+func (k *windowClock) now() (est, at int64, check bool) {
+	m := k.mono()
+	est = m + k.off.Load()
+	if !k.known.Load() {
+		return est, m, true
+	}
+	n := k.next.Load()
+	return est, m, m >= n && k.next.CompareAndSwap(n, m+clockRefresh.Microseconds())
+}
+
+// estimate is the estimate of the server's now in µs (as now, without
+// taking a check).
+func (k *windowClock) estimate() int64 { return k.mono() + k.off.Load() }
+
+// observe takes server, the server's now read by a checked call sent at
+// sent (local monotonic µs), as the estimate when the call's round trip
+// was within clockMaxRTT; otherwise the next call checks again.
+func (k *windowClock) observe(server, sent int64) {
+	m := k.mono()
+	if m-sent > clockMaxRTT.Microseconds() {
+		k.next.Store(0)
+		return
+	}
+	k.off.Store(server - m)
+	k.next.Store(m + clockRefresh.Microseconds())
+	k.known.Store(true)
+}
+
+// failed makes the next call check: a checked call failed.
+func (k *windowClock) failed() { k.next.Store(0) }
+
+// set makes us (µs since the epoch) the estimate of the server's now, not
+// yet verified (tests).
+func (k *windowClock) set(us int64) {
+	k.off.Store(us - k.mono())
+	k.known.Store(false)
 }

@@ -81,3 +81,80 @@ func TestWindowSegmentOOM(t *testing.T) {
 		t.Errorf("keys %q under OOM, want the window key of a only", keys)
 	}
 }
+
+// TestBatchLenWindow: a flush takes up to maxWindowHits window-key hits
+// (one window.lua invocation), up to maxBatch take.lua segments next to
+// them, and a request's hits whole.
+func TestBatchLenWindow(t *testing.T) {
+	call := func(window bool, hits int) *scriptCall {
+		c := &scriptCall{window: window}
+		c.args.keys = make([]string, hits)
+		return c
+	}
+	var q []*scriptCall
+	for range 300 {
+		q = append(q, call(true, 1))
+	}
+	if n := batchLen(q); n != 128 {
+		t.Errorf("300 one-hit window calls: a flush takes %d, want 128", n)
+	}
+	var mixed []*scriptCall
+	for range 200 {
+		mixed = append(mixed, call(true, 1), call(false, 1))
+	}
+	// 64 of each, then one more window call before the 65th take.lua one.
+	if n := batchLen(mixed); n != 2*maxBatch+1 {
+		t.Errorf("alternating window and take.lua calls: a flush takes %d, want %d", n, 2*maxBatch+1)
+	}
+	// A request of three hits is not split: the flush stops before it.
+	q = q[:127:127]
+	q = append(q, call(true, 3), call(true, 1))
+	if n := batchLen(q); n != 127 {
+		t.Errorf("127 hits then a 3-hit request: a flush takes %d calls, want 127", n)
+	}
+	if n := batchLen([]*scriptCall{call(true, 200)}); n != 1 {
+		t.Errorf("a 200-hit request: %d calls, want 1 (alone)", n)
+	}
+}
+
+// TestWindowClock: a master's window clock asks for a check until a
+// checked reply gave it an estimate, then not again within clockRefresh;
+// a failed check, or a reply whose round trip exceeded clockMaxRTT, makes
+// the next call check; the estimate runs from the server's now by the
+// local monotonic time, never ahead of it.
+func TestWindowClock(t *testing.T) {
+	k := windowClock{epoch: time.Now()}
+	for i := range 3 {
+		if _, _, check := k.now(); !check {
+			t.Fatalf("call %d without a verified estimate: no check", i)
+		}
+	}
+	const server = int64(1_800_000_000_000_000)
+	_, sent, _ := k.now()
+	k.observe(server, sent)
+	est, _, check := k.now()
+	after := k.mono()
+	if check {
+		t.Fatal("a call right after a verified estimate checks again")
+	}
+	// est = server + (mono at est - mono at observe): within what passed.
+	if est < server || est > server+(after-sent) {
+		t.Fatalf("estimate %d, want within [%d, %d]", est, server, server+(after-sent))
+	}
+	k.failed()
+	if _, _, check := k.now(); !check {
+		t.Fatal("after a failed check: no check")
+	}
+	if _, _, check := k.now(); check {
+		t.Fatal("two calls took the check")
+	}
+	// A reply from a round trip above clockMaxRTT is not taken.
+	off := k.off.Load()
+	k.observe(server+1_000_000_000, k.mono()-clockMaxRTT.Microseconds()-1)
+	if k.off.Load() != off {
+		t.Fatal("an estimate from a slow round trip was taken")
+	}
+	if _, _, check := k.now(); !check {
+		t.Fatal("after a slow round trip: no check")
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -128,9 +130,9 @@ func TestWindowKeysLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 		ws := tm.UnixMicro() - tm.UnixMicro()%time.Hour.Microseconds()
-		want := fmt.Sprintf("{%s}:%d", base, ws)
+		want := fmt.Sprintf("{%s}:v2:%d", base, ws)
 		if strings.HasPrefix(base, "{") {
-			want = fmt.Sprintf("%s:%d", base, ws)
+			want = fmt.Sprintf("%s:v2:%d", base, ws)
 		}
 		if k != want {
 			t.Errorf("window key %q, want %q", k, want)
@@ -139,8 +141,8 @@ func TestWindowKeysLayout(t *testing.T) {
 			t.Errorf("%s holds %q, want 2", k, v)
 		}
 		ttl, _ := c.PTTL(ctx, k).Result()
-		if ttl <= 0 || ttl < d[0].ResetAfter || ttl > time.Hour+2*time.Millisecond {
-			t.Errorf("%s PTTL %v, want in [ResetAfter %v, 1 h]", k, ttl, d[0].ResetAfter)
+		if ttl <= 0 || ttl < d[0].ResetAfter || ttl > time.Hour+time.Second+2*time.Millisecond {
+			t.Errorf("%s PTTL %v, want in [ResetAfter %v, 1 h + 1 s]", k, ttl, d[0].ResetAfter)
 		}
 		// A denial leaves the count as it was.
 		d, err = algotest.Take(ctx, s, []algo.Hit{{Key: base, Limit: l, Cost: 4}})
@@ -317,4 +319,67 @@ func TestWindowKeysShareInvocation(t *testing.T) {
 			t.Fatalf("sh:%d: %+v %v, want %d left", i, d, err, 1000-n/50)
 		}
 	}
+}
+
+// TestWindowKeysNoTime: window-key decisions read the server's TIME only
+// in the calls that check the estimate of its clock, one per second per
+// master (and the first), not one per call.
+func TestWindowKeysNoTime(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := windowStore(t, srv, nil)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1_000_000, Period: time.Hour}
+	if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: "nt:warm", Limit: l, Cost: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	start := time.Now()
+	for i := range n {
+		d, err := algotest.Take(ctx, s, []algo.Hit{{Key: fmt.Sprintf("nt:%d", i%30), Limit: l, Cost: 1}})
+		if err != nil || !d[0].Allowed {
+			t.Fatalf("take %d: %+v %v", i, d, err)
+		}
+	}
+	elapsed := time.Since(start)
+	stats := commandCalls(t, c)
+	if stats["evalsha"]+stats["eval"] != n {
+		t.Fatalf("%d script calls for %d sequential requests", stats["evalsha"]+stats["eval"], n)
+	}
+	if max := 1 + int64(elapsed/time.Second); stats["time"] > max {
+		t.Fatalf("TIME read %d times in %d decisions over %v, want at most %d (one check per second)", stats["time"], n, elapsed, max)
+	}
+	for i := range 30 {
+		d, err := algotest.Take(ctx, s, []algo.Hit{{Key: fmt.Sprintf("nt:%d", i), Limit: l, Cost: 0}})
+		if err != nil || d[0].Remaining != l.Rate-n/30 {
+			t.Fatalf("nt:%d: %+v %v, want %d left", i, d, err, l.Rate-n/30)
+		}
+	}
+}
+
+// commandCalls is INFO commandstats as calls per command.
+func commandCalls(t *testing.T, c interface {
+	Info(context.Context, ...string) *goredis.StringCmd
+}) map[string]int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		v, _, _ := strings.Cut(rest, ",")
+		var k int64
+		fmt.Sscan(v, &k)
+		out[strings.TrimPrefix(name, "cmdstat_")] = k
+	}
+	return out
 }
