@@ -487,14 +487,16 @@ func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.De
 	}
 	nowUS := seg.nowUS
 	seg.window = !seg.native && s.windowKeys && len(seg.hits) > 0 && windowKind(&seg.hits[0])
+	seg.lean = !seg.native && s.windowKeys && len(seg.hits) > 0 && leanKind(&seg.hits[0])
+	keyed := seg.window || seg.lean
 	var scriptNow int64
 	var err error
 	for try := 0; ; try++ {
-		if seg.window && nowUS < 0 && try == 0 {
+		if keyed && nowUS < 0 && try == 0 {
 			seg.estUS = time.Now().UnixMicro() + s.serverOffset.Load()
 		}
 		scriptNow, err = m.batch.do(ctx, seg, out)
-		if seg.window && nowUS < 0 && scriptNow > 0 {
+		if keyed && nowUS < 0 && scriptNow > 0 {
 			s.serverOffset.Store(scriptNow - time.Now().UnixMicro())
 		}
 		// A window segment whose keys were not the server's window
@@ -532,9 +534,9 @@ func (s *Store) mixed(hits []algo.Hit) bool {
 	if !s.windowKeys {
 		return false
 	}
-	w := windowKind(&hits[0])
+	w := s.scriptOf(&hits[0])
 	for i := 1; i < len(hits); i++ {
-		if windowKind(&hits[i]) != w {
+		if s.scriptOf(&hits[i]) != w {
 			return true
 		}
 	}
@@ -579,9 +581,7 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 	var groups []*group
 	for i, h := range hits {
 		sl := uint32(Slot(h.Key))
-		if s.windowKeys && windowKind(&h) {
-			sl |= 1 << 16
-		}
+		sl |= s.scriptOf(&h) << 16
 		g := bySlot[sl]
 		if g == nil {
 			g = &group{}
