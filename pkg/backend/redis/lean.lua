@@ -64,7 +64,7 @@ end
 -- swin.remaining), for a token bucket the emission interval T = Q + M/rate
 -- µs (Q, M), the capacity, tau = capacity * T = TU + TF/rate µs (TU, TF);
 -- then the period.
-local CT = {}
+local CT = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 } -- sized for one class
 local nc = tonumber(ARGV[2])
 local p = 3
 for c = 0, nc - 1 do
@@ -101,250 +101,14 @@ else
   end
 end
 -- V[key], F[key]: a key's value (count or TAT, and TAT fraction) once an
--- earlier segment of this call wrote it; nil: MGET's.
-local V, F = {}, {}
+-- earlier segment of this call wrote it; nil: MGET's (V is false in a
+-- call of one segment).
+local V, F = false, false
+if ns > 1 then V, F = {}, {} end
 
--- read returns the value of KEYS[i]: count (or TAT) and fraction; 0, 0
--- when absent; nil when it is not one or two integers.
-local function read(i)
-  local key = KEYS[i]
-  local v = V[key]
-  if v ~= nil then return v, F[key] end
-  v = MG[i]
-  if not v then return 0, 0 end
-  local n = tonumber(v)
-  if n then return n, 0 end
-  local sp = string.find(v, ' ', 1, true)
-  if sp then return tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1)) end
-  return nil
-end
+local out, no = { now, 0, 0, 0, 0 }, 1 -- sized for one segment
 
-local out, no = { now }, 1
-
--- make_general returns the general path, general(mode, n, a0, k0),
--- with its helpers.
-local function make_general()
-  local min, max = math.min, math.max
-  local BIG = 9007199254740992
-  -- sw_take decides a take of cost on a sliding window of class c with
-  -- count curr and previous count prev (take.go slidingWindow): allowed and
-  -- the new count.
-  local function sw_take(c, curr, prev, cost, charge)
-    local rem = max(floor(CT[10 * c + 2] - (prev * CT[10 * c + 5] + curr)), 0)
-    if max(cost, 1) > rem then
-      if charge and cost > 0 then return false, min(curr + cost, BIG) end
-      return false, curr
-    end
-    return true, curr + cost
-  end
-
-  -- tb_norm is a TAT as tokenBucket starts from it: a fraction from another
-  -- rate rounds the TAT up; a TAT in the past is now.
-  local function tb_norm(c, tat, frac)
-    if frac < 0 or frac >= CT[10 * c + 2] then tat, frac = tat + 1, 0 end
-    if tat < now then tat, frac = now, 0 end
-    return tat, frac
-  end
-
-  -- tb_rem is the whole tokens left at TAT (tat, frac), normalized.
-  local function tb_rem(c, tat, frac)
-    local r = CT[10 * c + 2]
-    local sUs, sFrac = CT[10 * c + 8] - (tat - now), CT[10 * c + 9] - frac
-    if sFrac < 0 then
-      sFrac = sFrac + r
-      sUs = sUs - 1
-    end
-    if sUs < 0 then return 0 end
-    return idiv(sUs * r + sFrac, CT[10 * c + 10])
-  end
-
-  -- tb_add moves (tat, frac) by k * T, k >= 0 or < 0.
-  local function tb_add(c, tat, frac, k)
-    local r = CT[10 * c + 2]
-    local n = frac + k * CT[10 * c + 6]
-    local d = idiv(n, r)
-    return tat + k * CT[10 * c + 5] + d, n - d * r
-  end
-
-  -- tb_take decides a take of cost on a token bucket of class c (take.go
-  -- tokenBucket): allowed and the new TAT.
-  local function tb_take(c, tat0, frac0, cost, charge)
-    local tat, frac = tb_norm(c, tat0, frac0)
-    if max(cost, 1) > tb_rem(c, tat, frac) then
-      if not (charge and cost > 0) then return false, tat0, frac0 end
-      -- always_charge: TAT += cost*T in at most two steps of the capacity,
-      -- at most now + 2*tau, never moved back.
-      local r, b = CT[10 * c + 2], CT[10 * c + 7]
-      local tf2 = 2 * CT[10 * c + 9]
-      local d = idiv(tf2, r)
-      local bUs, bF = now + 2 * CT[10 * c + 8] + d, tf2 - d * r
-      local nt, nf, left = tat, frac, cost
-      for _ = 1, 2 do
-        if left <= 0 then break end
-        local k = min(left, b)
-        left = left - k
-        nt, nf = tb_add(c, nt, nf, k)
-        if nt > bUs or (nt == bUs and nf > bF) then
-          nt, nf = bUs, bF
-          if tat > bUs or (tat == bUs and frac > bF) then nt, nf = tat, frac end
-          break
-        end
-      end
-      return false, nt, nf
-    end
-    if cost == 0 then return true, tat0, frac0 end
-    local nt, nf = tb_add(c, tat, frac, cost)
-    return true, nt, nf
-  end
-
-  -- tb_credit returns n tokens (take.go creditToken): the TAT moves back by
-  -- n*T in at most two steps of the capacity, never before now (0, 0: full).
-  local function tb_credit(c, tat0, frac0, n)
-    local tat, frac = tat0, frac0
-    if frac < 0 or frac >= CT[10 * c + 2] then tat, frac = tat + 1, 0 end
-    if tat < now then return tat0, frac0 end
-    local b = CT[10 * c + 7]
-    for _ = 1, 2 do
-      if n <= 0 then break end
-      local k = min(n, b)
-      n = n - k
-      tat, frac = tb_add(c, tat, frac, -k)
-      if tat < now then break end
-    end
-    if tat < now or (tat == now and frac == 0) then return 0, 0 end
-    return tat, frac
-  end
-
-
-  -- general decides a segment of any shape (several hits, repeated keys,
-  -- releases, charges, modes d and r) like algotest.Reference: each hit on
-  -- its key's tentative value; when a hit that is not soft denies, only
-  -- the kept hits (release, charge) are replayed and written. It returns
-  -- the number of KEYS it used.
-  local function general(mode, n, a0, k0)
-    local CL, FL, CO, KI = {}, {}, {}, {}
-    local k = k0
-    for i = 1, n do
-      local code = tonumber(ARGV[a0 + 2 * i - 1])
-      local f = code % 8
-      CL[i], FL[i], CO[i], KI[i] = (code - f) / 8, f, tonumber(ARGV[a0 + 2 * i]), k
-      if CT[10 * (CL[i]) + 1] == 's' then k = k + 2 else k = k + 1 end
-    end
-    -- T, TFR: tentative values by key; first: the value before the request.
-    local T, TFR, first, firstF, order, KC = {}, {}, {}, {}, {}, {}
-    local function get(i, c)
-      local key = KEYS[i]
-      local v = T[key]
-      if v == nil then
-        local a, b = read(i)
-        if not (a and b) then error('ERR ratelimitd lean.lua: corrupted value of ' .. key) end
-        first[key], firstF[key] = a, b
-        order[#order + 1] = i
-        KC[i] = c
-        T[key], TFR[key] = a, b
-        return a, b
-      end
-      return v, TFR[key]
-    end
-    out[no + 1] = 0
-    local at = no + 1
-    no = no + 1
-    for i = 1, n do
-      local a, b = get(KI[i] + 1, CL[i])
-      if CT[10 * (CL[i]) + 1] == 's' then b = get(KI[i] + 2, CL[i]) end
-      out[no + 1], out[no + 2] = a, b
-      no = no + 2
-    end
-    -- step applies hit i to the tentative values; it returns whether it
-    -- was allowed.
-    local function step(i)
-      local c, f, cost, kk = CL[i], FL[i], CO[i], KI[i]
-      local key = KEYS[kk + 1]
-      local a, b = T[key], TFR[key]
-      if CT[10 * c + 1] == 's' then
-        local pkey = KEYS[kk + 2]
-        local prev = T[pkey]
-        if f % 2 == 1 then -- release: the count, then the previous count
-          local nc2 = max(a - cost, 0)
-          T[key] = nc2
-          T[pkey] = max(prev - (cost - (a - nc2)), 0)
-          return true
-        end
-        local al, nv = sw_take(c, a, prev, cost, f >= 4)
-        T[key] = nv
-        return al
-      end
-      if f % 2 == 1 then
-        T[key], TFR[key] = tb_credit(c, a, b, cost)
-        return true
-      end
-      local al, nt, nf = tb_take(c, a, b, cost, f >= 4)
-      T[key], TFR[key] = nt, nf
-      return al
-    end
-    if mode == 'r' then
-      -- reverse a take at its now (the keys of its window): the count less
-      -- the cost, floored at 0; the TAT moved back by cost*T exactly.
-      for i = n, 1, -1 do
-        local c, f, cost = CL[i], FL[i], CO[i]
-        if cost > 0 and f % 2 == 0 then
-          local key = KEYS[KI[i] + 1]
-          local a = T[key]
-          if CT[10 * c + 1] == 's' then
-            T[key] = max(a - cost, 0)
-          elseif a ~= 0 or TFR[key] ~= 0 then
-            T[key], TFR[key] = tb_add(c, a, TFR[key], -cost)
-          end
-        end
-      end
-    else
-      local denied = mode == 'd'
-      for i = 1, n do
-        if not step(i) and FL[i] % 4 < 2 then denied = true end
-      end
-      if denied then
-        out[at] = 1
-        for key, v in pairs(first) do T[key], TFR[key] = v, firstF[key] end
-        for i = 1, n do
-          if FL[i] % 2 == 1 or FL[i] >= 4 then step(i) end
-        end
-      end
-    end
-    -- writes: each key whose value changed
-    for _, i in ipairs(order) do
-      local key = KEYS[i]
-      local from, to, tf = first[key], T[key], TFR[key]
-      if from ~= to or firstF[key] ~= tf then
-        local c = KC[i]
-        if CT[10 * c + 1] == 's' then
-          if to == 0 then
-            call('DEL', key)
-          else
-            call('INCRBY', key, string.format('%d', to - from))
-            if from == 0 then call('PEXPIRE', key, CT[10 * c + 3]) end
-          end
-        else
-          local e = to
-          if tf > 0 then e = e + 1 end
-          if e <= now then
-            call('DEL', key)
-          elseif tf == 0 then
-            call('SET', key, string.format('%d', to), 'PX', CT[10 * c + 3])
-          else
-            call('SET', key, string.format('%d %d', to, tf), 'PX', CT[10 * c + 3])
-          end
-        end
-      end
-    end
-    for _, i in ipairs(order) do
-      local key = KEYS[i]
-      V[key], F[key] = T[key], TFR[key]
-    end
-    return k - k0
-  end
-
-  return general
-end
+-- general(mode, n, a0, k0) is the general path (created when needed).
 local general
 
 local k = 0 -- KEYS used
@@ -369,9 +133,19 @@ for _ = 1, ns do
       local need = c
       if need < 1 then need = 1 end
       local key = KEYS[k + 1]
-      local x, y = read(k + 1)
+      local x, y
+      if V then x, y = V[key], F[key] end
       if CT[b + 1] == 's' then
-        y = read(k + 2)
+        if x == nil then
+          x = MG[k + 1]
+          if x then x = tonumber(x) else x = 0 end
+        end
+        local pk = KEYS[k + 2]
+        y = V and V[pk]
+        if y == nil or y == false then
+          y = MG[k + 2]
+          if y then y = tonumber(y) else y = 0 end
+        end
         if not (x and y) then
           out[at] = 'ERR ratelimitd lean.lua: corrupted value of ' .. key
         else
@@ -385,7 +159,7 @@ for _ = 1, ns do
             else
               err = nil
               if x == 0 then call('PEXPIRE', key, CT[b + 3]) end
-              V[key], F[key] = x + c, 0
+              if V then V[key], F[key] = x + c, 0 end
             end
           end
           if not err then
@@ -393,6 +167,22 @@ for _ = 1, ns do
             no = at + 3
           end
         end
+      else
+        if x == nil then
+          x, y = MG[k + 1], 0
+          if x then
+            local v = x
+            x = tonumber(v)
+            if not x then
+              local sp = string.find(v, ' ', 1, true)
+              if sp then x, y = tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1)) end
+            end
+          else
+            x = 0
+          end
+        end
+      end
+      if CT[b + 1] == 's' then
       elseif not (x and y) then
         out[at] = 'ERR ratelimitd lean.lua: corrupted value of ' .. key
       else
@@ -422,7 +212,7 @@ for _ = 1, ns do
             out[at] = err.err
           else
             err = nil
-            V[key], F[key] = tat, frac
+            if V then V[key], F[key] = tat, frac end
           end
         end
         if not err then
@@ -451,7 +241,248 @@ for _ = 1, ns do
       out[at] = 1
     else
       out[at] = 0
-      if not general then general = make_general() end
+      if not general then
+        -- the general path and its helpers, created once per call
+        general = (function()
+          local min, max = math.min, math.max
+          local BIG = 9007199254740992
+          -- read returns the value of KEYS[i]: count (or TAT) and fraction; 0, 0
+          -- when absent; nil when it is not one or two integers.
+          local function read(i)
+            local key = KEYS[i]
+            local v = V and V[key]
+            if v ~= nil and v ~= false then return v, F[key] end
+            v = MG[i]
+            if not v then return 0, 0 end
+            local n = tonumber(v)
+            if n then return n, 0 end
+            local sp = string.find(v, ' ', 1, true)
+            if sp then return tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1)) end
+            return nil
+          end
+
+          -- sw_take decides a take of cost on a sliding window of class c with
+          -- count curr and previous count prev (take.go slidingWindow): allowed and
+          -- the new count.
+          local function sw_take(c, curr, prev, cost, charge)
+            local rem = max(floor(CT[10 * c + 2] - (prev * CT[10 * c + 5] + curr)), 0)
+            if max(cost, 1) > rem then
+              if charge and cost > 0 then return false, min(curr + cost, BIG) end
+              return false, curr
+            end
+            return true, curr + cost
+          end
+
+          -- tb_norm is a TAT as tokenBucket starts from it: a fraction from another
+          -- rate rounds the TAT up; a TAT in the past is now.
+          local function tb_norm(c, tat, frac)
+            if frac < 0 or frac >= CT[10 * c + 2] then tat, frac = tat + 1, 0 end
+            if tat < now then tat, frac = now, 0 end
+            return tat, frac
+          end
+
+          -- tb_rem is the whole tokens left at TAT (tat, frac), normalized.
+          local function tb_rem(c, tat, frac)
+            local r = CT[10 * c + 2]
+            local sUs, sFrac = CT[10 * c + 8] - (tat - now), CT[10 * c + 9] - frac
+            if sFrac < 0 then
+              sFrac = sFrac + r
+              sUs = sUs - 1
+            end
+            if sUs < 0 then return 0 end
+            return idiv(sUs * r + sFrac, CT[10 * c + 10])
+          end
+
+          -- tb_add moves (tat, frac) by k * T, k >= 0 or < 0.
+          local function tb_add(c, tat, frac, k)
+            local r = CT[10 * c + 2]
+            local n = frac + k * CT[10 * c + 6]
+            local d = idiv(n, r)
+            return tat + k * CT[10 * c + 5] + d, n - d * r
+          end
+
+          -- tb_take decides a take of cost on a token bucket of class c (take.go
+          -- tokenBucket): allowed and the new TAT.
+          local function tb_take(c, tat0, frac0, cost, charge)
+            local tat, frac = tb_norm(c, tat0, frac0)
+            if max(cost, 1) > tb_rem(c, tat, frac) then
+              if not (charge and cost > 0) then return false, tat0, frac0 end
+              -- always_charge: TAT += cost*T in at most two steps of the capacity,
+              -- at most now + 2*tau, never moved back.
+              local r, b = CT[10 * c + 2], CT[10 * c + 7]
+              local tf2 = 2 * CT[10 * c + 9]
+              local d = idiv(tf2, r)
+              local bUs, bF = now + 2 * CT[10 * c + 8] + d, tf2 - d * r
+              local nt, nf, left = tat, frac, cost
+              for _ = 1, 2 do
+                if left <= 0 then break end
+                local k = min(left, b)
+                left = left - k
+                nt, nf = tb_add(c, nt, nf, k)
+                if nt > bUs or (nt == bUs and nf > bF) then
+                  nt, nf = bUs, bF
+                  if tat > bUs or (tat == bUs and frac > bF) then nt, nf = tat, frac end
+                  break
+                end
+              end
+              return false, nt, nf
+            end
+            if cost == 0 then return true, tat0, frac0 end
+            local nt, nf = tb_add(c, tat, frac, cost)
+            return true, nt, nf
+          end
+
+          -- tb_credit returns n tokens (take.go creditToken): the TAT moves back by
+          -- n*T in at most two steps of the capacity, never before now (0, 0: full).
+          local function tb_credit(c, tat0, frac0, n)
+            local tat, frac = tat0, frac0
+            if frac < 0 or frac >= CT[10 * c + 2] then tat, frac = tat + 1, 0 end
+            if tat < now then return tat0, frac0 end
+            local b = CT[10 * c + 7]
+            for _ = 1, 2 do
+              if n <= 0 then break end
+              local k = min(n, b)
+              n = n - k
+              tat, frac = tb_add(c, tat, frac, -k)
+              if tat < now then break end
+            end
+            if tat < now or (tat == now and frac == 0) then return 0, 0 end
+            return tat, frac
+          end
+
+
+          -- general decides a segment of any shape (several hits, repeated keys,
+          -- releases, charges, modes d and r) like algotest.Reference: each hit on
+          -- its key's tentative value; when a hit that is not soft denies, only
+          -- the kept hits (release, charge) are replayed and written. It returns
+          -- the number of KEYS it used.
+          local function general(mode, n, a0, k0)
+            local CL, FL, CO, KI = {}, {}, {}, {}
+            local k = k0
+            for i = 1, n do
+              local code = tonumber(ARGV[a0 + 2 * i - 1])
+              local f = code % 8
+              CL[i], FL[i], CO[i], KI[i] = (code - f) / 8, f, tonumber(ARGV[a0 + 2 * i]), k
+              if CT[10 * (CL[i]) + 1] == 's' then k = k + 2 else k = k + 1 end
+            end
+            -- T, TFR: tentative values by key; first: the value before the request.
+            local T, TFR, first, firstF, order, KC = {}, {}, {}, {}, {}, {}
+            local function get(i, c)
+              local key = KEYS[i]
+              local v = T[key]
+              if v == nil then
+                local a, b = read(i)
+                if not (a and b) then error('ERR ratelimitd lean.lua: corrupted value of ' .. key) end
+                first[key], firstF[key] = a, b
+                order[#order + 1] = i
+                KC[i] = c
+                T[key], TFR[key] = a, b
+                return a, b
+              end
+              return v, TFR[key]
+            end
+            out[no + 1] = 0
+            local at = no + 1
+            no = no + 1
+            for i = 1, n do
+              local a, b = get(KI[i] + 1, CL[i])
+              if CT[10 * (CL[i]) + 1] == 's' then b = get(KI[i] + 2, CL[i]) end
+              out[no + 1], out[no + 2] = a, b
+              no = no + 2
+            end
+            -- step applies hit i to the tentative values; it returns whether it
+            -- was allowed.
+            local function step(i)
+              local c, f, cost, kk = CL[i], FL[i], CO[i], KI[i]
+              local key = KEYS[kk + 1]
+              local a, b = T[key], TFR[key]
+              if CT[10 * c + 1] == 's' then
+                local pkey = KEYS[kk + 2]
+                local prev = T[pkey]
+                if f % 2 == 1 then -- release: the count, then the previous count
+                  local nc2 = max(a - cost, 0)
+                  T[key] = nc2
+                  T[pkey] = max(prev - (cost - (a - nc2)), 0)
+                  return true
+                end
+                local al, nv = sw_take(c, a, prev, cost, f >= 4)
+                T[key] = nv
+                return al
+              end
+              if f % 2 == 1 then
+                T[key], TFR[key] = tb_credit(c, a, b, cost)
+                return true
+              end
+              local al, nt, nf = tb_take(c, a, b, cost, f >= 4)
+              T[key], TFR[key] = nt, nf
+              return al
+            end
+            if mode == 'r' then
+              -- reverse a take at its now (the keys of its window): the count less
+              -- the cost, floored at 0; the TAT moved back by cost*T exactly.
+              for i = n, 1, -1 do
+                local c, f, cost = CL[i], FL[i], CO[i]
+                if cost > 0 and f % 2 == 0 then
+                  local key = KEYS[KI[i] + 1]
+                  local a = T[key]
+                  if CT[10 * c + 1] == 's' then
+                    T[key] = max(a - cost, 0)
+                  elseif a ~= 0 or TFR[key] ~= 0 then
+                    T[key], TFR[key] = tb_add(c, a, TFR[key], -cost)
+                  end
+                end
+              end
+            else
+              local denied = mode == 'd'
+              for i = 1, n do
+                if not step(i) and FL[i] % 4 < 2 then denied = true end
+              end
+              if denied then
+                out[at] = 1
+                for key, v in pairs(first) do T[key], TFR[key] = v, firstF[key] end
+                for i = 1, n do
+                  if FL[i] % 2 == 1 or FL[i] >= 4 then step(i) end
+                end
+              end
+            end
+            -- writes: each key whose value changed
+            for _, i in ipairs(order) do
+              local key = KEYS[i]
+              local from, to, tf = first[key], T[key], TFR[key]
+              if from ~= to or firstF[key] ~= tf then
+                local c = KC[i]
+                if CT[10 * c + 1] == 's' then
+                  if to == 0 then
+                    call('DEL', key)
+                  else
+                    call('INCRBY', key, string.format('%d', to - from))
+                    if from == 0 then call('PEXPIRE', key, CT[10 * c + 3]) end
+                  end
+                else
+                  local e = to
+                  if tf > 0 then e = e + 1 end
+                  if e <= now then
+                    call('DEL', key)
+                  elseif tf == 0 then
+                    call('SET', key, string.format('%d', to), 'PX', CT[10 * c + 3])
+                  else
+                    call('SET', key, string.format('%d %d', to, tf), 'PX', CT[10 * c + 3])
+                  end
+                end
+              end
+            end
+            if V then
+              for _, i in ipairs(order) do
+                local key = KEYS[i]
+                V[key], F[key] = T[key], TFR[key]
+              end
+            end
+            return k - k0
+          end
+
+          return general
+        end)()
+      end
       local ok, r = pcall(general, mode, n, a0, k)
       if not ok then
         for j = at + 1, no do out[j] = nil end
@@ -463,4 +494,5 @@ for _ = 1, ns do
   k = k + used
   p = a0 + 2 * tonumber(n) + 1
 end
+for j = no + 1, 5 do out[j] = nil end
 return out
