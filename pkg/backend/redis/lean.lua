@@ -44,7 +44,9 @@ end
 -- the whole chunk on every call, where each table, closure and upvalue
 -- is an allocation: the common request (one hit, a take) is decided
 -- inline below without a closure or a pcall; the helpers and the general
--- path are created only for a call that needs them (make_general).
+-- path are created only for a call that needs them (general). tonumber
+-- of a string is dear too: the usual counts ("1" class, segment, hit, a
+-- cost of 1, class 0 without flags) are compared as strings.
 
 -- idiv is exact floor division of integers (a double quotient may round
 -- up to the next integer; correct it).
@@ -65,7 +67,8 @@ end
 -- µs (Q, M), the capacity, tau = capacity * T = TU + TF/rate µs (TU, TF);
 -- then the period.
 local CT = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 } -- sized for one class
-local nc = tonumber(ARGV[2])
+local nc = ARGV[2]
+if nc == '1' then nc = 1 else nc = tonumber(nc) end
 local p = 3
 for c = 0, nc - 1 do
   local b = 10 * c
@@ -84,7 +87,8 @@ for c = 0, nc - 1 do
   CT[b + 10] = period
   p = p + 5
 end
-local ns = tonumber(ARGV[p])
+local ns = ARGV[p]
+if ns == '1' then ns = 1 else ns = tonumber(ns) end
 p = p + 1
 
 -- MG: every key's value before this call, one MGET.
@@ -120,9 +124,13 @@ for _ = 1, ns do
   local at = no
   if n == '1' and mode == 't' then
     -- one hit, a take: inline unless it releases or charges
-    local code = tonumber(ARGV[a0 + 1])
-    local f = code % 8
-    local b = (code - f) / 8 * 10 -- 10 * class
+    local code = ARGV[a0 + 1]
+    local f, b = 0, 0 -- flags, 10 * class
+    if code ~= '0' then
+      code = tonumber(code)
+      f = code % 8
+      b = (code - f) / 8 * 10
+    end
     if CT[b + 1] == 's' then used = 2 else used = 1 end
     if not CT[b + 4] then
       out[at] = 1
