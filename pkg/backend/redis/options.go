@@ -157,10 +157,13 @@ type Options struct {
 	// WindowKeys counts fixed_window limits (without a calendar) under
 	// one key per window, "<key>:<window_start_us>" (the key wrapped in
 	// {…} when it has no hash tag), holding a plain count: decided by
-	// INCRBY with no read before the write (window.lua). Off: the value
-	// "<window_start_us> <count>" under the key itself (take.lua). The
-	// two layouts do not see each other's counts: see docs/redis.md,
-	// "Window keys", for switching.
+	// INCRBY with no read before the write (window.lua). It also keeps
+	// sliding_window limits (without a calendar) in one key per window,
+	// "<key>:v2s:<window_start_us>", and token_bucket limits in
+	// "<key>:v2g" holding the TAT as an integer (lean.lua). Off: the
+	// values "<window_start_us> <count>" and so on under the key itself
+	// (take.lua). The two layouts do not see each other's counts: see
+	// docs/redis.md, "Window keys", for switching.
 	WindowKeys bool
 
 	// Breaker configures the circuit breaker guarding every call. Default
