@@ -242,7 +242,7 @@ func argsLean(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	a = append(a, int64(len(segs)))
 	k := 0
 	for _, sg := range segs {
-		a = append(a, sg.mode, int64(len(sg.lean.hits)))
+		a = append(a, leanHeader(sg.lean.mode, len(sg.lean.hits)))
 		for i := range sg.lean.hits {
 			a = append(a, &codes[k], &sg.lean.hits[i].Cost)
 			k++
@@ -251,6 +251,17 @@ func argsLean(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	cmd := goredis.NewCmd(ctx, a...)
 	cmd.SetFirstKeyPos(3)
 	return cmd
+}
+
+// argT1 is the header of the usual segment: a take of one hit.
+var argT1 any = modeTake + "1"
+
+// leanHeader is a segment's header argument: its mode and number of hits.
+func leanHeader(mode string, n int) any {
+	if mode == modeTake && n == 1 {
+		return argT1
+	}
+	return mode + strconv.Itoa(n)
 }
 
 // deliverLean completes the calls of a lean invocation from its reply

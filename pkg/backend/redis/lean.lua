@@ -3,8 +3,9 @@
 -- no formatted value:
 --   sliding_window  one key per window, "<base>:v2s:<window_start_us>",
 --                   holding the window's count; a hit reads the current
---                   and the previous window's key. INCRBY on admission,
---                   PEXPIRE of two periods when the key is created.
+--                   and the previous window's key. INCRBY on admission
+--                   (SET with a TTL of two periods when it creates the
+--                   key).
 --   token_bucket    "<base>:v2g" holding the TAT in µs, followed by
 --                   " <frac>" only when the TAT has a fraction (frac/rate
 --                   µs, exact); SET with a TTL of two capacities of time
@@ -22,9 +23,10 @@
 --        previous window's key, token_bucket its key.
 -- ARGV   now ("" for TIME), C, then per class kind ("s" sliding_window,
 --        "g" token_bucket), rate, period_us, x (the window start for "s",
---        the capacity for "g"), ttl_ms; then S and per segment mode (t
---        take, d denied, r refund), n, then per hit code (class * 8 +
---        flags: 1 release, 2 soft, 4 charge) and cost.
+--        the capacity for "g"), ttl_ms; then S and per segment its mode
+--        (t take, d denied, r refund) and number of hits as one argument
+--        ("t1"), then per hit code (class * 8 + flags: 1 release, 2 soft,
+--        4 charge) and cost.
 -- Reply  an array: now_us, then per segment a status (0 decided, 1 stale
 --        window, or the error text) and, when 0, whether the request
 --        denied (0/1) and per hit the two integers of its state before
@@ -117,12 +119,14 @@ local general
 
 local k = 0 -- KEYS used
 for _ = 1, ns do
-  local mode, n = ARGV[p], ARGV[p + 1]
-  local a0 = p + 1
+  local h = ARGV[p]
+  local mode, n = 't', 1
+  if h ~= 't1' then mode, n = string.sub(h, 1, 1), tonumber(string.sub(h, 2)) end
+  local a0 = p
   local used = 0
   no = no + 1
   local at = no
-  if n == '1' and mode == 't' then
+  if n == 1 and mode == 't' then
     -- one hit, a take: inline unless it releases or charges
     local code = ARGV[a0 + 1]
     local f, b = 0, 0 -- flags, 10 * class
@@ -161,12 +165,17 @@ for _ = 1, ns do
           local rem = floor(CT[b + 2] - (y * CT[b + 5] + x))
           local err
           if need <= rem and c > 0 then
-            err = redis.pcall('INCRBY', key, cost)
-            if type(err) == 'table' then
+            -- a new key: SET with its TTL (one command, not INCRBY and
+            -- PEXPIRE)
+            if x == 0 then
+              err = redis.pcall('SET', key, cost, 'PX', CT[b + 3])
+            else
+              err = redis.pcall('INCRBY', key, cost)
+            end
+            if type(err) == 'table' and err.err then
               out[at] = err.err
             else
               err = nil
-              if x == 0 then call('PEXPIRE', key, CT[b + 3]) end
               if V then V[key], F[key] = x + c, 0 end
             end
           end
@@ -236,7 +245,6 @@ for _ = 1, ns do
   end
   if used < 0 then
     -- any other segment: the general path under pcall
-    n = tonumber(n)
     used = 0
     local stale = false
     for i = 1, n do
@@ -500,7 +508,7 @@ for _ = 1, ns do
     end
   end
   k = k + used
-  p = a0 + 2 * tonumber(n) + 1
+  p = a0 + 2 * n + 1
 end
 for j = no + 1, 5 do out[j] = nil end
 return out
