@@ -195,3 +195,30 @@ func TestLeanSkew(t *testing.T) {
 		t.Errorf("keys %q, want the server's window only", keys)
 	}
 }
+
+// TestLeanLayoutsApart: the lean keys never meet the default layout's
+// (the one previous releases write): on one limit and key, a Store with
+// window keys and one without each count on their own and neither reads
+// the other's value.
+func TestLeanLayoutsApart(t *testing.T) {
+	srv := redistest.Standalone(t)
+	lean := windowStore(t, srv, nil)
+	old := newTestStore(t, srv, nil, 0)
+	ctx := context.Background()
+	for _, l := range []algo.Limit{
+		{Kind: algo.SlidingWindow, Rate: 3, Period: time.Hour},
+		{Kind: algo.TokenBucket, Rate: 3, Period: time.Hour},
+	} {
+		key := "apart:" + kindName(l)
+		for i, s := range []*redis.Store{old, lean, old, lean} {
+			d, err := s.Take(ctx, []algo.Hit{{Key: key, Limit: l, Cost: 2}})
+			if err != nil {
+				t.Fatalf("%s take %d: %v", key, i, err)
+			}
+			// each layout: the first take of 2 of 3 allowed, the second denied
+			if want := i < 2; d[0].Allowed != want {
+				t.Errorf("%s take %d: %+v, want allowed %v", key, i, d[0], want)
+			}
+		}
+	}
+}
