@@ -239,6 +239,9 @@ func argsLean(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	for _, c := range classes {
 		a = append(a, c.kind, c.rate, c.period, c.x, c.ttl)
 	}
+	if leanUniform(segs, codes) {
+		return leanCmd(ctx, append(a, argUniform, int64(len(segs)), &codes[0], &segs[0].lean.hits[0].Cost))
+	}
 	a = append(a, int64(len(segs)))
 	k := 0
 	for _, sg := range segs {
@@ -248,9 +251,33 @@ func argsLean(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 			k++
 		}
 	}
+	return leanCmd(ctx, a)
+}
+
+func leanCmd(ctx context.Context, a []any) *goredis.Cmd {
 	cmd := goredis.NewCmd(ctx, a...)
 	cmd.SetFirstKeyPos(3)
 	return cmd
+}
+
+// argUniform marks the arguments of a call whose segments are all a take
+// of one hit of one code and cost: they are sent once (see lean.lua).
+var argUniform any = "="
+
+// leanUniform reports whether segs, with codes the codes of their hits,
+// are all a take of one hit of one code and cost, without a release or a
+// charge (lean.lua decides those inline).
+func leanUniform(segs []*segArgs, codes []int64) bool {
+	if codes[0]&5 != 0 {
+		return false
+	}
+	cost := segs[0].lean.hits[0].Cost
+	for i, sg := range segs {
+		if sg.lean.mode != modeTake || len(sg.lean.hits) != 1 || codes[i] != codes[0] || sg.lean.hits[0].Cost != cost {
+			return false
+		}
+	}
+	return true
 }
 
 // argT1 is the header of the usual segment: a take of one hit.

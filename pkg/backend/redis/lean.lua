@@ -26,7 +26,9 @@
 --        the capacity for "g"), ttl_ms; then S and per segment its mode
 --        (t take, d denied, r refund) and number of hits as one argument
 --        ("t1"), then per hit code (class * 8 + flags: 1 release, 2 soft,
---        4 charge) and cost.
+--        4 charge) and cost; or, when every segment is a take of one hit
+--        of one code and cost, without a release or a charge, "=", S,
+--        code and cost.
 -- Reply  an array: now_us, then per segment a status (0 decided, 1 stale
 --        window, or the error text) and, when 0, whether the request
 --        denied (0/1) and per hit the two integers of its state before
@@ -90,8 +92,18 @@ for c = 0, nc - 1 do
   p = p + 5
 end
 local ns = ARGV[p]
-if ns == '1' then ns = 1 else ns = tonumber(ns) end
-p = p + 1
+-- U: a call of S takes of one hit, all of one code and cost, without a
+-- release or a charge, sends "=", S, code, cost instead of a header, code
+-- and cost per segment.
+local U = ns == '='
+local Ucode, Ucost
+if U then
+  ns, Ucode, Ucost = tonumber(ARGV[p + 1]), ARGV[p + 2], ARGV[p + 3]
+  p = p + 4
+else
+  if ns == '1' then ns = 1 else ns = tonumber(ns) end
+  p = p + 1
+end
 
 -- MG: every key's value before this call, one MGET.
 local nk = #KEYS
@@ -119,7 +131,8 @@ local general
 
 local k = 0 -- KEYS used
 for _ = 1, ns do
-  local h = ARGV[p]
+  local h = 't1'
+  if not U then h = ARGV[p] end
   local mode, n = 't', 1
   if h ~= 't1' then mode, n = string.sub(h, 1, 1), tonumber(string.sub(h, 2)) end
   local a0 = p
@@ -128,7 +141,8 @@ for _ = 1, ns do
   local at = no
   if n == 1 and mode == 't' then
     -- one hit, a take: inline unless it releases or charges
-    local code = ARGV[a0 + 1]
+    local code, cost = Ucode, Ucost
+    if not U then code, cost = ARGV[a0 + 1], ARGV[a0 + 2] end
     local f, b = 0, 0 -- flags, 10 * class
     if code ~= '0' then
       code = tonumber(code)
@@ -139,7 +153,6 @@ for _ = 1, ns do
     if not CT[b + 4] then
       out[at] = 1
     elseif f == 0 or f == 2 then -- no release, no charge
-      local cost = ARGV[a0 + 2]
       local c = 1
       if cost ~= '1' then c = tonumber(cost) end
       local need = c
@@ -508,7 +521,7 @@ for _ = 1, ns do
     end
   end
   k = k + used
-  p = a0 + 2 * n + 1
+  if not U then p = a0 + 2 * n + 1 end
 end
 for j = no + 1, 5 do out[j] = nil end
 return out

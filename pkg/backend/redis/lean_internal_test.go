@@ -215,3 +215,40 @@ func TestLeanSegmentOOM(t *testing.T) {
 		t.Errorf("keys %q under OOM, want %q", keys, keysBefore)
 	}
 }
+
+// TestLeanUniformBatch: a call whose segments are all a take of one hit
+// of one limit and cost sends them in the short form (leanUniform) and
+// decides them as algotest.Reference does, in order, on repeated keys.
+func TestLeanUniformBatch(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	for _, l := range []algo.Limit{
+		{Kind: algo.SlidingWindow, Rate: 3, Period: time.Minute},
+		{Kind: algo.TokenBucket, Rate: 3, Period: time.Second},
+	} {
+		states := map[string]algo.State{}
+		segs := make([]*segment, 20)
+		for i := range segs {
+			segs[i] = &segment{mode: modeTake, nowUS: batchEpoch.UnixMicro(), hits: []algo.Hit{{Key: fmt.Sprintf("u:%d:%d", l.Kind, i%3), Limit: l, Cost: 1}}}
+		}
+		as := make([]*segArgs, len(segs))
+		for i, sg := range segs {
+			sg.lean = true
+			as[i] = new(segArgs)
+			as[i].init(sg)
+		}
+		if args := argsCmd(context.Background(), false, as).Args(); !slices.Contains(args, argUniform) {
+			t.Fatalf("%v: arguments %v, want the short form", l.Kind, args)
+		}
+		outs, errs := runLean(t, c, segs)
+		for i, sg := range segs {
+			if errs[i] != nil {
+				t.Fatal(errs[i])
+			}
+			if want := algotest.Reference(states, sg.hits, batchEpoch); !slices.Equal(outs[i], want) {
+				t.Errorf("%v segment %d: %+v, want %+v", l.Kind, i, outs[i], want)
+			}
+		}
+	}
+}
