@@ -48,8 +48,8 @@
 # asked for with "T" instead of the empty argument, which redis-benchmark
 # cannot send):
 #   lean-sw-b<B>, lean-tb-b<B>    lean.lua (--redis-window-keys), B
-#                                 decisions per call (the short form of
-#                                 a batch of one limit and cost)
+#                                 decisions per call (B > 1: the short
+#                                 form of a batch of one limit and cost)
 #   take1-sw-b<B>, take1-tb-b<B>  take1.lua (the default layout), B
 #                                 decisions per call
 # RATELIMITD (a binary) replaces the ratelimitd built from this tree (e.g.
@@ -180,11 +180,13 @@ for w in $WORKLOADS; do
         lean-sw-*)
           args+=($((2 * B)))
           for _ in $(seq "$B"); do args+=("{sw:__rand_int__}:v2s:$ws" "{sw:__rand_int__}:v2s:$wsp"); done
-          args+=(T 1 s 1000 86400000000 "$ws" 172801 = "$B" 0 1) ;;
+          args+=(T 1 s 1000 86400000000 "$ws" 172801)
+          if [ "$B" = 1 ]; then args+=(1 t1 0 1); else args+=(= "$B" 0 1); fi ;;
         lean-tb-*)
           args+=("$B")
           for _ in $(seq "$B"); do args+=("{tb:__rand_int__}:v2g"); done
-          args+=(T 1 g 1000 1000000 1000 2001 = "$B" 0 1) ;;
+          args+=(T 1 g 1000 1000000 1000 2001)
+          if [ "$B" = 1 ]; then args+=(1 t1 0 1); else args+=(= "$B" 0 1); fi ;;
         take1-*)
           k=1; [ "$kind" = tb ] && k=3
           args+=("$B")

@@ -265,10 +265,11 @@ func leanCmd(ctx context.Context, a []any) *goredis.Cmd {
 var argUniform any = "="
 
 // leanUniform reports whether segs, with codes the codes of their hits,
-// are all a take of one hit of one code and cost, without a release or a
-// charge (lean.lua decides those inline).
+// are several takes of one hit of one code and cost, without a release
+// or a charge (lean.lua decides those inline). One segment is shorter in
+// the usual form.
 func leanUniform(segs []*segArgs, codes []int64) bool {
-	if codes[0]&5 != 0 {
+	if len(segs) < 2 || codes[0]&5 != 0 {
 		return false
 	}
 	cost := segs[0].lean.hits[0].Cost
