@@ -44,8 +44,9 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 				at = time.Now().UnixMicro() + s.serverOffset.Load()
 			}
 			p := h.Limit.Period.Microseconds()
-			for _, d := range []int64{-p, 0, p} {
-				keys = append(keys, leanKeys(&h, at+d)...)
+			keys = append(keys, leanKeys(&h, at)...)
+			if h.Limit.Kind == algo.SlidingWindow {
+				keys = append(keys, leanKeys(&h, at-p)[1], leanKeys(&h, at+p)[0])
 			}
 		}
 		s.cache.Remove(h.Key)
