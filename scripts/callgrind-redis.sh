@@ -47,6 +47,16 @@
 #            numkeys, keys, args; __rand_int__ is one of 10,000), one
 #            decision per call: a new script's cost alone, before a
 #            service uses it
+# and, for the scripts of the sliding window and token bucket alone, at
+# an exact number of decisions per call (redis-benchmark -c 1 EVALSHA,
+# allowed takes of cost 1 on random keys of 10,000; the server's TIME is
+# asked for with "T" instead of the empty argument, which redis-benchmark
+# cannot send):
+#   lean-sw-b<B>, lean-tb-b<B>    lean.lua (--redis-window-keys), B
+#                                 decisions per call (B > 1: the short
+#                                 form of a batch of one limit and cost)
+#   take1-sw-b<B>, take1-tb-b<B>  take1.lua (the default layout), B
+#                                 decisions per call
 # RATELIMITD (a binary) replaces the ratelimitd built from this tree (e.g.
 # an older build, for an A/B of the scripts). CG_KEEP (a directory) keeps
 # each workload's callgrind output there as <workload>.callgrind, for
@@ -177,6 +187,34 @@ for w in $WORKLOADS; do
       sha=$(redis-cli -p "$RP" script load "$src")
       redis-benchmark -p "$RP" -c 1 -n 200 -r 10000 -q evalsha "$sha" "${args[@]}" >/dev/null 2>&1
       ir=$(measure redis-benchmark -p "$RP" -c 1 -n "$N" -r 10000 -q evalsha "$sha" "${args[@]}") ;;
+    lean-*-b*|take1-*-b*)
+      # one call decides B hits: the script from this tree, and its
+      # arguments for B segments of one hit (see the scripts' headers)
+      B=${w##*-b}; kind=${w#*-}; kind=${kind%%-*}
+      ws=$(( $(date -u +%s) / 86400 * 86400000000 )); wsp=$(( ws - 86400000000 ))
+      args=()
+      case "$w" in
+        lean-sw-*)
+          args+=($((2 * B)))
+          for _ in $(seq "$B"); do args+=("{sw:__rand_int__}:v2s:$ws" "{sw:__rand_int__}:v2s:$wsp"); done
+          args+=(T 1 s 1000 86400000000 "$ws" 172801)
+          if [ "$B" = 1 ]; then args+=(1 t1 0 1); else args+=(= "$B" 0 1); fi ;;
+        lean-tb-*)
+          args+=("$B")
+          for _ in $(seq "$B"); do args+=("{tb:__rand_int__}:v2g"); done
+          args+=(T 1 g 1000 1000000 1000 2001)
+          if [ "$B" = 1 ]; then args+=(1 t1 0 1); else args+=(= "$B" 0 1); fi ;;
+        take1-*)
+          k=1; [ "$kind" = tb ] && k=3
+          args+=("$B")
+          for _ in $(seq "$B"); do args+=("$kind:__rand_int__"); done
+          for _ in $(seq "$B"); do args+=(T "$k" 1000 86400000000 0 1); done ;;
+      esac
+      src=$(sed "s/== '' then/== 'T' then/" "pkg/backend/redis/${w%%-*}.lua")
+      sha=$(redis-cli -p "$RP" script load "$src")
+      redis-benchmark -p "$RP" -c 1 -n 200 -r 10000 -q evalsha "$sha" "${args[@]}" >/dev/null 2>&1
+      ir=$(measure redis-benchmark -p "$RP" -c 1 -n $((N / B)) -r 10000 -q evalsha "$sha" "${args[@]}")
+      ir=$(( ir * N / (N / B * B) )) ;; # per N decisions
     *) echo "unknown workload $w"; exit 2 ;;
   esac
   IFS=$'\t' read -r scripts cmds < <(stats)

@@ -910,7 +910,7 @@ func (b *batcher) groupScript(ctx context.Context, calls []*scriptCall) []*invoc
 	}
 	split := false
 	for _, c := range calls {
-		if c.window != calls[0].window {
+		if c.script() != calls[0].script() {
 			split = true
 			break
 		}
@@ -924,12 +924,12 @@ func (b *batcher) groupScript(ctx context.Context, calls []*scriptCall) []*invoc
 		if c := cmp.Compare(x.slot, y.slot); c != 0 {
 			return c
 		}
-		return cmp.Compare(b2i(x.window), b2i(y.window))
+		return cmp.Compare(x.script(), y.script())
 	})
 	var invs []*invocation
 	for i := 0; i < len(calls); {
 		j := i + 1
-		for j < len(calls) && calls[j].slot == calls[i].slot && calls[j].window == calls[i].window {
+		for j < len(calls) && calls[j].slot == calls[i].slot && calls[j].script() == calls[i].script() {
 			j++
 		}
 		g := calls[i:j:j]
@@ -937,13 +937,6 @@ func (b *batcher) groupScript(ctx context.Context, calls []*scriptCall) []*invoc
 		i = j
 	}
 	return invs
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func segmentsOf(calls []*scriptCall) []*segArgs {
@@ -1042,6 +1035,10 @@ func (b *batcher) deliver(inv *invocation) {
 				c.finish(0, c.native.decide(c.out))
 			}
 		}
+		return
+	}
+	if inv.calls[0].args.lean != nil {
+		deliverLean(inv, err, stalledFor)
 		return
 	}
 	if inv.calls[0].window {

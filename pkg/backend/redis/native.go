@@ -286,9 +286,7 @@ func (s *Store) deniedCluster(ctx context.Context, hits []algo.Hit, out []algo.D
 	var groups []*group
 	for i, h := range hits {
 		sl := uint32(Slot(h.Key))
-		if s.windowKeys && windowKind(&h) {
-			sl |= 1 << 16
-		}
+		sl |= s.scriptOf(&h) << 16
 		g := bySlot[sl]
 		if g == nil {
 			g = &group{nonce: s.nonce()}

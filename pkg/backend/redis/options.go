@@ -159,7 +159,10 @@ type Options struct {
 	// in {…} when it has no hash tag), holding a plain count: decided by
 	// INCRBY with no read before the write and, outside one call per
 	// second per master, no read of the server's clock (window.lua). On
-	// in DefaultOptions. Off: the value "<window_start_us> <count>" under
+	// in DefaultOptions. It also keeps sliding_window limits (without a
+	// calendar) in one key per window, "<key>:v2s:<window_start_us>",
+	// and token_bucket limits in "<key>:v2g" holding the TAT as an
+	// integer (lean.lua). Off: the value "<window_start_us> <count>" under
 	// the key itself (take.lua), the layout of releases before window
 	// keys. The two layouts do not see each other's counts: see
 	// docs/redis.md, "Window keys", for switching.

@@ -8,7 +8,7 @@ import (
 
 // Reset deletes the state key of every hit (service.Resetter) with
 // UNLINK (with Options.WindowKeys also the keys of the current window and
-// its neighbours), and its over-limit cache entry: the next Take on it starts from
+// its neighbours, and a token bucket's lean key), and its over-limit cache entry: the next Take on it starts from
 // a full quota. Standalone and Sentinel: one UNLINK for all keys; Cluster:
 // one per key (keys of one request may lie in different slots). Each call
 // runs under the circuit breaker (Cluster: the key's master's) and
@@ -33,6 +33,20 @@ func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 			p := h.Limit.Period.Microseconds()
 			ws := at - (at%p+p)%p
 			keys = append(keys, windowKey(h.Key, ws-p), windowKey(h.Key, ws), windowKey(h.Key, ws+p))
+		}
+		if s.windowKeys && leanKind(&h) {
+			// Lean keys: a token bucket's key; a sliding window's keys of
+			// the windows around the server's now (as estimated), the
+			// previous one included, which the current one reads.
+			at := s.nowUS()
+			if at < 0 {
+				at = s.masterFor(ctx, h.Key).clock.estimate()
+			}
+			p := h.Limit.Period.Microseconds()
+			keys = append(keys, leanKeys(&h, at)...)
+			if h.Limit.Kind == algo.SlidingWindow {
+				keys = append(keys, leanKeys(&h, at-p)[1], leanKeys(&h, at+p)[0])
+			}
 		}
 		s.cache.Remove(h.Key)
 	}

@@ -152,6 +152,9 @@ type segment struct {
 	// segment, writing nothing, when its keys do not name the server's
 	// current window (see Store.windowNow).
 	check bool
+	// lean: the hits are all leanKind and decided by lean.lua (keys as
+	// for window).
+	lean bool
 }
 
 // segArgs is a segment's script arguments, copied from its hits when the
@@ -178,6 +181,8 @@ type segArgs struct {
 
 	// win is set for a window segment (segment.window).
 	win *winArgs
+	// lean is set for a lean segment (segment.lean).
+	lean *leanArgs
 }
 
 // isSimple reports whether take1.lua decides sg: a take of exactly one hit
@@ -215,6 +220,15 @@ func (a *segArgs) init(sg *segment) {
 		a.mode = argModeTake
 	}
 	a.nonce = sg.nonce
+	if sg.lean {
+		a.now = argServerNow
+		if sg.nowUS >= 0 {
+			a.ints = append(a.intBuf[:0], sg.nowUS)
+			a.now = &a.ints[0]
+		}
+		a.initLean(sg)
+		return
+	}
 	if sg.window {
 		a.initWindow(sg)
 		return
@@ -287,6 +301,9 @@ func (a *segArgs) appendSimple(args []any) []any {
 func argsCmd(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	if segs[0].win != nil {
 		return argsWindow(ctx, sha, segs)
+	}
+	if segs[0].lean != nil {
+		return argsLean(ctx, sha, segs)
 	}
 	simple := true
 	for _, sg := range segs {

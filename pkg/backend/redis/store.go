@@ -505,17 +505,20 @@ func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.De
 	}
 	nowUS := seg.nowUS
 	seg.window = !seg.native && s.windowKeys && len(seg.hits) > 0 && windowKind(&seg.hits[0])
+	seg.lean = !seg.native && s.windowKeys && len(seg.hits) > 0 && leanKind(&seg.hits[0])
 	var scriptNow, sent int64
 	var err error
 	for try := 0; ; try++ {
-		if seg.window && nowUS < 0 && try == 0 {
+		if (seg.window || seg.lean) && nowUS < 0 && try == 0 {
 			seg.estUS, sent, seg.check = m.clock.now()
 		}
 		scriptNow, err = m.batch.do(ctx, seg, out)
-		if seg.window && nowUS < 0 && seg.check {
+		// A checked window call and every lean call (lean.lua reads the
+		// server's TIME) refresh the master's clock estimate.
+		if (seg.window && seg.check || seg.lean) && nowUS < 0 {
 			if scriptNow > 0 && (err == nil || errors.Is(err, errStaleWindow)) {
 				m.clock.observe(scriptNow, sent)
-			} else {
+			} else if seg.check {
 				m.clock.failed()
 			}
 		}
@@ -554,9 +557,9 @@ func (s *Store) mixed(hits []algo.Hit) bool {
 	if !s.windowKeys {
 		return false
 	}
-	w := windowKind(&hits[0])
+	w := s.scriptOf(&hits[0])
 	for i := 1; i < len(hits); i++ {
-		if windowKind(&hits[i]) != w {
+		if s.scriptOf(&hits[i]) != w {
 			return true
 		}
 	}
@@ -601,9 +604,7 @@ func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Dec
 	var groups []*group
 	for i, h := range hits {
 		sl := uint32(Slot(h.Key))
-		if s.windowKeys && windowKind(&h) {
-			sl |= 1 << 16
-		}
+		sl |= s.scriptOf(&h) << 16
 		g := bySlot[sl]
 		if g == nil {
 			g = &group{}
