@@ -74,8 +74,9 @@ func TestTTLInvariant(t *testing.T) {
 	}
 }
 
-// ttlInvariant is TestTTLInvariant with Options.WindowKeys wk: a fixed
-// window's key is then its newest window key.
+// ttlInvariant is TestTTLInvariant with Options.WindowKeys wk: a fixed or
+// sliding window's key is then its newest window key, a token bucket's its
+// lean key.
 func ttlInvariant(t *testing.T, wk bool) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
@@ -107,8 +108,15 @@ func ttlInvariant(t *testing.T, wk bool) {
 				}
 				written++
 				stored := key
-				if wk && windowKind(&h[0]) {
-					ks, err := c.Keys(ctx, "{"+key+"}:v2:*").Result()
+				if wk && (windowKind(&h[0]) || leanKind(&h[0])) {
+					pattern := "{" + key + "}:v2:*" // window.lua's keys
+					switch {
+					case leanKind(&h[0]) && l.Kind == algo.SlidingWindow:
+						pattern = "{" + key + "}:v2s:*" // lean.lua's, one per window
+					case leanKind(&h[0]):
+						pattern = "{" + key + "}:v2g" // lean.lua's token bucket
+					}
+					ks, err := c.Keys(ctx, pattern).Result()
 					if err != nil {
 						t.Fatal(err)
 					}
