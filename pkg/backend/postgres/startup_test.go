@@ -128,3 +128,23 @@ func TestSchemaNewerFoundLater(t *testing.T) {
 		t.Fatalf("after the schema was replaced: %+v, want allowed", d[0])
 	}
 }
+
+// TestAsyncCommitSession: Options.AsyncCommit sets synchronous_commit off
+// for the store's sessions, and only then.
+func TestAsyncCommitSession(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	for _, async := range []bool{false, true} {
+		s := newStore(t, srv, db, func(o *postgres.Options) { o.AsyncCommit = async })
+		want := "on"
+		if async {
+			want = "off"
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		v, err := s.Setting(ctx, "synchronous_commit")
+		cancel()
+		if err != nil || v != want {
+			t.Errorf("AsyncCommit %v: synchronous_commit %q (%v), want %q", async, v, err, want)
+		}
+	}
+}
