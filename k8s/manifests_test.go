@@ -14,13 +14,13 @@ import (
 )
 
 // The kustomizations a user applies.
-var entryPoints = []string{"base", "overlays/redis", "overlays/production", "overlays/dev", "istio"}
+var entryPoints = []string{"base", "overlays/redis", "overlays/production", "overlays/dev", "overlays/durable", "istio"}
 
 // The workload overlays (ratelimitd itself).
-var workloads = []string{"base", "overlays/redis", "overlays/production", "overlays/dev"}
+var workloads = []string{"base", "overlays/redis", "overlays/production", "overlays/dev", "overlays/durable"}
 
 // The overlays, each built on ../../base.
-var overlays = []string{"overlays/redis", "overlays/production", "overlays/dev"}
+var overlays = []string{"overlays/redis", "overlays/production", "overlays/dev", "overlays/durable"}
 
 // Contract defaults of `ratelimitd serve` (README.md, flags), used when a
 // manifest does not set the flag's environment twin.

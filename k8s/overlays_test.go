@@ -187,3 +187,59 @@ func TestMemoryStoreSingleReplica(t *testing.T) {
 		t.Errorf("the base must run on Redis")
 	}
 }
+
+// TestOverlayDurable checks overlays/durable: the durable store's URL
+// comes from a Secret key (never a value in the manifest), the password
+// file is that Secret's key mounted where RATELIMITD_DURABLE_PASSWORD_FILE
+// points, and a NetworkPolicy lets ratelimitd reach PostgreSQL.
+func TestOverlayDurable(t *testing.T) {
+	r := render(t, "overlays/durable")
+	d, c := ratelimitd(t, r)
+	var secret string
+	for _, e := range c.Env {
+		if e.Name != "RATELIMITD_DURABLE_URL" {
+			continue
+		}
+		if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+			t.Fatalf("RATELIMITD_DURABLE_URL = %+v, want from a Secret key", e)
+		}
+		secret = e.ValueFrom.SecretKeyRef.Name
+	}
+	if secret == "" {
+		t.Fatal("no RATELIMITD_DURABLE_URL")
+	}
+	pw := envValue(c, "RATELIMITD_DURABLE_PASSWORD_FILE")
+	if pw == "" {
+		t.Fatal("no RATELIMITD_DURABLE_PASSWORD_FILE")
+	}
+	deploytest.CheckSecretFile(t, d, c, "RATELIMITD_DURABLE_PASSWORD_FILE", pw)
+	var fromSecret string
+	for _, m := range c.VolumeMounts {
+		if strings.HasPrefix(pw, m.MountPath+"/") {
+			for _, v := range d.Spec.Template.Spec.Volumes {
+				if v.Name == m.Name && v.Secret != nil {
+					fromSecret = v.Secret.SecretName
+				}
+			}
+		}
+	}
+	if fromSecret != secret {
+		t.Errorf("the password file is from Secret %q, the URL from %q: want one Secret", fromSecret, secret)
+	}
+	var egress bool
+	for _, np := range byKind[networkingv1.NetworkPolicy](r, "networking.k8s.io/v1/NetworkPolicy") {
+		if !deploytest.MustSelector(t, "np", &np.Spec.PodSelector).Matches(labels.Set(ratelimitdPodLabels(t, r))) {
+			continue
+		}
+		for _, e := range np.Spec.Egress {
+			for _, p := range e.Ports {
+				if p.Port != nil && p.Port.IntValue() == 5432 && len(e.To) > 0 {
+					egress = true
+				}
+			}
+		}
+	}
+	if !egress {
+		t.Error("no NetworkPolicy lets ratelimitd reach PostgreSQL (5432)")
+	}
+}

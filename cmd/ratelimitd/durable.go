@@ -25,12 +25,17 @@ func durableOptions(o Options, password string) postgres.Options {
 	po.Password = password
 	po.Timeout = o.DurableTimeout
 	po.MaxConns = int32(min(o.DurableMaxConns, 1<<30))
+	po.ConnectTimeout = o.DurableConnect
+	po.AsyncCommit = o.DurableAsyncCommit
 	return po
 }
 
 // newDurable connects the durable store of --durable-url (nothing
 // without it), waiting up to --durable-connect-timeout for PostgreSQL
-// and its schema, and has release close it.
+// and its schema, and has release close it. Only a schema newer than the
+// binary (or an error of a server that answered) fails it: an
+// unreachable PostgreSQL gives a store that is not healthy and connects
+// in the background (postgres.New).
 func (s *server) newDurable() error {
 	o := s.opts
 	if o.DurableURL == "" {
@@ -52,7 +57,7 @@ func (s *server) newDurable() error {
 		return scrubErr(fmt.Errorf("durable store %s: %w", postgres.RedactURL(o.DurableURL), err), append(secretsOf(o), password)...)
 	}
 	s.durable = st
-	attrs := []any{"url", postgres.RedactURL(o.DurableURL), "timeout", o.DurableTimeout.String(), "max_conns", po.MaxConns}
+	attrs := []any{"url", postgres.RedactURL(o.DurableURL), "timeout", o.DurableTimeout.String(), "max_conns", po.MaxConns, "async_commit", po.AsyncCommit, "healthy", st.Healthy()}
 	if o.DurablePasswordFile != "" {
 		attrs = append(attrs, "password_file", o.DurablePasswordFile)
 	}

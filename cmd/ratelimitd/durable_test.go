@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 )
 
@@ -95,5 +96,123 @@ func TestServerDurableStore(t *testing.T) {
 	errOut.Reset()
 	if code := validate([]string{"--durable", dir}, env(), &out, &errOut); code != 0 {
 		t.Errorf("validate --durable: exit %d\n%s%s", code, out.String(), errOut.String())
+	}
+}
+
+// TestServerDurableStartsWithoutPostgres: with PostgreSQL down, serve
+// starts at once: the service is SERVING, ratelimitd.durable NOT_SERVING,
+// and a durable limit with failure_mode: closed is denied within the
+// caller's deadline while the fast limit is counted. Once PostgreSQL
+// accepts connections, ratelimitd.durable turns SERVING within a second
+// without any traffic, and the durable limit is counted.
+func TestServerDurableStartsWithoutPostgres(t *testing.T) {
+	pg := pgtest.Start(t)
+	db := pg.CreateDB(t)
+	pg.Kill()
+	dir := t.TempDir()
+	writeTestFile(t, filepath.Join(dir, "c.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100}\n  - key: plan\n    rate_limit: {unit: day, requests_per_unit: 2, store: durable, failure_mode: closed}\n")
+	o, _, err := parseServe([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
+		"--durable-url=" + pg.URL(db)}, env(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testproc.Buffer{}
+	start := time.Now()
+	s, err := newServer(o, gcPolicy{PercentSource: sourceEnv, LimitSource: sourceEnv}, nil, logs)
+	if err != nil {
+		t.Fatalf("serve with PostgreSQL down: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("serve with PostgreSQL down took %v to start", took)
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(context.Background()) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+		<-ran
+	})
+	cc := testproc.Dial(t, s.grpcLn.Addr().String())
+	if err := testproc.WaitHealth(cc, "", healthpb.HealthCheckResponse_SERVING, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	hc := healthpb.NewHealthClient(cc)
+	if r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: durableHealth}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("%s with PostgreSQL down: %v %v, want NOT_SERVING", durableHealth, r.GetStatus(), err)
+	}
+	client := rlsv3.NewRateLimitServiceClient(cc)
+	plan := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{testproc.Desc("plan", "acme")}}
+	fast := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{testproc.Desc("k", "a")}}
+	const budget = 500 * time.Millisecond
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		t0 := time.Now()
+		resp, err := client.ShouldRateLimit(ctx, plan)
+		took := time.Since(t0)
+		cancel()
+		if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("durable call %d with PostgreSQL down: %v %v, want OVER_LIMIT (failure_mode: closed)", i, resp.GetOverallCode(), err)
+		}
+		if took > budget {
+			t.Errorf("durable call %d took %v, the caller's deadline is %v", i, took, budget)
+		}
+		if resp, err := client.ShouldRateLimit(context.Background(), fast); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("fast call %d with PostgreSQL down: %v %v, want OK", i, resp.GetOverallCode(), err)
+		}
+	}
+	if v, err := testproc.MetricValue(s.reg, "ratelimitd_durable_healthy", nil); err != nil || v != 0 {
+		t.Errorf("ratelimitd_durable_healthy = %v (%v) with PostgreSQL down, want 0", v, err)
+	}
+	pg.Restart()
+	up := time.Now()
+	if err := testproc.WaitHealth(cc, durableHealth, healthpb.HealthCheckResponse_SERVING, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(up)
+	t.Logf("%s SERVING %v after PostgreSQL accepted connections", durableHealth, took)
+	if took > time.Second {
+		t.Errorf("%s SERVING %v after PostgreSQL accepted connections, want within 1s", durableHealth, took)
+	}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		resp, err := client.ShouldRateLimit(context.Background(), plan)
+		if err != nil || resp.GetOverallCode() != want {
+			t.Fatalf("durable call %d after PostgreSQL came: %v %v, want %v", i+1, resp.GetOverallCode(), err, want)
+		}
+	}
+	if n := pg.QueryInt(t, db, "SELECT sum(count) FROM ratelimitd_counters"); n != 2 {
+		t.Errorf("PostgreSQL counts %d, want 2", n)
+	}
+	if strings.Contains(logs.String(), pg.Password) {
+		t.Error("the PostgreSQL password is in the log")
+	}
+}
+
+// TestDurableFlagsMapped: --durable-async-commit and
+// --durable-connect-timeout reach postgres.Options; their defaults are
+// the package's.
+func TestDurableFlagsMapped(t *testing.T) {
+	o, _, err := parseServe([]string{"--durable-url=postgres://u@127.0.0.1:5432/q", "--durable-async-commit", "--durable-connect-timeout=7s"}, env(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	po := durableOptions(o, "")
+	if !po.AsyncCommit || po.ConnectTimeout != 7*time.Second {
+		t.Errorf("AsyncCommit %v, ConnectTimeout %v; want true, 7s", po.AsyncCommit, po.ConnectTimeout)
+	}
+	o, _, err = parseServe([]string{"--durable-url=postgres://u@127.0.0.1:5432/q"}, env(), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	po = durableOptions(o, "")
+	if po.AsyncCommit || po.ConnectTimeout != postgres.DefaultConnectTimeout {
+		t.Errorf("defaults: AsyncCommit %v, ConnectTimeout %v; want false, %v", po.AsyncCommit, po.ConnectTimeout, postgres.DefaultConnectTimeout)
+	}
+	o, _, err = parseServe([]string{"--durable-url=postgres://u@127.0.0.1:5432/q"}, env("RATELIMITD_DURABLE_ASYNC_COMMIT", "true"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !durableOptions(o, "").AsyncCommit {
+		t.Error("RATELIMITD_DURABLE_ASYNC_COMMIT=true: AsyncCommit false")
 	}
 }

@@ -107,6 +107,7 @@ type Options struct {
 	DurableTimeout      time.Duration // --durable-timeout
 	DurableMaxConns     int           // --durable-max-conns
 	DurableConnect      time.Duration // --durable-connect-timeout
+	DurableAsyncCommit  bool          // --durable-async-commit
 
 	ShadowMode bool // --shadow-mode
 	QuotaMode  bool // --quota-mode

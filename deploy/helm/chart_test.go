@@ -18,6 +18,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimitd/ratelimitd/internal/deploytest"
@@ -560,4 +561,91 @@ func TestHelmLint(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestDurableStore: durable.enabled gives ratelimitd its PostgreSQL URL
+// through RATELIMITD_DURABLE_URL from the named Secret key (never a
+// value in the manifest), the password file from its Secret key, and
+// the async-commit and timeout flags; the NetworkPolicy lets it reach
+// PostgreSQL. Off, nothing of it renders; on without the URL's Secret,
+// or settings without enabled, the chart fails.
+func TestDurableStore(t *testing.T) {
+	r := render(t, combos["durable"])
+	d, c := deployment(t, r)
+	var ref *corev1.SecretKeySelector
+	for _, e := range c.Env {
+		if e.Name == "RATELIMITD_DURABLE_URL" {
+			if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+				t.Fatalf("RATELIMITD_DURABLE_URL = %+v, want from a Secret", e)
+			}
+			ref = e.ValueFrom.SecretKeyRef
+		}
+	}
+	if ref == nil || ref.Name != "ratelimitd-durable" || ref.Key != "url" {
+		t.Fatalf("durable URL from %+v, want Secret ratelimitd-durable key url", ref)
+	}
+	if s, k := secretOf(t, d, c, "durable-password-file"); s != "ratelimitd-pg" || k != "pg-password" {
+		t.Errorf("--durable-password-file from Secret %s key %s, want ratelimitd-pg key pg-password", s, k)
+	}
+	for flag, want := range map[string]string{"durable-async-commit": "true", "durable-timeout": "50ms", "durable-connect-timeout": "10s"} {
+		if v := mustArg(t, c, flag); v != want {
+			t.Errorf("--%s=%s, want %s", flag, v, want)
+		}
+	}
+
+	// The defaults of the rest: the key "url", no password file, no flags.
+	r = render(t, combos["durable, memory, network policy, extra env"])
+	_, c = deployment(t, r)
+	names := map[string]bool{}
+	for _, e := range c.Env {
+		names[e.Name] = true
+		if e.Name == "RATELIMITD_DURABLE_URL" && (e.ValueFrom.SecretKeyRef.Name != "quotas-db" || e.ValueFrom.SecretKeyRef.Key != "url") {
+			t.Errorf("durable URL from %+v, want Secret quotas-db key url", e.ValueFrom.SecretKeyRef)
+		}
+	}
+	if !names["RATELIMITD_DURABLE_URL"] || !names["RATELIMITD_NEAR_LIMIT_RATIO"] {
+		t.Errorf("env %v: want the durable URL and extraEnv both", names)
+	}
+	for _, flag := range []string{"durable-password-file", "durable-async-commit", "durable-timeout", "durable-connect-timeout"} {
+		if v, ok := arg(t, c, flag); ok {
+			t.Errorf("--%s=%s without its value", flag, v)
+		}
+	}
+	np := one[networkingv1.NetworkPolicy](t, r, "networking.k8s.io/v1/NetworkPolicy")
+	found := false
+	for _, e := range np.Spec.Egress {
+		for _, p := range e.Ports {
+			if p.Port != nil && p.Port.IntValue() == 5432 && len(e.To) == 1 && e.To[0].IPBlock != nil && e.To[0].IPBlock.CIDR == "10.80.0.0/24" {
+				found = true
+			}
+		}
+	}
+	if !found {
+		t.Errorf("NetworkPolicy egress %+v: no rule to PostgreSQL (durableEgress)", np.Spec.Egress)
+	}
+
+	// Off (the default): no durable env, flag or egress.
+	r = render(t, "redis: {enabled: false, url: 'redis://redis.cache:6379/0'}\nnetworkPolicy: {enabled: true}\n")
+	_, c = deployment(t, r)
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, "RATELIMITD_DURABLE") {
+			t.Errorf("durable off: env %s", e.Name)
+		}
+	}
+	for _, a := range c.Args {
+		if strings.HasPrefix(a, "--durable") {
+			t.Errorf("durable off: arg %s", a)
+		}
+	}
+	for _, e := range one[networkingv1.NetworkPolicy](t, r, "networking.k8s.io/v1/NetworkPolicy").Spec.Egress {
+		for _, p := range e.Ports {
+			if p.Port != nil && p.Port.IntValue() == 5432 {
+				t.Errorf("durable off: egress to 5432")
+			}
+		}
+	}
+
+	renderFails(t, "durable: {enabled: true}\n", "durable.enabled needs durable.urlSecret.name")
+	renderFails(t, "durable: {asyncCommit: true}\n", "need durable.enabled")
+	renderFails(t, "durable: {enabled: true, url: 'postgres://u:pw@db/q'}\n", "url")
 }

@@ -105,6 +105,28 @@ extraEnv:
 	"cluster without url":      "redis: {enabled: false, mode: cluster, addrs: ['redis-0.cache:6379', 'redis-1.cache:6379']}\n",
 	"memcache":                 "backend: memcache\nmemcache: {addrs: ['memcached-0.cache:11211', 'memcached-1.cache:11211'], timeout: 100ms}\n",
 	"memcache srv":             "backend: memcache\nmemcache: {srv: _memcache._tcp.memcached.cache.svc.cluster.local}\nnetworkPolicy: {enabled: true}\n",
+	"durable": `
+durable:
+  enabled: true
+  urlSecret: {name: ratelimitd-durable, key: url}
+  passwordSecret: {name: ratelimitd-pg, key: pg-password}
+  asyncCommit: true
+  timeout: 50ms
+  connectTimeout: 10s
+`,
+	"durable, memory, network policy, extra env": `
+backend: memory
+durable:
+  enabled: true
+  urlSecret: {name: quotas-db}
+networkPolicy:
+  enabled: true
+  durableEgress:
+    - to: [{ipBlock: {cidr: 10.80.0.0/24}}]
+      ports: [{port: 5432, protocol: TCP}]
+extraEnv:
+  - {name: RATELIMITD_NEAR_LIMIT_RATIO, value: "0.9"}
+`,
 	"network policy, own redis": `
 redis: {enabled: false, url: 'redis://10.64.0.7:6380/0'}
 networkPolicy:
@@ -238,7 +260,16 @@ func checkSecretsAsFiles(t *testing.T, d *appsv1.Deployment, c *corev1.Container
 			t.Errorf("--redis-url carries a password")
 		}
 	}
-	for _, f := range []string{"redis-password-file", "redis-sentinel-auth-file", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"} {
+	// The durable store's URL may hold a password: only from a Secret.
+	if _, ok := arg(t, c, "durable-url"); ok {
+		t.Errorf("--durable-url on the command line; it comes from a Secret")
+	}
+	for _, e := range c.Env {
+		if e.Name == "RATELIMITD_DURABLE_URL" && (e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
+			t.Errorf("env RATELIMITD_DURABLE_URL not from a Secret")
+		}
+	}
+	for _, f := range []string{"redis-password-file", "redis-sentinel-auth-file", "redis-tls-ca", "redis-tls-cert", "redis-tls-key", "durable-password-file"} {
 		if p, ok := arg(t, c, f); ok {
 			deploytest.CheckSecretFile(t, d, c, "--"+f, p)
 		}

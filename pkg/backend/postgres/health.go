@@ -12,8 +12,11 @@ import (
 // Healthy reports whether decisions are counted now: false from an
 // outage error (timeout, refused, read-only, credentials refused) of a
 // decision or the probe until the next success, and while the circuit
-// breaker is not closed. Implements service.Healther.
-func (s *Store) Healthy() bool { return !s.unhealthy.Load() && s.breaker.Healthy() }
+// breaker is not closed, and until the schema is checked (see New).
+// Implements service.Healther.
+func (s *Store) Healthy() bool {
+	return s.ready.Load() && !s.unhealthy.Load() && s.breaker.Healthy()
+}
 
 // note records the outcome of a decision or probe for Healthy. A refused
 // connection also drops the pool's idle connections: they point at a

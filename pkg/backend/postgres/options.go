@@ -29,6 +29,9 @@ const (
 	DefaultHealthInterval = time.Second
 	// DefaultSweepInterval is how often expired rows are deleted.
 	DefaultSweepInterval = time.Minute
+	// DefaultConnectTimeout bounds each background attempt to reach
+	// PostgreSQL and check or migrate the schema (see New).
+	DefaultConnectTimeout = 5 * time.Second
 	// DefaultSweepBatch is how many rows one DELETE of the sweeper removes
 	// at most (each its own short transaction).
 	DefaultSweepBatch = 1000
@@ -83,6 +86,10 @@ type Options struct {
 	SweepInterval time.Duration
 	// SweepBatch bounds the rows one DELETE of the sweeper removes (> 0).
 	SweepBatch int
+	// ConnectTimeout bounds each background attempt to reach PostgreSQL
+	// and check or migrate the schema after New could not (which waits
+	// for another replica's migration too); > 0.
+	ConnectTimeout time.Duration
 	// AsyncCommit sets synchronous_commit=off for the store's sessions:
 	// a decision no longer waits for its WAL to reach the disk (the
 	// fsync that dominates a decision's latency), and a crash of
@@ -103,6 +110,7 @@ func DefaultOptions() Options {
 		HealthInterval: DefaultHealthInterval,
 		SweepInterval:  DefaultSweepInterval,
 		SweepBatch:     DefaultSweepBatch,
+		ConnectTimeout: DefaultConnectTimeout,
 	}
 }
 
@@ -132,6 +140,9 @@ func (o Options) Validate() error {
 	}
 	if o.SweepInterval < 0 {
 		errs = append(errs, fmt.Errorf("postgres: sweep interval %v: must be >= 0", o.SweepInterval))
+	}
+	if o.ConnectTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("postgres: connect timeout %v: must be > 0", o.ConnectTimeout))
 	}
 	if o.SweepBatch <= 0 {
 		errs = append(errs, fmt.Errorf("postgres: sweep batch %d: must be > 0", o.SweepBatch))

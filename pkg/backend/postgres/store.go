@@ -50,6 +50,11 @@ type Store struct {
 	// unhealthy is set by an outage error of a decision or the probe and
 	// cleared by the next success.
 	unhealthy atomic.Bool
+	// ready is set once the schema was checked or migrated (at New, or
+	// later by connectLoop); until then Take answers notReady's error
+	// without calling PostgreSQL.
+	ready    atomic.Bool
+	notReady atomic.Pointer[Error]
 
 	swept       atomic.Uint64
 	sweepErrors atomic.Uint64
@@ -60,11 +65,17 @@ type Store struct {
 	wg        sync.WaitGroup
 }
 
-// New connects to opt.URL, creates or migrates the schema (see
-// SchemaVersion; a database whose schema is newer than this binary's is
-// refused with an error of cause CauseSchema) and starts the health probe
-// and the sweeper. ctx bounds the connection and the migration: New fails
-// when PostgreSQL cannot be reached by then. Errors never hold the
+// New connects to opt.URL and creates or migrates the schema (see
+// SchemaVersion), within ctx, then starts the health probe and the
+// sweeper. A database whose schema is newer than this binary's is
+// refused with an error of cause CauseSchema, as is any error of a
+// server that answered (a SQL error, a bad URL). When PostgreSQL cannot
+// be reached (refused, timed out, credentials refused) New still returns
+// the Store, not healthy: Take answers ErrNotConnected at once, and a
+// background loop retries every unhealthyProbeInterval, each attempt
+// bounded by ConnectTimeout, until the schema is checked; a newer schema
+// found then keeps the Store unhealthy (Take answers cause CauseSchema)
+// and is logged at error level once per outage. Errors never hold the
 // password.
 func New(ctx context.Context, opt Options) (*Store, error) {
 	if err := opt.Validate(); err != nil {
@@ -129,8 +140,20 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	b.FailFor = max(b.FailFor, 2*opt.Timeout)
 	s.breaker = breaker.New(b, breakerErrors, nil)
 	if err := s.migrate(ctx); err != nil {
-		pool.Close()
-		return nil, err
+		if ctx.Err() != nil {
+			err = errTimeout
+		}
+		var e *Error
+		if !errors.As(err, &e) || !e.Outage() {
+			pool.Close()
+			return nil, err
+		}
+		s.notReady.Store(notConnected(err))
+		s.log.Warn("durable store: PostgreSQL not reachable; starting unhealthy, durable limits get their failure modes until it answers", "cause", e.Cause(), "err", err)
+		s.wg.Add(1)
+		go s.connectLoop(e.Cause())
+	} else {
+		s.ready.Store(true)
 	}
 	if opt.HealthInterval > 0 {
 		s.wg.Add(1)

@@ -54,7 +54,7 @@ func (s *Store) sweepLoop() {
 		cancel()
 	}()
 	for s.wait(s.opts.SweepInterval, nil) {
-		if !s.breaker.Healthy() {
+		if !s.ready.Load() || !s.breaker.Healthy() {
 			continue
 		}
 		n, err := s.Sweep(ctx)

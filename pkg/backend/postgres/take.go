@@ -52,7 +52,9 @@ func (s *Store) budget(ctx context.Context, start time.Time) (end time.Time, cut
 // closed, and the transaction rolls back unless the server committed it
 // first (then the request was counted, as after a Redis timeout). Errors
 // are *Error. While the circuit breaker is open Take returns
-// ErrCircuitOpen or ErrStalledOpen at once, without calling PostgreSQL.
+// ErrCircuitOpen or ErrStalledOpen at once, without calling PostgreSQL,
+// and so it returns ErrNotConnected (or the schema's error) until the
+// Store has reached PostgreSQL and checked the schema (see New).
 func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if len(hits) == 0 {
 		return nil
@@ -61,6 +63,9 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 		if h.Limit.Kind != algo.FixedWindow && h.Limit.Kind != algo.SlidingWindow {
 			return newError(CauseUnsupported, false, fmt.Errorf("algorithm %d: only fixed_window and sliding_window are supported", h.Limit.Kind))
 		}
+	}
+	if !s.ready.Load() {
+		return s.notReady.Load()
 	}
 	start := time.Now()
 	end, cut := s.budget(ctx, start)

@@ -133,6 +133,7 @@ Mount points of the files ratelimitd reads.
 {{- define "ratelimitd.redisAuthDir" -}}/etc/ratelimitd/redis-auth{{- end }}
 {{- define "ratelimitd.sentinelAuthDir" -}}/etc/ratelimitd/redis-sentinel-auth{{- end }}
 {{- define "ratelimitd.redisTLSDir" -}}/etc/ratelimitd/redis-tls{{- end }}
+{{- define "ratelimitd.durableAuthDir" -}}/etc/ratelimitd/durable-auth{{- end }}
 
 {{/*
 Checks of the values that no schema expresses; each fails the render with
@@ -190,6 +191,12 @@ the key to fix.
 {{- if and (or $v.redis.tls.certKey $v.redis.tls.keyKey) (not $v.redis.tls.existingSecret) }}
 {{- fail "redis.tls.certKey/keyKey need redis.tls.existingSecret" }}
 {{- end }}
+{{- end }}
+{{- if and $v.durable.enabled (not $v.durable.urlSecret.name) }}
+{{- fail "durable.enabled needs durable.urlSecret.name: the Secret holding the postgres:// URL (the chart never takes the URL as a plain value)" }}
+{{- end }}
+{{- if and (not $v.durable.enabled) (or $v.durable.urlSecret.name $v.durable.passwordSecret.name $v.durable.asyncCommit $v.durable.timeout $v.durable.connectTimeout) }}
+{{- fail "durable.urlSecret, passwordSecret, asyncCommit, timeout and connectTimeout need durable.enabled" }}
 {{- end }}
 {{- if and (eq $v.backend "memcache") (eq (empty $v.memcache.addrs) (empty $v.memcache.srv)) }}
 {{- fail "backend memcache needs the memcached servers: memcache.addrs (host:port of each) or memcache.srv (an SRV record), one of the two" }}

@@ -1,0 +1,150 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
+)
+
+// newDown is New on a PostgreSQL that is down: it returns at once, with
+// the Store not healthy.
+func newDown(t *testing.T, o postgres.Options) *postgres.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	s, err := postgres.New(ctx, o)
+	if err != nil {
+		t.Fatalf("New with PostgreSQL down: %v, want a Store that is not healthy", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if took := time.Since(start); took > slack {
+		t.Errorf("New with PostgreSQL down took %v, want at once (within %v)", took, slack)
+	}
+	if s.Healthy() {
+		t.Fatal("healthy with PostgreSQL down")
+	}
+	return s
+}
+
+// TestStartWithoutPostgres: New on a PostgreSQL that is down returns a
+// Store at once; its decisions fail within the caller's deadline with
+// cause refused (without calling PostgreSQL) and it is not healthy. Once
+// PostgreSQL accepts connections, the idle Store migrates the schema and
+// is healthy within recoveryBound, and decisions are counted.
+func TestStartWithoutPostgres(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	srv.Kill()
+	o := postgres.DefaultOptions()
+	o.URL = srv.URL(db)
+	o.Timeout = 2 * time.Second
+	s := newDown(t, o)
+	hit := algo.Hit{Key: "started-down", Limit: longWindow, Cost: 1}
+	const budget = 200 * time.Millisecond
+	for i := range 20 {
+		took, err := takeWithin(s, budget, hit)
+		if err == nil {
+			t.Fatalf("take %d with PostgreSQL down: no error", i)
+		}
+		if c := causeOf(err); c != postgres.CauseRefused {
+			t.Fatalf("take %d: cause %q (%v), want %s", i, c, err, postgres.CauseRefused)
+		}
+		if took > budget+slack {
+			t.Errorf("take %d took %v, the caller's deadline is %v", i, took, budget)
+		}
+	}
+	if s.Healthy() {
+		t.Fatal("healthy with PostgreSQL down")
+	}
+	srv.Restart()
+	took := waitHealthy(t, s)
+	t.Logf("healthy %v after PostgreSQL accepted connections", took)
+	if took > recoveryBound {
+		t.Errorf("healthy %v after PostgreSQL accepted connections, want within %v", took, recoveryBound)
+	}
+	if d := take(t, s, hit); !d[0].Allowed || d[0].Remaining != longWindow.Rate-1 {
+		t.Fatalf("first decision after PostgreSQL came: %+v, want allowed with %d remaining", d[0], longWindow.Rate-1)
+	}
+	if v := srv.QueryInt(t, db, "SELECT version FROM ratelimitd_schema"); v != postgres.SchemaVersion {
+		t.Fatalf("schema version %d, want %d", v, postgres.SchemaVersion)
+	}
+	if n := srv.QueryInt(t, db, "SELECT count FROM ratelimitd_counters WHERE key = $1", hit.Key); n != 1 {
+		t.Fatalf("the row counts %d, want 1", n)
+	}
+}
+
+// TestSchemaNewerFoundLater: a Store started with PostgreSQL down that
+// then finds a schema newer than the binary stays unhealthy, answers
+// cause schema, and logs it once at error level; once the operator
+// replaces the schema, it migrates it and is healthy.
+func TestSchemaNewerFoundLater(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	srv.Exec(t, db, "CREATE TABLE ratelimitd_schema (id int PRIMARY KEY CHECK (id = 1), version int NOT NULL)")
+	srv.Exec(t, db, "INSERT INTO ratelimitd_schema VALUES (1, $1)", postgres.SchemaVersion+1)
+	srv.Kill()
+	var logs testproc.Buffer
+	o := postgres.DefaultOptions()
+	o.URL = srv.URL(db)
+	o.Timeout = 2 * time.Second
+	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	s := newDown(t, o)
+	srv.Restart()
+	hit := algo.Hit{Key: "newer", Limit: longWindow, Cost: 1}
+	deadline := time.Now().Add(10 * time.Second)
+	var err error
+	for {
+		_, err = takeWithin(s, time.Second, hit)
+		if causeOf(err) == postgres.CauseSchema {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after PostgreSQL came: %v, want cause %s", err, postgres.CauseSchema)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !errors.Is(err, postgres.ErrSchemaNewer) {
+		t.Fatalf("take on a newer schema: %v, want ErrSchemaNewer", err)
+	}
+	time.Sleep(500 * time.Millisecond) // several more attempts, none logged
+	if s.Healthy() {
+		t.Fatal("healthy on a newer schema")
+	}
+	if n := strings.Count(logs.String(), "schema is not usable"); n != 1 || !strings.Contains(logs.String(), "level=ERROR") {
+		t.Fatalf("the newer schema logged %d times, want once at error level; logs:\n%s", n, logs.String())
+	}
+	srv.Exec(t, db, "DROP TABLE ratelimitd_schema")
+	waitHealthy(t, s)
+	if d := take(t, s, hit); !d[0].Allowed {
+		t.Fatalf("after the schema was replaced: %+v, want allowed", d[0])
+	}
+}
+
+// TestAsyncCommitSession: Options.AsyncCommit sets synchronous_commit off
+// for the store's sessions, and only then.
+func TestAsyncCommitSession(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	for _, async := range []bool{false, true} {
+		s := newStore(t, srv, db, func(o *postgres.Options) { o.AsyncCommit = async })
+		want := "on"
+		if async {
+			want = "off"
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		v, err := s.Setting(ctx, "synchronous_commit")
+		cancel()
+		if err != nil || v != want {
+			t.Errorf("AsyncCommit %v: synchronous_commit %q (%v), want %q", async, v, err, want)
+		}
+	}
+}
