@@ -32,6 +32,10 @@ func (s *server) newConfigSource() error {
 		// stays, and at startup the service is not SERVING.
 		s.loadOpts.Algorithms, s.loadOpts.Backend = al.Algorithms(), o.Backend
 	}
+	if pb, ok := s.store.(service.PenaltyBoxer); ok && !pb.PenaltyBoxes() {
+		// likewise a penalty box the backend cannot decide atomically
+		s.loadOpts.NoPenalty, s.loadOpts.Backend = true, o.Backend
+	}
 	if o.ConfigSource == "xds" {
 		var err error
 		if s.xdsOpts, err = xdsOptions(o, s.log, s.loadOpts); err != nil {
