@@ -1,0 +1,54 @@
+package redis_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+)
+
+// penaltyOutcomes runs 300 concurrent requests on a key admitting 5 with
+// a penalty box of 3 denials over stores, every store on one pinned
+// clock: exactly 5 admitted, 2 denied by the limit, 1 block started and
+// 292 blocked, on every kind.
+func penaltyOutcomes(t *testing.T, stores []*redis.Store, prefix string) {
+	t.Helper()
+	for _, k := range []algo.Kind{algo.FixedWindow, algo.SlidingWindow, algo.SlidingLog, algo.TokenBucket} {
+		h := algo.Hit{Key: prefix + ":" + algotest.KindName(k), Cost: 1,
+			Limit:   algo.Limit{Kind: k, Rate: 5, Period: time.Minute},
+			Penalty: algo.Penalty{After: 3, Within: time.Hour, Block: 5 * time.Minute}}
+		got, err := algotest.ConcurrentOutcomes(context.Background(), stores, h, 300)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := (algotest.Outcomes{Allowed: 5, Denied: 2, Started: 1, Blocked: 292}); got != want {
+			t.Errorf("%v: %+v, want %+v", k, got, want)
+		}
+	}
+}
+
+// TestPenaltyConcurrent: three Stores on one Redis decide the penalty
+// box atomically with the limit (one block, never more admitted).
+func TestPenaltyConcurrent(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := newPinnedClock(epoch0)
+	stores := []*redis.Store{newTestStore(t, srv, clock.Now, 0), newTestStore(t, srv, clock.Now, 0), newTestStore(t, srv, clock.Now, 0)}
+	penaltyOutcomes(t, stores, "penalty")
+}
+
+// TestPenaltyConcurrentCluster is TestPenaltyConcurrent on a 3-master
+// Cluster: the box's key is in its hit's slot.
+func TestPenaltyConcurrentCluster(t *testing.T) {
+	g := redistest.Cluster(t, 3)
+	clock := newPinnedClock(epoch0)
+	stores := []*redis.Store{newClusterStore(t, g, clock.Now), newClusterStore(t, g, clock.Now), newClusterStore(t, g, clock.Now)}
+	penaltyOutcomes(t, stores, "penalty")
+	// keys with no hash tag and with a '}' that is not one (the box's
+	// key then takes a tag of the same slot)
+	penaltyOutcomes(t, stores, "pen}alty")
+	penaltyOutcomes(t, stores, "{pen}alty")
+}
