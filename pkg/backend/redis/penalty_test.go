@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -51,4 +52,29 @@ func TestPenaltyConcurrentCluster(t *testing.T) {
 	// key then takes a tag of the same slot)
 	penaltyOutcomes(t, stores, "pen}alty")
 	penaltyOutcomes(t, stores, "{pen}alty")
+}
+
+// TestPenaltyLocalCache: with the local over-limit cache on, a hit with a
+// penalty box still reaches Redis when denied, so its denials count and
+// the third one starts the block.
+func TestPenaltyLocalCache(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := newPinnedClock(epoch0)
+	s := newTestStore(t, srv, clock.Now, 1000)
+	h := algo.Hit{Key: "penalty:cached", Cost: 1,
+		Limit:   algo.Limit{Kind: algo.FixedWindow, Rate: 2, Period: time.Hour},
+		Penalty: algo.Penalty{After: 3, Within: time.Hour, Block: 5 * time.Minute}}
+	var got []algo.PenaltyOutcome
+	for range 5 {
+		d, err := algotest.Take(context.Background(), s, []algo.Hit{h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, d[0].Penalty)
+		clock.Advance(time.Second)
+	}
+	want := []algo.PenaltyOutcome{algo.PenaltyNone, algo.PenaltyNone, algo.PenaltyNone, algo.PenaltyNone, algo.PenaltyStarted}
+	if !slices.Equal(got, want) {
+		t.Errorf("outcomes %v, want %v", got, want)
+	}
 }
