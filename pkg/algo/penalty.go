@@ -66,12 +66,14 @@ func applyPenalty(prev State, h Hit, t int64) (State, decision, PenaltyOutcome) 
 		o = opCharge
 	}
 	ns, d := decide(h.Limit, prev, t, h.Cost, o)
-	ns.Denials, ns.DenialsEnd, ns.BlockEnd = prev.Denials, prev.DenialsEnd, 0
-	if ns.DenialsEnd <= t {
-		ns.Denials, ns.DenialsEnd = 0, 0
-	}
+	// an allowed hit leaves the box as it is (a store need not write it;
+	// an ended block or count window reads as empty)
+	ns = KeepPenalty(ns, prev)
 	if d.allowed {
 		return ns, d, PenaltyNone
+	}
+	if ns.DenialsEnd <= t { // the count window ended: a new one opens
+		ns.Denials, ns.DenialsEnd = 0, 0
 	}
 	if ns.Denials == 0 {
 		ns.DenialsEnd = t + max(p.Within.Microseconds(), 1)

@@ -38,9 +38,10 @@ local function penalize(h, ps, decide)
     return d, ps, false
   end
   local d = decide()
-  local np = { d = ps.d, de = ps.de, be = 0, dirty = ps.dirty }
-  if np.de <= now then np.d, np.de = 0, 0 end
-  if d.allowed then return d, np, true end
+  -- an allowed hit leaves the box as it is (nothing to write)
+  if d.allowed then return d, ps, true end
+  local np = { d = ps.d, de = ps.de, be = ps.be }
+  if np.de <= now then np.d, np.de = 0, 0 end -- a new count window
   if np.d == 0 then np.de = now + h.within end
   np.d = np.d + 1
   np.dirty = true
