@@ -2,7 +2,9 @@ package redis_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,5 +78,36 @@ func TestPenaltyLocalCache(t *testing.T) {
 	want := []algo.PenaltyOutcome{algo.PenaltyNone, algo.PenaltyNone, algo.PenaltyNone, algo.PenaltyNone, algo.PenaltyStarted}
 	if !slices.Equal(got, want) {
 		t.Errorf("outcomes %v, want %v", got, want)
+	}
+}
+
+// BenchmarkPenaltyTake: one-hit requests on one Store, without and with
+// a penalty box (the box routes the hit from take1.lua to take.lua and
+// reads one more key), 8 goroutines.
+func BenchmarkPenaltyTake(b *testing.B) {
+	srv := redistest.Standalone(b)
+	s := newTestStore(b, srv, nil, 0)
+	l := algo.Limit{Kind: algo.TokenBucket, Rate: 1 << 40, Period: time.Second}
+	for _, c := range []struct {
+		name string
+		box  algo.Penalty
+	}{
+		{"plain", algo.Penalty{}},
+		{"penalty", algo.Penalty{After: 3, Within: time.Hour, Block: 5 * time.Minute}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			var n atomic.Int64
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				out := make([]algo.Decision, 1)
+				for pb.Next() {
+					h := algo.Hit{Key: fmt.Sprintf("bench:%s:%d", c.name, n.Add(1)%1024), Limit: l, Cost: 1, Penalty: c.box}
+					if err := s.Take(context.Background(), []algo.Hit{h}, out); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
 	}
 }
