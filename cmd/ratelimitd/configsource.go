@@ -40,6 +40,10 @@ func (s *server) newConfigSource() error {
 			s.loadOpts.Durable.Algorithms = al.Algorithms()
 		}
 	}
+	if pb, ok := s.store.(service.PenaltyBoxer); ok && !pb.PenaltyBoxes() {
+		// likewise a penalty box the backend cannot decide atomically
+		s.loadOpts.NoPenalty, s.loadOpts.Backend = true, o.Backend
+	}
 	if o.ConfigSource == "xds" {
 		var err error
 		if s.xdsOpts, err = xdsOptions(o, s.log, s.loadOpts); err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -224,6 +225,35 @@ func TestValidateBackendAlgorithms(t *testing.T) {
 		}
 	}
 }
+
+// validate --backend=memcache refuses a penalty box, which memcached
+// cannot decide atomically, at its line; the other backends load it.
+func TestValidateBackendPenalty(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n    penalty: {after: 3, within: 1h, block: 5m}\n"
+	writeTestFile(t, filepath.Join(dir, "d.yaml"), cfg)
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"validate", dir}, 0},
+		{[]string{"validate", "--backend=redis", dir}, 0},
+		{[]string{"validate", "--backend=memcache", dir}, 1},
+	} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), c.args, env(), &out, &errb)
+		if code != c.code {
+			t.Errorf("%v: exit %d, want %d\n%s%s", c.args, code, c.code, out.String(), errb.String())
+		}
+		if c.code == 1 && !strings.Contains(out.String(), `d.yaml:5: descriptor "d.k": penalty is not supported by the memcache backend`) {
+			t.Errorf("%v: output lacks the refusal:\n%s", c.args, out.String())
+		}
+	}
+}
+
+// The memcache Store says it decides no penalty box, which serve passes
+// to the config loader (service.PenaltyBoxer).
+var _ service.PenaltyBoxer = (*memcache.Store)(nil)
 
 // configMapDir lays out files as the kubelet mounts a ConfigMap volume:
 // ..<timestamp>/ holding the files, ..data -> ..<timestamp>, and a

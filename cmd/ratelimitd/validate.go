@@ -117,6 +117,7 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 	case "", "memory", "redis":
 	case "memcache", "memcached":
 		lo.Algorithms, lo.Backend = memcache.SupportedAlgorithms(), "memcache"
+		lo.NoPenalty = true // memcache.Store.PenaltyBoxes
 	default:
 		fmt.Fprintf(stderr, "ratelimitd validate: --backend=%q: want one of memory, redis, memcache\n", *backend)
 		return 2

@@ -118,6 +118,12 @@ type Hit struct {
 	// charged when denied and is rolled back with its denied request, as
 	// a denied request sends no release (see Kept).
 	Charge bool
+	// Penalty is the rule's penalty box (the zero value: none). A hit
+	// with one is first denied by a block in force, and its denials are
+	// counted toward a block (see Apply). Soft hits and releases ignore
+	// it. A store keeps a penalized hit's denial count and block when its
+	// request is denied (KeepPenalty), as it keeps Kept hits.
+	Penalty Penalty
 }
 
 // Kept reports whether a store keeps h's effect when its request is
@@ -153,4 +159,7 @@ type Decision struct {
 	// rest of the request with it, confirmed by the backend. false for
 	// every other decision.
 	FromCache bool
+	// Penalty says whether the hit's penalty box started a block with
+	// this denial or denied it by a block in force (Hit.Penalty).
+	Penalty PenaltyOutcome
 }

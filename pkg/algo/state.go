@@ -34,11 +34,18 @@ type State struct {
 	// Log holds ascending µs timestamps: one per admitted unit of cost
 	// (SlidingLog) or per live lease (Concurrency); nil for other kinds.
 	Log []int64
+	// Denials is the count of a penalty box's denials (Hit.Penalty) in
+	// the window that ends at DenialsEnd (µs); both 0 when none is open.
+	Denials, DenialsEnd int64
+	// BlockEnd is the end (µs) of the penalty box's block; a block is in
+	// force while it is after now.
+	BlockEnd int64
 }
 
 // ExpiresAt returns the instant from which s is equivalent to the zero
 // State for l (the counter reset, the bucket is full, the log is empty), so
-// a store may drop the key; the zero time.Time when s is already empty.
+// a store may drop the key (a penalty box's count and block included); the
+// zero time.Time when s is already empty.
 func ExpiresAt(l Limit, s State) time.Time {
 	us := ExpiresAtUs(l, s)
 	if us == 0 {
@@ -50,6 +57,11 @@ func ExpiresAt(l Limit, s State) time.Time {
 // ExpiresAtUs is ExpiresAt in microseconds since the epoch; 0 means
 // already empty.
 func ExpiresAtUs(l Limit, s State) int64 {
+	return max(limitExpiresAtUs(l, s), penaltyExpiresUs(s))
+}
+
+// limitExpiresAtUs is ExpiresAtUs of the limit's fields of s only.
+func limitExpiresAtUs(l Limit, s State) int64 {
 	switch l.Kind {
 	case FixedWindow:
 		if s.Count == 0 {

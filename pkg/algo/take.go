@@ -79,15 +79,34 @@ func Release(l Limit, prev State, now time.Time, n int64) (State, Decision) {
 }
 
 // Apply is Release, Charge or Take as h.Release and h.Charge say, on
-// h.Limit and h.Cost.
+// h.Limit and h.Cost, within h's penalty box when it has one (a take that
+// is not Soft): while a block is in force the hit is denied without
+// deciding the limit, with RetryAfter, ResetAfter and WindowAfter the time
+// until the block's end and Remaining 0 (with Penalty.Extend the block
+// restarts at now); otherwise a denial of the limit is counted in a window
+// of Penalty.Within opened by the first denial counted, and the
+// Penalty.After-th starts a block of Penalty.Block from now, its decision
+// the same as a blocked hit's (Decision.Penalty says which).
 func Apply(prev State, h Hit, now time.Time) (State, Decision) {
+	if h.penalized() {
+		s, d, o := applyPenalty(prev, h, now.UnixMicro())
+		out := d.out()
+		out.Penalty = o
+		return s, out
+	}
+	var s State
+	var d Decision
 	switch {
 	case h.Release:
-		return Release(h.Limit, prev, now, h.Cost)
+		s, d = Release(h.Limit, prev, now, h.Cost)
 	case h.Charge:
-		return Charge(h.Limit, prev, now, h.Cost)
+		s, d = Charge(h.Limit, prev, now, h.Cost)
+	default:
+		s, d = Take(h.Limit, prev, now, h.Cost)
 	}
-	return Take(h.Limit, prev, now, h.Cost)
+	// a hit outside its penalty box (Soft, a release) leaves the box as
+	// it is
+	return KeepPenalty(s, prev), d
 }
 
 // op is what decide does: take (all_or_nothing), charge (always_charge)

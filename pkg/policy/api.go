@@ -199,6 +199,9 @@ type Rule struct {
 	CGNAT *CGNAT
 	// Reserve is the descriptor's `reserve:` option, nil when absent.
 	Reserve *Reserve
+	// Penalty is the descriptor's `penalty:` option, the penalty box of
+	// each of its limits (the zero algo.Penalty when absent).
+	Penalty algo.Penalty
 	// Base is the config rule that this rule is a variant of, nil for a
 	// config rule. Match returns a variant for a request that cgnat or
 	// reserve decide against other limits: it shares everything with
@@ -322,6 +325,10 @@ type LoadOptions struct {
 	Algorithms []algo.Kind
 	// Backend names the backend in that message ("memcache").
 	Backend string
+	// NoPenalty: the backend cannot decide a penalty box atomically (a
+	// Store's service.PenaltyBoxer says so); a `penalty:` is refused at
+	// its line, naming Backend, like an unsupported algorithm.
+	NoPenalty bool
 	// Durable says which limits may have `store: durable` (Spec.Store).
 	// Its zero value refuses every one of them at its line: no durable
 	// store is configured.

@@ -110,7 +110,7 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 			d.override = fc.override
 		}
 	}
-	s := &Set{keys: opts.Keys, domains: make(map[string]*domainTree, len(order)), algorithms: opts.Algorithms, backend: opts.Backend, durable: opts.Durable}
+	s := &Set{keys: opts.Keys, domains: make(map[string]*domainTree, len(order)), algorithms: opts.Algorithms, backend: opts.Backend, durable: opts.Durable, noPenalty: opts.NoPenalty}
 	for _, name := range order {
 		src := byDomain[name]
 		dt := &domainTree{name: name, override: src.override}
@@ -229,6 +229,12 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 		}
 	}
 	r.CGNAT, r.Reserve = n.cgnat, n.reserve
+	if n.penalty != nil {
+		r.Penalty = n.penalty.p
+		if s.noPenalty {
+			errs.add(n.file, n.penalty.line, "descriptor %q: penalty is not supported by the %s backend (it cannot count denials and block in one atomic step); use the memory or redis backend", r.Path, s.backend)
+		}
+	}
 	if n.detailed {
 		r.needsPath = true
 	}

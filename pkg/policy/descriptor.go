@@ -63,6 +63,9 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 	if n.cgnat != nil && f.rlLine == 0 && f.rlsLine == 0 {
 		p.errs.add(p.file, n.cgnat.Line, "cgnat applies to the limits of its descriptor, which has no rate_limit or rate_limits")
 	}
+	if n.penalty != nil && f.rlLine == 0 && f.rlsLine == 0 {
+		p.errs.add(p.file, n.penalty.line, "penalty applies to the limits of its descriptor, which has no rate_limit or rate_limits")
+	}
 	if n.reserve != nil && f.rlLine == 0 && f.rlsLine == 0 {
 		p.errs.add(p.file, n.reserve.Line, "reserve applies to the limits of its descriptor, which has no rate_limit or rate_limits")
 	}
@@ -111,6 +114,8 @@ func (p *parser) descriptorField(n *node, f *descFields, k string, kn, v *yaml.N
 		n.cgnat = p.cgnat(kn, v)
 	case "reserve":
 		n.reserve = p.reserve(kn, v)
+	case "penalty":
+		n.penalty = p.penalty(kn, v)
 	case "rate_limit":
 		f.rlLine = kn.Line
 		if isNull(v) {

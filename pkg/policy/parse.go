@@ -55,6 +55,7 @@ type node struct {
 	ipv6Prefix    int             // ipv6_prefix: (0: off)
 	cgnat         *CGNAT          // cgnat:, nil when absent
 	reserve       *Reserve        // reserve:, nil when absent
+	penalty       *penaltyOption  // penalty:, nil when absent
 	// seg is the node's stat key segment: "key" or "key_value".
 	seg string
 }

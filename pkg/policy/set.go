@@ -19,12 +19,13 @@ type Set struct {
 	// sourceHash is the hex SHA-256 of the loaded files' paths and bytes
 	// (and the load options); see SourceHash.
 	sourceHash string
-	// algorithms and backend are LoadOptions.Algorithms and Backend
-	// (checked while compiling).
+	// algorithms, backend and noPenalty are LoadOptions.Algorithms,
+	// Backend and NoPenalty (checked while compiling).
 	algorithms []algo.Kind
 	backend    string
 	// durable is LoadOptions.Durable.
-	durable DurableOptions
+	durable   DurableOptions
+	noPenalty bool
 }
 
 func sortedKeys[V any](m map[string]V) []string {

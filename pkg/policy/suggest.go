@@ -37,7 +37,7 @@ var (
 // Keys valid at each level, for edit-distance suggestions.
 var (
 	topKeys      = []string{"domain", "descriptors", "plans", "override"}
-	descKeys     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "override", "counting", "ipv6_prefix", "cgnat", "reserve"}
+	descKeys     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "override", "counting", "ipv6_prefix", "cgnat", "reserve", "penalty"}
 	cgnatKeys    = []string{"multiplier", "ranges"}
 	reserveKeys  = []string{"entry", "value", "share", "saturated_share"}
 	limitKeys    = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier", "failure_mode", "calendar", "early_warning", "store", "consistency"}

@@ -243,6 +243,7 @@ func (s *Service) respond(sn *snapshot, req *rlsv3.RateLimitRequest, ds []descSt
 	}
 	s.observeDecisions(sn, domain, ds, decs, outs)
 	s.observeEarlyWarnings(domain, ds, hits, decs, outs, denied)
+	s.observePenalties(domain, ds, hits, decs, outs)
 	s.observeRefunds(domain, ds, outs)
 	s.observeAddressPolicies(domain, ds, hits, decs, outs)
 	if s.dlog != nil {
@@ -269,7 +270,7 @@ func (s *Service) charges(r *policy.Rule) bool {
 // hit is the hit of limit k of descriptor st's rule: its backend key and
 // limit, the descriptor's cost, and how the store must count it.
 func (s *Service) hit(set *policy.Set, st *descState, k int, charge bool) algo.Hit {
-	return algo.Hit{
+	h := algo.Hit{
 		Key:     set.Key(st.match, k),
 		Limit:   st.match.Rule.Limits[k].Limit,
 		Cost:    st.cost,
@@ -281,6 +282,11 @@ func (s *Service) hit(set *policy.Set, st *descState, k int, charge bool) algo.H
 		// must not roll the request back for them.
 		Soft: st.shadow || st.quota || s.opts.ShadowMode,
 	}
+	if !h.Soft {
+		// a Soft hit never counts denials or blocks (algo.Hit.Penalty)
+		h.Penalty = st.match.Rule.Penalty
+	}
+	return h
 }
 
 // overLimit is the overall code of a denied request: OVER_LIMIT, or OK

@@ -42,6 +42,8 @@ type metrics struct {
 	requests        *prometheus.CounterVec   // domain, code
 	decisions       *prometheus.CounterVec   // domain, rule, result
 	earlyWarnings   *prometheus.CounterVec   // domain, rule
+	penalties       *prometheus.CounterVec   // domain, rule
+	penaltyDenied   *prometheus.CounterVec   // domain, rule
 	requestDuration prometheus.Histogram     // seconds
 	backendDuration *prometheus.HistogramVec // store
 	backendErrors   *prometheus.CounterVec   // cause
@@ -76,6 +78,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		requests:              r.counterVec("ratelimitd_requests_total", "ShouldRateLimit calls (gRPC and /json) by domain and final code (ok, over_limit, invalid_argument, unavailable). Unknown domains are labelled _unknown.", "domain", "code"),
 		decisions:             r.counterVec("ratelimitd_decisions_total", "Descriptor decisions with a counted limit, by domain, rule (config stat key) and result (ok, near_limit, over_limit, shadow, failed_open, failed_closed).", "domain", "rule", "result"),
 		earlyWarnings:         r.counterVec("ratelimitd_early_warning_total", "Keys whose usage of a limit crossed its early_warning share (default half of requests_per_unit) within the first part of the window (default a fifth), by domain and rule (config stat key); fixed and sliding windows.", "domain", "rule"),
+		penalties:             r.counterVec("ratelimitd_penalties_total", "Penalty boxes started: a key denied penalty.after times within penalty.within, now blocked for penalty.block, by domain and rule (config stat key).", "domain", "rule"),
+		penaltyDenied:         r.counterVec("ratelimitd_penalty_denied_total", "Hits denied by a penalty box's block in force (without deciding the limit), by domain and rule (config stat key).", "domain", "rule"),
 		requestDuration:       r.histogram("ratelimitd_request_duration_seconds", "Time to answer one ShouldRateLimit call, in seconds."),
 		backendDuration:       r.histogramVec("ratelimitd_backend_duration_seconds", "Time of one Store.Take call, in seconds, by store (primary, fallback, durable).", "store"),
 		backendErrors:         r.counterVec("ratelimitd_backend_errors_total", "Store.Take errors by cause (the backend's bounded cause, timeout, canceled, fallback, other).", "cause"),

@@ -61,10 +61,13 @@ func (s *Service) problemBody(ds []descState, decs []algo.Decision, outs []outco
 	shedOnly, shed := len(violated) > 0, false
 	var names []string
 	seen := map[string]bool{}
-	var first applied
-	var firstDesc *descState
+	var first, pen applied
+	var firstDesc, penDesc *descState
 	for i, a := range violated {
 		d := decs[a.hit]
+		if d.Penalty != algo.PenaltyNone && outs[a.hit] != byFailedClosed && penDesc == nil {
+			pen, penDesc = a, &ds[violatedDesc[i]]
+		}
 		exact = max(exact, d.RetryAfter, d.WindowAfter)
 		switch {
 		case outs[a.hit] == byFailedClosed:
@@ -87,6 +90,10 @@ func (s *Service) problemBody(ds []descState, decs []algo.Decision, outs []outco
 			names = append(names, n)
 		}
 	}
+	if penDesc != nil {
+		// the detail says the client is blocked
+		first, firstDesc = pen, penDesc
+	}
 	secs = atLeast1(ceilSeconds(exact + s.jitter()))
 	p := Problem{
 		Type:             s.opts.ProblemTypeBase + ProblemQuotaExceeded,
@@ -106,7 +113,7 @@ func (s *Service) problemBody(ds []descState, decs []algo.Decision, outs []outco
 		p.Type = s.opts.ProblemTypeBase + ProblemTemporaryReducedCapacity
 		p.Title = "Temporary Reduced Capacity"
 	}
-	p.Detail = s.detail(firstDesc, first, closedOnly, secs)
+	p.Detail = s.detail(firstDesc, first, closedOnly, penDesc != nil, secs)
 	body, err := json.Marshal(p)
 	if err != nil {
 		return nil, secs
@@ -115,7 +122,7 @@ func (s *Service) problemBody(ds []descState, decs []algo.Decision, outs []outco
 }
 
 // detail renders the problem "detail" member.
-func (s *Service) detail(st *descState, a applied, closed bool, retry int64) string {
+func (s *Service) detail(st *descState, a applied, closed, blocked bool, retry int64) string {
 	name, quota, win := "", int64(0), int64(0)
 	if st != nil && a.spec != nil {
 		name = policyName(st, a.spec)
@@ -132,6 +139,10 @@ func (s *Service) detail(st *descState, a applied, closed bool, retry int64) str
 	}
 	if closed {
 		return fmt.Sprintf("The rate limit backend is unavailable and policy %q fails closed; retry after %d seconds.", name, retry)
+	}
+	if blocked && st != nil {
+		p := st.match.Rule.Penalty
+		return fmt.Sprintf("Policy %q was exceeded %d times within %s, so this client is blocked for %s; retry after %d seconds.", name, p.After, p.Within, p.Block, retry)
 	}
 	if st != nil && st.match.Rule.Reduced {
 		return fmt.Sprintf("Policy %q keeps its remaining capacity for critical requests; this request may use %d and is shed; retry after %d seconds.", name, quota, retry)

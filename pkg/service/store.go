@@ -129,3 +129,14 @@ type AlgorithmLister interface {
 	// nil or empty list means none.
 	Algorithms() []algo.Kind
 }
+
+// PenaltyBoxer is optionally implemented by a Store that says whether it
+// decides penalty boxes (algo.Hit.Penalty) in the same atomic step as
+// their limit. cmd/ratelimitd passes a false answer to the config loader
+// (policy.LoadOptions.NoPenalty), which then refuses a `penalty:` at its
+// file:line, naming the backend, as it refuses an unsupported algorithm.
+// A Store without it decides them.
+type PenaltyBoxer interface {
+	// PenaltyBoxes reports whether the Store decides penalty boxes.
+	PenaltyBoxes() bool
+}

@@ -17,7 +17,8 @@ import (
 // Otherwise (a check-only hit too can deny) the request is replayed on
 // the states before it with only its Kept hits (releases and
 // always_charge hits, algo.Hit.Kept): those are applied in order and
-// report their replayed decision; the other hits that did not deny
+// report their replayed decision; a hit with a penalty box that denied
+// keeps its denial count and block (algo.KeepPenalty); the other hits that did not deny
 // report a check (algo.Take with cost 0) on their key's replayed state at
 // their place in the request, and the hits that denied keep their
 // decision. The returned slice has one decision per hit.
@@ -27,6 +28,7 @@ import (
 func Reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []algo.Decision {
 	tent := make(map[string]algo.State, len(hits))
 	out := make([]algo.Decision, len(hits))
+	after := make([]algo.State, len(hits)) // each hit's state after it
 	denied := false
 	for i, h := range hits {
 		st, ok := tent[h.Key]
@@ -35,6 +37,7 @@ func Reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []a
 		}
 		ns, d := algo.Apply(st, h, now)
 		tent[h.Key] = ns
+		after[i] = ns
 		out[i] = d
 		denied = denied || !d.Allowed && !h.Soft
 	}
@@ -54,6 +57,8 @@ func Reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []a
 		case h.Kept():
 			st, out[i] = algo.Apply(st, h, now)
 			tent[h.Key] = st
+		case !out[i].Allowed && h.Penalty.On():
+			tent[h.Key] = algo.KeepPenalty(st, after[i])
 		case out[i].Allowed:
 			_, out[i] = algo.Take(h.Limit, st, now, 0)
 		}

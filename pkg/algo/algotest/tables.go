@@ -170,6 +170,7 @@ func Tables() []Table {
 		alwaysChargeMultiHit(),
 	}
 	ts = append(ts, fractional()...)
+	ts = append(ts, penaltyTables()...)
 	return ts
 }
 

@@ -113,6 +113,12 @@ func SupportedAlgorithms() []algo.Kind { return []algo.Kind{algo.FixedWindow} }
 // loader refuses rules of other algorithms when this store is the backend.
 func (s *Store) Algorithms() []algo.Kind { return SupportedAlgorithms() }
 
+// PenaltyBoxes is false (service.PenaltyBoxer): memcached cannot count a
+// denial and start a block in the step that decides the limit (one incr
+// per key, no script), so the config loader refuses `penalty:` on this
+// backend.
+func (s *Store) PenaltyBoxes() bool { return false }
+
 // RefundFailures is the number of refunds (DECR of a denied or failed
 // request's increments) that failed since the Store was created
 // (ratelimitd_backend_refund_errors_total): each leaves those units

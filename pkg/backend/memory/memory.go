@@ -349,7 +349,8 @@ type call struct {
 // always_charge hits, algo.Hit.Kept) are committed, replayed in order on
 // the states before the request, and every other hit that did not deny
 // reports a check (cost 0) on its key's replayed state (the state before
-// the request when no Kept hit shares its key). When the request needs new keys and the store is full, it drops
+// the request when no Kept hit shares its key); a hit with a penalty box
+// that denied keeps its denial count and block (algo.KeepPenalty). When the request needs new keys and the store is full, it drops
 // expired keys for them or, when none has expired, decides them with the
 // sketches (see the package documentation). It fails only when ctx is done
 // before it starts.
@@ -473,6 +474,7 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 		pending = make(map[string]tent, len(hits))
 	}
 	var single tent
+	var after []algo.State // each penalized hit's state after it
 	denied := false
 	for i, h := range hits {
 		t, ok := pending[h.Key]
@@ -486,6 +488,12 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 		out[i] = d
 		if !d.Allowed && !h.Soft {
 			denied = true
+		}
+		if h.Penalty.On() {
+			if after == nil {
+				after = make([]algo.State, len(hits))
+			}
+			after[i] = ns
 		}
 		t.st, t.limit = ns, h.Limit
 		if pending != nil {
@@ -508,6 +516,14 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 			case refused != nil && refused[i]:
 			case h.Kept():
 				t.st, out[i] = algo.Apply(t.st, h, now)
+				t.limit = h.Limit
+				if kept == nil {
+					kept = make(map[string]tent, len(hits))
+				}
+				kept[h.Key] = t
+			case !out[i].Allowed && h.Penalty.On():
+				// the denial count and block of a penalized hit are kept
+				t.st = algo.KeepPenalty(t.st, after[i])
 				t.limit = h.Limit
 				if kept == nil {
 					kept = make(map[string]tent, len(hits))

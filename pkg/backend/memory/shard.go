@@ -39,6 +39,10 @@ const longKey = math.MaxUint16
 // hasLog in entry.flags: the entry's algo.State.Log is in shard.logs.
 const hasLog = 1
 
+// hasPenalty in entry.flags: the entry's penalty box fields (algo.State
+// Denials, DenialsEnd, BlockEnd) are in shard.pens.
+const hasPenalty = 2
+
 // entry is one stored key. For a free entry, key holds the next free
 // entry id + 1 (0: none).
 type entry struct {
@@ -46,7 +50,7 @@ type entry struct {
 	key               uint32 // slot of the key bytes in pools[keyClass(klen)]
 	pos               uint32 // index of the key's item in heap
 	klen              uint16 // key length in bytes, or longKey
-	flags             uint8  // hasLog
+	flags             uint8  // hasLog, hasPenalty
 }
 
 // item is the expiry of one key in the heap: exp is algo.ExpiresAtUs of the
@@ -72,9 +76,10 @@ type shard struct {
 	ents  []entry
 	freeE uint32 // first free entry id + 1 (0: none)
 	pools []keyPool
-	long  map[uint32]string  // keys longer than maxPooledKey, by entry id
-	logs  map[uint32][]int64 // algo.State.Log, by entry id
-	heap  []item             // min-heap on exp: heap[0] expires first
+	long  map[uint32]string   // keys longer than maxPooledKey, by entry id
+	logs  map[uint32][]int64  // algo.State.Log, by entry id
+	pens  map[uint32][3]int64 // algo.State Denials, DenialsEnd, BlockEnd, by entry id
+	heap  []item              // min-heap on exp: heap[0] expires first
 	// top is heap[0].exp, or math.MaxInt64 when the shard is empty. It is
 	// written under mu and read without it (makeRoom).
 	top atomic.Int64
@@ -136,6 +141,10 @@ func (sh *shard) state(id uint32) algo.State {
 	if e.flags&hasLog != 0 {
 		st.Log = sh.logs[id]
 	}
+	if e.flags&hasPenalty != 0 {
+		p := sh.pens[id]
+		st.Denials, st.DenialsEnd, st.BlockEnd = p[0], p[1], p[2]
+	}
 	return st
 }
 
@@ -155,6 +164,17 @@ func (sh *shard) setState(id uint32, st algo.State) {
 	case e.flags&hasLog != 0:
 		delete(sh.logs, id)
 		e.flags &^= hasLog
+	}
+	switch {
+	case st.Denials != 0 || st.DenialsEnd != 0 || st.BlockEnd != 0:
+		if sh.pens == nil {
+			sh.pens = make(map[uint32][3]int64)
+		}
+		sh.pens[id] = [3]int64{st.Denials, st.DenialsEnd, st.BlockEnd}
+		e.flags |= hasPenalty
+	case e.flags&hasPenalty != 0:
+		delete(sh.pens, id)
+		e.flags &^= hasPenalty
 	}
 }
 
@@ -234,6 +254,9 @@ func (sh *shard) remove(id uint32) {
 	}
 	if e.flags&hasLog != 0 {
 		delete(sh.logs, id)
+	}
+	if e.flags&hasPenalty != 0 {
+		delete(sh.pens, id)
 	}
 	*e = entry{key: sh.freeE}
 	sh.freeE = id + 1

@@ -275,9 +275,10 @@ func (c *Cache) Misses() uint64 {
 // are; a release is never denied; an always_charge hit must reach the
 // backend to be charged, except on a fixed window, whose denial holds
 // until the window ends however much more is charged (envoyproxy/ratelimit
-// does not increment a key its local cache holds either).
+// does not increment a key its local cache holds either). A hit with a
+// penalty box never is: the backend counts its denials toward a block.
 func Cacheable(h algo.Hit) bool {
-	if h.Limit.Kind == algo.Concurrency || h.Release {
+	if h.Limit.Kind == algo.Concurrency || h.Release || h.Penalty.On() {
 		return false
 	}
 	return !h.Charge || h.Limit.Kind == algo.FixedWindow

@@ -69,7 +69,8 @@ var agreeCase atomic.Int64
 // pkg/algo, step by step, for every algorithm, including multi-hit
 // requests with repeated keys, checks, costs above capacity, releases
 // (refunds) on every algorithm, always_charge hits (per key, and mixed
-// with all_or_nothing hits on one key) and the clock going backwards.
+// with all_or_nothing hits on one key), penalty boxes and the clock going
+// backwards.
 func TestAgreement(t *testing.T) {
 	srv := redistest.Standalone(t)
 	clk := newPinnedClock(epoch0)
@@ -100,13 +101,13 @@ func TestAgreementCluster(t *testing.T) {
 // TestAgreementWindowKeys is TestAgreement with Options.WindowKeys (the
 // clock never goes back: see windowTables): with epoch-aligned windows
 // only, every request is one window.lua segment; with calendar windows
-// too, a request mixing both is decided as slot groups, so the
-// exclusions of TestAgreementCluster apply.
+// or penalty boxes too, a request mixing both is decided as slot groups,
+// so the exclusions of TestAgreementCluster apply.
 func TestAgreementWindowKeys(t *testing.T) {
 	srv := redistest.Standalone(t)
 	clk := newPinnedClock(epoch0)
 	s := windowStore(t, srv, clk.Now)
-	t.Run("aligned", func(t *testing.T) { agree(t, s, clk, agreeOpts{noBack: true, noCalendar: true}) })
+	t.Run("aligned", func(t *testing.T) { agree(t, s, clk, agreeOpts{noBack: true, noCalendar: true, noPenalty: true}) })
 	t.Run("mixed", func(t *testing.T) { agree(t, s, clk, agreeOpts{compensated: true}) })
 }
 
@@ -130,8 +131,10 @@ func TestAgreementClusterWindowKeys(t *testing.T) {
 // agreeOpts narrow what agree draws: compensated leaves out releases,
 // always_charge flips within a key and backward clock steps (see
 // TestAgreementCluster); noBack backward clock steps only (window keys
-// count in the window the clock names); noCalendar calendar windows.
-type agreeOpts struct{ compensated, noBack, noCalendar bool }
+// count in the window the clock names); noCalendar calendar windows;
+// noPenalty penalty boxes (with window keys, take.lua decides a hit with
+// one, so a request holding one is decided as slot groups).
+type agreeOpts struct{ compensated, noBack, noCalendar, noPenalty bool }
 
 // agree runs the agreement property on s, as narrowed by o.
 func agree(t *testing.T, s *redis.Store, clk *pinnedClock, o agreeOpts) {
@@ -156,6 +159,19 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, o agreeOpts) {
 					}
 				}
 				charged := map[string]bool{ka: rapid.IntRange(0, 2).Draw(rt, "charge_a") == 0, kb: rapid.IntRange(0, 2).Draw(rt, "charge_b") == 0}
+				// a penalty box on each key one time in two
+				boxes := map[string]algo.Penalty{}
+				for k, l := range limits {
+					if !o.noPenalty && rapid.IntRange(0, 1).Draw(rt, "penalty?") == 0 {
+						sp := stepSpan(l)
+						boxes[k] = algo.Penalty{
+							After:  rapid.Int64Range(1, 3).Draw(rt, "after"),
+							Within: time.Duration(rapid.Int64Range(1, int64(2*sp/time.Microsecond)).Draw(rt, "within_us")) * time.Microsecond,
+							Block:  time.Duration(rapid.Int64Range(1, int64(sp/time.Microsecond)).Draw(rt, "block_us")) * time.Microsecond,
+							Extend: rapid.Bool().Draw(rt, "extend"),
+						}
+					}
+				}
 				var names []string
 				for k := range limits {
 					names = append(names, k)
@@ -182,6 +198,7 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, o agreeOpts) {
 					for i := range hits {
 						hits[i] = drawHit(rt, names, limits)
 						hits[i].Charge = charged[hits[i].Key]
+						hits[i].Penalty = boxes[hits[i].Key]
 						if !compensated {
 							if rapid.IntRange(0, 5).Draw(rt, "flip_charge?") == 0 {
 								hits[i].Charge = !hits[i].Charge

@@ -47,11 +47,11 @@ var argNativeRelease any = nativeReleaseLua
 
 // nativeHit reports whether h is decided natively (Options.NativeCounting
 // on): a fixed-window take or release under always_charge with
-// rate < 2^53. A rate of 0 or less is decided in Go with no command (see
+// rate < 2^53, without a penalty box (take.lua decides those). A rate of 0 or less is decided in Go with no command (see
 // zeroRate).
 func nativeHit(h *algo.Hit) bool {
 	l := &h.Limit
-	return h.Charge && l.Kind == algo.FixedWindow && l.Rate < algo.MaxExact
+	return h.Charge && l.Kind == algo.FixedWindow && l.Rate < algo.MaxExact && !h.Penalty.On()
 }
 
 // zeroRate is the decision on a fixed window that admits nothing (rate

@@ -203,7 +203,7 @@ func isSimple(sg *segment) bool {
 	}
 	const big = algo.MaxExact
 	p := l.Period.Microseconds()
-	return !h.Release && !h.Charge && l.Calendar == algo.CalendarNone &&
+	return !h.Release && !h.Charge && !h.Penalty.On() && l.Calendar == algo.CalendarNone &&
 		l.Rate >= 1 && l.Rate < big && p >= 1 && p < big && l.Burst > -big && l.Burst < big &&
 		sg.nowUS < big
 }
@@ -234,9 +234,15 @@ func (a *segArgs) init(sg *segment) {
 		return
 	}
 	a.keys, a.ints = a.keyBuf[:0], a.intBuf[:0]
-	if n > len(a.keyBuf) {
-		a.keys = make([]string, 0, n)
-		a.ints = make([]int64, 0, 2+fieldsPerHit*n)
+	boxes := 0 // hits with a penalty box: one more key, 3 more fields
+	for i := range sg.hits {
+		if sg.hits[i].Penalty.On() {
+			boxes++
+		}
+	}
+	if n+boxes > len(a.keyBuf) {
+		a.keys = make([]string, 0, n+boxes)
+		a.ints = make([]int64, 0, 2+fieldsPerHit*n+3*boxes)
 	}
 	a.simple = isSimple(sg)
 	a.ints = append(a.ints, sg.nowUS, int64(n))
@@ -247,7 +253,7 @@ func (a *segArgs) init(sg *segment) {
 	for i := range sg.hits {
 		h := &sg.hits[i]
 		l := &h.Limit
-		flags := int64(0) // take.lua: 1 release, 2 soft, 4 charge
+		flags := int64(0) // take.lua: 1 release, 2 soft, 4 charge, 8 penalty, 16 extend
 		if h.Release {
 			flags |= 1
 		}
@@ -257,12 +263,22 @@ func (a *segArgs) init(sg *segment) {
 		if h.Charge {
 			flags |= 4
 		}
+		if p := h.Penalty; p.On() {
+			flags |= 8
+			if p.Extend {
+				flags |= 16
+			}
+		}
 		a.keys = append(a.keys, h.Key)
 		// The cost is clamped like algo.Take clamps it (the script rejects
 		// a segment with a cost above 2^53): the same decision as in memory.
 		a.ints = append(a.ints,
 			int64(l.Kind), l.Rate, l.Period.Microseconds(), l.Burst,
 			int64(l.Calendar), max(l.Multiplier, 1), algo.ClampCost(h.Cost), flags)
+		if p := h.Penalty; p.On() {
+			a.keys = append(a.keys, penaltyKey(h.Key))
+			a.ints = append(a.ints, p.After, max(p.Within.Microseconds(), 1), max(p.Block.Microseconds(), 1))
+		}
 	}
 }
 
@@ -414,6 +430,7 @@ func parseSegment(r string, out []algo.Decision) (nowUS int64, rest string, err 
 		}
 		out[i] = algo.Decision{
 			Allowed:     v[0] == 1,
+			Penalty:     penaltyOutcome(v[0]),
 			Remaining:   v[1],
 			RetryAfter:  algo.MicrosDuration(v[2]),
 			ResetAfter:  algo.MicrosDuration(v[3]),
@@ -431,4 +448,16 @@ func truncate(s string) string {
 		return s[:200] + "…"
 	}
 	return s
+}
+
+// penaltyOutcome is the penalty box's part of a reply's allowed field (2
+// started, 3 blocked; take/10_args.lua).
+func penaltyOutcome(a int64) algo.PenaltyOutcome {
+	switch a {
+	case 2:
+		return algo.PenaltyStarted
+	case 3:
+		return algo.PenaltyBlocked
+	}
+	return algo.PenaltyNone
 }

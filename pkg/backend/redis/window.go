@@ -45,13 +45,14 @@ var errStaleWindow = errors.New("redis: window of the keys is not the server's")
 // windowKind reports whether h is counted under a window key when
 // Options.WindowKeys is on: a fixed_window limit without a calendar,
 // 1 <= rate < 2^53, 1 <= period < 2^53 µs, on a key that can carry a
-// window suffix in the same hash slot (windowKey). The answer depends on
+// window suffix in the same hash slot (windowKey), without a penalty box
+// (take.lua decides those). The answer depends on
 // the limit and the key only, so every request counts a given limit the
 // same way.
 func windowKind(h *algo.Hit) bool {
 	l := &h.Limit
 	p := l.Period.Microseconds()
-	return l.Kind == algo.FixedWindow && l.Calendar == algo.CalendarNone &&
+	return l.Kind == algo.FixedWindow && l.Calendar == algo.CalendarNone && !h.Penalty.On() &&
 		l.Rate >= 1 && l.Rate < algo.MaxExact && p >= 1 && p < algo.MaxExact &&
 		windowKeyable(h.Key)
 }

@@ -23,14 +23,21 @@
 --          kind, rate, period_us, burst, calendar, multiplier, cost, flags
 --          (a sum of 1 = release: return cost units, algo.Release; 2 =
 --          soft: a denial does not deny the request; 4 = charge: the
---          always_charge counting policy, algo.Charge). cost is at most
+--          always_charge counting policy, algo.Charge; 8 = penalty: the
+--          hit has a penalty box, algo.Hit.Penalty, and 3 more fields
+--          follow: after, within_us, block_us; 16 = extend, with 8:
+--          algo.Penalty.Extend). A hit with a penalty box has a second
+--          key right after its own in KEYS: its box's key (see
+--          45_penalty.lua), in the same hash slot. cost is at most
 --          2^53 (algo.MaxCost, above every limit's capacity: always
 --          denied). A release or charge hit is kept when its segment is
 --          denied (algo.Hit.Kept; see algotest.Reference).
 --
 -- Reply: one bulk string, one line per segment, lines joined by "\n":
---   "<now_us> then per hit: <allowed 0/1> <remaining> <retry_us>
+--   "<now_us> then per hit: <allowed> <remaining> <retry_us>
 --    <reset_us> <window_us>" (integers separated by one space), or
+--   allowed is 1 allowed, 0 denied, 2 denied and a penalty block started
+--   (algo.PenaltyStarted), 3 denied by a block (algo.PenaltyBlocked);
 --   "!<error>" when that segment failed (nothing of it was written; see
 --          Errors). Durations are integer microseconds.
 --
@@ -96,8 +103,10 @@ local KEYS = KEYS
 
 local BIG = 9007199254740992 -- 2^53
 
--- FLAGS maps a hit's flags field to its number (1 release, 2 soft, 4 charge).
-local FLAGS = { ['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7 }
+-- FLAGS maps a hit's flags field to its number (1 release, 2 soft, 4
+-- charge, 8 penalty, 16 extend).
+local FLAGS = {}
+for f = 0, 31 do FLAGS[format('%d', f)] = f end
 
 -- Parse and validate every segment before anything runs. Functions below
 -- are defined once per invocation, and only for the kinds it uses.
@@ -167,12 +176,30 @@ do
           hits[i] = {
             key = key, kind = kind, rate = rate, period = period, burst = burst, cal = cal, mult = mult,
             -- charge does not apply to concurrency (algo.Hit.Kept)
-            cost = cost, idx = i, release = fl % 2 == 1, soft = fl % 4 >= 2, charge = fl >= 4 and kind ~= 4,
+            cost = cost, idx = i, release = fl % 2 == 1, soft = fl % 4 >= 2, charge = fl % 8 >= 4 and kind ~= 4,
           }
         end
       end
       a = a + NF
       k = k + 1
+      if FLAGS[flags] and FLAGS[flags] % 16 >= 8 then
+        -- the penalty box: 3 fields and the box's key
+        local after, within, block, pkey = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), KEYS[k]
+        if pkey == nil or ARGV[a + 2] == nil then return bad('keys of segment ' .. s) end
+        if not problem then
+          if not int(after, 1, BIG - 1) then problem = 'after of hit ' .. i
+          elseif not int(within, 1, BIG - 1) then problem = 'within of hit ' .. i
+          elseif not int(block, 1, BIG - 1) then problem = 'block of hit ' .. i
+          else
+            local h = hits[i]
+            h.pkey, h.after, h.within, h.block, h.extend = pkey, after, within, block, FLAGS[flags] >= 16
+            -- algo.Hit.penalized: soft hits and releases ignore the box
+            h.pen = not h.soft and not h.release
+          end
+        end
+        a = a + 3
+        k = k + 1
+      end
     end
     if problem then
       -- nothing of this segment is read, written or defined for
@@ -190,6 +217,11 @@ do
         else
           nskeys = nskeys + 1
           skeys[nskeys] = h.key
+        end
+        if h.pkey then
+          fast = false
+          nskeys = nskeys + 1
+          skeys[nskeys] = h.pkey
         end
       end
       if fast and nh > 1 then

@@ -43,9 +43,11 @@ local function now_text()
 end
 
 -- hit_text is a hit's part of a reply line: 5 integers.
+-- allowed is a boolean, or a penalty box's reply code (2 started, 3
+-- blocked).
 local function hit_text(allowed, rem, retry, reset, window)
   local a = 0
-  if allowed then a = 1 end
+  if allowed == true then a = 1 elseif allowed then a = allowed end
   return format('%d %d %d %d %d', a, max(rem, 0), retry, max(reset, 0), max(window, 0))
 end
 
@@ -53,7 +55,7 @@ end
 local function reply(decisions)
   local out = { now_text() }
   for i, d in ipairs(decisions) do
-    out[i + 1] = hit_text(d.allowed, d.rem, d.retry, d.reset, d.window)
+    out[i + 1] = hit_text(d.pen or d.allowed, d.rem, d.retry, d.reset, d.window)
   end
   return concat(out, ' ')
 end
@@ -112,10 +114,33 @@ local function segment(seg)
 
   if seg.mode == 'r' then return refund(seg, hits, states, first) end
 
-  -- step applies hit h to states (and its new log members to members).
-  local function step(h, states, members)
+  -- boxes: penalty box key -> box (45_penalty.lua), of the hits with one
+  local boxes, pinitial, pfirst = {}, {}, {}
+  for _, h in ipairs(hits) do
+    if h.pen and not boxes[h.pkey] then
+      local ps = pload(h)
+      boxes[h.pkey], pinitial[h.pkey] = ps, ps
+      pfirst[#pfirst + 1] = h
+    end
+  end
+
+  -- step applies hit h to states (and its new log members to members),
+  -- within its penalty box in boxes.
+  local function step(h, states, members, boxes)
     local st = states[h.key]
-    local ns, d = apply(h, st, h.cost)
+    local ns, d
+    if h.pen then
+      local np
+      d, np = penalize(h, boxes[h.pkey], function()
+        local d1
+        ns, d1 = apply(h, st, h.cost)
+        return d1
+      end)
+      boxes[h.pkey] = np
+      ns = ns or st
+    else
+      ns, d = apply(h, st, h.cost)
+    end
     if (h.kind == 2 or h.kind == 4) and ns ~= st and #ns.added > #st.added then
       local ms = members[h.key]
       for j = 1, #ns.added - #st.added do
@@ -127,29 +152,37 @@ local function segment(seg)
   end
 
   local decisions = {}
+  local after = {} -- each penalized hit's box after it
   local denied = seg.mode == 'd' -- denied by another segment of its request
   for i, h in ipairs(hits) do
-    local d = step(h, states, members)
+    local d = step(h, states, members, boxes)
     if not d.allowed and not h.soft then denied = true end
     decisions[i] = d
+    if h.pen then after[i] = boxes[h.pkey] end
   end
 
   if denied then
     -- Replay on the states before the request with only the kept hits
     -- (release, charge): they are written; the other hits that did not
     -- deny report a check at their place (algotest.Reference).
+    -- A penalized hit that denied keeps its box (algo.KeepPenalty).
     local kept = false
-    states, members = {}, {}
+    states, members, boxes = {}, {}, {}
     for key, st in pairs(initial) do
       states[key] = st
       members[key] = {}
     end
+    for key, ps in pairs(pinitial) do boxes[key] = ps end
     for i, h in ipairs(hits) do
       if h.release or h.charge then
-        decisions[i] = step(h, states, members)
+        decisions[i] = step(h, states, members, boxes)
         kept = true
       elseif decisions[i].allowed then
         decisions[i] = check(h, states[h.key])
+      elseif h.pen then
+        local ps = after[i]
+        boxes[h.pkey] = { d = ps.d, de = ps.de, be = ps.be, dirty = true }
+        kept = true
       end
     end
     if not kept then return reply(decisions) end
@@ -169,6 +202,10 @@ local function segment(seg)
         K[h.kind].save(h, st)
       end
     end
+  end
+  for _, h in ipairs(pfirst) do
+    local ps = boxes[h.pkey]
+    if ps.dirty then psave(h, ps) end
   end
   return line
 end
