@@ -171,15 +171,18 @@ func (s *server) newService() error {
 // newRLQS builds the Rate Limit Quota Service on the store: usage is
 // charged to the same counters as ShouldRateLimit's, and the demand of the
 // Envoys' streams is shared among replicas through the store (Redis); on
-// memory one process is the whole fleet, and memcached cannot share it, so
-// each replica divides the limits among its own streams (logged).
+// memory one process is the whole fleet. memcached cannot share the
+// demand, and replicas each dividing the whole remainder would over-admit
+// by an unstated amount, so RLQS is not served there (logged): Envoy then
+// applies its no-assignment behaviour.
 func (s *server) newRLQS() error {
 	ro := rlqsOptions(s.opts, s.tracing.Store(s.store))
 	ro.Registerer, ro.Logger = s.reg, s.log
 	if d, ok := s.store.(rlqs.Demand); ok {
 		ro.Demand = d
 	} else if s.opts.Backend == "memcache" {
-		s.log.Warn("rlqs: the memcached backend cannot share the Envoys' demand among replicas: each replica divides every limit among its own RLQS streams; run one replica for RLQS, or use Redis")
+		s.log.Warn("rlqs: not served on the memcached backend: it cannot share the Envoys' demand among replicas, so several replicas would over-admit; use Redis, or memory with one replica")
+		return nil
 	}
 	var err error
 	s.rlqs, err = rlqs.New(ro)

@@ -10,9 +10,12 @@ import (
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 )
@@ -41,6 +44,29 @@ descriptors:
   - key: local
     rate_limit: {unit: hour, requests_per_unit: 2, failure_mode: local}
 `
+
+// TestMemcacheNoRLQS: on the memcached backend, which cannot share the
+// Envoys' demand among replicas, RLQS is not served: the stream fails
+// with Unimplemented, so Envoy applies its no-assignment behaviour instead
+// of replicas each handing out the whole remainder.
+func TestMemcacheNoRLQS(t *testing.T) {
+	srv := memcachetest.Start(t)
+	dir := t.TempDir()
+	writeFile(t, dir, "mc.yaml", referenceStyleMemcache)
+	p := start(t, startOpts{args: []string{"--config", dir, "--backend=memcache", "--memcache-addrs", srv.Addr(), "--memcache-timeout=1s"}})
+	cc := p.dial(t)
+	p.waitServing(t, cc, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(cc).StreamRateLimitQuotas(ctx)
+	if err == nil {
+		_ = stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "mc"})
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unimplemented {
+		t.Fatalf("RLQS stream on memcached: %v, want Unimplemented", err)
+	}
+}
 
 // Two replicas on one real memcached share their counters: one set up
 // with envoyproxy/ratelimit's BACKEND_TYPE=memcache MEMCACHE_HOST_PORT, the
