@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,6 +64,20 @@ const cpuRoot = "/sys/fs/cgroup/cpu"
 // newCPUCgroup makes a cgroup limited to quota CPUs, removed when t ends,
 // or returns why none can be made here.
 func newCPUCgroup(t testing.TB, quota float64) (*cpuCgroup, error) {
+	return newCgroup(t, fmt.Sprintf("%.2f CPU", quota), map[string]string{
+		"cpu.cfs_period_us": "100000",
+		"cpu.cfs_quota_us":  strconv.Itoa(int(quota * 100000)),
+	})
+}
+
+// redisShares is the cpu.shares (the v1 controller's largest) of the
+// cgroup Redis runs in when only ratelimitd is to be starved: Redis gets a
+// CPU as soon as it is runnable, as on a host of its own.
+const redisShares = 262144
+
+// newCgroup makes a cgroup of the v1 cpu controller with settings (file:
+// value), removed when t ends, or returns why none can be made here.
+func newCgroup(t testing.TB, what string, settings map[string]string) (*cpuCgroup, error) {
 	if _, err := os.Stat(filepath.Join(cpuRoot, "cpu.cfs_quota_us")); err != nil {
 		return nil, fmt.Errorf("no cgroup v1 cpu controller: %w", err)
 	}
@@ -73,7 +88,7 @@ func newCPUCgroup(t testing.TB, quota float64) (*cpuCgroup, error) {
 	g := &cpuCgroup{dir: dir}
 	t.Cleanup(func() {
 		if b, err := os.ReadFile(filepath.Join(dir, "cpu.stat")); err == nil {
-			t.Logf("cgroup %.2f CPU: %s", quota, strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", ", "))
+			t.Logf("cgroup %s: %s", what, strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", ", "))
 		}
 		// Move what is left back to the root, then remove the group.
 		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err == nil {
@@ -83,13 +98,28 @@ func newCPUCgroup(t testing.TB, quota float64) (*cpuCgroup, error) {
 		}
 		_ = os.Remove(dir)
 	})
-	if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte("100000"), 0); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.Itoa(int(quota*100000))), 0); err != nil {
-		return nil, err
+	for _, f := range slices.Sorted(maps.Keys(settings)) {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(settings[f]), 0); err != nil {
+			return nil, err
+		}
 	}
 	return g, nil
+}
+
+// runDelay is how long process pid's main thread has waited for a CPU
+// while runnable (the second field of /proc/pid/schedstat); 0 when it
+// cannot be read.
+func runDelay(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/schedstat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	ns, _ := strconv.ParseInt(f[1], 10, 64)
+	return time.Duration(ns)
 }
 
 // add moves process pid (every thread) into the cgroup.
@@ -244,6 +274,7 @@ const recoveryAfterBound = 5
 // again (only the health probe can find it back) and resume
 // recoveryBound after the PING answer. Either way they go on until each
 // rule has recoveryAfterBound calls sent recoveryBound or more after it.
+// Redis is moved into redisIn at every start.
 func recoveryTrial(t *testing.T, f *fleet, srv *redistest.Server, idle bool, redisIn *cpuCgroup) (time.Duration, []answer, string) {
 	t.Helper()
 	p := f.startPeriodic()
@@ -262,6 +293,7 @@ func recoveryTrial(t *testing.T, f *fleet, srv *redistest.Server, idle bool, red
 		}
 	}
 	pinged := pingAgain(t, srv)
+	waited := runDelay(srv.Pid())
 	if idle {
 		time.Sleep(time.Until(pinged.Add(recoveryBound)))
 		p = f.startPeriodic()
@@ -284,7 +316,8 @@ func recoveryTrial(t *testing.T, f *fleet, srv *redistest.Server, idle bool, red
 	if n := p.sentSince(pinged.Add(recoveryBound)); n < recoveryAfterBound {
 		t.Fatalf("only %d calls per rule answered within %v of being sent %v after Redis answered PING", n, stateWithin, recoveryBound)
 	}
-	return first, late, timelineOf(got, pinged)
+	waited = runDelay(srv.Pid()) - waited
+	return first, late, fmt.Sprintf("%s\nredis waited %v for a CPU from its PING answer to the end of the trial", timelineOf(got, pinged), waited.Round(time.Millisecond))
 }
 
 // timelineOf renders answers as runs of "offset:rule=outcome" from t0.
@@ -336,7 +369,12 @@ func warmRule(f *fleet, rule string) {
 // test process cannot stretch it), and no call sent 1 s or more after
 // that PING answer is answered by its failure mode (a call whose deadline
 // the starved host missed is a DEADLINE_EXCEEDED, not a failure mode).
-// One case runs Redis with an append-only file.
+// One case runs Redis with an append-only file. Outside the "with_redis"
+// cases Redis runs in a cgroup of the largest CPU weight, so that only
+// ratelimitd is starved: a Redis that leaves requests unanswered in its
+// socket for a Timeout after it answered PING is stalled, and calls then
+// rightly get their failure modes (the failure message gives how long
+// Redis waited for a CPU).
 func TestRecoveryStarved(t *testing.T) {
 	redistest.Require(t)
 	for _, c := range []struct {
@@ -380,10 +418,17 @@ func TestRecoveryStarved(t *testing.T) {
 				busyLoop(t, g)
 				if c.redis {
 					redisIn = g
-					if err := g.add(srv.Pid()); err != nil {
-						t.Fatalf("moving redis into the cgroup: %v", err)
-					}
 				}
+			}
+			if redisIn == nil {
+				g, err := newCgroup(t, "redis", map[string]string{"cpu.shares": strconv.Itoa(redisShares)})
+				if err != nil {
+					t.Fatalf("a cgroup for redis cannot be made on this host: %v", err)
+				}
+				redisIn = g
+			}
+			if err := redisIn.add(srv.Pid()); err != nil {
+				t.Fatalf("moving redis into its cgroup: %v", err)
 			}
 			for range 2 * runtime.NumCPU() {
 				busyLoop(t, nil)
