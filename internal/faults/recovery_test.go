@@ -2,7 +2,9 @@ package faults
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +15,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
@@ -31,8 +31,8 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 1000000000, failure_mode: closed}
 `
 
-// recoveryBound is how soon after Redis answers PING again calls must be
-// counted again.
+// recoveryBound is how soon after Redis answers PING again ratelimitd
+// must count again (its backend healthy).
 const recoveryBound = time.Second
 
 // recoveryEvery is the period of each rule's calls during a trial.
@@ -64,6 +64,20 @@ const cpuRoot = "/sys/fs/cgroup/cpu"
 // newCPUCgroup makes a cgroup limited to quota CPUs, removed when t ends,
 // or returns why none can be made here.
 func newCPUCgroup(t testing.TB, quota float64) (*cpuCgroup, error) {
+	return newCgroup(t, fmt.Sprintf("%.2f CPU", quota), map[string]string{
+		"cpu.cfs_period_us": "100000",
+		"cpu.cfs_quota_us":  strconv.Itoa(int(quota * 100000)),
+	})
+}
+
+// redisShares is the cpu.shares (the v1 controller's largest) of the
+// cgroup Redis runs in when only ratelimitd is to be starved: Redis gets a
+// CPU as soon as it is runnable, as on a host of its own.
+const redisShares = 262144
+
+// newCgroup makes a cgroup of the v1 cpu controller with settings (file:
+// value), removed when t ends, or returns why none can be made here.
+func newCgroup(t testing.TB, what string, settings map[string]string) (*cpuCgroup, error) {
 	if _, err := os.Stat(filepath.Join(cpuRoot, "cpu.cfs_quota_us")); err != nil {
 		return nil, fmt.Errorf("no cgroup v1 cpu controller: %w", err)
 	}
@@ -74,7 +88,7 @@ func newCPUCgroup(t testing.TB, quota float64) (*cpuCgroup, error) {
 	g := &cpuCgroup{dir: dir}
 	t.Cleanup(func() {
 		if b, err := os.ReadFile(filepath.Join(dir, "cpu.stat")); err == nil {
-			t.Logf("cgroup %.2f CPU: %s", quota, strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", ", "))
+			t.Logf("cgroup %s: %s", what, strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", ", "))
 		}
 		// Move what is left back to the root, then remove the group.
 		if b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err == nil {
@@ -84,13 +98,28 @@ func newCPUCgroup(t testing.TB, quota float64) (*cpuCgroup, error) {
 		}
 		_ = os.Remove(dir)
 	})
-	if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte("100000"), 0); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.Itoa(int(quota*100000))), 0); err != nil {
-		return nil, err
+	for _, f := range slices.Sorted(maps.Keys(settings)) {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(settings[f]), 0); err != nil {
+			return nil, err
+		}
 	}
 	return g, nil
+}
+
+// runDelay is how long process pid's main thread has waited for a CPU
+// while runnable (the second field of /proc/pid/schedstat); 0 when it
+// cannot be read.
+func runDelay(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/schedstat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	ns, _ := strconv.ParseInt(f[1], 10, 64)
+	return time.Duration(ns)
 }
 
 // add moves process pid (every thread) into the cgroup.
@@ -163,6 +192,20 @@ func (f *fleet) startPeriodic() *periodic {
 	return p
 }
 
+// sentSince is, of the rules, the fewest answered calls sent at or after
+// t.
+func (p *periodic) sentSince(t time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := map[string]int{"open": 0, "closed": 0}
+	for _, a := range p.got {
+		if !a.sent.Before(t) {
+			n[a.rule]++
+		}
+	}
+	return min(n["open"], n["closed"])
+}
+
 // stop ends the calls and returns every answer, in the order sent.
 func (p *periodic) stop() []answer {
 	close(p.stopc)
@@ -172,7 +215,9 @@ func (p *periodic) stop() []answer {
 }
 
 // pingAgain polls PING on srv (a new connection each time) every 5 ms
-// until it answers, and returns when it first did.
+// until it answers, and returns when its answer arrived: Redis answered
+// at or before then, so a test process descheduled meanwhile can only make
+// what is measured from it look shorter, never longer.
 func pingAgain(t testing.TB, srv *redistest.Server) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(stateWithin)
@@ -190,14 +235,46 @@ func pingAgain(t testing.TB, srv *redistest.Server) time.Time {
 	}
 }
 
+// healthyLine is the message ratelimitd logs when its backend becomes
+// healthy (decisions are counted again), stamped with its own clock.
+const healthyLine = "backend healthy: decisions are counted"
+
+// healthyAfter is the time of the first line of logs (ratelimitd's JSON
+// log) saying the backend became healthy at or after t; false when none
+// does.
+func healthyAfter(logs string, t time.Time) (time.Time, bool) {
+	for line := range strings.SplitSeq(logs, "\n") {
+		var l struct {
+			Time time.Time `json:"time"`
+			Msg  string    `json:"msg"`
+		}
+		if json.Unmarshal([]byte(line), &l) != nil || l.Msg != healthyLine || l.Time.Before(t) {
+			continue
+		}
+		return l.Time, true
+	}
+	return time.Time{}, false
+}
+
+// recoveryAfterBound is how many calls of each rule sent recoveryBound or
+// more after Redis answered PING a trial waits for (up to stateWithin),
+// so that "no such call gets its failure mode" is never vacuous, however
+// long the test process was descheduled.
+const recoveryAfterBound = 5
+
 // recoveryTrial kills Redis under periodic calls, starts it again after
-// recoveryDown, and returns how long after its first PING answer Redis
-// counted again, and the calls answered by their failure mode that were
-// sent recoveryBound or more after it. Busy: the calls go on throughout,
-// and counted again is the answer to the first call counted. Idle: the
-// calls stop when Redis is started again (only the health probe can find
-// it back), counted again is when ratelimitd's backend health turned
-// SERVING, and the calls resume recoveryBound after the PING answer.
+// recoveryDown, and returns how long after its first PING answer
+// ratelimitd logged that its backend was healthy again (negative: not
+// logged), and the calls answered by their failure mode that were sent
+// recoveryBound or more after that PING answer. Both are what ratelimitd
+// did, not when the test process got to look: the health line carries
+// ratelimitd's own time, the PING answer time can only be late (see
+// pingAgain), and a call's sent time is taken before it is sent. Busy:
+// the calls go on throughout. Idle: the calls stop when Redis is started
+// again (only the health probe can find it back) and resume
+// recoveryBound after the PING answer. Either way they go on until each
+// rule has recoveryAfterBound calls sent recoveryBound or more after it.
+// Redis is moved into redisIn at every start.
 func recoveryTrial(t *testing.T, f *fleet, srv *redistest.Server, idle bool, redisIn *cpuCgroup) (time.Duration, []answer, string) {
 	t.Helper()
 	p := f.startPeriodic()
@@ -208,6 +285,7 @@ func recoveryTrial(t *testing.T, f *fleet, srv *redistest.Server, idle bool, red
 	if idle {
 		got = p.stop()
 	}
+	restarted := time.Now()
 	srv.Start()
 	if redisIn != nil {
 		if err := redisIn.add(srv.Pid()); err != nil {
@@ -215,33 +293,31 @@ func recoveryTrial(t *testing.T, f *fleet, srv *redistest.Server, idle bool, red
 		}
 	}
 	pinged := pingAgain(t, srv)
-	first := time.Duration(-1)
+	waited := runDelay(srv.Pid())
 	if idle {
-		for time.Since(pinged) < stateWithin {
-			if st, err := f.health(0, backendHealth); err == nil && st == healthpb.HealthCheckResponse_SERVING {
-				first = time.Since(pinged)
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
 		time.Sleep(time.Until(pinged.Add(recoveryBound)))
 		p = f.startPeriodic()
 	}
 	time.Sleep(time.Until(pinged.Add(recoveryBound + time.Second)))
+	for deadline := time.Now().Add(stateWithin); p.sentSince(pinged.Add(recoveryBound)) < recoveryAfterBound && time.Now().Before(deadline); {
+		time.Sleep(recoveryEvery)
+	}
 	got = append(got, p.stop()...)
+	first := time.Duration(-1)
+	if at, ok := healthyAfter(f.procs[0].Logs(), restarted); ok {
+		first = max(0, at.Sub(pinged))
+	}
 	var late []answer
 	for _, a := range got {
-		if a.sent.Before(pinged) {
-			continue
-		}
-		if !idle && first < 0 && (a.out == okDecided || (a.out == overLimit && !a.failureMode())) {
-			first = a.back.Sub(pinged)
-		}
 		if a.failureMode() && a.sent.Sub(pinged) >= recoveryBound {
 			late = append(late, a)
 		}
 	}
-	return first, late, timelineOf(got, pinged)
+	if n := p.sentSince(pinged.Add(recoveryBound)); n < recoveryAfterBound {
+		t.Fatalf("only %d calls per rule answered within %v of being sent %v after Redis answered PING", n, stateWithin, recoveryBound)
+	}
+	waited = runDelay(srv.Pid()) - waited
+	return first, late, fmt.Sprintf("%s\nredis waited %v for a CPU from its PING answer to the end of the trial", timelineOf(got, pinged), waited.Round(time.Millisecond))
 }
 
 // timelineOf renders answers as runs of "offset:rule=outcome" from t0.
@@ -288,10 +364,17 @@ func warmRule(f *fleet, rule string) {
 // limited to 0.2 CPU that a busy neighbour saturates (the test fails
 // where no cgroup can be made). Busy cases call throughout; idle ones
 // stop calling when Redis is started again and resume 1 s after it
-// answered. Each time, within 1 s of Redis answering PING it counts again
-// (busy: a call is counted; idle: ratelimitd's backend health is
-// SERVING), and no call sent 1 s or more after it is answered by its
-// failure mode. One case runs Redis with an append-only file.
+// answered. Each time, within 1 s of Redis answering PING ratelimitd logs
+// that its backend is healthy (the line's own time, so that a descheduled
+// test process cannot stretch it), and no call sent 1 s or more after
+// that PING answer is answered by its failure mode (a call whose deadline
+// the starved host missed is a DEADLINE_EXCEEDED, not a failure mode).
+// One case runs Redis with an append-only file. Outside the "with_redis"
+// cases Redis runs in a cgroup of the largest CPU weight, so that only
+// ratelimitd is starved: a Redis that leaves requests unanswered in its
+// socket for a Timeout after it answered PING is stalled, and calls then
+// rightly get their failure modes (the failure message gives how long
+// Redis waited for a CPU).
 func TestRecoveryStarved(t *testing.T) {
 	redistest.Require(t)
 	for _, c := range []struct {
@@ -335,10 +418,17 @@ func TestRecoveryStarved(t *testing.T) {
 				busyLoop(t, g)
 				if c.redis {
 					redisIn = g
-					if err := g.add(srv.Pid()); err != nil {
-						t.Fatalf("moving redis into the cgroup: %v", err)
-					}
 				}
+			}
+			if redisIn == nil {
+				g, err := newCgroup(t, "redis", map[string]string{"cpu.shares": strconv.Itoa(redisShares)})
+				if err != nil {
+					t.Fatalf("a cgroup for redis cannot be made on this host: %v", err)
+				}
+				redisIn = g
+			}
+			if err := redisIn.add(srv.Pid()); err != nil {
+				t.Fatalf("moving redis into its cgroup: %v", err)
 			}
 			for range 2 * runtime.NumCPU() {
 				busyLoop(t, nil)
@@ -348,11 +438,11 @@ func TestRecoveryStarved(t *testing.T) {
 				first, late, tl := recoveryTrial(t, f, srv, c.idle, redisIn)
 				took = append(took, first)
 				if first < 0 || first > recoveryBound || len(late) > 0 {
-					t.Errorf("trial %d: counted again %v after Redis answered PING (want within %v); %d calls sent %v or more after it answered by their failure mode\ncalls: %s\nbackend errors: %v\n%s",
+					t.Errorf("trial %d: backend healthy again %v after Redis answered PING by ratelimitd's log (want within %v; negative: not logged); %d calls sent %v or more after it answered by their failure mode\ncalls: %s\nbackend errors: %v\n%s",
 						trial, first, recoveryBound, len(late), recoveryBound, tl, f.backendErrors(), f.logs(20))
 				}
 			}
-			t.Logf("%s: counted again after Redis answered PING, %d trials: %v", c.name, len(took), took)
+			t.Logf("%s: backend healthy again after Redis answered PING, %d trials: %v", c.name, len(took), took)
 		})
 	}
 }

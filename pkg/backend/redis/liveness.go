@@ -25,9 +25,13 @@ import (
 // batcher asks about its own master (see Store), so a frozen master
 // never makes the others look stalled.
 type liveness struct {
-	skip  map[string]bool  // addresses not to track (sentinels)
-	now   func() time.Time // time.Now; tests pass a clock they advance
-	epoch time.Time        // origin of the readConns' stamps
+	skip map[string]bool // addresses not to track (sentinels)
+	// timeout is Options.Timeout: a socket closed before its request had
+	// waited this long leaves no evidence (see readConn.Close); 0 keeps
+	// every closed socket's evidence.
+	timeout time.Duration
+	now     func() time.Time // time.Now; tests pass a clock they advance
+	epoch   time.Time        // origin of the readConns' stamps
 	// unanswered keeps a stall's evidence past its socket: when a socket
 	// is closed with a request pending and nothing unread (go-redis drops
 	// a connection whose command timed out), the request's stamp (ns
@@ -182,12 +186,17 @@ func (c *readConn) Read(p []byte) (int, error) {
 }
 
 // Close forgets the socket and closes it; a request still pending with
-// nothing unread is kept as evidence (liveness.unanswered).
+// nothing unread, that has waited at least liveness.timeout, is kept as
+// evidence (liveness.unanswered). One that waited less was given up by
+// ratelimitd (go-redis drops a connection whose caller's deadline passed:
+// on a starved host, moments after the request was written), not left
+// unanswered by Redis, whose reply then goes unread with the socket: kept,
+// it would stay a stall until a byte arrived on another socket.
 func (c *readConn) Close() error {
 	c.l.mu.Lock()
 	delete(c.l.conns, c)
 	c.l.mu.Unlock()
-	if p := c.pendingSince.Load(); p != 0 {
+	if p := c.pendingSince.Load(); p != 0 && c.l.clock()-p >= int64(c.l.timeout) {
 		if n, ok := c.unread(); ok && n == 0 {
 			keepEarliest(&c.l.unanswered, p)
 			keepEarliest(&c.node.unanswered, p)

@@ -132,3 +132,34 @@ func manualLiveness() (*liveness, func(time.Duration)) {
 	l.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	return l, func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
 }
+
+// TestLivenessCloseBeforeTimeoutIsNoEvidence: a socket closed with its
+// request pending for less than the timeout (go-redis dropping it when
+// its caller's deadline passed, moments after a starved ratelimitd wrote
+// the request) leaves no stall behind, however long nothing arrives
+// afterwards; one closed after its request waited the timeout does.
+func TestLivenessCloseBeforeTimeoutIsNoEvidence(t *testing.T) {
+	const timeout = 20 * time.Millisecond
+	l, wait := manualLiveness()
+	l.timeout = timeout
+	for _, c := range []struct {
+		waited  time.Duration
+		stalled bool
+	}{{timeout - 1, false}, {time.Millisecond, false}, {timeout, true}} {
+		c0, _ := tcpPair(t)
+		conn := l.wrap("redis:6379", c0)
+		if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		wait(c.waited)
+		if err := conn.Close(); err != nil {
+			t.Fatal(err)
+		}
+		wait(10 * timeout)
+		if _, ok := l.stalledAt("redis:6379", timeout); ok != c.stalled {
+			t.Errorf("closed %v after its request was written, then nothing for %v: stalled %v, want %v", c.waited, 10*timeout, ok, c.stalled)
+		}
+		l.unanswered.Store(0)
+		l.nodes["redis:6379"].unanswered.Store(0)
+	}
+}

@@ -134,6 +134,7 @@ type Store struct {
 func New(opts Options) (*Store, error) {
 	var mw *masterWatch
 	live := newLiveness(opts.Addrs, opts.Mode == Sentinel)
+	live.timeout = opts.Timeout
 	hooks := dialHooks{wrap: live.wrap}
 	if opts.Mode == Sentinel {
 		mw = newMasterWatch(opts.Addrs)
