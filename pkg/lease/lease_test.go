@@ -255,6 +255,50 @@ func TestNeverOverLimitCluster(t *testing.T) {
 	})
 }
 
+// sentinelStores starts a Sentinel deployment (a master, a replica, 3
+// sentinels) and returns it with one Store per instance, as separate
+// processes have, and a Store spreading lease operations over them.
+func sentinelStores(t *testing.T) (*redistest.SentinelGroup, Store) {
+	redistest.Require(t)
+	g := redistest.Sentinel(t)
+	o := redis.DefaultOptions()
+	o.Mode, o.URL, o.Addrs, o.MasterName = redis.Sentinel, "", g.SentinelAddrs(), redistest.MasterName
+	sts := []*redis.Store{redisStore(t, o), redisStore(t, o), redisStore(t, o)}
+	var n atomic.Int64
+	return g, storeFunc(func(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
+		return sts[int(n.Add(1))%3].Lease(ctx, req)
+	})
+}
+
+// TestNeverOverLimitSentinel: leases through Sentinel, the master
+// restarted (empty, before the sentinels call it down) while the
+// instances hold units.
+func TestNeverOverLimitSentinel(t *testing.T) {
+	g, st := sentinelStores(t)
+	overLimit(t, st, func() { g.Master().Restart() })
+}
+
+// TestNeverOverLimitSentinelFailover: leases through Sentinel, the master
+// killed while the instances hold units and its replica promoted. A
+// failover loses the charges the replica had not received, but only of
+// the window the master died in: the sentinels promote the replica no
+// sooner than DownAfter, longer than the window, so that window is over
+// before the new master grants anything, and no window admits more than
+// the limit.
+func TestNeverOverLimitSentinelFailover(t *testing.T) {
+	// overLimit's window is 500 ms and the master dies 50 ms into one.
+	if redistest.DownAfter < 450*time.Millisecond {
+		t.Fatalf("DownAfter %v: the new master may grant in the old master's last window", redistest.DownAfter)
+	}
+	g, st := sentinelStores(t)
+	overLimit(t, st, func() {
+		old := g.KillMaster()
+		start := time.Now()
+		nm := g.WaitFailover(old, 30*time.Second)
+		t.Logf("failover to %s after %v", nm.Addr(), time.Since(start))
+	})
+}
+
 type storeFunc func(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error)
 
 func (f storeFunc) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
