@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -19,10 +21,22 @@ type Local struct {
 	state algo.State
 }
 
+// ErrCostOverBurst is returned by Local.Take (and so by Pacer.Wait) for a
+// cost larger than the bucket's capacity, which would never be admitted.
+var ErrCostOverBurst = errors.New("client: cost exceeds the bucket's capacity")
+
 // NewLocal returns a token bucket that admits rate units per period with
-// the given burst, each scaled by 1-margin (rounded down, at least 1), so
-// that the caller stays that far under the upstream's published limit.
+// the given burst (0 means rate), each scaled by 1-margin (rounded down,
+// at least 1), so that the caller stays that far under the upstream's
+// published limit. It panics unless rate >= 1, period > 0, burst >= 0 and
+// 0 <= margin < 1: a limiter that admits everything or nothing is a bug.
 func NewLocal(rate int64, period time.Duration, burst int64, margin float64) *Local {
+	if rate < 1 || period <= 0 || burst < 0 || !(margin >= 0 && margin < 1) {
+		panic(fmt.Sprintf("client: NewLocal(%d, %v, %d, %v): want rate >= 1, period > 0, burst >= 0, 0 <= margin < 1", rate, period, burst, margin))
+	}
+	if burst == 0 {
+		burst = rate
+	}
 	l := &Local{}
 	l.set(rate, period, burst, margin)
 	return l
@@ -34,10 +48,14 @@ func (l *Local) set(rate int64, period time.Duration, burst int64, margin float6
 	l.limit = algo.Limit{Kind: algo.TokenBucket, Rate: scale(rate), Period: max(period, time.Microsecond), Burst: scale(max(burst, 1))}
 }
 
-// Take implements Limiter.
+// Take implements Limiter. A cost above the bucket's capacity is refused
+// with ErrCostOverBurst rather than waited for forever.
 func (l *Local) Take(_ context.Context, now time.Time, cost int64) (bool, time.Duration, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if cost > l.limit.Burst {
+		return false, 0, fmt.Errorf("%w: cost %d, capacity %d", ErrCostOverBurst, cost, l.limit.Burst)
+	}
 	st, d := algo.Take(l.limit, l.state, now, algo.ClampCost(cost))
 	l.state = st
 	return d.Allowed, d.RetryAfter, nil

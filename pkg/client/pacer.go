@@ -22,6 +22,9 @@ import (
 // ErrQueueFull is returned by Wait when MaxQueue callers are already waiting.
 var ErrQueueFull = errors.New("client: pacing queue is full")
 
+// ErrNegativeCost is returned by Wait for a cost below 0.
+var ErrNegativeCost = errors.New("client: negative cost")
+
 // Limiter decides whether a call of cost units may go now.
 type Limiter interface {
 	// Take asks for cost units at now. It reports ok, or how long to wait
@@ -85,8 +88,13 @@ func New(opt Options) *Pacer {
 
 // Wait blocks until a call of cost units may go, and counts it in flight
 // until Done or Observe. It returns ctx's error if ctx ends first,
-// ErrQueueFull when the queue is full, or the Limiter's error.
+// ErrQueueFull when the queue is full, ErrNegativeCost, or the Limiter's
+// error (ErrCostOverBurst for a cost a Local bucket can never admit); the
+// callers queued behind then go on.
 func (p *Pacer) Wait(ctx context.Context, cost int64) error {
+	if cost < 0 {
+		return ErrNegativeCost
+	}
 	me := make(chan struct{}, 1)
 	p.mu.Lock()
 	if len(p.queue) >= p.opt.MaxQueue {

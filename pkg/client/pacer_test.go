@@ -237,3 +237,36 @@ func TestQueueBoundAndCancel(t *testing.T) {
 		}
 	})
 }
+
+// TestBadInput: a cost above the bucket's capacity fails at once instead
+// of blocking the queue until its context ends, a negative cost is
+// refused, and nonsensical bucket settings panic.
+func TestBadInput(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := client.New(client.Options{Limiter: client.NewLocal(10, time.Second, 5, 0)})
+		if err := p.Wait(context.Background(), 6); !errors.Is(err, client.ErrCostOverBurst) {
+			t.Errorf("cost 6 on a bucket of 5: %v; want ErrCostOverBurst", err)
+		}
+		if err := p.Wait(context.Background(), -1); !errors.Is(err, client.ErrNegativeCost) {
+			t.Errorf("cost -1: %v; want ErrNegativeCost", err)
+		}
+		start := time.Now()
+		if err := p.Wait(context.Background(), 1); err != nil || time.Since(start) != 0 {
+			t.Errorf("cost 1 after the refusals: %v after %v; want admitted at once", err, time.Since(start))
+		}
+	})
+	for _, c := range []struct {
+		rate, burst int64
+		period      time.Duration
+		margin      float64
+	}{{0, 0, time.Second, 0.1}, {10, 0, 0, 0.1}, {10, -1, time.Second, 0.1}, {10, 0, time.Second, 1.5}, {10, 0, time.Second, -0.1}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("NewLocal(%d, %v, %d, %v) did not panic", c.rate, c.period, c.burst, c.margin)
+				}
+			}()
+			client.NewLocal(c.rate, c.period, c.burst, c.margin)
+		}()
+	}
+}

@@ -96,9 +96,12 @@ func equalKinds(a, b []StoreKind) bool {
 // the fast store; without a durable store it is refused.
 func TestQuotasExample(t *testing.T) {
 	const dir = "../../examples/quotas"
-	set, _, err := Load(LoadOptions{Durable: DurableOptions{Enabled: true, Algorithms: []algo.Kind{algo.FixedWindow, algo.SlidingWindow}}}, dir)
+	set, warns, err := Load(LoadOptions{Durable: DurableOptions{Enabled: true, Algorithms: []algo.Kind{algo.FixedWindow, algo.SlidingWindow}}}, dir)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(warns) != 0 { // the worked example must pass validate --strict
+		t.Errorf("warnings: %v", warns)
 	}
 	durable := 0
 	for _, r := range set.Rules() {
