@@ -191,6 +191,11 @@ type slotConn struct {
 	timer *time.Timer
 	// live is exec's reusable buffer.
 	live []*scriptCall
+	// inv and invs are groupScript's invocation when a flush sends all
+	// its calls in one (the usual case), reused so that it allocates
+	// neither; cleared when the flush returns.
+	inv  invocation
+	invs [1]*invocation
 }
 
 // slotCtx is a context.Context whose Deadline is set per flush (see
@@ -805,7 +810,7 @@ type invocation struct {
 func (b *batcher) exec(slot int, batch []*scriptCall) {
 	sc := b.slots[slot]
 	live := sc.live[:0]
-	defer func() { clear(live); sc.live = live[:0] }()
+	defer func() { clear(live); sc.live = live[:0]; sc.inv, sc.invs[0] = invocation{}, nil }()
 	var deadline, earliest int64
 	now := b.clock()
 	stalled, est, checked := false, false, false
@@ -847,7 +852,7 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 	// (that call's answer is due) or a Timeout (a stall to report).
 	sc.timer.Reset(time.Duration(min(earliest-now, int64(b.timeout))))
 	defer sc.timer.Stop()
-	invs := b.group(ctx, live)
+	invs := b.group(ctx, sc, live)
 	b.pipeline(ctx, on, invs)
 	b.retryNX(ctx, on, invs)
 	defer b.flushed(slot, invs)
@@ -881,8 +886,8 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 
 // group splits calls into invocations: one for all of them, or on Cluster
 // one per hash slot (a script may only touch keys of one slot), keeping
-// the calls' order within each.
-func (b *batcher) group(ctx context.Context, calls []*scriptCall) []*invocation {
+// the calls' order within each. A single script invocation is sc's.
+func (b *batcher) group(ctx context.Context, sc *slotConn, calls []*scriptCall) []*invocation {
 	var nat *invocation
 	if i := slices.IndexFunc(calls, func(c *scriptCall) bool { return c.native != nil }); i >= 0 {
 		nat = &invocation{native: true}
@@ -896,7 +901,7 @@ func (b *batcher) group(ctx context.Context, calls []*scriptCall) []*invocation 
 		}
 		calls = script
 	}
-	invs := b.groupScript(ctx, calls)
+	invs := b.groupScript(ctx, sc, calls)
 	if nat != nil {
 		invs = append(invs, nat)
 	}
@@ -904,7 +909,7 @@ func (b *batcher) group(ctx context.Context, calls []*scriptCall) []*invocation 
 }
 
 // groupScript is group for script calls.
-func (b *batcher) groupScript(ctx context.Context, calls []*scriptCall) []*invocation {
+func (b *batcher) groupScript(ctx context.Context, sc *slotConn, calls []*scriptCall) []*invocation {
 	if len(calls) == 0 {
 		return nil
 	}
@@ -916,7 +921,9 @@ func (b *batcher) groupScript(ctx context.Context, calls []*scriptCall) []*invoc
 		}
 	}
 	if !b.cluster && !split {
-		return []*invocation{{calls: calls, cmd: argsCmd(ctx, true, segmentsOf(calls))}}
+		sc.inv = invocation{calls: calls, cmd: argsCmd(ctx, true, segmentsOf(calls))}
+		sc.invs[0] = &sc.inv
+		return sc.invs[:]
 	}
 	// One invocation per hash slot (Cluster) and script (window.lua or
 	// the others).

@@ -179,8 +179,9 @@ type segArgs struct {
 	keyBuf [1]string
 	intBuf [2 + fieldsPerHit]int64
 
-	// win is set for a window segment (segment.window).
-	win *winArgs
+	// win is set for a window segment (segment.window): &winBuf.
+	win    *winArgs
+	winBuf winArgs
 	// lean is set for a lean segment (segment.lean).
 	lean *leanArgs
 }

@@ -77,13 +77,14 @@ const windowKeyVersion = ":v2:"
 // windowKey is the key of key's counter in the window starting at ws
 // (µs): "<key>:v2:<ws>" when key has a hash tag, else "{<key>}:v2:<ws>";
 // both hash to Slot(key).
+// The key is built in a stack buffer when it fits, so that the string is
+// its only allocation.
 func windowKey(key string, ws int64) string {
-	var b []byte
+	var buf [128]byte
+	b := buf[:0]
 	if i := strings.IndexByte(key, '{'); i >= 0 && strings.IndexByte(key[i+1:], '}') > 0 {
-		b = make([]byte, 0, len(key)+len(windowKeyVersion)+17)
 		b = append(b, key...)
 	} else {
-		b = make([]byte, 0, len(key)+len(windowKeyVersion)+19)
 		b = append(b, '{')
 		b = append(b, key...)
 		b = append(b, '}')
@@ -99,6 +100,7 @@ type winArgs struct {
 	// 4 charge), cost
 	rate, period, ws, flags, cost []int64
 	at                            int64 // the instant (µs) the keys' windows contain
+	ttl                           int64 // the first hit's TTL (ms), sent by argsWindowDirect
 }
 
 // Window hit code bits above the flags (see window.lua): the next hit
@@ -117,6 +119,9 @@ const (
 // the window's count.
 const windowTTLSlack = 1000 // ms
 
+// windowTTL is the TTL (ms) of a window key of a period of p µs.
+func windowTTL(p int64) int64 { return (p+999)/1000 + windowTTLSlack }
+
 // argTrust marks a window segment that counts in the windows its keys
 // name without the server's TIME (segArgs.now; argServerNow: check).
 var argTrust any = "-"
@@ -126,13 +131,20 @@ var argTrust any = "-"
 func (a *segArgs) initWindow(sg *segment) {
 	n := len(sg.hits)
 	at := sg.nowUS
-	w := &winArgs{}
+	// A segment of one hit (a request's usual window segment) keeps its
+	// arguments in a's buffers; larger ones allocate.
+	a.winBuf = winArgs{}
+	w := &a.winBuf
 	if at < 0 {
 		at = sg.estUS
 	}
 	w.at = at
-	w.keys = make([]string, n)
-	ints := make([]int64, 5*n)
+	var ints []int64
+	if n <= len(a.keyBuf) && 5*n <= len(a.intBuf) {
+		w.keys, ints = a.keyBuf[:n], a.intBuf[:5*n]
+	} else {
+		w.keys, ints = make([]string, n), make([]int64, 5*n)
+	}
 	w.rate, w.period, w.ws, w.flags, w.cost = ints[:n], ints[n:2*n], ints[2*n:3*n], ints[3*n:4*n], ints[4*n:]
 	var mode int64
 	switch sg.mode {
@@ -163,6 +175,9 @@ func (a *segArgs) initWindow(sg *segment) {
 		}
 		w.keys[i] = windowKey(h.Key, ws)
 		w.rate[i], w.period[i], w.ws[i], w.flags[i], w.cost[i] = h.Limit.Rate, p, ws, f, algo.ClampCost(h.Cost)
+	}
+	if n > 0 {
+		w.ttl = windowTTL(w.period[0])
 	}
 	a.win = w
 	a.keys = w.keys
@@ -217,7 +232,7 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	for _, sg := range segs {
 		w := sg.win
 		for i := range w.keys {
-			c := windowClass{w.rate[i], w.period[i], w.ws[i], (w.period[i]+999)/1000 + windowTTLSlack}
+			c := windowClass{w.rate[i], w.period[i], w.ws[i], windowTTL(w.period[i])}
 			id := -1
 			for j := len(classes) - 1; j >= 0; j-- {
 				if classes[j] == c {
@@ -285,7 +300,7 @@ func argsWindowDirect(ctx context.Context, sha bool, segs []*segArgs, ones bool)
 		a = append(a, &sg.win.keys[0])
 	}
 	w := segs[0].win
-	a = append(a, &w.rate[0], (w.period[0]+999)/1000+windowTTLSlack)
+	a = append(a, &w.rate[0], &w.ttl)
 	if !ones {
 		for _, sg := range segs {
 			a = append(a, &sg.win.cost[0])
@@ -303,12 +318,15 @@ func argsWindowDirect(ctx context.Context, sha bool, segs []*segArgs, ones bool)
 // computed at.
 func deliverWindow(inv *invocation, err error, stalledFor func(*scriptCall) bool) {
 	var r []any
+	var one [1]any
 	var now int64
 	if err == nil {
 		direct, _ := windowDirect(segmentsOf(inv.calls))
-		switch v := inv.cmd.Val().(type) {
+		val := inv.cmd.Val()
+		switch v := val.(type) {
 		case int64: // the short layouts' answer to one decision
-			r = []any{v}
+			one[0] = val // the reply's own box: no new one
+			r = one[:]
 			if !direct || len(inv.calls) != 1 {
 				err = fmt.Errorf("%w: an integer for %d window segments", errReply, len(inv.calls))
 			}

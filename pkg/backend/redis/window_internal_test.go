@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -156,5 +158,59 @@ func TestWindowClock(t *testing.T) {
 	}
 	if _, _, check := k.now(); !check {
 		t.Fatal("after a slow round trip: no check")
+	}
+}
+
+// TestWindowOneHitAllocs bounds the allocations of the Go side of a
+// request's usual window segment, a take of one hit: copying its
+// arguments allocates the window key's string only, its window.lua
+// command the []any and the Cmd, and decoding the one-decision reply
+// nothing. The command and the decision are checked too, so that the
+// count is of the path a request takes.
+func TestWindowOneHitAllocs(t *testing.T) {
+	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
+	est := time.Date(2026, 3, 1, 10, 20, 0, 0, time.UTC).UnixMicro()
+	ws := est - est%fw.Period.Microseconds()
+	sg := &segment{mode: modeTake, nowUS: -1, estUS: est, window: true,
+		hits: []algo.Hit{{Key: "allocs:user:u1", Limit: fw, Cost: 1}}}
+	c := &scriptCall{done: make(chan struct{}, 1), out: make([]algo.Decision, 1)}
+	segs := []*segArgs{&c.args}
+	ctx := context.Background()
+	inv := &invocation{calls: []*scriptCall{c}}
+	remaining := int64(fw.Rate - 1)
+	reply := any(remaining<<1 | 1) // the script's allowed hit
+	stalled := func(*scriptCall) bool { return false }
+	steps := []struct {
+		name  string
+		bound float64
+		run   func()
+	}{
+		{"init", 1, func() {
+			c.args = segArgs{}
+			c.args.init(sg)
+		}},
+		{"argsCmd", 2, func() { inv.cmd = argsCmd(ctx, true, segs) }},
+		{"deliverWindow", 0, func() {
+			c.state.Store(callPending)
+			inv.cmd.SetVal(reply)
+			deliverWindow(inv, nil, stalled)
+			<-c.done
+		}},
+	}
+	for _, s := range steps {
+		if n := testing.AllocsPerRun(200, s.run); n > s.bound {
+			t.Errorf("%s: %v allocations, want at most %v", s.name, n, s.bound)
+		}
+	}
+	key := "{allocs:user:u1}" + windowKeyVersion + strconv.FormatInt(ws, 10)
+	want := []string{"evalsha", windowScript.Hash(), "1", key,
+		strconv.FormatInt(fw.Rate, 10), strconv.FormatInt(windowTTL(fw.Period.Microseconds()), 10)}
+	if got := cmdArgs(inv.cmd); !slices.Equal(got, want) {
+		t.Errorf("command %q, want %q", got, want)
+	}
+	reset := time.Duration(ws+fw.Period.Microseconds()-est) * time.Microsecond
+	want0 := algo.Decision{Allowed: true, Remaining: remaining, ResetAfter: reset, WindowAfter: reset}
+	if c.err != nil || c.now != est || c.out[0] != want0 {
+		t.Errorf("decision %+v at %d (%v), want %+v at %d", c.out[0], c.now, c.err, want0, est)
 	}
 }
