@@ -46,7 +46,8 @@ const (
 
 // leanKind reports whether h is decided by lean.lua when
 // Options.WindowKeys is on: a sliding_window limit without a calendar or
-// a token_bucket limit, 1 <= rate < 2^53, 1 <= period < 2^53 µs, on a key
+// a token_bucket limit without a penalty box, 1 <= rate < 2^53,
+// 1 <= period < 2^53 µs, on a key
 // that can carry a suffix in the same hash slot (windowKeyable). The
 // answer depends on the limit and the key only, so every request counts a
 // given limit the same way.
@@ -54,6 +55,7 @@ func leanKind(h *algo.Hit) bool {
 	l := &h.Limit
 	p := l.Period.Microseconds()
 	return (l.Kind == algo.SlidingWindow && l.Calendar == algo.CalendarNone || l.Kind == algo.TokenBucket) &&
+		!h.Penalty.On() && // lean.lua has no penalty box: take.lua decides it
 		l.Rate >= 1 && l.Rate < algo.MaxExact && p >= 1 && p < algo.MaxExact &&
 		windowKeyable(h.Key)
 }
