@@ -43,6 +43,18 @@ func supported(tb algotest.Table) bool {
 	return true
 }
 
+// penalised reports whether a step of tb has a penalty box.
+func penalised(tb algotest.Table) bool {
+	for _, st := range tb.Steps {
+		for _, h := range st.Hits {
+			if h.Penalty.On() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // TestConformance runs the conformance tables of the store's kinds
 // (fixed window, sliding window; windows of seconds to years, calendar
 // months and years included) at the tables' instants (SetNow), every
@@ -52,6 +64,9 @@ func TestConformance(t *testing.T) {
 	db := srv.CreateDB(t)
 	var tables []algotest.Table
 	for _, tb := range algotest.Tables() {
+		if penalised(tb) {
+			continue // the durable store has no penalty box: the loader refuses one on its limits
+		}
 		if supported(tb) {
 			tables = append(tables, tb)
 			continue
