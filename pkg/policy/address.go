@@ -167,6 +167,23 @@ func keyedAddress(v string, bits int) string {
 	return p.String()
 }
 
+// canonAddrValue is the canonical text of value v when it is an address
+// or prefix (parseIPValue: IPv4-mapped IPv6 as IPv4, zone dropped, IPv6
+// in RFC 5952 form, a prefix masked), so that every spelling of one
+// address compares and keys alike; any other value is returned as it
+// is. It is idempotent, and a value it keeps never parses as an address,
+// so distinct addresses and non-address values stay distinct.
+func canonAddrValue(v string) string {
+	p, ok := parseIPValue(v)
+	if !ok {
+		return v
+	}
+	if p.Bits() == p.Addr().BitLen() && strings.IndexByte(v, '/') < 0 {
+		return p.Addr().String()
+	}
+	return p.String()
+}
+
 // cidrValue reports whether a config value is meant as a CIDR: it holds a
 // '/' and what precedes it is an IP address.
 func cidrValue(v string) bool {
@@ -488,15 +505,22 @@ func (r *Rule) variant(last string, critical bool) *Rule {
 }
 
 // keyedIdentity rewrites the identity values of the levels with
-// ipv6_prefix to their keyed address; id is copied first when it is the
+// ipv6_prefix to their keyed address, and those of the other address
+// levels (node.canon) to their canonical form; id is copied first when it is the
 // request's entries.
 func (r *Rule) keyedIdentity(id []Entry, copied bool) []Entry {
 	if !copied {
 		id = slices.Clone(id)
 	}
 	for i, n := range r.nodes {
-		if n.ipv6Prefix > 0 && !n.share && i < len(id) {
+		if n.share || i >= len(id) {
+			continue
+		}
+		switch {
+		case n.ipv6Prefix > 0:
 			id[i].Value = keyedAddress(id[i].Value, n.ipv6Prefix)
+		case n.canon:
+			id[i].Value = canonAddrValue(id[i].Value)
 		}
 	}
 	return id

@@ -392,3 +392,111 @@ descriptors:
 		t.Error("ipv6_prefix 48 on the parent: two /48 share a key")
 	}
 }
+
+// edgeConfig is docs/config.md's address-prefix example, with an IPv6
+// exact value written in a non-canonical spelling and a non-address
+// exact value next to them.
+const edgeConfig = `
+domain: edge
+descriptors:
+  - key: remote_address
+    value: 10.0.0.0/8
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: remote_address
+    value: 10.1.0.0/16
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: remote_address
+    value: 10.1.2.3
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: remote_address
+    value: 2001:DB8::0:1
+    rate_limit: {unit: minute, requests_per_unit: 7}
+  - key: remote_address
+    value: Host-A
+    rate_limit: {unit: minute, requests_per_unit: 9}
+  - key: remote_address
+    ipv6_prefix: 64
+    cgnat: {multiplier: 10, ranges: [100.64.0.0/10]}
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: user
+    value: 10.1.2.3
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`
+
+// TestExactAddressAnySpelling: on a key with CIDR values or ipv6_prefix
+// an exact address value matches every spelling of that address
+// (IPv4-mapped IPv6, upper case, zero groups, a zone) and each spelling
+// counts on one key; non-address values and keys without address
+// options stay byte-exact.
+func TestExactAddressAnySpelling(t *testing.T) {
+	s := loadYAML(t, edgeConfig)
+	runMatch(t, s, []matchCase{
+		{"exact", "edge", ents("remote_address", "10.1.2.3"), "min:5", "edge.remote_address_10.1.2.3"},
+		{"mapped exact", "edge", ents("remote_address", "::ffff:10.1.2.3"), "min:5", "edge.remote_address_10.1.2.3"},
+		{"mapped upper-case exact", "edge", ents("remote_address", "::FFFF:10.1.2.3"), "min:5", ""},
+		{"mapped in /16", "edge", ents("remote_address", "::ffff:10.1.2.4"), "min:100", ""},
+		{"IPv6 canonical", "edge", ents("remote_address", "2001:db8::1"), "min:7", ""},
+		{"IPv6 as written", "edge", ents("remote_address", "2001:DB8::0:1"), "min:7", ""},
+		{"IPv6 long form", "edge", ents("remote_address", "2001:0db8:0:0:0:0:0:1"), "min:7", ""},
+		{"IPv6 zone", "edge", ents("remote_address", "2001:db8::1%eth0"), "min:7", ""},
+		{"non-address byte-exact", "edge", ents("remote_address", "Host-A"), "min:9", ""},
+		{"non-address other case", "edge", ents("remote_address", "host-a"), "min:60", ""},
+		{"key without address options: byte-exact", "edge", ents("user", "::ffff:10.1.2.3"), "min:1", ""},
+		{"key without address options: exact", "edge", ents("user", "10.1.2.3"), "min:2", ""},
+	})
+	keyOf := func(v string) string {
+		m, ok := s.Match("edge", ents("remote_address", v))
+		if !ok {
+			t.Fatalf("%s: no match", v)
+		}
+		return s.Key(m, 0)
+	}
+	for _, set := range [][]string{
+		{"10.1.2.3", "::ffff:10.1.2.3", "::FFFF:10.1.2.3"},
+		{"10.1.9.9", "::ffff:10.1.9.9", "::ffff:a01:909"},
+		{"2001:db8::1", "2001:DB8::0:1", "2001:0db8::1%eth0"},
+		{"11.0.0.1", "::ffff:11.0.0.1"},
+	} {
+		want := keyOf(set[0])
+		for _, v := range set[1:] {
+			if got := keyOf(v); got != want {
+				t.Errorf("key of %q = %s, key of %q = %s: one address, two counters", v, got, set[0], want)
+			}
+		}
+	}
+	distinct := map[string]string{}
+	for _, v := range []string{"10.1.2.3", "10.1.2.4", "10.1.9.9", "10.200.0.1", "11.0.0.1", "2001:db8::1", "Host-A", "host-a", "10.1.9.9/32"} {
+		k := keyOf(v)
+		if o, dup := distinct[k]; dup {
+			t.Errorf("%q and %q share key %s", v, o, k)
+		}
+		distinct[k] = v
+	}
+}
+
+// TestExactAddressDuplicateSpelling: two spellings of one address on an
+// address key are one descriptor.
+func TestExactAddressDuplicateSpelling(t *testing.T) {
+	yml := "domain: d\ndescriptors:\n  - key: ip\n    value: 10.0.0.0/8\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: ip\n    value: 10.1.2.3\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: ip\n    value: ::ffff:10.1.2.3\n    rate_limit: {unit: second, requests_per_unit: 2}\n"
+	_, _, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(yml)})
+	if err == nil || !strings.Contains(err.Error(), "t.yaml:9: duplicate descriptor composite key") {
+		t.Fatalf("error %v, want a duplicate at t.yaml:9", err)
+	}
+}
+
+// TestLiteralValuesAddressSpelling: in reference mode an address value
+// is a string: another spelling does not match it.
+func TestLiteralValuesAddressSpelling(t *testing.T) {
+	s, _, err := LoadSources(LoadOptions{LiteralValues: true}, Source{Name: "t.yaml", Data: []byte(edgeConfig)})
+	if err != nil {
+		t.Fatalf("LoadSources: %v", err)
+	}
+	runMatch(t, s, []matchCase{
+		{"exact", "edge", ents("remote_address", "10.1.2.3"), "min:5", ""},
+		{"mapped: default", "edge", ents("remote_address", "::ffff:10.1.2.3"), "min:60", ""},
+		{"IPv6 as written", "edge", ents("remote_address", "2001:DB8::0:1"), "min:7", ""},
+		{"IPv6 canonical: default", "edge", ents("remote_address", "2001:db8::1"), "min:60", ""},
+	})
+}
