@@ -195,6 +195,67 @@ func cidrValue(v string) bool {
 	return err == nil
 }
 
+// prefixLike reports whether config value v, which is not a CIDR value,
+// is still written as one: hex digits, dots and colons, with at least
+// one dot or colon, then '/' and decimal digits (10.00.0.0/8, 10.0.0/8).
+// Such a value is meant as a prefix, so it is refused rather than kept
+// as a string that no address ever equals.
+func prefixLike(v string) bool {
+	i := strings.IndexByte(v, '/')
+	if i <= 0 || i == len(v)-1 || !strings.ContainsAny(v[:i], ".:") {
+		return false
+	}
+	for _, c := range v[:i] {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' || c == '.' || c == ':') {
+			return false
+		}
+	}
+	for _, c := range v[i+1:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// suggestPrefix is the prefix a malformed IPv4 one most likely means:
+// leading zeros dropped from each part and missing trailing parts
+// written as 0 (10.00.0.0/8 and 10.0.0/8 are 10.0.0.0/8), masked; "" when
+// that does not give a valid prefix.
+func suggestPrefix(v string) string {
+	i := strings.IndexByte(v, '/')
+	parts := strings.Split(v[:i], ".")
+	if len(parts) < 2 || len(parts) > 4 {
+		return ""
+	}
+	for j, s := range parts {
+		n, err := strconv.ParseUint(s, 10, 8)
+		if err != nil {
+			return ""
+		}
+		parts[j] = strconv.FormatUint(n, 10)
+	}
+	for len(parts) < 4 {
+		parts = append(parts, "0")
+	}
+	pf, err := netip.ParsePrefix(strings.Join(parts, ".") + v[i:])
+	if err != nil {
+		return ""
+	}
+	return pf.Masked().String()
+}
+
+// prefixTypo reports config value v (at line), written as a prefix but
+// not one (prefixLike), with the prefix it most likely means.
+func (p *parser) prefixTypo(v string, line int) {
+	_, err := netip.ParsePrefix(v)
+	if s := suggestPrefix(v); s != "" {
+		p.errs.add(p.file, line, "value %q is written as a CIDR prefix but is not one (%v); did you mean %q?", v, err, s)
+		return
+	}
+	p.errs.add(p.file, line, "value %q is written as a CIDR prefix but is not one (%v)", v, err)
+}
+
 // cidr parses the CIDR value of node n (written at line), reporting
 // malformed prefixes, set host bits and IPv4-mapped IPv6 prefixes.
 func (p *parser) cidr(n *node, line int) {

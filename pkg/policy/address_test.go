@@ -500,3 +500,37 @@ func TestLiteralValuesAddressSpelling(t *testing.T) {
 		{"IPv6 canonical: default", "edge", ents("remote_address", "2001:db8::1"), "min:60", ""},
 	})
 }
+
+// TestLoadPrefixTypo: a value written as a prefix (hex digits, dots and
+// colons, then /digits) that does not parse is a load error at its line,
+// with the prefix it most likely means; in reference mode it is a
+// string, and values merely containing a '/' are strings.
+func TestLoadPrefixTypo(t *testing.T) {
+	doc := func(v string) string {
+		return "domain: d\ndescriptors:\n  - key: ip\n    value: " + v + "\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+	}
+	for _, c := range []struct{ value, want string }{
+		{"10.00.0.0/8", `t.yaml:4: value "10.00.0.0/8" is written as a CIDR prefix but is not one`},
+		{"10.00.0.0/8", `did you mean "10.0.0.0/8"?`},
+		{"10.0.0/8", `did you mean "10.0.0.0/8"?`},
+		{"192.168.1/24", `did you mean "192.168.1.0/24"?`},
+		{"10.1.2.300/32", `t.yaml:4: value "10.1.2.300/32" is written as a CIDR prefix but is not one`},
+		{"2001:db8:::/32", `t.yaml:4: value "2001:db8:::/32" is written as a CIDR prefix but is not one`},
+	} {
+		_, _, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(doc(c.value))})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want it to contain %q", c.value, err, c.want)
+		}
+		if _, _, err := LoadSources(LoadOptions{LiteralValues: true}, Source{Name: "t.yaml", Data: []byte(doc(c.value))}); err != nil {
+			t.Errorf("%s in reference mode: %v", c.value, err)
+		}
+	}
+	if _, _, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(doc("10.300.0.0/8"))}); err == nil || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("10.300.0.0/8: error %v, want one without a suggestion", err)
+	}
+	for _, v := range []string{"/api/v1", "a/b", "v1.2/3x", "1.2/", "host.example/8x", "cafe/8"} {
+		if _, _, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(doc(v))}); err != nil {
+			t.Errorf("%s: %v, want a plain string value", v, err)
+		}
+	}
+}
