@@ -297,7 +297,7 @@ func (p *parser) ipv6Prefix(v *yaml.Node) int {
 // cgnat parses `cgnat:`: true or null (the defaults), or a mapping of
 // multiplier (at least 2; DefaultCGNATMultiplier when absent) and ranges
 // (a non-empty list of CIDR prefixes; DefaultCGNATRange when absent).
-// false is off (nil).
+// false, and a mapping with a reported problem, give nil.
 func (p *parser) cgnat(kn, v *yaml.Node) *CGNAT {
 	c := &CGNAT{Multiplier: DefaultCGNATMultiplier, Ranges: []netip.Prefix{DefaultCGNATRange}, Line: kn.Line}
 	switch {
@@ -312,6 +312,7 @@ func (p *parser) cgnat(kn, v *yaml.Node) *CGNAT {
 		p.errs.add(p.file, v.Line, "cgnat must be a mapping {multiplier: 10, ranges: [100.64.0.0/10]} or true, got %s", kindName(v))
 		return nil
 	}
+	before := len(p.errs.errs)
 	p.mapping(v, func(k string, kn, v *yaml.Node) {
 		switch k {
 		case "multiplier":
@@ -324,6 +325,11 @@ func (p *parser) cgnat(kn, v *yaml.Node) *CGNAT {
 			p.unknown(kn, k, "cgnat", nil, cgnatKeys)
 		}
 	})
+	if len(p.errs.errs) != before {
+		// Reported: the rule is not compiled with a cgnat that is not
+		// the one written, which would report again in its terms.
+		return nil
+	}
 	return c
 }
 
@@ -383,18 +389,27 @@ func (p *parser) reserve(kn, v *yaml.Node) *Reserve {
 		return nil
 	}
 	r := &Reserve{Line: kn.Line}
+	// ok is false once a field was reported; bad records which ones, so
+	// that a field given but invalid is not reported again as missing.
 	ok, shareSet := true, false
+	bad := map[string]bool{}
 	p.mapping(v, func(k string, kn, v *yaml.Node) {
 		switch k {
-		case "entry":
-			r.Entry, _ = p.str(v, "reserve entry")
-		case "value":
-			r.Value, _ = p.str(v, "reserve value")
+		case "entry", "value":
+			s, good := p.str(v, "reserve "+k)
+			if !good {
+				ok, bad[k] = false, true
+			}
+			if k == "entry" {
+				r.Entry = s
+			} else {
+				r.Value = s
+			}
 		case "share", "saturated_share":
 			f, err := strconv.ParseFloat(v.Value, 64)
 			if v.Kind != yaml.ScalarNode || (v.Tag != "!!float" && v.Tag != "!!int") || err != nil || !(f > 0 && f < 1) {
 				p.errs.add(p.file, v.Line, "reserve %s must be a number between 0 and 1 (exclusive), got %s", k, kindName(v))
-				ok = false
+				ok, bad[k] = false, true
 				return
 			}
 			if k == "share" {
@@ -406,8 +421,18 @@ func (p *parser) reserve(kn, v *yaml.Node) *Reserve {
 			p.unknown(kn, k, "reserve", nil, reserveKeys)
 		}
 	})
-	if r.Entry == "" || r.Value == "" || !shareSet {
-		p.errs.add(p.file, kn.Line, "reserve needs entry, value and share (e.g. {entry: priority, value: critical, share: 0.8})")
+	var missing []string
+	if r.Entry == "" && !bad["entry"] {
+		missing = append(missing, "entry")
+	}
+	if r.Value == "" && !bad["value"] {
+		missing = append(missing, "value")
+	}
+	if !shareSet && !bad["share"] {
+		missing = append(missing, "share")
+	}
+	if len(missing) > 0 {
+		p.errs.add(p.file, kn.Line, "reserve needs entry, value and share (e.g. {entry: priority, value: critical, share: 0.8}; missing: %s)", strings.Join(missing, ", "))
 		return nil
 	}
 	if r.Entry == ReleaseKey {
@@ -470,6 +495,11 @@ func (s *Set) buildVariants(r *Rule, n *node, errs *errList) {
 			}
 		}
 		r.reduced = reducedOf(r, rs.Share)
+		for i, sp := range r.reduced.Limits {
+			if sp.Limit.Rate == 0 {
+				errs.warn(n.file, rs.Line, "reserve share %g of %q's limit of %d gives other requests a limit of 0: only critical requests are ever admitted; raise share to at least %g or the limit", rs.Share, r.Path, r.Limits[i].Limit.Rate, 1/float64(r.Limits[i].Limit.Rate))
+			}
+		}
 		if r.raised != nil {
 			r.raised.reduced = reducedOf(r.raised, rs.Share)
 		}

@@ -534,3 +534,77 @@ func TestLoadPrefixTypo(t *testing.T) {
 		}
 	}
 }
+
+// loadErrs loads yml and returns its error messages, one per line.
+func loadErrs(t *testing.T, yml string) []string {
+	t.Helper()
+	_, _, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(yml)})
+	if err == nil {
+		t.Fatalf("no error loading:\n%s", yml)
+	}
+	return strings.Split(strings.TrimSpace(err.Error()), "\n")
+}
+
+// TestReserveOneError: an invalid reserve field is reported once, not
+// again as missing; fields that are absent are named.
+func TestReserveOneError(t *testing.T) {
+	doc := func(reserve string) string {
+		return "domain: d\ndescriptors:\n  - key: r\n    reserve: " + reserve + "\n    rate_limit: {unit: second, requests_per_unit: 5}\n"
+	}
+	for _, c := range []struct{ reserve, want string }{
+		{"{entry: priority, value: critical, share: 1}", "t.yaml:4: reserve share must be a number between 0 and 1 (exclusive)"},
+		{"{entry: priority, value: critical, share: 0}", "t.yaml:4: reserve share must be a number between 0 and 1 (exclusive)"},
+		{"{entry: priority, value: [a], share: 0.5}", "t.yaml:4: reserve value must be a string"},
+		{"{entry: priority, share: 0.5}", "t.yaml:4: reserve needs entry, value and share (e.g. {entry: priority, value: critical, share: 0.8}; missing: value)"},
+		{"{share: 0.5}", "missing: entry, value)"},
+	} {
+		errs := loadErrs(t, doc(c.reserve))
+		if len(errs) != 1 || !strings.Contains(errs[0], c.want) {
+			t.Errorf("%s: errors %q, want exactly one containing %q", c.reserve, errs, c.want)
+		}
+	}
+	errs := loadErrs(t, doc("{entry: priority, share: 2}"))
+	if len(errs) != 2 || !strings.Contains(errs[0], "reserve share must be") || !strings.Contains(errs[1], "missing: value)") {
+		t.Errorf("errors %q, want the invalid share and the missing value", errs)
+	}
+}
+
+// TestReserveZeroFloorWarning: a share that floors a limit to 0 for
+// non-critical requests is a load warning at the reserve line; a share
+// that leaves at least 1 is not.
+func TestReserveZeroFloorWarning(t *testing.T) {
+	doc := func(share string, rpu int) string {
+		return "domain: d\ndescriptors:\n  - key: r\n    reserve: {entry: priority, value: critical, share: " + share + "}\n    rate_limits:\n      - {unit: second, requests_per_unit: 1000}\n      - {unit: minute, requests_per_unit: " + strconv.Itoa(rpu) + "}\n"
+	}
+	_, warns, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(doc("0.01", 5))})
+	if err != nil {
+		t.Fatalf("LoadSources: %v", err)
+	}
+	if len(warns) != 1 || warns[0].Line != 4 || !strings.Contains(warns[0].Message, "gives other requests a limit of 0") || !strings.Contains(warns[0].Message, "at least 0.2") {
+		t.Errorf("warnings %+v, want one at line 4 about a limit of 0 suggesting share 0.2", warns)
+	}
+	for _, c := range []struct {
+		share string
+		rpu   int
+	}{{"0.2", 5}, {"0.01", 100}, {"0.5", 2}} {
+		_, warns, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(doc(c.share, c.rpu))})
+		if err != nil || len(warns) != 0 {
+			t.Errorf("share %s of %d: warnings %+v, error %v; want none", c.share, c.rpu, warns, err)
+		}
+	}
+}
+
+// TestCGNATOneError: a multiplier out of range is reported once; the
+// overflow check does not run with the default in its place.
+func TestCGNATOneError(t *testing.T) {
+	for _, c := range []struct{ cgnat, want string }{
+		{"{multiplier: 1000000000000}", "t.yaml:4: cgnat multiplier"},
+		{"{multiplier: 1}", "t.yaml:4: cgnat multiplier must be at least 2"},
+		{"{multiplier: 10, ranges: [100.64.0.0/40]}", "t.yaml:4: value \"100.64.0.0/40\" is not a valid CIDR prefix"},
+	} {
+		errs := loadErrs(t, "domain: d\ndescriptors:\n  - key: ip\n    cgnat: "+c.cgnat+"\n    rate_limit: {unit: second, requests_per_unit: 4000000000}\n")
+		if len(errs) != 1 || !strings.Contains(errs[0], c.want) {
+			t.Errorf("%s: errors %q, want exactly one containing %q", c.cgnat, errs, c.want)
+		}
+	}
+}
