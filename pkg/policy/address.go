@@ -205,10 +205,8 @@ func prefixLike(v string) bool {
 	if i <= 0 || i == len(v)-1 || !strings.ContainsAny(v[:i], ".:") {
 		return false
 	}
-	for _, c := range v[:i] {
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' || c == '.' || c == ':') {
-			return false
-		}
+	if strings.Trim(v[:i], "0123456789abcdefABCDEF.:") != "" {
+		return false
 	}
 	for _, c := range v[i+1:] {
 		if c < '0' || c > '9' {
