@@ -178,10 +178,17 @@ func canonAddrValue(v string) string {
 	if !ok {
 		return v
 	}
+	var buf [maxIPValue]byte
+	var b []byte
 	if p.Bits() == p.Addr().BitLen() && strings.IndexByte(v, '/') < 0 {
-		return p.Addr().String()
+		b = p.Addr().AppendTo(buf[:0])
+	} else {
+		b = p.AppendTo(buf[:0])
 	}
-	return p.String()
+	if string(b) == v {
+		return v // already canonical: no allocation
+	}
+	return string(b)
 }
 
 // cidrValue reports whether a config value is meant as a CIDR: it holds a
@@ -595,22 +602,27 @@ func (r *Rule) variant(last string, critical bool) *Rule {
 
 // keyedIdentity rewrites the identity values of the levels with
 // ipv6_prefix to their keyed address, and those of the other address
-// levels (node.canon) to their canonical form; id is copied first when it is the
-// request's entries.
+// levels (node.canon) to their canonical form; id is copied before the
+// first change unless copied (it may be the request's entries).
 func (r *Rule) keyedIdentity(id []Entry, copied bool) []Entry {
-	if !copied {
-		id = slices.Clone(id)
-	}
 	for i, n := range r.nodes {
 		if n.share || i >= len(id) {
 			continue
 		}
+		v := id[i].Value
 		switch {
 		case n.ipv6Prefix > 0:
-			id[i].Value = keyedAddress(id[i].Value, n.ipv6Prefix)
+			v = keyedAddress(v, n.ipv6Prefix)
 		case n.canon:
-			id[i].Value = canonAddrValue(id[i].Value)
+			v = canonAddrValue(v)
 		}
+		if v == id[i].Value {
+			continue
+		}
+		if !copied {
+			id, copied = slices.Clone(id), true
+		}
+		id[i].Value = v
 	}
 	return id
 }

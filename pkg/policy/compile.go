@@ -15,10 +15,11 @@ type level struct {
 	wild  map[string][]*node // key -> wildcard nodes in declaration order
 	cidr  map[string]*prefixTable
 	bare  map[string]*node // value-less key defaults
-	// canon holds the keys whose exact values are stored in canonical
-	// address form (canonAddrValue); a request value that misses is
-	// looked up again in that form.
-	canon map[string]bool
+	// canon holds the keys with CIDR values or ipv6_prefix (their
+	// values are addresses); exactAddr those of them with an exact
+	// address value, stored in canonical form (canonAddrValue): a
+	// request value that misses is looked up again in that form.
+	canon, exactAddr map[string]bool
 }
 
 type entryKey struct{ k, v string }
@@ -31,7 +32,7 @@ func (lv *level) find(e Entry) *node {
 		if n := lv.exact[entryKey{e.Key, e.Value}]; n != nil {
 			return n
 		}
-		if lv.canon[e.Key] {
+		if lv.exactAddr[e.Key] {
 			if c := canonAddrValue(e.Value); c != e.Value {
 				if n := lv.exact[entryKey{e.Key, c}]; n != nil {
 					return n
@@ -169,7 +170,13 @@ func (s *Set) buildLevel(domain string, path []*node, descs []*node, errs *errLi
 		n.canon = lv.canon[n.key] && n.kind != valuePattern
 		val := n.value
 		if n.canon && n.kind == valueExact {
-			val = canonAddrValue(val)
+			if _, ok := parseIPValue(val); ok {
+				val = canonAddrValue(val)
+				if lv.exactAddr == nil {
+					lv.exactAddr = map[string]bool{}
+				}
+				lv.exactAddr[n.key] = true
+			}
 		}
 		id := sib{n.key, n.kind, val}
 		if n.kind == valueCIDR {
