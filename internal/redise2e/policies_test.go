@@ -155,8 +155,9 @@ func TestPoliciesAddressTable(t *testing.T) {
 		values []string
 		want   int
 	}{
-		{"exact value beats prefixes", "remote_address", []string{"10.1.2.3"}, 2},
+		{"exact value beats prefixes, in every spelling", "remote_address", []string{"10.1.2.3", "::ffff:10.1.2.3", "::FFFF:10.1.2.3"}, 2},
 		{"most specific prefix", "remote_address", []string{"10.1.9.9"}, 9},
+		{"an address inside a prefix and its mapped form share", "remote_address", []string{"10.1.9.8", "::ffff:10.1.9.8", "::ffff:a01:908"}, 9},
 		{"prefix; each address its own counter", "remote_address", []string{"10.9.0.1"}, 6},
 		{"IPv4 outside every prefix", "remote_address", []string{"192.0.2.1"}, 4},
 		{"IPv4 and its mapped IPv6 form share", "remote_address", []string{"192.0.2.2", "::ffff:192.0.2.2"}, 4},

@@ -167,6 +167,30 @@ func keyedAddress(v string, bits int) string {
 	return p.String()
 }
 
+// canonAddrValue is the canonical text of value v when it is an address
+// or prefix (parseIPValue: IPv4-mapped IPv6 as IPv4, zone dropped, IPv6
+// in RFC 5952 form, a prefix masked), so that every spelling of one
+// address compares and keys alike; any other value is returned as it
+// is. It is idempotent, and a value it keeps never parses as an address,
+// so distinct addresses and non-address values stay distinct.
+func canonAddrValue(v string) string {
+	p, ok := parseIPValue(v)
+	if !ok {
+		return v
+	}
+	var buf [maxIPValue]byte
+	var b []byte
+	if p.Bits() == p.Addr().BitLen() && strings.IndexByte(v, '/') < 0 {
+		b = p.Addr().AppendTo(buf[:0])
+	} else {
+		b = p.AppendTo(buf[:0])
+	}
+	if string(b) == v {
+		return v // already canonical: no allocation
+	}
+	return string(b)
+}
+
 // cidrValue reports whether a config value is meant as a CIDR: it holds a
 // '/' and what precedes it is an IP address.
 func cidrValue(v string) bool {
@@ -176,6 +200,65 @@ func cidrValue(v string) bool {
 	}
 	_, err := netip.ParseAddr(v[:i])
 	return err == nil
+}
+
+// prefixLike reports whether config value v, which is not a CIDR value,
+// is still written as one: hex digits, dots and colons, with at least
+// one dot or colon, then '/' and decimal digits (10.00.0.0/8, 10.0.0/8).
+// Such a value is meant as a prefix, so it is refused rather than kept
+// as a string that no address ever equals.
+func prefixLike(v string) bool {
+	i := strings.IndexByte(v, '/')
+	if i <= 0 || i == len(v)-1 || !strings.ContainsAny(v[:i], ".:") {
+		return false
+	}
+	if strings.Trim(v[:i], "0123456789abcdefABCDEF.:") != "" {
+		return false
+	}
+	for _, c := range v[i+1:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// suggestPrefix is the prefix a malformed IPv4 one most likely means:
+// leading zeros dropped from each part and missing trailing parts
+// written as 0 (10.00.0.0/8 and 10.0.0/8 are 10.0.0.0/8), masked; "" when
+// that does not give a valid prefix.
+func suggestPrefix(v string) string {
+	i := strings.IndexByte(v, '/')
+	parts := strings.Split(v[:i], ".")
+	if len(parts) < 2 || len(parts) > 4 {
+		return ""
+	}
+	for j, s := range parts {
+		n, err := strconv.ParseUint(s, 10, 8)
+		if err != nil {
+			return ""
+		}
+		parts[j] = strconv.FormatUint(n, 10)
+	}
+	for len(parts) < 4 {
+		parts = append(parts, "0")
+	}
+	pf, err := netip.ParsePrefix(strings.Join(parts, ".") + v[i:])
+	if err != nil {
+		return ""
+	}
+	return pf.Masked().String()
+}
+
+// prefixTypo reports config value v (at line), written as a prefix but
+// not one (prefixLike), with the prefix it most likely means.
+func (p *parser) prefixTypo(v string, line int) {
+	_, err := netip.ParsePrefix(v)
+	if s := suggestPrefix(v); s != "" {
+		p.errs.add(p.file, line, "value %q is written as a CIDR prefix but is not one (%v); did you mean %q?", v, err, s)
+		return
+	}
+	p.errs.add(p.file, line, "value %q is written as a CIDR prefix but is not one (%v)", v, err)
 }
 
 // cidr parses the CIDR value of node n (written at line), reporting
@@ -219,7 +302,7 @@ func (p *parser) ipv6Prefix(v *yaml.Node) int {
 // cgnat parses `cgnat:`: true or null (the defaults), or a mapping of
 // multiplier (at least 2; DefaultCGNATMultiplier when absent) and ranges
 // (a non-empty list of CIDR prefixes; DefaultCGNATRange when absent).
-// false is off (nil).
+// false, and a mapping with a reported problem, give nil.
 func (p *parser) cgnat(kn, v *yaml.Node) *CGNAT {
 	c := &CGNAT{Multiplier: DefaultCGNATMultiplier, Ranges: []netip.Prefix{DefaultCGNATRange}, Line: kn.Line}
 	switch {
@@ -234,6 +317,7 @@ func (p *parser) cgnat(kn, v *yaml.Node) *CGNAT {
 		p.errs.add(p.file, v.Line, "cgnat must be a mapping {multiplier: 10, ranges: [100.64.0.0/10]} or true, got %s", kindName(v))
 		return nil
 	}
+	before := len(p.errs.errs)
 	p.mapping(v, func(k string, kn, v *yaml.Node) {
 		switch k {
 		case "multiplier":
@@ -246,6 +330,11 @@ func (p *parser) cgnat(kn, v *yaml.Node) *CGNAT {
 			p.unknown(kn, k, "cgnat", nil, cgnatKeys)
 		}
 	})
+	if len(p.errs.errs) != before {
+		// Reported: the rule is not compiled with a cgnat that is not
+		// the one written, which would report again in its terms.
+		return nil
+	}
 	return c
 }
 
@@ -305,18 +394,27 @@ func (p *parser) reserve(kn, v *yaml.Node) *Reserve {
 		return nil
 	}
 	r := &Reserve{Line: kn.Line}
+	// ok is false once a field was reported; bad records which ones, so
+	// that a field given but invalid is not reported again as missing.
 	ok, shareSet := true, false
+	bad := map[string]bool{}
 	p.mapping(v, func(k string, kn, v *yaml.Node) {
 		switch k {
-		case "entry":
-			r.Entry, _ = p.str(v, "reserve entry")
-		case "value":
-			r.Value, _ = p.str(v, "reserve value")
+		case "entry", "value":
+			s, good := p.str(v, "reserve "+k)
+			if !good {
+				ok, bad[k] = false, true
+			}
+			if k == "entry" {
+				r.Entry = s
+			} else {
+				r.Value = s
+			}
 		case "share", "saturated_share":
 			f, err := strconv.ParseFloat(v.Value, 64)
 			if v.Kind != yaml.ScalarNode || (v.Tag != "!!float" && v.Tag != "!!int") || err != nil || !(f > 0 && f < 1) {
 				p.errs.add(p.file, v.Line, "reserve %s must be a number between 0 and 1 (exclusive), got %s", k, kindName(v))
-				ok = false
+				ok, bad[k] = false, true
 				return
 			}
 			if k == "share" {
@@ -328,8 +426,18 @@ func (p *parser) reserve(kn, v *yaml.Node) *Reserve {
 			p.unknown(kn, k, "reserve", nil, reserveKeys)
 		}
 	})
-	if r.Entry == "" || r.Value == "" || !shareSet {
-		p.errs.add(p.file, kn.Line, "reserve needs entry, value and share (e.g. {entry: priority, value: critical, share: 0.8})")
+	var missing []string
+	if r.Entry == "" && !bad["entry"] {
+		missing = append(missing, "entry")
+	}
+	if r.Value == "" && !bad["value"] {
+		missing = append(missing, "value")
+	}
+	if !shareSet && !bad["share"] {
+		missing = append(missing, "share")
+	}
+	if len(missing) > 0 {
+		p.errs.add(p.file, kn.Line, "reserve needs entry, value and share (e.g. {entry: priority, value: critical, share: 0.8}; missing: %s)", strings.Join(missing, ", "))
 		return nil
 	}
 	if r.Entry == ReleaseKey {
@@ -392,6 +500,11 @@ func (s *Set) buildVariants(r *Rule, n *node, errs *errList) {
 			}
 		}
 		r.reduced = reducedOf(r, rs.Share)
+		for i, sp := range r.reduced.Limits {
+			if sp.Limit.Rate == 0 {
+				errs.warn(n.file, rs.Line, "reserve share %g of %q's limit of %d gives other requests a limit of 0: only critical requests are ever admitted; raise share to at least %g or the limit", rs.Share, r.Path, r.Limits[i].Limit.Rate, 1/float64(r.Limits[i].Limit.Rate))
+			}
+		}
 		if r.raised != nil {
 			r.raised.reduced = reducedOf(r.raised, rs.Share)
 		}
@@ -488,16 +601,28 @@ func (r *Rule) variant(last string, critical bool) *Rule {
 }
 
 // keyedIdentity rewrites the identity values of the levels with
-// ipv6_prefix to their keyed address; id is copied first when it is the
-// request's entries.
+// ipv6_prefix to their keyed address, and those of the other address
+// levels (node.canon) to their canonical form; id is copied before the
+// first change unless copied (it may be the request's entries).
 func (r *Rule) keyedIdentity(id []Entry, copied bool) []Entry {
-	if !copied {
-		id = slices.Clone(id)
-	}
 	for i, n := range r.nodes {
-		if n.ipv6Prefix > 0 && !n.share && i < len(id) {
-			id[i].Value = keyedAddress(id[i].Value, n.ipv6Prefix)
+		if n.share || i >= len(id) {
+			continue
 		}
+		v := id[i].Value
+		switch {
+		case n.ipv6Prefix > 0:
+			v = keyedAddress(v, n.ipv6Prefix)
+		case n.canon:
+			v = canonAddrValue(v)
+		}
+		if v == id[i].Value {
+			continue
+		}
+		if !copied {
+			id, copied = slices.Clone(id), true
+		}
+		id[i].Value = v
 	}
 	return id
 }

@@ -392,3 +392,219 @@ descriptors:
 		t.Error("ipv6_prefix 48 on the parent: two /48 share a key")
 	}
 }
+
+// edgeConfig is docs/config.md's address-prefix example, with an IPv6
+// exact value written in a non-canonical spelling and a non-address
+// exact value next to them.
+const edgeConfig = `
+domain: edge
+descriptors:
+  - key: remote_address
+    value: 10.0.0.0/8
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: remote_address
+    value: 10.1.0.0/16
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: remote_address
+    value: 10.1.2.3
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: remote_address
+    value: 2001:DB8::0:1
+    rate_limit: {unit: minute, requests_per_unit: 7}
+  - key: remote_address
+    value: Host-A
+    rate_limit: {unit: minute, requests_per_unit: 9}
+  - key: remote_address
+    ipv6_prefix: 64
+    cgnat: {multiplier: 10, ranges: [100.64.0.0/10]}
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: user
+    value: 10.1.2.3
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`
+
+// TestExactAddressAnySpelling: on a key with CIDR values or ipv6_prefix
+// an exact address value matches every spelling of that address
+// (IPv4-mapped IPv6, upper case, zero groups, a zone) and each spelling
+// counts on one key; non-address values and keys without address
+// options stay byte-exact.
+func TestExactAddressAnySpelling(t *testing.T) {
+	s := loadYAML(t, edgeConfig)
+	runMatch(t, s, []matchCase{
+		{"exact", "edge", ents("remote_address", "10.1.2.3"), "min:5", "edge.remote_address_10.1.2.3"},
+		{"mapped exact", "edge", ents("remote_address", "::ffff:10.1.2.3"), "min:5", "edge.remote_address_10.1.2.3"},
+		{"mapped upper-case exact", "edge", ents("remote_address", "::FFFF:10.1.2.3"), "min:5", ""},
+		{"mapped in /16", "edge", ents("remote_address", "::ffff:10.1.2.4"), "min:100", ""},
+		{"IPv6 canonical", "edge", ents("remote_address", "2001:db8::1"), "min:7", ""},
+		{"IPv6 as written", "edge", ents("remote_address", "2001:DB8::0:1"), "min:7", ""},
+		{"IPv6 long form", "edge", ents("remote_address", "2001:0db8:0:0:0:0:0:1"), "min:7", ""},
+		{"IPv6 zone", "edge", ents("remote_address", "2001:db8::1%eth0"), "min:7", ""},
+		{"non-address byte-exact", "edge", ents("remote_address", "Host-A"), "min:9", ""},
+		{"non-address other case", "edge", ents("remote_address", "host-a"), "min:60", ""},
+		{"key without address options: byte-exact", "edge", ents("user", "::ffff:10.1.2.3"), "min:1", ""},
+		{"key without address options: exact", "edge", ents("user", "10.1.2.3"), "min:2", ""},
+	})
+	keyOf := func(v string) string {
+		m, ok := s.Match("edge", ents("remote_address", v))
+		if !ok {
+			t.Fatalf("%s: no match", v)
+		}
+		return s.Key(m, 0)
+	}
+	for _, set := range [][]string{
+		{"10.1.2.3", "::ffff:10.1.2.3", "::FFFF:10.1.2.3"},
+		{"10.1.9.9", "::ffff:10.1.9.9", "::ffff:a01:909"},
+		{"2001:db8::1", "2001:DB8::0:1", "2001:0db8::1%eth0"},
+		{"11.0.0.1", "::ffff:11.0.0.1"},
+	} {
+		want := keyOf(set[0])
+		for _, v := range set[1:] {
+			if got := keyOf(v); got != want {
+				t.Errorf("key of %q = %s, key of %q = %s: one address, two counters", v, got, set[0], want)
+			}
+		}
+	}
+	distinct := map[string]string{}
+	for _, v := range []string{"10.1.2.3", "10.1.2.4", "10.1.9.9", "10.200.0.1", "11.0.0.1", "2001:db8::1", "Host-A", "host-a", "10.1.9.9/32"} {
+		k := keyOf(v)
+		if o, dup := distinct[k]; dup {
+			t.Errorf("%q and %q share key %s", v, o, k)
+		}
+		distinct[k] = v
+	}
+}
+
+// TestExactAddressDuplicateSpelling: two spellings of one address on an
+// address key are one descriptor.
+func TestExactAddressDuplicateSpelling(t *testing.T) {
+	yml := "domain: d\ndescriptors:\n  - key: ip\n    value: 10.0.0.0/8\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: ip\n    value: 10.1.2.3\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: ip\n    value: ::ffff:10.1.2.3\n    rate_limit: {unit: second, requests_per_unit: 2}\n"
+	_, _, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(yml)})
+	if err == nil || !strings.Contains(err.Error(), "t.yaml:9: duplicate descriptor composite key") {
+		t.Fatalf("error %v, want a duplicate at t.yaml:9", err)
+	}
+}
+
+// TestLiteralValuesAddressSpelling: in reference mode an address value
+// is a string: another spelling does not match it.
+func TestLiteralValuesAddressSpelling(t *testing.T) {
+	s, _, err := LoadSources(LoadOptions{LiteralValues: true}, Source{Name: "t.yaml", Data: []byte(edgeConfig)})
+	if err != nil {
+		t.Fatalf("LoadSources: %v", err)
+	}
+	runMatch(t, s, []matchCase{
+		{"exact", "edge", ents("remote_address", "10.1.2.3"), "min:5", ""},
+		{"mapped: default", "edge", ents("remote_address", "::ffff:10.1.2.3"), "min:60", ""},
+		{"IPv6 as written", "edge", ents("remote_address", "2001:DB8::0:1"), "min:7", ""},
+		{"IPv6 canonical: default", "edge", ents("remote_address", "2001:db8::1"), "min:60", ""},
+	})
+}
+
+// TestLoadPrefixTypo: a value written as a prefix (hex digits, dots and
+// colons, then /digits) that does not parse is a load error at its line,
+// with the prefix it most likely means; in reference mode it is a
+// string, and values merely containing a '/' are strings.
+func TestLoadPrefixTypo(t *testing.T) {
+	doc := func(v string) string {
+		return "domain: d\ndescriptors:\n  - key: ip\n    value: " + v + "\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+	}
+	for _, c := range []struct{ value, want string }{
+		{"10.00.0.0/8", `t.yaml:4: value "10.00.0.0/8" is written as a CIDR prefix but is not one`},
+		{"10.00.0.0/8", `did you mean "10.0.0.0/8"?`},
+		{"10.0.0/8", `did you mean "10.0.0.0/8"?`},
+		{"192.168.1/24", `did you mean "192.168.1.0/24"?`},
+		{"10.1.2.300/32", `t.yaml:4: value "10.1.2.300/32" is written as a CIDR prefix but is not one`},
+		{"2001:db8:::/32", `t.yaml:4: value "2001:db8:::/32" is written as a CIDR prefix but is not one`},
+	} {
+		_, _, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(doc(c.value))})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want it to contain %q", c.value, err, c.want)
+		}
+		if _, _, err := LoadSources(LoadOptions{LiteralValues: true}, Source{Name: "t.yaml", Data: []byte(doc(c.value))}); err != nil {
+			t.Errorf("%s in reference mode: %v", c.value, err)
+		}
+	}
+	if _, _, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(doc("10.300.0.0/8"))}); err == nil || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("10.300.0.0/8: error %v, want one without a suggestion", err)
+	}
+	for _, v := range []string{"/api/v1", "a/b", "v1.2/3x", "1.2/", "host.example/8x", "cafe/8"} {
+		if _, _, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(doc(v))}); err != nil {
+			t.Errorf("%s: %v, want a plain string value", v, err)
+		}
+	}
+}
+
+// loadErrs loads yml and returns its error messages, one per line.
+func loadErrs(t *testing.T, yml string) []string {
+	t.Helper()
+	_, _, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(yml)})
+	if err == nil {
+		t.Fatalf("no error loading:\n%s", yml)
+	}
+	return strings.Split(strings.TrimSpace(err.Error()), "\n")
+}
+
+// TestReserveOneError: an invalid reserve field is reported once, not
+// again as missing; fields that are absent are named.
+func TestReserveOneError(t *testing.T) {
+	doc := func(reserve string) string {
+		return "domain: d\ndescriptors:\n  - key: r\n    reserve: " + reserve + "\n    rate_limit: {unit: second, requests_per_unit: 5}\n"
+	}
+	for _, c := range []struct{ reserve, want string }{
+		{"{entry: priority, value: critical, share: 1}", "t.yaml:4: reserve share must be a number between 0 and 1 (exclusive)"},
+		{"{entry: priority, value: critical, share: 0}", "t.yaml:4: reserve share must be a number between 0 and 1 (exclusive)"},
+		{"{entry: priority, value: [a], share: 0.5}", "t.yaml:4: reserve value must be a string"},
+		{"{entry: priority, share: 0.5}", "t.yaml:4: reserve needs entry, value and share (e.g. {entry: priority, value: critical, share: 0.8}; missing: value)"},
+		{"{share: 0.5}", "missing: entry, value)"},
+	} {
+		errs := loadErrs(t, doc(c.reserve))
+		if len(errs) != 1 || !strings.Contains(errs[0], c.want) {
+			t.Errorf("%s: errors %q, want exactly one containing %q", c.reserve, errs, c.want)
+		}
+	}
+	errs := loadErrs(t, doc("{entry: priority, share: 2}"))
+	if len(errs) != 2 || !strings.Contains(errs[0], "reserve share must be") || !strings.Contains(errs[1], "missing: value)") {
+		t.Errorf("errors %q, want the invalid share and the missing value", errs)
+	}
+}
+
+// TestReserveZeroFloorWarning: a share that floors a limit to 0 for
+// non-critical requests is a load warning at the reserve line; a share
+// that leaves at least 1 is not.
+func TestReserveZeroFloorWarning(t *testing.T) {
+	doc := func(share string, rpu int) string {
+		return "domain: d\ndescriptors:\n  - key: r\n    reserve: {entry: priority, value: critical, share: " + share + "}\n    rate_limits:\n      - {unit: second, requests_per_unit: 1000}\n      - {unit: minute, requests_per_unit: " + strconv.Itoa(rpu) + "}\n"
+	}
+	_, warns, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(doc("0.01", 5))})
+	if err != nil {
+		t.Fatalf("LoadSources: %v", err)
+	}
+	if len(warns) != 1 || warns[0].Line != 4 || !strings.Contains(warns[0].Message, "gives other requests a limit of 0") || !strings.Contains(warns[0].Message, "at least 0.2") {
+		t.Errorf("warnings %+v, want one at line 4 about a limit of 0 suggesting share 0.2", warns)
+	}
+	for _, c := range []struct {
+		share string
+		rpu   int
+	}{{"0.2", 5}, {"0.01", 100}, {"0.5", 2}} {
+		_, warns, err := LoadSources(LoadOptions{}, Source{Name: "t.yaml", Data: []byte(doc(c.share, c.rpu))})
+		if err != nil || len(warns) != 0 {
+			t.Errorf("share %s of %d: warnings %+v, error %v; want none", c.share, c.rpu, warns, err)
+		}
+	}
+}
+
+// TestCGNATOneError: a multiplier out of range is reported once; the
+// overflow check does not run with the default in its place.
+func TestCGNATOneError(t *testing.T) {
+	for _, c := range []struct{ cgnat, want string }{
+		{"{multiplier: 1000000000000}", "t.yaml:4: cgnat multiplier"},
+		{"{multiplier: 1}", "t.yaml:4: cgnat multiplier must be at least 2"},
+		{"{multiplier: 10, ranges: [100.64.0.0/40]}", "t.yaml:4: value \"100.64.0.0/40\" is not a valid CIDR prefix"},
+	} {
+		errs := loadErrs(t, "domain: d\ndescriptors:\n  - key: ip\n    cgnat: "+c.cgnat+"\n    rate_limit: {unit: second, requests_per_unit: 4000000000}\n")
+		if len(errs) != 1 || !strings.Contains(errs[0], c.want) {
+			t.Errorf("%s: errors %q, want exactly one containing %q", c.cgnat, errs, c.want)
+		}
+	}
+}

@@ -15,6 +15,11 @@ type level struct {
 	wild  map[string][]*node // key -> wildcard nodes in declaration order
 	cidr  map[string]*prefixTable
 	bare  map[string]*node // value-less key defaults
+	// canon holds the keys with CIDR values or ipv6_prefix (their
+	// values are addresses); exactAddr those of them with an exact
+	// address value, stored in canonical form (canonAddrValue): a
+	// request value that misses is looked up again in that form.
+	canon, exactAddr map[string]bool
 }
 
 type entryKey struct{ k, v string }
@@ -26,6 +31,13 @@ func (lv *level) find(e Entry) *node {
 	if e.Value != "" {
 		if n := lv.exact[entryKey{e.Key, e.Value}]; n != nil {
 			return n
+		}
+		if lv.exactAddr[e.Key] {
+			if c := canonAddrValue(e.Value); c != e.Value {
+				if n := lv.exact[entryKey{e.Key, c}]; n != nil {
+					return n
+				}
+			}
 		}
 		if t := lv.cidr[e.Key]; t != nil {
 			if n := t.lookup(e.Value); n != nil {
@@ -110,7 +122,7 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 			d.override = fc.override
 		}
 	}
-	s := &Set{keys: opts.Keys, domains: make(map[string]*domainTree, len(order)), algorithms: opts.Algorithms, backend: opts.Backend, durable: opts.Durable, noPenalty: opts.NoPenalty}
+	s := &Set{keys: opts.Keys, domains: make(map[string]*domainTree, len(order)), algorithms: opts.Algorithms, backend: opts.Backend, durable: opts.Durable, noPenalty: opts.NoPenalty, literal: opts.LiteralValues}
 	for _, name := range order {
 		src := byDomain[name]
 		dt := &domainTree{name: name, override: src.override}
@@ -138,11 +150,35 @@ func (s *Set) buildLevel(domain string, path []*node, descs []*node, errs *errLi
 		val  string
 	}
 	seen := make(map[sib]*node, len(descs))
+	if !s.literal {
+		// A key with CIDR values or ipv6_prefix holds addresses: its
+		// exact address values match, and its entries are keyed, in
+		// one canonical form, whatever the spelling.
+		for _, n := range descs {
+			if n.kind == valueCIDR || n.ipv6Prefix > 0 {
+				if lv.canon == nil {
+					lv.canon = map[string]bool{}
+				}
+				lv.canon[n.key] = true
+			}
+		}
+	}
 	for _, n := range descs {
 		if n.key == "" {
 			continue // reported at parse
 		}
-		id := sib{n.key, n.kind, n.value}
+		n.canon = lv.canon[n.key] && n.kind != valuePattern
+		val := n.value
+		if n.canon && n.kind == valueExact {
+			if _, ok := parseIPValue(val); ok {
+				val = canonAddrValue(val)
+				if lv.exactAddr == nil {
+					lv.exactAddr = map[string]bool{}
+				}
+				lv.exactAddr[n.key] = true
+			}
+		}
+		id := sib{n.key, n.kind, val}
 		if n.kind == valueCIDR {
 			if !n.prefix.IsValid() {
 				continue // reported at parse
@@ -159,7 +195,7 @@ func (s *Set) buildLevel(domain string, path []*node, descs []*node, errs *errLi
 			if lv.exact == nil {
 				lv.exact = map[entryKey]*node{}
 			}
-			lv.exact[entryKey{n.key, n.value}] = n
+			lv.exact[entryKey{n.key, val}] = n
 		case valuePattern:
 			if lv.wild == nil {
 				lv.wild = map[string][]*node{}
@@ -224,7 +260,7 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 		if p.share || p.valueToMetric {
 			r.needsPath = true
 		}
-		if p.ipv6Prefix > 0 {
+		if p.ipv6Prefix > 0 || p.canon {
 			r.normalize = true
 		}
 	}

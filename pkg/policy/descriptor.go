@@ -75,6 +75,8 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 	}
 	if n.kind == valueCIDR {
 		p.cidr(n, f.valueLine)
+	} else if n.kind == valueExact && !p.literal && prefixLike(n.value) {
+		p.prefixTypo(n.value, f.valueLine)
 	}
 	if n.share && n.kind != valuePattern && n.kind != valueCIDR {
 		p.errs.add(p.file, f.shareLine, "share_threshold requires a value with a '*' wildcard or a CIDR prefix (value is %q)", n.value)

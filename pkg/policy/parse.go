@@ -53,9 +53,13 @@ type node struct {
 	override      *overridePolicy // override:, nil when absent
 	prefix        netip.Prefix    // the value of a valueCIDR node
 	ipv6Prefix    int             // ipv6_prefix: (0: off)
-	cgnat         *CGNAT          // cgnat:, nil when absent
-	reserve       *Reserve        // reserve:, nil when absent
-	penalty       *penaltyOption  // penalty:, nil when absent
+	// canon: the node's key at its level has CIDR values or ipv6_prefix,
+	// so an address value of its entry is compared and keyed in its
+	// canonical form (canonAddrValue).
+	canon   bool
+	cgnat   *CGNAT         // cgnat:, nil when absent
+	reserve *Reserve       // reserve:, nil when absent
+	penalty *penaltyOption // penalty:, nil when absent
 	// seg is the node's stat key segment: "key" or "key_value".
 	seg string
 }

@@ -26,6 +26,9 @@ type Set struct {
 	// durable is LoadOptions.Durable.
 	durable   DurableOptions
 	noPenalty bool
+	// literal is LoadOptions.LiteralValues: values are compared as
+	// strings, addresses included.
+	literal bool
 }
 
 func sortedKeys[V any](m map[string]V) []string {
