@@ -67,6 +67,10 @@ func (ls *Leaser) Take(ctx context.Context, hits []algo.Hit) (out []algo.Decisio
 	return out, failed, undo, err
 }
 
+// maxBehindAttempts bounds the renewals a hit waits for while the store
+// is still in a window that has ended here (entry.behind).
+const maxBehindAttempts = 16
+
 // take decides one hit of cost units (0: a check) from the lease, and
 // returns the window its units came from.
 func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, int64, error) {
@@ -103,7 +107,9 @@ func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, int64, err
 			e.mu.Unlock()
 			return algo.Decision{}, 0, err
 		}
-		if attempt >= 2 {
+		// A hit asks twice; more while the store lags behind this
+		// window: it reaches it within a request's latency.
+		if attempt >= 2 && (!e.behind || attempt >= maxBehindAttempts) {
 			d := e.decision(false, t)
 			e.mu.Unlock()
 			ls.m.decided(0, 1)
@@ -159,7 +165,9 @@ func (e *entry) decision(allowed bool, t int64) algo.Decision {
 	d := algo.Decision{Allowed: allowed, Remaining: max(e.avail, 0)}
 	reset := e.interval
 	if e.l.Kind != algo.TokenBucket {
-		reset = e.ws + e.l.Period.Microseconds() - t
+		// At most a window: t moves back when the clock estimate
+		// falls, while ws never does.
+		reset = min(e.ws+e.l.Period.Microseconds()-t, e.l.Period.Microseconds())
 	}
 	d.ResetAfter = time.Duration(max(reset, 1)) * time.Microsecond
 	d.WindowAfter = d.ResetAfter

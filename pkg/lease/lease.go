@@ -154,6 +154,10 @@ type entry struct {
 	failErr              error         // the last renewal's error; nil after a success
 	failures             int           // renewals failed in a row
 	renewWS              int64         // the window of the last renewal
+	// behind: the last renewal's store was still in a window that has
+	// ended here (the clock estimate runs ahead of the store's by up to
+	// a request's latency), so its grant did not count.
+	behind bool
 }
 
 // now is the local clock in µs.

@@ -93,7 +93,8 @@ func (e *entry) renew(req algo.LeaseRequest) {
 		if gws > e.ws {
 			e.ws, e.avail = gws, 0
 		}
-		if gws < e.ws { // granted in a window that has ended here
+		e.behind = gws < e.ws
+		if e.behind { // granted in a window that has ended here
 			granted = 0
 		}
 		e.remainingWS = gws

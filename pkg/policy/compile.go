@@ -328,6 +328,14 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 		r.Limits = append(r.Limits, sp)
 		r.keyPre = append(r.keyPre, rulePrefix(domain, path, i, &sp))
 	}
+	if n.penalty != nil {
+		switch {
+		case r.Unlimited:
+			errs.add(n.file, n.penalty.line, "descriptor %q: penalty does nothing on an unlimited rule (it never denies a hit, so nothing starts a block); remove penalty or give the rule a limit", r.Path)
+		case slices.ContainsFunc(r.Limits, func(sp Spec) bool { return sp.Store == StoreDurable }):
+			errs.add(n.file, n.penalty.line, "descriptor %q: penalty is not available with store: durable (the durable store has no penalty box); remove penalty or keep the limit on the fast store", r.Path)
+		}
+	}
 	for i, l := range n.limits {
 		for j, rep := range l.replaces {
 			if names[rep] && rep != l.name {

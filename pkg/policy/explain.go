@@ -95,6 +95,12 @@ func (s *Set) WriteExplain(w io.Writer) error {
 				fmt.Fprintf(&b, " saturated_share=%g", rv.SaturatedShare)
 			}
 		}
+		if pn := r.Penalty; pn.After > 0 {
+			fmt.Fprintf(&b, " penalty=%d/%s:block=%s", pn.After, pn.Within, pn.Block)
+			if pn.Extend {
+				b.WriteString(",extend")
+			}
+		}
 		if pol, set := s.ruleOverride(r); set {
 			fmt.Fprintf(&b, " override=%s", pol.mode)
 			if pol.maxSet {

@@ -211,6 +211,14 @@ func (p *parser) checkLimit(l *rawLimit) {
 		}
 		p.errs.add(p.file, l.consistencyLine, "consistency: leased applies to fixed_window, sliding_window and token_bucket without calendar windows (%s); use consistency: exact", what)
 	}
+	if l.consistency == Leased && l.store == StoreDurable {
+		// A lease is charged in the fast store: the limit would lose the
+		// durability store: durable asks for.
+		p.errs.add(p.file, l.consistencyLine, "consistency: leased is not available with store: durable (leases are charged in the fast store, so the count would not survive its restart); use consistency: exact")
+	}
+	if l.consistency == Leased && l.consistencyLine != 0 && float64(l.unit.Duration())*float64(l.mult) >= float64(time.Hour) {
+		p.errs.warn(p.file, l.consistencyLine, "consistency: leased on a window of %s × %d: a restart of Redis denies every leased hit until the window ends (the store cannot know the units it leased before); use consistency: exact for windows of an hour or longer", unit, l.mult)
+	}
 	if l.earlyLine != 0 && l.earlyWarning.Used > 0 && l.algorithm != algo.FixedWindow && l.algorithm != algo.SlidingWindow {
 		p.errs.add(p.file, l.earlyLine, "early_warning applies to fixed_window and sliding_window only (algorithm is %s)", AlgorithmName(l.algorithm))
 	}

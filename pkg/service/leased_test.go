@@ -32,6 +32,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 5, consistency: leased, failure_mode: closed}
   - key: open
     rate_limit: {unit: minute, requests_per_unit: 5, consistency: leased}
+  - key: hour
+    rate_limit: {unit: hour, requests_per_unit: 1000, consistency: leased}
+  - key: day
+    rate_limit: {unit: day, requests_per_unit: 1000, consistency: leased}
 `
 
 // failingLeases is a memory store whose Lease fails while down is set.
@@ -49,9 +53,13 @@ func (f *failingLeases) Lease(ctx context.Context, req algo.LeaseRequest) (algo.
 
 // newLeased is a service deciding leased limits from a Leaser on a memory
 // store (which also decides the exact ones), on the test clock, a minute
-// after the store began (a window that began before a store did grants
-// no lease).
+// after the store began.
 func newLeased(t *testing.T) (*service.Service, *failingLeases, *clock) {
+	return newLeasedAfter(t, time.Minute)
+}
+
+// newLeasedAfter is newLeased with the clock after past the store's start.
+func newLeasedAfter(t *testing.T, after time.Duration) (*service.Service, *failingLeases, *clock) {
 	t.Helper()
 	c := &clock{now: t0}
 	m, err := memory.New(memory.Options{Now: c.Now, SweepInterval: -1})
@@ -59,7 +67,7 @@ func newLeased(t *testing.T) (*service.Service, *failingLeases, *clock) {
 		t.Fatal(err)
 	}
 	st := &failingLeases{Store: m}
-	c.Advance(time.Minute)
+	c.Advance(after)
 	ls, err := lease.New(lease.Options{Store: st, Now: c.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +109,17 @@ func TestLeasedLimit(t *testing.T) {
 	for i := range want {
 		if got[i] != want[i] {
 			t.Fatalf("7 calls on 5/minute leased: %v, want %v", got, want)
+		}
+	}
+}
+
+// A fresh memory store admits a leased limit's first hits in the window
+// it began in, an hour or a day long: no lease from before it exists.
+func TestLeasedFreshMemoryStore(t *testing.T) {
+	svc, _, _ := newLeasedAfter(t, 0)
+	for _, k := range []string{"hour", "day", "lz"} {
+		if got := leasedCodes(t, svc, 3, k); !equalCodes(got, []rlsv3.RateLimitResponse_Code{okC, okC, okC}) {
+			t.Errorf("first 3 hits of %s on a fresh store: %v, want OK", k, got)
 		}
 	}
 }

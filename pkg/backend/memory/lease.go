@@ -35,6 +35,10 @@ type reported struct{ units, at int64 }
 // time for a token bucket), records the subscriber's demand, drops the
 // demands older than req.Stale and charges up to req.Want units
 // (algo.Lease). It never fails on a leasable limit.
+//
+// A new store starts every counter from zero, as the exact limits do:
+// the leases and the store live in one process, so when the store is new
+// no lease from before it is held anywhere (algo.Lease's bornUs is 0).
 func (s *Store) Lease(_ context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
 	now := s.now()
 	t := now.UnixMicro()
@@ -61,7 +65,7 @@ func (s *Store) Lease(_ context.Context, req algo.LeaseRequest) (algo.LeaseGrant
 	e.demand[req.Subscriber] = reported{units: max(req.Demand, 0), at: t}
 	var g algo.LeaseGrant
 	var d algo.Decision
-	e.st, g.Granted, d = algo.Lease(l, e.st, now, req.Want, s.born)
+	e.st, g.Granted, d = algo.Lease(l, e.st, now, req.Want, 0)
 	g.Remaining, g.Now = d.Remaining, t
 	for id, r := range e.demand {
 		if t-r.at > req.Stale {

@@ -2,7 +2,6 @@ package memory_test
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,31 +11,32 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 )
 
-// A store that began mid-window grants nothing in that window, nor a
-// token bucket before it could have refilled: units leased from the
-// store it replaces may still be in use.
+// A new store grants a leased limit's whole rate in the window it began
+// in, whatever the window's length: no lease from before it exists, so a
+// fresh process does not deny its first hits until the window ends.
 func TestLeaseAfterStart(t *testing.T) {
-	start := time.Date(2026, 5, 1, 10, 0, 30, 0, time.UTC)
-	now := start
-	s, err := memory.New(memory.Options{Now: func() time.Time { return now }, SweepInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	start := time.Date(2026, 5, 1, 10, 30, 30, 0, time.UTC)
 	for _, c := range []struct {
 		l     algo.Limit
-		at    time.Duration // after start
 		grant int64
 	}{
-		{algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Minute}, 29 * time.Second, 0},
-		{algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Minute}, 30 * time.Second, 10},
-		{algo.Limit{Kind: algo.SlidingWindow, Rate: 10, Period: time.Minute}, 45 * time.Second, 2}, // previous window counts 10 at weight 0.75
-		{algo.Limit{Kind: algo.TokenBucket, Rate: 10, Period: time.Minute}, 30 * time.Second, 5},
+		{algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}, 1000},
+		{algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: 24 * time.Hour}, 1000},
+		{algo.Limit{Kind: algo.FixedWindow, Rate: 10, Period: time.Minute}, 10},
+		{algo.Limit{Kind: algo.SlidingWindow, Rate: 10, Period: time.Minute}, 10},
+		{algo.Limit{Kind: algo.TokenBucket, Rate: 10, Period: time.Minute}, 10},
 	} {
-		now = start.Add(c.at)
-		g, _ := s.Lease(context.Background(), algo.LeaseRequest{Key: fmt.Sprint("a", c.at, c.l.Kind), Limit: c.l, Subscriber: 1, Want: 100, Stale: 1})
-		if g.Granted != c.grant {
-			t.Errorf("%v %v after the start: granted %d, want %d", c.l.Kind, c.at, g.Granted, c.grant)
+		now := start
+		s, err := memory.New(memory.Options{Now: func() time.Time { return now }, SweepInterval: -1})
+		if err != nil {
+			t.Fatal(err)
 		}
+		now = start.Add(time.Second)
+		g, _ := s.Lease(context.Background(), algo.LeaseRequest{Key: "a", Limit: c.l, Subscriber: 1, Want: 5000, Stale: 1})
+		if g.Granted != c.grant {
+			t.Errorf("%v per %v, a second after the store began: granted %d, want %d", c.l.Kind, c.l.Period, g.Granted, c.grant)
+		}
+		_ = s.Close()
 	}
 }
 
@@ -51,11 +51,6 @@ func TestLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// What came before the store began counts as full (algo.Lease):
-	// start two windows later.
-	mu.Lock()
-	now = now.Add(2 * time.Minute)
-	mu.Unlock()
 	for _, l := range []algo.Limit{
 		{Kind: algo.FixedWindow, Rate: 300, Period: time.Minute},
 		{Kind: algo.SlidingWindow, Rate: 300, Period: time.Minute},

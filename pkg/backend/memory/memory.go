@@ -138,11 +138,8 @@ type Store struct {
 	scanned atomic.Int64
 	// sk decides the new keys a full store has no slot for.
 	sk sketches
-	// leases holds the counters of leased limits (see Lease); born is
-	// when the store began (µs, Options.Now at New): algo.Lease assumes
-	// the worst of what came before.
+	// leases holds the counters of leased limits (see Lease).
 	leases leaseTable
-	born   int64
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -169,7 +166,6 @@ func New(opts Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.born = s.now().UnixMicro()
 	s.sk.init(opts.SketchWidth, opts.SketchDepth)
 	s.soonest.Store(math.MaxInt64)
 	for i := range s.shards {

@@ -24,12 +24,15 @@ var leaseLimits = []algo.Limit{
 // leaseAgrees drives the same random lease operations (several
 // subscribers, returns, demands, time passing across windows) through
 // the Redis store and the memory store, whose Lease is algo.Lease under a
-// lock, on one pinned clock, and fails on the first different grant.
+// lock, on one pinned clock, and fails on the first different grant. It
+// starts 4 s after the Redis store (created at epoch0), past what the
+// Redis store assumes lost before its start and the memory store does not
+// (TestLeaseBeforeStart).
 func leaseAgrees(t *testing.T, s *redis.Store, clk *pinnedClock, key string) {
 	ctx := context.Background()
 	for _, l := range leaseLimits {
 		t.Run(kindName(l), func(t *testing.T) {
-			clk.Set(epoch0)
+			clk.Set(epoch0.Add(4 * time.Second))
 			ref, err := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 			if err != nil {
 				t.Fatal(err)
@@ -67,6 +70,35 @@ func leaseAgrees(t *testing.T, s *redis.Store, clk *pinnedClock, key string) {
 				held[sub] += got.Granted - req.Return
 			}
 		})
+	}
+}
+
+// A Redis store grants nothing more in a window that began before its
+// start (units leased before a restart may still be held by other
+// instances), where a new memory store grants the whole limit (no lease
+// from before it exists).
+func TestLeaseBeforeStart(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	clk := newPinnedClock(epoch0) // 535 ms into a second
+	s := newTestStore(t, srv, clk.Now, 0)
+	ref, err := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ref.Close() }()
+	clk.Advance(100 * time.Millisecond)
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 50, Period: time.Second}
+	req := algo.LeaseRequest{Key: "born", Limit: l, Subscriber: 1, Want: 10, Stale: 1e6}
+	if g, err := s.Lease(context.Background(), req); err != nil || g.Granted != 0 {
+		t.Errorf("redis, window begun before the store: granted %d (%v), want 0", g.Granted, err)
+	}
+	if g, _ := ref.Lease(context.Background(), req); g.Granted != 10 {
+		t.Errorf("memory, window begun before the store: granted %d, want 10", g.Granted)
+	}
+	clk.Advance(time.Second)
+	if g, err := s.Lease(context.Background(), req); err != nil || g.Granted != 10 {
+		t.Errorf("redis, next window: granted %d (%v), want 10", g.Granted, err)
 	}
 }
 
