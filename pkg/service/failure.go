@@ -78,7 +78,7 @@ func (s *Service) takeOn(ctx context.Context, role storeRole, hits []algo.Hit, s
 		}
 	}
 	s.fail(ctx, role, err, hits, specs, failed, decs, outs)
-	if callerOutOfTime(ctx, err) {
+	if callerOutOfTime(ctx, role, err) {
 		for h, o := range outs {
 			undecided = undecided || (o == byFailedOpen && !hits[h].Release)
 		}
@@ -86,21 +86,22 @@ func (s *Service) takeOn(ctx context.Context, role storeRole, hits []algo.Hit, s
 	return undecided, false
 }
 
-// callerOutOfTime reports whether a Store call failed because the
-// caller's time ran out: a store's own "not decided within the caller's
-// deadline" (cause deadline), or a timeout that is the caller's context
-// deadline, or a budget derived from it (errors.Is
-// context.DeadlineExceeded), or the caller's deadline has passed. Such a
-// request is undecided (errUndecided). Any other failure, including a
-// timeout the store set itself well within the caller's deadline (the
-// durable store's --durable-timeout) and a circuit open after a stall, is
-// a store failure: the rules' failure modes decide.
-func callerOutOfTime(ctx context.Context, err error) bool {
+// callerOutOfTime reports whether a call of the store of role failed
+// because the caller's time ran out, which leaves the request undecided
+// (errUndecided). For the fast stores, cause deadline or timeout: the
+// Redis store ends a call only at the caller's budget, and the memcached
+// store's timeouts are shed as documented. For the durable store, cause
+// deadline, or a timeout that is the caller's context deadline or a
+// budget it cut short (errors.Is context.DeadlineExceeded): its own
+// --durable-timeout, well within the caller's deadline, and a circuit
+// open after a stall are store failures, which the rules' failure modes
+// decide.
+func callerOutOfTime(ctx context.Context, role storeRole, err error) bool {
 	switch causeOf(err) {
 	case causeDeadline:
 		return true
 	case causeTimeout:
-		return errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded)
+		return role == roleFast || errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded)
 	}
 	return false
 }
