@@ -194,17 +194,8 @@ func secretParts(k secretKind, v string) []string {
 		}
 	case secretPostgresURL:
 		// The password of the user info and of the query (libpq takes
-		// password= and sslpassword= there).
-		if u, err := url.Parse(v); err == nil {
-			if p, ok := u.User.Password(); ok {
-				out = append(out, p)
-			}
-			for k, vs := range u.Query() {
-				if strings.Contains(strings.ToLower(k), "password") {
-					out = append(out, vs...)
-				}
-			}
-		}
+		// password= and sslpassword= there), or of a key/value string.
+		out = append(out, postgres.URLPasswords(v)...)
 	}
 	// Too short to scrub without mangling the text around them.
 	return slices.DeleteFunc(out, func(s string) bool { return len(s) < 3 })

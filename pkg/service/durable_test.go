@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -225,14 +226,15 @@ func TestDurableExplainAndReset(t *testing.T) {
 	wantAnswer(t, "after reset", e.call(t, both), rlsv3.RateLimitResponse_OK, 3, 1)
 }
 
-// A fast store that times out leaves the request undecided
-// (DeadlineExceeded) without charging the durable quota; a durable store
-// that times out keeps the fast hits (the caller's failure policy may
+// A fast store that times out at the caller's deadline leaves the request
+// undecided (DeadlineExceeded) without charging the durable quota; so does
+// a durable store that answers it was not decided within the caller's
+// deadline, and it keeps the fast hits (the caller's failure policy may
 // admit the request).
 func TestUndecidedAcrossStores(t *testing.T) {
 	e := newDurableEnv(t)
 	both := req("q", d("api", "k"), d("day3", "acme"))
-	e.fast.fail(causeErr{"timeout"})
+	e.fast.fail(callerDeadlineErr{})
 	if _, err := e.svc.ShouldRateLimit(context.Background(), both); status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("fast store timed out: %v, want DeadlineExceeded", err)
 	}
@@ -240,10 +242,54 @@ func TestUndecidedAcrossStores(t *testing.T) {
 		t.Fatalf("the durable store was asked %d times for a request the fast store did not decide", n)
 	}
 	e.fast.fail(nil)
-	e.durable.fail(causeErr{"timeout"})
-	if _, err := e.svc.ShouldRateLimit(context.Background(), both); status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("durable store timed out: %v, want DeadlineExceeded", err)
+	for _, err := range []error{callerDeadlineErr{}, causeErr{"deadline"}} {
+		e.durable.fail(err)
+		if _, err := e.svc.ShouldRateLimit(context.Background(), both); status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("durable store out of the caller's time: %v, want DeadlineExceeded", err)
+		}
 	}
 	e.durable.fail(nil)
-	wantAnswer(t, "after both", e.call(t, both), rlsv3.RateLimitResponse_OK, 3, 2)
+	wantAnswer(t, "after both", e.call(t, both), rlsv3.RateLimitResponse_OK, 2, 2)
+}
+
+// A durable store that times out on its own budget (--durable-timeout,
+// well within the caller's deadline) or whose circuit is open failed: the
+// durable limits' failure modes answer, not DeadlineExceeded, and the
+// fast limits are still enforced.
+func TestDurableTimeoutGetsFailureModes(t *testing.T) {
+	for _, fault := range []error{causeErr{"timeout"}, causeErr{"circuit_open"}} {
+		t.Run(fault.Error(), func(t *testing.T) {
+			e := newDurableEnv(t)
+			e.durable.fail(fault)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
+			api := d("api", "k")
+			for i := range 5 {
+				resp, err := e.svc.ShouldRateLimit(ctx, req("q", api, d("openq", "a")))
+				if err != nil {
+					t.Fatalf("open, call %d: %v, want failure_mode open", i, err)
+				}
+				wantAnswer(t, "open", resp, rlsv3.RateLimitResponse_OK, uint32(4-i), 0)
+			}
+			resp, err := e.svc.ShouldRateLimit(ctx, req("q", api, d("openq", "a")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantAnswer(t, "open, fast limit spent", resp, rlsv3.RateLimitResponse_OVER_LIMIT, 0, 0)
+			resp, err = e.svc.ShouldRateLimit(ctx, req("q", d("closedq", "a")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantAnswer(t, "closed", resp, rlsv3.RateLimitResponse_OVER_LIMIT, 0)
+			for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+				resp, err := e.svc.ShouldRateLimit(ctx, req("q", d("localq", "a")))
+				if err != nil || resp.GetOverallCode() != want {
+					t.Fatalf("local, call %d: %v %v, want %v", i, resp.GetOverallCode(), err, want)
+				}
+			}
+			if v := metricValue(t, e.reg, "ratelimitd_durable_errors_total", map[string]string{"cause": fault.(causeErr).cause}); v != 9 {
+				t.Errorf("durable_errors{%s} = %v, want 9", fault, v)
+			}
+		})
+	}
 }

@@ -44,9 +44,9 @@ const (
 
 // takeOn decides hits (specs[i] the limit of hits[i]) with one call of the
 // store of role, filling decs and outs; when that call fails, each hit's
-// failure_mode decides it (fail). undecided: the call failed by deadline
-// or timeout and a hit other than a release was only admitted by
-// failure_mode open (see errUndecided). gone: the call failed after the
+// failure_mode decides it (fail). undecided: the call ran out of the
+// caller's time (callerOutOfTime) and a hit other than a release was only
+// admitted by failure_mode open (see errUndecided). gone: the call failed after the
 // caller cancelled the request; nothing was decided (no failure mode, no
 // fallback, no decision metric), as nobody receives the answer (see
 // errCallerGone).
@@ -78,12 +78,32 @@ func (s *Service) takeOn(ctx context.Context, role storeRole, hits []algo.Hit, s
 		}
 	}
 	s.fail(ctx, role, err, hits, specs, failed, decs, outs)
-	if c := causeOf(err); c == causeDeadline || c == causeTimeout {
+	if callerOutOfTime(ctx, role, err) {
 		for h, o := range outs {
 			undecided = undecided || (o == byFailedOpen && !hits[h].Release)
 		}
 	}
 	return undecided, false
+}
+
+// callerOutOfTime reports whether a call of the store of role failed
+// because the caller's time ran out, which leaves the request undecided
+// (errUndecided). For the fast stores, cause deadline or timeout: the
+// Redis store ends a call only at the caller's budget, and the memcached
+// store's timeouts are shed as documented. For the durable store, cause
+// deadline, or a timeout that is the caller's context deadline or a
+// budget it cut short (errors.Is context.DeadlineExceeded): its own
+// --durable-timeout, well within the caller's deadline, and a circuit
+// open after a stall are store failures, which the rules' failure modes
+// decide.
+func callerOutOfTime(ctx context.Context, role storeRole, err error) bool {
+	switch causeOf(err) {
+	case causeDeadline:
+		return true
+	case causeTimeout:
+		return role == roleFast || errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded)
+	}
+	return false
 }
 
 // errorsOf is the error counter of role's store.

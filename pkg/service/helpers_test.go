@@ -110,6 +110,15 @@ func (e causeErr) Cause() string { return e.cause }
 
 var errDown = causeErr{"refused"}
 
+// callerDeadlineErr is a Store's timeout at the caller's deadline (or a
+// budget derived from it): cause "timeout", errors.Is
+// context.DeadlineExceeded, as the Redis store's ErrCallTimeout.
+type callerDeadlineErr struct{}
+
+func (callerDeadlineErr) Error() string { return "backend: no reply by the caller's deadline" }
+func (callerDeadlineErr) Cause() string { return "timeout" }
+func (callerDeadlineErr) Unwrap() error { return context.DeadlineExceeded }
+
 var _ service.Causer = causeErr{}
 
 // env is one service behind a bufconn gRPC server.

@@ -55,7 +55,7 @@ func (s *Service) takeLeased(ctx context.Context, hits []algo.Hit, specs []*poli
 			return false, true
 		}
 		s.fail(ctx, roleFast, err, lh, ls, failed, ld, lo)
-		if c := causeOf(err); c == causeDeadline || c == causeTimeout {
+		if callerOutOfTime(ctx, roleFast, err) {
 			for _, j := range failed {
 				undecided = undecided || (lo[j] == byFailedOpen && !lh[j].Release)
 			}

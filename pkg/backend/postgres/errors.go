@@ -1,7 +1,9 @@
 package postgres
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -120,10 +122,13 @@ func causeOf(err error) (cause string, outage bool) {
 // errTimeout: the call's budget ran out before PostgreSQL answered.
 var errTimeout = newError(CauseTimeout, true, errors.New("no reply within the call's budget"))
 
-// errBudgetCut is what the breaker records for a call whose budget, cut
-// short by the caller's deadline, ran out: less than a whole Timeout of
-// silence proves nothing about PostgreSQL.
-var errBudgetCut = newError(CauseTimeout, false, errors.New("no reply within the caller's deadline"))
+// errBudgetCut is the error of a call whose budget, cut short by the
+// caller's deadline, ran out, and what the breaker records for it: less
+// than a whole Timeout of silence proves nothing about PostgreSQL. It is
+// context.DeadlineExceeded (errors.Is), which tells the service the
+// caller's time ran out (the request is undecided), where errTimeout and
+// ErrStalledOpen are store failures that get the rules' failure modes.
+var errBudgetCut = newError(CauseTimeout, false, fmt.Errorf("no reply within the caller's deadline: %w", context.DeadlineExceeded))
 
 // ErrCircuitOpen is returned, without calling PostgreSQL, while the
 // circuit breaker is open after failures the server proved (refused
@@ -132,7 +137,7 @@ var ErrCircuitOpen = newError(CauseCircuitOpen, false, errors.New("circuit open,
 
 // ErrStalledOpen is returned, without calling PostgreSQL, while the
 // circuit is open because the server stalled (timeouts only): its cause
-// is CauseTimeout, which the service sheds like a budget that ran out.
+// is CauseTimeout; the rules' failure modes decide.
 var ErrStalledOpen = newError(CauseTimeout, false, errors.New("circuit open after PostgreSQL stalled, not calling PostgreSQL"))
 
 // breakerErrors are the store's errors of its breaker.

@@ -200,6 +200,24 @@ func TestPasswordNeverShown(t *testing.T) {
 	check("wrong password given", newWith(srv.URLNoPassword(db), wrong))
 	check("bad URL", newWith("postgres://"+pgtest.User+":"+srv.Password+"@127.0.0.1:notaport/x", ""))
 	check("bad URL parameter", newWith(strings.Replace(srv.URL(db), "sslmode=disable", "sslmode=bogus", 1), ""))
+	// Refused URLs: a libpq key/value string, and passwords with
+	// characters a URL reserves, unescaped. Each is refused with a hint
+	// to percent-encode the password, and never shown.
+	odd := []string{"kv-" + srv.Password}
+	refused := map[string]string{"key/value string": "host=127.0.0.1 port=1 user=" + pgtest.User + " password=" + odd[0] + " dbname=" + db}
+	for _, c := range []string{"#", "/", "?", " ", "%zz"} {
+		pw := "p" + c + srv.Password
+		odd = append(odd, pw)
+		refused["password with "+c] = "postgres://" + pgtest.User + ":" + pw + "@127.0.0.1:1/" + db
+	}
+	for what, u := range refused {
+		err := newWith(u, "")
+		check(what, err)
+		if !strings.Contains(err.Error(), "percent-encode") {
+			t.Errorf("%s: no hint to percent-encode the password: %v", what, err)
+		}
+		texts = append(texts, postgres.RedactURL(u))
+	}
 	o := postgres.DefaultOptions()
 	o.URL, o.Logger, o.SweepInterval = srv.URLNoPassword(db), logger, 10*time.Millisecond
 	o.Password = srv.Password
@@ -216,7 +234,7 @@ func TestPasswordNeverShown(t *testing.T) {
 	}
 	texts = append(texts, logs.String(), postgres.RedactURL(srv.URL(db)), postgres.RedactURL(closed))
 	for _, txt := range texts {
-		for _, pw := range []string{srv.Password, wrong} {
+		for _, pw := range append([]string{srv.Password, wrong}, odd...) {
 			if strings.Contains(txt, pw) {
 				t.Errorf("the password is shown: %s", txt)
 			}

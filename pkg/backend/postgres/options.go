@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -124,7 +125,7 @@ func (o Options) Validate() error {
 	if o.URL == "" {
 		errs = append(errs, ErrNoURL)
 	} else if u, err := url.Parse(o.URL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		errs = append(errs, fmt.Errorf("postgres: URL %s: want postgres://user@host:port/database", RedactURL(o.URL)))
+		errs = append(errs, fmt.Errorf("postgres: URL %s: %s", RedactURL(o.URL), urlHint))
 	}
 	if o.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("postgres: timeout %v: must be > 0", o.Timeout))
@@ -155,14 +156,24 @@ func (o Options) Validate() error {
 
 const redacted = "xxxxx"
 
+// urlHint is Validate's advice on a URL it refuses, which it does not
+// show: the common causes are a libpq key/value string and a password
+// with characters a URL reserves.
+const urlHint = "want postgres://user@host:port/database (not a key/value string); " +
+	"percent-encode reserved characters of the password (# / ? @ : % and space), or give the password apart (--durable-password-file)"
+
 // RedactURL returns raw with its password and its query values replaced
-// by "xxxxx" (a value that does not parse as a URL is replaced whole),
-// for logs.
+// by "xxxxx", without its fragment, for logs and errors; a value that is
+// not a postgres:// URL (it does not parse, or it is a libpq key/value
+// string) is replaced whole.
 func RedactURL(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil {
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		// Not a postgres:// URL (a libpq key/value string, a typo): where
+		// its password is cannot be told.
 		return redacted
 	}
+	u.Fragment, u.RawFragment = "", ""
 	if u.User != nil {
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), redacted)
@@ -190,14 +201,43 @@ func (o Options) secrets() []string {
 		}
 	}
 	add(o.Password)
-	if u, err := url.Parse(o.URL); err == nil && u.User != nil {
-		if pw, ok := u.User.Password(); ok {
-			add(pw)
-		}
-		add(u.Query().Get("password"))
+	for _, pw := range URLPasswords(o.URL) {
+		add(pw)
 	}
 	return out
 }
+
+// URLPasswords returns the passwords raw holds: as a postgres:// URL, its
+// user info's and its query's password and sslpassword; as a libpq
+// key/value string (which the store refuses, but a message may still
+// quote), their values.
+func URLPasswords(raw string) []string {
+	var out []string
+	if u, err := url.Parse(raw); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		if pw, ok := u.User.Password(); ok {
+			out = append(out, pw)
+		}
+		for k, vs := range u.Query() {
+			if strings.Contains(strings.ToLower(k), "password") {
+				out = append(out, vs...)
+			}
+		}
+		return out
+	}
+	for _, m := range kvPassword.FindAllStringSubmatch(raw, -1) {
+		v := m[1]
+		if strings.HasPrefix(v, "'") {
+			v = strings.NewReplacer(`\'`, "'", `\\`, `\`).Replace(strings.TrimSuffix(v[1:], "'"))
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// kvPassword matches a password or sslpassword of a libpq key/value
+// string: a value in single quotes (backslash escapes) or up to the next
+// space.
+var kvPassword = regexp.MustCompile(`(?i)password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)`)
 
 // scrub replaces every secret in s by "xxxxx".
 func scrub(s string, secrets []string) string {

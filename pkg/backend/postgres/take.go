@@ -48,7 +48,9 @@ func (s *Store) budget(ctx context.Context, start time.Time) (end time.Time, cut
 // decision with pkg/algo (the same functions the other stores use).
 //
 // Take returns by its budget (see budget) with an error of cause
-// CauseTimeout when PostgreSQL has not answered; the connection is then
+// CauseTimeout when PostgreSQL has not answered (errors.Is
+// context.DeadlineExceeded when the caller's deadline cut the budget
+// short: the caller's time ran out, not a whole Timeout); the connection is then
 // closed, and the transaction rolls back unless the server committed it
 // first (then the request was counted, as after a Redis timeout). Errors
 // are *Error. While the circuit breaker is open Take returns
@@ -92,6 +94,9 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 	}
 	s.breaker.RecordSince(start, time.Now(), rec)
 	s.note(err)
+	if errors.Is(err, errTimeout) && cut {
+		return errBudgetCut
+	}
 	return err
 }
 
