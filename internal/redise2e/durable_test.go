@@ -23,19 +23,21 @@ import (
 )
 
 // durableYAML: a fast (Redis) limit, a durable 5-per-day plan, and two
-// durable limits with failure modes for the outage test.
+// durable limits with failure modes for the outage test. The fast limits
+// count in (365-day) year windows, so that no run spans a window boundary,
+// where their exact counts would start again.
 const durableYAML = `domain: q
 descriptors:
   - key: api
-    rate_limit: {unit: minute, requests_per_unit: 1000}
+    rate_limit: {unit: year, requests_per_unit: 1000}
   - key: apiclosed
-    rate_limit: {unit: minute, requests_per_unit: 1000, failure_mode: closed}
+    rate_limit: {unit: year, requests_per_unit: 1000, failure_mode: closed}
   - key: plan
     rate_limit: {unit: day, requests_per_unit: 5, store: durable}
   - key: planclosed
     rate_limit: {unit: day, requests_per_unit: 5, store: durable, failure_mode: closed}
   - key: bigapi
-    rate_limit: {unit: minute, requests_per_unit: 1000000000}
+    rate_limit: {unit: year, requests_per_unit: 1000000000}
   - key: bigplan
     rate_limit: {unit: day, requests_per_unit: 1000000000, store: durable}
 `
