@@ -41,14 +41,7 @@ func TestServerDurableFrozenFailsOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ran := make(chan error, 1)
-	go func() { ran <- s.Run(context.Background()) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-		<-ran
-	})
+	runServer(t, s)
 	cc := testproc.Dial(t, s.grpcLn.Addr().String())
 	if err := testproc.WaitHealth(cc, durableHealth, healthpb.HealthCheckResponse_SERVING, 20*time.Second); err != nil {
 		t.Fatal(err)

@@ -42,14 +42,7 @@ func TestServerDurableStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ran := make(chan error, 1)
-	go func() { ran <- s.Run(context.Background()) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-		<-ran
-	})
+	runServer(t, s)
 	cc := testproc.Dial(t, s.grpcLn.Addr().String())
 	for _, name := range []string{"", durableHealth} {
 		if err := testproc.WaitHealth(cc, name, healthpb.HealthCheckResponse_SERVING, 20*time.Second); err != nil {
@@ -125,14 +118,7 @@ func TestServerDurableStartsWithoutPostgres(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("serve with PostgreSQL down took %v to start", took)
 	}
-	ran := make(chan error, 1)
-	go func() { ran <- s.Run(context.Background()) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-		<-ran
-	})
+	runServer(t, s)
 	cc := testproc.Dial(t, s.grpcLn.Addr().String())
 	if err := testproc.WaitHealth(cc, "", healthpb.HealthCheckResponse_SERVING, 20*time.Second); err != nil {
 		t.Fatal(err)
@@ -215,4 +201,17 @@ func TestDurableFlagsMapped(t *testing.T) {
 	if !durableOptions(o, "").AsyncCommit {
 		t.Error("RATELIMITD_DURABLE_ASYNC_COMMIT=true: AsyncCommit false")
 	}
+}
+
+// runServer runs s until the test ends, then shuts it down within 10 s.
+func runServer(t *testing.T, s *server) {
+	t.Helper()
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(context.Background()) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+		<-ran
+	})
 }
