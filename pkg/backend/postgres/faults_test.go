@@ -17,7 +17,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 )
 
-// slack is what a loaded 2-core host may add to a bound before a call
+// slack is what a loaded host may add to a bound before a call
 // returns.
 const slack = 300 * time.Millisecond
 
