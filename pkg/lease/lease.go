@@ -55,8 +55,13 @@ type Options struct {
 	Interval time.Duration
 	// Timeout bounds one lease operation (0 means 1 s).
 	Timeout time.Duration
-	// Now is the clock (nil means time.Now).
+	// Now is the clock every decision reads (nil means time.Now).
 	Now func() time.Time
+	// Ticker starts the renewal loop's ticks, every d of the clock Now
+	// reads, and returns them and a function that stops them (nil means
+	// a time.Ticker). A clock other than the real one needs its own, so
+	// that renewals follow that clock.
+	Ticker func(d time.Duration) (ticks <-chan time.Time, stop func())
 	// Registerer receives the lease metrics; nil disables them.
 	Registerer prometheus.Registerer
 	// Logger; nil means slog.Default().
@@ -104,6 +109,9 @@ func New(opt Options) (*Leaser, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
+	if opt.Ticker == nil {
+		opt.Ticker = realTicker
+	}
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
@@ -119,6 +127,12 @@ func New(opt Options) (*Leaser, error) {
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go ls.loop()
 	return ls, nil
+}
+
+// realTicker is Options.Ticker's default: a time.Ticker.
+func realTicker(d time.Duration) (<-chan time.Time, func()) {
+	t := time.NewTicker(d)
+	return t.C, t.Stop
 }
 
 // Subscriber is this instance's id among the subscribers of the store.
