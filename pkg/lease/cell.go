@@ -68,25 +68,24 @@ const probeSubscriber = 1 << 52
 
 // Cell divides a global limit among cells, each enforcing its allowance
 // locally with leases on its own store. Every interval (Step, called by
-// its owner) it reads what its store granted in the window, publishes it
-// with its demand and its allowance, and sets its allowance to
-// what it used plus its max-min fair share (pkg/fairshare, cells as
+// its owner) it reads what its store granted in the window, sets its
+// allowance to that plus its max-min fair share (pkg/fairshare, cells as
 // subscribers) of the budget (the limit less the headroom) less what it
-// used and less every other cell's claim: that cell's reported
-// Allowance (or use, if larger) plus two intervals of its demand, by its latest
-// report; the even split plus two intervals of its last known demand when
-// no report of the window has arrived.
+// used and less every other cell's claim, and publishes its report. A
+// cell's claim is its reported Allowance (or use, if larger) plus two
+// intervals of its demand; before its first report of the window, the
+// even split plus two intervals of its last reported demand.
 //
 // A share never exceeds the cell's smoothed demand of one interval, so a
 // cell's Allowance grows by at most that per Step, as long as its
 // instances lease with the allowance of its last Step or the one before
-// (each asks Limit for every hit, and at least one hit comes between two
-// Steps). With reports d late
-// and Steps s apart, a cell takes at most ceil(d/s) Steps that another
-// has not heard of, and the claim covers two of them: reports up to two
-// intervals late never let the cells together exceed the budget, and
-// later ones by at most (ceil(d/s)-2) intervals of the other cells'
-// demand (docs/leases.md derives it). The headroom covers that excess.
+// (each asks Limit for every hit, and some hit comes between two Steps).
+// With reports d late and Steps s apart, a cell takes at most ceil(d/s)
+// Steps another has not heard of, and the claim covers two of them. So
+// under steady demand, reports up to two intervals late never let the
+// cells together exceed the budget, and later ones exceed it by at most
+// (ceil(d/s)-2) intervals of the other cells' demand (docs/leases.md
+// derives it); the headroom covers that, demand surges and clock skew.
 type Cell struct {
 	opt   CellOptions
 	alloc *fairshare.Allocator
