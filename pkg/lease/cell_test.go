@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -253,5 +254,77 @@ func cellsRun(t *testing.T, srvs []*redistest.Server, delay time.Duration) {
 	}
 	if n := badWindow.Load(); n > 0 {
 		t.Errorf("%d decisions carried another window than the fake clock's", n)
+	}
+}
+
+// newTestCell is cell 1 of cells on a memory store, on a fake clock at a
+// window start, sharing 3000 per 20 minutes with a 15 % headroom.
+func newTestCell(t *testing.T, cells int) (*Cell, *lagged) {
+	t.Helper()
+	clk := &fakeClock{}
+	clk.us.Store(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro())
+	st, err := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	exch := &lagged{clk: clk}
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 3000, Period: 20 * time.Minute}
+	return NewCell(CellOptions{ID: 1, Store: st, Key: "k", Limit: l, Headroom: 0.15, Exchange: exch, Now: clk.Now}, cells), exch
+}
+
+// own returns cell 1's last report.
+func (x *lagged) own() CellReport {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for i := len(x.sent) - 1; i >= 0; i-- {
+		if x.sent[i].r.Cell == 1 {
+			return x.sent[i].r
+		}
+	}
+	return CellReport{}
+}
+
+// A cell that has heard from no other cell yet counts each of them as
+// claiming the even split: its allowance stays within the budget less
+// those splits, whatever its demand.
+func TestCellClaimsUnheardCells(t *testing.T) {
+	c, _ := newTestCell(t, 3)
+	c.Asked(2000)
+	if err := c.Step(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	budget := int64(2550)
+	if got, most := c.Limit().Rate, budget-2*(budget/3); got > most {
+		t.Errorf("allowance %d with two cells not heard of, want at most %d (the budget %d less two even splits)", got, most, budget)
+	}
+}
+
+// A cell whose allowance shrinks reports the one before it as well:
+// lease operations in flight may still carry it, so the other cells must
+// count it.
+func TestCellReportsPreviousAllowance(t *testing.T) {
+	c, exch := newTestCell(t, 2)
+	ctx := context.Background()
+	ws := c.opt.Now().UnixMicro()
+	exch.Publish(CellReport{Cell: 2, Window: ws})
+	c.Asked(1000)
+	if err := c.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := c.Limit().Rate
+	if first != 1000 {
+		t.Fatalf("allowance %d, want the demand 1000 (the other cell claims nothing)", first)
+	}
+	exch.Publish(CellReport{Cell: 2, Window: ws, Allowance: 2000})
+	c.Asked(1000)
+	if err := c.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Limit().Rate; got >= first {
+		t.Fatalf("allowance %d after the other cell claimed 2000, want less than %d", got, first)
+	}
+	if r := exch.own(); r.Allowance < first {
+		t.Errorf("reported Allowance %d, want at least the previous allowance %d", r.Allowance, first)
 	}
 }
