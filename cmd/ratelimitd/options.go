@@ -171,6 +171,9 @@ type Options struct {
 	// Drain is how long the health checks report NOT_SERVING before the
 	// listeners stop accepting (lets load balancers notice).
 	Drain time.Duration
+	// LeaseInterval is the renewal interval of leased limits
+	// (lease.Options.Interval).
+	LeaseInterval time.Duration
 	// RLQSInterval is the RLQS reporting round (rlqs.Options.Interval).
 	RLQSInterval time.Duration
 	// RLQSAbandonAfter is the silence after which an RLQS bucket is

@@ -2,7 +2,6 @@ package main
 
 import (
 	"flag"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"io"
 	"os"
 	"regexp"
@@ -13,6 +12,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/lease"
 )
 
 func env(kv ...string) func(string) (string, bool) {
@@ -163,6 +165,9 @@ func TestParseServeErrors(t *testing.T) {
 		{"config type", nil, []string{"CONFIG_TYPE", "GRPC_XDS_DELTA"}, `CONFIG_TYPE="GRPC_XDS_DELTA": want FILE .* or GRPC_XDS_SOTW`},
 		{"xds source", []string{"--config-source=etcd"}, nil, `--config-source="etcd"`},
 		{"rlqs interval", []string{"--rlqs-interval=-1s"}, nil, `--rlqs-interval=-1s: must not be negative`},
+		{"lease interval negative", []string{"--lease-interval=-1s"}, nil, `--lease-interval=-1s: must not be negative`},
+		{"lease interval short", []string{"--lease-interval=100us"}, nil, `--lease-interval=100µs: must be at least 1ms \(0 means the default, 100ms\)`},
+		{"lease interval env", nil, []string{"RATELIMITD_LEASE_INTERVAL", "soon"}, `RATELIMITD_LEASE_INTERVAL="soon"`},
 		{"rlqs abandon", []string{"--rlqs-abandon-after=-1s"}, nil, `--rlqs-abandon-after=-1s: must not be negative`},
 		{"rlqs headroom", []string{"--rlqs-headroom=0.5"}, nil, `--rlqs-headroom=0.5: must be in \[0, 0.5\)`},
 		{"xds metadata", []string{"--config-source=xds", "--xds-node-metadata=a:b"}, nil, `--xds-node-metadata: item 1 is not key=value`},
@@ -361,6 +366,33 @@ func TestLegacyURLWithUserInfo(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), "s3cr3tpw") || !strings.Contains(err.Error(), "credentials go in REDIS_AUTH") {
 			t.Errorf("REDIS_URL #%d: %v, want the host:port rule, unquoted", len(v), err)
+		}
+	}
+}
+
+// --lease-interval and its twin reach the Leaser's options; the default
+// is the package's.
+func TestLeaseIntervalReachesLeaser(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  []string
+		want time.Duration
+	}{
+		{nil, nil, lease.DefaultInterval},
+		{[]string{"--lease-interval=250ms"}, nil, 250 * time.Millisecond},
+		{nil, []string{"RATELIMITD_LEASE_INTERVAL", "2s"}, 2 * time.Second},
+		{[]string{"--lease-interval=1ms"}, []string{"RATELIMITD_LEASE_INTERVAL", "2s"}, time.Millisecond},
+	} {
+		o, _, err := parseServe(c.args, env(c.env...), io.Discard)
+		if err != nil {
+			t.Fatalf("%v %v: %v", c.args, c.env, err)
+		}
+		lo := leaseOptions(o, noLeaseStore{}, nil, nil)
+		if lo.Interval != c.want {
+			t.Errorf("%v %v: lease interval %v, want %v", c.args, c.env, lo.Interval, c.want)
+		}
+		if err := lo.Validate(); err != nil {
+			t.Errorf("%v %v: %v", c.args, c.env, err)
 		}
 	}
 }

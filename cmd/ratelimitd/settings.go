@@ -13,6 +13,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -189,6 +190,7 @@ var settings = []setting{
 	{name: "problem-detail", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.ProblemDetail }, ""), doc: "problem `detail` template; placeholders `{policy}`, `{quota}`, `{window}`, `{retry_after}` (seconds)", shown: "(built-in sentence)"},
 	{name: "fail-closed-retry-after", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.FailClosedRetryAfter }, service.DefaultFailClosedRetryAfter), doc: "`Retry-After` base when `failure_mode: closed` denies because the backend failed", owner: "service.FailClosedRetryAfter"},
 	{name: "detailed-metric-cap", group: groupTelemetry, field: fieldOf(func(o *Options) *int { return &o.DetailedMetricCap }, service.DefaultDetailedMetricCap), doc: "distinct `rule` label values from `detailed_metric` rules per loaded config, then `_other`; negative disables detailed labels ([docs/metrics.md](docs/metrics.md))", owner: "service.DetailedMetricCap"},
+	{name: "lease-interval", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.LeaseInterval }, lease.DefaultInterval), doc: "`consistency: leased` limits ([docs/leases.md](docs/leases.md)): every this long an instance renews each lease it uses and shares its demand (a quarter window when that is shorter); longer intervals mean fewer store calls and larger leases, so more units held unused when demand moves; at least `1ms`", owner: "lease.Interval"},
 	{name: "rlqs-interval", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.RLQSInterval }, rlqs.DefaultInterval), doc: "RLQS (Envoy's `rate_limit_quota` filter, [docs/rlqs.md](docs/rlqs.md)): every this long the reported usage is charged and each limit divided again among the Envoys; set Envoy's `reporting_interval` to the same", owner: "rlqs.Interval"},
 	{name: "rlqs-abandon-after", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.RLQSAbandonAfter }, rlqs.DefaultAbandonAfter), doc: "RLQS: a bucket not reported for this long is sent an `AbandonAction` and forgotten; several reporting intervals", owner: "rlqs.AbandonAfter"},
 	{name: "rlqs-headroom", group: groupAnswers, field: fieldOf(func(o *Options) *float64 { return &o.RLQSHeadroom }, rlqs.DefaultHeadroom), doc: "RLQS: share of each limit the Envoys' full token buckets hold together; the assigned rates share the rest, so a window never admits more than the limit", owner: "rlqs.Headroom"},
