@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -55,7 +56,7 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 	maxRules := fs.Int("max-config-rules", int(rulesDefault), "most rules the config may hold, as serve enforces it (0 = no limit)")
 	maxBytes := fs.Int64("max-config-bytes", bytesDefault, "most bytes the config files may hold together, as serve enforces it (0 = no limit)")
 	dot := fs.Bool("ignore-dotfiles", dotDefault, "skip config files and directories whose name starts with a dot (Kubernetes ConfigMap ..data); --ignore-dotfiles=false loads them (reference mode's default unless RUNTIME_IGNOREDOTFILES=true)")
-	modeDefault := modeAuto
+	modeDefault := compat.ModeAuto
 	if v, ok := lookup("RATELIMITD_MODE"); ok {
 		modeDefault = strings.TrimSpace(v)
 	}
@@ -97,7 +98,7 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 		if v, ok := lookup("RUNTIME_IGNOREDOTFILES"); ok && strings.TrimSpace(v) != "" {
 			dotSet = true
 		}
-		lo.IgnoreDotFiles = referenceIgnoreDotfiles(*dot, dotSet)
+		lo.IgnoreDotFiles = compat.IgnoreDotfiles(*dot, dotSet)
 		lo.RepeatPaths = true
 		lo.LiteralValues = true
 		if len(paths) == 0 {
@@ -156,17 +157,17 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 // --config), and why.
 func validateMode(mode string, lookup func(string) (string, bool)) (ref bool, reason string, err error) {
 	switch mode {
-	case modeReference:
+	case compat.ModeReference:
 		return true, "--mode=reference", nil
-	case modeNative:
+	case compat.ModeNative:
 		return false, "--mode=native", nil
-	case modeAuto:
+	case compat.ModeAuto:
 		for _, n := range []string{"RATELIMITD_CONFIG", "RATELIMITD_CONFIG_SOURCE"} {
 			if _, ok := lookup(n); ok {
 				return false, n + " given", nil
 			}
 		}
-		if set := referenceVarsSet(lookup); len(set) > 0 {
+		if set := compat.TriggersSet(lookup); len(set) > 0 {
 			return true, "envoyproxy/ratelimit variables set: " + strings.Join(set, ", "), nil
 		}
 		return false, "no envoyproxy/ratelimit variable set", nil
@@ -176,7 +177,7 @@ func validateMode(mode string, lookup func(string) (string, bool)) (ref bool, re
 
 // referenceConfigPaths are the config paths serve loads in reference
 // mode: RATELIMITD_CONFIG, else RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
-// RUNTIME_APPDIRECTORY (referenceConfigDir when none is set). A config
+// RUNTIME_APPDIRECTORY (compat.ReferenceConfigDir when none is set). A config
 // from xDS (RATELIMITD_CONFIG_SOURCE=xds, CONFIG_TYPE=GRPC_XDS_SOTW) has
 // no path to check.
 func referenceConfigPaths(lookup func(string) (string, bool)) ([]string, error) {
@@ -203,10 +204,10 @@ func referenceConfigPaths(lookup func(string) (string, bool)) ([]string, error) 
 		}
 		return paths, nil
 	}
-	if dir, ok := legacyConfigDir(get); ok {
+	if dir, ok := compat.ConfigDir(get); ok {
 		return []string{dir}, nil
 	}
-	return []string{referenceConfigDir}, nil
+	return []string{compat.ReferenceConfigDir}, nil
 }
 
 // interleave lets flags follow paths (`validate dir --strict`): the flag
