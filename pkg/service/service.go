@@ -22,8 +22,6 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
@@ -34,6 +32,7 @@ type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
 	opts     Options
+	answers  answerPolicy             // picked by Options.ReferenceAnswers
 	snap     atomic.Pointer[snapshot] // nil before the first SetPolicy
 	unknown  domainInfo               // requests of domains not in the config
 	shutdown atomic.Bool
@@ -61,7 +60,7 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{opts: opts, m: m, errLog: newLogLimiter(time.Second), unknown: domainInfo{label: LabelUnknownDomain}}
+	s := &Service{opts: opts, answers: newAnswerPolicy(opts.ReferenceAnswers), m: m, errLog: newLogLimiter(time.Second), unknown: domainInfo{label: LabelUnknownDomain}}
 	s.detailed.Store(newLabelCap(max(opts.DetailedMetricCap, 0)))
 	s.ref = newRefStats(opts.Statsd, opts.DetailedMetricCap)
 	if opts.DecisionLog != DecisionLogOff {
@@ -178,7 +177,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			dom = di
 		}
 	}
-	if err := validateRequest(req, s.opts.ReferenceAnswers); err != nil {
+	if err := validateRequest(req, s.answers); err != nil {
 		dom.count(s.m, codeInvalidArgument)
 		if s.ref != nil {
 			s.ref.serviceError.Inc()
@@ -190,10 +189,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		if s.ref != nil {
 			s.ref.serviceError.Inc()
 		}
-		if s.opts.ReferenceAnswers {
-			return nil, referenceError("no rate limit configuration loaded")
-		}
-		return nil, status.Error(codes.Unavailable, "service: no rate limit configuration loaded")
+		return nil, s.answers.noConfig()
 	}
 	if dom.label == LabelUnknownDomain { // also a domain literally named so, as before the cache
 		s.m.unknownDomain.Inc()
