@@ -39,7 +39,7 @@ type Service struct {
 	m        *metrics
 	detailed atomic.Pointer[labelCap]
 	errLog   *logLimiter
-	ref      *refStats   // nil without Options.Statsd
+	obs      observers   // the metrics' observers (newObservers)
 	dlog     *lineBucket // nil with DecisionLogOff
 	cgnatLog *lineBucket // bounds the cgnat decision log lines
 	// saturation holds the rules marked saturated (SetSaturation):
@@ -62,7 +62,7 @@ func New(opts Options) (*Service, error) {
 	}
 	s := &Service{opts: opts, answers: newAnswerPolicy(opts.ReferenceAnswers), m: m, errLog: newLogLimiter(time.Second), unknown: domainInfo{label: LabelUnknownDomain}}
 	s.detailed.Store(newLabelCap(max(opts.DetailedMetricCap, 0)))
-	s.ref = newRefStats(opts.Statsd, opts.DetailedMetricCap)
+	s.obs = newObservers(m, opts)
 	if opts.DecisionLog != DecisionLogOff {
 		s.dlog = newLineBucket(opts.DecisionLogRate, opts.Now())
 	}
@@ -79,7 +79,7 @@ func (s *Service) SetPolicy(set *policy.Set) {
 	}
 	s.snap.Store(newSnapshot(set))
 	s.detailed.Store(newLabelCap(max(s.opts.DetailedMetricCap, 0)))
-	s.ref.reset(s.opts.DetailedMetricCap)
+	s.obs.policySet()
 }
 
 // Policy returns the snapshot in force, nil before the first SetPolicy.
@@ -141,19 +141,7 @@ func (s *Service) ObserveReload(ok bool, set *policy.Set) {
 // ratelimit.service.config_load_error. It does not swap the policy: call
 // SetPolicy as well.
 func (s *Service) CountReload(r ReloadResult, set *policy.Set) {
-	s.m.reloads.WithLabelValues(string(r)).Inc()
-	if s.ref != nil {
-		switch r {
-		case ReloadSuccess, ReloadUnchanged:
-			s.ref.configLoadSuccess.Inc()
-		case ReloadFailure, ReloadReadError:
-			s.ref.configLoadError.Inc()
-		}
-	}
-	if r == ReloadSuccess && set != nil {
-		s.m.configInfo.Reset()
-		s.m.configInfo.WithLabelValues(set.Hash()).Set(1)
-	}
+	s.obs.configLoaded(r, set)
 }
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer. Errors are gRPC
@@ -179,23 +167,16 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	if err := validateRequest(req, s.answers); err != nil {
 		dom.count(s.m, codeInvalidArgument)
-		if s.ref != nil {
-			s.ref.serviceError.Inc()
-		}
+		s.obs.requestRefused()
 		return nil, err
 	}
 	if sn == nil {
 		dom.count(s.m, codeUnavailable)
-		if s.ref != nil {
-			s.ref.serviceError.Inc()
-		}
+		s.obs.requestRefused()
 		return nil, s.answers.noConfig()
 	}
 	if dom.label == LabelUnknownDomain { // also a domain literally named so, as before the cache
-		s.m.unknownDomain.Inc()
-		if s.ref != nil && !sn.set.HasDomain(req.GetDomain()) {
-			s.ref.domainNotFound(req.GetDomain(), len(req.GetDescriptors()), s.opts.DetailedMetricCap > 0)
-		}
+		s.obs.unknownDomain(sn, req.GetDomain(), len(req.GetDescriptors()))
 	}
 	resp, err := s.decide(ctx, sn, req)
 	if err != nil {
