@@ -79,7 +79,7 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 		fmt.Fprintf(stderr, "ratelimitd validate: %v\nRun 'ratelimitd validate -h' for the flags.\n", err)
 		return 2
 	}
-	ref, reason, err := validateMode(*mode, lookup)
+	ref, reason, err := compat.ValidateMode(*mode, lookup)
 	if err != nil {
 		fmt.Fprintf(stderr, "ratelimitd validate: %v\n", err)
 		return 2
@@ -102,7 +102,7 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 		lo.RepeatPaths = true
 		lo.LiteralValues = true
 		if len(paths) == 0 {
-			if paths, err = referenceConfigPaths(lookup); err != nil {
+			if paths, err = compat.ConfigPaths(lookup); err != nil {
 				fmt.Fprintf(stderr, "ratelimitd validate: %v\n", err)
 				return 2
 			}
@@ -150,64 +150,6 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 	}
 	fmt.Fprintf(stderr, "ok: %d domain(s), %d rule(s), %d warning(s)\n", len(set.Domains()), len(set.Rules()), len(warnings))
 	return 0
-}
-
-// validateMode is the mode serve would resolve from the environment for
-// `validate --mode=mode` (serve's rule without --config: PATHs are not
-// --config), and why.
-func validateMode(mode string, lookup func(string) (string, bool)) (ref bool, reason string, err error) {
-	switch mode {
-	case compat.ModeReference:
-		return true, "--mode=reference", nil
-	case compat.ModeNative:
-		return false, "--mode=native", nil
-	case compat.ModeAuto:
-		for _, n := range []string{"RATELIMITD_CONFIG", "RATELIMITD_CONFIG_SOURCE"} {
-			if _, ok := lookup(n); ok {
-				return false, n + " given", nil
-			}
-		}
-		if set := compat.TriggersSet(lookup); len(set) > 0 {
-			return true, "envoyproxy/ratelimit variables set: " + strings.Join(set, ", "), nil
-		}
-		return false, "no envoyproxy/ratelimit variable set", nil
-	}
-	return false, "", fmt.Errorf("--mode=%q: want one of auto, reference, native", mode)
-}
-
-// referenceConfigPaths are the config paths serve loads in reference
-// mode: RATELIMITD_CONFIG, else RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
-// RUNTIME_APPDIRECTORY (compat.ReferenceConfigDir when none is set). A config
-// from xDS (RATELIMITD_CONFIG_SOURCE=xds, CONFIG_TYPE=GRPC_XDS_SOTW) has
-// no path to check.
-func referenceConfigPaths(lookup func(string) (string, bool)) ([]string, error) {
-	get := func(n string) (string, bool) { v, ok := lookup(n); return strings.TrimSpace(v), ok }
-	source := ""
-	if v, ok := get("CONFIG_TYPE"); ok && strings.EqualFold(v, "GRPC_XDS_SOTW") {
-		source = "CONFIG_TYPE=" + v
-	}
-	if v, ok := get("RATELIMITD_CONFIG_SOURCE"); ok {
-		source = ""
-		if strings.EqualFold(v, "xds") {
-			source = "RATELIMITD_CONFIG_SOURCE=" + v
-		}
-	}
-	if source != "" {
-		return nil, fmt.Errorf("the config comes from xDS (%s): give the PATHs of the files to check", source)
-	}
-	if v, ok := get("RATELIMITD_CONFIG"); ok && v != "" {
-		var paths []string
-		for _, p := range strings.Split(v, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				paths = append(paths, p)
-			}
-		}
-		return paths, nil
-	}
-	if dir, ok := compat.ConfigDir(get); ok {
-		return []string{dir}, nil
-	}
-	return []string{compat.ReferenceConfigDir}, nil
 }
 
 // interleave lets flags follow paths (`validate dir --strict`): the flag

@@ -259,3 +259,53 @@ func TestInvokedAsReference(t *testing.T) {
 		}
 	}
 }
+
+// validate's mode: serve's rule, with RATELIMITD_CONFIG as --config.
+func TestValidateMode(t *testing.T) {
+	for _, tc := range []struct {
+		mode   string
+		env    []string
+		ref    bool
+		reason string
+	}{
+		{ModeAuto, nil, false, "no envoyproxy/ratelimit variable set"},
+		{ModeAuto, []string{"REDIS_URL", "r:1"}, true, "envoyproxy/ratelimit variables set: REDIS_URL"},
+		{ModeAuto, []string{"REDIS_URL", "r:1", "RATELIMITD_CONFIG_SOURCE", "file"}, false, "RATELIMITD_CONFIG_SOURCE given"},
+		{ModeReference, nil, true, "--mode=reference"},
+		{ModeNative, []string{"RUNTIME_ROOT", "/d"}, false, "--mode=native"},
+	} {
+		ref, reason, err := ValidateMode(tc.mode, lookupOf(tc.env...))
+		if err != nil || ref != tc.ref || reason != tc.reason {
+			t.Errorf("%s %v: %v %q %v, want %v %q", tc.mode, tc.env, ref, reason, err, tc.ref, tc.reason)
+		}
+	}
+	if _, _, err := ValidateMode("compat", lookupOf()); err == nil {
+		t.Error("--mode=compat: no error")
+	}
+}
+
+// The paths validate checks in reference mode.
+func TestConfigPaths(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want []string
+		err  string
+	}{
+		{nil, []string{ReferenceConfigDir}, ""},
+		{[]string{"RUNTIME_ROOT", "/d", "RUNTIME_APPDIRECTORY", "rl"}, []string{"/d/rl"}, ""},
+		{[]string{"RUNTIME_ROOT", "/d", "RATELIMITD_CONFIG", " /a, ,/b"}, []string{"/a", "/b"}, ""},
+		{[]string{"CONFIG_TYPE", "GRPC_XDS_SOTW"}, nil, "CONFIG_TYPE=GRPC_XDS_SOTW"},
+		{[]string{"CONFIG_TYPE", "GRPC_XDS_SOTW", "RATELIMITD_CONFIG_SOURCE", "file"}, []string{ReferenceConfigDir}, ""},
+	} {
+		got, err := ConfigPaths(lookupOf(tc.env...))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: %v, want an error naming %s", tc.env, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !cmp.Equal(got, tc.want) {
+			t.Errorf("%v: %v %v, want %v", tc.env, got, err, tc.want)
+		}
+	}
+}
