@@ -6,6 +6,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -23,7 +24,9 @@ func applyReferenceEnv(o *Options, lookup func(string) (string, bool)) ([]string
 	if serr := setFlags(fs, env.Sets); err == nil {
 		err = serr
 	}
-	o.refEnv, o.fromEnv = env, env.SetBy
+	// fromEnv changes as twins and flags replace values; refEnv keeps
+	// the reading.
+	o.refEnv, o.fromEnv = env, maps.Clone(env.SetBy)
 	o.StatsdReferenceAddr = env.StatsdReferenceAddr
 	o.StopIncrementWhenOverLimit = env.StopIncrementWhenOverLimit
 	return env.Warnings, err
