@@ -2,6 +2,8 @@ package main
 
 import (
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 )
 
 // Options is everything `ratelimitd serve` reads from its command line and
@@ -301,8 +303,9 @@ type Options struct {
 
 	// modeReason says why the mode in force was chosen (startup log).
 	modeReason string
-	// legacySeen records the envoyproxy/ratelimit variables found set.
-	legacySeen legacySeen
+	// refEnv is the reading of the envoyproxy/ratelimit variables
+	// (compat.ReadEnv), for resolveMode and the local cache default.
+	refEnv compat.Env
 
 	// fromEnv maps the name of each flag whose value came from its
 	// RATELIMITD_* twin or from an envoyproxy/ratelimit variable of the

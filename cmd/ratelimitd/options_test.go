@@ -5,10 +5,12 @@ import (
 	"io"
 	"os"
 	"regexp"
-	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/compat"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -88,7 +90,7 @@ func TestParseServePrecedence(t *testing.T) {
 		{"log level trace", nil, []string{"LOG_LEVEL", "trace"}, func(o Options) any { return o.LogLevel }, "debug"},
 		{"log format", nil, []string{"LOG_FORMAT", "json"}, func(o Options) any { return o.LogFormat }, "json"},
 		{"near limit", nil, []string{"NEAR_LIMIT_RATIO", "0.9"}, func(o Options) any { return o.NearLimitRatio }, 0.9},
-		{"cache bytes", nil, []string{"LOCAL_CACHE_SIZE_IN_BYTES", "1048576"}, func(o Options) any { return o.LocalCacheSize }, 1048576 / legacyCacheEntryBytes},
+		{"cache bytes", nil, []string{"LOCAL_CACHE_SIZE_IN_BYTES", "1048576"}, func(o Options) any { return o.LocalCacheSize }, 1048576 / compat.CacheEntryBytes},
 		{"cache on by default on redis", []string{"--backend=redis", "--redis-url=redis://127.0.0.1:6379", "--config=c"}, nil, func(o Options) any { return o.LocalCacheSize }, redis.DefaultLocalCacheSize},
 		{"cache off by default on memcache", []string{"--backend=memcache", "--memcache-addrs=127.0.0.1:11211", "--config=c"}, nil, func(o Options) any { return o.LocalCacheSize }, 0},
 		{"cache sized on memcache", []string{"--backend=memcache", "--memcache-addrs=127.0.0.1:11211", "--config=c", "--local-cache-size=7"}, nil, func(o Options) any { return o.LocalCacheSize }, 7},
@@ -261,37 +263,6 @@ func TestEveryFlagHasTwin(t *testing.T) {
 	}
 }
 
-// docs/migrating.md names every envoyproxy/ratelimit variable this command
-// reads, ignores or warns about.
-func TestMigratingDocCoversVariables(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/migrating.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := append([]string{}, legacyUnsupported...)
-	names = append(names, sortedKeys(legacyIgnored)...)
-	names = append(names, "REDIS_URL", "REDIS_TYPE", "REDIS_AUTH", "REDIS_TLS", "REDIS_POOL_SIZE", "RUNTIME_ROOT",
-		"RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY", "RUNTIME_IGNOREDOTFILES", "GRPC_PORT", "GRPC_HOST", "PORT", "HOST",
-		"DEBUG_PORT", "DEBUG_HOST", "SHADOW_MODE", "LOG_LEVEL", "LOG_FORMAT", "LIMIT_RESPONSE_HEADERS_ENABLED",
-		"NEAR_LIMIT_RATIO", "LOCAL_CACHE_SIZE_IN_BYTES", "CACHE_KEY_PREFIX", "BACKEND_TYPE", "MERGE_DOMAIN_CONFIG",
-		"QUOTA_MODE", "RESPONSE_DYNAMIC_METADATA", "REDIS_TIMEOUT", "USE_PROMETHEUS", "PROMETHEUS_ADDR",
-		"REDIS_TLS_CACERT", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "REDIS_SENTINEL_AUTH",
-		"GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN",
-		"USE_STATSD", "STATSD_HOST", "STATSD_PORT", "STATS_FLUSH_INTERVAL", "STATSD_PROTOCOL", "DISABLE_STATS",
-		"CONFIG_TYPE", "CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA", "CONFIG_GRPC_XDS_SERVER_URL",
-		"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-		"CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-		"XDS_CLIENT_BACKOFF_JITTER", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
-		"GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE")
-	for _, n := range names {
-		if !strings.Contains(string(doc), "`"+n+"`") {
-			t.Errorf("docs/migrating.md does not mention `%s`", n)
-		}
-	}
-}
-
 // README.md's flags table lists every serve flag.
 func TestReadmeListsEveryFlag(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
@@ -328,16 +299,6 @@ func TestTracingOptions(t *testing.T) {
 // ignoreFromEnv compares Options without their record of which values
 // came from environment twins (Options.fromEnv).
 var ignoreFromEnv = cmpopts.IgnoreUnexported(Options{})
-
-// sortedKeys is a small helper for deterministic messages.
-func sortedKeys(m map[string]string) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
 
 // TestLegacySentinelURLNotPrinted: a REDIS_URL refused in sentinel mode is
 // named, never quoted, since a mistaken value may hold a password.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -24,13 +25,13 @@ import (
 // twin is envName(name), the envoyproxy/ratelimit variables that map onto
 // it, its default and its doc line. settings is the one table the flag
 // registration (registerServeFlags), the twins, the plain legacy mapping
-// (applyLegacyTable), defaultOptions, `serve -h`, the README's flag table
+// (legacyTable), defaultOptions, `serve -h`, the README's flag table
 // and docs/flags.md are made from (flagdocs_test.go renders the last two and checks them).
 type setting struct {
 	name  string // flag name without dashes: "redis-url"
 	group string // section of docs/flags.md: one of the group* constants
 	// legacy are envoyproxy/ratelimit variables that set this field as
-	// they are (same parse, no other effect); applyLegacyTable reads them.
+	// they are (same parse, no other effect); legacyTable lists them.
 	legacy []string
 	// legacyVia names the envoyproxy/ratelimit variables that reach this
 	// field through legacy.go's own logic (documentation only).
@@ -176,7 +177,7 @@ var settings = []setting{
 	{name: "shadow-mode", group: groupAnswers, legacy: []string{"SHADOW_MODE"}, field: fieldOf(func(o *Options) *bool { return &o.ShadowMode }, false), doc: "global shadow mode: evaluate and report, never deny"},
 	{name: "quota-mode", group: groupAnswers, legacy: []string{"QUOTA_MODE"}, field: fieldOf(func(o *Options) *bool { return &o.QuotaMode }, false), doc: "global quota mode: every descriptor is a soft limit"},
 	{name: "counting", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.Counting }, "all_or_nothing"), doc: "counting policy of rules that set no `counting:` of their own: `all_or_nothing` (a denied request consumes nothing) or `always_charge` (every hit is charged even over the limit, as envoyproxy/ratelimit counts; post-paid costs sent at stream end then stop the client that spent them) ([docs/config.md](docs/config.md#counting-policy))"},
-	{name: "mode", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.Mode }, modeAuto), doc: "`auto`: reference mode when envoyproxy/ratelimit's environment is in use (one of its config, backend or header variables such as `RUNTIME_ROOT`, `REDIS_URL`, `USE_STATSD`, `LIMIT_RESPONSE_HEADERS_ENABLED` is set, or the binary is invoked as `ratelimit`) and neither `--config` nor `RATELIMITD_CONFIG` is given; `reference` or `native` force it. Reference mode answers as envoyproxy/ratelimit does; one startup line says which mode is in force and why ([docs/migrating.md](docs/migrating.md#reference-mode))"},
+	{name: "mode", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.Mode }, compat.ModeAuto), doc: "`auto`: reference mode when envoyproxy/ratelimit's environment is in use (one of its config, backend or header variables such as `RUNTIME_ROOT`, `REDIS_URL`, `USE_STATSD`, `LIMIT_RESPONSE_HEADERS_ENABLED` is set, or the binary is invoked as `ratelimit`) and neither `--config` nor `RATELIMITD_CONFIG` is given; `reference` or `native` force it. Reference mode answers as envoyproxy/ratelimit does; one startup line says which mode is in force and why ([docs/migrating.md](docs/migrating.md#reference-mode))"},
 	{name: "headers", group: groupAnswers, legacyVia: "LIMIT_RESPONSE_HEADERS_ENABLED", field: fieldOf(func(o *Options) *string { return &o.Headers }, "ietf"), doc: "`ietf` (`RateLimit`, `RateLimit-Policy`), `legacy` (three headers, named by the next three flags), `both`, `none`", shown: "`ietf` (reference mode: `none`, or `legacy` with `LIMIT_RESPONSE_HEADERS_ENABLED=true`)"},
 	{name: "legacy-limit-header", group: groupAnswers, legacyVia: "LIMIT_LIMIT_HEADER", field: fieldOf(func(o *Options) *string { return &o.LegacyLimitHeader }, service.HeaderLegacyLimit), doc: "names of the legacy headers: the chosen limit's `requests_per_unit`, `limit_remaining` and seconds until reset; `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` set them", shown: "`X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (reference mode: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`)"},
 	{name: "legacy-remaining-header", group: groupAnswers, legacyVia: "LIMIT_REMAINING_HEADER", field: fieldOf(func(o *Options) *string { return &o.LegacyRemainingHeader }, service.HeaderLegacyRemaining), doc: "name of the legacy remaining header (limit_remaining); reference mode: RateLimit-Remaining", joins: "legacy-limit-header"},
@@ -296,32 +297,9 @@ func helpText(doc string) string {
 	return strings.ReplaceAll(markdownLink.ReplaceAllString(doc, "$1"), "`", "")
 }
 
-// applyLegacyTable sets the fields of o whose setting lists a legacy
-// variable that is set and not empty (its value trimmed), parsed as
-// envoyproxy/ratelimit parses it: strconv.ParseBool, strconv.Atoi,
-// strconv.ParseFloat, parseDuration, a comma-separated list or a string
-// as is. A malformed value is appended to errs as NAME="value": error;
-// a field set is recorded in o.fromEnv as set by that variable.
-func applyLegacyTable(o *Options, get func(string) (string, bool), errs *[]error) {
-	for _, s := range settings {
-		for _, name := range s.legacy {
-			v, ok := get(name)
-			if !ok || v == "" {
-				continue
-			}
-			if err := setLegacy(s.field.ptr(o), v); err != nil {
-				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				continue
-			}
-			if o.fromEnv == nil {
-				o.fromEnv = map[string]string{}
-			}
-			o.fromEnv[s.name] = name
-		}
-	}
-}
-
-// setLegacy parses v into the field p points to (see applyLegacyTable).
+// setLegacy parses v into the field p points to as envoyproxy/ratelimit
+// parses it: strconv.ParseBool, strconv.Atoi, strconv.ParseFloat,
+// parseDuration, a comma-separated list or a string as is (legacyTable).
 func setLegacy(p any, v string) error {
 	var err error
 	switch p := p.(type) {
