@@ -9,12 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/internal/compat"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
-
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
 )
