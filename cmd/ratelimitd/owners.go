@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
@@ -155,7 +156,7 @@ func fieldValue(p any) any {
 		return *p
 	case *[]string:
 		return strings.Join(*p, ",")
-	case *byteSize:
+	case *gcpolicy.ByteSize:
 		return p.String()
 	}
 	return p

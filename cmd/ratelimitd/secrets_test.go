@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -48,7 +49,7 @@ func TestCmdlineRedactedOverHTTP(t *testing.T) {
 	os.Args = append([]string{"ratelimitd", "serve"}, args...)
 	defer func() { os.Args = saved }()
 	logs := &testproc.Buffer{}
-	s, err := newServer(o, gcPolicy{PercentSource: sourceEnv, LimitSource: sourceEnv}, nil, logs)
+	s, err := newServer(o, gcpolicy.Policy{PercentSource: gcpolicy.SourceEnv, LimitSource: gcpolicy.SourceEnv}, nil, logs)
 	if err != nil {
 		t.Fatal(err)
 	}

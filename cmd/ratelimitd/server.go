@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -86,7 +87,7 @@ var errServerStopped = errors.New("server already run or shut down")
 // serve builds the server of o and runs it until ctx is done
 // (SIGTERM/SIGINT); see Run. It applies the GC policy gc (chooseGC) and
 // logs it first, with warnings.
-func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOut io.Writer) error {
+func serve(ctx context.Context, o Options, gc gcpolicy.Policy, warnings []string, logOut io.Writer) error {
 	s, err := newServer(o, gc, warnings, logOut)
 	if err != nil {
 		return err
@@ -100,7 +101,7 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 // listeners (so a taken port fails here, before anything runs) and the
 // config source. Nothing is served until Run. On error, what was built
 // is released.
-func newServer(o Options, gc gcPolicy, warnings []string, logOut io.Writer) (_ *server, err error) {
+func newServer(o Options, gc gcpolicy.Policy, warnings []string, logOut io.Writer) (_ *server, err error) {
 	log := newLogger(o, logOut)
 	slog.SetDefault(log)
 	// go-redis' own log lines (pool dial errors, …) go through slog too.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -77,7 +78,7 @@ var groupOrder = []string{groupConfig, groupListeners, groupBackend, groupAnswer
 
 // fieldRef is the Options field a setting binds and its default.
 type fieldRef struct {
-	ptr        func(o *Options) any // *string, *bool, *int, *int64, *float64, *time.Duration, *[]string or *byteSize
+	ptr        func(o *Options) any // *string, *bool, *int, *int64, *float64, *time.Duration, *[]string or *gcpolicy.ByteSize
 	setDefault func(o *Options)
 }
 
@@ -206,9 +207,9 @@ var settings = []setting{
 	{name: "key-values", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.KeyValues }, "hash"), doc: "descriptor values in backend keys: `hash`, or `clear` (development only)"},
 	{name: "log-level", group: groupTelemetry, legacyVia: "LOG_LEVEL", field: fieldOf(func(o *Options) *string { return &o.LogLevel }, "info"), doc: "`debug`, `info`, `warn`, `error` (any case)"},
 	{name: "log-format", group: groupTelemetry, legacy: []string{"LOG_FORMAT"}, field: fieldOf(func(o *Options) *string { return &o.LogFormat }, "text"), doc: "`text` or `json`; go-redis' own messages are logged through it too (`\"redis client\"`, WARN at most once per 10 s per kind, the rest at DEBUG)"},
-	{name: "gc-percent", group: groupRuntime, field: fieldOf(func(o *Options) *int { return &o.GCPercent }, defaultGCPercent), doc: "Go GC target unless `GOGC` is set; `-1` turns the GC off (only with a memory limit) ([docs/operations.md](docs/operations.md#go-gc-and-memory-limit))"},
-	{name: "memory-limit", group: groupRuntime, field: fieldOf(func(o *Options) *byteSize { return &o.MemoryLimit }, 0), doc: "Go soft memory limit in bytes unless `GOMEMLIMIT` is set, e.g. `400MiB` (at least `16MiB`); `0` derives it from the cgroup limit", arg: "bytes"},
-	{name: "memory-limit-ratio", group: groupRuntime, field: fieldOf(func(o *Options) *float64 { return &o.MemoryLimitRatio }, defaultMemoryLimitRatio), doc: "without `--memory-limit` or `GOMEMLIMIT`: the soft memory limit as a share of the container's cgroup memory limit (`0`: none)"},
+	{name: "gc-percent", group: groupRuntime, field: fieldOf(func(o *Options) *int { return &o.GCPercent }, gcpolicy.DefaultPercent), doc: "Go GC target unless `GOGC` is set; `-1` turns the GC off (only with a memory limit) ([docs/operations.md](docs/operations.md#go-gc-and-memory-limit))"},
+	{name: "memory-limit", group: groupRuntime, field: fieldOf(func(o *Options) *gcpolicy.ByteSize { return &o.MemoryLimit }, 0), doc: "Go soft memory limit in bytes unless `GOMEMLIMIT` is set, e.g. `400MiB` (at least `16MiB`); `0` derives it from the cgroup limit", arg: "bytes"},
+	{name: "memory-limit-ratio", group: groupRuntime, field: fieldOf(func(o *Options) *float64 { return &o.MemoryLimitRatio }, gcpolicy.DefaultMemoryLimitRatio), doc: "without `--memory-limit` or `GOMEMLIMIT`: the soft memory limit as a share of the container's cgroup memory limit (`0`: none)"},
 	{name: "drain", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.Drain }, 0), doc: "on SIGTERM, report NOT_SERVING this long before closing the listeners"},
 	{name: "shutdown-grace", group: groupListeners, field: fieldOf(func(o *Options) *time.Duration { return &o.ShutdownGrace }, 15*time.Second), doc: "on SIGTERM, wait at most this long for in-flight calls"},
 	{name: "grpc-tls-cert", group: groupListeners, legacyVia: "GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_CERT", field: fieldOf(func(o *Options) *string { return &o.GRPCTLSCert }, ""), doc: "gRPC server TLS; files are reloaded when they change", shown: "(none)"},
@@ -275,7 +276,7 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 			l := &listValue{p: p}
 			fs.Var(l, s.name, usage)
 			lists = append(lists, l)
-		case *byteSize:
+		case *gcpolicy.ByteSize:
 			fs.Var(p, s.name, usage)
 		default:
 			panic(fmt.Sprintf("setting --%s: unsupported field type %T", s.name, p))

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
@@ -41,7 +42,7 @@ func durationString(_ []string, a slog.Attr) slog.Attr {
 // logStartup writes the first log lines: version and config source, the
 // mode in force and why, the GC policy (applied here), the startup
 // warnings, and the warnings about risky settings.
-func logStartup(log *slog.Logger, o Options, gc gcPolicy, warnings []string) {
+func logStartup(log *slog.Logger, o Options, gc gcpolicy.Policy, warnings []string) {
 	if o.ConfigSource == "xds" {
 		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config_source", "xds", "xds_server", redactValue(secretAddress, o.XDSServerURL), "xds_node_id", o.XDSNodeID)
 	} else {
@@ -49,8 +50,8 @@ func logStartup(log *slog.Logger, o Options, gc gcPolicy, warnings []string) {
 	}
 	msg, attrs := o.modeLog()
 	log.Info(msg, attrs...)
-	gc.apply()
-	gc.log(log)
+	gc.Apply()
+	gc.Log(log)
 	for _, w := range warnings {
 		log.Warn(w)
 	}
