@@ -12,13 +12,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/ratelimitd/ratelimitd/internal/boundary"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // The admin API (docs/admin.md) and the operational events: explain and
 // reset on the debug listener only (HTTP JSON and the gRPC service
-// ratelimitd.admin.v1.Admin, both behind debugGuard), the circuit
+// ratelimitd.admin.v1.Admin, both behind boundary.DebugGuard), the circuit
 // breaker's transitions as log lines and
 // ratelimitd_backend_circuit_transitions_total, and ratelimitd_build_info.
 //
@@ -139,13 +140,13 @@ func withDecisionLog(so service.Options, o Options) service.Options {
 }
 
 // debugServer is the debug listener's server: debugMux and the admin gRPC
-// service, behind debugGuard. Stop the gRPC server after the HTTP server.
+// service, behind boundary.DebugGuard. Stop the gRPC server after the HTTP server.
 func (s *server) debugServer() (*http.Server, *grpc.Server, error) {
 	g, err := adminGRPC(s.opts, s.svc)
 	if err != nil {
 		return nil, nil, err
 	}
-	hs := newHTTPServer(s.opts, debugGuard(withGRPC(s.debugMux(), g), s.opts.DebugTokenFile, s.log), false)
+	hs := newHTTPServer(s.opts, boundary.DebugGuard(withGRPC(s.debugMux(), g), s.opts.DebugTokenFile, s.log), false)
 	hs.Protocols = debugProtocols()
 	return hs, g, nil
 }

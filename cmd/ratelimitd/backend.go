@@ -9,6 +9,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ratelimitd/ratelimitd/internal/secrets"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -90,7 +91,7 @@ func newStore(o Options, ev *events) (service.Store, service.Store, func() error
 func (s *server) newBackend(ev *events) error {
 	store, fallback, closeStore, err := newStore(s.opts, ev)
 	if err != nil {
-		return scrubErr(fmt.Errorf("backend: %w", err), secretsOf(s.opts)...)
+		return secrets.ScrubErr(fmt.Errorf("backend: %w", err), secretsOf(s.opts)...)
 	}
 	s.store, s.fallback = store, fallback
 	s.log.Info("backend", backendTarget(s.opts)...)
@@ -109,14 +110,14 @@ func backendTarget(o Options) []any {
 		if o.MemcacheSRV != "" {
 			return []any{"type", "memcache", "srv", o.MemcacheSRV, "srv_refresh", o.MemcacheSRVRefresh.String(), "timeout", o.MemcacheTimeout.String()}
 		}
-		return []any{"type", "memcache", "addrs", redactValue(secretAddress, strings.Join(o.MemcacheAddrs, ",")), "timeout", o.MemcacheTimeout.String()}
+		return []any{"type", "memcache", "addrs", secrets.Redact(secrets.Address, strings.Join(o.MemcacheAddrs, ",")), "timeout", o.MemcacheTimeout.String()}
 	}
 	if o.Backend != "redis" {
 		return []any{"type", o.Backend}
 	}
 	attrs := []any{"type", "redis", "mode", o.RedisMode, "url", redis.RedactURL(o.RedisURL)}
 	if len(o.RedisAddrs) > 0 {
-		attrs = append(attrs, "addrs", redactValue(secretAddress, strings.Join(o.RedisAddrs, ",")))
+		attrs = append(attrs, "addrs", secrets.Redact(secrets.Address, strings.Join(o.RedisAddrs, ",")))
 	}
 	if o.RedisMaster != "" {
 		attrs = append(attrs, "master", o.RedisMaster)

@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/ratelimitd/ratelimitd/internal/boundary"
+	"github.com/ratelimitd/ratelimitd/internal/secrets"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -67,11 +69,11 @@ func (s *server) newGRPCServer() error {
 		gopts = append(gopts, s.tracing.ServerOption())
 	}
 	if o.GRPCTLSCert != "" {
-		tc, err := newTLSReloader(o.GRPCTLSCert, o.GRPCTLSKey, o.GRPCTLSClientCA, o.GRPCTLSClientSAN, false, s.log)
+		tc, err := tlsOf(o).GRPCConfig(s.log)
 		if err != nil {
 			return err
 		}
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc.Config())))
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
 	}
 	s.grpcLn = limitConns(s.grpcLn, o.GRPCMaxConnections)
 	s.grpc = grpc.NewServer(gopts...)
@@ -97,13 +99,13 @@ func (s *server) newHTTPServers() error {
 		}
 		_, _ = io.WriteString(w, "OK")
 	})
-	s.json = jsonBoundaryOf(s.opts)
-	mux.Handle("/json", s.json.guard(s.svc.JSONHandler()))
+	s.json = boundary.JSONOf(tlsOf(s.opts))
+	mux.Handle("/json", s.json.Guard(s.svc.JSONHandler()))
 	mux.Handle("/metrics", metrics)
 	hs := newHTTPServer(s.opts, mux, true)
 	if s.opts.HTTPTLS {
 		var err error
-		if hs.TLSConfig, err = httpTLSConfig(s.opts, s.log); err != nil {
+		if hs.TLSConfig, err = tlsOf(s.opts).HTTPConfig(s.log); err != nil {
 			return err
 		}
 	}
@@ -128,14 +130,14 @@ func (s *server) newHTTPServers() error {
 func (s *server) logListening() {
 	o := s.opts
 	s.log.Info("listening", "server", "grpc", "addr", s.grpcLn.Addr().String(), "tls", o.GRPCTLSCert != "", "mtls", o.GRPCTLSClientCA != "")
-	s.log.Info("listening", "server", "http", "addr", s.httpLn.Addr().String(), "tls", o.HTTPTLS, "json", s.json.describe())
+	s.log.Info("listening", "server", "http", "addr", s.httpLn.Addr().String(), "tls", o.HTTPTLS, "json", s.json.Describe())
 	if s.debugLn != nil {
 		access := "loopback connections only"
 		if o.DebugTokenFile != "" {
 			access = "loopback connections, others with the bearer token of --debug-token-file"
 		}
 		s.log.Info("listening", "server", "debug", "addr", s.debugLn.Addr().String(), "access", access)
-		if !isLoopbackAddr(s.debugLn.Addr().String()) && o.DebugTokenFile == "" {
+		if !boundary.IsLoopback(s.debugLn.Addr().String()) && o.DebugTokenFile == "" {
 			s.log.Warn("debug listener bound beyond loopback without --debug-token-file: it answers 403 to every non-loopback connection", "addr", s.debugLn.Addr().String())
 		}
 	}
@@ -229,7 +231,7 @@ func (s *server) debugMux() http.Handler {
 	m.Handle(service.AdminResetPath, admin)
 	m.Handle(service.AdminSaturationPath, admin)
 	m.HandleFunc("/debug/pprof/", pprof.Index)
-	m.HandleFunc("/debug/pprof/cmdline", cmdlineHandler(os.Args))
+	m.HandleFunc("/debug/pprof/cmdline", secrets.CmdlineHandler(os.Args, secretKindOf))
 	m.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	m.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	m.HandleFunc("/debug/pprof/trace", pprof.Trace)
@@ -326,4 +328,10 @@ func newHTTPServer(o Options, h http.Handler, write bool) *http.Server {
 		hs.WriteTimeout = o.HTTPWriteTimeout
 	}
 	return hs
+}
+
+// tlsOf is the TLS material of the gRPC listener (and of the HTTP listener
+// with --http-tls).
+func tlsOf(o Options) boundary.TLS {
+	return boundary.TLS{Cert: o.GRPCTLSCert, Key: o.GRPCTLSKey, ClientCA: o.GRPCTLSClientCA, ClientSAN: o.GRPCTLSClientSAN, HTTP: o.HTTPTLS}
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
+	"github.com/ratelimitd/ratelimitd/internal/boundary"
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
@@ -65,7 +66,7 @@ type server struct {
 	grpc                               *grpc.Server
 	https                              []*http.Server // the HTTP, debug and metrics servers
 	httpLns                            []net.Listener // https[i] serves httpLns[i]
-	json                               jsonBoundary   // who may POST /json
+	json                               boundary.JSON  // who may POST /json
 
 	loadOpts policy.LoadOptions
 	xdsOpts  xds.Options    // with --config-source=xds

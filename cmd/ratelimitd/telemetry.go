@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
+	"github.com/ratelimitd/ratelimitd/internal/secrets"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
@@ -44,7 +45,7 @@ func durationString(_ []string, a slog.Attr) slog.Attr {
 // warnings, and the warnings about risky settings.
 func logStartup(log *slog.Logger, o Options, gc gcpolicy.Policy, warnings []string) {
 	if o.ConfigSource == "xds" {
-		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config_source", "xds", "xds_server", redactValue(secretAddress, o.XDSServerURL), "xds_node_id", o.XDSNodeID)
+		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config_source", "xds", "xds_server", secrets.Redact(secrets.Address, o.XDSServerURL), "xds_node_id", o.XDSNodeID)
 	} else {
 		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
 	}
@@ -146,7 +147,7 @@ func startStatsd(o Options, reg prometheus.Registerer, log *slog.Logger) (*stats
 		defer close(done)
 		_ = sc.Run(ctx)
 	}()
-	log.Info("sending statsd", "addr", redactValue(secretAddress, o.StatsdAddr), "flush_interval", o.StatsdFlushInterval.String())
+	log.Info("sending statsd", "addr", secrets.Redact(secrets.Address, o.StatsdAddr), "flush_interval", o.StatsdFlushInterval.String())
 	return sc, func() {
 		cancel()
 		<-done
