@@ -106,7 +106,7 @@ func newServer(o Options, gc gcpolicy.Policy, warnings []string, logOut io.Write
 	log := newLogger(o, logOut)
 	slog.SetDefault(log)
 	// go-redis' own log lines (pool dial errors, …) go through slog too.
-	redis.SetLogger(newRedisLogger(log, redisLogEvery, time.Now))
+	redis.SetLogger(redis.NewSlogLogger(log, redis.LogEvery, time.Now))
 	logStartup(log, o, gc, warnings)
 	s := &server{opts: o, log: log, health: health.NewServer(), hup: make(chan os.Signal, 1),
 		fatal: make(chan error, 4), stop: make(chan struct{}), done: make(chan struct{})}
