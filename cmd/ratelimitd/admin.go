@@ -3,30 +3,19 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"net/http"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/reflection"
 
-	"github.com/ratelimitd/ratelimitd/internal/boundary"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
-// The admin API (docs/admin.md) and the operational events: explain and
-// reset on the debug listener only (HTTP JSON and the gRPC service
-// ratelimitd.admin.v1.Admin, both behind boundary.DebugGuard), the circuit
+// The decision log's flags and the operational events: the circuit
 // breaker's transitions as log lines and
 // ratelimitd_backend_circuit_transitions_total, and ratelimitd_build_info.
-//
-// The admin gRPC service is not registered on the main gRPC listener:
-// every Envoy that listener admits could read and reset every counter,
-// whereas the debug listener admits loopback connections and holders of
-// --debug-token-file only.
+// The admin API is served on the debug listener (listen.Debug).
 
 // validateDecisionLog checks --log-decisions and --log-decisions-rate.
 func (o Options) validateDecisionLog() error {
@@ -100,53 +89,8 @@ func (e *events) onReport(r redis.BreakerReport) {
 	}
 }
 
-// adminGRPC is the gRPC server of the admin service, served through the
-// debug listener's HTTP handler (HTTP/2 without TLS, as grpc clients
-// speak it with insecure credentials), with reflection.
-func adminGRPC(o Options, svc *service.Service) (*grpc.Server, error) {
-	g := grpc.NewServer(grpc.MaxRecvMsgSize(o.GRPCMaxRecvMsgSize))
-	if err := svc.RegisterAdmin(g); err != nil {
-		return nil, err
-	}
-	reflection.Register(g)
-	return g, nil
-}
-
-// withGRPC sends gRPC requests (HTTP/2, Content-Type application/grpc)
-// to g and everything else to h.
-func withGRPC(h http.Handler, g *grpc.Server) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if g != nil && r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
-			g.ServeHTTP(w, r)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
-// debugProtocols lets the debug listener speak HTTP/1.1 and, for the
-// admin gRPC service, HTTP/2 with prior knowledge (no TLS).
-func debugProtocols() *http.Protocols {
-	p := new(http.Protocols)
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	return p
-}
-
 // withDecisionLog returns so with the decision log options of o.
 func withDecisionLog(so service.Options, o Options) service.Options {
 	so.DecisionLog, so.DecisionLogRate, so.LogValues = decisionLog(o)
 	return so
-}
-
-// debugServer is the debug listener's server: debugMux and the admin gRPC
-// service, behind boundary.DebugGuard. Stop the gRPC server after the HTTP server.
-func (s *server) debugServer() (*http.Server, *grpc.Server, error) {
-	g, err := adminGRPC(s.opts, s.svc)
-	if err != nil {
-		return nil, nil, err
-	}
-	hs := newHTTPServer(s.opts, boundary.DebugGuard(withGRPC(s.debugMux(), g), s.opts.DebugTokenFile, s.log), false)
-	hs.Protocols = debugProtocols()
-	return hs, g, nil
 }

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"sync"
@@ -15,11 +14,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
 	"github.com/ratelimitd/ratelimitd/internal/boundary"
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
+	"github.com/ratelimitd/ratelimitd/internal/listen"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -62,10 +61,8 @@ type server struct {
 	// closers release what newServer built, run in reverse by release.
 	closers []func()
 
-	grpcLn, httpLn, debugLn, metricsLn net.Listener // debugLn, metricsLn: nil when off
-	grpc                               *grpc.Server
-	https                              []*http.Server // the HTTP, debug and metrics servers
-	httpLns                            []net.Listener // https[i] serves httpLns[i]
+	grpcLn, httpLn, debugLn, metricsLn net.Listener   // debugLn, metricsLn: nil when off
+	servers                            listen.Servers // the gRPC, HTTP, debug and metrics servers
 	json                               boundary.JSON  // who may POST /json
 
 	loadOpts policy.LoadOptions
@@ -220,7 +217,7 @@ func (s *server) Run(ctx context.Context) error {
 	s.startConfigSource()
 	s.startHealthPoll()
 	s.logListening()
-	s.startServing()
+	s.servers.Serve(s.fatal)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -278,7 +275,7 @@ func (s *server) shutdown(drain bool) {
 	if s.rlqs != nil {
 		s.rlqs.Shutdown()
 	}
-	s.stopServing()
+	s.servers.Stop(s.opts.ShutdownGrace, s.log)
 	s.wg.Wait()
 	s.log.Info("stopped")
 	s.release()
