@@ -17,12 +17,11 @@ import (
 	"google.golang.org/grpc/health"
 
 	"github.com/ratelimitd/ratelimitd/internal/boundary"
+	"github.com/ratelimitd/ratelimitd/internal/configsource"
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/internal/listen"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
-	"github.com/ratelimitd/ratelimitd/pkg/policy"
-	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
@@ -65,9 +64,8 @@ type server struct {
 	servers                            listen.Servers // the gRPC, HTTP, debug and metrics servers
 	json                               boundary.JSON  // who may POST /json
 
-	loadOpts policy.LoadOptions
-	xdsOpts  xds.Options    // with --config-source=xds
-	hup      chan os.Signal // SIGHUP: reload the config files
+	source configsource.Source // files or xDS
+	hup    chan os.Signal      // SIGHUP: reload the config files
 
 	watchCtx  context.Context // the config source's and pollers' lifetime
 	stopWatch context.CancelFunc
