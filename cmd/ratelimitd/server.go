@@ -20,6 +20,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/configsource"
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/internal/listen"
+	"github.com/ratelimitd/ratelimitd/internal/logging"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
@@ -98,7 +99,7 @@ func serve(ctx context.Context, o Options, gc gcpolicy.Policy, warnings []string
 // config source. Nothing is served until Run. On error, what was built
 // is released.
 func newServer(o Options, gc gcpolicy.Policy, warnings []string, logOut io.Writer) (_ *server, err error) {
-	log := newLogger(o, logOut)
+	log := logging.New(o.LogLevel, o.LogFormat, logOut)
 	slog.SetDefault(log)
 	// go-redis' own log lines (pool dial errors, …) go through slog too.
 	redis.SetLogger(redis.NewSlogLogger(log, redis.LogEvery, time.Now))

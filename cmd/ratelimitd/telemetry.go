@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"time"
@@ -16,29 +15,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
-
-// newLogger builds the process logger from --log-level and --log-format.
-// Durations print as Go duration strings ("10ms", "1m30s") in both
-// formats: the JSON handler alone would print nanoseconds (10000000).
-func newLogger(o Options, w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(o.LogLevel)) // validated by Options.Validate
-	ho := &slog.HandlerOptions{Level: level, ReplaceAttr: durationString}
-	if o.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, ho))
-	}
-	return slog.New(slog.NewTextHandler(w, ho))
-}
-
-// durationString is the loggers' slog.HandlerOptions.ReplaceAttr: an
-// attribute of kind slog.KindDuration becomes its time.Duration.String()
-// ("10ms"); every other attribute is returned unchanged.
-func durationString(_ []string, a slog.Attr) slog.Attr {
-	if a.Value.Kind() == slog.KindDuration {
-		a.Value = slog.StringValue(a.Value.Duration().String())
-	}
-	return a
-}
 
 // logStartup writes the first log lines: version and config source, the
 // mode in force and why, the GC policy (applied here), the startup
