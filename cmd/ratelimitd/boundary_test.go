@@ -32,7 +32,7 @@ func TestRedactArgs(t *testing.T) {
 		}
 	}
 	if in[2] != "--redis-url=redis://user:"+pw+"@h:6379/0" {
-		t.Error("redactArgs changed its input")
+		t.Error("secrets.RedactArgs changed its input")
 	}
 	rec := httptest.NewRecorder()
 	secrets.CmdlineHandler(in, secretKindOf).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/cmdline", nil))

@@ -45,7 +45,7 @@ func (s *server) openListeners() error {
 }
 
 // newGRPCServer builds the gRPC server: the service's codec and
-// interceptor, the transport options and bounds (grpcServerOptions),
+// interceptor, the transport options and bounds (listen.GRPC),
 // tracing, TLS (reloaded on change), --grpc-max-connections, and the RLS,
 // RLQS, health and reflection services.
 func (s *server) newGRPCServer() error {

@@ -109,7 +109,7 @@ var notCredentials = map[string]bool{"grpc-addr": true, "http-addr": true, "debu
 // a credential declares a secret kind, so redaction follows the table;
 // and for each setting that declares one, a credential planted in its
 // value is gone from the redacted command line, from flagEquals (errors)
-// and from redactValue (logs), while its flag name stays.
+// and from secrets.Redact (logs), while its flag name stays.
 func TestSecretSettingsDeclared(t *testing.T) {
 	const pw = "Planted-Pw9"
 	declared := 0
@@ -144,7 +144,7 @@ func TestSecretSettingsDeclared(t *testing.T) {
 			t.Errorf("--%s: flagEquals = %q", s.name, e)
 		}
 		if r := secrets.Redact(s.secret, v); strings.Contains(r, pw) {
-			t.Errorf("--%s: redactValue = %q", s.name, r)
+			t.Errorf("--%s: secrets.Redact = %q", s.name, r)
 		}
 		if !slices.Contains(secrets.Parts(s.secret, v), pw) {
 			t.Errorf("--%s: secrets.Parts(%q) = %q, want the credential among them (scrubbed from errors)", s.name, v, secrets.Parts(s.secret, v))
