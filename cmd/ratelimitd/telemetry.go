@@ -117,16 +117,6 @@ func startStatsd(o Options, reg prometheus.Registerer, log *slog.Logger) (*stats
 		return nil, nil, err
 	}
 	sc.AddRuntimeStats("ratelimit.go")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = sc.Run(ctx)
-	}()
 	log.Info("sending statsd", "addr", secrets.Redact(secrets.Address, o.StatsdAddr), "flush_interval", o.StatsdFlushInterval.String())
-	return sc, func() {
-		cancel()
-		<-done
-		_ = sc.Close()
-	}, nil
+	return sc, sc.Start(), nil
 }
