@@ -18,6 +18,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/boundary"
 	"github.com/ratelimitd/ratelimitd/internal/configsource"
+	"github.com/ratelimitd/ratelimitd/internal/events"
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/internal/listen"
 	"github.com/ratelimitd/ratelimitd/internal/logging"
@@ -114,7 +115,7 @@ func newServer(o Options, gc gcpolicy.Policy, warnings []string, logOut io.Write
 			s.release()
 		}
 	}()
-	ev := newEvents(log, o.Backend)
+	ev := events.New(log, o.Backend)
 	for _, step := range []func() error{
 		func() error { return s.newBackend(ev) },
 		s.newDurable,

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/ratelimitd/ratelimitd/internal/events"
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/internal/secrets"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
@@ -62,7 +63,7 @@ func telemetryOptions(o Options) telemetry.Options {
 // newTelemetry sets up tracing (flushed by release), the Prometheus
 // registry with the Go, process, backend and event metrics, and the
 // statsd client of --statsd-addr (flushed and closed by release).
-func (s *server) newTelemetry(ev *events) error {
+func (s *server) newTelemetry(ev *events.Events) error {
 	o := s.opts
 	tr, err := telemetry.Setup(context.Background(), telemetryOptions(o))
 	if err != nil {
@@ -87,7 +88,7 @@ func (s *server) newTelemetry(ev *events) error {
 	if err := registerMemoryMetrics(s.reg, s.store, s.fallback); err != nil {
 		return fmt.Errorf("memory store metrics: %w", err)
 	}
-	if err := ev.register(s.reg); err != nil {
+	if err := ev.Register(s.reg, version, commit); err != nil {
 		return fmt.Errorf("event metrics: %w", err)
 	}
 	sc, stopStatsd, err := startStatsd(o, s.reg, s.log)
