@@ -9,6 +9,8 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ratelimitd/ratelimitd/internal/events"
+	"github.com/ratelimitd/ratelimitd/internal/secrets"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -47,7 +49,7 @@ type closingStore interface {
 // "Full store"), so a flood of keys switches no limit off.
 // ev, when not nil, receives the circuit breaker's transitions and
 // reports (Redis, and memcached with one server).
-func newStore(o Options, ev *events) (service.Store, service.Store, func() error, error) {
+func newStore(o Options, ev *events.Events) (service.Store, service.Store, func() error, error) {
 	mem := func() (*memory.Store, error) { return memory.New(memory.Options{MaxKeys: o.MemoryMaxKeys}) }
 	// withFallback pairs a network store built without error with its
 	// in-process fallback, closing the store when the fallback fails.
@@ -66,13 +68,13 @@ func newStore(o Options, ev *events) (service.Store, service.Store, func() error
 	case "redis":
 		ro := redisOptions(o)
 		if ev != nil {
-			ro.Breaker.OnTransition, ro.Breaker.OnReport = ev.onCircuit, ev.onReport
+			ro.Breaker.OnTransition, ro.Breaker.OnReport = ev.OnCircuit, ev.OnReport
 		}
 		return withFallback(redis.New(ro))
 	case "memcache":
 		mo := memcacheOptions(o)
 		if ev != nil {
-			mo.OnCircuit, mo.OnCircuitReport = ev.onCircuit, ev.onReport
+			mo.OnCircuit, mo.OnCircuitReport = ev.OnCircuit, ev.OnReport
 		}
 		return withFallback(memcache.New(mo))
 	default:
@@ -87,10 +89,10 @@ func newStore(o Options, ev *events) (service.Store, service.Store, func() error
 // newBackend builds the store of --backend and the failure_mode: local
 // fallback (newStore), logs where the store points, and has release close
 // them. ev receives the Redis circuit breaker's transitions.
-func (s *server) newBackend(ev *events) error {
+func (s *server) newBackend(ev *events.Events) error {
 	store, fallback, closeStore, err := newStore(s.opts, ev)
 	if err != nil {
-		return scrubErr(fmt.Errorf("backend: %w", err), secretsOf(s.opts)...)
+		return secrets.ScrubErr(fmt.Errorf("backend: %w", err), secretsOf(s.opts)...)
 	}
 	s.store, s.fallback = store, fallback
 	s.log.Info("backend", backendTarget(s.opts)...)
@@ -109,14 +111,14 @@ func backendTarget(o Options) []any {
 		if o.MemcacheSRV != "" {
 			return []any{"type", "memcache", "srv", o.MemcacheSRV, "srv_refresh", o.MemcacheSRVRefresh.String(), "timeout", o.MemcacheTimeout.String()}
 		}
-		return []any{"type", "memcache", "addrs", redactValue(secretAddress, strings.Join(o.MemcacheAddrs, ",")), "timeout", o.MemcacheTimeout.String()}
+		return []any{"type", "memcache", "addrs", secrets.Redact(secrets.Address, strings.Join(o.MemcacheAddrs, ",")), "timeout", o.MemcacheTimeout.String()}
 	}
 	if o.Backend != "redis" {
 		return []any{"type", o.Backend}
 	}
 	attrs := []any{"type", "redis", "mode", o.RedisMode, "url", redis.RedactURL(o.RedisURL)}
 	if len(o.RedisAddrs) > 0 {
-		attrs = append(attrs, "addrs", redactValue(secretAddress, strings.Join(o.RedisAddrs, ",")))
+		attrs = append(attrs, "addrs", secrets.Redact(secrets.Address, strings.Join(o.RedisAddrs, ",")))
 	}
 	if o.RedisMaster != "" {
 		attrs = append(attrs, "master", o.RedisMaster)

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ratelimitd/ratelimitd/internal/listen"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -44,8 +45,8 @@ func boundsService(t testing.TB, o Options) *service.Service {
 }
 
 // boundsGRPC serves svc and a health server on a loopback gRPC server
-// built as serve builds it (grpcServerOptions(o), limitConns), and returns
-// a client connection to it.
+// built as serve builds it (grpcLimits(o).ServerOptions(),
+// listen.LimitConns), and returns a client connection to it.
 func boundsGRPC(t testing.TB, o Options, svc *service.Service, hs *health.Server) *grpc.ClientConn {
 	t.Helper()
 	return dialBounds(t, boundsServer(t, o, svc, hs))
@@ -57,10 +58,10 @@ func boundsServer(t testing.TB, o Options, svc *service.Service, hs *health.Serv
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(append([]grpc.ServerOption{svc.ServerOption()}, grpcServerOptions(o)...)...)
+	gs := grpc.NewServer(append([]grpc.ServerOption{svc.ServerOption()}, grpcLimits(o).ServerOptions()...)...)
 	svc.Register(gs)
 	healthpb.RegisterHealthServer(gs, hs)
-	go func() { _ = gs.Serve(limitConns(ln, o.GRPCMaxConnections)) }()
+	go func() { _ = gs.Serve(listen.LimitConns(ln, o.GRPCMaxConnections)) }()
 	t.Cleanup(gs.Stop)
 	return ln.Addr().String()
 }
@@ -178,14 +179,14 @@ func TestGRPCMaxConcurrentStreams(t *testing.T) {
 	}
 }
 
-// httpBounds serves h on loopback with newHTTPServer(o, h, true).
+// httpBounds serves h on loopback with httpLimits(o).Server(h, true).
 func httpBounds(t *testing.T, o Options, h http.Handler) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := newHTTPServer(o, h, true)
+	hs := httpLimits(o).Server(h, true)
 	go func() { _ = hs.Serve(ln) }()
 	t.Cleanup(func() { _ = hs.Close() })
 	return ln.Addr().String()

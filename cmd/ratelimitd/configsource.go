@@ -3,18 +3,18 @@ package main
 import (
 	"fmt"
 
+	"github.com/ratelimitd/ratelimitd/internal/configsource"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
-	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // newConfigSource prepares the config loads: the load options of the
-// flags (with the algorithms the store decides, so that a limit it cannot
-// decide is refused at load) and, with --config-source=xds, the xDS
-// client's options (TLS files read here, so a bad one fails startup).
+// flags, restricted to what the stores decide, and with
+// --config-source=xds the xDS client's options (TLS files read here, so a
+// bad one fails startup).
 func (s *server) newConfigSource() error {
 	o := s.opts
-	s.loadOpts = policy.LoadOptions{
+	load := policy.LoadOptions{
 		MergeDomains:   o.MergeDomains,
 		IgnoreDotFiles: o.IgnoreDotfiles,
 		// Reference mode loads a file as often as the config paths
@@ -26,29 +26,13 @@ func (s *server) newConfigSource() error {
 		MaxRules:      o.MaxConfigRules,
 		MaxBytes:      o.MaxConfigBytes,
 	}
-	if al, ok := s.store.(service.AlgorithmLister); ok {
-		// A limit of an algorithm the backend does not decide is refused
-		// at load (file:line, naming the backend): the config in force
-		// stays, and at startup the service is not SERVING.
-		s.loadOpts.Algorithms, s.loadOpts.Backend = al.Algorithms(), o.Backend
-	}
-	if s.durable != nil {
-		// `store: durable` limits load only with a durable store, and
-		// only of the algorithms it decides.
-		s.loadOpts.Durable.Enabled = true
-		if al, ok := s.durable.(service.AlgorithmLister); ok {
-			s.loadOpts.Durable.Algorithms = al.Algorithms()
-		}
-	}
-	if pb, ok := s.store.(service.PenaltyBoxer); ok && !pb.PenaltyBoxes() {
-		// likewise a penalty box the backend cannot decide atomically
-		s.loadOpts.NoPenalty, s.loadOpts.Backend = true, o.Backend
-	}
+	s.source = configsource.Source{Load: configsource.Capable(load, o.Backend, s.store, s.durable), Paths: o.Config, Log: s.log}
 	if o.ConfigSource == "xds" {
-		var err error
-		if s.xdsOpts, err = xdsOptions(o, s.log, s.loadOpts); err != nil {
+		xo, err := xdsOptions(o, s.log, s.source.Load)
+		if err != nil {
 			return err
 		}
+		s.source.XDS = &xo
 	}
 	return nil
 }
@@ -62,45 +46,14 @@ func (s *server) startConfigSource() {
 		defer s.wg.Done()
 		// Both sources hand every load to the same swap (s.apply) or
 		// rejection (s.fail): the same metrics and log lines.
-		var err error
-		if s.opts.ConfigSource == "xds" {
-			err = xds.Run(s.watchCtx, s.xdsOpts, s.apply, s.fail)
-		} else {
-			err = policy.Watch(s.watchCtx, s.loadOpts, s.opts.Config, s.apply, s.fail)
-		}
-		if err != nil && s.watchCtx.Err() == nil {
+		if err := s.source.Watch(s.watchCtx, s.apply, s.fail); err != nil && s.watchCtx.Err() == nil {
 			s.fatal <- fmt.Errorf("config watch: %w", err)
 		}
 	}()
 	go func() {
 		defer s.wg.Done()
-		s.reloadOnHUP()
+		s.source.ReloadOnHUP(s.watchCtx, s.hup, s.apply, s.fail)
 	}()
-}
-
-// reloadOnHUP loads the config at each SIGHUP (a file given directly
-// whose directory is not watchable, or a change the watcher cannot see,
-// e.g. on some network file systems) until s.watchCtx is done; the
-// process keeps running. With xDS there is nothing to reload.
-func (s *server) reloadOnHUP() {
-	for {
-		select {
-		case <-s.watchCtx.Done():
-			return
-		case <-s.hup:
-			if s.opts.ConfigSource == "xds" {
-				s.log.Info("SIGHUP: the config comes from xDS (--config-source=xds) and is pushed by the management server; nothing to reload")
-				continue
-			}
-			s.log.Info("SIGHUP: reloading config", "config", s.opts.Config)
-			set, warns, err := policy.Load(s.loadOpts, s.opts.Config...)
-			if err != nil {
-				s.fail(err)
-			} else {
-				s.apply(set, warns)
-			}
-		}
-	}
 }
 
 // apply installs a freshly loaded config. It runs on the watcher's and on

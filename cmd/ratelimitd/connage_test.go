@@ -33,7 +33,7 @@ func (d *countingDialer) dial(ctx context.Context, addr string) (net.Conn, error
 }
 
 // ageServer serves a boundsService (rule d/k) and hs with
-// grpcServerOptions(o), and returns a grpc-go client whose connections
+// grpcLimits(o).ServerOptions(), and returns a grpc-go client whose connections
 // are counted by the returned dialer.
 func ageServer(t *testing.T, o Options, hs *health.Server) (*grpc.ClientConn, *countingDialer, string) {
 	t.Helper()

@@ -6,6 +6,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ratelimitd/ratelimitd/internal/secrets"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -44,7 +45,7 @@ func (s *server) newDurable() error {
 	password := ""
 	if o.DurablePasswordFile != "" {
 		var err error
-		if password, err = readSecretFile("durable-password-file", o.DurablePasswordFile); err != nil {
+		if password, err = secrets.ReadFile("durable-password-file", o.DurablePasswordFile); err != nil {
 			return err
 		}
 	}
@@ -54,7 +55,7 @@ func (s *server) newDurable() error {
 	defer cancel()
 	st, err := postgres.New(ctx, po)
 	if err != nil {
-		return scrubErr(fmt.Errorf("durable store %s: %w", postgres.RedactURL(o.DurableURL), err), append(secretsOf(o), password)...)
+		return secrets.ScrubErr(fmt.Errorf("durable store %s: %w", postgres.RedactURL(o.DurableURL), err), append(secretsOf(o), password)...)
 	}
 	s.durable = st
 	attrs := []any{"url", postgres.RedactURL(o.DurableURL), "timeout", o.DurableTimeout.String(), "max_conns", po.MaxConns, "async_commit", po.AsyncCommit, "healthy", st.Healthy()}

@@ -12,6 +12,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 )
@@ -37,7 +38,7 @@ func TestServerDurableFrozenFailsOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newServer(o, gcPolicy{PercentSource: sourceEnv, LimitSource: sourceEnv}, nil, &testproc.Buffer{})
+	s, err := newServer(o, gcpolicy.Policy{PercentSource: gcpolicy.SourceEnv, LimitSource: gcpolicy.SourceEnv}, nil, &testproc.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
@@ -25,6 +26,8 @@ const durableConfig = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {uni
 // decides its durable limit on PostgreSQL, reports the durable store's
 // gRPC health and exports its metrics; the password never reaches the
 // log. Without --durable-url the same config is refused at its line.
+// --durable-timeout is long so that a loaded host cannot turn the third
+// call into the limit's failure mode (open).
 func TestServerDurableStore(t *testing.T) {
 	pg := pgtest.Start(t)
 	db := pg.CreateDB(t)
@@ -33,12 +36,12 @@ func TestServerDurableStore(t *testing.T) {
 	pwFile := filepath.Join(t.TempDir(), "pw")
 	writeTestFile(t, pwFile, pg.Password+"\n")
 	o, _, err := parseServe([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
-		"--durable-url=" + pg.URLNoPassword(db), "--durable-password-file=" + pwFile}, env(), io.Discard)
+		"--durable-url=" + pg.URLNoPassword(db), "--durable-password-file=" + pwFile, "--durable-timeout=5s"}, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := &testproc.Buffer{}
-	s, err := newServer(o, gcPolicy{PercentSource: sourceEnv, LimitSource: sourceEnv}, nil, logs)
+	s, err := newServer(o, gcpolicy.Policy{PercentSource: gcpolicy.SourceEnv, LimitSource: gcpolicy.SourceEnv}, nil, logs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +114,7 @@ func TestServerDurableStartsWithoutPostgres(t *testing.T) {
 	}
 	logs := &testproc.Buffer{}
 	start := time.Now()
-	s, err := newServer(o, gcPolicy{PercentSource: sourceEnv, LimitSource: sourceEnv}, nil, logs)
+	s, err := newServer(o, gcpolicy.Policy{PercentSource: gcpolicy.SourceEnv, LimitSource: gcpolicy.SourceEnv}, nil, logs)
 	if err != nil {
 		t.Fatalf("serve with PostgreSQL down: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/health"
 
+	"github.com/ratelimitd/ratelimitd/internal/events"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
@@ -60,7 +61,7 @@ func seriesValue(t *testing.T, reg *prometheus.Registry, name string, want map[s
 // the Go version.
 func TestBuildInfo(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	if err := newEvents(slog.New(slog.DiscardHandler), "memory").register(reg); err != nil {
+	if err := events.New(slog.New(slog.DiscardHandler), "memory").Register(reg, version, commit); err != nil {
 		t.Fatal(err)
 	}
 	v, ok := seriesValue(t, reg, "ratelimitd_build_info", map[string]string{"version": version, "commit": commit, "goversion": runtime.Version()})
@@ -75,9 +76,9 @@ func TestBuildInfo(t *testing.T) {
 func TestCircuitTransitionEvents(t *testing.T) {
 	srv := redistest.Standalone(t)
 	logs := &testproc.Buffer{}
-	ev := newEvents(slog.New(slog.NewJSONHandler(logs, nil)), "redis")
+	ev := events.New(slog.New(slog.NewJSONHandler(logs, nil)), "redis")
 	reg := prometheus.NewRegistry()
-	if err := ev.register(reg); err != nil {
+	if err := ev.Register(reg, version, commit); err != nil {
 		t.Fatal(err)
 	}
 	o := defaultOptions()

@@ -5,14 +5,13 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"math"
-	"runtime/debug"
 	"strings"
 	"testing"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/google/go-cmp/cmp"
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 )
 
 const (
@@ -37,38 +36,38 @@ func TestChooseGC(t *testing.T) {
 		env     []string
 		cgroup  func() (uint64, error)
 		runtime func() (int, int64)
-		want    gcPolicy
+		want    gcpolicy.Policy
 	}{
 		{"defaults in a 512Mi container", nil, nil, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"no cgroup limit", nil, nil, cgroupOf(0, memlimit.ErrNoLimit), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "the cgroup sets no memory limit", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "the cgroup sets no memory limit", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"not in a cgroup", nil, nil, cgroupOf(0, notInCgroup), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "no cgroup memory limit: process is not in cgroup", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "no cgroup memory limit: process is not in cgroup", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"ratio flag", []string{"--memory-limit-ratio=0.5"}, nil, cgroupOf(1000*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 500 * mib, LimitSource: "cgroup", Cgroup: 1000 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.5"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: 500 * mib, LimitSource: "cgroup", Cgroup: 1000 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.5"}},
 		{"ratio twin", nil, []string{"RATELIMITD_MEMORY_LIMIT_RATIO", "1"}, cgroupOf(1000*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 1000 * mib, LimitSource: "cgroup", Cgroup: 1000 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=1 from RATELIMITD_MEMORY_LIMIT_RATIO"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: 1000 * mib, LimitSource: "cgroup", Cgroup: 1000 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=1 from RATELIMITD_MEMORY_LIMIT_RATIO"}},
 		{"ratio 0: no limit, cgroup not read", []string{"--memory-limit-ratio=0"}, nil, func() (uint64, error) { panic("cgroup read") }, runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0"}},
 		{"explicit limit beats cgroup", []string{"--memory-limit=400MiB"}, nil, func() (uint64, error) { panic("cgroup read") }, runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 400 * mib, LimitSource: "flag", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit=400MiB"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: 400 * mib, LimitSource: "flag", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit=400MiB"}},
 		{"limit twin", nil, []string{"RATELIMITD_MEMORY_LIMIT", "300Mi"}, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 300 * mib, LimitSource: "flag", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit=300MiB from RATELIMITD_MEMORY_LIMIT"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: 300 * mib, LimitSource: "flag", PercentBy: "--gc-percent=400", LimitBy: "--memory-limit=300MiB from RATELIMITD_MEMORY_LIMIT"}},
 		{"GOMEMLIMIT beats flag", []string{"--memory-limit=400MiB"}, []string{"GOMEMLIMIT", "256MiB"}, cgroupOf(512*mib, nil), runtimeSays(100, 256*mib),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: 256 * mib, LimitSource: "env", PercentBy: "--gc-percent=400", LimitBy: "GOMEMLIMIT=256MiB"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: 256 * mib, LimitSource: "env", PercentBy: "--gc-percent=400", LimitBy: "GOMEMLIMIT=256MiB"}},
 		{"GOMEMLIMIT=off", nil, []string{"GOMEMLIMIT", "off"}, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "env", PercentBy: "--gc-percent=400", LimitBy: "GOMEMLIMIT=off"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "env", PercentBy: "--gc-percent=400", LimitBy: "GOMEMLIMIT=off"}},
 		{"GOGC beats flag", []string{"--gc-percent=200"}, []string{"GOGC", "150"}, cgroupOf(512*mib, nil), runtimeSays(150, math.MaxInt64),
-			gcPolicy{Percent: 150, PercentSource: "env", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "GOGC=150", LimitBy: "--memory-limit-ratio=0.8"}},
+			gcpolicy.Policy{Percent: 150, PercentSource: "env", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "GOGC=150", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"empty GOGC is unset", nil, []string{"GOGC", ""}, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 400, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
+			gcpolicy.Policy{Percent: 400, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=400", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"gc percent twin", nil, []string{"RATELIMITD_GC_PERCENT", "100"}, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: 100, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=100 from RATELIMITD_GC_PERCENT", LimitBy: "--memory-limit-ratio=0.8"}},
+			gcpolicy.Policy{Percent: 100, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=100 from RATELIMITD_GC_PERCENT", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"GC off with a cgroup limit", []string{"--gc-percent=-1"}, nil, cgroupOf(512*mib, nil), runtimeSays(100, math.MaxInt64),
-			gcPolicy{Percent: -1, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=-1", LimitBy: "--memory-limit-ratio=0.8"}},
+			gcpolicy.Policy{Percent: -1, PercentSource: "flag", Limit: limit80of512Mi, LimitSource: "cgroup", Cgroup: 512 * mib, PercentBy: "--gc-percent=-1", LimitBy: "--memory-limit-ratio=0.8"}},
 		{"GOGC=off without a limit is the operator's choice", nil, []string{"GOGC", "off"}, cgroupOf(0, memlimit.ErrNoLimit), runtimeSays(-1, math.MaxInt64),
-			gcPolicy{Percent: -1, PercentSource: "env", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "the cgroup sets no memory limit", PercentBy: "GOGC=off", LimitBy: "--memory-limit-ratio=0.8"}},
+			gcpolicy.Policy{Percent: -1, PercentSource: "env", Limit: math.MaxInt64, LimitSource: "none", CgroupNote: "the cgroup sets no memory limit", PercentBy: "GOGC=off", LimitBy: "--memory-limit-ratio=0.8"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o, _, err := parseServe(c.args, env(c.env...), io.Discard)
@@ -133,111 +132,6 @@ func TestGCFlagErrors(t *testing.T) {
 			t.Errorf("%v %v: err %v, want it to name %s", c.args, c.env, err, c.want)
 		}
 	}
-}
-
-// apply changes exactly the settings that did not come from the
-// environment, and runtimeGC reads them back.
-func TestGCPolicyApply(t *testing.T) {
-	p0, l0 := runtimeGC()
-	t.Cleanup(func() { debug.SetGCPercent(p0); debug.SetMemoryLimit(l0) })
-	debug.SetGCPercent(100)
-	debug.SetMemoryLimit(math.MaxInt64)
-	for _, c := range []struct {
-		p            gcPolicy
-		wantPercent  int
-		wantLimitRaw int64
-	}{
-		{gcPolicy{Percent: 400, PercentSource: "flag", Limit: 400 * mib, LimitSource: "cgroup"}, 400, 400 * mib},
-		{gcPolicy{Percent: 250, PercentSource: "flag", Limit: 300 * mib, LimitSource: "flag"}, 250, 300 * mib},
-		// From the environment: the runtime's own settings stay.
-		{gcPolicy{Percent: 50, PercentSource: "env", Limit: 10 * mib, LimitSource: "env"}, 250, 300 * mib},
-		{gcPolicy{Percent: -1, PercentSource: "flag", Limit: 200 * mib, LimitSource: "flag"}, -1, 200 * mib},
-		{gcPolicy{Percent: 100, PercentSource: "flag", Limit: math.MaxInt64, LimitSource: "none"}, 100, 200 * mib},
-	} {
-		c.p.apply()
-		if p, l := runtimeGC(); p != c.wantPercent || l != c.wantLimitRaw {
-			t.Errorf("%+v: runtime has percent %d limit %d, want %d %d", c.p, p, l, c.wantPercent, c.wantLimitRaw)
-		}
-	}
-}
-
-func TestGCPolicyLog(t *testing.T) {
-	var buf bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&buf, nil))
-	gcPolicy{Percent: 400, PercentSource: "flag", PercentBy: "--gc-percent=400", Limit: 429496729, LimitSource: "cgroup", LimitBy: "--memory-limit-ratio=0.8", Cgroup: 512 * mib}.log(log)
-	gcPolicy{Percent: 100, PercentSource: "env", PercentBy: "GOGC=100", Limit: math.MaxInt64, LimitSource: "none", LimitBy: "--memory-limit-ratio=0.8", CgroupNote: "the cgroup sets no memory limit"}.log(log)
-	gcPolicy{Percent: -1, PercentSource: "env", Limit: math.MaxInt64, LimitSource: "none"}.log(log) // GOGC=off alone: warned
-	gcPolicy{Percent: -1, PercentSource: "env", Limit: 200 * mib, LimitSource: "env"}.log(log)      // with a limit: fine
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 5 {
-		t.Fatalf("%d lines:\n%s", len(lines), buf.String())
-	}
-	for i, want := range [][]string{
-		{"level=INFO", `msg="go gc policy"`, "gc_percent=400", "gc_percent_source=flag", `gc_percent_set_by="--gc-percent=400"`, "memory_limit=429496729", "memory_limit_bytes=429496729", "memory_limit_source=cgroup", `memory_limit_set_by="--memory-limit-ratio=0.8"`, "cgroup_memory_limit_bytes=536870912"},
-		{"gc_percent=100", "gc_percent_source=env", `gc_percent_set_by="GOGC=100"`, "memory_limit=none", "memory_limit_source=none", `cgroup="the cgroup sets no memory limit"`},
-		{"gc_percent=-1", "memory_limit=none"},
-		{"level=WARN", "GOGC=off without a memory limit"},
-		{"level=INFO", "gc_percent=-1", "memory_limit=200MiB"},
-	} {
-		for _, w := range want {
-			if !strings.Contains(lines[i], w) {
-				t.Errorf("line %d %q lacks %s", i, lines[i], w)
-			}
-		}
-	}
-}
-
-func TestParseBytes(t *testing.T) {
-	for in, want := range map[string]int64{
-		"0": 0, "1": 1, "512": 512, "400MiB": 400 * mib, "400mib": 400 * mib, "400 MiB": 400 * mib, "512Mi": 512 * mib,
-		"1GiB": 1 << 30, "1Gi": 1 << 30, "2TiB": 2 << 40, "3KiB": 3072, "3Ki": 3072, "1.5GiB": 3 << 29,
-		"1KB": 1000, "1k": 1000, "400MB": 400e6, "2G": 2e9, "1TB": 1e12, "10B": 10, " 7 ": 7, "9223372036854775807": math.MaxInt64, "0.5KiB": 512,
-	} {
-		got, err := parseBytes(in)
-		if err != nil || got != want {
-			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "MiB", "-1", "-5MiB", "0.5", "0.9B", "1XB", "1.2.3", "1e3", "NaN", "99999999999TiB", "9223372036854775808", "8388608TiB", "10 iB", "0x10", "."} {
-		if got, err := parseBytes(in); err == nil {
-			t.Errorf("parseBytes(%q) = %d, want an error", in, got)
-		}
-	}
-	var b byteSize
-	for in, want := range map[string]string{"400": "below 16MiB", "15MiB": "below 16MiB", "-5MiB": "negative", "0.5": "less than one byte"} {
-		if err := b.Set(in); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("--memory-limit=%s: %v, want an error with %q", in, err, want)
-		}
-	}
-	for in, want := range map[string]byteSize{"0": 0, "16MiB": 16 * mib, "400MiB": 400 * mib} {
-		if err := b.Set(in); err != nil || b != want {
-			t.Errorf("--memory-limit=%s: %d, %v; want %d", in, b, err, want)
-		}
-	}
-	for n, want := range map[int64]string{0: "0", 1: "1", 1023: "1023", 1024: "1KiB", 400 * mib: "400MiB", 1 << 30: "1GiB", 1<<30 + 1: "1073741825", 5 << 40: "5TiB"} {
-		if got := formatBytes(n); got != want {
-			t.Errorf("formatBytes(%d) = %q, want %q", n, got, want)
-		}
-	}
-}
-
-func FuzzParseBytes(f *testing.F) {
-	for _, s := range []string{"400MiB", "1.5GiB", "0", "512Mi", "1e3", "-1", "9223372036854775807", "99999999999TiB"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		n, err := parseBytes(s)
-		if err != nil {
-			return
-		}
-		if n < 0 {
-			t.Fatalf("parseBytes(%q) = %d < 0", s, n)
-		}
-		// formatBytes reads back exactly.
-		if back, err := parseBytes(formatBytes(n)); err != nil || back != n {
-			t.Fatalf("parseBytes(formatBytes(%d)) = %d, %v", n, back, err)
-		}
-	})
 }
 
 // TestEnvTwinNamedInErrors: a bad value set through a RATELIMITD_* twin is

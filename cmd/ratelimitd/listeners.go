@@ -1,26 +1,20 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
-	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
-	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/internal/boundary"
+	"github.com/ratelimitd/ratelimitd/internal/listen"
 )
 
 // openListeners binds the gRPC, HTTP and (when set) debug and metrics
@@ -51,12 +45,12 @@ func (s *server) openListeners() error {
 }
 
 // newGRPCServer builds the gRPC server: the service's codec and
-// interceptor, the transport options and bounds (grpcServerOptions),
+// interceptor, the transport options and bounds (listen.GRPC),
 // tracing, TLS (reloaded on change), --grpc-max-connections, and the RLS,
 // RLQS, health and reflection services.
 func (s *server) newGRPCServer() error {
 	o := s.opts
-	gopts := append([]grpc.ServerOption{s.svc.ServerOption()}, grpcServerOptions(o)...)
+	gopts := append([]grpc.ServerOption{s.svc.ServerOption()}, grpcLimits(o).ServerOptions()...)
 	if ic := s.svc.UnaryServerInterceptor(); ic != nil {
 		gopts = append(gopts, grpc.ChainUnaryInterceptor(ic))
 	}
@@ -67,20 +61,21 @@ func (s *server) newGRPCServer() error {
 		gopts = append(gopts, s.tracing.ServerOption())
 	}
 	if o.GRPCTLSCert != "" {
-		tc, err := newTLSReloader(o.GRPCTLSCert, o.GRPCTLSKey, o.GRPCTLSClientCA, o.GRPCTLSClientSAN, false, s.log)
+		tc, err := tlsOf(o).GRPCConfig(s.log)
 		if err != nil {
 			return err
 		}
-		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc.Config())))
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
 	}
-	s.grpcLn = limitConns(s.grpcLn, o.GRPCMaxConnections)
-	s.grpc = grpc.NewServer(gopts...)
-	s.svc.Register(s.grpc)
+	s.grpcLn = listen.LimitConns(s.grpcLn, o.GRPCMaxConnections)
+	g := grpc.NewServer(gopts...)
+	s.svc.Register(g)
 	if s.rlqs != nil {
-		s.rlqs.Register(s.grpc)
+		s.rlqs.Register(g)
 	}
-	healthpb.RegisterHealthServer(s.grpc, s.health)
-	reflection.Register(s.grpc)
+	healthpb.RegisterHealthServer(g, s.health)
+	reflection.Register(g)
+	s.servers.GRPC, s.servers.GRPCListener = g, s.grpcLn
 	return nil
 }
 
@@ -97,29 +92,30 @@ func (s *server) newHTTPServers() error {
 		}
 		_, _ = io.WriteString(w, "OK")
 	})
-	s.json = jsonBoundaryOf(s.opts)
-	mux.Handle("/json", s.json.guard(s.svc.JSONHandler()))
+	s.json = boundary.JSONOf(tlsOf(s.opts))
+	mux.Handle("/json", s.json.Guard(s.svc.JSONHandler()))
 	mux.Handle("/metrics", metrics)
-	hs := newHTTPServer(s.opts, mux, true)
+	hs := httpLimits(s.opts).Server(mux, true)
 	if s.opts.HTTPTLS {
 		var err error
-		if hs.TLSConfig, err = httpTLSConfig(s.opts, s.log); err != nil {
+		if hs.TLSConfig, err = tlsOf(s.opts).HTTPConfig(s.log); err != nil {
 			return err
 		}
 	}
-	s.https, s.httpLns = []*http.Server{hs}, []net.Listener{s.httpLn}
+	sv := &s.servers
+	sv.HTTP, sv.HTTPListeners = []*http.Server{hs}, []net.Listener{s.httpLn}
 	if s.debugLn != nil {
 		ds, adminGS, err := s.debugServer()
 		if err != nil {
 			return err
 		}
 		s.onClose(adminGS.Stop)
-		s.https, s.httpLns = append(s.https, ds), append(s.httpLns, s.debugLn)
+		sv.HTTP, sv.HTTPListeners = append(sv.HTTP, ds), append(sv.HTTPListeners, s.debugLn)
 	}
 	if s.metricsLn != nil {
 		mm := http.NewServeMux()
 		mm.Handle("/metrics", metrics)
-		s.https, s.httpLns = append(s.https, newHTTPServer(s.opts, mm, true)), append(s.httpLns, s.metricsLn)
+		sv.HTTP, sv.HTTPListeners = append(sv.HTTP, httpLimits(s.opts).Server(mm, true)), append(sv.HTTPListeners, s.metricsLn)
 	}
 	return nil
 }
@@ -128,14 +124,14 @@ func (s *server) newHTTPServers() error {
 func (s *server) logListening() {
 	o := s.opts
 	s.log.Info("listening", "server", "grpc", "addr", s.grpcLn.Addr().String(), "tls", o.GRPCTLSCert != "", "mtls", o.GRPCTLSClientCA != "")
-	s.log.Info("listening", "server", "http", "addr", s.httpLn.Addr().String(), "tls", o.HTTPTLS, "json", s.json.describe())
+	s.log.Info("listening", "server", "http", "addr", s.httpLn.Addr().String(), "tls", o.HTTPTLS, "json", s.json.Describe())
 	if s.debugLn != nil {
 		access := "loopback connections only"
 		if o.DebugTokenFile != "" {
 			access = "loopback connections, others with the bearer token of --debug-token-file"
 		}
 		s.log.Info("listening", "server", "debug", "addr", s.debugLn.Addr().String(), "access", access)
-		if !isLoopbackAddr(s.debugLn.Addr().String()) && o.DebugTokenFile == "" {
+		if !boundary.IsLoopback(s.debugLn.Addr().String()) && o.DebugTokenFile == "" {
 			s.log.Warn("debug listener bound beyond loopback without --debug-token-file: it answers 403 to every non-loopback connection", "addr", s.debugLn.Addr().String())
 		}
 	}
@@ -144,186 +140,26 @@ func (s *server) logListening() {
 	}
 }
 
-// startServing serves every listener, each on its goroutine; a server
-// that fails sends its error to s.fatal.
-func (s *server) startServing() {
-	s.wg.Add(1 + len(s.https))
-	go func() {
-		defer s.wg.Done()
-		if err := s.grpc.Serve(s.grpcLn); err != nil {
-			s.fatal <- fmt.Errorf("grpc server: %w", err)
-		}
-	}()
-	for i, hs := range s.https {
-		go func() {
-			defer s.wg.Done()
-			serveFn := hs.Serve
-			if hs.TLSConfig != nil {
-				serveFn = func(l net.Listener) error { return hs.ServeTLS(l, "", "") }
-			}
-			if err := serveFn(s.httpLns[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				s.fatal <- fmt.Errorf("http server: %w", err)
-			}
-		}()
-	}
+// grpcLimits are the gRPC server's bounds of o.
+func grpcLimits(o Options) listen.GRPC {
+	return listen.GRPC{MaxRecvMsgSize: o.GRPCMaxRecvMsgSize, MaxConcurrentStreams: o.GRPCMaxConcurrentStreams,
+		MaxConnectionAge: o.GRPCMaxConnectionAge, MaxConnectionAgeGrace: o.GRPCMaxConnectionAgeGrace}
 }
 
-// stopServing stops accepting and lets in-flight calls finish within
-// --shutdown-grace; gRPC calls still running then are cut, HTTP
-// connections closed.
-func (s *server) stopServing() {
-	graceCtx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownGrace)
-	defer cancel()
-	done := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(done) }()
-	var hwg sync.WaitGroup
-	for _, hs := range s.https {
-		hwg.Add(1)
-		go func() {
-			defer hwg.Done()
-			if err := hs.Shutdown(graceCtx); err != nil {
-				_ = hs.Close()
-			}
-		}()
-	}
-	select {
-	case <-done:
-	case <-graceCtx.Done():
-		s.log.Warn("shutdown grace expired: cutting in-flight gRPC calls")
-		s.grpc.Stop()
-		<-done
-	}
-	hwg.Wait()
+// httpLimits are the HTTP servers' bounds of o.
+func httpLimits(o Options) listen.HTTP {
+	return listen.HTTP{ReadTimeout: o.HTTPReadTimeout, WriteTimeout: o.HTTPWriteTimeout, IdleTimeout: o.HTTPIdleTimeout}
 }
 
-// debugMux serves /rlconfig, the admin API (/admin/explain,
-// /admin/reset; docs/admin.md) and /debug/pprof/ (cmdline with secrets
-// redacted).
-func (s *server) debugMux() http.Handler {
-	m := http.NewServeMux()
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/" {
-			http.NotFound(w, r)
-			return
-		}
-		_, _ = io.WriteString(w, "/rlconfig: compiled rate-limit rules\n"+
-			"POST /admin/explain: how a RateLimitRequest (JSON, as POST /json) would be decided now, without consuming\n"+
-			"POST /admin/reset: delete the counters of a RateLimitRequest's descriptors\n"+
-			"POST /admin/saturation: mark a rule with reserve saturated ({\"domain\", \"rule\", \"for\"})\n"+
-			"gRPC ratelimitd.admin.v1.Admin/{Explain,Reset}: the same over HTTP/2 on this port\n"+
-			"/debug/pprof/: Go profiles\n")
-	})
-	m.HandleFunc("/rlconfig", func(w http.ResponseWriter, r *http.Request) {
-		set := s.svc.Policy()
-		if set == nil {
-			http.Error(w, "no rate limit configuration loaded", http.StatusServiceUnavailable)
-			return
-		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if err := set.WriteExplain(w); err != nil {
-			s.log.Warn("rlconfig", "err", err)
-		}
-	})
-	admin := s.svc.AdminHandler()
-	m.Handle(service.AdminExplainPath, admin)
-	m.Handle(service.AdminResetPath, admin)
-	m.Handle(service.AdminSaturationPath, admin)
-	m.HandleFunc("/debug/pprof/", pprof.Index)
-	m.HandleFunc("/debug/pprof/cmdline", cmdlineHandler(os.Args))
-	m.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	m.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	m.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return m
+// debugServer is the debug listener's server and its admin gRPC server
+// (listen.Debug). Stop the gRPC server after the HTTP server.
+func (s *server) debugServer() (*http.Server, *grpc.Server, error) {
+	return listen.Debug{Service: s.svc, Args: os.Args, KindOf: secretKindOf, TokenFile: s.opts.DebugTokenFile,
+		MaxRecvMsgSize: s.opts.GRPCMaxRecvMsgSize, HTTP: httpLimits(s.opts), Log: s.log}.Server()
 }
 
-// grpcStreamWorkers is the number of goroutines that serve gRPC streams
-// (grpc.NumStreamWorkers): a call is handed to an idle worker instead of a
-// new goroutine, whose stack would grow (copy) on every call; a call
-// arriving while all are busy still gets its own goroutine. It covers the
-// calls in flight of a few busy Envoys (each worker costs one idle
-// goroutine).
-const grpcStreamWorkers = 128
-
-// grpcWindow is the initial HTTP/2 flow-control window of every stream
-// and connection, in bytes. Setting it turns off grpc-go's dynamic window
-// (BDP estimation), which sends a PING whenever data arrives and none is
-// outstanding, i.e. about one per round trip on a busy connection; 1 MiB
-// never limits RateLimitRequests (a few hundred bytes each).
-const grpcWindow = 1 << 20
-
-// grpcKeepaliveMinTime is the shortest interval between client keepalive
-// pings the gRPC server tolerates (keepalive.EnforcementPolicy.MinTime): a
-// client pinging more often gets GOAWAY ("too_many_pings") and its
-// connection closed. Envoy sends no keepalive pings unless its cluster
-// sets connection_keepalive, whose interval is far longer.
-const grpcKeepaliveMinTime = 10 * time.Second
-
-// grpcServerOptions are the transport options of the gRPC server, chosen
-// for many small unary calls on few long-lived connections (Envoy's
-// pattern; see BENCHMARKS.md, "CPU per decision"), and its resource
-// bounds (docs/security.md, "Resource bounds"): --grpc-max-recv-msg-size
-// (a larger message fails with ResourceExhausted before it is decoded),
-// --grpc-max-concurrent-streams (advertised in SETTINGS; a client opening
-// more is refused with REFUSED_STREAM, grpc-go clients wait instead), and
-// a keepalive enforcement policy (pings at most every
-// grpcKeepaliveMinTime, also on idle connections), and the connection age
-// (--grpc-max-connection-age, --grpc-max-connection-age-grace): after
-// the age, ±10% jitter added by grpc-go, the connection is sent GOAWAY,
-// new calls go to a new connection (which Envoy balances over the current
-// endpoints) and calls in flight run on for at most the grace. 0 leaves
-// grpc-go's default, infinity, for either.
-func grpcServerOptions(o Options) []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.NumStreamWorkers(grpcStreamWorkers),
-		grpc.InitialWindowSize(grpcWindow),
-		grpc.InitialConnWindowSize(grpcWindow),
-		grpc.MaxRecvMsgSize(o.GRPCMaxRecvMsgSize),
-		grpc.MaxConcurrentStreams(uint32(o.GRPCMaxConcurrentStreams)),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
-		// Time and Timeout stay 0: grpc-go's server pings (2 h, 20 s).
-		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionAge:      o.GRPCMaxConnectionAge,
-			MaxConnectionAgeGrace: o.GRPCMaxConnectionAgeGrace,
-		}),
-	}
-}
-
-// limitConns returns l, or for max > 0 l accepting at most max connections
-// at once (--grpc-max-connections): beyond it Accept waits until one
-// closes, so a further client's TCP handshake completes in the kernel's
-// backlog but its HTTP/2 handshake waits (its calls run into their
-// deadlines).
-func limitConns(l net.Listener, max int) net.Listener {
-	if max <= 0 {
-		return l
-	}
-	return netutil.LimitListener(l, max)
-}
-
-// httpMaxHeaderBytes bounds the request line and headers an HTTP listener
-// reads (http.Server.MaxHeaderBytes), 64 KiB: /json, /healthcheck and
-// /metrics need none beyond a few standard ones. A larger header section
-// gets 431.
-const httpMaxHeaderBytes = 64 << 10
-
-// newHTTPServer returns an HTTP server for h bounded as documented in
-// docs/security.md, "Resource bounds": the request headers must arrive
-// within --http-read-timeout (ReadHeaderTimeout and ReadTimeout), the
-// response be written within --http-write-timeout when write is true
-// (false for the debug listener, whose CPU profiles and traces last as
-// long as asked), a keep-alive connection is closed after
-// --http-idle-timeout without a request, and headers beyond
-// httpMaxHeaderBytes are refused.
-func newHTTPServer(o Options, h http.Handler, write bool) *http.Server {
-	hs := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: o.HTTPReadTimeout,
-		ReadTimeout:       o.HTTPReadTimeout,
-		IdleTimeout:       o.HTTPIdleTimeout,
-		MaxHeaderBytes:    httpMaxHeaderBytes,
-	}
-	if write {
-		hs.WriteTimeout = o.HTTPWriteTimeout
-	}
-	return hs
+// tlsOf is the TLS material of the gRPC listener (and of the HTTP listener
+// with --http-tls).
+func tlsOf(o Options) boundary.TLS {
+	return boundary.TLS{Cert: o.GRPCTLSCert, Key: o.GRPCTLSKey, ClientCA: o.GRPCTLSClientCA, ClientSAN: o.GRPCTLSClientSAN, HTTP: o.HTTPTLS}
 }

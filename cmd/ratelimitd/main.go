@@ -30,6 +30,7 @@ import (
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/ratelimitd/ratelimitd/internal/compat"
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 )
 
 // environ lists the process environment for the unknown RATELIMITD_*
@@ -130,7 +131,7 @@ func serveMain(ctx context.Context, asRef bool, args []string, lookup func(strin
 	if w := unknownTwins(set); w != "" {
 		warnings = append(warnings, w)
 	}
-	gc, err := chooseGC(opts, lookup, cgroupMemoryLimit, runtimeGC)
+	gc, err := chooseGC(opts, lookup, cgroupMemoryLimit, gcpolicy.Runtime)
 	if err != nil {
 		err = opts.annotateEnv(err)
 		fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/compat"
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 )
 
 // Options is everything `ratelimitd serve` reads from its command line and
@@ -167,7 +168,7 @@ type Options struct {
 	// MemoryLimit is the Go soft memory limit in bytes
 	// (debug.SetMemoryLimit) unless GOMEMLIMIT is set; 0 derives it from
 	// the cgroup memory limit times MemoryLimitRatio (0: no limit).
-	MemoryLimit      byteSize
+	MemoryLimit      gcpolicy.ByteSize
 	MemoryLimitRatio float64 // --memory-limit-ratio
 
 	// Drain is how long the health checks report NOT_SERVING before the

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/ratelimitd/ratelimitd/internal/compat"
+	"github.com/ratelimitd/ratelimitd/internal/secrets"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 )
 
@@ -62,7 +63,7 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 	o := defaultOptions()
 	warnings, err := applyReferenceEnv(&o, lookup)
 	if err != nil {
-		return o, warnings, scrubErr(err, legacySecrets(o, lookup)...)
+		return o, warnings, secrets.ScrubErr(err, legacySecrets(o, lookup)...)
 	}
 	explicit, err := parseFlagsAndTwins(&o, args, lookup, usage)
 	if err != nil {
@@ -79,10 +80,10 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 		return o, warnings, o.annotateEnv(err)
 	}
 	if err := o.Validate(); err != nil {
-		return o, warnings, o.annotateEnv(scrubErr(err, secretsOf(o)...))
+		return o, warnings, o.annotateEnv(secrets.ScrubErr(err, secretsOf(o)...))
 	}
 	if o.RedisSentinelAuthFile != "" {
-		auth, err := readSecretFile("redis-sentinel-auth-file", o.RedisSentinelAuthFile)
+		auth, err := secrets.ReadFile("redis-sentinel-auth-file", o.RedisSentinelAuthFile)
 		if err != nil {
 			return o, warnings, o.annotateEnv(err)
 		}
@@ -159,8 +160,8 @@ func setTwins(fs *flag.FlagSet, lists []*listValue, lookup func(string) (string,
 		name := envName(f.Name)
 		if v, ok := lookup(name); ok {
 			if err := fs.Set(f.Name, v); err != nil {
-				if k := secretKindOf(f.Name); k != secretNone {
-					v = redactValue(k, v)
+				if k := secretKindOf(f.Name); k != secrets.None {
+					v = secrets.Redact(k, v)
 				}
 				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
 			}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/compat"
+	"github.com/ratelimitd/ratelimitd/internal/secrets"
 )
 
 func oneOf(name, v string, allowed ...string) error {
@@ -172,7 +173,7 @@ func (o Options) validateServing(add func(error)) {
 		add(errors.New("--http-tls serves the gRPC certificate: it needs --grpc-tls-cert and --grpc-tls-key"))
 	}
 	if o.DebugTokenFile != "" {
-		if _, err := readSecretFile("debug-token-file", o.DebugTokenFile); err != nil {
+		if _, err := secrets.ReadFile("debug-token-file", o.DebugTokenFile); err != nil {
 			add(err)
 		}
 	}

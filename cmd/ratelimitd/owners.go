@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -161,7 +162,7 @@ func fieldValue(p any) any {
 		return *p
 	case *[]string:
 		return strings.Join(*p, ",")
-	case *byteSize:
+	case *gcpolicy.ByteSize:
 		return p.String()
 	}
 	return p

@@ -1,7 +1,6 @@
 package main
 
-// `ratelimitd replay`: wiring only. The replay itself (log parsing, Envoy
-// route and action simulation, report) is pkg/replay.
+// `ratelimitd replay`: its flags. internal/replaycmd runs it, on pkg/replay.
 
 import (
 	"context"
@@ -11,15 +10,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
-	"github.com/ratelimitd/ratelimitd/pkg/policy"
+	"github.com/ratelimitd/ratelimitd/internal/replaycmd"
 	"github.com/ratelimitd/ratelimitd/pkg/replay"
-	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 const replayUsage = `Usage: ratelimitd replay --config DIR --envoy FILE.yaml --log FILE [flags]
@@ -38,35 +33,8 @@ the one serving production traffic.
 Flags:
 `
 
-// replayOptions are the flags of `ratelimitd replay`.
-type replayOptions struct {
-	Config       []string
-	Envoy        string
-	Log          string
-	Format       string
-	Speed        float64
-	Order        string
-	Host         string
-	Output       string
-	Out          string
-	Top          int
-	ShadowMode   bool
-	Counting     string
-	MergeDomains bool
-	KeyPrefix    string
-	Suggest      bool
-
-	Backend       string
-	RedisURL      string
-	RedisMode     string
-	RedisAddrs    []string
-	RedisMaster   string
-	RedisTimeout  time.Duration
-	RedisPoolSize int
-}
-
-func parseReplay(args []string, usage io.Writer) (replayOptions, error) {
-	o := replayOptions{
+func parseReplay(args []string, usage io.Writer) (replaycmd.Options, error) {
+	o := replaycmd.Options{
 		Format: "combined", Order: string(replay.OrderTime), Output: "text", Top: 10,
 		Backend: "memory", RedisURL: "redis://127.0.0.1:6379/0", RedisMode: "standalone",
 		// Generous: replay runs as fast as it can and must not fail open
@@ -151,125 +119,9 @@ func replayMain(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := runReplay(ctx, o, stdout, stderr); err != nil {
+	if err := replaycmd.Run(ctx, o, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "ratelimitd replay: %v\n", err)
 		return 1
 	}
 	return 0
-}
-
-func runReplay(ctx context.Context, o replayOptions, stdout, stderr io.Writer) error {
-	if o.Backend == "redis" && o.KeyPrefix == "" {
-		o.KeyPrefix = "replay:" + strconv.FormatInt(time.Now().UnixNano(), 10) + ":"
-	}
-	set, warnings, err := policy.Load(policy.LoadOptions{MergeDomains: o.MergeDomains, Keys: policy.KeyOptions{Prefix: o.KeyPrefix}}, o.Config...)
-	if err != nil {
-		return err
-	}
-	for _, w := range warnings {
-		fmt.Fprintln(stderr, w)
-	}
-	env, err := replay.LoadEnvoy(o.Envoy)
-	if err != nil {
-		return err
-	}
-	if !set.HasDomain(env.Domain) {
-		return fmt.Errorf("%s: the Envoy filter's domain %q is not in the config", o.Envoy, env.Domain)
-	}
-	clock := &replay.Clock{}
-	store, closeStore, err := replayStore(o, clock)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-
-	var in io.Reader = os.Stdin
-	if o.Log != "-" {
-		f, err := os.Open(o.Log)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = f.Close() }()
-		in = f
-	}
-	counting, err := policy.ParseCounting(o.Counting)
-	if err != nil {
-		return err
-	}
-	ropts := replay.Options{
-		Envoy: env, Policy: set, Store: store, Clock: clock, ShadowMode: o.ShadowMode, Counting: counting,
-		Host: o.Host, Order: replay.Order(o.Order), Speed: o.Speed, Top: o.Top,
-	}
-	var rep *replay.Report
-	if o.Suggest {
-		lines, bad, perr := replay.ParseCombined(in)
-		if perr != nil {
-			return perr
-		}
-		rep, err = replay.Suggest(ctx, lines, bad, ropts, replay.SuggestOptions{
-			Load: policy.LoadOptions{MergeDomains: o.MergeDomains, Keys: policy.KeyOptions{Prefix: o.KeyPrefix}},
-			// Candidates replay on the memory store whatever --backend:
-			// they need no shared state, and the algorithms are the same.
-			NewStore: func(now func() time.Time) (service.Store, func(), error) {
-				ms, err := memory.New(memory.Options{Now: now, SweepInterval: -1})
-				if err != nil {
-					return nil, nil, err
-				}
-				return ms, func() { _ = ms.Close() }, nil
-			},
-		})
-	} else {
-		rep, err = replay.Run(ctx, in, ropts)
-	}
-	if err != nil {
-		return err
-	}
-	out := stdout
-	var file *os.File
-	if o.Out != "" {
-		if file, err = os.Create(o.Out); err != nil {
-			return err
-		}
-		out = file
-	}
-	switch o.Output {
-	case "json":
-		err = rep.WriteJSON(out)
-	case "html":
-		err = rep.WriteHTML(out)
-	default:
-		err = rep.WriteText(out)
-	}
-	if file != nil {
-		err = errors.Join(err, file.Close())
-	}
-	if err == nil && rep.Lines > 0 && rep.Malformed == rep.Lines {
-		// The report is written (it lists the malformed lines), but a log
-		// of which no line parsed is almost always the wrong format.
-		err = fmt.Errorf("none of the %d lines of %s is a combined log line (--format %s): nothing was replayed", rep.Lines, o.Log, o.Format)
-	}
-	return err
-}
-
-// replayStore builds an empty store whose clock is the replay's simulated
-// clock.
-func replayStore(o replayOptions, clock *replay.Clock) (service.Store, func(), error) {
-	if o.Backend == "redis" {
-		ro := redis.DefaultOptions()
-		ro.URL, ro.Mode, ro.Addrs, ro.MasterName = o.RedisURL, redis.Mode(o.RedisMode), o.RedisAddrs, o.RedisMaster
-		ro.Timeout, ro.Now = o.RedisTimeout, clock.Now
-		if o.RedisPoolSize > 0 {
-			ro.PoolSize = o.RedisPoolSize
-		}
-		rs, err := redis.New(ro)
-		if err != nil {
-			return nil, nil, err
-		}
-		return rs, func() { _ = rs.Close() }, nil
-	}
-	ms, err := memory.New(memory.Options{Now: clock.Now, SweepInterval: -1})
-	if err != nil {
-		return nil, nil, err
-	}
-	return ms, func() { _ = ms.Close() }, nil
 }

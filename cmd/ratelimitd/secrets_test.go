@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
+	"github.com/ratelimitd/ratelimitd/internal/secrets"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -48,7 +50,7 @@ func TestCmdlineRedactedOverHTTP(t *testing.T) {
 	os.Args = append([]string{"ratelimitd", "serve"}, args...)
 	defer func() { os.Args = saved }()
 	logs := &testproc.Buffer{}
-	s, err := newServer(o, gcPolicy{PercentSource: sourceEnv, LimitSource: sourceEnv}, nil, logs)
+	s, err := newServer(o, gcpolicy.Policy{PercentSource: gcpolicy.SourceEnv, LimitSource: gcpolicy.SourceEnv}, nil, logs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,33 +109,33 @@ var notCredentials = map[string]bool{"grpc-addr": true, "http-addr": true, "debu
 // a credential declares a secret kind, so redaction follows the table;
 // and for each setting that declares one, a credential planted in its
 // value is gone from the redacted command line, from flagEquals (errors)
-// and from redactValue (logs), while its flag name stays.
+// and from secrets.Redact (logs), while its flag name stays.
 func TestSecretSettingsDeclared(t *testing.T) {
 	const pw = "Planted-Pw9"
 	declared := 0
 	for _, s := range settings {
-		if credentialName.MatchString(s.name) && !notCredentials[s.name] && s.secret == secretNone {
+		if credentialName.MatchString(s.name) && !notCredentials[s.name] && s.secret == secrets.None {
 			t.Errorf("--%s may carry a credential but declares no secret kind", s.name)
 		}
-		if s.secret == secretNone {
+		if s.secret == secrets.None {
 			continue
 		}
 		declared++
 		var v string
 		switch s.secret {
-		case secretWhole:
+		case secrets.Whole:
 			v = "admin:" + pw
-		case secretRedisURL:
+		case secrets.RedisURL:
 			v = "redis://u:" + pw + "@h:6379/0"
-		case secretAddress:
+		case secrets.Address:
 			v = "h1:1,u:" + pw + "@h2:2,scheme://" + pw + "@h3:3"
-		case secretHeaders:
+		case secrets.Headers:
 			v = "authorization:Bearer " + pw + ",x-k:" + pw
-		case secretPostgresURL:
+		case secrets.PostgresURL:
 			v = "postgres://u:" + pw + "@h:5432/db?sslmode=disable&sslpassword=" + pw
 		}
 		for _, args := range [][]string{{"rl", "--" + s.name + "=" + v}, {"rl", "-" + s.name, v}} {
-			got := redactArgs(args)
+			got := secrets.RedactArgs(args, secretKindOf)
 			if strings.Contains(strings.Join(got, " "), pw) || !strings.Contains(got[1], s.name) {
 				t.Errorf("--%s: redacted command line %q", s.name, got)
 			}
@@ -141,11 +143,11 @@ func TestSecretSettingsDeclared(t *testing.T) {
 		if e := flagEquals(s.name, v); strings.Contains(e, pw) || !strings.HasPrefix(e, "--"+s.name) {
 			t.Errorf("--%s: flagEquals = %q", s.name, e)
 		}
-		if r := redactValue(s.secret, v); strings.Contains(r, pw) {
-			t.Errorf("--%s: redactValue = %q", s.name, r)
+		if r := secrets.Redact(s.secret, v); strings.Contains(r, pw) {
+			t.Errorf("--%s: secrets.Redact = %q", s.name, r)
 		}
-		if !slices.Contains(secretParts(s.secret, v), pw) {
-			t.Errorf("--%s: secretParts(%q) = %q, want the credential among them (scrubbed from errors)", s.name, v, secretParts(s.secret, v))
+		if !slices.Contains(secrets.Parts(s.secret, v), pw) {
+			t.Errorf("--%s: secrets.Parts(%q) = %q, want the credential among them (scrubbed from errors)", s.name, v, secrets.Parts(s.secret, v))
 		}
 	}
 	if declared < 5 {
@@ -213,7 +215,7 @@ func FuzzServeRedisURL(f *testing.F) {
 			}
 			return
 		}
-		shown := []string{fmt.Sprint(backendTarget(o)), strings.Join(redactArgs([]string{"rl", "--redis-url=" + o.RedisURL}), " "), flagEquals("redis-url", o.RedisURL)}
+		shown := []string{fmt.Sprint(backendTarget(o)), strings.Join(secrets.RedactArgs([]string{"rl", "--redis-url=" + o.RedisURL}, secretKindOf), " "), flagEquals("redis-url", o.RedisURL)}
 		for _, sh := range shown {
 			if strings.Contains(sh, servePlanted) && !publicInURL(o.RedisURL, o.RedisAddrs) {
 				t.Fatalf("accepted %q, then shown with its password: %s", o.RedisURL, sh)

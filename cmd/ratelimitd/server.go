@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"sync"
@@ -15,13 +14,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
+	"github.com/ratelimitd/ratelimitd/internal/boundary"
+	"github.com/ratelimitd/ratelimitd/internal/configsource"
+	"github.com/ratelimitd/ratelimitd/internal/events"
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
+	"github.com/ratelimitd/ratelimitd/internal/listen"
+	"github.com/ratelimitd/ratelimitd/internal/logging"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
-	"github.com/ratelimitd/ratelimitd/pkg/policy"
-	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
@@ -60,15 +62,12 @@ type server struct {
 	// closers release what newServer built, run in reverse by release.
 	closers []func()
 
-	grpcLn, httpLn, debugLn, metricsLn net.Listener // debugLn, metricsLn: nil when off
-	grpc                               *grpc.Server
-	https                              []*http.Server // the HTTP, debug and metrics servers
-	httpLns                            []net.Listener // https[i] serves httpLns[i]
-	json                               jsonBoundary   // who may POST /json
+	grpcLn, httpLn, debugLn, metricsLn net.Listener   // debugLn, metricsLn: nil when off
+	servers                            listen.Servers // the gRPC, HTTP, debug and metrics servers
+	json                               boundary.JSON  // who may POST /json
 
-	loadOpts policy.LoadOptions
-	xdsOpts  xds.Options    // with --config-source=xds
-	hup      chan os.Signal // SIGHUP: reload the config files
+	source configsource.Source // files or xDS
+	hup    chan os.Signal      // SIGHUP: reload the config files
 
 	watchCtx  context.Context // the config source's and pollers' lifetime
 	stopWatch context.CancelFunc
@@ -86,7 +85,7 @@ var errServerStopped = errors.New("server already run or shut down")
 // serve builds the server of o and runs it until ctx is done
 // (SIGTERM/SIGINT); see Run. It applies the GC policy gc (chooseGC) and
 // logs it first, with warnings.
-func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOut io.Writer) error {
+func serve(ctx context.Context, o Options, gc gcpolicy.Policy, warnings []string, logOut io.Writer) error {
 	s, err := newServer(o, gc, warnings, logOut)
 	if err != nil {
 		return err
@@ -100,11 +99,11 @@ func serve(ctx context.Context, o Options, gc gcPolicy, warnings []string, logOu
 // listeners (so a taken port fails here, before anything runs) and the
 // config source. Nothing is served until Run. On error, what was built
 // is released.
-func newServer(o Options, gc gcPolicy, warnings []string, logOut io.Writer) (_ *server, err error) {
-	log := newLogger(o, logOut)
+func newServer(o Options, gc gcpolicy.Policy, warnings []string, logOut io.Writer) (_ *server, err error) {
+	log := logging.New(o.LogLevel, o.LogFormat, logOut)
 	slog.SetDefault(log)
 	// go-redis' own log lines (pool dial errors, …) go through slog too.
-	redis.SetLogger(newRedisLogger(log, redisLogEvery, time.Now))
+	redis.SetLogger(redis.NewSlogLogger(log, redis.LogEvery, time.Now))
 	logStartup(log, o, gc, warnings)
 	s := &server{opts: o, log: log, health: health.NewServer(), hup: make(chan os.Signal, 1),
 		fatal: make(chan error, 4), stop: make(chan struct{}), done: make(chan struct{})}
@@ -116,7 +115,7 @@ func newServer(o Options, gc gcPolicy, warnings []string, logOut io.Writer) (_ *
 			s.release()
 		}
 	}()
-	ev := newEvents(log, o.Backend)
+	ev := events.New(log, o.Backend)
 	for _, step := range []func() error{
 		func() error { return s.newBackend(ev) },
 		s.newDurable,
@@ -218,7 +217,7 @@ func (s *server) Run(ctx context.Context) error {
 	s.startConfigSource()
 	s.startHealthPoll()
 	s.logListening()
-	s.startServing()
+	s.servers.Serve(s.fatal)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -276,7 +275,7 @@ func (s *server) shutdown(drain bool) {
 	if s.rlqs != nil {
 		s.rlqs.Shutdown()
 	}
-	s.stopServing()
+	s.servers.Stop(s.opts.ShutdownGrace, s.log)
 	s.wg.Wait()
 	s.log.Info("stopped")
 	s.release()

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 )
 
 // newTestServer builds a server on loopback ports with a one-rule config.
@@ -20,7 +22,7 @@ func newTestServer(t *testing.T) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newServer(o, gcPolicy{PercentSource: sourceEnv, LimitSource: sourceEnv}, nil, io.Discard)
+	s, err := newServer(o, gcpolicy.Policy{PercentSource: gcpolicy.SourceEnv, LimitSource: gcpolicy.SourceEnv}, nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

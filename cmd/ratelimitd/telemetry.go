@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"time"
@@ -11,46 +10,26 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/ratelimitd/ratelimitd/internal/events"
+	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
+	"github.com/ratelimitd/ratelimitd/internal/secrets"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
 
-// newLogger builds the process logger from --log-level and --log-format.
-// Durations print as Go duration strings ("10ms", "1m30s") in both
-// formats: the JSON handler alone would print nanoseconds (10000000).
-func newLogger(o Options, w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(o.LogLevel)) // validated by Options.Validate
-	ho := &slog.HandlerOptions{Level: level, ReplaceAttr: durationString}
-	if o.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, ho))
-	}
-	return slog.New(slog.NewTextHandler(w, ho))
-}
-
-// durationString is the loggers' slog.HandlerOptions.ReplaceAttr: an
-// attribute of kind slog.KindDuration becomes its time.Duration.String()
-// ("10ms"); every other attribute is returned unchanged.
-func durationString(_ []string, a slog.Attr) slog.Attr {
-	if a.Value.Kind() == slog.KindDuration {
-		a.Value = slog.StringValue(a.Value.Duration().String())
-	}
-	return a
-}
-
 // logStartup writes the first log lines: version and config source, the
 // mode in force and why, the GC policy (applied here), the startup
 // warnings, and the warnings about risky settings.
-func logStartup(log *slog.Logger, o Options, gc gcPolicy, warnings []string) {
+func logStartup(log *slog.Logger, o Options, gc gcpolicy.Policy, warnings []string) {
 	if o.ConfigSource == "xds" {
-		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config_source", "xds", "xds_server", redactValue(secretAddress, o.XDSServerURL), "xds_node_id", o.XDSNodeID)
+		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config_source", "xds", "xds_server", secrets.Redact(secrets.Address, o.XDSServerURL), "xds_node_id", o.XDSNodeID)
 	} else {
 		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
 	}
 	msg, attrs := o.modeLog()
 	log.Info(msg, attrs...)
-	gc.apply()
-	gc.log(log)
+	gc.Apply()
+	gc.Log(log)
 	for _, w := range warnings {
 		log.Warn(w)
 	}
@@ -84,7 +63,7 @@ func telemetryOptions(o Options) telemetry.Options {
 // newTelemetry sets up tracing (flushed by release), the Prometheus
 // registry with the Go, process, backend and event metrics, and the
 // statsd client of --statsd-addr (flushed and closed by release).
-func (s *server) newTelemetry(ev *events) error {
+func (s *server) newTelemetry(ev *events.Events) error {
 	o := s.opts
 	tr, err := telemetry.Setup(context.Background(), telemetryOptions(o))
 	if err != nil {
@@ -109,7 +88,7 @@ func (s *server) newTelemetry(ev *events) error {
 	if err := registerMemoryMetrics(s.reg, s.store, s.fallback); err != nil {
 		return fmt.Errorf("memory store metrics: %w", err)
 	}
-	if err := ev.register(s.reg); err != nil {
+	if err := ev.Register(s.reg, version, commit); err != nil {
 		return fmt.Errorf("event metrics: %w", err)
 	}
 	sc, stopStatsd, err := startStatsd(o, s.reg, s.log)
@@ -139,16 +118,6 @@ func startStatsd(o Options, reg prometheus.Registerer, log *slog.Logger) (*stats
 		return nil, nil, err
 	}
 	sc.AddRuntimeStats("ratelimit.go")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = sc.Run(ctx)
-	}()
-	log.Info("sending statsd", "addr", redactValue(secretAddress, o.StatsdAddr), "flush_interval", o.StatsdFlushInterval.String())
-	return sc, func() {
-		cancel()
-		<-done
-		_ = sc.Close()
-	}, nil
+	log.Info("sending statsd", "addr", secrets.Redact(secrets.Address, o.StatsdAddr), "flush_interval", o.StatsdFlushInterval.String())
+	return sc, sc.Start(), nil
 }

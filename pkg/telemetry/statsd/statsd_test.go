@@ -294,3 +294,19 @@ func TestTagsInNames(t *testing.T) {
 		t.Errorf("TagSuffix(nil) = %q", s)
 	}
 }
+
+// Start sends as Run does; stop flushes what is left before it returns.
+func TestStart(t *testing.T) {
+	l := testproc.ListenStatsd(t)
+	c := newClient(t, Options{Addr: l.Addr(), FlushInterval: time.Hour})
+	stop := c.Start()
+	c.Timer("t").Record(3 * time.Millisecond)
+	if got := l.WaitDatagrams(t, 1)[0]; got != "t:3|ms\n" {
+		t.Errorf("timer datagram %q", got)
+	}
+	c.Counter("k").Add(7)
+	stop()
+	if got := l.WaitDatagrams(t, 2)[1]; got != "k:7|c\n" {
+		t.Errorf("final flush %q", got)
+	}
+}

@@ -1,4 +1,4 @@
-package main
+package tlsreload
 
 import (
 	"bytes"
@@ -14,14 +14,14 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// reloaderClock is a tlsReloader's clock, moved by the test.
+// reloaderClock is a Reloader's clock, moved by the test.
 type reloaderClock struct{ t time.Time }
 
 func (c *reloaderClock) now() time.Time { return c.t }
 
 // served does one TLS handshake against r's Config over a pipe and returns
 // the certificate the server presented (DER).
-func served(t *testing.T, r *tlsReloader) []byte {
+func served(t *testing.T, r *Reloader) []byte {
 	t.Helper()
 	sc, cc := net.Pipe()
 	defer func() { _ = sc.Close(); _ = cc.Close() }()
@@ -50,10 +50,10 @@ func certOf(t *testing.T, certFile, keyFile string) []byte {
 
 // newTestReloader is a gRPC reloader on cert and key with a clock the test
 // moves and a log it reads.
-func newTestReloader(t *testing.T, cert, key string) (*tlsReloader, *reloaderClock, *bytes.Buffer) {
+func newTestReloader(t *testing.T, cert, key string) (*Reloader, *reloaderClock, *bytes.Buffer) {
 	t.Helper()
 	var logs bytes.Buffer
-	r, err := newTLSReloader(cert, key, "", "", false, slog.New(slog.NewTextHandler(&logs, nil)))
+	r, err := New(cert, key, "", "", false, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestTLSReloaderSecretSymlinkSwap(t *testing.T) {
 // certificate.
 func TestTLSReloaderMissingFiles(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := newTLSReloader(filepath.Join(dir, "none.crt"), filepath.Join(dir, "none.key"), "", "", true, slog.Default()); err == nil || !strings.HasPrefix(err.Error(), "http tls: ") {
+	if _, err := New(filepath.Join(dir, "none.crt"), filepath.Join(dir, "none.key"), "", "", true, slog.Default()); err == nil || !strings.HasPrefix(err.Error(), "http tls: ") {
 		t.Fatalf("missing files: %v, want an error prefixed http tls", err)
 	}
 	a := generate(t, dir)

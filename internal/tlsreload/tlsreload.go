@@ -1,4 +1,6 @@
-package main
+// Package tlsreload serves a listener's TLS certificate, key and client CA
+// from files and picks up replaced files without a restart.
+package tlsreload
 
 import (
 	"crypto/tls"
@@ -12,7 +14,7 @@ import (
 	"time"
 )
 
-// tlsReloader serves the gRPC server's TLS material from files and picks up
+// Reloader serves a server's TLS material from files and picks up
 // replaced files without a restart: at most once per checkEvery (1 s), a
 // handshake stats the files and reloads them when one changed. A file's
 // stamp is the path its symlinks resolve to, its device and inode, size and
@@ -30,11 +32,11 @@ import (
 // on network and FUSE file systems, and need a goroutine and a Close the
 // listeners would have to own; a handshake is the only moment the material
 // is read, and a check costs at most three stat calls a second.
-type tlsReloader struct {
+type Reloader struct {
 	certFile, keyFile, caFile, san string
 	// http: the config is the HTTP listener's (--http-tls): HTTP/2 and
 	// HTTP/1.1, client certificates verified when given but not required,
-	// no SAN check at the handshake (jsonBoundary.guard checks /json).
+	// no SAN check at the handshake (the /json boundary checks it).
 	http       bool
 	log        *slog.Logger
 	checkEvery time.Duration
@@ -46,8 +48,13 @@ type tlsReloader struct {
 	cfg     *tls.Config
 }
 
-func newTLSReloader(certFile, keyFile, caFile, san string, forHTTP bool, log *slog.Logger) (*tlsReloader, error) {
-	r := &tlsReloader{certFile: certFile, keyFile: keyFile, caFile: caFile, san: san, http: forHTTP, log: log, checkEvery: time.Second, now: time.Now}
+// New loads the certificate and key (and the client CA, when caFile is
+// set) or fails naming the listener. For gRPC (forHTTP false) a client CA
+// makes client certificates required, and san, when set, must be among a
+// client certificate's SANs; for HTTP (forHTTP true) they are verified when
+// given but not required, and ALPN offers HTTP/1.1 besides HTTP/2.
+func New(certFile, keyFile, caFile, san string, forHTTP bool, log *slog.Logger) (*Reloader, error) {
+	r := &Reloader{certFile: certFile, keyFile: keyFile, caFile: caFile, san: san, http: forHTTP, log: log, checkEvery: time.Second, now: time.Now}
 	st, err := r.fileStamps()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", r.name(), err)
@@ -61,23 +68,23 @@ func newTLSReloader(certFile, keyFile, caFile, san string, forHTTP bool, log *sl
 }
 
 // name prefixes the reloader's errors and log lines.
-func (r *tlsReloader) name() string {
+func (r *Reloader) name() string {
 	if r.http {
 		return "http tls"
 	}
 	return "grpc tls"
 }
 
-// Config is the tls.Config to hand to the gRPC server: every handshake
+// Config is the tls.Config to hand to the server: every handshake
 // asks GetConfigForClient for the current material.
-func (r *tlsReloader) Config() *tls.Config {
+func (r *Reloader) Config() *tls.Config {
 	return &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return r.current(), nil },
 	}
 }
 
-func (r *tlsReloader) current() *tls.Config {
+func (r *Reloader) current() *tls.Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.now()
@@ -99,7 +106,7 @@ func (r *tlsReloader) current() *tls.Config {
 	return r.cfg
 }
 
-// fileStamp is what tells a replaced file (see tlsReloader): the path its
+// fileStamp is what tells a replaced file (see Reloader): the path its
 // symlinks resolve to and the file found there.
 type fileStamp struct {
 	real string
@@ -125,7 +132,7 @@ func sameStamps(a, b []fileStamp) bool {
 // fileStamps are the stamps of the configured files (certificate, key,
 // client CA when set), or the error of the first one that cannot be
 // resolved or stat'ed.
-func (r *tlsReloader) fileStamps() ([]fileStamp, error) {
+func (r *Reloader) fileStamps() ([]fileStamp, error) {
 	var s []fileStamp
 	for _, f := range []string{r.certFile, r.keyFile, r.caFile} {
 		if f == "" {
@@ -144,7 +151,7 @@ func (r *tlsReloader) fileStamps() ([]fileStamp, error) {
 	return s, nil
 }
 
-func (r *tlsReloader) load() (*tls.Config, error) {
+func (r *Reloader) load() (*tls.Config, error) {
 	pair, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
 	if err != nil {
 		return nil, err
@@ -174,7 +181,7 @@ func (r *tlsReloader) load() (*tls.Config, error) {
 		if r.san != "" && !r.http {
 			san := r.san
 			cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-				if len(cs.PeerCertificates) == 0 || !hasSAN(cs.PeerCertificates[0], san) {
+				if len(cs.PeerCertificates) == 0 || !HasSAN(cs.PeerCertificates[0], san) {
 					return errors.New("grpc tls: client certificate lacks the required SAN " + san)
 				}
 				return nil
@@ -184,8 +191,8 @@ func (r *tlsReloader) load() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// hasSAN reports whether c names san among its DNS, URI, IP or e-mail SANs.
-func hasSAN(c *x509.Certificate, san string) bool {
+// HasSAN reports whether c names san among its DNS, URI, IP or e-mail SANs.
+func HasSAN(c *x509.Certificate, san string) bool {
 	for _, d := range c.DNSNames {
 		if d == san {
 			return true
