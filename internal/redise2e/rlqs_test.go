@@ -18,7 +18,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -264,3 +267,116 @@ func actionOf(a *rlqspb.RateLimitQuotaResponse_BucketAction) string {
 type tWriter struct{ t *testing.T }
 
 func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// rlqsDurableYAML: a durable per-plan budget, in year windows so that no
+// run spans a window boundary.
+const rlqsDurableYAML = `domain: q
+descriptors:
+  - key: plan
+    rate_limit: {unit: year, requests_per_unit: 100, store: durable}
+`
+
+// TestRLQSDurableSharesCounter: RLQS usage on a `store: durable` limit is
+// charged to PostgreSQL, on the counter ShouldRateLimit decides that limit
+// on: the usage an Envoy reports takes from what ShouldRateLimit has
+// left, and the hits ShouldRateLimit takes make the RLQS budget spent
+// (DENY_ALL) at the next round.
+func TestRLQSDurableSharesCounter(t *testing.T) {
+	pg := pgtest.Start(t)
+	po := postgres.DefaultOptions()
+	po.URL = pg.URL(pg.CreateDB(t))
+	po.Timeout = durableExactTimeout
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ps, err := postgres.New(ctx, po)
+	if err != nil {
+		t.Fatalf("postgres.New: %v", err)
+	}
+	t.Cleanup(func() { _ = ps.Close() })
+	set, _, err := policy.LoadSources(policy.LoadOptions{Durable: policy.DurableOptions{Enabled: true, Algorithms: postgres.SupportedAlgorithms()}},
+		policy.Source{Name: "durable.yaml", Data: []byte(rlqsDurableYAML)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fast := newMemory(t)
+	svc, _ := newService(t, service.Options{Store: fast, Durable: ps}, set)
+	in := &instance{svc: svc}
+	// The rounds are run by the test; a long interval gives each round's
+	// store calls a budget a loaded host meets.
+	q, err := rlqs.New(rlqs.Options{Store: fast, Durable: ps, Interval: 20 * time.Second, Replica: "a",
+		Logger: slog.New(slog.NewTextHandler(tWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.SetPolicy(set)
+	t.Cleanup(q.Shutdown)
+	stream, err := rlqspb.NewRateLimitQuotaServiceClient(rlqsServe(t, q)).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := map[string]string{"plan": "gold"}
+	// report sends the bucket's usage with a new marker bucket, and waits
+	// for the marker's answer (a new bucket is answered at once): then
+	// the usage is recorded.
+	markers := 0
+	report := func(elapsed time.Duration, allowed uint64) {
+		t.Helper()
+		markers++
+		marker := "marker" + strconv.Itoa(markers)
+		if err := stream.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "q", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			{BucketId: &rlqspb.BucketId{Bucket: id}, TimeElapsed: durationpb.New(elapsed), NumRequestsAllowed: allowed},
+			{BucketId: &rlqspb.BucketId{Bucket: map[string]string{"plan": marker}}},
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range r.GetBucketAction() {
+				if a.GetBucketId().GetBucket()["plan"] == marker {
+					return
+				}
+			}
+		}
+	}
+	// next returns the action the stream gets for the bucket at the next
+	// round.
+	next := func() string {
+		t.Helper()
+		q.Round(context.Background())
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range r.GetBucketAction() {
+				if a.GetBucketId().GetBucket()["plan"] == "gold" {
+					return actionOf(a)
+				}
+			}
+		}
+	}
+	remaining := func() uint32 {
+		t.Helper()
+		return call(t, in, req("q", []string{"plan", "gold"})).GetStatuses()[0].GetLimitRemaining()
+	}
+
+	report(0, 1)
+	report(time.Second, 59)
+	if a := next(); a != "token_bucket" {
+		t.Fatalf("after 60 of 100 reported: %s, want token_bucket", a)
+	}
+	// 60 reported by the Envoy, then one ShouldRateLimit hit.
+	if got := remaining(); got != 100-60-1 {
+		t.Fatalf("ShouldRateLimit remaining %d after 60 reported over RLQS and its own hit, want %d: RLQS usage is not on the durable counter", got, 100-60-1)
+	}
+	// ShouldRateLimit takes the rest; the next round reads the durable
+	// counter and finds the budget spent.
+	for got := remaining(); got > 0; got = remaining() {
+	}
+	if a := next(); a != "DENY_ALL" {
+		t.Errorf("after ShouldRateLimit spent the durable budget: %s, want DENY_ALL", a)
+	}
+}
