@@ -229,5 +229,5 @@ func retryJitter(d time.Duration) time.Duration {
 // rlqsOptions are the RLQS server's options of o on store.
 func rlqsOptions(o Options, store rlqs.Store) rlqs.Options {
 	return rlqs.Options{Store: store, Interval: o.RLQSInterval, AbandonAfter: o.RLQSAbandonAfter, Headroom: o.RLQSHeadroom,
-		MaxBucketsPerStream: o.RLQSMaxBucketsPerStream}
+		MaxBucketsPerStream: o.RLQSMaxBucketsPerStream, ShadowMode: o.ShadowMode}
 }

@@ -228,3 +228,30 @@ func toEntries(kv ...string) []policy.Entry {
 	}
 	return out
 }
+
+// TestGlobalShadowMode: with Options.ShadowMode every limited bucket is
+// answered ALLOW_ALL, even with its budget spent, and its usage is still
+// charged.
+func TestGlobalShadowMode(t *testing.T) {
+	r := newRig(t, tenantConfig, nil, func(o *Options) { o.ShadowMode = true })
+	c := r.open()
+	id := map[string]string{"tenant": "a"}
+	c.send("edge", usage(id, 0, 1500, 0))
+	if got := blanketOf(checkTTL(t, action(t, c.recv(), id), r.srv.TTL())); got != "ALLOW_ALL" {
+		t.Fatalf("first answer in shadow mode: %s, want ALLOW_ALL", got)
+	}
+	r.clock.Add(time.Second)
+	r.srv.Round(context.Background())
+	if got := blanketOf(checkTTL(t, action(t, c.recv(), id), r.srv.TTL())); got != "ALLOW_ALL" {
+		t.Errorf("budget spent, shadow mode: %s, want ALLOW_ALL", got)
+	}
+	b := &bucket{st: &stream{domain: "edge"}, entries: toEntries("tenant", "a")}
+	r.srv.match(b, r.srv.set.Load())
+	out := make([]algo.Decision, 1)
+	if err := r.store.Take(context.Background(), []algo.Hit{{Key: b.keys[0], Limit: b.specs[0].Limit}}, out); err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Allowed || out[0].Remaining != 0 {
+		t.Errorf("after 1500 reported of 1000: %+v, want the usage charged (denied, 0 remaining)", out[0])
+	}
+}

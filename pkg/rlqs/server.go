@@ -72,6 +72,10 @@ type Options struct {
 	// Headroom is the share of each limit held by the streams' full
 	// buckets together (DefaultHeadroom); the rates share the rest.
 	Headroom float64
+	// ShadowMode is the global shadow mode (--shadow-mode): every bucket
+	// is answered ALLOW_ALL and its usage still charged, as a rule's
+	// shadow_mode is.
+	ShadowMode bool
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 	// Logger; nil means slog.Default().

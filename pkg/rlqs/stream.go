@@ -101,7 +101,7 @@ func (s *Server) match(b *bucket, set *policy.Set) {
 	}
 	switch {
 	case len(b.specs) == 0:
-	case m.Rule.ShadowMode:
+	case m.Rule.ShadowMode || s.opt.ShadowMode:
 		b.kind = kindShadow
 	default:
 		b.kind = kindLimited
