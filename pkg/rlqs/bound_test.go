@@ -285,3 +285,35 @@ func TestChargeOutOfTimeKept(t *testing.T) {
 		t.Errorf("after %d rounds out of time: %v dropped, want 5", maxChargeRounds, got)
 	}
 }
+
+// TestTokenBucketBurstHandedOff: a token_bucket rule's burst is shared by
+// the streams' buckets and its rate by their rates, so the fleet admits at
+// most the burst at once and then the rate, as the rule itself does.
+func TestTokenBucketBurstHandedOff(t *testing.T) {
+	set := loadSet(t, `domain: edge
+descriptors:
+  - key: api
+    rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket, burst: 40}
+`)
+	m, ok := set.Match("edge", toEntries("api", "x"))
+	if !ok {
+		t.Fatal("no match")
+	}
+	sp := &m.Rule.Limits[0]
+	for _, n := range []int{1, 2, 3, 7, 40} {
+		p := planFor(sp, n, DefaultHeadroom, 0, false, time.Second)
+		var tokens, perSec float64
+		each := p.budget / int64(n)
+		for range n {
+			tb := tokenBucket(share{maxTokens: p.burst, rate: each, window: sp.Window})
+			tokens += float64(tb.GetMaxTokens())
+			perSec += float64(tb.GetTokensPerFill().GetValue()) / float64(tb.GetFillInterval().GetSeconds())
+		}
+		if tokens > 40 || tokens < 40-float64(n) {
+			t.Errorf("%d streams: buckets hold %v tokens together, want the burst 40 (less rounding)", n, tokens)
+		}
+		if perSec > 100 || perSec < 90 {
+			t.Errorf("%d streams: rates %v/s together, want at most 100 and at least 90", n, perSec)
+		}
+	}
+}
