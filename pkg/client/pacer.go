@@ -39,8 +39,10 @@ type Options struct {
 	// MaxQueue bounds the callers waiting at once; more fail with
 	// ErrQueueFull. Default 1024.
 	MaxQueue int
-	// Margin is the share of an upstream-advertised quota left unused, to
-	// absorb calls in flight and clock drift. Default 0.1; negative means 0.
+	// Margin is the share of an upstream-advertised remaining quota left
+	// unused (rounded down, so a small remainder is used whole), to absorb
+	// other clients of the same quota and clock drift; calls in flight are
+	// subtracted as well. Default 0.1; negative means 0.
 	Margin float64
 	// Jitter is the largest extra wait added to a Retry-After or a reset,
 	// as a share of it, so that paced clients do not return together.
