@@ -178,7 +178,7 @@ func TestLocalUsesFixedWindowFromFields(t *testing.T) {
 				if tc.rate < q {
 					first++
 				}
-				hammer(t, c, callers, time.Unix(first+windows, 0).Sub(time.Now()))
+				hammer(t, c, callers, time.Until(time.Unix(first+windows, 0)))
 				api.mu.Lock()
 				defer api.mu.Unlock()
 				var used int64

@@ -86,7 +86,7 @@ func (l *Local) Resync(q int64, w time.Duration, margin float64) {
 	if l.state.Count > 0 {
 		tat++
 	}
-	capacity := int64(l.limit.Period/time.Microsecond) * l.limit.Burst / l.limit.Rate
+	capacity := int64(float64(l.limit.Period.Microseconds()) * float64(l.limit.Burst) / float64(l.limit.Rate))
 	if tat > empty.Time {
 		l.state = algo.State{Time: min(tat, empty.Time+capacity)}
 	} else {
