@@ -17,6 +17,7 @@ import (
 // a small burst. It is safe for concurrent use.
 type Local struct {
 	mu    sync.Mutex
+	burst int64 // the configured burst, before margin; a resync never exceeds it
 	limit algo.Limit
 	state algo.State
 }
@@ -37,7 +38,7 @@ func NewLocal(rate int64, period time.Duration, burst int64, margin float64) *Lo
 	if burst == 0 {
 		burst = rate
 	}
-	l := &Local{}
+	l := &Local{burst: burst}
 	l.set(rate, period, burst, margin)
 	return l
 }
@@ -62,9 +63,10 @@ func (l *Local) Take(_ context.Context, now time.Time, cost int64) (bool, time.D
 }
 
 // Resync implements Resyncer: the bucket follows an advertised quota of q
-// per w, less margin, with a burst no larger than q. A changed bucket
-// starts empty, so that a resync never releases a burst the old bucket
-// had already spent.
+// per w with a burst of the configured burst or q, whichever is lower,
+// both less margin. A changed bucket starts empty (or as far in debt as
+// the old one was), so that a resync never releases a burst the old bucket
+// had already spent; the same quota seen again changes nothing.
 func (l *Local) Resync(q int64, w time.Duration, margin float64) {
 	if q <= 0 || w <= 0 {
 		return // an exhausted quota is the RateLimit remaining's job
@@ -72,9 +74,23 @@ func (l *Local) Resync(q int64, w time.Duration, margin float64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	prev := l.limit
-	l.set(q, w, min(prev.Burst, q), margin)
-	if l.limit != prev {
-		l.state, _ = algo.Charge(l.limit, algo.State{}, time.Now(), l.limit.Burst)
+	l.set(q, w, min(l.burst, q), margin)
+	if l.limit == prev {
+		return
+	}
+	// Start empty, or later still if the old bucket was further in debt
+	// (its TAT, rounded up to the µs, capped at one more capacity), so that
+	// calls already sent at the old rate count against the new one.
+	empty, _ := algo.Charge(l.limit, algo.State{}, time.Now(), l.limit.Burst)
+	tat := l.state.Time
+	if l.state.Count > 0 {
+		tat++
+	}
+	capacity := int64(float64(l.limit.Period.Microseconds()) * float64(l.limit.Burst) / float64(l.limit.Rate))
+	if tat > empty.Time {
+		l.state = algo.State{Time: min(tat, empty.Time+capacity)}
+	} else {
+		l.state = empty
 	}
 }
 

@@ -25,11 +25,26 @@ type Resyncer interface {
 //   - Retry-After (seconds or an HTTP date) holds every caller until it
 //     passes, plus jitter; a 429 or 503 without one holds them one second.
 //   - RateLimit ("name";r=R;t=T), or X-RateLimit-Remaining and
-//     X-RateLimit-Reset, lets at most R less the margin and the calls in
-//     flight go before T seconds; none when that is zero.
+//     X-RateLimit-Reset, lets at most R less the margin (rounded in the
+//     caller's favour) and the calls in flight go before T seconds; R = 0
+//     holds every caller until T passes, plus jitter.
 //   - RateLimit-Policy ("name";q=Q;w=W) resyncs a Resyncer Limiter to Q
 //     per W seconds, less the margin.
+//
+// Observe cannot tell which call a response answers, so its RateLimit
+// fields may lower the calls left before the reset but raise them only
+// once the reset has passed: a response overtaken by a newer one must not
+// reopen a spent quota. Transport knows, and lets the answer to a call
+// released after the last update raise them at once.
 func (p *Pacer) Observe(status int, h http.Header) {
+	p.observe(0, status, h)
+}
+
+// observe is Observe for the call with the given ticket (0: unknown). The
+// answer to a call released after the gate was last set was produced after
+// every answer seen so far, so it replaces the gate; any other answer may
+// be older than the one the gate came from, and only lowers it.
+func (p *Pacer) observe(ticket uint64, status int, h http.Header) {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -37,11 +52,18 @@ func (p *Pacer) Observe(status int, h http.Header) {
 
 	retry, hasRetry := retryAfter(h.Get("Retry-After"), now)
 	r, t, hasR := remaining(h, now)
+	fresh := ticket > p.gateSeq || p.gate < 0 || !now.Before(p.gateEnd)
 	if hasR && t > 0 {
-		if r >= 0 {
-			budget := int64(math.Floor(float64(r)*(1-p.opt.Margin))) - int64(p.inFlight)
-			p.gate, p.gateEnd = max(budget, 0), now.Add(min(t, p.opt.MaxWait))
-			if budget <= 0 {
+		budget := max(r-int64(math.Floor(float64(r)*p.opt.Margin))-int64(p.inFlight), 0)
+		switch {
+		case fresh:
+			p.gate, p.gateEnd, p.gateSeq = budget, now.Add(min(t, p.opt.MaxWait)), p.released
+			if r == 0 {
+				p.hold(now, t)
+			}
+		case ticket == 0 && budget < p.gate:
+			p.gate = budget
+			if r == 0 {
 				p.hold(now, t)
 			}
 		}
@@ -53,6 +75,10 @@ func (p *Pacer) Observe(status int, h http.Header) {
 		if !hasR || t <= 0 {
 			p.hold(now, time.Second)
 		}
+	}
+	select { // let a caller waiting on the gate look again
+	case p.reopen <- struct{}{}:
+	default:
 	}
 	if rs, ok := p.opt.Limiter.(Resyncer); ok {
 		if q, w, ok := policy(h); ok {

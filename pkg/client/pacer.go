@@ -39,8 +39,10 @@ type Options struct {
 	// MaxQueue bounds the callers waiting at once; more fail with
 	// ErrQueueFull. Default 1024.
 	MaxQueue int
-	// Margin is the share of an upstream-advertised quota left unused, to
-	// absorb calls in flight and clock drift. Default 0.1; negative means 0.
+	// Margin is the share of an upstream-advertised remaining quota left
+	// unused (rounded down, so a small remainder is used whole), to absorb
+	// other clients of the same quota and clock drift; calls in flight are
+	// subtracted as well. Default 0.1; negative means 0.
 	Margin float64
 	// Jitter is the largest extra wait added to a Retry-After or a reset,
 	// as a share of it, so that paced clients do not return together.
@@ -62,6 +64,9 @@ type Pacer struct {
 	holdTill time.Time       // no call before this (Retry-After, spent upstream quota)
 	gate     int64           // calls left before gateEnd, by the upstream's count; -1 none
 	gateEnd  time.Time
+	gateSeq  uint64        // released when the gate was last set from an answer
+	released uint64        // calls released so far; a call's ticket is its number
+	reopen   chan struct{} // signalled when an answer may reopen the gate
 }
 
 // New returns a Pacer. It panics when opt.Limiter is nil.
@@ -83,7 +88,7 @@ func New(opt Options) *Pacer {
 	if opt.MaxWait <= 0 {
 		opt.MaxWait = time.Hour
 	}
-	return &Pacer{opt: opt, gate: -1}
+	return &Pacer{opt: opt, gate: -1, reopen: make(chan struct{}, 1)}
 }
 
 // Wait blocks until a call of cost units may go, and counts it in flight
@@ -92,14 +97,20 @@ func New(opt Options) *Pacer {
 // error (ErrCostOverBurst for a cost a Local bucket can never admit); the
 // callers queued behind then go on.
 func (p *Pacer) Wait(ctx context.Context, cost int64) error {
+	_, err := p.wait(ctx, cost)
+	return err
+}
+
+// wait is Wait, and returns the released call's ticket for observe.
+func (p *Pacer) wait(ctx context.Context, cost int64) (uint64, error) {
 	if cost < 0 {
-		return ErrNegativeCost
+		return 0, ErrNegativeCost
 	}
 	me := make(chan struct{}, 1)
 	p.mu.Lock()
 	if len(p.queue) >= p.opt.MaxQueue {
 		p.mu.Unlock()
-		return ErrQueueFull
+		return 0, ErrQueueFull
 	}
 	p.queue = append(p.queue, me)
 	if len(p.queue) == 1 {
@@ -111,49 +122,63 @@ func (p *Pacer) Wait(ctx context.Context, cost int64) error {
 	select { // wait for our turn at the head of the queue
 	case <-me:
 	case <-ctx.Done():
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
 	for {
-		wait, err := p.try(ctx, cost)
+		ticket, wait, gated, err := p.try(ctx, cost)
 		if err != nil || wait == 0 {
-			return err
+			return ticket, err
 		}
-		if err := sleep(ctx, min(wait, p.opt.MaxWait)); err != nil {
-			return err
+		// The gate waits for the upstream's reset, but the answer to a call
+		// in flight may reopen it sooner; a Limiter's wait is its own.
+		var reopen <-chan struct{}
+		if gated {
+			reopen = p.reopen
+		}
+		if err := sleep(ctx, min(wait, p.opt.MaxWait), reopen); err != nil {
+			return 0, err
 		}
 	}
 }
 
 // try asks the upstream's gate and then the Limiter; on success the call is
-// in flight. It returns the wait before the next try, 0 when admitted.
-func (p *Pacer) try(ctx context.Context, cost int64) (time.Duration, error) {
+// in flight. It returns the call's ticket when admitted, else the wait
+// before the next try and whether the gate (rather than a hold or the
+// Limiter) asked for it.
+func (p *Pacer) try(ctx context.Context, cost int64) (uint64, time.Duration, bool, error) {
 	now := time.Now()
 	p.mu.Lock()
 	if d := p.holdTill.Sub(now); d > 0 {
 		p.mu.Unlock()
-		return d, nil
+		return 0, d, false, nil
 	}
 	if p.gate >= 0 && now.Before(p.gateEnd) && p.gate < max(cost, 1) {
 		d := p.gateEnd.Sub(now)
+		select { // drop a stale signal: only answers from now on count
+		case <-p.reopen:
+		default:
+		}
 		p.mu.Unlock()
-		return d, nil
+		return 0, d, true, nil
 	}
 	p.mu.Unlock()
 
 	ok, wait, err := p.opt.Limiter.Take(ctx, now, cost)
 	if err != nil {
-		return 0, err
+		return 0, 0, false, err
 	}
 	if !ok {
-		return max(wait, time.Millisecond), nil
+		return 0, max(wait, time.Millisecond), false, nil
 	}
 	p.mu.Lock()
 	p.inFlight++
+	p.released++
+	ticket := p.released
 	if p.gate >= 0 {
 		p.gate = max(p.gate-max(cost, 1), 0)
 	}
 	p.mu.Unlock()
-	return 0, nil
+	return ticket, 0, false, nil
 }
 
 // leave removes me from the queue and hands the head to the next waiter.
@@ -184,12 +209,15 @@ func (p *Pacer) jittered(d time.Duration) time.Duration {
 	return d + time.Duration(rand.Float64()*p.opt.Jitter*float64(d))
 }
 
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
+// sleep waits d, or until wake is signalled (a nil wake never is), or until
+// ctx ends.
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return nil
+	case <-wake:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -23,7 +23,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Cost != nil {
 		cost = t.Cost(req)
 	}
-	if err := t.Pacer.Wait(req.Context(), cost); err != nil {
+	ticket, err := t.Pacer.wait(req.Context(), cost)
+	if err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close() // RoundTrip must close the body, even on errors
 		}
@@ -38,7 +39,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.Pacer.Done()
 		return nil, err
 	}
-	t.Pacer.Observe(resp.StatusCode, resp.Header)
+	t.Pacer.observe(ticket, resp.StatusCode, resp.Header)
 	return resp, nil
 }
 
