@@ -119,8 +119,9 @@ type batcher struct {
 	// waitReplicas is Options.WaitReplicas: replicas that must acknowledge
 	// an invocation's writes (WAIT) before its decisions are used.
 	waitReplicas int
-	tick         time.Duration // the sweeper's period
-	epoch        time.Time     // origin of the ns clocks below (monotonic)
+	tick         time.Duration    // the sweeper's period
+	now          func() time.Time // the Store's clock (time.Now by default)
+	epoch        time.Time        // origin of the ns clocks below
 	// overdue, when set, is told (outside mu) that Redis has been stalled
 	// since `since` for one more Timeout. open, when set, reports that the
 	// circuit is open (called under mu; it must not call back into the
@@ -221,7 +222,7 @@ func newBatcher(c goredis.UniversalClient, pipelines int, timeout, maxWait, marg
 	b := &batcher{
 		client: c, pipelines: pipelines, cluster: cluster,
 		timeout: max(time.Microsecond, timeout), maxWait: maxWait, margin: max(0, margin),
-		tick: sweepTick(timeout), epoch: time.Now(),
+		tick: sweepTick(timeout), now: time.Now, epoch: time.Now(),
 		flights: make([][]*scriptCall, pipelines), busy: make([]bool, pipelines),
 		wake: make([]chan struct{}, pipelines), sweepWake: make(chan struct{}, 1),
 		quit: make(chan struct{}), slots: make([]*slotConn, pipelines),
@@ -273,8 +274,17 @@ func (b *batcher) budget(ctx context.Context, now int64) int64 {
 	return dl
 }
 
-// clock is the monotonic time in ns since b.epoch.
-func (b *batcher) clock() int64 { return int64(time.Since(b.epoch)) }
+// clock is the time in ns since b.epoch.
+func (b *batcher) clock() int64 { return int64(b.now().Sub(b.epoch)) }
+
+// useClock makes now the batcher's clock; call it before the first call.
+func (b *batcher) useClock(now func() time.Time) { b.now, b.epoch = now, now() }
+
+// wall is the real time of t (ns since b.epoch): go-redis sets socket
+// deadlines on the real clock.
+func (b *batcher) wall(t int64) time.Time {
+	return time.Now().Add(time.Duration(t - b.clock()))
+}
 
 // errClosed is the error of a call made after Close.
 var errClosed = errors.New("redis: store closed")

@@ -60,7 +60,7 @@ func (g *group) denied() bool {
 // failed ones would have said, and it returns a *causes.Partial with the
 // decided hits' decisions and the failed hits' indexes.
 func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
-	start := time.Now()
+	start := s.clk.Now()
 	bySlot := make(map[uint32]*group, 2)
 	var groups []*group
 	for i, h := range hits {
@@ -183,7 +183,7 @@ func (s *Store) decideDenied(ctx context.Context, deadline time.Time, nowUS int6
 	for _, g := range groups {
 		g.err = ErrDeadline
 	}
-	wait := time.NewTimer(time.Until(deadline))
+	wait := time.NewTimer(deadline.Sub(s.clk.Now()))
 	defer wait.Stop()
 	for range groups {
 		select {
@@ -244,7 +244,7 @@ func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*gr
 	if failed || n == 0 {
 		return
 	}
-	wait := time.NewTimer(time.Until(deadline))
+	wait := time.NewTimer(deadline.Sub(s.clk.Now()))
 	defer wait.Stop()
 	for range n {
 		select {

@@ -67,7 +67,7 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 	if len(live) == 0 {
 		return
 	}
-	sc.ctx.deadline = b.epoch.Add(time.Duration(deadline))
+	sc.ctx.deadline = b.wall(deadline)
 	ctx := &sc.ctx
 	on := b.on(slot, now)
 	// The sweeper is needed if the flush outlives its earliest budget

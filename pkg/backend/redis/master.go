@@ -51,8 +51,9 @@ func (s *Store) newMaster(addr string) *master {
 			m.batch.kickSweeper()
 		}
 	}
-	m = &master{addr: addr, breaker: NewBreaker(bo, nil)} // real clock: Options.Now pins only the script
+	m = &master{addr: addr, breaker: NewBreaker(bo, s.clk.Now)} // Options.Now pins only the script
 	m.batch = newBatcher(s.client, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
+	m.batch.useClock(s.clk.Now)
 	m.batch.waitReplicas = opts.WaitReplicas
 	m.batch.establish = establishAfter(opts)
 	m.batch.overdue = func(sent time.Time) { m.breaker.Overdue(sent, m.breaker.now()) }

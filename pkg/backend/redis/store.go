@@ -56,6 +56,7 @@ type Store struct {
 	masters   map[string]*master
 	// live watches the sockets for the batchers (nil without New).
 	live    *liveness
+	clk     clock   // see clock
 	opts    Options // for the batchers and breakers of new masters
 	cluster bool
 	now     func() time.Time // nil: the script uses the server's TIME
@@ -129,9 +130,13 @@ type Store struct {
 // Redis is down. Unless Options.HealthInterval is 0 it starts the
 // background health probe (see Healthy); Close stops it. Errors come from
 // invalid options (Options.Validate) or unreadable TLS files only.
-func New(opts Options) (*Store, error) {
+func New(opts Options) (*Store, error) { return newWithClock(opts, systemClock{}) }
+
+// newWithClock is New on clk (see clock).
+func newWithClock(opts Options, clk clock) (*Store, error) {
 	var mw *masterWatch
 	live := newLiveness(opts.Addrs, opts.Mode == Sentinel)
+	live.now, live.epoch = clk.Now, clk.Now()
 	live.timeout = opts.Timeout
 	hooks := dialHooks{wrap: live.wrap}
 	if opts.Mode == Sentinel {
@@ -142,7 +147,7 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := newStore(c, opts)
+	s := newStore(c, opts, clk)
 	s.sentinelMaster = mw
 	s.live = live
 	s.batch.live = live
@@ -151,11 +156,12 @@ func New(opts Options) (*Store, error) {
 	return s, nil
 }
 
-func newStore(c goredis.UniversalClient, opts Options) *Store {
+func newStore(c goredis.UniversalClient, opts Options, clk clock) *Store {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	s := &Store{
 		client:      c,
+		clk:         clk,
 		now:         opts.Now,
 		timeout:     opts.Timeout,
 		dialTimeout: opts.DialTimeout,
