@@ -7,35 +7,12 @@
 // refuses calls with, and how a call's error counts (Outcome).
 package breaker
 
-// Why this breaker is ours and not github.com/sony/gobreaker/v2 (v2.4.0)
-// or github.com/failsafe-go/failsafe-go (v0.9.8), both read for this:
-//   - Clock: both read the wall clock inside (gobreaker calls time.Now;
-//     failsafe-go's clock is an unexported field with no option), so the
-//     tests' tables, which pass the time in (Allow, Record, StateAt),
-//     could only run against real sleeps.
-//   - Half-open: gobreaker reopens on the first failed probe and closes
-//     only after MaxRequests consecutive successes; failsafe-go closes or
-//     opens on a success ratio over its permits. Ours closes on one
-//     success and reopens only when every probe in flight failed, so one
-//     probe on a stale pooled connection does not cost another OpenFor.
-//   - Lost probes: a permit whose call never reports stays taken in both
-//     (half-open has no expiry); ours replaces it after OpenFor.
-//   - FailFor and the cause of opening: gobreaker's ReadyToTrip and
-//     failsafe-go's thresholds see counts, not when the failures happened
-//     nor which error they were, so neither can wait for timeouts to span
-//     FailFor while opening at once on refused connections, nor tell a
-//     stall-opened circuit (Errors.StalledOpen, shed) from one opened by
-//     proven failures (Errors.Open, failure modes).
-//   - Stragglers and Overdue: a call that started before the circuit
-//     opened counts for nothing, and an invocation the backend leaves
-//     unanswered is a failure recorded without a call of its own. gobreaker records
-//     only the result of a request it admitted; failsafe-go counts every
-//     RecordError, a straggler's too, and in half-open each one releases a
-//     permit whether or not it took one.
-//   - Callbacks: gobreaker runs OnStateChange under its lock (the callback
-//     cannot read the state); OnTransition runs after the lock is released.
-// What they do the same (a rolling window of buckets, a failure-ratio rule
-// with a minimum of calls) is the small part of this file.
+// This breaker is ours rather than a library's (github.com/sony/gobreaker,
+// github.com/failsafe-go/failsafe-go) because it needs what they lack: an
+// injected clock, FailFor for timeouts next to an immediate opening on
+// proven failures, a stall-opened circuit told from a failure-opened one,
+// stragglers that count for nothing, half-open closing on one success and
+// replacing lost probes, and callbacks run outside its lock.
 
 import (
 	"context"

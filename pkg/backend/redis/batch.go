@@ -14,18 +14,14 @@ import (
 )
 
 // DefaultPipelines is the number of flushes a Store keeps in flight at
-// once (Options.Pipelines when 0). Two rather than more: fewer flushes in
-// flight make larger batches, and a larger batch costs Redis less CPU per
-// decision (internal/redise2e BenchmarkShouldRateLimitRedis: 2 gave about
-// 20% more decisions/s and a lower p99 than 4, see docs/redis.md).
+// once (Options.Pipelines when 0). Few flushes in flight make larger
+// batches, and a larger batch costs Redis less CPU per decision.
 const DefaultPipelines = 2
 
 // maxBatch bounds the segments (requests, or Cluster slot groups of
 // requests) of one flush, and so of one script invocation. Redis runs an
-// invocation atomically and serves nothing else meanwhile: measured 8–14
-// µs of Redis time per one-hit segment on the shared 2-core host, so a
-// full batch holds Redis for about 0.5–0.9 ms (256 segments: about 4.8 ms,
-// too long for a 2 ms p99; see docs/redis.md, "Throughput").
+// invocation atomically and serves nothing else meanwhile, so a full
+// batch must hold Redis well within the p99 target (BENCHMARKS.md).
 const maxBatch = 64
 
 // maxBatchHits bounds the hits of one flush (a batch of many-hit requests
@@ -40,72 +36,32 @@ const maxBatchHits = 4 * maxBatch
 // goes out, alone.
 const maxWindowHits = 128
 
-// batcher batches the script calls of concurrent requests: a call (one
-// segment) is queued, and up to `pipelines` flush loops each take what is
-// queued (at most maxBatch segments, maxBatchHits hits) and send it as ONE
-// script invocation deciding every segment in order (Cluster: one
-// invocation per hash slot, all in one go-redis pipeline, which go-redis
-// splits per node). Under load a request costs Redis a share of one
-// EVALSHA and the service a share of one write and one read syscall, one
-// command and one reply; no connection of its own. Under light load a call
-// finds a free flush loop and goes out alone at once (no coalescing wait).
+// batcher batches the script calls of concurrent requests: each call (one
+// segment) is queued, and up to `pipelines` resident flush loops each send
+// what is queued (at most maxBatch segments, maxBatchHits hits) as one
+// script invocation deciding every segment in order (Cluster: one per
+// hash slot, all in one go-redis pipeline). Under load a request costs a
+// share of one EVALSHA and of one write and one read syscall; under light
+// load a call goes out alone at once. On standalone and Sentinel each
+// flush loop pins a pooled connection (slotConn), which keeps go-redis'
+// per-Get health check off the request path.
 //
-// The flush loops are resident: one goroutine per pipeline slot, started
-// with the first call and parked on its slot's wake channel while the
-// queue is empty, so a call spawns no goroutine. On a standalone or
-// Sentinel client each slot pins one pooled connection (a goredis.Conn,
-// see slotConn): a flush takes no connection from the pool, so go-redis'
-// per-Get health check (a MSG_PEEK recvfrom) is not on the request path;
-// a pinned connection that failed, or sat idle for pinIdle, goes back to
-// the pool and the next flush pins a checked one. The caller waits on its
-// call's reusable channel (calls are pooled), not on a new one.
+// Every call has a budget (see budget): its caller's deadline less a
+// margin, or maxWait. Time spent queued counts against the budget only,
+// never against the Redis Timeout, so CPU pressure alone cannot fail a
+// live Redis. The Timeout is evidence about Redis: each Timeout a socket
+// stays stalled (see liveness) is reported to the circuit breaker
+// (overdue). A call whose budget runs out gets ErrCallTimeout while Redis
+// looks stalled and ErrDeadline otherwise; once the stall is established
+// (see establishedLocked) calls get ErrStalled, so that the rules' failure
+// modes answer within the caller's budget. While the circuit is open,
+// every pending call completes at once with its error: no request waits
+// on a dead Redis.
 //
-// Every call has a budget (see budget): its caller's context deadline less
-// a margin, or maxWait after it was queued when the context has none. Time
-// a call spends queued inside ratelimitd counts against that budget only,
-// never against the Redis Timeout: a burst or CPU pressure alone cannot
-// turn a live Redis into a failure. The Timeout is evidence about Redis
-// only: each Timeout that a socket to Redis stays stalled (a request
-// written with no byte of reply since; see liveness) is reported to the
-// circuit breaker (overdue). A call whose budget runs out completes with
-// ErrCallTimeout while Redis looks stalled and with ErrDeadline otherwise;
-// neither proves a failure, and the service sheds both (see ErrDeadline).
-// Once the stall is established (it has lasted `establish`, the breaker's
-// FailFor, and nothing was received from the master since it began), a
-// pending call that has waited a Timeout itself completes at once with
-// ErrStalled, and a budget that runs out gives ErrStalled too: the rules'
-// failure modes answer within the caller's budget, as for a dead Redis. So does a call whose
-// budget runs out after it waited `establish` itself with nothing
-// received from the master since it was queued (a caller without a
-// deadline on a stall that began as it was queued). A call gets its own
-// Timeout first, so that a half-open probe sent to a Redis that answers
-// again is decided, not failed on the old evidence.
-// While the circuit breaker is open (open reports its error), every
-// pending call completes at once with it (ErrCircuitOpen, or
-// ErrStalledOpen when only stalls opened it): no request waits on a dead
-// Redis.
-//
-// The budgets are enforced without a runtime timer per call: one sweeper
-// goroutine per batcher completes every queued or in-flight call whose
-// budget has passed, every sweepTick while it runs. It is parked (no
-// ticker) unless a call may outlive what its flush bounds: it is woken
-// when a call is queued behind busy flush loops, by a flush still
-// unanswered at the earliest budget of its calls or after a Timeout
-// (each slot's one reusable timer, armed per flush), and when the
-// circuit opens (kickSweeper); it parks again at the first tick with
-// nothing pending. A caller therefore waits at most sweepTick (plus
-// scheduling) past its budget, and never past its context's end by more
-// than scheduling. Calls whose budget passed while queued are not sent.
-// An invocation is bounded by the latest budget of its calls (the slot's
-// reusable context, see slotCtx). An error of the invocation (refused,
-// OOM, READONLY, NOSCRIPT after the retry...) reaches every call of it;
-// an error the script reports for one segment reaches that call only
-// (SegmentError).
-//
-// A Store has one batcher per master (Cluster: one per master, with its
-// own circuit and liveAddr; see master), so that the flush loops, stalls
-// and open circuit of a frozen or dead master hold no other master's
-// calls.
+// One sweeper goroutine enforces the budgets without a timer per call
+// (see sweeper): a caller waits at most sweepTick past its budget. A Store
+// has one batcher per master (see master), so that a frozen or dead
+// master holds no other master's calls.
 type batcher struct {
 	client    goredis.UniversalClient
 	pipelines int
@@ -174,7 +130,7 @@ const pinIdle = 50 * time.Millisecond
 // slotConn is a flush loop's connection and reusable per-flush state.
 type slotConn struct {
 	// conn is the pinned connection (nil: none pinned now, or a Cluster
-	// client, whose flushes go through the client as before).
+	// client, whose flushes go through the client).
 	conn *goredis.Conn
 	// used is when conn last carried a flush (ns since batcher.epoch).
 	used int64

@@ -72,7 +72,9 @@ func (b *batcher) ctxError(err error) error {
 // calls (queued or in flight) whose budget has passed, reports overdue
 // invocations, and completes every pending call with ErrCircuitOpen while
 // the circuit is open; at the first tick without a pending call it parks
-// again, until the next wake. It ends once the batcher is closed (quit)
+// again, until the next wake: a call queued behind busy flush loops, a
+// flush still unanswered at its earliest budget or after a Timeout
+// (slotConn.timer), or the circuit opening (kickSweeper). It ends once the batcher is closed (quit)
 // while parked: close waits for the flush loops, which complete every
 // call, so a sweeper ticking then parks after them.
 func (b *batcher) sweeper() {
