@@ -1,8 +1,9 @@
 // Package memory is the in-process store of ratelimitd: a sharded table
 // from backend key to algo.State, one mutex per shard, that decides every
 // hit of a request atomically (the service.Store contract: a denied
-// request writes only its kept hits, refunds and always_charge). State is per process: replicas do not share counters (use the
-// Redis store for that).
+// request writes only its kept hits, refunds and always_charge). State is
+// per process: replicas do not share counters (use the Redis store for
+// that).
 //
 // # Expiry
 //
@@ -224,10 +225,11 @@ type call struct {
 // the states before the request, and every other hit that did not deny
 // reports a check (cost 0) on its key's replayed state (the state before
 // the request when no Kept hit shares its key); a hit with a penalty box
-// that denied keeps its denial count and block (algo.KeepPenalty). When the request needs new keys and the store is full, it drops
-// expired keys for them or, when none has expired, decides them with the
-// sketches (see the package documentation). It fails only when ctx is done
-// before it starts.
+// that denied keeps its denial count and block (algo.KeepPenalty). When
+// the request needs new keys and the store is full, it drops expired keys
+// for them or, when none has expired, decides them with the sketches (see
+// the package documentation). It fails only when ctx is done before it
+// starts.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("memory: %w", err)

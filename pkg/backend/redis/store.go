@@ -290,32 +290,18 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 	return s.takeCluster(ctx, hits, out)
 }
 
-// Healthy reports whether the circuit breaker is closed (Redis answered
-// recently; Cluster: every master's breaker, so that one master down makes
-// the Store unhealthy although the others' keys are counted); it
-// implements service.Healther. Without traffic it follows
-// the health probe's PINGs (every Options.HealthInterval): it turns false
-// about one interval after Redis stops answering (plus Failures PINGs one
-// Timeout apart, FailFor for timeouts) and true again about one interval
-// after Redis answers (plus Breaker.OpenFor, and go-redis' 1 s redial
-// after PoolSize failed dials).
-//
-// It is also false while the server refuses the Store's configuration:
-// from a call or PING that failed with CauseAuth (WRONGPASS, NOAUTH,
-// NOPERM, a database index the server does not have, an untrusted server
-// certificate) until the next call or PING that succeeds. Such replies
-// come fast from a live server, so they do not open the circuit (each
-// request still asks Redis and gets its failure mode), but the backend is
-// not serving. Without traffic the probe's PING keeps this current; an
-// ACL that allows PING but refuses EVALSHA makes it alternate with the
-// probe (one interval each way).
-//
-// It is false until the Store is warm (Warm, or a first decision,
-// succeeded: see Warm), and while decisions are refused by a live server
-// that will not write (OOM under maxmemory with noeviction, READONLY or
-// NOREPLICAS): from such a failed call until a decision succeeds again,
-// which without traffic the probe tries once per interval with a write
-// on Options.ProbeKey. Healthy is true only while decisions are counted.
+// Healthy reports whether decisions are being counted (it implements
+// service.Healther): the Store is warm (see Warm), every current master's
+// circuit is closed, and the server neither refuses the Store's
+// configuration (CauseAuth: WRONGPASS, NOPERM, an unknown database, an
+// untrusted certificate) nor refuses to write (OOM, READONLY,
+// NOREPLICAS); each refusal holds from the failed call or PING until the
+// next success. Refusals come fast from a live server, so they do not open
+// the circuit. Without traffic the health probe keeps it current (every
+// Options.HealthInterval, with a write on Options.ProbeKey when writes
+// were refused): it turns false about one interval after Redis stops
+// answering, and true again about one interval (plus OpenFor) after Redis
+// answers.
 func (s *Store) Healthy() bool {
 	return s.warmed.Load() && s.closed() && !s.refused.Load() && !s.writeRefused.Load() && !s.probeFailed.Load()
 }
