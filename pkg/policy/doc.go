@@ -54,7 +54,7 @@
 // by an unknown one; compile.go builds the Set and lint.go finds what it
 // warns about; set.go, pattern.go and key.go answer requests; address.go
 // holds the address options (CIDR values, ipv6_prefix, cgnat) and
-// reserve, with the rule variants Match returns for them; hash.go and
+// variants.go reserve and the rule variants Match returns for them; hash.go and
 // explain.go describe a Set; load.go reads files, and watch.go and
 // watchplan.go reload them.
 package policy

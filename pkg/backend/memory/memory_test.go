@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -187,21 +188,24 @@ func TestContextCanceled(t *testing.T) {
 	}
 }
 
+// TestBackgroundSweep: the background sweep drops an expired key within
+// one SweepInterval. It runs in a synctest bubble, whose fake clock drives
+// the sweep's ticker.
 func TestBackgroundSweep(t *testing.T) {
-	c := newClock(algotest.Base)
-	s := newStore(t, memory.Options{Now: c.now, SweepInterval: time.Millisecond})
-	l := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Second}
-	algotest.Take(context.Background(), s, []algo.Hit{hit("k", l)})
-	c.add(time.Second)
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Len() != 0 {
-		if time.Now().After(deadline) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newClock(algotest.Base)
+		s := newStore(t, memory.Options{Now: c.now, SweepInterval: time.Millisecond})
+		l := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Second}
+		algotest.Take(context.Background(), s, []algo.Hit{hit("k", l)})
+		c.add(time.Second)
+		time.Sleep(time.Millisecond) // one SweepInterval on the bubble's clock
+		synctest.Wait()
+		if s.Len() != 0 {
 			t.Fatal("background sweep did not drop the expired key")
 		}
-		time.Sleep(time.Millisecond)
-	}
-	s.Close()
-	s.Close() // idempotent
+		s.Close()
+		s.Close() // idempotent
+	})
 }
 
 func BenchmarkTake(b *testing.B) {

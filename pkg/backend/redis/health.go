@@ -35,8 +35,8 @@ const DefaultHealthInterval = time.Second
 // of its own: it never holds anything a request waits for.
 type healthProbe struct {
 	interval time.Duration
-	clock    probeClock // systemClock{}; tests drive a manual one
-	epoch    time.Time  // origin of lastOK (monotonic)
+	clock    clock     // the Store's
+	epoch    time.Time // origin of lastOK (monotonic)
 	// lastOK is when a call last succeeded, in ns since epoch; -1: never.
 	lastOK atomic.Int64
 	// slow multiplies the probe's timeouts: doubled (up to maxProbeSlow)
@@ -51,42 +51,13 @@ type healthProbe struct {
 	done   chan struct{} // closed when the loop has returned
 }
 
-// probeClock is the health probe's time source: the time now and the
-// timer of its loop. Production uses systemClock; a test passes one it
-// advances by hand, so that what the probe does per interval is counted,
-// not timed.
-type probeClock interface {
-	Now() time.Time
-	NewTimer(d time.Duration) probeTimer
-}
-
-// probeTimer is the part of *time.Timer the probe loop uses.
-type probeTimer interface {
-	C() <-chan time.Time
-	Reset(d time.Duration) bool
-	Stop() bool
-}
-
-// systemClock is time.Now and time.NewTimer.
-type systemClock struct{}
-
-func (systemClock) Now() time.Time                      { return time.Now() }
-func (systemClock) NewTimer(d time.Duration) probeTimer { return systemTimer{time.NewTimer(d)} }
-
-type systemTimer struct{ t *time.Timer }
-
-func (t systemTimer) C() <-chan time.Time        { return t.t.C }
-func (t systemTimer) Reset(d time.Duration) bool { return t.t.Reset(d) }
-func (t systemTimer) Stop() bool                 { return t.t.Stop() }
-
-// startHealth starts s's probe loop (nothing when interval is 0).
-func (s *Store) startHealth(interval time.Duration) { s.startHealthClock(interval, systemClock{}) }
-
-// startHealthClock is startHealth with the probe's clock.
-func (s *Store) startHealthClock(interval time.Duration, clock probeClock) {
+// startHealth starts s's probe loop on the Store's clock (nothing when
+// interval is 0).
+func (s *Store) startHealth(interval time.Duration) {
 	if interval <= 0 {
 		return
 	}
+	clock := s.clk
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &healthProbe{
 		interval: interval,

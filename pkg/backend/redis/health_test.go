@@ -15,8 +15,9 @@ import (
 )
 
 // healthInterval is the probe period of these tests (the production
-// default). The probe runs on a ManualClock: each Tick is one iteration
-// of its loop, so what it does per interval is counted, not timed.
+// default). The Store runs on a ManualClock: each Tick is one iteration
+// of the probe's loop and moves the breaker's clock with it, so what the
+// probe does per interval is counted, not timed.
 const healthInterval = redis.DefaultHealthInterval
 
 // stateWithin bounds, in real time, how long a test drives the probe
@@ -25,15 +26,18 @@ const healthInterval = redis.DefaultHealthInterval
 const stateWithin = 20 * time.Second
 
 // newHealthStore returns a Store on o with a timeout generous enough for
-// a loaded -race host and its health probe on a ManualClock with period
+// a loaded -race host, on a ManualClock, with its health probe every
 // healthInterval.
 func newHealthStore(t *testing.T, o redis.Options) (*redis.Store, *redis.ManualClock) {
 	t.Helper()
 	o.Timeout = 50 * time.Millisecond
-	o.HealthInterval = 0 // the probe is started below, on the manual clock
-	s := openStore(t, o)
+	o.HealthInterval = healthInterval
 	clk := redis.NewManualClock()
-	redis.StartProbe(s, healthInterval, clk)
+	s, err := redis.NewOnClock(o, clk)
+	if err != nil {
+		t.Fatalf("redis.New: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
 	return s, clk
 }
 
@@ -73,9 +77,8 @@ func inState(s *redis.Store, healthy bool, states ...string) bool {
 }
 
 // driveUntil runs probe iterations (clk.Tick) until s is in the state
-// (inState), failing after stateWithin of real time; between iterations
-// it pauses 5 ms so that the breaker's own clock (OpenFor, FailFor, real
-// time) moves on. Every iteration that leaves s unhealthy must arm the
+// (inState), failing after stateWithin of real time; each Tick moves the
+// breaker's clock (OpenFor, FailFor) on with the probe's. Every iteration that leaves s unhealthy must arm the
 // next one at most RecoveryPoll later: the probe looks again soon, so that
 // a Redis that came back is counted again within a second. It returns the
 // number of iterations.
@@ -94,7 +97,6 @@ func driveUntil(t *testing.T, s *redis.Store, clk *redis.ManualClock, healthy bo
 		if !s.Healthy() && next > redis.RecoveryPoll {
 			t.Fatalf("unhealthy (circuit %s): next probe in %v, want <= %v", s.BreakerState(), next, redis.RecoveryPoll)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -164,7 +166,6 @@ func TestHealthProbeWithoutTraffic(t *testing.T) {
 				if s.Healthy() || s.BreakerState() == "closed" {
 					t.Fatalf("Redis %s, iteration %d: Healthy() = %v, BreakerState() = %q", tc.name, i, s.Healthy(), s.BreakerState())
 				}
-				time.Sleep(30 * time.Millisecond) // the breaker's OpenFor passes
 			}
 
 			tc.restore(srv)

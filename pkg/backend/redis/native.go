@@ -281,7 +281,7 @@ func (s *Store) takeNative(ctx context.Context, hits []algo.Hit, out []algo.Deci
 // Cluster, or with window keys mixed with others (Options.WindowKeys):
 // each group of one slot and script in modeDenied (see decideDenied).
 func (s *Store) deniedCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
-	start := time.Now()
+	start := s.clk.Now()
 	bySlot := map[uint32]*group{}
 	var groups []*group
 	for i, h := range hits {

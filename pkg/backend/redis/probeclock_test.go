@@ -7,12 +7,14 @@ import (
 	"time"
 )
 
-// ManualClock is a probeClock that a test advances by hand: the health
+// ManualClock is a Store clock that a test moves on by hand: the health
 // probe's loop runs one iteration per Tick, whatever the speed of the
-// host. Its one timer is the loop's.
+// host, and the Store's breakers and batchers see the time Tick and
+// Advance move to. It runs on with real time as well, so that what a
+// real Redis takes (a PING that times out, a socket left unanswered)
+// counts as it does in production. Its one timer is the probe loop's.
 type ManualClock struct {
-	base   time.Time
-	off    atomic.Int64 // the time now, in ns since base
+	off    atomic.Int64 // how far ahead of the real time it is, in ns
 	mu     sync.Mutex
 	at     time.Time     // when the armed timer fires
 	armed  time.Duration // the duration it was last armed with
@@ -22,17 +24,16 @@ type ManualClock struct {
 	c      chan time.Time
 }
 
-// NewManualClock starts at an arbitrary fixed time.
+// NewManualClock starts at the real time.
 func NewManualClock() *ManualClock {
 	return &ManualClock{
-		base:   time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		notify: make(chan struct{}, 1),
 		c:      make(chan time.Time, 1),
 	}
 }
 
-// Now is the manual time.
-func (m *ManualClock) Now() time.Time { return m.base.Add(time.Duration(m.off.Load())) }
+// Now is the real time moved on by Tick and Advance.
+func (m *ManualClock) Now() time.Time { return time.Now().Add(time.Duration(m.off.Load())) }
 
 // Advance moves the time on by d without firing the timer.
 func (m *ManualClock) Advance(d time.Duration) { m.off.Add(int64(d)) }
@@ -93,8 +94,8 @@ func (m *ManualClock) Tick(t testing.TB) time.Duration {
 	m.mu.Lock()
 	at := m.at
 	m.mu.Unlock()
-	if at.After(m.Now()) {
-		m.off.Store(int64(at.Sub(m.base))) // only Tick and Advance move it: the test's goroutine
+	if ahead := at.Sub(m.Now()); ahead > 0 {
+		m.off.Add(int64(ahead)) // only Tick and Advance move it: the test's goroutine
 	}
 	m.c <- m.Now()
 	return m.waitArmed(t)
@@ -106,12 +107,9 @@ func (t manualTimer) C() <-chan time.Time        { return t.m.c }
 func (t manualTimer) Reset(d time.Duration) bool { t.m.arm(d); return true }
 func (t manualTimer) Stop() bool                 { return true }
 
-// StartProbe starts s's health probe loop with period interval on clock
-// c; s must have been created with HealthInterval 0 (no loop of its own).
-// The loop stops with s.Close.
-func StartProbe(s *Store, interval time.Duration, c *ManualClock) {
-	s.startHealthClock(interval, c)
-}
+// NewOnClock is New with c as the Store's clock: its circuit breakers,
+// health probe loop (Options.HealthInterval), batchers and liveness.
+func NewOnClock(o Options, c *ManualClock) (*Store, error) { return newWithClock(o, c) }
 
 // RecoveryPoll is the probe's period while the Store is not healthy.
 const RecoveryPoll = recoveryPoll

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -15,7 +14,6 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/causes"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 )
 
@@ -58,6 +56,7 @@ type Store struct {
 	masters   map[string]*master
 	// live watches the sockets for the batchers (nil without New).
 	live    *liveness
+	clk     clock   // see clock
 	opts    Options // for the batchers and breakers of new masters
 	cluster bool
 	now     func() time.Time // nil: the script uses the server's TIME
@@ -131,9 +130,13 @@ type Store struct {
 // Redis is down. Unless Options.HealthInterval is 0 it starts the
 // background health probe (see Healthy); Close stops it. Errors come from
 // invalid options (Options.Validate) or unreadable TLS files only.
-func New(opts Options) (*Store, error) {
+func New(opts Options) (*Store, error) { return newWithClock(opts, systemClock{}) }
+
+// newWithClock is New on clk (see clock).
+func newWithClock(opts Options, clk clock) (*Store, error) {
 	var mw *masterWatch
 	live := newLiveness(opts.Addrs, opts.Mode == Sentinel)
+	live.now, live.epoch = clk.Now, clk.Now()
 	live.timeout = opts.Timeout
 	hooks := dialHooks{wrap: live.wrap}
 	if opts.Mode == Sentinel {
@@ -144,7 +147,7 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := newStore(c, opts)
+	s := newStore(c, opts, clk)
 	s.sentinelMaster = mw
 	s.live = live
 	s.batch.live = live
@@ -153,11 +156,12 @@ func New(opts Options) (*Store, error) {
 	return s, nil
 }
 
-func newStore(c goredis.UniversalClient, opts Options) *Store {
+func newStore(c goredis.UniversalClient, opts Options, clk clock) *Store {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	s := &Store{
 		client:      c,
+		clk:         clk,
 		now:         opts.Now,
 		timeout:     opts.Timeout,
 		dialTimeout: opts.DialTimeout,
@@ -188,132 +192,6 @@ func newStore(c goredis.UniversalClient, opts Options) *Store {
 	s.batch, s.breaker = s.def.batch, s.def.breaker
 	s.warmConns = min(max(opts.MinIdleConns, s.batch.pipelines+1), max(1, opts.PoolSize))
 	return s
-}
-
-// master is the decision path of one Redis master (the standalone server,
-// the Sentinel master, or one Cluster master): its circuit breaker and
-// the batcher of the calls for its slots. Keeping them per master is what
-// lets a Cluster master that is dead or frozen cost only its own keys:
-// its failures and stalls open its circuit alone, its sockets alone look
-// stalled (liveness.stalledAt), and its invocations hold only its own
-// flush loops, while the other masters' decisions stay counted.
-type master struct {
-	addr    string // Cluster: "host:port" as the slot map names it; "" otherwise
-	breaker *Breaker
-	batch   *batcher
-	// current is false from a probe that found the master no longer
-	// serving slots (a former master) until a decision reaches it: it
-	// then does not count for Healthy and BreakerState.
-	current atomic.Bool
-	// clock estimates the master's clock for window keys (Store.runOn).
-	clock windowClock
-}
-
-// newMaster builds the path of the master at addr (see master).
-func (s *Store) newMaster(addr string) *master {
-	opts := s.opts
-	pipelines := opts.Pipelines
-	if pipelines == 0 {
-		pipelines = DefaultPipelines
-	}
-	var m *master
-	bo := breakerOptions(opts)
-	// The circuit opening completes every call still waiting (see
-	// batcher): the sweeper does that, so it is woken.
-	next := bo.OnTransition
-	bo.OnTransition = func(to BreakerState) {
-		if next != nil {
-			next(to)
-		}
-		if to == BreakerOpen {
-			m.batch.kickSweeper()
-		}
-	}
-	m = &master{addr: addr, breaker: NewBreaker(bo, nil)} // real clock: Options.Now pins only the script
-	m.batch = newBatcher(s.client, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
-	m.batch.waitReplicas = opts.WaitReplicas
-	m.batch.establish = establishAfter(opts)
-	m.batch.overdue = func(sent time.Time) { m.breaker.Overdue(sent, m.breaker.now()) }
-	m.batch.open = func() error { return m.breaker.OpenErr(m.breaker.now()) }
-	m.batch.live, m.batch.liveAddr = s.live, addr
-	m.batch.noNX = &s.noNX
-	m.current.Store(true)
-	m.clock.epoch = time.Now()
-	return m
-}
-
-// masterFor is the path of the master serving key's slot (Cluster,
-// from go-redis' slot map: no command is sent once it is loaded), or def
-// on standalone and Sentinel, and on Cluster while no slot map can be
-// loaded.
-func (s *Store) masterFor(ctx context.Context, key string) *master {
-	if s.masters == nil {
-		return s.def
-	}
-	c, err := s.client.(*goredis.ClusterClient).MasterForKey(ctx, key)
-	if err != nil {
-		return s.def
-	}
-	return s.masterAt(c.Options().Addr)
-}
-
-// masterAt is the Cluster master path of addr, made on first use; a
-// decision that reaches it makes it current again.
-func (s *Store) masterAt(addr string) *master {
-	s.mastersMu.RLock()
-	m := s.masters[addr]
-	s.mastersMu.RUnlock()
-	if m != nil {
-		if !m.current.Load() { // serving slots again
-			m.current.Store(true)
-		}
-		return m
-	}
-	s.mastersMu.Lock()
-	defer s.mastersMu.Unlock()
-	if m = s.masters[addr]; m == nil {
-		m = s.newMaster(addr)
-		s.masters[addr] = m
-	}
-	return m
-}
-
-// paths is every master path the Store has: def, then the Cluster
-// masters.
-func (s *Store) paths() []*master {
-	ms := []*master{s.def}
-	s.mastersMu.RLock()
-	for _, m := range s.masters {
-		ms = append(ms, m)
-	}
-	s.mastersMu.RUnlock()
-	return ms
-}
-
-// closed reports whether every current master's circuit is closed.
-func (s *Store) closed() bool {
-	for _, m := range s.paths() {
-		if m.current.Load() && !m.breaker.Healthy() {
-			return false
-		}
-	}
-	return true
-}
-
-// breakerOptions are opts.Breaker with FailFor raised to 2 × Timeout (see
-// BreakerOptions.FailFor): a stall of up to 3 timeouts never opens the
-// circuit.
-func breakerOptions(opts Options) BreakerOptions {
-	b := opts.Breaker
-	b.FailFor = max(b.FailFor, 2*opts.Timeout)
-	return b
-}
-
-// establishAfter is how long a stall lasts before it is established and
-// calls get ErrStalled (see batcher): the breaker's FailFor, when the
-// circuit opens on it; at least Timeout.
-func establishAfter(opts Options) time.Duration {
-	return max(opts.Timeout, breakerOptions(opts).FailFor)
 }
 
 // Close stops the health probe, waits for the pipelines in flight (at most
@@ -412,32 +290,18 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 	return s.takeCluster(ctx, hits, out)
 }
 
-// Healthy reports whether the circuit breaker is closed (Redis answered
-// recently; Cluster: every master's breaker, so that one master down makes
-// the Store unhealthy although the others' keys are counted); it
-// implements service.Healther. Without traffic it follows
-// the health probe's PINGs (every Options.HealthInterval): it turns false
-// about one interval after Redis stops answering (plus Failures PINGs one
-// Timeout apart, FailFor for timeouts) and true again about one interval
-// after Redis answers (plus Breaker.OpenFor, and go-redis' 1 s redial
-// after PoolSize failed dials).
-//
-// It is also false while the server refuses the Store's configuration:
-// from a call or PING that failed with CauseAuth (WRONGPASS, NOAUTH,
-// NOPERM, a database index the server does not have, an untrusted server
-// certificate) until the next call or PING that succeeds. Such replies
-// come fast from a live server, so they do not open the circuit (each
-// request still asks Redis and gets its failure mode), but the backend is
-// not serving. Without traffic the probe's PING keeps this current; an
-// ACL that allows PING but refuses EVALSHA makes it alternate with the
-// probe (one interval each way).
-//
-// It is false until the Store is warm (Warm, or a first decision,
-// succeeded: see Warm), and while decisions are refused by a live server
-// that will not write (OOM under maxmemory with noeviction, READONLY or
-// NOREPLICAS): from such a failed call until a decision succeeds again,
-// which without traffic the probe tries once per interval with a write
-// on Options.ProbeKey. Healthy is true only while decisions are counted.
+// Healthy reports whether decisions are being counted (it implements
+// service.Healther): the Store is warm (see Warm), every current master's
+// circuit is closed, and the server neither refuses the Store's
+// configuration (CauseAuth: WRONGPASS, NOPERM, an unknown database, an
+// untrusted certificate) nor refuses to write (OOM, READONLY,
+// NOREPLICAS); each refusal holds from the failed call or PING until the
+// next success. Refusals come fast from a live server, so they do not open
+// the circuit. Without traffic the health probe keeps it current (every
+// Options.HealthInterval, with a write on Options.ProbeKey when writes
+// were refused): it turns false about one interval after Redis stops
+// answering, and true again about one interval (plus OpenFor) after Redis
+// answers.
 func (s *Store) Healthy() bool {
 	return s.warmed.Load() && s.closed() && !s.refused.Load() && !s.writeRefused.Load() && !s.probeFailed.Load()
 }
@@ -484,378 +348,9 @@ func (s *Store) BreakerState() string {
 	return worst.String()
 }
 
-// run decides hits (all in one slot on Cluster) as one segment of a
-// batched script invocation of their master's path (masterFor), under
-// that master's circuit breaker and
-// Options.Timeout (enforced by the batcher's sweeper, not by a timer per
-// call: see batcher). Errors are classified (*Error with a Cause): the
-// invocation's error, or this segment's SegmentError, or ErrCallTimeout.
-func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string, hits []algo.Hit, out []algo.Decision) (int64, error) {
-	m := s.def
-	if len(hits) > 0 {
-		m = s.masterFor(ctx, hits[0].Key)
-	}
-	return s.runOn(ctx, m, segment{mode: mode, nowUS: nowUS, nonce: nonce, hits: hits}, out)
-}
-
-// runOn decides seg on master m's path (see run).
-func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.Decision) (int64, error) {
-	start := m.breaker.now()
-	if err := m.breaker.Allow(start); err != nil {
-		return 0, err
-	}
-	nowUS := seg.nowUS
-	seg.window = !seg.native && s.windowKeys && len(seg.hits) > 0 && windowKind(&seg.hits[0])
-	seg.lean = !seg.native && s.windowKeys && len(seg.hits) > 0 && leanKind(&seg.hits[0])
-	var scriptNow, sent int64
-	var err error
-	for try := 0; ; try++ {
-		if (seg.window || seg.lean) && nowUS < 0 && try == 0 {
-			seg.estUS, sent, seg.check = m.clock.now()
-		}
-		scriptNow, err = m.batch.do(ctx, seg, out)
-		// A checked window call and every lean call (lean.lua reads the
-		// server's TIME) refresh the master's clock estimate.
-		if (seg.window && seg.check || seg.lean) && nowUS < 0 {
-			if scriptNow > 0 && (err == nil || errors.Is(err, errStaleWindow)) {
-				m.clock.observe(scriptNow, sent)
-			} else if seg.check {
-				m.clock.failed()
-			}
-		}
-		// A checked window segment whose keys were not the server's
-		// window (an estimate not yet verified, or a window boundary in
-		// between) wrote nothing: again with the server's now, checked.
-		// A boundary passes at most once per window, so a third refusal
-		// is a clock that moved back.
-		if !errors.Is(err, errStaleWindow) || try == 2 {
-			break
-		}
-		seg.estUS, seg.check, sent = scriptNow, true, m.clock.mono()
-	}
-	if errors.Is(err, errStaleWindow) {
-		err = fmt.Errorf("%w: the server's clock moved back", errReply)
-	}
-	err = Classify(err)
-	m.breaker.record(start, m.breaker.now(), err)
-	s.noteOutcome(err, true)
-	if err == nil {
-		s.callSucceeded()
-		if !s.warmed.Load() {
-			s.warmed.Store(true)
-		}
-		if s.probeFailed.Load() {
-			s.probeFailed.Store(false)
-		}
-	}
-	return scriptNow, err
-}
-
-// mixed reports whether hits mix window keys with other hits
-// (Options.WindowKeys): they go to two scripts, decided all-or-nothing as
-// a Cluster request's slot groups are (takeCluster).
-func (s *Store) mixed(hits []algo.Hit) bool {
-	if !s.windowKeys {
-		return false
-	}
-	w := s.scriptOf(&hits[0])
-	for i := 1; i < len(hits); i++ {
-		if s.scriptOf(&hits[i]) != w {
-			return true
-		}
-	}
-	return false
-}
-
-// group is the hits of one hash slot within a request.
-type group struct {
-	idx   []int // positions in the request
-	hits  []algo.Hit
-	out   []algo.Decision
-	nowUS int64
-	nonce string
-	err   error
-}
-
-// denied reports whether the group denied the request: a hit that is not
-// Soft was denied (the script then wrote nothing).
-func (g *group) denied() bool {
-	for i, d := range g.out {
-		if !d.Allowed && !g.hits[i].Soft {
-			return true
-		}
-	}
-	return false
-}
-
-// takeCluster decides hits on a Cluster: one script call per hash slot
-// group, all-or-nothing across groups. The group most likely to deny
-// (leadScore) goes first, alone: when it denies, the request is denied
-// and the other groups are decided as denied (modeDenied: they consume
-// nothing, so no other request ever sees them held); when it allows, the
-// others are taken in parallel and, when one of them denies or fails,
-// what the allowed groups consumed is reversed by compensating refunds.
-// It returns the groups' joined errors when some failed and none denied;
-// when some failed and another denied, the request is denied whatever the
-// failed ones would have said, and it returns a *causes.Partial with the
-// decided hits' decisions and the failed hits' indexes.
-func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
-	start := time.Now()
-	bySlot := make(map[uint32]*group, 2)
-	var groups []*group
-	for i, h := range hits {
-		sl := uint32(Slot(h.Key))
-		sl |= s.scriptOf(&h) << 16
-		g := bySlot[sl]
-		if g == nil {
-			g = &group{}
-			bySlot[sl] = g
-			groups = append(groups, g)
-		}
-		g.idx = append(g.idx, i)
-		g.hits = append(g.hits, h)
-	}
-	nonce := s.nonce()
-	nowUS := s.nowUS()
-	if len(groups) == 1 {
-		_, err := s.run(ctx, modeTake, nowUS, nonce, hits, out)
-		if err == nil {
-			s.hints.note(hits, out, s.clock())
-		}
-		return err
-	}
-	now := s.clock()
-	lead, best := 0, int64(0)
-	for i, g := range groups {
-		g.out = make([]algo.Decision, len(g.hits))
-		g.nonce = nonce
-		if sc := s.hints.leadScore(g.hits, now); i == 0 || sc < best {
-			lead, best = i, sc
-		}
-	}
-	groups[0], groups[lead] = groups[lead], groups[0]
-	first, rest := groups[0], groups[1:]
-	first.nowUS, first.err = s.run(ctx, modeTake, nowUS, nonce, first.hits, first.out)
-	deadline := s.batch.epoch.Add(time.Duration(s.batch.budget(ctx, int64(start.Sub(s.batch.epoch)))))
-	firstDenied := first.err == nil && first.denied()
-	if firstDenied {
-		s.decideDenied(ctx, deadline, nowUS, rest)
-	} else {
-		var wg sync.WaitGroup
-		for _, g := range rest {
-			wg.Go(func() {
-				g.nowUS, g.err = s.run(ctx, modeTake, nowUS, nonce, g.hits, g.out)
-			})
-		}
-		wg.Wait()
-	}
-	var errs []error
-	denied := false
-	for _, g := range groups {
-		if g.err != nil {
-			errs = append(errs, g.err)
-			continue
-		}
-		s.hints.note(g.hits, g.out, now)
-		if g.denied() {
-			denied = true
-		}
-	}
-	if !firstDenied && (denied || len(errs) > 0) {
-		// A denial decides the request whatever the failed groups would
-		// have said, so then the refunds' decisions are waited for as
-		// for any denial; a failure without a denial uses none.
-		s.compensate(ctx, deadline, groups, !denied)
-	}
-	if len(errs) > 0 && !denied {
-		return errors.Join(errs...)
-	}
-	return collect(groups, out, errs)
-}
-
-// collect copies the decided groups' decisions into out. When errs is not
-// empty (a group failed while a live master denied), it returns a
-// causes.Partial: the decided hits are answered, the failed ones get their
-// failure modes (service.PartialFailure), and the request stays denied.
-func collect(groups []*group, out []algo.Decision, errs []error) error {
-	var failed []int
-	for _, g := range groups {
-		if g.err != nil {
-			failed = append(failed, g.idx...)
-			continue
-		}
-		for j, i := range g.idx {
-			out[i] = g.out[j]
-		}
-	}
-	if len(errs) > 0 {
-		slices.Sort(failed)
-		return &causes.Partial{Decisions: out, Failed: failed, Err: errors.Join(errs...)}
-	}
-	return nil
-}
-
-// decideDenied decides groups, the rest of a request another group
-// denied, in modeDenied: each writes only its kept hits (releases,
-// always_charge) and reports the others as a denied request does (a check
-// on the state before it). Like compensating refunds they run in the
-// background under their own Timeout (kept hits are written even when
-// the caller has gone; Close waits for them), and decideDenied waits for
-// them until deadline or ctx's end: a group not decided by then gets
-// ErrDeadline (or its own error), so its hits get their failure modes
-// while the request stays denied.
-func (s *Store) decideDenied(ctx context.Context, deadline time.Time, nowUS int64, groups []*group) {
-	type decided struct {
-		g     *group
-		out   []algo.Decision
-		nowUS int64
-		err   error
-	}
-	done := make(chan decided, len(groups))
-	for _, g := range groups {
-		hits := g.hits
-		s.bg.Go(func() {
-			out := make([]algo.Decision, len(hits))
-			n, err := s.run(context.WithoutCancel(ctx), modeDenied, nowUS, g.nonce, hits, out)
-			done <- decided{g, out, n, err}
-		})
-	}
-	for _, g := range groups {
-		g.err = ErrDeadline
-	}
-	wait := time.NewTimer(time.Until(deadline))
-	defer wait.Stop()
-	for range groups {
-		select {
-		case d := <-done:
-			d.g.out, d.g.nowUS, d.g.err = d.out, d.nowUS, d.err
-		case <-wait.C:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// compensate reverses every group of a denied or failed request that
-// consumed, so that the request consumes nothing. Each refund runs in the
-// background under its own Timeout (it completes even when the caller has
-// gone; Close waits for it). When the request failed, its decisions are
-// not used and compensate does not wait. When it was denied, compensate
-// waits for the refunds until deadline (the take's budget, see batcher) or
-// ctx's end, whichever is first: the refund replies are the check-only
-// decisions on the restored state (the values before the request) and
-// replace the allowed groups' decisions. A refund that has not answered by
-// then leaves those groups' take decisions (the remaining after the
-// request) and still completes in the background.
-func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*group, failed bool) {
-	type refunded struct {
-		g      *group
-		checks []algo.Decision
-	}
-	done := make(chan refunded, len(groups))
-	n := 0
-	for _, g := range groups {
-		if g.err != nil || g.denied() {
-			continue
-		}
-		n++
-		// Reverse only what the take consumed and the request does not
-		// keep: a hit denied on its own (Soft) wrote nothing, and
-		// releases and always_charge hits stay (algo.Hit.Kept).
-		rh := make([]algo.Hit, len(g.hits))
-		for j, h := range g.hits {
-			if !g.out[j].Allowed || h.Kept() {
-				h.Cost = 0
-			}
-			h.Release, h.Charge = false, false
-			rh[j] = h
-		}
-		s.bg.Go(func() {
-			checks := make([]algo.Decision, len(rh))
-			if _, err := s.run(context.WithoutCancel(ctx), modeRefund, g.nowUS, g.nonce, rh, checks); err != nil {
-				s.refundErrors.Add(1)
-				checks = nil
-			}
-			s.publishCredits(rh, func(h algo.Hit) bool { return h.Cost > 0 })
-			done <- refunded{g, checks}
-		})
-	}
-	if failed || n == 0 {
-		return
-	}
-	wait := time.NewTimer(time.Until(deadline))
-	defer wait.Stop()
-	for range n {
-		select {
-		case r := <-done:
-			if r.checks == nil {
-				continue
-			}
-			// Hits that did not deny report the value before the request;
-			// a hit denied on its own (a check, or a second hit on a key)
-			// and a kept hit keep their decision.
-			for j, d := range r.g.out {
-				if d.Allowed && !r.g.hits[j].Kept() {
-					r.g.out[j] = r.checks[j]
-				}
-			}
-		case <-wait.C:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
 func (s *Store) clock() time.Time {
 	if s.now != nil {
 		return s.now()
 	}
 	return time.Now()
-}
-
-// Slot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of the key,
-// or of its hash tag (the bytes between the first '{' and the next '}',
-// when non-empty), modulo 16384. Source: Redis Cluster specification,
-// "Keys distribution model".
-func Slot(key string) uint16 {
-	if i := indexByte(key, '{'); i >= 0 {
-		if j := indexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
-	}
-	return crc16(key) & 16383
-}
-
-func indexByte(s string, c byte) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] == c {
-			return i
-		}
-	}
-	return -1
-}
-
-var crcTable = func() (t [256]uint16) {
-	for i := range t {
-		c := uint16(i) << 8
-		for range 8 {
-			if c&0x8000 != 0 {
-				c = c<<1 ^ 0x1021
-			} else {
-				c <<= 1
-			}
-		}
-		t[i] = c
-	}
-	return t
-}()
-
-func crc16(s string) uint16 {
-	var c uint16
-	for i := 0; i < len(s); i++ {
-		c = c<<8 ^ crcTable[byte(c>>8)^s[i]]
-	}
-	return c
 }

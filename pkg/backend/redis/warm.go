@@ -174,7 +174,7 @@ func (s *Store) probeMasters(ctx context.Context, timeout time.Duration, script 
 	cc, ok := s.client.(*goredis.ClusterClient)
 	if !ok {
 		return s.breaker.Do(ctx, timeout, func(ctx context.Context) error {
-			start := time.Now()
+			start := s.clk.Now()
 			return s.judgeProbe(s.def, start, s.warmNodes(ctx, script))
 		})
 	}
@@ -204,7 +204,7 @@ func (s *Store) probeMasters(ctx context.Context, timeout time.Duration, script 
 		m := s.masterAt(c.Options().Addr)
 		wg.Go(func() {
 			errs[i] = m.breaker.Do(ctx, timeout, func(ctx context.Context) error {
-				start := time.Now()
+				start := s.clk.Now()
 				return s.judgeProbe(m, start, s.warmNode(ctx, c, script))
 			})
 		})
