@@ -17,11 +17,13 @@ import (
 )
 
 // DefaultPipelines is the number of flushes a Store keeps in flight at
-// once (Options.Pipelines when 0). Two rather than more: fewer flushes in
-// flight make larger batches, and a larger batch costs Redis less CPU per
-// decision (internal/redise2e BenchmarkShouldRateLimitRedis: 2 gave about
-// 20% more decisions/s and a lower p99 than 4, see docs/redis.md).
-const DefaultPipelines = 2
+// once per master (Options.Pipelines when 0). One: the decisions that
+// arrive while a flush is out accumulate into the next one, and a larger
+// batch costs Redis less per decision (one script call's fixed cost
+// shared by more of them) without costing throughput, since a flush's
+// round trip is short next to the service's own work per request (see
+// docs/redis.md, "Throughput").
+const DefaultPipelines = 1
 
 // maxBatch bounds the segments (requests, or Cluster slot groups of
 // requests) of one flush, and so of one script invocation. Redis runs an
@@ -153,6 +155,9 @@ type batcher struct {
 	strikes   int64
 	flights   [][]*scriptCall // per flush loop slot: the batch in flight
 	busy      []bool          // per flush loop slot: it has work (woken, flushing)
+	// alarms, per flush loop slot: when its flush's timer wakes the
+	// sweeper (ns since epoch; 0: not armed yet). See covered.
+	alarms    []atomic.Int64
 	inFlight  int             // busy flush loops
 	sweeping  bool            // the sweeper ticks (woken, not parked)
 	started   bool            // the flush loops and the sweeper run
@@ -334,7 +339,7 @@ func newBatcher(c goredis.UniversalClient, pipelines int, timeout, maxWait, marg
 		client: c, pipelines: pipelines, cluster: cluster,
 		timeout: max(time.Microsecond, timeout), maxWait: maxWait, margin: max(0, margin),
 		tick: sweepTick(timeout), epoch: time.Now(),
-		flights: make([][]*scriptCall, pipelines), busy: make([]bool, pipelines),
+		flights: make([][]*scriptCall, pipelines), busy: make([]bool, pipelines), alarms: make([]atomic.Int64, pipelines),
 		wake: make([]chan struct{}, pipelines), sweepWake: make(chan struct{}, 1),
 		quit: make(chan struct{}), slots: make([]*slotConn, pipelines),
 	}
@@ -437,8 +442,9 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 		b.busy[slot] = true
 		b.inFlight++
 	}
-	// Queued behind busy flush loops: only the sweeper bounds its wait.
-	sweep := slot < 0 && !b.sweeping
+	// Queued behind busy flush loops: only the sweeper bounds its wait,
+	// unless a flush's timer already wakes it in time (covered).
+	sweep := slot < 0 && !b.sweeping && !b.coveredLocked(c)
 	if sweep {
 		b.sweeping = true
 	}
@@ -461,6 +467,25 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 	now, err := c.now, c.err
 	c.release()
 	return now, err
+}
+
+// coveredLocked reports whether c, just queued behind busy flush loops,
+// needs no sweeper of its own: the queue fits in one flush, so the next
+// flush of any loop takes c (and arms its timer for c's budget at the
+// latest), and a busy loop's flush timer wakes the sweeper by c's budget
+// should that flush not return first. A request that arrives while the
+// flush of the previous one delivers (one flush loop, one request at a
+// time) so starts no sweeper ticks. b.mu is held.
+func (b *batcher) coveredLocked(c *scriptCall) bool {
+	if batchLen(b.queue) != len(b.queue) {
+		return false
+	}
+	for s, busy := range b.busy {
+		if a := b.alarms[s].Load(); busy && a > 0 && a <= c.deadline {
+			return true
+		}
+	}
+	return false
 }
 
 // ctxError is the error of a call whose context ended before it was
@@ -686,6 +711,7 @@ func (b *batcher) drain(slot int, batch []*scriptCall) []*scriptCall {
 		}
 		batch = append(batch[:0], b.queue[:n]...)
 		b.flights[slot] = batch
+		b.alarms[slot].Store(0) // exec arms it
 		if n == len(b.queue) {
 			// Swap in the spare backing array so that the next calls do not
 			// reallocate the queue.
@@ -850,7 +876,9 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 	on := b.on(slot, now)
 	// The sweeper is needed if the flush outlives its earliest budget
 	// (that call's answer is due) or a Timeout (a stall to report).
-	sc.timer.Reset(time.Duration(min(earliest-now, int64(b.timeout))))
+	wait := min(earliest-now, int64(b.timeout))
+	b.alarms[slot].Store(now + wait)
+	sc.timer.Reset(time.Duration(wait))
 	defer sc.timer.Stop()
 	invs := b.group(ctx, sc, live)
 	b.pipeline(ctx, on, invs)
