@@ -94,18 +94,21 @@ func (s *server) put(c *conn) {
 	}
 }
 
-// writeCmd writes one RESP command.
+// writeCmd writes one RESP command to w. A write error sticks to w and
+// is returned by its Flush.
 func writeCmd(w *bufio.Writer, args ...string) {
-	w.WriteByte('*')
-	w.WriteString(strconv.Itoa(len(args)))
-	w.WriteString("\r\n")
+	b := make([]byte, 0, 64)
+	b = append(b, '*')
+	b = strconv.AppendInt(b, int64(len(args)), 10)
+	b = append(b, "\r\n"...)
 	for _, a := range args {
-		w.WriteByte('$')
-		w.WriteString(strconv.Itoa(len(a)))
-		w.WriteString("\r\n")
-		w.WriteString(a)
-		w.WriteString("\r\n")
+		b = append(b, '$')
+		b = strconv.AppendInt(b, int64(len(a)), 10)
+		b = append(b, "\r\n"...)
+		b = append(b, a...)
+		b = append(b, "\r\n"...)
 	}
+	_, _ = w.Write(b)
 }
 
 // errReply is a Redis error reply.
