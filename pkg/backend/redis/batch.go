@@ -94,7 +94,8 @@ const maxWindowHits = 128
 // goroutine per batcher completes every queued or in-flight call whose
 // budget has passed, every sweepTick while it runs. It is parked (no
 // ticker) unless a call may outlive what its flush bounds: it is woken
-// when a call is queued behind busy flush loops, by a flush still
+// when a call is queued behind busy flush loops whose timers do not
+// cover its budget (coveredLocked), by a flush still
 // unanswered at the earliest budget of its calls or after a Timeout
 // (each slot's one reusable timer, armed per flush), and when the
 // circuit opens (kickSweeper); it parks again at the first tick with
