@@ -473,16 +473,20 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 // coveredLocked reports whether c, just queued behind busy flush loops,
 // needs no sweeper of its own: the queue fits in one flush, so the next
 // flush of any loop takes c (and arms its timer for c's budget at the
-// latest), and a busy loop's flush timer wakes the sweeper by c's budget
-// should that flush not return first. A request that arrives while the
-// flush of the previous one delivers (one flush loop, one request at a
-// time) so starts no sweeper ticks. b.mu is held.
+// latest), and a busy loop's flush timer, not fired yet, wakes the
+// sweeper by c's budget should that flush not return first (a timer that
+// fired already may have found nothing pending, its sweeper parked
+// since). A request that arrives while the flush of the previous one
+// delivers (one flush loop, one request at a time) so starts no sweeper
+// ticks. b.mu is held: a timer that fires from now on wakes the sweeper
+// after c is queued.
 func (b *batcher) coveredLocked(c *scriptCall) bool {
 	if batchLen(b.queue) != len(b.queue) {
 		return false
 	}
+	now := b.clock()
 	for s, busy := range b.busy {
-		if a := b.alarms[s].Load(); busy && a > 0 && a <= c.deadline {
+		if a := b.alarms[s].Load(); busy && now < a && a <= c.deadline {
 			return true
 		}
 	}
