@@ -17,10 +17,16 @@
 #            RUNTIME_ROOT, REDIS_URL, ..., what a migrating user runs)
 #   noop     scripts/bench/noop: a grpc-go RateLimitService answering OK
 #            with no work, the floor of service CPU per decision
+#   floorlua scripts/bench/floor --mode lua: a grpc-go RateLimitService
+#            making one Redis round trip per request, one EVALSHA of a
+#            minimal INCRBY+PEXPIRE script, and nothing else: the floor of
+#            latency and Redis work of a script-based service at c=1
+#   floorpipe scripts/bench/floor --mode pipe: the same with INCRBY and
+#            EXPIRE pipelined (the reference's commands) instead
 # Scenarios (SCENARIOS, default all, space-separated):
 #   keys10k  c=50, descriptor user=user-N, N uniform over 10,000 (fixed window 1000/s: almost all OK); and noop
-#   hot      c=50, one descriptor hot=hot-0 on 10/hour: OVER_LIMIT after the first 10
-#   c1       c=1, as keys10k; and noop
+#   hot      c=50, one descriptor hot=hot-0 on 10/hour: OVER_LIMIT after the first 10; and noop
+#   c1       c=1, as keys10k; and noop, floorlua, floorpipe
 #   tb       c=50, 10,000 keys; ratelimitd token_bucket vs the reference's fixed window
 #   sw       c=50, 10,000 keys; ratelimitd sliding_window vs the reference's fixed window
 #   refc50   as keys10k, refmode vs ref
@@ -76,8 +82,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 scenario() { # name -> "concurrency keys key services..."
   case "$1" in
     keys10k) echo "50 10000 user ours ref noop" ;;
-    hot) echo "50 1 hot ours ref" ;;
-    c1) echo "1 10000 user ours ref noop" ;;
+    hot) echo "50 1 hot ours ref noop" ;;
+    c1) echo "1 10000 user ours ref noop floorlua floorpipe" ;;
     tb) echo "50 10000 tb ours ref" ;;
     sw) echo "50 10000 sw ours ref" ;;
     refc50) echo "50 10000 user refmode ref" ;;
@@ -86,11 +92,12 @@ scenario() { # name -> "concurrency keys key services..."
     *) echo "unknown scenario $1" >&2; return 2 ;;
   esac
 }
-need_refmode=; need_noop=
+need_refmode=; need_noop=; need_floor=
 for sc in $SCENARIOS; do
   spec=$(scenario "$sc") || exit 2
   case " $spec " in *" refmode "*) need_refmode=1 ;; esac
   case " $spec " in *" noop "*) need_noop=1 ;; esac
+  case " $spec " in *" floor"*) need_floor=1 ;; esac
 done
 if [ -n "${REF_RATELIMITD:-}" ] && [ -n "$need_refmode" ]; then
   echo "the ref* scenarios compare with the reference itself: not with REF_RATELIMITD"; exit 2
@@ -104,6 +111,7 @@ fi
 if [ -n "${OURS_RATELIMITD:-}" ]; then cp "$OURS_RATELIMITD" "$work/ratelimitd"; else go build -o "$work/ratelimitd" ./cmd/ratelimitd; fi
 go build -o "$work/rlload" ./cmd/rlload
 go build -o "$work/noop" ./scripts/bench/noop
+go build -o "$work/floor" ./scripts/bench/floor
 if [ -z "${REF_RATELIMITD:-}" ]; then
   GOBIN="$work/refbin" GOFLAGS=-mod=mod go install "github.com/envoyproxy/ratelimit/src/service_cmd@$REF_VERSION"
 fi
@@ -154,6 +162,14 @@ if [ -n "$need_noop" ]; then
   ports noop
   "$work/noop" --grpc-addr "127.0.0.1:${GRPC[noop]}" --http-addr "127.0.0.1:${HTTP[noop]}" >"$work/noop.log" 2>&1 &
   PID[noop]=$!
+fi
+if [ -n "$need_floor" ]; then
+  for m in lua pipe; do
+    ports "floor$m"
+    "$work/floor" --mode "$m" --redis-addr "127.0.0.1:$RP" --grpc-addr "127.0.0.1:${GRPC[floor$m]}" \
+      --http-addr "127.0.0.1:${HTTP[floor$m]}" >"$work/floor$m.log" 2>&1 &
+    PID[floor$m]=$!
+  done
 fi
 if [ -n "${BASE_RATELIMITD:-}" ]; then
   ports base

@@ -14,6 +14,12 @@
 #
 #   scripts/callgrind-redis.sh [decisions=2000]
 #
+# Redis' serverCron runs 10 times a second whatever the load, so a
+# workload that lasts longer (a slower service, a busy host: callgrind
+# slows Redis about 50×) counts more of it per decision: each line also
+# gives Ir per decision without serverCron (callgrind_annotate
+# --inclusive) and its ratio, which compare runs of different lengths.
+#
 # Per workload it prints Ir per decision, the ratio to the reference's
 # workload of the same shape (ref-c1, ref-c50 or ref-hot-c50; tb and sw
 # against the reference's fixed window; N > 1 without its own against
@@ -37,6 +43,11 @@
 # and
 #   floor    redis-benchmark -c 1 EVALSHA of
 #            "INCRBY KEYS[1] ARGV[1]; PEXPIRE KEYS[1] 60000"
+#   floor-bB the minimal loop script, B keys per call: INCRBY each key by
+#            1 and PEXPIRE it when that created it (window keys of 10,000,
+#            new to their window); the floor of any script deciding B
+#            fixed-window hits per call. Compared with ref-c1 (B = 1) or
+#            ref-c50.
 #   lean-bB  redis-benchmark -c 1 EVALSHA of pkg/backend/redis/window.lua
 #            (the fixed-window script, no TIME read) deciding B one-hit
 #            requests per call on 10,000 window keys of a 1000/hour limit
@@ -102,6 +113,9 @@ measure() {
   f=$(ls -t "$work"/cg.out.* | head -1)
   ir=$(awk '/^(summary|totals):/ { print $2; exit }' "$f")
   if [ -n "${CG_KEEP:-}" ]; then cp "$f" "$CG_KEEP/$W.callgrind"; fi
+  # serverCron's inclusive Ir, for the figure without it
+  CRON=$(callgrind_annotate --inclusive=yes "$f" 2>/dev/null | awk '/:serverCron / { gsub(",", "", $1); print $1; exit }')
+  echo "$CRON" >"$work/cron"
   echo "$ir"
 }
 wait_healthy() { # what
@@ -149,9 +163,9 @@ stats() {
   END { printf "%d\t%s\n", s, l }'
 }
 
-declare -A IR
+declare -A IR XC
 echo "== redis $(redis-server --version | cut -d' ' -f3 | cut -d= -f2), valgrind $(valgrind --version); $N decisions per workload"
-printf '%-16s %14s %9s %8s %12s  %s\n' workload Ir Ir/dec "× ref" "dec/script" "commands per decision (measured)"
+printf '%-16s %14s %9s %8s %13s %9s %12s  %s\n' workload Ir Ir/dec "× ref" "w/o cron/dec" "× ref" "dec/script" "commands per decision (measured)"
 for w in $WORKLOADS; do
   W=$w
   start_redis
@@ -176,6 +190,19 @@ for w in $WORKLOADS; do
       redis-benchmark -p "$RP" -c 1 -n "$calls" -r "$space" -q evalsha "$sha" "${args[@]}" >/dev/null 2>&1
       redis-cli -p "$RP" flushall >/dev/null
       ir=$(measure redis-benchmark -p "$RP" -c 1 -n "$calls" -r "$space" -q evalsha "$sha" "${args[@]}") ;;
+    floor-b*)
+      B=${w##*-b}
+      src="for i = 1, #KEYS do if redis.call('INCRBY', KEYS[i], '1') == 1 then redis.call('PEXPIRE', KEYS[i], ARGV[1]) end end return 1"
+      sha=$(redis-cli -p "$RP" script load "$src")
+      ws=$(( $(date -u +%s) / 3600 * 3600000000 ))
+      args=("$B")
+      for _ in $(seq "$B"); do args+=("{k:__rand_int__}:v2:$ws"); done
+      args+=(3601000)
+      calls=$((N / B))
+      redis-benchmark -p "$RP" -c 1 -n "$calls" -r 10000 -q evalsha "$sha" "${args[@]}" >/dev/null 2>&1
+      redis-cli -p "$RP" flushall >/dev/null
+      ir=$(measure redis-benchmark -p "$RP" -c 1 -n "$calls" -r 10000 -q evalsha "$sha" "${args[@]}")
+      ir=$(( ir * N / (calls * B) )) ;; # per N decisions
     floor|script)
       if [ "$w" = floor ]; then
         src="redis.call('INCRBY', KEYS[1], ARGV[1]); redis.call('PEXPIRE', KEYS[1], 60000); return 1"
@@ -219,12 +246,14 @@ for w in $WORKLOADS; do
   esac
   IFS=$'\t' read -r scripts cmds < <(stats)
   IR[$w]=$ir
+  cron=$(cat "$work/cron"); XC[$w]=$(( ir - ${cron:-0} ))
   # the reference's workload of the same shape
   ref=; case "$w" in ours-*|refmode-*) ref=ref-${w#*-}; ref=${ref/-tb-/-}; ref=${ref/-sw-/-} ;;
-    lean-*-b1|lean-b1) ref=ref-c1 ;; lean-*) ref=ref-c50 ;; esac
+    lean-*-b1|lean-b1|floor-b1) ref=ref-c1 ;; lean-*|floor-b*) ref=ref-c50 ;; esac
   if [ -n "$ref" ] && [ -z "${IR[$ref]:-}" ] && [ "${ref##*-c}" != 1 ]; then ref=${ref%-c*}-c50; fi
-  x=–; if [ -n "$ref" ] && [ -n "${IR[$ref]:-}" ]; then x=$(printf '%.2f' "$(echo "$ir / ${IR[$ref]}" | bc -l)"); fi
+  x=–; xc=–; if [ -n "$ref" ] && [ -n "${IR[$ref]:-}" ]; then
+    x=$(printf '%.2f' "$(echo "$ir / ${IR[$ref]}" | bc -l)"); xc=$(printf '%.2f' "$(echo "${XC[$w]} / ${XC[$ref]}" | bc -l)"); fi
   b=–; if [ "$scripts" -gt 0 ]; then b=$(printf '%.1f' "$(echo "$N / $scripts" | bc -l)"); fi
-  printf '%-16s %14s %9.0f %8s %12s  %s\n' "$w" "$ir" "$(echo "$ir / $N" | bc -l)" "$x" "$b" "$cmds"
+  printf '%-16s %14s %9.0f %8s %13.0f %9s %12s  %s\n' "$w" "$ir" "$(echo "$ir / $N" | bc -l)" "$x" "$(echo "${XC[$w]} / $N" | bc -l)" "$xc" "$b" "$cmds"
   stop_redis
 done

@@ -86,6 +86,7 @@ var mayImport = map[string][]string{
 	"internal/deploytest":   {"internal/testproc"},
 	"scripts/housekeeping":  {"internal/doccheck"},
 	"scripts/bench/noop":    {},
+	"scripts/bench/floor":   {},
 	// Test-only packages: their non-test code is a package doc at most;
 	// their tests may import any package of the module.
 	"deploy":            {},

@@ -14,9 +14,10 @@ import (
 )
 
 // DefaultPipelines is the number of flushes a Store keeps in flight at
-// once (Options.Pipelines when 0). Few flushes in flight make larger
-// batches, and a larger batch costs Redis less CPU per decision.
-const DefaultPipelines = 2
+// once per master (Options.Pipelines when 0). One: decisions that arrive
+// while a flush is out accumulate into the next one, and a larger batch
+// costs Redis less per decision.
+const DefaultPipelines = 1
 
 // maxBatch bounds the segments (requests, or Cluster slot groups of
 // requests) of one flush, and so of one script invocation. Redis runs an
@@ -107,6 +108,9 @@ type batcher struct {
 	strikes   int64
 	flights   [][]*scriptCall // per flush loop slot: the batch in flight
 	busy      []bool          // per flush loop slot: it has work (woken, flushing)
+	// alarms, per flush loop slot: when its flush's timer wakes the
+	// sweeper (ns since epoch; 0: not armed yet). See covered.
+	alarms    []atomic.Int64
 	inFlight  int             // busy flush loops
 	sweeping  bool            // the sweeper ticks (woken, not parked)
 	started   bool            // the flush loops and the sweeper run
@@ -179,7 +183,7 @@ func newBatcher(c goredis.UniversalClient, pipelines int, timeout, maxWait, marg
 		client: c, pipelines: pipelines, cluster: cluster,
 		timeout: max(time.Microsecond, timeout), maxWait: maxWait, margin: max(0, margin),
 		tick: sweepTick(timeout), now: time.Now, epoch: time.Now(),
-		flights: make([][]*scriptCall, pipelines), busy: make([]bool, pipelines),
+		flights: make([][]*scriptCall, pipelines), busy: make([]bool, pipelines), alarms: make([]atomic.Int64, pipelines),
 		wake: make([]chan struct{}, pipelines), sweepWake: make(chan struct{}, 1),
 		quit: make(chan struct{}), slots: make([]*slotConn, pipelines),
 	}
@@ -280,8 +284,9 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 		b.busy[slot] = true
 		b.inFlight++
 	}
-	// Queued behind busy flush loops: only the sweeper bounds its wait.
-	sweep := slot < 0 && !b.sweeping
+	// Queued behind busy flush loops: only the sweeper bounds its wait,
+	// unless a flush's timer already wakes it in time (covered).
+	sweep := slot < 0 && !b.sweeping && !b.coveredLocked(c)
 	if sweep {
 		b.sweeping = true
 	}
@@ -304,6 +309,29 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 	now, err := c.now, c.err
 	c.release()
 	return now, err
+}
+
+// coveredLocked reports whether c, just queued behind busy flush loops,
+// needs no sweeper of its own: the queue fits in one flush, so the next
+// flush of any loop takes c (and arms its timer for c's budget at the
+// latest), and a busy loop's flush timer, not fired yet, wakes the
+// sweeper by c's budget should that flush not return first (a timer that
+// fired already may have found nothing pending, its sweeper parked
+// since). A request that arrives while the flush of the previous one
+// delivers (one flush loop, one request at a time) so starts no sweeper
+// ticks. b.mu is held: a timer that fires from now on wakes the sweeper
+// after c is queued.
+func (b *batcher) coveredLocked(c *scriptCall) bool {
+	if batchLen(b.queue) != len(b.queue) {
+		return false
+	}
+	now := b.clock()
+	for s, busy := range b.busy {
+		if a := b.alarms[s].Load(); busy && now < a && a <= c.deadline {
+			return true
+		}
+	}
+	return false
 }
 
 // close stops accepting calls, lets the flush loops send what is queued
@@ -365,6 +393,7 @@ func (b *batcher) drain(slot int, batch []*scriptCall) []*scriptCall {
 		}
 		batch = append(batch[:0], b.queue[:n]...)
 		b.flights[slot] = batch
+		b.alarms[slot].Store(0) // exec arms it
 		if n == len(b.queue) {
 			// Swap in the spare backing array so that the next calls do not
 			// reallocate the queue.

@@ -72,7 +72,9 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 	on := b.on(slot, now)
 	// The sweeper is needed if the flush outlives its earliest budget
 	// (that call's answer is due) or a Timeout (a stall to report).
-	sc.timer.Reset(time.Duration(min(earliest-now, int64(b.timeout))))
+	wait := min(earliest-now, int64(b.timeout))
+	b.alarms[slot].Store(now + wait)
+	sc.timer.Reset(time.Duration(wait))
 	defer sc.timer.Stop()
 	invs := b.group(ctx, sc, live)
 	b.pipeline(ctx, on, invs)
