@@ -81,7 +81,7 @@ func TestCircuitTransitionEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := defaultOptions()
-	o.Backend, o.RedisURL, o.RedisTimeout = "redis", srv.URL(), time.Second
+	o.Backend, o.Redis.URL, o.Redis.Timeout = "redis", srv.URL(), time.Second
 	store, _, closeStore, err := newStore(o, ev)
 	if err != nil {
 		t.Fatal(err)

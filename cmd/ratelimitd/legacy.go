@@ -242,9 +242,9 @@ func (l *legacyEnv) backend(o *Options) {
 			l.errs = append(l.errs, fmt.Errorf("LOCAL_CACHE_SIZE_IN_BYTES=%q: not a size in bytes", v))
 		} else {
 			o.legacySeen.localCache = true
-			o.LocalCacheSize = 0
+			o.Redis.LocalCacheSize = 0
 			if n > 0 {
-				o.LocalCacheSize = max(1, n/legacyCacheEntryBytes)
+				o.Redis.LocalCacheSize = max(1, n/legacyCacheEntryBytes)
 			}
 		}
 	}
@@ -479,10 +479,10 @@ func legacyRedis(o *Options, typ, raw string, urlSet bool, lookup func(string) (
 	}
 	switch strings.ToLower(typ) {
 	case "", "single":
-		o.RedisMode = "standalone"
+		o.Redis.Mode = "standalone"
 		switch {
 		case strings.Contains(raw, "://"):
-			o.RedisURL = raw
+			o.Redis.URL = raw
 		case strings.HasPrefix(raw, "/") || (get("REDIS_SOCKET_TYPE") != "tcp" && !strings.Contains(raw, ":")):
 			u := url.URL{Scheme: "unix", Path: raw}
 			if auth != "" {
@@ -492,30 +492,30 @@ func legacyRedis(o *Options, typ, raw string, urlSet bool, lookup func(string) (
 					u.User = url.UserPassword("", auth)
 				}
 			}
-			o.RedisURL = u.String()
+			o.Redis.URL = u.String()
 		case strings.ContainsAny(raw, "@/?#%"):
 			// host:port has none of these; a value with user info (a
 			// password) or a path is named, never quoted.
 			return errors.New("REDIS_URL must be host:port, a unix socket path or a redis:// URL; credentials go in REDIS_AUTH (its value is not shown: it may hold a credential)")
 		default:
-			o.RedisURL = build(raw)
+			o.Redis.URL = build(raw)
 		}
 	case "cluster":
-		o.RedisMode = "cluster"
-		o.RedisAddrs = splitList(raw)
-		if len(o.RedisAddrs) == 0 {
+		o.Redis.Mode = "cluster"
+		o.Redis.Addrs = splitList(raw)
+		if len(o.Redis.Addrs) == 0 {
 			return errors.New("REDIS_TYPE=cluster: REDIS_URL must list nodes as host:port,host:port")
 		}
-		o.RedisURL = build(o.RedisAddrs[0])
+		o.Redis.URL = build(o.Redis.Addrs[0])
 	case "sentinel":
 		parts := splitList(raw)
 		if len(parts) < 2 {
 			return errors.New("REDIS_TYPE=sentinel: REDIS_URL must be master,host:port[,host:port...] (its value is not shown: it may hold a credential)")
 		}
-		o.RedisMode = "sentinel"
-		o.RedisMaster = parts[0]
-		o.RedisAddrs = parts[1:]
-		o.RedisURL = build(parts[1])
+		o.Redis.Mode = "sentinel"
+		o.Redis.MasterName = parts[0]
+		o.Redis.Addrs = parts[1:]
+		o.Redis.URL = build(parts[1])
 	default:
 		return fmt.Errorf("REDIS_TYPE=%q: want single, cluster or sentinel", typ)
 	}

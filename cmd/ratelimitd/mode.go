@@ -198,7 +198,7 @@ func (o *Options) applyReferenceDefaults(explicit map[string]bool, lookup func(s
 	o.IgnoreDotfiles = referenceIgnoreDotfiles(o.IgnoreDotfiles, explicit["ignore-dotfiles"] || o.fromEnv["ignore-dotfiles"] != "")
 	// The reference's memcache client keeps gomemcache's default timeout.
 	if !explicit["memcache-timeout"] {
-		o.MemcacheTimeout = referenceMemcacheTimeout
+		o.Memcache.Timeout = referenceMemcacheTimeout
 	}
 	if !explicit["backend"] && !seen.backend {
 		o.Backend = "redis"

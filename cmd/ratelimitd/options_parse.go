@@ -280,6 +280,6 @@ func (o *Options) defaultLocalCache(explicit map[string]bool) {
 		return
 	}
 	if o.Reference || o.Backend != "redis" {
-		o.LocalCacheSize = 0
+		o.Redis.LocalCacheSize = 0
 	}
 }

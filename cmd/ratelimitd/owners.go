@@ -3,7 +3,10 @@ package main
 import (
 	"errors"
 	"fmt"
+	"path"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -102,8 +105,8 @@ func xdsOptionsError(o Options) error {
 func flagWords(field, reason string) string {
 	pkg, _, _ := strings.Cut(field, ".")
 	for _, s := range settings {
-		for _, f := range strings.Split(s.owner, ",") {
-			if name, ok := strings.CutPrefix(f, pkg+"."); ok && s.owner != "" {
+		for _, f := range ownersOf(s) {
+			if name, ok := strings.CutPrefix(f, pkg+"."); ok {
 				reason = regexp.MustCompile(`\b`+regexp.QuoteMeta(name)+`\b`).ReplaceAllString(reason, "--"+s.name)
 			}
 		}
@@ -111,16 +114,69 @@ func flagWords(field, reason string) string {
 	return reason
 }
 
-// ownerSetting returns the setting whose owner list holds field.
+// ownerSetting returns the setting that owns field.
 func ownerSetting(field string) (setting, bool) {
 	for _, s := range settings {
-		for _, f := range strings.Split(s.owner, ",") {
-			if s.owner != "" && f == field {
-				return s, true
-			}
+		if slices.Contains(ownersOf(s), field) {
+			return s, true
 		}
 	}
 	return setting{}, false
+}
+
+// ownersOf names the package option fields s sets, "redis.Breaker.Window":
+// those its binding points into (a package's options held in Options),
+// then its owner list.
+func ownersOf(s setting) []string {
+	var o Options
+	var out []string
+	for _, p := range []func(*Options) any{s.field.ptr, s.field.also} {
+		if p != nil {
+			f := p(&o)
+			if b, ok := f.(*notBool); ok {
+				f = b.p
+			}
+			if name, ok := optionField(reflect.ValueOf(&o).Elem(), reflect.ValueOf(f).Pointer()); ok {
+				out = append(out, name)
+			}
+		}
+	}
+	if s.owner != "" {
+		out = append(out, strings.Split(s.owner, ",")...)
+	}
+	return out
+}
+
+// optionField names the field at addr within one of o's package option
+// structs (a field whose type another package declares): its package,
+// then the field path ("redis.Breaker.Window").
+func optionField(o reflect.Value, addr uintptr) (string, bool) {
+	for i := 0; i < o.NumField(); i++ {
+		f := o.Field(i)
+		if f.Kind() != reflect.Struct || f.Type().PkgPath() == o.Type().PkgPath() {
+			continue
+		}
+		if p, ok := fieldPath(f, addr); ok {
+			return path.Base(f.Type().PkgPath()) + "." + p, true
+		}
+	}
+	return "", false
+}
+
+// fieldPath is the dotted path of the field of struct v at addr.
+func fieldPath(v reflect.Value, addr uintptr) (string, bool) {
+	for i := 0; i < v.NumField(); i++ {
+		f, name := v.Field(i), v.Type().Field(i).Name
+		if f.Kind() == reflect.Struct {
+			if p, ok := fieldPath(f, addr); ok {
+				return name + "." + p, true
+			}
+		}
+		if f.CanAddr() && f.Addr().Pointer() == addr && f.Kind() != reflect.Struct {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 // leafErrors flattens errors.Join trees.
@@ -157,6 +213,8 @@ func fieldValue(p any) any {
 		return strings.Join(*p, ",")
 	case *byteSize:
 		return p.String()
+	case *notBool:
+		return !*p.p
 	}
 	return p
 }
@@ -204,15 +262,11 @@ func serviceOptions(o Options) (service.Options, error) {
 	return withDecisionLog(so, o), nil
 }
 
-// memcacheOptions maps the --memcache-* flags onto memcache.Options.
+// memcacheOptions are the memcache.Options the --memcache-* flags set,
+// with --local-cache-size.
 func memcacheOptions(o Options) memcache.Options {
-	mo := memcache.DefaultOptions()
-	mo.Addrs = o.MemcacheAddrs
-	mo.SRV = o.MemcacheSRV
-	mo.SRVRefresh = o.MemcacheSRVRefresh
-	mo.MaxIdleConns = o.MemcacheMaxIdleConns
-	mo.Timeout = o.MemcacheTimeout
-	mo.LocalCacheSize = o.LocalCacheSize
+	mo := o.Memcache
+	mo.LocalCacheSize = o.Redis.LocalCacheSize
 	return mo
 }
 

@@ -3,6 +3,7 @@ package main
 //go:generate go test -run TestFlagDocs -update .
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"regexp"
@@ -75,10 +76,13 @@ const (
 // groupOrder is the order of the sections of docs/flags.md.
 var groupOrder = []string{groupConfig, groupListeners, groupBackend, groupAnswers, groupTelemetry, groupRuntime}
 
-// fieldRef is the Options field a setting binds and its default.
+// fieldRef is the Options field a setting binds and its default. A field
+// within a package's options (o.Redis.Timeout) names the setting's owner
+// (ownersOf); also is another package option field the value feeds.
 type fieldRef struct {
 	ptr        func(o *Options) any // *string, *bool, *int, *int64, *float64, *time.Duration, *[]string or *byteSize
 	setDefault func(o *Options)
+	also       func(o *Options) any
 }
 
 // fieldOf binds the field p returns, with default def.
@@ -95,6 +99,46 @@ func fieldOf[T any](p func(o *Options) *T, def T) fieldRef {
 			*p(o) = v
 		},
 	}
+}
+
+// notOf binds the bool flag whose value is the field p returns inverted
+// (--redis-breaker sets Breaker.Disabled), with default true.
+func notOf(p func(o *Options) *bool) fieldRef {
+	return fieldRef{
+		ptr:        func(o *Options) any { return &notBool{p(o)} },
+		setDefault: func(o *Options) { *p(o) = false },
+	}
+}
+
+// errParse is the flag package's error for a malformed bool.
+var errParse = errors.New("parse error")
+
+// notBool is a bool flag.Value that stores its value inverted.
+type notBool struct{ p *bool }
+
+func (b *notBool) IsBoolFlag() bool { return true }
+
+func (b *notBool) String() string {
+	if b == nil || b.p == nil {
+		return "false" // the zero value, for the flag package's defaults
+	}
+	return strconv.FormatBool(!*b.p)
+}
+
+func (b *notBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return errParse // as the flag package reports a bad bool
+	}
+	*b.p = !v
+	return nil
+}
+
+// feeds records p as another package option field the setting's value
+// feeds (memcacheOptions copies it there), so errors about it name the flag too.
+func (f fieldRef) feeds(p func(o *Options) any) fieldRef {
+	f.also = p
+	return f
 }
 
 // settings is the table of every serve setting, in the README's order.
@@ -127,48 +171,48 @@ var settings = []setting{
 	{name: "statsd-flush-interval", group: groupTelemetry, legacyVia: "STATS_FLUSH_INTERVAL", field: fieldOf(func(o *Options) *time.Duration { return &o.StatsdFlushInterval }, statsd.DefaultFlushInterval), doc: "how often statsd counters and gauges are sent (`STATS_FLUSH_INTERVAL`); timer samples go within a second"},
 	{name: "statsd-tags", group: groupTelemetry, legacyVia: "EXTRA_TAGS", field: fieldOf(func(o *Options) *string { return &o.StatsdTags }, ""), doc: "tags appended to every statsd name as gostats does (`EXTRA_TAGS`): `key:value` items separated by `,`, sent as `.__key=value` sorted by key ([metrics](docs/metrics.md))", shown: "—"},
 	{name: "backend", group: groupBackend, legacyVia: "BACKEND_TYPE", field: fieldOf(func(o *Options) *string { return &o.Backend }, "memory"), doc: "`memory`, `redis` or `memcache` (also spelled `memcached`; fixed windows only, see [docs/memcached.md](docs/memcached.md)); `--redis-url`, `--redis-mode`, `--redis-addrs`, `--redis-master`, `--redis-password-file`, `--memcache-addrs` or `--memcache-srv` without `--backend` is a startup error, since every replica would count alone in memory"},
-	{name: "redis-url", group: groupBackend, legacyVia: "REDIS_URL, REDIS_TYPE, REDIS_AUTH, REDIS_TLS, REDIS_SOCKET_TYPE", field: fieldOf(func(o *Options) *string { return &o.RedisURL }, "redis://127.0.0.1:6379/0"), doc: "`redis://` or `rediss://` (TLS), `user:password@` for ACL", owner: "redis.URL", backend: "redis", secret: secretRedisURL},
-	{name: "redis-mode", group: groupBackend, legacyVia: "REDIS_TYPE", field: fieldOf(func(o *Options) *string { return &o.RedisMode }, "standalone"), doc: "`standalone`, `cluster` (seed nodes in `--redis-addrs`), `sentinel` (`--redis-addrs` + `--redis-master`)", owner: "redis.Mode", backend: "redis"},
-	{name: "redis-addrs", group: groupBackend, legacyVia: "REDIS_URL", field: fieldOf(func(o *Options) *[]string { return &o.RedisAddrs }, nil), doc: "cluster seed nodes or sentinels, `host:port`", owner: "redis.Addrs", backend: "redis", secret: secretAddress},
-	{name: "redis-master", group: groupBackend, legacyVia: "REDIS_URL", field: fieldOf(func(o *Options) *string { return &o.RedisMaster }, ""), doc: "Sentinel master name", owner: "redis.MasterName", backend: "redis"},
-	{name: "redis-timeout", group: groupBackend, legacy: []string{"REDIS_TIMEOUT"}, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisTimeout }, 10*time.Millisecond), doc: "how long Redis may stay silent while a call awaits its reply before that counts as a backend failure (breaker evidence; the rules' failure modes answer when the call's budget then runs out); time queued inside ratelimitd never counts; keep it well under Envoy's 20 ms filter timeout", owner: "redis.Timeout"},
-	{name: "redis-max-wait", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisMaxWait }, redis.DefaultMaxWait), doc: "budget of a decision whose caller set no deadline (Envoy always sets one); see [docs/redis-operations.md](docs/redis-operations.md#budgets-and-timeouts)", owner: "redis.MaxWait"},
-	{name: "redis-deadline-margin", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisDeadlineMargin }, redis.DefaultDeadlineMargin), doc: "kept before the caller's deadline: a decision is made by deadline − min(margin, a quarter of the time left)", owner: "redis.DeadlineMargin"},
-	{name: "redis-window-keys", group: groupBackend, field: fieldOf(func(o *Options) *bool { return &o.RedisWindowKeys }, true), doc: "count epoch-aligned `fixed_window` and `sliding_window` limits under one key per window and `token_bucket` limits as an integer TAT (`INCRBY` or `SET`, no read before a fixed-window write; on by default): `false` keeps the layout of releases before window keys, whose counters the other layout does not see; switch as [docs/redis.md](docs/redis.md#window-keys) says", owner: "redis.WindowKeys"},
-	{name: "redis-wait-replicas", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisWaitReplicas }, 0), doc: "replicas that must acknowledge each decision's writes (`WAIT`) before it is used: no counted hit is lost in a Sentinel failover ([docs/redis-operations.md](docs/redis-operations.md#failover)); `0` waits for none", owner: "redis.WaitReplicas"},
+	{name: "redis-url", group: groupBackend, legacyVia: "REDIS_URL, REDIS_TYPE, REDIS_AUTH, REDIS_TLS, REDIS_SOCKET_TYPE", field: fieldOf(func(o *Options) *string { return &o.Redis.URL }, "redis://127.0.0.1:6379/0"), doc: "`redis://` or `rediss://` (TLS), `user:password@` for ACL", backend: "redis", secret: secretRedisURL},
+	{name: "redis-mode", group: groupBackend, legacyVia: "REDIS_TYPE", field: fieldOf(func(o *Options) *string { return (*string)(&o.Redis.Mode) }, "standalone"), doc: "`standalone`, `cluster` (seed nodes in `--redis-addrs`), `sentinel` (`--redis-addrs` + `--redis-master`)", backend: "redis"},
+	{name: "redis-addrs", group: groupBackend, legacyVia: "REDIS_URL", field: fieldOf(func(o *Options) *[]string { return &o.Redis.Addrs }, nil), doc: "cluster seed nodes or sentinels, `host:port`", backend: "redis", secret: secretAddress},
+	{name: "redis-master", group: groupBackend, legacyVia: "REDIS_URL", field: fieldOf(func(o *Options) *string { return &o.Redis.MasterName }, ""), doc: "Sentinel master name", backend: "redis"},
+	{name: "redis-timeout", group: groupBackend, legacy: []string{"REDIS_TIMEOUT"}, field: fieldOf(func(o *Options) *time.Duration { return &o.Redis.Timeout }, 10*time.Millisecond), doc: "how long Redis may stay silent while a call awaits its reply before that counts as a backend failure (breaker evidence; the rules' failure modes answer when the call's budget then runs out); time queued inside ratelimitd never counts; keep it well under Envoy's 20 ms filter timeout"},
+	{name: "redis-max-wait", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.Redis.MaxWait }, redis.DefaultMaxWait), doc: "budget of a decision whose caller set no deadline (Envoy always sets one); see [docs/redis-operations.md](docs/redis-operations.md#budgets-and-timeouts)"},
+	{name: "redis-deadline-margin", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.Redis.DeadlineMargin }, redis.DefaultDeadlineMargin), doc: "kept before the caller's deadline: a decision is made by deadline − min(margin, a quarter of the time left)"},
+	{name: "redis-window-keys", group: groupBackend, field: fieldOf(func(o *Options) *bool { return &o.Redis.WindowKeys }, true), doc: "count epoch-aligned `fixed_window` and `sliding_window` limits under one key per window and `token_bucket` limits as an integer TAT (`INCRBY` or `SET`, no read before a fixed-window write; on by default): `false` keeps the layout of releases before window keys, whose counters the other layout does not see; switch as [docs/redis.md](docs/redis.md#window-keys) says"},
+	{name: "redis-wait-replicas", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.Redis.WaitReplicas }, 0), doc: "replicas that must acknowledge each decision's writes (`WAIT`) before it is used: no counted hit is lost in a Sentinel failover ([docs/redis-operations.md](docs/redis-operations.md#failover)); `0` waits for none"},
 	{name: "redis-warmup", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisWarmup }, redis.DefaultWarmup), doc: "at startup, health stays NOT_SERVING until the pools are dialed (every Cluster master) and the script is loaded, at most this long; `0` skips it; Redis is never required to start"},
-	{name: "redis-pool-size", group: groupBackend, legacy: []string{"REDIS_POOL_SIZE"}, field: fieldOf(func(o *Options) *int { return &o.RedisPoolSize }, redis.DefaultPoolSize), doc: "connections per node (0 = the store's default, 16)", owner: "redis.PoolSize"},
-	{name: "redis-tls-ca", group: groupBackend, legacy: []string{"REDIS_TLS_CACERT"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSCA }, ""), doc: "PEM CA bundle trusted for Redis TLS", shown: "system roots", owner: "redis.TLS", backend: "redis"},
-	{name: "redis-tls-cert", group: groupBackend, legacy: []string{"REDIS_TLS_CLIENT_CERT"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSCert }, ""), doc: "PEM client certificate and key for Redis mutual TLS", shown: "(none)", owner: "redis.TLSCertFile"},
-	{name: "redis-tls-key", group: groupBackend, legacy: []string{"REDIS_TLS_CLIENT_KEY"}, field: fieldOf(func(o *Options) *string { return &o.RedisTLSKey }, ""), doc: "PEM client key for Redis mutual TLS", joins: "redis-tls-cert", owner: "redis.TLSKeyFile"},
-	{name: "redis-tls-skip-verify", group: groupBackend, legacy: []string{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"}, field: fieldOf(func(o *Options) *bool { return &o.RedisTLSSkipVerify }, false), doc: "do not verify the Redis server certificate (insecure)"},
+	{name: "redis-pool-size", group: groupBackend, legacy: []string{"REDIS_POOL_SIZE"}, field: fieldOf(func(o *Options) *int { return &o.Redis.PoolSize }, redis.DefaultPoolSize), doc: "connections per node (0 = the store's default, 16)"},
+	{name: "redis-tls-ca", group: groupBackend, legacy: []string{"REDIS_TLS_CACERT"}, field: fieldOf(func(o *Options) *string { return &o.Redis.TLSCAFile }, ""), doc: "PEM CA bundle trusted for Redis TLS", shown: "system roots", backend: "redis"},
+	{name: "redis-tls-cert", group: groupBackend, legacy: []string{"REDIS_TLS_CLIENT_CERT"}, field: fieldOf(func(o *Options) *string { return &o.Redis.TLSCertFile }, ""), doc: "PEM client certificate and key for Redis mutual TLS", shown: "(none)"},
+	{name: "redis-tls-key", group: groupBackend, legacy: []string{"REDIS_TLS_CLIENT_KEY"}, field: fieldOf(func(o *Options) *string { return &o.Redis.TLSKeyFile }, ""), doc: "PEM client key for Redis mutual TLS", joins: "redis-tls-cert"},
+	{name: "redis-tls-skip-verify", group: groupBackend, legacy: []string{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"}, field: fieldOf(func(o *Options) *bool { return &o.Redis.TLSSkipVerify }, false), doc: "do not verify the Redis server certificate (insecure)"},
 	{name: "redis-sentinel-auth", group: groupBackend, legacy: []string{"REDIS_SENTINEL_AUTH"}, field: fieldOf(func(o *Options) *string { return &o.RedisSentinelAuth }, ""), doc: "sentinel credentials, `password` or `user:password` (visible in the process's command line: prefer the file or the environment twin)", secret: secretWhole},
-	{name: "redis-password-file", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.RedisPasswordFile }, ""), doc: "file holding the Redis password (a mounted Secret key; one trailing newline ignored), read for every new connection so a rotated password takes effect without a restart; wins over the URL's password"},
+	{name: "redis-password-file", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.Redis.PasswordFile }, ""), doc: "file holding the Redis password (a mounted Secret key; one trailing newline ignored), read for every new connection so a rotated password takes effect without a restart; wins over the URL's password"},
 	{name: "redis-sentinel-auth-file", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.RedisSentinelAuthFile }, ""), doc: "file holding the sentinel credentials, read at startup"},
-	{name: "redis-dial-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisDialTimeout }, redis.DefaultDialTimeout), doc: "bound of the health probe's warm-ups (dials, TLS handshakes, script load); a request waits for its own dial within its budget, and a dial takes up to --redis-max-wait", owner: "redis.DialTimeout"},
-	{name: "redis-min-idle-conns", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisMinIdleConns }, redis.DefaultMinIdleConns), doc: "connections per node kept dialed ahead of traffic (at most the pool size)", owner: "redis.MinIdleConns"},
-	{name: "redis-pipelines", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisPipelines }, redis.DefaultPipelines), doc: "batches in flight at once (per master on Cluster), each one script call on one pooled connection (at most the pool size; 0 = store default)", owner: "redis.Pipelines"},
-	{name: "redis-health-interval", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisHealthInterval }, redis.DefaultHealthInterval), doc: "period of the background health probe (`PING` when idle or the circuit is not closed); `0s` disables it", owner: "redis.HealthInterval"},
-	{name: "redis-breaker", group: groupBackend, field: fieldOf(func(o *Options) *bool { return &o.RedisBreaker }, true), doc: "circuit breaker around Redis calls; `false` sends every call to Redis ([docs/redis-operations.md](docs/redis-operations.md#circuit-breaker))", owner: "redis.Breaker"},
-	{name: "redis-breaker-failures", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisBreakerFailures }, redis.DefaultBreakerFailures), doc: "consecutive failures that open the circuit", owner: "redis.Breaker.Failures"},
-	{name: "redis-breaker-fail-for", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisBreakerFailFor }, redis.DefaultBreakerFailFor), doc: "how long a stall must have lasted before it opens the circuit (raised to 2 × `--redis-timeout`); the stall is then established and gets the rules' failure modes (cause `stalled`)", owner: "redis.Breaker.FailFor"},
-	{name: "redis-breaker-window", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisBreakerWindow }, redis.DefaultBreakerWindow), doc: "the ratio rule: at least `min-calls` calls within `window`, of which this share failed, open the circuit", owner: "redis.Breaker.Window"},
-	{name: "redis-breaker-min-calls", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisBreakerMinCalls }, redis.DefaultBreakerMinCalls), doc: "calls within --redis-breaker-window before the failure ratio applies", joins: "redis-breaker-window", owner: "redis.Breaker.MinCalls"},
-	{name: "redis-breaker-failure-ratio", group: groupBackend, field: fieldOf(func(o *Options) *float64 { return &o.RedisBreakerFailureRatio }, redis.DefaultBreakerFailureRatio), doc: "share of failed calls within --redis-breaker-window that opens the circuit, in (0, 1]", joins: "redis-breaker-window", owner: "redis.Breaker.FailureRatio"},
-	{name: "redis-breaker-open-for", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.RedisBreakerOpenFor }, redis.DefaultBreakerOpenFor), doc: "how long the circuit stays open before half-open probes", owner: "redis.Breaker.OpenFor"},
-	{name: "redis-breaker-probes", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.RedisBreakerProbes }, redis.DefaultBreakerProbes), doc: "half-open probe calls in flight at once", owner: "redis.Breaker.Probes"},
-	{name: "memcache-addrs", group: groupBackend, legacy: []string{"MEMCACHE_HOST_PORT"}, field: fieldOf(func(o *Options) *[]string { return &o.MemcacheAddrs }, nil), doc: "memcached servers, `host:port` (repeatable, or comma-separated); keys are spread over them", owner: "memcache.Addrs", backend: "memcache", secret: secretAddress},
-	{name: "memcache-srv", group: groupBackend, legacy: []string{"MEMCACHE_SRV"}, field: fieldOf(func(o *Options) *string { return &o.MemcacheSRV }, ""), doc: "SRV record `_service._proto.name` whose targets are the memcached servers (instead of `--memcache-addrs`)", owner: "memcache.SRV", backend: "memcache", secret: secretAddress},
-	{name: "memcache-srv-refresh", group: groupBackend, legacy: []string{"MEMCACHE_SRV_REFRESH"}, field: fieldOf(func(o *Options) *time.Duration { return &o.MemcacheSRVRefresh }, 0), doc: "resolve `--memcache-srv` again at this interval; `0s` resolves once (retried every 100 ms until it succeeds)", owner: "memcache.SRVRefresh"},
-	{name: "memcache-max-idle-conns", group: groupBackend, legacy: []string{"MEMCACHE_MAX_IDLE_CONNS"}, field: fieldOf(func(o *Options) *int { return &o.MemcacheMaxIdleConns }, memcache.DefaultMaxIdleConns), doc: "idle connections kept per memcached server", owner: "memcache.MaxIdleConns"},
-	{name: "memcache-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.MemcacheTimeout }, memcache.DefaultTimeout), doc: "bound of each memcached call: socket and connect timeout, and a decision's budget when the caller's deadline (less 2 ms or a quarter of the time left) is later", shown: "`50ms` (reference mode: `500ms`, gomemcache's default)", owner: "memcache.Timeout"},
+	{name: "redis-dial-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.Redis.DialTimeout }, redis.DefaultDialTimeout), doc: "bound of the health probe's warm-ups (dials, TLS handshakes, script load); a request waits for its own dial within its budget, and a dial takes up to --redis-max-wait"},
+	{name: "redis-min-idle-conns", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.Redis.MinIdleConns }, redis.DefaultMinIdleConns), doc: "connections per node kept dialed ahead of traffic (at most the pool size)"},
+	{name: "redis-pipelines", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.Redis.Pipelines }, redis.DefaultPipelines), doc: "batches in flight at once (per master on Cluster), each one script call on one pooled connection (at most the pool size; 0 = store default)"},
+	{name: "redis-health-interval", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.Redis.HealthInterval }, redis.DefaultHealthInterval), doc: "period of the background health probe (`PING` when idle or the circuit is not closed); `0s` disables it"},
+	{name: "redis-breaker", group: groupBackend, field: notOf(func(o *Options) *bool { return &o.Redis.Breaker.Disabled }), doc: "circuit breaker around Redis calls; `false` sends every call to Redis ([docs/redis-operations.md](docs/redis-operations.md#circuit-breaker))"},
+	{name: "redis-breaker-failures", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.Redis.Breaker.Failures }, redis.DefaultBreakerFailures), doc: "consecutive failures that open the circuit"},
+	{name: "redis-breaker-fail-for", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.Redis.Breaker.FailFor }, redis.DefaultBreakerFailFor), doc: "how long a stall must have lasted before it opens the circuit (raised to 2 × `--redis-timeout`); the stall is then established and gets the rules' failure modes (cause `stalled`)"},
+	{name: "redis-breaker-window", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.Redis.Breaker.Window }, redis.DefaultBreakerWindow), doc: "the ratio rule: at least `min-calls` calls within `window`, of which this share failed, open the circuit"},
+	{name: "redis-breaker-min-calls", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.Redis.Breaker.MinCalls }, redis.DefaultBreakerMinCalls), doc: "calls within --redis-breaker-window before the failure ratio applies", joins: "redis-breaker-window"},
+	{name: "redis-breaker-failure-ratio", group: groupBackend, field: fieldOf(func(o *Options) *float64 { return &o.Redis.Breaker.FailureRatio }, redis.DefaultBreakerFailureRatio), doc: "share of failed calls within --redis-breaker-window that opens the circuit, in (0, 1]", joins: "redis-breaker-window"},
+	{name: "redis-breaker-open-for", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.Redis.Breaker.OpenFor }, redis.DefaultBreakerOpenFor), doc: "how long the circuit stays open before half-open probes"},
+	{name: "redis-breaker-probes", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.Redis.Breaker.Probes }, redis.DefaultBreakerProbes), doc: "half-open probe calls in flight at once"},
+	{name: "memcache-addrs", group: groupBackend, legacy: []string{"MEMCACHE_HOST_PORT"}, field: fieldOf(func(o *Options) *[]string { return &o.Memcache.Addrs }, nil), doc: "memcached servers, `host:port` (repeatable, or comma-separated); keys are spread over them", backend: "memcache", secret: secretAddress},
+	{name: "memcache-srv", group: groupBackend, legacy: []string{"MEMCACHE_SRV"}, field: fieldOf(func(o *Options) *string { return &o.Memcache.SRV }, ""), doc: "SRV record `_service._proto.name` whose targets are the memcached servers (instead of `--memcache-addrs`)", backend: "memcache", secret: secretAddress},
+	{name: "memcache-srv-refresh", group: groupBackend, legacy: []string{"MEMCACHE_SRV_REFRESH"}, field: fieldOf(func(o *Options) *time.Duration { return &o.Memcache.SRVRefresh }, 0), doc: "resolve `--memcache-srv` again at this interval; `0s` resolves once (retried every 100 ms until it succeeds)"},
+	{name: "memcache-max-idle-conns", group: groupBackend, legacy: []string{"MEMCACHE_MAX_IDLE_CONNS"}, field: fieldOf(func(o *Options) *int { return &o.Memcache.MaxIdleConns }, memcache.DefaultMaxIdleConns), doc: "idle connections kept per memcached server"},
+	{name: "memcache-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.Memcache.Timeout }, memcache.DefaultTimeout), doc: "bound of each memcached call: socket and connect timeout, and a decision's budget when the caller's deadline (less 2 ms or a quarter of the time left) is later", shown: "`50ms` (reference mode: `500ms`, gomemcache's default)"},
 	{name: "durable-url", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.DurableURL }, ""), doc: "PostgreSQL store of the limits with `store: durable` (`postgres://user@host:port/database`, libpq parameters such as `sslmode` in the query; percent-encode reserved characters of a password in it, such as `#` as `%23`, or use `--durable-password-file`): their counts survive a restart of ratelimitd and of Redis ([docs/quotas.md](docs/quotas.md#quotas-that-must-survive)); the schema is created or migrated at startup, or in the background once PostgreSQL answers (until then the durable limits get their `failure_mode`); empty: no durable store, and a config with `store: durable` is refused", shown: "(none)", secret: secretPostgresURL},
 	{name: "durable-password-file", group: groupBackend, field: fieldOf(func(o *Options) *string { return &o.DurablePasswordFile }, ""), doc: "file holding the PostgreSQL password (a mounted Secret key; one trailing newline ignored), read at startup; wins over the URL's password"},
 	{name: "durable-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.DurableTimeout }, postgres.DefaultTimeout), doc: "budget of a durable decision when the caller's deadline (less 2 ms or a quarter of the time left) is later; a failure or timeout gives the durable limits their `failure_mode`"},
 	{name: "durable-max-conns", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.DurableMaxConns }, postgres.DefaultMaxConns), doc: "connections in the PostgreSQL pool; durable decisions beyond it wait for one within their budget"},
 	{name: "durable-connect-timeout", group: groupBackend, field: fieldOf(func(o *Options) *time.Duration { return &o.DurableConnect }, postgres.DefaultConnectTimeout), doc: "bound of each attempt to reach PostgreSQL and check or migrate its schema: the one at startup (a schema newer than the binary fails startup; an unreachable PostgreSQL does not: ratelimitd starts with the durable store unhealthy) and each background retry, every 100 ms, until one succeeds"},
 	{name: "durable-async-commit", group: groupBackend, field: fieldOf(func(o *Options) *bool { return &o.DurableAsyncCommit }, false), doc: "`synchronous_commit = off` for the durable store's sessions: a durable decision does not wait for its WAL to reach the disk (less latency, more throughput), and a crash of PostgreSQL loses the counts of its last moments (about 600 ms), whose requests were admitted ([docs/postgres.md](docs/postgres.md#asynchronous-commit))"},
-	{name: "local-cache-size", group: groupBackend, legacyVia: "LOCAL_CACHE_SIZE_IN_BYTES", field: fieldOf(func(o *Options) *int { return &o.LocalCacheSize }, redis.DefaultLocalCacheSize), doc: "entries of the local over-limit cache (0 disables): denied keys answered locally until their retry time, kept exact across replicas on Redis ([docs/redis.md](docs/redis.md#local-over-limit-cache)); an upper bound, memory grows with use (about 200 bytes plus the key per entry)", shown: "`10000` on Redis in native mode; `0` in reference mode and on memcached", owner: "redis.LocalCacheSize,memcache.LocalCacheSize"},
+	{name: "local-cache-size", group: groupBackend, legacyVia: "LOCAL_CACHE_SIZE_IN_BYTES", field: fieldOf(func(o *Options) *int { return &o.Redis.LocalCacheSize }, redis.DefaultLocalCacheSize).feeds(func(o *Options) any { return &o.Memcache.LocalCacheSize }), doc: "entries of the local over-limit cache (0 disables): denied keys answered locally until their retry time, kept exact across replicas on Redis ([docs/redis.md](docs/redis.md#local-over-limit-cache)); an upper bound, memory grows with use (about 200 bytes plus the key per entry)", shown: "`10000` on Redis in native mode; `0` in reference mode and on memcached"},
 	// ≈ 111–128 bytes of heap per key for fixed/sliding window and token
 	// bucket (docs/operations.md): about 110–130 MB at the bound.
 	{name: "memory-max-keys", group: groupBackend, field: fieldOf(func(o *Options) *int { return &o.MemoryMaxKeys }, 1_000_000), doc: "keys the in-memory store may hold (the memory backend, and the `failure_mode: local` fallback of the Redis backend); 0 = unbounded. Measured at 1,000,000 keys: 111 bytes of live heap per key for fixed/sliding window and token bucket with 22-byte keys (128 with 39-byte keys), more for sliding log and concurrency, so ≈ 110–130 MB at the default; the process's RSS adds the GC's headroom, up to 5× the live heap without a memory limit ([docs/operations.md](docs/operations.md#in-memory-store)). When full, a request that needs a new key drops an expired key for it; when none has expired, a new fixed-window, sliding-window or token-bucket key is decided by an approximate counter that never under-counts (so never admits it beyond its limit; it may deny it early), and a new sliding-log or concurrency key is denied, counted in `ratelimitd_memory_full_hits_total` ([docs/operations.md](docs/operations.md#in-memory-store)). Live keys are never dropped, and stored keys are decided exactly and as fast while full"},
@@ -234,7 +278,7 @@ var settings = []setting{
 // defaultOptions are the defaults of every setting (the table's), plus
 // the fields no flag sets.
 func defaultOptions() Options {
-	var o Options
+	o := Options{Redis: redis.DefaultOptions(), Memcache: memcache.DefaultOptions()}
 	for _, s := range settings {
 		s.field.setDefault(&o)
 	}
@@ -275,8 +319,8 @@ func registerServeFlags(fs *flag.FlagSet, o *Options) []*listValue {
 			l := &listValue{p: p}
 			fs.Var(l, s.name, usage)
 			lists = append(lists, l)
-		case *byteSize:
-			fs.Var(p, s.name, usage)
+		case *byteSize, *notBool:
+			fs.Var(p.(flag.Value), s.name, usage)
 		default:
 			panic(fmt.Sprintf("setting --%s: unsupported field type %T", s.name, p))
 		}
