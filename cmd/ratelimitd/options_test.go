@@ -107,11 +107,17 @@ func TestParseServePrecedence(t *testing.T) {
 		{"redis auth tls", nil, []string{"REDIS_URL", "r.example:6380", "REDIS_AUTH", "u:p@ss", "REDIS_TLS", "true"}, func(o Options) any { return o.Redis.URL }, "rediss://u:p%40ss@r.example:6380"},
 		{"redis auth password only", nil, []string{"REDIS_URL", "r:6379", "REDIS_AUTH", "secret"}, func(o Options) any { return o.Redis.URL }, "redis://:secret@r:6379"},
 		{"redis unix socket", nil, []string{"REDIS_URL", "/var/run/redis.sock"}, func(o Options) any { return o.Redis.URL }, "unix:///var/run/redis.sock"},
-		{"redis cluster", nil, []string{"REDIS_TYPE", "CLUSTER", "REDIS_URL", "a:1,b:2"}, func(o Options) any { return []string{string(o.Redis.Mode), o.Redis.URL, strings.Join(o.Redis.Addrs, " ")} }, []string{"cluster", "redis://a:1", "a:1 b:2"}},
-		{"redis sentinel", nil, []string{"REDIS_TYPE", "sentinel", "REDIS_URL", "mymaster,s1:26379,s2:26379"}, func(o Options) any { return []string{string(o.Redis.Mode), o.Redis.MasterName, strings.Join(o.Redis.Addrs, " ")} }, []string{"sentinel", "mymaster", "s1:26379 s2:26379"}},
+		{"redis cluster", nil, []string{"REDIS_TYPE", "CLUSTER", "REDIS_URL", "a:1,b:2"}, func(o Options) any {
+			return []string{string(o.Redis.Mode), o.Redis.URL, strings.Join(o.Redis.Addrs, " ")}
+		}, []string{"cluster", "redis://a:1", "a:1 b:2"}},
+		{"redis sentinel", nil, []string{"REDIS_TYPE", "sentinel", "REDIS_URL", "mymaster,s1:26379,s2:26379"}, func(o Options) any {
+			return []string{string(o.Redis.Mode), o.Redis.MasterName, strings.Join(o.Redis.Addrs, " ")}
+		}, []string{"sentinel", "mymaster", "s1:26379 s2:26379"}},
 		{"redis twin beats legacy", nil, []string{"REDIS_URL", "a:1", "RATELIMITD_REDIS_URL", "redis://b:2/0"}, func(o Options) any { return o.Redis.URL }, "redis://b:2/0"},
 		{"backend flag beats legacy", []string{"--backend=memory"}, []string{"BACKEND_TYPE", "redis"}, func(o Options) any { return o.Backend }, "memory"},
-		{"redis tls files", nil, []string{"REDIS_TLS_CACERT", "ca.pem", "REDIS_TLS_CLIENT_CERT", "c.pem", "REDIS_TLS_CLIENT_KEY", "k.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"}, func(o Options) any { return []any{o.Redis.TLSCAFile, o.Redis.TLSCertFile, o.Redis.TLSKeyFile, o.Redis.TLSSkipVerify} }, []any{"ca.pem", "c.pem", "k.pem", true}},
+		{"redis tls files", nil, []string{"REDIS_TLS_CACERT", "ca.pem", "REDIS_TLS_CLIENT_CERT", "c.pem", "REDIS_TLS_CLIENT_KEY", "k.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"}, func(o Options) any {
+			return []any{o.Redis.TLSCAFile, o.Redis.TLSCertFile, o.Redis.TLSKeyFile, o.Redis.TLSSkipVerify}
+		}, []any{"ca.pem", "c.pem", "k.pem", true}},
 		{"sentinel auth", nil, []string{"REDIS_SENTINEL_AUTH", "u:p"}, func(o Options) any { return o.RedisSentinelAuth }, "u:p"},
 		{"pool size", nil, []string{"REDIS_POOL_SIZE", "42"}, func(o Options) any { return o.Redis.PoolSize }, 42},
 		{"memcache legacy", nil, []string{"BACKEND_TYPE", "memcache", "MEMCACHE_HOST_PORT", "m1:11211, m2:11211", "MEMCACHE_MAX_IDLE_CONNS", "7"},
