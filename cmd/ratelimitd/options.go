@@ -20,67 +20,67 @@ type Options struct {
 	// memcacheOptions add what the command derives (key prefix, pool
 	// default, TLS on).
 	Redis    redis.Options
-	Memcache memcache.Options
+	Memcache memcache.Options // the --memcache-* flags
 
 	Config       []string // YAML files or directories, read with ConfigSource "file"
 	ConfigSource string   // "file" or "xds"
 
 	// The xDS client (xds.Options; docs/xds.md).
-	XDSServerURL            string
-	XDSNodeID               string
-	XDSNodeMetadata         string
-	XDSHeaders              string // may hold credentials; never logged
-	XDSConnectRetryInterval time.Duration
-	XDSTLS                  bool
-	XDSTLSCert              string
-	XDSTLSKey               string
-	XDSTLSCA                string
-	XDSTLSSAN               string
-	XDSBackoffInitial       time.Duration
-	XDSBackoffMax           time.Duration
-	XDSBackoffRandomFactor  float64
-	XDSBackoffJitter        bool
-	XDSMaxMsgSize           int
+	XDSServerURL            string        // --xds-server-url
+	XDSNodeID               string        // --xds-node-id
+	XDSNodeMetadata         string        // --xds-node-metadata
+	XDSHeaders              string        // may hold credentials; never logged
+	XDSConnectRetryInterval time.Duration // --xds-connect-retry-interval
+	XDSTLS                  bool          // --xds-tls
+	XDSTLSCert              string        // --xds-tls-cert
+	XDSTLSKey               string        // --xds-tls-key
+	XDSTLSCA                string        // --xds-tls-ca
+	XDSTLSSAN               string        // --xds-tls-san
+	XDSBackoffInitial       time.Duration // --xds-backoff-initial
+	XDSBackoffMax           time.Duration // --xds-backoff-max
+	XDSBackoffRandomFactor  float64       // --xds-backoff-random-factor
+	XDSBackoffJitter        bool          // --xds-backoff-jitter
+	XDSMaxMsgSize           int           // --xds-max-msg-size
 
 	// Listeners: gRPC (RLS), HTTP, debug ("" disables) and the extra
 	// /metrics listener ("" = none).
-	GRPCAddr, HTTPAddr, DebugAddr, MetricsAddr string
+	GRPCAddr, HTTPAddr, DebugAddr, MetricsAddr string // --grpc-addr, --http-addr, --debug-addr, --metrics-addr
 
 	Backend string // "memory", "redis" or "memcache"
 	// Redis settings that are no redis.Options field: the warm-up bound
 	// and the sentinel credentials, given or read from a file.
-	RedisWarmup           time.Duration
-	RedisSentinelAuth     string // "password" or "user:password"
-	RedisSentinelAuthFile string
+	RedisWarmup           time.Duration // --redis-warmup
+	RedisSentinelAuth     string        // "password" or "user:password"
+	RedisSentinelAuthFile string        // --redis-sentinel-auth-file
 
 	// The durable store of `store: durable` limits (postgres.Options).
-	DurableURL          string
-	DurablePasswordFile string
-	DurableTimeout      time.Duration
-	DurableMaxConns     int
-	DurableConnect      time.Duration
-	DurableAsyncCommit  bool
+	DurableURL          string        // --durable-url
+	DurablePasswordFile string        // --durable-password-file
+	DurableTimeout      time.Duration // --durable-timeout
+	DurableMaxConns     int           // --durable-max-conns
+	DurableConnect      time.Duration // --durable-connect-timeout
+	DurableAsyncCommit  bool          // --durable-async-commit
 
 	// Answers (service.Options).
-	ShadowMode, QuotaMode bool
-	Counting              string // "all_or_nothing" or "always_charge"
-	Headers               string // ietf, legacy, both or none
-	NearLimitRatio        float64
-	RetryJitter           time.Duration
-	RequestOverrides      bool
-	DynamicMetadata       bool
-	NearLimitHeader       bool
-	ProblemTypeBase       string
-	ProblemDetail         string
-	DetailedMetricCap     int // negative disables detailed labels
-	FailClosedRetryAfter  time.Duration
-	LogDecisions          string // off, denied or all
-	LogDecisionsRate      float64
+	ShadowMode, QuotaMode bool          // --shadow-mode, --quota-mode
+	Counting              string        // "all_or_nothing" or "always_charge"
+	Headers               string        // ietf, legacy, both or none
+	NearLimitRatio        float64       // --near-limit-ratio
+	RetryJitter           time.Duration // --retry-jitter
+	RequestOverrides      bool          // --request-overrides
+	DynamicMetadata       bool          // --dynamic-metadata
+	NearLimitHeader       bool          // --near-limit-header
+	ProblemTypeBase       string        // --problem-type-base
+	ProblemDetail         string        // --problem-detail
+	DetailedMetricCap     int           // negative disables detailed labels
+	FailClosedRetryAfter  time.Duration // --fail-closed-retry-after
+	LogDecisions          string        // off, denied or all
+	LogDecisionsRate      float64       // --log-decisions-rate
 
-	LogLevel, LogFormat string
-	MergeDomains        bool
-	IgnoreDotfiles      bool
-	KeyPrefix           string
+	LogLevel, LogFormat string // --log-level, --log-format
+	MergeDomains        bool   // --merge-domains
+	IgnoreDotfiles      bool   // --ignore-dotfiles
+	KeyPrefix           string // --key-prefix
 	KeyValues           string // "hash" or "clear"
 	MemoryMaxKeys       int    // 0 = unbounded
 	MaxConfigRules      int    // 0 = no limit
@@ -88,61 +88,61 @@ type Options struct {
 
 	// Go runtime: GC target and soft memory limit (0: from the cgroup
 	// limit times MemoryLimitRatio).
-	GCPercent        int
-	MemoryLimit      byteSize
-	MemoryLimitRatio float64
+	GCPercent        int      // --gc-percent
+	MemoryLimit      byteSize // --memory-limit
+	MemoryLimitRatio float64  // --memory-limit-ratio
 
-	Drain, ShutdownGrace time.Duration
+	Drain, ShutdownGrace time.Duration // --drain, --shutdown-grace
 
 	// The RLQS server (rlqs.Options).
-	RLQSInterval     time.Duration
-	RLQSAbandonAfter time.Duration
-	RLQSHeadroom     float64
+	RLQSInterval     time.Duration // --rlqs-interval
+	RLQSAbandonAfter time.Duration // --rlqs-abandon-after
+	RLQSHeadroom     float64       // --rlqs-headroom
 
 	// gRPC server TLS ("" = plaintext); a client CA turns on mTLS.
-	GRPCTLSCert, GRPCTLSKey, GRPCTLSClientCA, GRPCTLSClientSAN string
-	HTTPTLS                                                    bool
-	DebugTokenFile                                             string
+	GRPCTLSCert, GRPCTLSKey, GRPCTLSClientCA, GRPCTLSClientSAN string // --grpc-tls-cert, --grpc-tls-key, --grpc-tls-client-ca, --grpc-tls-client-san
+	HTTPTLS                                                    bool   // --http-tls
+	DebugTokenFile                                             string // --debug-token-file
 
 	// Resource bounds of the listeners (docs/security.md).
-	GRPCMaxRecvMsgSize        int
-	GRPCMaxConcurrentStreams  int
-	GRPCMaxConnections        int
-	GRPCMaxConnectionAge      time.Duration
-	GRPCMaxConnectionAgeGrace time.Duration
-	HTTPReadTimeout           time.Duration
-	HTTPWriteTimeout          time.Duration
-	HTTPIdleTimeout           time.Duration
+	GRPCMaxRecvMsgSize        int           // --grpc-max-recv-msg-size
+	GRPCMaxConcurrentStreams  int           // --grpc-max-concurrent-streams
+	GRPCMaxConnections        int           // --grpc-max-connections
+	GRPCMaxConnectionAge      time.Duration // --grpc-max-connection-age
+	GRPCMaxConnectionAgeGrace time.Duration // --grpc-max-connection-age-grace
+	HTTPReadTimeout           time.Duration // --http-read-timeout
+	HTTPWriteTimeout          time.Duration // --http-write-timeout
+	HTTPIdleTimeout           time.Duration // --http-idle-timeout
 
 	// OpenTelemetry tracing (telemetry.Options).
-	Tracing            bool
-	TracingEndpoint    string
-	TracingInsecure    bool
-	TracingSampleRatio float64
-	TracingServiceName string
+	Tracing            bool    // --tracing
+	TracingEndpoint    string  // --tracing-endpoint
+	TracingInsecure    bool    // --tracing-insecure
+	TracingSampleRatio float64 // --tracing-sample-ratio
+	TracingServiceName string  // --tracing-service-name
 
 	// statsd: envoyproxy/ratelimit's stats over UDP ("" = none).
-	StatsdAddr          string
-	StatsdFlushInterval time.Duration
-	StatsdTags          string
+	StatsdAddr          string        // --statsd-addr
+	StatsdFlushInterval time.Duration // --statsd-flush-interval
+	StatsdTags          string        // --statsd-tags
 	// StatsdReferenceAddr is where envoyproxy/ratelimit would send statsd
 	// with this environment (no flag; set by applyLegacyEnv, used only by
 	// useReferenceStatsd).
 	StatsdReferenceAddr string
 
 	// Mode is --mode; Reference is the mode in force after resolveMode.
-	Mode      string
-	Reference bool
+	Mode      string // --mode
+	Reference bool   // the mode in force (resolveMode)
 	// ProblemBody is service.Options.OmitProblem inverted.
-	ProblemBody bool
+	ProblemBody bool // --problem-body
 	// Legacy header names (service.LegacyHeaderNames).
-	LegacyLimitHeader, LegacyRemainingHeader, LegacyResetHeader string
+	LegacyLimitHeader, LegacyRemainingHeader, LegacyResetHeader string // --legacy-limit-header, --legacy-remaining-header, --legacy-reset-header
 	// Set in reference mode (applyReferenceDefaults): the reference's
 	// answers and counting; StopIncrementWhenOverLimit is
 	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (no flag).
 	ReferenceAnswers           bool
-	ReferenceCounting          bool
-	StopIncrementWhenOverLimit bool
+	ReferenceCounting          bool // reference mode's counting
+	StopIncrementWhenOverLimit bool // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (no flag)
 
 	modeReason string     // why the mode in force was chosen (startup log)
 	legacySeen legacySeen // the envoyproxy/ratelimit variables found set
