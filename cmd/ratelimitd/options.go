@@ -5,6 +5,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 )
 
 // Options is everything `ratelimitd serve` reads from its command line and
@@ -21,6 +22,7 @@ type Options struct {
 	// default, TLS on).
 	Redis    redis.Options
 	Memcache memcache.Options // the --memcache-* flags
+	RLQS     rlqs.Options     // the --rlqs-* flags
 
 	Config       []string // YAML files or directories, read with ConfigSource "file"
 	ConfigSource string   // "file" or "xds"
@@ -93,11 +95,6 @@ type Options struct {
 	MemoryLimitRatio float64  // --memory-limit-ratio
 
 	Drain, ShutdownGrace time.Duration // --drain, --shutdown-grace
-
-	// The RLQS server (rlqs.Options).
-	RLQSInterval     time.Duration // --rlqs-interval
-	RLQSAbandonAfter time.Duration // --rlqs-abandon-after
-	RLQSHeadroom     float64       // --rlqs-headroom
 
 	// gRPC server TLS ("" = plaintext); a client CA turns on mTLS.
 	GRPCTLSCert, GRPCTLSKey, GRPCTLSClientCA, GRPCTLSClientSAN string // --grpc-tls-cert, --grpc-tls-key, --grpc-tls-client-ca, --grpc-tls-client-san

@@ -282,5 +282,7 @@ func retryJitter(d time.Duration) time.Duration {
 
 // rlqsOptions are the RLQS server's options of o on store.
 func rlqsOptions(o Options, store rlqs.Store) rlqs.Options {
-	return rlqs.Options{Store: store, Interval: o.RLQSInterval, AbandonAfter: o.RLQSAbandonAfter, Headroom: o.RLQSHeadroom}
+	ro := o.RLQS
+	ro.Store = store
+	return ro
 }
