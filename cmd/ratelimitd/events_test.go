@@ -182,8 +182,8 @@ func TestConfigAppliedAndRejectedEvents(t *testing.T) {
 // --log-decisions and --log-decisions-rate, with their twins.
 func TestDecisionLogFlags(t *testing.T) {
 	d, _, err := parseServe(nil, env(), io.Discard)
-	if err != nil || d.LogDecisions != "off" || d.LogDecisionsRate != service.DefaultDecisionLogRate {
-		t.Fatalf("defaults %q %v, %v", d.LogDecisions, d.LogDecisionsRate, err)
+	if err != nil || d.LogDecisions != "off" || d.Service.DecisionLogRate != service.DefaultDecisionLogRate {
+		t.Fatalf("defaults %q %v, %v", d.LogDecisions, d.Service.DecisionLogRate, err)
 	}
 	o, _, err := parseServe([]string{"--log-decisions=Denied", "--log-decisions-rate=2.5", "--key-values=clear"}, env(), io.Discard)
 	if err != nil {

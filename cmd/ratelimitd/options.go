@@ -6,6 +6,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // Options is everything `ratelimitd serve` reads from its command line and
@@ -23,6 +24,10 @@ type Options struct {
 	Redis    redis.Options
 	Memcache memcache.Options // the --memcache-* flags
 	RLQS     rlqs.Options     // the --rlqs-* flags
+	// The service.Options the answer flags set; serviceOptions adds the
+	// rest (parsed words, inverted switches, the detailed-metric cap's
+	// sign).
+	Service service.Options
 
 	Config       []string // YAML files or directories, read with ConfigSource "file"
 	ConfigSource string   // "file" or "xds"
@@ -64,20 +69,11 @@ type Options struct {
 	DurableAsyncCommit  bool          // --durable-async-commit
 
 	// Answers (service.Options).
-	ShadowMode, QuotaMode bool          // --shadow-mode, --quota-mode
-	Counting              string        // "all_or_nothing" or "always_charge"
-	Headers               string        // ietf, legacy, both or none
-	NearLimitRatio        float64       // --near-limit-ratio
-	RetryJitter           time.Duration // --retry-jitter
-	RequestOverrides      bool          // --request-overrides
-	DynamicMetadata       bool          // --dynamic-metadata
-	NearLimitHeader       bool          // --near-limit-header
-	ProblemTypeBase       string        // --problem-type-base
-	ProblemDetail         string        // --problem-detail
-	DetailedMetricCap     int           // negative disables detailed labels
-	FailClosedRetryAfter  time.Duration // --fail-closed-retry-after
-	LogDecisions          string        // off, denied or all
-	LogDecisionsRate      float64       // --log-decisions-rate
+	Counting         string        // "all_or_nothing" or "always_charge"
+	Headers          string        // ietf, legacy, both or none
+	RetryJitter      time.Duration // --retry-jitter
+	RequestOverrides bool          // --request-overrides
+	LogDecisions     string        // off, denied or all
 
 	LogLevel, LogFormat string // --log-level, --log-format
 	MergeDomains        bool   // --merge-domains

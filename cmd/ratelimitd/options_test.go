@@ -50,8 +50,8 @@ func TestParseServeDefaults(t *testing.T) {
 	if o.Redis.Timeout <= 0 || o.Redis.Timeout >= 20*time.Millisecond {
 		t.Errorf("redis timeout default %v, want well under Envoy's 20ms", o.Redis.Timeout)
 	}
-	if o.ShadowMode || !o.RequestOverrides {
-		t.Errorf("shadow=%v overrides=%v, want false true", o.ShadowMode, o.RequestOverrides)
+	if o.Service.ShadowMode || !o.RequestOverrides {
+		t.Errorf("shadow=%v overrides=%v, want false true", o.Service.ShadowMode, o.RequestOverrides)
 	}
 }
 
@@ -68,9 +68,9 @@ func TestParseServePrecedence(t *testing.T) {
 		{"legacy host+port", nil, []string{"GRPC_HOST", "127.0.0.1", "GRPC_PORT", "9000"}, func(o Options) any { return o.GRPCAddr }, "127.0.0.1:9000"},
 		{"twin beats legacy", nil, []string{"GRPC_PORT", "9000", "RATELIMITD_GRPC_ADDR", ":9100"}, func(o Options) any { return o.GRPCAddr }, ":9100"},
 		{"flag beats twin", []string{"--grpc-addr", ":9200"}, []string{"GRPC_PORT", "9000", "RATELIMITD_GRPC_ADDR", ":9100"}, func(o Options) any { return o.GRPCAddr }, ":9200"},
-		{"bool twin", nil, []string{"RATELIMITD_SHADOW_MODE", "true"}, func(o Options) any { return o.ShadowMode }, true},
-		{"bool flag beats twin", []string{"--shadow-mode=false"}, []string{"RATELIMITD_SHADOW_MODE", "true", "SHADOW_MODE", "true"}, func(o Options) any { return o.ShadowMode }, false},
-		{"legacy bool", nil, []string{"SHADOW_MODE", "true"}, func(o Options) any { return o.ShadowMode }, true},
+		{"bool twin", nil, []string{"RATELIMITD_SHADOW_MODE", "true"}, func(o Options) any { return o.Service.ShadowMode }, true},
+		{"bool flag beats twin", []string{"--shadow-mode=false"}, []string{"RATELIMITD_SHADOW_MODE", "true", "SHADOW_MODE", "true"}, func(o Options) any { return o.Service.ShadowMode }, false},
+		{"legacy bool", nil, []string{"SHADOW_MODE", "true"}, func(o Options) any { return o.Service.ShadowMode }, true},
 		{"config repeated", []string{"--config", "a", "--config", "b"}, nil, func(o Options) any { return o.Config }, []string{"a", "b"}},
 		{"config twin list", nil, []string{"RATELIMITD_CONFIG", "x,y"}, func(o Options) any { return o.Config }, []string{"x", "y"}},
 		{"config flag replaces twin", []string{"--config=c"}, []string{"RATELIMITD_CONFIG", "x,y"}, func(o Options) any { return o.Config }, []string{"c"}},
@@ -85,7 +85,7 @@ func TestParseServePrecedence(t *testing.T) {
 		{"log level logrus", nil, []string{"LOG_LEVEL", "WARNING"}, func(o Options) any { return o.LogLevel }, "warn"},
 		{"log level trace", nil, []string{"LOG_LEVEL", "trace"}, func(o Options) any { return o.LogLevel }, "debug"},
 		{"log format", nil, []string{"LOG_FORMAT", "json"}, func(o Options) any { return o.LogFormat }, "json"},
-		{"near limit", nil, []string{"NEAR_LIMIT_RATIO", "0.9"}, func(o Options) any { return o.NearLimitRatio }, 0.9},
+		{"near limit", nil, []string{"NEAR_LIMIT_RATIO", "0.9"}, func(o Options) any { return o.Service.NearLimitRatio }, 0.9},
 		{"cache bytes", nil, []string{"LOCAL_CACHE_SIZE_IN_BYTES", "1048576"}, func(o Options) any { return o.Redis.LocalCacheSize }, 1048576 / legacyCacheEntryBytes},
 		{"cache on by default on redis", []string{"--backend=redis", "--redis-url=redis://127.0.0.1:6379", "--config=c"}, nil, func(o Options) any { return o.Redis.LocalCacheSize }, redis.DefaultLocalCacheSize},
 		{"cache off by default on memcache", []string{"--backend=memcache", "--memcache-addrs=127.0.0.1:11211", "--config=c"}, nil, func(o Options) any { return o.Redis.LocalCacheSize }, 0},
@@ -96,8 +96,8 @@ func TestParseServePrecedence(t *testing.T) {
 		{"cache bytes 0 on redis", []string{"--backend=redis", "--redis-url=redis://127.0.0.1:6379", "--config=c"}, []string{"LOCAL_CACHE_SIZE_IN_BYTES", "0"}, func(o Options) any { return o.Redis.LocalCacheSize }, 0},
 		{"key prefix", nil, []string{"CACHE_KEY_PREFIX", "rl:"}, func(o Options) any { return o.KeyPrefix }, "rl:"},
 		{"merge", nil, []string{"MERGE_DOMAIN_CONFIG", "true"}, func(o Options) any { return o.MergeDomains }, true},
-		{"quota", nil, []string{"QUOTA_MODE", "true"}, func(o Options) any { return o.QuotaMode }, true},
-		{"dynamic metadata", nil, []string{"RESPONSE_DYNAMIC_METADATA", "true"}, func(o Options) any { return o.DynamicMetadata }, true},
+		{"quota", nil, []string{"QUOTA_MODE", "true"}, func(o Options) any { return o.Service.QuotaMode }, true},
+		{"dynamic metadata", nil, []string{"RESPONSE_DYNAMIC_METADATA", "true"}, func(o Options) any { return o.Service.DynamicMetadata }, true},
 		{"dotfiles", nil, []string{"RUNTIME_IGNOREDOTFILES", "false"}, func(o Options) any { return o.IgnoreDotfiles }, false},
 		{"http port", nil, []string{"PORT", "18080"}, func(o Options) any { return o.HTTPAddr }, ":18080"},
 		{"debug host", nil, []string{"DEBUG_HOST", "127.0.0.1"}, func(o Options) any { return o.DebugAddr }, "127.0.0.1:6070"},

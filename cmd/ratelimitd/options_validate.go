@@ -134,16 +134,16 @@ func (o Options) validateBounds(add func(error)) {
 	}
 	// Where the flag's 0 would be the package's default, the flag's
 	// whole rule is stated here (validateOwners then skips the flag).
-	if !(o.NearLimitRatio > 0 && o.NearLimitRatio <= 1) {
-		add(fmt.Errorf("--near-limit-ratio=%v: must be in (0, 1]", o.NearLimitRatio))
+	if !(o.Service.NearLimitRatio > 0 && o.Service.NearLimitRatio <= 1) {
+		add(fmt.Errorf("--near-limit-ratio=%v: must be in (0, 1]", o.Service.NearLimitRatio))
 	}
 	if o.RetryJitter < 0 {
 		add(fmt.Errorf("--retry-jitter=%s: must be >= 0", o.RetryJitter))
 	}
-	if o.FailClosedRetryAfter <= 0 {
-		add(fmt.Errorf("--fail-closed-retry-after=%s: must be > 0", o.FailClosedRetryAfter))
+	if o.Service.FailClosedRetryAfter <= 0 {
+		add(fmt.Errorf("--fail-closed-retry-after=%s: must be > 0", o.Service.FailClosedRetryAfter))
 	}
-	if o.DetailedMetricCap == 0 {
+	if o.Service.DetailedMetricCap == 0 {
 		add(errors.New("--detailed-metric-cap=0: want > 0, or negative to disable detailed labels"))
 	}
 	o.validateDurable(add)

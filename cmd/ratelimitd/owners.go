@@ -235,30 +235,17 @@ func serviceOptions(o Options) (service.Options, error) {
 	if err != nil {
 		return service.Options{}, err
 	}
-	so := service.Options{
-		ShadowMode: o.ShadowMode,
-		QuotaMode:  o.QuotaMode,
-		Counting:   counting,
-		Headers:    headers,
-		LegacyHeaderNames: service.LegacyHeaderNames{
-			Limit: o.LegacyLimitHeader, Remaining: o.LegacyRemainingHeader, Reset: o.LegacyResetHeader,
-		},
-		OmitProblem:            !o.ProblemBody,
-		ReferenceAnswers:       o.ReferenceAnswers,
-		NearLimitRatio:         o.NearLimitRatio,
-		RetryJitter:            retryJitter(o.RetryJitter),
-		IgnoreRequestOverrides: !o.RequestOverrides,
-		DynamicMetadata:        o.DynamicMetadata,
-		NearLimitHeader:        o.NearLimitHeader,
-		ProblemTypeBase:        o.ProblemTypeBase,
-		ProblemDetail:          o.ProblemDetail,
-		// The flag's negative values turn detailed labels off; its 0 is
-		// refused (Options.Validate).
-		DetailedMetricCap:      max(o.DetailedMetricCap, 0),
-		DisableDetailedMetrics: o.DetailedMetricCap < 0,
-		FailClosedRetryAfter:   o.FailClosedRetryAfter,
-		MaxJSONBodyBytes:       o.GRPCMaxRecvMsgSize,
-	}
+	so := o.Service
+	so.Counting, so.Headers = counting, headers
+	so.LegacyHeaderNames = service.LegacyHeaderNames{Limit: o.LegacyLimitHeader, Remaining: o.LegacyRemainingHeader, Reset: o.LegacyResetHeader}
+	so.OmitProblem = !o.ProblemBody
+	so.ReferenceAnswers = o.ReferenceAnswers
+	so.RetryJitter = retryJitter(o.RetryJitter)
+	so.IgnoreRequestOverrides = !o.RequestOverrides
+	// The flag's negative values turn detailed labels off; its 0 is
+	// refused (Options.Validate).
+	so.DetailedMetricCap, so.DisableDetailedMetrics = max(so.DetailedMetricCap, 0), so.DetailedMetricCap < 0
+	so.MaxJSONBodyBytes = o.GRPCMaxRecvMsgSize
 	return withDecisionLog(so, o), nil
 }
 

@@ -22,6 +22,8 @@ func TestOwnersFollowBinding(t *testing.T) {
 		{"local-cache-size", []string{"redis.LocalCacheSize", "memcache.LocalCacheSize"}},
 		{"memcache-srv-refresh", []string{"memcache.SRVRefresh"}},
 		{"rlqs-headroom", []string{"rlqs.Headroom"}},
+		{"near-limit-ratio", []string{"service.NearLimitRatio"}},
+		{"log-decisions-rate", []string{"service.DecisionLogRate"}},
 		{"grpc-addr", nil},
 	} {
 		i := slices.IndexFunc(settings, func(s setting) bool { return s.name == c.flag })
