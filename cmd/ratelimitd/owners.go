@@ -21,7 +21,7 @@ import (
 // service.Options.Validate, xds.Options.Validate,
 // telemetry.Options.Validate); validateOwners runs them on the options the
 // flags build and reports each error naming the flag of the field it is
-// about, by the settings table's owner entries.
+// about: the setting bound to that field (ownersOf).
 
 // optionFielder is the field errors of the packages' Validate
 // (redis.FieldError, memcache.FieldError, service.FieldError,

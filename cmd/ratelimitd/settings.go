@@ -46,11 +46,9 @@ type setting struct {
 	// joins names the flag whose README row this flag shares (its name
 	// and default are appended to that row); "" is a row of its own.
 	joins string
-	// owner is the package option the setting feeds, whose Validate
-	// states its rules ("redis.Timeout", "service.NearLimitRatio"; a
-	// comma-separated list when it feeds several packages): an
-	// error about that field is reported naming this flag (validateOwners,
-	// which finds the setting by ownerSetting).
+	// owner names the package option the setting feeds when its field
+	// is no field of a package's options in Options ("xds.BackoffMax"):
+	// an error about it is reported naming this flag (ownersOf).
 	owner string
 	// backend, when set, is the only --backend the setting matters to:
 	// its owner's errors are dropped under another backend.
