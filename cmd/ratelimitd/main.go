@@ -29,6 +29,7 @@ import (
 	"syscall"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 )
 
 // environ lists the process environment for the unknown RATELIMITD_*
@@ -68,7 +69,7 @@ func main() {
 // `ratelimit` is `ratelimitd serve`, in reference mode unless a flag,
 // RATELIMITD_MODE or RATELIMITD_CONFIG says otherwise.
 func runAs(ctx context.Context, argv0 string, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
-	if invokedAsReference(argv0) && (len(args) == 0 || strings.HasPrefix(args[0], "-") && !isHelp(args[0])) {
+	if compat.InvokedAsReference(argv0) && (len(args) == 0 || strings.HasPrefix(args[0], "-") && !isHelp(args[0])) {
 		return serveMain(ctx, true, args, lookup, stderr)
 	}
 	return run(ctx, args, lookup, stdout, stderr)

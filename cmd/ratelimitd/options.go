@@ -3,6 +3,7 @@ package main
 import (
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
@@ -91,6 +92,7 @@ type Options struct {
 	MemoryLimitRatio float64  // --memory-limit-ratio
 
 	Drain, ShutdownGrace time.Duration // --drain, --shutdown-grace
+	LeaseInterval        time.Duration // --lease-interval (lease.Options.Interval)
 
 	// gRPC server TLS ("" = plaintext); a client CA turns on mTLS.
 	GRPCTLSCert, GRPCTLSKey, GRPCTLSClientCA, GRPCTLSClientSAN string // --grpc-tls-cert, --grpc-tls-key, --grpc-tls-client-ca, --grpc-tls-client-san
@@ -137,8 +139,10 @@ type Options struct {
 	ReferenceCounting          bool // reference mode's counting
 	StopIncrementWhenOverLimit bool // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (no flag)
 
-	modeReason string     // why the mode in force was chosen (startup log)
-	legacySeen legacySeen // the envoyproxy/ratelimit variables found set
+	modeReason string // why the mode in force was chosen (startup log)
+	// refEnv is the reading of the envoyproxy/ratelimit variables
+	// (compat.ReadEnv), for resolveMode and the local cache default.
+	refEnv compat.Env
 	// fromEnv maps each flag whose value came from its RATELIMITD_* twin
 	// or an envoyproxy/ratelimit variable to that variable, so that
 	// errors name where a bad value was set.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 )
 
@@ -59,11 +60,10 @@ func parseServe(args []string, lookup func(string) (string, bool), usage io.Writ
 // --mode=auto.
 func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool), usage io.Writer) (Options, []string, error) {
 	o := defaultOptions()
-	warnings, err := applyLegacyEnv(&o, lookup)
+	warnings, err := applyReferenceEnv(&o, lookup)
 	if err != nil {
 		return o, warnings, scrubErr(err, legacySecrets(o, lookup)...)
 	}
-	markRedisURLFromEnv(&o, lookup)
 	explicit, err := parseFlagsAndTwins(&o, args, lookup, usage)
 	if err != nil {
 		return o, warnings, err
@@ -72,7 +72,7 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 		return o, warnings, o.annotateEnv(err)
 	}
 	if o.Reference {
-		warnings = referenceWarnings(warnings)
+		warnings = compat.ReferenceWarnings(warnings)
 	}
 	o.defaultLocalCache(explicit)
 	if err := o.checkBackendChosen(explicit); err != nil {
@@ -91,42 +91,10 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 	return o, warnings, nil
 }
 
-// markRedisURLFromEnv records that REDIS_URL (envoyproxy/ratelimit's,
-// mapped by legacyRedis) set --redis-url and --redis-addrs, so that an
-// error about them names the variable (annotateEnv) while it never shows
-// the value.
-func markRedisURLFromEnv(o *Options, lookup func(string) (string, bool)) {
-	if _, ok := lookup("REDIS_URL"); !ok {
-		return
-	}
-	if o.fromEnv == nil {
-		o.fromEnv = map[string]string{}
-	}
-	for _, name := range []string{"redis-url", "redis-addrs"} {
-		if _, ok := o.fromEnv[name]; !ok {
-			o.fromEnv[name] = "REDIS_URL"
-		}
-	}
-}
-
 // legacySecrets are the credentials of o and of the reference's variables
-// (REDIS_AUTH, REDIS_SENTINEL_AUTH, a REDIS_URL with user info): none is
-// quoted back in an error.
+// (compat.Secrets): none is quoted back in an error.
 func legacySecrets(o Options, lookup func(string) (string, bool)) []string {
-	secrets := secretsOf(o)
-	for _, name := range []string{"REDIS_AUTH", "REDIS_SENTINEL_AUTH", "REDIS_URL"} {
-		if v, ok := lookup(name); ok {
-			v = strings.TrimSpace(v)
-			secrets = append(secrets, redis.URLPassword(v))
-			if name != "REDIS_URL" {
-				secrets = append(secrets, v)
-				if _, p, ok := strings.Cut(v, ":"); ok {
-					secrets = append(secrets, p)
-				}
-			}
-		}
-	}
-	return secrets
+	return append(secretsOf(o), compat.Secrets(lookup, redis.URLPassword)...)
 }
 
 // parseFlagsAndTwins sets o from the RATELIMITD_* twins, then from args
@@ -276,7 +244,7 @@ func parseStatsdTags(s string) (map[string]string, error) {
 // other replicas' refunds). On Redis in native mode the cache is exact
 // (see redis.Options.CreditChannel) and on by default.
 func (o *Options) defaultLocalCache(explicit map[string]bool) {
-	if explicit["local-cache-size"] || o.legacySeen.localCache {
+	if explicit["local-cache-size"] || o.refEnv.Has("local-cache-size") {
 		return
 	}
 	if o.Reference || o.Backend != "redis" {

@@ -2,17 +2,19 @@ package main
 
 import (
 	"flag"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"io"
 	"os"
 	"regexp"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/ratelimitd/ratelimitd/internal/compat"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/lease"
 )
 
 func env(kv ...string) func(string) (string, bool) {
@@ -86,7 +88,7 @@ func TestParseServePrecedence(t *testing.T) {
 		{"log level trace", nil, []string{"LOG_LEVEL", "trace"}, func(o Options) any { return o.LogLevel }, "debug"},
 		{"log format", nil, []string{"LOG_FORMAT", "json"}, func(o Options) any { return o.LogFormat }, "json"},
 		{"near limit", nil, []string{"NEAR_LIMIT_RATIO", "0.9"}, func(o Options) any { return o.Service.NearLimitRatio }, 0.9},
-		{"cache bytes", nil, []string{"LOCAL_CACHE_SIZE_IN_BYTES", "1048576"}, func(o Options) any { return o.Redis.LocalCacheSize }, 1048576 / legacyCacheEntryBytes},
+		{"cache bytes", nil, []string{"LOCAL_CACHE_SIZE_IN_BYTES", "1048576"}, func(o Options) any { return o.Redis.LocalCacheSize }, 1048576 / compat.CacheEntryBytes},
 		{"cache on by default on redis", []string{"--backend=redis", "--redis-url=redis://127.0.0.1:6379", "--config=c"}, nil, func(o Options) any { return o.Redis.LocalCacheSize }, redis.DefaultLocalCacheSize},
 		{"cache off by default on memcache", []string{"--backend=memcache", "--memcache-addrs=127.0.0.1:11211", "--config=c"}, nil, func(o Options) any { return o.Redis.LocalCacheSize }, 0},
 		{"cache sized on memcache", []string{"--backend=memcache", "--memcache-addrs=127.0.0.1:11211", "--config=c", "--local-cache-size=7"}, nil, func(o Options) any { return o.Redis.LocalCacheSize }, 7},
@@ -169,6 +171,9 @@ func TestParseServeErrors(t *testing.T) {
 		{"config type", nil, []string{"CONFIG_TYPE", "GRPC_XDS_DELTA"}, `CONFIG_TYPE="GRPC_XDS_DELTA": want FILE .* or GRPC_XDS_SOTW`},
 		{"xds source", []string{"--config-source=etcd"}, nil, `--config-source="etcd"`},
 		{"rlqs interval", []string{"--rlqs-interval=-1s"}, nil, `--rlqs-interval=-1s: must not be negative`},
+		{"lease interval negative", []string{"--lease-interval=-1s"}, nil, `--lease-interval=-1s: must not be negative`},
+		{"lease interval short", []string{"--lease-interval=100us"}, nil, `--lease-interval=100µs: must be at least 1ms \(0 means the default, 100ms\)`},
+		{"lease interval env", nil, []string{"RATELIMITD_LEASE_INTERVAL", "soon"}, `RATELIMITD_LEASE_INTERVAL="soon"`},
 		{"rlqs abandon", []string{"--rlqs-abandon-after=-1s"}, nil, `--rlqs-abandon-after=-1s: must not be negative`},
 		{"rlqs headroom", []string{"--rlqs-headroom=0.5"}, nil, `--rlqs-headroom=0.5: must be in \[0, 0.5\)`},
 		{"xds metadata", []string{"--config-source=xds", "--xds-node-metadata=a:b"}, nil, `--xds-node-metadata: item 1 is not key=value`},
@@ -262,37 +267,6 @@ func TestEveryFlagHasTwin(t *testing.T) {
 	}
 }
 
-// docs/migrating.md names every envoyproxy/ratelimit variable this command
-// reads, ignores or warns about.
-func TestMigratingDocCoversVariables(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/migrating.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := append([]string{}, legacyUnsupported...)
-	names = append(names, sortedKeys(legacyIgnored)...)
-	names = append(names, "REDIS_URL", "REDIS_TYPE", "REDIS_AUTH", "REDIS_TLS", "REDIS_POOL_SIZE", "RUNTIME_ROOT",
-		"RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY", "RUNTIME_IGNOREDOTFILES", "GRPC_PORT", "GRPC_HOST", "PORT", "HOST",
-		"DEBUG_PORT", "DEBUG_HOST", "SHADOW_MODE", "LOG_LEVEL", "LOG_FORMAT", "LIMIT_RESPONSE_HEADERS_ENABLED",
-		"NEAR_LIMIT_RATIO", "LOCAL_CACHE_SIZE_IN_BYTES", "CACHE_KEY_PREFIX", "BACKEND_TYPE", "MERGE_DOMAIN_CONFIG",
-		"QUOTA_MODE", "RESPONSE_DYNAMIC_METADATA", "REDIS_TIMEOUT", "USE_PROMETHEUS", "PROMETHEUS_ADDR",
-		"REDIS_TLS_CACERT", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "REDIS_SENTINEL_AUTH",
-		"GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN",
-		"USE_STATSD", "STATSD_HOST", "STATSD_PORT", "STATS_FLUSH_INTERVAL", "STATSD_PROTOCOL", "DISABLE_STATS",
-		"CONFIG_TYPE", "CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA", "CONFIG_GRPC_XDS_SERVER_URL",
-		"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-		"CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-		"XDS_CLIENT_BACKOFF_JITTER", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
-		"GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE")
-	for _, n := range names {
-		if !strings.Contains(string(doc), "`"+n+"`") {
-			t.Errorf("docs/migrating.md does not mention `%s`", n)
-		}
-	}
-}
-
 // docs/flags.md lists every serve flag (the README only the ten a
 // newcomer needs).
 func TestFlagsDocListsEveryFlag(t *testing.T) {
@@ -331,16 +305,6 @@ func TestTracingOptions(t *testing.T) {
 // came from environment twins (Options.fromEnv).
 var ignoreFromEnv = cmpopts.IgnoreUnexported(Options{})
 
-// sortedKeys is a small helper for deterministic messages.
-func sortedKeys(m map[string]string) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
-
 // TestLegacySentinelURLNotPrinted: a REDIS_URL refused in sentinel mode is
 // named, never quoted, since a mistaken value may hold a password.
 func TestLegacySentinelURLNotPrinted(t *testing.T) {
@@ -368,6 +332,33 @@ func TestLegacyURLWithUserInfo(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), "s3cr3tpw") || !strings.Contains(err.Error(), "credentials go in REDIS_AUTH") {
 			t.Errorf("REDIS_URL #%d: %v, want the host:port rule, unquoted", len(v), err)
+		}
+	}
+}
+
+// --lease-interval and its twin reach the Leaser's options; the default
+// is the package's.
+func TestLeaseIntervalReachesLeaser(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  []string
+		want time.Duration
+	}{
+		{nil, nil, lease.DefaultInterval},
+		{[]string{"--lease-interval=250ms"}, nil, 250 * time.Millisecond},
+		{nil, []string{"RATELIMITD_LEASE_INTERVAL", "2s"}, 2 * time.Second},
+		{[]string{"--lease-interval=1ms"}, []string{"RATELIMITD_LEASE_INTERVAL", "2s"}, time.Millisecond},
+	} {
+		o, _, err := parseServe(c.args, env(c.env...), io.Discard)
+		if err != nil {
+			t.Fatalf("%v %v: %v", c.args, c.env, err)
+		}
+		lo := leaseOptions(o, noLeaseStore{}, nil, nil)
+		if lo.Interval != c.want {
+			t.Errorf("%v %v: lease interval %v, want %v", c.args, c.env, lo.Interval, c.want)
+		}
+		if err := lo.Validate(); err != nil {
+			t.Errorf("%v %v: %v", c.args, c.env, err)
 		}
 	}
 }

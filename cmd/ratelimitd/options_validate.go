@@ -10,6 +10,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 )
 
 func oneOf(name, v string, allowed ...string) error {
@@ -98,7 +100,7 @@ func (o Options) validateSpellings(add func(error)) {
 	add(oneOf("key-values", o.KeyValues, "hash", "clear"))
 	add(oneOf("headers", o.Headers, "ietf", "legacy", "both", "none"))
 	add(oneOf("counting", o.Counting, "all_or_nothing", "always_charge"))
-	add(oneOf("mode", o.Mode, modeAuto, modeReference, modeNative))
+	add(oneOf("mode", o.Mode, compat.ModeAuto, compat.ModeReference, compat.ModeNative))
 	for _, h := range []struct{ name, v string }{
 		{"legacy-limit-header", o.LegacyLimitHeader}, {"legacy-remaining-header", o.LegacyRemainingHeader}, {"legacy-reset-header", o.LegacyResetHeader},
 	} {

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"path"
 	"reflect"
 	"regexp"
@@ -10,7 +11,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
+	"github.com/ratelimitd/ratelimitd/pkg/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -25,7 +29,8 @@ import (
 
 // optionFielder is the field errors of the packages' Validate
 // (redis.FieldError, memcache.FieldError, service.FieldError,
-// xds.FieldError, telemetry.FieldError).
+// xds.FieldError, telemetry.FieldError, rlqs.FieldError,
+// lease.FieldError).
 type optionFielder interface {
 	OptionField() (field, reason string)
 }
@@ -38,7 +43,7 @@ var ownerFlagErrors = map[error]string{
 }
 
 // validateOwners validates the options o builds for the redis, memcache,
-// service, xds and telemetry packages. An error about a setting's owner field is worded
+// service, xds, telemetry, rlqs and lease packages. An error about a setting's owner field is worded
 // "--flag=value: reason" (at most one per flag) and dropped when the
 // setting's backend is not o.Backend (the Redis topology does not matter
 // to the memory store); any other error counts only where its package
@@ -61,6 +66,7 @@ func (o Options) validateOwners(named map[string]bool) error {
 		{o.ConfigSource == "xds", xdsOptionsError(o)},
 		{true, telemetryOptions(o).Validate()},
 		{true, rlqsOptions(o, noStore{}).Validate()},
+		{true, leaseOptions(o, noLeaseStore{}, nil, nil).Validate()},
 	} {
 		for _, e := range leafErrors(c.err) {
 			if msg, ok := ownerFlagErrors[e]; ok {
@@ -223,6 +229,10 @@ func fieldValue(p any) any {
 // before any store exists.
 type noStore struct{ service.Store }
 
+// noLeaseStore stands for the lease store while the lease options are
+// validated before any store exists.
+type noLeaseStore struct{ lease.Store }
+
 // serviceOptions maps the flags onto service.Options, without the store,
 // fallback, registry, statsd client and logger (serve adds them). It fails
 // on an unknown --headers or --counting.
@@ -265,6 +275,11 @@ func retryJitter(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// leaseOptions are the Leaser's options of o on store.
+func leaseOptions(o Options, store lease.Store, reg prometheus.Registerer, log *slog.Logger) lease.Options {
+	return lease.Options{Store: store, Interval: o.LeaseInterval, Registerer: reg, Logger: log}
 }
 
 // rlqsOptions are the RLQS server's options of o on store.

@@ -150,7 +150,7 @@ func (s *server) newService() error {
 	// charges them (memory, Redis); on memcached they are decided in the
 	// store like the others.
 	if st, ok := s.store.(lease.Store); ok {
-		l, err := lease.New(lease.Options{Store: st, Registerer: s.reg, Logger: s.log})
+		l, err := lease.New(leaseOptions(s.opts, st, s.reg, s.log))
 		if err != nil {
 			return err
 		}

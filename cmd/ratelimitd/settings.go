@@ -11,9 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -24,13 +26,13 @@ import (
 // twin is envName(name), the envoyproxy/ratelimit variables that map onto
 // it, its default and its doc line. settings is the one table the flag
 // registration (registerServeFlags), the twins, the plain legacy mapping
-// (applyLegacyTable), defaultOptions, `serve -h`, the README's flag table
+// (legacyTable), defaultOptions, `serve -h`, the README's flag table
 // and docs/flags.md are made from (flagdocs_test.go renders the last two and checks them).
 type setting struct {
 	name  string // flag name without dashes: "redis-url"
 	group string // section of docs/flags.md: one of the group* constants
 	// legacy are envoyproxy/ratelimit variables that set this field as
-	// they are (same parse, no other effect); applyLegacyTable reads them.
+	// they are (same parse, no other effect); legacyTable lists them.
 	legacy []string
 	// legacyVia names the envoyproxy/ratelimit variables that reach this
 	// field through legacy.go's own logic (documentation only).
@@ -218,7 +220,7 @@ var settings = []setting{
 	{name: "shadow-mode", group: groupAnswers, legacy: []string{"SHADOW_MODE"}, field: fieldOf(func(o *Options) *bool { return &o.Service.ShadowMode }, false), doc: "global shadow mode: evaluate and report, never deny"},
 	{name: "quota-mode", group: groupAnswers, legacy: []string{"QUOTA_MODE"}, field: fieldOf(func(o *Options) *bool { return &o.Service.QuotaMode }, false), doc: "global quota mode: every descriptor is a soft limit"},
 	{name: "counting", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.Counting }, "all_or_nothing"), sum: "default counting policy: `all_or_nothing` or `always_charge`", doc: "counting policy of rules that set no `counting:` of their own: `all_or_nothing` (a denied request consumes nothing) or `always_charge` (every hit is charged even over the limit, as envoyproxy/ratelimit counts; post-paid costs sent at stream end then stop the client that spent them) ([docs/config.md](docs/config.md#counting-policy))"},
-	{name: "mode", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.Mode }, modeAuto), sum: "`auto`, `reference` (answer as envoyproxy/ratelimit) or `native`", doc: "`auto`: reference mode when envoyproxy/ratelimit's environment is in use (one of its config, backend or header variables such as `RUNTIME_ROOT`, `REDIS_URL`, `USE_STATSD`, `LIMIT_RESPONSE_HEADERS_ENABLED` is set, or the binary is invoked as `ratelimit`) and neither `--config` nor `RATELIMITD_CONFIG` is given; `reference` or `native` force it. Reference mode answers as envoyproxy/ratelimit does; one startup line says which mode is in force and why ([docs/migrating.md](docs/migrating.md#reference-mode))"},
+	{name: "mode", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.Mode }, compat.ModeAuto), sum: "`auto`, `reference` (answer as envoyproxy/ratelimit) or `native`", doc: "`auto`: reference mode when envoyproxy/ratelimit's environment is in use (one of its config, backend or header variables such as `RUNTIME_ROOT`, `REDIS_URL`, `USE_STATSD`, `LIMIT_RESPONSE_HEADERS_ENABLED` is set, or the binary is invoked as `ratelimit`) and neither `--config` nor `RATELIMITD_CONFIG` is given; `reference` or `native` force it. Reference mode answers as envoyproxy/ratelimit does; one startup line says which mode is in force and why ([docs/migrating.md](docs/migrating.md#reference-mode))"},
 	{name: "headers", group: groupAnswers, legacyVia: "LIMIT_RESPONSE_HEADERS_ENABLED", field: fieldOf(func(o *Options) *string { return &o.Headers }, "ietf"), sum: "`ietf`, `legacy` (three `X-RateLimit-*` headers), `both` or `none`", doc: "`ietf` (`RateLimit`, `RateLimit-Policy`), `legacy` (three headers, named by the next three flags), `both`, `none`", shown: "`ietf` (reference mode: `none`, or `legacy` with `LIMIT_RESPONSE_HEADERS_ENABLED=true`)"},
 	{name: "legacy-limit-header", group: groupAnswers, legacyVia: "LIMIT_LIMIT_HEADER", field: fieldOf(func(o *Options) *string { return &o.LegacyLimitHeader }, service.HeaderLegacyLimit), sum: "name of the legacy limit header", doc: "names of the legacy headers: the chosen limit's `requests_per_unit`, `limit_remaining` and seconds until reset; `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` set them", shown: "`X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (reference mode: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`)"},
 	{name: "legacy-remaining-header", group: groupAnswers, legacyVia: "LIMIT_REMAINING_HEADER", field: fieldOf(func(o *Options) *string { return &o.LegacyRemainingHeader }, service.HeaderLegacyRemaining), doc: "name of the legacy remaining header (limit_remaining); reference mode: RateLimit-Remaining", joins: "legacy-limit-header"},
@@ -232,6 +234,7 @@ var settings = []setting{
 	{name: "problem-detail", group: groupAnswers, field: fieldOf(func(o *Options) *string { return &o.Service.ProblemDetail }, ""), doc: "problem `detail` template; placeholders `{policy}`, `{quota}`, `{window}`, `{retry_after}` (seconds)", shown: "(built-in sentence)"},
 	{name: "fail-closed-retry-after", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.Service.FailClosedRetryAfter }, service.DefaultFailClosedRetryAfter), doc: "`Retry-After` base when `failure_mode: closed` denies because the backend failed"},
 	{name: "detailed-metric-cap", group: groupTelemetry, field: fieldOf(func(o *Options) *int { return &o.Service.DetailedMetricCap }, service.DefaultDetailedMetricCap), sum: "distinct `rule` label values of `detailed_metric` rules; negative disables", doc: "distinct `rule` label values from `detailed_metric` rules per loaded config, then `_other`; negative disables detailed labels ([docs/metrics.md](docs/metrics.md))"},
+	{name: "lease-interval", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.LeaseInterval }, lease.DefaultInterval), sum: "`consistency: leased` limits: how often each lease is renewed", doc: "`consistency: leased` limits ([docs/leases.md](docs/leases.md)): every this long an instance renews each lease it uses and shares its demand (a quarter window when that is shorter); longer intervals mean fewer store calls and larger leases, so more units held unused when demand moves; at least `1ms`", owner: "lease.Interval"},
 	{name: "rlqs-interval", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.RLQS.Interval }, rlqs.DefaultInterval), sum: "RLQS: how often usage is charged and limits divided among the Envoys", doc: "RLQS (Envoy's `rate_limit_quota` filter, [docs/rlqs.md](docs/rlqs.md)): every this long the reported usage is charged and each limit divided again among the Envoys; set Envoy's `reporting_interval` to the same"},
 	{name: "rlqs-abandon-after", group: groupAnswers, field: fieldOf(func(o *Options) *time.Duration { return &o.RLQS.AbandonAfter }, rlqs.DefaultAbandonAfter), sum: "RLQS: a bucket not reported for this long is abandoned", doc: "RLQS: a bucket not reported for this long is sent an `AbandonAction` and forgotten; several reporting intervals"},
 	{name: "rlqs-headroom", group: groupAnswers, field: fieldOf(func(o *Options) *float64 { return &o.RLQS.Headroom }, rlqs.DefaultHeadroom), sum: "RLQS: share of each limit the Envoys' full token buckets hold together", doc: "RLQS: share of each limit the Envoys' full token buckets hold together; the assigned rates share the rest, so a window never admits more than the limit"},
@@ -345,32 +348,9 @@ func helpText(doc string) string {
 	return strings.ReplaceAll(markdownLink.ReplaceAllString(doc, "$1"), "`", "")
 }
 
-// applyLegacyTable sets the fields of o whose setting lists a legacy
-// variable that is set and not empty (its value trimmed), parsed as
-// envoyproxy/ratelimit parses it: strconv.ParseBool, strconv.Atoi,
-// strconv.ParseFloat, parseDuration, a comma-separated list or a string
-// as is. A malformed value is appended to errs as NAME="value": error;
-// a field set is recorded in o.fromEnv as set by that variable.
-func applyLegacyTable(o *Options, get func(string) (string, bool), errs *[]error) {
-	for _, s := range settings {
-		for _, name := range s.legacy {
-			v, ok := get(name)
-			if !ok || v == "" {
-				continue
-			}
-			if err := setLegacy(s.field.ptr(o), v); err != nil {
-				*errs = append(*errs, fmt.Errorf("%s=%q: %w", name, v, err))
-				continue
-			}
-			if o.fromEnv == nil {
-				o.fromEnv = map[string]string{}
-			}
-			o.fromEnv[s.name] = name
-		}
-	}
-}
-
-// setLegacy parses v into the field p points to (see applyLegacyTable).
+// setLegacy parses v into the field p points to as envoyproxy/ratelimit
+// parses it: strconv.ParseBool, strconv.Atoi, strconv.ParseFloat,
+// parseDuration, a comma-separated list or a string as is (legacyTable).
 func setLegacy(p any, v string) error {
 	var err error
 	switch p := p.(type) {

@@ -7,7 +7,7 @@ import (
 )
 
 // validate is `ratelimitd validate` (validatecmd.Run) with serve's
-// defaults and reading of envoyproxy/ratelimit's environment.
+// defaults.
 func validate(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
 	def := defaultOptions()
 	return validatecmd.Run(args, validatecmd.Env{
@@ -16,9 +16,5 @@ func validate(args []string, lookup func(string) (string, bool), stdout, stderr 
 			MergeDomains: def.MergeDomains, IgnoreDotfiles: def.IgnoreDotfiles,
 			MaxConfigRules: def.MaxConfigRules, MaxConfigBytes: def.MaxConfigBytes,
 		},
-		ReferenceVarsSet:        referenceVarsSet,
-		ReferenceIgnoreDotfiles: referenceIgnoreDotfiles,
-		LegacyConfigDir:         legacyConfigDir,
-		ReferenceConfigDir:      referenceConfigDir,
 	}, stdout, stderr)
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 )
 
 // validateRun runs `ratelimitd validate args...` with the environment kv
@@ -58,8 +60,8 @@ func TestValidateReferenceConfigDir(t *testing.T) {
 		t.Errorf("validate --mode=reference, RATELIMITD_CONFIG: exit %d\n%s", code, out)
 	}
 	// Without any variable, reference mode's default directory.
-	if code, out = validateRun([]string{"--mode", "reference"}); code != 1 || !strings.Contains(out, referenceConfigDir) {
-		t.Errorf("validate --mode reference, no variable: exit %d, want 1 naming %s\n%s", code, referenceConfigDir, out)
+	if code, out = validateRun([]string{"--mode", "reference"}); code != 1 || !strings.Contains(out, compat.ReferenceConfigDir) {
+		t.Errorf("validate --mode reference, no variable: exit %d, want 1 naming %s\n%s", code, compat.ReferenceConfigDir, out)
 	}
 	// A config from xDS has no directory to check.
 	if code, out = validateRun(nil, "CONFIG_TYPE", "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL", "127.0.0.1:18000"); code != 2 || !strings.Contains(out, "xDS") {

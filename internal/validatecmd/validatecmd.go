@@ -10,35 +10,16 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
-// The values of --mode.
-const (
-	modeAuto      = "auto"
-	modeReference = "reference"
-	modeNative    = "native"
-)
-
-// Env is what Run takes from serve: its environment, its defaults and its
-// reading of envoyproxy/ratelimit's environment (reference mode).
+// Env is what Run takes from serve: its environment and its defaults.
 type Env struct {
 	Lookup   func(string) (string, bool) // os.LookupEnv in production
 	Defaults Defaults                    // serve's defaults
-	// ReferenceVarsSet names the envoyproxy/ratelimit variables set that
-	// select reference mode under --mode=auto.
-	ReferenceVarsSet func(lookup func(string) (string, bool)) []string
-	// ReferenceIgnoreDotfiles is whether reference mode skips dot files,
-	// given --ignore-dotfiles' value and whether it was set.
-	ReferenceIgnoreDotfiles func(v, set bool) bool
-	// LegacyConfigDir is the directory RUNTIME_ROOT, RUNTIME_SUBDIRECTORY
-	// and RUNTIME_APPDIRECTORY name, if any is set.
-	LegacyConfigDir func(get func(string) (string, bool)) (string, bool)
-	// ReferenceConfigDir is the reference's config directory when none of
-	// those is set.
-	ReferenceConfigDir string
 }
 
 // Defaults are serve's defaults of the settings that shape a load.
@@ -92,7 +73,7 @@ func Run(args []string, env Env, stdout, stderr io.Writer) int {
 	maxRules := fs.Int("max-config-rules", int(rulesDefault), "most rules the config may hold, as serve enforces it (0 = no limit)")
 	maxBytes := fs.Int64("max-config-bytes", bytesDefault, "most bytes the config files may hold together, as serve enforces it (0 = no limit)")
 	dot := fs.Bool("ignore-dotfiles", dotDefault, "skip config files and directories whose name starts with a dot (Kubernetes ConfigMap ..data); --ignore-dotfiles=false loads them (reference mode's default unless RUNTIME_IGNOREDOTFILES=true)")
-	modeDefault := modeAuto
+	modeDefault := compat.ModeAuto
 	if v, ok := lookup("RATELIMITD_MODE"); ok {
 		modeDefault = strings.TrimSpace(v)
 	}
@@ -115,7 +96,7 @@ func Run(args []string, env Env, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ratelimitd validate: %v\nRun 'ratelimitd validate -h' for the flags.\n", err)
 		return 2
 	}
-	ref, reason, err := validateMode(*mode, env)
+	ref, reason, err := compat.ValidateMode(*mode, lookup)
 	if err != nil {
 		fmt.Fprintf(stderr, "ratelimitd validate: %v\n", err)
 		return 2
@@ -134,11 +115,11 @@ func Run(args []string, env Env, stdout, stderr io.Writer) int {
 		if v, ok := lookup("RUNTIME_IGNOREDOTFILES"); ok && strings.TrimSpace(v) != "" {
 			dotSet = true
 		}
-		lo.IgnoreDotFiles = env.ReferenceIgnoreDotfiles(*dot, dotSet)
+		lo.IgnoreDotFiles = compat.IgnoreDotfiles(*dot, dotSet)
 		lo.RepeatPaths = true
 		lo.LiteralValues = true
 		if len(paths) == 0 {
-			if paths, err = referenceConfigPaths(env); err != nil {
+			if paths, err = compat.ConfigPaths(lookup); err != nil {
 				fmt.Fprintf(stderr, "ratelimitd validate: %v\n", err)
 				return 2
 			}
@@ -186,66 +167,6 @@ func Run(args []string, env Env, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "ok: %d domain(s), %d rule(s), %d warning(s)\n", len(set.Domains()), len(set.Rules()), len(warnings))
 	return 0
-}
-
-// validateMode is the mode serve would resolve from the environment for
-// `validate --mode=mode` (serve's rule without --config: PATHs are not
-// --config), and why.
-func validateMode(mode string, env Env) (ref bool, reason string, err error) {
-	lookup := env.Lookup
-	switch mode {
-	case modeReference:
-		return true, "--mode=reference", nil
-	case modeNative:
-		return false, "--mode=native", nil
-	case modeAuto:
-		for _, n := range []string{"RATELIMITD_CONFIG", "RATELIMITD_CONFIG_SOURCE"} {
-			if _, ok := lookup(n); ok {
-				return false, n + " given", nil
-			}
-		}
-		if set := env.ReferenceVarsSet(lookup); len(set) > 0 {
-			return true, "envoyproxy/ratelimit variables set: " + strings.Join(set, ", "), nil
-		}
-		return false, "no envoyproxy/ratelimit variable set", nil
-	}
-	return false, "", fmt.Errorf("--mode=%q: want one of auto, reference, native", mode)
-}
-
-// referenceConfigPaths are the config paths serve loads in reference
-// mode: RATELIMITD_CONFIG, else RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
-// RUNTIME_APPDIRECTORY (env.ReferenceConfigDir when none is set). A config
-// from xDS (RATELIMITD_CONFIG_SOURCE=xds, CONFIG_TYPE=GRPC_XDS_SOTW) has
-// no path to check.
-func referenceConfigPaths(env Env) ([]string, error) {
-	lookup := env.Lookup
-	get := func(n string) (string, bool) { v, ok := lookup(n); return strings.TrimSpace(v), ok }
-	source := ""
-	if v, ok := get("CONFIG_TYPE"); ok && strings.EqualFold(v, "GRPC_XDS_SOTW") {
-		source = "CONFIG_TYPE=" + v
-	}
-	if v, ok := get("RATELIMITD_CONFIG_SOURCE"); ok {
-		source = ""
-		if strings.EqualFold(v, "xds") {
-			source = "RATELIMITD_CONFIG_SOURCE=" + v
-		}
-	}
-	if source != "" {
-		return nil, fmt.Errorf("the config comes from xDS (%s): give the PATHs of the files to check", source)
-	}
-	if v, ok := get("RATELIMITD_CONFIG"); ok && v != "" {
-		var paths []string
-		for _, p := range strings.Split(v, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				paths = append(paths, p)
-			}
-		}
-		return paths, nil
-	}
-	if dir, ok := env.LegacyConfigDir(get); ok {
-		return []string{dir}, nil
-	}
-	return []string{env.ReferenceConfigDir}, nil
 }
 
 // interleave lets flags follow paths (`validate dir --strict`): the flag

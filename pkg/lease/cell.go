@@ -11,7 +11,8 @@ import (
 )
 
 // CellReport is what a cell tells the other cells every interval about one
-// limit: how much of the window it used and how much it was asked for.
+// limit: how much of the window it used, the most it may use before its
+// next report, and how much it was asked for.
 type CellReport struct {
 	// Cell identifies the reporting cell (>= 1).
 	Cell int64
@@ -19,9 +20,11 @@ type CellReport struct {
 	Window int64
 	// Used is the units the cell's store granted in Window.
 	Used int64
-	// Allowance is the units the cell may use in Window, Used included,
-	// as it divided them at the report: it will not use more before its
-	// next report.
+	// Allowance is the most the cell's store grants in Window, Used
+	// included, until the cell's next report: the larger of the
+	// allowance the cell just set and the one before it (the even split
+	// for its first Step in a window), which lease operations in flight
+	// may still carry.
 	Allowance int64
 	// Demand is the units the cell was asked for over its last interval.
 	Demand int64
@@ -29,7 +32,7 @@ type CellReport struct {
 
 // Exchange carries the reports between cells (regions): Publish sends the
 // cell's own, Latest returns the last report received from every other
-// cell. Its latency is the cells' view lag; ratelimitd ships no
+// cell. Its latency is the cells' report lag; ratelimitd ships no
 // cross-region transport, tests inject one with a delay.
 type Exchange interface {
 	// Publish sends r to the other cells.
@@ -50,7 +53,8 @@ type CellOptions struct {
 	// all cells (fixed_window).
 	Limit algo.Limit
 	// Headroom is the share of the limit the cells keep back, in [0, 1):
-	// it absorbs what the cells admit before their reports arrive.
+	// it absorbs what the cells admit beyond their claims when reports
+	// lag by more than two intervals (see Cell).
 	Headroom float64
 	// Exchange carries the reports.
 	Exchange Exchange
@@ -63,40 +67,54 @@ type CellOptions struct {
 const probeSubscriber = 1 << 52
 
 // Cell divides a global limit among cells, each enforcing its allowance
-// locally with leases on its own store: every interval (Step) it reads
-// what its store granted in the window, publishes it with its demand,
-// and sets its allowance to what it used plus its max-min fair share
-// (pkg/fairshare, cells as subscribers) of what is free of the limit
-// less the headroom: less what it used, and less every other cell's
-// allowance (or use, if larger) plus two intervals of its demand, by the
-// latest reports. A cell thus only takes a share of room no other cell
-// had claimed when it last reported, nor is about to claim at its next
-// Step; the reports' lag, during which two cells may still claim the same
-// room, is what the headroom covers.
+// locally with leases on its own store. Every interval (Step, called by
+// its owner) it reads what its store granted in the window, sets its
+// allowance to that plus its max-min fair share (pkg/fairshare, cells as
+// subscribers) of the budget (the limit less the headroom) less what it
+// used and less every other cell's claim, and publishes its report. A
+// cell's claim is its reported Allowance (or use, if larger) plus two
+// intervals of its demand; before its first report of the window, the
+// even split plus two intervals of its last reported demand.
+//
+// A share never exceeds the cell's smoothed demand of one interval, so a
+// cell's Allowance grows by at most that per Step, as long as its
+// instances lease with the allowance of its last Step or the one before
+// (each asks Limit for every hit, and some hit comes between two Steps).
+// With reports d late and Steps s apart, a cell takes at most ceil(d/s)
+// Steps another has not heard of, and the claim covers two of them. So
+// under steady demand, reports up to two intervals late never let the
+// cells together exceed the budget, and later ones exceed it by at most
+// (ceil(d/s)-2) intervals of the other cells' demand (docs/leases.md
+// derives it); the headroom covers that, demand surges and clock skew.
 type Cell struct {
 	opt   CellOptions
 	alloc *fairshare.Allocator
 	mu    sync.Mutex
+	n     int64 // cells sharing the limit: NewCell's count, or more heard of
 	allow int64 // the cell's allowance for the window ws
+	prev  int64 // the allowance before allow in the window ws (the even split first)
 	ws    int64
-	cells int64 // cells heard of, itself included
 	asked int64 // units asked since the last Step
 }
 
-// NewCell returns a Cell. Until its first Step in a window, a cell's
-// allowance is an even split of the limit less the headroom among the
-// cells it has heard of (cells, before any report).
+// NewCell returns a Cell among cells cells. Until its first Step in a
+// window, a cell's allowance is an even split of the limit less the
+// headroom among the cells.
 func NewCell(opt CellOptions, cells int) *Cell {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	return &Cell{opt: opt, alloc: fairshare.New(fairshare.Options{Floor: 1}), cells: int64(max(cells, 1)), ws: -1}
+	return &Cell{opt: opt, alloc: fairshare.New(fairshare.Options{Floor: 1}), n: int64(max(cells, 1)), ws: -1}
 }
 
 // budget is the limit less the headroom.
 func (c *Cell) budget() int64 {
 	return int64(float64(c.opt.Limit.Rate) * (1 - c.opt.Headroom))
 }
+
+// split is a cell's allowance in a window it has not divided yet (c.mu
+// held).
+func (c *Cell) split() int64 { return c.budget() / c.n }
 
 // Limit is the limit the cell's instances enforce now: the shared
 // limit's with the cell's allowance as its rate.
@@ -107,7 +125,7 @@ func (c *Cell) Limit() algo.Limit {
 	t := c.opt.Now().UnixMicro()
 	p := l.Period.Microseconds()
 	if t-t%p != c.ws {
-		l.Rate = c.budget() / c.cells // a window no Step has divided yet
+		l.Rate = c.split() // a window no Step has divided yet
 		return l
 	}
 	l.Rate = max(c.allow, 0)
@@ -122,8 +140,8 @@ func (c *Cell) Asked(n int64) {
 }
 
 // Step does one interval: reads the cell's use of the window from its
-// store (a lease operation asking nothing), publishes it and recomputes
-// the allowance.
+// store (a lease operation asking nothing), recomputes the allowance and
+// publishes the report.
 func (c *Cell) Step(ctx context.Context) error {
 	l := c.opt.Limit
 	g, err := c.opt.Store.Lease(ctx, algo.LeaseRequest{Key: c.opt.Key, Limit: l, Subscriber: probeSubscriber + c.opt.ID, Stale: l.Period.Microseconds()})
@@ -133,35 +151,44 @@ func (c *Cell) Step(ctx context.Context) error {
 	p := l.Period.Microseconds()
 	ws := g.Now - g.Now%p
 	used := l.Rate - g.Remaining // the probe's limit is the whole one
+	reports := c.opt.Exchange.Latest()
 	c.mu.Lock()
 	demand := c.asked
 	c.asked = 0
-	c.mu.Unlock()
-	total := used
+	others := int64(0)
+	for _, r := range reports {
+		if r.Cell != c.opt.ID {
+			others++
+		}
+	}
+	c.n = max(c.n, others+1)
+	split := c.split()
+	if ws != c.ws {
+		// Until now the instances enforced the even split (Limit).
+		c.ws, c.allow = ws, split
+	}
+	total := used + (c.n-1-others)*split // cells not heard of: the even split
 	demands := map[string]int64{cellID(c.opt.ID): demand}
-	for _, r := range c.opt.Exchange.Latest() {
+	for _, r := range reports {
 		if r.Cell == c.opt.ID {
 			continue
 		}
+		// Until its next report arrives the cell may claim more:
+		// about an interval of its demand per Step. Two intervals of
+		// it count as claimed (see Cell).
+		claim := split + 2*r.Demand
 		if r.Window == ws {
-			// Since its report the cell may have claimed more: about
-			// its demand over the report's lag and its next interval.
-			// Count two intervals of it as claimed, so that two
-			// cells rarely claim the same room.
-			total += max(r.Used, r.Allowance) + 2*r.Demand
-		} else {
-			// No report of this window yet: the cell uses the even
-			// split (Limit).
-			total += c.budget() / c.cells
+			claim = max(r.Used, r.Allowance) + 2*r.Demand
 		}
+		total += claim
 		demands[cellID(r.Cell)] = r.Demand
 	}
 	rem := max(c.budget()-total, 0)
 	share := c.alloc.Allocate(time.UnixMicro(g.Now), rem, demands)[cellID(c.opt.ID)]
-	c.mu.Lock()
-	c.allow, c.ws, c.cells = used+share, ws, int64(len(demands))
+	c.prev, c.allow = c.allow, used+share
+	r := CellReport{Cell: c.opt.ID, Window: ws, Used: used, Allowance: max(c.allow, c.prev), Demand: demand}
 	c.mu.Unlock()
-	c.opt.Exchange.Publish(CellReport{Cell: c.opt.ID, Window: ws, Used: used, Allowance: used + share, Demand: demand})
+	c.opt.Exchange.Publish(r)
 	return nil
 }
 

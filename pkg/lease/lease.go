@@ -24,6 +24,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -50,13 +51,18 @@ type Options struct {
 	// 0 draws a random one in [1, 2^52).
 	Subscriber int64
 	// Interval is how often a lease is renewed and its size reconsidered
-	// (0 means 100 ms); a limit whose window is shorter than 4 intervals
+	// (0 means DefaultInterval; at least MinInterval); a limit whose window is shorter than 4 intervals
 	// renews every quarter window. Demand is measured per interval.
 	Interval time.Duration
 	// Timeout bounds one lease operation (0 means 1 s).
 	Timeout time.Duration
-	// Now is the clock (nil means time.Now).
+	// Now is the clock every decision reads (nil means time.Now).
 	Now func() time.Time
+	// Ticker starts the renewal loop's ticks, every d of the clock Now
+	// reads, and returns them and a function that stops them (nil means
+	// a time.Ticker). A clock other than the real one needs its own, so
+	// that renewals follow that clock.
+	Ticker func(d time.Duration) (ticks <-chan time.Time, stop func())
 	// Registerer receives the lease metrics; nil disables them.
 	Registerer prometheus.Registerer
 	// Logger; nil means slog.Default().
@@ -65,6 +71,52 @@ type Options struct {
 
 // DefaultInterval is Options.Interval's default.
 const DefaultInterval = 100 * time.Millisecond
+
+// MinInterval is the shortest Options.Interval: a renewal is a store round
+// trip per active key, so a shorter interval would only load the store.
+const MinInterval = time.Millisecond
+
+// FieldError is one invalid Options field, as Validate reports it.
+type FieldError struct {
+	// Field is the Options field's name.
+	Field string
+	// Value is the field's value.
+	Value any
+	// Reason is what a valid value is.
+	Reason string
+}
+
+// Error returns "lease: Field=Value: Reason".
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("lease: %s=%v: %s", e.Field, e.Value, e.Reason)
+}
+
+// OptionField returns the package-qualified field name ("lease.Interval")
+// and the reason, for callers that name the field their own way (a flag).
+func (e *FieldError) OptionField() (field, reason string) { return "lease." + e.Field, e.Reason }
+
+// Validate reports every invalid field, joined, each a *FieldError: a nil
+// Store; an Interval that is negative or shorter than MinInterval; a
+// negative Timeout. Zero values are valid: they mean the defaults.
+func (o Options) Validate() error {
+	var errs []error
+	bad := func(field string, v any, reason string) {
+		errs = append(errs, &FieldError{Field: field, Value: v, Reason: reason})
+	}
+	if o.Store == nil {
+		bad("Store", o.Store, "required")
+	}
+	switch {
+	case o.Interval < 0:
+		bad("Interval", o.Interval, "must not be negative")
+	case o.Interval > 0 && o.Interval < MinInterval:
+		bad("Interval", o.Interval, "must be at least "+MinInterval.String()+" (0 means the default, "+DefaultInterval.String()+")")
+	}
+	if o.Timeout < 0 {
+		bad("Timeout", o.Timeout, "must not be negative")
+	}
+	return errors.Join(errs...)
+}
 
 // Leaser decides hits of leased limits from the units this instance holds.
 // It is safe for concurrent use. Close returns what it holds.
@@ -92,17 +144,20 @@ type Leaser struct {
 
 // New returns a Leaser and starts its renewal loop.
 func New(opt Options) (*Leaser, error) {
-	if opt.Store == nil {
-		return nil, errors.New("lease: Options.Store is nil")
+	if err := opt.Validate(); err != nil {
+		return nil, err
 	}
-	if opt.Interval <= 0 {
+	if opt.Interval == 0 {
 		opt.Interval = DefaultInterval
 	}
-	if opt.Timeout <= 0 {
+	if opt.Timeout == 0 {
 		opt.Timeout = time.Second
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
+	}
+	if opt.Ticker == nil {
+		opt.Ticker = realTicker
 	}
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
@@ -119,6 +174,12 @@ func New(opt Options) (*Leaser, error) {
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go ls.loop()
 	return ls, nil
+}
+
+// realTicker is Options.Ticker's default: a time.Ticker.
+func realTicker(d time.Duration) (<-chan time.Time, func()) {
+	t := time.NewTicker(d)
+	return t.C, t.Stop
 }
 
 // Subscriber is this instance's id among the subscribers of the store.

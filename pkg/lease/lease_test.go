@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -287,4 +288,37 @@ type storeFunc func(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant
 
 func (f storeFunc) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
 	return f(ctx, req)
+}
+
+// New refuses invalid options with a FieldError naming the field; zero
+// values mean the defaults.
+func TestOptionsValidate(t *testing.T) {
+	st := storeFunc(func(context.Context, algo.LeaseRequest) (algo.LeaseGrant, error) { return algo.LeaseGrant{}, nil })
+	for _, c := range []struct {
+		opt   Options
+		field string
+	}{
+		{Options{}, "Store"},
+		{Options{Store: st, Interval: -time.Second}, "Interval"},
+		{Options{Store: st, Interval: MinInterval / 10}, "Interval"},
+		{Options{Store: st, Timeout: -time.Second}, "Timeout"},
+	} {
+		ls, err := New(c.opt)
+		if err == nil {
+			_ = ls.Close(context.Background())
+			t.Errorf("%+v: no error", c.opt)
+			continue
+		}
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != c.field {
+			t.Errorf("%+v: error %v, want a FieldError on %s", c.opt, err, c.field)
+		}
+	}
+	for _, iv := range []time.Duration{0, MinInterval, time.Hour} {
+		ls, err := New(Options{Store: st, Interval: iv})
+		if err != nil {
+			t.Fatalf("interval %v: %v", iv, err)
+		}
+		_ = ls.Close(context.Background())
+	}
 }

@@ -155,43 +155,48 @@ func (ls *Leaser) logFailure(err error) {
 	ls.log.Warn("lease: renewal failed; deciding from the units in hand, then the rules' failure_mode", "error", err.Error())
 }
 
-// loop renews the active leases every interval (shares demand, gives back
-// units beyond the share, fetches what regrew) and drops the idle ones,
-// giving their units back.
+// loop runs renewDue every half interval (Options.Ticker).
 func (ls *Leaser) loop() {
 	defer close(ls.done)
-	tick := time.NewTicker(max(ls.opt.Interval/2, time.Millisecond))
-	defer tick.Stop()
+	ticks, stop := ls.opt.Ticker(max(ls.opt.Interval/2, time.Millisecond))
+	defer stop()
 	for {
 		select {
 		case <-ls.stop:
 			return
-		case <-tick.C:
+		case <-ticks:
 		}
-		ls.mu.Lock()
-		var idle []*entry
-		for k, e := range ls.entries {
-			e.mu.Lock()
-			lt := ls.now()
-			t := lt + ls.offset.Load()
-			switch {
-			case lt-e.lastUse > 8*e.interval && !e.renewing:
-				delete(ls.entries, k)
-				idle = append(idle, e)
-			case lt-e.lastRenew >= e.interval && e.mayRenew(t, lt):
-				// The first lease of a window is a hit's: it carries
-				// the limit in force (a cell's allowance may differ
-				// from the last window's).
-				if e.roll(t, lt); e.renewWS == e.ws {
-					e.startRenew(t, lt)
-				}
+		ls.renewDue()
+	}
+}
+
+// renewDue renews the active leases whose interval has passed (shares
+// demand, gives back units beyond the share, fetches what regrew) and
+// drops the idle ones, giving their units back.
+func (ls *Leaser) renewDue() {
+	ls.mu.Lock()
+	var idle []*entry
+	for k, e := range ls.entries {
+		e.mu.Lock()
+		lt := ls.now()
+		t := lt + ls.offset.Load()
+		switch {
+		case lt-e.lastUse > 8*e.interval && !e.renewing:
+			delete(ls.entries, k)
+			idle = append(idle, e)
+		case lt-e.lastRenew >= e.interval && e.mayRenew(t, lt):
+			// The first lease of a window is a hit's: it carries
+			// the limit in force (a cell's allowance may differ
+			// from the last window's).
+			if e.roll(t, lt); e.renewWS == e.ws {
+				e.startRenew(t, lt)
 			}
-			e.mu.Unlock()
 		}
-		ls.mu.Unlock()
-		for _, e := range idle {
-			e.giveBack(context.Background())
-		}
+		e.mu.Unlock()
+	}
+	ls.mu.Unlock()
+	for _, e := range idle {
+		e.giveBack(context.Background())
 	}
 }
 

@@ -51,52 +51,17 @@ const (
 	readRetries    = 5
 )
 
-// Watch loads paths, then reloads whenever one of the config files changes
-// (fsnotify on directories; Kubernetes ..data symlink swaps and
-// write-then-rename editors included). It calls apply with each good Set
-// and fail with each load error (the previous Set stays in force). The
-// first load's result is delivered before Watch blocks. Watch returns when
-// ctx is done.
-//
-// Only config files count. For a file given directly: events on its name
-// and on its symlink target (filepath.EvalSymlinks), and any entry
-// created, removed or renamed in the directory of either that changes
-// where the file resolves to (the ConfigMap ..data swap). For a directory:
-// events on files the loader would load (LoadOptions.IgnoreDotFiles and
-// the .yaml/.yml rule, as in Load, also for a file just created), on
-// subdirectories it would walk (created, removed, renamed), on the targets
-// of loaded symlinks, and changes of where a loaded symlink resolves to.
-// Anything else (a log file next to the config, an editor's swap file, a
-// Chmod) is ignored. Watching: every directory the loader walks and the
-// directory of every file given and of every symlink target, recomputed
-// before each load; when the directory of a file given does not exist
-// (yet), its nearest existing ancestor instead, each missing directory's
-// creation being a relevant event that moves the watch one level down,
-// until the file's directory exists. Events are debounced: a reload
-// starts 150 ms after the last relevant event, or 0.5 s after the first
-// event of a burst (or after the previous load, when the burst began
-// within 0.5 s of it) when the events go on. Before a reload is delivered
-// the files are read twice and must hash the same: 150 ms apart when the
-// burst wrote a config file in place (so a file written in parts with
-// pauses shorter than that is never delivered half), 10 ms apart when
-// files were only created, renamed or removed; when the reads differ the
-// check repeats. Past the 0.5 s the files are sampled instead
-// (sampleFiles) and the first complete version seen is delivered, so files
-// changed continuously are loaded at least once a second, and when the
-// writes end with a bad version the newest good one loaded, from the last
-// second of writes, stays in force. A change is in effect well within 1 s
-// of the last write.
-//
-// Every load of a good config is delivered to apply, even one whose
-// content did not change: the caller compares Set.SourceHash with the
-// config in force to tell a no-op reload from a change. A load that fails
-// with read errors only (IsReadError: e.g. a file removed mid-swap) is
-// retried, 0.25 s after the failure, then 0.5 s, … up to 5 times. A
-// watcher error (an fsnotify error such as an event queue overflow) goes
-// to fail as a *WatchError, and a reload follows (events may have been
-// lost). apply and fail run on Watch's goroutine, one at a time. The
-// returned error is non-nil only when the watcher cannot be set up (then
-// after the first load's result was delivered) or ctx ends (ctx.Err()).
+// Watch loads paths, then reloads them whenever a config file changes,
+// until ctx is done. It calls apply with every good Set, even one whose
+// SourceHash is unchanged, and fail with every load or watcher error
+// (*WatchError), one at a time on Watch's goroutine; the previous Set stays
+// in force after a failure, so a bad edit never replaces a good config.
+// Only changes to what the loader would read count (symlink swaps such as
+// a ConfigMap's ..data included); a burst is debounced (watchDebounce) and
+// delivered only once two reads agree, so a half-written file is never
+// loaded (docs/config.md, "Reload", gives the timing). Read errors are
+// retried up to readRetries times. The error is non-nil only when the
+// watcher cannot be set up or ctx ends.
 func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Set, []Warning), fail func(error)) error {
 	return watch(ctx, watchConfig{opts: opts, paths: paths, apply: apply, fail: fail})
 }

@@ -64,7 +64,7 @@ func (p *watchPlan) existingAncestor(dir string) string {
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return dir // the root itself is missing: Add fails, as before
+			return dir // the root itself is missing: watching it fails
 		}
 		p.missing = true
 		p.names[canonName(dir)] = true

@@ -219,7 +219,7 @@ func (s *Service) adminPlan(sn *snapshot, req *rlsv3.RateLimitRequest) ([]descSt
 // gRPC status error (InvalidArgument, Unavailable before the first
 // config).
 func (s *Service) adminSnapshot(op string, req *rlsv3.RateLimitRequest) (*snapshot, error) {
-	if err := validateRequest(req, s.opts.ReferenceAnswers); err != nil {
+	if err := validateRequest(req, s.answers); err != nil {
 		s.m.admin.WithLabelValues(op, adminInvalid).Inc()
 		return nil, err
 	}

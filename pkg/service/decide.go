@@ -295,10 +295,7 @@ func (s *Service) overLimit() rlsv3.RateLimitResponse_Code {
 	if !s.opts.ShadowMode {
 		return rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	s.m.globalShadow.Inc()
-	if s.ref != nil {
-		s.ref.globalShadow.Inc()
-	}
+	s.obs.globalShadow()
 	return rlsv3.RateLimitResponse_OK
 }
 

@@ -64,7 +64,7 @@ func (s *Service) takeOn(ctx context.Context, role storeRole, hits []algo.Hit, s
 		return false, false
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
-		s.errorsOf(role).WithLabelValues(causeCanceled).Inc()
+		s.m.errorsOf(role).WithLabelValues(causeCanceled).Inc()
 		return false, true
 	}
 	var failed []int
@@ -107,11 +107,11 @@ func callerOutOfTime(ctx context.Context, role storeRole, err error) bool {
 }
 
 // errorsOf is the error counter of role's store.
-func (s *Service) errorsOf(role storeRole) *prometheus.CounterVec {
+func (m *metrics) errorsOf(role storeRole) *prometheus.CounterVec {
 	if role == roleDurable {
-		return s.m.durableErrors
+		return m.durableErrors
 	}
-	return s.m.backendErrors
+	return m.backendErrors
 }
 
 // take calls st.Take with the request deadline, deciding into out
@@ -152,13 +152,10 @@ func (e causeError) Cause() string { return e.cause }
 // the hits listed in active.
 func (s *Service) fail(ctx context.Context, role storeRole, err error, hits []algo.Hit, specs []*policy.Spec, active []int, decs []algo.Decision, outs []outcome) {
 	cause := causeOf(err)
-	s.errorsOf(role).WithLabelValues(cause).Inc()
+	s.obs.backendFailed(role, cause)
 	if role == roleDurable {
 		s.logBackendError("durable/"+cause, err, "service: durable store failed; applying failure modes to its limits")
 	} else {
-		if s.ref != nil {
-			s.ref.redisError.Inc()
-		}
 		s.logBackendError(cause, err, "service: rate limit backend failed; applying failure modes")
 	}
 	var local []int

@@ -162,16 +162,12 @@ func (p *legacyPick) consider(a applied, st *descState, decs []algo.Decision) {
 
 // addLegacyHeaders adds the three X-RateLimit-* headers (names from
 // Options.LegacyHeaderNames) of decision d of limit sp: the rate, the
-// units remaining (0 for a denial with Options.ReferenceAnswers) and the
+// units remaining (the answer policy's) and the
 // whole seconds until reset (at least 1).
 func (s *Service) addLegacyHeaders(hb *headerBuilder, buf []byte, d algo.Decision, sp *policy.Spec) []byte {
 	names := &s.opts.LegacyHeaderNames
 	buf = hb.addInt(buf, names.Limit, sp.Limit.Rate)
-	left := max(d.Remaining, 0)
-	if !d.Allowed && s.opts.ReferenceAnswers {
-		left = 0
-	}
-	buf = hb.addInt(buf, names.Remaining, left)
+	buf = hb.addInt(buf, names.Remaining, s.answers.remaining(d))
 	return hb.addInt(buf, names.Reset, atLeast1(ceilSeconds(d.ResetAfter)))
 }
 

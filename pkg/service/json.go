@@ -62,7 +62,7 @@ func (s *Service) JSONHandler() http.Handler {
 			switch status.Code(err) {
 			case codes.InvalidArgument, codes.Unknown:
 				// Unknown: a request refused as envoyproxy/ratelimit
-				// refuses it (Options.ReferenceAnswers), which answers
+				// refuses it (referenceAnswers), which answers
 				// 400 on /json.
 				code = http.StatusBadRequest
 			case codes.Unavailable:

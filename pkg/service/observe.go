@@ -49,14 +49,7 @@ func (s *Service) observeDecisions(sn *snapshot, domain string, ds []descState, 
 		case near:
 			result = idxNearLimit
 		}
-		if cached != nil {
-			cached.decisions[result].get(s.m.decisions, domain, rule, resultLabels[result]).Inc()
-		} else {
-			s.m.decisions.WithLabelValues(domain, rule, resultLabels[result]).Inc()
-		}
-		if s.ref != nil {
-			s.observeRef(sn, st, rule, decs, outs)
-		}
+		s.obs.decided(sn, domain, st, rule, result, cached, decs, outs)
 	}
 }
 

@@ -33,7 +33,7 @@ func TestPenaltyResponse(t *testing.T) {
 			"type":              "https://iana.org/assignments/http-problem-types#quota-exceeded",
 			"title":             "Quota Exceeded",
 			"status":            float64(429),
-			"detail":            `Policy "client" was exceeded 2 times within 1h0m0s, so this client is blocked for 5m0s; retry after ` + jsonInt(retry) + ` seconds.`,
+			"detail":            `Policy "client" was exceeded 2 times within 3600 seconds, so this client is blocked for 300 seconds; retry after ` + jsonInt(retry) + ` seconds.`,
 			"violated-policies": []any{"client"},
 			"retry_after":       retry,
 		}

@@ -142,7 +142,7 @@ func (s *Service) detail(st *descState, a applied, closed, blocked bool, retry i
 	}
 	if blocked && st != nil {
 		p := st.match.Rule.Penalty
-		return fmt.Sprintf("Policy %q was exceeded %d times within %s, so this client is blocked for %s; retry after %d seconds.", name, p.After, p.Within, p.Block, retry)
+		return fmt.Sprintf("Policy %q was exceeded %d times within %d seconds, so this client is blocked for %d seconds; retry after %d seconds.", name, p.After, atLeast1(ceilSeconds(p.Within)), atLeast1(ceilSeconds(p.Block)), retry)
 	}
 	if st != nil && st.match.Rule.Reduced {
 		return fmt.Sprintf("Policy %q keeps its remaining capacity for critical requests; this request may use %d and is shed; retry after %d seconds.", name, quota, retry)

@@ -24,15 +24,18 @@ const (
 	refServerPrefix    = "ratelimit_server."
 )
 
-// refStats emits envoyproxy/ratelimit's statsd stats (docs/metrics.md,
-// "statsd (reference names)") from the same points that update the
-// Prometheus metrics. nil when Options.Statsd is nil.
+// refStats is the observer that emits envoyproxy/ratelimit's statsd
+// stats (docs/metrics.md, "statsd (reference names)"), from the same
+// events as the Prometheus metrics. New adds it with Options.Statsd.
 type refStats struct {
 	c *statsd.Client
+	// capN is Options.DetailedMetricCap, nearRatio Options.NearLimitRatio.
+	capN      int
+	nearRatio float64
 
 	configLoadSuccess *statsd.Counter
 	configLoadError   *statsd.Counter
-	globalShadow      *statsd.Counter
+	globalShadowMode  *statsd.Counter
 	redisError        *statsd.Counter
 	serviceError      *statsd.Counter
 
@@ -68,28 +71,52 @@ type refMethod struct {
 	time  *statsd.Timer
 }
 
-func newRefStats(c *statsd.Client, capN int) *refStats {
+// newRefStats returns the statsd observer, nil without a client.
+func newRefStats(c *statsd.Client, capN int, nearRatio float64) *refStats {
 	if c == nil {
 		return nil
 	}
 	r := &refStats{
 		c:                 c,
+		capN:              capN,
+		nearRatio:         nearRatio,
 		configLoadSuccess: c.Counter(refServicePrefix + "config_load_success"),
 		configLoadError:   c.Counter(refServicePrefix + "config_load_error"),
-		globalShadow:      c.Counter(refServicePrefix + "global_shadow_mode"),
+		globalShadowMode:  c.Counter(refServicePrefix + "global_shadow_mode"),
 		redisError:        c.Counter(refCallPrefix + "redis_error"),
 		serviceError:      c.Counter(refCallPrefix + "service_error"),
 	}
-	r.reset(capN)
+	r.policySet()
 	return r
 }
 
-// reset starts a new request-value key budget (SetPolicy).
-func (r *refStats) reset(capN int) {
-	if r != nil {
-		r.dyn.Store(&refDynamic{cap: newLabelCap(max(capN, 0))})
+// policySet starts a new request-value key budget (SetPolicy).
+func (r *refStats) policySet() {
+	r.dyn.Store(&refDynamic{cap: newLabelCap(max(r.capN, 0))})
+}
+
+// configLoaded counts config_load_success (success, unchanged) or
+// config_load_error (failure, read_error).
+func (r *refStats) configLoaded(res ReloadResult, _ *policy.Set) {
+	switch res {
+	case ReloadSuccess, ReloadUnchanged:
+		r.configLoadSuccess.Inc()
+	case ReloadFailure, ReloadReadError:
+		r.configLoadError.Inc()
 	}
 }
+
+func (r *refStats) globalShadow() { r.globalShadowMode.Inc() }
+
+// backendFailed counts redis_error for the primary store (the reference
+// has no durable store).
+func (r *refStats) backendFailed(role storeRole, _ string) {
+	if role != roleDurable {
+		r.redisError.Inc()
+	}
+}
+
+func (r *refStats) requestRefused() { r.serviceError.Inc() }
 
 // ipv4InName matches dotted IPv4 addresses, whose dots
 // envoyproxy/ratelimit's SanitizeStatName turns into '_'.
@@ -153,10 +180,9 @@ func (r *refStats) ruleStats(info *ruleInfo, rule *policy.Rule) *refKeyStats {
 // "<domain>._other"; for value_to_metric the request-value key within the
 // cap, else the config key; for a request limit override the key of its
 // entries within the cap, else "<domain>._override".
-func (s *Service) statKey(sn *snapshot, st *descState, label string) *refKeyStats {
-	r := s.ref
+func (r *refStats) statKey(sn *snapshot, st *descState, label string) *refKeyStats {
 	rule := st.match.Rule
-	detailedOn := s.opts.DetailedMetricCap > 0
+	detailedOn := r.capN > 0
 	switch {
 	case st.override:
 		if detailedOn {
@@ -188,7 +214,7 @@ func (s *Service) statKey(sn *snapshot, st *descState, label string) *refKeyStat
 // near_limit the part between max(nearT, used) and c. A backend failure
 // answered open counts as within_limit, one answered closed as
 // over_limit.
-func (s *Service) refHits(sp *policy.Spec, d algo.Decision, out outcome, cost int64) (within, over, near int64) {
+func (r *refStats) refHits(sp *policy.Spec, d algo.Decision, out outcome, cost int64) (within, over, near int64) {
 	switch out {
 	case byFailedOpen:
 		return cost, 0, 0
@@ -196,7 +222,7 @@ func (s *Service) refHits(sp *policy.Spec, d algo.Decision, out outcome, cost in
 		return 0, cost, 0
 	}
 	c := capacity(sp.Limit)
-	nearT := int64(float64(c) * s.opts.NearLimitRatio) // floor: both >= 0
+	nearT := int64(float64(c) * r.nearRatio) // floor: both >= 0
 	rem := min(max(d.Remaining, 0), c)
 	if d.Allowed {
 		after := c - rem
@@ -219,16 +245,16 @@ func (s *Service) refHits(sp *policy.Spec, d algo.Decision, out outcome, cost in
 	return 0, over, max(near, 0)
 }
 
-// observeRef adds one counted descriptor's hits to its stat key; label is
-// its ratelimitd_decisions_total rule label. A descriptor whose deciding
+// decided adds one counted descriptor's hits to its stat key (label is
+// its ratelimitd_decisions_total rule label). A descriptor whose deciding
 // limit was answered by the store's local over-limit cache also adds its
 // over_limit hits to over_limit_with_local_cache. A concurrency lease release
 // and a refund (is_negative_hits) are no hits and add nothing.
-func (s *Service) observeRef(sn *snapshot, st *descState, label string, decs []algo.Decision, outs []outcome) {
+func (r *refStats) decided(sn *snapshot, _ string, st *descState, label string, _ int, _ *ruleInfo, decs []algo.Decision, outs []outcome) {
 	if st.match.Release || st.refund {
 		return
 	}
-	ks := s.statKey(sn, st, label)
+	ks := r.statKey(sn, st, label)
 	cost := st.cost
 	// The deciding limit: of a denied descriptor the denying limit with
 	// the most hits over, else the limit with the most hits near.
@@ -240,7 +266,7 @@ func (s *Service) observeRef(sn *snapshot, st *descState, label string, decs []a
 		if st.denied != denies {
 			continue
 		}
-		w, ov, n := s.refHits(a.spec, d, o, cost)
+		w, ov, n := r.refHits(a.spec, d, o, cost)
 		if !picked || ov > over || (ov == over && n > near) {
 			within, over, near, picked = w, ov, n, true
 			local = d.FromCache && o == byStore
@@ -261,13 +287,18 @@ func (s *Service) observeRef(sn *snapshot, st *descState, label string, decs []a
 	}
 }
 
-// domainNotFound counts n descriptors of a request whose domain is not in
+// unknownDomain counts n descriptors of a request whose domain is not in
 // the config (ratelimit.service.rate_limit.<domain>.domain_not_found; the
-// domain is bounded as a request-value key, "_unknown" past the cap).
-func (r *refStats) domainNotFound(domain string, n int, detailedOn bool) {
+// domain is bounded as a request-value key, "_unknown" past the cap). A
+// domain literally named as the unknown-domain label that is in the
+// config is not counted.
+func (r *refStats) unknownDomain(sn *snapshot, domain string, n int) {
+	if sn.set.HasDomain(domain) {
+		return
+	}
 	d := r.dyn.Load()
 	key := LabelUnknownDomain
-	if detailedOn {
+	if r.capN > 0 {
 		if k := d.cap.label("domain:" + domain); k != LabelOther {
 			key = domain
 		}
@@ -286,10 +317,11 @@ func (r *refStats) domainNotFound(domain string, n int, detailedOn bool) {
 // call (ShouldRateLimit, and the health Check). nil when Options.Statsd is
 // nil.
 func (s *Service) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
-	r := s.ref
-	if r == nil {
-		return nil
-	}
+	return s.obs.interceptor()
+}
+
+// interceptor counts the per-method server stats (UnaryServerInterceptor).
+func (r *refStats) interceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		m := r.method(info.FullMethod)

@@ -56,10 +56,7 @@ func (s *Service) status(st *descState, decs []algo.Decision, outs []outcome, p 
 		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	ds.CurrentLimit = currentLimit(a.spec, &p.limit)
-	ds.LimitRemaining = clampU32(d.Remaining)
-	if !d.Allowed && s.opts.ReferenceAnswers {
-		ds.LimitRemaining = 0
-	}
+	ds.LimitRemaining = clampU32(s.answers.remaining(d))
 	reset := d.ResetAfter
 	if outs[a.hit] == byFailedOpen {
 		reset = window(a.spec)

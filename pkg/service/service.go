@@ -22,8 +22,6 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
@@ -34,13 +32,14 @@ type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
 	opts     Options
+	answers  answerPolicy             // picked by Options.ReferenceAnswers
 	snap     atomic.Pointer[snapshot] // nil before the first SetPolicy
 	unknown  domainInfo               // requests of domains not in the config
 	shutdown atomic.Bool
 	m        *metrics
 	detailed atomic.Pointer[labelCap]
 	errLog   *logLimiter
-	ref      *refStats   // nil without Options.Statsd
+	obs      observers   // the metrics' observers (newObservers)
 	dlog     *lineBucket // nil with DecisionLogOff
 	cgnatLog *lineBucket // bounds the cgnat decision log lines
 	// saturation holds the rules marked saturated (SetSaturation):
@@ -61,9 +60,9 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{opts: opts, m: m, errLog: newLogLimiter(time.Second), unknown: domainInfo{label: LabelUnknownDomain}}
+	s := &Service{opts: opts, answers: newAnswerPolicy(opts.ReferenceAnswers), m: m, errLog: newLogLimiter(time.Second), unknown: domainInfo{label: LabelUnknownDomain}}
 	s.detailed.Store(newLabelCap(max(opts.DetailedMetricCap, 0)))
-	s.ref = newRefStats(opts.Statsd, opts.DetailedMetricCap)
+	s.obs = newObservers(m, opts)
 	if opts.DecisionLog != DecisionLogOff {
 		s.dlog = newLineBucket(opts.DecisionLogRate, opts.Now())
 	}
@@ -80,7 +79,7 @@ func (s *Service) SetPolicy(set *policy.Set) {
 	}
 	s.snap.Store(newSnapshot(set))
 	s.detailed.Store(newLabelCap(max(s.opts.DetailedMetricCap, 0)))
-	s.ref.reset(s.opts.DetailedMetricCap)
+	s.obs.policySet()
 }
 
 // Policy returns the snapshot in force, nil before the first SetPolicy.
@@ -142,19 +141,7 @@ func (s *Service) ObserveReload(ok bool, set *policy.Set) {
 // ratelimit.service.config_load_error. It does not swap the policy: call
 // SetPolicy as well.
 func (s *Service) CountReload(r ReloadResult, set *policy.Set) {
-	s.m.reloads.WithLabelValues(string(r)).Inc()
-	if s.ref != nil {
-		switch r {
-		case ReloadSuccess, ReloadUnchanged:
-			s.ref.configLoadSuccess.Inc()
-		case ReloadFailure, ReloadReadError:
-			s.ref.configLoadError.Inc()
-		}
-	}
-	if r == ReloadSuccess && set != nil {
-		s.m.configInfo.Reset()
-		s.m.configInfo.WithLabelValues(set.Hash()).Set(1)
-	}
+	s.obs.configLoaded(r, set)
 }
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer. Errors are gRPC
@@ -178,28 +165,18 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			dom = di
 		}
 	}
-	if err := validateRequest(req, s.opts.ReferenceAnswers); err != nil {
+	if err := validateRequest(req, s.answers); err != nil {
 		dom.count(s.m, codeInvalidArgument)
-		if s.ref != nil {
-			s.ref.serviceError.Inc()
-		}
+		s.obs.requestRefused()
 		return nil, err
 	}
 	if sn == nil {
 		dom.count(s.m, codeUnavailable)
-		if s.ref != nil {
-			s.ref.serviceError.Inc()
-		}
-		if s.opts.ReferenceAnswers {
-			return nil, referenceError("no rate limit configuration loaded")
-		}
-		return nil, status.Error(codes.Unavailable, "service: no rate limit configuration loaded")
+		s.obs.requestRefused()
+		return nil, s.answers.noConfig()
 	}
 	if dom.label == LabelUnknownDomain { // also a domain literally named so, as before the cache
-		s.m.unknownDomain.Inc()
-		if s.ref != nil && !sn.set.HasDomain(req.GetDomain()) {
-			s.ref.domainNotFound(req.GetDomain(), len(req.GetDescriptors()), s.opts.DetailedMetricCap > 0)
-		}
+		s.obs.unknownDomain(sn, req.GetDomain(), len(req.GetDescriptors()))
 	}
 	resp, err := s.decide(ctx, sn, req)
 	if err != nil {

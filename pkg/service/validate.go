@@ -35,51 +35,40 @@ func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, "service: "+format, args...)
 }
 
-// referenceError is the error envoyproxy/ratelimit returns for a request
-// it refuses: a plain error, which gRPC sends as codes.Unknown with the
-// message as is.
-func referenceError(msg string) error { return status.Error(codes.Unknown, msg) }
-
 // validateRequest checks the shape of a request before any matching:
 // non-empty domain, 1..MaxDescriptors descriptors, each with
 // 1..MaxEntries entries with a non-empty key, every string at most
-// MaxValueBytes, and a limit override (if any) with a known unit. With
-// ref (Options.ReferenceAnswers) a descriptor may have no entries and
-// entries may have empty keys, and an empty domain or descriptor list is
-// the reference's codes.Unknown error.
-func validateRequest(req *rlsv3.RateLimitRequest, ref bool) error {
+// MaxValueBytes, and a limit override (if any) with a known unit. The
+// answer policy a says whether a descriptor may have no entries and an
+// entry an empty key, and what an empty domain or descriptor list fails
+// with.
+func validateRequest(req *rlsv3.RateLimitRequest, a answerPolicy) error {
 	if req == nil {
 		return invalid("rate limit request must not be nil")
 	}
 	if req.GetDomain() == "" {
-		if ref {
-			return referenceError("rate limit domain must not be empty")
-		}
-		return invalid("rate limit domain must not be empty")
+		return a.emptyRequest("rate limit domain must not be empty")
 	}
 	if n := len(req.GetDomain()); n > MaxValueBytes {
 		return invalid("rate limit domain is %d bytes, more than the bound of %d", n, MaxValueBytes)
 	}
 	ds := req.GetDescriptors()
 	if len(ds) == 0 {
-		if ref {
-			return referenceError("rate limit descriptor list must not be empty")
-		}
-		return invalid("rate limit descriptor list must not be empty")
+		return a.emptyRequest("rate limit descriptor list must not be empty")
 	}
 	if len(ds) > MaxDescriptors {
 		return invalid("%d descriptors, more than the bound of %d per request", len(ds), MaxDescriptors)
 	}
 	for i, d := range ds {
 		es := d.GetEntries()
-		if len(es) == 0 && !ref {
+		if len(es) == 0 && !a.emptyEntries() {
 			return invalid("descriptor %d has no entries", i)
 		}
 		if len(es) > MaxEntries {
 			return invalid("descriptor %d has %d entries, more than the bound of %d", i, len(es), MaxEntries)
 		}
 		for j, e := range es {
-			if e.GetKey() == "" && !ref {
+			if e.GetKey() == "" && !a.emptyEntries() {
 				return invalid("descriptor %d entry %d: key must not be empty", i, j)
 			}
 			if n := rawLen(e.GetKey()); n > MaxValueBytes {

@@ -10,15 +10,12 @@ import (
 	gomemcache "github.com/bradfitz/gomemcache/memcache"
 )
 
-// Healthy reports whether memcached is answering: true once a call or
-// probe succeeded, false from an outage error (timeout, refused, no server
-// resolved) of a call or probe until the next success, and false while
-// the circuit breaker (one server only, see guarded) is not closed.
-// Without traffic the
-// probe asks every server for its version every Options.HealthInterval
-// (every 100 ms while unhealthy), so one server of several down is
-// unhealthy too: the keys it holds cannot be counted. Implements
-// service.Healther.
+// Healthy reports whether memcached is answering (service.Healther): true
+// once a call or probe succeeded, false from an outage error until the next
+// success and while the breaker (one server only) is not closed. Without
+// traffic the probe asks every server for its version every
+// Options.HealthInterval, so one server of several down is unhealthy too:
+// the keys it holds cannot be counted.
 func (s *Store) Healthy() bool {
 	return s.warmed.Load() && !s.unhealthy.Load() && (!s.guarded() || s.breaker.Healthy())
 }

@@ -47,33 +47,18 @@ type request struct {
 	done  chan struct{}
 }
 
-// Take decides the hits of one request (see service.Store and
-// docs/memcached.md): every hit must be a fixed_window limit. Each hit is
-// one atomic INCR (ADD for a window's first hit) of its window's counter,
-// admitted when the count it returns is within the limit; checks (cost 0)
-// and hits whose cost exceeds the limit only read (GET). A hit that denies
-// is decremented again at once; when any hit that is not Soft denies, the
-// hits of the request that were admitted are decremented too (a
-// compensating refund), so a denied request consumes nothing once the
-// refunds are done, and their decisions report the counts before the
-// request. Hits on different counters run in parallel, hits on one counter
-// in order.
-//
-// Take returns by its budget (see budget) with an error of cause
-// CauseTimeout when memcached has not answered; the operations still in
-// flight finish in the background within Timeout each, and what they
-// counted is refunded. Errors are *Error. With one server, while the
-// circuit breaker is open (see breaker.go), Take returns ErrStalledOpen (memcached stalled)
-// or ErrCircuitOpen (it refused connections) at once, without calling
-// memcached.
-//
-// With the local over-limit cache (Options.LocalCacheSize > 0), every hit
-// that is not a release is first looked up in it, in request order; a
-// request whose hits are all cached denials is answered without memcached
-// (algo.Decision.FromCache), and denials memcached returns for hits whose
-// key occurs once in the request are cached until their RetryAfter (the
-// window's end). See overlimit.Cache.Take for requests that mix cached
-// and uncached hits.
+// Take decides the hits of one request (service.Store), each a
+// fixed_window limit: one atomic INCR of its window's counter per hit (ADD
+// for the window's first hit; GET for checks and costs over the limit),
+// admitted when the count is within the limit. When a hit that is not Soft
+// denies, the request's counted hits are decremented again (a compensating
+// refund), so a denied request consumes nothing. Hits on different
+// counters run in parallel, hits on one counter in order. Take returns by
+// its budget with cause CauseTimeout when memcached has not answered (what
+// the late operations counted is refunded), and at once with
+// ErrStalledOpen or ErrCircuitOpen while the breaker is open. Denials in
+// the local over-limit cache are answered without memcached
+// (overlimit.Cache.Take). Errors are *Error.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if len(hits) == 0 {
 		return nil

@@ -29,17 +29,29 @@ func (s *Store) note(err error) {
 		return
 	}
 	var e *Error
+	if errors.As(err, &e) && e.Cause() == CauseSchema {
+		// A decision found the table or function missing: have the
+		// probe check the schema now rather than after HealthInterval.
+		s.wakeProbe()
+	}
 	if errors.As(err, &e) && e.Outage() {
+		if err == errSchemaGone && !s.unhealthy.Load() {
+			s.log.Error("durable store: the schema is gone; durable limits get their failure modes", "err", err)
+		}
 		s.unhealthy.Store(true)
 		if e.Cause() == CauseRefused {
 			s.pool.Reset()
 		}
 		// Wake the probe, which may be waiting a whole HealthInterval:
 		// from now on it probes every unhealthyProbeInterval.
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
+		s.wakeProbe()
+	}
+}
+
+func (s *Store) wakeProbe() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -54,13 +66,20 @@ var errStandby = newError(CauseReadOnly, true, errors.New("the server is a stand
 // sooner than one that gave up and waits out another OpenFor.
 const probeTimeout = 500 * time.Millisecond
 
-// probe asks the server whether it is a primary, within max(Timeout,
-// probeTimeout).
+// errSchemaGone is the probe's error when the counters table or the
+// decision function is missing (dropped after New migrated): every
+// decision would fail, so the store is not healthy.
+var errSchemaGone = newError(CauseSchema, true, errors.New("ratelimitd_counters or ratelimitd_take is missing; restart ratelimitd to recreate the schema"))
+
+// probe asks the server whether it is a primary and still holds the
+// schema, within max(Timeout, probeTimeout).
 func (s *Store) probe(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(s.opts.Timeout, probeTimeout))
 	defer cancel()
-	var standby bool
-	if err := s.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
+	var standby, schema bool
+	err := s.pool.QueryRow(ctx, `SELECT pg_is_in_recovery(),
+	to_regclass('ratelimitd_counters') IS NOT NULL AND to_regproc('ratelimitd_take') IS NOT NULL`).Scan(&standby, &schema)
+	if err != nil {
 		if ctx.Err() != nil {
 			return errTimeout
 		}
@@ -68,6 +87,9 @@ func (s *Store) probe(ctx context.Context) error {
 	}
 	if standby {
 		return errStandby
+	}
+	if !schema {
+		return errSchemaGone
 	}
 	return nil
 }

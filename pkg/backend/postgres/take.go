@@ -39,24 +39,18 @@ func (s *Store) budget(ctx context.Context, start time.Time) (end time.Time, cut
 	return end, false
 }
 
-// Take decides the hits of one request into out (service.Store): every hit must be
-// a fixed_window or sliding_window limit. The request is one call of
-// ratelimitd_take, so one statement in one transaction: it locks the
-// request's rows (in key order), reads the server's clock, decides every
-// hit as algo.Apply does, all-or-nothing as service.Store says, and writes
-// the rows that changed. Go only turns each hit's state into its
-// decision with pkg/algo (the same functions the other stores use).
-//
-// Take returns by its budget (see budget) with an error of cause
-// CauseTimeout when PostgreSQL has not answered (errors.Is
-// context.DeadlineExceeded when the caller's deadline cut the budget
-// short: the caller's time ran out, not a whole Timeout); the connection is then
-// closed, and the transaction rolls back unless the server committed it
-// first (then the request was counted, as after a Redis timeout). Errors
-// are *Error. While the circuit breaker is open Take returns
-// ErrCircuitOpen or ErrStalledOpen at once, without calling PostgreSQL,
-// and so it returns ErrNotConnected (or the schema's error) until the
-// Store has reached PostgreSQL and checked the schema (see New).
+// Take decides the hits of one request into out (service.Store), each a
+// fixed_window or sliding_window limit, in one call of ratelimitd_take:
+// one statement that locks the request's rows in key order, reads the
+// server's clock, decides all-or-nothing as algo.Apply does and writes the
+// rows that changed; Go turns each state into its decision with pkg/algo.
+// Take returns by its budget with cause CauseTimeout when PostgreSQL has
+// not answered (errors.Is context.DeadlineExceeded when the caller's
+// deadline cut the budget short); the connection is then closed and the
+// transaction rolls back unless the server committed it first. While the
+// breaker is open it returns ErrCircuitOpen or ErrStalledOpen at once, and
+// ErrNotConnected (or the schema's error) until New has reached PostgreSQL
+// and checked the schema. Errors are *Error.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if len(hits) == 0 {
 		return nil

@@ -44,7 +44,7 @@ else
   now = tonumber(ARGV[1])
 end
 
--- Cost (scripts/callgrind-redis.sh; docs/redis.md "Lean keys"). Redis runs
+-- Cost (scripts/callgrind-redis.sh; BENCHMARKS.md). Redis runs
 -- the whole chunk on every call, where each table, closure and upvalue
 -- is an allocation: the common request (one hit, a take) is decided
 -- inline below without a closure or a pcall; the helpers and the general

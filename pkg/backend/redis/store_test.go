@@ -241,7 +241,7 @@ func TestSameKeyTwice(t *testing.T) {
 
 // TestMemoryUsage measures MEMORY USAGE (bytes, Redis 7, jemalloc) of one
 // key per algorithm with a 22-byte key (policy.Set.Key's hashed form) and
-// logs the table reproduced in docs/redis.md:
+// logs the table reproduced in BENCHMARKS.md:
 //
 //	go test ./pkg/backend/redis -run TestMemoryUsage -v
 func TestMemoryUsage(t *testing.T) {

@@ -19,7 +19,7 @@
 --          <window_us>", or "!<error>" when that segment failed (nothing of
 --          it was written). A malformed layout fails the invocation.
 --
--- Cost (measured with callgrind, docs/redis.md "Script cost"): Redis
+-- Cost (measured with callgrind, BENCHMARKS.md "Redis store"): Redis
 -- re-runs the whole chunk per invocation, and in its Lua 5.1 every C
 -- call is dear (tonumber of a string, string.format of a number ≈ 1.5–2k
 -- instructions each; a closure or a table ≈ 0.5–1k; SET ... PX ≈ 10k), so

@@ -86,23 +86,15 @@ func ClientTLS(certFile, keyFile, caFile, serverName string) (func() (*tls.Confi
 	return load, nil
 }
 
-// Run subscribes to the RateLimitConfig resources of o.NodeID at
-// o.ServerURL until ctx is done, and returns ctx.Err() then. Each
-// response is loaded (Load): a good Set goes to apply and the response is
-// ACKed (version_info and response_nonce of the response), an error goes
-// to fail and the response is NACKed (version_info of the last ACKed
-// response, the response's nonce, error_detail INVALID_ARGUMENT with the
-// error's text), so the config in force stays; when the server sends the
-// rejected response again unchanged (go-control-plane's snapshot cache
-// does, at once), it is not loaded again and the NACK repeated with the
-// rejected version, so that the server waits for a new snapshot instead
-// of looping. apply and fail are the
-// callbacks policy.Watch takes (serve's config swap), called on Run's
-// goroutine, one at a time. A stream that ends is opened again after a
-// wait (Options.ConnectRetryInterval or the backoff); the first request of
-// each stream carries no version, so the server sends its full state
-// again (a config equal to the one in force is reloaded as unchanged).
-// Connection problems are logged, never passed to fail: they say nothing
+// Run subscribes to o.NodeID's RateLimitConfig resources at o.ServerURL
+// until ctx is done, and then returns ctx.Err(). A response that loads
+// (Load) goes to apply and is ACKed; one that fails goes to fail and is
+// NACKed with the last ACKed version, so the config in force stays. The
+// same rejected response sent again is NACKed without loading it, so that
+// the server waits for a new snapshot instead of looping. apply and fail
+// are policy.Watch's, called on Run's goroutine one at a time. A stream
+// that ends is opened again after a backoff and asks for the full state.
+// Connection problems are logged, not passed to fail: they say nothing
 // about the config.
 func Run(ctx context.Context, o Options, apply func(*policy.Set, []policy.Warning), fail func(error)) error {
 	o.defaults()

@@ -2,8 +2,8 @@
 -- Each segment is the hits of one request (or of one Cluster slot group of
 -- a request), decided atomically and all-or-nothing exactly as if it were
 -- the only one; segments run in order, so a later segment sees an earlier
--- one's writes. A line-by-line port of pkg/algo (take.go, calendar.go); see
--- docs/redis.md for the protocol.
+-- one's writes. A line-by-line port of pkg/algo (take.go, calendar.go); the
+-- protocol is below.
 --
 -- KEYS     the state keys of every hit of every segment, in order. One key
 --          per hit and never a derived key: every key the script touches is
@@ -71,7 +71,7 @@
 -- uses only +, -, *, floor division and the same float operations in the
 -- same order, so results are bit-identical.
 
--- Cost (docs/redis.md "Script cost"). Most of a segment's time in Redis
+-- Cost (BENCHMARKS.md, "Redis store: batching, script cost, memory"). Most of a segment's time in Redis
 -- is its redis.calls; the Lua around them is kept small: the string kinds
 -- (fixed_window, sliding_window, token_bucket) keep their state as plain
 -- numbers, not tables; a take segment of string kinds on distinct keys

@@ -1,21 +1,17 @@
-// Naming the environment variable behind a bad value, and warning of
-// RATELIMITD_* variables that match no flag.
-
-package main
+package compat
 
 import (
-	"flag"
 	"fmt"
 	"sort"
 	"strings"
 )
 
-// annotateEnv returns err with every line that starts with a flag whose
+// Annotate returns err with every line that starts with a flag whose
 // value came from the environment ("--gc-percent=-1: ...") followed by
-// " (set by RATELIMITD_GC_PERCENT)", or the envoyproxy/ratelimit variable
-// that set it (" (set by NEAR_LIMIT_RATIO)"); nil stays nil.
-func (o Options) annotateEnv(err error) error {
-	if err == nil || len(o.fromEnv) == 0 {
+// " (set by NAME)", NAME being setBy[flag]: its RATELIMITD_* twin or the
+// reference variable that set it; nil stays nil.
+func Annotate(err error, setBy map[string]string) error {
+	if err == nil || len(setBy) == 0 {
 		return err
 	}
 	lines := strings.Split(err.Error(), "\n")
@@ -29,7 +25,7 @@ func (o Options) annotateEnv(err error) error {
 		if end < 0 {
 			end = len(rest)
 		}
-		if v, ok := o.fromEnv[rest[:end]]; ok {
+		if v, ok := setBy[rest[:end]]; ok {
 			lines[i] = l + " (set by " + v + ")"
 			changed = true
 		}
@@ -50,20 +46,16 @@ var nonFlagVariables = map[string]bool{
 	"RATELIMITD_BENCH_POOL":              true,
 }
 
-// unknownTwins returns the one startup warning naming every RATELIMITD_*
-// variable of environ ("NAME=value" entries, as os.Environ returns) that is
-// the twin of no serve flag (a typo such as RATELIMITD_REDIS_ULR would
-// otherwise be ignored silently), or "" when there is none.
-func unknownTwins(environ []string) string {
-	o := defaultOptions()
-	fs := flag.NewFlagSet("twins", flag.ContinueOnError)
-	registerServeFlags(fs, &o)
-	known := map[string]bool{}
-	fs.VisitAll(func(f *flag.Flag) { known[envName(f.Name)] = true })
+// UnknownTwins returns the one startup warning naming every RATELIMITD_*
+// variable of environ ("NAME=value" entries, as os.Environ returns) that
+// is not in twins, the serve flags' twins (a typo such as
+// RATELIMITD_REDIS_ULR would otherwise be ignored silently), or "" when
+// there is none.
+func UnknownTwins(environ []string, twins map[string]bool) string {
 	var unknown []string
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, "RATELIMITD_") && !known[name] && !nonFlagVariables[name] {
+		if strings.HasPrefix(name, "RATELIMITD_") && !twins[name] && !nonFlagVariables[name] {
 			unknown = append(unknown, name)
 		}
 	}
