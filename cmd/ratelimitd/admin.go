@@ -14,9 +14,9 @@ func (o Options) validateDecisionLog() error {
 	if _, err := service.ParseDecisionLogMode(o.LogDecisions); err != nil {
 		return fmt.Errorf("--log-decisions=%s: want off, denied or all", o.LogDecisions)
 	}
-	if !(o.LogDecisionsRate > 0) {
+	if !(o.Service.DecisionLogRate > 0) {
 		// 0 would be service's default: the flag's rule is stated here.
-		return fmt.Errorf("--log-decisions-rate=%v: must be > 0 (lines per second)", o.LogDecisionsRate)
+		return fmt.Errorf("--log-decisions-rate=%v: must be > 0 (lines per second)", o.Service.DecisionLogRate)
 	}
 	return nil
 }
@@ -24,7 +24,7 @@ func (o Options) validateDecisionLog() error {
 // decisionLog maps the flags onto service.Options (validated).
 func decisionLog(o Options) (service.DecisionLogMode, float64, bool) {
 	m, _ := service.ParseDecisionLogMode(o.LogDecisions)
-	return m, o.LogDecisionsRate, o.KeyValues == "clear"
+	return m, o.Service.DecisionLogRate, o.KeyValues == "clear"
 }
 
 // withDecisionLog returns so with the decision log options of o.

@@ -183,11 +183,11 @@ func TestAdminOverDebugListener(t *testing.T) {
 			o.Backend = backend
 			switch backend {
 			case "redis":
-				o.RedisURL = redistest.Standalone(t).URL()
-				o.RedisTimeout = 2 * time.Second
+				o.Redis.URL = redistest.Standalone(t).URL()
+				o.Redis.Timeout = 2 * time.Second
 			case "memcache":
-				o.MemcacheAddrs = []string{memcachetest.Start(t).Addr()}
-				o.MemcacheTimeout = 2 * time.Second
+				o.Memcache.Addrs = []string{memcachetest.Start(t).Addr()}
+				o.Memcache.Timeout = 2 * time.Second
 			}
 			// Stay clear of an hour boundary (the fixed window resets there).
 			if now := time.Now(); now.Minute() == 59 && now.Second() >= 50 {

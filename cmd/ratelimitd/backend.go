@@ -108,23 +108,23 @@ func (s *server) newBackend(ev *events.Events) error {
 // store and where it points, with any password redacted.
 func backendTarget(o Options) []any {
 	if o.Backend == "memcache" {
-		if o.MemcacheSRV != "" {
-			return []any{"type", "memcache", "srv", o.MemcacheSRV, "srv_refresh", o.MemcacheSRVRefresh.String(), "timeout", o.MemcacheTimeout.String()}
+		if o.Memcache.SRV != "" {
+			return []any{"type", "memcache", "srv", o.Memcache.SRV, "srv_refresh", o.Memcache.SRVRefresh.String(), "timeout", o.Memcache.Timeout.String()}
 		}
-		return []any{"type", "memcache", "addrs", secrets.Redact(secrets.Address, strings.Join(o.MemcacheAddrs, ",")), "timeout", o.MemcacheTimeout.String()}
+		return []any{"type", "memcache", "addrs", secrets.Redact(secrets.Address, strings.Join(o.Memcache.Addrs, ",")), "timeout", o.Memcache.Timeout.String()}
 	}
 	if o.Backend != "redis" {
 		return []any{"type", o.Backend}
 	}
-	attrs := []any{"type", "redis", "mode", o.RedisMode, "url", redis.RedactURL(o.RedisURL)}
-	if len(o.RedisAddrs) > 0 {
-		attrs = append(attrs, "addrs", secrets.Redact(secrets.Address, strings.Join(o.RedisAddrs, ",")))
+	attrs := []any{"type", "redis", "mode", string(o.Redis.Mode), "url", redis.RedactURL(o.Redis.URL)}
+	if len(o.Redis.Addrs) > 0 {
+		attrs = append(attrs, "addrs", secrets.Redact(secrets.Address, strings.Join(o.Redis.Addrs, ",")))
 	}
-	if o.RedisMaster != "" {
-		attrs = append(attrs, "master", o.RedisMaster)
+	if o.Redis.MasterName != "" {
+		attrs = append(attrs, "master", o.Redis.MasterName)
 	}
-	if o.RedisPasswordFile != "" {
-		attrs = append(attrs, "password_file", o.RedisPasswordFile)
+	if o.Redis.PasswordFile != "" {
+		attrs = append(attrs, "password_file", o.Redis.PasswordFile)
 	}
 	return attrs
 }

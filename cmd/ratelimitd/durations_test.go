@@ -62,8 +62,8 @@ func TestDurationFlagErrors(t *testing.T) {
 		t.Errorf("REDIS_TIMEOUT=10: error %v, want %q", err, want)
 	}
 	o, _, err := parseServe([]string{"--redis-timeout", "7ms", "--drain=0"}, env(), io.Discard)
-	if err != nil || o.RedisTimeout != 7*time.Millisecond || o.Drain != 0 {
-		t.Errorf("--redis-timeout 7ms --drain=0: %v, %v %v", err, o.RedisTimeout, o.Drain)
+	if err != nil || o.Redis.Timeout != 7*time.Millisecond || o.Drain != 0 {
+		t.Errorf("--redis-timeout 7ms --drain=0: %v, %v %v", err, o.Redis.Timeout, o.Drain)
 	}
 	_, err = parseReplay([]string{"--redis-timeout", "10"}, io.Discard)
 	if want := "--redis-timeout=10: missing unit (e.g. 10ms or 10s)"; err == nil || err.Error() != want {

@@ -82,7 +82,7 @@ func TestCircuitTransitionEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := defaultOptions()
-	o.Backend, o.RedisURL, o.RedisTimeout = "redis", srv.URL(), time.Second
+	o.Backend, o.Redis.URL, o.Redis.Timeout = "redis", srv.URL(), time.Second
 	store, _, closeStore, err := newStore(o, ev)
 	if err != nil {
 		t.Fatal(err)
@@ -183,8 +183,8 @@ func TestConfigAppliedAndRejectedEvents(t *testing.T) {
 // --log-decisions and --log-decisions-rate, with their twins.
 func TestDecisionLogFlags(t *testing.T) {
 	d, _, err := parseServe(nil, env(), io.Discard)
-	if err != nil || d.LogDecisions != "off" || d.LogDecisionsRate != service.DefaultDecisionLogRate {
-		t.Fatalf("defaults %q %v, %v", d.LogDecisions, d.LogDecisionsRate, err)
+	if err != nil || d.LogDecisions != "off" || d.Service.DecisionLogRate != service.DefaultDecisionLogRate {
+		t.Fatalf("defaults %q %v, %v", d.LogDecisions, d.Service.DecisionLogRate, err)
 	}
 	o, _, err := parseServe([]string{"--log-decisions=Denied", "--log-decisions-rate=2.5", "--key-values=clear"}, env(), io.Discard)
 	if err != nil {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -39,36 +41,62 @@ func shownDefault(v string) string {
 	return "`" + v + "`"
 }
 
-// readmeFlagTable renders the README's table: one row per setting, a
-// setting with joins sharing the row it names.
+// readmeFlags are the flags the README lists: the ones a newcomer needs
+// (docs/flags.md lists every flag).
+var readmeFlags = []string{"config", "grpc-addr", "http-addr", "debug-addr", "backend", "redis-url", "redis-mode", "shadow-mode", "headers", "log-level"}
+
+// readmeFlagTable renders the README's table of readmeFlags, each with its
+// one-line doc.
 func readmeFlagTable() string {
 	defs := flagDefaults()
-	type row struct {
-		names, defaults []string
-		shown, doc      string
-	}
-	var rows []*row
-	byName := map[string]*row{}
-	for _, s := range settings {
-		r := byName[s.joins]
-		if s.joins == "" {
-			r = &row{shown: s.shown, doc: s.doc}
-			rows = append(rows, r)
-		}
-		byName[s.name] = r
-		r.names = append(r.names, "`--"+s.name+"`")
-		r.defaults = append(r.defaults, shownDefault(defs[s.name]))
-	}
 	var b strings.Builder
 	b.WriteString("| flag | default | meaning |\n|---|---|---|\n")
-	for _, r := range rows {
-		d := r.shown
-		if d == "" {
-			d = strings.Join(r.defaults, ", ")
+	for _, name := range readmeFlags {
+		for _, s := range settings {
+			if s.name != name {
+				continue
+			}
+			d := s.shown
+			if d == "" {
+				d = shownDefault(defs[s.name])
+			}
+			fmt.Fprintf(&b, "| `--%s` | %s | %s |\n", s.name, d, s.summary())
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", strings.Join(r.names, ", "), d, r.doc)
 	}
+	b.WriteString("\nEvery other flag, with its default and its envoyproxy/ratelimit variables: [docs/flags.md](docs/flags.md).\n")
 	return b.String()
+}
+
+// helpLineMax is the longest one-line doc -h prints (Markdown removed).
+const helpLineMax = 90
+
+// TestFlagHelpOneLine: every flag's -h doc and README line fits on one line.
+func TestFlagHelpOneLine(t *testing.T) {
+	for _, s := range settings {
+		if n := len([]rune(helpText(s.summary()))); n > helpLineMax {
+			t.Errorf("--%s: -h doc is %d characters, want at most %d (put the details in doc and a summary in sum)", s.name, n, helpLineMax)
+		}
+		if s.sum != "" && len(s.sum) >= len(s.doc) {
+			t.Errorf("--%s: sum is no shorter than doc; drop it", s.name)
+		}
+	}
+	var b bytes.Buffer
+	if _, _, err := parseServe([]string{"-h"}, func(string) (string, bool) { return "", false }, &b); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v, want flag.ErrHelp", err)
+	}
+	for _, l := range strings.Split(b.String(), "\n") {
+		if doc, ok := strings.CutPrefix(l, "    \t"); ok {
+			doc, _, _ = strings.Cut(doc, " (default ")
+			if n := len([]rune(doc)); n > helpLineMax {
+				t.Errorf("-h line %q: %d characters, want at most %d", doc, n, helpLineMax)
+			}
+		}
+	}
+	for _, name := range readmeFlags {
+		if !slices.ContainsFunc(settings, func(s setting) bool { return s.name == name }) {
+			t.Errorf("readmeFlags: no setting %q", name)
+		}
+	}
 }
 
 // flagsDoc renders docs/flags.md: every setting by group, with its
@@ -88,7 +116,7 @@ Every flag of ` + "`ratelimitd serve`" + ` has an environment twin, ` + "`RATELI
 in upper snake case. Precedence: the flag, then its twin, then the envoyproxy/ratelimit variables
 ([migrating.md](migrating.md)), then the default. A variable in the "envoyproxy/ratelimit" column
 set in plain type is read as the flag would read it; one in italics reaches the setting through its
-own rules (see migrating.md). ` + "`ratelimitd serve -h`" + ` prints the same lines.
+own rules (see migrating.md). ` + "`ratelimitd serve -h`" + ` prints a one-line summary of each.
 `)
 	for _, g := range groupOrder {
 		fmt.Fprintf(&b, "\n## %s\n\n| flag | environment | envoyproxy/ratelimit | default | meaning |\n|---|---|---|---|---|\n", g)

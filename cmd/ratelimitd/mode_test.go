@@ -77,7 +77,7 @@ func TestReferenceModeDefaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		return view{o.Headers, o.LegacyLimitHeader, o.LegacyRemainingHeader, o.LegacyResetHeader, o.Counting,
-			o.ProblemBody, o.ReferenceAnswers, o.ReferenceCounting, o.StopIncrementWhenOverLimit, o.Config, o.Backend, o.RedisURL}
+			o.ProblemBody, o.ReferenceAnswers, o.ReferenceCounting, o.StopIncrementWhenOverLimit, o.Config, o.Backend, o.Redis.URL}
 	}
 	for _, tc := range []struct {
 		name string
@@ -174,8 +174,8 @@ func TestReferenceModeMemcacheTimeout(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if o.MemcacheTimeout != tc.want {
-				t.Errorf("memcache timeout %s, want %s", o.MemcacheTimeout, tc.want)
+			if o.Memcache.Timeout != tc.want {
+				t.Errorf("memcache timeout %s, want %s", o.Memcache.Timeout, tc.want)
 			}
 		})
 	}

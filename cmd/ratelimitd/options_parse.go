@@ -118,7 +118,7 @@ func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, 
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\n\nFlags:\n")
+			fmt.Fprintf(usage, "Usage: ratelimitd serve [flags]\n\nEvery flag has an environment twin RATELIMITD_<FLAG> (the flag wins).\ndocs/flags.md documents each flag in full.\n\nFlags:\n")
 			fs.SetOutput(usage)
 			restoreDurations()
 			fs.PrintDefaults()
@@ -249,6 +249,6 @@ func (o *Options) defaultLocalCache(explicit map[string]bool) {
 		return
 	}
 	if o.Reference || o.Backend != "redis" {
-		o.LocalCacheSize = 0
+		o.Redis.LocalCacheSize = 0
 	}
 }

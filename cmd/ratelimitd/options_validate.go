@@ -95,7 +95,7 @@ func (o Options) validateSources(add func(error)) {
 // validateSpellings checks the flags that take one of a set of words, and the legacy header names.
 func (o Options) validateSpellings(add func(error)) {
 	add(oneOf("backend", o.Backend, "memory", "redis", "memcache"))
-	add(oneOf("redis-mode", o.RedisMode, "standalone", "cluster", "sentinel"))
+	add(oneOf("redis-mode", string(o.Redis.Mode), "standalone", "cluster", "sentinel"))
 	add(oneOf("log-level", o.LogLevel, "debug", "info", "warn", "error"))
 	add(oneOf("log-format", o.LogFormat, "text", "json"))
 	add(oneOf("key-values", o.KeyValues, "hash", "clear"))
@@ -118,10 +118,10 @@ func (o Options) validateBounds(add func(error)) {
 	// here (the flag's default is spelled out instead), with the rest of
 	// the flag's range so that the message states its whole rule; the
 	// packages' own ranges are theirs (validateOwners, at the end).
-	notNegative(add, "redis-pool-size", o.RedisPoolSize, "the store's default")
-	if o.RedisMinIdleConns < 0 {
+	notNegative(add, "redis-pool-size", o.Redis.PoolSize, "the store's default")
+	if o.Redis.MinIdleConns < 0 {
 		// redisOptions caps it at the pool size.
-		add(fmt.Errorf("--redis-min-idle-conns=%d: must be >= 0 (more than the pool size is capped to it)", o.RedisMinIdleConns))
+		add(fmt.Errorf("--redis-min-idle-conns=%d: must be >= 0 (more than the pool size is capped to it)", o.Redis.MinIdleConns))
 	}
 	if o.RedisWarmup < 0 {
 		add(fmt.Errorf("--redis-warmup=%s: must be >= 0 (0: no warm-up)", o.RedisWarmup))
@@ -137,16 +137,16 @@ func (o Options) validateBounds(add func(error)) {
 	}
 	// Where the flag's 0 would be the package's default, the flag's
 	// whole rule is stated here (validateOwners then skips the flag).
-	if !(o.NearLimitRatio > 0 && o.NearLimitRatio <= 1) {
-		add(fmt.Errorf("--near-limit-ratio=%v: must be in (0, 1]", o.NearLimitRatio))
+	if !(o.Service.NearLimitRatio > 0 && o.Service.NearLimitRatio <= 1) {
+		add(fmt.Errorf("--near-limit-ratio=%v: must be in (0, 1]", o.Service.NearLimitRatio))
 	}
 	if o.RetryJitter < 0 {
 		add(fmt.Errorf("--retry-jitter=%s: must be >= 0", o.RetryJitter))
 	}
-	if o.FailClosedRetryAfter <= 0 {
-		add(fmt.Errorf("--fail-closed-retry-after=%s: must be > 0", o.FailClosedRetryAfter))
+	if o.Service.FailClosedRetryAfter <= 0 {
+		add(fmt.Errorf("--fail-closed-retry-after=%s: must be > 0", o.Service.FailClosedRetryAfter))
 	}
-	if o.DetailedMetricCap == 0 {
+	if o.Service.DetailedMetricCap == 0 {
 		add(errors.New("--detailed-metric-cap=0: want > 0, or negative to disable detailed labels"))
 	}
 	o.validateDurable(add)

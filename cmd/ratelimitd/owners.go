@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,7 +26,7 @@ import (
 // service.Options.Validate, xds.Options.Validate,
 // telemetry.Options.Validate); validateOwners runs them on the options the
 // flags build and reports each error naming the flag of the field it is
-// about, by the settings table's owner entries.
+// about: the setting bound to that field (ownersOf).
 
 // optionFielder is the field errors of the packages' Validate
 // (redis.FieldError, memcache.FieldError, service.FieldError,
@@ -109,8 +112,8 @@ func xdsOptionsError(o Options) error {
 func flagWords(field, reason string) string {
 	pkg, _, _ := strings.Cut(field, ".")
 	for _, s := range settings {
-		for _, f := range strings.Split(s.owner, ",") {
-			if name, ok := strings.CutPrefix(f, pkg+"."); ok && s.owner != "" {
+		for _, f := range ownersOf(s) {
+			if name, ok := strings.CutPrefix(f, pkg+"."); ok {
 				reason = regexp.MustCompile(`\b`+regexp.QuoteMeta(name)+`\b`).ReplaceAllString(reason, "--"+s.name)
 			}
 		}
@@ -118,16 +121,69 @@ func flagWords(field, reason string) string {
 	return reason
 }
 
-// ownerSetting returns the setting whose owner list holds field.
+// ownerSetting returns the setting that owns field.
 func ownerSetting(field string) (setting, bool) {
 	for _, s := range settings {
-		for _, f := range strings.Split(s.owner, ",") {
-			if s.owner != "" && f == field {
-				return s, true
-			}
+		if slices.Contains(ownersOf(s), field) {
+			return s, true
 		}
 	}
 	return setting{}, false
+}
+
+// ownersOf names the package option fields s sets, "redis.Breaker.Window":
+// those its binding points into (a package's options held in Options),
+// then its owner list.
+func ownersOf(s setting) []string {
+	var o Options
+	var out []string
+	for _, p := range []func(*Options) any{s.field.ptr, s.field.also} {
+		if p != nil {
+			f := p(&o)
+			if b, ok := f.(*notBool); ok {
+				f = b.p
+			}
+			if name, ok := optionField(reflect.ValueOf(&o).Elem(), reflect.ValueOf(f).Pointer()); ok {
+				out = append(out, name)
+			}
+		}
+	}
+	if s.owner != "" {
+		out = append(out, strings.Split(s.owner, ",")...)
+	}
+	return out
+}
+
+// optionField names the field at addr within one of o's package option
+// structs (a field whose type another package declares): its package,
+// then the field path ("redis.Breaker.Window").
+func optionField(o reflect.Value, addr uintptr) (string, bool) {
+	for i := 0; i < o.NumField(); i++ {
+		f := o.Field(i)
+		if f.Kind() != reflect.Struct || f.Type().PkgPath() == o.Type().PkgPath() {
+			continue
+		}
+		if p, ok := fieldPath(f, addr); ok {
+			return path.Base(f.Type().PkgPath()) + "." + p, true
+		}
+	}
+	return "", false
+}
+
+// fieldPath is the dotted path of the field of struct v at addr.
+func fieldPath(v reflect.Value, addr uintptr) (string, bool) {
+	for i := 0; i < v.NumField(); i++ {
+		f, name := v.Field(i), v.Type().Field(i).Name
+		if f.Kind() == reflect.Struct {
+			if p, ok := fieldPath(f, addr); ok {
+				return name + "." + p, true
+			}
+		}
+		if f.CanAddr() && f.Addr().Pointer() == addr && f.Kind() != reflect.Struct {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 // leafErrors flattens errors.Join trees.
@@ -164,6 +220,8 @@ func fieldValue(p any) any {
 		return strings.Join(*p, ",")
 	case *gcpolicy.ByteSize:
 		return p.String()
+	case *notBool:
+		return !*p.p
 	}
 	return p
 }
@@ -188,42 +246,25 @@ func serviceOptions(o Options) (service.Options, error) {
 	if err != nil {
 		return service.Options{}, err
 	}
-	so := service.Options{
-		ShadowMode: o.ShadowMode,
-		QuotaMode:  o.QuotaMode,
-		Counting:   counting,
-		Headers:    headers,
-		LegacyHeaderNames: service.LegacyHeaderNames{
-			Limit: o.LegacyLimitHeader, Remaining: o.LegacyRemainingHeader, Reset: o.LegacyResetHeader,
-		},
-		OmitProblem:            !o.ProblemBody,
-		ReferenceAnswers:       o.ReferenceAnswers,
-		NearLimitRatio:         o.NearLimitRatio,
-		RetryJitter:            retryJitter(o.RetryJitter),
-		IgnoreRequestOverrides: !o.RequestOverrides,
-		DynamicMetadata:        o.DynamicMetadata,
-		NearLimitHeader:        o.NearLimitHeader,
-		ProblemTypeBase:        o.ProblemTypeBase,
-		ProblemDetail:          o.ProblemDetail,
-		// The flag's negative values turn detailed labels off; its 0 is
-		// refused (Options.Validate).
-		DetailedMetricCap:      max(o.DetailedMetricCap, 0),
-		DisableDetailedMetrics: o.DetailedMetricCap < 0,
-		FailClosedRetryAfter:   o.FailClosedRetryAfter,
-		MaxJSONBodyBytes:       o.GRPCMaxRecvMsgSize,
-	}
+	so := o.Service
+	so.Counting, so.Headers = counting, headers
+	so.LegacyHeaderNames = service.LegacyHeaderNames{Limit: o.LegacyLimitHeader, Remaining: o.LegacyRemainingHeader, Reset: o.LegacyResetHeader}
+	so.OmitProblem = !o.ProblemBody
+	so.ReferenceAnswers = o.ReferenceAnswers
+	so.RetryJitter = retryJitter(o.RetryJitter)
+	so.IgnoreRequestOverrides = !o.RequestOverrides
+	// The flag's negative values turn detailed labels off; its 0 is
+	// refused (Options.Validate).
+	so.DetailedMetricCap, so.DisableDetailedMetrics = max(so.DetailedMetricCap, 0), so.DetailedMetricCap < 0
+	so.MaxJSONBodyBytes = o.GRPCMaxRecvMsgSize
 	return withDecisionLog(so, o), nil
 }
 
-// memcacheOptions maps the --memcache-* flags onto memcache.Options.
+// memcacheOptions are the memcache.Options the --memcache-* flags set,
+// with --local-cache-size.
 func memcacheOptions(o Options) memcache.Options {
-	mo := memcache.DefaultOptions()
-	mo.Addrs = o.MemcacheAddrs
-	mo.SRV = o.MemcacheSRV
-	mo.SRVRefresh = o.MemcacheSRVRefresh
-	mo.MaxIdleConns = o.MemcacheMaxIdleConns
-	mo.Timeout = o.MemcacheTimeout
-	mo.LocalCacheSize = o.LocalCacheSize
+	mo := o.Memcache
+	mo.LocalCacheSize = o.Redis.LocalCacheSize
 	return mo
 }
 
@@ -244,6 +285,7 @@ func leaseOptions(o Options, store lease.Store, reg prometheus.Registerer, log *
 
 // rlqsOptions are the RLQS server's options of o on store.
 func rlqsOptions(o Options, store rlqs.Store) rlqs.Options {
-	return rlqs.Options{Store: store, Interval: o.RLQSInterval, AbandonAfter: o.RLQSAbandonAfter, Headroom: o.RLQSHeadroom,
-		MaxBucketsPerStream: o.RLQSMaxBucketsPerStream, ShadowMode: o.ShadowMode}
+	ro := o.RLQS
+	ro.Store, ro.ShadowMode = store, o.Service.ShadowMode
+	return ro
 }

@@ -215,10 +215,10 @@ func FuzzServeRedisURL(f *testing.F) {
 			}
 			return
 		}
-		shown := []string{fmt.Sprint(backendTarget(o)), strings.Join(secrets.RedactArgs([]string{"rl", "--redis-url=" + o.RedisURL}, secretKindOf), " "), flagEquals("redis-url", o.RedisURL)}
+		shown := []string{fmt.Sprint(backendTarget(o)), strings.Join(secrets.RedactArgs([]string{"rl", "--redis-url=" + o.Redis.URL}, secretKindOf), " "), flagEquals("redis-url", o.Redis.URL)}
 		for _, sh := range shown {
-			if strings.Contains(sh, servePlanted) && !publicInURL(o.RedisURL, o.RedisAddrs) {
-				t.Fatalf("accepted %q, then shown with its password: %s", o.RedisURL, sh)
+			if strings.Contains(sh, servePlanted) && !publicInURL(o.Redis.URL, o.Redis.Addrs) {
+				t.Fatalf("accepted %q, then shown with its password: %s", o.Redis.URL, sh)
 			}
 		}
 	})

@@ -22,8 +22,8 @@ func TestServiceOptionFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.NearLimitHeader || d.ProblemTypeBase != service.DefaultProblemTypeBase || d.ProblemDetail != "" ||
-		d.DetailedMetricCap != service.DefaultDetailedMetricCap || d.FailClosedRetryAfter != service.DefaultFailClosedRetryAfter ||
+	if d.Service.NearLimitHeader || d.Service.ProblemTypeBase != service.DefaultProblemTypeBase || d.Service.ProblemDetail != "" ||
+		d.Service.DetailedMetricCap != service.DefaultDetailedMetricCap || d.Service.FailClosedRetryAfter != service.DefaultFailClosedRetryAfter ||
 		d.MemoryMaxKeys != 1_000_000 || d.Counting != "all_or_nothing" {
 		t.Errorf("defaults: %+v", d)
 	}
@@ -33,8 +33,8 @@ func TestServiceOptionFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !o.NearLimitHeader || o.ProblemTypeBase != "https://errors.example/" || o.ProblemDetail != "{policy} is over" ||
-		o.DetailedMetricCap != -1 || o.FailClosedRetryAfter != 5*time.Second || o.MemoryMaxKeys != 0 || o.Counting != "always_charge" {
+	if !o.Service.NearLimitHeader || o.Service.ProblemTypeBase != "https://errors.example/" || o.Service.ProblemDetail != "{policy} is over" ||
+		o.Service.DetailedMetricCap != -1 || o.Service.FailClosedRetryAfter != 5*time.Second || o.MemoryMaxKeys != 0 || o.Counting != "always_charge" {
 		t.Errorf("flags: %+v", o)
 	}
 	e, _, err := parseServe(nil, env("RATELIMITD_NEAR_LIMIT_HEADER", "true", "RATELIMITD_PROBLEM_TYPE_BASE", "https://errors.example/",

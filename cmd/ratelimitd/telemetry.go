@@ -33,9 +33,9 @@ func logStartup(log *slog.Logger, o Options, gc gcpolicy.Policy, warnings []stri
 	for _, w := range warnings {
 		log.Warn(w)
 	}
-	if o.Backend == "redis" && o.RedisTimeout >= envoyFilterTimeout {
+	if o.Backend == "redis" && o.Redis.Timeout >= envoyFilterTimeout {
 		log.Warn("--redis-timeout is not below Envoy's default rate-limit filter timeout: with Redis frozen, a call's budget (Envoy's deadline less --redis-deadline-margin) runs out before Redis has been silent for --redis-timeout, so the per-rule failure modes cannot tell a dead Redis (failure_mode open requests then get DeadlineExceeded and Envoy's own failure_mode_deny decides); keep it well under the filter's timeout",
-			"redis_timeout", o.RedisTimeout.String(), "envoy_default_timeout", envoyFilterTimeout.String())
+			"redis_timeout", o.Redis.Timeout.String(), "envoy_default_timeout", envoyFilterTimeout.String())
 	}
 	if o.KeyValues == "clear" {
 		log.Warn("--key-values=clear: descriptor values are stored in clear text in backend keys (development only)")

@@ -1,4 +1,4 @@
-package main
+package stats
 
 import (
 	"testing"
@@ -12,10 +12,9 @@ type fakeDurable struct {
 	healthy bool
 }
 
-func (f *fakeDurable) BreakerState() string { return f.state }
-func (f *fakeDurable) Healthy() bool        { return f.healthy }
-func (f *fakeDurable) Swept() uint64        { return 7 }
-func (f *fakeDurable) SweepErrors() uint64  { return 2 }
+func (f *fakeDurable) Stats() Stats {
+	return Stats{Has: Durable, BreakerState: f.state, Healthy: f.healthy, Swept: 7, SweepErrors: 2}
+}
 
 // TestDurableMetrics: the durable store's breaker state, health and
 // sweeper counts are exported and follow the store; a store that is not
@@ -23,7 +22,7 @@ func (f *fakeDurable) SweepErrors() uint64  { return 2 }
 func TestDurableMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	f := &fakeDurable{state: "closed", healthy: true}
-	if err := registerDurableMetrics(reg, f); err != nil {
+	if err := RegisterDurable(reg, f.Stats); err != nil {
 		t.Fatal(err)
 	}
 	state := func() map[string]float64 {
@@ -62,7 +61,7 @@ func TestDurableMetrics(t *testing.T) {
 		t.Errorf("sweep errors %v, want 2", got)
 	}
 	empty := prometheus.NewRegistry()
-	if err := registerDurableMetrics(empty, &fakeBackend{state: "closed"}); err != nil {
+	if err := RegisterDurable(empty, (&fakeBackend{state: "closed"}).Stats); err != nil {
 		t.Fatal(err)
 	}
 	if mfs, _ := empty.Gather(); len(mfs) != 0 {

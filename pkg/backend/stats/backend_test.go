@@ -1,4 +1,4 @@
-package main
+package stats
 
 import (
 	"strings"
@@ -13,23 +13,26 @@ type fakeBackend struct {
 	hits  uint64
 }
 
-func (f *fakeBackend) BreakerState() string { return f.state }
-func (f *fakeBackend) CacheHits() uint64    { return f.hits }
-func (f *fakeBackend) RefundErrors() uint64 { return 2 }
+func (f *fakeBackend) Stats() Stats {
+	return Stats{Has: Breaker | CacheHits | ClusterRefunds, BreakerState: f.state, CacheHits: f.hits, ClusterRefundErrors: 2}
+}
 
-// fakeCredits is a store with the Redis credit channel's accessors.
+// fakeCredits is a store with the Redis credit channel's figures.
 type fakeCredits struct{ live bool }
 
-func (f *fakeCredits) CacheEnabled() bool          { return true }
-func (f *fakeCredits) CreditsLive() bool           { return f.live }
-func (f *fakeCredits) CreditPublishErrors() uint64 { return 3 }
+func (f *fakeCredits) Stats() Stats {
+	return Stats{Has: Credits, CacheEnabled: true, CreditsLive: f.live, CreditPublishErrors: 3}
+}
+
+// none is a store without figures.
+func none() Stats { return Stats{} }
 
 // TestCreditMetrics: ratelimitd_local_cache_live follows the credit
 // subscription; publish errors are counted.
 func TestCreditMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	f := &fakeCredits{}
-	if err := registerBackendMetrics(reg, f); err != nil {
+	if err := RegisterBackend(reg, f.Stats); err != nil {
 		t.Fatal(err)
 	}
 	gauge := func() float64 {
@@ -60,7 +63,7 @@ func TestCreditMetrics(t *testing.T) {
 func TestBackendMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	b := &fakeBackend{state: "closed", hits: 5}
-	if err := registerBackendMetrics(reg, b); err != nil {
+	if err := RegisterBackend(reg, b.Stats); err != nil {
 		t.Fatal(err)
 	}
 	want := `
@@ -77,9 +80,9 @@ ratelimitd_backend_circuit_state{state="open"} 1
 	if got := testutil.ToFloat64(mustCollector(t, reg, "ratelimitd_local_cache_hits_total")); got != 5 {
 		t.Errorf("cache hits = %v, want 5", got)
 	}
-	// A store without these methods exports nothing.
+	// A store without these figures exports nothing.
 	empty := prometheus.NewRegistry()
-	if err := registerBackendMetrics(empty, struct{}{}); err != nil {
+	if err := RegisterBackend(empty, none); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := testutil.GatherAndCount(empty); n != 0 {
@@ -107,15 +110,22 @@ func mustCollector(t *testing.T, reg *prometheus.Registry, name string) promethe
 
 type fakeMemory struct{ sketched, refused uint64 }
 
-func (f fakeMemory) Approximated() (uint64, uint64) { return f.sketched, f.refused }
+func (f fakeMemory) Stats() Stats {
+	return Stats{Has: FullHits, Sketched: f.sketched, Refused: f.refused}
+}
 
 // TestMemoryMetrics: the in-memory stores, backend and fallback, export
 // their full-store hits under ratelimitd_memory_full_hits_total; other
 // stores export nothing.
 func TestMemoryMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	if err := registerMemoryMetrics(reg, fakeMemory{3, 1}, fakeMemory{7, 0}); err != nil {
-		t.Fatal(err)
+	for _, m := range []struct {
+		store string
+		f     fakeMemory
+	}{{"backend", fakeMemory{3, 1}}, {"fallback", fakeMemory{7, 0}}} {
+		if err := RegisterMemory(reg, m.store, m.f.Stats); err != nil {
+			t.Fatal(err)
+		}
 	}
 	want := `
 # HELP ratelimitd_memory_full_hits_total Hits of new keys a full in-memory store had no slot for: decided by its sketch (sketched), or denied (refused: sliding log and concurrency).
@@ -129,10 +139,10 @@ ratelimitd_memory_full_hits_total{decision="sketched",store="fallback"} 7
 		t.Error(err)
 	}
 	empty := prometheus.NewRegistry()
-	if err := registerMemoryMetrics(empty, struct{}{}, nil); err != nil {
+	if err := RegisterMemory(empty, "backend", none); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := testutil.GatherAndCount(empty); n != 0 {
-		t.Errorf("a store without Approximated exported %d series", n)
+		t.Errorf("a store without full-store hits exported %d series", n)
 	}
 }
