@@ -56,6 +56,9 @@ type Store struct {
 	ready    atomic.Bool
 	notReady atomic.Pointer[Error]
 
+	// repairFailed is set while repairSchema fails (logged once).
+	repairFailed atomic.Bool
+
 	swept       atomic.Uint64
 	sweepErrors atomic.Uint64
 
