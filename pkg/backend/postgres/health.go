@@ -134,7 +134,15 @@ func (s *Store) repairSchema(ctx context.Context) error {
 
 func (s *Store) probeLoop() {
 	defer s.wg.Done()
+	var backoff time.Duration
 	for {
+		if !s.ready.Load() {
+			// connectLoop is trying; a probe would be a second login.
+			if !s.wait(unhealthyProbeInterval, nil) {
+				return
+			}
+			continue
+		}
 		// While the circuit is closed the probe runs beside the breaker
 		// (only decisions open it); while it is not, through it: refused
 		// while open, a half-open probe after OpenFor that closes it when
@@ -150,7 +158,15 @@ func (s *Store) probeLoop() {
 		if err != nil || !s.breaker.Healthy() {
 			d = min(d, unhealthyProbeInterval)
 		}
-		if !s.wait(d, s.wake) {
+		wake := s.wake
+		if backoff = retryAfter(err, backoff); backoff > unhealthyProbeInterval {
+			// A refused login or failed TLS: back off, and let no
+			// decision's error wake the probe meanwhile.
+			d, wake = backoff, nil
+		} else {
+			backoff = 0
+		}
+		if !s.wait(d, wake) {
 			return
 		}
 	}
