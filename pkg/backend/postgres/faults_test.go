@@ -294,37 +294,3 @@ WHERE application_name = 'ratelimitd' AND wait_event_type = 'Lock'`)
 		t.Fatalf("the row counts %d, want 1 (the abandoned decision not counted)", n)
 	}
 }
-
-// TestSchemaDroppedUnhealthy: with the counters table dropped under a
-// running Store, decisions fail with cause schema and Healthy turns false
-// (the probe checks the schema, not only that the server answers).
-func TestSchemaDroppedUnhealthy(t *testing.T) {
-	srv := pgtest.Start(t)
-	db := srv.CreateDB(t)
-	s := newStore(t, srv, db, func(o *postgres.Options) { o.HealthInterval = time.Hour })
-	hit := algo.Hit{Key: "dropped", Limit: longWindow, Cost: 1}
-	take(t, s, hit)
-	if !s.Healthy() {
-		t.Fatalf("not healthy before the table is dropped")
-	}
-	ctx := context.Background()
-	c, err := pgx.Connect(ctx, srv.URL(db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
-	if _, err := c.Exec(ctx, "DROP TABLE ratelimitd_counters"); err != nil {
-		t.Fatal(err)
-	}
-	_, err = takeWithin(s, time.Second, hit)
-	if causeOf(err) != postgres.CauseSchema {
-		t.Fatalf("take with the table dropped: %v, want cause %s", err, postgres.CauseSchema)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for s.Healthy() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still healthy 10 s after a decision found the table dropped")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
