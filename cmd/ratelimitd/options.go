@@ -184,6 +184,9 @@ type Options struct {
 	// RLQSHeadroom is the share of a limit the Envoys' full buckets hold
 	// (rlqs.Options.Headroom).
 	RLQSHeadroom float64
+	// RLQSMaxBucketsPerStream bounds one RLQS stream's buckets
+	// (rlqs.Options.MaxBucketsPerStream).
+	RLQSMaxBucketsPerStream int
 	// ShutdownGrace bounds the wait for in-flight calls after the
 	// listeners stop; calls still running then are cut.
 	ShutdownGrace time.Duration

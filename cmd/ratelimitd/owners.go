@@ -243,5 +243,6 @@ func leaseOptions(o Options, store lease.Store, reg prometheus.Registerer, log *
 
 // rlqsOptions are the RLQS server's options of o on store.
 func rlqsOptions(o Options, store rlqs.Store) rlqs.Options {
-	return rlqs.Options{Store: store, Interval: o.RLQSInterval, AbandonAfter: o.RLQSAbandonAfter, Headroom: o.RLQSHeadroom}
+	return rlqs.Options{Store: store, Interval: o.RLQSInterval, AbandonAfter: o.RLQSAbandonAfter, Headroom: o.RLQSHeadroom,
+		MaxBucketsPerStream: o.RLQSMaxBucketsPerStream, ShadowMode: o.ShadowMode}
 }

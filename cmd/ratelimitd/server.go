@@ -169,7 +169,8 @@ func (s *server) newService() error {
 }
 
 // newRLQS builds the Rate Limit Quota Service on the store: usage is
-// charged to the same counters as ShouldRateLimit's, and the demand of the
+// charged to the same counters as ShouldRateLimit's (`store: durable`
+// limits on the durable store), and the demand of the
 // Envoys' streams is shared among replicas through the store (Redis); on
 // memory one process is the whole fleet. memcached cannot share the
 // demand, and replicas each dividing the whole remainder would over-admit
@@ -178,6 +179,9 @@ func (s *server) newService() error {
 func (s *server) newRLQS() error {
 	ro := rlqsOptions(s.opts, s.tracing.Store(s.store))
 	ro.Registerer, ro.Logger = s.reg, s.log
+	if s.durable != nil {
+		ro.Durable = s.tracing.Store(s.durable)
+	}
 	if d, ok := s.store.(rlqs.Demand); ok {
 		ro.Demand = d
 	} else if s.opts.Backend == "memcache" {

@@ -10,7 +10,9 @@ import (
 type metrics struct {
 	streams     prometheus.Gauge
 	assignments *prometheus.CounterVec // action: token_bucket, allow_all, deny_all, abandon
-	errors      *prometheus.CounterVec // op: charge, demand
+	errors      *prometheus.CounterVec // op: charge, charge_durable, demand
+	overBound   *prometheus.CounterVec // action: deny_all, allow_all
+	dropped     *prometheus.CounterVec // reason: bucket_bound, store
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -20,16 +22,26 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		assignments: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimitd_rlqs_assignments_total",
 			Help: "Bucket actions sent to Envoys over RLQS, by action."}, []string{"action"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimitd_rlqs_store_errors_total",
-			Help: "RLQS rounds whose usage charge or demand sharing failed, by operation."}, []string{"op"}),
+			Help: "RLQS store calls that failed or were not made for want of time, by operation: charge (usage on the backend), charge_durable (usage on the durable store), demand (demand sharing); each call is at most 128 counters."}, []string{"op"}),
+		overBound: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimitd_rlqs_buckets_over_bound_total",
+			Help: "Bucket reports past --rlqs-max-buckets-per-stream, not tracked nor charged, by the action answered: deny_all (a limited rule), allow_all (a rule that never denies)."}, []string{"action"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimitd_rlqs_usage_dropped_total",
+			Help: "Requests Envoys reported as allowed that were never charged, by reason: bucket_bound (a bucket past --rlqs-max-buckets-per-stream), store (the charge failed for 3 rounds in a row)."}, []string{"reason"}),
 	}
 	for _, a := range []string{"token_bucket", "allow_all", "deny_all", "abandon"} {
 		m.assignments.WithLabelValues(a)
 	}
-	for _, op := range []string{"charge", "demand"} {
+	for _, op := range []string{"charge", "charge_durable", "demand"} {
 		m.errors.WithLabelValues(op)
 	}
+	for _, a := range []string{"deny_all", "allow_all"} {
+		m.overBound.WithLabelValues(a)
+	}
+	for _, r := range []string{"bucket_bound", "store"} {
+		m.dropped.WithLabelValues(r)
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.streams, m.assignments, m.errors} {
+		for _, c := range []prometheus.Collector{m.streams, m.assignments, m.errors, m.overBound, m.dropped} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -1,12 +1,16 @@
 package rlqs
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +36,8 @@ const (
 	DefaultInterval     = time.Second
 	DefaultAbandonAfter = 30 * time.Second
 	DefaultHeadroom     = 0.05
+	// DefaultMaxBucketsPerStream is Options.MaxBucketsPerStream when 0.
+	DefaultMaxBucketsPerStream = 1000
 	// handoffTTL is the assignment TTL sent when the server shuts down:
 	// the shortest Envoy honours (whole seconds).
 	handoffTTL = time.Second
@@ -41,6 +47,17 @@ const (
 type Options struct {
 	// Store is charged with the reported usage (required).
 	Store Store
+	// Durable is charged with the usage of `store: durable` limits
+	// (policy.StoreDurable), the store ShouldRateLimit decides them on, so
+	// that both count on one counter; nil: such usage fails as a store
+	// error (the loader refuses durable limits without a durable store).
+	Durable Store
+	// MaxBucketsPerStream bounds the buckets one stream may have
+	// (DefaultMaxBucketsPerStream): a bucket reported past it is not
+	// tracked nor charged, and is answered as a spent budget (DENY_ALL;
+	// ALLOW_ALL when its rule never denies), so that one Envoy cannot make
+	// every round's store calls as large as it likes.
+	MaxBucketsPerStream int
 	// Demand shares stream demand among replicas; nil: this process only
 	// (NewMemory).
 	Demand Demand
@@ -55,6 +72,10 @@ type Options struct {
 	// Headroom is the share of each limit held by the streams' full
 	// buckets together (DefaultHeadroom); the rates share the rest.
 	Headroom float64
+	// ShadowMode is the global shadow mode (--shadow-mode): every bucket
+	// is answered ALLOW_ALL and its usage still charged, as a rule's
+	// shadow_mode is.
+	ShadowMode bool
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 	// Logger; nil means slog.Default().
@@ -86,7 +107,8 @@ func (e *FieldError) Error() string {
 func (e *FieldError) OptionField() (field, reason string) { return "rlqs." + e.Field, e.Reason }
 
 // Validate reports every invalid field, joined, each a *FieldError: a nil
-// Store; a negative Interval or AbandonAfter; a Headroom outside [0, 0.5).
+// Store; a negative Interval, AbandonAfter or MaxBucketsPerStream; a
+// Headroom outside [0, 0.5).
 // Zero values are valid: they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
@@ -101,6 +123,9 @@ func (o Options) Validate() error {
 	}
 	if o.AbandonAfter < 0 {
 		bad("AbandonAfter", o.AbandonAfter, "must not be negative")
+	}
+	if o.MaxBucketsPerStream < 0 {
+		bad("MaxBucketsPerStream", o.MaxBucketsPerStream, "must not be negative")
 	}
 	if !(o.Headroom >= 0 && o.Headroom < 0.5) {
 		bad("Headroom", o.Headroom, "must be in [0, 0.5)")
@@ -128,6 +153,7 @@ type Server struct {
 	mu      sync.Mutex
 	streams map[*stream]struct{}
 	keys    map[string]*keyState
+	logs    *logLimiter
 	// reported counts processed report messages (tests wait on it).
 	reported atomic.Int64
 }
@@ -141,6 +167,7 @@ type keyState struct {
 	known     bool             // remaining has been read
 	pending   int64            // usage not yet charged (a failed charge)
 	failed    bool             // the last charge failed
+	tries     int              // rounds in a row whose charge failed
 	idle      int              // rounds without a local bucket
 }
 
@@ -161,6 +188,9 @@ func New(opt Options) (*Server, error) {
 	if opt.Headroom == 0 {
 		opt.Headroom = DefaultHeadroom
 	}
+	if opt.MaxBucketsPerStream == 0 {
+		opt.MaxBucketsPerStream = DefaultMaxBucketsPerStream
+	}
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
@@ -178,7 +208,7 @@ func New(opt Options) (*Server, error) {
 		return nil, err
 	}
 	return &Server{opt: opt, log: log.With("component", "rlqs"), now: opt.Now, m: m, closed: make(chan struct{}),
-		streams: map[*stream]struct{}{}, keys: map[string]*keyState{}}, nil
+		streams: map[*stream]struct{}{}, keys: map[string]*keyState{}, logs: newLogLimiter(logEvery)}, nil
 }
 
 // Register registers the server on g.
@@ -243,7 +273,9 @@ func window(sp *policy.Spec) time.Duration { return max(sp.Window, time.Second) 
 
 // Round charges the usage reported since the last round to the store, shares
 // each counter's demand with the other replicas, divides each limit among
-// the fleet's streams and sends every stream its assignments.
+// the fleet's streams and sends every stream its assignments. The store
+// calls are chunks of at most chargeChunk counters, all within half an
+// interval (charge, shareDemand).
 func (s *Server) Round(ctx context.Context) {
 	s.roundMu.Lock()
 	defer s.roundMu.Unlock()
@@ -254,7 +286,6 @@ func (s *Server) Round(ctx context.Context) {
 	s.mu.Lock()
 	s.abandonSilent(now)
 	ins := s.gather(set)
-	hits := make([]algo.Hit, 0, len(ins))
 	keys := make([]string, 0, len(ins))
 	for k, in := range ins {
 		ks := s.keyState(k, in.spec)
@@ -262,6 +293,9 @@ func (s *Server) Round(ctx context.Context) {
 		keys = append(keys, k)
 	}
 	// Counters whose streams left still have their last usage to charge.
+	hits := make([]algo.Hit, 0, len(s.keys))
+	specs := make([]*policy.Spec, 0, len(s.keys))
+	tries := make(map[string]int, len(s.keys))
 	for k, ks := range s.keys {
 		if _, ok := ins[k]; ok {
 			ks.idle = 0
@@ -271,46 +305,64 @@ func (s *Server) Round(ctx context.Context) {
 		}
 		cost := min(ks.pending, algo.MaxCost)
 		hits = append(hits, algo.Hit{Key: k, Limit: ks.spec.Limit, Cost: cost, Soft: true, Charge: true})
+		specs = append(specs, ks.spec)
+		tries[k] = ks.tries
 	}
 	all := s.allBuckets()
 	s.mu.Unlock()
 
+	// Counters whose last charges failed go first, so that a round whose
+	// budget runs out still makes progress on them.
+	order := make([]int, len(hits))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if c := cmp.Compare(tries[hits[b].Key], tries[hits[a].Key]); c != 0 {
+			return c
+		}
+		return strings.Compare(hits[a].Key, hits[b].Key)
+	})
+	hits, specs = permute(hits, order), permute(specs, order)
+
 	ctx, cancel := context.WithTimeout(ctx, s.opt.Interval/2)
 	defer cancel()
-	var decs []algo.Decision
-	var err error
-	if len(hits) > 0 {
-		decs = make([]algo.Decision, len(hits))
-		err = s.opt.Store.Take(ctx, hits, decs)
-	}
+	decs, failed, chargeErr := s.charge(ctx, hits, specs)
 	local := make(map[string]map[string]int64, len(keys))
 	for _, k := range keys {
 		local[k] = ins[k].local
 	}
-	views, shareErr := s.opt.Demand.ShareDemand(ctx, round, 4*s.opt.Interval, local)
+	views, shareErr := s.shareDemand(ctx, round, local)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err != nil {
-		s.m.errors.WithLabelValues("charge").Inc()
-		s.log.Warn("rlqs: usage not charged; kept for the next round, each rule's failure_mode applies", "err", err, "counters", len(hits))
+	if chargeErr != nil {
+		s.warn("charge", "rlqs: usage not charged; kept for the next rounds, each rule's failure_mode applies", "err", chargeErr)
 	}
 	if shareErr != nil {
-		s.m.errors.WithLabelValues("demand").Inc()
-		s.log.Warn("rlqs: demand not shared; dividing by the fleet's demand last shared", "err", shareErr)
+		s.warn("demand", "rlqs: demand not shared; dividing by the fleet's demand last shared", "err", shareErr)
 	}
+	var lost int64
 	for i, h := range hits {
 		ks := s.keys[h.Key]
 		if ks == nil {
 			continue
 		}
-		if err != nil {
+		if failed[i] {
 			ks.failed = true
+			if ks.tries++; ks.tries >= maxChargeTries && ks.pending > 0 {
+				lost += ks.pending
+				ks.pending = 0
+			}
 			continue
 		}
-		ks.failed, ks.known = false, true
+		ks.failed, ks.known, ks.tries = false, true, 0
 		ks.pending = max(ks.pending-h.Cost, 0)
 		ks.remaining = decs[i].Remaining
+	}
+	if lost > 0 {
+		s.m.dropped.WithLabelValues("store").Add(float64(lost))
+		s.warn("dropped", "rlqs: usage dropped after failed charges", "requests", lost, "rounds", maxChargeTries)
 	}
 	for k, v := range views {
 		if ks := s.keys[k]; ks != nil {
@@ -319,6 +371,111 @@ func (s *Server) Round(ctx context.Context) {
 		}
 	}
 	s.assign(now, ins, all, false)
+}
+
+// chargeChunk bounds the counters of one store call: a stream's report of
+// many buckets is charged as many small calls, none of which holds the
+// store (and the requests behind it) for long.
+const chargeChunk = 128
+
+// maxChargeTries is how many rounds in a row a counter's usage is offered
+// to a failing store before it is dropped (and counted in
+// ratelimitd_rlqs_usage_dropped_total{reason="store"}).
+const maxChargeTries = 3
+
+// errNoDurable fails the usage of durable limits on a server without
+// Options.Durable.
+var errNoDurable = errors.New("rlqs: a limit is on the durable store, and none is configured")
+
+// charge decides hits, in order, in calls of at most chargeChunk hits: a
+// limit with `store: durable` on Options.Durable, the others on
+// Options.Store. Every call runs within ctx; once ctx is done the calls
+// left are not made and their hits fail. It returns each hit's decision,
+// which hits failed, and the first error (nil when none failed). Each
+// failed call is counted.
+func (s *Server) charge(ctx context.Context, hits []algo.Hit, specs []*policy.Spec) ([]algo.Decision, []bool, error) {
+	decs := make([]algo.Decision, len(hits))
+	failed := make([]bool, len(hits))
+	var fast, dur []int
+	for i, sp := range specs {
+		if sp.Store == policy.StoreDurable {
+			dur = append(dur, i)
+		} else {
+			fast = append(fast, i)
+		}
+	}
+	var first error
+	for _, part := range []struct {
+		idx []int
+		st  Store
+		op  string
+	}{{fast, s.opt.Store, "charge"}, {dur, s.opt.Durable, "charge_durable"}} {
+		for start := 0; start < len(part.idx); start += chargeChunk {
+			idx := part.idx[start:min(start+chargeChunk, len(part.idx))]
+			h := make([]algo.Hit, len(idx))
+			for j, i := range idx {
+				h[j] = hits[i]
+			}
+			d := make([]algo.Decision, len(idx))
+			var err error
+			switch {
+			case part.st == nil:
+				err = errNoDurable
+			case ctx.Err() != nil:
+				err = fmt.Errorf("rlqs: the round's budget ran out before the charge: %w", ctx.Err())
+			default:
+				err = part.st.Take(ctx, h, d)
+			}
+			if err != nil {
+				s.m.errors.WithLabelValues(part.op).Inc()
+				if first == nil {
+					first = err
+				}
+			}
+			for j, i := range idx {
+				decs[i], failed[i] = d[j], err != nil
+			}
+		}
+	}
+	return decs, failed, first
+}
+
+// shareDemand is Demand.ShareDemand in calls of at most chargeChunk
+// counters, within ctx: the views of the calls that succeeded, and the
+// first error. Each failed call is counted.
+func (s *Server) shareDemand(ctx context.Context, round int64, local map[string]map[string]int64) (map[string]map[string]int64, error) {
+	names := slices.Sorted(maps.Keys(local))
+	out := make(map[string]map[string]int64, len(local))
+	var first error
+	for start := 0; start < len(names); start += chargeChunk {
+		part := make(map[string]map[string]int64, chargeChunk)
+		for _, k := range names[start:min(start+chargeChunk, len(names))] {
+			part[k] = local[k]
+		}
+		var views map[string]map[string]int64
+		err := ctx.Err()
+		if err == nil {
+			views, err = s.opt.Demand.ShareDemand(ctx, round, 4*s.opt.Interval, part)
+		}
+		if err != nil {
+			s.m.errors.WithLabelValues("demand").Inc()
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		maps.Copy(out, views)
+	}
+	return out, first
+}
+
+// permute returns xs in the order of idx.
+func permute[T any](xs []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for j, i := range idx {
+		out[j] = xs[i]
+	}
+	return out
 }
 
 // allBuckets lists every bucket of every stream.
@@ -350,4 +507,43 @@ func (s *Server) keyState(k string, sp *policy.Spec) *keyState {
 	}
 	ks.spec = sp
 	return ks
+}
+
+// logEvery is the least time between two log lines of one kind (warn).
+const logEvery = 10 * time.Second
+
+// warn logs msg at most once per logEvery per key, with the number of
+// lines suppressed since the last one.
+func (s *Server) warn(key, msg string, args ...any) {
+	if ok, n := s.logs.allow(key, s.now()); ok {
+		s.log.Warn(msg, append(args, "suppressed", n)...)
+	}
+}
+
+// logLimiter lets one log line per key through per interval and counts
+// the suppressed ones.
+type logLimiter struct {
+	mu         sync.Mutex
+	every      time.Duration
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+func newLogLimiter(every time.Duration) *logLimiter {
+	return &logLimiter{every: every, last: map[string]time.Time{}, suppressed: map[string]int{}}
+}
+
+// allow reports whether a line for key may be logged at now, and how many
+// were suppressed since the last one.
+func (l *logLimiter) allow(key string, now time.Time) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t, ok := l.last[key]; ok && now.Sub(t) < l.every {
+		l.suppressed[key]++
+		return false, 0
+	}
+	n := l.suppressed[key]
+	l.suppressed[key] = 0
+	l.last[key] = now
+	return true, n
 }

@@ -101,7 +101,7 @@ func (s *Server) match(b *bucket, set *policy.Set) {
 	}
 	switch {
 	case len(b.specs) == 0:
-	case m.Rule.ShadowMode:
+	case m.Rule.ShadowMode || s.opt.ShadowMode:
 		b.kind = kindShadow
 	default:
 		b.kind = kindLimited
@@ -195,10 +195,12 @@ const joinTimeout = 20 * time.Millisecond
 func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	now := s.now()
 	set := s.set.Load()
+	us := parse(m)
 	s.mu.Lock()
-	fresh := s.record(st, m, now, set)
+	fresh, over := s.record(st, m.GetDomain(), us, now, set)
 	if len(fresh) == 0 {
 		s.mu.Unlock()
+		s.overBound(st, over, set)
 		return
 	}
 	only := map[string]bool{}
@@ -209,6 +211,7 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	}
 	ins := s.gatherKeys(set, only)
 	s.mu.Unlock()
+	s.overBound(st, over, set)
 
 	round := now.UnixNano() / int64(s.opt.Interval)
 	ctx, cancel := context.WithTimeout(context.Background(), min(joinTimeout, s.opt.Interval/2))
@@ -217,10 +220,9 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	for k, in := range ins {
 		local[k] = in.local
 	}
-	views, err := s.opt.Demand.ShareDemand(ctx, round, 4*s.opt.Interval, local)
+	views, err := s.shareDemand(ctx, round, local)
 	if err != nil {
-		s.m.errors.WithLabelValues("demand").Inc()
-		s.log.Warn("rlqs: demand of a new bucket not shared; dividing by the fleet's demand last shared", "err", err)
+		s.warn("demand_join", "rlqs: demand of a new bucket not shared; dividing by the fleet's demand last shared", "err", err)
 	}
 
 	s.mu.Lock()
@@ -238,23 +240,44 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	s.assign(now, s.gatherKeys(set, only), fresh, true)
 }
 
-// record applies a report to st's buckets and returns the new ones.
-func (s *Server) record(st *stream, m *rlqspb.RateLimitQuotaUsageReports, now time.Time, set *policy.Set) []*bucket {
-	if st.domain == "" {
-		st.domain = m.GetDomain()
-	}
-	var fresh []*bucket
+// reported is one bucket's usage in a report, its id made canonical.
+type reported struct {
+	u       *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage
+	canon   string
+	entries []policy.Entry
+}
+
+// parse makes the bucket ids of a report canonical, before the server's
+// lock is taken; usages without a bucket id are skipped.
+func parse(m *rlqspb.RateLimitQuotaUsageReports) []reported {
+	us := make([]reported, 0, len(m.GetBucketQuotaUsages()))
 	for _, u := range m.GetBucketQuotaUsages() {
-		bm := u.GetBucketId().GetBucket()
-		if len(bm) == 0 {
-			continue
+		if bm := u.GetBucketId().GetBucket(); len(bm) > 0 {
+			canon, entries := canonical(bm)
+			us = append(us, reported{u: u, canon: canon, entries: entries})
 		}
-		canon, entries := canonical(bm)
-		b := st.buckets[canon]
+	}
+	return us
+}
+
+// record applies a report's usages to st's buckets and returns the new
+// ones, and the usages of new buckets past Options.MaxBucketsPerStream,
+// which are not tracked (overBound answers them).
+func (s *Server) record(st *stream, domain string, us []reported, now time.Time, set *policy.Set) (fresh []*bucket, over []reported) {
+	if st.domain == "" {
+		st.domain = domain
+	}
+	for _, r := range us {
+		u := r.u
+		b := st.buckets[r.canon]
 		if b == nil {
+			if len(st.buckets) >= s.opt.MaxBucketsPerStream {
+				over = append(over, r)
+				continue
+			}
 			st.seq++
-			b = &bucket{st: st, canon: canon, sub: st.id + "." + strconv.Itoa(st.seq), id: u.GetBucketId(), entries: entries, rate: -1}
-			st.buckets[canon] = b
+			b = &bucket{st: st, canon: r.canon, sub: st.id + "." + strconv.Itoa(st.seq), id: u.GetBucketId(), entries: r.entries, rate: -1}
+			st.buckets[r.canon] = b
 			if set != nil {
 				s.match(b, set)
 			}
@@ -267,7 +290,54 @@ func (s *Server) record(st *stream, m *rlqspb.RateLimitQuotaUsageReports, now ti
 			b.rate = float64(n) / float64(el/time.Second)
 		}
 	}
-	return fresh
+	return fresh, over
+}
+
+// overBound answers the buckets of st reported past its bound
+// (Options.MaxBucketsPerStream), outside the server's lock. They are not
+// tracked, so their usage is not charged (counted as dropped), and each is
+// answered as if its budget were spent: DENY_ALL, or ALLOW_ALL when its
+// rule never denies (no rule, unlimited, shadow mode). Envoy reports every
+// bucket every interval, so the answer is renewed before its TTL ends; a
+// bucket that fits later (another one abandoned) is tracked from its next
+// report. It is counted and logged (at most once per logEvery).
+func (s *Server) overBound(st *stream, over []reported, set *policy.Set) {
+	if len(over) == 0 {
+		return
+	}
+	deny := assignment(nil, blanket(typev3.RateLimitStrategy_DENY_ALL), s.TTL()).GetBucketAction()
+	allow := assignment(nil, blanket(typev3.RateLimitStrategy_ALLOW_ALL), s.TTL()).GetBucketAction()
+	var denied, allowed, dropped int64
+	actions := make(map[string]*rlqspb.RateLimitQuotaResponse_BucketAction, len(over))
+	for _, r := range over {
+		b := bucket{st: st, entries: r.entries}
+		if set != nil {
+			s.match(&b, set)
+		}
+		a := &rlqspb.RateLimitQuotaResponse_BucketAction{BucketId: r.u.GetBucketId(), BucketAction: allow}
+		switch b.kind {
+		case kindLimited:
+			a.BucketAction = deny
+			denied++
+			dropped += int64(r.u.GetNumRequestsAllowed())
+		case kindShadow:
+			allowed++
+			dropped += int64(r.u.GetNumRequestsAllowed())
+		default:
+			allowed++
+		}
+		actions[r.canon] = a
+	}
+	st.queueAll(actions)
+	s.m.overBound.WithLabelValues("deny_all").Add(float64(denied))
+	s.m.overBound.WithLabelValues("allow_all").Add(float64(allowed))
+	s.m.assignments.WithLabelValues("deny_all").Add(float64(denied))
+	s.m.assignments.WithLabelValues("allow_all").Add(float64(allowed))
+	if dropped > 0 {
+		s.m.dropped.WithLabelValues("bucket_bound").Add(float64(dropped))
+	}
+	s.warn("bucket_bound", "rlqs: buckets past the per-stream bound answered as a spent budget, their usage not charged",
+		"stream", st.id, "domain", st.domain, "bound", s.opt.MaxBucketsPerStream, "buckets", len(over))
 }
 
 // keyIn is one counter's input to a round.
@@ -502,6 +572,22 @@ func (st *stream) queue(b *bucket, a *rlqspb.RateLimitQuotaResponse_BucketAction
 		return
 	}
 	st.out[b.canon] = a
+	st.outMu.Unlock()
+	select {
+	case st.wake <- struct{}{}:
+	default:
+	}
+}
+
+// queueAll queues actions (by canonical bucket id) as queue does, under
+// one lock and with one wake.
+func (st *stream) queueAll(actions map[string]*rlqspb.RateLimitQuotaResponse_BucketAction) {
+	st.outMu.Lock()
+	if st.handedOff {
+		st.outMu.Unlock()
+		return
+	}
+	maps.Copy(st.out, actions)
 	st.outMu.Unlock()
 	select {
 	case st.wake <- struct{}{}:

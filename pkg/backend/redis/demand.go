@@ -52,7 +52,9 @@ func demandKey(key string, round int64) string {
 // EVAL for those answered NOSCRIPT). The stream ids and the counter keys
 // carry no request value. It runs under the circuit breaker (Cluster: the
 // first key's master's) and Options.Timeout; errors are classified, and
-// no key's view is returned when one failed.
+// no key's view is returned when one failed. A call cut short by ctx (not
+// by Options.Timeout) fails with ErrDeadline or its cancellation, which the
+// breaker does not count: the caller's budget ran out, not Redis.
 func (s *Store) ShareDemand(ctx context.Context, round int64, ttl time.Duration, local map[string]map[string]int64) (map[string]map[string]int64, error) {
 	out := make(map[string]map[string]int64, len(local))
 	if len(local) == 0 {
@@ -77,6 +79,7 @@ func (s *Store) ShareDemand(ctx context.Context, round int64, ttl time.Duration,
 		}
 		calls[i] = &call{keys: []string{demandKey(k, round), demandKey(k, round-1), demandKey(k, round-2)}, args: args}
 	}
+	caller := ctx
 	err := s.masterFor(ctx, calls[0].keys[0]).breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
 		pending := calls
 		for attempt := 0; attempt < 2 && len(pending) > 0; attempt++ {
@@ -94,7 +97,7 @@ func (s *Store) ShareDemand(ctx context.Context, round int64, ttl time.Duration,
 			for _, c := range pending {
 				if err := c.cmd.Err(); err != nil {
 					if !goredis.HasErrorPrefix(err, "NOSCRIPT") {
-						return err
+						return callerCut(caller, err)
 					}
 					again = append(again, c)
 				}
@@ -122,4 +125,18 @@ func (s *Store) ShareDemand(ctx context.Context, round int64, ttl time.Duration,
 		out[k] = view
 	}
 	return out, nil
+}
+
+// callerCut is err, or when caller's deadline has passed or caller is
+// canceled (they cut the call, not Options.Timeout) ErrDeadline or the
+// cancellation. The deadline is read from the clock: go-redis' read
+// deadline can fire before caller's Err is set.
+func callerCut(caller context.Context, err error) error {
+	if d, ok := caller.Deadline(); ok && !time.Now().Before(d) {
+		return ErrDeadline
+	}
+	if caller.Err() != nil {
+		return caller.Err()
+	}
+	return err
 }

@@ -85,3 +85,38 @@ func checkShareDemand(t *testing.T, a, b *redis.Store, pttl func(string) time.Du
 		want(got[k], l)
 	}
 }
+
+// TestShareDemandCallerDeadline: ShareDemand calls cut short by their
+// caller's deadline (an RLQS join allows 20 ms) fail with CauseDeadline,
+// which the circuit breaker counts as neither success nor failure, as
+// Take's do: the caller's budget ran out, which is no evidence of a failed
+// Redis.
+func TestShareDemandCallerDeadline(t *testing.T) {
+	srv := redistest.Standalone(t)
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	o.Timeout = 3 * time.Second
+	s := openStore(t, o)
+	local := map[string]map[string]int64{"k": {"a-1.1": 1000}}
+	if _, err := s.ShareDemand(context.Background(), 1, time.Minute, local); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	t.Cleanup(func() {
+		if srv.Alive() {
+			srv.Cont()
+		}
+	})
+	for i := range 10 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		_, err := s.ShareDemand(ctx, int64(2+i), time.Minute, local)
+		cancel()
+		if redis.CauseOf(err) != redis.CauseDeadline {
+			t.Fatalf("call %d, Redis frozen, caller's deadline 20 ms: %v (cause %q), want cause %q", i, err, redis.CauseOf(err), redis.CauseDeadline)
+		}
+		if st := s.BreakerState(); st != "closed" {
+			t.Fatalf("breaker %s after %d calls cut by their callers' deadlines, want closed", st, i+1)
+		}
+	}
+	srv.Cont()
+}
