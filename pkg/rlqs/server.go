@@ -332,7 +332,7 @@ func (s *Server) Round(ctx context.Context) {
 	for _, k := range keys {
 		local[k] = ins[k].local
 	}
-	views, shareErr := s.shareDemand(ctx, round, local)
+	views, shareErr := s.shareDemand(ctx, "demand", round, local)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -442,8 +442,9 @@ func (s *Server) charge(ctx context.Context, hits []algo.Hit, specs []*policy.Sp
 
 // shareDemand is Demand.ShareDemand in calls of at most chargeChunk
 // counters, within ctx: the views of the calls that succeeded, and the
-// first error. Each failed call is counted.
-func (s *Server) shareDemand(ctx context.Context, round int64, local map[string]map[string]int64) (map[string]map[string]int64, error) {
+// first error. Each failed call is counted under op (demand: a round's;
+// demand_join: a new bucket's, within joinTimeout).
+func (s *Server) shareDemand(ctx context.Context, op string, round int64, local map[string]map[string]int64) (map[string]map[string]int64, error) {
 	names := slices.Sorted(maps.Keys(local))
 	out := make(map[string]map[string]int64, len(local))
 	var first error
@@ -458,7 +459,7 @@ func (s *Server) shareDemand(ctx context.Context, round int64, local map[string]
 			views, err = s.opt.Demand.ShareDemand(ctx, round, 4*s.opt.Interval, part)
 		}
 		if err != nil {
-			s.m.errors.WithLabelValues("demand").Inc()
+			s.m.errors.WithLabelValues(op).Inc()
 			if first == nil {
 				first = err
 			}

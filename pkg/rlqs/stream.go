@@ -220,7 +220,12 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	for k, in := range ins {
 		local[k] = in.local
 	}
-	views, err := s.shareDemand(ctx, round, local)
+	// One call at most: a report of many new buckets shares the first
+	// chargeChunk counters' demand now, the others at the next round.
+	for _, k := range slices.Sorted(maps.Keys(local))[min(chargeChunk, len(local)):] {
+		delete(local, k)
+	}
+	views, err := s.shareDemand(ctx, "demand_join", round, local)
 	if err != nil {
 		s.warn("demand_join", "rlqs: demand of a new bucket not shared; dividing by the fleet's demand last shared", "err", err)
 	}
