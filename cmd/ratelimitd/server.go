@@ -179,6 +179,7 @@ func (s *server) newService() error {
 func (s *server) newRLQS() error {
 	ro := rlqsOptions(s.opts, s.tracing.Store(s.store))
 	ro.Registerer, ro.Logger = s.reg, s.log
+	ro.UnknownDomain = s.svc.CountUnknownDomain
 	if s.durable != nil {
 		ro.Durable = s.tracing.Store(s.durable)
 	}

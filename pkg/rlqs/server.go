@@ -76,6 +76,10 @@ type Options struct {
 	// is answered ALLOW_ALL and its usage still charged, as a rule's
 	// shadow_mode is.
 	ShadowMode bool
+	// UnknownDomain, when set, counts a stream whose domain is empty or
+	// not in the config, once per stream (ShouldRateLimit's
+	// ratelimitd_unknown_domain_requests_total).
+	UnknownDomain func()
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 	// Logger; nil means slog.Default().

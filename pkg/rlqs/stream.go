@@ -29,6 +29,8 @@ type stream struct {
 	domain  string
 	buckets map[string]*bucket // by canonical bucket id; Server.mu
 	seq     int
+	// domainChecked: the domain was looked up in the config (checkDomain).
+	domainChecked bool
 
 	outMu sync.Mutex
 	out   map[string]*rlqspb.RateLimitQuotaResponse_BucketAction // not yet sent, by canonical id
@@ -271,6 +273,10 @@ func parse(m *rlqspb.RateLimitQuotaUsageReports) []reported {
 func (s *Server) record(st *stream, domain string, us []reported, now time.Time, set *policy.Set) (fresh []*bucket, over []reported) {
 	if st.domain == "" {
 		st.domain = domain
+	}
+	if !st.domainChecked && set != nil {
+		st.domainChecked = true
+		s.checkDomain(st, set)
 	}
 	for _, r := range us {
 		u := r.u
