@@ -34,10 +34,17 @@ type plan struct {
 	spent  bool // a windowed budget is used up: DENY_ALL
 }
 
+// minTokens is the smallest bucket of a stream with demand: Envoy refills
+// continuously but admits whole requests, and a bucket of one token that
+// is full when the refill passes it loses the refill until the next
+// request arrives, so at a rate near the request rate a one-token bucket
+// admits about a fifth less than its rate.
+const minTokens = 2
+
 // planFor sizes the buckets of n streams (n >= 1) on limit sp. Envoy starts a
 // token bucket full and refills it continuously, so over any stretch of one
 // window a stream admits at most its maxTokens plus its rate: the buckets
-// together hold headroom × the limit (at least one token each), and the
+// together hold headroom × the limit (at least minTokens each), and the
 // rates share the rest, so that full buckets across the fleet cannot
 // overshoot the window. When the limit is smaller than the streams' single
 // tokens, the rates still get half of it (docs/rlqs.md, "Bounds").
@@ -51,7 +58,8 @@ func planFor(sp *policy.Spec, n int, headroom float64, remaining int64, windowed
 	if limit == 0 {
 		return plan{spent: true}
 	}
-	burst := max(1, int64(headroom*float64(limit))/int64(n))
+	// minTokens each while the buckets take at most half of the limit.
+	burst := max(1, int64(headroom*float64(limit))/int64(n), min(minTokens, limit/(2*int64(n))))
 	rest := limit - burst*int64(n)
 	if rest < limit/2 {
 		rest = limit / 2

@@ -409,8 +409,11 @@ func (s *Server) gatherKeys(set *policy.Set, only map[string]bool) map[string]*k
 const unknown = -1
 
 // demandOf is a bucket's demand on a limit in milli-units per window, or
-// unknown.
+// unknown; a silent bucket has none.
 func (s *Server) demandOf(b *bucket, sp *policy.Spec) int64 {
+	if s.silent(b) {
+		return 0
+	}
 	if b.rate < 0 {
 		return unknown
 	}
@@ -485,7 +488,7 @@ func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, j
 		}
 		sp := in.spec
 		windowed := window(sp) > s.TTL() && ks.known
-		p := planFor(sp, len(fleet), s.opt.Headroom, ks.remaining, windowed, s.opt.Interval)
+		p := planFor(sp, demanding(fleet), s.opt.Headroom, ks.remaining, windowed, s.opt.Interval)
 		deny := p.spent || (ks.failed && sp.FailureMode == policy.FailClosed)
 		var alloc map[string]int64
 		if !deny {
@@ -493,6 +496,9 @@ func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, j
 		}
 		for sub, b := range in.refs {
 			sh := share{deny: deny, maxTokens: p.burst, rate: alloc[sub], window: window(sp)}
+			if fleet[sub] == 0 {
+				sh.maxTokens = idleTokens
+			}
 			shares[b] = combine(shares[b], sh, !seen[b])
 			seen[b] = true
 		}
