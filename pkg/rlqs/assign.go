@@ -1,6 +1,7 @@
 package rlqs
 
 import (
+	"cmp"
 	"math"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -46,7 +48,9 @@ const minTokens = 2
 // window a stream admits at most its maxTokens plus its rate: the buckets
 // together hold headroom × the limit (at least minTokens each), and the
 // rates share the rest, so that full buckets across the fleet cannot
-// overshoot the window. When the limit is smaller than the streams' single
+// overshoot the window. A token_bucket rule admits its burst (capacity) at
+// once and then its rate, so there (windows up to ttl) the buckets together
+// hold the burst and the rates share the whole rate. When the limit is smaller than the streams' single
 // tokens, the rates still get half of it (docs/rlqs.md, "Bounds").
 //
 // A window longer than ttl is a budget (hour, day, month): remaining is what
@@ -63,6 +67,14 @@ func planFor(sp *policy.Spec, n int, headroom float64, remaining int64, windowed
 	rest := limit - burst*int64(n)
 	if rest < limit/2 {
 		rest = limit / 2
+	}
+	if sp.Algorithm == algo.TokenBucket && !windowed {
+		// The rule's own bucket admits its capacity at once, then the
+		// rate: the streams' buckets share the capacity, their rates the
+		// whole rate. (A budget window keeps the headroom plan below:
+		// the store's remaining is its tokens now, at most the capacity.)
+		capacity := cmp.Or(sp.Burst, limit)
+		burst, rest = max(1, capacity/int64(n)), limit
 	}
 	budget := rest * milli
 	if windowed {

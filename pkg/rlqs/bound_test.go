@@ -3,6 +3,7 @@ package rlqs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -99,19 +100,24 @@ func TestChargeInChunks(t *testing.T) {
 	}
 }
 
-// flakyStore fails every Take while down is set.
+// flakyStore fails every Take while down is set, with err (an outage
+// when nil).
 type flakyStore struct {
 	Store
 	mu   sync.Mutex
 	down bool
+	err  error
 }
 
 func (f *flakyStore) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	f.mu.Lock()
-	down := f.down
+	down, err := f.down, f.err
 	f.mu.Unlock()
 	if down {
-		return errors.New("store down")
+		if err == nil {
+			err = errors.New("store down")
+		}
+		return err
 	}
 	return f.Store.Take(ctx, hits, out)
 }
@@ -253,5 +259,61 @@ func TestGlobalShadowMode(t *testing.T) {
 	}
 	if out[0].Allowed || out[0].Remaining != 0 {
 		t.Errorf("after 1500 reported of 1000: %+v, want the usage charged (denied, 0 remaining)", out[0])
+	}
+}
+
+// TestChargeOutOfTimeKept: usage whose charge ran out of the round's time
+// (the caller's deadline, the store not failing) is not dropped after
+// maxChargeTries rounds, only after maxChargeRounds.
+func TestChargeOutOfTimeKept(t *testing.T) {
+	r := newRig(t, tenantConfig, nil)
+	f := &flakyStore{Store: r.store, down: true, err: fmt.Errorf("not decided within the caller's deadline: %w", context.DeadlineExceeded)}
+	r.srv.opt.Store = f
+	c := r.open()
+	c.send("edge", usage(map[string]string{"tenant": "a"}, 0, 5, 0))
+	c.recv()
+	dropped := r.srv.m.dropped.WithLabelValues("store")
+	for i := range maxChargeRounds {
+		if got := testutil.ToFloat64(dropped); got != 0 {
+			t.Fatalf("after %d rounds out of time: %v dropped, want 0", i, got)
+		}
+		r.clock.Add(time.Second)
+		r.srv.Round(context.Background())
+		c.recv()
+	}
+	if got := testutil.ToFloat64(dropped); got != 5 {
+		t.Errorf("after %d rounds out of time: %v dropped, want 5", maxChargeRounds, got)
+	}
+}
+
+// TestTokenBucketBurstHandedOff: a token_bucket rule's burst is shared by
+// the streams' buckets and its rate by their rates, so the fleet admits at
+// most the burst at once and then the rate, as the rule itself does.
+func TestTokenBucketBurstHandedOff(t *testing.T) {
+	set := loadSet(t, `domain: edge
+descriptors:
+  - key: api
+    rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket, burst: 40}
+`)
+	m, ok := set.Match("edge", toEntries("api", "x"))
+	if !ok {
+		t.Fatal("no match")
+	}
+	sp := &m.Rule.Limits[0]
+	for _, n := range []int{1, 2, 3, 7, 40} {
+		p := planFor(sp, n, DefaultHeadroom, 0, false, time.Second)
+		var tokens, perSec float64
+		each := p.budget / int64(n)
+		for range n {
+			tb := tokenBucket(share{maxTokens: p.burst, rate: each, window: sp.Window})
+			tokens += float64(tb.GetMaxTokens())
+			perSec += float64(tb.GetTokensPerFill().GetValue()) / float64(tb.GetFillInterval().GetSeconds())
+		}
+		if tokens > 40 || tokens < 40-float64(n) {
+			t.Errorf("%d streams: buckets hold %v tokens together, want the burst 40 (less rounding)", n, tokens)
+		}
+		if perSec > 100 || perSec < 90 {
+			t.Errorf("%d streams: rates %v/s together, want at most 100 and at least 90", n, perSec)
+		}
 	}
 }

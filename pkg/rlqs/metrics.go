@@ -26,7 +26,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		overBound: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimitd_rlqs_buckets_over_bound_total",
 			Help: "Bucket reports past --rlqs-max-buckets-per-stream, not tracked nor charged, by the action answered: deny_all (a limited rule), allow_all (a rule that never denies)."}, []string{"action"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimitd_rlqs_usage_dropped_total",
-			Help: "Requests Envoys reported as allowed that were never charged, by reason: bucket_bound (a bucket past --rlqs-max-buckets-per-stream), store (the charge failed for 3 rounds in a row)."}, []string{"reason"}),
+			Help: "Requests Envoys reported as allowed that were never charged, by reason: bucket_bound (a bucket past --rlqs-max-buckets-per-stream), store (the store failed the charge 3 rounds in a row, or it went uncharged 30 rounds in a row for want of time)."}, []string{"reason"}),
 	}
 	for _, a := range []string{"token_bucket", "allow_all", "deny_all", "abandon"} {
 		m.assignments.WithLabelValues(a)

@@ -171,7 +171,8 @@ type keyState struct {
 	known     bool             // remaining has been read
 	pending   int64            // usage not yet charged (a failed charge)
 	failed    bool             // the last charge failed
-	tries     int              // rounds in a row whose charge failed
+	tries     int              // rounds in a row whose charge the store failed
+	behind    int              // rounds in a row whose charge failed, for any reason
 	idle      int              // rounds without a local bucket
 }
 
@@ -299,7 +300,7 @@ func (s *Server) Round(ctx context.Context) {
 	// Counters whose streams left still have their last usage to charge.
 	hits := make([]algo.Hit, 0, len(s.keys))
 	specs := make([]*policy.Spec, 0, len(s.keys))
-	tries := make(map[string]int, len(s.keys))
+	behind := make(map[string]int, len(s.keys))
 	for k, ks := range s.keys {
 		if _, ok := ins[k]; ok {
 			ks.idle = 0
@@ -310,7 +311,7 @@ func (s *Server) Round(ctx context.Context) {
 		cost := min(ks.pending, algo.MaxCost)
 		hits = append(hits, algo.Hit{Key: k, Limit: ks.spec.Limit, Cost: cost, Soft: true, Charge: true})
 		specs = append(specs, ks.spec)
-		tries[k] = ks.tries
+		behind[k] = ks.behind
 	}
 	all := s.allBuckets()
 	s.mu.Unlock()
@@ -322,7 +323,7 @@ func (s *Server) Round(ctx context.Context) {
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int {
-		if c := cmp.Compare(tries[hits[b].Key], tries[hits[a].Key]); c != 0 {
+		if c := cmp.Compare(behind[hits[b].Key], behind[hits[a].Key]); c != 0 {
 			return c
 		}
 		return strings.Compare(hits[a].Key, hits[b].Key)
@@ -352,21 +353,25 @@ func (s *Server) Round(ctx context.Context) {
 		if ks == nil {
 			continue
 		}
-		if failed[i] {
+		if failed[i] != nil {
 			ks.failed = true
-			if ks.tries++; ks.tries >= maxChargeTries && ks.pending > 0 {
+			ks.behind++
+			if storeFailed(failed[i]) {
+				ks.tries++
+			}
+			if (ks.tries >= maxChargeTries || ks.behind >= maxChargeRounds) && ks.pending > 0 {
 				lost += ks.pending
-				ks.pending = 0
+				ks.pending, ks.tries, ks.behind = 0, 0, 0
 			}
 			continue
 		}
-		ks.failed, ks.known, ks.tries = false, true, 0
+		ks.failed, ks.known, ks.tries, ks.behind = false, true, 0, 0
 		ks.pending = max(ks.pending-h.Cost, 0)
 		ks.remaining = decs[i].Remaining
 	}
 	if lost > 0 {
 		s.m.dropped.WithLabelValues("store").Add(float64(lost))
-		s.warn("dropped", "rlqs: usage dropped after failed charges", "requests", lost, "rounds", maxChargeTries)
+		s.warn("dropped", "rlqs: usage dropped after failed charges", "requests", lost, "store_failures", maxChargeTries, "rounds", maxChargeRounds)
 	}
 	for k, v := range views {
 		if ks := s.keys[k]; ks != nil {
@@ -384,8 +389,25 @@ const chargeChunk = 128
 
 // maxChargeTries is how many rounds in a row a counter's usage is offered
 // to a failing store before it is dropped (and counted in
-// ratelimitd_rlqs_usage_dropped_total{reason="store"}).
-const maxChargeTries = 3
+// ratelimitd_rlqs_usage_dropped_total{reason="store"}); maxChargeRounds
+// bounds the rounds in a row it may go uncharged for any reason, such as
+// rounds that run out of time on a starved host (storeFailed).
+const (
+	maxChargeTries  = 3
+	maxChargeRounds = 30
+)
+
+// storeFailed reports whether a failed charge shows the store failing:
+// every error but one of time alone, a call cut (or not made) because the
+// round's budget ran out while the store was not shown failing (no
+// Outage, as the backends' errors report it).
+func storeFailed(err error) bool {
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var o interface{ Outage() bool }
+	return errors.As(err, &o) && o.Outage()
+}
 
 // errNoDurable fails the usage of durable limits on a server without
 // Options.Durable.
@@ -395,11 +417,11 @@ var errNoDurable = errors.New("rlqs: a limit is on the durable store, and none i
 // limit with `store: durable` on Options.Durable, the others on
 // Options.Store. Every call runs within ctx; once ctx is done the calls
 // left are not made and their hits fail. It returns each hit's decision,
-// which hits failed, and the first error (nil when none failed). Each
-// failed call is counted.
-func (s *Server) charge(ctx context.Context, hits []algo.Hit, specs []*policy.Spec) ([]algo.Decision, []bool, error) {
+// each hit's error (nil when charged), and the first error. Each failed
+// call is counted.
+func (s *Server) charge(ctx context.Context, hits []algo.Hit, specs []*policy.Spec) ([]algo.Decision, []error, error) {
 	decs := make([]algo.Decision, len(hits))
-	failed := make([]bool, len(hits))
+	failed := make([]error, len(hits))
 	var fast, dur []int
 	for i, sp := range specs {
 		if sp.Store == policy.StoreDurable {
@@ -437,7 +459,7 @@ func (s *Server) charge(ctx context.Context, hits []algo.Hit, specs []*policy.Sp
 				}
 			}
 			for j, i := range idx {
-				decs[i], failed[i] = d[j], err != nil
+				decs[i], failed[i] = d[j], err
 			}
 		}
 	}
