@@ -467,8 +467,13 @@ func (s *Server) divide(ks *keyState, now time.Time, budget int64, fleet map[str
 // the history to the rounds, so that every replica's allocator sees the
 // same rounds.
 func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, join bool) {
-	shares := map[*bucket]share{}
-	seen := map[*bucket]bool{}
+	s.sendShares(s.divideAll(now, ins, join), extra)
+}
+
+// divideAll divides the counters of ins among the fleet's streams: per
+// counter key, the share of each local bucket on it.
+func (s *Server) divideAll(now time.Time, ins map[string]*keyIn, join bool) map[string]map[*bucket]share {
+	per := make(map[string]map[*bucket]share, len(ins))
 	for k, in := range ins {
 		ks := s.keyState(k, in.spec)
 		// The fleet's demand as every replica sees it this round; this
@@ -494,13 +499,27 @@ func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, j
 		if !deny {
 			alloc = s.divide(ks, now, p.budget, fleet, floorOf(sp), join)
 		}
+		m := make(map[*bucket]share, len(in.refs))
 		for sub, b := range in.refs {
 			sh := share{deny: deny, maxTokens: p.burst, rate: alloc[sub], window: window(sp)}
 			if fleet[sub] == 0 {
 				sh.maxTokens = idleTokens
 			}
-			shares[b] = combine(shares[b], sh, !seen[b])
-			seen[b] = true
+			m[b] = sh
+		}
+		per[k] = m
+	}
+	return per
+}
+
+// sendShares queues the assignment of every bucket in per, the stricter
+// of its shares on several counters, and of extra.
+func (s *Server) sendShares(per map[string]map[*bucket]share, extra []*bucket) {
+	shares := map[*bucket]share{}
+	for _, k := range slices.Sorted(maps.Keys(per)) {
+		for b, sh := range per[k] {
+			old, ok := shares[b]
+			shares[b] = combine(old, sh, !ok)
 		}
 	}
 	send := func(b *bucket) {
