@@ -180,6 +180,10 @@ func (s *server) newRLQS() error {
 	ro := rlqsOptions(s.opts, s.tracing.Store(s.store))
 	ro.Registerer, ro.Logger = s.reg, s.log
 	ro.UnknownDomain = s.svc.CountUnknownDomain
+	if l, ok := s.store.(rlqs.LeaseStore); ok {
+		// The store itself: the tracing wrapper does not pass Lease on.
+		ro.Leases = l
+	}
 	if s.durable != nil {
 		ro.Durable = s.tracing.Store(s.durable)
 	}

@@ -58,6 +58,11 @@ type Options struct {
 	// ALLOW_ALL when its rule never denies), so that one Envoy cannot make
 	// every round's store calls as large as it likes.
 	MaxBucketsPerStream int
+	// Leases, when set, reserves each round's token-bucket assignments on
+	// the store up front (reserve.go): the store's Lease, on the counters
+	// Store decides (the memory and Redis stores; not through a wrapper
+	// that hides it). nil: usage is charged after the fact only.
+	Leases LeaseStore
 	// Demand shares stream demand among replicas; nil: this process only
 	// (NewMemory).
 	Demand Demand
@@ -174,6 +179,9 @@ type keyState struct {
 	tries     int              // rounds in a row whose charge the store failed
 	behind    int              // rounds in a row whose charge failed, for any reason
 	idle      int              // rounds without a local bucket
+	held      int64            // units reserved for the local buckets since the last round (reserve.go)
+	heldNow   int64            // the part of held granted in window heldWS
+	heldWS    int64            // the window (µs) of the latest grant
 }
 
 // New returns a Server; SetPolicy gives it its config.
@@ -301,12 +309,19 @@ func (s *Server) Round(ctx context.Context) {
 	hits := make([]algo.Hit, 0, len(s.keys))
 	specs := make([]*policy.Spec, 0, len(s.keys))
 	behind := make(map[string]int, len(s.keys))
+	rets := make(map[string][2]int64)
 	for k, ks := range s.keys {
 		if _, ok := ins[k]; ok {
 			ks.idle = 0
 		} else if ks.idle++; ks.idle > 3 && ks.pending == 0 {
 			delete(s.keys, k)
 			continue
+		}
+		if s.leased(ks.spec) {
+			// The reservation covers usage up to its size; the rest is
+			// charged after the fact, and what is left is given back.
+			r, ws := settle(ks)
+			rets[k] = [2]int64{r, ws}
 		}
 		cost := min(ks.pending, algo.MaxCost)
 		hits = append(hits, algo.Hit{Key: k, Limit: ks.spec.Limit, Cost: cost, Soft: true, Charge: true})
@@ -379,7 +394,14 @@ func (s *Server) Round(ctx context.Context) {
 			ks.remote = v
 		}
 	}
-	s.assign(now, ins, all, false)
+	per := s.divideAll(now, ins, false)
+	if rs := s.reservations(per, rets); len(rs) > 0 {
+		s.mu.Unlock()
+		s.reserve(ctx, rs)
+		s.mu.Lock()
+		s.applyGrants(per, rs, false)
+	}
+	s.sendShares(per, all)
 }
 
 // chargeChunk bounds the counters of one store call: a stream's report of

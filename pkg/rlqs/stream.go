@@ -244,7 +244,9 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 		ks.remote = merged
 	}
 	// Streams may have left meanwhile: divide among those still here.
-	s.assign(now, s.gatherKeys(set, only), fresh, true)
+	per := s.divideAll(now, s.gatherKeys(set, only), true)
+	s.reserveJoin(per, fresh)
+	s.sendShares(per, fresh)
 }
 
 // reported is one bucket's usage in a report, its id made canonical.
