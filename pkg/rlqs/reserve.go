@@ -28,14 +28,16 @@ type LeaseStore interface {
 // Envoys' reserved budget at once, and a bucket whose counter has nothing
 // left is sent DENY_ALL, in its first answer too.
 
-// leased reports whether the usage on sp is reserved up front (Options.Leases
-// set, a fixed or sliding window on the backend) rather than charged after
-// the fact.
-func (s *Server) leased(sp *policy.Spec) bool {
+// leased reports whether the usage on ks is reserved up front
+// (Options.Leases set, a fixed window on the backend without a penalty box:
+// the lease counts on the key Take decides) rather than charged after the
+// fact.
+func (s *Server) leased(ks *keyState) bool {
+	sp := ks.spec
 	if s.opt.Leases == nil || sp.Store == policy.StoreDurable || !algo.Leasable(sp.Limit) {
 		return false
 	}
-	return sp.Limit.Kind == algo.FixedWindow || sp.Limit.Kind == algo.SlidingWindow
+	return sp.Limit.Kind == algo.FixedWindow && !ks.penalty
 }
 
 // subscriber is this replica's lease subscriber id (>= 1), from its name.
@@ -78,7 +80,7 @@ func (s *Server) reservations(per map[string]map[*bucket]share, ret map[string][
 	var out []*reservation
 	for _, k := range slices.Sorted(maps.Keys(per)) {
 		ks := s.keys[k]
-		if ks == nil || !s.leased(ks.spec) {
+		if ks == nil || !s.leased(ks) {
 			continue
 		}
 		r := &reservation{key: k, spec: ks.spec, ret: ret[k][0], retWS: ret[k][1]}
@@ -188,7 +190,7 @@ func (s *Server) reserveJoin(per map[string]map[*bucket]share, fresh []*bucket) 
 	}
 	leasedAny := false
 	for k := range per {
-		if ks := s.keys[k]; ks != nil && s.leased(ks.spec) {
+		if ks := s.keys[k]; ks != nil && s.leased(ks) {
 			leasedAny = true
 		}
 	}

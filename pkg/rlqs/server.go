@@ -182,6 +182,7 @@ type keyState struct {
 	held      int64            // units reserved for the local buckets since the last round (reserve.go)
 	heldNow   int64            // the part of held granted in window heldWS
 	heldWS    int64            // the window (µs) of the latest grant
+	penalty   bool             // its rule has a penalty box (Take counts it elsewhere)
 }
 
 // New returns a Server; SetPolicy gives it its config.
@@ -317,7 +318,7 @@ func (s *Server) Round(ctx context.Context) {
 			delete(s.keys, k)
 			continue
 		}
-		if s.leased(ks.spec) {
+		if s.leased(ks) {
 			// The reservation covers usage up to its size; the rest is
 			// charged after the fact, and what is left is given back.
 			r, ws := settle(ks)

@@ -59,6 +59,7 @@ type bucket struct {
 	kind    bucketKind
 	specs   []*policy.Spec // the limits it is charged and divided on
 	keys    []string       // the counter key of each of specs
+	penalty bool           // its rule has a penalty box
 	rate    float64        // requests per second last reported; < 0 before the first whole second
 	usage   int64          // admitted requests not yet charged
 	last    time.Time      // last report
@@ -88,11 +89,12 @@ func canonical(m map[string]string) (string, []policy.Entry) {
 // match resolves b against set: its entries, sorted by key, are one
 // descriptor of the stream's domain.
 func (s *Server) match(b *bucket, set *policy.Set) {
-	b.kind, b.specs, b.keys = kindAllow, nil, nil
+	b.kind, b.specs, b.keys, b.penalty = kindAllow, nil, nil, false
 	m, ok := set.Match(b.st.domain, b.entries)
 	if !ok || m.Rule == nil || m.Rule.Unlimited {
 		return
 	}
+	b.penalty = m.Rule.Penalty.On()
 	for i := range m.Rule.Limits {
 		sp := &m.Rule.Limits[i]
 		if sp.Algorithm == algo.Concurrency {
@@ -355,10 +357,11 @@ func (s *Server) overBound(st *stream, over []reported, set *policy.Set) {
 
 // keyIn is one counter's input to a round.
 type keyIn struct {
-	spec  *policy.Spec
-	usage int64
-	local map[string]int64   // subscriber -> demand, milli-units per window
-	refs  map[string]*bucket // subscriber -> bucket
+	spec    *policy.Spec
+	penalty bool // the rule has a penalty box
+	usage   int64
+	local   map[string]int64   // subscriber -> demand, milli-units per window
+	refs    map[string]*bucket // subscriber -> bucket
 }
 
 // gather collects every counter's usage (taken from the buckets) and local
@@ -395,7 +398,7 @@ func (s *Server) gatherKeys(set *policy.Set, only map[string]bool) map[string]*k
 				}
 				in := ins[k]
 				if in == nil {
-					in = &keyIn{spec: b.specs[i], local: map[string]int64{}, refs: map[string]*bucket{}}
+					in = &keyIn{spec: b.specs[i], penalty: b.penalty, local: map[string]int64{}, refs: map[string]*bucket{}}
 					ins[k] = in
 				}
 				in.local[b.sub] = s.demandOf(b, b.specs[i])
@@ -478,6 +481,7 @@ func (s *Server) divideAll(now time.Time, ins map[string]*keyIn, join bool) map[
 	per := make(map[string]map[*bucket]share, len(ins))
 	for k, in := range ins {
 		ks := s.keyState(k, in.spec)
+		ks.penalty = in.penalty
 		// The fleet's demand as every replica sees it this round; this
 		// replica's streams that left are dropped, and those not shared yet
 		// are added with their demand as it is.
