@@ -285,6 +285,7 @@ func (s *Server) record(st *stream, domain string, us []reported, now time.Time,
 	for _, r := range us {
 		u := r.u
 		b := st.buckets[r.canon]
+		known := b != nil
 		if b == nil {
 			if len(st.buckets) >= s.opt.MaxBucketsPerStream {
 				over = append(over, r)
@@ -300,9 +301,16 @@ func (s *Server) record(st *stream, domain string, us []reported, now time.Time,
 		}
 		b.last = now
 		b.usage += int64(min(u.GetNumRequestsAllowed(), uint64(algo.MaxCost)))
-		if el := u.GetTimeElapsed().AsDuration(); el >= time.Second {
-			n := u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()
+		n := u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()
+		switch el := u.GetTimeElapsed().AsDuration(); {
+		case el >= time.Second:
 			b.rate = float64(n) / float64(el/time.Second)
+		case known && b.rate < 0 && n > 0:
+			// Envoy's first periodic report comes less than a second
+			// after the bucket's first one, so its time_elapsed reads 0:
+			// its requests took at most a second, a demand of at least n
+			// per second, which beats the floor until a whole second.
+			b.rate = float64(n)
 		}
 	}
 	return fresh, over
