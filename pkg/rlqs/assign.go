@@ -54,9 +54,9 @@ const minTokens = 2
 // tokens, the rates still get half of it (docs/rlqs.md, "Bounds").
 //
 // A window longer than ttl is a budget (hour, day, month): remaining is what
-// the store says is left of it, and the rates are cut so that every bucket
-// emptied plus two intervals of refill fit in it; when that leaves nothing,
-// the plan is spent.
+// the store says is left of it, and the rates are what lets every bucket
+// emptied plus two intervals of refill fit in it, however short that makes
+// the budget last; when that leaves nothing, the plan is spent.
 func planFor(sp *policy.Spec, n int, headroom float64, remaining int64, windowed bool, interval time.Duration) plan {
 	limit := int64(sp.RequestsPerUnit)
 	if limit == 0 {
@@ -82,9 +82,13 @@ func planFor(sp *policy.Spec, n int, headroom float64, remaining int64, windowed
 		if left <= 0 {
 			return plan{spent: true}
 		}
-		// Two intervals: usage is reported one interval late.
+		// Two intervals: usage is reported one interval late. The rates
+		// are not spread over the whole window: a budget is there to be
+		// used as demand comes, as ShouldRateLimit's fixed window lets
+		// it, so a shorter limit of the rule sets the pace while this one
+		// has room (combine keeps the smaller rate).
 		perWindow := float64(left) * float64(sp.Window) / float64(2*interval)
-		budget = int64(math.Min(float64(budget), perWindow*milli))
+		budget = int64(math.Min(perWindow*milli, math.MaxInt64/2))
 	}
 	return plan{burst: burst, budget: budget}
 }

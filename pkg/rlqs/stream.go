@@ -511,7 +511,13 @@ func (s *Server) divideAll(now time.Time, ins map[string]*keyIn, join bool) map[
 		deny := p.spent || (ks.failed && sp.FailureMode == policy.FailClosed)
 		var alloc map[string]int64
 		if !deny {
-			alloc = s.divide(ks, now, p.budget, fleet, floorOf(sp), join)
+			floor := floorOf(sp)
+			if windowed {
+				// A budget's rate is what may be used over two intervals:
+				// a stream of unknown demand gets an even share of it.
+				floor = p.budget
+			}
+			alloc = s.divide(ks, now, p.budget, fleet, floor, join)
 		}
 		m := make(map[*bucket]share, len(in.refs))
 		for sub, b := range in.refs {
