@@ -78,14 +78,18 @@ type reservation struct {
 // back (settle). Under s.mu.
 func (s *Server) reservations(per map[string]map[*bucket]share, ret map[string][2]int64) []*reservation {
 	var out []*reservation
+	all := combined(per)
 	for _, k := range slices.Sorted(maps.Keys(per)) {
 		ks := s.keys[k]
 		if ks == nil || !s.leased(ks) {
 			continue
 		}
 		r := &reservation{key: k, spec: ks.spec, ret: ret[k][0], retWS: ret[k][1]}
-		for b, sh := range per[k] {
-			if b.kind == kindLimited && !sh.deny {
+		// What a bucket admits is its assignment, the stricter of its
+		// shares: a day's budget next to a per-second limit reserves what
+		// the per-second share admits.
+		for b := range per[k] {
+			if sh := all[b]; b.kind == kindLimited && !sh.deny {
 				r.want += admissible(sh, s.opt.Interval)
 			}
 		}
@@ -138,6 +142,7 @@ func (s *Server) reserve(ctx context.Context, rs []*reservation) {
 // reservations (ks.held, of which ks.heldNow in window ks.heldWS); join
 // adds to the round's. Under s.mu.
 func (s *Server) applyGrants(per map[string]map[*bucket]share, rs []*reservation, join bool) {
+	all := combined(per)
 	for _, r := range rs {
 		if r.err != nil {
 			s.warn("reserve", "rlqs: budget not reserved; each rule's failure_mode applies, usage charged after the fact", "err", r.err)
@@ -164,8 +169,11 @@ func (s *Server) applyGrants(per map[string]map[*bucket]share, rs []*reservation
 		if r.granted >= r.want {
 			continue
 		}
+		// The bucket's assignment (the stricter of its shares), scaled,
+		// becomes its share on this counter.
 		f := float64(r.granted) / float64(r.want)
-		for b, sh := range per[r.key] {
+		for b := range per[r.key] {
+			sh := all[b]
 			switch {
 			case r.granted == 0:
 				sh.deny = true

@@ -535,13 +535,7 @@ func (s *Server) divideAll(now time.Time, ins map[string]*keyIn, join bool) map[
 // sendShares queues the assignment of every bucket in per, the stricter
 // of its shares on several counters, and of extra.
 func (s *Server) sendShares(per map[string]map[*bucket]share, extra []*bucket) {
-	shares := map[*bucket]share{}
-	for _, k := range slices.Sorted(maps.Keys(per)) {
-		for b, sh := range per[k] {
-			old, ok := shares[b]
-			shares[b] = combine(old, sh, !ok)
-		}
-	}
+	shares := combined(per)
 	send := func(b *bucket) {
 		var st *typev3.RateLimitStrategy
 		switch sh, ok := shares[b]; {
@@ -562,6 +556,19 @@ func (s *Server) sendShares(per map[string]map[*bucket]share, extra []*bucket) {
 			send(b)
 		}
 	}
+}
+
+// combined is each bucket's share on all its counters of per: the
+// stricter of them (combine).
+func combined(per map[string]map[*bucket]share) map[*bucket]share {
+	shares := map[*bucket]share{}
+	for _, k := range slices.Sorted(maps.Keys(per)) {
+		for b, sh := range per[k] {
+			old, ok := shares[b]
+			shares[b] = combine(old, sh, !ok)
+		}
+	}
+	return shares
 }
 
 // assignment is a QuotaAssignmentAction for one bucket.
