@@ -174,10 +174,9 @@ func (s *Server) applyGrants(per map[string]map[*bucket]share, rs []*reservation
 		f := float64(r.granted) / float64(r.want)
 		for b := range per[r.key] {
 			sh := all[b]
-			switch {
-			case r.granted == 0:
+			if r.granted == 0 {
 				sh.deny = true
-			default:
+			} else {
 				sh.maxTokens = max(1, int64(float64(sh.maxTokens)*f))
 				sh.rate = int64(float64(sh.rate) * f)
 			}

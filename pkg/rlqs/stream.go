@@ -473,18 +473,11 @@ func (s *Server) divide(ks *keyState, now time.Time, budget int64, fleet map[str
 	return out
 }
 
-// assign divides the counters of ins among the fleet's streams and queues
-// the assignments of every local bucket on them, and of extra. A round
-// divides with each counter's allocator, which keeps the demand history; a
-// join (a new bucket between rounds) divides the demand as it is, leaving
-// the history to the rounds, so that every replica's allocator sees the
-// same rounds.
-func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, join bool) {
-	s.sendShares(s.divideAll(now, ins, join), extra)
-}
-
 // divideAll divides the counters of ins among the fleet's streams: per
-// counter key, the share of each local bucket on it.
+// counter key, the share of each local bucket on it. A round divides with
+// each counter's allocator, which keeps the demand history; a join (a new
+// bucket between rounds) divides the demand as it is, leaving the history
+// to the rounds, so that every replica's allocator sees the same rounds.
 func (s *Server) divideAll(now time.Time, ins map[string]*keyIn, join bool) map[string]map[*bucket]share {
 	per := make(map[string]map[*bucket]share, len(ins))
 	for k, in := range ins {
