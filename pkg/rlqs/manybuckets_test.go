@@ -26,8 +26,9 @@ descriptors:
 
 // TestManyBucketsShareDemand: 5 Envoys with 300 buckets each on a real
 // Redis store with the default options (a 10 ms per-request timeout).
-// Sharing 300 counters' demand is background work of the round, bounded
-// by the round's budget, not by the per-request timeout: no round fails.
+// Sharing 300 counters' demand, and leasing their assignments, is
+// background work of the round, bounded by the round's budget, not by the
+// per-request timeout: no round fails.
 func TestManyBucketsShareDemand(t *testing.T) {
 	srv := redistest.Standalone(t)
 	o := redis.DefaultOptions()
@@ -38,7 +39,7 @@ func TestManyBucketsShareDemand(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = store.Close() })
 	reg := prometheus.NewRegistry()
-	s, err := New(Options{Store: store, Demand: store, Registerer: reg, Replica: "a"})
+	s, err := New(Options{Store: store, Demand: store, Leases: store, Registerer: reg, Replica: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func TestManyBucketsShareDemand(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		s.Round(context.Background())
 	}
-	for _, op := range []string{"demand", "charge"} {
+	for _, op := range []string{"demand", "charge", "reserve"} {
 		if n := testutil.ToFloat64(s.m.errors.WithLabelValues(op)); n != 0 {
 			t.Errorf("ratelimitd_rlqs_store_errors_total{op=%q} = %v, want 0", op, n)
 		}

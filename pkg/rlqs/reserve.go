@@ -112,8 +112,9 @@ func admissible(sh share, interval time.Duration) int64 {
 }
 
 // reserve does the lease operations of rs, one store call each, within
-// ctx; a failed one is counted (op reserve) and left with its error.
-func (s *Server) reserve(ctx context.Context, rs []*reservation) {
+// ctx; a failed one is counted under op (reserve: a round's; reserve_join:
+// a new bucket's, within joinTimeout) and left with its error.
+func (s *Server) reserve(ctx context.Context, op string, rs []*reservation) {
 	sub := s.subscriber()
 	for _, r := range rs {
 		if r.want == 0 && r.ret == 0 {
@@ -129,7 +130,7 @@ func (s *Server) reserve(ctx context.Context, rs []*reservation) {
 			}
 		}
 		if r.err != nil {
-			s.m.errors.WithLabelValues("reserve").Inc()
+			s.m.errors.WithLabelValues(op).Inc()
 		}
 	}
 }
@@ -220,7 +221,7 @@ func (s *Server) reserveJoin(per map[string]map[*bucket]share, fresh []*bucket) 
 	}
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), min(joinTimeout, s.opt.Interval/2))
-	s.reserve(ctx, rs)
+	s.reserve(ctx, "reserve_join", rs)
 	cancel()
 	s.mu.Lock()
 	s.applyGrants(per, rs, true)

@@ -398,7 +398,7 @@ func (s *Server) Round(ctx context.Context) {
 	per := s.divideAll(now, ins, false)
 	if rs := s.reservations(per, rets); len(rs) > 0 {
 		s.mu.Unlock()
-		s.reserve(ctx, rs)
+		s.reserve(ctx, "reserve", rs)
 		s.mu.Lock()
 		s.applyGrants(per, rs, false)
 	}
