@@ -178,6 +178,13 @@ func (s *server) newService() error {
 func (s *server) newRLQS() error {
 	ro := rlqsOptions(s.opts, s.tracing.Store(s.store))
 	ro.Registerer, ro.Logger = s.reg, s.log
+	ro.UnknownDomain = s.svc.CountUnknownDomain
+	if l, ok := s.store.(rlqs.LeaseStore); ok && s.opts.Backend == "redis" && s.opts.RedisWindowKeys {
+		// The store itself (the tracing wrapper does not pass Lease on),
+		// where a lease counts on the counter Take decides: Redis with
+		// window keys. The memory store keeps its leases apart.
+		ro.Leases = l
+	}
 	if s.durable != nil {
 		ro.Durable = s.tracing.Store(s.durable)
 	}
