@@ -63,12 +63,12 @@ func (s *Store) probeLoop() {
 
 // wait waits d; it reports false, early, when the Store is closed.
 func (s *Store) wait(d time.Duration) bool {
-	t := time.NewTimer(d)
+	t := s.clk.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-s.stop:
 		return false
-	case <-t.C:
+	case <-t.C():
 		return true
 	}
 }

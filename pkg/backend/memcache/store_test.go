@@ -400,27 +400,51 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 	}
 }
 
+// tickUntil runs the health probe of the store on clk (Tick), first moving
+// clk on by advance each time, until cond holds; at most 100 probes (a
+// probe on a loaded host may outlast the Timeout).
+func tickUntil(t *testing.T, clk *memcache.ManualClock, advance time.Duration, cond func() bool, what string) {
+	t.Helper()
+	for i := 0; !cond(); i++ {
+		if i == 100 {
+			t.Fatalf("not after %d probes: %s", i, what)
+		}
+		clk.Advance(advance)
+		clk.Tick(t)
+	}
+}
+
 // A killed memcached: calls fail with cause refused, Healthy turns false;
-// after a restart calls succeed and Healthy turns true again.
+// after a restart calls succeed and Healthy turns true again by the
+// health probe.
 func TestKilledAndRestarted(t *testing.T) {
 	srv := memcachetest.Start(t)
-	s := probedStore(t, srv, testTimeout)
-	eventually(t, 10*time.Second, s.Healthy, "healthy at start")
+	o := memcache.DefaultOptions()
+	o.Addrs = []string{srv.Addr()}
+	o.Timeout = testTimeout
+	o.HealthInterval = 50 * time.Millisecond
+	clk := memcache.NewManualClock()
+	s, err := memcache.NewOnClock(o, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	tickUntil(t, clk, 0, s.Healthy, "healthy at start")
 	k, l := uniq(t), fixed(5, time.Hour)
 	take(t, s, algo.Hit{Key: k, Limit: l, Cost: 1})
 
 	srv.Kill()
-	_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: k, Limit: l, Cost: 1}})
+	_, err = algotest.Take(context.Background(), s, []algo.Hit{{Key: k, Limit: l, Cost: 1}})
 	if err == nil || causeOf(err) != memcache.CauseRefused {
 		t.Fatalf("Take with memcached killed: %v (cause %q), want cause %q", err, causeOf(err), memcache.CauseRefused)
 	}
 	if !strings.HasPrefix(err.Error(), "memcache: refused: ") || strings.Contains(err.Error(), k) {
 		t.Fatalf("error %q: want the memcache: refused: prefix and no key", err)
 	}
-	eventually(t, 10*time.Second, func() bool { return !s.Healthy() }, "unhealthy after the kill")
+	tickUntil(t, clk, 0, func() bool { return !s.Healthy() }, "unhealthy after the kill")
 
 	srv.Restart()
-	eventually(t, 10*time.Second, s.Healthy, "healthy after the restart")
+	tickUntil(t, clk, 0, s.Healthy, "healthy after the restart")
 	// The restarted memcached is empty: counting starts again.
 	if d := take(t, s, algo.Hit{Key: k, Limit: l, Cost: 1}); !d[0].Allowed || d[0].Remaining != 4 {
 		t.Fatalf("after restart %+v, want allowed with 4 remaining", d[0])
