@@ -487,8 +487,19 @@ func TestFrozenReturnsByBudget(t *testing.T) {
 	// complete after the caller gave up; short: its own Timeout is the
 	// budget.
 	long, short := mk(5*time.Second), mk(300*time.Millisecond)
-	idle := mk(200 * time.Millisecond) // no traffic: its probe notices
-	eventually(t, 10*time.Second, func() bool { return long.Healthy() && short.Healthy() && idle.Healthy() }, "healthy at start")
+	// idle: no traffic, its probe notices; the test runs the probe.
+	o := memcache.DefaultOptions()
+	o.Addrs = []string{srv.Addr()}
+	o.Timeout = 200 * time.Millisecond
+	o.HealthInterval = 50 * time.Millisecond
+	idleClk := memcache.NewManualClock()
+	idle, err := memcache.NewOnClock(o, idleClk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = idle.Close() })
+	tickUntil(t, idleClk, 0, idle.Healthy, "idle store healthy at start")
+	eventually(t, 10*time.Second, func() bool { return long.Healthy() && short.Healthy() }, "healthy at start")
 	k, l := uniq(t), fixed(5, time.Hour)
 	take(t, long, algo.Hit{Key: k, Limit: l, Cost: 1})
 
@@ -517,9 +528,10 @@ func TestFrozenReturnsByBudget(t *testing.T) {
 	if short.Healthy() {
 		t.Fatal("healthy right after a call timed out after the store's whole Timeout")
 	}
-	eventually(t, 10*time.Second, func() bool { return !idle.Healthy() }, "idle store unhealthy by its probe while frozen")
+	tickUntil(t, idleClk, 0, func() bool { return !idle.Healthy() }, "idle store unhealthy by its probe while frozen")
 	srv.Cont()
-	eventually(t, 10*time.Second, func() bool { return long.Healthy() && short.Healthy() && idle.Healthy() }, "healthy after thaw")
+	tickUntil(t, idleClk, 0, idle.Healthy, "idle store healthy after thaw")
+	eventually(t, 10*time.Second, func() bool { return long.Healthy() && short.Healthy() }, "healthy after thaw")
 	// The abandoned take's INCR completed once memcached answered, and
 	// was refunded: only the first take is counted.
 	eventually(t, 10*time.Second, func() bool {
