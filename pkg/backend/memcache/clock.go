@@ -4,8 +4,8 @@ import "time"
 
 // clock is the Store's time source for its circuit breaker and its health
 // probe's timer, so that a test that moves it moves both. Production uses
-// systemClock. Budgets (socket and caller deadlines) stay on the real
-// clock, and Options.Now places hits in windows.
+// systemClock. Budgets (socket and caller deadlines) and the SRV refresh
+// stay on the real clock, and Options.Now places hits in windows.
 type clock interface {
 	Now() time.Time
 	// NewTimer is the health probe loop's timer.
