@@ -34,14 +34,20 @@ func newStore(t testing.TB, addrs []string, now func() time.Time) *memcache.Stor
 }
 
 // probedStore is a store on srv with timeout whose health probe runs
-// every 50 ms.
-func probedStore(t testing.TB, srv *memcachetest.Server, timeout time.Duration) *memcache.Store {
+// every 50 ms of a clock the test moves (tickUntil).
+func probedStore(t testing.TB, srv *memcachetest.Server, timeout time.Duration) (*memcache.Store, *memcache.ManualClock) {
 	t.Helper()
 	o := memcache.DefaultOptions()
 	o.Addrs = []string{srv.Addr()}
 	o.Timeout = timeout
 	o.HealthInterval = 50 * time.Millisecond
-	return openStore(t, o)
+	clk := memcache.NewManualClock()
+	s, err := memcache.NewOnClock(o, clk)
+	if err != nil {
+		t.Fatalf("memcache.NewOnClock: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, clk
 }
 
 // openStore returns memcache.New(o), failing t on an error, closed when
@@ -419,22 +425,13 @@ func tickUntil(t *testing.T, clk *memcache.ManualClock, advance time.Duration, c
 // health probe.
 func TestKilledAndRestarted(t *testing.T) {
 	srv := memcachetest.Start(t)
-	o := memcache.DefaultOptions()
-	o.Addrs = []string{srv.Addr()}
-	o.Timeout = testTimeout
-	o.HealthInterval = 50 * time.Millisecond
-	clk := memcache.NewManualClock()
-	s, err := memcache.NewOnClock(o, clk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s, clk := probedStore(t, srv, testTimeout)
 	tickUntil(t, clk, 0, s.Healthy, "healthy at start")
 	k, l := uniq(t), fixed(5, time.Hour)
 	take(t, s, algo.Hit{Key: k, Limit: l, Cost: 1})
 
 	srv.Kill()
-	_, err = algotest.Take(context.Background(), s, []algo.Hit{{Key: k, Limit: l, Cost: 1}})
+	_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: k, Limit: l, Cost: 1}})
 	if err == nil || causeOf(err) != memcache.CauseRefused {
 		t.Fatalf("Take with memcached killed: %v (cause %q), want cause %q", err, causeOf(err), memcache.CauseRefused)
 	}
@@ -482,24 +479,19 @@ func metaExp(t *testing.T, srv *memcachetest.Server, key string) int {
 // is refunded.
 func TestFrozenReturnsByBudget(t *testing.T) {
 	srv := memcachetest.Start(t)
-	mk := func(timeout time.Duration) *memcache.Store { return probedStore(t, srv, timeout) }
 	// long: the socket timeout outlives the freeze, so its operations
 	// complete after the caller gave up; short: its own Timeout is the
 	// budget.
-	long, short := mk(5*time.Second), mk(300*time.Millisecond)
-	// idle: no traffic, its probe notices; the test runs the probe.
-	o := memcache.DefaultOptions()
-	o.Addrs = []string{srv.Addr()}
-	o.Timeout = 200 * time.Millisecond
-	o.HealthInterval = 50 * time.Millisecond
-	idleClk := memcache.NewManualClock()
-	idle, err := memcache.NewOnClock(o, idleClk)
-	if err != nil {
-		t.Fatal(err)
+	long, longClk := probedStore(t, srv, 5*time.Second)
+	short, shortClk := probedStore(t, srv, 300*time.Millisecond)
+	idle, idleClk := probedStore(t, srv, 200*time.Millisecond) // no traffic: its probe notices
+	healthy := func(what string) {
+		t.Helper()
+		tickUntil(t, longClk, 0, long.Healthy, "long "+what)
+		tickUntil(t, shortClk, 0, short.Healthy, "short "+what)
+		tickUntil(t, idleClk, 0, idle.Healthy, "idle "+what)
 	}
-	t.Cleanup(func() { _ = idle.Close() })
-	tickUntil(t, idleClk, 0, idle.Healthy, "idle store healthy at start")
-	eventually(t, 10*time.Second, func() bool { return long.Healthy() && short.Healthy() }, "healthy at start")
+	healthy("healthy at start")
 	k, l := uniq(t), fixed(5, time.Hour)
 	take(t, long, algo.Hit{Key: k, Limit: l, Cost: 1})
 
@@ -530,8 +522,7 @@ func TestFrozenReturnsByBudget(t *testing.T) {
 	}
 	tickUntil(t, idleClk, 0, func() bool { return !idle.Healthy() }, "idle store unhealthy by its probe while frozen")
 	srv.Cont()
-	tickUntil(t, idleClk, 0, idle.Healthy, "idle store healthy after thaw")
-	eventually(t, 10*time.Second, func() bool { return long.Healthy() && short.Healthy() }, "healthy after thaw")
+	healthy("healthy after thaw")
 	// The abandoned take's INCR completed once memcached answered, and
 	// was refunded: only the first take is counted.
 	eventually(t, 10*time.Second, func() bool {
