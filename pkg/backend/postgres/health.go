@@ -166,23 +166,27 @@ func (s *Store) probeLoop() {
 		} else {
 			backoff = 0
 		}
-		if !s.wait(d, wake) {
+		if !s.waitTimer(s.clk.NewTimer(d), wake) {
 			return
 		}
 	}
 }
 
-// wait waits d, or less when wake receives (the probe's s.wake; nil
-// never does); it reports false, early, when the Store is closed.
+// wait waits d of the real clock, or less when wake receives (nil never
+// does); it reports false, early, when the Store is closed.
 func (s *Store) wait(d time.Duration, wake <-chan struct{}) bool {
-	t := time.NewTimer(d)
+	return s.waitTimer(systemClock{}.NewTimer(d), wake)
+}
+
+// waitTimer is wait until t fires (the probe's timer is on s.clk).
+func (s *Store) waitTimer(t probeTimer, wake <-chan struct{}) bool {
 	defer t.Stop()
 	select {
 	case <-s.stop:
 		return false
 	case <-wake:
 		return true
-	case <-t.C:
+	case <-t.C():
 		return true
 	}
 }

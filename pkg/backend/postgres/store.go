@@ -42,6 +42,7 @@ type Store struct {
 	opts    Options
 	secrets []string
 	log     *slog.Logger
+	clk     clock // the breaker's and the probe's (see clock)
 	breaker *breaker.Breaker
 	// now, when set (tests), is the instant of every decision instead of
 	// the server's clock.
@@ -83,6 +84,11 @@ type Store struct {
 // and is logged at error level once per outage. Errors never hold the
 // password.
 func New(ctx context.Context, opt Options) (*Store, error) {
+	return newWithClock(ctx, opt, systemClock{})
+}
+
+// newWithClock is New on clk (see clock).
+func newWithClock(ctx context.Context, opt Options, clk clock) (*Store, error) {
 	if err := opt.Validate(); err != nil {
 		return nil, err
 	}
@@ -138,12 +144,13 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		opts:    opt,
 		secrets: sec,
 		log:     log,
+		clk:     clk,
 		stop:    make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 	}
 	b := opt.Breaker
 	b.FailFor = max(b.FailFor, 2*opt.Timeout)
-	s.breaker = breaker.New(b, breakerErrors, nil)
+	s.breaker = breaker.New(b, breakerErrors, clk.Now)
 	if err := s.migrate(ctx); err != nil {
 		if ctx.Err() != nil {
 			err = errTimeout
