@@ -136,7 +136,8 @@ type Store struct {
 	scanned atomic.Int64
 	// sk decides the new keys a full store has no slot for.
 	sk sketches
-	// leases holds the counters of leased limits (see Lease).
+	// leases holds the subscribers' demand of leased keys; their counters
+	// are the shards' entries (see Lease).
 	leases leaseTable
 
 	stop      chan struct{}
