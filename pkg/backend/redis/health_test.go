@@ -16,7 +16,7 @@ import (
 )
 
 // healthInterval is the probe period of these tests (the production
-// default). The Store runs on a ManualClock: each Tick is one iteration
+// default). The Store runs on a clock.Manual: each Tick is one iteration
 // of the probe's loop and moves the breaker's clock with it, so what the
 // probe does per interval is counted, not timed.
 const healthInterval = redis.DefaultHealthInterval
@@ -27,7 +27,7 @@ const healthInterval = redis.DefaultHealthInterval
 const stateWithin = 20 * time.Second
 
 // newHealthStore returns a Store on o with a timeout generous enough for
-// a loaded -race host, on a ManualClock, with its health probe every
+// a loaded -race host, on a clock.Manual, with its health probe every
 // healthInterval.
 func newHealthStore(t *testing.T, o redis.Options) (*redis.Store, *clock.Manual) {
 	t.Helper()
