@@ -38,15 +38,21 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 1000, consistency: leased}
 `
 
-// failingLeases is a memory store whose Lease fails while down is set.
+// failingLeases is a memory store whose Lease fails while down is set,
+// and does not answer (it waits for its context to end, as a call to a
+// frozen server does) while stalled is set.
 type failingLeases struct {
 	*memory.Store
-	down atomic.Bool
+	down, stalled atomic.Bool
 }
 
 func (f *failingLeases) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
 	if f.down.Load() {
 		return algo.LeaseGrant{}, causeErr{"refused"}
+	}
+	if f.stalled.Load() {
+		<-ctx.Done()
+		return algo.LeaseGrant{}, ctx.Err()
 	}
 	return f.Store.Lease(ctx, req)
 }
@@ -179,6 +185,46 @@ func TestLeasedStoreDown(t *testing.T) {
 	for _, c := range leasedCodes(t, svc, 12, "open") {
 		if c != okC {
 			t.Fatalf("open with the store down: %v, want OK", c)
+		}
+	}
+}
+
+// With the store stalled (lease operations get no answer), requests with
+// a 50 ms deadline are answered: the units in hand, then failure_mode
+// (closed denies with a Retry-After, open admits), never the caller's
+// deadline.
+func TestLeasedStoreStalled(t *testing.T) {
+	svc, st, _ := newLeased(t)
+	leasedCodes(t, svc, 1, "closed")
+	leasedCodes(t, svc, 1, "open")
+	st.stalled.Store(true)
+	call := func(key string) *rlsv3.RateLimitResponse {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		descs := req("l")
+		descs.Descriptors = append(descs.Descriptors, d(key, "v"))
+		resp, err := svc.ShouldRateLimit(ctx, descs)
+		if err != nil {
+			t.Fatalf("%s with the store stalled: %v, want failure_mode's answer", key, err)
+		}
+		return resp
+	}
+	ok := 0
+	var last *rlsv3.RateLimitResponse
+	for range 12 {
+		if last = call("closed"); last.GetOverallCode() == okC {
+			ok++
+		}
+	}
+	if ok > 4 || last.GetOverallCode() != overC {
+		t.Fatalf("closed with the store stalled: %d OK of 12, last %v: want at most the 4 units in hand, then OVER_LIMIT", ok, last.GetOverallCode())
+	}
+	if ra := last.GetStatuses()[0].GetDurationUntilReset(); ra == nil {
+		t.Errorf("closed with the store stalled: OVER_LIMIT without a reset time: %v", last)
+	}
+	for range 12 {
+		if c := call("open").GetOverallCode(); c != okC {
+			t.Fatalf("open with the store stalled: %v, want OK", c)
 		}
 	}
 }
