@@ -118,6 +118,12 @@ func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, int64, err
 			ls.m.decided(0, 1)
 			return d, 0, nil
 		}
+		if e.renewing && e.stalled {
+			// A hit already waited its budget for this renewal in
+			// vain: the store is not answering, do not wait again.
+			e.mu.Unlock()
+			return algo.Decision{}, 0, ErrRenewalStalled
+		}
 		if !e.renewing {
 			e.startRenew(t, lt)
 		}
@@ -128,6 +134,11 @@ func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, int64, err
 		case <-ch:
 			wait.Stop()
 		case <-wait.C:
+			e.mu.Lock()
+			if e.renewed == ch {
+				e.stalled = true
+			}
+			e.mu.Unlock()
 			return algo.Decision{}, 0, ErrRenewalStalled
 		case <-ctx.Done():
 			wait.Stop()
