@@ -40,10 +40,11 @@ descriptors:
 
 // failingLeases is a memory store whose Lease fails while down is set,
 // and does not answer (it waits for its context to end, as a call to a
-// frozen server does) while stalled is set.
+// frozen server does, or for thaw to close) while stalled is set.
 type failingLeases struct {
 	*memory.Store
 	down, stalled atomic.Bool
+	thaw          chan struct{}
 }
 
 func (f *failingLeases) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
@@ -51,8 +52,11 @@ func (f *failingLeases) Lease(ctx context.Context, req algo.LeaseRequest) (algo.
 		return algo.LeaseGrant{}, causeErr{"refused"}
 	}
 	if f.stalled.Load() {
-		<-ctx.Done()
-		return algo.LeaseGrant{}, ctx.Err()
+		select {
+		case <-ctx.Done():
+			return algo.LeaseGrant{}, ctx.Err()
+		case <-f.thaw:
+		}
 	}
 	return f.Store.Lease(ctx, req)
 }
@@ -74,7 +78,7 @@ func newLeasedAfter(t *testing.T, after time.Duration) (*service.Service, *faili
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &failingLeases{Store: m}
+	st := &failingLeases{Store: m, thaw: make(chan struct{})}
 	c.Advance(after)
 	ls, err := lease.New(lease.Options{Store: st, Now: c.Now, Ticker: c.renewTicker, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -198,6 +202,7 @@ func TestLeasedStoreStalled(t *testing.T) {
 	leasedCodes(t, svc, 1, "closed")
 	leasedCodes(t, svc, 1, "open")
 	st.stalled.Store(true)
+	t.Cleanup(func() { close(st.thaw) }) // the renewals in flight end before the Leaser closes
 	call := func(key string) *rlsv3.RateLimitResponse {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
