@@ -73,6 +73,13 @@ func newLeased(t *testing.T) (*service.Service, *failingLeases, *clock) {
 // newLeasedAfter is newLeased with the clock after past the store's start.
 func newLeasedAfter(t *testing.T, after time.Duration) (*service.Service, *failingLeases, *clock) {
 	t.Helper()
+	svc, st, c, _ := newLeasedMetered(t, after)
+	return svc, st, c
+}
+
+// newLeasedMetered is newLeasedAfter with the service's metrics registry.
+func newLeasedMetered(t *testing.T, after time.Duration) (*service.Service, *failingLeases, *clock, *prometheus.Registry) {
+	t.Helper()
 	c := &clock{now: t0}
 	m, err := memory.New(memory.Options{Now: c.Now, SweepInterval: -1})
 	if err != nil {
@@ -85,11 +92,12 @@ func newLeasedAfter(t *testing.T, after time.Duration) (*service.Service, *faili
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ls.Close(context.Background()) })
-	svc := newService(t, testOptions(c, st, prometheus.NewRegistry()), func(o *service.Options) { o.Leases = ls })
+	reg := prometheus.NewRegistry()
+	svc := newService(t, testOptions(c, st, reg), func(o *service.Options) { o.Leases = ls })
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "l.yaml"), leasedConfig)
 	svc.SetPolicy(loadSet(t, dir))
-	return svc, st, c
+	return svc, st, c, reg
 }
 
 // renewTicker is the Leaser's Options.Ticker on c: its ticks are the
@@ -198,7 +206,7 @@ func TestLeasedStoreDown(t *testing.T) {
 // (closed denies with a Retry-After, open admits), never the caller's
 // deadline.
 func TestLeasedStoreStalled(t *testing.T) {
-	svc, st, _ := newLeased(t)
+	svc, st, _, reg := newLeasedMetered(t, time.Minute)
 	leasedCodes(t, svc, 1, "closed")
 	leasedCodes(t, svc, 1, "open")
 	st.stalled.Store(true)
@@ -231,6 +239,9 @@ func TestLeasedStoreStalled(t *testing.T) {
 		if c := call("open").GetOverallCode(); c != okC {
 			t.Fatalf("open with the store stalled: %v, want OK", c)
 		}
+	}
+	if n := metricValue(t, reg, "ratelimitd_backend_errors_total", map[string]string{"cause": "stalled"}); n < 1 {
+		t.Errorf("ratelimitd_backend_errors_total{cause=stalled} = %v with the store stalled, want at least 1", n)
 	}
 }
 
