@@ -71,6 +71,13 @@ func TestLeasedRedisFrozen(t *testing.T) {
 		d, f, _, _ := ls.Take(context.Background(), hit("warm"))
 		return len(f) == 0 && d[0].Allowed
 	})
+	// Lease again at the start of the next window, so that the units in
+	// hand last most of a second into the freeze.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 20*time.Millisecond)))
+	waitFor(t, 5*time.Second, "grant in a new window", func() bool {
+		d, f, _, _ := ls.Take(context.Background(), hit("warm"))
+		return len(f) == 0 && d[0].Allowed
+	})
 
 	srv.Stop()
 	t.Cleanup(func() {
