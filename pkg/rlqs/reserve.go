@@ -31,13 +31,17 @@ type LeaseStore interface {
 // leased reports whether the usage on ks is reserved up front
 // (Options.Leases set, a fixed window on the backend without a penalty box:
 // the lease counts on the key Take decides) rather than charged after the
-// fact.
+// fact. A window longer than the TTL is a budget (planFor) and is not
+// leased: its rates are already sized to what the store says remains, and
+// a store's lease assumes a window that began before the store's memory
+// did (a Redis started or restarted after midnight, for a day) is full,
+// which would deny such a budget until its window resets.
 func (s *Server) leased(ks *keyState) bool {
 	sp := ks.spec
 	if s.opt.Leases == nil || sp.Store == policy.StoreDurable || !algo.Leasable(sp.Limit) {
 		return false
 	}
-	return sp.Limit.Kind == algo.FixedWindow && !ks.penalty
+	return sp.Limit.Kind == algo.FixedWindow && !ks.penalty && window(sp) <= s.TTL()
 }
 
 // subscriber is this replica's lease subscriber id (>= 1), from its name.
