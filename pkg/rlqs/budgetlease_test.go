@@ -1,9 +1,11 @@
 package rlqs
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -83,5 +85,49 @@ descriptors:
 	t.Logf("admitted %d of 600 in the minute", total)
 	if total < 540 || total > 600 {
 		t.Errorf("admitted %d in the minute, want 540..600 (at least 90 %% of the budget, never over it)", total)
+	}
+}
+
+// TestNewStreamOnSpentDayBudget: ShouldRateLimit's hits spend a day's
+// budget of 300 on Redis; a new stream's first answer for the bucket is
+// DENY_ALL (the budget is read before the answer, not at the next round),
+// and a bucket of another tenant, whose budget has room, gets a token
+// bucket.
+func TestNewStreamOnSpentDayBudget(t *testing.T) {
+	const cfg = `domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: day, requests_per_unit: 300}
+`
+	srv := redistest.Standalone(t)
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	o.Timeout = 2 * time.Second
+	o.Now = (&fakeClock{t: time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)}).Now
+	store, err := redis.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	r := newRig(t, cfg, store, func(o *Options) { o.Leases = store })
+	set := loadSet(t, cfg)
+	m, ok := set.Match("edge", []policy.Entry{{Key: "tenant", Value: "t1"}})
+	if !ok {
+		t.Fatal("no rule for tenant=t1")
+	}
+	d := make([]algo.Decision, 1)
+	if err := store.Take(context.Background(), []algo.Hit{{Key: set.Key(m, 0), Limit: m.Rule.Limits[0].Limit, Cost: 300}}, d); err != nil || !d[0].Allowed {
+		t.Fatalf("the day's 300 hits: %+v, %v", d[0], err)
+	}
+	c := r.open()
+	spent := map[string]string{"tenant": "t1"}
+	c.send("edge", usage(spent, 0, 1, 0))
+	if got := blanketOf(checkTTL(t, action(t, c.recv(), spent), r.srv.TTL())); got != "DENY_ALL" {
+		t.Errorf("first answer on a spent day's budget: %s, want DENY_ALL", got)
+	}
+	other := map[string]string{"tenant": "t2"}
+	c.send("edge", usage(other, 0, 1, 0))
+	if got := blanketOf(checkTTL(t, action(t, c.recv(), other), r.srv.TTL())); got != "token_bucket" {
+		t.Errorf("first answer with the day's budget left: %s, want token_bucket", got)
 	}
 }
