@@ -215,12 +215,14 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	ins := s.gatherKeys(set, only)
 	// A budget (a window longer than the TTL) whose remaining has not been
 	// read yet is read now, by a check that charges nothing, so that a
-	// bucket's first answer on a spent budget is DENY_ALL.
+	// bucket's first answer on a spent budget is DENY_ALL. A durable
+	// budget is left to the round: a check there writes a row.
 	var reads []algo.Hit
 	var readSpecs []*policy.Spec
 	for _, k := range slices.Sorted(maps.Keys(ins)) {
 		sp := ins[k].spec
-		if ks := s.keys[k]; window(sp) > s.TTL() && (ks == nil || !ks.known) && len(reads) < chargeChunk {
+		ks := s.keys[k]
+		if window(sp) > s.TTL() && sp.Store != policy.StoreDurable && (ks == nil || !ks.known) && len(reads) < chargeChunk {
 			reads = append(reads, algo.Hit{Key: k, Limit: sp.Limit, Soft: true, Charge: true})
 			readSpecs = append(readSpecs, sp)
 		}
