@@ -41,8 +41,10 @@ func TestServerRLQSDurable(t *testing.T) {
 	}
 	runServer(t, s)
 	cc := testproc.Dial(t, s.grpcLn.Addr().String())
-	if err := testproc.WaitHealth(cc, durableHealth, healthpb.HealthCheckResponse_SERVING, 20*time.Second); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"", durableHealth} {
+		if err := testproc.WaitHealth(cc, name, healthpb.HealthCheckResponse_SERVING, 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
