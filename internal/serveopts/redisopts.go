@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"strings"
@@ -6,12 +6,12 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 )
 
-// redisOptions are the redis.Options the --redis-* flags set (o.Redis),
+// RedisOptions are the redis.Options the --redis-* flags set (o.Redis),
 // with what the command derives: keys under --key-prefix, the pool's
 // default for 0, idle connections at most the pool, TLS on when a TLS
 // flag is given, the sentinel credentials and the
 // reference's counting.
-func redisOptions(o Options) redis.Options {
+func RedisOptions(o Options) redis.Options {
 	ro := o.Redis
 	ro.ProbeKey = o.KeyPrefix + redis.DefaultProbeKey
 	ro.CreditChannel = o.KeyPrefix + redis.DefaultCreditChannel

@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"time"
@@ -20,13 +20,13 @@ import (
 type Options struct {
 	// The package options a setting binds directly: the flag sets the
 	// field, the package's Validate states its rules, and an error about
-	// the field names the flag (validateOwners). redisOptions and
-	// memcacheOptions add what the command derives (key prefix, pool
+	// the field names the flag (validateOwners). RedisOptions and
+	// MemcacheOptions add what the command derives (key prefix, pool
 	// default, TLS on).
 	Redis    redis.Options
 	Memcache memcache.Options // the --memcache-* flags
 	RLQS     rlqs.Options     // the --rlqs-* flags
-	// The service.Options the answer flags set; serviceOptions adds the
+	// The service.Options the answer flags set; ServiceOptions adds the
 	// rest (parsed words, inverted switches, the detailed-metric cap's
 	// sign).
 	Service service.Options
@@ -154,7 +154,7 @@ type Options struct {
 // address was given, as envoyproxy/ratelimit does when USE_STATSD is
 // unset (its default is true). For reference-mode wiring; call it after
 // the flags are parsed.
-func (o *Options) useReferenceStatsd() {
+func (o *Options) UseReferenceStatsd() {
 	if o.StatsdAddr == "" {
 		o.StatsdAddr = o.StatsdReferenceAddr
 	}
