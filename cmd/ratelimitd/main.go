@@ -10,7 +10,7 @@
 //	ratelimit [flags]                                  (as envoyproxy/ratelimit's binary: serve, reference mode)
 //
 // The command is wiring only: flags and environment become per-component
-// serveopts.Options (options.go, legacy.go), and serve.go starts the servers.
+// Options (internal/serveopts), and server.go starts the servers.
 // Flags use the standard library's flag package: three subcommands and one
 // flag set do not justify a framework, and flag.VisitAll gives the
 // RATELIMITD_* environment twins in a few lines.

@@ -15,6 +15,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/secrets"
 )
 
+// OneOf is nil when v is one of allowed, else the error
+// "--name=\"v\": want one of a, b, c" (for serve's and replay's flags).
 func OneOf(name, v string, allowed ...string) error {
 	for _, a := range allowed {
 		if v == a {
@@ -24,6 +26,7 @@ func OneOf(name, v string, allowed ...string) error {
 	return fmt.Errorf("--%s=%q: want one of %s", name, v, strings.Join(allowed, ", "))
 }
 
+// checkAddr refuses a --name that is no host:port ("" passes when optional).
 func checkAddr(name, v string, optional bool) error {
 	if v == "" && optional {
 		return nil
