@@ -6,6 +6,6 @@
 // README's flag table and docs/flags.md.
 //
 // Options then builds each package's options (ServiceOptions,
-// RedisOptions, XDSOptions, ...) and the stores of --backend (NewStore);
+// redisOptions, XDSOptions, ...) and the stores of --backend (NewStore);
 // cmd/ratelimitd wires the server from them.
 package serveopts

@@ -20,8 +20,8 @@ import (
 type Options struct {
 	// The package options a setting binds directly: the flag sets the
 	// field, the package's Validate states its rules, and an error about
-	// the field names the flag (validateOwners). RedisOptions and
-	// MemcacheOptions add what the command derives (key prefix, pool
+	// the field names the flag (validateOwners). redisOptions and
+	// memcacheOptions add what the command derives (key prefix, pool
 	// default, TLS on).
 	Redis    redis.Options
 	Memcache memcache.Options // the --memcache-* flags
@@ -154,7 +154,7 @@ type Options struct {
 // address was given, as envoyproxy/ratelimit does when USE_STATSD is
 // unset (its default is true). For reference-mode wiring; call it after
 // the flags are parsed.
-func (o *Options) UseReferenceStatsd() {
+func (o *Options) useReferenceStatsd() {
 	if o.StatsdAddr == "" {
 		o.StatsdAddr = o.StatsdReferenceAddr
 	}

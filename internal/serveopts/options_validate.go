@@ -123,7 +123,7 @@ func (o Options) validateBounds(add func(error)) {
 	// packages' own ranges are theirs (validateOwners, at the end).
 	notNegative(add, "redis-pool-size", o.Redis.PoolSize, "the store's default")
 	if o.Redis.MinIdleConns < 0 {
-		// RedisOptions caps it at the pool size.
+		// redisOptions caps it at the pool size.
 		add(fmt.Errorf("--redis-min-idle-conns=%d: must be >= 0 (more than the pool size is capped to it)", o.Redis.MinIdleConns))
 	}
 	if o.RedisWarmup < 0 {

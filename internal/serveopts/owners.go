@@ -63,8 +63,8 @@ func (o Options) validateOwners(named map[string]bool) error {
 		applies bool // an error about no flag's field counts
 		err     error
 	}{
-		{o.Backend == "redis", RedisOptions(o).Validate()},
-		{o.Backend == "memcache", MemcacheOptions(o).Validate()},
+		{o.Backend == "redis", redisOptions(o).Validate()},
+		{o.Backend == "memcache", memcacheOptions(o).Validate()},
 		{true, so.Validate()},
 		{o.ConfigSource == "xds", xdsOptionsError(o)},
 		{true, TelemetryOptions(o).Validate()},
@@ -262,9 +262,9 @@ func ServiceOptions(o Options) (service.Options, error) {
 	return WithDecisionLog(so, o), nil
 }
 
-// MemcacheOptions are the memcache.Options the --memcache-* flags set,
+// memcacheOptions are the memcache.Options the --memcache-* flags set,
 // with --local-cache-size.
-func MemcacheOptions(o Options) memcache.Options {
+func memcacheOptions(o Options) memcache.Options {
 	mo := o.Memcache
 	mo.LocalCacheSize = o.Redis.LocalCacheSize
 	return mo

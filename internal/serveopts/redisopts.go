@@ -6,12 +6,12 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 )
 
-// RedisOptions are the redis.Options the --redis-* flags set (o.Redis),
+// redisOptions are the redis.Options the --redis-* flags set (o.Redis),
 // with what the command derives: keys under --key-prefix, the pool's
 // default for 0, idle connections at most the pool, TLS on when a TLS
 // flag is given, the sentinel credentials and the
 // reference's counting.
-func RedisOptions(o Options) redis.Options {
+func redisOptions(o Options) redis.Options {
 	ro := o.Redis
 	ro.ProbeKey = o.KeyPrefix + redis.DefaultProbeKey
 	ro.CreditChannel = o.KeyPrefix + redis.DefaultCreditChannel

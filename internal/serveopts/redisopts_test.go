@@ -19,7 +19,7 @@ func TestRedisTuningFlagsReachOptions(t *testing.T) {
 	}
 	def := redis.DefaultOptions()
 	def.Pipelines = redis.DefaultPipelines // 0 in DefaultOptions means the same
-	if diff := cmp.Diff(def, RedisOptions(d), cmp.Comparer(func(a, b func() time.Time) bool { return a == nil && b == nil })); diff != "" {
+	if diff := cmp.Diff(def, redisOptions(d), cmp.Comparer(func(a, b func() time.Time) bool { return a == nil && b == nil })); diff != "" {
 		t.Errorf("defaults differ from redis.DefaultOptions (-redis +flags):\n%s", diff)
 	}
 	set := map[string]string{
@@ -58,7 +58,7 @@ func TestRedisTuningFlagsReachOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, o := range map[string]Options{"flags": viaFlags, "twins": viaTwins} {
-		got := RedisOptions(o)
+		got := redisOptions(o)
 		if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b func() time.Time) bool { return a == nil && b == nil })); diff != "" {
 			t.Errorf("%s: redis.Options (-want +got):\n%s", name, diff)
 		}
@@ -68,8 +68,8 @@ func TestRedisTuningFlagsReachOptions(t *testing.T) {
 	}
 	// A flag beats its twin.
 	o, _, err := Parse([]string{"--redis-breaker-probes=2"}, env("RATELIMITD_REDIS_BREAKER_PROBES", "7"), io.Discard)
-	if err != nil || RedisOptions(o).Breaker.Probes != 2 {
-		t.Errorf("flag vs twin: probes %d, %v", RedisOptions(o).Breaker.Probes, err)
+	if err != nil || redisOptions(o).Breaker.Probes != 2 {
+		t.Errorf("flag vs twin: probes %d, %v", redisOptions(o).Breaker.Probes, err)
 	}
 }
 
@@ -101,7 +101,7 @@ func TestRedisTuningFlagSemantics(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ro := RedisOptions(o)
+			ro := redisOptions(o)
 			if diff := cmp.Diff(c.want, c.get(ro)); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
@@ -137,7 +137,7 @@ func TestRedisTuningFlagErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "--"+c.flag+"=") {
 			t.Errorf("--%s=%s: error %v does not name the flag", c.flag, c.val, err)
 		}
-		if err := RedisOptions(o).Validate(); err == nil {
+		if err := redisOptions(o).Validate(); err == nil {
 			t.Errorf("--%s=%s: accepted by redis.Options.Validate, rejected by the command", c.flag, c.val)
 		}
 		_, _, err = Parse(nil, env(envName(c.flag), c.val), io.Discard)

@@ -138,7 +138,7 @@ func (b *notBool) Set(s string) error {
 }
 
 // feeds records p as another package option field the setting's value
-// feeds (MemcacheOptions copies it there), so errors about it name the flag too.
+// feeds (memcacheOptions copies it there), so errors about it name the flag too.
 func (f fieldRef) feeds(p func(o *Options) any) fieldRef {
 	f.also = p
 	return f

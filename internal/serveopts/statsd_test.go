@@ -47,7 +47,7 @@ func TestLegacyStatsd(t *testing.T) {
 				t.Errorf("warnings %q, want one naming %q", joined, tt.warnContains)
 			}
 			ref := o
-			ref.UseReferenceStatsd()
+			ref.useReferenceStatsd()
 			if want := tt.addr; want == "" && ref.StatsdAddr != tt.ref {
 				t.Errorf("useReferenceStatsd: %q, want %q", ref.StatsdAddr, tt.ref)
 			}

@@ -45,13 +45,13 @@ func NewStore(o Options, ev *events.Events) (service.Store, service.Store, func(
 	}
 	switch o.Backend {
 	case "redis":
-		ro := RedisOptions(o)
+		ro := redisOptions(o)
 		if ev != nil {
 			ro.Breaker.OnTransition, ro.Breaker.OnReport = ev.OnCircuit, ev.OnReport
 		}
 		return withFallback(redis.New(ro))
 	case "memcache":
-		mo := MemcacheOptions(o)
+		mo := memcacheOptions(o)
 		if ev != nil {
 			mo.OnCircuit, mo.OnCircuitReport = ev.OnCircuit, ev.OnReport
 		}
