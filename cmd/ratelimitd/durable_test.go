@@ -109,7 +109,9 @@ func TestServerDurableStartsWithoutPostgres(t *testing.T) {
 	dir := t.TempDir()
 	writeTestFile(t, filepath.Join(dir, "c.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100}\n  - key: plan\n    rate_limit: {unit: day, requests_per_unit: 2, store: durable, failure_mode: closed}\n")
 	o, _, err := serveopts.Parse([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
-		"--durable-url=" + pg.URL(db)}, env(), io.Discard)
+		// A long durable budget: on a loaded host the first calls after the
+		// restart must not time out into failure_mode: closed.
+		"--durable-url=" + pg.URL(db), "--durable-timeout=5s"}, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

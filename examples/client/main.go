@@ -10,9 +10,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,10 +26,30 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
+// hitsFlag is -hits: hits_addend is a uint32, so a larger value is
+// refused rather than truncated (4294967296 would become 0, a check that
+// consumes nothing).
+type hitsFlag uint32
+
+func (h *hitsFlag) String() string { return strconv.FormatUint(uint64(*h), 10) }
+
+func (h *hitsFlag) Set(s string) error {
+	v, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		if errors.Is(err, strconv.ErrRange) {
+			return fmt.Errorf("%s is out of range (max %d)", s, uint32(math.MaxUint32))
+		}
+		return fmt.Errorf("%q is not a non-negative integer", s)
+	}
+	*h = hitsFlag(v)
+	return nil
+}
+
 func main() {
 	addr := flag.String("addr", "localhost:8081", "ratelimitd gRPC address")
 	domain := flag.String("domain", "example", "rate limit domain")
-	hits := flag.Uint("hits", 0, "request hits_addend (0 means 1)")
+	var hits hitsFlag
+	flag.Var(&hits, "hits", "request hits_addend, 0 to 4294967295 (0 means 1)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: client [-addr host:port] [-domain d] key=value[,key=value...] ...\n")
 		flag.PrintDefaults()
@@ -36,7 +59,7 @@ func main() {
 		flag.Usage()
 		os.Exit(1)
 	}
-	req := &rlsv3.RateLimitRequest{Domain: *domain, HitsAddend: uint32(*hits)}
+	req := &rlsv3.RateLimitRequest{Domain: *domain, HitsAddend: uint32(hits)}
 	for _, arg := range flag.Args() {
 		d := &rlcommon.RateLimitDescriptor{}
 		for _, kv := range strings.Split(arg, ",") {

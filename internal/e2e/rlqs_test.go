@@ -83,7 +83,16 @@ func TestRLQSServeAndHandoff(t *testing.T) {
 type rlqsEnvoy struct {
 	mu   sync.Mutex
 	rate float64 // tokens per second + max_tokens of the latest token bucket
+	fill float64 // tokens per second of the latest token bucket
 	done chan struct{}
+}
+
+// allowed is what the Envoy admitted of n requests in a second under its
+// latest assignment, as Envoy's token bucket would: its fill rate.
+func (e *rlqsEnvoy) allowed(n uint64) uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return min(n, uint64(e.fill))
 }
 
 func (e *rlqsEnvoy) get() float64 {
@@ -103,8 +112,9 @@ func runRLQSEnvoy(ctx context.Context, t *testing.T, cc *grpc.ClientConn, e *rlq
 	}
 	id := &rlqspb.BucketId{Bucket: map[string]string{"api": "search", "tenant": "acme"}}
 	report := func(el time.Duration, n uint64) error {
+		ok := e.allowed(n)
 		return st.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "edge-rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{{
-			BucketId: id, TimeElapsed: durationpb.New(el), NumRequestsAllowed: n / 4, NumRequestsDenied: n - n/4,
+			BucketId: id, TimeElapsed: durationpb.New(el), NumRequestsAllowed: ok, NumRequestsDenied: n - ok,
 		}}})
 	}
 	go func() {
@@ -117,7 +127,8 @@ func runRLQSEnvoy(ctx context.Context, t *testing.T, cc *grpc.ClientConn, e *rlq
 			for _, a := range r.GetBucketAction() {
 				if tb := a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket(); tb != nil {
 					e.mu.Lock()
-					e.rate = float64(tb.GetMaxTokens()) + float64(tb.GetTokensPerFill().GetValue())/tb.GetFillInterval().AsDuration().Seconds()
+					e.fill = float64(tb.GetTokensPerFill().GetValue()) / tb.GetFillInterval().AsDuration().Seconds()
+					e.rate = float64(tb.GetMaxTokens()) + e.fill
 					e.mu.Unlock()
 				}
 			}

@@ -8,10 +8,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/client"
@@ -19,8 +21,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
-// startRatelimitd serves the real service (memory store, real clock) with
-// testdata/pacing.yaml on a loopback port.
+// startRatelimitd serves the real service (memory store) with
+// testdata/pacing.yaml on an in-memory listener (bufconn), so that inside
+// a synctest bubble every wait, the network's included, is on the
+// bubble's clock.
 func startRatelimitd(t *testing.T) *grpc.ClientConn {
 	t.Helper()
 	st, err := memory.New(memory.Options{})
@@ -37,15 +41,14 @@ func startRatelimitd(t *testing.T) *grpc.ClientConn {
 		t.Fatal(err)
 	}
 	svc.SetPolicy(set)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := bufconn.Listen(1 << 20)
 	g := grpc.NewServer()
 	svc.Register(g)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient("passthrough:///ratelimitd",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,8 +58,12 @@ func startRatelimitd(t *testing.T) *grpc.ClientConn {
 
 // TestRemoteSharesOneBudget: three Pacers (three programs) share one
 // ratelimitd budget of 50 calls per second. 150 calls all go, none fails,
-// and no second carries more than 50 of them, by ratelimitd's count.
-func TestRemoteSharesOneBudget(t *testing.T) {
+// and no second carries more than 50 of them, by ratelimitd's count. It
+// runs in a synctest bubble: the seconds are the bubble's, however slow
+// the host.
+func TestRemoteSharesOneBudget(t *testing.T) { synctest.Test(t, remoteSharesOneBudget) }
+
+func remoteSharesOneBudget(t *testing.T) {
 	cc := startRatelimitd(t)
 	var mu sync.Mutex
 	perSecond := map[int64]int{}

@@ -10,8 +10,9 @@ import (
 // Option combinations that cannot work as written are refused at the
 // line of the option that does not apply: a leased durable limit (a lease
 // lives in the fast store), a penalty on a durable limit (the durable
-// store has no penalty box) and a penalty on an unlimited rule (nothing
-// is ever denied, so no block ever starts).
+// store has no penalty box), a penalty on a leased limit (a leased hit
+// never reaches the store that counts denials) and a penalty on an
+// unlimited rule (nothing is ever denied, so no block ever starts).
 func TestOptionCombinationsRefused(t *testing.T) {
 	durable := DurableOptions{Enabled: true, Algorithms: []algo.Kind{algo.FixedWindow, algo.SlidingWindow}}
 	for _, tc := range []struct{ yml, want string }{
@@ -21,6 +22,10 @@ func TestOptionCombinationsRefused(t *testing.T) {
 			`t.yaml:4: descriptor "d.q": penalty is not available with store: durable`},
 		{head + "  - key: q\n    penalty: {after: 3, within: 1h, block: 5m}\n    rate_limits:\n      - {unit: minute, requests_per_unit: 5}\n      - {unit: day, requests_per_unit: 50, store: durable}\n",
 			`t.yaml:4: descriptor "d.q": penalty is not available with store: durable`},
+		{head + "  - key: q\n    penalty: {after: 2, within: 1h, block: 5m}\n    rate_limit: {unit: minute, requests_per_unit: 2, consistency: leased}\n",
+			`t.yaml:4: descriptor "d.q": penalty is not available with consistency: leased`},
+		{head + "  - key: q\n    penalty: {after: 3, within: 1h, block: 5m}\n    rate_limits:\n      - {unit: second, requests_per_unit: 5}\n      - {unit: minute, requests_per_unit: 50, consistency: leased}\n",
+			`t.yaml:4: descriptor "d.q": penalty is not available with consistency: leased`},
 		{head + "  - key: q\n    penalty: {after: 3, within: 1h, block: 5m}\n    rate_limit: {unlimited: true}\n",
 			`t.yaml:4: descriptor "d.q": penalty does nothing on an unlimited rule`},
 	} {

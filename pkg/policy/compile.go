@@ -334,6 +334,10 @@ func (s *Set) buildRule(domain string, path []*node, errs *errList) {
 			errs.add(n.file, n.penalty.line, "descriptor %q: penalty does nothing on an unlimited rule (it never denies a hit, so nothing starts a block); remove penalty or give the rule a limit", r.Path)
 		case slices.ContainsFunc(r.Limits, func(sp Spec) bool { return sp.Store == StoreDurable }):
 			errs.add(n.file, n.penalty.line, "descriptor %q: penalty is not available with store: durable (the durable store has no penalty box); remove penalty or keep the limit on the fast store", r.Path)
+		case slices.ContainsFunc(r.Limits, func(sp Spec) bool { return sp.Consistency == Leased }):
+			// A leased hit is decided from the instance's lease, without
+			// the store call that counts denials and blocks atomically.
+			errs.add(n.file, n.penalty.line, "descriptor %q: penalty is not available with consistency: leased (a leased hit is decided from a local lease, which cannot count denials toward a block); remove penalty or use consistency: exact", r.Path)
 		}
 	}
 	for i, l := range n.limits {

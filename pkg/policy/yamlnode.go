@@ -192,8 +192,20 @@ func (p *parser) boolean(v *yaml.Node, field string) bool {
 	return b
 }
 
+// digitsRE matches a plain decimal integer of any size.
+var digitsRE = regexp.MustCompile(`^[-+]?[0-9][0-9_]*$`)
+
 // integer decodes a non-negative integer no larger than max.
 func (p *parser) integer(v *yaml.Node, field string, min, max int64) (int64, bool) {
+	if v.Kind == yaml.ScalarNode && v.Tag == "!!float" && digitsRE.MatchString(v.Value) {
+		// YAML resolves an integer beyond int64 as a float.
+		if strings.HasPrefix(v.Value, "-") {
+			p.errs.add(p.file, v.Line, "%s must not be negative, got %s", field, v.Value)
+		} else {
+			p.errs.add(p.file, v.Line, "%s: %s is out of range (maximum %d)", field, v.Value, max)
+		}
+		return 0, false
+	}
 	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
 		p.errs.add(p.file, v.Line, "%s must be an integer, got %s", field, kindName(v))
 		return 0, false

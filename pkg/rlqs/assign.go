@@ -36,10 +36,17 @@ type plan struct {
 	spent  bool // a windowed budget is used up: DENY_ALL
 }
 
+// minTokens is the smallest bucket of a stream with demand: Envoy refills
+// continuously but admits whole requests, and a bucket of one token that
+// is full when the refill passes it loses the refill until the next
+// request arrives, so at a rate near the request rate a one-token bucket
+// admits about a fifth less than its rate.
+const minTokens = 2
+
 // planFor sizes the buckets of n streams (n >= 1) on limit sp. Envoy starts a
 // token bucket full and refills it continuously, so over any stretch of one
 // window a stream admits at most its maxTokens plus its rate: the buckets
-// together hold headroom × the limit (at least one token each), and the
+// together hold headroom × the limit (at least minTokens each), and the
 // rates share the rest, so that full buckets across the fleet cannot
 // overshoot the window. A token_bucket rule admits its burst (capacity) at
 // once and then its rate, so there (windows up to ttl) the buckets together
@@ -47,15 +54,16 @@ type plan struct {
 // tokens, the rates still get half of it (docs/rlqs.md, "Bounds").
 //
 // A window longer than ttl is a budget (hour, day, month): remaining is what
-// the store says is left of it, and the rates are cut so that every bucket
-// emptied plus two intervals of refill fit in it; when that leaves nothing,
-// the plan is spent.
+// the store says is left of it, and the rates are what lets every bucket
+// emptied plus two intervals of refill fit in it, however short that makes
+// the budget last; when that leaves nothing, the plan is spent.
 func planFor(sp *policy.Spec, n int, headroom float64, remaining int64, windowed bool, interval time.Duration) plan {
 	limit := int64(sp.RequestsPerUnit)
 	if limit == 0 {
 		return plan{spent: true}
 	}
-	burst := max(1, int64(headroom*float64(limit))/int64(n))
+	// minTokens each while the buckets take at most half of the limit.
+	burst := max(1, int64(headroom*float64(limit))/int64(n), min(minTokens, limit/(2*int64(n))))
 	rest := limit - burst*int64(n)
 	if rest < limit/2 {
 		rest = limit / 2
@@ -74,9 +82,13 @@ func planFor(sp *policy.Spec, n int, headroom float64, remaining int64, windowed
 		if left <= 0 {
 			return plan{spent: true}
 		}
-		// Two intervals: usage is reported one interval late.
+		// Two intervals: usage is reported one interval late. The rates
+		// are not spread over the whole window: a budget is there to be
+		// used as demand comes, as ShouldRateLimit's fixed window lets
+		// it, so a shorter limit of the rule sets the pace while this one
+		// has room (combine keeps the smaller rate).
 		perWindow := float64(left) * float64(sp.Window) / float64(2*interval)
-		budget = int64(math.Min(float64(budget), perWindow*milli))
+		budget = int64(math.Min(perWindow*milli, math.MaxInt64/2))
 	}
 	return plan{burst: burst, budget: budget}
 }

@@ -15,8 +15,9 @@ import (
 // Envoys derive plus their full buckets fit the limit.
 func TestConcurrentStreamsNeverOverAssign(t *testing.T) {
 	const limit, streams = 100, 40 // the kindsConfig limit of api=search
-	// Rounds advance the clock as fast as they run: no bucket is abandoned.
-	r := newRig(t, kindsConfig, nil, func(o *Options) { o.AbandonAfter = 1000 * time.Hour })
+	// Rounds advance the clock as fast as they run: no bucket is abandoned
+	// or falls silent (two intervals without a report).
+	r := newRig(t, kindsConfig, nil, func(o *Options) { o.AbandonAfter, o.Interval = 1000*time.Hour, 100*time.Hour })
 	id := map[string]string{"api": "search"}
 
 	stop := make(chan struct{})

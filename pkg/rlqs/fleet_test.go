@@ -34,12 +34,16 @@ type fleetRun struct {
 	duration time.Duration
 	kill     time.Duration
 	replicas []*Server
+	// load, when set, is other traffic on the fleet's counter (as
+	// ShouldRateLimit decides it), every tick: it returns the hits admitted.
+	load func(now time.Time) int64
 }
 
 // fleetResult is what the Envoys admitted, per second of the run, and each
 // Envoy's assigned rate after each second's rounds.
 type fleetResult struct {
 	admitted []int64
+	loaded   []int64     // admitted by fleetRun.load, per second
 	rates    [][]float64 // [second][envoy]
 	envoys   []*simEnvoy
 }
@@ -65,7 +69,7 @@ func (f *fleetRun) run(t *testing.T, clock *fakeClock) fleetResult {
 	}
 	acc := make([]float64, len(envoys))
 	secs := int(f.duration / time.Second)
-	res := fleetResult{admitted: make([]int64, secs), rates: make([][]float64, secs), envoys: envoys}
+	res := fleetResult{admitted: make([]int64, secs), loaded: make([]int64, secs), rates: make([][]float64, secs), envoys: envoys}
 	start := clock.Now()
 	for step := 0; step < int(f.duration/tick); step++ {
 		now := clock.Now()
@@ -103,6 +107,9 @@ func (f *fleetRun) run(t *testing.T, clock *fakeClock) fleetResult {
 			if now.Sub(e.b.lastReport) >= time.Second {
 				e.report(now, false)
 			}
+		}
+		if f.load != nil {
+			res.loaded[el/time.Second] += f.load(now)
 		}
 		if el%time.Second == 500*time.Millisecond {
 			for _, r := range live() {
@@ -160,6 +167,7 @@ func maxMinFair(budget float64, demand []float64) []float64 {
 func (f *fleetRun) check(t *testing.T, r fleetResult) {
 	t.Helper()
 	secs := len(r.admitted)
+	t.Logf("admitted per second: %v", r.admitted)
 	var total int64
 	for _, a := range r.admitted {
 		total += a
@@ -273,7 +281,12 @@ func fleetDuration() (run, kill time.Duration) {
 
 func newReplica(t testing.TB, store Store, demand Demand, clock *fakeClock, name string, set *policy.Set) *Server {
 	t.Helper()
-	s, err := New(Options{Store: store, Demand: demand, Now: clock.Now, Replica: name})
+	o := Options{Store: store, Demand: demand, Now: clock.Now, Replica: name}
+	if l, ok := store.(*redis.Store); ok {
+		// Redis leases on the counters Take decides (window keys).
+		o.Leases = l
+	}
+	s, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

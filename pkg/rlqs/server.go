@@ -58,6 +58,11 @@ type Options struct {
 	// ALLOW_ALL when its rule never denies), so that one Envoy cannot make
 	// every round's store calls as large as it likes.
 	MaxBucketsPerStream int
+	// Leases, when set, reserves each round's token-bucket assignments on
+	// the store up front (reserve.go): the store's Lease, on the counters
+	// Store decides (the memory and Redis stores; not through a wrapper
+	// that hides it). nil: usage is charged after the fact only.
+	Leases LeaseStore
 	// Demand shares stream demand among replicas; nil: this process only
 	// (NewMemory).
 	Demand Demand
@@ -76,6 +81,10 @@ type Options struct {
 	// is answered ALLOW_ALL and its usage still charged, as a rule's
 	// shadow_mode is.
 	ShadowMode bool
+	// UnknownDomain, when set, counts a stream whose domain is empty or
+	// not in the config, once per stream (ShouldRateLimit's
+	// ratelimitd_unknown_domain_requests_total).
+	UnknownDomain func()
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 	// Logger; nil means slog.Default().
@@ -170,6 +179,10 @@ type keyState struct {
 	tries     int              // rounds in a row whose charge the store failed
 	behind    int              // rounds in a row whose charge failed, for any reason
 	idle      int              // rounds without a local bucket
+	held      int64            // units reserved for the local buckets since the last round (reserve.go)
+	heldNow   int64            // the part of held granted in window heldWS
+	heldWS    int64            // the window (µs) of the latest grant
+	penalty   bool             // its rule has a penalty box (Take counts it elsewhere)
 }
 
 // New returns a Server; SetPolicy gives it its config.
@@ -297,12 +310,19 @@ func (s *Server) Round(ctx context.Context) {
 	hits := make([]algo.Hit, 0, len(s.keys))
 	specs := make([]*policy.Spec, 0, len(s.keys))
 	behind := make(map[string]int, len(s.keys))
+	rets := make(map[string][2]int64)
 	for k, ks := range s.keys {
 		if _, ok := ins[k]; ok {
 			ks.idle = 0
 		} else if ks.idle++; ks.idle > 3 && ks.pending == 0 {
 			delete(s.keys, k)
 			continue
+		}
+		if s.leased(ks) {
+			// The reservation covers usage up to its size; the rest is
+			// charged after the fact, and what is left is given back.
+			r, ws := settle(ks)
+			rets[k] = [2]int64{r, ws}
 		}
 		cost := min(ks.pending, algo.MaxCost)
 		hits = append(hits, algo.Hit{Key: k, Limit: ks.spec.Limit, Cost: cost, Soft: true, Charge: true})
@@ -333,7 +353,7 @@ func (s *Server) Round(ctx context.Context) {
 	for _, k := range keys {
 		local[k] = ins[k].local
 	}
-	views, shareErr := s.shareDemand(ctx, round, local)
+	views, shareErr := s.shareDemand(ctx, "demand", round, local)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -375,7 +395,14 @@ func (s *Server) Round(ctx context.Context) {
 			ks.remote = v
 		}
 	}
-	s.assign(now, ins, all, false)
+	per := s.divideAll(now, ins, false)
+	if rs := s.reservations(per, rets); len(rs) > 0 {
+		s.mu.Unlock()
+		s.reserve(ctx, "reserve", rs)
+		s.mu.Lock()
+		s.applyGrants(per, rs, false)
+	}
+	s.sendShares(per, all)
 }
 
 // chargeChunk bounds the counters of one store call: a stream's report of
@@ -464,8 +491,9 @@ func (s *Server) charge(ctx context.Context, hits []algo.Hit, specs []*policy.Sp
 
 // shareDemand is Demand.ShareDemand in calls of at most chargeChunk
 // counters, within ctx: the views of the calls that succeeded, and the
-// first error. Each failed call is counted.
-func (s *Server) shareDemand(ctx context.Context, round int64, local map[string]map[string]int64) (map[string]map[string]int64, error) {
+// first error. Each failed call is counted under op (demand: a round's;
+// demand_join: a new bucket's, within joinTimeout).
+func (s *Server) shareDemand(ctx context.Context, op string, round int64, local map[string]map[string]int64) (map[string]map[string]int64, error) {
 	names := slices.Sorted(maps.Keys(local))
 	out := make(map[string]map[string]int64, len(local))
 	var first error
@@ -480,7 +508,7 @@ func (s *Server) shareDemand(ctx context.Context, round int64, local map[string]
 			views, err = s.opt.Demand.ShareDemand(ctx, round, 4*s.opt.Interval, part)
 		}
 		if err != nil {
-			s.m.errors.WithLabelValues("demand").Inc()
+			s.m.errors.WithLabelValues(op).Inc()
 			if first == nil {
 				first = err
 			}

@@ -29,6 +29,8 @@ type stream struct {
 	domain  string
 	buckets map[string]*bucket // by canonical bucket id; Server.mu
 	seq     int
+	// domainChecked: the domain was looked up in the config (checkDomain).
+	domainChecked bool
 
 	outMu sync.Mutex
 	out   map[string]*rlqspb.RateLimitQuotaResponse_BucketAction // not yet sent, by canonical id
@@ -57,6 +59,7 @@ type bucket struct {
 	kind    bucketKind
 	specs   []*policy.Spec // the limits it is charged and divided on
 	keys    []string       // the counter key of each of specs
+	penalty bool           // its rule has a penalty box
 	rate    float64        // requests per second last reported; < 0 before the first whole second
 	usage   int64          // admitted requests not yet charged
 	last    time.Time      // last report
@@ -86,11 +89,12 @@ func canonical(m map[string]string) (string, []policy.Entry) {
 // match resolves b against set: its entries, sorted by key, are one
 // descriptor of the stream's domain.
 func (s *Server) match(b *bucket, set *policy.Set) {
-	b.kind, b.specs, b.keys = kindAllow, nil, nil
+	b.kind, b.specs, b.keys, b.penalty = kindAllow, nil, nil, false
 	m, ok := set.Match(b.st.domain, b.entries)
 	if !ok || m.Rule == nil || m.Rule.Unlimited {
 		return
 	}
+	b.penalty = m.Rule.Penalty.On()
 	for i := range m.Rule.Limits {
 		sp := &m.Rule.Limits[i]
 		if sp.Algorithm == algo.Concurrency {
@@ -220,7 +224,12 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	for k, in := range ins {
 		local[k] = in.local
 	}
-	views, err := s.shareDemand(ctx, round, local)
+	// One call at most: a report of many new buckets shares the first
+	// chargeChunk counters' demand now, the others at the next round.
+	for _, k := range slices.Sorted(maps.Keys(local))[min(chargeChunk, len(local)):] {
+		delete(local, k)
+	}
+	views, err := s.shareDemand(ctx, "demand_join", round, local)
 	if err != nil {
 		s.warn("demand_join", "rlqs: demand of a new bucket not shared; dividing by the fleet's demand last shared", "err", err)
 	}
@@ -237,7 +246,9 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 		ks.remote = merged
 	}
 	// Streams may have left meanwhile: divide among those still here.
-	s.assign(now, s.gatherKeys(set, only), fresh, true)
+	per := s.divideAll(now, s.gatherKeys(set, only), true)
+	s.reserveJoin(per, fresh)
+	s.sendShares(per, fresh)
 }
 
 // reported is one bucket's usage in a report, its id made canonical.
@@ -267,9 +278,14 @@ func (s *Server) record(st *stream, domain string, us []reported, now time.Time,
 	if st.domain == "" {
 		st.domain = domain
 	}
+	if !st.domainChecked && set != nil {
+		st.domainChecked = true
+		s.checkDomain(st, set)
+	}
 	for _, r := range us {
 		u := r.u
 		b := st.buckets[r.canon]
+		known := b != nil
 		if b == nil {
 			if len(st.buckets) >= s.opt.MaxBucketsPerStream {
 				over = append(over, r)
@@ -285,9 +301,16 @@ func (s *Server) record(st *stream, domain string, us []reported, now time.Time,
 		}
 		b.last = now
 		b.usage += int64(min(u.GetNumRequestsAllowed(), uint64(algo.MaxCost)))
-		if el := u.GetTimeElapsed().AsDuration(); el >= time.Second {
-			n := u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()
+		n := u.GetNumRequestsAllowed() + u.GetNumRequestsDenied()
+		switch el := u.GetTimeElapsed().AsDuration(); {
+		case el >= time.Second:
 			b.rate = float64(n) / float64(el/time.Second)
+		case known && b.rate < 0 && n > 0:
+			// Envoy's first periodic report comes less than a second
+			// after the bucket's first one, so its time_elapsed reads 0:
+			// its requests took at most a second, a demand of at least n
+			// per second, which beats the floor until a whole second.
+			b.rate = float64(n)
 		}
 	}
 	return fresh, over
@@ -342,10 +365,11 @@ func (s *Server) overBound(st *stream, over []reported, set *policy.Set) {
 
 // keyIn is one counter's input to a round.
 type keyIn struct {
-	spec  *policy.Spec
-	usage int64
-	local map[string]int64   // subscriber -> demand, milli-units per window
-	refs  map[string]*bucket // subscriber -> bucket
+	spec    *policy.Spec
+	penalty bool // the rule has a penalty box
+	usage   int64
+	local   map[string]int64   // subscriber -> demand, milli-units per window
+	refs    map[string]*bucket // subscriber -> bucket
 }
 
 // gather collects every counter's usage (taken from the buckets) and local
@@ -382,7 +406,7 @@ func (s *Server) gatherKeys(set *policy.Set, only map[string]bool) map[string]*k
 				}
 				in := ins[k]
 				if in == nil {
-					in = &keyIn{spec: b.specs[i], local: map[string]int64{}, refs: map[string]*bucket{}}
+					in = &keyIn{spec: b.specs[i], penalty: b.penalty, local: map[string]int64{}, refs: map[string]*bucket{}}
 					ins[k] = in
 				}
 				in.local[b.sub] = s.demandOf(b, b.specs[i])
@@ -398,8 +422,11 @@ func (s *Server) gatherKeys(set *policy.Set, only map[string]bool) map[string]*k
 const unknown = -1
 
 // demandOf is a bucket's demand on a limit in milli-units per window, or
-// unknown.
+// unknown; a silent bucket has none.
 func (s *Server) demandOf(b *bucket, sp *policy.Spec) int64 {
+	if s.silent(b) {
+		return 0
+	}
 	if b.rate < 0 {
 		return unknown
 	}
@@ -446,17 +473,16 @@ func (s *Server) divide(ks *keyState, now time.Time, budget int64, fleet map[str
 	return out
 }
 
-// assign divides the counters of ins among the fleet's streams and queues
-// the assignments of every local bucket on them, and of extra. A round
-// divides with each counter's allocator, which keeps the demand history; a
-// join (a new bucket between rounds) divides the demand as it is, leaving
-// the history to the rounds, so that every replica's allocator sees the
-// same rounds.
-func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, join bool) {
-	shares := map[*bucket]share{}
-	seen := map[*bucket]bool{}
+// divideAll divides the counters of ins among the fleet's streams: per
+// counter key, the share of each local bucket on it. A round divides with
+// each counter's allocator, which keeps the demand history; a join (a new
+// bucket between rounds) divides the demand as it is, leaving the history
+// to the rounds, so that every replica's allocator sees the same rounds.
+func (s *Server) divideAll(now time.Time, ins map[string]*keyIn, join bool) map[string]map[*bucket]share {
+	per := make(map[string]map[*bucket]share, len(ins))
 	for k, in := range ins {
 		ks := s.keyState(k, in.spec)
+		ks.penalty = in.penalty
 		// The fleet's demand as every replica sees it this round; this
 		// replica's streams that left are dropped, and those not shared yet
 		// are added with their demand as it is.
@@ -474,18 +500,35 @@ func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, j
 		}
 		sp := in.spec
 		windowed := window(sp) > s.TTL() && ks.known
-		p := planFor(sp, len(fleet), s.opt.Headroom, ks.remaining, windowed, s.opt.Interval)
+		p := planFor(sp, demanding(fleet), s.opt.Headroom, ks.remaining, windowed, s.opt.Interval)
 		deny := p.spent || (ks.failed && sp.FailureMode == policy.FailClosed)
 		var alloc map[string]int64
 		if !deny {
-			alloc = s.divide(ks, now, p.budget, fleet, floorOf(sp), join)
+			floor := floorOf(sp)
+			if windowed {
+				// A budget's rate is what may be used over two intervals:
+				// a stream of unknown demand gets an even share of it.
+				floor = p.budget
+			}
+			alloc = s.divide(ks, now, p.budget, fleet, floor, join)
 		}
+		m := make(map[*bucket]share, len(in.refs))
 		for sub, b := range in.refs {
 			sh := share{deny: deny, maxTokens: p.burst, rate: alloc[sub], window: window(sp)}
-			shares[b] = combine(shares[b], sh, !seen[b])
-			seen[b] = true
+			if fleet[sub] == 0 {
+				sh.maxTokens = idleTokens
+			}
+			m[b] = sh
 		}
+		per[k] = m
 	}
+	return per
+}
+
+// sendShares queues the assignment of every bucket in per, the stricter
+// of its shares on several counters, and of extra.
+func (s *Server) sendShares(per map[string]map[*bucket]share, extra []*bucket) {
+	shares := combined(per)
 	send := func(b *bucket) {
 		var st *typev3.RateLimitStrategy
 		switch sh, ok := shares[b]; {
@@ -506,6 +549,19 @@ func (s *Server) assign(now time.Time, ins map[string]*keyIn, extra []*bucket, j
 			send(b)
 		}
 	}
+}
+
+// combined is each bucket's share on all its counters of per: the
+// stricter of them (combine).
+func combined(per map[string]map[*bucket]share) map[*bucket]share {
+	shares := map[*bucket]share{}
+	for _, k := range slices.Sorted(maps.Keys(per)) {
+		for b, sh := range per[k] {
+			old, ok := shares[b]
+			shares[b] = combine(old, sh, !ok)
+		}
+	}
+	return shares
 }
 
 // assignment is a QuotaAssignmentAction for one bucket.

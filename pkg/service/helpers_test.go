@@ -37,10 +37,12 @@ var useMemoryStore = os.Getenv("RATELIMITD_SERVICE_REFERENCE_STORE") == "0"
 // t0 is 30 s into a minute (and 3570 s before the end of the hour).
 var t0 = time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC)
 
-// clock is a settable test clock.
+// clock is a settable test clock; renewals are the ticks of a Leaser's
+// renewal loop on it (renewTicker).
 type clock struct {
-	mu  sync.Mutex
-	now time.Time
+	mu       sync.Mutex
+	now      time.Time
+	renewals chan time.Time
 }
 
 func (c *clock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.now }

@@ -53,7 +53,9 @@ func (f *failingLeases) Lease(ctx context.Context, req algo.LeaseRequest) (algo.
 
 // newLeased is a service deciding leased limits from a Leaser on a memory
 // store (which also decides the exact ones), on the test clock, a minute
-// after the store began.
+// after the store began. The Leaser's renewal loop ticks only when the
+// test sends on the clock's renewals, so no renewal runs on the real
+// clock while the test clock stands still.
 func newLeased(t *testing.T) (*service.Service, *failingLeases, *clock) {
 	return newLeasedAfter(t, time.Minute)
 }
@@ -68,7 +70,7 @@ func newLeasedAfter(t *testing.T, after time.Duration) (*service.Service, *faili
 	}
 	st := &failingLeases{Store: m}
 	c.Advance(after)
-	ls, err := lease.New(lease.Options{Store: st, Now: c.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ls, err := lease.New(lease.Options{Store: st, Now: c.Now, Ticker: c.renewTicker, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,6 +80,17 @@ func newLeasedAfter(t *testing.T, after time.Duration) (*service.Service, *faili
 	writeFile(t, filepath.Join(dir, "l.yaml"), leasedConfig)
 	svc.SetPolicy(loadSet(t, dir))
 	return svc, st, c
+}
+
+// renewTicker is the Leaser's Options.Ticker on c: its ticks are the
+// sends on c.renewals.
+func (c *clock) renewTicker(time.Duration) (<-chan time.Time, func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.renewals == nil {
+		c.renewals = make(chan time.Time)
+	}
+	return c.renewals, func() {}
 }
 
 func leasedCodes(t *testing.T, svc *service.Service, n int, ds ...string) []rlsv3.RateLimitResponse_Code {

@@ -88,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reloads:               r.counterVec("ratelimitd_config_reloads_total", "Config loads by result: success (a changed config put in force), unchanged (same content as the config in force, nothing applied), failure (invalid config rejected), read_error (config files could not be read), watch_error (file watcher error).", "result"),
 		configInfo:            r.gaugeVec("ratelimitd_config_info", "1 for the hash of the config in force (one series at a time).", "hash"),
 		inflight:              r.gauge("ratelimitd_inflight_requests", "ShouldRateLimit calls being answered."),
-		unknownDomain:         r.counter("ratelimitd_unknown_domain_requests_total", "Valid requests whose domain is not in the loaded config (answered OK without a limit)."),
+		unknownDomain:         r.counter("ratelimitd_unknown_domain_requests_total", "Valid requests whose domain is not in the loaded config (answered OK without a limit), and RLQS streams whose domain is empty or not in the config (their buckets answered ALLOW_ALL)."),
 		globalShadow:          r.counter("ratelimitd_global_shadow_total", "Requests whose OVER_LIMIT overall code global shadow mode turned into OK."),
 		invalidUTF8:           r.counter("ratelimitd_invalid_utf8_requests_total", "gRPC RateLimitRequests whose domain or descriptor entry key/value held invalid UTF-8 and were decoded with those strings escaped (U+FFFD + hex of the raw bytes) instead of failing."),
 		refunds:               r.counterVec("ratelimitd_refunds_total", "Descriptors with is_negative_hits whose hits_addend the store credited to their limits, by domain (config domains only).", "domain"),

@@ -275,3 +275,8 @@ func (s *Service) logBackendError(cause string, err error, msg string) {
 // String describes the service for logs: "service.Service(headers=MODE)"
 // with the Options.Headers mode.
 func (s *Service) String() string { return fmt.Sprintf("service.Service(headers=%s)", s.opts.Headers) }
+
+// CountUnknownDomain counts one call of a domain not in the config that
+// did not come through ShouldRateLimit (an RLQS stream, pkg/rlqs) in
+// ratelimitd_unknown_domain_requests_total.
+func (s *Service) CountUnknownDomain() { s.m.unknownDomain.Inc() }

@@ -18,14 +18,20 @@ import (
 
 // newBreakerStore is a store on srv with the default Timeout (50 ms) and
 // the health probe every probe (0: none, only the test's calls reach the
-// breaker).
-func newBreakerStore(t *testing.T, srv *memcachetest.Server, probe time.Duration, onCircuit func(breaker.State)) *memcache.Store {
+// breaker), on a clock the test moves.
+func newBreakerStore(t *testing.T, srv *memcachetest.Server, probe time.Duration, onCircuit func(breaker.State)) (*memcache.Store, *memcache.ManualClock) {
 	t.Helper()
 	o := memcache.DefaultOptions()
 	o.Addrs = []string{srv.Addr()}
 	o.HealthInterval = probe
 	o.OnCircuit = onCircuit
-	return openStore(t, o)
+	clk := memcache.NewManualClock()
+	s, err := memcache.NewOnClock(o, clk)
+	if err != nil {
+		t.Fatalf("memcache.NewOnClock: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, clk
 }
 
 // untilRefused calls s until a call is refused by the open circuit with
@@ -47,15 +53,22 @@ func untilRefused(t *testing.T, s *memcache.Store, want error, before string, ma
 	return 0
 }
 
-// recovers waits (10 s at most) for a call to succeed, then checks that
-// the circuit closed and the store is healthy.
-func recovers(t *testing.T, s *memcache.Store) {
+// recovers moves clk past OpenFor and calls s, as a half-open probe,
+// until a call succeeds (at most 100 times: a call on a loaded host may
+// outlast the Timeout and reopen the circuit), then checks that the
+// circuit closed and the store is healthy.
+func recovers(t *testing.T, s *memcache.Store, clk *memcache.ManualClock) {
 	t.Helper()
 	l := fixed(1000, time.Hour)
-	eventually(t, 10*time.Second, func() bool {
-		_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: uniq(t), Limit: l, Cost: 1}})
-		return err == nil
-	}, "a call succeeds after memcached came back")
+	for i := 0; ; i++ {
+		if i == 100 {
+			t.Fatalf("no call succeeded in %d half-open probes after memcached came back (circuit %s)", i, s.BreakerState())
+		}
+		clk.Advance(breaker.DefaultOpenFor)
+		if _, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: uniq(t), Limit: l, Cost: 1}}); err == nil {
+			break
+		}
+	}
 	if st := s.BreakerState(); st != "closed" || !s.Healthy() {
 		t.Fatalf("after a call succeeded: circuit %s, healthy %v; want closed and healthy", st, s.Healthy())
 	}
@@ -89,7 +102,7 @@ func TestFailingMemcachedOpensCircuit(t *testing.T) {
 			srv := memcachetest.Start(t)
 			var mu sync.Mutex
 			var seen []string
-			s := newBreakerStore(t, srv, 0, func(to breaker.State) { mu.Lock(); seen = append(seen, to.String()); mu.Unlock() })
+			s, clk := newBreakerStore(t, srv, 0, func(to breaker.State) { mu.Lock(); seen = append(seen, to.String()); mu.Unlock() })
 			take(t, s, algo.Hit{Key: uniq(t), Limit: fixed(5, time.Hour), Cost: 1})
 			if !s.Healthy() || s.BreakerState() != "closed" {
 				t.Fatalf("at start: healthy %v, circuit %s", s.Healthy(), s.BreakerState())
@@ -109,7 +122,7 @@ func TestFailingMemcachedOpensCircuit(t *testing.T) {
 			}
 
 			f.heal(srv)
-			recovers(t, s)
+			recovers(t, s, clk)
 			// Options.OnCircuit saw every transition, in order.
 			mu.Lock()
 			defer mu.Unlock()
@@ -125,13 +138,14 @@ func TestFailingMemcachedOpensCircuit(t *testing.T) {
 // and closes it once memcached answers; Healthy is false until then.
 func TestIdleStoreClosesCircuitByProbe(t *testing.T) {
 	srv := memcachetest.Start(t)
-	s := newBreakerStore(t, srv, 50*time.Millisecond, nil)
-	eventually(t, 10*time.Second, s.Healthy, "healthy at start")
+	s, clk := newBreakerStore(t, srv, 50*time.Millisecond, nil)
+	tickUntil(t, clk, 0, s.Healthy, "healthy at start")
 
 	srv.Kill()
 	untilRefused(t, s, memcache.ErrCircuitOpen, memcache.CauseRefused, 50)
 	srv.Restart()
-	eventually(t, 10*time.Second, s.Healthy, "healthy after the restart, without a call")
+	// Each probe after OpenFor is a half-open probe.
+	tickUntil(t, clk, breaker.DefaultOpenFor, s.Healthy, "healthy after the restart, without a call")
 	if st := s.BreakerState(); st != "closed" {
 		t.Fatalf("healthy with the circuit %s", st)
 	}

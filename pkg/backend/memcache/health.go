@@ -55,20 +55,23 @@ func (s *Store) probeLoop() {
 		if err != nil {
 			d = min(d, unhealthyProbeInterval)
 		}
-		if !s.wait(d) {
+		if !s.waitTimer(s.clk.NewTimer(d)) {
 			return
 		}
 	}
 }
 
-// wait waits d; it reports false, early, when the Store is closed.
-func (s *Store) wait(d time.Duration) bool {
-	t := time.NewTimer(d)
+// wait waits d of the real clock; it reports false, early, when the Store
+// is closed.
+func (s *Store) wait(d time.Duration) bool { return s.waitTimer(systemClock{}.NewTimer(d)) }
+
+// waitTimer is wait until t fires (the probe's timer is on s.clk).
+func (s *Store) waitTimer(t probeTimer) bool {
 	defer t.Stop()
 	select {
 	case <-s.stop:
 		return false
-	case <-t.C:
+	case <-t.C():
 		return true
 	}
 }

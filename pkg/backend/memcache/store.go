@@ -34,6 +34,7 @@ type Store struct {
 	timeout time.Duration
 
 	opts    Options
+	clk     clock            // the breaker's and the probe's (see clock)
 	cache   *overlimit.Cache // nil: disabled (Options.LocalCacheSize 0)
 	breaker *breaker.Breaker // see breaker.go
 	// unhealthy is set by an outage error of a call or the probe and
@@ -60,7 +61,10 @@ type Store struct {
 // background every 100 ms, decisions failing with CauseRefused meanwhile;
 // the health probe runs in the background. Errors come from invalid
 // options only.
-func New(opts Options) (*Store, error) {
+func New(opts Options) (*Store, error) { return newWithClock(opts, systemClock{}) }
+
+// newWithClock is New on clk (see clock).
+func newWithClock(opts Options, clk clock) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
@@ -69,8 +73,9 @@ func New(opts Options) (*Store, error) {
 		now:     opts.Now,
 		timeout: opts.Timeout,
 		opts:    opts,
+		clk:     clk,
 		cache:   overlimit.New(opts.LocalCacheSize),
-		breaker: breaker.New(breakerOptions(opts), breakerErrors, nil), // real clock: Options.Now places hits only
+		breaker: breaker.New(breakerOptions(opts), breakerErrors, clk.Now),
 		stop:    make(chan struct{}),
 	}
 	if s.now == nil {

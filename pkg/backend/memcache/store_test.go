@@ -34,14 +34,20 @@ func newStore(t testing.TB, addrs []string, now func() time.Time) *memcache.Stor
 }
 
 // probedStore is a store on srv with timeout whose health probe runs
-// every 50 ms.
-func probedStore(t testing.TB, srv *memcachetest.Server, timeout time.Duration) *memcache.Store {
+// every 50 ms of a clock the test moves (tickUntil).
+func probedStore(t testing.TB, srv *memcachetest.Server, timeout time.Duration) (*memcache.Store, *memcache.ManualClock) {
 	t.Helper()
 	o := memcache.DefaultOptions()
 	o.Addrs = []string{srv.Addr()}
 	o.Timeout = timeout
 	o.HealthInterval = 50 * time.Millisecond
-	return openStore(t, o)
+	clk := memcache.NewManualClock()
+	s, err := memcache.NewOnClock(o, clk)
+	if err != nil {
+		t.Fatalf("memcache.NewOnClock: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, clk
 }
 
 // openStore returns memcache.New(o), failing t on an error, closed when
@@ -400,12 +406,27 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 	}
 }
 
+// tickUntil runs the health probe of the store on clk (Tick), first moving
+// clk on by advance each time, until cond holds; at most 100 probes (a
+// probe on a loaded host may outlast the Timeout).
+func tickUntil(t *testing.T, clk *memcache.ManualClock, advance time.Duration, cond func() bool, what string) {
+	t.Helper()
+	for i := 0; !cond(); i++ {
+		if i == 100 {
+			t.Fatalf("not after %d probes: %s", i, what)
+		}
+		clk.Advance(advance)
+		clk.Tick(t)
+	}
+}
+
 // A killed memcached: calls fail with cause refused, Healthy turns false;
-// after a restart calls succeed and Healthy turns true again.
+// after a restart calls succeed and Healthy turns true again by the
+// health probe.
 func TestKilledAndRestarted(t *testing.T) {
 	srv := memcachetest.Start(t)
-	s := probedStore(t, srv, testTimeout)
-	eventually(t, 10*time.Second, s.Healthy, "healthy at start")
+	s, clk := probedStore(t, srv, testTimeout)
+	tickUntil(t, clk, 0, s.Healthy, "healthy at start")
 	k, l := uniq(t), fixed(5, time.Hour)
 	take(t, s, algo.Hit{Key: k, Limit: l, Cost: 1})
 
@@ -417,10 +438,10 @@ func TestKilledAndRestarted(t *testing.T) {
 	if !strings.HasPrefix(err.Error(), "memcache: refused: ") || strings.Contains(err.Error(), k) {
 		t.Fatalf("error %q: want the memcache: refused: prefix and no key", err)
 	}
-	eventually(t, 10*time.Second, func() bool { return !s.Healthy() }, "unhealthy after the kill")
+	tickUntil(t, clk, 0, func() bool { return !s.Healthy() }, "unhealthy after the kill")
 
 	srv.Restart()
-	eventually(t, 10*time.Second, s.Healthy, "healthy after the restart")
+	tickUntil(t, clk, 0, s.Healthy, "healthy after the restart")
 	// The restarted memcached is empty: counting starts again.
 	if d := take(t, s, algo.Hit{Key: k, Limit: l, Cost: 1}); !d[0].Allowed || d[0].Remaining != 4 {
 		t.Fatalf("after restart %+v, want allowed with 4 remaining", d[0])
@@ -458,13 +479,19 @@ func metaExp(t *testing.T, srv *memcachetest.Server, key string) int {
 // is refunded.
 func TestFrozenReturnsByBudget(t *testing.T) {
 	srv := memcachetest.Start(t)
-	mk := func(timeout time.Duration) *memcache.Store { return probedStore(t, srv, timeout) }
 	// long: the socket timeout outlives the freeze, so its operations
 	// complete after the caller gave up; short: its own Timeout is the
 	// budget.
-	long, short := mk(5*time.Second), mk(300*time.Millisecond)
-	idle := mk(200 * time.Millisecond) // no traffic: its probe notices
-	eventually(t, 10*time.Second, func() bool { return long.Healthy() && short.Healthy() && idle.Healthy() }, "healthy at start")
+	long, longClk := probedStore(t, srv, 5*time.Second)
+	short, shortClk := probedStore(t, srv, 300*time.Millisecond)
+	idle, idleClk := probedStore(t, srv, 200*time.Millisecond) // no traffic: its probe notices
+	healthy := func(what string) {
+		t.Helper()
+		tickUntil(t, longClk, 0, long.Healthy, "long "+what)
+		tickUntil(t, shortClk, 0, short.Healthy, "short "+what)
+		tickUntil(t, idleClk, 0, idle.Healthy, "idle "+what)
+	}
+	healthy("healthy at start")
 	k, l := uniq(t), fixed(5, time.Hour)
 	take(t, long, algo.Hit{Key: k, Limit: l, Cost: 1})
 
@@ -493,9 +520,9 @@ func TestFrozenReturnsByBudget(t *testing.T) {
 	if short.Healthy() {
 		t.Fatal("healthy right after a call timed out after the store's whole Timeout")
 	}
-	eventually(t, 10*time.Second, func() bool { return !idle.Healthy() }, "idle store unhealthy by its probe while frozen")
+	tickUntil(t, idleClk, 0, func() bool { return !idle.Healthy() }, "idle store unhealthy by its probe while frozen")
 	srv.Cont()
-	eventually(t, 10*time.Second, func() bool { return long.Healthy() && short.Healthy() && idle.Healthy() }, "healthy after thaw")
+	healthy("healthy after thaw")
 	// The abandoned take's INCR completed once memcached answered, and
 	// was refunded: only the first take is counted.
 	eventually(t, 10*time.Second, func() bool {

@@ -80,8 +80,9 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 		return errTimeout
 	}
 	guarded := s.guarded()
+	at := s.clk.Now() // the breaker's time of the call
 	if guarded {
-		if err := s.breaker.Allow(start); err != nil {
+		if err := s.breaker.Allow(at); err != nil {
 			return err
 		}
 	}
@@ -118,7 +119,7 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 		rec = errBudgetCut
 	}
 	if guarded {
-		s.breaker.RecordSince(start, time.Now(), rec)
+		s.breaker.RecordSince(at, s.clk.Now(), rec)
 	}
 	if err != nil {
 		if errors.Is(rec, errTimeout) {

@@ -24,12 +24,13 @@ func notConnected(err error) *Error {
 	return e
 }
 
-// connectLoop retries migrate every unhealthyProbeInterval, each attempt
-// within ConnectTimeout, until it succeeds (then the Store is ready) or
-// the Store is closed. logged is the cause last logged: a failure is
-// logged when its cause changes, a newer schema at error level, since
-// only an operator can end it.
-func (s *Store) connectLoop(logged string) {
+// connectLoop retries migrate every unhealthyProbeInterval (backing off
+// after an auth or TLS error, see retryAfter), each attempt within
+// ConnectTimeout, until it succeeds (then the Store is ready) or the
+// Store is closed. first is the error of New's attempt, already logged: a
+// failure is logged when its cause changes, a newer schema at error
+// level, since only an operator can end it.
+func (s *Store) connectLoop(first error) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -40,7 +41,9 @@ func (s *Store) connectLoop(logged string) {
 		case <-ctx.Done():
 		}
 	}()
-	for s.wait(unhealthyProbeInterval, nil) {
+	logged := causeLabel(first)
+	d := retryAfter(first, 0)
+	for s.wait(d, nil) {
 		actx, acancel := context.WithTimeout(ctx, s.opts.ConnectTimeout)
 		err := s.migrate(actx)
 		if err != nil && actx.Err() != nil && ctx.Err() == nil {
@@ -55,6 +58,7 @@ func (s *Store) connectLoop(logged string) {
 		if ctx.Err() != nil {
 			return
 		}
+		d = retryAfter(err, d)
 		e := notConnected(err)
 		s.notReady.Store(e)
 		cause := causeLabel(err)
@@ -66,8 +70,20 @@ func (s *Store) connectLoop(logged string) {
 			s.log.Error("durable store: the database's schema is not usable by this binary; durable limits get their failure modes until an operator fixes it", "cause", cause, "err", err)
 			continue
 		}
-		s.log.Warn("durable store: still cannot reach PostgreSQL and check its schema; retrying", "cause", cause, "err", err)
+		s.log.Warn("durable store: "+connectAdvice(cause), "cause", cause, "err", err)
 	}
+}
+
+// connectAdvice is what the log says of a failure of cause to reach
+// PostgreSQL: what an operator checks.
+func connectAdvice(cause string) string {
+	switch cause {
+	case CauseAuth:
+		return "PostgreSQL refused the login (check the URL's user and database, the password, pg_hba.conf); retrying with backoff up to 30 s"
+	case CauseTLS:
+		return "TLS with PostgreSQL failed (check the URL's sslmode and sslrootcert against the server's ssl setting and certificate); retrying with backoff up to 30 s"
+	}
+	return "still cannot reach PostgreSQL and check its schema; retrying"
 }
 
 // causeLabel is err's cause (CauseOther for an error that is not *Error).

@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"strings"
@@ -25,8 +27,13 @@ const (
 	// CauseReadOnly: the server is a standby or in read-only mode (a
 	// failover that left the URL on a replica).
 	CauseReadOnly = "readonly"
-	// CauseAuth: the server refused the credentials.
+	// CauseAuth: the server refused the login: the credentials, or the
+	// database does not exist.
 	CauseAuth = "auth"
+	// CauseTLS: TLS with the server failed: the server does not offer it
+	// (sslmode require or verify-*), or its certificate or name did not
+	// verify.
+	CauseTLS = "tls"
 	// CauseCanceled: the caller canceled the request first.
 	CauseCanceled = causes.Canceled
 	// CauseCircuitOpen: the circuit breaker is open after failures the
@@ -45,7 +52,7 @@ const (
 )
 
 // Causes lists every cause label.
-var Causes = []string{CauseTimeout, CauseRefused, CauseReadOnly, CauseAuth, CauseCanceled, CauseCircuitOpen, CauseUnsupported, CauseSchema, CauseOther}
+var Causes = []string{CauseTimeout, CauseRefused, CauseReadOnly, CauseAuth, CauseTLS, CauseCanceled, CauseCircuitOpen, CauseUnsupported, CauseSchema, CauseOther}
 
 // Error is a classified store error. It implements service.Causer; its
 // message is "postgres: <cause>: <underlying error>", with the password
@@ -88,7 +95,8 @@ func causeOf(err error) (cause string, outage bool) {
 		switch {
 		case pe.Code == "25006": // read_only_sql_transaction
 			return CauseReadOnly, true
-		case pe.Code == "28P01" || pe.Code == "28000": // invalid password, invalid authorization
+		case pe.Code == "28P01" || pe.Code == "28000" || // invalid password, invalid authorization
+			pe.Code == "3D000": // invalid_catalog_name: the URL's database does not exist
 			return CauseAuth, true
 		case strings.HasPrefix(pe.Code, "08"), // connection exception
 			pe.Code == "57P01", pe.Code == "57P02", pe.Code == "57P03", // shutdown, crash shutdown, cannot connect now
@@ -102,6 +110,9 @@ func causeOf(err error) (cause string, outage bool) {
 			return CauseSchema, false
 		}
 		return CauseOther, false
+	}
+	if isTLS(err) {
+		return CauseTLS, true
 	}
 	if c, outage, ok := causes.Transport(err); ok {
 		return c, outage
@@ -117,6 +128,22 @@ func causeOf(err error) (cause string, outage bool) {
 		return CauseRefused, true
 	}
 	return CauseOther, false
+}
+
+// isTLS reports whether err is a failed TLS handshake or verification,
+// or the server's refusal of TLS (pgconn's "server refused TLS
+// connection", which has no type).
+func isTLS(err error) bool {
+	var (
+		ve *tls.CertificateVerificationError
+		ua x509.UnknownAuthorityError
+		he x509.HostnameError
+		ci x509.CertificateInvalidError
+		rh tls.RecordHeaderError
+		al tls.AlertError
+	)
+	return errors.As(err, &ve) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci) ||
+		errors.As(err, &rh) || errors.As(err, &al) || strings.Contains(err.Error(), "server refused TLS connection")
 }
 
 // errTimeout: the call's budget ran out before PostgreSQL answered.

@@ -36,7 +36,7 @@ func (s *Store) note(err error) {
 	}
 	if errors.As(err, &e) && e.Outage() {
 		if err == errSchemaGone && !s.unhealthy.Load() {
-			s.log.Error("durable store: the schema is gone; durable limits get their failure modes", "err", err)
+			s.log.Error("durable store: the schema is gone; durable limits get their failure modes until it is recreated", "err", err)
 		}
 		s.unhealthy.Store(true)
 		if e.Cause() == CauseRefused {
@@ -66,10 +66,15 @@ var errStandby = newError(CauseReadOnly, true, errors.New("the server is a stand
 // sooner than one that gave up and waits out another OpenFor.
 const probeTimeout = 500 * time.Millisecond
 
-// errSchemaGone is the probe's error when the counters table or the
-// decision function is missing (dropped after New migrated): every
-// decision would fail, so the store is not healthy.
-var errSchemaGone = newError(CauseSchema, true, errors.New("ratelimitd_counters or ratelimitd_take is missing; restart ratelimitd to recreate the schema"))
+// errSchemaGone is the probe's error when a table, index or function of
+// the schema is missing (dropped, or a restore without it, after New
+// migrated): decisions would fail, so the store is not healthy until
+// repairSchema recreates it.
+var errSchemaGone = newError(CauseSchema, true, errors.New("a ratelimitd_* table or function is missing; recreating the schema"))
+
+// probeSQL asks whether the server is a primary and holds every object
+// of the schema.
+var probeSQL = "SELECT pg_is_in_recovery(), cardinality(" + missingSQL + ") = 0"
 
 // probe asks the server whether it is a primary and still holds the
 // schema, within max(Timeout, probeTimeout).
@@ -77,8 +82,7 @@ func (s *Store) probe(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(s.opts.Timeout, probeTimeout))
 	defer cancel()
 	var standby, schema bool
-	err := s.pool.QueryRow(ctx, `SELECT pg_is_in_recovery(),
-	to_regclass('ratelimitd_counters') IS NOT NULL AND to_regproc('ratelimitd_take') IS NOT NULL`).Scan(&standby, &schema)
+	err := s.pool.QueryRow(ctx, probeSQL).Scan(&standby, &schema)
 	if err != nil {
 		if ctx.Err() != nil {
 			return errTimeout
@@ -94,41 +98,95 @@ func (s *Store) probe(ctx context.Context) error {
 	return nil
 }
 
+// check is the probe, and when it finds the schema gone, repairSchema.
+func (s *Store) check(ctx context.Context) error {
+	err := s.probe(ctx)
+	if err != errSchemaGone {
+		return err
+	}
+	s.note(err)
+	return s.repairSchema(ctx)
+}
+
+// repairSchema runs migrate (which recreates the missing objects under
+// the advisory lock, as at New) within ConnectTimeout. A failure (such
+// as a user without the CREATE privilege) is logged at error level once
+// until a repair succeeds, and keeps errSchemaGone.
+func (s *Store) repairSchema(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.ConnectTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := s.migrate(ctx); err != nil {
+		if !s.repairFailed.Swap(true) {
+			s.log.Error("durable store: cannot recreate the schema; durable limits get their failure modes until it is recreated", "err", err)
+		}
+		return errSchemaGone
+	}
+	s.repairFailed.Store(false)
+	return nil
+}
+
 func (s *Store) probeLoop() {
 	defer s.wg.Done()
+	var backoff time.Duration
 	for {
+		if !s.ready.Load() {
+			// connectLoop is trying; a probe would be a second login.
+			if !s.wait(unhealthyProbeInterval, nil) {
+				return
+			}
+			continue
+		}
 		// While the circuit is closed the probe runs beside the breaker
 		// (only decisions open it); while it is not, through it: refused
 		// while open, a half-open probe after OpenFor that closes it when
 		// the server answers, so that an idle Store recovers.
 		var err error
 		if s.breaker.Healthy() {
-			err = s.probe(context.Background())
+			err = s.check(context.Background())
 		} else {
-			err = s.breaker.Do(context.Background(), 0, s.probe)
+			err = s.breaker.Do(context.Background(), 0, s.check)
 		}
 		s.note(err)
 		d := s.opts.HealthInterval
 		if err != nil || !s.breaker.Healthy() {
 			d = min(d, unhealthyProbeInterval)
 		}
-		if !s.wait(d, s.wake) {
+		wake := s.wake
+		if backoff = retryAfter(err, backoff); backoff > unhealthyProbeInterval {
+			// A refused login or failed TLS: back off, and let no
+			// decision's error wake the probe meanwhile.
+			d, wake = backoff, nil
+		} else {
+			backoff = 0
+		}
+		if !s.waitTimer(s.clk.NewTimer(d), wake) {
 			return
 		}
 	}
 }
 
-// wait waits d, or less when wake receives (the probe's s.wake; nil
-// never does); it reports false, early, when the Store is closed.
+// wait waits d of the real clock, or less when wake receives (nil never
+// does); it reports false, early, when the Store is closed.
 func (s *Store) wait(d time.Duration, wake <-chan struct{}) bool {
-	t := time.NewTimer(d)
+	return s.waitTimer(systemClock{}.NewTimer(d), wake)
+}
+
+// waitTimer is wait until t fires (the probe's timer is on s.clk).
+func (s *Store) waitTimer(t probeTimer, wake <-chan struct{}) bool {
 	defer t.Stop()
 	select {
 	case <-s.stop:
 		return false
 	case <-wake:
 		return true
-	case <-t.C:
+	case <-t.C():
 		return true
 	}
 }

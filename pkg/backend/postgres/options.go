@@ -42,6 +42,26 @@ const (
 // healthy: recovery is noticed within about this long.
 const unhealthyProbeInterval = 100 * time.Millisecond
 
+// After a login the server refused (CauseAuth) or a failed TLS handshake
+// (CauseTLS), which only an operator fixes, the connect loop and the
+// probe wait loginBackoffMin, doubling up to loginBackoffMax, between
+// attempts: retrying a wrong password every unhealthyProbeInterval would
+// fill the server's log and trip lockouts such as fail2ban.
+const (
+	loginBackoffMin = time.Second
+	loginBackoffMax = 30 * time.Second
+)
+
+// retryAfter is the wait before the next attempt after err, given the
+// previous wait prev: unhealthyProbeInterval, or after an auth or TLS
+// error twice prev, within [loginBackoffMin, loginBackoffMax].
+func retryAfter(err error, prev time.Duration) time.Duration {
+	if c := causeLabel(err); c != CauseAuth && c != CauseTLS {
+		return unhealthyProbeInterval
+	}
+	return min(max(2*prev, loginBackoffMin), loginBackoffMax)
+}
+
 // BreakerOptions configure the Store's circuit breaker (breaker.Options),
 // named as the Redis store names them.
 type BreakerOptions = breaker.Options

@@ -1,28 +1,30 @@
 -- Schema version 1 of the durable store. Every function ports the pkg/algo
 -- function named in its comment for fixed windows and sliding window
 -- counters, in integer microseconds (the float8 estimate of the sliding
--- window counter rounds exactly as Go's float64 does).
+-- window counter rounds exactly as Go's float64 does). Every statement is
+-- idempotent (IF NOT EXISTS, OR REPLACE): the store runs the script again
+-- to recreate an object found missing (see repairSchema).
 
 -- ratelimitd_counters holds one row per key: algo.State's Time (win),
 -- Count and Prev, and expires_us, from which the row equals a key never
 -- used (algo.ExpiresAtUs; 0: already empty), for the sweeper.
-CREATE TABLE ratelimitd_counters (
+CREATE TABLE IF NOT EXISTS ratelimitd_counters (
 	key        text COLLATE "C" PRIMARY KEY,
 	win        bigint NOT NULL,
 	count      bigint NOT NULL,
 	prev       bigint NOT NULL,
 	expires_us bigint NOT NULL
 );
-CREATE INDEX ratelimitd_counters_expires ON ratelimitd_counters (expires_us);
+CREATE INDEX IF NOT EXISTS ratelimitd_counters_expires ON ratelimitd_counters (expires_us);
 
 -- floorDiv: floor(a/b) for b > 0.
-CREATE FUNCTION ratelimitd_floor_div(a bigint, b bigint) RETURNS bigint
+CREATE OR REPLACE FUNCTION ratelimitd_floor_div(a bigint, b bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
 	SELECT CASE WHEN a % b <> 0 AND a < 0 THEN a / b - 1 ELSE a / b END
 $$;
 
 -- daysFromCivil.
-CREATE FUNCTION ratelimitd_days_from_civil(y bigint, m bigint, d bigint) RETURNS bigint
+CREATE OR REPLACE FUNCTION ratelimitd_days_from_civil(y bigint, m bigint, d bigint) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
 DECLARE
 	era bigint; yoe bigint; mp bigint; doy bigint; doe bigint;
@@ -38,7 +40,7 @@ END
 $$;
 
 -- civilFromDays: year and month of day z.
-CREATE FUNCTION ratelimitd_civil_from_days(z bigint, OUT y bigint, OUT m bigint)
+CREATE OR REPLACE FUNCTION ratelimitd_civil_from_days(z bigint, OUT y bigint, OUT m bigint)
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
 DECLARE
 	era bigint; doe bigint; yoe bigint; doy bigint; mp bigint;
@@ -56,7 +58,7 @@ END
 $$;
 
 -- monthStartUs: the instant month index mi (months from January 1970) begins.
-CREATE FUNCTION ratelimitd_month_start(mi bigint) RETURNS bigint
+CREATE OR REPLACE FUNCTION ratelimitd_month_start(mi bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
 	SELECT ratelimitd_days_from_civil(1970 + ratelimitd_floor_div(mi, 12),
 		mi - ratelimitd_floor_div(mi, 12) * 12 + 1, 1) * 86400000000
@@ -64,7 +66,7 @@ $$;
 
 -- WindowBoundsUs: the window [ws, we) holding t. cal: 0 epoch-aligned
 -- windows of period µs, 1 calendar months, 2 calendar years (algo.Calendar).
-CREATE FUNCTION ratelimitd_window(t bigint, period bigint, cal int, mult bigint, OUT ws bigint, OUT we bigint)
+CREATE OR REPLACE FUNCTION ratelimitd_window(t bigint, period bigint, cal int, mult bigint, OUT ws bigint, OUT we bigint)
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
 DECLARE
 	mu bigint := greatest(mult, 1); y bigint; mo bigint; k bigint;
@@ -88,7 +90,7 @@ END
 $$;
 
 -- ExpiresAtUs for the two kinds (0: fixed window, 1: sliding window).
-CREATE FUNCTION ratelimitd_expires(kind int, period bigint, cal int, mult bigint, win bigint, cnt bigint, prv bigint) RETURNS bigint
+CREATE OR REPLACE FUNCTION ratelimitd_expires(kind int, period bigint, cal int, mult bigint, win bigint, cnt bigint, prv bigint) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
 DECLARE
 	e bigint;
@@ -108,7 +110,7 @@ $$;
 -- fixed windows (kind 0) and sliding window counters (kind 1): flags bit 1
 -- release, bit 2 charge (always_charge). It returns whether the hit is
 -- allowed and the state after it.
-CREATE FUNCTION ratelimitd_apply(t bigint, kind int, rate bigint, period bigint, cal int, mult bigint,
+CREATE OR REPLACE FUNCTION ratelimitd_apply(t bigint, kind int, rate bigint, period bigint, cal int, mult bigint,
 	cost bigint, flags int, win bigint, cnt bigint, prv bigint,
 	OUT allowed boolean, OUT n_win bigint, OUT n_cnt bigint, OUT n_prv bigint)
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
@@ -202,7 +204,7 @@ $$;
 -- instant, and per hit the state its decision is computed from (st_*),
 -- whether it is applied to it (mode 0) or checked on it (mode 1: a hit
 -- that did not deny in a denied request) and whether it was allowed.
-CREATE FUNCTION ratelimitd_take(p_now bigint, p_keys text[], p_slot int[], p_kind int[], p_rate bigint[],
+CREATE OR REPLACE FUNCTION ratelimitd_take(p_now bigint, p_keys text[], p_slot int[], p_kind int[], p_rate bigint[],
 	p_period bigint[], p_cal int[], p_mult bigint[], p_cost bigint[], p_flags int[],
 	OUT now_us bigint, OUT mode int[], OUT st_win bigint[], OUT st_cnt bigint[], OUT st_prv bigint[], OUT allowed boolean[])
 LANGUAGE plpgsql AS $$

@@ -18,6 +18,13 @@ import (
 // the Store not healthy.
 func newDown(t *testing.T, o postgres.Options) *postgres.Store {
 	t.Helper()
+	return newUnhealthy(t, o, slack)
+}
+
+// newUnhealthy is New on a PostgreSQL that answers but refuses the
+// login: it returns within bound, with the Store not healthy.
+func newUnhealthy(t *testing.T, o postgres.Options, bound time.Duration) *postgres.Store {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -26,8 +33,8 @@ func newDown(t *testing.T, o postgres.Options) *postgres.Store {
 		t.Fatalf("New with PostgreSQL down: %v, want a Store that is not healthy", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	if took := time.Since(start); took > slack {
-		t.Errorf("New with PostgreSQL down took %v, want at once (within %v)", took, slack)
+	if took := time.Since(start); took > bound {
+		t.Errorf("New with PostgreSQL down took %v, want within %v", took, bound)
 	}
 	if s.Healthy() {
 		t.Fatal("healthy with PostgreSQL down")
@@ -146,5 +153,90 @@ func TestAsyncCommitSession(t *testing.T) {
 		if err != nil || v != want {
 			t.Errorf("AsyncCommit %v: synchronous_commit %q (%v), want %q", async, v, err, want)
 		}
+	}
+}
+
+// loginFailures counts the server log's refused logins of User.
+func loginFailures(srv *pgtest.Server) int {
+	return strings.Count(srv.Log(), `password authentication failed for user "`+pgtest.User+`"`)
+}
+
+// TestWrongPasswordBacksOff: with a wrong password the Store starts
+// unhealthy with cause auth and retries with a backoff from 1 s doubling:
+// over window the server sees at most the first attempt's logins (the
+// pool's connections dialed ahead and the migration), one per backoff
+// step and a margin, where a retry every 100 ms would be dozens. Once the
+// server accepts that password the Store is healthy within the backoff
+// reached.
+func TestWrongPasswordBacksOff(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	before := loginFailures(srv)
+	var logs testproc.Buffer
+	o := postgres.DefaultOptions()
+	o.URL = srv.URL(db)
+	o.Password = "wrong-" + srv.Password
+	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	s := newUnhealthy(t, o, o.ConnectTimeout)
+	if _, err := takeWithin(s, time.Second, algo.Hit{Key: "auth", Limit: longWindow, Cost: 1}); causeOf(err) != postgres.CauseRefused {
+		t.Fatalf("take before the login succeeded: %v, want cause %s (not connected)", err, postgres.CauseRefused)
+	}
+	const window = 3500 * time.Millisecond // backoff steps 1 s, 2 s: two retries
+	time.Sleep(window)
+	const firstAttempt = 4 + 1 // connections dialed ahead, the migration's
+	const steps, margin = 2, 3
+	n := loginFailures(srv) - before
+	t.Logf("%d refused logins in %v", n, window)
+	if n > firstAttempt+steps+margin {
+		t.Errorf("%d refused logins in %v, want at most %d (a backoff)", n, window, firstAttempt+steps+margin)
+	}
+	if l := logs.String(); !strings.Contains(l, "cause=auth") || !strings.Contains(l, "pg_hba.conf") {
+		t.Errorf("the log does not say the login was refused and what to check:\n%s", l)
+	}
+	srv.Exec(t, "postgres", "ALTER USER "+pgtest.User+" PASSWORD '"+o.Password+"'")
+	start := time.Now()
+	for !s.Healthy() {
+		if time.Since(start) > 20*time.Second {
+			t.Fatal("not healthy 20 s after the server accepted the password")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestTLSRefusedCause: sslmode=verify-full against a server without TLS
+// starts unhealthy with cause tls (not refused), logged with what to
+// check.
+func TestTLSRefusedCause(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	var logs testproc.Buffer
+	o := postgres.DefaultOptions()
+	o.URL = strings.Replace(srv.URL(db), "sslmode=disable", "sslmode=verify-full", 1)
+	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	newUnhealthy(t, o, o.ConnectTimeout)
+	if l := logs.String(); !strings.Contains(l, "cause=tls") || !strings.Contains(l, "sslmode") {
+		t.Fatalf("the log does not give cause tls and what to check:\n%s", l)
+	}
+}
+
+// TestMissingDatabaseStartsUnhealthy: a URL naming a database that does
+// not exist yet starts unhealthy (as an unreachable server does, so that
+// the order in which they start does not matter) and is healthy once the
+// database is created.
+func TestMissingDatabaseStartsUnhealthy(t *testing.T) {
+	srv := pgtest.Start(t)
+	o := postgres.DefaultOptions()
+	o.URL = srv.URL("created_later")
+	s := newUnhealthy(t, o, o.ConnectTimeout)
+	srv.Exec(t, "postgres", "CREATE DATABASE created_later")
+	start := time.Now()
+	for !s.Healthy() {
+		if time.Since(start) > 20*time.Second {
+			t.Fatal("not healthy 20 s after the database was created")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if d := take(t, s, algo.Hit{Key: "later", Limit: longWindow, Cost: 1}); !d[0].Allowed {
+		t.Fatalf("first decision: %+v, want allowed", d[0])
 	}
 }

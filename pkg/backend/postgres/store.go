@@ -42,6 +42,7 @@ type Store struct {
 	opts    Options
 	secrets []string
 	log     *slog.Logger
+	clk     clock // the breaker's and the probe's (see clock)
 	breaker *breaker.Breaker
 	// now, when set (tests), is the instant of every decision instead of
 	// the server's clock.
@@ -55,6 +56,9 @@ type Store struct {
 	// without calling PostgreSQL.
 	ready    atomic.Bool
 	notReady atomic.Pointer[Error]
+
+	// repairFailed is set while repairSchema fails (logged once).
+	repairFailed atomic.Bool
 
 	swept       atomic.Uint64
 	sweepErrors atomic.Uint64
@@ -70,14 +74,21 @@ type Store struct {
 // sweeper. A database whose schema is newer than this binary's is
 // refused with an error of cause CauseSchema, as is any error of a
 // server that answered (a SQL error, a bad URL). When PostgreSQL cannot
-// be reached (refused, timed out, credentials refused) New still returns
-// the Store, not healthy: Take answers ErrNotConnected at once, and a
-// background loop retries every unhealthyProbeInterval, each attempt
-// bounded by ConnectTimeout, until the schema is checked; a newer schema
+// be reached (refused, timed out, the login refused, the database
+// missing, TLS failed) New still returns the Store, not healthy: Take
+// answers ErrNotConnected at once, and a background loop retries every
+// unhealthyProbeInterval (after an auth or TLS error from 1 s doubling
+// up to 30 s), each attempt bounded by ConnectTimeout, until the schema
+// is checked; a newer schema
 // found then keeps the Store unhealthy (Take answers cause CauseSchema)
 // and is logged at error level once per outage. Errors never hold the
 // password.
 func New(ctx context.Context, opt Options) (*Store, error) {
+	return newWithClock(ctx, opt, systemClock{})
+}
+
+// newWithClock is New on clk (see clock).
+func newWithClock(ctx context.Context, opt Options, clk clock) (*Store, error) {
 	if err := opt.Validate(); err != nil {
 		return nil, err
 	}
@@ -133,12 +144,13 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		opts:    opt,
 		secrets: sec,
 		log:     log,
+		clk:     clk,
 		stop:    make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 	}
 	b := opt.Breaker
 	b.FailFor = max(b.FailFor, 2*opt.Timeout)
-	s.breaker = breaker.New(b, breakerErrors, nil)
+	s.breaker = breaker.New(b, breakerErrors, clk.Now)
 	if err := s.migrate(ctx); err != nil {
 		if ctx.Err() != nil {
 			err = errTimeout
@@ -149,9 +161,9 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 			return nil, err
 		}
 		s.notReady.Store(notConnected(err))
-		s.log.Warn("durable store: PostgreSQL not reachable; starting unhealthy, durable limits get their failure modes until it answers", "cause", e.Cause(), "err", err)
+		s.log.Warn("durable store: starting unhealthy, durable limits get their failure modes until PostgreSQL answers: "+connectAdvice(e.Cause()), "cause", e.Cause(), "err", err)
 		s.wg.Add(1)
-		go s.connectLoop(e.Cause())
+		go s.connectLoop(err)
 	} else {
 		s.ready.Store(true)
 	}

@@ -68,7 +68,8 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 	if !end.After(start) {
 		return errBudgetCut
 	}
-	if err := s.breaker.Allow(start); err != nil {
+	at := s.clk.Now() // the breaker's time of the call
+	if err := s.breaker.Allow(at); err != nil {
 		return err
 	}
 	cctx, cancel := context.WithDeadline(ctx, end)
@@ -86,7 +87,7 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 	if errors.Is(err, errTimeout) && cut || errors.Is(err, context.DeadlineExceeded) {
 		rec = errBudgetCut
 	}
-	s.breaker.RecordSince(start, time.Now(), rec)
+	s.breaker.RecordSince(at, s.clk.Now(), rec)
 	s.note(err)
 	if errors.Is(err, errTimeout) && cut {
 		return errBudgetCut

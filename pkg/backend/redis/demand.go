@@ -51,10 +51,13 @@ func demandKey(key string, round int64) string {
 // same numbers). The scripts of all keys go in one pipeline (EVALSHA, then
 // EVAL for those answered NOSCRIPT). The stream ids and the counter keys
 // carry no request value. It runs under the circuit breaker (Cluster: the
-// first key's master's) and Options.Timeout; errors are classified, and
-// no key's view is returned when one failed. A call cut short by ctx (not
-// by Options.Timeout) fails with ErrDeadline or its cancellation, which the
-// breaker does not count: the caller's budget ran out, not Redis.
+// first key's master's) and is bounded by ctx only: sharing demand is the
+// RLQS round's background work, whose budget the caller sets, and
+// Options.Timeout is the budget of one request's decision, which a pipeline
+// of many counters' scripts would not fit. Errors are classified, and no
+// key's view is returned when one failed. A call cut short by ctx fails
+// with ErrDeadline or its cancellation, which the breaker does not count:
+// the caller's budget ran out, not Redis.
 func (s *Store) ShareDemand(ctx context.Context, round int64, ttl time.Duration, local map[string]map[string]int64) (map[string]map[string]int64, error) {
 	out := make(map[string]map[string]int64, len(local))
 	if len(local) == 0 {
@@ -80,7 +83,7 @@ func (s *Store) ShareDemand(ctx context.Context, round int64, ttl time.Duration,
 		calls[i] = &call{keys: []string{demandKey(k, round), demandKey(k, round-1), demandKey(k, round-2)}, args: args}
 	}
 	caller := ctx
-	err := s.masterFor(ctx, calls[0].keys[0]).breaker.Do(ctx, s.timeout, func(ctx context.Context) error {
+	err := s.masterFor(ctx, calls[0].keys[0]).breaker.Do(ctx, 0, func(ctx context.Context) error {
 		pending := calls
 		for attempt := 0; attempt < 2 && len(pending) > 0; attempt++ {
 			_, _ = s.client.Pipelined(ctx, func(p goredis.Pipeliner) error {

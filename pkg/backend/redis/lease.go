@@ -33,12 +33,18 @@ var errLeaseReply = errors.New("redis: lease script reply is not an integer arra
 // leaseKeys returns the keys of a lease of l on base when the server's
 // clock reads at (µs): the window's count (and the one before it for a
 // sliding window) or the bucket, then the demands; and the window start.
-func leaseKeys(base string, l algo.Limit, at int64) ([]string, int64) {
+// With window keys (Options.WindowKeys) a fixed window that Take counts
+// under a window key is counted under the same key (windowKey), so that a
+// lease and the hits decided exactly count on one counter.
+func (s *Store) leaseKeys(base string, l algo.Limit, at int64) ([]string, int64) {
 	tag := tagged(base)
 	switch l.Kind {
 	case algo.FixedWindow:
 		p := l.Period.Microseconds()
 		ws := at - at%p
+		if s.windowKeys && windowKind(&algo.Hit{Key: base, Limit: l}) {
+			return []string{windowKey(base, ws), tag + ":d"}, ws
+		}
 		return []string{tag + ":" + strconv.FormatInt(ws, 10), tag + ":d"}, ws
 	case algo.SlidingWindow:
 		p := l.Period.Microseconds()
@@ -101,7 +107,7 @@ func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGra
 // returns.
 func (s *Store) leaseAt(ctx context.Context, req algo.LeaseRequest, at, pinned int64) (algo.LeaseGrant, int64, error) {
 	l := req.Limit
-	keys, ws := leaseKeys(req.Key, l, at)
+	keys, ws := s.leaseKeys(req.Key, l, at)
 	now, born := "", ""
 	if pinned >= 0 {
 		now, born = strconv.FormatInt(pinned, 10), strconv.FormatInt(s.born, 10)
