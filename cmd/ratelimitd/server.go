@@ -180,10 +180,10 @@ func (s *server) newRLQS() error {
 	ro := serveopts.RLQSOptions(s.opts, s.tracing.Store(s.store))
 	ro.Registerer, ro.Logger = s.reg, s.log
 	ro.UnknownDomain = s.svc.CountUnknownDomain
-	if l, ok := s.store.(rlqs.LeaseStore); ok && s.opts.Backend == "redis" && s.opts.Redis.WindowKeys {
+	if l, ok := s.store.(rlqs.LeaseStore); ok && (s.opts.Backend == "memory" || s.opts.Backend == "redis" && s.opts.Redis.WindowKeys) {
 		// The store itself (the tracing wrapper does not pass Lease on),
-		// where a lease counts on the counter Take decides: Redis with
-		// window keys. The memory store keeps its leases apart.
+		// where a lease counts on the counter Take decides: the memory
+		// store, and Redis with window keys.
 		ro.Leases = l
 	}
 	if s.durable != nil {

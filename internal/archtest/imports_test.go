@@ -49,10 +49,11 @@ var mayImport = map[string][]string{
 	"pkg/backend/postgres/pgtest":       {"internal/testproc"},
 	"pkg/telemetry":                     {"pkg/algo"},
 	"pkg/telemetry/statsd":              {},
-	"pkg/service":                       {"pkg/algo", "pkg/policy", "pkg/telemetry/statsd"},
+	"pkg/service":                       {"pkg/algo", "pkg/policy", "pkg/telemetry/statsd", "pkg/loglimit"},
+	"pkg/loglimit":                      {},
 	"pkg/replay":                        {"pkg/algo", "pkg/policy", "pkg/service"},
 	"pkg/client":                        {"pkg/algo"},
-	"pkg/rlqs":                          {"pkg/algo", "pkg/policy", "pkg/fairshare"},
+	"pkg/rlqs":                          {"pkg/algo", "pkg/policy", "pkg/fairshare", "pkg/loglimit"},
 	"cmd/ratelimitd/...": {
 		"cmd/ratelimitd/...",
 		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay", "pkg/rlqs",

@@ -282,8 +282,9 @@ func fleetDuration() (run, kill time.Duration) {
 func newReplica(t testing.TB, store Store, demand Demand, clock *fakeClock, name string, set *policy.Set) *Server {
 	t.Helper()
 	o := Options{Store: store, Demand: demand, Now: clock.Now, Replica: name}
-	if l, ok := store.(*redis.Store); ok {
-		// Redis leases on the counters Take decides (window keys).
+	if l, ok := store.(LeaseStore); ok {
+		// The memory and Redis stores lease on the counters Take decides
+		// (Redis: window keys), as cmd/ratelimitd sets them.
 		o.Leases = l
 	}
 	s, err := New(o)

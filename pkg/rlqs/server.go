@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/loglimit"
+
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -162,7 +164,7 @@ type Server struct {
 	mu      sync.Mutex
 	streams map[*stream]struct{}
 	keys    map[string]*keyState
-	logs    *logLimiter
+	logs    *loglimit.Limiter
 	// reported counts processed report messages (tests wait on it).
 	reported atomic.Int64
 }
@@ -222,7 +224,7 @@ func New(opt Options) (*Server, error) {
 		return nil, err
 	}
 	return &Server{opt: opt, log: log.With("component", "rlqs"), now: opt.Now, m: m, closed: make(chan struct{}),
-		streams: map[*stream]struct{}{}, keys: map[string]*keyState{}, logs: newLogLimiter(logEvery)}, nil
+		streams: map[*stream]struct{}{}, keys: map[string]*keyState{}, logs: loglimit.New(logEvery)}, nil
 }
 
 // Register registers the server on g.
@@ -565,35 +567,7 @@ const logEvery = 10 * time.Second
 // warn logs msg at most once per logEvery per key, with the number of
 // lines suppressed since the last one.
 func (s *Server) warn(key, msg string, args ...any) {
-	if ok, n := s.logs.allow(key, s.now()); ok {
+	if ok, n := s.logs.Allow(key, s.now()); ok {
 		s.log.Warn(msg, append(args, "suppressed", n)...)
 	}
-}
-
-// logLimiter lets one log line per key through per interval and counts
-// the suppressed ones.
-type logLimiter struct {
-	mu         sync.Mutex
-	every      time.Duration
-	last       map[string]time.Time
-	suppressed map[string]int
-}
-
-func newLogLimiter(every time.Duration) *logLimiter {
-	return &logLimiter{every: every, last: map[string]time.Time{}, suppressed: map[string]int{}}
-}
-
-// allow reports whether a line for key may be logged at now, and how many
-// were suppressed since the last one.
-func (l *logLimiter) allow(key string, now time.Time) (bool, int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if t, ok := l.last[key]; ok && now.Sub(t) < l.every {
-		l.suppressed[key]++
-		return false, 0
-	}
-	n := l.suppressed[key]
-	l.suppressed[key] = 0
-	l.last[key] = now
-	return true, n
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -22,11 +23,8 @@ import (
 // limit in any window after the first, and at most 2 % above the limit over
 // the run.
 func TestRLQSAndShouldRateLimitShareOneLimit(t *testing.T) {
-	const limit = 100
 	srv := redistest.Standalone(t)
-	clock := &fakeClock{t: time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)}
-	set := loadFleetPolicy(t, limit)
-	newStore := func() *redis.Store {
+	newStore := func(clock *fakeClock) *redis.Store {
 		o := redis.DefaultOptions()
 		o.URL = srv.URL()
 		o.Timeout = 2 * time.Second
@@ -38,16 +36,43 @@ func TestRLQSAndShouldRateLimitShareOneLimit(t *testing.T) {
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}
-	a, b := newStore(), newStore()
+	shareOneLimit(t, func(clock *fakeClock) ([2]Store, [2]Demand) {
+		a, b := newStore(clock), newStore(clock)
+		return [2]Store{a, b}, [2]Demand{a, b}
+	})
+}
+
+// TestRLQSAndShouldRateLimitShareOneLimitMemory is
+// TestRLQSAndShouldRateLimitShareOneLimit on the memory store, which both
+// replicas share (one process), as their demand: its leases count on the
+// counter Take decides too, so the same bounds hold.
+func TestRLQSAndShouldRateLimitShareOneLimitMemory(t *testing.T) {
+	shareOneLimit(t, func(clock *fakeClock) ([2]Store, [2]Demand) {
+		s, err := memory.New(memory.Options{Now: clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		d := NewMemory()
+		return [2]Store{s, s}, [2]Demand{d, d}
+	})
+}
+
+// shareOneLimit runs the fleet of TestRLQSAndShouldRateLimitShareOneLimit
+// on the stores and demands of two replicas.
+func shareOneLimit(t *testing.T, newStores func(*fakeClock) ([2]Store, [2]Demand)) {
+	const limit = 100
+	clock := &fakeClock{t: time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)}
+	set := loadFleetPolicy(t, limit)
+	stores, demands := newStores(clock)
 	m, ok := set.Match("edge", []policy.Entry{{Key: "api", Value: "search"}})
 	if !ok {
 		t.Fatal("no rule for api=search")
 	}
 	key, lim := set.Key(m, 0), m.Rule.Limits[0].Limit
-	stores := []*redis.Store{a, b}
 	n := 0
 	f := &fleetRun{limit: limit, demand: []float64{100, 100, 100, 100}, duration: 20 * time.Second,
-		replicas: []*Server{newReplica(t, a, a, clock, "a", set), newReplica(t, b, b, clock, "b", set)},
+		replicas: []*Server{newReplica(t, stores[0], demands[0], clock, "a", set), newReplica(t, stores[1], demands[1], clock, "b", set)},
 		load: func(time.Time) int64 {
 			// One ShouldRateLimit hit per tick (100/s), on each store in turn.
 			n++

@@ -124,7 +124,7 @@ func (c *serverCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return err
 	}
 	c.s.m.invalidUTF8.Inc()
-	if ok, n := c.s.errLog.allow("codec:invalid_utf8", c.s.opts.Now()); ok {
+	if ok, n := c.s.errLog.Allow("codec:invalid_utf8", c.s.opts.Now()); ok {
 		c.s.opts.Logger.Warn("service: RateLimitRequest with invalid UTF-8 strings decoded with the strings escaped",
 			"domain", req.GetDomain(), "suppressed", n)
 	}

@@ -58,7 +58,7 @@ func (s *Service) observeEarlyWarnings(domain string, ds []descState, hits []alg
 			}
 			rule := st.match.Rule.Path
 			s.m.earlyWarnings.WithLabelValues(domain, rule).Inc()
-			if ok, n := s.errLog.allow("early_warning\x00"+domain+"\x00"+rule, now); ok {
+			if ok, n := s.errLog.Allow("early_warning\x00"+domain+"\x00"+rule, now); ok {
 				sum := sha256.Sum256([]byte(hits[a.hit].Key))
 				s.opts.Logger.Warn("early warning: a key used more than its share of a limit early in the window",
 					"domain", domain, "rule", rule, "key_hash", hex.EncodeToString(sum[:8]), "used", used, "limit", limit,

@@ -27,7 +27,7 @@ func (s *Service) observePenalties(domain string, ds []descState, hits []algo.Hi
 			switch d.Penalty {
 			case algo.PenaltyStarted:
 				s.m.penalties.WithLabelValues(domain, rule).Inc()
-				if ok, n := s.errLog.allow("penalty\x00"+domain+"\x00"+rule, s.opts.Now()); ok {
+				if ok, n := s.errLog.Allow("penalty\x00"+domain+"\x00"+rule, s.opts.Now()); ok {
 					sum := sha256.Sum256([]byte(hits[a.hit].Key))
 					s.opts.Logger.Warn("penalty: a key was denied penalty.after times within penalty.within and is blocked",
 						"domain", domain, "rule", rule, "key_hash", hex.EncodeToString(sum[:8]),

@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/loglimit"
+
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 
@@ -38,7 +40,7 @@ type Service struct {
 	shutdown atomic.Bool
 	m        *metrics
 	detailed atomic.Pointer[labelCap]
-	errLog   *logLimiter
+	errLog   *loglimit.Limiter
 	obs      observers   // the metrics' observers (newObservers)
 	dlog     *lineBucket // nil with DecisionLogOff
 	cgnatLog *lineBucket // bounds the cgnat decision log lines
@@ -60,7 +62,7 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{opts: opts, answers: newAnswerPolicy(opts.ReferenceAnswers), m: m, errLog: newLogLimiter(time.Second), unknown: domainInfo{label: LabelUnknownDomain}}
+	s := &Service{opts: opts, answers: newAnswerPolicy(opts.ReferenceAnswers), m: m, errLog: loglimit.New(time.Second), unknown: domainInfo{label: LabelUnknownDomain}}
 	s.detailed.Store(newLabelCap(max(opts.DetailedMetricCap, 0)))
 	s.obs = newObservers(m, opts)
 	if opts.DecisionLog != DecisionLogOff {
@@ -236,38 +238,10 @@ func causeOf(err error) string {
 	return "other"
 }
 
-// logLimiter lets one log line per key through per interval and counts
-// the suppressed ones.
-type logLimiter struct {
-	mu         sync.Mutex
-	every      time.Duration
-	last       map[string]time.Time
-	suppressed map[string]int
-}
-
-func newLogLimiter(every time.Duration) *logLimiter {
-	return &logLimiter{every: every, last: map[string]time.Time{}, suppressed: map[string]int{}}
-}
-
-// allow reports whether a line for key may be logged at now, and how many
-// were suppressed since the last one.
-func (l *logLimiter) allow(key string, now time.Time) (bool, int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if t, ok := l.last[key]; ok && now.Sub(t) < l.every {
-		l.suppressed[key]++
-		return false, 0
-	}
-	n := l.suppressed[key]
-	l.suppressed[key] = 0
-	l.last[key] = now
-	return true, n
-}
-
 // logBackendError logs a Store error under msg, at most once a second per
 // cause, with the number of lines suppressed since the last one.
 func (s *Service) logBackendError(cause string, err error, msg string) {
-	if ok, n := s.errLog.allow(cause, s.opts.Now()); ok {
+	if ok, n := s.errLog.Allow(cause, s.opts.Now()); ok {
 		s.opts.Logger.Warn(msg, "cause", cause, "error", err, "suppressed", n)
 	}
 }

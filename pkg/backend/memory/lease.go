@@ -2,27 +2,31 @@ package memory
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// leaseTable holds the counters of leased limits and their subscribers'
-// demand, apart from the shards: a lease is charged a few times per
-// interval per key, not per request, so one lock suffices.
+// leaseTable holds the subscribers' demand of leased keys. The leased
+// counters themselves are the shard entries Take decides, so a lease and
+// the hits decided exactly on one key count together. Demand is reported
+// a few times per interval per key, not per request, so one lock
+// suffices.
 type leaseTable struct {
 	mu   sync.Mutex
 	keys map[string]*leased
-	// sweepAt is the table size from which the next Lease drops the
-	// entries that have expired.
+	// sweepAt is the table size from which the next Lease drops the keys
+	// whose demands are all stale.
 	sweepAt int
 }
 
-// leased is one key's counter and its subscribers' last demands.
+// leased is one key's subscribers' last demands.
 type leased struct {
-	l      algo.Limit // of the last Lease
-	st     algo.State
 	stale  int64 // LeaseRequest.Stale of the last Lease
 	demand map[int64]reported
 }
@@ -30,19 +34,137 @@ type leased struct {
 // reported is a demand and when (µs) it was reported.
 type reported struct{ units, at int64 }
 
-// Lease does req atomically (one lock hold): it gives back req.Return
-// units (algo.Release) when they were granted in the current window (any
-// time for a token bucket), records the subscriber's demand, drops the
-// demands older than req.Stale and charges up to req.Want units
-// (algo.Lease). It never fails on a leasable limit.
+// errNotLeasable is the error of a Lease of a limit algo.Leasable refuses.
+var errNotLeasable = errors.New("memory: limit cannot be leased")
+
+// Lease does req: it gives back req.Return units (algo.Release) when they
+// were granted in the current window (any time for a token bucket) and
+// charges up to req.Want units (algo.Lease), both on the state Take
+// decides for req.Key, in one hold of its shard's lock; then it records
+// the subscriber's demand, drops the demands older than req.Stale and
+// lists the others. It fails only on a limit that is not leasable or when
+// ctx is done before it starts.
+//
+// A key the lease stores anew takes a slot as a new key of Take does: a
+// full store drops an expired key for it or, when none has expired, the
+// lease is charged on the sketch of its window (see the package
+// documentation), where a return credits nothing; when no sketch can be
+// made the lease grants nothing.
 //
 // A new store starts every counter from zero, as the exact limits do:
 // the leases and the store live in one process, so when the store is new
 // no lease from before it is held anywhere (algo.Lease's bornUs is 0).
-func (s *Store) Lease(_ context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
+func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
+	if err := ctx.Err(); err != nil {
+		return algo.LeaseGrant{}, fmt.Errorf("memory: %w", err)
+	}
+	if !algo.Leasable(req.Limit) {
+		return algo.LeaseGrant{}, fmt.Errorf("%w: kind %d", errNotLeasable, req.Limit.Kind)
+	}
 	now := s.now()
 	t := now.UnixMicro()
-	lt := &s.leases
+	x := maphash.String(s.seed, req.Key)
+	var refs [1]ref
+	var locks [1]int
+	refs[0] = ref{h32: uint32(x), shard: int((x >> 32) % uint64(len(s.shards)))}
+	locks[0] = refs[0].shard
+	c := call{refs: refs[:], locks: locks[:]}
+
+	g, short := s.lease(&c, req, now, false)
+	if short > 0 {
+		if got := s.makeRoom(&c, short, t); got > 0 {
+			c.held += got
+			if got >= short {
+				g, short = s.lease(&c, req, now, false)
+			}
+		}
+		if short > 0 {
+			g, _ = s.lease(&c, req, now, true)
+		}
+	}
+	if c.held > 0 {
+		s.keys.Add(-c.held)
+	}
+	if c.evicted > 0 {
+		s.evicted.Add(c.evicted)
+	}
+	if c.scanned > 0 {
+		s.scanned.Add(c.scanned)
+	}
+	g.Now = t
+	g.Demands = s.leases.report(req, t)
+	return g, nil
+}
+
+// lease does the counter part of req with its shard locked, as take does
+// for one hit: it returns the grant, and 0 when it is committed or the
+// number of slots it still needs for a new key, having written nothing.
+// With over (the store is full), an absent key is charged on its window's
+// sketch and takes no slot.
+func (s *Store) lease(c *call, req algo.LeaseRequest, now time.Time, over bool) (algo.LeaseGrant, int64) {
+	t := now.UnixMicro()
+	l := req.Limit
+	r := &c.refs[0]
+	sh := &s.shards[r.shard]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	r.id, r.ok = sh.find(req.Key, r.h32)
+	if r.ok && sh.exp(r.id) <= t {
+		// expired: it reads as absent, and its slot passes to this call
+		sh.remove(r.id)
+		r.ok = false
+		c.held++
+	}
+	var prev algo.State
+	switch {
+	case r.ok:
+		prev = sh.state(r.id)
+	case over && s.sk.make(l) == nil:
+		// no slot and no sketch: nothing can be counted, so nothing is granted
+		s.sk.refused.Add(1)
+		_, d := algo.Take(l, s.sk.estimate(l, req.Key, t), now, 0)
+		return algo.LeaseGrant{Remaining: d.Remaining}, 0
+	case s.sk.m.Load() != nil:
+		prev = s.sk.estimate(l, req.Key, t)
+	}
+	st := prev
+	if req.Return > 0 && returnable(l, req.ReturnWindow, t) {
+		st, _ = algo.Release(l, st, now, req.Return)
+	}
+	var g algo.LeaseGrant
+	var d algo.Decision
+	st, g.Granted, d = algo.Lease(l, st, now, req.Want, 0)
+	g.Remaining = d.Remaining
+	// a lease is not a hit of the key's penalty box: it leaves the box as
+	// it is
+	st = algo.KeepPenalty(st, prev)
+
+	exp := algo.ExpiresAtUs(l, st)
+	switch {
+	case over && !r.ok:
+		s.sk.approx.Add(1)
+		s.sk.merge(l, req.Key, st)
+	case exp <= t:
+		if r.ok {
+			sh.remove(r.id)
+			c.held++
+		}
+	case r.ok:
+		sh.update(r.id, st, exp)
+	default:
+		if short := s.room(c, 1, t); short > 0 {
+			return algo.LeaseGrant{}, short
+		}
+		sh.insert(req.Key, r.h32, st, exp)
+	}
+	return g, 0
+}
+
+// report records req's subscriber's demand on req.Key at t, drops the
+// demands older than req.Stale and returns the others in ascending
+// Subscriber order.
+func (lt *leaseTable) report(req algo.LeaseRequest, t int64) []algo.SubscriberDemand {
 	lt.mu.Lock()
 	defer lt.mu.Unlock()
 	if lt.keys == nil {
@@ -57,25 +179,18 @@ func (s *Store) Lease(_ context.Context, req algo.LeaseRequest) (algo.LeaseGrant
 		e = &leased{demand: map[int64]reported{}}
 		lt.keys[req.Key] = e
 	}
-	l := req.Limit
-	e.l, e.stale = l, req.Stale
-	if req.Return > 0 && returnable(l, req.ReturnWindow, t) {
-		e.st, _ = algo.Release(l, e.st, now, req.Return)
-	}
+	e.stale = req.Stale
 	e.demand[req.Subscriber] = reported{units: max(req.Demand, 0), at: t}
-	var g algo.LeaseGrant
-	var d algo.Decision
-	e.st, g.Granted, d = algo.Lease(l, e.st, now, req.Want, 0)
-	g.Remaining, g.Now = d.Remaining, t
+	var out []algo.SubscriberDemand
 	for id, r := range e.demand {
 		if t-r.at > req.Stale {
 			delete(e.demand, id)
 			continue
 		}
-		g.Demands = append(g.Demands, algo.SubscriberDemand{Subscriber: id, Demand: r.units})
+		out = append(out, algo.SubscriberDemand{Subscriber: id, Demand: r.units})
 	}
-	slices.SortFunc(g.Demands, func(a, b algo.SubscriberDemand) int { return cmpInt(a.Subscriber, b.Subscriber) })
-	return g, nil
+	slices.SortFunc(out, func(a, b algo.SubscriberDemand) int { return cmpInt(a.Subscriber, b.Subscriber) })
+	return out
 }
 
 // returnable reports whether units granted in the window starting at ws
@@ -90,8 +205,8 @@ func returnable(l algo.Limit, ws, t int64) bool {
 	return cur == ws
 }
 
-// sweep drops the keys whose counter has expired and that have no demand
-// left, and sets the next sweep at twice the size that remains.
+// sweep drops the keys that have no demand within their Stale left, and
+// sets the next sweep at twice the size that remains.
 func (lt *leaseTable) sweep(t int64) {
 	for k, e := range lt.keys {
 		for id, r := range e.demand {
@@ -99,7 +214,7 @@ func (lt *leaseTable) sweep(t int64) {
 				delete(e.demand, id)
 			}
 		}
-		if len(e.demand) == 0 && algo.ExpiresAtUs(e.l, e.st) <= t {
+		if len(e.demand) == 0 {
 			delete(lt.keys, k)
 		}
 	}

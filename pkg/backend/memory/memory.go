@@ -136,7 +136,8 @@ type Store struct {
 	scanned atomic.Int64
 	// sk decides the new keys a full store has no slot for.
 	sk sketches
-	// leases holds the counters of leased limits (see Lease).
+	// leases holds the subscribers' demand of leased keys; their counters
+	// are the shards' entries (see Lease).
 	leases leaseTable
 
 	stop      chan struct{}
@@ -484,7 +485,8 @@ func (s *Store) refuse(l algo.Limit, nowUs int64) algo.Decision {
 // Approximated returns, since New, the hits of keys a full store had no
 // slot for that it decided with a sketch, and those it denied for want of
 // a slot and of a sketch (sliding log and concurrency keys). A request
-// that needs no new slot (one denied, or a check) is not counted.
+// that needs no new slot (one denied, or a check) is not counted; a lease
+// of a new key counts as one hit.
 func (s *Store) Approximated() (sketched, refused uint64) {
 	return s.sk.approx.Load(), s.sk.refused.Load()
 }
