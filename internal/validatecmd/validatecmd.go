@@ -77,6 +77,8 @@ func Run(args []string, env Env, stdout, stderr io.Writer) int {
 	if v, ok := lookup("RATELIMITD_MODE"); ok {
 		modeDefault = strings.TrimSpace(v)
 	}
+	var configs configList
+	fs.Var(&configs, "config", "a config file or directory, as serve's --config (repeatable, or comma-separated); the same as naming it as a PATH")
 	mode := fs.String("mode", modeDefault, "auto, reference or native, as serve resolves it; reference mode loads as envoyproxy/ratelimit does (with no PATH its config directory, dot files unless RUNTIME_IGNOREDOTFILES=true, a file named twice loaded twice)")
 	printUsage := func() {
 		fmt.Fprintf(stderr, "Usage: ratelimitd validate [--strict] [--explain] PATH...\n       ratelimitd validate [flags]   (reference mode: the directory serve loads)\n\nExit status: 0 valid, 1 invalid, 2 usage error.\n\nFlags:\n")
@@ -101,7 +103,7 @@ func Run(args []string, env Env, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ratelimitd validate: %v\n", err)
 		return 2
 	}
-	paths := fs.Args()
+	paths := append([]string(configs), fs.Args()...)
 	lo := policy.LoadOptions{MergeDomains: *merge, IgnoreDotFiles: *dot, MaxRules: *maxRules, MaxBytes: *maxBytes}
 	if *durable {
 		lo.Durable = policy.DurableOptions{Enabled: true, Algorithms: postgres.SupportedAlgorithms()}
@@ -258,4 +260,18 @@ func envInt(lookup func(string) (string, bool), def int64, names ...string) (int
 		}
 	}
 	return def, nil
+}
+
+// configList is --config: paths, repeatable or comma-separated.
+type configList []string
+
+func (c *configList) String() string { return strings.Join(*c, ",") }
+
+func (c *configList) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*c = append(*c, p)
+		}
+	}
+	return nil
 }

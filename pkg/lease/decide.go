@@ -10,7 +10,8 @@ import (
 // Take decides hits, all of leased limits, from the units this instance
 // holds: no store round trip while a lease has the units. A lease that
 // runs short is renewed; a hit that finds it empty waits for that renewal
-// (up to ctx's deadline) unless the store said this window (or, for a
+// (up to half of what remains of ctx's deadline, at most Options.Timeout)
+// unless the store said this window (or, for a
 // sliding window and a token bucket, this interval) has nothing left,
 // which is denied at once. The hits of one request are all-or-nothing: when
 // one that is not Soft is denied, the units the others took go back to
@@ -19,8 +20,10 @@ import (
 // undo gives back what the allowed hits took (for a request another
 // limit denied), into the windows they took it from. failed lists the
 // hits that could not be decided: their lease is used up and its last
-// renewal failed (err is that error), or ctx ended while they waited
-// (err is ctx's error). The caller applies their failure mode.
+// renewal failed (err is that error), the renewal they waited for did
+// not end within their wait (err is ErrRenewalStalled), or ctx ended
+// while they waited (err is ctx's error). The caller applies their
+// failure mode.
 func (ls *Leaser) Take(ctx context.Context, hits []algo.Hit) (out []algo.Decision, failed []int, undo func(), err error) {
 	out = make([]algo.Decision, len(hits))
 	type took struct {
@@ -115,17 +118,61 @@ func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, int64, err
 			ls.m.decided(0, 1)
 			return d, 0, nil
 		}
+		if e.renewing && e.stalled {
+			// A hit already waited its budget for this renewal in
+			// vain: the store is not answering, do not wait again.
+			e.mu.Unlock()
+			return algo.Decision{}, 0, ErrRenewalStalled
+		}
 		if !e.renewing {
 			e.startRenew(t, lt)
 		}
 		ch := e.renewed
 		e.mu.Unlock()
+		wait := time.NewTimer(ls.waitBudget(ctx))
 		select {
 		case <-ch:
+			wait.Stop()
+		case <-wait.C:
+			e.mu.Lock()
+			if e.renewed == ch {
+				e.stalled = true
+			}
+			e.mu.Unlock()
+			return algo.Decision{}, 0, ErrRenewalStalled
 		case <-ctx.Done():
+			wait.Stop()
 			return algo.Decision{}, 0, ctx.Err()
 		}
 	}
+}
+
+// ErrRenewalStalled is the error of a hit that found its lease empty and
+// whose wait for the renewal in flight ran out (waitBudget): the store
+// has not answered, so the rule's failure_mode decides the hit while the
+// caller still has time for the answer. Its cause is "stalled", as for a
+// store that went silent.
+var ErrRenewalStalled error = stalledError{}
+
+type stalledError struct{}
+
+func (stalledError) Error() string {
+	return "lease: the store did not answer the renewal within the hit's wait budget"
+}
+
+// Cause is the bounded metric label of the error.
+func (stalledError) Cause() string { return "stalled" }
+
+// waitBudget is how long a hit waits for a renewal: half of what remains
+// of ctx's deadline, so that the other half is left to answer with the
+// rule's failure_mode, and at most Options.Timeout, the renewal's own
+// bound.
+func (ls *Leaser) waitBudget(ctx context.Context) time.Duration {
+	d := ls.opt.Timeout
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/2)
+	}
+	return max(d, 0)
 }
 
 // give puts n units taken in the window ws back into the lease, unless

@@ -209,12 +209,15 @@ type entry struct {
 	demands              map[string]int64
 	exhaustedUntil       int64 // no grant to ask for before (store clock, µs)
 	renewing             bool
-	renewed              chan struct{} // closed when the renewal in flight ends
-	lastRenew            int64         // local µs
-	lastUse              int64         // local µs
-	failErr              error         // the last renewal's error; nil after a success
-	failures             int           // renewals failed in a row
-	renewWS              int64         // the window of the last renewal
+	// stalled: a hit's wait for the renewal in flight ran out (the
+	// store is not answering); later hits do not wait for it.
+	stalled   bool
+	renewed   chan struct{} // closed when the renewal in flight ends
+	lastRenew int64         // local µs
+	lastUse   int64         // local µs
+	failErr   error         // the last renewal's error; nil after a success
+	failures  int           // renewals failed in a row
+	renewWS   int64         // the window of the last renewal
 	// behind: the last renewal's store was still in a window that has
 	// ended here (the clock estimate runs ahead of the store's by up to
 	// a request's latency), so its grant did not count.

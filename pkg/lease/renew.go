@@ -75,7 +75,7 @@ func (e *entry) renew(req algo.LeaseRequest) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.lastRenew = lt
-	e.renewing = false
+	e.renewing, e.stalled = false, false
 	defer close(e.renewed)
 	if err != nil {
 		e.failErr = err

@@ -1,8 +1,6 @@
 package rlqs
 
 import (
-	"strconv"
-
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -12,8 +10,8 @@ const maxLoggedDomain = 64
 // checkDomain logs and counts a stream whose domain (from its first
 // report) is empty or not in set, as ShouldRateLimit counts an unknown
 // domain: its buckets match no rule and are answered ALLOW_ALL, nothing
-// charged. The line is rate limited (warn); the domain is quoted and cut
-// to maxLoggedDomain bytes, as the client chose it.
+// charged. The line is rate limited (warn); the domain is cut
+// to maxLoggedDomain bytes (the handler quotes or escapes it).
 func (s *Server) checkDomain(st *stream, set *policy.Set) {
 	if st.domain != "" && set.HasDomain(st.domain) {
 		return
@@ -26,5 +24,5 @@ func (s *Server) checkDomain(st *stream, set *policy.Set) {
 		d = d[:maxLoggedDomain]
 	}
 	s.warn("unknown_domain", "rlqs: stream of a domain not in the config; its buckets are answered ALLOW_ALL",
-		"stream", st.id, "domain", strconv.Quote(d), "empty", st.domain == "")
+		"stream", st.id, "domain", d, "empty", st.domain == "")
 }

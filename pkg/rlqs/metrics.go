@@ -10,7 +10,7 @@ import (
 type metrics struct {
 	streams     prometheus.Gauge
 	assignments *prometheus.CounterVec // action: token_bucket, allow_all, deny_all, abandon
-	errors      *prometheus.CounterVec // op: charge, charge_durable, demand, demand_join, reserve, reserve_join
+	errors      *prometheus.CounterVec // op: charge, charge_durable, demand, demand_join, read_join, reserve, reserve_join
 	overBound   *prometheus.CounterVec // action: deny_all, allow_all
 	dropped     *prometheus.CounterVec // reason: bucket_bound, store
 }
@@ -22,7 +22,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		assignments: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimitd_rlqs_assignments_total",
 			Help: "Bucket actions sent to Envoys over RLQS, by action."}, []string{"action"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimitd_rlqs_store_errors_total",
-			Help: "RLQS store calls that failed or were not made for want of time, by operation: charge (usage on the backend), charge_durable (usage on the durable store), demand (a round's demand sharing), demand_join (a new bucket's demand sharing, within 20 ms), reserve (a round's lease of its assignments on the backend), reserve_join (a new bucket's, within 20 ms); each call is at most 128 counters."}, []string{"op"}),
+			Help: "RLQS store calls that failed or were not made for want of time, by operation: charge (usage on the backend), charge_durable (usage on the durable store), demand (a round's demand sharing), demand_join (a new bucket's demand sharing, within 20 ms), read_join (the remaining budget of a new bucket's hour, day or other window longer than the assignment TTL on the backend, within 20 ms), reserve (a round's lease of its assignments on the backend), reserve_join (a new bucket's, within 20 ms); each call is at most 128 counters."}, []string{"op"}),
 		overBound: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimitd_rlqs_buckets_over_bound_total",
 			Help: "Bucket reports past --rlqs-max-buckets-per-stream, not tracked nor charged, by the action answered: deny_all (a limited rule), allow_all (a rule that never denies)."}, []string{"action"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ratelimitd_rlqs_usage_dropped_total",
@@ -31,7 +31,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, a := range []string{"token_bucket", "allow_all", "deny_all", "abandon"} {
 		m.assignments.WithLabelValues(a)
 	}
-	for _, op := range []string{"charge", "charge_durable", "demand", "demand_join", "reserve", "reserve_join"} {
+	for _, op := range []string{"charge", "charge_durable", "demand", "demand_join", "read_join", "reserve", "reserve_join"} {
 		m.errors.WithLabelValues(op)
 	}
 	for _, a := range []string{"deny_all", "allow_all"} {

@@ -31,13 +31,17 @@ type LeaseStore interface {
 // leased reports whether the usage on ks is reserved up front
 // (Options.Leases set, a fixed window on the backend without a penalty box:
 // the lease counts on the key Take decides) rather than charged after the
-// fact.
+// fact. A window longer than the TTL is a budget (planFor) and is not
+// leased: its rates are already sized to what the store says remains, and
+// a store's lease assumes a window that began before the store's memory
+// did (a Redis started or restarted after midnight, for a day) is full,
+// which would deny such a budget until its window resets.
 func (s *Server) leased(ks *keyState) bool {
 	sp := ks.spec
 	if s.opt.Leases == nil || sp.Store == policy.StoreDurable || !algo.Leasable(sp.Limit) {
 		return false
 	}
-	return sp.Limit.Kind == algo.FixedWindow && !ks.penalty
+	return sp.Limit.Kind == algo.FixedWindow && !ks.penalty && window(sp) <= s.TTL()
 }
 
 // subscriber is this replica's lease subscriber id (>= 1), from its name.
@@ -65,6 +69,7 @@ type reservation struct {
 	key     string
 	spec    *policy.Spec
 	want    int64
+	tokens  int64 // the part of want that is the buckets' tokens
 	ret     int64 // unused units of the last grant
 	retWS   int64 // the window they were granted in
 	granted int64
@@ -87,28 +92,34 @@ func (s *Server) reservations(per map[string]map[*bucket]share, ret map[string][
 		r := &reservation{key: k, spec: ks.spec, ret: ret[k][0], retWS: ret[k][1]}
 		// What a bucket admits is its assignment, the stricter of its
 		// shares: a day's budget next to a per-second limit reserves what
-		// the per-second share admits.
+		// the per-second share admits. The refill is summed before it is
+		// rounded up, so that the rounding costs one unit per counter, not
+		// one per bucket.
+		var refill float64
 		for b := range per[k] {
 			if sh := all[b]; b.kind == kindLimited && !sh.deny {
-				r.want += admissible(sh, s.opt.Interval)
+				if tokens, fill := admissible(sh, s.opt.Interval); fill > 0 {
+					r.tokens += tokens
+					refill += fill
+				}
 			}
 		}
+		r.want = r.tokens + int64(math.Ceil(refill))
 		out = append(out, r)
 	}
 	return out
 }
 
-// admissible is what a bucket of share sh may admit over interval: full,
-// plus interval of its rate, rounded up. A bucket assigned no rate (a
+// admissible is what a bucket of share sh may admit over interval: its
+// tokens full, plus the refill of interval at its rate. A bucket assigned no rate (a
 // stream without demand, idleTokens) refills one token a day: its token is
 // not reserved each round, and it may admit that one token unreserved
 // (docs/rlqs.md, "RLQS and ShouldRateLimit on one rule").
-func admissible(sh share, interval time.Duration) int64 {
+func admissible(sh share, interval time.Duration) (tokens int64, refill float64) {
 	if sh.rate <= 0 {
-		return 0
+		return 0, 0
 	}
-	perInterval := float64(sh.rate) / milli * interval.Seconds() / sh.window.Seconds()
-	return max(sh.maxTokens, 1) + int64(math.Ceil(perInterval))
+	return max(sh.maxTokens, 1), float64(sh.rate) / milli * interval.Seconds() / sh.window.Seconds()
 }
 
 // reserve does the lease operations of rs, one store call each, within
@@ -171,15 +182,23 @@ func (s *Server) applyGrants(per map[string]map[*bucket]share, rs []*reservation
 			continue
 		}
 		// The bucket's assignment (the stricter of its shares), scaled,
-		// becomes its share on this counter.
-		f := float64(r.granted) / float64(r.want)
+		// becomes its share on this counter. The rates are scaled first:
+		// a bucket cut below minTokens loses the refill while it is full
+		// between two requests (minTokens), so the buckets keep their
+		// tokens while the grant covers them.
+		ft, fr := 1.0, 0.0
+		if r.granted < r.tokens {
+			ft = float64(r.granted) / float64(r.tokens)
+		} else if r.want > r.tokens {
+			fr = float64(r.granted-r.tokens) / float64(r.want-r.tokens)
+		}
 		for b := range per[r.key] {
 			sh := all[b]
 			if r.granted == 0 {
 				sh.deny = true
 			} else {
-				sh.maxTokens = max(1, int64(float64(sh.maxTokens)*f))
-				sh.rate = int64(float64(sh.rate) * f)
+				sh.maxTokens = max(1, int64(float64(sh.maxTokens)*ft))
+				sh.rate = int64(float64(sh.rate) * fr)
 			}
 			per[r.key][b] = sh
 		}

@@ -350,7 +350,7 @@ func (s *Server) Round(ctx context.Context) {
 
 	ctx, cancel := context.WithTimeout(ctx, s.opt.Interval/2)
 	defer cancel()
-	decs, failed, chargeErr := s.charge(ctx, hits, specs)
+	decs, failed, chargeErr := s.charge(ctx, hits, specs, "charge", "charge_durable")
 	local := make(map[string]map[string]int64, len(keys))
 	for _, k := range keys {
 		local[k] = ins[k].local
@@ -443,8 +443,8 @@ var errNoDurable = errors.New("rlqs: a limit is on the durable store, and none i
 // Options.Store. Every call runs within ctx; once ctx is done the calls
 // left are not made and their hits fail. It returns each hit's decision,
 // each hit's error (nil when charged), and the first error. Each failed
-// call is counted.
-func (s *Server) charge(ctx context.Context, hits []algo.Hit, specs []*policy.Spec) ([]algo.Decision, []error, error) {
+// call is counted under op (on the durable store: durableOp).
+func (s *Server) charge(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, op, durableOp string) ([]algo.Decision, []error, error) {
 	decs := make([]algo.Decision, len(hits))
 	failed := make([]error, len(hits))
 	var fast, dur []int
@@ -460,7 +460,7 @@ func (s *Server) charge(ctx context.Context, hits []algo.Hit, specs []*policy.Sp
 		idx []int
 		st  Store
 		op  string
-	}{{fast, s.opt.Store, "charge"}, {dur, s.opt.Durable, "charge_durable"}} {
+	}{{fast, s.opt.Store, op}, {dur, s.opt.Durable, durableOp}} {
 		for start := 0; start < len(part.idx); start += chargeChunk {
 			idx := part.idx[start:min(start+chargeChunk, len(part.idx))]
 			h := make([]algo.Hit, len(idx))

@@ -213,6 +213,20 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 		}
 	}
 	ins := s.gatherKeys(set, only)
+	// A budget (a window longer than the TTL) whose remaining has not been
+	// read yet is read now, by a check that charges nothing, so that a
+	// bucket's first answer on a spent budget is DENY_ALL. A durable
+	// budget is left to the round: a check there writes a row.
+	var reads []algo.Hit
+	var readSpecs []*policy.Spec
+	for _, k := range slices.Sorted(maps.Keys(ins)) {
+		sp := ins[k].spec
+		ks := s.keys[k]
+		if window(sp) > s.TTL() && sp.Store != policy.StoreDurable && (ks == nil || !ks.known) && len(reads) < chargeChunk {
+			reads = append(reads, algo.Hit{Key: k, Limit: sp.Limit, Soft: true, Charge: true})
+			readSpecs = append(readSpecs, sp)
+		}
+	}
 	s.mu.Unlock()
 	s.overBound(st, over, set)
 
@@ -232,9 +246,24 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	if err != nil {
 		s.warn("demand_join", "rlqs: demand of a new bucket not shared; dividing by the fleet's demand last shared", "err", err)
 	}
+	var readDecs []algo.Decision
+	var readFailed []error
+	if len(reads) > 0 {
+		// A failed read (counted) leaves the budget unread: the first
+		// answer is planned as if unread, and the round reads it.
+		readDecs, readFailed, err = s.charge(ctx, reads, readSpecs, "read_join", "read_join")
+		if err != nil {
+			s.warn("read_join", "rlqs: remaining budget of a new bucket not read; its first answer does not know it", "err", err)
+		}
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for i, h := range reads {
+		if ks := s.keyState(h.Key, readSpecs[i]); readFailed[i] == nil && !ks.known {
+			ks.known, ks.remaining = true, readDecs[i].Remaining
+		}
+	}
 	for k, v := range views {
 		ks := s.keyState(k, ins[k].spec)
 		merged := maps.Clone(ks.remote)

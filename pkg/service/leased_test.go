@@ -38,15 +38,25 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 1000, consistency: leased}
 `
 
-// failingLeases is a memory store whose Lease fails while down is set.
+// failingLeases is a memory store whose Lease fails while down is set,
+// and does not answer (it waits for its context to end, as a call to a
+// frozen server does, or for thaw to close) while stalled is set.
 type failingLeases struct {
 	*memory.Store
-	down atomic.Bool
+	down, stalled atomic.Bool
+	thaw          chan struct{}
 }
 
 func (f *failingLeases) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
 	if f.down.Load() {
 		return algo.LeaseGrant{}, causeErr{"refused"}
+	}
+	if f.stalled.Load() {
+		select {
+		case <-ctx.Done():
+			return algo.LeaseGrant{}, ctx.Err()
+		case <-f.thaw:
+		}
 	}
 	return f.Store.Lease(ctx, req)
 }
@@ -63,23 +73,31 @@ func newLeased(t *testing.T) (*service.Service, *failingLeases, *clock) {
 // newLeasedAfter is newLeased with the clock after past the store's start.
 func newLeasedAfter(t *testing.T, after time.Duration) (*service.Service, *failingLeases, *clock) {
 	t.Helper()
+	svc, st, c, _ := newLeasedMetered(t, after)
+	return svc, st, c
+}
+
+// newLeasedMetered is newLeasedAfter with the service's metrics registry.
+func newLeasedMetered(t *testing.T, after time.Duration) (*service.Service, *failingLeases, *clock, *prometheus.Registry) {
+	t.Helper()
 	c := &clock{now: t0}
 	m, err := memory.New(memory.Options{Now: c.Now, SweepInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &failingLeases{Store: m}
+	st := &failingLeases{Store: m, thaw: make(chan struct{})}
 	c.Advance(after)
 	ls, err := lease.New(lease.Options{Store: st, Now: c.Now, Ticker: c.renewTicker, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ls.Close(context.Background()) })
-	svc := newService(t, testOptions(c, st, prometheus.NewRegistry()), func(o *service.Options) { o.Leases = ls })
+	reg := prometheus.NewRegistry()
+	svc := newService(t, testOptions(c, st, reg), func(o *service.Options) { o.Leases = ls })
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "l.yaml"), leasedConfig)
 	svc.SetPolicy(loadSet(t, dir))
-	return svc, st, c
+	return svc, st, c, reg
 }
 
 // renewTicker is the Leaser's Options.Ticker on c: its ticks are the
@@ -180,6 +198,50 @@ func TestLeasedStoreDown(t *testing.T) {
 		if c != okC {
 			t.Fatalf("open with the store down: %v, want OK", c)
 		}
+	}
+}
+
+// With the store stalled (lease operations get no answer), requests with
+// a 50 ms deadline are answered: the units in hand, then failure_mode
+// (closed denies with a Retry-After, open admits), never the caller's
+// deadline.
+func TestLeasedStoreStalled(t *testing.T) {
+	svc, st, _, reg := newLeasedMetered(t, time.Minute)
+	leasedCodes(t, svc, 1, "closed")
+	leasedCodes(t, svc, 1, "open")
+	st.stalled.Store(true)
+	t.Cleanup(func() { close(st.thaw) }) // the renewals in flight end before the Leaser closes
+	call := func(key string) *rlsv3.RateLimitResponse {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		descs := req("l")
+		descs.Descriptors = append(descs.Descriptors, d(key, "v"))
+		resp, err := svc.ShouldRateLimit(ctx, descs)
+		if err != nil {
+			t.Fatalf("%s with the store stalled: %v, want failure_mode's answer", key, err)
+		}
+		return resp
+	}
+	ok := 0
+	var last *rlsv3.RateLimitResponse
+	for range 12 {
+		if last = call("closed"); last.GetOverallCode() == okC {
+			ok++
+		}
+	}
+	if ok > 4 || last.GetOverallCode() != overC {
+		t.Fatalf("closed with the store stalled: %d OK of 12, last %v: want at most the 4 units in hand, then OVER_LIMIT", ok, last.GetOverallCode())
+	}
+	if ra := last.GetStatuses()[0].GetDurationUntilReset(); ra == nil {
+		t.Errorf("closed with the store stalled: OVER_LIMIT without a reset time: %v", last)
+	}
+	for range 12 {
+		if c := call("open").GetOverallCode(); c != okC {
+			t.Fatalf("open with the store stalled: %v, want OK", c)
+		}
+	}
+	if n := metricValue(t, reg, "ratelimitd_backend_errors_total", map[string]string{"cause": "stalled"}); n < 1 {
+		t.Errorf("ratelimitd_backend_errors_total{cause=stalled} = %v with the store stalled, want at least 1", n)
 	}
 }
 

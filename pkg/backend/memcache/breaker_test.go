@@ -12,6 +12,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 )
@@ -19,13 +20,13 @@ import (
 // newBreakerStore is a store on srv with the default Timeout (50 ms) and
 // the health probe every probe (0: none, only the test's calls reach the
 // breaker), on a clock the test moves.
-func newBreakerStore(t *testing.T, srv *memcachetest.Server, probe time.Duration, onCircuit func(breaker.State)) (*memcache.Store, *memcache.ManualClock) {
+func newBreakerStore(t *testing.T, srv *memcachetest.Server, probe time.Duration, onCircuit func(breaker.State)) (*memcache.Store, *clock.Manual) {
 	t.Helper()
 	o := memcache.DefaultOptions()
 	o.Addrs = []string{srv.Addr()}
 	o.HealthInterval = probe
 	o.OnCircuit = onCircuit
-	clk := memcache.NewManualClock()
+	clk := clock.NewManual()
 	s, err := memcache.NewOnClock(o, clk)
 	if err != nil {
 		t.Fatalf("memcache.NewOnClock: %v", err)
@@ -57,7 +58,7 @@ func untilRefused(t *testing.T, s *memcache.Store, want error, before string, ma
 // until a call succeeds (at most 100 times: a call on a loaded host may
 // outlast the Timeout and reopen the circuit), then checks that the
 // circuit closed and the store is healthy.
-func recovers(t *testing.T, s *memcache.Store, clk *memcache.ManualClock) {
+func recovers(t *testing.T, s *memcache.Store, clk *clock.Manual) {
 	t.Helper()
 	l := fixed(1000, time.Hour)
 	for i := 0; ; i++ {

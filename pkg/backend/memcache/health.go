@@ -8,6 +8,8 @@ import (
 	"time"
 
 	gomemcache "github.com/bradfitz/gomemcache/memcache"
+
+	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 )
 
 // Healthy reports whether memcached is answering (service.Healther): true
@@ -63,10 +65,10 @@ func (s *Store) probeLoop() {
 
 // wait waits d of the real clock; it reports false, early, when the Store
 // is closed.
-func (s *Store) wait(d time.Duration) bool { return s.waitTimer(systemClock{}.NewTimer(d)) }
+func (s *Store) wait(d time.Duration) bool { return s.waitTimer(bclock.System{}.NewTimer(d)) }
 
 // waitTimer is wait until t fires (the probe's timer is on s.clk).
-func (s *Store) waitTimer(t probeTimer) bool {
+func (s *Store) waitTimer(t bclock.Timer) bool {
 	defer t.Stop()
 	select {
 	case <-s.stop:

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
+	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 )
 
@@ -61,7 +62,7 @@ type Store struct {
 // background every 100 ms, decisions failing with CauseRefused meanwhile;
 // the health probe runs in the background. Errors come from invalid
 // options only.
-func New(opts Options) (*Store, error) { return newWithClock(opts, systemClock{}) }
+func New(opts Options) (*Store, error) { return newWithClock(opts, bclock.System{}) }
 
 // newWithClock is New on clk (see clock).
 func newWithClock(opts Options, clk clock) (*Store, error) {

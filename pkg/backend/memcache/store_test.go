@@ -16,6 +16,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 )
@@ -35,13 +36,13 @@ func newStore(t testing.TB, addrs []string, now func() time.Time) *memcache.Stor
 
 // probedStore is a store on srv with timeout whose health probe runs
 // every 50 ms of a clock the test moves (tickUntil).
-func probedStore(t testing.TB, srv *memcachetest.Server, timeout time.Duration) (*memcache.Store, *memcache.ManualClock) {
+func probedStore(t testing.TB, srv *memcachetest.Server, timeout time.Duration) (*memcache.Store, *clock.Manual) {
 	t.Helper()
 	o := memcache.DefaultOptions()
 	o.Addrs = []string{srv.Addr()}
 	o.Timeout = timeout
 	o.HealthInterval = 50 * time.Millisecond
-	clk := memcache.NewManualClock()
+	clk := clock.NewManual()
 	s, err := memcache.NewOnClock(o, clk)
 	if err != nil {
 		t.Fatalf("memcache.NewOnClock: %v", err)
@@ -409,7 +410,7 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 // tickUntil runs the health probe of the store on clk (Tick), first moving
 // clk on by advance each time, until cond holds; at most 100 probes (a
 // probe on a loaded host may outlast the Timeout).
-func tickUntil(t *testing.T, clk *memcache.ManualClock, advance time.Duration, cond func() bool, what string) {
+func tickUntil(t *testing.T, clk *clock.Manual, advance time.Duration, cond func() bool, what string) {
 	t.Helper()
 	for i := 0; !cond(); i++ {
 		if i == 100 {

@@ -13,6 +13,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 )
@@ -59,14 +60,14 @@ func waitHealthy(t *testing.T, s *postgres.Store) time.Duration {
 
 // newStoreOnClock is newStore on a clock the test moves: the breaker's
 // and the health probe's.
-func newStoreOnClock(t *testing.T, srv *pgtest.Server, db string, edit func(*postgres.Options)) (*postgres.Store, *postgres.ManualClock) {
+func newStoreOnClock(t *testing.T, srv *pgtest.Server, db string, edit func(*postgres.Options)) (*postgres.Store, *clock.Manual) {
 	t.Helper()
 	o := postgres.DefaultOptions()
 	o.URL = srv.URL(db)
 	edit(&o)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	clk := postgres.NewManualClock()
+	clk := clock.NewManual()
 	s, err := postgres.NewOnClock(ctx, o, clk)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -77,7 +78,7 @@ func newStoreOnClock(t *testing.T, srv *pgtest.Server, db string, edit func(*pos
 
 // tickHealthy runs the health probe of s (Tick) until s is healthy, at
 // most 100 times, and returns how far clk moved meanwhile.
-func tickHealthy(t *testing.T, s *postgres.Store, clk *postgres.ManualClock) time.Duration {
+func tickHealthy(t *testing.T, s *postgres.Store, clk *clock.Manual) time.Duration {
 	t.Helper()
 	start := clk.Now()
 	for i := 0; !s.Healthy(); i++ {

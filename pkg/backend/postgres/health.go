@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 )
 
 // Healthy reports whether decisions are counted now: false from an
@@ -175,11 +177,11 @@ func (s *Store) probeLoop() {
 // wait waits d of the real clock, or less when wake receives (nil never
 // does); it reports false, early, when the Store is closed.
 func (s *Store) wait(d time.Duration, wake <-chan struct{}) bool {
-	return s.waitTimer(systemClock{}.NewTimer(d), wake)
+	return s.waitTimer(bclock.System{}.NewTimer(d), wake)
 }
 
 // waitTimer is wait until t fires (the probe's timer is on s.clk).
-func (s *Store) waitTimer(t probeTimer, wake <-chan struct{}) bool {
+func (s *Store) waitTimer(t bclock.Timer, wake <-chan struct{}) bool {
 	defer t.Stop()
 	select {
 	case <-s.stop:

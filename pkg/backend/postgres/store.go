@@ -30,6 +30,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
+	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 )
 
 // minConns is how many connections the pool keeps dialed at least.
@@ -84,7 +85,7 @@ type Store struct {
 // and is logged at error level once per outage. Errors never hold the
 // password.
 func New(ctx context.Context, opt Options) (*Store, error) {
-	return newWithClock(ctx, opt, systemClock{})
+	return newWithClock(ctx, opt, bclock.System{})
 }
 
 // newWithClock is New on clk (see clock).

@@ -10,12 +10,13 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
 // healthInterval is the probe period of these tests (the production
-// default). The Store runs on a ManualClock: each Tick is one iteration
+// default). The Store runs on a clock.Manual: each Tick is one iteration
 // of the probe's loop and moves the breaker's clock with it, so what the
 // probe does per interval is counted, not timed.
 const healthInterval = redis.DefaultHealthInterval
@@ -26,13 +27,13 @@ const healthInterval = redis.DefaultHealthInterval
 const stateWithin = 20 * time.Second
 
 // newHealthStore returns a Store on o with a timeout generous enough for
-// a loaded -race host, on a ManualClock, with its health probe every
+// a loaded -race host, on a clock.Manual, with its health probe every
 // healthInterval.
-func newHealthStore(t *testing.T, o redis.Options) (*redis.Store, *redis.ManualClock) {
+func newHealthStore(t *testing.T, o redis.Options) (*redis.Store, *clock.Manual) {
 	t.Helper()
 	o.Timeout = 50 * time.Millisecond
 	o.HealthInterval = healthInterval
-	clk := redis.NewManualClock()
+	clk := clock.NewManual()
 	s, err := redis.NewOnClock(o, clk)
 	if err != nil {
 		t.Fatalf("redis.New: %v", err)
@@ -82,7 +83,7 @@ func inState(s *redis.Store, healthy bool, states ...string) bool {
 // next one at most RecoveryPoll later: the probe looks again soon, so that
 // a Redis that came back is counted again within a second. It returns the
 // number of iterations.
-func driveUntil(t *testing.T, s *redis.Store, clk *redis.ManualClock, healthy bool, states ...string) int {
+func driveUntil(t *testing.T, s *redis.Store, clk *clock.Manual, healthy bool, states ...string) int {
 	t.Helper()
 	end := time.Now().Add(stateWithin)
 	for n := 0; ; n++ {
@@ -102,7 +103,7 @@ func driveUntil(t *testing.T, s *redis.Store, clk *redis.ManualClock, healthy bo
 
 // idleTicks runs n probe iterations with Redis up and no traffic: each
 // arms the next one interval later, and the Store stays healthy.
-func idleTicks(t *testing.T, s *redis.Store, clk *redis.ManualClock, n int) {
+func idleTicks(t *testing.T, s *redis.Store, clk *clock.Manual, n int) {
 	t.Helper()
 	for i := range n {
 		if next := clk.Tick(t); next != healthInterval {

@@ -14,6 +14,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 )
 
@@ -130,7 +131,7 @@ type Store struct {
 // Redis is down. Unless Options.HealthInterval is 0 it starts the
 // background health probe (see Healthy); Close stops it. Errors come from
 // invalid options (Options.Validate) or unreadable TLS files only.
-func New(opts Options) (*Store, error) { return newWithClock(opts, systemClock{}) }
+func New(opts Options) (*Store, error) { return newWithClock(opts, bclock.System{}) }
 
 // newWithClock is New on clk (see clock).
 func newWithClock(opts Options, clk clock) (*Store, error) {

@@ -1,0 +1,40 @@
+// Package clock is the time source of the Redis, memcached and PostgreSQL
+// stores: what their circuit breakers and health probes read, so that a
+// test that moves it moves all of them together. Production uses System;
+// tests use Manual, which they move on by hand.
+package clock
+
+import "time"
+
+// A Clock tells the time and makes timers.
+type Clock interface {
+	// Now is the current time.
+	Now() time.Time
+	// NewTimer is the health probe loop's timer.
+	NewTimer(d time.Duration) Timer
+}
+
+// A Timer is the part of *time.Timer a store's health probe loop uses.
+type Timer interface {
+	// C is the channel the timer sends the time on when it fires.
+	C() <-chan time.Time
+	// Reset arms the timer again to fire after d, as time.Timer.Reset.
+	Reset(d time.Duration) bool
+	// Stop keeps the timer from firing, as time.Timer.Stop.
+	Stop() bool
+}
+
+// System is time.Now and time.NewTimer.
+type System struct{}
+
+// Now returns time.Now().
+func (System) Now() time.Time { return time.Now() }
+
+// NewTimer returns time.NewTimer(d).
+func (System) NewTimer(d time.Duration) Timer { return systemTimer{time.NewTimer(d)} }
+
+type systemTimer struct{ t *time.Timer }
+
+func (t systemTimer) C() <-chan time.Time        { return t.t.C }
+func (t systemTimer) Reset(d time.Duration) bool { return t.t.Reset(d) }
+func (t systemTimer) Stop() bool                 { return t.t.Stop() }

@@ -1,0 +1,169 @@
+package lease
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+)
+
+// syncBuffer is a log sink safe for the renewal goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestLeasedRedisFrozen: with Redis frozen (SIGSTOP), 16 callers make
+// leased decisions with a 50 ms deadline, on a key whose lease holds
+// units and on keys never leased. Every decision ends before the
+// caller's deadline: allowed from the units in hand, or failed with a
+// store error (never the caller's own deadline), so that the rule's
+// failure_mode decides it. The failed renewals are logged and counted.
+// After SIGCONT the leases renew: fresh keys are granted again.
+func TestLeasedRedisFrozen(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	st, err := redis.New(o) // the default options, as the server runs them
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	ls, err := New(Options{Store: st, Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ls.Close(context.Background()) })
+	// A fresh Redis grants nothing in the window it started in (its
+	// restart guard), so the window is a second.
+	lim := algo.Limit{Kind: algo.FixedWindow, Rate: 64_000, Period: time.Second}
+	hit := func(key string) []algo.Hit { return []algo.Hit{{Key: key, Limit: lim, Cost: 1}} }
+	waitFor(t, 5*time.Second, "warm-up grant", func() bool {
+		d, f, _, _ := ls.Take(context.Background(), hit("warm"))
+		return len(f) == 0 && d[0].Allowed
+	})
+	// Lease again at the start of the next window, so that the units in
+	// hand last most of a second into the freeze.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 20*time.Millisecond)))
+	waitFor(t, 5*time.Second, "grant in a new window", func() bool {
+		d, f, _, _ := ls.Take(context.Background(), hit("warm"))
+		return len(f) == 0 && d[0].Allowed
+	})
+
+	srv.Stop()
+	t.Cleanup(func() {
+		if srv.Alive() {
+			srv.Cont()
+		}
+	})
+	const (
+		callers  = 16
+		per      = 20
+		deadline = 50 * time.Millisecond
+		slack    = 150 * time.Millisecond // a loaded host's wake-up latency
+	)
+	var allowed, failed, late, callerDeadline atomic.Int64
+	var mu sync.Mutex
+	var took []time.Duration
+	var wg sync.WaitGroup
+	for g := range callers {
+		wg.Go(func() {
+			for i := range per {
+				key := "warm"
+				if i%2 == 1 {
+					key = "cold" + strconv.Itoa(g*per+i)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				t0 := time.Now()
+				d, f, _, err := ls.Take(ctx, hit(key))
+				took1 := time.Since(t0)
+				cancel()
+				mu.Lock()
+				took = append(took, took1)
+				mu.Unlock()
+				switch {
+				case len(f) > 0:
+					failed.Add(1)
+					if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+						callerDeadline.Add(1)
+					}
+				case d[0].Allowed:
+					allowed.Add(1)
+				default:
+					t.Errorf("%s denied with Redis frozen: %+v", key, d[0])
+				}
+				if took1 > deadline+slack {
+					late.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(took)
+	t.Logf("Redis frozen: decision time p50 %v, p90 %v, max %v", took[len(took)/2], took[len(took)*9/10], took[len(took)-1])
+	t.Logf("Redis frozen: %d decisions: %d allowed from units in hand, %d failed (%d by the caller's deadline), %d past deadline+slack",
+		callers*per, allowed.Load(), failed.Load(), callerDeadline.Load(), late.Load())
+	if n := late.Load(); n > 0 {
+		t.Errorf("%d of %d leased decisions took longer than the caller's deadline %v (+%v)", n, callers*per, deadline, slack)
+	}
+	if n := callerDeadline.Load(); n > 0 {
+		t.Errorf("%d of %d leased decisions ran into the caller's deadline: the rule's failure_mode cannot decide them", n, callers*per)
+	}
+	if failed.Load() < callers*per/2 {
+		t.Errorf("%d failed decisions, want at least the %d on never-leased keys", failed.Load(), callers*per/2)
+	}
+	if allowed.Load() == 0 {
+		t.Error("no decision allowed from the units in hand")
+	}
+
+	// The renewals stuck on the frozen server end by Options.Timeout.
+	waitFor(t, 5*time.Second, "a logged and counted renewal failure", func() bool {
+		return strings.Contains(logs.String(), "lease: renewal failed") &&
+			testutil.ToFloat64(ls.m.renewals.WithLabelValues("error")) > 0
+	})
+
+	srv.Cont()
+	waitFor(t, 10*time.Second, "a lease granted after SIGCONT", func() bool {
+		d, f, _, _ := ls.Take(context.Background(), hit("after"))
+		return len(f) == 0 && d[0].Allowed
+	})
+}
+
+// waitFor polls cond until it holds, failing the test after within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for start := time.Now(); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > within {
+			t.Fatalf("no %s within %v", what, within)
+		}
+	}
+}
