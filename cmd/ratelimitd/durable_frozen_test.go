@@ -45,8 +45,11 @@ func TestServerDurableFrozenFailsOpen(t *testing.T) {
 	}
 	runServer(t, s)
 	cc := testproc.Dial(t, s.grpcLn.Addr().String())
-	if err := testproc.WaitHealth(cc, durableHealth, healthpb.HealthCheckResponse_SERVING, 20*time.Second); err != nil {
-		t.Fatal(err)
+	// The server's own health (the config loaded) and the durable store's.
+	for _, name := range []string{"", durableHealth} {
+		if err := testproc.WaitHealth(cc, name, healthpb.HealthCheckResponse_SERVING, 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
 	}
 	client := rlsv3.NewRateLimitServiceClient(cc)
 	r := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{testproc.Desc("tenant", "acme")}}
