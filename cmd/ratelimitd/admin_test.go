@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
@@ -53,7 +54,7 @@ func (c remoteConn) RemoteAddr() net.Addr {
 }
 
 // adminEnv is a service on a one-rule config (user: 3 per hour) over
-// the store newStore builds from o, with its debug listener served on a
+// the store serveopts.NewStore builds from o, with its debug listener served on a
 // real loopback port exactly as serve wires it.
 type adminEnv struct {
 	svc  *service.Service
@@ -62,11 +63,11 @@ type adminEnv struct {
 	reg  *prometheus.Registry
 }
 
-func startAdmin(t *testing.T, o Options, remote bool) *adminEnv {
+func startAdmin(t *testing.T, o serveopts.Options, remote bool) *adminEnv {
 	t.Helper()
 	dir := t.TempDir()
 	writeTestFile(t, filepath.Join(dir, "login.yaml"), "domain: login\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 3}\n")
-	store, fallback, closeStore, err := newStore(o, nil)
+	store, fallback, closeStore, err := serveopts.NewStore(o, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func startAdmin(t *testing.T, o Options, remote bool) *adminEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.svc, err = service.New(withDecisionLog(service.Options{Store: store, Fallback: fallback, Logger: log, Registerer: e.reg,
+	e.svc, err = service.New(serveopts.WithDecisionLog(service.Options{Store: store, Fallback: fallback, Logger: log, Registerer: e.reg,
 		MaxJSONBodyBytes: o.GRPCMaxRecvMsgSize}, o))
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +180,7 @@ func remaining(t *testing.T, m map[string]any) float64 {
 func TestAdminOverDebugListener(t *testing.T) {
 	for _, backend := range []string{"memory", "redis", "memcache"} {
 		t.Run(backend, func(t *testing.T) {
-			o := defaultOptions()
+			o := serveopts.Defaults()
 			o.Backend = backend
 			switch backend {
 			case "redis":
@@ -288,7 +289,7 @@ func hasService(t *testing.T, conn *grpc.ClientConn, name string) bool {
 // Connections that are not loopback at both ends need the debug token,
 // for the admin API over HTTP and gRPC alike.
 func TestAdminNeedsDebugToken(t *testing.T) {
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	file := filepath.Join(t.TempDir(), "token")
 	writeTestFile(t, file, "s3cret\n")
 	o.DebugTokenFile = file

@@ -2,18 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/events"
 	"github.com/ratelimitd/ratelimitd/internal/secrets"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -34,99 +30,22 @@ const (
 // dropped when the config changes (the Redis store's over-limit cache).
 type resetter interface{ ResetCache() }
 
-// closingStore is a store that holds connections or goroutines until
-// Close.
-type closingStore interface {
-	service.Store
-	Close() error
-}
-
-// newStore builds the configured backend store and the in-process fallback
-// for failure_mode: local (nil for the memory backend). Both in-memory
-// stores hold at most --memory-max-keys keys; beyond that a request that
-// needs a new key drops an expired key or, when none has expired, the
-// store decides the new key with its sketch or denies it (memory.Store,
-// "Full store"), so a flood of keys switches no limit off.
-// ev, when not nil, receives the circuit breaker's transitions and
-// reports (Redis, and memcached with one server).
-func newStore(o Options, ev *events.Events) (service.Store, service.Store, func() error, error) {
-	mem := func() (*memory.Store, error) { return memory.New(memory.Options{MaxKeys: o.MemoryMaxKeys}) }
-	// withFallback pairs a network store built without error with its
-	// in-process fallback, closing the store when the fallback fails.
-	withFallback := func(st closingStore, err error) (service.Store, service.Store, func() error, error) {
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		fb, err := mem()
-		if err != nil {
-			_ = st.Close()
-			return nil, nil, nil, err
-		}
-		return st, fb, func() error { return errors.Join(st.Close(), fb.Close()) }, nil
-	}
-	switch o.Backend {
-	case "redis":
-		ro := redisOptions(o)
-		if ev != nil {
-			ro.Breaker.OnTransition, ro.Breaker.OnReport = ev.OnCircuit, ev.OnReport
-		}
-		return withFallback(redis.New(ro))
-	case "memcache":
-		mo := memcacheOptions(o)
-		if ev != nil {
-			mo.OnCircuit, mo.OnCircuitReport = ev.OnCircuit, ev.OnReport
-		}
-		return withFallback(memcache.New(mo))
-	default:
-		ms, err := mem()
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return ms, nil, ms.Close, nil
-	}
-}
-
 // newBackend builds the store of --backend and the failure_mode: local
-// fallback (newStore), logs where the store points, and has release close
+// fallback (serveopts.NewStore), logs where the store points, and has release close
 // them. ev receives the Redis circuit breaker's transitions.
 func (s *server) newBackend(ev *events.Events) error {
-	store, fallback, closeStore, err := newStore(s.opts, ev)
+	store, fallback, closeStore, err := serveopts.NewStore(s.opts, ev)
 	if err != nil {
-		return secrets.ScrubErr(fmt.Errorf("backend: %w", err), secretsOf(s.opts)...)
+		return secrets.ScrubErr(fmt.Errorf("backend: %w", err), serveopts.Secrets(s.opts)...)
 	}
 	s.store, s.fallback = store, fallback
-	s.log.Info("backend", backendTarget(s.opts)...)
+	s.log.Info("backend", serveopts.BackendTarget(s.opts)...)
 	s.onClose(func() {
 		if err := closeStore(); err != nil {
 			s.log.Warn("closing backend", "err", err)
 		}
 	})
 	return nil
-}
-
-// backendTarget are the attributes of the startup log line naming the
-// store and where it points, with any password redacted.
-func backendTarget(o Options) []any {
-	if o.Backend == "memcache" {
-		if o.Memcache.SRV != "" {
-			return []any{"type", "memcache", "srv", o.Memcache.SRV, "srv_refresh", o.Memcache.SRVRefresh.String(), "timeout", o.Memcache.Timeout.String()}
-		}
-		return []any{"type", "memcache", "addrs", secrets.Redact(secrets.Address, strings.Join(o.Memcache.Addrs, ",")), "timeout", o.Memcache.Timeout.String()}
-	}
-	if o.Backend != "redis" {
-		return []any{"type", o.Backend}
-	}
-	attrs := []any{"type", "redis", "mode", string(o.Redis.Mode), "url", redis.RedactURL(o.Redis.URL)}
-	if len(o.Redis.Addrs) > 0 {
-		attrs = append(attrs, "addrs", secrets.Redact(secrets.Address, strings.Join(o.Redis.Addrs, ",")))
-	}
-	if o.Redis.MasterName != "" {
-		attrs = append(attrs, "master", o.Redis.MasterName)
-	}
-	if o.Redis.PasswordFile != "" {
-		attrs = append(attrs, "password_file", o.Redis.PasswordFile)
-	}
-	return attrs
 }
 
 // serving is the health of "" and the RLS service: a config is loaded and

@@ -31,13 +31,14 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ratelimitd/ratelimitd/internal/listen"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // boundsService is a service on the memory store with one rule
 // (domain "d", key "k": 1000 per minute) in force and the /json body bound
 // of o, as serve wires it.
-func boundsService(t testing.TB, o Options) *service.Service {
+func boundsService(t testing.TB, o serveopts.Options) *service.Service {
 	t.Helper()
 	svc := newTestService(t, service.Options{Store: memoryStore(t), MaxJSONBodyBytes: o.GRPCMaxRecvMsgSize})
 	setConfig(t, svc, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n")
@@ -47,12 +48,12 @@ func boundsService(t testing.TB, o Options) *service.Service {
 // boundsGRPC serves svc and a health server on a loopback gRPC server
 // built as serve builds it (grpcLimits(o).ServerOptions(),
 // listen.LimitConns), and returns a client connection to it.
-func boundsGRPC(t testing.TB, o Options, svc *service.Service, hs *health.Server) *grpc.ClientConn {
+func boundsGRPC(t testing.TB, o serveopts.Options, svc *service.Service, hs *health.Server) *grpc.ClientConn {
 	t.Helper()
 	return dialBounds(t, boundsServer(t, o, svc, hs))
 }
 
-func boundsServer(t testing.TB, o Options, svc *service.Service, hs *health.Server) string {
+func boundsServer(t testing.TB, o serveopts.Options, svc *service.Service, hs *health.Server) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -80,7 +81,7 @@ func dialBounds(t testing.TB, addr string) *grpc.ClientConn {
 // With --grpc-max-connections=1, a second client connection is not served
 // (its call's deadline passes) until the first one closes.
 func TestGRPCMaxConnections(t *testing.T) {
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	o.GRPCMaxConnections = 1
 	addr := boundsServer(t, o, boundsService(t, o), health.NewServer())
 	first, second := dialBounds(t, addr), dialBounds(t, addr)
@@ -118,7 +119,7 @@ func bigRequest(n int) *rlsv3.RateLimitRequest {
 // A message over --grpc-max-recv-msg-size fails with ResourceExhausted
 // (it is not decoded); one under it is decided.
 func TestGRPCMaxRecvMsgSize(t *testing.T) {
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	o.GRPCMaxRecvMsgSize = 256 << 10
 	cc := boundsGRPC(t, o, boundsService(t, o), health.NewServer())
 	client := rlsv3.NewRateLimitServiceClient(cc)
@@ -134,7 +135,7 @@ func TestGRPCMaxRecvMsgSize(t *testing.T) {
 		t.Fatalf("request over the bound: %v; want ResourceExhausted", err)
 	}
 	// The default is 1 MiB, well below grpc-go's 4 MiB.
-	if d := defaultOptions().GRPCMaxRecvMsgSize; d != 1<<20 {
+	if d := serveopts.Defaults().GRPCMaxRecvMsgSize; d != 1<<20 {
 		t.Errorf("default --grpc-max-recv-msg-size = %d, want 1 MiB", d)
 	}
 }
@@ -143,7 +144,7 @@ func TestGRPCMaxRecvMsgSize(t *testing.T) {
 // Watch streams open, a third call waits (its deadline passes) and goes
 // through once one of them ends.
 func TestGRPCMaxConcurrentStreams(t *testing.T) {
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	o.GRPCMaxConcurrentStreams = 2
 	hs := health.NewServer()
 	cc := boundsGRPC(t, o, boundsService(t, o), hs)
@@ -180,7 +181,7 @@ func TestGRPCMaxConcurrentStreams(t *testing.T) {
 }
 
 // httpBounds serves h on loopback with httpLimits(o).Server(h, true).
-func httpBounds(t *testing.T, o Options, h http.Handler) string {
+func httpBounds(t *testing.T, o serveopts.Options, h http.Handler) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -207,7 +208,7 @@ func closedByServer(conn net.Conn) bool {
 // connections sending part of the headers, part of a body, or idling after
 // a request is closed by the server.
 func TestHTTPSlowClientsCutOff(t *testing.T) {
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	o.HTTPReadTimeout = 200 * time.Millisecond
 	o.HTTPIdleTimeout = 200 * time.Millisecond
 	svc := boundsService(t, o)
@@ -276,7 +277,7 @@ func TestHTTPSlowClientsCutOff(t *testing.T) {
 // A /json body over the bound (--grpc-max-recv-msg-size) gets 413,
 // whether its length is announced or chunked; one under it is decided.
 func TestHTTPJSONBodyLimit(t *testing.T) {
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	o.GRPCMaxRecvMsgSize = 4 << 10
 	svc := boundsService(t, o)
 	mux := http.NewServeMux()
@@ -309,7 +310,7 @@ func TestHTTPJSONBodyLimit(t *testing.T) {
 
 // The resource-bound flags: defaults, flags, twins and validation.
 func TestBoundFlags(t *testing.T) {
-	d, _, err := parseServe(nil, env(), io.Discard)
+	d, _, err := serveopts.Parse(nil, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +318,7 @@ func TestBoundFlags(t *testing.T) {
 		d.HTTPWriteTimeout != 10*time.Second || d.HTTPIdleTimeout != 2*time.Minute || d.GRPCMaxConnections != 0 {
 		t.Errorf("defaults: %d %d %s %s %s", d.GRPCMaxRecvMsgSize, d.GRPCMaxConcurrentStreams, d.HTTPReadTimeout, d.HTTPWriteTimeout, d.HTTPIdleTimeout)
 	}
-	o, _, err := parseServe(nil, env("RATELIMITD_GRPC_MAX_RECV_MSG_SIZE", "65536", "RATELIMITD_GRPC_MAX_CONCURRENT_STREAMS", "10",
+	o, _, err := serveopts.Parse(nil, env("RATELIMITD_GRPC_MAX_RECV_MSG_SIZE", "65536", "RATELIMITD_GRPC_MAX_CONCURRENT_STREAMS", "10",
 		"RATELIMITD_HTTP_READ_TIMEOUT", "1s", "RATELIMITD_HTTP_WRITE_TIMEOUT", "2s", "RATELIMITD_HTTP_IDLE_TIMEOUT", "3s", "RATELIMITD_GRPC_MAX_CONNECTIONS", "7"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -328,7 +329,7 @@ func TestBoundFlags(t *testing.T) {
 	}
 	for _, bad := range []string{"--grpc-max-recv-msg-size=0", "--grpc-max-concurrent-streams=0", "--grpc-max-concurrent-streams=4294967296", "--grpc-max-connections=-1",
 		"--http-read-timeout=0s", "--http-write-timeout=-1s", "--http-idle-timeout=0s"} {
-		if _, _, err := parseServe([]string{bad}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(bad, "=", 2)[0]) {
+		if _, _, err := serveopts.Parse([]string{bad}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(bad, "=", 2)[0]) {
 			t.Errorf("%s: err %v", bad, err)
 		}
 	}
@@ -388,7 +389,7 @@ const hostileCallBudget = 3 << 20
 // reports whether to run another round (b.Loop, or once for a test).
 func hostileLoad(tb testing.TB, next func() bool) (peakHeap, allocPerCall uint64) {
 	const calls, conns = 200, 4
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	svc := boundsService(tb, o)
 	wire := hostileWire(480)
 	if len(wire) > o.GRPCMaxRecvMsgSize {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/ratelimitd/ratelimitd/internal/configsource"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -28,7 +29,7 @@ func (s *server) newConfigSource() error {
 	}
 	s.source = configsource.Source{Load: configsource.Capable(load, o.Backend, s.store, s.durable), Paths: o.Config, Log: s.log}
 	if o.ConfigSource == "xds" {
-		xo, err := xdsOptions(o, s.log, s.source.Load)
+		xo, err := serveopts.XDSOptions(o, s.log, s.source.Load)
 		if err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -35,7 +36,7 @@ func (d *countingDialer) dial(ctx context.Context, addr string) (net.Conn, error
 // ageServer serves a boundsService (rule d/k) and hs with
 // grpcLimits(o).ServerOptions(), and returns a grpc-go client whose connections
 // are counted by the returned dialer.
-func ageServer(t *testing.T, o Options, hs *health.Server) (*grpc.ClientConn, *countingDialer, string) {
+func ageServer(t *testing.T, o serveopts.Options, hs *health.Server) (*grpc.ClientConn, *countingDialer, string) {
 	t.Helper()
 	addr := boundsServer(t, o, boundsService(t, o), hs)
 	d := &countingDialer{}
@@ -56,7 +57,7 @@ func ageServer(t *testing.T, o Options, hs *health.Server) (*grpc.ClientConn, *c
 // and the stream.
 func agedWatch(t *testing.T, age, grace time.Duration) (*grpc.ClientConn, *countingDialer, *health.Server, context.Context, grpc.ServerStreamingClient[healthpb.HealthCheckResponse]) {
 	t.Helper()
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	o.GRPCMaxConnectionAge, o.GRPCMaxConnectionAgeGrace = age, grace
 	hs := health.NewServer()
 	cc, dials, _ := ageServer(t, o, hs)
@@ -81,7 +82,7 @@ func ageRequest() *rlsv3.RateLimitRequest {
 // The server sends GOAWAY (NO_ERROR) on a connection older than
 // --grpc-max-connection-age, read as HTTP/2 frames.
 func TestGRPCMaxConnectionAgeGoAway(t *testing.T) {
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	o.GRPCMaxConnectionAge = 100 * time.Millisecond
 	addr := boundsServer(t, o, boundsService(t, o), health.NewServer())
 	c, err := net.Dial("tcp", addr)
@@ -191,32 +192,32 @@ func TestGRPCMaxConnectionAgeGraceCuts(t *testing.T) {
 // The connection-age flags: defaults, twins, envoyproxy/ratelimit's
 // variables, precedence and validation.
 func TestGRPCMaxConnectionAgeFlags(t *testing.T) {
-	d, _, err := parseServe(nil, env(), io.Discard)
+	d, _, err := serveopts.Parse(nil, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d.GRPCMaxConnectionAge != 5*time.Minute || d.GRPCMaxConnectionAgeGrace != 30*time.Second {
 		t.Errorf("defaults: %s %s", d.GRPCMaxConnectionAge, d.GRPCMaxConnectionAgeGrace)
 	}
-	o, _, err := parseServe(nil, env("GRPC_MAX_CONNECTION_AGE", "24h", "GRPC_MAX_CONNECTION_AGE_GRACE", "1h"), io.Discard)
+	o, _, err := serveopts.Parse(nil, env("GRPC_MAX_CONNECTION_AGE", "24h", "GRPC_MAX_CONNECTION_AGE_GRACE", "1h"), io.Discard)
 	if err != nil || o.GRPCMaxConnectionAge != 24*time.Hour || o.GRPCMaxConnectionAgeGrace != time.Hour {
 		t.Errorf("reference variables: %v %s %s", err, o.GRPCMaxConnectionAge, o.GRPCMaxConnectionAgeGrace)
 	}
-	o, _, err = parseServe([]string{"--grpc-max-connection-age-grace=5s"}, env("GRPC_MAX_CONNECTION_AGE", "24h",
+	o, _, err = serveopts.Parse([]string{"--grpc-max-connection-age-grace=5s"}, env("GRPC_MAX_CONNECTION_AGE", "24h",
 		"RATELIMITD_GRPC_MAX_CONNECTION_AGE", "10m", "GRPC_MAX_CONNECTION_AGE_GRACE", "1h"), io.Discard)
 	if err != nil || o.GRPCMaxConnectionAge != 10*time.Minute || o.GRPCMaxConnectionAgeGrace != 5*time.Second {
 		t.Errorf("precedence: %v %s %s", err, o.GRPCMaxConnectionAge, o.GRPCMaxConnectionAgeGrace)
 	}
-	o, _, err = parseServe([]string{"--grpc-max-connection-age=0", "--grpc-max-connection-age-grace=0s"}, env(), io.Discard)
+	o, _, err = serveopts.Parse([]string{"--grpc-max-connection-age=0", "--grpc-max-connection-age-grace=0s"}, env(), io.Discard)
 	if err != nil || o.GRPCMaxConnectionAge != 0 || o.GRPCMaxConnectionAgeGrace != 0 {
 		t.Errorf("0 (never, no bound): %v %+v", err, o)
 	}
 	for _, bad := range []string{"--grpc-max-connection-age=-1s", "--grpc-max-connection-age-grace=-1s"} {
-		if _, _, err := parseServe([]string{bad}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(bad, "=", 2)[0]+"=") {
+		if _, _, err := serveopts.Parse([]string{bad}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(bad, "=", 2)[0]+"=") {
 			t.Errorf("%s: err %v", bad, err)
 		}
 	}
-	if _, _, err := parseServe(nil, env("GRPC_MAX_CONNECTION_AGE", "60"), io.Discard); err == nil ||
+	if _, _, err := serveopts.Parse(nil, env("GRPC_MAX_CONNECTION_AGE", "60"), io.Discard); err == nil ||
 		err.Error() != `GRPC_MAX_CONNECTION_AGE="60": missing unit (e.g. 60ms or 60s)` {
 		t.Errorf("GRPC_MAX_CONNECTION_AGE=60: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/secrets"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -16,20 +17,6 @@ import (
 // (backendHealth): a PostgreSQL outage gives the durable limits their
 // failure modes and leaves the service SERVING.
 const durableHealth = "ratelimitd.durable"
-
-// durableOptions maps the --durable-* flags onto postgres.Options
-// (validated by postgres.New); password is --durable-password-file's
-// content ("" without it).
-func durableOptions(o Options, password string) postgres.Options {
-	po := postgres.DefaultOptions()
-	po.URL = o.DurableURL
-	po.Password = password
-	po.Timeout = o.DurableTimeout
-	po.MaxConns = int32(min(o.DurableMaxConns, 1<<30))
-	po.ConnectTimeout = o.DurableConnect
-	po.AsyncCommit = o.DurableAsyncCommit
-	return po
-}
 
 // newDurable connects the durable store of --durable-url (nothing
 // without it), waiting up to --durable-connect-timeout for PostgreSQL
@@ -49,13 +36,13 @@ func (s *server) newDurable() error {
 			return err
 		}
 	}
-	po := durableOptions(o, password)
+	po := serveopts.DurableOptions(o, password)
 	po.Logger = s.log
 	ctx, cancel := context.WithTimeout(context.Background(), o.DurableConnect)
 	defer cancel()
 	st, err := postgres.New(ctx, po)
 	if err != nil {
-		return secrets.ScrubErr(fmt.Errorf("durable store %s: %w", postgres.RedactURL(o.DurableURL), err), append(secretsOf(o), password)...)
+		return secrets.ScrubErr(fmt.Errorf("durable store %s: %w", postgres.RedactURL(o.DurableURL), err), append(serveopts.Secrets(o), password)...)
 	}
 	s.durable = st
 	attrs := []any{"url", postgres.RedactURL(o.DurableURL), "timeout", o.DurableTimeout.String(), "max_conns", po.MaxConns, "async_commit", po.AsyncCommit, "healthy", st.Healthy()}

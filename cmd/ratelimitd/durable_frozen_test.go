@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 )
@@ -33,7 +34,7 @@ func TestServerDurableFrozenFailsOpen(t *testing.T) {
 	db := pg.CreateDB(t)
 	dir := t.TempDir()
 	writeTestFile(t, filepath.Join(dir, "c.yaml"), frozenConfig)
-	o, _, err := parseServe([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
+	o, _, err := serveopts.Parse([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
 		"--durable-url=" + pg.URL(db)}, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
@@ -35,7 +36,7 @@ func TestServerDurableStore(t *testing.T) {
 	writeTestFile(t, filepath.Join(dir, "c.yaml"), durableConfig)
 	pwFile := filepath.Join(t.TempDir(), "pw")
 	writeTestFile(t, pwFile, pg.Password+"\n")
-	o, _, err := parseServe([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
+	o, _, err := serveopts.Parse([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
 		"--durable-url=" + pg.URLNoPassword(db), "--durable-password-file=" + pwFile, "--durable-timeout=5s"}, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +108,7 @@ func TestServerDurableStartsWithoutPostgres(t *testing.T) {
 	pg.Kill()
 	dir := t.TempDir()
 	writeTestFile(t, filepath.Join(dir, "c.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100}\n  - key: plan\n    rate_limit: {unit: day, requests_per_unit: 2, store: durable, failure_mode: closed}\n")
-	o, _, err := parseServe([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
+	o, _, err := serveopts.Parse([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
 		// A long durable budget: on a loaded host the first calls after the
 		// restart must not time out into failure_mode: closed.
 		"--durable-url=" + pg.URL(db), "--durable-timeout=5s"}, env(), io.Discard)
@@ -183,27 +184,27 @@ func TestServerDurableStartsWithoutPostgres(t *testing.T) {
 // --durable-connect-timeout reach postgres.Options; their defaults are
 // the package's.
 func TestDurableFlagsMapped(t *testing.T) {
-	o, _, err := parseServe([]string{"--durable-url=postgres://u@127.0.0.1:5432/q", "--durable-async-commit", "--durable-connect-timeout=7s"}, env(), io.Discard)
+	o, _, err := serveopts.Parse([]string{"--durable-url=postgres://u@127.0.0.1:5432/q", "--durable-async-commit", "--durable-connect-timeout=7s"}, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	po := durableOptions(o, "")
+	po := serveopts.DurableOptions(o, "")
 	if !po.AsyncCommit || po.ConnectTimeout != 7*time.Second {
 		t.Errorf("AsyncCommit %v, ConnectTimeout %v; want true, 7s", po.AsyncCommit, po.ConnectTimeout)
 	}
-	o, _, err = parseServe([]string{"--durable-url=postgres://u@127.0.0.1:5432/q"}, env(), io.Discard)
+	o, _, err = serveopts.Parse([]string{"--durable-url=postgres://u@127.0.0.1:5432/q"}, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	po = durableOptions(o, "")
+	po = serveopts.DurableOptions(o, "")
 	if po.AsyncCommit || po.ConnectTimeout != postgres.DefaultConnectTimeout {
 		t.Errorf("defaults: AsyncCommit %v, ConnectTimeout %v; want false, %v", po.AsyncCommit, po.ConnectTimeout, postgres.DefaultConnectTimeout)
 	}
-	o, _, err = parseServe([]string{"--durable-url=postgres://u@127.0.0.1:5432/q"}, env("RATELIMITD_DURABLE_ASYNC_COMMIT", "true"), io.Discard)
+	o, _, err = serveopts.Parse([]string{"--durable-url=postgres://u@127.0.0.1:5432/q"}, env("RATELIMITD_DURABLE_ASYNC_COMMIT", "true"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !durableOptions(o, "").AsyncCommit {
+	if !serveopts.DurableOptions(o, "").AsyncCommit {
 		t.Error("RATELIMITD_DURABLE_ASYNC_COMMIT=true: AsyncCommit false")
 	}
 }

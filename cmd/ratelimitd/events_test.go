@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"path/filepath"
 	"runtime"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/grpc/health"
 
 	"github.com/ratelimitd/ratelimitd/internal/events"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
@@ -81,9 +81,9 @@ func TestCircuitTransitionEvents(t *testing.T) {
 	if err := ev.Register(reg, version, commit); err != nil {
 		t.Fatal(err)
 	}
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	o.Backend, o.Redis.URL, o.Redis.Timeout = "redis", srv.URL(), time.Second
-	store, _, closeStore, err := newStore(o, ev)
+	store, _, closeStore, err := serveopts.NewStore(o, ev)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,33 +177,5 @@ func TestConfigAppliedAndRejectedEvents(t *testing.T) {
 	}
 	if svc.Policy() != set {
 		t.Error("the rejected reload replaced the config in force")
-	}
-}
-
-// --log-decisions and --log-decisions-rate, with their twins.
-func TestDecisionLogFlags(t *testing.T) {
-	d, _, err := parseServe(nil, env(), io.Discard)
-	if err != nil || d.LogDecisions != "off" || d.Service.DecisionLogRate != service.DefaultDecisionLogRate {
-		t.Fatalf("defaults %q %v, %v", d.LogDecisions, d.Service.DecisionLogRate, err)
-	}
-	o, _, err := parseServe([]string{"--log-decisions=Denied", "--log-decisions-rate=2.5", "--key-values=clear"}, env(), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, rate, values := decisionLog(o)
-	if m != service.DecisionLogDenied || rate != 2.5 || !values {
-		t.Errorf("flags: %v %v %v", m, rate, values)
-	}
-	e, _, err := parseServe(nil, env("RATELIMITD_LOG_DECISIONS", "all", "RATELIMITD_LOG_DECISIONS_RATE", "9"), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m, rate, values := decisionLog(e); m != service.DecisionLogAll || rate != 9 || values {
-		t.Errorf("twins: %v %v %v", m, rate, values)
-	}
-	for _, bad := range [][]string{{"--log-decisions=some"}, {"--log-decisions-rate=0"}, {"--log-decisions-rate=-1"}} {
-		if _, _, err := parseServe(bad, env(), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(bad[0], "=", 2)[0]) {
-			t.Errorf("%v: err %v", bad, err)
-		}
 	}
 }

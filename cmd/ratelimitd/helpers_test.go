@@ -79,3 +79,17 @@ func counterByLabel(t *testing.T, reg *prometheus.Registry, name, label string) 
 	}
 	return out
 }
+
+// env is a lookup over the name, value pairs kv.
+func env(kv ...string) func(string) (string, bool) {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// cgroupOf fakes the cgroup memory limit read.
+func cgroupOf(n uint64, err error) func() (uint64, error) {
+	return func() (uint64, error) { return n, err }
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/boundary"
 	"github.com/ratelimitd/ratelimitd/internal/listen"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 )
 
 // openListeners binds the gRPC, HTTP and (when set) debug and metrics
@@ -141,25 +142,25 @@ func (s *server) logListening() {
 }
 
 // grpcLimits are the gRPC server's bounds of o.
-func grpcLimits(o Options) listen.GRPC {
+func grpcLimits(o serveopts.Options) listen.GRPC {
 	return listen.GRPC{MaxRecvMsgSize: o.GRPCMaxRecvMsgSize, MaxConcurrentStreams: o.GRPCMaxConcurrentStreams,
 		MaxConnectionAge: o.GRPCMaxConnectionAge, MaxConnectionAgeGrace: o.GRPCMaxConnectionAgeGrace}
 }
 
 // httpLimits are the HTTP servers' bounds of o.
-func httpLimits(o Options) listen.HTTP {
+func httpLimits(o serveopts.Options) listen.HTTP {
 	return listen.HTTP{ReadTimeout: o.HTTPReadTimeout, WriteTimeout: o.HTTPWriteTimeout, IdleTimeout: o.HTTPIdleTimeout}
 }
 
 // debugServer is the debug listener's server and its admin gRPC server
 // (listen.Debug). Stop the gRPC server after the HTTP server.
 func (s *server) debugServer() (*http.Server, *grpc.Server, error) {
-	return listen.Debug{Service: s.svc, Args: os.Args, KindOf: secretKindOf, TokenFile: s.opts.DebugTokenFile,
+	return listen.Debug{Service: s.svc, Args: os.Args, KindOf: serveopts.SecretKindOf, TokenFile: s.opts.DebugTokenFile,
 		MaxRecvMsgSize: s.opts.GRPCMaxRecvMsgSize, HTTP: httpLimits(s.opts), Log: s.log}.Server()
 }
 
 // tlsOf is the TLS material of the gRPC listener (and of the HTTP listener
 // with --http-tls).
-func tlsOf(o Options) boundary.TLS {
+func tlsOf(o serveopts.Options) boundary.TLS {
 	return boundary.TLS{Cert: o.GRPCTLSCert, Key: o.GRPCTLSKey, ClientCA: o.GRPCTLSClientCA, ClientSAN: o.GRPCTLSClientSAN, HTTP: o.HTTPTLS}
 }

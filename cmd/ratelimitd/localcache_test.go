@@ -10,6 +10,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
@@ -71,7 +72,7 @@ func TestLocalCacheStatsd(t *testing.T) {
 // stats count them.
 func testLocalCacheStatsd(t *testing.T, store service.Store, now time.Time) {
 	sink := testproc.ListenStatsd(t)
-	o := defaultOptions()
+	o := serveopts.Defaults()
 	o.StatsdAddr, o.StatsdFlushInterval, o.StatsdTags = sink.Addr(), time.Hour, "foo:bar,a:b"
 	sc, stop, err := startStatsd(o, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -117,4 +118,11 @@ func testLocalCacheStatsd(t *testing.T, store service.Store, now time.Time) {
 			t.Errorf("%s = %v, want %v", name, got[name], want)
 		}
 	}
+}
+
+// closingStore is a store that holds connections or goroutines until
+// Close.
+type closingStore interface {
+	service.Store
+	Close() error
 }

@@ -10,7 +10,7 @@
 //	ratelimit [flags]                                  (as envoyproxy/ratelimit's binary: serve, reference mode)
 //
 // The command is wiring only: flags and environment become per-component
-// Options (options.go, legacy.go), and serve.go starts the servers.
+// Options (internal/serveopts), and server.go starts the servers.
 // Flags use the standard library's flag package: three subcommands and one
 // flag set do not justify a framework, and flag.VisitAll gives the
 // RATELIMITD_* environment twins in a few lines.
@@ -31,6 +31,7 @@ import (
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/ratelimitd/ratelimitd/internal/compat"
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 )
 
 // environ lists the process environment for the unknown RATELIMITD_*
@@ -112,7 +113,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 // serveMain runs `serve` with args (asRef: invoked as ratelimit) and
 // returns the exit code.
 func serveMain(ctx context.Context, asRef bool, args []string, lookup func(string) (string, bool), stderr io.Writer) int {
-	opts, warnings, err := parseServeAs(asRef, args, lookup, stderr)
+	opts, warnings, err := serveopts.ParseAs(asRef, args, lookup, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -128,12 +129,12 @@ func serveMain(ctx context.Context, asRef bool, args []string, lookup func(strin
 			}
 		}
 	}
-	if w := unknownTwins(set); w != "" {
+	if w := serveopts.UnknownTwins(set); w != "" {
 		warnings = append(warnings, w)
 	}
-	gc, err := chooseGC(opts, lookup, cgroupMemoryLimit, gcpolicy.Runtime)
+	gc, err := serveopts.ChooseGC(opts, lookup, cgroupMemoryLimit, gcpolicy.Runtime)
 	if err != nil {
-		err = opts.annotateEnv(err)
+		err = opts.AnnotateEnv(err)
 		fmt.Fprintf(stderr, "ratelimitd serve: %v\n", err)
 		return 2
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/health"
 
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -350,7 +351,7 @@ func usersConfig(n int) string {
 // rules at startup (nothing in force, not serving) and at reload (the
 // config in force stays), with an error naming both counts.
 func TestReloadMaxConfigRules(t *testing.T) {
-	o, _, err := parseServe(nil, env(), io.Discard)
+	o, _, err := serveopts.Parse(nil, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +359,7 @@ func TestReloadMaxConfigRules(t *testing.T) {
 		t.Fatalf("--max-config-rules default %d, --max-config-bytes %d; want 50000, 8 MiB", o.MaxConfigRules, o.MaxConfigBytes)
 	}
 	for _, f := range []string{"--max-config-rules=-1", "--max-config-bytes=-1"} {
-		if _, _, err := parseServe([]string{f}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), f) {
+		if _, _, err := serveopts.Parse([]string{f}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), f) {
 			t.Fatalf("%s: err %v, want a refusal", f, err)
 		}
 	}

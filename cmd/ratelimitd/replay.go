@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/replaycmd"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/pkg/replay"
 )
 
@@ -43,7 +44,7 @@ func parseReplay(args []string, usage io.Writer) (replaycmd.Options, error) {
 	}
 	fs := flag.NewFlagSet("ratelimitd replay", flag.ContinueOnError)
 	fs.SetOutput(usage)
-	fs.Var(&listValue{p: &o.Config}, "config", "ratelimitd YAML config file or directory (repeatable, or comma-separated)")
+	fs.Var(serveopts.List(&o.Config), "config", "ratelimitd YAML config file or directory (repeatable, or comma-separated)")
 	fs.StringVar(&o.Envoy, "envoy", "", "Envoy v3 bootstrap YAML whose routes and rate_limits actions build the descriptors")
 	fs.StringVar(&o.Log, "log", "", "access log to replay (- for standard input)")
 	fs.StringVar(&o.Format, "format", o.Format, "log format: combined (Apache/Nginx combined or common, IPv4 and IPv6)")
@@ -61,11 +62,11 @@ func parseReplay(args []string, usage io.Writer) (replaycmd.Options, error) {
 	fs.StringVar(&o.Backend, "backend", o.Backend, "store: memory or redis")
 	fs.StringVar(&o.RedisURL, "redis-url", o.RedisURL, "redis:// or rediss:// URL, with user:password@ for ACL and /db")
 	fs.StringVar(&o.RedisMode, "redis-mode", o.RedisMode, "standalone, cluster (seeds in --redis-addrs) or sentinel (--redis-addrs sentinels + --redis-master)")
-	fs.Var(&listValue{p: &o.RedisAddrs}, "redis-addrs", "host:port list: cluster seed nodes or sentinels")
+	fs.Var(serveopts.List(&o.RedisAddrs), "redis-addrs", "host:port list: cluster seed nodes or sentinels")
 	fs.StringVar(&o.RedisMaster, "redis-master", "", "sentinel master name")
 	fs.DurationVar(&o.RedisTimeout, "redis-timeout", o.RedisTimeout, "per-operation Redis budget")
 	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", 0, "Redis connections per node (0 = store default)")
-	durErr, restoreDurations := clearDurationErrors(fs)
+	durErr, restoreDurations := serveopts.ClearDurationErrors(fs)
 	fs.Usage = func() {
 		fmt.Fprint(usage, replayUsage)
 		restoreDurations()
@@ -93,9 +94,9 @@ func parseReplay(args []string, usage io.Writer) (replaycmd.Options, error) {
 	if o.Format != "combined" {
 		errs = append(errs, fmt.Errorf("--format=%q: only combined is supported", o.Format))
 	}
-	errs = append(errs, oneOf("output", o.Output, "text", "json", "html"), oneOf("order", o.Order, "time", "file"),
-		oneOf("backend", o.Backend, "memory", "redis"), oneOf("redis-mode", o.RedisMode, "standalone", "cluster", "sentinel"),
-		oneOf("counting", o.Counting, "all_or_nothing", "always_charge"))
+	errs = append(errs, serveopts.OneOf("output", o.Output, "text", "json", "html"), serveopts.OneOf("order", o.Order, "time", "file"),
+		serveopts.OneOf("backend", o.Backend, "memory", "redis"), serveopts.OneOf("redis-mode", o.RedisMode, "standalone", "cluster", "sentinel"),
+		serveopts.OneOf("counting", o.Counting, "all_or_nothing", "always_charge"))
 	if o.Speed < 0 {
 		errs = append(errs, fmt.Errorf("--speed=%v: must be >= 0", o.Speed))
 	}

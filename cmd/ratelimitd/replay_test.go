@@ -85,7 +85,7 @@ func TestReplayOutputs(t *testing.T) {
 }
 
 // TestReplayRedisBackend runs the CLI with --backend redis on a real
-// redis-server: the simulated clock must reach the Lua script (Options.Now)
+// redis-server: the simulated clock must reach the Lua script (redis.Options.Now)
 // and the report must equal the memory backend's.
 func TestReplayRedisBackend(t *testing.T) {
 	if testing.Short() {

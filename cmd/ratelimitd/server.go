@@ -22,6 +22,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/internal/listen"
 	"github.com/ratelimitd/ratelimitd/internal/logging"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
@@ -30,12 +31,12 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
 
-// server is `ratelimitd serve`: built from validated Options by newServer
+// server is `ratelimitd serve`: built from validated serveopts.Options by newServer
 // (store, telemetry, service, listeners, config source; files
 // backend.go, telemetry.go, listeners.go, configsource.go), run by Run
 // until its context is done, stopped by Shutdown.
 type server struct {
-	opts   Options
+	opts   serveopts.Options
 	log    *slog.Logger
 	svc    *service.Service
 	rlqs   *rlqs.Server // the Rate Limit Quota Service on the gRPC port
@@ -83,9 +84,9 @@ type server struct {
 var errServerStopped = errors.New("server already run or shut down")
 
 // serve builds the server of o and runs it until ctx is done
-// (SIGTERM/SIGINT); see Run. It applies the GC policy gc (chooseGC) and
+// (SIGTERM/SIGINT); see Run. It applies the GC policy gc (serveopts.ChooseGC) and
 // logs it first, with warnings.
-func serve(ctx context.Context, o Options, gc gcpolicy.Policy, warnings []string, logOut io.Writer) error {
+func serve(ctx context.Context, o serveopts.Options, gc gcpolicy.Policy, warnings []string, logOut io.Writer) error {
 	s, err := newServer(o, gc, warnings, logOut)
 	if err != nil {
 		return err
@@ -99,7 +100,7 @@ func serve(ctx context.Context, o Options, gc gcpolicy.Policy, warnings []string
 // listeners (so a taken port fails here, before anything runs) and the
 // config source. Nothing is served until Run. On error, what was built
 // is released.
-func newServer(o Options, gc gcpolicy.Policy, warnings []string, logOut io.Writer) (_ *server, err error) {
+func newServer(o serveopts.Options, gc gcpolicy.Policy, warnings []string, logOut io.Writer) (_ *server, err error) {
 	log := logging.New(o.LogLevel, o.LogFormat, logOut)
 	slog.SetDefault(log)
 	// go-redis' own log lines (pool dial errors, …) go through slog too.
@@ -137,7 +138,7 @@ func newServer(o Options, gc gcpolicy.Policy, warnings []string, logOut io.Write
 // newService builds the service on the store, with the metrics and
 // statsd client of newTelemetry.
 func (s *server) newService() error {
-	so, err := serviceOptions(s.opts)
+	so, err := serveopts.ServiceOptions(s.opts)
 	if err != nil {
 		return err
 	}
@@ -149,7 +150,7 @@ func (s *server) newService() error {
 	// charges them (memory, Redis); on memcached they are decided in the
 	// store like the others.
 	if st, ok := s.store.(lease.Store); ok {
-		l, err := lease.New(leaseOptions(s.opts, st, s.reg, s.log))
+		l, err := lease.New(serveopts.LeaseOptions(s.opts, st, s.reg, s.log))
 		if err != nil {
 			return err
 		}
@@ -176,7 +177,7 @@ func (s *server) newService() error {
 // by an unstated amount, so RLQS is not served there (logged): Envoy then
 // applies its no-assignment behaviour.
 func (s *server) newRLQS() error {
-	ro := rlqsOptions(s.opts, s.tracing.Store(s.store))
+	ro := serveopts.RLQSOptions(s.opts, s.tracing.Store(s.store))
 	ro.Registerer, ro.Logger = s.reg, s.log
 	ro.UnknownDomain = s.svc.CountUnknownDomain
 	if l, ok := s.store.(rlqs.LeaseStore); ok && (s.opts.Backend == "memory" || s.opts.Backend == "redis" && s.opts.Redis.WindowKeys) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 )
 
 // newTestServer builds a server on loopback ports with a one-rule config.
@@ -18,7 +19,7 @@ func newTestServer(t *testing.T) *server {
 	dir := t.TempDir()
 	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
 	writeTestFile(t, filepath.Join(dir, "c.yaml"), cfg)
-	o, _, err := parseServe([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s"}, env(), io.Discard)
+	o, _, err := serveopts.Parse([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s"}, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +12,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/events"
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/internal/secrets"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
@@ -20,13 +20,13 @@ import (
 // logStartup writes the first log lines: version and config source, the
 // mode in force and why, the GC policy (applied here), the startup
 // warnings, and the warnings about risky settings.
-func logStartup(log *slog.Logger, o Options, gc gcpolicy.Policy, warnings []string) {
+func logStartup(log *slog.Logger, o serveopts.Options, gc gcpolicy.Policy, warnings []string) {
 	if o.ConfigSource == "xds" {
 		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config_source", "xds", "xds_server", secrets.Redact(secrets.Address, o.XDSServerURL), "xds_node_id", o.XDSNodeID)
 	} else {
 		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
 	}
-	msg, attrs := o.modeLog()
+	msg, attrs := o.ModeLog()
 	log.Info(msg, attrs...)
 	gc.Apply()
 	gc.Log(log)
@@ -42,30 +42,12 @@ func logStartup(log *slog.Logger, o Options, gc gcpolicy.Policy, warnings []stri
 	}
 }
 
-// telemetryOptions maps the --tracing-* flags onto telemetry.Options;
-// --tracing-sample-ratio=0 samples no root span (telemetry.NeverSample:
-// the package's zero SampleRatio is its default, 1), and a negative one
-// stays invalid.
-func telemetryOptions(o Options) telemetry.Options {
-	ratio := o.TracingSampleRatio
-	switch {
-	case ratio == 0:
-		ratio = telemetry.NeverSample
-	case ratio < 0:
-		ratio = math.NaN() // refused by telemetry.Options.Validate, never NeverSample
-	}
-	return telemetry.Options{
-		Enabled: o.Tracing, Endpoint: o.TracingEndpoint, Insecure: o.TracingInsecure,
-		SampleRatio: ratio, ServiceName: o.TracingServiceName,
-	}
-}
-
 // newTelemetry sets up tracing (flushed by release), the Prometheus
 // registry with the Go, process, backend and event metrics, and the
 // statsd client of --statsd-addr (flushed and closed by release).
 func (s *server) newTelemetry(ev *events.Events) error {
 	o := s.opts
-	tr, err := telemetry.Setup(context.Background(), telemetryOptions(o))
+	tr, err := telemetry.Setup(context.Background(), serveopts.TelemetryOptions(o))
 	if err != nil {
 		return err
 	}
@@ -105,11 +87,11 @@ func (s *server) newTelemetry(ev *events.Events) error {
 // stop, without it): envoyproxy/ratelimit's stats, its Go runtime stats
 // under "ratelimit.go", and ratelimitd_statsd_* on reg. stop flushes once
 // more and closes the socket; call it after the servers stopped.
-func startStatsd(o Options, reg prometheus.Registerer, log *slog.Logger) (*statsd.Client, func(), error) {
+func startStatsd(o serveopts.Options, reg prometheus.Registerer, log *slog.Logger) (*statsd.Client, func(), error) {
 	if o.StatsdAddr == "" {
 		return nil, func() {}, nil
 	}
-	tags, err := parseStatsdTags(o.StatsdTags)
+	tags, err := serveopts.ParseStatsdTags(o.StatsdTags)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -3,13 +3,14 @@ package main
 import (
 	"io"
 
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/internal/validatecmd"
 )
 
 // validate is `ratelimitd validate` (validatecmd.Run) with serve's
 // defaults.
 func validate(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
-	def := defaultOptions()
+	def := serveopts.Defaults()
 	return validatecmd.Run(args, validatecmd.Env{
 		Lookup: lookup,
 		Defaults: validatecmd.Defaults{

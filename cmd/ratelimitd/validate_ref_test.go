@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ratelimitd/ratelimitd/internal/compat"
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 )
 
 // validateRun runs `ratelimitd validate args...` with the environment kv
@@ -35,7 +36,7 @@ func TestValidateReferenceConfigDir(t *testing.T) {
 	writeTestFile(t, filepath.Join(root, "ratelimit", "config", "a.yaml"), refValidateConfig)
 	writeTestFile(t, filepath.Join(root, "ratelimit", "rules", "b.yaml"), "domain: other\n")
 	vars := []string{"RUNTIME_ROOT", root, "RUNTIME_SUBDIRECTORY", "ratelimit", "RUNTIME_WATCH_ROOT", "false"}
-	o, _, err := parseServe(nil, env(append(vars, "REDIS_URL", "127.0.0.1:6379")...), io.Discard)
+	o, _, err := serveopts.Parse(nil, env(append(vars, "REDIS_URL", "127.0.0.1:6379")...), io.Discard)
 	if err != nil || !o.Reference || len(o.Config) != 1 {
 		t.Fatalf("serve: reference %t, config %v, %v", o.Reference, o.Config, err)
 	}
@@ -122,7 +123,7 @@ func TestReferenceDotfilesDefault(t *testing.T) {
 		{"native", nil, nil, true},
 		{"native, false", nil, []string{"RATELIMITD_IGNORE_DOTFILES", "false"}, false},
 	} {
-		o, _, err := parseServe(c.args, env(append(c.kv, "RATELIMITD_BACKEND", "memory")...), io.Discard)
+		o, _, err := serveopts.Parse(c.args, env(append(c.kv, "RATELIMITD_BACKEND", "memory")...), io.Discard)
 		if err != nil {
 			t.Fatalf("%s: serve: %v", c.name, err)
 		}

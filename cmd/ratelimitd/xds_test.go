@@ -16,71 +16,16 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds/xdstest"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
-// The reference's variables, as Envoy Gateway sets them, map onto the
-// --xds-* options; the TLS files count only with
-// CONFIG_GRPC_XDS_SERVER_USE_TLS=true; none is reported unsupported.
-func TestLegacyXDSVariables(t *testing.T) {
-	o, warnings, err := parseServe(nil, env(
-		"CONFIG_TYPE", "GRPC_XDS_SOTW",
-		"CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001",
-		"CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit",
-		"CONFIG_GRPC_XDS_NODE_METADATA", "cluster=edge",
-		"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-token:abc",
-		"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "5s",
-		"CONFIG_GRPC_XDS_SERVER_USE_TLS", "true",
-		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt",
-		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key",
-		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt",
-		"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "envoy-gateway",
-		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1s",
-		"XDS_CLIENT_BACKOFF_MAX_INTERVAL", "30s",
-		"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.25",
-		"XDS_CLIENT_BACKOFF_JITTER", "false",
-		"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "8388608",
-		"FORCE_START_WITHOUT_INITIAL_CONFIG", "true",
-	), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(warnings) != 0 {
-		t.Errorf("warnings %q, want none", warnings)
-	}
-	if o.ConfigSource != "xds" || o.XDSServerURL != "envoy-gateway:18001" || o.XDSNodeID != "envoy-ratelimit" ||
-		o.XDSNodeMetadata != "cluster=edge" || o.XDSHeaders != "x-token:abc" || o.XDSConnectRetryInterval != 5*time.Second ||
-		!o.XDSTLS || o.XDSTLSCert != "/certs/tls.crt" || o.XDSTLSKey != "/certs/tls.key" || o.XDSTLSCA != "/certs/ca.crt" ||
-		o.XDSTLSSAN != "envoy-gateway" || o.XDSBackoffInitial != time.Second || o.XDSBackoffMax != 30*time.Second ||
-		o.XDSBackoffRandomFactor != 0.25 || o.XDSBackoffJitter || o.XDSMaxMsgSize != 8<<20 {
-		t.Errorf("options: %+v", o)
-	}
-	// Without USE_TLS the files are ignored, as by envoyproxy/ratelimit.
-	o, _, err = parseServe(nil, env("CONFIG_TYPE", "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"), io.Discard)
-	if err != nil || o.XDSTLS || o.XDSTLSCA != "" {
-		t.Errorf("without USE_TLS: tls %v ca %q err %v", o.XDSTLS, o.XDSTLSCA, err)
-	}
-	// Defaults are the reference's; a flag twin wins over the variable.
-	d, _, err := parseServe(nil, env("CONFIG_TYPE", "file", "CONFIG_GRPC_XDS_NODE_ID", "legacy", "RATELIMITD_XDS_NODE_ID", "twin"), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.ConfigSource != "file" || d.XDSNodeID != "twin" || d.XDSServerURL != "localhost:18000" || d.XDSConnectRetryInterval != 3*time.Second ||
-		d.XDSBackoffInitial != 10*time.Second || d.XDSBackoffMax != time.Minute || d.XDSBackoffRandomFactor != 0.5 || !d.XDSBackoffJitter || d.XDSMaxMsgSize != 0 {
-		t.Errorf("defaults: %+v", d)
-	}
-	// --config is not needed with xDS.
-	if _, _, err := parseServe([]string{"--config-source=xds", "--config="}, env(), io.Discard); err != nil {
-		t.Errorf("xds without --config: %v", err)
-	}
-}
-
 // xdsEnv is a server whose config comes from a real go-control-plane ADS
 // server over mutual TLS, wired as serve wires it: the reference's
-// variables through parseServe and xdsOptions, xds.Run handing loads to
+// variables through serveopts.Parse and serveopts.XDSOptions, xds.Run handing loads to
 // the same apply and fail as the file watcher, the RLS and health
 // services on a loopback gRPC server.
 type xdsEnv struct {
@@ -94,7 +39,7 @@ type xdsEnv struct {
 func newXDSEnv(t *testing.T) *xdsEnv {
 	t.Helper()
 	e := &xdsEnv{srv: xdstest.Start(t, xdstest.NewCerts(t)), reg: prometheus.NewRegistry()}
-	o, _, err := parseServe(nil, env(append(splitEnv(e.srv.ClientEnv()),
+	o, _, err := serveopts.Parse(nil, env(append(splitEnv(e.srv.ClientEnv()),
 		"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "50ms",
 		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "50ms", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "200ms")...), io.Discard)
 	if err != nil {
@@ -110,7 +55,7 @@ func newXDSEnv(t *testing.T) *xdsEnv {
 	e.rls = rlsv3.NewRateLimitServiceClient(cc)
 	e.health = healthpb.NewHealthClient(cc)
 
-	xo, err := xdsOptions(o, log, policy.LoadOptions{})
+	xo, err := serveopts.XDSOptions(o, log, policy.LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,29 +69,6 @@ func newXDSEnv(t *testing.T) *xdsEnv {
 		}
 	})
 	return e
-}
-
-// xdsBase gives xds.Options the flags' meaning: the default factor and
-// jitter by default, and exact waits for --xds-backoff-random-factor=0
-// (xds.NoBackoffSpread) or --xds-backoff-jitter=false.
-func TestXDSBackoffSpreadOptions(t *testing.T) {
-	for _, tc := range []struct {
-		args    []string
-		factor  float64
-		disable bool
-	}{
-		{nil, xds.DefaultBackoffRandomFactor, false},
-		{[]string{"--xds-backoff-random-factor=0"}, xds.NoBackoffSpread, false},
-		{[]string{"--xds-backoff-random-factor=0.25", "--xds-backoff-jitter=false"}, 0.25, true},
-	} {
-		o, _, err := parseServe(tc.args, env(), io.Discard)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if xo := xdsBase(o); xo.BackoffRandomFactor != tc.factor || xo.DisableBackoffJitter != tc.disable {
-			t.Errorf("%q: factor %v, jitter disabled %v; want %v, %v", tc.args, xo.BackoffRandomFactor, xo.DisableBackoffJitter, tc.factor, tc.disable)
-		}
-	}
 }
 
 // splitEnv turns NAME=value entries into env's name, value pairs.

@@ -71,6 +71,13 @@ var mayImport = map[string][]string{
 		"internal/boundary",
 		"internal/secrets",
 		"internal/gcpolicy",
+		"internal/serveopts",
+	},
+	"internal/serveopts": {
+		"pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/rlqs", "pkg/lease",
+		"pkg/backend/memory", "pkg/backend/redis", "pkg/backend/memcache", "pkg/backend/postgres",
+		"pkg/telemetry", "pkg/telemetry/statsd",
+		"internal/compat", "internal/events", "internal/gcpolicy", "internal/secrets",
 	},
 	"internal/gcpolicy":     {},
 	"internal/tlsreload":    {},

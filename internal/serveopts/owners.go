@@ -1,9 +1,10 @@
-package main
+package serveopts
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"path"
 	"reflect"
 	"regexp"
@@ -19,6 +20,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 )
 
 // The rules of the options the command hands to other packages are those
@@ -50,9 +52,9 @@ var ownerFlagErrors = map[error]string{
 // to the memory store); any other error counts only where its package
 // applies (a backend under that backend, xds with --config-source=xds).
 func (o Options) validateOwners(named map[string]bool) error {
-	so, err := serviceOptions(o)
+	so, err := ServiceOptions(o)
 	if err != nil {
-		return nil // the flag's own check (oneOf) reports it
+		return nil // the flag's own check (OneOf) reports it
 	}
 	so.Store = noStore{}
 	var errs []error
@@ -65,9 +67,9 @@ func (o Options) validateOwners(named map[string]bool) error {
 		{o.Backend == "memcache", memcacheOptions(o).Validate()},
 		{true, so.Validate()},
 		{o.ConfigSource == "xds", xdsOptionsError(o)},
-		{true, telemetryOptions(o).Validate()},
-		{true, rlqsOptions(o, noStore{}).Validate()},
-		{true, leaseOptions(o, noLeaseStore{}, nil, nil).Validate()},
+		{true, TelemetryOptions(o).Validate()},
+		{true, RLQSOptions(o, noStore{}).Validate()},
+		{true, LeaseOptions(o, noLeaseStore{}, nil, nil).Validate()},
 	} {
 		for _, e := range leafErrors(c.err) {
 			if msg, ok := ownerFlagErrors[e]; ok {
@@ -234,10 +236,10 @@ type noStore struct{ service.Store }
 // validated before any store exists.
 type noLeaseStore struct{ lease.Store }
 
-// serviceOptions maps the flags onto service.Options, without the store,
+// ServiceOptions maps the flags onto service.Options, without the store,
 // fallback, registry, statsd client and logger (serve adds them). It fails
 // on an unknown --headers or --counting.
-func serviceOptions(o Options) (service.Options, error) {
+func ServiceOptions(o Options) (service.Options, error) {
 	headers, err := service.ParseHeaderMode(o.Headers)
 	if err != nil {
 		return service.Options{}, err
@@ -257,7 +259,7 @@ func serviceOptions(o Options) (service.Options, error) {
 	// refused (Options.Validate).
 	so.DetailedMetricCap, so.DisableDetailedMetrics = max(so.DetailedMetricCap, 0), so.DetailedMetricCap < 0
 	so.MaxJSONBodyBytes = o.GRPCMaxRecvMsgSize
-	return withDecisionLog(so, o), nil
+	return WithDecisionLog(so, o), nil
 }
 
 // memcacheOptions are the memcache.Options the --memcache-* flags set,
@@ -278,14 +280,32 @@ func retryJitter(d time.Duration) time.Duration {
 	return d
 }
 
-// leaseOptions are the Leaser's options of o on store.
-func leaseOptions(o Options, store lease.Store, reg prometheus.Registerer, log *slog.Logger) lease.Options {
+// LeaseOptions are the Leaser's options of o on store.
+func LeaseOptions(o Options, store lease.Store, reg prometheus.Registerer, log *slog.Logger) lease.Options {
 	return lease.Options{Store: store, Interval: o.LeaseInterval, Registerer: reg, Logger: log}
 }
 
-// rlqsOptions are the RLQS server's options of o on store.
-func rlqsOptions(o Options, store rlqs.Store) rlqs.Options {
+// RLQSOptions are the RLQS server's options of o on store.
+func RLQSOptions(o Options, store rlqs.Store) rlqs.Options {
 	ro := o.RLQS
 	ro.Store, ro.ShadowMode = store, o.Service.ShadowMode
 	return ro
+}
+
+// TelemetryOptions maps the --tracing-* flags onto telemetry.Options;
+// --tracing-sample-ratio=0 samples no root span (telemetry.NeverSample:
+// the package's zero SampleRatio is its default, 1), and a negative one
+// stays invalid.
+func TelemetryOptions(o Options) telemetry.Options {
+	ratio := o.TracingSampleRatio
+	switch {
+	case ratio == 0:
+		ratio = telemetry.NeverSample
+	case ratio < 0:
+		ratio = math.NaN() // refused by telemetry.Options.Validate, never NeverSample
+	}
+	return telemetry.Options{
+		Enabled: o.Tracing, Endpoint: o.TracingEndpoint, Insecure: o.TracingInsecure,
+		SampleRatio: ratio, ServiceName: o.TracingServiceName,
+	}
 }

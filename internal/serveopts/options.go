@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"time"
@@ -26,7 +26,7 @@ type Options struct {
 	Redis    redis.Options
 	Memcache memcache.Options // the --memcache-* flags
 	RLQS     rlqs.Options     // the --rlqs-* flags
-	// The service.Options the answer flags set; serviceOptions adds the
+	// The service.Options the answer flags set; ServiceOptions adds the
 	// rest (parsed words, inverted switches, the detailed-metric cap's
 	// sign).
 	Service service.Options

@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"errors"
@@ -57,10 +57,10 @@ func (o Options) validateXDS() error {
 	return errors.Join(errs...)
 }
 
-// xdsOptions builds the xDS client's options from validated Options; the
+// XDSOptions builds the xDS client's options from validated Options; the
 // TLS files are read once here, so a missing or malformed one fails
 // startup.
-func xdsOptions(o Options, log *slog.Logger, load policy.LoadOptions) (xds.Options, error) {
+func XDSOptions(o Options, log *slog.Logger, load policy.LoadOptions) (xds.Options, error) {
 	md, err := xds.ParseNodeMetadata(o.XDSNodeMetadata)
 	if err != nil {
 		return xds.Options{}, fmt.Errorf("--xds-node-metadata: %w", err)

@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"testing"
@@ -21,9 +21,9 @@ func TestTracingSampleRatioFlag(t *testing.T) {
 		{-1, 0, false},
 		{2, 2, false},
 	} {
-		o := defaultOptions()
+		o := Defaults()
 		o.TracingSampleRatio = c.flag
-		got := telemetryOptions(o)
+		got := TelemetryOptions(o)
 		if err := got.Validate(); (err == nil) != c.valid {
 			t.Errorf("--tracing-sample-ratio=%v: Validate %v, want valid %v", c.flag, err, c.valid)
 		}

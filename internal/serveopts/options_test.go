@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"flag"
@@ -26,14 +26,14 @@ func env(kv ...string) func(string) (string, bool) {
 }
 
 func TestParseServeDefaults(t *testing.T) {
-	o, warnings, err := parseServe(nil, env(), io.Discard)
+	o, warnings, err := Parse(nil, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(warnings) != 0 {
 		t.Errorf("warnings = %q, want none", warnings)
 	}
-	want := defaultOptions()
+	want := Defaults()
 	want.Redis.LocalCacheSize = 0 // on by default with the Redis backend only
 	if diff := cmp.Diff(want, o, ignoreFromEnv); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
@@ -136,7 +136,7 @@ func TestParseServePrecedence(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o, _, err := parseServe(tt.args, env(tt.env...), io.Discard)
+			o, _, err := Parse(tt.args, env(tt.env...), io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -195,7 +195,7 @@ func TestParseServeErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, err := parseServe(tt.args, env(tt.env...), io.Discard)
+			_, _, err := Parse(tt.args, env(tt.env...), io.Discard)
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -207,7 +207,7 @@ func TestParseServeErrors(t *testing.T) {
 }
 
 func TestLegacyUnsupportedOneWarning(t *testing.T) {
-	_, warnings, err := parseServe(nil, env("USE_DOG_STATSD", "true", "USE_DOG_STATSD_MOGRIFIERS", "x", "TRACING_SERVICE_NAMESPACE", "ns", "TRACING_ENABLED", "true", "REDIS_PERSECOND", "true", "RUNTIME_WATCH_ROOT", "false", "SHADOW_MODE", "true", "USE_STATSD", "true", "STATSD_HOST", "x"), io.Discard)
+	_, warnings, err := Parse(nil, env("USE_DOG_STATSD", "true", "USE_DOG_STATSD_MOGRIFIERS", "x", "TRACING_SERVICE_NAMESPACE", "ns", "TRACING_ENABLED", "true", "REDIS_PERSECOND", "true", "RUNTIME_WATCH_ROOT", "false", "SHADOW_MODE", "true", "USE_STATSD", "true", "STATSD_HOST", "x"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestLegacyUnsupportedOneWarning(t *testing.T) {
 		}
 	}
 	// USE_STATSD=false is what a Prometheus deployment sets: no warning.
-	_, warnings, _ = parseServe(nil, env("USE_STATSD", "false", "USE_PROMETHEUS", "true"), io.Discard)
+	_, warnings, _ = Parse(nil, env("USE_STATSD", "false", "USE_PROMETHEUS", "true"), io.Discard)
 	if len(warnings) != 0 {
 		t.Errorf("warnings = %q, want none", warnings)
 	}
@@ -233,7 +233,7 @@ func TestLegacyUnsupportedOneWarning(t *testing.T) {
 
 // Every flag has a RATELIMITD_* twin that sets it.
 func TestEveryFlagHasTwin(t *testing.T) {
-	o := defaultOptions()
+	o := Defaults()
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	registerServeFlags(fs, &o)
 	n := 0
@@ -253,15 +253,15 @@ func TestEveryFlagHasTwin(t *testing.T) {
 		{"gc-percent", "200"}, {"memory-limit", "1GiB"}, {"memory-limit-ratio", "0.5"}, {"redis-breaker", "false"},
 		{"config-source", "xds"}, {"xds-node-id", "n"}, {"xds-backoff-jitter", "false"}, {"xds-backoff-max", "2m"},
 	} {
-		viaFlag, _, err1 := parseServe([]string{"--" + c.flag + "=" + c.val}, env(), io.Discard)
-		viaEnv, _, err2 := parseServe(nil, env(envName(c.flag), c.val), io.Discard)
+		viaFlag, _, err1 := Parse([]string{"--" + c.flag + "=" + c.val}, env(), io.Discard)
+		viaEnv, _, err2 := Parse(nil, env(envName(c.flag), c.val), io.Discard)
 		if err1 != nil || err2 != nil {
 			t.Fatalf("%s: %v %v", c.flag, err1, err2)
 		}
 		if diff := cmp.Diff(viaFlag, viaEnv, ignoreFromEnv); diff != "" {
 			t.Errorf("--%s vs %s (-flag +env):\n%s", c.flag, envName(c.flag), diff)
 		}
-		if cmp.Equal(viaFlag, defaultOptions(), ignoreFromEnv) {
+		if cmp.Equal(viaFlag, Defaults(), ignoreFromEnv) {
 			t.Errorf("--%s=%s changed nothing", c.flag, c.val)
 		}
 	}
@@ -274,7 +274,7 @@ func TestFlagsDocListsEveryFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := defaultOptions()
+	o := Defaults()
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	registerServeFlags(fs, &o)
 	fs.VisitAll(func(f *flag.Flag) {
@@ -285,14 +285,14 @@ func TestFlagsDocListsEveryFlag(t *testing.T) {
 }
 
 func TestTracingOptions(t *testing.T) {
-	o, _, err := parseServe([]string{"--tracing-endpoint=collector:4317"}, env("TRACING_ENABLED", "true", "TRACING_SAMPLING_RATE", "0.25", "TRACING_SERVICE_NAME", "edge-rl"), io.Discard)
+	o, _, err := Parse([]string{"--tracing-endpoint=collector:4317"}, env("TRACING_ENABLED", "true", "TRACING_SAMPLING_RATE", "0.25", "TRACING_SERVICE_NAME", "edge-rl"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !o.Tracing || o.TracingSampleRatio != 0.25 || o.TracingServiceName != "edge-rl" || o.TracingEndpoint != "collector:4317" {
 		t.Errorf("tracing options = %v %v %q %q", o.Tracing, o.TracingSampleRatio, o.TracingServiceName, o.TracingEndpoint)
 	}
-	d, _, err := parseServe(nil, env(), io.Discard)
+	d, _, err := Parse(nil, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +308,7 @@ var ignoreFromEnv = cmpopts.IgnoreUnexported(Options{})
 // TestLegacySentinelURLNotPrinted: a REDIS_URL refused in sentinel mode is
 // named, never quoted, since a mistaken value may hold a password.
 func TestLegacySentinelURLNotPrinted(t *testing.T) {
-	_, _, err := parseServe(nil, env("REDIS_TYPE", "sentinel", "REDIS_URL", "redis://:s3cr3tpw@sentinel"), io.Discard)
+	_, _, err := Parse(nil, env("REDIS_TYPE", "sentinel", "REDIS_URL", "redis://:s3cr3tpw@sentinel"), io.Discard)
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -325,7 +325,7 @@ func TestLegacySentinelURLNotPrinted(t *testing.T) {
 // says so, without quoting it.
 func TestLegacyURLWithUserInfo(t *testing.T) {
 	for _, v := range []string{":s3cr3tpw@127.0.0.1:6379", "u:s3cr3tpw@h:1", "h:1/0"} {
-		_, _, err := parseServe(nil, env("REDIS_SOCKET_TYPE", "tcp", "REDIS_URL", v), io.Discard)
+		_, _, err := Parse(nil, env("REDIS_SOCKET_TYPE", "tcp", "REDIS_URL", v), io.Discard)
 		if err == nil {
 			t.Errorf("REDIS_URL #%d accepted", len(v))
 			continue
@@ -349,11 +349,11 @@ func TestLeaseIntervalReachesLeaser(t *testing.T) {
 		{nil, []string{"RATELIMITD_LEASE_INTERVAL", "2s"}, 2 * time.Second},
 		{[]string{"--lease-interval=1ms"}, []string{"RATELIMITD_LEASE_INTERVAL", "2s"}, time.Millisecond},
 	} {
-		o, _, err := parseServe(c.args, env(c.env...), io.Discard)
+		o, _, err := Parse(c.args, env(c.env...), io.Discard)
 		if err != nil {
 			t.Fatalf("%v %v: %v", c.args, c.env, err)
 		}
-		lo := leaseOptions(o, noLeaseStore{}, nil, nil)
+		lo := LeaseOptions(o, noLeaseStore{}, nil, nil)
 		if lo.Interval != c.want {
 			t.Errorf("%v %v: lease interval %v, want %v", c.args, c.env, lo.Interval, c.want)
 		}

@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"io"
@@ -32,7 +32,7 @@ func TestLegacyStatsd(t *testing.T) {
 		{name: "flag wins", env: []string{"USE_STATSD", "true", "RATELIMITD_STATSD_FLUSH_INTERVAL", "3s"}, args: []string{"--statsd-addr=127.0.0.1:1"}, addr: "127.0.0.1:1", flush: 3 * time.Second},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			o, warnings, err := parseServe(tt.args, env(tt.env...), io.Discard)
+			o, warnings, err := Parse(tt.args, env(tt.env...), io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -59,14 +59,14 @@ func TestLegacyStatsd(t *testing.T) {
 		{"STATS_FLUSH_INTERVAL", "10"},
 		{"STATS_FLUSH_INTERVAL", "-1s"},
 	} {
-		if _, _, err := parseServe(nil, env(bad...), io.Discard); err == nil || !strings.Contains(err.Error(), bad[len(bad)-2]) {
+		if _, _, err := Parse(nil, env(bad...), io.Discard); err == nil || !strings.Contains(err.Error(), bad[len(bad)-2]) {
 			t.Errorf("%v: error %v, want one naming %s", bad, err, bad[len(bad)-2])
 		}
 	}
-	if _, _, err := parseServe([]string{"--statsd-addr=nohostport"}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), "--statsd-addr") {
+	if _, _, err := Parse([]string{"--statsd-addr=nohostport"}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), "--statsd-addr") {
 		t.Errorf("--statsd-addr=nohostport: %v", err)
 	}
-	if _, _, err := parseServe([]string{"--statsd-flush-interval=0s"}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), "--statsd-flush-interval") {
+	if _, _, err := Parse([]string{"--statsd-flush-interval=0s"}, env(), io.Discard); err == nil || !strings.Contains(err.Error(), "--statsd-flush-interval") {
 		t.Errorf("--statsd-flush-interval=0s: %v", err)
 	}
 }

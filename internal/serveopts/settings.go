@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 //go:generate go test -run TestFlagDocs -update .
 
@@ -28,7 +28,7 @@ import (
 // twin is envName(name), the envoyproxy/ratelimit variables that map onto
 // it, its default and its doc line. settings is the one table the flag
 // registration (registerServeFlags), the twins, the plain legacy mapping
-// (legacyTable), defaultOptions, `serve -h`, the README's flag table
+// (legacyTable), Defaults, `serve -h`, the README's flag table
 // and docs/flags.md are made from (flagdocs_test.go renders the last two and checks them).
 type setting struct {
 	name  string // flag name without dashes: "redis-url"
@@ -280,9 +280,9 @@ var settings = []setting{
 	{name: "tracing-service-name", group: groupTelemetry, legacy: []string{"TRACING_SERVICE_NAME"}, field: fieldOf(func(o *Options) *string { return &o.TracingServiceName }, "ratelimitd"), doc: "`service.name` of exported spans"},
 }
 
-// defaultOptions are the defaults of every setting (the table's), plus
+// Defaults are the defaults of every setting (the table's), plus
 // the fields no flag sets.
-func defaultOptions() Options {
+func Defaults() Options {
 	o := Options{Redis: redis.DefaultOptions(), Memcache: memcache.DefaultOptions()}
 	for _, s := range settings {
 		s.field.setDefault(&o)

@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"bytes"
@@ -13,19 +13,19 @@ import (
 
 // updateFlagDocs rewrites the generated flag documentation:
 //
-//	go test ./cmd/ratelimitd -run TestFlagDocs -update
+//	go test ./internal/serveopts -run TestFlagDocs -update
 var updateFlagDocs = flag.Bool("update", false, "rewrite README.md's flag table and docs/flags.md from the settings table")
 
 // Markers around the generated flag table of README.md.
 const (
-	readmeBegin = "<!-- BEGIN serve flags: generated from cmd/ratelimitd/settings.go by `go test ./cmd/ratelimitd -run TestFlagDocs -update`; edit the table there -->\n"
+	readmeBegin = "<!-- BEGIN serve flags: generated from internal/serveopts/settings.go by `go test ./internal/serveopts -run TestFlagDocs -update`; edit the table there -->\n"
 	readmeEnd   = "<!-- END serve flags -->\n"
 )
 
 // flagDefaults maps each flag name to its default as the flag package
 // prints it.
 func flagDefaults() map[string]string {
-	o := defaultOptions()
+	o := Defaults()
 	fs := flag.NewFlagSet("docs", flag.ContinueOnError)
 	registerServeFlags(fs, &o)
 	defs := map[string]string{}
@@ -81,7 +81,7 @@ func TestFlagHelpOneLine(t *testing.T) {
 		}
 	}
 	var b bytes.Buffer
-	if _, _, err := parseServe([]string{"-h"}, func(string) (string, bool) { return "", false }, &b); !errors.Is(err, flag.ErrHelp) {
+	if _, _, err := Parse([]string{"-h"}, func(string) (string, bool) { return "", false }, &b); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v, want flag.ErrHelp", err)
 	}
 	for _, l := range strings.Split(b.String(), "\n") {
@@ -110,7 +110,7 @@ func flagsDoc() string {
 	var b strings.Builder
 	b.WriteString(`# ratelimitd serve flags
 
-<!-- Generated from cmd/ratelimitd/settings.go by ` + "`go test ./cmd/ratelimitd -run TestFlagDocs -update`" + `; edit the table there. -->
+<!-- Generated from internal/serveopts/settings.go by ` + "`go test ./internal/serveopts -run TestFlagDocs -update`" + `; edit the table there. -->
 
 Every flag of ` + "`ratelimitd serve`" + ` has an environment twin, ` + "`RATELIMITD_`" + ` and the flag name
 in upper snake case. Precedence: the flag, then its twin, then the envoyproxy/ratelimit variables
@@ -168,6 +168,6 @@ func TestFlagDocs(t *testing.T) {
 			}
 			continue
 		}
-		t.Errorf("%s differs from the settings table; run go test ./cmd/ratelimitd -run TestFlagDocs -update", f.path)
+		t.Errorf("%s differs from the settings table; run go test ./internal/serveopts -run TestFlagDocs -update", f.path)
 	}
 }

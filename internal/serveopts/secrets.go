@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"fmt"
@@ -22,9 +22,9 @@ func settingNamed(name string) (setting, bool) {
 	return setting{}, false
 }
 
-// secretKindOf is the secret kind of flag name (secrets.None for an unknown
+// SecretKindOf is the secret kind of flag name (secrets.None for an unknown
 // flag).
-func secretKindOf(name string) secrets.Kind {
+func SecretKindOf(name string) secrets.Kind {
 	s, _ := settingNamed(name)
 	return s.secret
 }
@@ -34,7 +34,7 @@ func secretKindOf(name string) secrets.Kind {
 // package's errors about it say it is not shown) and for an address that
 // does not parse (no part of it is shown).
 func flagEquals(name string, v any) string {
-	k := secretKindOf(name)
+	k := SecretKindOf(name)
 	if k == secrets.None {
 		return fmt.Sprintf("--%s=%v", name, v)
 	}
@@ -45,10 +45,10 @@ func flagEquals(name string, v any) string {
 	return "--" + name + "=" + red
 }
 
-// secretsOf lists the secret values in o, for every setting that declares
+// Secrets lists the secret values in o, for every setting that declares
 // a secret kind: whole values, the passwords (and lone users) of URL user
 // info, header values.
-func secretsOf(o Options) []string {
+func Secrets(o Options) []string {
 	var out []string
 	for _, s := range settings {
 		if s.secret != secrets.None {

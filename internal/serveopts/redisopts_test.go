@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"io"
@@ -13,7 +13,7 @@ import (
 
 // Every Redis tuning flag, and its RATELIMITD_* twin, reaches redis.Options.
 func TestRedisTuningFlagsReachOptions(t *testing.T) {
-	d, _, err := parseServe(nil, env(), io.Discard)
+	d, _, err := Parse(nil, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,11 +49,11 @@ func TestRedisTuningFlagsReachOptions(t *testing.T) {
 		args = append(args, "--"+f+"="+v)
 		twins = append(twins, envName(f), v)
 	}
-	viaFlags, _, err := parseServe(args, env(), io.Discard)
+	viaFlags, _, err := Parse(args, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	viaTwins, _, err := parseServe(nil, env(twins...), io.Discard)
+	viaTwins, _, err := Parse(nil, env(twins...), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestRedisTuningFlagsReachOptions(t *testing.T) {
 		}
 	}
 	// A flag beats its twin.
-	o, _, err := parseServe([]string{"--redis-breaker-probes=2"}, env("RATELIMITD_REDIS_BREAKER_PROBES", "7"), io.Discard)
+	o, _, err := Parse([]string{"--redis-breaker-probes=2"}, env("RATELIMITD_REDIS_BREAKER_PROBES", "7"), io.Discard)
 	if err != nil || redisOptions(o).Breaker.Probes != 2 {
 		t.Errorf("flag vs twin: probes %d, %v", redisOptions(o).Breaker.Probes, err)
 	}
@@ -97,7 +97,7 @@ func TestRedisTuningFlagSemantics(t *testing.T) {
 		{"tls from ca", []string{"--redis-tls-ca=ca.pem"}, nil, func(r redis.Options) any { return r.TLS }, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			o, _, err := parseServe(c.args, env(c.env...), io.Discard)
+			o, _, err := Parse(c.args, env(c.env...), io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -114,7 +114,7 @@ func TestRedisTuningFlagSemantics(t *testing.T) {
 	}
 }
 
-// A bad tuning value fails parseServe with an error naming the flag (or
+// A bad tuning value fails Parse with an error naming the flag (or
 // the twin), and redis.Options.Validate rejects it too: the command's
 // ranges are the store's.
 func TestRedisTuningFlagErrors(t *testing.T) {
@@ -133,25 +133,25 @@ func TestRedisTuningFlagErrors(t *testing.T) {
 		{"redis-breaker-open-for", "0s"},
 		{"redis-breaker-probes", "-1"},
 	} {
-		o, _, err := parseServe([]string{"--" + c.flag + "=" + c.val}, env(), io.Discard)
+		o, _, err := Parse([]string{"--" + c.flag + "=" + c.val}, env(), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "--"+c.flag+"=") {
 			t.Errorf("--%s=%s: error %v does not name the flag", c.flag, c.val, err)
 		}
 		if err := redisOptions(o).Validate(); err == nil {
 			t.Errorf("--%s=%s: accepted by redis.Options.Validate, rejected by the command", c.flag, c.val)
 		}
-		_, _, err = parseServe(nil, env(envName(c.flag), c.val), io.Discard)
+		_, _, err = Parse(nil, env(envName(c.flag), c.val), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "--"+c.flag+"=") {
 			t.Errorf("%s=%s: error %v", envName(c.flag), c.val, err)
 		}
 	}
 	// Unparsable values name the twin.
-	if _, _, err := parseServe(nil, env("RATELIMITD_REDIS_BREAKER_WINDOW", "soon"), io.Discard); err == nil ||
+	if _, _, err := Parse(nil, env("RATELIMITD_REDIS_BREAKER_WINDOW", "soon"), io.Discard); err == nil ||
 		!strings.Contains(err.Error(), "RATELIMITD_REDIS_BREAKER_WINDOW") {
 		t.Errorf("bad twin: %v", err)
 	}
 	// Several at once.
-	_, _, err := parseServe([]string{"--redis-pipelines=-1", "--redis-breaker-probes=-1"}, env(), io.Discard)
+	_, _, err := Parse([]string{"--redis-pipelines=-1", "--redis-breaker-probes=-1"}, env(), io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "--redis-pipelines") || !strings.Contains(err.Error(), "--redis-breaker-probes") {
 		t.Errorf("joined errors: %v", err)
 	}

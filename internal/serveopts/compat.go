@@ -1,7 +1,7 @@
 // The reference's environment and reference mode (internal/compat)
 // applied to Options.
 
-package main
+package serveopts
 
 import (
 	"flag"
@@ -59,20 +59,20 @@ func setFlags(fs *flag.FlagSet, sets []compat.Set) error {
 
 // modeLog returns the startup log line saying which mode is in force and
 // why.
-func (o Options) modeLog() (string, []any) {
+func (o Options) ModeLog() (string, []any) {
 	return compat.Mode{Reference: o.Reference, Reason: o.modeReason}.Log()
 }
 
 // annotateEnv names, after each line of err about a flag set from the
 // environment, the variable that set it (compat.Annotate).
-func (o Options) annotateEnv(err error) error {
+func (o Options) AnnotateEnv(err error) error {
 	return compat.Annotate(err, o.fromEnv)
 }
 
-// unknownTwins is the startup warning naming the RATELIMITD_* variables
+// UnknownTwins is the startup warning naming the RATELIMITD_* variables
 // of environ that are the twin of no serve flag (compat.UnknownTwins).
-func unknownTwins(environ []string) string {
-	o := defaultOptions()
+func UnknownTwins(environ []string) string {
+	o := Defaults()
 	fs := flag.NewFlagSet("twins", flag.ContinueOnError)
 	registerServeFlags(fs, &o)
 	twins := map[string]bool{}

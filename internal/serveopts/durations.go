@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"errors"
@@ -48,13 +48,13 @@ func (v *durationValue) Set(s string) error {
 	return v.Getter.Set(d.String())
 }
 
-// clearDurationErrors wraps every time.Duration flag of fs (registered
+// ClearDurationErrors wraps every time.Duration flag of fs (registered
 // with fs.DurationVar) in a durationValue. failed holds the first
 // malformed duration's "--NAME=VALUE: error" once a parse failed on one
 // (nil otherwise); restore puts the flag package's values back, for
 // PrintDefaults, which names their type ("duration") only on its own
 // values.
-func clearDurationErrors(fs *flag.FlagSet) (failed *error, restore func()) {
+func ClearDurationErrors(fs *flag.FlagSet) (failed *error, restore func()) {
 	failed = new(error)
 	orig := map[*flag.Flag]flag.Value{}
 	fs.VisitAll(func(f *flag.Flag) {

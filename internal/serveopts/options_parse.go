@@ -1,6 +1,6 @@
 // Parsing serve's command line and RATELIMITD_* twins into Options.
 
-package main
+package serveopts
 
 import (
 	"errors"
@@ -47,20 +47,20 @@ func envName(flagName string) string {
 	return "RATELIMITD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// parseServe turns serve's arguments and the environment into validated
+// Parse turns serve's arguments and the environment into validated
 // Options. getenv is os.LookupEnv in production. Warnings are non-fatal
 // remarks for the startup log (at most one line naming every unsupported
 // envoyproxy/ratelimit variable). Errors name the offending flag or
 // variable; flag.ErrHelp is returned for -h.
-func parseServe(args []string, lookup func(string) (string, bool), usage io.Writer) (Options, []string, error) {
-	return parseServeAs(false, args, lookup, usage)
+func Parse(args []string, lookup func(string) (string, bool), usage io.Writer) (Options, []string, error) {
+	return ParseAs(false, args, lookup, usage)
 }
 
-// parseServeAs is parseServe for a binary invoked as envoyproxy/ratelimit's
+// ParseAs is Parse for a binary invoked as envoyproxy/ratelimit's
 // (asRef: its name is ratelimit), which selects reference mode under
 // --mode=auto.
-func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool), usage io.Writer) (Options, []string, error) {
-	o := defaultOptions()
+func ParseAs(asRef bool, args []string, lookup func(string) (string, bool), usage io.Writer) (Options, []string, error) {
+	o := Defaults()
 	warnings, err := applyReferenceEnv(&o, lookup)
 	if err != nil {
 		return o, warnings, secrets.ScrubErr(err, legacySecrets(o, lookup)...)
@@ -70,22 +70,22 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 		return o, warnings, err
 	}
 	if err := resolveMode(&o, explicit, asRef, lookup); err != nil {
-		return o, warnings, o.annotateEnv(err)
+		return o, warnings, o.AnnotateEnv(err)
 	}
 	if o.Reference {
 		warnings = compat.ReferenceWarnings(warnings)
 	}
 	o.defaultLocalCache(explicit)
 	if err := o.checkBackendChosen(explicit); err != nil {
-		return o, warnings, o.annotateEnv(err)
+		return o, warnings, o.AnnotateEnv(err)
 	}
 	if err := o.Validate(); err != nil {
-		return o, warnings, o.annotateEnv(secrets.ScrubErr(err, secretsOf(o)...))
+		return o, warnings, o.AnnotateEnv(secrets.ScrubErr(err, Secrets(o)...))
 	}
 	if o.RedisSentinelAuthFile != "" {
 		auth, err := secrets.ReadFile("redis-sentinel-auth-file", o.RedisSentinelAuthFile)
 		if err != nil {
-			return o, warnings, o.annotateEnv(err)
+			return o, warnings, o.AnnotateEnv(err)
 		}
 		o.RedisSentinelAuth = auth
 	}
@@ -95,7 +95,7 @@ func parseServeAs(asRef bool, args []string, lookup func(string) (string, bool),
 // legacySecrets are the credentials of o and of the reference's variables
 // (compat.Secrets): none is quoted back in an error.
 func legacySecrets(o Options, lookup func(string) (string, bool)) []string {
-	return append(secretsOf(o), compat.Secrets(lookup, redis.URLPassword)...)
+	return append(Secrets(o), compat.Secrets(lookup, redis.URLPassword)...)
 }
 
 // parseFlagsAndTwins sets o from the RATELIMITD_* twins, then from args
@@ -110,7 +110,7 @@ func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, 
 	// usage goes out only for -h.
 	fs.SetOutput(io.Discard)
 	lists := registerServeFlags(fs, o)
-	durErr, restoreDurations := clearDurationErrors(fs)
+	durErr, restoreDurations := ClearDurationErrors(fs)
 	fs.Usage = func() {}
 	envValues, err := setTwins(fs, lists, lookup)
 	if err != nil {
@@ -160,7 +160,7 @@ func setTwins(fs *flag.FlagSet, lists []*listValue, lookup func(string) (string,
 		name := envName(f.Name)
 		if v, ok := lookup(name); ok {
 			if err := fs.Set(f.Name, v); err != nil {
-				if k := secretKindOf(f.Name); k != secrets.None {
+				if k := SecretKindOf(f.Name); k != secrets.None {
 					v = secrets.Redact(k, v)
 				}
 				errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
@@ -217,11 +217,11 @@ func (o Options) checkBackendChosen(explicit map[string]bool) error {
 	return nil
 }
 
-// parseStatsdTags parses --statsd-tags ("k1:v1,k2:v2", as
+// ParseStatsdTags parses --statsd-tags ("k1:v1,k2:v2", as
 // envoyproxy/ratelimit's EXTRA_TAGS is parsed: items split on ',', each
 // split on ':' into exactly two parts, nothing trimmed, a later key
 // replacing an earlier one). "" (or only spaces) is no tags.
-func parseStatsdTags(s string) (map[string]string, error) {
+func ParseStatsdTags(s string) (map[string]string, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, nil
 	}
@@ -252,3 +252,7 @@ func (o *Options) defaultLocalCache(explicit map[string]bool) {
 		o.Redis.LocalCacheSize = 0
 	}
 }
+
+// List is a flag.Value holding a repeatable, comma-separated list in *p
+// (as --config): the first Set replaces the value, later ones append.
+func List(p *[]string) flag.Value { return &listValue{p: p} }

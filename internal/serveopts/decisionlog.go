@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"fmt"
@@ -27,8 +27,8 @@ func decisionLog(o Options) (service.DecisionLogMode, float64, bool) {
 	return m, o.Service.DecisionLogRate, o.KeyValues == "clear"
 }
 
-// withDecisionLog returns so with the decision log options of o.
-func withDecisionLog(so service.Options, o Options) service.Options {
+// WithDecisionLog returns so with the decision log options of o.
+func WithDecisionLog(so service.Options, o Options) service.Options {
 	so.DecisionLog, so.DecisionLogRate, so.LogValues = decisionLog(o)
 	return so
 }

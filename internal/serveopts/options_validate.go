@@ -1,7 +1,7 @@
 // Validation of the command's own Options rules; the packages' rules are
 // checked through validateOwners (owners.go).
 
-package main
+package serveopts
 
 import (
 	"errors"
@@ -15,7 +15,9 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/secrets"
 )
 
-func oneOf(name, v string, allowed ...string) error {
+// OneOf is nil when v is one of allowed, else the error
+// "--name=\"v\": want one of a, b, c" (for serve's and replay's flags).
+func OneOf(name, v string, allowed ...string) error {
 	for _, a := range allowed {
 		if v == a {
 			return nil
@@ -24,6 +26,7 @@ func oneOf(name, v string, allowed ...string) error {
 	return fmt.Errorf("--%s=%q: want one of %s", name, v, strings.Join(allowed, ", "))
 }
 
+// checkAddr refuses a --name that is no host:port ("" passes when optional).
 func checkAddr(name, v string, optional bool) error {
 	if v == "" && optional {
 		return nil
@@ -72,7 +75,7 @@ func flagsNamed(errs []error) map[string]bool {
 
 // validateSources checks the config source and the listen and statsd addresses.
 func (o Options) validateSources(add func(error)) {
-	add(oneOf("config-source", o.ConfigSource, "file", "xds"))
+	add(OneOf("config-source", o.ConfigSource, "file", "xds"))
 	if len(o.Config) == 0 && o.ConfigSource != "xds" {
 		add(errors.New("--config: at least one path is required"))
 	}
@@ -84,7 +87,7 @@ func (o Options) validateSources(add func(error)) {
 	add(checkAddr("debug-addr", o.DebugAddr, true))
 	add(checkAddr("metrics-addr", o.MetricsAddr, true))
 	add(checkAddr("statsd-addr", o.StatsdAddr, true))
-	if _, err := parseStatsdTags(o.StatsdTags); err != nil {
+	if _, err := ParseStatsdTags(o.StatsdTags); err != nil {
 		add(err)
 	}
 	if o.StatsdFlushInterval <= 0 {
@@ -94,14 +97,14 @@ func (o Options) validateSources(add func(error)) {
 
 // validateSpellings checks the flags that take one of a set of words, and the legacy header names.
 func (o Options) validateSpellings(add func(error)) {
-	add(oneOf("backend", o.Backend, "memory", "redis", "memcache"))
-	add(oneOf("redis-mode", string(o.Redis.Mode), "standalone", "cluster", "sentinel"))
-	add(oneOf("log-level", o.LogLevel, "debug", "info", "warn", "error"))
-	add(oneOf("log-format", o.LogFormat, "text", "json"))
-	add(oneOf("key-values", o.KeyValues, "hash", "clear"))
-	add(oneOf("headers", o.Headers, "ietf", "legacy", "both", "none"))
-	add(oneOf("counting", o.Counting, "all_or_nothing", "always_charge"))
-	add(oneOf("mode", o.Mode, compat.ModeAuto, compat.ModeReference, compat.ModeNative))
+	add(OneOf("backend", o.Backend, "memory", "redis", "memcache"))
+	add(OneOf("redis-mode", string(o.Redis.Mode), "standalone", "cluster", "sentinel"))
+	add(OneOf("log-level", o.LogLevel, "debug", "info", "warn", "error"))
+	add(OneOf("log-format", o.LogFormat, "text", "json"))
+	add(OneOf("key-values", o.KeyValues, "hash", "clear"))
+	add(OneOf("headers", o.Headers, "ietf", "legacy", "both", "none"))
+	add(OneOf("counting", o.Counting, "all_or_nothing", "always_charge"))
+	add(OneOf("mode", o.Mode, compat.ModeAuto, compat.ModeReference, compat.ModeNative))
 	for _, h := range []struct{ name, v string }{
 		{"legacy-limit-header", o.LegacyLimitHeader}, {"legacy-remaining-header", o.LegacyRemainingHeader}, {"legacy-reset-header", o.LegacyResetHeader},
 	} {
@@ -234,7 +237,7 @@ func (o Options) validateDurable(add func(error)) {
 		}
 		return
 	}
-	for _, e := range leafErrors(durableOptions(o, "").Validate()) {
+	for _, e := range leafErrors(DurableOptions(o, "").Validate()) {
 		add(fmt.Errorf("--durable-*: %w", e))
 	}
 	if o.DurableConnect <= 0 {

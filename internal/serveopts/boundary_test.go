@@ -1,4 +1,4 @@
-package main
+package serveopts
 
 import (
 	"io"
@@ -21,7 +21,7 @@ func TestRedactArgs(t *testing.T) {
 		"--redis-url=redis://u:" + pw + "@h:bad/0", // does not parse
 		"--config", "/etc/rl", "--key-prefix=" + "k",
 	}
-	got := secrets.RedactArgs(in, secretKindOf)
+	got := secrets.RedactArgs(in, SecretKindOf)
 	joined := strings.Join(got, " ")
 	if strings.Contains(joined, pw) {
 		t.Fatalf("a secret survived: %q", got)
@@ -35,7 +35,7 @@ func TestRedactArgs(t *testing.T) {
 		t.Error("secrets.RedactArgs changed its input")
 	}
 	rec := httptest.NewRecorder()
-	secrets.CmdlineHandler(in, secretKindOf).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/cmdline", nil))
+	secrets.CmdlineHandler(in, SecretKindOf).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/cmdline", nil))
 	if body := rec.Body.String(); strings.Contains(body, pw) || !strings.Contains(body, "serve\x00") {
 		t.Errorf("cmdline body %q: want NUL-separated arguments without the secret", body)
 	}
@@ -65,7 +65,7 @@ func TestRedisFlagsNeedRedisBackend(t *testing.T) {
 		{[]string{"--backend=redis", "--redis-url=redis://127.0.0.1:1/0"}, env(), false},
 		{[]string{"--config=x"}, env("REDIS_URL", "127.0.0.1:6379", "REDIS_SOCKET_TYPE", "tcp"), false},
 	} {
-		o, _, err := parseServe(c.args, c.env, io.Discard)
+		o, _, err := Parse(c.args, c.env, io.Discard)
 		if (err != nil) != c.wantErr {
 			t.Errorf("%v: err %v (backend %s), want error %v", c.args, err, o.Backend, c.wantErr)
 		}
