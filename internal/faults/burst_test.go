@@ -40,10 +40,8 @@ var shapes = []shape{
 // top of the defaults: a call without a deadline gets a budget of 20 s
 // instead of --redis-max-wait's 1 s, so that such calls (whose answers
 // must be exact: every one decided, exactly the limit OK) are decided by
-// the store whatever the speed of the host, never shed when a pinned,
-// -race host takes over a second. Calls with Envoy's 20 ms deadline keep
-// their deadline; the 1 s budget itself is measured by
-// pkg/backend/redis BenchmarkTakeRedisFrozen (max_ms_no_deadline).
+// the store, never shed when busy loops and -race make a call take over a
+// second. Calls with Envoy's 20 ms deadline keep their deadline.
 var patientArgs = []string{"--redis-max-wait=20s"}
 
 // fleetSize is the number of instances a burst is spread over.
