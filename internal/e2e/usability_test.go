@@ -316,8 +316,8 @@ func TestMakeRunStops(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	// The server is make's child (exec): find it by its parent. make
-	// builds it first, which on a loaded host takes minutes: no time
-	// bound but the test's own, as long as make runs.
+	// builds it first, which can take minutes: no time bound but the
+	// test's own, as long as make runs.
 	var server int
 	for server == 0 {
 		select {
