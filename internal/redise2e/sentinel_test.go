@@ -20,13 +20,10 @@ import (
 const normalRun = 200
 
 // sentinelTimeout replaces DefaultTimeout (10 ms) in
-// TestSentinelFailoverThroughService. Options.Timeout bounds a call to a
-// server that does not answer; a SIGKILLed master does not stall calls, it
-// refuses them at once, so the failover path under test (refused, circuit
-// open, probes, the new master's address from the sentinels) is the same
-// with either value, and a scheduling stall past 10 ms would open the
-// circuit and count its failure-mode answers as failover failures. The
-// 10 ms budget itself is tested by the failure-mode tests.
+// TestSentinelFailoverThroughService: a SIGKILLed master refuses calls at
+// once, so the failover path is the same with either value, while a
+// scheduling stall past 10 ms would open the circuit and count as a
+// failover failure. The failure-mode tests cover the 10 ms budget.
 const sentinelTimeout = 200 * time.Millisecond
 
 // TestSentinelFailoverThroughService: 4 goroutines call the service
