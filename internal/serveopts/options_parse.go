@@ -48,7 +48,7 @@ func envName(flagName string) string {
 }
 
 // Parse turns serve's arguments and the environment into validated
-// Options. getenv is os.LookupEnv in production. Warnings are non-fatal
+// Options. lookup is os.LookupEnv in production. Warnings are non-fatal
 // remarks for the startup log (at most one line naming every unsupported
 // envoyproxy/ratelimit variable). Errors name the offending flag or
 // variable; flag.ErrHelp is returned for -h.
