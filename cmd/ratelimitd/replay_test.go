@@ -105,8 +105,9 @@ func TestReplayRedisBackend(t *testing.T) {
 	}
 }
 
-// A log of which no line parses is almost always the wrong format: the
-// report (listing the malformed lines) is still written, the exit code is 1.
+// TestReplayAllMalformed: a log of which no line parses is almost always
+// the wrong format: the report (listing the malformed lines) is still
+// written, the exit code is 1.
 func TestReplayAllMalformed(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "garbage.log")
