@@ -11,8 +11,8 @@ import (
 
 const mib = 1 << 20
 
-// apply changes exactly the settings that did not come from the
-// environment, and Runtime reads them back.
+// TestGCPolicyApply: apply changes exactly the settings that did not come
+// from the environment, and Runtime reads them back.
 func TestGCPolicyApply(t *testing.T) {
 	p0, l0 := Runtime()
 	t.Cleanup(func() { debug.SetGCPercent(p0); debug.SetMemoryLimit(l0) })
