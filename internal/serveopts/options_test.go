@@ -231,7 +231,7 @@ func TestLegacyUnsupportedOneWarning(t *testing.T) {
 	}
 }
 
-// Every flag has a RATELIMITD_* twin that sets it.
+// TestEveryFlagHasTwin: every flag has a RATELIMITD_* twin that sets it.
 func TestEveryFlagHasTwin(t *testing.T) {
 	o := Defaults()
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
@@ -267,8 +267,8 @@ func TestEveryFlagHasTwin(t *testing.T) {
 	}
 }
 
-// docs/flags.md lists every serve flag (the README only the ten a
-// newcomer needs).
+// TestFlagsDocListsEveryFlag: docs/flags.md lists every serve flag (the
+// README only the ten a newcomer needs).
 func TestFlagsDocListsEveryFlag(t *testing.T) {
 	readme, err := os.ReadFile("../../docs/flags.md")
 	if err != nil {
@@ -336,8 +336,8 @@ func TestLegacyURLWithUserInfo(t *testing.T) {
 	}
 }
 
-// --lease-interval and its twin reach the Leaser's options; the default
-// is the package's.
+// TestLeaseIntervalReachesLeaser: --lease-interval and its twin reach the
+// Leaser's options; the default is the package's.
 func TestLeaseIntervalReachesLeaser(t *testing.T) {
 	for _, c := range []struct {
 		args []string

@@ -11,7 +11,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 )
 
-// Every Redis tuning flag, and its RATELIMITD_* twin, reaches redis.Options.
+// TestRedisTuningFlagsReachOptions: every Redis tuning flag, and its
+// RATELIMITD_* twin, reaches redis.Options.
 func TestRedisTuningFlagsReachOptions(t *testing.T) {
 	d, _, err := Parse(nil, env(), io.Discard)
 	if err != nil {
@@ -114,9 +115,9 @@ func TestRedisTuningFlagSemantics(t *testing.T) {
 	}
 }
 
-// A bad tuning value fails Parse with an error naming the flag (or
-// the twin), and redis.Options.Validate rejects it too: the command's
-// ranges are the store's.
+// TestRedisTuningFlagErrors: a bad tuning value fails Parse with an error
+// naming the flag (or the twin), and redis.Options.Validate rejects it too:
+// the command's ranges are the store's.
 func TestRedisTuningFlagErrors(t *testing.T) {
 	for _, c := range []struct{ flag, val string }{
 		{"redis-dial-timeout", "0s"},

@@ -11,7 +11,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
-// The service options exposed as flags: defaults, flags and twins.
+// TestServiceOptionFlags: the service options exposed as flags: defaults,
+// flags and twins.
 func TestServiceOptionFlags(t *testing.T) {
 	d, _, err := Parse(nil, env(), io.Discard)
 	if err != nil {
@@ -48,7 +49,8 @@ func TestServiceOptionFlags(t *testing.T) {
 	}
 }
 
-// Log levels and formats are case-insensitive, from flags and twins.
+// TestLogLevelCaseInsensitive: log levels and formats are case-insensitive,
+// from flags and twins.
 func TestLogLevelCaseInsensitive(t *testing.T) {
 	for _, c := range []struct {
 		args, env []string
