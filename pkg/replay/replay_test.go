@@ -55,8 +55,9 @@ func rule(t *testing.T, rep *Report, name string) RuleStats {
 	return RuleStats{}
 }
 
-// The expected numbers are worked out by hand in testdata/small.log order:
-// per-ip allows 2 per epoch minute, heavy-shadow 1 per minute in shadow mode.
+// TestRunSmall: the expected numbers are worked out by hand in
+// testdata/small.log order: per-ip allows 2 per epoch minute, heavy-shadow
+// 1 per minute in shadow mode.
 func TestRunSmall(t *testing.T) {
 	tests := []struct {
 		order      Order
