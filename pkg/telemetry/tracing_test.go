@@ -201,8 +201,8 @@ func (r resetStore) Reset(_ context.Context, hits []algo.Hit) error {
 	return nil
 }
 
-// The traced store forwards Reset, and says ErrUnsupported for a store
-// without one.
+// TestTracedStoreForwardsReset: the traced store forwards Reset, and says
+// ErrUnsupported for a store without one.
 func TestTracedStoreForwardsReset(t *testing.T) {
 	tr, err := Setup(context.Background(), Options{Enabled: true, Exporter: tracetest.NewInMemoryExporter()})
 	if err != nil {

@@ -105,8 +105,8 @@ func TestSanitize(t *testing.T) {
 	}
 }
 
-// A full sample queue drops timer samples without blocking and counts
-// them; counters never drop.
+// TestQueueFullDrops: a full sample queue drops timer samples without
+// blocking and counts them; counters never drop.
 func TestQueueFullDrops(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	reg := prometheus.NewRegistry()
@@ -127,7 +127,8 @@ func TestQueueFullDrops(t *testing.T) {
 	}
 }
 
-// An unwritable socket drops the datagram's lines and counts them.
+// TestUnwritableSocketDrops: an unwritable socket drops the datagram's
+// lines and counts them.
 func TestUnwritableSocketDrops(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	reg := prometheus.NewRegistry()
@@ -147,9 +148,9 @@ func TestUnwritableSocketDrops(t *testing.T) {
 	}
 }
 
-// With nobody listening, the kernel refuses later datagrams (ICMP port
-// unreachable on loopback): they are dropped and counted, and Flush
-// does not block.
+// TestNoListenerDrops: with nobody listening, the kernel refuses later
+// datagrams (ICMP port unreachable on loopback): they are dropped and
+// counted, and Flush does not block.
 func TestNoListenerDrops(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	addr := l.Addr()
@@ -167,8 +168,8 @@ func TestNoListenerDrops(t *testing.T) {
 	}
 }
 
-// A host that does not resolve is not fatal: lines are dropped until it
-// does.
+// TestUnresolvableHost: a host that does not resolve is not fatal: lines
+// are dropped until it does.
 func TestUnresolvableHost(t *testing.T) {
 	c := newClient(t, Options{Addr: "no-such-host.invalid:8125"})
 	c.Counter("a").Inc()
@@ -178,8 +179,8 @@ func TestUnresolvableHost(t *testing.T) {
 	}
 }
 
-// Run sends timer samples within about a second and counters at the flush
-// interval, and flushes on cancel.
+// TestRun: Run sends timer samples within about a second and counters at
+// the flush interval, and flushes on cancel.
 func TestRun(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr(), FlushInterval: time.Hour})
@@ -215,7 +216,8 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
-// Counter updates racing with flushes are each sent exactly once.
+// TestConcurrentAddsAndFlushes: counter updates racing with flushes are
+// each sent exactly once.
 func TestConcurrentAddsAndFlushes(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr()})
@@ -269,9 +271,9 @@ func TestConcurrentAddsAndFlushes(t *testing.T) {
 	}
 }
 
-// Tags are serialized into every name as gostats does: ".__k=v" sorted
-// by key, empty keys or values dropped, '.', ':' and '|' of a value made
-// '_'.
+// TestTagsInNames: tags are serialized into every name as gostats does:
+// ".__k=v" sorted by key, empty keys or values dropped, '.', ':' and '|' of
+// a value made '_'.
 func TestTagsInNames(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr(), Tags: map[string]string{"foo": "bar", "a": "b", "z": "", "": "x", "v": "1.2:3|4"}})
@@ -295,7 +297,8 @@ func TestTagsInNames(t *testing.T) {
 	}
 }
 
-// Start sends as Run does; stop flushes what is left before it returns.
+// TestStart: Start sends as Run does; stop flushes what is left before it
+// returns.
 func TestStart(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr(), FlushInterval: time.Hour})
