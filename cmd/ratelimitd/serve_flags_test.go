@@ -34,6 +34,9 @@ func TestServeFlagErrorOnce(t *testing.T) {
 	}
 }
 
+// TestValidateEmptyConfig: a directory with no config file is valid but
+// warned (exit 0, 1 with --strict), and an unknown flag is named once
+// without the whole usage (exit 2).
 func TestValidateEmptyConfig(t *testing.T) {
 	dir := t.TempDir()
 	writeTestFile(t, filepath.Join(dir, "notes.txt"), "x")
