@@ -256,6 +256,8 @@ func TestUnknownTwins(t *testing.T) {
 	}
 }
 
+// TestInvokedAsReference: a binary named ratelimit, on any path, is the
+// reference's; any other name is not.
 func TestInvokedAsReference(t *testing.T) {
 	for argv0, want := range map[string]bool{"/bin/ratelimit": true, "ratelimit": true, "/usr/bin/ratelimitd": false, "ratelimit.sh": false} {
 		if got := InvokedAsReference(argv0); got != want {
