@@ -355,6 +355,8 @@ func TestSIGINT(t *testing.T) {
 	}
 }
 
+// TestVersion: `ratelimitd version` prints the linker-set version and
+// commit and the Go version.
 func TestVersion(t *testing.T) {
 	code, out, _ := runCmd(t, "version")
 	if code != 0 {
@@ -367,6 +369,8 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestValidate: `ratelimitd validate` exits 0 on a good config, 1 naming
+// file:line of every error in every bad file, and 0 with a lint warning.
 func TestValidate(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good")
