@@ -11,6 +11,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 )
 
+// TestModeDetection: under --mode=auto the reference's own variables or
+// binary name select reference mode, generic names do not, --config and
+// its twin outrank them, and --mode forces either; the startup line says
+// why.
 func TestModeDetection(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

@@ -74,6 +74,9 @@ func TestRedisTuningFlagsReachOptions(t *testing.T) {
 	}
 }
 
+// TestRedisTuningFlagSemantics: the Redis tuning flags' special values
+// (breaker off, zero, pool caps, TLS implied by a CA) reach redis.Options
+// with their documented meaning.
 func TestRedisTuningFlagSemantics(t *testing.T) {
 	for _, c := range []struct {
 		name string
