@@ -34,6 +34,8 @@ func newClient(t *testing.T, o Options) *Client {
 	return c
 }
 
+// TestLineFormatAndDeltas: a flush sends timers, counters' changes and
+// gauges in the statsd line format; unchanged counters are not sent.
 func TestLineFormatAndDeltas(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr()})
@@ -59,6 +61,8 @@ func TestLineFormatAndDeltas(t *testing.T) {
 	}
 }
 
+// TestBatchesBelowDatagramSize: lines are batched into datagrams of at
+// most MaxDatagramBytes, none split, none lost.
 func TestBatchesBelowDatagramSize(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr(), MaxDatagramBytes: 200})
@@ -92,6 +96,8 @@ func TestBatchesBelowDatagramSize(t *testing.T) {
 	}
 }
 
+// TestSanitize: Sanitize replaces the characters that would break a
+// statsd line.
 func TestSanitize(t *testing.T) {
 	for in, want := range map[string]string{
 		"a.b":           "a.b",
@@ -201,6 +207,8 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestOptionsValidate: New refuses an address without a port and
+// out-of-range intervals, datagram sizes and queue sizes.
 func TestOptionsValidate(t *testing.T) {
 	for _, o := range []Options{
 		{Addr: "nohostport"},
