@@ -162,13 +162,9 @@ func freshBursts(t *testing.T, cfg string, b backend) {
 
 // warmBursts runs burstReps(false) bursts of each shape on warmed fleets:
 // one for the shapes without a deadline, another for those with Envoy's.
-// The exact bursts' precondition is a healthy store: the budget timeouts
-// of bursts whose callers give up after 20 ms are stall evidence for the
-// circuit breaker (a starved Redis that has not answered for
-// --redis-timeout looks like a frozen one), and a call without a deadline
-// that met a circuit they opened would be shed whatever its budget. So
-// the exact bursts run on a fleet of their own, and before each of them
-// waitHealthy checks that every instance's store is healthy.
+// The deadlined bursts' timeouts can open the circuit (a starved Redis
+// looks frozen), which would shed the exact bursts' calls, so those run
+// on a fleet of their own, each after waitHealthy.
 func warmBursts(t *testing.T, cfg string, b backend) {
 	var exact, deadlined []int
 	for i, sh := range shapes {
