@@ -226,15 +226,12 @@ func manualFailover(t *testing.T, g *redistest.SentinelGroup, waitReplicas int) 
 	return ok.Load(), 1000000 - remaining - 1, causes(t, in.reg)
 }
 
-// TestSentinelManualFailoverLosesNothing: with every decision's writes
-// acknowledged by the replica before it is used (--redis-wait-replicas 1)
-// and the replica required for writes (min-replicas-to-write 1, as
-// docs/redis-operations.md recommends), a planned SENTINEL FAILOVER under
-// steady load loses no counted hit: every OK answer (failure_mode closed,
-// so OK means Redis counted it) is in the new master's counter. Hits
-// refused or unacknowledged meanwhile (NOREPLICAS, READONLY, WAIT short)
-// get the rule's failure mode: metered, never a silent loss. The master
-// change is counted.
+// TestSentinelManualFailoverLosesNothing: with --redis-wait-replicas 1 and
+// min-replicas-to-write 1 (as docs/redis-operations.md recommends), a
+// planned SENTINEL FAILOVER under steady load loses no counted hit: every
+// OK answer (failure_mode closed) is in the new master's counter. Hits
+// refused or unacknowledged meanwhile get the rule's failure mode,
+// metered; the master change is counted.
 func TestSentinelManualFailoverLosesNothing(t *testing.T) {
 	redistest.Require(t)
 	g := redistest.Sentinel(t, redistest.WithArgs("--min-replicas-to-write", "1", "--min-replicas-max-lag", "10"))
