@@ -19,13 +19,11 @@ func Leasable(l Limit) bool {
 // is left for other leases). want <= 0 grants nothing and leaves prev as
 // it was. Units a subscriber does not use go back with Release.
 //
-// bornUs is when the store's memory of the counters began (µs; a
-// restarted Redis forgot everything before it, and units leased then are
-// still being used): what happened before it is assumed the worst, so a
-// restart never lets a window admit more than the limit. A window that
-// began before bornUs is full; a sliding window's previous window that
-// began before bornUs counts Rate; a token bucket was empty at bornUs
-// (its TAT at least bornUs + capacity·T). 0 assumes nothing.
+// bornUs is when the store's memory of the counters began (µs; 0 assumes
+// nothing). Whatever window began before it is taken as full and a token
+// bucket as empty at bornUs, because a restarted store forgot units that
+// are still leased out; so a restart never lets a window admit more than
+// the limit.
 func Lease(l Limit, prev State, now time.Time, want, bornUs int64) (next State, granted int64, d Decision) {
 	prev = assumeLost(l, prev, now.UnixMicro(), bornUs)
 	st, chk := Take(l, prev, now, 0)
