@@ -12,12 +12,11 @@ func Leasable(l Limit) bool {
 }
 
 // Lease charges a lease of up to want units of l at now, up front: it
-// grants min(want, what a check reports remaining) and takes that many as
-// one allowed Take would, so that the units granted to every subscriber
-// together never exceed the limit. It returns the next state, the units
-// granted and the decision of a check on the next state (Remaining: what
-// is left for other leases). want <= 0 grants nothing and leaves prev as
-// it was. Units a subscriber does not use go back with Release.
+// grants min(want, what remains) and takes that many as one allowed Take
+// would, so that the units granted to every subscriber together never
+// exceed the limit. It returns the next state, the units granted and the
+// decision of a check on the next state. Unused units go back with
+// Release.
 //
 // bornUs is when the store's memory of the counters began (µs; 0 assumes
 // nothing). Whatever window began before it is taken as full and a token
