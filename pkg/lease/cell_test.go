@@ -107,9 +107,10 @@ func cellBound(budget int64, delay, step time.Duration, demand []int64) int64 {
 // the test slower.
 //
 // The window is 20 intervals of a minute: the servers expire the window
-// keys in real time, a window's remainder of the fake clock plus a
-// second (pkg/backend/redis/lease.lua), so fake windows of 20 minutes keep every key the
-// test still uses for at least a tick of fake time (6 s) plus a second.
+// keys in real time, a window's remainder of the fake clock plus a second
+// (pkg/backend/redis/lease.lua), so fake windows of 20 minutes keep every
+// key the test still uses for at least a tick of fake time (6 s) plus a
+// second.
 func TestCellsWithinHeadroom(t *testing.T) {
 	redistest.Require(t)
 	const cells = 3
