@@ -42,9 +42,10 @@ var errNotLeasable = errors.New("memory: limit cannot be leased")
 // for a token bucket), charges up to req.Want units on the state Take
 // decides for req.Key, records the subscriber's demand and lists the
 // others' that are not older than req.Stale. On a full store a new key is
-// leased from its sketch, as Take would decide it. bornUs is 0: the leases
-// and the store live in one process, so no lease predates the store. It
-// fails only on a limit that is not leasable or when ctx is done.
+// leased from its sketch, as Take would decide it. algo.Lease gets bornUs
+// 0: the leases and the store live in one process, so no lease predates
+// the store. It fails only on a limit that is not leasable or when ctx is
+// done.
 func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
 	if err := ctx.Err(); err != nil {
 		return algo.LeaseGrant{}, fmt.Errorf("memory: %w", err)
