@@ -51,7 +51,8 @@ type request struct {
 // fixed_window limit, with one atomic INCR of its window's counter per hit
 // (ADD for the window's first hit). When a hit that is not Soft denies,
 // the request's counted hits are decremented again, so a denied request
-// consumes nothing. Take returns by its budget with cause CauseTimeout
+// consumes nothing. Hits on different counters run in parallel, hits on
+// one counter in order. Take returns by its budget with cause CauseTimeout
 // when memcached has not answered (refunding what the late operations
 // counted), and at once while the breaker is open. Denials in the local
 // over-limit cache are answered without memcached. Errors are *Error.
