@@ -117,9 +117,6 @@ func TestReplayMemoryDeterministic(t *testing.T) {
 // TestReplayRedisMatchesMemory: the replay on Redis gives the same report
 // as on the memory store.
 func TestReplayRedisMatchesMemory(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts redis-server")
-	}
 	srv := redistest.Standalone(t)
 	_, want := run(t, memoryStore(t))
 	rep, got := run(t, func(clock *replay.Clock) service.Store {
