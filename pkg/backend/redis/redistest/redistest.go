@@ -85,8 +85,8 @@ func WithACLUser(user, pw string) Option {
 }
 
 // WithTLS makes the server listen with TLS only (tls-port, port 0), with a
-// certificate for 127.0.0.1, ::1 and localhost signed by a CA generated for this
-// server (see Server.TLS). Client certificates are optional.
+// certificate for 127.0.0.1, ::1 and localhost signed by a CA generated for
+// this server (see Server.TLS). Client certificates are optional.
 func WithTLS() Option { return func(c *config) { c.tls = true } }
 
 // WithTLSClientAuth is WithTLS with client certificates required
