@@ -350,7 +350,8 @@ const leaseHeader = "x-ratelimitd-lease"
 // release (apply_on_stream_done) takes its ratelimitd.release entry from
 // leaseHeader without skip_if_absent, a header_mutation filter after the
 // rate-limit filter sets that header, and one before it strips client
-// copies. releases is the number of release rate_limits found.
+// copies with nothing between re-adding it. releases is the number of
+// release rate_limits found.
 func leaseGateErrors(b *bootstrapv3.Bootstrap) (releases int, errs []error) {
 	for _, l := range b.GetStaticResources().GetListeners() {
 		for _, fc := range l.GetFilterChains() {
