@@ -13,8 +13,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// crossSlotStore is a Store on g whose calls are never cut short on a
-// loaded host (every call in these bursts gets Redis' answer).
+// crossSlotStore is a Store on g whose calls are never cut short by
+// scheduling delay (every call in these bursts gets Redis' answer).
 func crossSlotStore(t *testing.T, g *redistest.ClusterGroup) *redis.Store {
 	t.Helper()
 	o := redis.DefaultOptions()

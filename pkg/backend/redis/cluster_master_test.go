@@ -103,7 +103,7 @@ func burst(s *redis.Store, keys []string, l algo.Limit, callers int, deadline ti
 // BreakerState): with and without an Envoy-like 20 ms deadline, a burst of
 // callers > limit on each key admits exactly the limit, and no call gets
 // an outage error (circuit open, stalled, timeout). With the 20 ms
-// deadline a loaded host may leave calls undecided in time (cause
+// deadline scheduling delay may leave calls undecided in time (cause
 // deadline, or timeout when no byte came back in time: shed by the service,
 // never admitted, possibly counted): then the count is
 // bounded on both sides instead. Once the master is back, the health
@@ -197,9 +197,8 @@ func TestClusterMasterKilledFrozenOthersCounted(t *testing.T) {
 						c := got[k]
 						t.Logf("%s, %s, deadline %v, key %s (slot %d): allowed %d, denied %d, errors %v",
 							fault, phase, dl, k, redis.Slot(k), c.allowed, c.denied, c.causes)
-						// Under a 20 ms caller deadline a loaded host (a -race
-						// build next to other test packages) may not see the
-						// live master answer in time: such calls are shed
+						// Under a 20 ms caller deadline a -race build may not
+						// see the live master answer in time: such calls are shed
 						// (deadline, or timeout when no byte came back), never
 						// admitted, and count as undecided. A circuit_open or
 						// refused on a live master's key is the bug, always.
