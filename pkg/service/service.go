@@ -176,7 +176,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.obs.requestRefused()
 		return nil, s.answers.noConfig()
 	}
-	if dom.label == LabelUnknownDomain { // also a domain literally named so, as before the cache
+	if dom.label == LabelUnknownDomain { // also a configured domain literally named "_unknown"
 		s.obs.unknownDomain(sn, req.GetDomain(), len(req.GetDescriptors()))
 	}
 	resp, err := s.decide(ctx, sn, req)
