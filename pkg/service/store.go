@@ -6,8 +6,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// Store decides the hits of one request. This doc is the contract every
-// backend meets; algotest.Reference is its executable definition, and
+// Store decides the hits of one request. This doc states what every
+// backend must do; algotest.Reference is its executable definition, and
 // algotest.Run checks a store against it (the memcached store, fixed
 // windows only, within the limits docs/memcached.md states). The service
 // never imports a concrete backend: cmd/ratelimitd wires them in.
