@@ -16,10 +16,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
-// HTTP paths ratelimitd serves on its HTTP address (README.md).
+// HTTP paths ratelimitd serves on its HTTP address (docs/flags.md).
 var httpPaths = []string{"/healthcheck", "/json", "/metrics"}
 
-// gRPC health service names ratelimitd reports (README.md).
+// gRPC health service names ratelimitd reports.
 var grpcHealthServices = []string{"", "envoy.service.ratelimit.v3.RateLimitService"}
 
 // TestRatelimitdPodSpec checks the Deployment of every workload overlay:

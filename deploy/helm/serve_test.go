@@ -93,12 +93,11 @@ func firstLines(b []byte, n int) string {
 	return strings.Join(l, "\n")
 }
 
-// TestRenderedPodServesAgainstRedis runs the rendered container as the
-// kubelet would, on this host: the ConfigMap and the Secret laid out as
-// the kubelet lays out volumes, the Deployment's args with only the mount
-// paths, listen addresses and the Redis host moved onto this machine. A
-// redis-server that requires a password proves the password reaches
-// ratelimitd through --redis-password-file: a decision is counted in Redis.
+// TestRenderedPodServesAgainstRedis runs the rendered container locally as
+// the kubelet would (volumes laid out as the kubelet lays them out; only
+// mount paths, listen addresses and the Redis address rewritten) against a
+// redis-server that requires a password: a decision counted in Redis proves
+// the password reaches ratelimitd through --redis-password-file.
 func TestRenderedPodServesAgainstRedis(t *testing.T) {
 	const password = "chart-e2e-pw-7f3a"
 	srv := redistest.Standalone(t, redistest.WithPassword(password))
@@ -117,11 +116,9 @@ func TestRenderedPodServesAgainstRedis(t *testing.T) {
 }
 
 // TestDefaultInstallCounts: `helm install` with no values counts every
-// decision. The chart's Redis StatefulSet runs here as a real
-// redis-server with the rendered container's arguments (the port aside),
-// the ratelimitd pod with its rendered args, its --redis-url host being
-// the chart's Redis Service (checkBundledRedis), moved onto this machine:
-// a decision leaves its key in that Redis.
+// decision. The chart's Redis runs as a real redis-server with its rendered
+// arguments (the port aside) and the ratelimitd pod with its rendered args
+// pointed at it: a decision leaves its key in that Redis.
 func TestDefaultInstallCounts(t *testing.T) {
 	r := render(t, "")
 	ss := one[appsv1.StatefulSet](t, r, "apps/v1/StatefulSet")
@@ -152,7 +149,7 @@ func TestDefaultInstallCounts(t *testing.T) {
 // decision sees the first).
 func TestRenderedPodServesAgainstMemcache(t *testing.T) {
 	mc := memcachetest.Start(t)
-	// A generous timeout: the test host may be loaded; the timeout is not under test.
+	// A generous timeout: the timeout is not under test.
 	r := render(t, "backend: memcache\nmemcache: {addrs: ['memcached-0.cache:11211'], timeout: 5s}\n")
 	pod := runPod(t, r, nil, nil, func(name, val string) string {
 		if name == "memcache-addrs" {
@@ -166,7 +163,7 @@ func TestRenderedPodServesAgainstMemcache(t *testing.T) {
 	}
 }
 
-// pod is a rendered ratelimitd container running on this host.
+// pod is a rendered ratelimitd container running as a local process.
 type pod struct {
 	httpAddr string
 	argv     []string

@@ -499,13 +499,10 @@ func serviceNamed(t *testing.T, r release, name string) *corev1.Service {
 }
 
 // checkBundledRedis: with backend redis, --redis-url reaches something.
-// When the chart runs its Redis (a StatefulSet), the URL's host is the
-// cluster DNS name of a rendered Service whose selector picks exactly the
-// StatefulSet's pods and whose port leads to the redis container's port;
-// the pods run as non-root with a read-only root, no persistence and
-// noeviction; with a NetworkPolicy, only ratelimitd's pods reach them and
-// ratelimitd may reach them. Without the StatefulSet the URL names no
-// Service of the release (the user's own Redis).
+// The chart's own Redis StatefulSet is reached through a rendered Service
+// that selects exactly its pods and port; they run hardened, without
+// persistence, with noeviction, and reachable by ratelimitd alone. Without
+// the StatefulSet the URL names no Service of the release.
 func checkBundledRedis(t *testing.T, r release, c *corev1.Container) {
 	t.Helper()
 	sts := byKind[appsv1.StatefulSet](r, "apps/v1/StatefulSet")
