@@ -176,7 +176,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.obs.requestRefused()
 		return nil, s.answers.noConfig()
 	}
-	if dom.label == LabelUnknownDomain { // also a configured domain literally named "_unknown"
+	if dom == &s.unknown {
 		s.obs.unknownDomain(sn, req.GetDomain(), len(req.GetDescriptors()))
 	}
 	resp, err := s.decide(ctx, sn, req)
