@@ -57,7 +57,7 @@ func (s *server) newGRPCServer() error {
 	}
 	if o.Telemetry.Enabled {
 		// With tracing off the otelgrpc stats handler would only start
-		// no-op spans, at ~1-2 µs of CPU per call (BENCHMARKS.md, "CPU
+		// no-op spans, which cost CPU on every call (BENCHMARKS.md, "CPU
 		// per decision").
 		gopts = append(gopts, s.tracing.ServerOption())
 	}

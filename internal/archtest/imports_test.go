@@ -178,6 +178,8 @@ func deps(t *testing.T, pkg string) []string {
 	return strings.Fields(string(out))
 }
 
+// TestImportDirection: every package of the module has a mayImport entry,
+// imports only what its entry allows, and every entry matches a package.
 func TestImportDirection(t *testing.T) {
 	pkgs := modulePackages(t)
 	names := make([]string, 0, len(pkgs))
@@ -206,6 +208,7 @@ func TestImportDirection(t *testing.T) {
 	}
 }
 
+// TestAlgoStdlibOnly: pkg/algo imports the standard library only.
 func TestAlgoStdlibOnly(t *testing.T) {
 	for _, d := range deps(t, "pkg/algo") {
 		if d != mod+"pkg/algo" {
@@ -214,6 +217,7 @@ func TestAlgoStdlibOnly(t *testing.T) {
 	}
 }
 
+// TestFairshareStdlibOnly: pkg/fairshare imports the standard library only.
 func TestFairshareStdlibOnly(t *testing.T) {
 	for _, d := range deps(t, "pkg/fairshare") {
 		if d != mod+"pkg/fairshare" {

@@ -120,7 +120,7 @@ type Options struct {
 	StatsdFlushInterval time.Duration // --statsd-flush-interval
 	StatsdTags          string        // --statsd-tags
 	// StatsdReferenceAddr is where envoyproxy/ratelimit would send statsd
-	// with this environment (no flag; set by applyLegacyEnv, used only by
+	// with this environment (no flag; set by applyReferenceEnv, used only by
 	// useReferenceStatsd).
 	StatsdReferenceAddr string
 
@@ -131,7 +131,7 @@ type Options struct {
 	ProblemBody bool // --problem-body
 	// Legacy header names (service.LegacyHeaderNames).
 	LegacyLimitHeader, LegacyRemainingHeader, LegacyResetHeader string // --legacy-limit-header, --legacy-remaining-header, --legacy-reset-header
-	// Set in reference mode (applyReferenceDefaults): the reference's
+	// Set in reference mode (resolveMode): the reference's
 	// answers and counting; StopIncrementWhenOverLimit is
 	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (no flag).
 	ReferenceAnswers           bool
@@ -159,14 +159,9 @@ func (o *Options) useReferenceStatsd() {
 }
 
 // defaultGRPCMaxRecvMsgSize is the default --grpc-max-recv-msg-size,
-// 1 MiB. Envoy builds a RateLimitRequest from route actions, one entry per
-// action, whose values are header values, paths or addresses: a request
-// holding every header of a request Envoy accepts by default
-// (max_request_headers_kb: 60 KiB) once is below 64 KiB, and 1 MiB leaves
-// room for 16 such copies, or 16 values of the MaxValueBytes bound. The
-// bounds of validateRequest (64 descriptors x 32 entries x 64 KiB) would
-// allow far more than grpc-go's 4 MiB, so that shape does not bound a
-// message; this does, before any of it is decoded.
+// 1 MiB: room for 16 copies of every header Envoy accepts by default
+// (max_request_headers_kb: 60 KiB). The request's shape bounds allow far
+// more, so this is what bounds a message, before any of it is decoded.
 const defaultGRPCMaxRecvMsgSize = 1 << 20
 
 // defaultGRPCMaxConcurrentStreams is the default
@@ -176,14 +171,10 @@ const defaultGRPCMaxRecvMsgSize = 1 << 20
 // connection it would make ~100,000 decisions per second at 10 ms each.
 const defaultGRPCMaxConcurrentStreams = 1000
 
-// defaultGRPCMaxConnectionAge is the default --grpc-max-connection-age.
-// envoyproxy/ratelimit defaults to 24h, which keeps an Envoy's
-// connections on the replicas that were up when it started for a day:
-// replicas a HorizontalPodAutoscaler adds get no traffic from existing
-// Envoys. After 5 minutes (±10% jitter from grpc-go) each connection is
-// sent GOAWAY and Envoy opens a new one, balanced over the current
-// endpoints; at one new HTTP/2 connection per Envoy worker every 5
-// minutes the cost is negligible.
+// defaultGRPCMaxConnectionAge is the default --grpc-max-connection-age:
+// after it each connection is sent GOAWAY and Envoy opens a new one,
+// balanced over the current endpoints, so that replicas an autoscaler
+// adds get traffic within minutes (envoyproxy/ratelimit: 24h).
 const defaultGRPCMaxConnectionAge = 5 * time.Minute
 
 // defaultGRPCMaxConnectionAgeGrace is the default

@@ -8,8 +8,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 )
 
-// The reference's variables, as Envoy Gateway sets them, map onto the
-// --xds-* options; the TLS files count only with
+// TestLegacyXDSVariables: the reference's variables, as Envoy Gateway sets
+// them, map onto the --xds-* options; the TLS files count only with
 // CONFIG_GRPC_XDS_SERVER_USE_TLS=true; none is reported unsupported.
 func TestLegacyXDSVariables(t *testing.T) {
 	o, warnings, err := Parse(nil, env(
@@ -64,9 +64,10 @@ func TestLegacyXDSVariables(t *testing.T) {
 	}
 }
 
-// xdsBase gives xds.Options the flags' meaning: the default factor and
-// jitter by default, and exact waits for --xds-backoff-random-factor=0
-// (xds.NoBackoffSpread) or --xds-backoff-jitter=false.
+// TestXDSBackoffSpreadOptions: xdsBase gives xds.Options the flags'
+// meaning: the default factor and jitter by default, and exact waits for
+// --xds-backoff-random-factor=0 (xds.NoBackoffSpread) or
+// --xds-backoff-jitter=false.
 func TestXDSBackoffSpreadOptions(t *testing.T) {
 	for _, tc := range []struct {
 		args    []string

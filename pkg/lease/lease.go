@@ -51,8 +51,9 @@ type Options struct {
 	// 0 draws a random one in [1, 2^52).
 	Subscriber int64
 	// Interval is how often a lease is renewed and its size reconsidered
-	// (0 means DefaultInterval; at least MinInterval); a limit whose window is shorter than 4 intervals
-	// renews every quarter window. Demand is measured per interval.
+	// (0 means DefaultInterval; at least MinInterval); a limit whose
+	// window is shorter than 4 intervals renews every quarter window.
+	// Demand is measured per interval.
 	Interval time.Duration
 	// Timeout bounds one lease operation (0 means 1 s).
 	Timeout time.Duration

@@ -11,21 +11,16 @@ import (
 	"strings"
 )
 
-// Load reads YAML files (a path may be a file or a directory, walked
-// recursively in lexical order; under a directory only .yaml and .yml files
-// count, and symbolic links to files are followed while symbolic links to
-// directories are not) and compiles them into a Set. With
-// opts.IgnoreDotFiles, entries below a given directory whose name starts
-// with '.' are skipped (Kubernetes ConfigMap ..data and ..<timestamp>).
+// Load reads YAML files and compiles them into a Set. A directory is
+// walked recursively in lexical order for .yaml and .yml files, following
+// symbolic links to files but not to directories; opts.IgnoreDotFiles skips
+// names starting with '.' (Kubernetes ConfigMap ..data and ..<timestamp>).
 //
 // Every problem is reported at once: the error joins *ConfigError values,
-// each printing as "file:line: message". A non-nil error means no Set.
-// Warnings (lint findings) are returned with or without an error. A load
-// that finds no config file (an empty directory, or one whose files were
-// all deleted) is valid and yields an empty Set, with one warning whose
-// File is "" (every request is then answered OK without limits). A path
-// that does not exist is an error, so a deleted file given directly keeps
-// the previous Set in force under Watch.
+// each printing as "file:line: message", and a non-nil error means no Set.
+// Warnings are returned either way. No config file at all yields an empty
+// Set and one warning, but a path that does not exist is an error, so a
+// deleted file given directly keeps the previous Set in force under Watch.
 func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 	s, warns, _, err := loadSource(opts, paths)
 	return s, warns, err
@@ -50,16 +45,10 @@ type Source struct {
 	Data []byte
 }
 
-// LoadSources is Load for documents held in memory: each Source goes
-// through exactly the parsing, validation and compilation a config file
-// does, and several sources are several files (one domain each unless
-// LoadOptions.MergeDomains). LoadOptions.MaxBytes bounds the sum of the
-// Data lengths, LoadOptions.MaxRules the compiled rules; IgnoreDotFiles
-// does not apply. No sources is valid and yields an empty Set with one
-// warning whose File is "". The Set's SourceHash covers the options and
-// every Name and Data, so loading the same sources twice gives the same
-// SourceHash (a no-op reload). Errors are *ConfigError values joined, as
-// Load returns them; a non-nil error means no Set.
+// LoadSources is Load for documents held in memory: each Source is parsed,
+// validated and compiled exactly as a config file is, and LoadOptions.MaxBytes
+// bounds the sum of their Data. The Set's SourceHash covers the options and
+// every Name and Data, so loading the same sources twice is a no-op reload.
 func LoadSources(opts LoadOptions, srcs ...Source) (*Set, []Warning, error) {
 	errs := &errList{}
 	var out sources

@@ -398,7 +398,7 @@ const chargeChunk = 128
 // to a failing store before it is dropped (and counted in
 // ratelimitd_rlqs_usage_dropped_total{reason="store"}); maxChargeRounds
 // bounds the rounds in a row it may go uncharged for any reason, such as
-// rounds that run out of time on a starved host (storeFailed).
+// rounds that run out of time (storeFailed).
 const (
 	maxChargeTries  = 3
 	maxChargeRounds = 30

@@ -16,11 +16,11 @@ type TB interface {
 }
 
 // Manual is a Clock that a test moves on by hand: a store's health probe
-// loop runs one iteration per Tick, whatever the speed of the host, and
-// the store's breakers (and what else reads the clock) see the time Tick
-// and Advance move to. It runs on with real time as well, so that what a
-// real server takes (a call that times out, a socket left unanswered)
-// counts as it does in production. Its one timer is the probe loop's.
+// loop runs exactly one iteration per Tick, and the store's breakers (and
+// what else reads the clock) see the time Tick and Advance move to. It
+// runs on with real time as well, so that what a real server takes (a
+// call that times out, a socket left unanswered) counts as it does in
+// production. Its one timer is the probe loop's.
 type Manual struct {
 	off    atomic.Int64 // how far ahead of the real time it is, in ns
 	mu     sync.Mutex
