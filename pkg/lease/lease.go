@@ -77,9 +77,10 @@ const DefaultInterval = 100 * time.Millisecond
 // trip per active key, so a shorter interval would only load the store.
 const MinInterval = time.Millisecond
 
-// Validate reports every invalid field, joined, each a *opterr.FieldError: a nil
-// Store; an Interval that is negative or shorter than MinInterval; a
-// negative Timeout. Zero values are valid: they mean the defaults.
+// Validate reports every invalid field, joined, each a
+// *opterr.FieldError: a nil Store; an Interval that is negative or
+// shorter than MinInterval; a negative Timeout. Zero values are valid:
+// they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field string, v any, reason string) {

@@ -99,10 +99,10 @@ type Options struct {
 	Replica string
 }
 
-// Validate reports every invalid field, joined, each a *opterr.FieldError: a nil
-// Store; a negative Interval, AbandonAfter or MaxBucketsPerStream; a
-// Headroom outside [0, 0.5).
-// Zero values are valid: they mean the defaults.
+// Validate reports every invalid field, joined, each a
+// *opterr.FieldError: a nil Store; a negative Interval, AbandonAfter or
+// MaxBucketsPerStream; a Headroom outside [0, 0.5). Zero values are
+// valid: they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field string, v any, reason string) {

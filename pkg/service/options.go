@@ -215,11 +215,11 @@ type Options struct {
 	Rand func() float64
 }
 
-// Validate reports every invalid field, joined, each a *opterr.FieldError: a
-// nil Store; Headers beyond HeadersNone; NearLimitRatio outside [0, 1]
-// or NaN; a negative FailClosedRetryAfter; DecisionLog beyond
-// DecisionLogAll; a negative or NaN DecisionLogRate; a negative
-// MaxJSONBodyBytes or DetailedMetricCap; Counting beyond
+// Validate reports every invalid field, joined, each a
+// *opterr.FieldError: a nil Store; Headers beyond HeadersNone;
+// NearLimitRatio outside [0, 1] or NaN; a negative FailClosedRetryAfter;
+// DecisionLog beyond DecisionLogAll; a negative or NaN DecisionLogRate; a
+// negative MaxJSONBodyBytes or DetailedMetricCap; Counting beyond
 // policy.AlwaysCharge. Zero values are valid: they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error

@@ -51,8 +51,8 @@ type Options struct {
 // default, 1.
 const NeverSample = -1.0
 
-// Validate reports a *opterr.FieldError for a SampleRatio outside [0, 1] that is
-// not NeverSample, or NaN, whether or not tracing is enabled.
+// Validate reports a *opterr.FieldError for a SampleRatio outside [0, 1]
+// that is not NeverSample, or NaN, whether or not tracing is enabled.
 func (o Options) Validate() error {
 	if !(o.SampleRatio >= 0 && o.SampleRatio <= 1) && o.SampleRatio != NeverSample {
 		return &opterr.FieldError{Package: "telemetry", Field: "SampleRatio", Value: o.SampleRatio, Reason: "must be in [0, 1]"}

@@ -116,9 +116,9 @@ var (
 
 // Validate reports every problem of o, joined: ErrNoServer or
 // ErrTwoServerSources; an address that is neither host:port nor a unix
-// socket path; a malformed SRV name; and, as *opterr.FieldError, a negative
-// SRVRefresh, LocalCacheSize or HealthInterval, or MaxIdleConns or
-// Timeout not > 0.
+// socket path; a malformed SRV name; and, as *opterr.FieldError, a
+// negative SRVRefresh, LocalCacheSize or HealthInterval, or MaxIdleConns
+// or Timeout not > 0.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field, label string, v any, reason string) {

@@ -109,11 +109,11 @@ func (o *Options) defaults() {
 	}
 }
 
-// Validate reports every invalid field, joined, each a *opterr.FieldError: a
-// negative ConnectRetryInterval, BackoffInitial, BackoffMax or
-// MaxRecvMsgSize, a BackoffMax below BackoffInitial (both set), and a
-// BackoffRandomFactor outside [0, 1] other than NoBackoffSpread. Zero
-// values are valid: they mean the defaults.
+// Validate reports every invalid field, joined, each a
+// *opterr.FieldError: a negative ConnectRetryInterval, BackoffInitial,
+// BackoffMax or MaxRecvMsgSize, a BackoffMax below BackoffInitial (both
+// set), and a BackoffRandomFactor outside [0, 1] other than
+// NoBackoffSpread. Zero values are valid: they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field string, v any, reason string) {
