@@ -55,7 +55,7 @@ func (s *server) newGRPCServer() error {
 	if ic := s.svc.UnaryServerInterceptor(); ic != nil {
 		gopts = append(gopts, grpc.ChainUnaryInterceptor(ic))
 	}
-	if o.Tracing {
+	if o.Telemetry.Enabled {
 		// With tracing off the otelgrpc stats handler would only start
 		// no-op spans, which cost CPU on every call (BENCHMARKS.md, "CPU
 		// per decision").

@@ -7,8 +7,11 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/lease"
+	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 )
 
 // Options is everything `ratelimitd serve` reads from its command line and
@@ -30,26 +33,29 @@ type Options struct {
 	// rest (parsed words, inverted switches, the detailed-metric cap's
 	// sign).
 	Service service.Options
+	// The xds.Options the --xds-* flags set as they are; XDSOptions adds
+	// the parsed, inverted and file-read ones (docs/xds.md).
+	XDS xds.Options
+	// The telemetry.Options the --tracing-* flags set;
+	// TelemetryOptions maps the flag's sample ratio onto the package's.
+	Telemetry telemetry.Options
+	// The lease.Options --lease-interval sets; LeaseOptions adds the
+	// store, registry and logger.
+	Lease lease.Options
 
 	Config       []string // YAML files or directories, read with ConfigSource "file"
 	ConfigSource string   // "file" or "xds"
 
-	// The xDS client (xds.Options; docs/xds.md).
-	XDSServerURL            string        // --xds-server-url
-	XDSNodeID               string        // --xds-node-id
-	XDSNodeMetadata         string        // --xds-node-metadata
-	XDSHeaders              string        // may hold credentials; never logged
-	XDSConnectRetryInterval time.Duration // --xds-connect-retry-interval
-	XDSTLS                  bool          // --xds-tls
-	XDSTLSCert              string        // --xds-tls-cert
-	XDSTLSKey               string        // --xds-tls-key
-	XDSTLSCA                string        // --xds-tls-ca
-	XDSTLSSAN               string        // --xds-tls-san
-	XDSBackoffInitial       time.Duration // --xds-backoff-initial
-	XDSBackoffMax           time.Duration // --xds-backoff-max
-	XDSBackoffRandomFactor  float64       // --xds-backoff-random-factor
-	XDSBackoffJitter        bool          // --xds-backoff-jitter
-	XDSMaxMsgSize           int           // --xds-max-msg-size
+	// The xDS client's settings that are no xds.Options field as they
+	// are (XDSOptions parses them, reads the files, inverts the switch).
+	XDSNodeMetadata  string // --xds-node-metadata
+	XDSHeaders       string // may hold credentials; never logged
+	XDSTLS           bool   // --xds-tls
+	XDSTLSCert       string // --xds-tls-cert
+	XDSTLSKey        string // --xds-tls-key
+	XDSTLSCA         string // --xds-tls-ca
+	XDSTLSSAN        string // --xds-tls-san
+	XDSBackoffJitter bool   // --xds-backoff-jitter
 
 	// Listeners: gRPC (RLS), HTTP, debug ("" disables) and the extra
 	// /metrics listener ("" = none).
@@ -93,7 +99,6 @@ type Options struct {
 	MemoryLimitRatio float64           // --memory-limit-ratio
 
 	Drain, ShutdownGrace time.Duration // --drain, --shutdown-grace
-	LeaseInterval        time.Duration // --lease-interval (lease.Options.Interval)
 
 	// gRPC server TLS ("" = plaintext); a client CA turns on mTLS.
 	GRPCTLSCert, GRPCTLSKey, GRPCTLSClientCA, GRPCTLSClientSAN string // --grpc-tls-cert, --grpc-tls-key, --grpc-tls-client-ca, --grpc-tls-client-san
@@ -109,13 +114,6 @@ type Options struct {
 	HTTPReadTimeout           time.Duration // --http-read-timeout
 	HTTPWriteTimeout          time.Duration // --http-write-timeout
 	HTTPIdleTimeout           time.Duration // --http-idle-timeout
-
-	// OpenTelemetry tracing (telemetry.Options).
-	Tracing            bool    // --tracing
-	TracingEndpoint    string  // --tracing-endpoint
-	TracingInsecure    bool    // --tracing-insecure
-	TracingSampleRatio float64 // --tracing-sample-ratio
-	TracingServiceName string  // --tracing-service-name
 
 	// statsd: envoyproxy/ratelimit's stats over UDP ("" = none).
 	StatsdAddr          string        // --statsd-addr

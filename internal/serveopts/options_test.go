@@ -301,15 +301,15 @@ func TestTracingOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !o.Tracing || o.TracingSampleRatio != 0.25 || o.TracingServiceName != "edge-rl" || o.TracingEndpoint != "collector:4317" {
-		t.Errorf("tracing options = %v %v %q %q", o.Tracing, o.TracingSampleRatio, o.TracingServiceName, o.TracingEndpoint)
+	if !o.Telemetry.Enabled || o.Telemetry.SampleRatio != 0.25 || o.Telemetry.ServiceName != "edge-rl" || o.Telemetry.Endpoint != "collector:4317" {
+		t.Errorf("tracing options = %v %v %q %q", o.Telemetry.Enabled, o.Telemetry.SampleRatio, o.Telemetry.ServiceName, o.Telemetry.Endpoint)
 	}
 	d, _, err := Parse(nil, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Tracing || !d.IgnoreDotfiles {
-		t.Errorf("defaults: tracing %v (want off), ignore-dotfiles %v (want on)", d.Tracing, d.IgnoreDotfiles)
+	if d.Telemetry.Enabled || !d.IgnoreDotfiles {
+		t.Errorf("defaults: tracing %v (want off), ignore-dotfiles %v (want on)", d.Telemetry.Enabled, d.IgnoreDotfiles)
 	}
 }
 

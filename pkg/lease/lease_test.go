@@ -14,6 +14,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 )
 
 // tally counts, per window start (µs), the units the instances admitted,
@@ -309,8 +310,8 @@ func TestOptionsValidate(t *testing.T) {
 			t.Errorf("%+v: no error", c.opt)
 			continue
 		}
-		var fe *FieldError
-		if !errors.As(err, &fe) || fe.Field != c.field {
+		var fe *opterr.FieldError
+		if !errors.As(err, &fe) || fe.Package != "lease" || fe.Field != c.field {
 			t.Errorf("%+v: error %v, want a FieldError on %s", c.opt, err, c.field)
 		}
 	}
