@@ -103,22 +103,28 @@ func (c *serverCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
 }
 
-// Unmarshal is the default codec's Unmarshal, then, for a RateLimitRequest
-// that failed, the lenient decoding described on ServerCodec.
+// Unmarshal decodes a RateLimitRequest of the usual shapes with
+// decodeRequest (wire.go), and everything else with the default codec's
+// Unmarshal, then, for a RateLimitRequest that failed, the lenient
+// decoding described on ServerCodec.
 func (c *serverCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	err := c.base.Unmarshal(data, v)
-	if err == nil {
-		return nil
-	}
 	req, ok := v.(*rlsv3.RateLimitRequest)
 	if !ok {
-		return err
+		return c.base.Unmarshal(data, v)
 	}
 	var b []byte
 	if len(data) == 1 {
 		b = data[0].ReadOnlyData() // read only; valid until Unmarshal returns
 	} else {
 		b = data.Materialize()
+	}
+	req.Reset()
+	if decodeRequest(b, req) {
+		return nil
+	}
+	err := c.base.Unmarshal(data, v)
+	if err == nil {
+		return nil
 	}
 	if !unmarshalEscaped(b, req) {
 		return err
