@@ -77,11 +77,18 @@ type vtMarshaler interface {
 	MarshalToSizedBufferVTStrict(dAtA []byte) (int, error)
 }
 
-// Marshal writes a message with its vtprotobuf code when it has one (the
-// RLS messages in a -tags vtprotobuf build: the same bytes as protobuf-go,
-// without reflection; TestVTMarshalSameBytes), else with the default
-// codec's Marshal.
+// Marshal writes a RateLimitResponse of the shapes the service builds with
+// appendResponse (wire.go: the same bytes as protobuf-go, without
+// reflection; TestEncodeResponseSameBytes), other messages with their
+// vtprotobuf code when they have one (the RLS messages in a -tags
+// vtprotobuf build; TestVTMarshalSameBytes), else with the default codec's
+// Marshal.
 func (c *serverCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(*rlsv3.RateLimitResponse); ok {
+		if size, ok := responseSize(r); ok {
+			return marshalSized(size, func(b []byte) []byte { return appendResponse(b, r) }), nil
+		}
+	}
 	m, ok := v.(vtMarshaler)
 	if !ok {
 		return c.base.Marshal(v)
@@ -101,6 +108,19 @@ func (c *serverCodec) Marshal(v any) (mem.BufferSlice, error) {
 		return nil, err
 	}
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+}
+
+// marshalSized returns the size bytes that write appends to an empty
+// slice of that capacity: in a buffer of its own when small (grpc-go pools
+// only larger ones), else in one from grpc-go's default pool.
+func marshalSized(size int, write func([]byte) []byte) mem.BufferSlice {
+	if mem.IsBelowBufferPoolingThreshold(size) {
+		return mem.BufferSlice{mem.SliceBuffer(write(make([]byte, 0, size)))}
+	}
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(size)
+	*buf = write((*buf)[:0])
+	return mem.BufferSlice{mem.NewBuffer(buf, pool)}
 }
 
 // Unmarshal decodes a RateLimitRequest of the usual shapes with

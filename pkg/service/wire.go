@@ -4,15 +4,18 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // The codec's own decoding of a RateLimitRequest (decodeRequest) and
-// encoding of a RateLimitResponse (encodeResponse), written with protowire
+// encoding of a RateLimitResponse (responseSize, appendResponse), written with protowire
 // for the messages' usual shapes: fewer allocations and no reflection.
 // Each handles only wire data or messages it can treat exactly as
 // protobuf-go does and reports false for anything else (unknown fields,
@@ -320,4 +323,172 @@ func scanVarints(v []byte, a, b protowire.Number) bool {
 		i += n
 	}
 	return true
+}
+
+// Field numbers of the response messages.
+const (
+	respOverallCode     = 1
+	respStatuses        = 2
+	respResponseHeaders = 3
+	respRequestHeaders  = 4
+	respRawBody         = 5
+
+	statusCode           = 1
+	statusCurrentLimit   = 2
+	statusLimitRemaining = 3
+	statusDurationReset  = 4
+
+	limitRequestsPerUnit = 1
+	limitUnit            = 2
+	limitName            = 3
+
+	durationSeconds = 1
+	durationNanos   = 2
+
+	headerKey      = 1
+	headerValue    = 2
+	headerRawValue = 3
+)
+
+// responseSize returns the size of the wire form of r and true when
+// appendResponse writes r exactly as proto.Marshal does: no field it does
+// not write (dynamic_metadata, quota, unit_multiplier), no unknown fields,
+// no nil list element, every string valid UTF-8 (proto.Marshal fails
+// otherwise). Else it returns false.
+func responseSize(r *rlsv3.RateLimitResponse) (int, bool) {
+	if r.DynamicMetadata != nil || r.Quota != nil || hasUnknown(r) {
+		return 0, false
+	}
+	n := sizeVarintField(uint64(r.OverallCode))
+	for _, st := range r.Statuses {
+		if st == nil || st.Quota != nil || hasUnknown(st) {
+			return 0, false
+		}
+		if l := st.CurrentLimit; l != nil && (l.UnitMultiplier != nil || hasUnknown(l) || !utf8.ValidString(l.Name)) {
+			return 0, false
+		}
+		if d := st.DurationUntilReset; d != nil && hasUnknown(d) {
+			return 0, false
+		}
+		n += sizeMessageField(statusSize(st))
+	}
+	for _, hs := range [2][]*corev3.HeaderValue{r.ResponseHeadersToAdd, r.RequestHeadersToAdd} {
+		for _, h := range hs {
+			if h == nil || hasUnknown(h) || !utf8.ValidString(h.Key) || !utf8.ValidString(h.Value) {
+				return 0, false
+			}
+			n += sizeMessageField(headerSize(h))
+		}
+	}
+	n += sizeBytesField(len(r.RawBody))
+	return n, true
+}
+
+// appendResponse appends the wire form of r, for which responseSize
+// reported true, to b.
+func appendResponse(b []byte, r *rlsv3.RateLimitResponse) []byte {
+	b = appendVarintField(b, respOverallCode, uint64(r.OverallCode))
+	for _, st := range r.Statuses {
+		b = protowire.AppendTag(b, respStatuses, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(statusSize(st)))
+		b = appendVarintField(b, statusCode, uint64(st.Code))
+		if l := st.CurrentLimit; l != nil {
+			b = protowire.AppendTag(b, statusCurrentLimit, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(limitSize(l)))
+			b = appendVarintField(b, limitRequestsPerUnit, uint64(l.RequestsPerUnit))
+			b = appendVarintField(b, limitUnit, uint64(l.Unit))
+			b = appendStringField(b, limitName, l.Name)
+		}
+		b = appendVarintField(b, statusLimitRemaining, uint64(st.LimitRemaining))
+		if d := st.DurationUntilReset; d != nil {
+			b = protowire.AppendTag(b, statusDurationReset, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(durationSize(d)))
+			b = appendVarintField(b, durationSeconds, uint64(d.Seconds))
+			b = appendVarintField(b, durationNanos, uint64(d.Nanos))
+		}
+	}
+	for i, hs := range [2][]*corev3.HeaderValue{r.ResponseHeadersToAdd, r.RequestHeadersToAdd} {
+		num := protowire.Number(respResponseHeaders + i)
+		for _, h := range hs {
+			b = protowire.AppendTag(b, num, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(headerSize(h)))
+			b = appendStringField(b, headerKey, h.Key)
+			b = appendStringField(b, headerValue, h.Value)
+			if len(h.RawValue) > 0 {
+				b = protowire.AppendTag(b, headerRawValue, protowire.BytesType)
+				b = protowire.AppendBytes(b, h.RawValue)
+			}
+		}
+	}
+	if len(r.RawBody) > 0 {
+		b = protowire.AppendTag(b, respRawBody, protowire.BytesType)
+		b = protowire.AppendBytes(b, r.RawBody)
+	}
+	return b
+}
+
+func statusSize(st *rlsv3.RateLimitResponse_DescriptorStatus) int {
+	n := sizeVarintField(uint64(st.Code)) + sizeVarintField(uint64(st.LimitRemaining))
+	if st.CurrentLimit != nil {
+		n += sizeMessageField(limitSize(st.CurrentLimit))
+	}
+	if st.DurationUntilReset != nil {
+		n += sizeMessageField(durationSize(st.DurationUntilReset))
+	}
+	return n
+}
+
+func limitSize(l *rlsv3.RateLimitResponse_RateLimit) int {
+	return sizeVarintField(uint64(l.RequestsPerUnit)) + sizeVarintField(uint64(l.Unit)) + sizeBytesField(len(l.Name))
+}
+
+func durationSize(d *durationpb.Duration) int {
+	return sizeVarintField(uint64(d.Seconds)) + sizeVarintField(uint64(d.Nanos))
+}
+
+func headerSize(h *corev3.HeaderValue) int {
+	return sizeBytesField(len(h.Key)) + sizeBytesField(len(h.Value)) + sizeBytesField(len(h.RawValue))
+}
+
+// hasUnknown reports whether m holds unknown fields (which proto.Marshal
+// writes after the known ones).
+func hasUnknown(m protoreflect.ProtoMessage) bool { return len(m.ProtoReflect().GetUnknown()) > 0 }
+
+// sizeVarintField is the size of a proto3 scalar field of value v: 0 for
+// 0, which proto3 does not write. Every field number here has a one-byte
+// tag.
+func sizeVarintField(v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return 1 + protowire.SizeVarint(v)
+}
+
+// sizeBytesField is the size of a proto3 string or bytes field of n bytes
+// (0 when empty).
+func sizeBytesField(n int) int {
+	if n == 0 {
+		return 0
+	}
+	return 1 + protowire.SizeBytes(n)
+}
+
+// sizeMessageField is the size of a present message field whose message
+// is n bytes.
+func sizeMessageField(n int) int { return 1 + protowire.SizeBytes(n) }
+
+func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+func appendStringField(b []byte, num protowire.Number, s string) []byte {
+	if s == "" {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendString(b, s)
 }

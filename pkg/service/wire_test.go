@@ -1,12 +1,19 @@
 package service
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 	"pgregory.net/rapid"
 )
 
@@ -311,5 +318,136 @@ func TestDecodeRequestMergesSingularMessages(t *testing.T) {
 	} {
 		b := protowire.AppendBytes(protowire.AppendTag(nil, reqDescriptors, protowire.BytesType), d)
 		decodeBoth(t, b)
+	}
+}
+
+// responseGen draws a RateLimitResponse; with odd set also what
+// appendResponse leaves to protobuf-go (dynamic metadata, quotas, a unit
+// multiplier, unknown fields, nil list elements, invalid UTF-8).
+func responseGen(t *rapid.T, odd bool) (*rlsv3.RateLimitResponse, bool) {
+	oddOne := func(label string) bool { return odd && rapid.IntRange(0, 5).Draw(t, label) == 0 }
+	took := false
+	str := func(label string) string {
+		if oddOne(label + "-odd") {
+			took = true
+			return "bad\xff"
+		}
+		return rapid.OneOf(rapid.StringMatching(`[ -~]{0,20}`), rapid.SampledFrom([]string{"", "日本", "\uFFFD"})).Draw(t, label)
+	}
+	num := func(label string) uint64 {
+		return rapid.OneOf(rapid.Just(uint64(0)), rapid.Uint64Range(0, 300), rapid.Uint64()).Draw(t, label)
+	}
+	r := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_Code(int32(num("overall")))}
+	for range rapid.IntRange(0, 4).Draw(t, "statuses") {
+		if oddOne("nil-status") {
+			took = true
+			r.Statuses = append(r.Statuses, nil)
+			continue
+		}
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{
+			Code:           rlsv3.RateLimitResponse_Code(int32(num("code"))),
+			LimitRemaining: uint32(num("remaining")),
+		}
+		if rapid.Bool().Draw(t, "limit") {
+			st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: str("name"), RequestsPerUnit: uint32(num("rpu")), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(int32(num("unit")))}
+			if oddOne("multiplier") {
+				took = true
+				st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(2)
+			}
+		}
+		if rapid.Bool().Draw(t, "duration") {
+			st.DurationUntilReset = &durationpb.Duration{Seconds: int64(num("seconds")), Nanos: int32(num("nanos"))}
+		}
+		if oddOne("status-quota") {
+			took = true
+			st.Quota = &rlsv3.RateLimitResponse_Quota{Requests: 3}
+		}
+		if oddOne("status-unknown") {
+			took = true
+			st.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1))
+		}
+		r.Statuses = append(r.Statuses, st)
+	}
+	for i := range 2 {
+		for range rapid.IntRange(0, 4).Draw(t, "headers") {
+			h := &corev3.HeaderValue{Key: str("key"), Value: str("value")}
+			if rapid.IntRange(0, 4).Draw(t, "raw") == 0 {
+				h.RawValue = rapid.SliceOfN(rapid.Byte(), 0, 12).Draw(t, "raw")
+			}
+			if oddOne("header-unknown") {
+				took = true
+				h.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 9, protowire.VarintType), 1))
+			}
+			if i == 0 {
+				r.ResponseHeadersToAdd = append(r.ResponseHeadersToAdd, h)
+			} else {
+				r.RequestHeadersToAdd = append(r.RequestHeadersToAdd, h)
+			}
+		}
+	}
+	if rapid.Bool().Draw(t, "body") {
+		r.RawBody = []byte(rapid.StringN(0, 2000, -1).Draw(t, "raw-body"))
+	}
+	if oddOne("metadata") {
+		took = true
+		r.DynamicMetadata = &structpb.Struct{Fields: map[string]*structpb.Value{"k": structpb.NewStringValue("v")}}
+	}
+	if oddOne("quota") {
+		took = true
+		r.Quota = &rlsv3.RateLimitResponse_Quota{Requests: 1}
+	}
+	return r, took
+}
+
+// The codec writes every RateLimitResponse with the bytes protobuf-go
+// writes (or fails where it fails); appendResponse writes every response
+// without the fields it leaves to protobuf-go, and none with them.
+func TestEncodeResponseSameBytes(t *testing.T) {
+	c := (&Service{}).ServerCodec()
+	base := encoding.GetCodecV2(grpcproto.Name)
+	rapid.Check(t, func(rt *rapid.T) {
+		r, odd := responseGen(rt, rapid.Bool().Draw(rt, "odd"))
+		if _, fast := responseSize(r); fast == odd {
+			rt.Fatalf("appendResponse took it: %v, with fields it leaves to protobuf-go: %v (%v)", fast, odd, r)
+		}
+		got, err := c.Marshal(r)
+		want, wantErr := base.Marshal(r)
+		if (err != nil) != (wantErr != nil) {
+			rt.Fatalf("codec error %v, protobuf-go error %v", err, wantErr)
+		}
+		if err == nil && !bytes.Equal(got.Materialize(), want.Materialize()) {
+			rt.Fatalf("codec %x, protobuf-go %x", got.Materialize(), want.Materialize())
+		}
+		got.Free()
+		want.Free()
+	})
+}
+
+// BenchmarkMarshalResponse compares the codec with the default codec on
+// the response of a request over its limit with the RateLimit headers.
+func BenchmarkMarshalResponse(b *testing.B) {
+	r := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
+		Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{
+			Code:               rlsv3.RateLimitResponse_OVER_LIMIT,
+			CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{Name: "user", RequestsPerUnit: 1000, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND},
+			DurationUntilReset: durationpb.New(1e9),
+		}},
+		ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: "RateLimit-Policy", Value: `"user";q=1000;w=1`}, {Key: "RateLimit", Value: `"user";r=0;t=1`}, {Key: "Retry-After", Value: "1"}},
+	}
+	for _, bc := range []struct {
+		name  string
+		codec encoding.CodecV2
+	}{{"default", encoding.GetCodecV2(grpcproto.Name)}, {"service", (&Service{}).ServerCodec()}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				out, err := bc.codec.Marshal(r)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out.Free()
+			}
+		})
 	}
 }
