@@ -1,9 +1,10 @@
 // Command floor is a grpc-go server of envoy.service.ratelimit.v3's
 // RateLimitService that makes exactly one Redis round trip per request
-// and nothing else: no policy, no batching across requests, no metrics.
-// scripts/bench-compare.sh measures it in the same run as ratelimitd and
-// the reference, as the floor of latency (and Redis work) of any service
-// that talks to Redis once per request.
+// (in batch mode, shared with the other requests in flight) and nothing
+// else: no policy, no metrics. scripts/bench-compare.sh measures it in the
+// same run as ratelimitd and the reference, as the floor of latency (and
+// Redis work) of any service that talks to Redis once per request, and in
+// batch mode as the floor of service CPU at high concurrency.
 //
 //	floor --grpc-addr 127.0.0.1:8081 --http-addr 127.0.0.1:8080 \
 //	  --redis-addr 127.0.0.1:6379 --mode lua
@@ -20,7 +21,8 @@
 //	      round trips: one goroutine writes the commands of every request
 //	      waiting (up to maxBatch) in one write on one connection, reads
 //	      their replies and wakes each request; the floor of service CPU
-//	      of a service that batches its Redis calls at high concurrency
+//	      of a service that batches its Redis calls at high concurrency,
+//	      served with ratelimitd's gRPC transport options
 //
 // In lua and pipe modes every command of a request goes out in one write
 // on one connection and its replies are read back in one go: one round
@@ -73,6 +75,16 @@ type server struct {
 	def    limit
 	free   chan *conn
 	batch  chan *job // batch mode: requests waiting for the flush loop
+}
+
+// batchServerOptions are the gRPC transport options of batch mode:
+// ratelimitd's (internal/listen's GRPC.ServerOptions), so that the floor of
+// service CPU at c=50 pays no more transport work than ratelimitd does:
+// calls on idle stream workers, fixed 1 MiB flow-control windows.
+var batchServerOptions = []grpc.ServerOption{
+	grpc.NumStreamWorkers(128),
+	grpc.InitialWindowSize(1 << 20),
+	grpc.InitialConnWindowSize(1 << 20),
 }
 
 // maxBatch bounds the requests of one flush in batch mode.
@@ -428,7 +440,11 @@ func run(grpcAddr, httpAddr, redisAddr, mode, limits string) error {
 		_ = gl.Close()
 		return err
 	}
-	gs := grpc.NewServer()
+	var opts []grpc.ServerOption
+	if s.batch != nil {
+		opts = batchServerOptions
+	}
+	gs := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(gs, s)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "OK") })
