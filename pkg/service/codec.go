@@ -79,7 +79,8 @@ type vtMarshaler interface {
 
 // Marshal writes a RateLimitResponse of the shapes the service builds with
 // appendResponse (wire.go: the same bytes as protobuf-go, without
-// reflection; TestEncodeResponseSameBytes), other messages with their
+// reflection; TestEncodeResponseSameBytes), any other RateLimitResponse
+// with protobuf-go, other messages with their
 // vtprotobuf code when they have one (the RLS messages in a -tags
 // vtprotobuf build; TestVTMarshalSameBytes), else with the default codec's
 // Marshal.
@@ -88,6 +89,9 @@ func (c *serverCodec) Marshal(v any) (mem.BufferSlice, error) {
 		if size, ok := responseSize(r); ok {
 			return marshalSized(size, func(b []byte) []byte { return appendResponse(b, r) }), nil
 		}
+		// protobuf-go, which rejects invalid UTF-8 where vtprotobuf's
+		// code would write it.
+		return c.base.Marshal(v)
 	}
 	m, ok := v.(vtMarshaler)
 	if !ok {
