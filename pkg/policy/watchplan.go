@@ -105,7 +105,14 @@ func newWatchPlan(opts LoadOptions, paths []string) *watchPlan {
 		})
 	}
 	// The same expansion as Load, so the same extension and dotfile rules.
-	for _, f := range collectFiles(opts, paths, &errList{}) {
+	// A dangling symlink skipped is watched as a loaded symlink that does
+	// not resolve: its target appearing is a change.
+	files, skipped := collectPaths(opts, paths, &errList{})
+	for _, f := range skipped {
+		p.names[canonName(f)] = true
+		p.links = append(p.links, watchLink{path: f})
+	}
+	for _, f := range files {
 		name := canonName(f)
 		p.names[name] = true
 		switch target := resolve(f); target {
