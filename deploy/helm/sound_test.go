@@ -216,11 +216,14 @@ func checkProbes(t *testing.T, c *corev1.Container, grpcPort, httpPort int32) {
 	if g := c.ReadinessProbe.GRPC; g == nil || g.Port != grpcPort || g.Service == nil || *g.Service != "envoy.service.ratelimit.v3.RateLimitService" {
 		t.Errorf("readiness: want the gRPC health of envoy.service.ratelimit.v3.RateLimitService on %d, got %+v", grpcPort, c.ReadinessProbe.ProbeHandler)
 	}
-	if g := c.StartupProbe.GRPC; g == nil || g.Port != grpcPort {
-		t.Errorf("startup: want gRPC health on %d, got %+v", grpcPort, c.StartupProbe.ProbeHandler)
+	// Startup and liveness must not depend on the config (/healthcheck and
+	// the gRPC health are NOT_SERVING until a good config loads): /livez
+	// answers whenever the process does.
+	if h := c.StartupProbe.HTTPGet; h == nil || h.Path != "/livez" || deploytest.ContainerPort(c, h.Port.String()) != httpPort {
+		t.Errorf("startup: want GET /livez on the http port %d, got %+v", httpPort, c.StartupProbe.ProbeHandler)
 	}
-	if h := c.LivenessProbe.HTTPGet; h == nil || h.Path != "/healthcheck" || deploytest.ContainerPort(c, h.Port.String()) != httpPort {
-		t.Errorf("liveness: want GET /healthcheck on the http port %d, got %+v", httpPort, c.LivenessProbe.ProbeHandler)
+	if h := c.LivenessProbe.HTTPGet; h == nil || h.Path != "/livez" || deploytest.ContainerPort(c, h.Port.String()) != httpPort {
+		t.Errorf("liveness: want GET /livez on the http port %d, got %+v", httpPort, c.LivenessProbe.ProbeHandler)
 	}
 }
 
