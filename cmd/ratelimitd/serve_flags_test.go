@@ -167,7 +167,7 @@ func TestValidateConfigMapDir(t *testing.T) {
 		switch {
 		case o.IgnoreDotfiles && (code != 0 || !strings.Contains(errb.String(), "ok: 1 domain(s), 1 rule(s)")):
 			t.Errorf("%s: serve skips dot entries, validate exit %d:\n%s%s", c.name, code, out.String(), errb.String())
-		case !o.IgnoreDotfiles && (code != 1 || !strings.Contains(out.String(), "set the ignore-dotfiles option") || strings.Contains(out.String(), "merge-domains")):
+		case !o.IgnoreDotfiles && (code != 1 || !strings.Contains(out.String(), "set the ignore-dotfiles option") || !strings.Contains(out.String(), "RUNTIME_IGNOREDOTFILES=true") || strings.Contains(out.String(), "merge-domains")):
 			t.Errorf("%s: serve loads dot entries, validate exit %d:\n%s%s", c.name, code, out.String(), errb.String())
 		}
 	}

@@ -174,8 +174,18 @@ type pod struct {
 // out (secrets: test data of the Secrets it mounts), the listen addresses
 // on free loopback ports, each --redis-url host found in hosts replaced
 // by its address, and then each arg passed through rewrite. It waits for
-// the liveness path to answer.
+// /healthcheck to answer (the config in force).
 func runPod(t *testing.T, r release, secrets map[string]map[string]string, hosts map[string]string, rewrite ...func(name, val string) string) *pod {
+	t.Helper()
+	p, proc := startPod(t, r, secrets, hosts, rewrite...)
+	// Ready: /healthcheck answers 200 once the config is in force (the
+	// liveness path answers before).
+	proc.WaitOK(t, "http://"+p.httpAddr+"/healthcheck", 60*time.Second)
+	return p
+}
+
+// startPod is runPod without the wait.
+func startPod(t *testing.T, r release, secrets map[string]map[string]string, hosts map[string]string, rewrite ...func(name, val string) string) (*pod, *deploytest.Process) {
 	t.Helper()
 	bin := deploytest.Ratelimitd(t)
 	d, c := deployment(t, r)
@@ -215,9 +225,34 @@ func runPod(t *testing.T, r release, secrets map[string]map[string]string, hosts
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, literalEnv(c)...)
 	proc := deploytest.Start(t, cmd, 30*time.Second)
 	p.log = proc.Log
-	// The liveness probe's path on the http port.
-	proc.WaitOK(t, "http://"+p.httpAddr+c.LivenessProbe.HTTPGet.Path, 60*time.Second)
-	return p
+	return p, proc
+}
+
+// TestBadConfigPodStaysAlive: a release whose config does not load runs a
+// pod that the kubelet keeps (startup and liveness probe paths answer 200)
+// but sends no traffic to (/healthcheck, the readiness twin, answers 500):
+// restarting would not fix the config.
+func TestBadConfigPodStaysAlive(t *testing.T) {
+	r := render(t, "backend: memory\nconfig: {files: {ratelimitd.yaml: \"domain: example\\nbogus: 1\\n\"}}\n")
+	_, c := deployment(t, r)
+	p, proc := startPod(t, r, nil, nil)
+	for name, pr := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe} {
+		if pr.HTTPGet == nil {
+			t.Fatalf("%s probe is not an HTTP GET: %+v", name, pr.ProbeHandler)
+		}
+		proc.WaitOK(t, "http://"+p.httpAddr+pr.HTTPGet.Path, 60*time.Second)
+	}
+	resp, err := http.Get("http://" + p.httpAddr + "/healthcheck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusInternalServerError {
+		t.Errorf("/healthcheck = %d with a bad config, want 500 (not ready)", resp.StatusCode)
+	}
+	if !strings.Contains(p.log.String(), "bogus") {
+		t.Errorf("the log does not report the bad config:\n%s", p.log.String())
+	}
 }
 
 // decide sends one decision of the chart's default config (domain

@@ -159,7 +159,13 @@ func isYAML(name string) bool {
 // collectFiles expands paths into the list of files to load, in order,
 // without duplicates unless opts.RepeatPaths.
 func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
-	var out []string
+	out, _ := collectPaths(opts, paths, errs)
+	return out
+}
+
+// collectPaths is collectFiles, also returning the dangling symlinks it
+// skipped.
+func collectPaths(opts LoadOptions, paths []string, errs *errList) (out, skipped []string) {
 	seen := map[string]bool{}
 	addFile := func(p string) {
 		c := filepath.Clean(p)
@@ -168,6 +174,15 @@ func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 			out = append(out, p)
 		}
 	}
+	// A dangling symlink in a directory points at no file, as a deleted
+	// file is none: it is skipped with a warning, so it cannot block
+	// every reload. Alone, it is an error: loading nothing in its place
+	// would replace the config in force with an empty one.
+	type danglingLink struct {
+		path string
+		err  error
+	}
+	var dangling []danglingLink
 	if len(paths) == 0 {
 		errs.add("config", 0, "no config path given")
 	}
@@ -200,6 +215,10 @@ func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 			}
 			if d.Type()&fs.ModeSymlink != 0 {
 				st, err := os.Stat(p)
+				if errors.Is(err, fs.ErrNotExist) {
+					dangling = append(dangling, danglingLink{p, err})
+					return nil
+				}
 				if err != nil {
 					errs.addRead(p, err, "cannot read config file: %v", err)
 					return nil
@@ -217,5 +236,13 @@ func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 			errs.addRead(root, err, "cannot walk config directory: %v", err)
 		}
 	}
-	return out
+	for _, l := range dangling {
+		if len(out) == 0 {
+			errs.addRead(l.path, l.err, "cannot read config file: a dangling symlink, and no other config file: %v", l.err)
+		} else {
+			errs.warn(l.path, 0, "skipped: a dangling symlink (%v); the other config files are loaded", l.err)
+			skipped = append(skipped, l.path)
+		}
+	}
+	return out, skipped
 }
