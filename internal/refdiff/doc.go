@@ -18,9 +18,9 @@
 //
 // The sequences that depend on how hits inside a denied request are
 // counted (several descriptors, one denying) are in counting_test.go;
-// reference mode counts as the reference does (always_charge). The few
-// answers reference mode does not reproduce yet (a check-only hits_addend
-// of 0 at exactly the limit, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true)
-// are in pending_test.go, built only with the refcounting build tag. The
-// package has no non-test code.
+// reference mode counts as the reference does (always_charge). The two
+// answers reference mode does not reproduce (a check-only hits_addend of
+// 0 at exactly the limit, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true)
+// are named steps of those sequences, asserted in every run
+// (named_test.go). The package has no non-test code.
 package refdiff

@@ -37,7 +37,7 @@ type setting struct {
 	// they are (same parse, no other effect); legacyTable lists them.
 	legacy []string
 	// legacyVia names the envoyproxy/ratelimit variables that reach this
-	// field through legacy.go's own logic (documentation only).
+	// field through internal/compat's own logic (documentation only).
 	legacyVia string
 	field     fieldRef
 	// doc is the setting's documentation (Markdown), as docs/flags.md

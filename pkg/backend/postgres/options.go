@@ -97,7 +97,7 @@ type Options struct {
 	// discards them.
 	Logger *slog.Logger
 	// Breaker configures the circuit breaker guarding every decision
-	// (see breaker.go). Default DefaultBreakerOptions.
+	// (see pkg/backend/breaker). Default DefaultBreakerOptions.
 	Breaker BreakerOptions
 	// HealthInterval is the health probe's period while healthy (see
 	// Store.Healthy); 0 disables the probe.
