@@ -17,13 +17,19 @@ import (
 )
 
 // A Set assigns Value to the serve flag named Flag, as flag.FlagSet.Set
-// would parse it. A list flag's Value is comma-separated.
+// would parse it. A list flag's Value is comma-separated, but for a path
+// flag (PathFlag), whose Value is one path, taken whole: a directory
+// name may hold a comma.
 type Set struct {
 	// Flag is the flag's name without dashes ("redis-url").
 	Flag string
 	// Value is the flag's value as its Set parses it.
 	Value string
 }
+
+// PathFlag reports whether the list flag named flag takes paths, of
+// which a Set gives one (--config: ConfigDir, ReferenceConfigDir).
+func PathFlag(flag string) bool { return flag == "config" }
 
 // A Plain is a reference variable that sets one flag as it is: Parse
 // reads the variable's value as the reference reads it and returns the

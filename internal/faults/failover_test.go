@@ -110,7 +110,7 @@ func failoverRun(t *testing.T, g *redistest.SentinelGroup, extra ...string) ([]t
 		t.Fatalf("SENTINEL FAILOVER: %v", err)
 	}
 	failoverAt := time.Now()
-	nm := g.WaitFailover(old, 30*time.Second)
+	nm := g.WaitFailover(old, redistest.FailoverWithin)
 	promoted := time.Since(failoverAt)
 	// The sentinels turn the old master into a replica of the new one
 	// within their 10 s INFO period; until it is in sync, a master with

@@ -85,7 +85,7 @@ func TestSentinelFailoverThroughService(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	killedAt := time.Now()
 	old := g.KillMaster()
-	g.WaitFailover(old, 30*time.Second)
+	g.WaitFailover(old, redistest.FailoverWithin)
 	promotedAt := time.Now()
 	promoted.Store(promotedAt.UnixNano())
 	waitFor(t, stateWithin, "normal answers after the promotion", func() bool { return run.Load() >= normalRun })
@@ -204,7 +204,7 @@ func manualFailover(t *testing.T, g *redistest.SentinelGroup, waitReplicas int) 
 	if _, err := g.Sentinels[0].Do(ctx, "SENTINEL", "FAILOVER", redistest.MasterName); err != nil {
 		t.Fatalf("SENTINEL FAILOVER: %v", err)
 	}
-	g.WaitFailover(old, 30*time.Second)
+	g.WaitFailover(old, redistest.FailoverWithin)
 	// Let the old master be reconfigured as a replica of the new one, and
 	// traffic run on the new master for a while: 3 s and 100 admitted
 	// calls (a count, so that a slow run does as much of it as a fast one).

@@ -47,9 +47,14 @@ func resolveMode(o *Options, explicit map[string]bool, asRef bool, lookup func(s
 	return setFlags(fs, m.Defaults)
 }
 
-// setFlags applies compat's flag assignments to fs.
+// setFlags applies compat's flag assignments to fs. A path flag's value
+// is one path (compat.PathFlag), added whole rather than split on commas.
 func setFlags(fs *flag.FlagSet, sets []compat.Set) error {
 	for _, s := range sets {
+		if l, ok := fs.Lookup(s.Flag).Value.(*listValue); ok && compat.PathFlag(s.Flag) {
+			l.setItem(s.Value)
+			continue
+		}
 		if err := fs.Set(s.Flag, s.Value); err != nil {
 			return fmt.Errorf("--%s: %w", s.Flag, err)
 		}

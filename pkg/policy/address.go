@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -114,8 +115,11 @@ const maxIPValue = 64
 // parseIPValue parses a request value as an address (a full-length
 // prefix: what Envoy's remote_address action sends) or a prefix (what
 // masked_remote_address sends, "192.168.1.0/24"), masked. An IPv4-mapped
-// IPv6 address or prefix is its IPv4 form; an IPv6 zone is dropped. ok is
-// false for anything else.
+// IPv6 address or prefix is its IPv4 form; an IPv6 zone is dropped. An
+// address as a header may carry it, in brackets or with a port
+// ("[2001:db8::7]", "[2001:db8::7]:443", "203.0.113.7:443"), is the
+// address alone: a client must not get a fresh counter per spelling or
+// per source port. ok is false for anything else.
 func parseIPValue(v string) (netip.Prefix, bool) {
 	if len(v) == 0 || len(v) > maxIPValue {
 		return netip.Prefix{}, false
@@ -136,11 +140,31 @@ func parseIPValue(v string) (netip.Prefix, bool) {
 	}
 	a, err := netip.ParseAddr(v)
 	if err != nil {
-		return netip.Prefix{}, false
+		if a, err = hostAddr(v); err != nil {
+			return netip.Prefix{}, false
+		}
 	}
 	a = a.WithZone("").Unmap()
 	return netip.PrefixFrom(a, a.BitLen()), true
 }
+
+// hostAddr parses v as "[IPv6]", "[IPv6]:port" or "IPv4:port" (the forms
+// of RFC 3986's host and of X-Forwarded-For and Forwarded entries) and
+// returns the address. Brackets around an IPv4 address are refused, as
+// netip.ParseAddrPort refuses them.
+func hostAddr(v string) (netip.Addr, error) {
+	if v[0] == '[' && v[len(v)-1] == ']' {
+		a, err := netip.ParseAddr(v[1 : len(v)-1])
+		if err == nil && !a.Is6() {
+			err = errBracketedIPv4
+		}
+		return a, err
+	}
+	ap, err := netip.ParseAddrPort(v)
+	return ap.Addr(), err
+}
+
+var errBracketedIPv4 = errors.New("brackets around an IPv4 address")
 
 // keyedAddress is the identity value of request value v on a level with
 // ipv6_prefix bits: an IPv4 address (or IPv4-mapped IPv6) as its /32,

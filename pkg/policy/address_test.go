@@ -173,6 +173,12 @@ func TestIPv6PrefixKeys(t *testing.T) {
 			{"2001:db8:1:2::1", "2001:db8:1:2::9%eth0"},
 			{"192.0.2.1", "::ffff:192.0.2.1"},
 			{"192.0.2.1", "192.0.2.1/32"},
+			{"2001:db8:1:2::1", "[2001:db8:1:2::9]"},
+			{"2001:db8:1:2::1", "[2001:db8:1:2::9]:443"},
+			{"2001:db8:1:2::1", "[2001:DB8:1:2::9%eth0]:443"},
+			{"192.0.2.1", "192.0.2.1:443"},
+			{"192.0.2.1", "[::ffff:192.0.2.1]"},
+			{"192.0.2.1", "[::ffff:192.0.2.1]:50000"},
 		}
 		for _, p := range same {
 			if a, b := key("remote_address", p[0]), key("remote_address", p[1]); a != b {
@@ -186,6 +192,9 @@ func TestIPv6PrefixKeys(t *testing.T) {
 			{"host-a", "host-b"},
 			{"2001:db8:1:2::/64", "2001:db8:1:2::/64x"},
 			{"100.64.0.1", "100.64.0.2"},
+			{"[2001:db8:1:2::1]", "[2001:db8:1:3::1]:443"},
+			{"192.0.2.1:443", "192.0.2.2:443"},
+			{"192.0.2.1:443", "[2001:db8:1:2::1]:443"},
 		}
 		for _, p := range differ {
 			if a, b := key("remote_address", p[0]), key("remote_address", p[1]); a == b {
@@ -218,6 +227,10 @@ func TestCGNATVariant(t *testing.T) {
 		{"2001:db8:c9:1::1", true},
 		{"2001:db8:ca::1", false},
 		{"192.0.2.1", false},
+		{"100.64.0.1:443", true},
+		{"[::ffff:100.64.3.4]:80", true},
+		{"[2001:db8:c9:1::1]:443", true},
+		{"100.128.0.0:443", false},
 		{"not-an-ip", false},
 	}
 	for _, c := range cases {
@@ -441,6 +454,11 @@ func TestExactAddressAnySpelling(t *testing.T) {
 		{"IPv6 as written", "edge", ents("remote_address", "2001:DB8::0:1"), "min:7", ""},
 		{"IPv6 long form", "edge", ents("remote_address", "2001:0db8:0:0:0:0:0:1"), "min:7", ""},
 		{"IPv6 zone", "edge", ents("remote_address", "2001:db8::1%eth0"), "min:7", ""},
+		{"IPv6 in brackets", "edge", ents("remote_address", "[2001:db8::1]"), "min:7", ""},
+		{"IPv6 in brackets with a port", "edge", ents("remote_address", "[2001:DB8::1]:443"), "min:7", ""},
+		{"IPv4 with a port", "edge", ents("remote_address", "10.1.2.3:443"), "min:5", ""},
+		{"IPv4 with a port in /16", "edge", ents("remote_address", "10.1.9.9:443"), "min:100", ""},
+		{"IPv4 in brackets: not an address", "edge", ents("remote_address", "[10.1.2.3]"), "min:60", ""},
 		{"non-address byte-exact", "edge", ents("remote_address", "Host-A"), "min:9", ""},
 		{"non-address other case", "edge", ents("remote_address", "host-a"), "min:60", ""},
 		{"key without address options: byte-exact", "edge", ents("user", "::ffff:10.1.2.3"), "min:1", ""},
@@ -458,6 +476,8 @@ func TestExactAddressAnySpelling(t *testing.T) {
 		{"10.1.9.9", "::ffff:10.1.9.9", "::ffff:a01:909"},
 		{"2001:db8::1", "2001:DB8::0:1", "2001:0db8::1%eth0"},
 		{"11.0.0.1", "::ffff:11.0.0.1"},
+		{"2001:db8::1", "[2001:db8::1]", "[2001:DB8::1]:443", "[2001:db8::1%eth0]:1"},
+		{"10.1.2.3", "10.1.2.3:50000", "[::ffff:10.1.2.3]:1"},
 	} {
 		want := keyOf(set[0])
 		for _, v := range set[1:] {

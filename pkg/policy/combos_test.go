@@ -73,6 +73,29 @@ func TestLeasedLongWindowWarns(t *testing.T) {
 	}
 }
 
+// A leased limit refused (store: durable, or an algorithm or calendar
+// window leases do not serve) gets its error alone: the long-window
+// warning is about a leased limit that loads, so it would only distract.
+func TestLeasedRefusedWithoutWarning(t *testing.T) {
+	durable := DurableOptions{Enabled: true, Algorithms: []algo.Kind{algo.FixedWindow, algo.SlidingWindow}}
+	for _, tc := range []struct{ yml, want string }{
+		{head + "  - key: q\n    rate_limit: {unit: hour, requests_per_unit: 100, store: durable, consistency: leased}\n",
+			"t.yaml:4: consistency: leased is not available with store: durable"},
+		{head + "  - key: q\n    rate_limit: {unit: day, requests_per_unit: 100, algorithm: sliding_log, consistency: leased}\n",
+			"t.yaml:4: consistency: leased applies to fixed_window, sliding_window and token_bucket"},
+		{head + "  - key: q\n    rate_limit: {unit: month, requests_per_unit: 100, calendar: true, consistency: leased}\n",
+			"t.yaml:4: consistency: leased applies to fixed_window, sliding_window and token_bucket"},
+	} {
+		_, warns, err := LoadSources(LoadOptions{Durable: durable}, Source{Name: "t.yaml", Data: []byte(tc.yml)})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s\nerror %v, want %q", tc.yml, err, tc.want)
+		}
+		if len(warns) != 0 {
+			t.Errorf("%s\nwarnings %v beside the error, want none", tc.yml, warns)
+		}
+	}
+}
+
 // validate --explain shows a rule's penalty, as it shows reserve.
 func TestExplainPenalty(t *testing.T) {
 	s, _, errs := loadOne(t, head+"  - key: p\n    penalty: {after: 3, within: 1h, block: 5m, extend: true}\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: n\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")

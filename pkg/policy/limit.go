@@ -204,7 +204,11 @@ func (p *parser) checkLimit(l *rawLimit) {
 			p.errs.add(p.file, l.calendarLine, "calendar: true applies to fixed_window and sliding_window only (algorithm is %s)", AlgorithmName(l.algorithm))
 		}
 	}
+	// leasedOK: consistency: leased is allowed here, so its warning is
+	// relevant; after an error about it the warning would only distract.
+	leasedOK := l.consistency == Leased
 	if l.consistency == Leased && (l.calendar || (l.algorithm != algo.FixedWindow && l.algorithm != algo.SlidingWindow && l.algorithm != algo.TokenBucket)) {
+		leasedOK = false
 		what := "algorithm is " + AlgorithmName(l.algorithm)
 		if l.calendar {
 			what = "calendar: true"
@@ -214,9 +218,10 @@ func (p *parser) checkLimit(l *rawLimit) {
 	if l.consistency == Leased && l.store == StoreDurable {
 		// A lease is charged in the fast store: the limit would lose the
 		// durability store: durable asks for.
+		leasedOK = false
 		p.errs.add(p.file, l.consistencyLine, "consistency: leased is not available with store: durable (leases are charged in the fast store, so the count would not survive its restart); use consistency: exact")
 	}
-	if l.consistency == Leased && l.consistencyLine != 0 && float64(l.unit.Duration())*float64(l.mult) >= float64(time.Hour) {
+	if leasedOK && l.consistencyLine != 0 && float64(l.unit.Duration())*float64(l.mult) >= float64(time.Hour) {
 		p.errs.warn(p.file, l.consistencyLine, "consistency: leased on a window of %s × %d: a restart of Redis denies every leased hit until the window ends (the store cannot know the units it leased before); use consistency: exact for windows of an hour or longer", unit, l.mult)
 	}
 	if l.earlyLine != 0 && l.earlyWarning.Used > 0 && l.algorithm != algo.FixedWindow && l.algorithm != algo.SlidingWindow {

@@ -232,7 +232,7 @@ func TestSentinelClientFailover(t *testing.T) {
 		errs := watch(call)
 		start := time.Now()
 		old := tc.fault()
-		nm := g.WaitFailover(old, 30*time.Second)
+		nm := g.WaitFailover(old, redistest.FailoverWithin)
 		promoted := time.Since(start)
 		// Calls keep running; require a quiet second after the promotion
 		// (how soon it comes is logged).

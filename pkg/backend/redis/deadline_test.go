@@ -308,12 +308,21 @@ func TestNoScriptBurst(t *testing.T) {
 // TestNativeFrozenRedis: native counting (reference mode) has the script
 // path's failure behaviour on a frozen Redis (as
 // TestTakeWithinDeadlineRedisFrozen and
-// TestFrozenRedisOpensCircuitForCallsWithoutDeadline): with a 20 ms
-// deadline every Take of an always_charge fixed-window hit returns with
-// cause timeout (the breaker off, so that each reaches the batcher); with
-// the breaker on and no deadline, with cause stalled once the stall is
-// established, the circuit opens and a later Take is refused by it
-// (ErrStalledOpen), not sent. After SIGCONT Takes succeed.
+// TestFrozenRedisOpensCircuitForCallsWithoutDeadline): with the breaker
+// off (so that each Take reaches the batcher), every Take of an
+// always_charge fixed-window hit whose deadline ends after a Timeout of
+// silence and before the stall is established returns with cause
+// timeout; with the breaker on and no deadline, with cause stalled once
+// the stall is established, the circuit opens and a later Take is
+// refused by it (ErrStalledOpen), not sent. After SIGCONT Takes succeed.
+//
+// The margins hold on a starved host: the timeout round's deadline (1 s)
+// is 100 Timeouts long, so each request has been written and unanswered
+// for a Timeout by its end, and the stall is established only after
+// FailFor (stateWithin), far beyond it; the stalled round's budget
+// (MaxWait, stateWithin) is far beyond FailFor (1 s), so the stall is
+// established and the circuit opens while every call still waits, rather
+// than the budget and the stall ending together.
 func TestNativeFrozenRedis(t *testing.T) {
 	redistest.Require(t)
 	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
@@ -324,15 +333,18 @@ func TestNativeFrozenRedis(t *testing.T) {
 		o.URL = srv.URL()
 		o.NativeCounting = true
 		o.Breaker.Disabled = breakerOff
+		deadline, callers, cause := time.Second, 40, redis.CauseTimeout
+		if breakerOff {
+			o.Breaker.FailFor = stateWithin // the stall is never established
+		} else {
+			deadline, callers, cause = 0, 20, redis.CauseStalled
+			o.MaxWait = stateWithin
+		}
 		s := openStore(t, o)
 		if _, err := algotest.Take(context.Background(), s, hit("warm")); err != nil {
 			t.Fatal(err)
 		}
 		srv.Stop()
-		deadline, callers, cause := 20*time.Millisecond, 40, redis.CauseTimeout
-		if !breakerOff {
-			deadline, callers, cause = 0, 20, redis.CauseStalled
-		}
 		var wg sync.WaitGroup
 		for g := range callers {
 			wg.Go(func() {

@@ -468,8 +468,8 @@ func (w *leanArgs) decide(now int64, pre []int64, out []algo.Decision) bool {
 
 // leanRefund reverses a take of cost on st (lean.lua mode r): a sliding
 // window's count of the take's window less cost, floored at 0; a token
-// bucket's TAT moved back by cost × T exactly (take.go's emission
-// interval T = Period/Rate).
+// bucket's TAT moved back by cost × T exactly (pkg/algo/take.go's
+// emission interval T = Period/Rate).
 func leanRefund(l *algo.Limit, st algo.State, cost int64) algo.State {
 	if l.Kind == algo.SlidingWindow {
 		st.Count = max(st.Count-cost, 0)

@@ -66,8 +66,8 @@ end
 
 -- CT, the class table, 10 fields per class c from CT[10c + 1]: kind,
 -- rate, ttl_ms, whether the class's window is the server's, then for a
--- sliding window the weight of the previous window at now (take.go
--- swin.remaining), for a token bucket the emission interval T = Q + M/rate
+-- sliding window the weight of the previous window at now
+-- (pkg/algo/take.go swin.remaining), for a token bucket the emission interval T = Q + M/rate
 -- µs (Q, M), the capacity, tau = capacity * T = TU + TF/rate µs (TU, TF);
 -- then the period.
 local CT = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 } -- sized for one class

@@ -20,11 +20,11 @@ import (
 //	10_args.lua            the protocol (KEYS, ARGV, reply, errors, values)
 //	                       and the parsing and validation of every segment
 //	20_reads.lua           the server's TIME and the MGET read-ahead cache
-//	30_math.lua            exact integer division, calendar windows (calendar.go)
+//	30_math.lua            exact integer division, calendar windows (pkg/algo/calendar.go)
 //	40_state.lua           string-kind values: parse, SET with PX, DEL
-//	50_fixed_window.lua    fixed_window (take.go fixedWindow)
-//	51_sliding_window.lua  sliding_window (take.go slidingWindow)
-//	52_token_bucket.lua    token_bucket (take.go tokenBucket)
+//	50_fixed_window.lua    fixed_window (pkg/algo/take.go fixedWindow)
+//	51_sliding_window.lua  sliding_window (pkg/algo/take.go slidingWindow)
+//	52_token_bucket.lua    token_bucket (pkg/algo/take.go tokenBucket)
 //	55_string_kinds.lua    rate 0, releases and the table interface of the string kinds
 //	60_log.lua             sliding_log and concurrency (sorted sets)
 //	70_segment.lua         the general decision path (repeated keys, sorted

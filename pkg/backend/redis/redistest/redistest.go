@@ -341,6 +341,11 @@ func (s *Server) waitReadyErr() error {
 	return s.proc.WaitReady("redistest: redis-server on "+s.Addr(), StartTimeout, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
+		if s.cfg.sentinel != nil {
+			// Not in sentinel.conf: a sentinel takes it as a command only.
+			_, err := s.Do(ctx, "SENTINEL", "DEBUG", "tilt-period", TiltPeriod.Milliseconds())
+			return err
+		}
 		_, err := s.Do(ctx, "PING")
 		return err
 	}, func() string { return s.LogTail(30) })

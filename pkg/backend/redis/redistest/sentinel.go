@@ -24,6 +24,23 @@ const (
 	FailoverTimeout = 2 * time.Second
 )
 
+// TiltPeriod is how long a sentinel stays in TILT mode, in which it acts
+// on nothing: it enters it when its timer runs more than 2 s late, as on a
+// starved host. redis-server's default, 30 s, would make a TILT that spans
+// the master's death stop the failover for good: a sentinel skips a
+// replica whose link to the master has been down for more than
+// 10 × DownAfter beyond the master's SDOWN, and the SDOWN comes only
+// after the TILT. So the sentinels here leave TILT after 4 × DownAfter,
+// set once each answers (SENTINEL DEBUG tilt-period).
+const TiltPeriod = 4 * DownAfter
+
+// FailoverWithin bounds the wait for a failover (WaitFailover's timeout
+// in tests), polled: DownAfter, the leader election, attempts retried
+// every 2 × FailoverTimeout and the replica's promotion take a few
+// seconds, and on a starved host each stall of a sentinel adds a
+// TiltPeriod.
+const FailoverWithin = time.Minute
+
 // WithSentinels sets the number of sentinels started by Sentinel (default
 // 3; quorum is a majority). Ignored by Standalone and Cluster.
 func WithSentinels(n int) Option { return func(c *config) { c.sentinels = n } }
@@ -220,6 +237,9 @@ func (g *SentinelGroup) WaitFailover(old *Server, timeout time.Duration) *Server
 		cancel()
 		last = err
 		time.Sleep(50 * time.Millisecond)
+	}
+	for _, s := range g.Sentinels {
+		g.t.Log(s.LogTail(15))
 	}
 	g.t.Fatalf("redistest: no failover after %v: %v", timeout, last)
 	return nil

@@ -13,7 +13,7 @@ end
 local function imod(a, b)
   return a - idiv(a, b) * b
 end
--- Calendar (calendar.go) ----------------------------------------------------
+-- Calendar (pkg/algo/calendar.go) -------------------------------------------
 local cal_bounds
 if anycal then
   local DAY = 86400000000

@@ -1,4 +1,4 @@
--- fixed_window (take.go fixedWindow): a = window start, b = count.
+-- fixed_window (pkg/algo/take.go fixedWindow): a = window start, b = count.
 if used[0] then
   DECIDE[0] = function(h, time, cnt, _, cost)
     local ws, we = bounds(h, now)

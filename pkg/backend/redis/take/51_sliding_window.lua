@@ -1,4 +1,4 @@
--- sliding_window (take.go slidingWindow, swin): a = window start, b =
+-- sliding_window (pkg/algo/take.go slidingWindow, swin): a = window start, b =
 -- count, c = previous window's count.
 if used[1] then
   -- swin's fields: rate, t (= now), tw, ws, we, we2, prev.

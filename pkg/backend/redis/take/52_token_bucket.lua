@@ -1,4 +1,4 @@
--- token_bucket (take.go tokenBucket): GCRA with an exact rational TAT;
+-- token_bucket (pkg/algo/take.go tokenBucket): GCRA with an exact rational TAT;
 -- a = tat_us, b = tat_frac.
 if used[3] then
   local function waitFor(q, m, r, sUs, sFrac, k)

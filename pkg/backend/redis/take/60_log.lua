@@ -1,4 +1,4 @@
--- sliding_log and concurrency (take.go timestampLog, release1) --------------
+-- sliding_log and concurrency (pkg/algo/take.go timestampLog, release1) -----
 local log_save
 if used[2] or used[4] then
   -- The state is the live part of the sorted set (scores > now - period),
