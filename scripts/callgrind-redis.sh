@@ -51,8 +51,10 @@
 #   lean-bB  redis-benchmark -c 1 EVALSHA of pkg/backend/redis/window.lua
 #            (the fixed-window script, no TIME read) deciding B one-hit
 #            requests per call on 10,000 window keys of a 1000/hour limit
-#            (mostly first hits of a window); lean-rep-bB the same on 100
-#            keys (repeat hits). Compared with ref-c1 (B = 1) or ref-c50.
+#            (mostly first hits of a window); for B = 1 window1.lua, the
+#            script the Store sends a lone decision; lean-rep-bB the same
+#            on 100 keys (repeat hits). Compared with ref-c1 (B = 1) or
+#            ref-c50.
 #   script   redis-benchmark -c 1 EVALSHA of the Lua file CG_SCRIPT with
 #            the arguments CG_SCRIPT_ARGS (default "1 k:__rand_int__ 1":
 #            numkeys, keys, args; __rand_int__ is one of 10,000), one
@@ -180,7 +182,8 @@ for w in $WORKLOADS; do
       stop_svc ;;
     lean-b*|lean-rep-b*)
       B=${w##*-b}; space=10000; case "$w" in lean-rep-*) space=100 ;; esac
-      sha=$(redis-cli -p "$RP" script load "$(cat pkg/backend/redis/window.lua)")
+      lua=pkg/backend/redis/window.lua; [ "$B" = 1 ] && lua=pkg/backend/redis/window1.lua
+      sha=$(redis-cli -p "$RP" script load "$(cat "$lua")")
       period=3600000000; mapfile -t tm < <(redis-cli -p "$RP" time | tr -d '\r'); now=$((tm[0] * 1000000 + tm[1]))
       ws=$((now - now % period))
       args=("$B")
