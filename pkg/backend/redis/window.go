@@ -32,9 +32,10 @@ var windowScript = goredis.NewScript(windowLua)
 // Warm loads next to the others.
 func WindowScriptSHA() string { return windowScript.Hash() }
 
-// window1Lua decides a lone window take of one hit (windowLone): the
-// part of windowLua such a call runs, in a script of its own, so that
-// Redis runs and clears only that much per call. It replies the count.
+// window1Lua decides a lone window take of one hit (windowLone), the
+// usual call at low load: what windowLua does for such a hit, in a
+// script of its own, because Redis' work per call grows with the size
+// of the script it runs. It replies the count.
 //
 //go:embed window1.lua
 var window1Lua string
