@@ -51,8 +51,14 @@
 #   lean-bB  redis-benchmark -c 1 EVALSHA of pkg/backend/redis/window.lua
 #            (the fixed-window script, no TIME read) deciding B one-hit
 #            requests per call on 10,000 window keys of a 1000/hour limit
-#            (mostly first hits of a window); lean-rep-bB the same on 100
-#            keys (repeat hits). Compared with ref-c1 (B = 1) or ref-c50.
+#            (mostly first hits of a window); for B = 1 window1.lua, the
+#            script the Store sends a lone decision; lean-rep-bB the same
+#            on 100 keys (repeat hits). Compared with ref-c1 (B = 1) or
+#            ref-c50.
+#   fcall-b1 window1.lua's body as a Redis Function (FUNCTION LOAD, then
+#            redis-benchmark -c 1 FCALL with lean-b1's keys and arguments):
+#            what FCALL would save over EVALSHA of the same body. Compared
+#            with ref-c1.
 #   script   redis-benchmark -c 1 EVALSHA of the Lua file CG_SCRIPT with
 #            the arguments CG_SCRIPT_ARGS (default "1 k:__rand_int__ 1":
 #            numkeys, keys, args; __rand_int__ is one of 10,000), one
@@ -180,7 +186,8 @@ for w in $WORKLOADS; do
       stop_svc ;;
     lean-b*|lean-rep-b*)
       B=${w##*-b}; space=10000; case "$w" in lean-rep-*) space=100 ;; esac
-      sha=$(redis-cli -p "$RP" script load "$(cat pkg/backend/redis/window.lua)")
+      lua=pkg/backend/redis/window.lua; [ "$B" = 1 ] && lua=pkg/backend/redis/window1.lua
+      sha=$(redis-cli -p "$RP" script load "$(cat "$lua")")
       period=3600000000; mapfile -t tm < <(redis-cli -p "$RP" time | tr -d '\r'); now=$((tm[0] * 1000000 + tm[1]))
       ws=$((now - now % period))
       args=("$B")
@@ -190,6 +197,15 @@ for w in $WORKLOADS; do
       redis-benchmark -p "$RP" -c 1 -n "$calls" -r "$space" -q evalsha "$sha" "${args[@]}" >/dev/null 2>&1
       redis-cli -p "$RP" flushall >/dev/null
       ir=$(measure redis-benchmark -p "$RP" -c 1 -n "$calls" -r "$space" -q evalsha "$sha" "${args[@]}") ;;
+    fcall-b1)
+      { echo '#!lua name=cgw1'; echo "redis.register_function('cgw1', function(KEYS, ARGV)"
+        cat pkg/backend/redis/window1.lua; echo 'end)'; } >"$work/w1lib.lua"
+      redis-cli -p "$RP" -x function load replace <"$work/w1lib.lua" >/dev/null
+      period=3600000000; mapfile -t tm < <(redis-cli -p "$RP" time | tr -d '\r'); now=$((tm[0] * 1000000 + tm[1]))
+      args=(cgw1 1 "{k:__rand_int__}:v2:$((now - now % period))" 1000 3601000)
+      redis-benchmark -p "$RP" -c 1 -n "$N" -r 10000 -q fcall "${args[@]}" >/dev/null 2>&1
+      redis-cli -p "$RP" flushall >/dev/null
+      ir=$(measure redis-benchmark -p "$RP" -c 1 -n "$N" -r 10000 -q fcall "${args[@]}") ;;
     floor-b*)
       B=${w##*-b}
       src="for i = 1, #KEYS do if redis.call('INCRBY', KEYS[i], '1') == 1 then redis.call('PEXPIRE', KEYS[i], ARGV[1]) end end return 1"
@@ -249,7 +265,7 @@ for w in $WORKLOADS; do
   cron=$(cat "$work/cron"); XC[$w]=$(( ir - ${cron:-0} ))
   # the reference's workload of the same shape
   ref=; case "$w" in ours-*|refmode-*) ref=ref-${w#*-}; ref=${ref/-tb-/-}; ref=${ref/-sw-/-} ;;
-    lean-*-b1|lean-b1|floor-b1) ref=ref-c1 ;; lean-*|floor-b*) ref=ref-c50 ;; esac
+    lean-*-b1|lean-b1|floor-b1|fcall-b1) ref=ref-c1 ;; lean-*|floor-b*) ref=ref-c50 ;; esac
   if [ -n "$ref" ] && [ -z "${IR[$ref]:-}" ] && [ "${ref##*-c}" != 1 ]; then ref=${ref%-c*}-c50; fi
   x=–; xc=–; if [ -n "$ref" ] && [ -n "${IR[$ref]:-}" ]; then
     x=$(printf '%.2f' "$(echo "$ir / ${IR[$ref]}" | bc -l)"); xc=$(printf '%.2f' "$(echo "${XC[$w]} / ${XC[$ref]}" | bc -l)"); fi

@@ -118,7 +118,7 @@ func (s *Store) warmNode(ctx context.Context, c *goredis.Client, script bool) er
 	for _, sc := range []struct {
 		src string
 		s   *goredis.Script
-	}{{takeLua, takeScript}, {take1Lua, take1Script}, {windowLua, windowScript}, {leanLua, leanScript}} {
+	}{{takeLua, takeScript}, {take1Lua, take1Script}, {windowLua, windowScript}, {window1Lua, window1Script}, {leanLua, leanScript}} {
 		sha, err := c.ScriptLoad(ctx, sc.src).Result()
 		if err != nil {
 			return err

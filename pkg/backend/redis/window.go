@@ -32,9 +32,22 @@ var windowScript = goredis.NewScript(windowLua)
 // Warm loads next to the others.
 func WindowScriptSHA() string { return windowScript.Hash() }
 
+// window1Lua decides a lone window take of one hit (windowLone), the
+// usual call at low load: what windowLua does for such a hit, in a
+// script of its own, because Redis' work per call grows with the size
+// of the script it runs. It replies the count.
+//
+//go:embed window1.lua
+var window1Lua string
+
+// window1Script is window1Lua's handle.
+var window1Script = goredis.NewScript(window1Lua)
+
 var (
-	argSHAW    any = windowScript.Hash()
-	argScriptW any = windowLua
+	argSHAW     any = windowScript.Hash()
+	argScriptW  any = windowLua
+	argSHAW1    any = window1Script.Hash()
+	argScriptW1 any = window1Lua
 )
 
 // errStaleWindow is a window segment's status when the window its keys
@@ -206,6 +219,28 @@ func windowDirect(segs []*segArgs) (direct, ones bool) {
 	return true, ones
 }
 
+// windowLone reports whether segs go out as one window1.lua call: a
+// lone windowDirect segment.
+func windowLone(segs []*segArgs) bool {
+	if len(segs) != 1 {
+		return false
+	}
+	direct, _ := windowDirect(segs)
+	return direct
+}
+
+// windowCount is the decision code (remaining * 2 + allowed, as
+// window.lua replies) of a hit of w whose count after its INCRBY is v,
+// window1.lua's reply: allowed when v is within the rate, else denied
+// with what remained before it.
+func windowCount(w *winArgs, v int64) int64 {
+	rate := w.rate[0]
+	if v <= rate {
+		return (rate-v)*2 + 1
+	}
+	return max(rate-v+w.cost[0], 0) * 2
+}
+
 // windowClass is one row of an invocation's class table.
 type windowClass struct{ rate, period, ws, ttl int64 }
 
@@ -283,16 +318,22 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 }
 
 // argsWindowDirect is argsWindow for windowDirect segments: keys, the
-// class's rate and TTL, and the costs unless they are all 1.
+// class's rate and TTL, and the costs unless they are all 1. A lone
+// segment goes to window1.lua, which takes the same arguments.
 func argsWindowDirect(ctx context.Context, sha bool, segs []*segArgs, ones bool) *goredis.Cmd {
 	n := 5 + 2*len(segs)
 	if ones {
 		n -= len(segs)
 	}
 	a := make([]any, 0, n)
-	if sha {
+	switch {
+	case len(segs) == 1 && sha:
+		a = append(a, argEvalSHA, argSHAW1)
+	case len(segs) == 1:
+		a = append(a, argEval, argScriptW1)
+	case sha:
 		a = append(a, argEvalSHA, argSHAW)
-	} else {
+	default:
 		a = append(a, argEval, argScriptW)
 	}
 	a = append(a, int64(len(segs)))
@@ -312,23 +353,23 @@ func argsWindowDirect(ctx context.Context, sha bool, segs []*segArgs, ones bool)
 }
 
 // deliverWindow completes the calls of a window invocation from its
-// reply (see window.lua), or with err: ErrStalled for the calls
-// stalledFor reports (see batcher.deliver). A call's now is the server's
-// TIME when the invocation read it, else the instant its keys were
-// computed at.
+// reply (see window.lua and window1.lua), or with err: ErrStalled for the
+// calls stalledFor reports (see batcher.deliver). A call's now is the
+// server's TIME when the invocation read it, else the instant its keys
+// were computed at.
 func deliverWindow(inv *invocation, err error, stalledFor func(*scriptCall) bool) {
 	var r []any
-	var one [1]any
 	var now int64
+	count := int64(-1) // window1.lua's count
 	if err == nil {
-		direct, _ := windowDirect(segmentsOf(inv.calls))
+		segs := segmentsOf(inv.calls)
+		direct, _ := windowDirect(segs)
 		val := inv.cmd.Val()
 		switch v := val.(type) {
-		case int64: // the short layouts' answer to one decision
-			one[0] = val // the reply's own box: no new one
-			r = one[:]
-			if !direct || len(inv.calls) != 1 {
-				err = fmt.Errorf("%w: an integer for %d window segments", errReply, len(inv.calls))
+		case int64: // window1.lua's count
+			count = v
+			if !windowLone(segs) || v < 0 {
+				err = fmt.Errorf("%w: count %d for %d window segments", errReply, v, len(inv.calls))
 			}
 		case []any:
 			r = v
@@ -350,7 +391,13 @@ func deliverWindow(inv *invocation, err error, stalledFor func(*scriptCall) bool
 			if at <= 0 {
 				at = c.args.win.at
 			}
-			r, serr = windowSegment(r, c, at, claimed)
+			if count >= 0 {
+				if claimed {
+					c.out[0] = windowDecision(c.args.win, 0, windowCount(c.args.win, count), at)
+				}
+			} else {
+				r, serr = windowSegment(r, c, at, claimed)
+			}
 		}
 		if !claimed {
 			continue
@@ -391,12 +438,7 @@ func windowSegment(r []any, c *scriptCall, now int64, write bool) ([]any, error)
 			if !ok || v < 0 {
 				return nil, fmt.Errorf("%w: window hit %T", errReply, r[i])
 			}
-			reset := algo.MicrosDuration(w.ws[i] + w.period[i] - now)
-			d := algo.Decision{Allowed: v&1 == 1, Remaining: v >> 1, ResetAfter: reset, WindowAfter: reset}
-			if !d.Allowed {
-				d.RetryAfter = reset
-			}
-			c.out[i] = d
+			c.out[i] = windowDecision(w, i, v, now)
 		}
 		return r[len(w.keys):], nil
 	case string:
@@ -404,6 +446,17 @@ func windowSegment(r []any, c *scriptCall, now int64, write bool) ([]any, error)
 	default:
 		return nil, fmt.Errorf("%w: window status %T", errReply, st)
 	}
+}
+
+// windowDecision is hit i of w decided by code (remaining * 2 +
+// allowed) at now (µs).
+func windowDecision(w *winArgs, i int, code, now int64) algo.Decision {
+	reset := algo.MicrosDuration(w.ws[i] + w.period[i] - now)
+	d := algo.Decision{Allowed: code&1 == 1, Remaining: code >> 1, ResetAfter: reset, WindowAfter: reset}
+	if !d.Allowed {
+		d.RetryAfter = reset
+	}
+	return d
 }
 
 // windowClock is a master's estimate of its clock, which names the

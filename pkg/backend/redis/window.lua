@@ -21,31 +21,7 @@
 -- Reply  per segment either one integer per hit, remaining * 2 + allowed
 --        (0/1), or -1 (stale window: nothing written), or the segment's
 --        error text; in the third layout after now_us (0 without TIME).
---        The first two layouts answer one decision as a plain integer.
-if #KEYS == 1 and #ARGV < 4 then
-  -- One decision in a short layout (a request alone, the usual call at
-  -- low load): the direct path below without its locals, loop and reply
-  -- table, which cost a lone decision more than its INCRBY.
-  local key, cost, rate = KEYS[1], ARGV[3] or '1', tonumber(ARGV[1])
-  local n = cost == '1' and 1 or tonumber(cost)
-  local v = redis.pcall('INCRBY', key, cost)
-  if type(v) == 'number' then
-    local rem = rate - v + n
-    if rem < 0 then rem = 0 end
-    if n > rem then
-      if v == n then redis.call('DEL', key) else redis.call('DECRBY', key, cost) end
-      return rem * 2
-    end
-    if v == n then redis.call('PEXPIRE', key, ARGV[2]) end
-    return (rem - n) * 2 + 1
-  end
-  local g = redis.pcall('GET', key)
-  if type(g) == 'table' then return { g.err } end
-  local rem = rate - (tonumber(g) or 0)
-  if rem < 0 then rem = 0 end
-  if n > rem then return rem * 2 end
-  return { v.err }
-end
+--        A lone take of one hit goes to window1.lua instead.
 local ARGV, KEYS = ARGV, KEYS
 local call, rpcall, tonumber = redis.call, redis.pcall, tonumber
 local BIG = 9007199254740992
@@ -85,7 +61,6 @@ if na == 2 or na == 2 + nk then
       end
     end
   end
-  if nk == 1 and type(out[1]) == 'number' then return out[1] end
   return out
 end
 local nc = tonumber(ARGV[1])

@@ -163,9 +163,8 @@ func TestWindowClock(t *testing.T) {
 
 // TestWindowOneHitAllocs bounds the allocations of the Go side of a
 // request's usual window segment, a take of one hit: copying its
-// arguments allocates the window key's string only, its window.lua
-// command the []any and the Cmd, and decoding the one-decision reply
-// nothing. The command and the decision are checked too, so that the
+// arguments allocates the window key's string only, its window1.lua
+// command the []any and the Cmd, and decoding the count nothing. The command and the decision are checked too, so that the
 // count is of the path a request takes.
 func TestWindowOneHitAllocs(t *testing.T) {
 	fw := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
@@ -178,7 +177,7 @@ func TestWindowOneHitAllocs(t *testing.T) {
 	ctx := context.Background()
 	inv := &invocation{calls: []*scriptCall{c}}
 	remaining := int64(fw.Rate - 1)
-	reply := any(remaining<<1 | 1) // the script's allowed hit
+	reply := any(int64(1)) // window1.lua's count: the first hit, allowed
 	stalled := func(*scriptCall) bool { return false }
 	steps := []struct {
 		name  string
@@ -203,7 +202,7 @@ func TestWindowOneHitAllocs(t *testing.T) {
 		}
 	}
 	key := "{allocs:user:u1}" + windowKeyVersion + strconv.FormatInt(ws, 10)
-	want := []string{"evalsha", windowScript.Hash(), "1", key,
+	want := []string{"evalsha", window1Script.Hash(), "1", key,
 		strconv.FormatInt(fw.Rate, 10), strconv.FormatInt(windowTTL(fw.Period.Microseconds()), 10)}
 	if got := cmdArgs(inv.cmd); !slices.Equal(got, want) {
 		t.Errorf("command %q, want %q", got, want)

@@ -2,21 +2,24 @@ package redis
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
 // TestWindowSingleDecision: a window segment of one hit sent alone (the
-// short layouts' lone decision, which window.lua decides before anything
-// else) counts like algo's fixed window for a cost of 1 and of 3: each
-// allowed hit adds its cost, a denied one leaves the count as it was, the
-// key gets its TTL once; under a write refusal (OOM) a hit that is over
-// is still denied, one that would be allowed fails with OOM, and nothing
-// is written.
+// lone decision, which window1.lua decides) counts like algo's fixed
+// window for a cost of 1 and of 3: each allowed hit adds its cost, a
+// denied one leaves the count as it was, the key gets its TTL once;
+// under a write refusal (OOM) a hit that is over is still denied, one
+// that would be allowed fails with OOM, and nothing is written.
 func TestWindowSingleDecision(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
@@ -101,5 +104,146 @@ func TestWindowSingleDecision(t *testing.T) {
 	}
 	if n, err := c.Exists(ctx, windowKey("new", ws)).Result(); err != nil || n != 0 {
 		t.Errorf("new key written under OOM: %d (%v)", n, err)
+	}
+}
+
+// windowLuaPrev is the window.lua of the previous release, which decided
+// a lone take itself; kept to check that a rolling upgrade mixes it with
+// window1.lua.
+//
+//go:embed testdata/window_prev.lua
+var windowLuaPrev string
+
+// TestWindowLoneMix: window1.lua (the Store's lone decision), window.lua
+// (a batch's short layout) and the previous release's window.lua decide
+// takes on the same window keys in random order, as instances of two
+// releases do during a rolling upgrade, and agree with a count kept here:
+// each allowed hit adds its cost (1–3), a denied one leaves the count as
+// it was. A key's TTL is set when a hit creates it and never extended by
+// a later hit (the key's deadline stays where its window put it); a key
+// whose TTL was lost (PERSIST) still counts exactly.
+func TestWindowLoneMix(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	const rate = 7
+	fw := algo.Limit{Kind: algo.FixedWindow, Rate: rate, Period: time.Hour}
+	now := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC).UnixMicro()
+	ws := now - now%fw.Period.Microseconds()
+	ttl := windowTTL(fw.Period.Microseconds())
+	rng := rand.New(rand.NewPCG(1, 2))
+	// lone decides one hit through the Store's path (window1.lua).
+	lone := func(key string, cost int64) int64 {
+		outs, inv := invokeWindow([]*segment{{mode: modeTake, nowUS: now, hits: []algo.Hit{{Key: key, Limit: fw, Cost: cost}}}})
+		if inv.cmd.Args()[1] != window1Lua {
+			t.Fatalf("a lone take went to another script")
+		}
+		if err := c.Process(ctx, inv.cmd); err != nil {
+			t.Fatalf("window1.lua: %v", err)
+		}
+		deliverWindow(inv, nil, func(*scriptCall) bool { return false })
+		<-inv.calls[0].done
+		if err := inv.calls[0].err; err != nil {
+			t.Fatalf("window1.lua: %v", err)
+		}
+		d := outs[0][0]
+		code := d.Remaining * 2
+		if d.Allowed {
+			code++
+		}
+		return code
+	}
+	// short decides one hit with script's short layout (rate ttl cost).
+	short := func(script, key string, cost int64) int64 {
+		v, err := c.Eval(ctx, script, []string{windowKey(key, ws)}, rate, ttl, cost).Result()
+		if err != nil {
+			t.Fatalf("window script: %v", err)
+		}
+		switch r := v.(type) {
+		case int64:
+			return r
+		case []any:
+			if len(r) == 1 {
+				if code, ok := r[0].(int64); ok {
+					return code
+				}
+			}
+		}
+		t.Fatalf("window script reply %v", v)
+		return 0
+	}
+	keys := []string{"mix:a", "mix:b", "mix:c", "mix:lost"}
+	count := map[string]int64{}
+	news := 0 // hits that created their key
+	for i := range 400 {
+		key := keys[rng.IntN(len(keys))]
+		cost := 1 + rng.Int64N(3)
+		var code int64
+		via := rng.IntN(3)
+		switch via {
+		case 0:
+			code = lone(key, cost)
+		case 1:
+			code = short(windowLua, key, cost)
+		default:
+			code = short(windowLuaPrev, key, cost)
+		}
+		wkey := windowKey(key, ws)
+		n := count[key]
+		allow := n+cost <= rate
+		rem := max(rate-n, 0)
+		if allow {
+			rem = rate - n - cost
+		}
+		if want := rem*2 + map[bool]int64{true: 1}[allow]; code != want {
+			t.Fatalf("hit %d on %s (cost %d, count %d, script %d): code %d, want %d", i, key, cost, n, via, code, want)
+		}
+		created := allow && n == 0
+		if allow {
+			count[key] = n + cost
+		}
+		got, err := c.Get(ctx, wkey).Int64()
+		if count[key] == 0 {
+			if err != goredis.Nil {
+				t.Fatalf("hit %d on %s: count %d (%v), want no key", i, key, got, err)
+			}
+			continue
+		}
+		if err != nil || got != count[key] {
+			t.Fatalf("hit %d on %s (script %d): count %d (%v), want %d", i, key, via, got, err, count[key])
+		}
+		pttl, err := c.PTTL(ctx, wkey).Result()
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case created:
+			news++
+			if pttl <= 0 || pttl > time.Duration(ttl)*time.Millisecond {
+				t.Fatalf("hit %d created %s with PTTL %v (script %d), want the window's TTL", i, key, pttl, via)
+			}
+			// The key's deadline as if its window were well under way:
+			// no later hit may move it.
+			if key == "mix:lost" {
+				err = c.Persist(ctx, wkey).Err()
+			} else {
+				err = c.PExpire(ctx, wkey, time.Duration(ttl/2)*time.Millisecond).Err()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		case key != "mix:lost" && (pttl <= 0 || pttl > time.Duration(ttl/2)*time.Millisecond):
+			t.Fatalf("hit %d on %s (script %d): PTTL %v, want at most %v: a later hit moved the key's deadline", i, key, via, pttl, time.Duration(ttl/2)*time.Millisecond)
+		}
+		// Start a key's next window now and then: reset the count.
+		if rng.IntN(20) == 0 {
+			if err := c.Del(ctx, wkey).Err(); err != nil {
+				t.Fatal(err)
+			}
+			count[key] = 0
+		}
+	}
+	if news < 10 {
+		t.Fatalf("%d keys created, want more", news)
 	}
 }
