@@ -30,3 +30,7 @@ func (s *Store) PoolStats() *goredis.PoolStats { return s.client.PoolStats() }
 
 // SweeperTicks is how many times the default master's sweeper has ticked.
 func (s *Store) SweeperTicks() int64 { return s.batch.sweeps.Load() }
+
+// AddClientHook adds h to the Store's go-redis client: tests delay its
+// commands at a chosen moment.
+func (s *Store) AddClientHook(h goredis.Hook) { s.client.AddHook(h) }

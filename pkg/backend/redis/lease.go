@@ -71,13 +71,17 @@ func tagged(base string) string {
 }
 
 // Lease does req in one script call (lease.lua), with the window of the
-// keys taken from the estimate of the server's clock; when the server's
-// window differs (a clock step, the first call) nothing was written and
-// it is sent once more with the server's window. The call is bounded by
-// ctx only: a lease operation runs in the background of the requests
-// (pkg/lease bounds it, and no request waits for it past its own
-// deadline), so Options.Timeout, the budget of a request's call, does
-// not apply. Errors are classified (*Error).
+// keys taken from the estimate of the server's clock. When the server's
+// window differs (a clock step, the first call, a window boundary passed
+// while the call was under way) the script writes nothing, and the call
+// is sent again with the server's window, for as long as ctx allows: a
+// window moves again only when a boundary passed between a reply and the
+// next call, so a slow client or server costs round trips, never a grant
+// in a window the server is not in. The call is bounded by ctx only: a
+// lease operation runs in the background of the requests (pkg/lease
+// bounds it, and no request waits for it past its own deadline), so
+// Options.Timeout, the budget of a request's call, does not apply.
+// Errors are classified (*Error).
 func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
 	if !algo.Leasable(req.Limit) {
 		return algo.LeaseGrant{}, newError(CauseOther, false, fmt.Errorf("redis: limit kind %d cannot be leased", req.Limit.Kind))
@@ -87,7 +91,7 @@ func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGra
 	if at < 0 {
 		at = s.clock().UnixMicro() + s.leaseOffset.Load()
 	}
-	for range 2 {
+	for {
 		g, serverNow, err := s.leaseAt(ctx, req, at, pinned)
 		if err != nil {
 			s.noteOutcome(err, false)
@@ -97,9 +101,11 @@ func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGra
 			s.noteOutcome(nil, true)
 			return g, nil
 		}
+		if err := ctx.Err(); err != nil {
+			return algo.LeaseGrant{}, Classify(fmt.Errorf("redis: lease window kept moving: %w", err))
+		}
 		at = serverNow
 	}
-	return algo.LeaseGrant{}, newError(CauseOther, false, errors.New("redis: lease window moved twice"))
 }
 
 // leaseAt runs the script once with the keys of the window containing at;

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -117,40 +119,66 @@ func TestLeaseAgreesCluster(t *testing.T) {
 }
 
 // Many goroutines on three Stores lease from fixed windows of 100 ms on
-// the server's clock for 1.5 s: the units granted in each window never
+// the server's clock, for at least 1.5 s and until three windows were
+// granted their whole limit: the units granted in each window never
 // exceed the limit, and when asked for more, whole windows are granted.
+// A loaded host only makes it run longer (a window boundary passing
+// during a call is followed, see TestLeaseFollowsMovingWindow).
 func TestLeaseConcurrentNeverAboveLimit(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
 	stores := []*redis.Store{newTestStore(t, srv, nil, 0), newTestStore(t, srv, nil, 0), newTestStore(t, srv, nil, 0)}
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 500, Period: 100 * time.Millisecond}
 	p := l.Period.Microseconds()
+	const wantFull = 3
 	// A window that began before the server did grants nothing, and the
 	// server's start is known to the second.
 	time.Sleep(1200 * time.Millisecond)
 	var mu sync.Mutex
 	perWindow := map[int64]int64{} // units granted by the window of the server's now
+	full := 0
+	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	end := time.Now().Add(1500 * time.Millisecond)
 	for i := range 48 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			s := stores[i%3]
-			for time.Now().Before(end) {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
 				g, err := s.Lease(context.Background(), algo.LeaseRequest{Key: "conc", Limit: l, Subscriber: int64(1 + i%3), Want: 7, Stale: 1e6})
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				mu.Lock()
-				perWindow[g.Now-g.Now%p] += g.Granted
+				ws := g.Now - g.Now%p
+				before := perWindow[ws]
+				perWindow[ws] += g.Granted
+				if before < l.Rate && perWindow[ws] >= l.Rate {
+					full++
+				}
 				mu.Unlock()
 			}
 		}()
 	}
+	minEnd, deadline := time.Now().Add(1500*time.Millisecond), time.Now().Add(time.Minute)
+	for {
+		time.Sleep(10 * time.Millisecond)
+		mu.Lock()
+		n := full
+		mu.Unlock()
+		if (n >= wantFull && time.Now().After(minEnd)) || time.Now().After(deadline) {
+			break
+		}
+	}
+	close(stop)
 	wg.Wait()
-	full := 0
+	full = 0
 	for ws, n := range perWindow {
 		if n > l.Rate {
 			t.Errorf("window %d: %d units granted > limit %d", ws, n, l.Rate)
@@ -159,10 +187,133 @@ func TestLeaseConcurrentNeverAboveLimit(t *testing.T) {
 			full++
 		}
 	}
-	if full == 0 {
-		t.Fatalf("no window of %d was granted its whole limit %d: %v", len(perWindow), l.Rate, perWindow)
+	if full < wantFull {
+		t.Fatalf("%d of %d windows were granted their whole limit %d within a minute, want %d: %v", full, len(perWindow), l.Rate, wantFull, perWindow)
 	}
 	t.Logf("%d windows, %d granted the whole limit", len(perWindow), full)
+}
+
+// scriptDelay is a go-redis hook that sleeps d before each of the first n
+// script calls (every one when n < 0) and counts the script calls.
+type scriptDelay struct {
+	d     time.Duration
+	mu    sync.Mutex
+	n     int
+	calls int
+}
+
+func (h *scriptDelay) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *scriptDelay) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+func (h *scriptDelay) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			h.mu.Lock()
+			h.calls++
+			delay := h.n < 0 || h.calls <= h.n
+			h.mu.Unlock()
+			if delay {
+				time.Sleep(h.d)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *scriptDelay) Calls() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.calls
+}
+
+// windowUnits is the sum of the lease counters of base's fixed windows
+// (keys "{base}:<ws>") on srv.
+func windowUnits(t *testing.T, srv *redistest.Server, base string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := srv.Client().Keys(ctx, "{"+base+"}:[0-9]*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	for _, k := range keys {
+		n, err := srv.Client().Get(ctx, k).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum += n
+	}
+	return sum
+}
+
+// A lease whose window moves while it is under way (each of its first
+// three calls reaches the server a whole period after the window it
+// carries was read) is sent again with the server's window until the
+// windows agree: it is granted in the server's window, and the calls of
+// the windows that had ended wrote nothing.
+func TestLeaseFollowsMovingWindow(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	s := newTestStore(t, srv, nil, 0)
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 100, Period: 50 * time.Millisecond}
+	ctx := context.Background()
+	// See TestLeaseConcurrentNeverAboveLimit; the first lease also loads
+	// the script.
+	time.Sleep(1200 * time.Millisecond)
+	if _, err := s.Lease(ctx, algo.LeaseRequest{Key: "warm", Limit: l, Subscriber: 1, Want: 1, Stale: 1e6}); err != nil {
+		t.Fatal(err)
+	}
+	h := &scriptDelay{d: l.Period, n: 3}
+	s.AddClientHook(h)
+	g, err := s.Lease(ctx, algo.LeaseRequest{Key: "moving", Limit: l, Subscriber: 1, Want: 10, Stale: 1e6})
+	if err != nil {
+		t.Fatalf("lease across three window moves: %v", err)
+	}
+	if g.Granted != 10 {
+		t.Errorf("granted %d, want 10", g.Granted)
+	}
+	if c := h.Calls(); c < 4 {
+		t.Errorf("%d script calls, want at least 4 (three moved windows)", c)
+	}
+	if n := windowUnits(t, srv, "moving"); n != g.Granted {
+		t.Errorf("the windows count %d units, granted %d", n, g.Granted)
+	}
+}
+
+// A lease whose window moves at every call (each reaches the server a
+// whole period late) ends with its context, granting and writing nothing.
+func TestLeaseMovingWindowBoundedByContext(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	s := newTestStore(t, srv, nil, 0)
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 100, Period: 20 * time.Millisecond}
+	time.Sleep(1200 * time.Millisecond)
+	if _, err := s.Lease(context.Background(), algo.LeaseRequest{Key: "warm", Limit: l, Subscriber: 1, Want: 1, Stale: 1e6}); err != nil {
+		t.Fatal(err)
+	}
+	h := &scriptDelay{d: l.Period, n: -1}
+	s.AddClientHook(h)
+	// The socket's deadline is the context's, so the error may be the
+	// socket's timeout, at the context's deadline.
+	deadline := time.Now().Add(10 * l.Period)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	g, err := s.Lease(ctx, algo.LeaseRequest{Key: "moving", Limit: l, Subscriber: 1, Want: 10, Stale: 1e6})
+	if err == nil || time.Now().Before(deadline) {
+		t.Fatalf("lease with a window moving at every call: %+v, %v before its context's deadline, want a timeout at it", g, err)
+	}
+	if c := redis.CauseOf(err); c != redis.CauseTimeout {
+		t.Errorf("cause %q (%v), want %q", c, err, redis.CauseTimeout)
+	}
+	if g.Granted != 0 {
+		t.Errorf("granted %d, want 0", g.Granted)
+	}
+	if n := windowUnits(t, srv, "moving"); n != 0 {
+		t.Errorf("the windows count %d units, want 0", n)
+	}
 }
 
 // After a restart the server has forgotten the units it leased, which
