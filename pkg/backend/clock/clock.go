@@ -10,7 +10,8 @@ import "time"
 type Clock interface {
 	// Now is the current time.
 	Now() time.Time
-	// NewTimer is the health probe loop's timer.
+	// NewTimer makes the timer a background loop (a health probe, a
+	// connect loop, a sweeper) waits on.
 	NewTimer(d time.Duration) Timer
 }
 

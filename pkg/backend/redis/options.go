@@ -13,6 +13,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 )
 
 // Mode is the Redis deployment topology.
@@ -220,8 +222,13 @@ type Options struct {
 	NativeCounting bool
 
 	// Now, when set (tests only), pins the script's clock instead of the
-	// server's TIME. The breaker always uses the real clock.
+	// server's TIME. The breakers read Clock.
 	Now func() time.Time
+
+	// Clock is what the circuit breakers, the health probe and the
+	// batchers read and wait on; nil is clock.System. Tests set a
+	// clock.Manual to drive them.
+	Clock bclock.Clock
 }
 
 // DefaultOptions returns standalone options for DefaultURL with the default
