@@ -1,7 +1,8 @@
 // Package clock is the time source of the Redis, memcached and PostgreSQL
-// stores: what their circuit breakers and health probes read, so that a
-// test that moves it moves all of them together. Production uses System;
-// tests use Manual, which they move on by hand.
+// stores: what their circuit breakers read and their background loops
+// (health probes, PostgreSQL's connect loop and sweeper) wait on, so that
+// a test that moves it moves all of them together. Production uses
+// System; tests use Manual, which they move on by hand.
 package clock
 
 import "time"
@@ -15,7 +16,7 @@ type Clock interface {
 	NewTimer(d time.Duration) Timer
 }
 
-// A Timer is the part of *time.Timer a store's health probe loop uses.
+// A Timer is the part of *time.Timer a store's background loop uses.
 type Timer interface {
 	// C is the channel the timer sends the time on when it fires.
 	C() <-chan time.Time
