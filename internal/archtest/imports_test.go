@@ -54,7 +54,7 @@ var mayImport = map[string][]string{
 	"pkg/loglimit":                      {},
 	"pkg/replay":                        {"pkg/algo", "pkg/policy", "pkg/service"},
 	"pkg/client":                        {"pkg/algo"},
-	"pkg/rlqs":                          {"pkg/algo", "pkg/policy", "pkg/fairshare", "pkg/loglimit"},
+	"pkg/rlqs":                          {"pkg/algo", "pkg/policy", "pkg/fairshare", "pkg/loglimit", "pkg/backend/clock"},
 	"cmd/ratelimitd/...": {
 		"cmd/ratelimitd/...",
 		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay", "pkg/rlqs",
