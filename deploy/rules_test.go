@@ -1,11 +1,7 @@
 // Package deploy_test checks the Prometheus alerting rules and the Grafana
-// dashboard: every PromQL expression parses, the rules and the dashboard
-// exist once (in the Helm chart's files/, which the chart's PrometheusRule
-// and dashboard ConfigMap read, and which deploy/prometheus and
-// deploy/grafana link to), every metric and label they name is one
-// ratelimitd exports (the metrics table below), and, against a running
-// ratelimitd, that every metric family in that table really appears on
-// /metrics.
+// dashboard: every PromQL expression parses, each file exists once (in the
+// Helm chart's files/), every metric and label they name is in queried, and
+// every family in queried appears on a running ratelimitd's /metrics.
 package deploy_test
 
 import (
@@ -42,10 +38,9 @@ const (
 )
 
 // queried is the single list of metric families that the rules and the
-// dashboard use. The rules tests
-// fail when a query names a family or label not listed here; the e2e test
-// (TestMetricsExistInRunningService) fails when a family listed here is
-// not on a running ratelimitd's /metrics with exactly these labels.
+// dashboard use. The rules tests fail when a query names a family or label
+// not listed here; TestMetricsExistInRunningService fails when a family
+// listed here is not on /metrics with exactly these labels.
 var queried = []family{
 	{Name: "ratelimitd_requests_total", Type: "counter", Labels: []string{"domain", "code"},
 		Values: map[string][]string{"code": {"ok", "over_limit", "invalid_argument", "unavailable", "deadline_exceeded"}}},
@@ -426,7 +421,7 @@ func TestRulesWellFormed(t *testing.T) {
 					continue
 				}
 				// Prometheus prefixes $labels/$value definitions and adds
-				// its template functions (rules/alerting.go).
+				// its template functions, as its alerting rules do.
 				src := "{{$labels := .Labels}}{{$externalLabels := .ExternalLabels}}{{$value := .Value}}" + a
 				tpl, err := template.New(r.Alert).Funcs(promTemplateFuncs).Option("missingkey=zero").Parse(src)
 				if err != nil {
@@ -460,10 +455,10 @@ var promTemplateFuncs = template.FuncMap{
 	"humanizeDuration":   func(v float64) string { return fmt.Sprintf("%gs", v) },
 }
 
-// TestRequiredSignals: the rules and the dashboard each cover the issue's
-// list: sustained 429 rate per domain, failed-open and failed-closed
-// decisions, backend error rate, config reload failures, p99 decision
-// latency.
+// TestRequiredSignals: the rules and the dashboard each cover the signals
+// an operator needs: sustained 429 rate per domain, failed-open and
+// failed-closed decisions, backend error rate, config reload failures, p99
+// decision latency.
 func TestRequiredSignals(t *testing.T) {
 	signals := []struct {
 		name string

@@ -345,15 +345,13 @@ func entries(es []policy.Entry) string {
 // filter let through (docs/algorithms/concurrency.md, envoy/website.yaml).
 const leaseHeader = "x-ratelimitd-lease"
 
-// leaseGateErrors checks the gated lease release of docs/algorithms/
-// concurrency.md in every HTTP connection manager of b: every route
-// rate_limit with apply_on_stream_done: true (a lease release, see
-// TestDescriptorsMatchConfig) takes its trailing ratelimitd.release entry
-// from x-ratelimitd-lease with request_headers (no skip_if_absent: no
-// header, no release); a header_mutation filter after the rate-limit filter
-// adds that header (it runs only for requests the rate-limit filter let
-// through) and one before it removes client copies, with nothing in between
-// adding it back. releases is the number of release rate_limits found.
+// leaseGateErrors checks the gated lease release of
+// docs/algorithms/concurrency.md in every HTTP connection manager of b: each
+// release (apply_on_stream_done) takes its ratelimitd.release entry from
+// leaseHeader without skip_if_absent, a header_mutation filter after the
+// rate-limit filter sets that header, and one before it strips client
+// copies with nothing between re-adding it. releases is the number of
+// release rate_limits found.
 func leaseGateErrors(b *bootstrapv3.Bootstrap) (releases int, errs []error) {
 	for _, l := range b.GetStaticResources().GetListeners() {
 		for _, fc := range l.GetFilterChains() {

@@ -114,8 +114,8 @@ func parseDockerfile(t *testing.T) dockerfile {
 }
 
 // TestDockerfile checks the image runs the static binary as non-root on a
-// minimal base, exposes the ports the Deployment uses, and builds with the
-// flags the issue asks for.
+// minimal base, exposes the ports the Deployment uses, and builds with
+// CGO_ENABLED=0, -trimpath and the version ldflags.
 func TestDockerfile(t *testing.T) {
 	d := parseDockerfile(t)
 	if !strings.HasPrefix(d.finalFrom, "gcr.io/distroless/static") && d.finalFrom != "scratch" {
@@ -276,13 +276,11 @@ func TestDockerignore(t *testing.T) {
 }
 
 // TestDockerfileReferenceDropIn: the image is a drop-in for
-// envoyproxy/ratelimit's. No ENV of the image sets a RATELIMITD_*
-// variable (each would outrank the reference's variables, as
-// RATELIMITD_CONFIG outranked RUNTIME_ROOT); the shipped config is the
-// binary's default ./config from the WORKDIR; and /bin/ratelimit, the
-// path Istio's and Envoy Gateway's manifests run, is a symlink to the
-// binary, made in the build stage and copied as a directory (which keeps
-// it a symlink).
+// envoyproxy/ratelimit's. No ENV of the image sets a RATELIMITD_* variable
+// (it would outrank the reference's variables, such as RUNTIME_ROOT); the
+// shipped config is the binary's default ./config from the WORKDIR; and
+// /bin/ratelimit, the path Istio's and Envoy Gateway's manifests run, is a
+// symlink to the binary, copied as a directory so that it stays one.
 func TestDockerfileReferenceDropIn(t *testing.T) {
 	d := parseDockerfile(t)
 	for k := range d.env {

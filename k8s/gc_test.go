@@ -7,9 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Heap bytes per key of the in-memory store for fixed/sliding window and
-// token bucket at 1,000,000 keys of 39 bytes (docs/operations.md,
-// "In-memory store") and the default --memory-max-keys.
+// The heap per key of the in-memory store that docs/operations.md gives
+// ("In-memory store"), and the default --memory-max-keys.
 const (
 	memoryStoreBytesPerKey = 128
 	memoryMaxKeysDefault   = 1_000_000

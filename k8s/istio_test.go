@@ -163,9 +163,9 @@ var samples = []request{
 }
 
 // descriptorOf evaluates a rate_limits entry's actions as Envoy's router
-// does (source/common/router/router_ratelimit.cc): every action must
-// produce an entry, else the entry yields no descriptor. Only the actions
-// used here are implemented; any other fails the test.
+// does: every action must produce an entry, else the entry yields no
+// descriptor. Only the actions used here are implemented; any other fails
+// the test.
 func descriptorOf(t *testing.T, rl *routev3.RateLimit, req request) ([]policy.Entry, bool) {
 	t.Helper()
 	var out []policy.Entry

@@ -22,8 +22,8 @@ var workloads = []string{"base", "overlays/redis", "overlays/production", "overl
 // The overlays, each built on ../../base.
 var overlays = []string{"overlays/redis", "overlays/production", "overlays/dev", "overlays/durable"}
 
-// Contract defaults of `ratelimitd serve` (README.md, flags), used when a
-// manifest does not set the flag's environment twin.
+// Defaults of `ratelimitd serve` (docs/flags.md), used when a manifest does
+// not set the flag's environment twin.
 var serveDefaults = map[string]string{
 	"RATELIMITD_GRPC_ADDR":       ":8081",
 	"RATELIMITD_HTTP_ADDR":       ":8080",

@@ -16,10 +16,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/deploytest"
 )
 
-// HTTP paths ratelimitd serves on its HTTP address (README.md).
-var httpPaths = []string{"/healthcheck", "/json", "/metrics"}
+// HTTP paths ratelimitd serves on its HTTP address (docs/flags.md).
+var httpPaths = []string{"/healthcheck", "/livez", "/json", "/metrics"}
 
-// gRPC health service names ratelimitd reports (README.md).
+// gRPC health service names ratelimitd reports.
 var grpcHealthServices = []string{"", "envoy.service.ratelimit.v3.RateLimitService"}
 
 // TestRatelimitdPodSpec checks the Deployment of every workload overlay:
@@ -94,9 +94,6 @@ func checkPodProbes(t *testing.T, pt podTemplate, c *corev1.Container, grpcPort,
 			if !ok || port != httpPort {
 				t.Errorf("%s probe: HTTP port %s (%d) is not ratelimitd's HTTP port %d", name, p.HTTPGet.Port.String(), port, httpPort)
 			}
-			if p.HTTPGet.Path != "/healthcheck" {
-				t.Errorf("%s probe: path %q, want /healthcheck", name, p.HTTPGet.Path)
-			}
 			if !slices.Contains(httpPaths, p.HTTPGet.Path) {
 				t.Errorf("%s probe: ratelimitd serves no %q", name, p.HTTPGet.Path)
 			}
@@ -105,7 +102,15 @@ func checkPodProbes(t *testing.T, pt podTemplate, c *corev1.Container, grpcPort,
 		}
 	}
 	if !sawHTTP {
-		t.Errorf("no probe checks HTTP /healthcheck")
+		t.Errorf("no probe checks HTTP")
+	}
+	// Liveness and startup must not depend on the config: /healthcheck and
+	// the gRPC health are NOT_SERVING until a good config loads, and a pod
+	// restarted for a bad ConfigMap only restarts again.
+	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe} {
+		if p.HTTPGet == nil || p.HTTPGet.Path != "/livez" {
+			t.Errorf("%s probe: want GET /livez (answers whenever the process does), got %+v", name, p.ProbeHandler)
+		}
 	}
 }
 

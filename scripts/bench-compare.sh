@@ -23,8 +23,13 @@
 #            latency and Redis work of a script-based service at c=1
 #   floorpipe scripts/bench/floor --mode pipe: the same with INCRBY and
 #            EXPIRE pipelined (the reference's commands) instead
+#   floorbatch scripts/bench/floor --mode batch: floorlua's commands, but
+#            the requests in flight share round trips (one write and one
+#            read per flush of up to 128 requests, as ratelimitd's
+#            batcher): the floor of service CPU of a service that talks
+#            to Redis at c=50
 # Scenarios (SCENARIOS, default all, space-separated):
-#   keys10k  c=50, descriptor user=user-N, N uniform over 10,000 (fixed window 1000/s: almost all OK); and noop
+#   keys10k  c=50, descriptor user=user-N, N uniform over 10,000 (fixed window 1000/s: almost all OK); and noop, floorbatch
 #   hot      c=50, one descriptor hot=hot-0 on 10/hour: OVER_LIMIT after the first 10; and noop
 #   c1       c=1, as keys10k; and noop, floorlua, floorpipe
 #   tb       c=50, 10,000 keys; ratelimitd token_bucket vs the reference's fixed window
@@ -81,7 +86,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 scenario() { # name -> "concurrency keys key services..."
   case "$1" in
-    keys10k) echo "50 10000 user ours ref noop" ;;
+    keys10k) echo "50 10000 user ours ref noop floorbatch" ;;
     hot) echo "50 1 hot ours ref noop" ;;
     c1) echo "1 10000 user ours ref noop floorlua floorpipe" ;;
     tb) echo "50 10000 tb ours ref" ;;
@@ -92,12 +97,15 @@ scenario() { # name -> "concurrency keys key services..."
     *) echo "unknown scenario $1" >&2; return 2 ;;
   esac
 }
-need_refmode=; need_noop=; need_floor=
+need_refmode=; need_noop=; need_floor=; floor_modes=
 for sc in $SCENARIOS; do
   spec=$(scenario "$sc") || exit 2
   case " $spec " in *" refmode "*) need_refmode=1 ;; esac
   case " $spec " in *" noop "*) need_noop=1 ;; esac
   case " $spec " in *" floor"*) need_floor=1 ;; esac
+  for m in lua pipe batch; do
+    case " $spec " in *" floor$m "*) case " $floor_modes " in *" $m "*) ;; *) floor_modes="$floor_modes $m" ;; esac ;; esac
+  done
 done
 if [ -n "${REF_RATELIMITD:-}" ] && [ -n "$need_refmode" ]; then
   echo "the ref* scenarios compare with the reference itself: not with REF_RATELIMITD"; exit 2
@@ -164,7 +172,7 @@ if [ -n "$need_noop" ]; then
   PID[noop]=$!
 fi
 if [ -n "$need_floor" ]; then
-  for m in lua pipe; do
+  for m in $floor_modes; do
     ports "floor$m"
     "$work/floor" --mode "$m" --redis-addr "127.0.0.1:$RP" --grpc-addr "127.0.0.1:${GRPC[floor$m]}" \
       --http-addr "127.0.0.1:${HTTP[floor$m]}" >"$work/floor$m.log" 2>&1 &

@@ -12,11 +12,10 @@
 # environment; REDIS_TIMEOUT (e.g. 50ms) passes --redis-timeout to the
 # service (default: the service's default); BACKENDS (default "redis
 # memory") selects the runs; CLIENT (h2, grpc or both; default h2) selects
-# rlload's --client: h2 frames gRPC by hand over HTTP/2 and costs a few µs
-# of CPU per call, like Envoy; grpc is grpc-go, about as costly as the
-# service itself, so on a shared machine it takes cores from the service and
-# Redis. With both, each backend is measured with h2 then grpc on the same
-# service process.
+# rlload's --client: h2 frames gRPC by hand over HTTP/2 and costs little
+# CPU per call, like Envoy; grpc is grpc-go, which takes more of the cores
+# the service and Redis share with it. With both, each backend is measured
+# with h2 then grpc on the same service process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10s}; CONC=${2:-50}; KEYS=${3:-10000}
@@ -91,8 +90,9 @@ for backend in $BACKENDS; do
   kill "$SVC"; wait "$SVC" 2>/dev/null || true
 done
 
-# Redis' own ceiling, from redis-benchmark on the same machine, 50 clients,
-# 10,000 keys: (1) the service's own script (take.lua) deciding one
+# Redis' own ceiling, from redis-benchmark on the same machine with the
+# same concurrency and keys: (1) the service's own script (take.lua, the
+# files of pkg/backend/redis/take in order) deciding one
 # fixed-window hit with the server's TIME, exactly the call the service
 # makes per decision; (2) a minimal INCRBY+PEXPIRE script (about the work
 # of envoyproxy/ratelimit's pipelined INCRBY+EXPIRE).
@@ -100,9 +100,9 @@ done
 last_line() { tr '\r' '\n' | grep -v '^ *$' | tail -1 | sed 's/^.*: \([0-9.]* requests per second\)/\1/'; }
 SHA=$(redis-cli -p "$RP" SCRIPT LOAD "$(cat pkg/backend/redis/take/*.lua)")
 echo "== redis-benchmark EVALSHA take.lua (fixed_window, 1 hit), $CONC clients, $KEYS keys"
-# ARGV (docs in take.lua): 1 segment: mode t, now "" (server TIME), nonce,
-# 1 hit: kind 0 (fixed_window), rate, period_us, burst, calendar,
-# multiplier, cost, flags.
+# ARGV (see pkg/backend/redis/take/10_args.lua): 1 segment: mode t, now ""
+# (server TIME), nonce, 1 hit: kind 0 (fixed_window), rate, period_us,
+# burst, calendar, multiplier, cost, flags.
 redis-benchmark -p "$RP" -c "$CONC" -n 300000 -r "$KEYS" -q \
   EVALSHA "$SHA" 1 "bench:__rand_int__" 1 t "" n 1 0 1000 1000000 0 0 1 1 0 2>&1 | last_line ||
   echo "redis-benchmark failed (do the ARGV above still match take.lua?)"

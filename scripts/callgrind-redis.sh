@@ -3,9 +3,9 @@
 # redis-server), for ratelimitd (native mode and reference mode), the
 # reference (envoyproxy/ratelimit, REF_VERSION), a minimal EVALSHA
 # INCRBY+PEXPIRE script (the floor of any script-based design) and any Lua
-# script given. Instruction counts do not depend on the host's load, so
-# they compare designs on a busy machine where INFO commandstats' µs do
-# not. Each workload runs against its own redis-server under callgrind: N
+# script given. Instruction counts do not depend on the machine's load, so
+# they compare designs where INFO commandstats' times cannot. Each
+# workload runs against its own redis-server under callgrind: N
 # decisions after a warm-up, between `callgrind_control --zero` and
 # `--dump` (and CONFIG RESETSTAT, so the commands counted are the
 # measured ones); the figure is Ir (instructions executed in
@@ -15,10 +15,10 @@
 #   scripts/callgrind-redis.sh [decisions=2000]
 #
 # Redis' serverCron runs 10 times a second whatever the load, so a
-# workload that lasts longer (a slower service, a busy host: callgrind
-# slows Redis about 50×) counts more of it per decision: each line also
-# gives Ir per decision without serverCron (callgrind_annotate
-# --inclusive) and its ratio, which compare runs of different lengths.
+# workload that lasts longer (a slower service, a busier machine) counts
+# more of it per decision: each line also gives Ir per decision without
+# serverCron (callgrind_annotate --inclusive) and its ratio, which compare
+# runs of different lengths.
 #
 # Per workload it prints Ir per decision, the ratio to the reference's
 # workload of the same shape (ref-c1, ref-c50 or ref-hot-c50; tb and sw
@@ -36,7 +36,7 @@
 #            (ratelimitd's token_bucket and sliding_window; the
 #            reference's and refmode's config has them as fixed windows)
 #   N        requests in flight (rlload --concurrency). Under callgrind
-#            Redis runs ≈ 50× slower, so batches at c=50 are larger than at
+#            Redis runs far slower, so batches at c=50 are larger than at
 #            full speed; scripts/bench-compare.sh prints the decisions per
 #            script call at full speed: pick the N whose decisions per call
 #            here match it (e.g. ours-c16) to measure that batch size.

@@ -174,9 +174,10 @@ func remaining(t *testing.T, m map[string]any) float64 {
 	return ls[0].(map[string]any)["remaining"].(float64)
 }
 
-// Explain and reset on the debug listener, over HTTP and gRPC, on each
-// backend: explaining consumes nothing; a reset gives the whole quota
-// back; the log names the peer and the hashed key, never the value.
+// TestAdminOverDebugListener: explain and reset on the debug listener, over
+// HTTP and gRPC, on each backend: explaining consumes nothing; a reset
+// gives the whole quota back; the log names the peer and the hashed key,
+// never the value.
 func TestAdminOverDebugListener(t *testing.T) {
 	for _, backend := range []string{"memory", "redis", "memcache"} {
 		t.Run(backend, func(t *testing.T) {
@@ -286,8 +287,8 @@ func hasService(t *testing.T, conn *grpc.ClientConn, name string) bool {
 	return listed
 }
 
-// Connections that are not loopback at both ends need the debug token,
-// for the admin API over HTTP and gRPC alike.
+// TestAdminNeedsDebugToken: connections that are not loopback at both ends
+// need the debug token, for the admin API over HTTP and gRPC alike.
 func TestAdminNeedsDebugToken(t *testing.T) {
 	o := serveopts.Defaults()
 	file := filepath.Join(t.TempDir(), "token")

@@ -129,10 +129,20 @@ func (s *server) startWarmup(ctx context.Context) {
 		wctx, cancel := context.WithTimeout(ctx, s.opts.RedisWarmup)
 		err := w.Warm(wctx)
 		cancel()
-		if err != nil {
+		switch {
+		case err != nil && (ctx.Err() != nil || s.stopping.Load()):
+			// Shutdown came first: --redis-warmup did not run out, and
+			// the server is not serving.
+			s.log.Info("backend warm-up stopped: shutting down", "backend", s.opts.Backend)
+			s.warm.Store(true)
+			return
+		case err != nil && !s.svc.Ready():
+			s.log.Warn("backend warm-up did not finish within --redis-warmup; health stays NOT_SERVING until a config loads, then decisions get the rules' failure modes until Redis answers",
+				"backend", s.opts.Backend, "redis_warmup", s.opts.RedisWarmup.String(), "err", err.Error())
+		case err != nil:
 			s.log.Warn("backend warm-up did not finish within --redis-warmup: serving; decisions get the rules' failure modes until Redis answers",
 				"backend", s.opts.Backend, "redis_warmup", s.opts.RedisWarmup.String(), "err", err.Error())
-		} else {
+		default:
 			s.log.Info("backend warm: connections dialed, script loaded", "backend", s.opts.Backend, "took", time.Since(start).Round(time.Millisecond).String())
 		}
 		s.warm.Store(true)

@@ -78,8 +78,9 @@ func dialBounds(t testing.TB, addr string) *grpc.ClientConn {
 	return cc
 }
 
-// With --grpc-max-connections=1, a second client connection is not served
-// (its call's deadline passes) until the first one closes.
+// TestGRPCMaxConnections: with --grpc-max-connections=1, a second client
+// connection is not served (its call's deadline passes) until the first one
+// closes.
 func TestGRPCMaxConnections(t *testing.T) {
 	o := serveopts.Defaults()
 	o.GRPCMaxConnections = 1
@@ -116,8 +117,8 @@ func bigRequest(n int) *rlsv3.RateLimitRequest {
 	return req
 }
 
-// A message over --grpc-max-recv-msg-size fails with ResourceExhausted
-// (it is not decoded); one under it is decided.
+// TestGRPCMaxRecvMsgSize: a message over --grpc-max-recv-msg-size fails
+// with ResourceExhausted (it is not decoded); one under it is decided.
 func TestGRPCMaxRecvMsgSize(t *testing.T) {
 	o := serveopts.Defaults()
 	o.GRPCMaxRecvMsgSize = 256 << 10
@@ -140,9 +141,9 @@ func TestGRPCMaxRecvMsgSize(t *testing.T) {
 	}
 }
 
-// A connection may hold --grpc-max-concurrent-streams streams: with 2
-// Watch streams open, a third call waits (its deadline passes) and goes
-// through once one of them ends.
+// TestGRPCMaxConcurrentStreams: a connection may hold
+// --grpc-max-concurrent-streams streams: with 2 Watch streams open, a third
+// call waits (its deadline passes) and goes through once one of them ends.
 func TestGRPCMaxConcurrentStreams(t *testing.T) {
 	o := serveopts.Defaults()
 	o.GRPCMaxConcurrentStreams = 2
@@ -204,9 +205,9 @@ func closedByServer(conn net.Conn) bool {
 	return !errors.As(err, &ne) || !ne.Timeout()
 }
 
-// Slow clients are disconnected by the HTTP timeouts: every one of 20
-// connections sending part of the headers, part of a body, or idling after
-// a request is closed by the server.
+// TestHTTPSlowClientsCutOff: slow clients are disconnected by the HTTP
+// timeouts: every one of 20 connections sending part of the headers, part
+// of a body, or idling after a request is closed by the server.
 func TestHTTPSlowClientsCutOff(t *testing.T) {
 	o := serveopts.Defaults()
 	o.HTTPReadTimeout = 200 * time.Millisecond
@@ -274,8 +275,9 @@ func TestHTTPSlowClientsCutOff(t *testing.T) {
 	}
 }
 
-// A /json body over the bound (--grpc-max-recv-msg-size) gets 413,
-// whether its length is announced or chunked; one under it is decided.
+// TestHTTPJSONBodyLimit: a /json body over the bound
+// (--grpc-max-recv-msg-size) gets 413, whether its length is announced or
+// chunked; one under it is decided.
 func TestHTTPJSONBodyLimit(t *testing.T) {
 	o := serveopts.Defaults()
 	o.GRPCMaxRecvMsgSize = 4 << 10
@@ -308,7 +310,8 @@ func TestHTTPJSONBodyLimit(t *testing.T) {
 	}
 }
 
-// The resource-bound flags: defaults, flags, twins and validation.
+// TestBoundFlags: the resource-bound flags: defaults, flags, twins and
+// validation.
 func TestBoundFlags(t *testing.T) {
 	d, _, err := serveopts.Parse(nil, env(), io.Discard)
 	if err != nil {
@@ -447,13 +450,13 @@ func hostileLoad(tb testing.TB, next func() bool) (peakHeap, allocPerCall uint64
 }
 
 // hostileAllocBudget bounds the bytes allocated per hostile call of
-// hostileLoad, client side included (measured: 6.3 MB; 20 MB when the
-// decoder copied the message at every nesting level).
+// hostileLoad, client side included: room for one decode, not for a
+// decoder that copies the message at every nesting level.
 const hostileAllocBudget = 10 << 20
 
 // TestHostileInvalidUTF8Load: one round of hostileLoad allocates at most
-// hostileAllocBudget per call, whatever the host's load (the peak heap,
-// which depends on how many calls overlap, is the benchmark's).
+// hostileAllocBudget per call. The peak heap depends on how many calls
+// overlap, so the benchmark checks it, not the test.
 func TestHostileInvalidUTF8Load(t *testing.T) {
 	once := true
 	peak, perCall := hostileLoad(t, func() bool { r := once; once = false; return r })

@@ -79,8 +79,8 @@ func ageRequest() *rlsv3.RateLimitRequest {
 	}}}
 }
 
-// The server sends GOAWAY (NO_ERROR) on a connection older than
-// --grpc-max-connection-age, read as HTTP/2 frames.
+// TestGRPCMaxConnectionAgeGoAway: the server sends GOAWAY (NO_ERROR) on a
+// connection older than --grpc-max-connection-age, read as HTTP/2 frames.
 func TestGRPCMaxConnectionAgeGoAway(t *testing.T) {
 	o := serveopts.Defaults()
 	o.GRPCMaxConnectionAge = 100 * time.Millisecond
@@ -120,11 +120,11 @@ func TestGRPCMaxConnectionAgeGoAway(t *testing.T) {
 	}
 }
 
-// A grpc-go client keeps calling through connections aged out by
-// --grpc-max-connection-age: each GOAWAY moves new calls to a new
-// connection (counted at the dialer) and no call fails, while a call in
-// flight on the old connection (a health Watch stream) goes on within
-// --grpc-max-connection-age-grace.
+// TestGRPCMaxConnectionAgeReconnects: a grpc-go client keeps calling
+// through connections aged out by --grpc-max-connection-age: each GOAWAY
+// moves new calls to a new connection (counted at the dialer) and no call
+// fails, while a call in flight on the old connection (a health Watch
+// stream) goes on within --grpc-max-connection-age-grace.
 func TestGRPCMaxConnectionAgeReconnects(t *testing.T) {
 	cc, dials, hs, ctx, watch := agedWatch(t, 150*time.Millisecond, time.Hour) // a grace longer than the test
 	if n := dials.n.Load(); n != 1 {
@@ -171,8 +171,9 @@ func TestGRPCMaxConnectionAgeReconnects(t *testing.T) {
 	}
 }
 
-// After the grace, a call still in flight on an aged connection is cut
-// (Unavailable) and a new one succeeds on a new connection.
+// TestGRPCMaxConnectionAgeGraceCuts: after the grace, a call still in
+// flight on an aged connection is cut (Unavailable) and a new one succeeds
+// on a new connection.
 func TestGRPCMaxConnectionAgeGraceCuts(t *testing.T) {
 	cc, dials, _, ctx, watch := agedWatch(t, 100*time.Millisecond, 100*time.Millisecond)
 	// Nothing more is sent on the stream: it ends only when the server
@@ -189,8 +190,8 @@ func TestGRPCMaxConnectionAgeGraceCuts(t *testing.T) {
 	}
 }
 
-// The connection-age flags: defaults, twins, envoyproxy/ratelimit's
-// variables, precedence and validation.
+// TestGRPCMaxConnectionAgeFlags: the connection-age flags: defaults, twins,
+// envoyproxy/ratelimit's variables, precedence and validation.
 func TestGRPCMaxConnectionAgeFlags(t *testing.T) {
 	d, _, err := serveopts.Parse(nil, env(), io.Discard)
 	if err != nil {

@@ -27,7 +27,7 @@ const durableConfig = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {uni
 // decides its durable limit on PostgreSQL, reports the durable store's
 // gRPC health and exports its metrics; the password never reaches the
 // log. Without --durable-url the same config is refused at its line.
-// --durable-timeout is long so that a loaded host cannot turn the third
+// --durable-timeout is long so that slow scheduling cannot turn the third
 // call into the limit's failure mode (open).
 func TestServerDurableStore(t *testing.T) {
 	pg := pgtest.Start(t)
@@ -109,8 +109,8 @@ func TestServerDurableStartsWithoutPostgres(t *testing.T) {
 	dir := t.TempDir()
 	writeTestFile(t, filepath.Join(dir, "c.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100}\n  - key: plan\n    rate_limit: {unit: day, requests_per_unit: 2, store: durable, failure_mode: closed}\n")
 	o, _, err := serveopts.Parse([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
-		// A long durable budget: on a loaded host the first calls after the
-		// restart must not time out into failure_mode: closed.
+		// A long durable budget: the first calls after the restart must
+		// not time out into failure_mode: closed.
 		"--durable-url=" + pg.URL(db), "--durable-timeout=5s"}, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)

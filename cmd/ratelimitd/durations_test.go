@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// The command prints the flag's error once, with the short hint; -h still
-// names the flags' type.
+// TestDurationFlagErrorPrinted: the command prints the flag's error once,
+// with the short hint; -h still names the flags' type.
 func TestDurationFlagErrorPrinted(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), []string{"serve", "--redis-timeout", "10"}, env(), &out, &errb); code != 2 {
@@ -26,8 +26,8 @@ func TestDurationFlagErrorPrinted(t *testing.T) {
 	}
 }
 
-// `ratelimitd replay`'s duration flags refuse a bare number as serve's do
-// (serveopts.TestDurationFlagErrors).
+// TestReplayDurationFlagErrors: `ratelimitd replay`'s duration flags refuse
+// a bare number as serve's do (serveopts.TestDurationFlagErrors).
 func TestReplayDurationFlagErrors(t *testing.T) {
 	_, err := parseReplay([]string{"--redis-timeout", "10"}, io.Discard)
 	if want := "--redis-timeout=10: missing unit (e.g. 10ms or 10s)"; err == nil || err.Error() != want {

@@ -58,8 +58,8 @@ func seriesValue(t *testing.T, reg *prometheus.Registry, name string, want map[s
 	return 0, false
 }
 
-// ratelimitd_build_info carries the linker-set version and commit and
-// the Go version.
+// TestBuildInfo: ratelimitd_build_info carries the linker-set version and
+// commit and the Go version.
 func TestBuildInfo(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	if err := events.New(slog.New(slog.DiscardHandler), "memory").Register(reg, version, commit); err != nil {
@@ -71,9 +71,9 @@ func TestBuildInfo(t *testing.T) {
 	}
 }
 
-// The Redis circuit breaker's transitions reach the log and
-// ratelimitd_backend_circuit_transitions_total{to}: opened when Redis
-// dies, half-open and closed when it is back.
+// TestCircuitTransitionEvents: the Redis circuit breaker's transitions
+// reach the log and ratelimitd_backend_circuit_transitions_total{to}:
+// opened when Redis dies, half-open and closed when it is back.
 func TestCircuitTransitionEvents(t *testing.T) {
 	srv := redistest.Standalone(t)
 	logs := &testproc.Buffer{}
@@ -153,8 +153,9 @@ func TestCircuitTransitionEvents(t *testing.T) {
 	}
 }
 
-// A config put in force is logged with its hash and source hash; a
-// rejected reload is logged and counted, the config in force stays.
+// TestConfigAppliedAndRejectedEvents: a config put in force is logged with
+// its hash and source hash; a rejected reload is logged and counted, the
+// config in force stays.
 func TestConfigAppliedAndRejectedEvents(t *testing.T) {
 	mem := memoryStore(t)
 	reg := prometheus.NewRegistry()

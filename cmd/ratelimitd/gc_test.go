@@ -12,7 +12,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 )
 
-// --gc-percent=-1 needs a memory limit: without one, serve does not start.
+// TestGCOffNeedsMemoryLimit: --gc-percent=-1 needs a memory limit: without
+// one, serve does not start.
 func TestGCOffNeedsMemoryLimit(t *testing.T) {
 	for _, c := range []struct {
 		args   []string

@@ -55,9 +55,9 @@ func (s *server) newGRPCServer() error {
 	if ic := s.svc.UnaryServerInterceptor(); ic != nil {
 		gopts = append(gopts, grpc.ChainUnaryInterceptor(ic))
 	}
-	if o.Tracing {
+	if o.Telemetry.Enabled {
 		// With tracing off the otelgrpc stats handler would only start
-		// no-op spans, at ~1-2 µs of CPU per call (BENCHMARKS.md, "CPU
+		// no-op spans, which cost CPU on every call (BENCHMARKS.md, "CPU
 		// per decision").
 		gopts = append(gopts, s.tracing.ServerOption())
 	}
@@ -80,9 +80,9 @@ func (s *server) newGRPCServer() error {
 	return nil
 }
 
-// newHTTPServers builds the HTTP server (/healthcheck, /json behind its
-// trust boundary, /metrics; TLS with --http-tls), the debug server and
-// the metrics-only server when their listeners are open.
+// newHTTPServers builds the HTTP server (/healthcheck, /livez, /json
+// behind its trust boundary, /metrics; TLS with --http-tls), the debug
+// server and the metrics-only server when their listeners are open.
 func (s *server) newHTTPServers() error {
 	metrics := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg})
 	mux := http.NewServeMux()
@@ -91,6 +91,13 @@ func (s *server) newHTTPServers() error {
 			http.Error(w, "NOT SERVING", http.StatusInternalServerError)
 			return
 		}
+		_, _ = io.WriteString(w, "OK")
+	})
+	// /livez answers whenever the process serves HTTP: no config, a cold
+	// backend or a drain leave it 200, so a liveness probe on it restarts
+	// only a process that stopped answering, never one waiting for a good
+	// config (readiness is /healthcheck or the gRPC health).
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "OK")
 	})
 	s.json = boundary.JSONOf(tlsOf(s.opts))

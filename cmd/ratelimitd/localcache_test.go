@@ -20,9 +20,9 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
-// The local over-limit cache as envoyproxy/ratelimit reports it through
-// statsd, with EXTRA_TAGS: a denial answered from the cache counts
-// over_limit and over_limit_with_local_cache, and the gauges
+// TestLocalCacheStatsd: the local over-limit cache as envoyproxy/ratelimit
+// reports it through statsd, with EXTRA_TAGS: a denial answered from the
+// cache counts over_limit and over_limit_with_local_cache, and the gauges
 // ratelimit.localcache.hitCount/missCount/lookupCount count the lookups
 // (real Redis, the service's own counting, tags as gostats serializes
 // them).

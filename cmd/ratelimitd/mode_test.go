@@ -6,8 +6,9 @@ import (
 	"testing"
 )
 
-// Invoked as ratelimit with no subcommand, the binary serves (a usage
-// error from serve's flag parsing proves serve ran, without listening).
+// TestInvokedAsRatelimit: invoked as ratelimit with no subcommand, the
+// binary serves (a usage error from serve's flag parsing proves serve ran,
+// without listening).
 func TestInvokedAsRatelimit(t *testing.T) {
 	var stderr strings.Builder
 	code := runAs(t.Context(), "/bin/ratelimit", []string{"--no-such-flag"}, env(), io.Discard, &stderr)

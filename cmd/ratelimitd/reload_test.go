@@ -90,8 +90,8 @@ func (e *reloadEnv) reloads(t *testing.T) map[string]float64 {
 	return counterByLabel(t, e.reg, "ratelimitd_config_reloads_total", "result")
 }
 
-// waitReloads polls until result has reached n (generous bound, for a
-// loaded host) and returns all counts.
+// waitReloads polls until result has reached n (a generous bound, so
+// that slow scheduling does not fail it) and returns all counts.
 func (e *reloadEnv) waitReloads(t *testing.T, result string, n float64) map[string]float64 {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

@@ -39,7 +39,7 @@ func parseReplay(args []string, usage io.Writer) (replaycmd.Options, error) {
 		Format: "combined", Order: string(replay.OrderTime), Output: "text", Top: 10,
 		Backend: "memory", RedisURL: "redis://127.0.0.1:6379/0", RedisMode: "standalone",
 		// Generous: replay runs as fast as it can and must not fail open
-		// on a busy machine (that would change the results).
+		// when scheduling is slow (that would change the results).
 		RedisTimeout: time.Second,
 	}
 	fs := flag.NewFlagSet("ratelimitd replay", flag.ContinueOnError)

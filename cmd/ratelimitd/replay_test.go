@@ -17,6 +17,9 @@ const (
 	websiteLog    = "../../examples/website/testdata/semicomplete-2015.log"
 )
 
+// TestReplayUsage: `ratelimitd replay` prints its usage for -h, exits 2 with
+// the offending flag named for a missing or bad flag, and 1 with the cause
+// when the config, Envoy file or log cannot be used.
 func TestReplayUsage(t *testing.T) {
 	tests := []struct {
 		name string
@@ -46,6 +49,8 @@ func TestReplayUsage(t *testing.T) {
 	}
 }
 
+// TestReplayOutputs: the replay of the website example writes a JSON
+// report to --out and a self-contained HTML page to standard output.
 func TestReplayOutputs(t *testing.T) {
 	dir := t.TempDir()
 	jsonOut := filepath.Join(dir, "report.json")
@@ -105,8 +110,9 @@ func TestReplayRedisBackend(t *testing.T) {
 	}
 }
 
-// A log of which no line parses is almost always the wrong format: the
-// report (listing the malformed lines) is still written, the exit code is 1.
+// TestReplayAllMalformed: a log of which no line parses is almost always
+// the wrong format: the report (listing the malformed lines) is still
+// written, the exit code is 1.
 func TestReplayAllMalformed(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "garbage.log")

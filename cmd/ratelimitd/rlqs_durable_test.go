@@ -30,7 +30,7 @@ func TestServerRLQSDurable(t *testing.T) {
 	// A year window, so that no run spans a window boundary.
 	writeTestFile(t, filepath.Join(dir, "c.yaml"), "domain: d\ndescriptors:\n  - key: plan\n    rate_limit: {unit: year, requests_per_unit: 5, store: durable}\n")
 	o, _, err := serveopts.Parse([]string{"--config=" + dir, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=", "--shutdown-grace=5s",
-		// A durable budget a loaded host meets: this test is about where
+		// A durable budget no call needs: this test is about where
 		// the usage is counted, not about latency (a timeout would answer
 		// with the failure mode, OK).
 		"--durable-url=" + pg.URL(db), "--durable-timeout=10s"}, env(), io.Discard)

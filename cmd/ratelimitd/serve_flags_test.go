@@ -13,7 +13,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 )
 
-// A bad flag value is printed once, with a short hint, not the whole usage.
+// TestServeFlagErrorOnce: a bad flag value is printed once, with a short
+// hint, not the whole usage.
 func TestServeFlagErrorOnce(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := run(context.Background(), []string{"serve", "--shutdown-grace", "abc"}, env(), &out, &errb)
@@ -33,6 +34,9 @@ func TestServeFlagErrorOnce(t *testing.T) {
 	}
 }
 
+// TestValidateEmptyConfig: a directory with no config file is valid but
+// warned (exit 0, 1 with --strict), and an unknown flag is named once
+// without the whole usage (exit 2).
 func TestValidateEmptyConfig(t *testing.T) {
 	dir := t.TempDir()
 	writeTestFile(t, filepath.Join(dir, "notes.txt"), "x")
@@ -55,8 +59,9 @@ func TestValidateEmptyConfig(t *testing.T) {
 	}
 }
 
-// validate --backend=memcache (or BACKEND_TYPE=memcache) refuses the
-// algorithms memcached cannot decide, as serve would.
+// TestValidateBackendAlgorithms: validate --backend=memcache (or
+// BACKEND_TYPE=memcache) refuses the algorithms memcached cannot decide, as
+// serve would.
 func TestValidateBackendAlgorithms(t *testing.T) {
 	dir := t.TempDir()
 	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_window}\n"
@@ -84,8 +89,9 @@ func TestValidateBackendAlgorithms(t *testing.T) {
 	}
 }
 
-// validate --backend=memcache refuses a penalty box, which memcached
-// cannot decide atomically, at its line; the other backends load it.
+// TestValidateBackendPenalty: validate --backend=memcache refuses a penalty
+// box, which memcached cannot decide atomically, at its line; the other
+// backends load it.
 func TestValidateBackendPenalty(t *testing.T) {
 	dir := t.TempDir()
 	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n    penalty: {after: 3, within: 1h, block: 5m}\n"
@@ -131,10 +137,10 @@ func configMapDir(t *testing.T, files map[string]string) string {
 	return dir
 }
 
-// validate and serve read --ignore-dotfiles alike (same default, flag,
-// twin and envoyproxy/ratelimit variable): validate accepts the
-// ConfigMap-shaped directory serve loads, and where both are told not to
-// skip dot entries validate's error names the dot directory.
+// TestValidateConfigMapDir: validate and serve read --ignore-dotfiles alike
+// (same default, flag, twin and envoyproxy/ratelimit variable): validate
+// accepts the ConfigMap-shaped directory serve loads, and where both are
+// told not to skip dot entries validate's error names the dot directory.
 func TestValidateConfigMapDir(t *testing.T) {
 	dir := configMapDir(t, map[string]string{
 		"example.yaml": "domain: example\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
@@ -161,7 +167,7 @@ func TestValidateConfigMapDir(t *testing.T) {
 		switch {
 		case o.IgnoreDotfiles && (code != 0 || !strings.Contains(errb.String(), "ok: 1 domain(s), 1 rule(s)")):
 			t.Errorf("%s: serve skips dot entries, validate exit %d:\n%s%s", c.name, code, out.String(), errb.String())
-		case !o.IgnoreDotfiles && (code != 1 || !strings.Contains(out.String(), "set the ignore-dotfiles option") || strings.Contains(out.String(), "merge-domains")):
+		case !o.IgnoreDotfiles && (code != 1 || !strings.Contains(out.String(), "set the ignore-dotfiles option") || !strings.Contains(out.String(), "RUNTIME_IGNOREDOTFILES=true") || strings.Contains(out.String(), "merge-domains")):
 			t.Errorf("%s: serve loads dot entries, validate exit %d:\n%s%s", c.name, code, out.String(), errb.String())
 		}
 	}

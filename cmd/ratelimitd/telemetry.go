@@ -22,7 +22,7 @@ import (
 // warnings, and the warnings about risky settings.
 func logStartup(log *slog.Logger, o serveopts.Options, gc gcpolicy.Policy, warnings []string) {
 	if o.ConfigSource == "xds" {
-		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config_source", "xds", "xds_server", secrets.Redact(secrets.Address, o.XDSServerURL), "xds_node_id", o.XDSNodeID)
+		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config_source", "xds", "xds_server", secrets.Redact(secrets.Address, o.XDS.ServerURL), "xds_node_id", o.XDS.NodeID)
 	} else {
 		log.Info("starting ratelimitd", "version", version, "commit", commit, "backend", o.Backend, "config", o.Config)
 	}

@@ -8,9 +8,9 @@ import (
 	"testing"
 )
 
-// validate reads a space-separated value of a non-boolean flag as that
-// flag's (as the flag package does), not as a path, and refuses a
-// space-separated value of a boolean flag.
+// TestValidateSpacedFlagValues: validate reads a space-separated value of a
+// non-boolean flag as that flag's (as the flag package does), not as a
+// path, and refuses a space-separated value of a boolean flag.
 func TestValidateSpacedFlagValues(t *testing.T) {
 	dir := t.TempDir()
 	cfg := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_window}\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 5}\n"

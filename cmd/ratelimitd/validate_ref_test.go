@@ -23,8 +23,8 @@ func validateRun(args []string, kv ...string) (int, string) {
 
 const refValidateConfig = "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"
 
-// With the reference's variables and no PATH, validate checks the
-// directory serve loads in reference mode:
+// TestValidateReferenceConfigDir: with the reference's variables and no
+// PATH, validate checks the directory serve loads in reference mode:
 // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
 func TestValidateReferenceConfigDir(t *testing.T) {
 	root := t.TempDir()
@@ -73,10 +73,11 @@ func TestValidateReferenceConfigDir(t *testing.T) {
 	}
 }
 
-// In reference mode a file named twice is loaded twice, as
-// envoyproxy/ratelimit loads every file it is given: a duplicate key with
-// MERGE_DOMAIN_CONFIG=true (its TestDuplicateKeyDomainMerge), a duplicate
-// domain without. Native mode loads it once.
+// TestValidateReferenceSameFileTwice: in reference mode a file named twice
+// is loaded twice, as envoyproxy/ratelimit loads every file it is given: a
+// duplicate key with MERGE_DOMAIN_CONFIG=true (its
+// TestDuplicateKeyDomainMerge), a duplicate domain without. Native mode
+// loads it once.
 func TestValidateReferenceSameFileTwice(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "merge_domain_key1.yaml")
 	writeTestFile(t, f, refValidateConfig)
@@ -101,11 +102,11 @@ func TestValidateReferenceSameFileTwice(t *testing.T) {
 	}
 }
 
-// Reference mode loads dot files unless RUNTIME_IGNOREDOTFILES=true (the
-// reference's default is false): a ConfigMap volume, which shows each file
-// twice (its ..<timestamp> directory), is refused as the reference
-// refuses it; serve and validate agree. A flag or twin still decides, and
-// native mode keeps skipping them.
+// TestReferenceDotfilesDefault: reference mode loads dot files unless
+// RUNTIME_IGNOREDOTFILES=true (the reference's default is false): a
+// ConfigMap volume, which shows each file twice (its ..<timestamp>
+// directory), is refused as the reference refuses it; serve and validate
+// agree. A flag or twin still decides, and native mode keeps skipping them.
 func TestReferenceDotfilesDefault(t *testing.T) {
 	dir := configMapDir(t, map[string]string{"a.yaml": refValidateConfig})
 	for _, c := range []struct {

@@ -135,6 +135,9 @@ func callCodes(t *testing.T, e *xdsEnv, n int, domain string, hits uint64, kv ..
 	return strings.Join(out, " ")
 }
 
+// TestXDSConfigDecisions: serve with an xDS config source is NOT_SERVING
+// until the first snapshot, then decides the snapshot's rules (per-user
+// limits, hits_addend).
 func TestXDSConfigDecisions(t *testing.T) {
 	e := newXDSEnv(t)
 	route := []string{xdstest.EGRoute, xdstest.EGRoute}

@@ -93,12 +93,11 @@ func firstLines(b []byte, n int) string {
 	return strings.Join(l, "\n")
 }
 
-// TestRenderedPodServesAgainstRedis runs the rendered container as the
-// kubelet would, on this host: the ConfigMap and the Secret laid out as
-// the kubelet lays out volumes, the Deployment's args with only the mount
-// paths, listen addresses and the Redis host moved onto this machine. A
-// redis-server that requires a password proves the password reaches
-// ratelimitd through --redis-password-file: a decision is counted in Redis.
+// TestRenderedPodServesAgainstRedis runs the rendered container locally as
+// the kubelet would (volumes laid out as the kubelet lays them out; only
+// mount paths, listen addresses and the Redis address rewritten) against a
+// redis-server that requires a password: a decision counted in Redis proves
+// the password reaches ratelimitd through --redis-password-file.
 func TestRenderedPodServesAgainstRedis(t *testing.T) {
 	const password = "chart-e2e-pw-7f3a"
 	srv := redistest.Standalone(t, redistest.WithPassword(password))
@@ -117,11 +116,9 @@ func TestRenderedPodServesAgainstRedis(t *testing.T) {
 }
 
 // TestDefaultInstallCounts: `helm install` with no values counts every
-// decision. The chart's Redis StatefulSet runs here as a real
-// redis-server with the rendered container's arguments (the port aside),
-// the ratelimitd pod with its rendered args, its --redis-url host being
-// the chart's Redis Service (checkBundledRedis), moved onto this machine:
-// a decision leaves its key in that Redis.
+// decision. The chart's Redis runs as a real redis-server with its rendered
+// arguments (the port aside) and the ratelimitd pod with its rendered args
+// pointed at it: a decision leaves its key in that Redis.
 func TestDefaultInstallCounts(t *testing.T) {
 	r := render(t, "")
 	ss := one[appsv1.StatefulSet](t, r, "apps/v1/StatefulSet")
@@ -152,7 +149,7 @@ func TestDefaultInstallCounts(t *testing.T) {
 // decision sees the first).
 func TestRenderedPodServesAgainstMemcache(t *testing.T) {
 	mc := memcachetest.Start(t)
-	// A generous timeout: the test host may be loaded; the timeout is not under test.
+	// A generous timeout: the timeout is not under test.
 	r := render(t, "backend: memcache\nmemcache: {addrs: ['memcached-0.cache:11211'], timeout: 5s}\n")
 	pod := runPod(t, r, nil, nil, func(name, val string) string {
 		if name == "memcache-addrs" {
@@ -166,7 +163,7 @@ func TestRenderedPodServesAgainstMemcache(t *testing.T) {
 	}
 }
 
-// pod is a rendered ratelimitd container running on this host.
+// pod is a rendered ratelimitd container running as a local process.
 type pod struct {
 	httpAddr string
 	argv     []string
@@ -177,8 +174,18 @@ type pod struct {
 // out (secrets: test data of the Secrets it mounts), the listen addresses
 // on free loopback ports, each --redis-url host found in hosts replaced
 // by its address, and then each arg passed through rewrite. It waits for
-// the liveness path to answer.
+// /healthcheck to answer (the config in force).
 func runPod(t *testing.T, r release, secrets map[string]map[string]string, hosts map[string]string, rewrite ...func(name, val string) string) *pod {
+	t.Helper()
+	p, proc := startPod(t, r, secrets, hosts, rewrite...)
+	// Ready: /healthcheck answers 200 once the config is in force (the
+	// liveness path answers before).
+	proc.WaitOK(t, "http://"+p.httpAddr+"/healthcheck", 60*time.Second)
+	return p
+}
+
+// startPod is runPod without the wait.
+func startPod(t *testing.T, r release, secrets map[string]map[string]string, hosts map[string]string, rewrite ...func(name, val string) string) (*pod, *deploytest.Process) {
 	t.Helper()
 	bin := deploytest.Ratelimitd(t)
 	d, c := deployment(t, r)
@@ -218,9 +225,34 @@ func runPod(t *testing.T, r release, secrets map[string]map[string]string, hosts
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, literalEnv(c)...)
 	proc := deploytest.Start(t, cmd, 30*time.Second)
 	p.log = proc.Log
-	// The liveness probe's path on the http port.
-	proc.WaitOK(t, "http://"+p.httpAddr+c.LivenessProbe.HTTPGet.Path, 60*time.Second)
-	return p
+	return p, proc
+}
+
+// TestBadConfigPodStaysAlive: a release whose config does not load runs a
+// pod that the kubelet keeps (startup and liveness probe paths answer 200)
+// but sends no traffic to (/healthcheck, the readiness twin, answers 500):
+// restarting would not fix the config.
+func TestBadConfigPodStaysAlive(t *testing.T) {
+	r := render(t, "backend: memory\nconfig: {files: {ratelimitd.yaml: \"domain: example\\nbogus: 1\\n\"}}\n")
+	_, c := deployment(t, r)
+	p, proc := startPod(t, r, nil, nil)
+	for name, pr := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe} {
+		if pr.HTTPGet == nil {
+			t.Fatalf("%s probe is not an HTTP GET: %+v", name, pr.ProbeHandler)
+		}
+		proc.WaitOK(t, "http://"+p.httpAddr+pr.HTTPGet.Path, 60*time.Second)
+	}
+	resp, err := http.Get("http://" + p.httpAddr + "/healthcheck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusInternalServerError {
+		t.Errorf("/healthcheck = %d with a bad config, want 500 (not ready)", resp.StatusCode)
+	}
+	if !strings.Contains(p.log.String(), "bogus") {
+		t.Errorf("the log does not report the bad config:\n%s", p.log.String())
+	}
 }
 
 // decide sends one decision of the chart's default config (domain

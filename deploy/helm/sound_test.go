@@ -151,6 +151,16 @@ func TestEveryComboIsSound(t *testing.T) {
 	}
 }
 
+// elsewhereByValue: the objects a value may put in another namespace (the
+// monitoring stack's): monitors, the PrometheusRule and the dashboard.
+func elsewhereByValue(o object) bool {
+	switch o.Kind {
+	case "monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PodMonitor", "monitoring.coreos.com/v1/PrometheusRule":
+		return true
+	}
+	return o.Kind == "v1/ConfigMap" && strings.HasSuffix(o.Name, "-dashboard")
+}
+
 // checkRelease checks what every release must hold, one subject per check.
 func checkRelease(t *testing.T, r release) {
 	t.Helper()
@@ -161,8 +171,14 @@ func checkRelease(t *testing.T, r release) {
 		t.Errorf("Deployment selector %v does not match its pod labels %v", d.Spec.Selector.MatchLabels, podLabels)
 	}
 	for _, o := range r.Objects {
-		if m := metaOf(o.Obj); m.Namespace == "" {
+		m := metaOf(o.Obj)
+		switch {
+		case m.Namespace == "":
 			t.Errorf("%s: no namespace (helm install -n would still apply it, kubectl apply of helm template output would not)", o)
+		case m.Namespace != r.Namespace && !elsewhereByValue(o):
+			// ratelimitd names its Redis and reads its ConfigMap and
+			// Secrets by short name: they resolve in its own namespace only.
+			t.Errorf("%s: namespace %q, want the release namespace %q", o, m.Namespace, r.Namespace)
 		}
 	}
 
@@ -216,11 +232,14 @@ func checkProbes(t *testing.T, c *corev1.Container, grpcPort, httpPort int32) {
 	if g := c.ReadinessProbe.GRPC; g == nil || g.Port != grpcPort || g.Service == nil || *g.Service != "envoy.service.ratelimit.v3.RateLimitService" {
 		t.Errorf("readiness: want the gRPC health of envoy.service.ratelimit.v3.RateLimitService on %d, got %+v", grpcPort, c.ReadinessProbe.ProbeHandler)
 	}
-	if g := c.StartupProbe.GRPC; g == nil || g.Port != grpcPort {
-		t.Errorf("startup: want gRPC health on %d, got %+v", grpcPort, c.StartupProbe.ProbeHandler)
+	// Startup and liveness must not depend on the config (/healthcheck and
+	// the gRPC health are NOT_SERVING until a good config loads): /livez
+	// answers whenever the process does.
+	if h := c.StartupProbe.HTTPGet; h == nil || h.Path != "/livez" || deploytest.ContainerPort(c, h.Port.String()) != httpPort {
+		t.Errorf("startup: want GET /livez on the http port %d, got %+v", httpPort, c.StartupProbe.ProbeHandler)
 	}
-	if h := c.LivenessProbe.HTTPGet; h == nil || h.Path != "/healthcheck" || deploytest.ContainerPort(c, h.Port.String()) != httpPort {
-		t.Errorf("liveness: want GET /healthcheck on the http port %d, got %+v", httpPort, c.LivenessProbe.ProbeHandler)
+	if h := c.LivenessProbe.HTTPGet; h == nil || h.Path != "/livez" || deploytest.ContainerPort(c, h.Port.String()) != httpPort {
+		t.Errorf("liveness: want GET /livez on the http port %d, got %+v", httpPort, c.LivenessProbe.ProbeHandler)
 	}
 }
 
@@ -499,13 +518,10 @@ func serviceNamed(t *testing.T, r release, name string) *corev1.Service {
 }
 
 // checkBundledRedis: with backend redis, --redis-url reaches something.
-// When the chart runs its Redis (a StatefulSet), the URL's host is the
-// cluster DNS name of a rendered Service whose selector picks exactly the
-// StatefulSet's pods and whose port leads to the redis container's port;
-// the pods run as non-root with a read-only root, no persistence and
-// noeviction; with a NetworkPolicy, only ratelimitd's pods reach them and
-// ratelimitd may reach them. Without the StatefulSet the URL names no
-// Service of the release (the user's own Redis).
+// The chart's own Redis StatefulSet is reached through a rendered Service
+// that selects exactly its pods and port; they run hardened, without
+// persistence, with noeviction, and reachable by ratelimitd alone. Without
+// the StatefulSet the URL names no Service of the release.
 func checkBundledRedis(t *testing.T, r release, c *corev1.Container) {
 	t.Helper()
 	sts := byKind[appsv1.StatefulSet](r, "apps/v1/StatefulSet")

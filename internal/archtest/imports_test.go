@@ -32,9 +32,9 @@ var mayImport = map[string][]string{
 	"pkg/algo":                          {}, // and the standard library only: TestAlgoStdlibOnly
 	"pkg/algo/algotest":                 {"pkg/algo"},
 	"pkg/fairshare":                     {}, // and the standard library only: TestFairshareStdlibOnly
-	"pkg/lease":                         {"pkg/algo", "pkg/fairshare"},
+	"pkg/lease":                         {"pkg/algo", "pkg/fairshare", "pkg/opterr"},
 	"pkg/policy":                        {"pkg/algo"},
-	"pkg/policy/xds":                    {"pkg/algo", "pkg/policy"},
+	"pkg/policy/xds":                    {"pkg/algo", "pkg/policy", "pkg/opterr"},
 	"pkg/policy/xds/xdstest":            {},
 	"pkg/backend/overlimit":             {"pkg/algo", "pkg/backend/causes"},
 	"pkg/backend/memory":                {"pkg/algo", "pkg/backend/stats"},
@@ -42,19 +42,20 @@ var mayImport = map[string][]string{
 	"pkg/backend/breaker":               {},
 	"pkg/backend/clock":                 {},
 	"pkg/backend/causes":                {"pkg/algo"},
-	"pkg/backend/redis":                 {"pkg/algo", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/clock", "pkg/backend/causes", "pkg/backend/stats"},
+	"pkg/backend/redis":                 {"pkg/algo", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/clock", "pkg/backend/causes", "pkg/backend/stats", "pkg/opterr"},
 	"pkg/backend/redis/redistest":       {"internal/testproc"},
-	"pkg/backend/memcache":              {"pkg/algo", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/clock", "pkg/backend/causes", "pkg/backend/stats"},
+	"pkg/backend/memcache":              {"pkg/algo", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/clock", "pkg/backend/causes", "pkg/backend/stats", "pkg/opterr"},
 	"pkg/backend/memcache/memcachetest": {"internal/testproc"},
 	"pkg/backend/postgres":              {"pkg/algo", "pkg/backend/breaker", "pkg/backend/clock", "pkg/backend/causes", "pkg/backend/stats"},
 	"pkg/backend/postgres/pgtest":       {"internal/testproc"},
-	"pkg/telemetry":                     {"pkg/algo"},
+	"pkg/telemetry":                     {"pkg/algo", "pkg/opterr"},
 	"pkg/telemetry/statsd":              {},
-	"pkg/service":                       {"pkg/algo", "pkg/policy", "pkg/telemetry/statsd", "pkg/loglimit"},
+	"pkg/service":                       {"pkg/algo", "pkg/policy", "pkg/telemetry/statsd", "pkg/loglimit", "pkg/opterr"},
 	"pkg/loglimit":                      {},
+	"pkg/opterr":                        {}, // a leaf every option-validating package may import
 	"pkg/replay":                        {"pkg/algo", "pkg/policy", "pkg/service"},
 	"pkg/client":                        {"pkg/algo"},
-	"pkg/rlqs":                          {"pkg/algo", "pkg/policy", "pkg/fairshare", "pkg/loglimit", "pkg/backend/clock"},
+	"pkg/rlqs":                          {"pkg/algo", "pkg/policy", "pkg/fairshare", "pkg/loglimit", "pkg/opterr", "pkg/backend/clock"},
 	"cmd/ratelimitd/...": {
 		"cmd/ratelimitd/...",
 		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay", "pkg/rlqs",
@@ -76,7 +77,7 @@ var mayImport = map[string][]string{
 	"internal/serveopts": {
 		"pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/rlqs", "pkg/lease",
 		"pkg/backend/memory", "pkg/backend/redis", "pkg/backend/memcache", "pkg/backend/postgres",
-		"pkg/telemetry", "pkg/telemetry/statsd",
+		"pkg/telemetry", "pkg/telemetry/statsd", "pkg/opterr",
 		"internal/compat", "internal/events", "internal/gcpolicy", "internal/secrets",
 	},
 	"internal/gcpolicy":     {},
@@ -177,6 +178,8 @@ func deps(t *testing.T, pkg string) []string {
 	return strings.Fields(string(out))
 }
 
+// TestImportDirection: every package of the module has a mayImport entry,
+// imports only what its entry allows, and every entry matches a package.
 func TestImportDirection(t *testing.T) {
 	pkgs := modulePackages(t)
 	names := make([]string, 0, len(pkgs))
@@ -205,6 +208,7 @@ func TestImportDirection(t *testing.T) {
 	}
 }
 
+// TestAlgoStdlibOnly: pkg/algo imports the standard library only.
 func TestAlgoStdlibOnly(t *testing.T) {
 	for _, d := range deps(t, "pkg/algo") {
 		if d != mod+"pkg/algo" {
@@ -213,6 +217,7 @@ func TestAlgoStdlibOnly(t *testing.T) {
 	}
 }
 
+// TestFairshareStdlibOnly: pkg/fairshare imports the standard library only.
 func TestFairshareStdlibOnly(t *testing.T) {
 	for _, d := range deps(t, "pkg/fairshare") {
 		if d != mod+"pkg/fairshare" {

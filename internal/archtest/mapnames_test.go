@@ -315,6 +315,8 @@ func newDocIndex(t *testing.T) (docIndex, []string) {
 	return x, files
 }
 
+// TestMapNamesExist: every Go name the map pages cite exists, in the file
+// they place it in.
 func TestMapNamesExist(t *testing.T) {
 	x, _ := newDocIndex(t)
 	checked, placed := 0, 0

@@ -192,6 +192,8 @@ func (r *repoRefs) check(p, anchor string) string {
 	return ""
 }
 
+// TestMarkdownLinksResolve: every relative link of a Markdown file names a
+// tracked file, and its anchor a heading of that file.
 func TestMarkdownLinksResolve(t *testing.T) {
 	files := tracked(t)
 	refs := newRepoRefs(t, files)
@@ -225,6 +227,8 @@ func TestMarkdownLinksResolve(t *testing.T) {
 	}
 }
 
+// TestDocsPathsResolve: every docs/...md path a tracked file cites exists,
+// with its anchor.
 func TestDocsPathsResolve(t *testing.T) {
 	files := tracked(t)
 	refs := newRepoRefs(t, files)
@@ -283,6 +287,9 @@ var outsideCitations = []*regexp.Regexp{
 // docs/ exists.
 var archDoc = regexp.MustCompile(`[A-Za-z0-9_./-]*\barchitecture` + `\.md\b`)
 
+// TestNoCitationOutsideRepository: no tracked file cites a file outside the
+// repository, and only docs/architecture.md is cited as the repository's
+// map.
 func TestNoCitationOutsideRepository(t *testing.T) {
 	for _, f := range tracked(t) {
 		if !textFile(f) || f == "internal/archtest/refs_test.go" {

@@ -15,6 +15,8 @@ var testOnly = []string{
 	"k8s.io/client-go",
 }
 
+// TestBinaryLinksNoTestOnlyModule: cmd/ratelimitd depends on no test-only
+// module.
 func TestBinaryLinksNoTestOnlyModule(t *testing.T) {
 	for _, d := range deps(t, "cmd/ratelimitd") {
 		for _, m := range testOnly {

@@ -10,8 +10,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// docs/migrating.md names every envoyproxy/ratelimit variable this package
-// reads, ignores or warns about.
+// TestMigratingDocCoversVariables: docs/migrating.md names every
+// envoyproxy/ratelimit variable this package reads, ignores or warns about.
 func TestMigratingDocCoversVariables(t *testing.T) {
 	doc, err := os.ReadFile("../../docs/migrating.md")
 	if err != nil {
@@ -76,8 +76,9 @@ var plainTable = []Plain{
 	{Var: "CONFIG_GRPC_XDS_SERVER_USE_TLS", Flag: "xds-tls", Parse: func(v string) (string, error) { return v, nil }},
 }
 
-// ReadEnv turns the reference's variables into flag assignments, in
-// order, and names the flags an error should blame on a variable.
+// TestReadEnvSets: ReadEnv turns the reference's variables into flag
+// assignments, in order, and names the flags an error should blame on a
+// variable.
 func TestReadEnvSets(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -123,8 +124,8 @@ func TestReadEnvSets(t *testing.T) {
 	}
 }
 
-// Every malformed variable is reported, each as NAME="value"; a
-// credential is never quoted.
+// TestReadEnvErrors: every malformed variable is reported, each as
+// NAME="value"; a credential is never quoted.
 func TestReadEnvErrors(t *testing.T) {
 	_, err := ReadEnv(lookupOf("SHADOW_MODE", "maybe", "GRPC_PORT", "http", "USE_STATSD", "yes please", "DISABLE_STATS", "x", "MEMCACHE_TLS", "true", "LOG_LEVEL", "loud"), plainTable, defaults)
 	if err == nil {
@@ -141,8 +142,9 @@ func TestReadEnvErrors(t *testing.T) {
 	}
 }
 
-// The reference's statsd: USE_STATSD unset sends (reference mode) to
-// STATSD_HOST:STATSD_PORT, and native mode warns that it does not.
+// TestReadEnvStatsdReference: the reference's statsd: USE_STATSD unset
+// sends (reference mode) to STATSD_HOST:STATSD_PORT, and native mode warns
+// that it does not.
 func TestReadEnvStatsdReference(t *testing.T) {
 	e, err := ReadEnv(lookupOf("STATSD_HOST", "sink", "TRACING_SERVICE_NAMESPACE", "ns"), plainTable, defaults)
 	if err != nil {
@@ -169,8 +171,8 @@ func TestReadEnvStatsdReference(t *testing.T) {
 	}
 }
 
-// Resolve's rule and the defaults reference mode sets, each skipped when
-// a flag, twin or reference variable set it.
+// TestResolve: Resolve's rule and the defaults reference mode sets, each
+// skipped when a flag, twin or reference variable set it.
 func TestResolve(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -223,7 +225,8 @@ func TestResolve(t *testing.T) {
 	}
 }
 
-// Annotate names the variable behind each line about a flag it set.
+// TestAnnotate: Annotate names the variable behind each line about a flag
+// it set.
 func TestAnnotate(t *testing.T) {
 	setBy := map[string]string{"gc-percent": "RATELIMITD_GC_PERCENT", "near-limit-ratio": "NEAR_LIMIT_RATIO"}
 	err := Annotate(errors.Join(errors.New("--gc-percent=-1: bad"), errors.New("--near-limit-ratio: too big"), errors.New("--other: x")), setBy)
@@ -240,7 +243,8 @@ func TestAnnotate(t *testing.T) {
 	}
 }
 
-// UnknownTwins names the RATELIMITD_* variables that are no flag's twin.
+// TestUnknownTwins: UnknownTwins names the RATELIMITD_* variables that are
+// no flag's twin.
 func TestUnknownTwins(t *testing.T) {
 	twins := map[string]bool{"RATELIMITD_REDIS_URL": true}
 	w := UnknownTwins([]string{"PATH=/bin", "RATELIMITD_REDIS_ULR=x", "RATELIMITD_REDIS_URL=y", "RATELIMITD_REQUIRE_REDIS=1", "RATELIMITD_A=1"}, twins)
@@ -252,6 +256,8 @@ func TestUnknownTwins(t *testing.T) {
 	}
 }
 
+// TestInvokedAsReference: a binary named ratelimit, on any path, is the
+// reference's; any other name is not.
 func TestInvokedAsReference(t *testing.T) {
 	for argv0, want := range map[string]bool{"/bin/ratelimit": true, "ratelimit": true, "/usr/bin/ratelimitd": false, "ratelimit.sh": false} {
 		if got := InvokedAsReference(argv0); got != want {
@@ -260,7 +266,8 @@ func TestInvokedAsReference(t *testing.T) {
 	}
 }
 
-// validate's mode: serve's rule, with RATELIMITD_CONFIG as --config.
+// TestValidateMode: validate's mode: serve's rule, with RATELIMITD_CONFIG
+// as --config.
 func TestValidateMode(t *testing.T) {
 	for _, tc := range []struct {
 		mode   string
@@ -284,7 +291,7 @@ func TestValidateMode(t *testing.T) {
 	}
 }
 
-// The paths validate checks in reference mode.
+// TestConfigPaths: the paths validate checks in reference mode.
 func TestConfigPaths(t *testing.T) {
 	for _, tc := range []struct {
 		env  []string

@@ -447,14 +447,11 @@ func (r *reader) metrics() {
 }
 
 // statsd maps USE_STATSD, STATSD_HOST, STATSD_PORT, STATS_FLUSH_INTERVAL,
-// EXTRA_TAGS (--statsd-tags) and DISABLE_STATS. The reference sends
-// statsd to STATSD_HOST:STATSD_PORT (defaults localhost, 8125) unless
-// USE_STATSD is false (its default is true), DISABLE_STATS is true, or
-// another sink (USE_PROMETHEUS, USE_DOG_STATSD) is chosen. ratelimitd
-// sends only when USE_STATSD=true is set explicitly (--statsd-addr); what
-// the reference would do with USE_STATSD unset is
-// Env.StatsdReferenceAddr, and STATSD_HOST or STATSD_PORT set without it
-// is named in the unsupported warning.
+// EXTRA_TAGS (--statsd-tags) and DISABLE_STATS. Only USE_STATSD=true set
+// explicitly gives --statsd-addr; where the reference would send with
+// USE_STATSD unset (its default is true) is Env.StatsdReferenceAddr, and
+// STATSD_HOST or STATSD_PORT set without it is named in the unsupported
+// warning.
 func (r *reader) statsd() {
 	use, useSet := false, false
 	if v, ok := r.get("USE_STATSD"); ok && v != "" {

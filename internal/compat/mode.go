@@ -146,27 +146,11 @@ func Resolve(in ModeInput) (Mode, error) {
 }
 
 // referenceDefaults are the reference's defaults of every client-visible
-// setting that neither a flag nor a RATELIMITD_* twin (nor the reference
-// variable mapped onto it) set:
-//
-//   - no rate-limit headers unless LIMIT_RESPONSE_HEADERS_ENABLED=true,
-//     which gives the three legacy headers under LIMIT_LIMIT_HEADER,
-//     LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER (defaults
-//     RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset);
-//   - no Retry-After and no RFC 9457 body on OVER_LIMIT;
-//   - counting as the reference counts: --counting=always_charge, or
-//     all_or_nothing with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true;
-//   - statsd sent where the reference sends it (Env.StatsdReferenceAddr);
-//   - --memcache-timeout 500ms (gomemcache's default, which the
-//     reference's memcache client keeps);
-//   - the config directory /srv/runtime_data/current/config and a Redis
-//     backend at /var/run/nutcracker/ratelimit.sock when no variable
-//     names them (the reference's defaults);
-//   - dot files and directories loaded unless RUNTIME_IGNOREDOTFILES=true
-//     (the reference's default is false).
-//
-// The answers and the counting themselves are serve's to switch
-// (service.Options.ReferenceAnswers and the stores' reference counting).
+// setting that no flag, RATELIMITD_* twin or mapped reference variable
+// set: its headers, no Retry-After or problem body, its counting, its
+// statsd address, memcache timeout, config directory, Redis socket and
+// dot-file handling (docs/migrating.md lists them). The answers and the
+// counting themselves are serve's to switch.
 func referenceDefaults(in ModeInput) ([]Set, error) {
 	var d []Set
 	unset := func(flag string) bool { return !in.Explicit[flag] && !in.Env.Has(flag) }

@@ -37,11 +37,11 @@ func docRequests(t *testing.T, files ...string) []docRequest {
 	return out
 }
 
-// The admin and troubleshooting examples run as written against the
-// config `make run` serves (examples/config): every request's domain is
-// loaded and every descriptor matches a rule, and the explanation
-// docs/admin.md shows is what six attempts of the same user produce
-// (times aside).
+// TestDocAdminExamples: the admin and troubleshooting examples run as
+// written against the config `make run` serves (examples/config): every
+// request's domain is loaded and every descriptor matches a rule, and the
+// explanation docs/admin.md shows is what six attempts of the same user
+// produce (times aside).
 func TestDocAdminExamples(t *testing.T) {
 	reqs := docRequests(t, "docs/admin.md", "docs/troubleshooting.md")
 	if len(reqs) < 5 {

@@ -129,8 +129,7 @@ func (f *floodConn) open(t *testing.T, authority string, n int) {
 // it is refused (RST_STREAM REFUSED_STREAM), the service keeps deciding for
 // a well-behaved client, and the process's RSS grows by at most the stated
 // budget of 24 MiB per flooding connection at the default limit of 1000
-// (docs/security.md, "Resource bounds"). Without the limit, the same flood
-// held 50,000 streams on one connection.
+// (docs/security.md, "Resource bounds").
 func TestStreamFloodBounded(t *testing.T) {
 	const (
 		conns     = 8
@@ -180,8 +179,8 @@ func TestStreamFloodBounded(t *testing.T) {
 	budget := int64(conns * budgetPer)
 	if raceEnabled {
 		// The race detector keeps shadow memory for every goroutine stack
-		// and heap object: measured 57 KiB per held stream under -race
-		// against 15–16 KiB without.
+		// and heap object, several times a held stream's own
+		// (BENCHMARKS.md, "Hostile requests").
 		budget *= 4
 	}
 	t.Logf("RSS %d MiB before, %d MiB with %d connections × %d held streams (%.1f KiB per stream)",

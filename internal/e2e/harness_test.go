@@ -203,7 +203,7 @@ func freePort(t testing.TB) string {
 
 // settleWithin bounds, in real time, the waits of eventually for a state
 // the process reaches on its own (a reloaded config, a log line, a
-// backend back): generous, so that a loaded host passes and a process
+// backend back): generous, so that slow scheduling passes and a process
 // that never gets there fails. How soon it happens is the benchmarks'
 // measure (BenchmarkHotReload).
 const settleWithin = 30 * time.Second

@@ -23,16 +23,13 @@ descriptors:
       consistency: leased
 `
 
-// Three ratelimitd processes on one redis-server decide a leased limit of
-// 500 per second under demand far above it; one of them is killed
-// (SIGKILL) while it holds units. Each OK answer is counted in the window
-// its call lay in, or, for a call that spanned a window boundary, at
-// that boundary (the answer's duration_until_reset is whole seconds: it
-// cannot tell). No window admits more than 500 across the processes (nor
-// two adjacent windows more than 1000 with the calls at their boundary);
-// no window's counter in Redis (units granted, which bound those
-// admitted) exceeds 500; the windows before the kill admit at least 95 %
-// of the limit together.
+// TestLeasedAcrossProcesses: three ratelimitd processes on one
+// redis-server decide a leased limit of 500 per second under demand far
+// above it, and one is killed (SIGKILL) while it holds units. No window
+// admits more than 500 across the processes (a call spanning a window
+// boundary counts at the boundary, nor two adjacent windows more than
+// 1000), no window's counter in Redis exceeds 500, and the windows before
+// the kill admit at least 95 % of the limit.
 func TestLeasedAcrossProcesses(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)

@@ -23,11 +23,11 @@ descriptors:
       requests_per_unit: %d
 `
 
-// A limit raised or lowered mid-window applies on the next request: the
-// counter is not keyed by the limit (it keeps counting), and the Redis
-// store's local over-limit cache is dropped on reload, so a denial cached
-// under the old limit does not survive it (issue: config changes
-// mid-window).
+// TestLimitChangeMidWindow: a limit raised or lowered mid-window applies on
+// the next request: the counter is not keyed by the limit (it keeps
+// counting), and the Redis store's local over-limit cache is dropped on
+// reload, so a denial cached under the old limit does not survive it
+// (issue: config changes mid-window).
 func TestLimitChangeMidWindow(t *testing.T) {
 	// Hour windows: stay clear of the boundary.
 	if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < 30*time.Second {

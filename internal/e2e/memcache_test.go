@@ -68,9 +68,10 @@ func TestMemcacheNoRLQS(t *testing.T) {
 	}
 }
 
-// Two replicas on one real memcached share their counters: one set up
-// with envoyproxy/ratelimit's BACKEND_TYPE=memcache MEMCACHE_HOST_PORT, the
-// other with --backend=memcache --memcache-addrs.
+// TestMemcacheBackendSharedAcrossReplicas: two replicas on one real
+// memcached share their counters: one set up with envoyproxy/ratelimit's
+// BACKEND_TYPE=memcache MEMCACHE_HOST_PORT, the other with
+// --backend=memcache --memcache-addrs.
 func TestMemcacheBackendSharedAcrossReplicas(t *testing.T) {
 	srv := memcachetest.Start(t)
 	dir := t.TempDir()
@@ -180,10 +181,10 @@ func TestMemcacheBackendSharedAcrossReplicas(t *testing.T) {
 	}
 }
 
-// memcached killed: ratelimitd.backend turns NOT_SERVING, the rules'
-// failure modes answer (open admits, closed denies, local counts in
-// process) and the errors are
-// counted with cause refused; after a restart it serves and counts again.
+// TestMemcacheFailureModes: memcached killed: ratelimitd.backend turns
+// NOT_SERVING, the rules' failure modes answer (open admits, closed denies,
+// local counts in process) and the errors are counted with cause refused;
+// after a restart it serves and counts again.
 func TestMemcacheFailureModes(t *testing.T) {
 	srv := memcachetest.Start(t)
 	dir := t.TempDir()
@@ -232,9 +233,10 @@ func TestMemcacheFailureModes(t *testing.T) {
 	}
 }
 
-// A config with an algorithm memcached cannot decide is refused at load,
-// naming the rule and the backend: at startup the service is not SERVING;
-// once a good config is in force a bad reload keeps it.
+// TestMemcacheRefusesOtherAlgorithms: a config with an algorithm memcached
+// cannot decide is refused at load, naming the rule and the backend: at
+// startup the service is not SERVING; once a good config is in force a bad
+// reload keeps it.
 func TestMemcacheRefusesOtherAlgorithms(t *testing.T) {
 	srv := memcachetest.Start(t)
 	dir := t.TempDir()

@@ -13,9 +13,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// Two ratelimitd replicas on one real redis-server share their counters:
-// one through --redis-url, the other through envoyproxy/ratelimit's
-// REDIS_URL/REDIS_SOCKET_TYPE (which also select the Redis backend).
+// TestRedisBackendSharedAcrossReplicas: two ratelimitd replicas on one real
+// redis-server share their counters: one through --redis-url, the other
+// through envoyproxy/ratelimit's REDIS_URL/REDIS_SOCKET_TYPE (which also
+// select the Redis backend).
 func TestRedisBackendSharedAcrossReplicas(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
@@ -51,11 +52,12 @@ func TestRedisBackendSharedAcrossReplicas(t *testing.T) {
 	}
 }
 
-// Health says SERVING only once the backend is warm: with Redis up, by the
-// time "" is SERVING the script is loaded on the server (no request pays
-// for EVAL) and the warm-up is logged; with Redis down, "" stays
-// NOT_SERVING for --redis-warmup, then serves (startup never requires
-// Redis) with ratelimitd.backend NOT_SERVING until Redis answers.
+// TestHealthWaitsForWarmBackend: health says SERVING only once the backend
+// is warm: with Redis up, by the time "" is SERVING the script is loaded on
+// the server (no request pays for EVAL) and the warm-up is logged; with
+// Redis down, "" stays NOT_SERVING for --redis-warmup, then serves (startup
+// never requires Redis) with ratelimitd.backend NOT_SERVING until Redis
+// answers.
 func TestHealthWaitsForWarmBackend(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)

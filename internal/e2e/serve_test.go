@@ -30,7 +30,8 @@ descriptors:
       requests_per_unit: %d
 `
 
-// The shipped example config serves correct answers over real gRPC.
+// TestServeExampleConfig: the shipped example config serves correct answers
+// over real gRPC.
 func TestServeExampleConfig(t *testing.T) {
 	p := start(t, startOpts{args: []string{"--config", filepath.Join(repoRoot(t), "examples/config")}})
 	cc := p.dial(t)
@@ -63,8 +64,8 @@ func TestServeExampleConfig(t *testing.T) {
 	}
 }
 
-// grpc.health.v1 is NOT_SERVING until the first good config, then SERVING;
-// /healthcheck follows.
+// TestHealthTransitions: grpc.health.v1 is NOT_SERVING until the first good
+// config, then SERVING; /healthcheck follows.
 func TestHealthTransitions(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "bad.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
@@ -89,7 +90,8 @@ func TestHealthTransitions(t *testing.T) {
 	}
 }
 
-// Server reflection lists the services, so grpcurl works without protos.
+// TestReflection: server reflection lists the services, so grpcurl works
+// without protos.
 func TestReflection(t *testing.T) {
 	p := start(t, startOpts{args: []string{"--config", filepath.Join(repoRoot(t), "examples/config")}})
 	cc := p.dial(t)
@@ -138,7 +140,8 @@ func contains(xs []string, s string) bool {
 	return false
 }
 
-// POST /json answers 200, 429 and 400; /metrics, /rlconfig and pprof serve.
+// TestHTTPEndpoints: POST /json answers 200, 429 and 400; /metrics,
+// /rlconfig and pprof serve.
 func TestHTTPEndpoints(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 1))
@@ -213,9 +216,9 @@ func reloadEnv(t testing.TB, n int) (dir string, p *proc, cc *grpc.ClientConn, l
 	}
 }
 
-// A changed file is put in force (how soon: BenchmarkHotReload; the
-// documented bound is 2 s); a bad change keeps the old config and counts a
-// failed reload.
+// TestHotReload: a changed file is put in force (how soon:
+// BenchmarkHotReload; the documented bound is 2 s); a bad change keeps the
+// old config and counts a failed reload.
 func TestHotReload(t *testing.T) {
 	dir, p, cc, limit := reloadEnv(t, 5)
 	if got := limit(); got != 5 {
@@ -278,8 +281,8 @@ func BenchmarkHotReload(b *testing.B) {
 	b.ReportMetric(float64(worst.Milliseconds()), "max_ms")
 }
 
-// SIGTERM: health goes NOT_SERVING during the drain, an in-flight call
-// completes, and the process exits 0.
+// TestGracefulShutdown: SIGTERM: health goes NOT_SERVING during the drain,
+// an in-flight call completes, and the process exits 0.
 func TestGracefulShutdown(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
@@ -342,7 +345,7 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 }
 
-// SIGINT also exits 0.
+// TestSIGINT: SIGINT also exits 0.
 func TestSIGINT(t *testing.T) {
 	p := start(t, startOpts{args: []string{"--config", filepath.Join(repoRoot(t), "examples/config")}})
 	p.waitServing(t, p.dial(t), "")
@@ -352,6 +355,8 @@ func TestSIGINT(t *testing.T) {
 	}
 }
 
+// TestVersion: `ratelimitd version` prints the linker-set version and
+// commit and the Go version.
 func TestVersion(t *testing.T) {
 	code, out, _ := runCmd(t, "version")
 	if code != 0 {
@@ -364,6 +369,8 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestValidate: `ratelimitd validate` exits 0 on a good config, 1 naming
+// file:line of every error in every bad file, and 0 with a lint warning.
 func TestValidate(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good")
@@ -414,8 +421,8 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// An envoyproxy/ratelimit deployment's environment and config layout work
-// unchanged.
+// TestMigrationEnvironment: an envoyproxy/ratelimit deployment's
+// environment and config layout work unchanged.
 func TestMigrationEnvironment(t *testing.T) {
 	root := t.TempDir()
 	cfg := filepath.Join(root, "current", "ratelimit", "config")

@@ -27,9 +27,9 @@ func (u udpStats) get(key string) (float64, bool) {
 	return v, ok
 }
 
-// The binary with envoyproxy/ratelimit's statsd variables (as Envoy
-// Gateway sets them, plus a short STATS_FLUSH_INTERVAL) sends the
-// reference's stat names to STATSD_HOST:STATSD_PORT over UDP.
+// TestStatsdLegacyEnv: the binary with envoyproxy/ratelimit's statsd
+// variables (as Envoy Gateway sets them, plus a short STATS_FLUSH_INTERVAL)
+// sends the reference's stat names to STATSD_HOST:STATSD_PORT over UDP.
 func TestStatsdLegacyEnv(t *testing.T) {
 	u := listenStatsd(t)
 	cfg := t.TempDir()

@@ -151,8 +151,8 @@ func checkHealth(t *testing.T, addr string, cfg *tls.Config) error {
 	return nil
 }
 
-// gRPC mTLS with a required SAN; a replaced server certificate is served
-// without a restart.
+// TestGRPCMutualTLS: gRPC mTLS with a required SAN; a replaced server
+// certificate is served without a restart.
 func TestGRPCMutualTLS(t *testing.T) {
 	ca, dir, cfgDir := tlsSetup(t, "server-1", 3)
 	const san = "spiffe://cluster.local/ns/istio-system/sa/ingress"

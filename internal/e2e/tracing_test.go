@@ -13,9 +13,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 )
 
-// With --tracing, a ShouldRateLimit call carrying Envoy's W3C traceparent
-// produces a server span and a backend span in Envoy's trace, exported to
-// the OTLP collector (flushed at shutdown at the latest).
+// TestTracingContinuesEnvoyTrace: with --tracing, a ShouldRateLimit call
+// carrying Envoy's W3C traceparent produces a server span and a backend
+// span in Envoy's trace, exported to the OTLP collector (flushed at
+// shutdown at the latest).
 func TestTracingContinuesEnvoyTrace(t *testing.T) {
 	col := testproc.StartOTLPCollector(t)
 

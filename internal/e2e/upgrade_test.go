@@ -146,20 +146,13 @@ func btoi(b bool) int {
 	return 0
 }
 
-// TestRollingUpgradeWindowKeys runs the previous release's binary (built
-// from the commit before versioned window keys) and this one side by side
-// on one Redis, as in a rolling upgrade:
-//   - with the defaults each version counts a fixed window in its own keys
-//     (the previous one in "<key>" holding "<window> <count>", this one in
-//     "{<key>}:v2:<window>"), so within the window of the switch a limit is
-//     admitted once per version and no more: each binary admits exactly
-//     the limit, together twice it, the bound docs/redis.md states;
-//   - with --redis-window-keys=false the new binary counts in the previous
-//     layout and the two together admit exactly the limit.
-//
-// The limit's window is an hour; when the test straddles an hour
-// boundary (Redis' TIME before and after), each count may span two
-// windows and the bound is per window spanned.
+// TestRollingUpgradeWindowKeys runs the release before versioned window
+// keys and this one side by side on one Redis, as in a rolling upgrade.
+// With the defaults each version counts in its own keys, so each admits
+// exactly the limit and together twice it (the bound docs/redis.md
+// states); with --redis-window-keys=false they share the old layout and
+// together admit exactly the limit. A run that straddles the hourly
+// window boundary is bounded per window spanned.
 func TestRollingUpgradeWindowKeys(t *testing.T) {
 	redistest.Require(t)
 	old := buildPrevious(t)

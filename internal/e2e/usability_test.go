@@ -77,7 +77,7 @@ func logCount(t testing.TB, p *proc, msgPrefix string, attrs map[string]any, wan
 	}
 }
 
-// SIGHUP reloads the config and the process keeps running.
+// TestSIGHUPReloads: SIGHUP reloads the config and the process keeps running.
 func TestSIGHUPReloads(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
@@ -110,10 +110,10 @@ func TestSIGHUPReloads(t *testing.T) {
 	}
 }
 
-// An empty config directory is a valid, empty config: SERVING, every
-// request OK, and a WARN on each such load. Deleting the last file of a
-// watched directory loads the empty config; deleting a file given directly
-// keeps the last good config.
+// TestEmptyConfig: an empty config directory is a valid, empty config:
+// SERVING, every request OK, and a WARN on each such load. Deleting the
+// last file of a watched directory loads the empty config; deleting a file
+// given directly keeps the last good config.
 func TestEmptyConfig(t *testing.T) {
 	dir := t.TempDir()
 	p := start(t, startOpts{args: []string{"--config", dir}})
@@ -173,8 +173,9 @@ func TestEmptyConfig(t *testing.T) {
 	}
 }
 
-// Before any config loaded, a rejected config does not claim to keep a
-// "last good config"; the first good load logs first=true.
+// TestFirstLoadLogging: before any config loaded, a rejected config does
+// not claim to keep a "last good config"; the first good load logs
+// first=true.
 func TestFirstLoadLogging(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "e2e.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n")
@@ -196,11 +197,12 @@ func TestFirstLoadLogging(t *testing.T) {
 	}
 }
 
-// --memory-max-keys bounds the memory store, and a full store switches no
-// limit off: after two values fill it, a third value of a 10-per-minute
-// rule with the default failure_mode open, called 30 times at once, is
-// admitted exactly 10 times (decided by the store's sketch, counted in
-// ratelimitd_memory_full_hits_total), not 30 by the failure mode.
+// TestMemoryMaxKeys: --memory-max-keys bounds the memory store, and a full
+// store switches no limit off: after two values fill it, a third value of a
+// 10-per-minute rule with the default failure_mode open, called 30 times at
+// once, is admitted exactly 10 times (decided by the store's sketch,
+// counted in ratelimitd_memory_full_hits_total), not 30 by the failure
+// mode.
 func TestMemoryMaxKeys(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "e2e.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n")
@@ -241,9 +243,9 @@ func TestMemoryMaxKeys(t *testing.T) {
 	}
 }
 
-// With --log-format=json every line is JSON, go-redis' own pool errors
-// included, and they are rate-limited; a misspelled RATELIMITD_* variable is
-// named in a startup warning.
+// TestRedisLogsAreStructured: with --log-format=json every line is JSON,
+// go-redis' own pool errors included, and they are rate-limited; a
+// misspelled RATELIMITD_* variable is named in a startup warning.
 func TestRedisLogsAreStructured(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))
@@ -293,8 +295,8 @@ func TestRedisLogsAreStructured(t *testing.T) {
 	}
 }
 
-// `make run` execs the server: a SIGTERM to make reaches it, and it exits
-// (its ports are free again) instead of being orphaned.
+// TestMakeRunStops: `make run` execs the server: a SIGTERM to make reaches
+// it, and it exits (its ports are free again) instead of being orphaned.
 func TestMakeRunStops(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds with make")
@@ -316,8 +318,8 @@ func TestMakeRunStops(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	// The server is make's child (exec): find it by its parent. make
-	// builds it first, which on a loaded host takes minutes: no time
-	// bound but the test's own, as long as make runs.
+	// builds it first, which can take minutes: no time bound but the
+	// test's own, as long as make runs.
 	var server int
 	for server == 0 {
 		select {
@@ -383,7 +385,8 @@ func goEnv(t testing.TB, name string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// The service options exposed as serve flags reach the responses.
+// TestServiceFlagsWired: the service options exposed as serve flags reach
+// the responses.
 func TestServiceFlagsWired(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "e2e.yaml", "domain: e2e\ndescriptors:\n  - key: k\n    rate_limit: {name: one, unit: minute, requests_per_unit: 1}\n")
@@ -449,9 +452,9 @@ func reloadRefused(t *testing.T, p *proc, cc *grpc.ClientConn, dir, name, conten
 	}
 }
 
-// --max-config-rules refuses a config with more rules at startup (not
-// serving) and at reload (the config in force stays), with an ERROR naming
-// both counts.
+// TestMaxConfigRules: --max-config-rules refuses a config with more rules
+// at startup (not serving) and at reload (the config in force stays), with
+// an ERROR naming both counts.
 func TestMaxConfigRules(t *testing.T) {
 	dir := t.TempDir()
 	two := fmt.Sprintf(oneFile, 5) + "  - key: other\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
@@ -465,7 +468,8 @@ func TestMaxConfigRules(t *testing.T) {
 	reloadRefused(t, p, cc, dir, "e2e.yaml", two, refused, "e2e")
 }
 
-// --max-config-bytes refuses a config larger than the limit before parsing.
+// TestMaxConfigBytes: --max-config-bytes refuses a config larger than the
+// limit before parsing.
 func TestMaxConfigBytes(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "e2e.yaml", fmt.Sprintf(oneFile, 5))

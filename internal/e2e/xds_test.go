@@ -34,11 +34,12 @@ func metric(t *testing.T, p *proc, name, labels string) string {
 	return ""
 }
 
-// The real binary with envoyproxy/ratelimit's environment as Envoy Gateway
-// sets it (CONFIG_TYPE=GRPC_XDS_SOTW, mutual TLS, node envoy-ratelimit)
-// against a go-control-plane snapshot-cache server: NOT_SERVING until the
-// first config, then decisions from it; updates, a NACKed snapshot that
-// keeps the config in force, and a server restart.
+// TestXDSReferenceEnvironment: the real binary with envoyproxy/ratelimit's
+// environment as Envoy Gateway sets it (CONFIG_TYPE=GRPC_XDS_SOTW, mutual
+// TLS, node envoy-ratelimit) against a go-control-plane snapshot-cache
+// server: NOT_SERVING until the first config, then decisions from it;
+// updates, a NACKed snapshot that keeps the config in force, and a server
+// restart.
 func TestXDSReferenceEnvironment(t *testing.T) {
 	srv := xdstest.Start(t, xdstest.NewCerts(t))
 	// Envoy Gateway always sets its Redis (REDIS_SOCKET_TYPE, REDIS_URL):
@@ -145,8 +146,8 @@ func TestXDSReferenceEnvironment(t *testing.T) {
 	}
 }
 
-// A client certificate the server does not trust: no config, health
-// NOT_SERVING, and a log line that says why.
+// TestXDSWrongClientCertificate: a client certificate the server does not
+// trust: no config, health NOT_SERVING, and a log line that says why.
 func TestXDSWrongClientCertificate(t *testing.T) {
 	srv := xdstest.Start(t, xdstest.NewCerts(t))
 	srv.Set(xdstest.NodeID, xdstest.EGConfigs(1)...)

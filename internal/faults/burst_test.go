@@ -40,10 +40,8 @@ var shapes = []shape{
 // top of the defaults: a call without a deadline gets a budget of 20 s
 // instead of --redis-max-wait's 1 s, so that such calls (whose answers
 // must be exact: every one decided, exactly the limit OK) are decided by
-// the store whatever the speed of the host, never shed when a pinned,
-// -race host takes over a second. Calls with Envoy's 20 ms deadline keep
-// their deadline; the 1 s budget itself is measured by
-// pkg/backend/redis BenchmarkTakeRedisFrozen (max_ms_no_deadline).
+// the store, never shed when busy loops and -race make a call take over a
+// second. Calls with Envoy's 20 ms deadline keep their deadline.
 var patientArgs = []string{"--redis-max-wait=20s"}
 
 // fleetSize is the number of instances a burst is spread over.
@@ -164,13 +162,9 @@ func freshBursts(t *testing.T, cfg string, b backend) {
 
 // warmBursts runs burstReps(false) bursts of each shape on warmed fleets:
 // one for the shapes without a deadline, another for those with Envoy's.
-// The exact bursts' precondition is a healthy store: the budget timeouts
-// of bursts whose callers give up after 20 ms are stall evidence for the
-// circuit breaker (a starved Redis that has not answered for
-// --redis-timeout looks like a frozen one), and a call without a deadline
-// that met a circuit they opened would be shed whatever its budget. So
-// the exact bursts run on a fleet of their own, and before each of them
-// waitHealthy checks that every instance's store is healthy.
+// The deadlined bursts' timeouts can open the circuit (a starved Redis
+// looks frozen), which would shed the exact bursts' calls, so those run
+// on a fleet of their own, each after waitHealthy.
 func warmBursts(t *testing.T, cfg string, b backend) {
 	var exact, deadlined []int
 	for i, sh := range shapes {

@@ -5,8 +5,7 @@
 // (standalone, TLS 1.3 only, Sentinel with a replica, a 3-master Cluster),
 // called over gRPC like Envoy calls them.
 //
-// It proves two properties with exact counts, whatever the load of the
-// host:
+// It proves two properties with exact counts, whatever the machine's load:
 //
 //   - never over-admit: a burst of C concurrent ShouldRateLimit calls on
 //     one fresh key with limit L, spread over 3 instances, freshly started
@@ -22,8 +21,6 @@
 //     during the fault and SERVING within 1 s after it (TestFaults).
 //
 // Timing is never asserted except the health bounds above; latency belongs
-// to the benchmarks. `make test` runs the quick variant (every topology,
-// load, instance state and burst shape, each fault at least once);
-// RATELIMITD_LONG=1, as `make test-long` sets, repeats each burst 20
-// times. The package has no non-test code.
+// to the benchmarks. RATELIMITD_LONG=1 (`make test-long`) repeats each
+// burst 20 times. The package has no non-test code.
 package faults

@@ -12,21 +12,14 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// TestSentinelFailoverCounts: 8 callers (no deadline) on 4 keys of the big
-// rule, over 2 instances in Sentinel mode, while `SENTINEL FAILOVER`
-// promotes the replica; the load runs for a second and 100 decided calls
-// before, and goes on until the new master has the old one as a replica in
-// sync, and for a second and 100 decided calls more. The deployment is
-// the one documented to lose no counted hit: min-replicas-to-write 1 on
-// the Redis servers and --redis-wait-replicas=1 on ratelimitd (other flags
-// default). Then, per
-// key, the store's count (read with a check-only call) must account for
-// every answer: no fewer than the OK answers decided by the store (a
-// decided hit lost in the failover lets more through than the limit), no
-// more than the answers that may have been counted (decided, failed open,
-// or an error: those may or may not have reached Redis). Failed-open
-// answers are the rule's failure mode (open) while the master refuses
-// writes, deliberate and metered.
+// TestSentinelFailoverCounts: 8 callers (no deadline) on 4 keys, over 2
+// instances in Sentinel mode, run before, during and after a `SENTINEL
+// FAILOVER`, on the deployment documented to lose no counted hit
+// (min-replicas-to-write 1, --redis-wait-replicas=1). Per key, the store's
+// count must be at least the OK answers the store decided (a lost hit
+// would over-admit) and at most the answers that may have reached Redis
+// (decided, failed open or an error). Failing open while the master
+// refuses writes is the rule's metered failure mode.
 func TestSentinelFailoverCounts(t *testing.T) {
 	redistest.Require(t)
 	// repl-diskless-sync-delay 0: the old master's resync starts at once
@@ -92,8 +85,8 @@ func failoverRun(t *testing.T, g *redistest.SentinelGroup, extra ...string) ([]t
 		})
 	}
 	// The load runs for a second and loadCalls decided calls before the
-	// failover, and as long again after it (a count, so that a slow host
-	// runs it as fully as a fast one).
+	// failover, and as long again after it (a count, so that a slow run
+	// does as much as a fast one).
 	waitLoad := func(what string) {
 		t.Helper()
 		from, start := decided.Load(), time.Now()

@@ -20,7 +20,7 @@ const (
 	quietAfter = 3 * time.Second
 	// stateWithin bounds, in real time, each wait for a health state
 	// (NOT_SERVING after a fault began, SERVING after it ended):
-	// generous, so that a slow host passes and an instance that never
+	// generous, so that slow scheduling passes and an instance that never
 	// gets there fails. How soon it happens is BenchmarkFaults' measure.
 	stateWithin = 20 * time.Second
 )
@@ -144,18 +144,13 @@ func (tr *traffic) stop() tally {
 	return tr.sum
 }
 
-// TestFaults: Redis (standalone, and standalone over TLS 1.3 only) is
-// killed and started again on its port, frozen and thawed, restarted, or
-// out of memory and then freed, under one ratelimitd with its default
-// flags (but patientArgs); idle (no calls during the fault) or busy (two
-// callers with Envoy's deadline until the fault ends). The health of
-// ratelimitd.backend must turn NOT_SERVING during a lasting fault and stay
-// so to its end (which comes faultHold after NOT_SERVING), and turn
-// SERVING after it and stay so; after quietAfter without traffic and
-// SERVING, the next call on a fresh 1-per-day key must be decided and
-// counted (OK, then OVER_LIMIT). The idle and busy runs of one fault run in
-// parallel, each with its own Redis and instance. How soon the health
-// follows is BenchmarkFaults' measure.
+// TestFaults: Redis (plain and TLS 1.3) is killed and restarted, frozen
+// and thawed, restarted, or out of memory then freed, under one
+// ratelimitd with default flags (plus patientArgs), idle or with two
+// callers on Envoy's deadline. ratelimitd.backend must be NOT_SERVING
+// through a lasting fault and SERVING after it; after quietAfter without
+// traffic the next call on a fresh 1-per-day key is counted (OK, then
+// OVER_LIMIT). How soon the health follows is BenchmarkFaults' measure.
 func TestFaults(t *testing.T) {
 	redistest.Require(t)
 	for _, tls := range []bool{false, true} {

@@ -327,7 +327,7 @@ func (f *fleet) logs(n int) string {
 
 // health is instance i's grpc.health.v1 status of service ("" and an error
 // when the check itself failed). The check waits up to stateWithin for
-// the answer: on a loaded host an answer may take seconds, and a check
+// the answer: a starved instance may take seconds to answer, and a check
 // that gave up sooner would say nothing about the instance.
 func (f *fleet) health(i int, service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), stateWithin)

@@ -72,7 +72,7 @@ func newCPUCgroup(t testing.TB, quota float64) (*cpuCgroup, error) {
 
 // redisShares is the cpu.shares (the v1 controller's largest) of the
 // cgroup Redis runs in when only ratelimitd is to be starved: Redis gets a
-// CPU as soon as it is runnable, as on a host of its own.
+// CPU as soon as it is runnable, as on a machine of its own.
 const redisShares = 262144
 
 // newCgroup makes a cgroup of the v1 cpu controller with settings (file:
@@ -262,19 +262,13 @@ func healthyAfter(logs string, t time.Time) (time.Time, bool) {
 // long the test process was descheduled.
 const recoveryAfterBound = 5
 
-// recoveryTrial kills Redis under periodic calls, starts it again after
-// recoveryDown, and returns how long after its first PING answer
-// ratelimitd logged that its backend was healthy again (negative: not
-// logged), and the calls answered by their failure mode that were sent
-// recoveryBound or more after that PING answer. Both are what ratelimitd
-// did, not when the test process got to look: the health line carries
-// ratelimitd's own time, the PING answer time can only be late (see
-// pingAgain), and a call's sent time is taken before it is sent. Busy:
-// the calls go on throughout. Idle: the calls stop when Redis is started
-// again (only the health probe can find it back) and resume
-// recoveryBound after the PING answer. Either way they go on until each
-// rule has recoveryAfterBound calls sent recoveryBound or more after it.
-// Redis is moved into redisIn at every start.
+// recoveryTrial kills Redis under periodic calls, starts it again (in
+// redisIn) after recoveryDown, and returns how long after its first PING
+// answer ratelimitd logged its backend healthy (negative: not logged),
+// and the calls sent recoveryBound or more after that answer that got
+// their failure mode. Both use ratelimitd's own times, so a descheduled
+// test process cannot stretch them. Idle trials stop calling while Redis
+// restarts, so that only the health probe can find it back.
 func recoveryTrial(t *testing.T, f *fleet, srv *redistest.Server, idle bool, redisIn *cpuCgroup) (time.Duration, []answer, string) {
 	t.Helper()
 	p := f.startPeriodic()
@@ -356,25 +350,16 @@ func warmRule(f *fleet, rule string) {
 	}
 }
 
-// TestRecoveryStarved: one `ratelimitd serve --backend redis` with its
-// default flags, a failure_mode open and a failure_mode closed rule each
-// called every 50 ms; Redis is killed (SIGKILL) and started again on its
-// port recoveryTrials times, while two busy loops per CPU saturate the
-// host; in some cases ratelimitd (and in one Redis too) runs in a cgroup
-// limited to 0.2 CPU that a busy neighbour saturates (the test fails
-// where no cgroup can be made). Busy cases call throughout; idle ones
-// stop calling when Redis is started again and resume 1 s after it
-// answered. Each time, within 1 s of Redis answering PING ratelimitd logs
-// that its backend is healthy (the line's own time, so that a descheduled
-// test process cannot stretch it), and no call sent 1 s or more after
-// that PING answer is answered by its failure mode (a call whose deadline
-// the starved host missed is a DEADLINE_EXCEEDED, not a failure mode).
-// One case runs Redis with an append-only file. Outside the "with_redis"
-// cases Redis runs in a cgroup of the largest CPU weight, so that only
-// ratelimitd is starved: a Redis that leaves requests unanswered in its
-// socket for a Timeout after it answered PING is stalled, and calls then
-// rightly get their failure modes (the failure message gives how long
-// Redis waited for a CPU).
+// TestRecoveryStarved: Redis under one `ratelimitd serve` (default flags,
+// an open and a closed rule each called every 50 ms) is killed and
+// restarted recoveryTrials times while busy loops saturate every CPU, in
+// some cases with ratelimitd (once Redis too) in a 0.2-CPU cgroup. Each
+// time ratelimitd logs its backend healthy within 1 s of Redis answering
+// PING, and no call sent 1 s or more after that answer gets its failure
+// mode (a missed deadline is DEADLINE_EXCEEDED, not a failure mode).
+// Outside the "with_redis" cases Redis gets the largest CPU weight, so
+// that only ratelimitd is starved. The test fails where no cgroup can be
+// made.
 func TestRecoveryStarved(t *testing.T) {
 	redistest.Require(t)
 	for _, c := range []struct {

@@ -11,8 +11,8 @@ import (
 
 const mib = 1 << 20
 
-// apply changes exactly the settings that did not come from the
-// environment, and Runtime reads them back.
+// TestGCPolicyApply: apply changes exactly the settings that did not come
+// from the environment, and Runtime reads them back.
 func TestGCPolicyApply(t *testing.T) {
 	p0, l0 := Runtime()
 	t.Cleanup(func() { debug.SetGCPercent(p0); debug.SetMemoryLimit(l0) })
@@ -37,6 +37,8 @@ func TestGCPolicyApply(t *testing.T) {
 	}
 }
 
+// TestGCPolicyLog: the startup line gives each setting, its source and
+// what set it, and GOGC=off without a memory limit is warned.
 func TestGCPolicyLog(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
@@ -63,6 +65,9 @@ func TestGCPolicyLog(t *testing.T) {
 	}
 }
 
+// TestParseBytes: byte sizes parse in binary and decimal units, malformed
+// or out-of-range ones are refused, --memory-limit has a floor, and
+// FormatBytes prints the largest unit that is exact.
 func TestParseBytes(t *testing.T) {
 	for in, want := range map[string]int64{
 		"0": 0, "1": 1, "512": 512, "400MiB": 400 * mib, "400mib": 400 * mib, "400 MiB": 400 * mib, "512Mi": 512 * mib,
@@ -97,6 +102,8 @@ func TestParseBytes(t *testing.T) {
 	}
 }
 
+// FuzzParseBytes: a size ParseBytes accepts is non-negative and reads back
+// exactly through FormatBytes.
 func FuzzParseBytes(f *testing.F) {
 	for _, s := range []string{"400MiB", "1.5GiB", "0", "512Mi", "1e3", "-1", "9223372036854775807", "99999999999TiB"} {
 		f.Add(s)

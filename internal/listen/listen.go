@@ -230,20 +230,11 @@ const window = 1 << 20
 // sets connection_keepalive, whose interval is far longer.
 const keepaliveMinTime = 10 * time.Second
 
-// ServerOptions are the transport options of the gRPC server, chosen
-// for many small unary calls on few long-lived connections (Envoy's
-// pattern; see BENCHMARKS.md, "CPU per decision"), and its resource
-// bounds (docs/security.md, "Resource bounds"): --grpc-max-recv-msg-size
-// (a larger message fails with ResourceExhausted before it is decoded),
-// --grpc-max-concurrent-streams (advertised in SETTINGS; a client opening
-// more is refused with REFUSED_STREAM, grpc-go clients wait instead), and
-// a keepalive enforcement policy (pings at most every
-// keepaliveMinTime, also on idle connections), and the connection age
-// (--grpc-max-connection-age, --grpc-max-connection-age-grace): after
-// the age, ±10% jitter added by grpc-go, the connection is sent GOAWAY,
-// new calls go to a new connection (which Envoy balances over the current
-// endpoints) and calls in flight run on for at most the grace. 0 leaves
-// grpc-go's default, infinity, for either.
+// ServerOptions are the gRPC server's transport options, chosen for many
+// small unary calls on few long-lived connections (Envoy's pattern), and
+// its resource bounds (docs/security.md, "Resource bounds"): the message
+// size, concurrent streams per connection, a keepalive enforcement policy
+// and the connection age and its grace (0: no limit).
 func (o GRPC) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.NumStreamWorkers(streamWorkers),

@@ -9,8 +9,8 @@ import (
 	"time"
 )
 
-// Durations are logged as Go duration strings in both formats, also
-// inside groups; other kinds are untouched.
+// TestLogDurations: durations are logged as Go duration strings in both
+// formats, also inside groups; other kinds are untouched.
 func TestLogDurations(t *testing.T) {
 	var buf bytes.Buffer
 	log := New("info", "json", &buf)

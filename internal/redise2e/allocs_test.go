@@ -12,16 +12,10 @@ import (
 
 // TestDecideAllocsRedis bounds the heap allocations of one ShouldRateLimit
 // decision on the Redis store, as TestDecideAllocs (pkg/service) does on
-// the memory store: in process (no gRPC), default options, one descriptor
-// whose fixed-window key already exists, every decision allowed, one
-// caller at a time (each decision its own script invocation). Counted
-// are the allocations of every goroutine meanwhile (testing.AllocsPerRun
-// reads the process' totals): the service's, the Store's and its flush
-// loop's, go-redis' writing the command and parsing the reply. The bound
-// is the count measured on the window.lua path (go1.26, linux/amd64,
-// with and without -race) plus a margin of one: 10. A change that raises
-// it is a regression to explain, or to accept by moving the bound with
-// the new measurement written here.
+// memory: in process, default options, one existing fixed-window key, one
+// caller at a time. Every goroutine's allocations count (the service,
+// the Store's flush loop, go-redis). The bound is the window.lua path's
+// count plus one; a change that raises it is a regression to explain.
 func TestDecideAllocsRedis(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)

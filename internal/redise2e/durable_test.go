@@ -73,8 +73,8 @@ func startRLS(t *testing.T, redisURL, pgURL string, set *policy.Set) *rlsInstanc
 	po := postgres.DefaultOptions()
 	po.URL = pgURL
 	// 200 concurrent decisions on one row wait for its lock one after
-	// the other: on a loaded 2-core host with the race detector that
-	// takes seconds, and this test proves exactness, not latency.
+	// the other, which can take seconds under the race detector; this
+	// test proves exactness, not latency.
 	po.Timeout = durableExactTimeout
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -290,8 +290,8 @@ func BenchmarkMixedStores(b *testing.B) {
 				lat = append(lat, time.Since(t0))
 				switch {
 				case status.Code(err) == codes.DeadlineExceeded:
-					// Over the store's Timeout on a loaded host: counted,
-					// failed above 0.1% below.
+					// Over the store's Timeout: counted, failed above
+					// 0.1% below.
 					undecided++
 				case err != nil || resp.GetOverallCode() != codeOK:
 					b.Fatalf("%v %v", resp.GetOverallCode(), err)

@@ -40,8 +40,8 @@ descriptors:
 `
 
 // stateWithin bounds, in real time, each wait of these tests for a state
-// (the circuit open, normal answers again): generous, so that a slow host
-// passes and a Store that never gets there fails. How soon it happens is
+// (the circuit open, normal answers again): generous, so that slow
+// scheduling passes and a Store that never gets there fails. How soon it happens is
 // measured by BenchmarkKilledAndFrozen.
 const stateWithin = 20 * time.Second
 
@@ -259,8 +259,8 @@ func runOutage(t testing.TB, tc outage) outageTimes {
 	in := newInstance(t, standaloneOpts(srv.URL()), failureSet(t))
 	warm(t, []*instance{in})
 	// A precondition, not the property: one call may miss the 10 ms
-	// Timeout on a loaded host (it did, 1 run in 15 under -race at load
-	// 5), so wait for one that Redis decides.
+	// Timeout when the machine is busy, so wait for one that Redis
+	// decides.
 	waitFor(t, stateWithin, "Redis deciding before the fault", func() bool { return decided(t, in) })
 	frozen := tc.name == "frozen"
 	// A frozen Redis is a stall, not a proven failure: calls carry Envoy's
@@ -429,21 +429,13 @@ func TestFailureModesOOMReadonlyStartup(t *testing.T) {
 // BenchmarkBriefStall measures what a brief Redis stall does to the
 // circuit breaker: per iteration, a fresh instance with the default options
 // under 50 concurrent callers, Redis frozen (SIGSTOP) for
-// RATELIMITD_BENCH_STALL (default 30 ms, three timeouts' worth: a
-// scheduling stall on a busy host) between 500 ms of load before and
-// after. It reports, per stall, the backend errors before the freeze
-// (the host missing the 10 ms budget on its own), the timeouts and the
-// circuit_open answers. Whether a stall of S opens the circuit depends on
-// S against the breaker's FailFor (50 ms) and on how long the host takes
-// to answer, so it is a measurement, not a test: the breaker's rule itself
-// (failures open the circuit only once they have lasted FailFor, a success
-// ends the streak) is tested with an injected clock in
-// pkg/backend/redis (TestBreakerFailFor).
-//
-// History: the first breaker counted the ~50 calls in flight during one
-// stall, which all time out together, as 50 consecutive failures, so one
-// 10 ms hiccup under load opened the circuit for OpenFor (250 ms) and
-// failed open thousands of decisions.
+// RATELIMITD_BENCH_STALL (default 30 ms, three timeouts' worth) between
+// 500 ms of load before and after. It reports, per stall, the backend
+// errors before the freeze, the timeouts and the circuit_open answers.
+// Whether a stall opens the circuit depends on the machine's scheduling
+// as well as on the breaker's FailFor (50 ms), so it is a measurement;
+// the breaker's rule itself is tested with an injected clock
+// (TestBreakerFailFor in pkg/backend/redis).
 func BenchmarkBriefStall(b *testing.B) {
 	redistest.Require(b)
 	stall := 30 * time.Millisecond
@@ -535,16 +527,9 @@ func TestFrozenCallWithinTimeout(t *testing.T) {
 }
 
 // BenchmarkFrozenCall measures TestFrozenCallWithinTimeout's calls: the
-// slowest one's overrun past its 20 ms deadline (max_overrun_ms; the host
-// waking the caller at its deadline, about 1-2 ms without -race and up to
-// 9 ms under -race on a loaded 2-core host).
-//
-// An older Store (running the script through go-redis' blocking
-// AutoPipeliner) took about two Timeouts per call (41-45 ms): go-redis'
-// AutoPipeliner does not honour a command's context once it is enqueued
-// (AutoPipeliner.processBlocking calls AutoFuture.Wait, not WaitContext),
-// so a call queued behind a batch that was waiting on the frozen server
-// waited for that batch's read timeout, then for its own.
+// slowest one's overrun past its 20 ms deadline (max_overrun_ms), which
+// is how late the scheduler wakes the caller (BENCHMARKS.md, "Failure
+// modes").
 func BenchmarkFrozenCall(b *testing.B) {
 	redistest.Require(b)
 	in := frozenInstance(b)

@@ -127,9 +127,9 @@ func standaloneOpts(url string) redis.Options {
 
 // exactTimeout replaces DefaultTimeout (10 ms) in the exactness tests. They
 // prove atomicity across instances, which needs Redis to decide every
-// call; on a shared, loaded 2-core CI host a burst that must dial new pool
-// connections can exceed 10 ms, and such a call is then (correctly)
-// decided by the rule's failure mode instead. The latency budget itself is
+// call; a burst that must dial new pool connections can exceed 10 ms on
+// a busy machine, and such a call is then (correctly) decided by the
+// rule's failure mode instead. The latency budget itself is
 // tested by the failure-mode tests with the default options.
 const exactTimeout = 2 * time.Second
 
@@ -275,12 +275,9 @@ const warmBound = 20 * time.Second
 // call on the Store, so no rule of the test's set and no service metric
 // is involved), so that the script is loaded and connections are dialed
 // before a measured burst. With the default 10 ms Timeout the first Take
-// (a dial and SCRIPT LOAD) can time out on a loaded host, which is what
-// warming is for: it retries until a Take succeeds, and fails t if none
-// did within warmBound.
-//
-// (It used to make one ShouldRateLimit call on domain "warm", which no
-// test's set defines: nothing reached Redis, so it warmed nothing.)
+// (a dial and SCRIPT LOAD) can time out, which is what warming is for:
+// it retries until a Take succeeds, and fails t if none did within
+// warmBound.
 func warm(t testing.TB, ins []*instance) {
 	t.Helper()
 	hit := []algo.Hit{{Key: "redise2e:warm", Limit: algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 30, Period: time.Hour}, Cost: 1}}

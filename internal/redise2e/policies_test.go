@@ -101,9 +101,9 @@ func policyBackends(t *testing.T) (backends map[string][]*instance, logs map[str
 }
 
 // patient returns o with a Timeout of 10 s. These tests count what is
-// admitted, which needs Redis to decide every call; on the shared 2-core
-// host under -race, a burst of calls that must dial the pool and load the
-// script can exceed exactTimeout, and a call that times out is (rightly)
+// admitted, which needs Redis to decide every call; under -race a burst
+// of calls that must dial the pool and load the script can exceed
+// exactTimeout, and a call that times out is (rightly)
 // left to the failure mode. The latency budget is the failure-mode tests'
 // subject.
 func patient(o redis.Options) redis.Options {
@@ -397,8 +397,8 @@ func TestPoliciesGlobalCapStopsDistributedScrape(t *testing.T) {
 // TestPoliciesExamplesGlobalCap: examples/policies as shipped. 800
 // addresses each send 4 searches at once, far under the per-address limit
 // of 30; the identity-free search cap admits exactly 3000 of the 3200.
-// 64 goroutines send them (3200 at once would only measure how the host
-// queues them); they take well under the 20 s left in the minute.
+// 64 goroutines send them (3200 at once would only measure how the
+// scheduler queues them); they take well under the 20 s left in the minute.
 func TestPoliciesExamplesGlobalCap(t *testing.T) {
 	redistest.Require(t)
 	awayFromMinuteBoundary(t)

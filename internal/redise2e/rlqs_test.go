@@ -73,8 +73,8 @@ func TestRLQSFloodSparesOthers(t *testing.T) {
 		bound   = rlqs.DefaultMaxBucketsPerStream
 	)
 	srv := redistest.Standalone(t)
-	// A Timeout no plain call reaches on a loaded host, so that only the
-	// flood can fail calls.
+	// A Timeout no plain call reaches, so that only the flood can fail
+	// calls.
 	o := standaloneOpts(srv.URL())
 	o.Timeout = 250 * time.Millisecond
 	st := newStore(t, o)
@@ -138,8 +138,8 @@ func TestRLQSFloodSparesOthers(t *testing.T) {
 					return
 				default:
 				}
-				// A budget no call needs on a loaded host: the test is
-				// about the store's answers, not the host's scheduling.
+				// A budget no call needs: the test is about the store's
+				// answers, not scheduling.
 				cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
 				t0 := time.Now()
 				resp, err := svc.ShouldRateLimit(cctx, req("edge", []string{"api", "other"}))
@@ -221,8 +221,8 @@ func TestRLQSFloodSparesOthers(t *testing.T) {
 	}
 	// No call saw the store fail: no outage cause, the breaker closed
 	// throughout. A call that waited past the store's MaxWait in ratelimitd
-	// itself (cause deadline: the host's CPU, under the race detector
-	// with other test processes, not the store) is logged, not failed.
+	// itself (cause deadline: CPU starvation, not the store) is logged,
+	// not failed.
 	bad := causes(t, sreg)
 	deadline := bad[redis.CauseDeadline]
 	delete(bad, redis.CauseDeadline)
@@ -257,8 +257,8 @@ func TestRLQSFloodSparesOthers(t *testing.T) {
 	}
 	// Every report of a tracked bucket was charged, in chunks:
 	// ShouldRateLimit on the same tenant sees it (remaining after its own
-	// hit). A chunk that failed (a loaded host can run a round out of
-	// time) is charged at a later round, or dropped and counted; a chunk
+	// hit). A chunk that failed (a starved round can run out of time)
+	// is charged at a later round, or dropped and counted; a chunk
 	// that timed out after Redis ran it is charged again (over-counted,
 	// never under).
 	chargeErrs := counter(t, reg, "ratelimitd_rlqs_store_errors_total", map[string]string{"op": "charge"})
@@ -332,7 +332,7 @@ func TestRLQSDurableSharesCounter(t *testing.T) {
 	svc, _ := newService(t, service.Options{Store: fast, Durable: ps}, set)
 	in := &instance{svc: svc}
 	// The rounds are run by the test; a long interval gives each round's
-	// store calls a budget a loaded host meets.
+	// store calls a budget no call needs.
 	q, err := rlqs.New(rlqs.Options{Store: fast, Durable: ps, Interval: 20 * time.Second, Replica: "a",
 		Logger: slog.New(slog.NewTextHandler(tWriter{t}, nil))})
 	if err != nil {

@@ -134,18 +134,13 @@ func (p *holdProxy) close() {
 const stallN = 30
 
 // TestStalledRedisGetsFailureModes: Redis stops answering without closing
-// its connections (SIGSTOP, or a path that stops forwarding: holdProxy),
-// with Envoy's 20 ms deadline and without a deadline (budget
-// --redis-max-wait, 1 s). Once the stall is established (it has lasted
-// the breaker's fail-for, 1 s), every call gets its rule's failure mode,
-// as for a dead Redis: stallN of stallN calls on a failure_mode open rule
-// answer OK (on a 5/hour rule: uncounted) and stallN of stallN on a
-// closed rule are denied, none shed (DeadlineExceeded), each with cause
-// stalled (the circuit open, or a half-open probe that got no reply
-// within a Timeout); without a deadline each within its budget (with
-// Envoy's, the slowest is logged: timing on a loaded host is not
-// asserted). Then Redis answers again and
-// decisions are counted.
+// its connections (SIGSTOP, or holdProxy), with Envoy's 20 ms deadline
+// and without one. Once the stall has lasted the breaker's fail-for,
+// every call gets its rule's failure mode as for a dead Redis: all stallN
+// open calls answer OK uncounted, all stallN closed calls are denied,
+// none shed, each with cause stalled; without a deadline each answers
+// within --redis-max-wait. Then Redis answers again and decisions are
+// counted.
 func TestStalledRedisGetsFailureModes(t *testing.T) {
 	redistest.Require(t)
 	for _, fault := range []string{"sigstop", "proxy"} {

@@ -223,13 +223,11 @@ func TestDifferentialDomainMerge(t *testing.T) {
 
 // TestDifferentialSameFileTwice: the reference's
 // TestDuplicateKeyDomainMerge, one file loaded twice with
-// MERGE_DOMAIN_CONFIG=true, as a Kubernetes ConfigMap volume shows it
-// when dot files are not ignored (RUNTIME_IGNOREDOTFILES unset, the
-// reference's default false): the file and its copy in the volume's
-// timestamped dot directory. Both servers refuse the config (a duplicate
-// key), answer every call with the reference's error and count one
-// config_load_error; `validate` with the same environment refuses it too,
-// and so does `validate` given the file twice.
+// MERGE_DOMAIN_CONFIG=true, as a Kubernetes ConfigMap volume shows it when
+// dot files are not ignored (the file and its copy in the timestamped dot
+// directory). Both servers refuse the config (a duplicate key), answer
+// every call with the reference's error and count one config_load_error;
+// `validate` refuses it too, with the same environment or the file twice.
 func TestDifferentialSameFileTwice(t *testing.T) {
 	refSink, ourSink := testproc.ListenStatsd(t), testproc.ListenStatsd(t)
 	y := configTestFile(t, "merge_domain_key1.yaml")

@@ -10,17 +10,8 @@
 // tests name. The configs are the reference's own integration configs,
 // read from the module cache at test time, and one of this package's.
 //
-// configtests_test.go sends the descriptors of the reference's own config
-// tests (its test/config) to both servers loaded with those tests' files,
-// and compares the statsd stats each sends besides the answers, and
-// whether the config loads at all (one file loaded twice is refused by
-// both, and by `ratelimitd validate` with the same environment).
-//
-// The sequences that depend on how hits inside a denied request are
-// counted (several descriptors, one denying) are in counting_test.go;
-// reference mode counts as the reference does (always_charge). The few
-// answers reference mode does not reproduce yet (a check-only hits_addend
-// of 0 at exactly the limit, STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true)
-// are in pending_test.go, built only with the refcounting build tag. The
-// package has no non-test code.
+// configtests_test.go also compares the statsd stats each sends and
+// whether a config loads at all; counting_test.go holds the sequences that
+// depend on how hits inside a denied request are counted. The package has
+// no non-test code.
 package refdiff

@@ -358,8 +358,8 @@ func startPairWith(t *testing.T, pc pairConfig) *pair {
 	common := []string{
 		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true",
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + srv.Addr(),
-		// Generous for a loaded host: a timed-out ratelimitd call would
-		// fail open where the reference waits.
+		// Generous: a timed-out ratelimitd call would fail open where
+		// the reference waits.
 		"REDIS_TIMEOUT=5s",
 		"LOG_LEVEL=info",
 	}
@@ -468,7 +468,7 @@ func waitWindow() time.Time {
 
 // run sends every step of sc to both servers after flushing Redis and
 // compares the answers. A scenario that does not end within the minute it
-// started in (more than windowMargin on this host) fails: its counters
+// started in (more than windowMargin) fails: its counters
 // may have been compared across two windows.
 func (p *pair) run(t *testing.T, sc scenario) {
 	t.Helper()

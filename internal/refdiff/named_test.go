@@ -73,12 +73,10 @@ func TestDifferentialZeroHitsAtTheLimit(t *testing.T) {
 // TestDifferentialStopIncrementWhenOverLimit: the counting sequences with
 // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true, which reference mode maps
 // to all_or_nothing (a denied request consumes nothing, decided
-// atomically). The reference reads the counters first and then increments
-// from Go: it still charges the request that goes over a limit (so the
-// next, smaller request is denied where ratelimitd admits it), and a
-// shadow-mode limit going over stops the charging of the request's
-// counted limits (so the reference admits a fourth request that
-// ratelimitd, having counted the third, denies). Both are named below.
+// atomically). The reference, which reads the counters before it
+// increments them, still charges the request that goes over a limit and
+// stops charging when a shadow-mode limit goes over; both differences are
+// named below.
 func TestDifferentialStopIncrementWhenOverLimit(t *testing.T) {
 	p := startPair(t, []string{"LIMIT_RESPONSE_HEADERS_ENABLED=true", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"}, map[string]string{"refdiff.yaml": refdiffConfig})
 	overshootCharged := namedStep{

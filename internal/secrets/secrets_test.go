@@ -9,9 +9,9 @@ import (
 	"testing"
 )
 
-// ReadFile returns the one line of a secret file without its newline and
-// refuses an empty, multi-line, oversized or missing file with an error
-// that names the flag and never holds the content.
+// TestReadFile: ReadFile returns the one line of a secret file without its
+// newline and refuses an empty, multi-line, oversized or missing file with
+// an error that names the flag and never holds the content.
 func TestReadFile(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, content string) string {
@@ -39,8 +39,8 @@ func TestReadFile(t *testing.T) {
 	}
 }
 
-// ScrubErr replaces every secret in the text and keeps the error for
-// errors.Is; an error without a secret is returned as is.
+// TestScrubErr: ScrubErr replaces every secret in the text and keeps the
+// error for errors.Is; an error without a secret is returned as is.
 func TestScrubErr(t *testing.T) {
 	base := errors.New("dial redis://u:pw-123@h:6379: refused")
 	err := ScrubErr(base, "pw-123", "")
@@ -55,8 +55,9 @@ func TestScrubErr(t *testing.T) {
 	}
 }
 
-// RedactArgs redacts the values of the flags kindOf declares secret, in
-// every form the flag package accepts, and nothing after "--".
+// TestRedactArgsKinds: RedactArgs redacts the values of the flags kindOf
+// declares secret, in every form the flag package accepts, and nothing
+// after "--".
 func TestRedactArgsKinds(t *testing.T) {
 	kindOf := func(name string) Kind {
 		return map[string]Kind{"auth": Whole, "hdr": Headers, "addrs": Address}[name]

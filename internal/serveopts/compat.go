@@ -57,13 +57,13 @@ func setFlags(fs *flag.FlagSet, sets []compat.Set) error {
 	return nil
 }
 
-// modeLog returns the startup log line saying which mode is in force and
+// ModeLog returns the startup log line saying which mode is in force and
 // why.
 func (o Options) ModeLog() (string, []any) {
 	return compat.Mode{Reference: o.Reference, Reason: o.modeReason}.Log()
 }
 
-// annotateEnv names, after each line of err about a flag set from the
+// AnnotateEnv names, after each line of err about a flag set from the
 // environment, the variable that set it (compat.Annotate).
 func (o Options) AnnotateEnv(err error) error {
 	return compat.Annotate(err, o.fromEnv)

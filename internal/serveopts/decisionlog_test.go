@@ -8,7 +8,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
-// --log-decisions and --log-decisions-rate, with their twins.
+// TestDecisionLogFlags: --log-decisions and --log-decisions-rate, with
+// their twins.
 func TestDecisionLogFlags(t *testing.T) {
 	d, _, err := Parse(nil, env(), io.Discard)
 	if err != nil || d.LogDecisions != "off" || d.Service.DecisionLogRate != service.DefaultDecisionLogRate {

@@ -28,10 +28,10 @@ func durationFlags(t *testing.T) []string {
 	return names
 }
 
-// Every duration flag refuses a bare number the way its environment twin
-// and envoyproxy/ratelimit's REDIS_TIMEOUT do: "missing unit", naming the
-// flag and the value, whether the value follows "=" or comes as the next
-// argument.
+// TestDurationFlagErrors: every duration flag refuses a bare number the way
+// its environment twin and envoyproxy/ratelimit's REDIS_TIMEOUT do:
+// "missing unit", naming the flag and the value, whether the value follows
+// "=" or comes as the next argument.
 func TestDurationFlagErrors(t *testing.T) {
 	for _, name := range durationFlags(t) {
 		for _, args := range [][]string{{"--" + name + "=10"}, {"--" + name, "10"}} {

@@ -26,6 +26,9 @@ func runtimeSays(percent int, limit int64) func() (int, int64) {
 	return func() (int, int64) { return percent, limit }
 }
 
+// TestChooseGC: serve's GC flags, twins and GOGC/GOMEMLIMIT reach
+// gcpolicy.Choose, which picks each setting and its source as documented,
+// with or without a cgroup memory limit.
 func TestChooseGC(t *testing.T) {
 	notInCgroup := errors.New("process is not in cgroup")
 	for _, c := range []struct {
@@ -83,6 +86,8 @@ func TestChooseGC(t *testing.T) {
 	}
 }
 
+// TestGCFlagErrors: an out-of-range or malformed GC setting is refused
+// with an error naming the flag or twin.
 func TestGCFlagErrors(t *testing.T) {
 	for _, c := range []struct {
 		args []string

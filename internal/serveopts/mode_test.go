@@ -11,6 +11,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 )
 
+// TestModeDetection: under --mode=auto the reference's own variables or
+// binary name select reference mode, generic names do not, --config and
+// its twin outrank them, and --mode forces either; the startup line says
+// why.
 func TestModeDetection(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -59,8 +63,8 @@ func TestModeDetection(t *testing.T) {
 	}
 }
 
-// What reference mode changes, and that a ratelimitd flag or twin still
-// wins over each of its defaults.
+// TestReferenceModeDefaults: what reference mode changes, and that a
+// ratelimitd flag or twin still wins over each of its defaults.
 func TestReferenceModeDefaults(t *testing.T) {
 	type view struct {
 		Headers, Limit, Remaining, Reset   string
@@ -108,8 +112,9 @@ func TestReferenceModeDefaults(t *testing.T) {
 	}
 }
 
-// STATSD_HOST without USE_STATSD: native mode warns (nothing is sent),
-// reference mode sends there as the reference does, without a warning.
+// TestReferenceModeStatsd: STATSD_HOST without USE_STATSD: native mode
+// warns (nothing is sent), reference mode sends there as the reference
+// does, without a warning.
 func TestReferenceModeStatsd(t *testing.T) {
 	o, warnings, err := Parse(nil, env("STATSD_HOST", "sink", "TRACING_SERVICE_NAMESPACE", "ns"), io.Discard)
 	if err != nil {
@@ -134,9 +139,9 @@ func TestReferenceModeStatsd(t *testing.T) {
 	}
 }
 
-// Reference mode defaults --memcache-timeout to gomemcache's 500ms (the
-// reference's memcache client's); native mode and an explicit setting
-// keep theirs.
+// TestReferenceModeMemcacheTimeout: reference mode defaults
+// --memcache-timeout to gomemcache's 500ms (the reference's memcache
+// client's); native mode and an explicit setting keep theirs.
 func TestReferenceModeMemcacheTimeout(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -161,8 +166,9 @@ func TestReferenceModeMemcacheTimeout(t *testing.T) {
 	}
 }
 
-// EXTRA_TAGS maps to --statsd-tags, parsed as the reference parses it;
-// RATELIMITD_STATSD_TAGS wins; a malformed item is an error.
+// TestStatsdTagsOption: EXTRA_TAGS maps to --statsd-tags, parsed as the
+// reference parses it; RATELIMITD_STATSD_TAGS wins; a malformed item is an
+// error.
 func TestStatsdTagsOption(t *testing.T) {
 	o, warnings, err := Parse(nil, env("USE_STATSD", "true", "EXTRA_TAGS", "a:b,foo:bar"), io.Discard)
 	if err != nil {

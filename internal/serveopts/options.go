@@ -7,8 +7,11 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/lease"
+	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/telemetry"
 )
 
 // Options is everything `ratelimitd serve` reads from its command line and
@@ -30,26 +33,29 @@ type Options struct {
 	// rest (parsed words, inverted switches, the detailed-metric cap's
 	// sign).
 	Service service.Options
+	// The xds.Options the --xds-* flags set as they are; XDSOptions adds
+	// the parsed, inverted and file-read ones (docs/xds.md).
+	XDS xds.Options
+	// The telemetry.Options the --tracing-* flags set;
+	// TelemetryOptions maps the flag's sample ratio onto the package's.
+	Telemetry telemetry.Options
+	// The lease.Options --lease-interval sets; LeaseOptions adds the
+	// store, registry and logger.
+	Lease lease.Options
 
 	Config       []string // YAML files or directories, read with ConfigSource "file"
 	ConfigSource string   // "file" or "xds"
 
-	// The xDS client (xds.Options; docs/xds.md).
-	XDSServerURL            string        // --xds-server-url
-	XDSNodeID               string        // --xds-node-id
-	XDSNodeMetadata         string        // --xds-node-metadata
-	XDSHeaders              string        // may hold credentials; never logged
-	XDSConnectRetryInterval time.Duration // --xds-connect-retry-interval
-	XDSTLS                  bool          // --xds-tls
-	XDSTLSCert              string        // --xds-tls-cert
-	XDSTLSKey               string        // --xds-tls-key
-	XDSTLSCA                string        // --xds-tls-ca
-	XDSTLSSAN               string        // --xds-tls-san
-	XDSBackoffInitial       time.Duration // --xds-backoff-initial
-	XDSBackoffMax           time.Duration // --xds-backoff-max
-	XDSBackoffRandomFactor  float64       // --xds-backoff-random-factor
-	XDSBackoffJitter        bool          // --xds-backoff-jitter
-	XDSMaxMsgSize           int           // --xds-max-msg-size
+	// The xDS client's settings that are no xds.Options field as they
+	// are (XDSOptions parses them, reads the files, inverts the switch).
+	XDSNodeMetadata  string // --xds-node-metadata
+	XDSHeaders       string // may hold credentials; never logged
+	XDSTLS           bool   // --xds-tls
+	XDSTLSCert       string // --xds-tls-cert
+	XDSTLSKey        string // --xds-tls-key
+	XDSTLSCA         string // --xds-tls-ca
+	XDSTLSSAN        string // --xds-tls-san
+	XDSBackoffJitter bool   // --xds-backoff-jitter
 
 	// Listeners: gRPC (RLS), HTTP, debug ("" disables) and the extra
 	// /metrics listener ("" = none).
@@ -93,7 +99,6 @@ type Options struct {
 	MemoryLimitRatio float64           // --memory-limit-ratio
 
 	Drain, ShutdownGrace time.Duration // --drain, --shutdown-grace
-	LeaseInterval        time.Duration // --lease-interval (lease.Options.Interval)
 
 	// gRPC server TLS ("" = plaintext); a client CA turns on mTLS.
 	GRPCTLSCert, GRPCTLSKey, GRPCTLSClientCA, GRPCTLSClientSAN string // --grpc-tls-cert, --grpc-tls-key, --grpc-tls-client-ca, --grpc-tls-client-san
@@ -110,19 +115,12 @@ type Options struct {
 	HTTPWriteTimeout          time.Duration // --http-write-timeout
 	HTTPIdleTimeout           time.Duration // --http-idle-timeout
 
-	// OpenTelemetry tracing (telemetry.Options).
-	Tracing            bool    // --tracing
-	TracingEndpoint    string  // --tracing-endpoint
-	TracingInsecure    bool    // --tracing-insecure
-	TracingSampleRatio float64 // --tracing-sample-ratio
-	TracingServiceName string  // --tracing-service-name
-
 	// statsd: envoyproxy/ratelimit's stats over UDP ("" = none).
 	StatsdAddr          string        // --statsd-addr
 	StatsdFlushInterval time.Duration // --statsd-flush-interval
 	StatsdTags          string        // --statsd-tags
 	// StatsdReferenceAddr is where envoyproxy/ratelimit would send statsd
-	// with this environment (no flag; set by applyLegacyEnv, used only by
+	// with this environment (no flag; set by applyReferenceEnv, used only by
 	// useReferenceStatsd).
 	StatsdReferenceAddr string
 
@@ -133,7 +131,7 @@ type Options struct {
 	ProblemBody bool // --problem-body
 	// Legacy header names (service.LegacyHeaderNames).
 	LegacyLimitHeader, LegacyRemainingHeader, LegacyResetHeader string // --legacy-limit-header, --legacy-remaining-header, --legacy-reset-header
-	// Set in reference mode (applyReferenceDefaults): the reference's
+	// Set in reference mode (resolveMode): the reference's
 	// answers and counting; StopIncrementWhenOverLimit is
 	// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (no flag).
 	ReferenceAnswers           bool
@@ -161,14 +159,9 @@ func (o *Options) useReferenceStatsd() {
 }
 
 // defaultGRPCMaxRecvMsgSize is the default --grpc-max-recv-msg-size,
-// 1 MiB. Envoy builds a RateLimitRequest from route actions, one entry per
-// action, whose values are header values, paths or addresses: a request
-// holding every header of a request Envoy accepts by default
-// (max_request_headers_kb: 60 KiB) once is below 64 KiB, and 1 MiB leaves
-// room for 16 such copies, or 16 values of the MaxValueBytes bound. The
-// bounds of validateRequest (64 descriptors x 32 entries x 64 KiB) would
-// allow far more than grpc-go's 4 MiB, so that shape does not bound a
-// message; this does, before any of it is decoded.
+// 1 MiB: room for 16 copies of every header Envoy accepts by default
+// (max_request_headers_kb: 60 KiB). The request's shape bounds allow far
+// more, so this is what bounds a message, before any of it is decoded.
 const defaultGRPCMaxRecvMsgSize = 1 << 20
 
 // defaultGRPCMaxConcurrentStreams is the default
@@ -178,14 +171,10 @@ const defaultGRPCMaxRecvMsgSize = 1 << 20
 // connection it would make ~100,000 decisions per second at 10 ms each.
 const defaultGRPCMaxConcurrentStreams = 1000
 
-// defaultGRPCMaxConnectionAge is the default --grpc-max-connection-age.
-// envoyproxy/ratelimit defaults to 24h, which keeps an Envoy's
-// connections on the replicas that were up when it started for a day:
-// replicas a HorizontalPodAutoscaler adds get no traffic from existing
-// Envoys. After 5 minutes (±10% jitter from grpc-go) each connection is
-// sent GOAWAY and Envoy opens a new one, balanced over the current
-// endpoints; at one new HTTP/2 connection per Envoy worker every 5
-// minutes the cost is negligible.
+// defaultGRPCMaxConnectionAge is the default --grpc-max-connection-age:
+// after it each connection is sent GOAWAY and Envoy opens a new one,
+// balanced over the current endpoints, so that replicas an autoscaler
+// adds get traffic within minutes (envoyproxy/ratelimit: 24h).
 const defaultGRPCMaxConnectionAge = 5 * time.Minute
 
 // defaultGRPCMaxConnectionAgeGrace is the default

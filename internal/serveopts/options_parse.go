@@ -48,7 +48,7 @@ func envName(flagName string) string {
 }
 
 // Parse turns serve's arguments and the environment into validated
-// Options. getenv is os.LookupEnv in production. Warnings are non-fatal
+// Options. lookup is os.LookupEnv in production. Warnings are non-fatal
 // remarks for the startup log (at most one line naming every unsupported
 // envoyproxy/ratelimit variable). Errors name the offending flag or
 // variable; flag.ErrHelp is returned for -h.
@@ -101,8 +101,9 @@ func legacySecrets(o Options, lookup func(string) (string, bool)) []string {
 // parseFlagsAndTwins sets o from the RATELIMITD_* twins, then from args
 // (the flag wins), normalizes the spellings, and records in o.fromEnv the
 // flags whose value came from a twin (dropping those an
-// envoyproxy/ratelimit variable set that a twin or flag then replaced). It returns the flags set on the
-// command line or by a twin; flag.ErrHelp (usage printed) for -h.
+// envoyproxy/ratelimit variable set that a twin or flag then replaced).
+// It returns the flags set on the command line or by a twin; flag.ErrHelp
+// (usage printed) for -h.
 func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, bool), usage io.Writer) (map[string]bool, error) {
 	fs := flag.NewFlagSet("ratelimitd serve", flag.ContinueOnError)
 	// The flag package prints a parse error and the whole usage itself;
@@ -135,7 +136,7 @@ func parseFlagsAndTwins(o *Options, args []string, lookup func(string) (string, 
 	}
 	o.normalizeSpellings()
 	// A flag set on the command line or by its twin no longer holds an
-	// envoyproxy/ratelimit variable's value (applyLegacyTable).
+	// envoyproxy/ratelimit variable's value (applyReferenceEnv).
 	fs.Visit(func(f *flag.Flag) { delete(o.fromEnv, f.Name) })
 	for name, v := range envValues {
 		if fs.Lookup(name).Value.String() == v {

@@ -25,6 +25,9 @@ func env(kv ...string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
 
+// TestParseServeDefaults: with no flag and no environment, Parse gives
+// Defaults, no warning, and the defaults docs/flags.md and the README
+// state.
 func TestParseServeDefaults(t *testing.T) {
 	o, warnings, err := Parse(nil, env(), io.Discard)
 	if err != nil {
@@ -57,6 +60,8 @@ func TestParseServeDefaults(t *testing.T) {
 	}
 }
 
+// TestParseServePrecedence: a flag beats its RATELIMITD_* twin, which beats
+// the reference's variable, which beats the default.
 func TestParseServePrecedence(t *testing.T) {
 	tests := []struct {
 		name string
@@ -147,6 +152,8 @@ func TestParseServePrecedence(t *testing.T) {
 	}
 }
 
+// TestParseServeErrors: each bad value or combination is refused with an
+// error naming the flag, twin or reference variable that set it.
 func TestParseServeErrors(t *testing.T) {
 	tests := []struct {
 		name string
@@ -206,6 +213,9 @@ func TestParseServeErrors(t *testing.T) {
 	}
 }
 
+// TestLegacyUnsupportedOneWarning: the reference's variables ratelimitd
+// cannot honour are named in one warning line; supported or deliberately
+// ignored ones are not.
 func TestLegacyUnsupportedOneWarning(t *testing.T) {
 	_, warnings, err := Parse(nil, env("USE_DOG_STATSD", "true", "USE_DOG_STATSD_MOGRIFIERS", "x", "TRACING_SERVICE_NAMESPACE", "ns", "TRACING_ENABLED", "true", "REDIS_PERSECOND", "true", "RUNTIME_WATCH_ROOT", "false", "SHADOW_MODE", "true", "USE_STATSD", "true", "STATSD_HOST", "x"), io.Discard)
 	if err != nil {
@@ -231,7 +241,7 @@ func TestLegacyUnsupportedOneWarning(t *testing.T) {
 	}
 }
 
-// Every flag has a RATELIMITD_* twin that sets it.
+// TestEveryFlagHasTwin: every flag has a RATELIMITD_* twin that sets it.
 func TestEveryFlagHasTwin(t *testing.T) {
 	o := Defaults()
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
@@ -267,8 +277,8 @@ func TestEveryFlagHasTwin(t *testing.T) {
 	}
 }
 
-// docs/flags.md lists every serve flag (the README only the ten a
-// newcomer needs).
+// TestFlagsDocListsEveryFlag: docs/flags.md lists every serve flag (the
+// README only the ten a newcomer needs).
 func TestFlagsDocListsEveryFlag(t *testing.T) {
 	readme, err := os.ReadFile("../../docs/flags.md")
 	if err != nil {
@@ -284,20 +294,22 @@ func TestFlagsDocListsEveryFlag(t *testing.T) {
 	})
 }
 
+// TestTracingOptions: the reference's tracing variables and the tracing
+// flags reach Options; tracing is off by default.
 func TestTracingOptions(t *testing.T) {
 	o, _, err := Parse([]string{"--tracing-endpoint=collector:4317"}, env("TRACING_ENABLED", "true", "TRACING_SAMPLING_RATE", "0.25", "TRACING_SERVICE_NAME", "edge-rl"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !o.Tracing || o.TracingSampleRatio != 0.25 || o.TracingServiceName != "edge-rl" || o.TracingEndpoint != "collector:4317" {
-		t.Errorf("tracing options = %v %v %q %q", o.Tracing, o.TracingSampleRatio, o.TracingServiceName, o.TracingEndpoint)
+	if !o.Telemetry.Enabled || o.Telemetry.SampleRatio != 0.25 || o.Telemetry.ServiceName != "edge-rl" || o.Telemetry.Endpoint != "collector:4317" {
+		t.Errorf("tracing options = %v %v %q %q", o.Telemetry.Enabled, o.Telemetry.SampleRatio, o.Telemetry.ServiceName, o.Telemetry.Endpoint)
 	}
 	d, _, err := Parse(nil, env(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Tracing || !d.IgnoreDotfiles {
-		t.Errorf("defaults: tracing %v (want off), ignore-dotfiles %v (want on)", d.Tracing, d.IgnoreDotfiles)
+	if d.Telemetry.Enabled || !d.IgnoreDotfiles {
+		t.Errorf("defaults: tracing %v (want off), ignore-dotfiles %v (want on)", d.Telemetry.Enabled, d.IgnoreDotfiles)
 	}
 }
 
@@ -336,8 +348,8 @@ func TestLegacyURLWithUserInfo(t *testing.T) {
 	}
 }
 
-// --lease-interval and its twin reach the Leaser's options; the default
-// is the package's.
+// TestLeaseIntervalReachesLeaser: --lease-interval and its twin reach the
+// Leaser's options; the default is the package's.
 func TestLeaseIntervalReachesLeaser(t *testing.T) {
 	for _, c := range []struct {
 		args []string

@@ -17,6 +17,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache"
 	"github.com/ratelimitd/ratelimitd/pkg/lease"
+	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -24,19 +25,11 @@ import (
 )
 
 // The rules of the options the command hands to other packages are those
-// packages' (redis.Options.Validate, memcache.Options.Validate,
-// service.Options.Validate, xds.Options.Validate,
-// telemetry.Options.Validate); validateOwners runs them on the options the
-// flags build and reports each error naming the flag of the field it is
-// about: the setting bound to that field (ownersOf).
-
-// optionFielder is the field errors of the packages' Validate
-// (redis.FieldError, memcache.FieldError, service.FieldError,
-// xds.FieldError, telemetry.FieldError, rlqs.FieldError,
-// lease.FieldError).
-type optionFielder interface {
-	OptionField() (field, reason string)
-}
+// packages' (redis, memcache, service, xds, telemetry, rlqs and lease's
+// Options.Validate), each error about a field an *opterr.FieldError;
+// validateOwners runs them on the options the flags build and reports
+// each error naming the flag of the field it is about: the setting bound
+// to that field (ownersOf).
 
 // ownerFlagErrors is memcache's server-list errors, which are about two
 // flags, worded for the command line.
@@ -45,37 +38,25 @@ var ownerFlagErrors = map[error]string{
 	memcache.ErrTwoServerSources: "--memcache-addrs and --memcache-srv: set one, not both",
 }
 
-// validateOwners validates the options o builds for the redis, memcache,
-// service, xds, telemetry, rlqs and lease packages. An error about a setting's owner field is worded
+// validateOwners validates the options o builds for the packages
+// (packageChecks). An error about a setting's owner field is worded
 // "--flag=value: reason" (at most one per flag) and dropped when the
 // setting's backend is not o.Backend (the Redis topology does not matter
 // to the memory store); any other error counts only where its package
 // applies (a backend under that backend, xds with --config-source=xds).
 func (o Options) validateOwners(named map[string]bool) error {
-	so, err := ServiceOptions(o)
-	if err != nil {
+	checks, ok := packageChecks(o)
+	if !ok {
 		return nil // the flag's own check (OneOf) reports it
 	}
-	so.Store = noStore{}
 	var errs []error
 	seen := named
-	for _, c := range []struct {
-		applies bool // an error about no flag's field counts
-		err     error
-	}{
-		{o.Backend == "redis", redisOptions(o).Validate()},
-		{o.Backend == "memcache", memcacheOptions(o).Validate()},
-		{true, so.Validate()},
-		{o.ConfigSource == "xds", xdsOptionsError(o)},
-		{true, TelemetryOptions(o).Validate()},
-		{true, RLQSOptions(o, noStore{}).Validate()},
-		{true, LeaseOptions(o, noLeaseStore{}, nil, nil).Validate()},
-	} {
+	for _, c := range checks {
 		for _, e := range leafErrors(c.err) {
 			if msg, ok := ownerFlagErrors[e]; ok {
 				e = errors.New(msg)
 			}
-			var f optionFielder
+			var f *opterr.FieldError
 			if !errors.As(e, &f) {
 				if c.applies {
 					errs = append(errs, e)
@@ -97,6 +78,33 @@ func (o Options) validateOwners(named map[string]bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// packageCheck is one package's Validate on the options the flags build
+// for it.
+type packageCheck struct {
+	applies bool  // an error about no flag's field counts
+	err     error // the package's Validate
+}
+
+// packageChecks validates the options o builds for the redis, memcache,
+// service, xds, telemetry, rlqs and lease packages; ok is false when the
+// service options cannot be built.
+func packageChecks(o Options) (checks []packageCheck, ok bool) {
+	so, err := ServiceOptions(o)
+	if err != nil {
+		return nil, false
+	}
+	so.Store = noStore{}
+	return []packageCheck{
+		{o.Backend == "redis", redisOptions(o).Validate()},
+		{o.Backend == "memcache", memcacheOptions(o).Validate()},
+		{true, so.Validate()},
+		{o.ConfigSource == "xds", xdsOptionsError(o)},
+		{true, TelemetryOptions(o).Validate()},
+		{true, RLQSOptions(o, noStore{}).Validate()},
+		{true, LeaseOptions(o, noLeaseStore{}, nil, nil).Validate()},
+	}, true
 }
 
 // xdsOptionsError is xds.Options.Validate on the --xds-* flags with
@@ -134,8 +142,7 @@ func ownerSetting(field string) (setting, bool) {
 }
 
 // ownersOf names the package option fields s sets, "redis.Breaker.Window":
-// those its binding points into (a package's options held in Options),
-// then its owner list.
+// those its binding points into (a package's options held in Options).
 func ownersOf(s setting) []string {
 	var o Options
 	var out []string
@@ -149,9 +156,6 @@ func ownersOf(s setting) []string {
 				out = append(out, name)
 			}
 		}
-	}
-	if s.owner != "" {
-		out = append(out, strings.Split(s.owner, ",")...)
 	}
 	return out
 }
@@ -282,7 +286,9 @@ func retryJitter(d time.Duration) time.Duration {
 
 // LeaseOptions are the Leaser's options of o on store.
 func LeaseOptions(o Options, store lease.Store, reg prometheus.Registerer, log *slog.Logger) lease.Options {
-	return lease.Options{Store: store, Interval: o.LeaseInterval, Registerer: reg, Logger: log}
+	lo := o.Lease
+	lo.Store, lo.Registerer, lo.Logger = store, reg, log
+	return lo
 }
 
 // RLQSOptions are the RLQS server's options of o on store.
@@ -297,15 +303,12 @@ func RLQSOptions(o Options, store rlqs.Store) rlqs.Options {
 // the package's zero SampleRatio is its default, 1), and a negative one
 // stays invalid.
 func TelemetryOptions(o Options) telemetry.Options {
-	ratio := o.TracingSampleRatio
+	to := o.Telemetry
 	switch {
-	case ratio == 0:
-		ratio = telemetry.NeverSample
-	case ratio < 0:
-		ratio = math.NaN() // refused by telemetry.Options.Validate, never NeverSample
+	case to.SampleRatio == 0:
+		to.SampleRatio = telemetry.NeverSample
+	case to.SampleRatio < 0:
+		to.SampleRatio = math.NaN() // refused by telemetry.Options.Validate, never NeverSample
 	}
-	return telemetry.Options{
-		Enabled: o.Tracing, Endpoint: o.TracingEndpoint, Insecure: o.TracingInsecure,
-		SampleRatio: ratio, ServiceName: o.TracingServiceName,
-	}
+	return to
 }

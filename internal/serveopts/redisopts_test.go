@@ -11,7 +11,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 )
 
-// Every Redis tuning flag, and its RATELIMITD_* twin, reaches redis.Options.
+// TestRedisTuningFlagsReachOptions: every Redis tuning flag, and its
+// RATELIMITD_* twin, reaches redis.Options.
 func TestRedisTuningFlagsReachOptions(t *testing.T) {
 	d, _, err := Parse(nil, env(), io.Discard)
 	if err != nil {
@@ -73,6 +74,9 @@ func TestRedisTuningFlagsReachOptions(t *testing.T) {
 	}
 }
 
+// TestRedisTuningFlagSemantics: the Redis tuning flags' special values
+// (breaker off, zero, pool caps, TLS implied by a CA) reach redis.Options
+// with their documented meaning.
 func TestRedisTuningFlagSemantics(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -114,9 +118,9 @@ func TestRedisTuningFlagSemantics(t *testing.T) {
 	}
 }
 
-// A bad tuning value fails Parse with an error naming the flag (or
-// the twin), and redis.Options.Validate rejects it too: the command's
-// ranges are the store's.
+// TestRedisTuningFlagErrors: a bad tuning value fails Parse with an error
+// naming the flag (or the twin), and redis.Options.Validate rejects it too:
+// the command's ranges are the store's.
 func TestRedisTuningFlagErrors(t *testing.T) {
 	for _, c := range []struct{ flag, val string }{
 		{"redis-dial-timeout", "0s"},

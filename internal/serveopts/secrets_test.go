@@ -81,15 +81,11 @@ const (
 	serveTwin    = "Kx7Twpvsy9"
 )
 
-// FuzzServeRedisURL: a Redis URL given as --redis-url, as its twin
-// RATELIMITD_REDIS_URL, or as the reference's REDIS_URL, with a password
-// planted anywhere (the seeds: every field, and the malformed shapes
-// users wrote), is either refused with an error that holds neither the
-// password nor anything else of the URL (the same error whatever the
-// planted text), or accepted with a startup log line, a redacted command
-// line and errors that show the password nowhere but in a field that is
-// no secret (host, port, path, scheme, the user of user:password, a query
-// option's name).
+// FuzzServeRedisURL: a Redis URL with a password planted anywhere, given
+// as --redis-url, its twin or the reference's REDIS_URL, is either refused
+// with an error that quotes nothing of the URL, or accepted with a startup
+// log line, command line and errors that show the password nowhere but in
+// a field that is no secret (host, port, path, scheme, user, option name).
 func FuzzServeRedisURL(f *testing.F) {
 	for _, s := range []string{
 		"redis//:PW@host", ":PW@host", "redis:/:PW@host", "redis:://:PW@127.0.0.1:6379", "redis:PW@host",

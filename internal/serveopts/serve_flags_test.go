@@ -11,7 +11,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
-// The service options exposed as flags: defaults, flags and twins.
+// TestServiceOptionFlags: the service options exposed as flags: defaults,
+// flags and twins.
 func TestServiceOptionFlags(t *testing.T) {
 	d, _, err := Parse(nil, env(), io.Discard)
 	if err != nil {
@@ -48,7 +49,8 @@ func TestServiceOptionFlags(t *testing.T) {
 	}
 }
 
-// Log levels and formats are case-insensitive, from flags and twins.
+// TestLogLevelCaseInsensitive: log levels and formats are case-insensitive,
+// from flags and twins.
 func TestLogLevelCaseInsensitive(t *testing.T) {
 	for _, c := range []struct {
 		args, env []string
@@ -76,6 +78,8 @@ func TestLogLevelCaseInsensitive(t *testing.T) {
 	}
 }
 
+// TestUnknownTwins: UnknownTwins names, sorted, the RATELIMITD_* variables
+// that are no flag's twin, and no known one.
 func TestUnknownTwins(t *testing.T) {
 	w := UnknownTwins([]string{"PATH=/bin", "RATELIMITD_REDIS_ULR=redis://x", "RATELIMITD_REDIS_URL=redis://y",
 		"RATELIMITD_REQUIRE_REDIS=1", "RATELIMITD_LOGLEVEL=debug", "RATELIMITD_MEMORY_MAX_KEYS=5"})
@@ -92,6 +96,8 @@ func TestUnknownTwins(t *testing.T) {
 	}
 }
 
+// TestRetryJitterZeroDisables: a zero retry jitter turns jitter off (-1 to
+// the service); any other value passes as is.
 func TestRetryJitterZeroDisables(t *testing.T) {
 	for in, want := range map[time.Duration]time.Duration{0: -1, time.Second: time.Second, 250 * time.Millisecond: 250 * time.Millisecond} {
 		if got := retryJitter(in); got != want {

@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// envoyproxy/ratelimit's statsd variables: ratelimitd sends statsd only
-// with USE_STATSD=true (or --statsd-addr); what the reference would do
-// with USE_STATSD unset (its default is true) is kept in
+// TestLegacyStatsd: envoyproxy/ratelimit's statsd variables: ratelimitd
+// sends statsd only with USE_STATSD=true (or --statsd-addr); what the
+// reference would do with USE_STATSD unset (its default is true) is kept in
 // StatsdReferenceAddr.
 func TestLegacyStatsd(t *testing.T) {
 	for _, tt := range []struct {

@@ -22,7 +22,7 @@ func TestTracingSampleRatioFlag(t *testing.T) {
 		{2, 2, false},
 	} {
 		o := Defaults()
-		o.TracingSampleRatio = c.flag
+		o.Telemetry.SampleRatio = c.flag
 		got := TelemetryOptions(o)
 		if err := got.Validate(); (err == nil) != c.valid {
 			t.Errorf("--tracing-sample-ratio=%v: Validate %v, want valid %v", c.flag, err, c.valid)

@@ -18,8 +18,9 @@ func serveErr(t *testing.T, args []string, kv ...string) string {
 	return err.Error()
 }
 
-// An unpaired Redis client certificate or key is refused under every
-// backend, from the flags and from envoyproxy/ratelimit's variables.
+// TestRedisTLSPairUnderEveryBackend: an unpaired Redis client certificate
+// or key is refused under every backend, from the flags and from
+// envoyproxy/ratelimit's variables.
 func TestRedisTLSPairUnderEveryBackend(t *testing.T) {
 	for _, backend := range []string{"memory", "redis", "memcache"} {
 		base := []string{"--config=.", "--backend=" + backend, "--memcache-addrs=127.0.0.1:11211", "--redis-url=rediss://127.0.0.1:6379"}
@@ -40,9 +41,10 @@ func TestRedisTLSPairUnderEveryBackend(t *testing.T) {
 	}
 }
 
-// A malformed boolean in any of envoyproxy/ratelimit's variables stops
-// startup naming the variable, and GRPC_SERVER_USE_TLS=true without a
-// certificate and key is refused rather than served in plaintext.
+// TestLegacyBooleansAndGRPCTLS: a malformed boolean in any of
+// envoyproxy/ratelimit's variables stops startup naming the variable, and
+// GRPC_SERVER_USE_TLS=true without a certificate and key is refused rather
+// than served in plaintext.
 func TestLegacyBooleansAndGRPCTLS(t *testing.T) {
 	for _, c := range []struct {
 		env  []string
@@ -66,8 +68,9 @@ func TestLegacyBooleansAndGRPCTLS(t *testing.T) {
 	}
 }
 
-// The tracing sample ratio is checked with the other options (before any
-// backend is built), naming the flag or the variable that set it.
+// TestTracingSampleRatioRefusedUpFront: the tracing sample ratio is checked
+// with the other options (before any backend is built), naming the flag or
+// the variable that set it.
 func TestTracingSampleRatioRefusedUpFront(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -91,8 +94,9 @@ func TestTracingSampleRatioRefusedUpFront(t *testing.T) {
 	}
 }
 
-// The memcached server flags without --backend are refused as the Redis
-// ones are: the memory store would count in each replica alone.
+// TestMemcacheFlagsNeedBackend: the memcached server flags without
+// --backend are refused as the Redis ones are: the memory store would count
+// in each replica alone.
 func TestMemcacheFlagsNeedBackend(t *testing.T) {
 	for _, args := range [][]string{{"--memcache-addrs=127.0.0.1:11211"}, {"--memcache-srv=_memcache._tcp.example"}} {
 		name := strings.TrimPrefix(strings.SplitN(args[0], "=", 2)[0], "--")
@@ -106,8 +110,9 @@ func TestMemcacheFlagsNeedBackend(t *testing.T) {
 	}
 }
 
-// Each refusal states the flag's whole rule: a value the message calls
-// valid is accepted, and the flag's refused 0 is not called valid.
+// TestRangeMessagesStateTheRule: each refusal states the flag's whole rule:
+// a value the message calls valid is accepted, and the flag's refused 0 is
+// not called valid.
 func TestRangeMessagesStateTheRule(t *testing.T) {
 	xds := []string{"--config-source=xds"}
 	for _, c := range []struct {
@@ -143,8 +148,8 @@ func TestRangeMessagesStateTheRule(t *testing.T) {
 	}
 }
 
-// serve -h names --memory-limit's value bytes and says --config takes a
-// comma-separated list, as the previous release did.
+// TestServeHelpWords: serve -h names --memory-limit's value bytes and says
+// --config takes a comma-separated list, as the previous release did.
 func TestServeHelpWords(t *testing.T) {
 	var usage bytes.Buffer
 	if _, _, err := Parse([]string{"-h"}, env(), &usage); err == nil {

@@ -16,10 +16,10 @@ import (
 func (o Options) validateXDS() error {
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if strings.TrimSpace(o.XDSServerURL) == "" {
+	if strings.TrimSpace(o.XDS.ServerURL) == "" {
 		add("--xds-server-url: required with --config-source=xds")
 	}
-	if strings.TrimSpace(o.XDSNodeID) == "" {
+	if strings.TrimSpace(o.XDS.NodeID) == "" {
 		add("--xds-node-id: required with --config-source=xds (the node the server keys its snapshot by)")
 	}
 	if _, err := xds.ParseNodeMetadata(o.XDSNodeMetadata); err != nil {
@@ -31,18 +31,18 @@ func (o Options) validateXDS() error {
 	// 0 would be the package's default: these flags' rules are stated
 	// here (xds.Options.Validate's, through validateOwners, are then
 	// skipped for them).
-	if o.XDSConnectRetryInterval <= 0 {
-		add("--xds-connect-retry-interval=%s: must be > 0", o.XDSConnectRetryInterval)
+	if o.XDS.ConnectRetryInterval <= 0 {
+		add("--xds-connect-retry-interval=%s: must be > 0", o.XDS.ConnectRetryInterval)
 	}
-	if o.XDSBackoffInitial <= 0 {
-		add("--xds-backoff-initial=%s: must be > 0", o.XDSBackoffInitial)
+	if o.XDS.BackoffInitial <= 0 {
+		add("--xds-backoff-initial=%s: must be > 0", o.XDS.BackoffInitial)
 	}
 	// A positive --xds-backoff-max below --xds-backoff-initial is
 	// xds.BackoffMax's rule.
-	if o.XDSBackoffMax <= 0 && o.XDSBackoffInitial > 0 {
-		add("--xds-backoff-max=%s: must be >= --xds-backoff-initial (%s)", o.XDSBackoffMax, o.XDSBackoffInitial)
-	} else if o.XDSBackoffMax <= 0 {
-		add("--xds-backoff-max=%s: must be > 0", o.XDSBackoffMax)
+	if o.XDS.BackoffMax <= 0 && o.XDS.BackoffInitial > 0 {
+		add("--xds-backoff-max=%s: must be >= --xds-backoff-initial (%s)", o.XDS.BackoffMax, o.XDS.BackoffInitial)
+	} else if o.XDS.BackoffMax <= 0 {
+		add("--xds-backoff-max=%s: must be > 0", o.XDS.BackoffMax)
 	}
 	if (o.XDSTLSCert == "") != (o.XDSTLSKey == "") {
 		add("--xds-tls-cert and --xds-tls-key go together")
@@ -79,20 +79,14 @@ func XDSOptions(o Options, log *slog.Logger, load policy.LoadOptions) (xds.Optio
 	return xo, nil
 }
 
-// xdsBase maps the --xds-* flags that need no parsing or file onto
-// xds.Options (validated by xds.Options.Validate, through
-// Options.validateOwners).
+// xdsBase is the xds.Options of the --xds-* flags that need no parsing or
+// file (validated by xds.Options.Validate, through
+// Options.validateOwners): o.XDS with the flags' spread and jitter.
 func xdsBase(o Options) xds.Options {
-	return xds.Options{
-		ServerURL:            o.XDSServerURL,
-		NodeID:               o.XDSNodeID,
-		ConnectRetryInterval: o.XDSConnectRetryInterval,
-		BackoffInitial:       o.XDSBackoffInitial,
-		BackoffMax:           o.XDSBackoffMax,
-		BackoffRandomFactor:  backoffRandomFactor(o.XDSBackoffRandomFactor),
-		DisableBackoffJitter: !o.XDSBackoffJitter,
-		MaxRecvMsgSize:       o.XDSMaxMsgSize,
-	}
+	xo := o.XDS
+	xo.BackoffRandomFactor = backoffRandomFactor(xo.BackoffRandomFactor)
+	xo.DisableBackoffJitter = !o.XDSBackoffJitter
+	return xo
 }
 
 // backoffRandomFactor is the xds.Options.BackoffRandomFactor of

@@ -8,8 +8,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds"
 )
 
-// The reference's variables, as Envoy Gateway sets them, map onto the
-// --xds-* options; the TLS files count only with
+// TestLegacyXDSVariables: the reference's variables, as Envoy Gateway sets
+// them, map onto the --xds-* options; the TLS files count only with
 // CONFIG_GRPC_XDS_SERVER_USE_TLS=true; none is reported unsupported.
 func TestLegacyXDSVariables(t *testing.T) {
 	o, warnings, err := Parse(nil, env(
@@ -37,11 +37,11 @@ func TestLegacyXDSVariables(t *testing.T) {
 	if len(warnings) != 0 {
 		t.Errorf("warnings %q, want none", warnings)
 	}
-	if o.ConfigSource != "xds" || o.XDSServerURL != "envoy-gateway:18001" || o.XDSNodeID != "envoy-ratelimit" ||
-		o.XDSNodeMetadata != "cluster=edge" || o.XDSHeaders != "x-token:abc" || o.XDSConnectRetryInterval != 5*time.Second ||
+	if o.ConfigSource != "xds" || o.XDS.ServerURL != "envoy-gateway:18001" || o.XDS.NodeID != "envoy-ratelimit" ||
+		o.XDSNodeMetadata != "cluster=edge" || o.XDSHeaders != "x-token:abc" || o.XDS.ConnectRetryInterval != 5*time.Second ||
 		!o.XDSTLS || o.XDSTLSCert != "/certs/tls.crt" || o.XDSTLSKey != "/certs/tls.key" || o.XDSTLSCA != "/certs/ca.crt" ||
-		o.XDSTLSSAN != "envoy-gateway" || o.XDSBackoffInitial != time.Second || o.XDSBackoffMax != 30*time.Second ||
-		o.XDSBackoffRandomFactor != 0.25 || o.XDSBackoffJitter || o.XDSMaxMsgSize != 8<<20 {
+		o.XDSTLSSAN != "envoy-gateway" || o.XDS.BackoffInitial != time.Second || o.XDS.BackoffMax != 30*time.Second ||
+		o.XDS.BackoffRandomFactor != 0.25 || o.XDSBackoffJitter || o.XDS.MaxRecvMsgSize != 8<<20 {
 		t.Errorf("options: %+v", o)
 	}
 	// Without USE_TLS the files are ignored, as by envoyproxy/ratelimit.
@@ -54,8 +54,8 @@ func TestLegacyXDSVariables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.ConfigSource != "file" || d.XDSNodeID != "twin" || d.XDSServerURL != "localhost:18000" || d.XDSConnectRetryInterval != 3*time.Second ||
-		d.XDSBackoffInitial != 10*time.Second || d.XDSBackoffMax != time.Minute || d.XDSBackoffRandomFactor != 0.5 || !d.XDSBackoffJitter || d.XDSMaxMsgSize != 0 {
+	if d.ConfigSource != "file" || d.XDS.NodeID != "twin" || d.XDS.ServerURL != "localhost:18000" || d.XDS.ConnectRetryInterval != 3*time.Second ||
+		d.XDS.BackoffInitial != 10*time.Second || d.XDS.BackoffMax != time.Minute || d.XDS.BackoffRandomFactor != 0.5 || !d.XDSBackoffJitter || d.XDS.MaxRecvMsgSize != 0 {
 		t.Errorf("defaults: %+v", d)
 	}
 	// --config is not needed with xDS.
@@ -64,9 +64,10 @@ func TestLegacyXDSVariables(t *testing.T) {
 	}
 }
 
-// xdsBase gives xds.Options the flags' meaning: the default factor and
-// jitter by default, and exact waits for --xds-backoff-random-factor=0
-// (xds.NoBackoffSpread) or --xds-backoff-jitter=false.
+// TestXDSBackoffSpreadOptions: xdsBase gives xds.Options the flags'
+// meaning: the default factor and jitter by default, and exact waits for
+// --xds-backoff-random-factor=0 (xds.NoBackoffSpread) or
+// --xds-backoff-jitter=false.
 func TestXDSBackoffSpreadOptions(t *testing.T) {
 	for _, tc := range []struct {
 		args    []string

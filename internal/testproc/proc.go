@@ -1,20 +1,12 @@
 // Package testproc runs the server processes of the tests.
 //
-// Proc runs the servers of the test helpers (redis-server in
-// pkg/backend/redis/redistest, memcached in
-// pkg/backend/memcache/memcachetest): start with the output appended to a
-// log file, kill, freeze (SIGSTOP) and resume, and tell whether the
-// process is alive; a server is killed when the test process dies
-// without running its cleanups (Linux: a parent-death signal,
-// KillWithParent). FreePort and FreePorts choose loopback ports.
-//
-// The rest is what tests of ratelimitd itself share, light enough for
-// any package's tests: Dial, Health and WaitHealth talk to a running
-// server, Desc and WithHits build the descriptors of its requests,
-// MetricSum and MetricValue read its Prometheus registry, StatsdSink
-// receives its statsd lines, Buffer collects a log, and Long and Reps
-// choose between a suite's quick and long variants. Running the
-// binary itself is internal/deploytest's (Build, StartServe).
+// Proc runs the servers of the test helpers (redis-server, memcached):
+// start, kill, freeze and resume, with the output in a log file and the
+// server killed when the test process dies without its cleanups
+// (KillWithParent). The rest is what any package's tests of ratelimitd
+// share: talking to a running server, building descriptors, reading its
+// metrics and statsd lines, and choosing quick or long variants. Running
+// the binary itself is internal/deploytest's.
 package testproc
 
 import (

@@ -15,23 +15,16 @@ import (
 )
 
 // Reloader serves a server's TLS material from files and picks up
-// replaced files without a restart: at most once per checkEvery (1 s), a
+// replaced files without a restart: at most once per checkEvery, a
 // handshake stats the files and reloads them when one changed. A file's
-// stamp is the path its symlinks resolve to, its device and inode, size and
-// modification time, so both ways certificates are replaced are seen: a
-// file renamed over the old one (cert-manager's csi driver, an operator's
-// mv) gets a new inode, and a Kubernetes Secret or ConfigMap mount, whose
-// tls.crt is a symlink to ..data/tls.crt, swaps the ..data symlink to a new
-// timestamped directory, which changes the resolved path. A reload that
-// fails (a key that does not match the certificate, a file half-written)
-// keeps the previous material, is logged, and is tried again at the next
-// check. Safe for concurrent use.
+// stamp (resolved path, device, inode, size, modification time) sees both
+// a file renamed over the old one and a Kubernetes mount's ..data symlink
+// swap. A failed reload keeps the previous material, is logged, and is
+// retried at the next check. Safe for concurrent use.
 //
-// It checks on the handshake rather than watching with fsnotify: inotify
-// watches are lost when a watched directory is replaced, are not delivered
-// on network and FUSE file systems, and need a goroutine and a Close the
-// listeners would have to own; a handshake is the only moment the material
-// is read, and a check costs at most three stat calls a second.
+// It checks on the handshake rather than with fsnotify: inotify watches
+// are lost when a watched directory is replaced and miss network and FUSE
+// file systems, while a handshake is the only moment the material is read.
 type Reloader struct {
 	certFile, keyFile, caFile, san string
 	// http: the config is the HTTP listener's (--http-tls): HTTP/2 and

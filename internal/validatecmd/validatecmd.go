@@ -34,21 +34,10 @@ type Defaults struct {
 // it loads the paths as serve would, prints every error (each starting with
 // file:line) and every warning, and with --explain the compiled rules.
 // Exit 0 valid, 1 invalid (or warnings with --strict), 2 usage error.
-// --merge-domains and --ignore-dotfiles (and their RATELIMITD_* twins and
-// envoyproxy/ratelimit variables) shape the load as they do for serve,
-// with serve's defaults (dot files skipped, domains not merged). A
-// path set with no config file is valid but warned (so --strict fails).
-// --backend (RATELIMITD_BACKEND, BACKEND_TYPE) checks the algorithms as
-// serve would with that backend: with memcache, a limit of an algorithm
-// other than fixed_window is an error.
-//
-// The mode is the one serve would be in with this environment (--mode,
-// RATELIMITD_MODE, envoyproxy/ratelimit's variables; PATHs do not count
-// as --config). In reference mode the load is the reference's: with no
-// PATH, the directory serve loads (RUNTIME_ROOT, RUNTIME_SUBDIRECTORY,
-// RUNTIME_APPDIRECTORY, or RATELIMITD_CONFIG); dot files loaded unless
-// RUNTIME_IGNOREDOTFILES=true (or --ignore-dotfiles); a file loaded as
-// often as the paths name it.
+// The settings that shape the load (--merge-domains, --ignore-dotfiles,
+// --backend, the mode, and their twins and envoyproxy/ratelimit variables)
+// apply as they do for serve; in reference mode with no PATH it loads the
+// directory serve would.
 func Run(args []string, env Env, stdout, stderr io.Writer) int {
 	lookup := env.Lookup
 	fs := flag.NewFlagSet("ratelimitd validate", flag.ContinueOnError)

@@ -83,7 +83,7 @@ type Limit struct {
 
 // Hit is one limit to apply within a request: the backend key (already
 // injective over domain, rule, limit and descriptor entries; see
-// policy.Keys), the limit, and the cost.
+// policy.Set.Key), the limit, and the cost.
 type Hit struct {
 	// Key identifies the counter state. Backends may append a window
 	// suffix; they never parse it.

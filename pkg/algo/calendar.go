@@ -63,15 +63,10 @@ func monthStartUs(mi int64) int64 {
 }
 
 // WindowBoundsUs returns the window [start, end) in microseconds since the
-// Unix epoch that contains nowUs, for FixedWindow and SlidingWindow limits:
-//
-//   - Calendar == CalendarNone: start = floor(now/P)*P, end = start+P with
-//     P = Period in µs (epoch-aligned, as envoyproxy/ratelimit aligns its
-//     units).
-//   - CalendarMonth: months are counted from January 1970 (index 0); the
-//     window holds month indexes [k*M, (k+1)*M) with k = floor(i/M), M =
-//     Multiplier (values < 1 count as 1), UTC.
-//   - CalendarYear: the same with years counted from 1970.
+// Unix epoch that contains nowUs, for FixedWindow and SlidingWindow
+// limits: epoch-aligned windows of Period, as envoyproxy/ratelimit aligns
+// its units, or with a Calendar, Multiplier UTC months or years counted
+// from January 1970.
 func WindowBoundsUs(l Limit, nowUs int64) (start, end int64) {
 	mult := l.Multiplier
 	if mult < 1 {

@@ -12,20 +12,17 @@ func Leasable(l Limit) bool {
 }
 
 // Lease charges a lease of up to want units of l at now, up front: it
-// grants min(want, what a check reports remaining) and takes that many as
-// one allowed Take would, so that the units granted to every subscriber
-// together never exceed the limit. It returns the next state, the units
-// granted and the decision of a check on the next state (Remaining: what
-// is left for other leases). want <= 0 grants nothing and leaves prev as
-// it was. Units a subscriber does not use go back with Release.
+// grants min(want, what remains) and takes that many as one allowed Take
+// would, so that the units granted to every subscriber together never
+// exceed the limit. It returns the next state, the units granted and the
+// decision of a check on the next state. Unused units go back with
+// Release.
 //
-// bornUs is when the store's memory of the counters began (µs; a
-// restarted Redis forgot everything before it, and units leased then are
-// still being used): what happened before it is assumed the worst, so a
-// restart never lets a window admit more than the limit. A window that
-// began before bornUs is full; a sliding window's previous window that
-// began before bornUs counts Rate; a token bucket was empty at bornUs
-// (its TAT at least bornUs + capacity·T). 0 assumes nothing.
+// bornUs is when the store's memory of the counters began (µs; 0 assumes
+// nothing). Whatever window began before it is taken as full and a token
+// bucket as empty at bornUs, because a restarted store forgot units that
+// are still leased out; so a restart never lets a window admit more than
+// the limit.
 func Lease(l Limit, prev State, now time.Time, want, bornUs int64) (next State, granted int64, d Decision) {
 	prev = assumeLost(l, prev, now.UnixMicro(), bornUs)
 	st, chk := Take(l, prev, now, 0)

@@ -13,14 +13,10 @@ import (
 // integer the algorithms store or multiply below it.
 const MaxExact = int64(1) << 53
 
-// MaxCost is the largest cost the algorithms (and the Redis script) take:
-// 2^53, exactly representable as a Lua double. Limit.Validate keeps every
-// limit's capacity (Rate; Burst or Rate for a token bucket) below it, so a
-// take of MaxCost is always denied as above capacity and writes nothing.
-// Take, Release and Apply treat a larger cost as MaxCost (the same
-// decision), and callers clamp a request's cost (hits_addend, up to
-// 2^64-1) to it before it reaches a store, so every store sees the same
-// cost.
+// MaxCost is the largest cost the algorithms (and the Redis script) take.
+// Every capacity is below it, so a take of MaxCost is always denied and
+// writes nothing. Callers clamp hits_addend (up to 2^64-1) to it so that
+// every store sees the same cost.
 const MaxCost = MaxExact
 
 // ClampCost returns cost within [0, MaxCost]: negative costs count as 0,
@@ -44,15 +40,11 @@ const MaxPeriod = 100 * 366 * 24 * time.Hour
 var ErrInvalidLimit = errors.New("algo: invalid limit")
 
 // Validate reports whether l respects the bounds every algorithm (and its
-// Redis port) assumes. The config loader calls it and shows the message.
-// Bounds: Rate >= 0 (0 denies everything); Period a whole number of
-// microseconds in [1 µs, MaxPeriod]; Burst >= 0; Calendar only with
-// FixedWindow or SlidingWindow, and then Multiplier in [1, 1200] months
-// or [1, 100] years; SlidingLog Rate
-// <= MaxSlidingLogRate; Concurrency Rate <= MaxConcurrencyRate; TokenBucket
-// capacity × Period(µs) <= 2^53 and capacity × Rate <= 2^53 (see the
-// porting contract); every capacity below MaxCost (other kinds: Rate <
-// 2^53).
+// Redis port) assumes, so that every stored integer stays exact in a Lua
+// double. The config loader calls it and shows the message. The bounds:
+// Period a whole number of microseconds up to MaxPeriod, calendar windows
+// only for fixed and sliding windows, the log kinds' Rate caps, and a
+// token bucket's capacity × Period(µs) and capacity × Rate at most 2^53.
 func (l Limit) Validate() error {
 	if l.Kind > Concurrency {
 		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidLimit, l.Kind)

@@ -4,21 +4,11 @@ package algo
 
 import "time"
 
-// State is the stored state of one key. The zero value is the state of a key
-// that was never used (or has expired); every algorithm accepts it. Fields by
-// Kind (all instants are microseconds since the Unix epoch):
-//
-//	FixedWindow    Time = window start, Count = cost admitted in that window
-//	SlidingWindow  Time = current window start, Count = cost admitted in it,
-//	               Prev = cost admitted in the window before it
-//	TokenBucket    Time = TAT (theoretical arrival time), whole µs part;
-//	               Count = TAT fraction numerator in units of 1/Rate µs,
-//	               0 <= Count < Rate (the exact TAT is Time + Count/Rate)
-//	SlidingLog     Log = one timestamp per admitted unit of cost, ascending
-//	Concurrency    Log = one acquisition timestamp per live lease, ascending
-//
-// A State is a value: functions in this package never modify a State (or
-// the backing array of its Log) passed to them; they return a new one.
+// State is the stored state of one key; each field says which kinds use
+// it. The zero value is the state of a key that was never used (or has
+// expired), and every algorithm accepts it. A State is a value: functions
+// in this package never modify one passed to them (nor its Log's backing
+// array); they return a new one.
 type State struct {
 	// Time is the window start (FixedWindow, SlidingWindow) or the whole
 	// microseconds of the TAT (TokenBucket), in µs since the Unix epoch;
@@ -26,7 +16,7 @@ type State struct {
 	Time int64
 	// Count is the cost admitted in the window at Time (FixedWindow,
 	// SlidingWindow) or the TAT fraction numerator in 1/Rate µs
-	// (TokenBucket).
+	// (TokenBucket: the exact TAT is Time + Count/Rate, 0 <= Count < Rate).
 	Count int64
 	// Prev is the cost admitted in the window before Time (SlidingWindow
 	// only).

@@ -46,47 +46,32 @@ func Take(l Limit, prev State, now time.Time, cost int64) (State, Decision) {
 	return s, d.out()
 }
 
-// Charge is Take under the always_charge counting policy (Hit.Charge): an
-// allowed take and a check are Take's; a denied take with cost > 0 is
-// still charged and its decision (denied, RetryAfter > 0) describes the
-// state after the charge, so Remaining is 0. How far over the limit a
-// state may go: FixedWindow and SlidingWindow counts saturate at MaxExact
-// (2^53); a TokenBucket goes at most one capacity into debt (the TAT at
-// most now + 2·capacity·T, T = Period/Rate); a SlidingLog holds at most
-// 2·Rate entries.
-// Concurrency leases and Rate 0 limits are never charged when denied
-// (Charge is Take; a Concurrency hit with Charge is not Kept either).
+// Charge is Take under the always_charge counting policy (Hit.Charge): a
+// denied take with cost > 0 is still charged, and its decision describes
+// the state after the charge (Remaining 0). The overdraft is bounded: a
+// token bucket goes at most one capacity into debt, a sliding log holds
+// at most 2·Rate entries (the porting contract in doc.go has the rules).
+// Concurrency and Rate 0 limits are never charged when denied.
 func Charge(l Limit, prev State, now time.Time, cost int64) (State, Decision) {
 	s, d := decide(l, prev, now.UnixMicro(), cost, opCharge)
 	return s, d.out()
 }
 
-// Release returns n units (n is clamped by ClampCost) instead of taking
-// them: a refund (Envoy's is_negative_hits) or a lease release. It is
-// always allowed (RetryAfter 0) and its decision is a check on the state
-// after the release. Per kind: Concurrency drops the n oldest live
-// leases; SlidingLog the n newest live entries; FixedWindow subtracts n
-// from the current window's count, floored at 0 (a count of an earlier
-// window has already reset); SlidingWindow subtracts from the current
-// window's count, then what is left of n from the previous window's,
-// each floored at 0; TokenBucket moves the TAT back by n·T (in at most
-// two steps of the capacity, so at most 2·capacity tokens per release),
-// never before now (the bucket is then full). Rate 0 limits hold nothing
-// to release.
+// Release returns n units instead of taking them: a refund (Envoy's
+// is_negative_hits) or a concurrency lease release. It is always allowed
+// and its decision is a check on the state after the release. Counts are
+// floored at 0 and a token bucket's TAT never moves before now; Hit.Release
+// says what each kind gives back.
 func Release(l Limit, prev State, now time.Time, n int64) (State, Decision) {
 	s, d := decide(l, prev, now.UnixMicro(), n, opRelease)
 	return s, d.out()
 }
 
 // Apply is Release, Charge or Take as h.Release and h.Charge say, on
-// h.Limit and h.Cost, within h's penalty box when it has one (a take that
-// is not Soft): while a block is in force the hit is denied without
-// deciding the limit, with RetryAfter, ResetAfter and WindowAfter the time
-// until the block's end and Remaining 0 (with Penalty.Extend the block
-// restarts at now); otherwise a denial of the limit is counted in a window
-// of Penalty.Within opened by the first denial counted, and the
-// Penalty.After-th starts a block of Penalty.Block from now, its decision
-// the same as a blocked hit's (Decision.Penalty says which).
+// h.Limit and h.Cost. A take that is not Soft runs inside h's penalty box
+// when it has one: a block in force denies it until the block's end, and
+// the Penalty.After-th denial within Penalty.Within starts a block
+// (Decision.Penalty says which).
 func Apply(prev State, h Hit, now time.Time) (State, Decision) {
 	if h.penalized() {
 		s, d, o := applyPenalty(prev, h, now.UnixMicro())

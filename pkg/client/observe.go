@@ -20,22 +20,14 @@ type Resyncer interface {
 // Observe feeds the response of a call released by Wait back to the Pacer:
 // the call is no longer in flight, and the upstream's rate-limit fields
 // adjust what the next callers may send. Malformed fields are ignored, as
-// the RateLimit draft requires.
+// the RateLimit draft requires. Retry-After (or a bare 429 or 503) holds
+// every caller, RateLimit or X-RateLimit-* caps the calls before the reset,
+// and RateLimit-Policy resyncs a Resyncer Limiter (docs/pacing.md).
 //
-//   - Retry-After (seconds or an HTTP date) holds every caller until it
-//     passes, plus jitter; a 429 or 503 without one holds them one second.
-//   - RateLimit ("name";r=R;t=T), or X-RateLimit-Remaining and
-//     X-RateLimit-Reset, lets at most R less the margin (rounded in the
-//     caller's favour) and the calls in flight go before T seconds; R = 0
-//     holds every caller until T passes, plus jitter.
-//   - RateLimit-Policy ("name";q=Q;w=W) resyncs a Resyncer Limiter to Q
-//     per W seconds, less the margin.
-//
-// Observe cannot tell which call a response answers, so its RateLimit
-// fields may lower the calls left before the reset but raise them only
-// once the reset has passed: a response overtaken by a newer one must not
-// reopen a spent quota. Transport knows, and lets the answer to a call
-// released after the last update raise them at once.
+// Observe cannot tell which call a response answers, so it may lower the
+// calls left before the reset but raise them only once the reset has
+// passed: an overtaken response must not reopen a spent quota. Transport
+// knows, and lets a newer answer raise them at once.
 func (p *Pacer) Observe(status int, h http.Header) {
 	p.observe(0, status, h)
 }

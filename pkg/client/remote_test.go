@@ -60,7 +60,7 @@ func startRatelimitd(t *testing.T) *grpc.ClientConn {
 // ratelimitd budget of 50 calls per second. 150 calls all go, none fails,
 // and no second carries more than 50 of them, by ratelimitd's count. It
 // runs in a synctest bubble: the seconds are the bubble's, however slow
-// the host.
+// the machine.
 func TestRemoteSharesOneBudget(t *testing.T) { synctest.Test(t, remoteSharesOneBudget) }
 
 func remoteSharesOneBudget(t *testing.T) {

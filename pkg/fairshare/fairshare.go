@@ -1,24 +1,14 @@
 // Package fairshare divides what remains of a limit among the subscribers
 // that draw on it: ratelimitd instances holding leases, Envoy streams over
-// RLQS, or cells. It is pure: no I/O, standard library only, and time is an
-// argument, so every subscriber that feeds it the same inputs computes the
-// same division.
+// RLQS, or cells. It is pure (no I/O, time is an argument), so every
+// subscriber fed the same inputs computes the same division.
 //
-// Each interval the caller passes the remainder of the window (limit - used,
-// clamped at 0) and each subscriber's demand observed over its last
-// interval. Allocate smooths the demand per subscriber (a rise counts at
-// once, a fall halves the gap each round, so a short lull does not take a
-// busy subscriber's share away) and divides the remainder max-min fairly by
-// smoothed demand: no subscriber gets more than its demand, and a subscriber
-// that gets less than its demand gets at least as much as every other
-// subscriber. A subscriber with no demand history gets Options.Floor first
-// when the remainder allows, so a newcomer can start before it has demand to
-// report. The allowances never sum to more than the remainder.
-//
-// Convergence: under steady demand, a subscriber's smoothed demand equals its
-// demand from the first round if the demand did not fall, else after at most
-// floor(log2(gap))+1 rounds (64 rounds for any int64 gap), and from then on
-// Allocate returns exactly the max-min fair division of the remainder.
+// Allocate smooths each subscriber's demand (a rise counts at once, a fall
+// halves the gap each round, so a short lull does not take a busy
+// subscriber's share away) and divides the remainder max-min fairly by
+// smoothed demand. A newcomer gets Options.Floor first, so it can start
+// before it has demand to report. Under steady demand the division is
+// exactly max-min fair after at most floor(log2(gap))+1 rounds.
 package fairshare
 
 import (

@@ -76,16 +76,11 @@ const probeSubscriber = 1 << 52
 // intervals of its demand; before its first report of the window, the
 // even split plus two intervals of its last reported demand.
 //
-// A share never exceeds the cell's smoothed demand of one interval, so a
-// cell's Allowance grows by at most that per Step, as long as its
-// instances lease with the allowance of its last Step or the one before
-// (each asks Limit for every hit, and some hit comes between two Steps).
-// With reports d late and Steps s apart, a cell takes at most ceil(d/s)
-// Steps another has not heard of, and the claim covers two of them. So
-// under steady demand, reports up to two intervals late never let the
-// cells together exceed the budget, and later ones exceed it by at most
-// (ceil(d/s)-2) intervals of the other cells' demand (docs/leases.md
-// derives it); the headroom covers that, demand surges and clock skew.
+// A share never exceeds the cell's smoothed demand of one interval, and a
+// claim covers two intervals of it, so under steady demand reports up to
+// two intervals late never let the cells together exceed the budget
+// (docs/leases.md derives the bound for later ones). The headroom covers
+// late reports, demand surges and clock skew.
 type Cell struct {
 	opt   CellOptions
 	alloc *fairshare.Allocator
@@ -164,7 +159,8 @@ func (c *Cell) Step(ctx context.Context) error {
 	c.n = max(c.n, others+1)
 	split := c.split()
 	if ws != c.ws {
-		// Until now the instances enforced the even split (Limit).
+		// A new window starts from the even split (Limit), which the
+		// instances enforce until this Step.
 		c.ws, c.allow = ws, split
 	}
 	total := used + (c.n-1-others)*split // cells not heard of: the even split

@@ -95,24 +95,22 @@ func cellBound(budget int64, delay, step time.Duration, demand []int64) int64 {
 	return budget + max(steps-2, 0)*(sum-least)
 }
 
-// Three cells, each a redis-server with its own instance leasing from it,
-// share one limit with a headroom of 15 % (10–15 % is the usual headroom
-// of cross-region enforcement). Demand is steady, above the limit and
-// uneven (one cell asks far more than the others). The cells Step every
-// interval s, at staggered phases, and their reports reach each other d
-// late. A fake clock drives it all: the cells' Steps, the instances'
-// decisions and renewals, the report delay, and the servers' clock in the
-// lease script (redis.Options.Now), so that a loaded host only runs the
-// test slower. Each window's units admitted across the cells stay within
-// the bound derived in docs/leases.md (cellBound): with d = s, within
-// the budget, so the over-admission against the target stays within the
-// headroom; with d = 5s, the bound moves up by three intervals of the
-// other cells' demand.
+// TestCellsWithinHeadroom: three cells, each a redis-server with its own
+// instance leasing from it, share one limit with a headroom of 15 %, under
+// steady, uneven demand above the limit. The cells Step every interval s
+// at staggered phases, and their reports reach each other d late. Each
+// window's units admitted across the cells stay within the bound derived
+// in docs/leases.md (cellBound): within the budget with d = s, and three
+// intervals of the other cells' demand above it with d = 5s. A fake clock
+// drives the Steps, the instances, the report delay and the servers' clock
+// in the lease script (redis.Options.Now), so scheduling delays only make
+// the test slower.
 //
 // The window is 20 intervals of a minute: the servers expire the window
-// keys in real time, a window's remainder of the fake clock plus a
-// second (lease.lua), so fake windows of 20 minutes keep every key the
-// test still uses for at least a tick of fake time (6 s) plus a second.
+// keys in real time, a window's remainder of the fake clock plus a second
+// (pkg/backend/redis/lease.lua), so fake windows of 20 minutes keep every
+// key the test still uses for at least a tick of fake time (6 s) plus a
+// second.
 func TestCellsWithinHeadroom(t *testing.T) {
 	redistest.Require(t)
 	const cells = 3

@@ -10,12 +10,10 @@ import (
 // Take decides hits, all of leased limits, from the units this instance
 // holds: no store round trip while a lease has the units. A lease that
 // runs short is renewed; a hit that finds it empty waits for that renewal
-// (up to half of what remains of ctx's deadline, at most Options.Timeout)
-// unless the store said this window (or, for a
-// sliding window and a token bucket, this interval) has nothing left,
-// which is denied at once. The hits of one request are all-or-nothing: when
-// one that is not Soft is denied, the units the others took go back to
-// the lease. A release (Hit.Release) puts its units back into the lease.
+// (up to half of what remains of ctx's deadline, at most Options.Timeout),
+// unless the store said nothing is left this window, which is denied at
+// once. The hits of one request are all-or-nothing, and a release puts
+// its units back into the lease.
 //
 // undo gives back what the allowed hits took (for a request another
 // limit denied), into the windows they took it from. failed lists the
@@ -190,8 +188,8 @@ func (e *entry) give(n, ws int64) algo.Decision {
 	return e.decision(true, t)
 }
 
-// roll moves the lease to the window of t (store clock): units of an
-// earlier window no longer count. It also closes the demand interval.
+// roll moves the lease to the window of t (store clock), dropping the
+// units of an earlier window. It also closes the demand interval.
 func (e *entry) roll(t, lt int64) {
 	if e.l.Kind != algo.TokenBucket {
 		p := e.l.Period.Microseconds()

@@ -24,7 +24,6 @@ package lease
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -35,6 +34,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/fairshare"
+	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 )
 
 // Store is a store that charges leases: the memory and Redis stores.
@@ -51,8 +51,9 @@ type Options struct {
 	// 0 draws a random one in [1, 2^52).
 	Subscriber int64
 	// Interval is how often a lease is renewed and its size reconsidered
-	// (0 means DefaultInterval; at least MinInterval); a limit whose window is shorter than 4 intervals
-	// renews every quarter window. Demand is measured per interval.
+	// (0 means DefaultInterval; at least MinInterval); a limit whose
+	// window is shorter than 4 intervals renews every quarter window.
+	// Demand is measured per interval.
 	Interval time.Duration
 	// Timeout bounds one lease operation (0 means 1 s).
 	Timeout time.Duration
@@ -76,32 +77,14 @@ const DefaultInterval = 100 * time.Millisecond
 // trip per active key, so a shorter interval would only load the store.
 const MinInterval = time.Millisecond
 
-// FieldError is one invalid Options field, as Validate reports it.
-type FieldError struct {
-	// Field is the Options field's name.
-	Field string
-	// Value is the field's value.
-	Value any
-	// Reason is what a valid value is.
-	Reason string
-}
-
-// Error returns "lease: Field=Value: Reason".
-func (e *FieldError) Error() string {
-	return fmt.Sprintf("lease: %s=%v: %s", e.Field, e.Value, e.Reason)
-}
-
-// OptionField returns the package-qualified field name ("lease.Interval")
-// and the reason, for callers that name the field their own way (a flag).
-func (e *FieldError) OptionField() (field, reason string) { return "lease." + e.Field, e.Reason }
-
-// Validate reports every invalid field, joined, each a *FieldError: a nil
-// Store; an Interval that is negative or shorter than MinInterval; a
-// negative Timeout. Zero values are valid: they mean the defaults.
+// Validate reports every invalid field, joined, each a
+// *opterr.FieldError: a nil Store; an Interval that is negative or
+// shorter than MinInterval; a negative Timeout. Zero values are valid:
+// they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field string, v any, reason string) {
-		errs = append(errs, &FieldError{Field: field, Value: v, Reason: reason})
+		errs = append(errs, &opterr.FieldError{Package: "lease", Field: field, Value: v, Reason: reason})
 	}
 	if o.Store == nil {
 		bad("Store", o.Store, "required")

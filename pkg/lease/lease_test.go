@@ -14,6 +14,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 )
 
 // tally counts, per window start (µs), the units the instances admitted,
@@ -90,9 +91,9 @@ func hammer(ctx context.Context, insts []*Leaser, hit algo.Hit, workers int, ty 
 // of 1000 per 500 ms, through phases: steady demand far above the limit;
 // paced demand 3 times the limit; instance 3 killed (its units never
 // returned); the store restarted (restart, unless nil) while the
-// instances hold units. It checks that no window admits more than the limit, that the
-// steady windows admit at least 95 % of it, and that every decision's
-// window is one the call spanned.
+// instances hold units. It checks that no window admits more than the
+// limit, that the steady windows admit at least 95 % of it, and that
+// every decision's window is one the call spanned.
 func overLimit(t *testing.T, st Store, restart func()) {
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: 500 * time.Millisecond}
 	p := l.Period.Microseconds()
@@ -173,8 +174,8 @@ func overLimit(t *testing.T, st Store, restart func()) {
 	}
 	t.Logf("admitted per window:%s", line)
 	// Under steady demand above the limit, the windows together admit
-	// at least 95 % of it (one window may lose more to a stall of this
-	// loaded host: units held when it ends are not used).
+	// at least 95 % of it (one window may lose more to a scheduling
+	// stall: units held when it ends are not used).
 	var sum, n int64
 	for ws := sFrom; ws < sTo; ws += p {
 		sum += got[ws]
@@ -309,8 +310,8 @@ func TestOptionsValidate(t *testing.T) {
 			t.Errorf("%+v: no error", c.opt)
 			continue
 		}
-		var fe *FieldError
-		if !errors.As(err, &fe) || fe.Field != c.field {
+		var fe *opterr.FieldError
+		if !errors.As(err, &fe) || fe.Package != "lease" || fe.Field != c.field {
 			t.Errorf("%+v: error %v, want a FieldError on %s", c.opt, err, c.field)
 		}
 	}

@@ -89,7 +89,7 @@ func TestLeasedRedisFrozen(t *testing.T) {
 		callers  = 16
 		per      = 20
 		deadline = 50 * time.Millisecond
-		slack    = 150 * time.Millisecond // a loaded host's wake-up latency
+		slack    = 150 * time.Millisecond // wake-up latency allowed past a deadline
 	)
 	var allowed, failed, late, callerDeadline atomic.Int64
 	var mu sync.Mutex

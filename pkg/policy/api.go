@@ -259,8 +259,8 @@ type Match struct {
 	// MetricKey is the stat key for this match (Rule.Path, or with
 	// detailed_metric / value_to_metric the request-value form; for a
 	// request limit override, envoyproxy/ratelimit's key of the request
-	// entries). It may
-	// carry request values: only use it as a label under a cardinality cap.
+	// entries). It may carry request values: only use it as a label under
+	// a cardinality cap.
 	MetricKey string
 	// Release is true when the request descriptor is a concurrency lease
 	// release: the entries of a node holding a concurrency limit followed

@@ -107,7 +107,7 @@ func compile(files []*fileConfig, opts LoadOptions, errs *errList) *Set {
 		}
 		if !opts.MergeDomains {
 			if !opts.IgnoreDotFiles && underDotEntry(fc.file, d.file) {
-				errs.add(fc.file, fc.domainLine, "duplicate domain %q in config file (first defined at %s; one of them is below a dot file or directory, as in a Kubernetes ConfigMap mount's ..data: set the ignore-dotfiles option to skip those)", fc.domain, formatPos(d.file, d.line))
+				errs.add(fc.file, fc.domainLine, "duplicate domain %q in config file (first defined at %s; one of them is below a dot file or directory, as in a Kubernetes ConfigMap mount's ..data: set the ignore-dotfiles option to skip those: --ignore-dotfiles, or RUNTIME_IGNOREDOTFILES=true with envoyproxy/ratelimit's variables)", fc.domain, formatPos(d.file, d.line))
 				continue
 			}
 			errs.add(fc.file, fc.domainLine, "duplicate domain %q in config file (first defined at %s; set the merge-domains option to combine files)", fc.domain, formatPos(d.file, d.line))

@@ -18,14 +18,11 @@ func (s *Set) Hash() string {
 	return s.hash
 }
 
-// SourceHash returns the hex SHA-256 (64 characters) of what Load read:
-// the LoadOptions, then every loaded file in load order as its path (as
-// Load found it) and its bytes, each length-prefixed. Two Loads give equal
-// SourceHashes exactly when they read the same files, under the same
-// paths, with the same bytes: any byte change (a comment included), an
-// added, removed or renamed file changes it. A reload whose SourceHash
-// equals the config in force's is a no-op (docs/config.md, "Reload"). ""
-// for a nil Set or one not built by Load.
+// SourceHash returns the hex SHA-256 of what Load read: the LoadOptions,
+// then every file's path and bytes, length-prefixed, in load order. Any
+// byte change, added, removed or renamed file changes it, so a reload with
+// an equal SourceHash is a no-op. It is "" for a nil Set or one not built
+// by Load.
 func (s *Set) SourceHash() string {
 	if s == nil {
 		return ""

@@ -18,10 +18,9 @@ import (
 //	    ns(limit index) ns(algorithm) ns(window)  ns(n) { ns(entry key) ns(entry value) }×n
 //
 // kind is "-" (value-less), "=" (exact value), "*" (wildcard pattern) or
-// "/" (CIDR prefix);
-// window is "<UNIT>x<multiplier>" plus "/cal" for calendar windows. The
-// identity entries are the request entries (the pattern in place of the
-// value on share_threshold levels).
+// "/" (CIDR prefix); window is "<UNIT>x<multiplier>" plus "/cal" for
+// calendar windows. The identity entries are the request entries (the
+// pattern in place of the value on share_threshold levels).
 //
 // A request override (Set.Override) has no rule path and carries its rate:
 //

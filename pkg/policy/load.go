@@ -11,21 +11,16 @@ import (
 	"strings"
 )
 
-// Load reads YAML files (a path may be a file or a directory, walked
-// recursively in lexical order; under a directory only .yaml and .yml files
-// count, and symbolic links to files are followed while symbolic links to
-// directories are not) and compiles them into a Set. With
-// opts.IgnoreDotFiles, entries below a given directory whose name starts
-// with '.' are skipped (Kubernetes ConfigMap ..data and ..<timestamp>).
+// Load reads YAML files and compiles them into a Set. A directory is
+// walked recursively in lexical order for .yaml and .yml files, following
+// symbolic links to files but not to directories; opts.IgnoreDotFiles skips
+// names starting with '.' (Kubernetes ConfigMap ..data and ..<timestamp>).
 //
 // Every problem is reported at once: the error joins *ConfigError values,
-// each printing as "file:line: message". A non-nil error means no Set.
-// Warnings (lint findings) are returned with or without an error. A load
-// that finds no config file (an empty directory, or one whose files were
-// all deleted) is valid and yields an empty Set, with one warning whose
-// File is "" (every request is then answered OK without limits). A path
-// that does not exist is an error, so a deleted file given directly keeps
-// the previous Set in force under Watch.
+// each printing as "file:line: message", and a non-nil error means no Set.
+// Warnings are returned either way. No config file at all yields an empty
+// Set and one warning, but a path that does not exist is an error, so a
+// deleted file given directly keeps the previous Set in force under Watch.
 func Load(opts LoadOptions, paths ...string) (*Set, []Warning, error) {
 	s, warns, _, err := loadSource(opts, paths)
 	return s, warns, err
@@ -50,16 +45,10 @@ type Source struct {
 	Data []byte
 }
 
-// LoadSources is Load for documents held in memory: each Source goes
-// through exactly the parsing, validation and compilation a config file
-// does, and several sources are several files (one domain each unless
-// LoadOptions.MergeDomains). LoadOptions.MaxBytes bounds the sum of the
-// Data lengths, LoadOptions.MaxRules the compiled rules; IgnoreDotFiles
-// does not apply. No sources is valid and yields an empty Set with one
-// warning whose File is "". The Set's SourceHash covers the options and
-// every Name and Data, so loading the same sources twice gives the same
-// SourceHash (a no-op reload). Errors are *ConfigError values joined, as
-// Load returns them; a non-nil error means no Set.
+// LoadSources is Load for documents held in memory: each Source is parsed,
+// validated and compiled exactly as a config file is, and LoadOptions.MaxBytes
+// bounds the sum of their Data. The Set's SourceHash covers the options and
+// every Name and Data, so loading the same sources twice is a no-op reload.
 func LoadSources(opts LoadOptions, srcs ...Source) (*Set, []Warning, error) {
 	errs := &errList{}
 	var out sources
@@ -170,7 +159,13 @@ func isYAML(name string) bool {
 // collectFiles expands paths into the list of files to load, in order,
 // without duplicates unless opts.RepeatPaths.
 func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
-	var out []string
+	out, _ := collectPaths(opts, paths, errs)
+	return out
+}
+
+// collectPaths is collectFiles, also returning the dangling symlinks it
+// skipped.
+func collectPaths(opts LoadOptions, paths []string, errs *errList) (out, skipped []string) {
 	seen := map[string]bool{}
 	addFile := func(p string) {
 		c := filepath.Clean(p)
@@ -179,6 +174,15 @@ func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 			out = append(out, p)
 		}
 	}
+	// A dangling symlink in a directory points at no file, as a deleted
+	// file is none: it is skipped with a warning, so it cannot block
+	// every reload. Alone, it is an error: loading nothing in its place
+	// would replace the config in force with an empty one.
+	type danglingLink struct {
+		path string
+		err  error
+	}
+	var dangling []danglingLink
 	if len(paths) == 0 {
 		errs.add("config", 0, "no config path given")
 	}
@@ -211,6 +215,10 @@ func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 			}
 			if d.Type()&fs.ModeSymlink != 0 {
 				st, err := os.Stat(p)
+				if errors.Is(err, fs.ErrNotExist) {
+					dangling = append(dangling, danglingLink{p, err})
+					return nil
+				}
 				if err != nil {
 					errs.addRead(p, err, "cannot read config file: %v", err)
 					return nil
@@ -228,5 +236,13 @@ func collectFiles(opts LoadOptions, paths []string, errs *errList) []string {
 			errs.addRead(root, err, "cannot walk config directory: %v", err)
 		}
 	}
-	return out
+	for _, l := range dangling {
+		if len(out) == 0 {
+			errs.addRead(l.path, l.err, "cannot read config file: a dangling symlink, and no other config file: %v", l.err)
+		} else {
+			errs.warn(l.path, 0, "skipped: a dangling symlink (%v); the other config files are loaded", l.err)
+			skipped = append(skipped, l.path)
+		}
+	}
+	return out, skipped
 }

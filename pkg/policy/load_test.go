@@ -518,6 +518,7 @@ func TestLoadConfigMapDir(t *testing.T) {
 	}
 	_, _, err := Load(LoadOptions{}, dir)
 	if err == nil || !strings.Contains(err.Error(), "duplicate domain") || !strings.Contains(err.Error(), "set the ignore-dotfiles option") ||
+		!strings.Contains(err.Error(), "--ignore-dotfiles") || !strings.Contains(err.Error(), "RUNTIME_IGNOREDOTFILES=true") ||
 		strings.Contains(err.Error(), "merge-domains") {
 		t.Errorf("without IgnoreDotFiles: %v; want the duplicate with the ignore-dotfiles hint", err)
 	}

@@ -3,8 +3,10 @@ package policy
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -100,6 +102,13 @@ func (p *parser) spend(n *yaml.Node) bool {
 
 func parseFile(file string, data []byte, errs *errList, literal bool) *fileConfig {
 	p := &parser{file: file, errs: errs, literal: literal}
+	if !utf8.Valid(data) {
+		// The YAML decoder would sniff a UTF-16 byte-order mark and decode
+		// other bytes as UTF-16; config files are UTF-8 only.
+		line, msg := notUTF8(data)
+		errs.add(file, line, "%s", msg)
+		return nil
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -157,4 +166,23 @@ func parseFile(file string, data []byte, errs *errList, literal bool) *fileConfi
 		p.errs.add(file, root.Line, "config file cannot have empty domain: domain is required")
 	}
 	return fc
+}
+
+// notUTF8 describes the first byte of data that is not UTF-8, and its
+// line.
+func notUTF8(data []byte) (line int, msg string) {
+	off := 0
+	for off < len(data) {
+		r, size := utf8.DecodeRune(data[off:])
+		if r == utf8.RuneError && size <= 1 {
+			break
+		}
+		off += size
+	}
+	line = 1 + bytes.Count(data[:off], []byte("\n"))
+	what := ""
+	if bytes.HasPrefix(data, []byte{0xFF, 0xFE}) || bytes.HasPrefix(data, []byte{0xFE, 0xFF}) {
+		what = " (a UTF-16 byte-order mark)"
+	}
+	return line, fmt.Sprintf("not UTF-8: byte 0x%02X at offset %d%s; save the config file as UTF-8", data[off], off, what)
 }

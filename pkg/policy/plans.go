@@ -1,56 +1,12 @@
 package policy
 
-// The plans form: the field's standard API design (plan tiers keyed by a
-// credential, per-route cost classes, a per-IP layer for anonymous traffic,
-// explicit exemptions by credential) written as a few lines of config and
-// expanded into the ordinary descriptor tree at parse time. Everything
-// after expansion (validation, compilation, matching, keys, /rlconfig and
-// `ratelimitd validate --explain`) is the same code as for hand-written
-// descriptors, and every generated node keeps the line of the plans entry
-// it came from, so errors point at what the user wrote.
-//
-//	domain: api
-//	plans:
-//	  plan_key: plan              # entry naming the plan (Envoy: request_headers x-plan)
-//	  credential_key: api_key     # entry keying the counters (api_key, tenant, user)
-//	  tiers:
-//	    free:     {requests_per_unit: 60, unit: minute, algorithm: token_bucket, burst: 10}
-//	    internal: {unlimited: true}
-//	  route_key: route            # entry naming the route class (Envoy: generic_key)
-//	  routes:
-//	    search: {requests_per_unit: 60, unit: minute}
-//	    ai:
-//	      rate_limit: {requests_per_unit: 10, unit: minute}
-//	      tiers: {enterprise: {requests_per_unit: 100, unit: minute}}
-//	  exempt:
-//	    - credential: k8s-probe
-//	      reason: health checks through the mesh
-//	  anonymous:
-//	    key: remote_address
-//	    rate_limit: {requests_per_unit: 30, unit: minute, algorithm: token_bucket, burst: 20}
-//
-// expands to
-//
-//	- key: plan
-//	  value: free
-//	  descriptors:
-//	    - key: api_key            # exemptions first: exact values beat the default
-//	      value: k8s-probe
-//	      rate_limit: {unlimited: true}
-//	      descriptors: [{key: route, rate_limit: {unlimited: true}}]
-//	    - key: api_key
-//	      rate_limit: {name: free, requests_per_unit: 60, ...}
-//	      descriptors:
-//	        - key: route
-//	          value: search
-//	          rate_limit: {name: free/search, requests_per_unit: 60, unit: minute}
-//	- key: remote_address
-//	  rate_limit: {name: anonymous, ...}
-//
-// Envoy sends [(plan, P), (api_key, K)] for the plan limit and
-// [(plan, P), (api_key, K), (route, R)] for the route limit (see
-// examples/plans). Policy names carry the plan, so clients see their plan
-// in RateLimit-Policy.
+// The plans form: plan tiers keyed by a credential, per-route cost
+// classes, a per-IP layer for anonymous traffic and exemptions, written as
+// a few lines of config and expanded into the ordinary descriptor tree at
+// parse time. Everything after expansion is the same code as for
+// hand-written descriptors, and every generated node keeps the line of the
+// plans entry it came from, so errors point at what the user wrote.
+// docs/plans.md shows the expansion.
 
 import (
 	"sort"

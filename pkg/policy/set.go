@@ -67,31 +67,17 @@ func (s *Set) Rules() []*Rule {
 	return slices.Clone(s.rules)
 }
 
-// Match resolves one request descriptor (envoyproxy/ratelimit GetLimit,
-// as the reference matches): level by level, the entry's key and value pick
-// the node with that exact value, else the first declared wildcard pattern
-// of that key matching the value, else the key's value-less default; the
-// node reached by the last entry must hold a rule (a limit on an
-// intermediate node is ignored when the request is deeper, and a request
-// deeper than the config matches nothing).
+// Match resolves one request descriptor level by level, as
+// docs/config.md ("Matching") describes: exact value, then CIDR prefix,
+// then the first wildcard, then the value-less default. Unlike
+// envoyproxy/ratelimit it compares keys exactly and matches patterns
+// against the value alone, so that ("a_b", x) cannot match key "a".
+// A trailing Reserve.Entry or ReleaseKey entry is matched as the rule's
+// reserve or lease release, and Match returns the rule's variant
+// (Rule.Base) when cgnat or reserve select one.
 //
-// Unlike envoyproxy/ratelimit, the key is compared exactly and a wildcard
-// pattern is matched against the value only (the reference matches
-// "key_value" strings, so key "a" value "b*" also matched key "a_b").
-//
-// A descriptor whose entries match a rule with reserve and then carry one
-// more entry whose key is Reserve.Entry is matched without it; it makes
-// the request critical when its value is Reserve.Value. Match returns the
-// rule's variant (Rule.Base) when cgnat or reserve select one.
-//
-// A descriptor whose last entry has key ReleaseKey (and at least one entry
-// before it) is a concurrency lease release: the entries before it are
-// matched, and the match holds only when the rule has a concurrency limit.
-//
-// ok is false when no rule applies: unknown domain, no entries, no node, a
-// depth mismatch, or a node without rate_limit (a whitelist). An
-// `unlimited` rule matches (Rule.Unlimited). The returned Match may retain
-// entries; callers must not modify them while using the Match.
+// ok is false when no rule applies (an unlimited rule matches). The Match
+// may retain entries; callers must not modify them while using it.
 func (s *Set) Match(domain string, entries []Entry) (Match, bool) {
 	if s == nil || len(entries) == 0 {
 		return Match{}, false
@@ -218,31 +204,13 @@ func (r *Rule) identity(entries []Entry) []Entry {
 }
 
 // Override builds the Match for a request-supplied RateLimitOverride
-// (Envoy RateLimitDescriptor.limit) of requestsPerUnit per unit on the
-// request entries, under the `override:` policy of the rule those entries
-// match (Match, without lease releases), else of the domain
-// (docs/config.md, "Request overrides"):
-//
-//   - mode allow (the default, as envoyproxy/ratelimit): one fixed_window
-//     limit at the rate sent, replacing the configured limits;
-//   - mode deny: Match(domain, entries) (Override false), as if no
-//     override had been sent: a Match with a nil Rule when no rule matches;
-//   - mode lower_only: the configured limits, then the override as one more
-//     limit (both counted; either denies), so the override can only lower
-//     what is admitted; alone when no limit is configured (no rule, or an
-//     unlimited one).
-//
-// A rate above override.max (more requests per window, or a higher average
-// rate, than max) is clamped to max: requestsPerUnit and unit become max's.
-// The override limit has the strictest failure_mode of the matched rule's
-// limits (closed, else local, else open), or the domain's override
-// failure_mode (default open) when no rule with limits matches: an override
-// never changes the failure mode of a rule. It has no shadow_mode,
-// quota_mode, name or replaces. MetricKey is "domain.k1_v1.k2_v2" (request
-// values: cap its cardinality; overrideMetricKey). The override limit's key (Set.Key) is
-// distinct for every (domain, entries, requestsPerUnit, unit) after
-// clamping and never collides with a config rule's. An invalid unit gives a
-// Match with a nil Rule; callers reject it as InvalidArgument first.
+// (Envoy RateLimitDescriptor.limit) of requestsPerUnit per unit, under the
+// `override:` policy of the rule the entries match, else of the domain:
+// allow replaces the rule's limits, deny ignores the override, lower_only
+// adds it to them; a rate above override.max is clamped to max.
+// docs/config.md ("Request overrides") has the rules. The override limit
+// keeps the rule's strictest failure_mode, and its key never collides with
+// a config rule's. An invalid unit gives a Match with a nil Rule.
 func (s *Set) Override(domain string, entries []Entry, requestsPerUnit uint32, unit Unit) Match {
 	if !unit.Valid() {
 		return Match{}

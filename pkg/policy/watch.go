@@ -14,12 +14,9 @@ import (
 
 // watchDebounce is how long Watch waits after the last relevant file event
 // before reloading: editors and Kubernetes write several entries per
-// change. watchMaxWait bounds the wait from the first event of a burst, or
-// from the previous load when the burst began right after it, so that
-// files rewritten continuously are still loaded at least once a second
-// (watchMaxWait plus a sampling, watchSampleEvery apart, that ends at the
-// first complete version it sees). Variables only so that a test can widen
-// them.
+// change. watchMaxWait bounds the wait from a burst's start, so that files
+// rewritten continuously are still sampled (watchSampleEvery apart) and
+// loaded. Variables so that a test can widen them.
 var (
 	watchDebounce    = 150 * time.Millisecond
 	watchMaxWait     = 500 * time.Millisecond
@@ -51,17 +48,14 @@ const (
 	readRetries    = 5
 )
 
-// Watch loads paths, then reloads them whenever a config file changes,
-// until ctx is done. It calls apply with every good Set, even one whose
-// SourceHash is unchanged, and fail with every load or watcher error
-// (*WatchError), one at a time on Watch's goroutine; the previous Set stays
-// in force after a failure, so a bad edit never replaces a good config.
-// Only changes to what the loader would read count (symlink swaps such as
-// a ConfigMap's ..data included); a burst is debounced (watchDebounce) and
-// delivered only once two reads agree, so a half-written file is never
-// loaded (docs/config.md, "Reload", gives the timing). Read errors are
-// retried up to readRetries times. The error is non-nil only when the
-// watcher cannot be set up or ctx ends.
+// Watch loads paths, then reloads them whenever a config file changes
+// (ConfigMap symlink swaps included), until ctx is done. It calls apply
+// with every good Set and fail with every load or watcher error, one at a
+// time on Watch's goroutine; the previous Set stays in force after a
+// failure, so a bad edit never replaces a good config. A burst of changes
+// is debounced and delivered only once two reads agree, so a half-written
+// file is never loaded. The error is non-nil only when the watcher cannot
+// be set up or ctx ends.
 func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Set, []Warning), fail func(error)) error {
 	return watch(ctx, watchConfig{opts: opts, paths: paths, apply: apply, fail: fail})
 }

@@ -156,7 +156,7 @@ func TestWatchContinuousInPlaceConverges(t *testing.T) {
 // over and over for 3 s, is never applied half, also when the maximum wait
 // forces loads during the writes. The debounce (the stability check's
 // spacing for in-place writes) is widened to 1 s here, so that the verdict
-// does not depend on how long a loaded host stretches the 20 ms pause.
+// does not depend on how long the scheduler stretches the 20 ms pause.
 func TestWatchHalfWrittenNeverApplied(t *testing.T) {
 	debounce, maxWait := watchDebounce, watchMaxWait
 	watchDebounce, watchMaxWait = time.Second, 2*time.Second

@@ -51,8 +51,9 @@ func startWatchConfig(t *testing.T, c watchConfig) *watcher {
 	return w
 }
 
-// reloadBound is generous: docs/config.md ("Reloads") says a change is in effect within 1 s; the debounce is
-// 150 ms, but CI machines are shared.
+// reloadBound bounds every wait for a reload. It is well above the 1 s
+// docs/config.md ("Reload") promises, so that only a missing reload, not a
+// slow one, fails a test.
 const reloadBound = 10 * time.Second
 
 // waitSet waits for an applied Set whose domains are want.

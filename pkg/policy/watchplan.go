@@ -95,8 +95,24 @@ func newWatchPlan(opts LoadOptions, paths []string) *watchPlan {
 			return nil
 		})
 	}
+	// A symlink on the way to a path given (rr/current -> v1 above
+	// rr/current/ratelimit/config) is watched in its own directory, so
+	// that swapping it reloads, and the next plan follows the new target.
+	for _, root := range paths {
+		symlinksOnPath(root, func(dir, link string) {
+			p.dirs[dir] = true
+			p.names[link] = true
+		})
+	}
 	// The same expansion as Load, so the same extension and dotfile rules.
-	for _, f := range collectFiles(opts, paths, &errList{}) {
+	// A dangling symlink skipped is watched as a loaded symlink that does
+	// not resolve: its target appearing is a change.
+	files, skipped := collectPaths(opts, paths, &errList{})
+	for _, f := range skipped {
+		p.names[canonName(f)] = true
+		p.links = append(p.links, watchLink{path: f})
+	}
+	for _, f := range files {
 		name := canonName(f)
 		p.names[name] = true
 		switch target := resolve(f); target {
@@ -165,4 +181,55 @@ func (p *watchPlan) relevant(ev fsnotify.Event) bool {
 		}
 	}
 	return false
+}
+
+// maxSymlinkHops bounds the symlinks symlinksOnPath follows (a loop ends
+// there, as the kernel's ELOOP does).
+const maxSymlinkHops = 40
+
+// symlinksOnPath resolves p one element at a time, as the kernel does, and
+// calls found with the canonical directory and name of each symlink met on
+// the way, including those inside a symlink's target. It stops at the first
+// element that does not exist.
+func symlinksOnPath(p string, found func(dir, link string)) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return
+	}
+	sep := string(filepath.Separator)
+	cur := filepath.VolumeName(abs) + sep
+	rest := strings.Split(abs[len(cur):], sep)
+	for hops := 0; len(rest) > 0; {
+		e := rest[0]
+		rest = rest[1:]
+		switch e {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, e)
+		st, err := os.Lstat(next)
+		if err != nil {
+			return
+		}
+		if st.Mode()&fs.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if hops++; hops > maxSymlinkHops {
+			return
+		}
+		found(cur, next)
+		target, err := os.Readlink(next)
+		if err != nil {
+			return
+		}
+		if filepath.IsAbs(target) {
+			cur = filepath.VolumeName(target) + sep
+			target = target[len(cur):]
+		}
+		rest = append(strings.Split(target, sep), rest...)
+	}
 }

@@ -30,19 +30,14 @@ func (p *parser) yamlError(data []byte, err error) {
 }
 
 // yamlProblemLine returns the 1-based line of the token a syntax error
-// stopped at. yaml.v3's message names the line where the enclosing block
-// or scalar began, and for parser errors counts it from 0: an indentation
-// error on line 6 inside a mapping that began on line 3 says "line 2". The
-// offending token is at or after that line, and every prefix of the file
-// that ends with its line fails with the same problem while shorter
-// prefixes parse or fail otherwise (at their end). So the smallest such
-// prefix, found by bisection over whole lines from the reported line on,
-// ends with the offending line. A flow collection ({...} or [...]) that
-// does not close is the exception: the problem is its opening bracket,
-// whose 0-based line yaml.v3 names, unless it is the first line (0), when
-// it names the problem's instead; parsed one blank line down, the 0-based
-// line it names is the bracket's 1-based line. reported is the line
-// yaml.v3 named (0 if none) and problem its message without the line.
+// stopped at. yaml.v3 names the line where the enclosing block began (for
+// parser errors counted from 0), so the offending line is found by
+// bisection: the smallest prefix of the file, in whole lines from the
+// reported one on, that fails with the same problem ends with it. An
+// unclosed flow collection ({...} or [...]) is the exception: its opening
+// bracket is the problem, and parsing the file one blank line down makes
+// yaml.v3 name the bracket's 1-based line. reported is the line yaml.v3
+// named (0 if none) and problem its message without the line.
 func yamlProblemLine(data []byte, reported int, problem string) int {
 	if strings.HasPrefix(problem, "did not find expected ',' or ") {
 		err := decodeDocs(append([]byte("\n"), data...))

@@ -7,6 +7,9 @@ import (
 	"time"
 )
 
+// TestParseCombinedLine: combined and common log lines parse field by field
+// (IPv6, absolute-form targets, escapes, time zones); malformed ones are
+// refused.
 func TestParseCombinedLine(t *testing.T) {
 	ok := []struct {
 		line   string
@@ -58,6 +61,9 @@ func TestParseCombinedLine(t *testing.T) {
 	}
 }
 
+// TestParseCombinedCountsMalformed: ParseCombined keeps line numbers,
+// returns malformed lines apart, skips blank ones and reads a last line
+// without a newline.
 func TestParseCombinedCountsMalformed(t *testing.T) {
 	in := "192.0.2.1 - - [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"-\"\r\n" +
 		"garbage\n\n" +
@@ -75,6 +81,8 @@ func TestParseCombinedCountsMalformed(t *testing.T) {
 	}
 }
 
+// FuzzParseCombinedLine: a line ParseCombinedLine accepts has valid fields
+// and an origin-form target.
 func FuzzParseCombinedLine(f *testing.F) {
 	f.Add(`198.18.0.216 - - [17/May/2015:10:05:03 +0000] "GET /a.png HTTP/1.1" 200 203023 "http://s/" "Mozilla/5.0 (X)"`)
 	f.Add(`[2001:db8::1] - user [17/May/2015:10:05:03 +0000] "POST http://h.example/x?y HTTP/1.1" 201 5 "r" "say \"hi\""`)

@@ -10,6 +10,9 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
+// TestMatchSmall: Match picks the virtual host and route as Envoy does and
+// builds the descriptors of each rate_limits action on the small test
+// config.
 func TestMatchSmall(t *testing.T) {
 	e, err := LoadEnvoy("testdata/small-envoy.yaml")
 	if err != nil {
@@ -59,6 +62,8 @@ func TestMatchSmall(t *testing.T) {
 	}
 }
 
+// TestMatchWebsite: Match builds the website example's descriptors,
+// including its apply_on_stream_done ones, for each kind of request.
 func TestMatchWebsite(t *testing.T) {
 	e, err := LoadEnvoy("../../envoy/website.yaml")
 	if err != nil {
@@ -107,6 +112,8 @@ func TestMatchWebsite(t *testing.T) {
 	}
 }
 
+// TestLoadEnvoyRejectsUnreplayableActions: an action a log cannot
+// reproduce (metadata) is refused when the Envoy file is loaded.
 func TestLoadEnvoyRejectsUnreplayableActions(t *testing.T) {
 	b, err := DecodeBootstrap([]byte(routeBootstrap + `
                               - actions: [ { metadata: { descriptor_key: k, metadata_key: { key: a, path: [ { key: b } ] } } } ]

@@ -19,16 +19,11 @@ import (
 // mutations.request_mutations), in configuration order.
 //
 // Only the filters after the rate-limit filter are applied (Request is what
-// the rate-limit filter sees). Why they are simulated: Envoy's rate-limit
-// filter evaluates the route rate_limits with apply_on_stream_done: true in
-// its onDestroy, on the live request header map (source/extensions/filters/
-// http/ratelimit/ratelimit.cc). A header_mutation filter placed after the rate-limit
-// filter runs only when the rate-limit filter let the request through (on an
-// over-limit answer the filter sends a local reply and stops the decoder
-// chain), so a header it adds tells an admitted request from a denied one at
-// stream end. docs/algorithms/concurrency.md gates lease releases on such a
-// header (x-ratelimitd-lease); the replay must send a release only when
-// Envoy would.
+// the rate-limit filter sees). Envoy evaluates apply_on_stream_done
+// rate_limits at stream end on the live headers, and such a filter runs
+// only for admitted requests, so a header it adds (x-ratelimitd-lease in
+// docs/algorithms/concurrency.md) tells the replay when Envoy would send a
+// lease release.
 type headerMutationFilter struct {
 	name string
 	ops  []*mutationv3.HeaderMutation

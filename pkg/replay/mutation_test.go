@@ -169,6 +169,9 @@ func TestHeaderMutationSemantics(t *testing.T) {
 	}
 }
 
+// TestLoadEnvoyRejectsUnreplayableHeaderMutation: a header mutation after
+// the rate-limit filter that a replay cannot reproduce (formatters,
+// pseudo-headers, Host, query parameters, per-route config) is refused.
 func TestLoadEnvoyRejectsUnreplayableHeaderMutation(t *testing.T) {
 	perRoute := strings.Replace(mutationBootstrap("", "[{remove: x-b}]", "x-a"), `                http_filters:`, `                          typed_per_filter_config:
                             after:

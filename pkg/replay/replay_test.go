@@ -55,8 +55,9 @@ func rule(t *testing.T, rep *Report, name string) RuleStats {
 	return RuleStats{}
 }
 
-// The expected numbers are worked out by hand in testdata/small.log order:
-// per-ip allows 2 per epoch minute, heavy-shadow 1 per minute in shadow mode.
+// TestRunSmall: the expected numbers are worked out by hand in
+// testdata/small.log order: per-ip allows 2 per epoch minute, heavy-shadow
+// 1 per minute in shadow mode.
 func TestRunSmall(t *testing.T) {
 	tests := []struct {
 		order      Order
@@ -110,6 +111,8 @@ func TestRunSmall(t *testing.T) {
 	}
 }
 
+// TestRunGlobalShadowMode: with ShadowMode every over-limit request is
+// reported as shadow-denied and none is denied.
 func TestRunGlobalShadowMode(t *testing.T) {
 	opts := smallOptions(t)
 	opts.ShadowMode = true
@@ -122,6 +125,8 @@ func TestRunGlobalShadowMode(t *testing.T) {
 	}
 }
 
+// TestRunDeterministicAndOutputs: two runs on the same log give identical
+// JSON, text and HTML reports, and the JSON reads back.
 func TestRunDeterministicAndOutputs(t *testing.T) {
 	var outs [2][3]bytes.Buffer
 	for i := range outs {
@@ -168,6 +173,8 @@ func TestRunDeterministicAndOutputs(t *testing.T) {
 	}
 }
 
+// TestOptionsValidate: Validate refuses empty options, an unknown order
+// and a negative speed.
 func TestOptionsValidate(t *testing.T) {
 	if err := (Options{}).Validate(); err == nil {
 		t.Error("empty options accepted")
@@ -183,6 +190,8 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
+// TestRunSpeedCancels: a paced replay returns an error when its context is
+// canceled.
 func TestRunSpeedCancels(t *testing.T) {
 	opts := smallOptions(t)
 	opts.Speed = 1 // real time: the small log spans a minute

@@ -44,11 +44,10 @@ type Route struct {
 // matching route) and evaluates the rate_limits actions that apply on r,
 // and the apply_on_stream_done ones also on r as the header_mutation filters
 // after the rate-limit filter leave it (Route.OnStreamDone; r is not
-// modified). host
-// selects the virtual host; "" (an access log of one site rarely records
-// the Host header) means the virtual host with domain "*", else the first
-// one. ok is false when no route
-// matches (Envoy answers 404 without calling the rate-limit service).
+// modified). host selects the virtual host; "" (an access log of one site
+// rarely records the Host header) means the one with domain "*", else the
+// first. ok is false when no route matches (Envoy answers 404 without
+// calling the rate-limit service).
 func (e *Envoy) Match(host string, r *Request) (Route, bool) {
 	vh := e.virtualHost(host)
 	if vh == nil {

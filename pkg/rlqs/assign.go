@@ -39,24 +39,18 @@ type plan struct {
 // minTokens is the smallest bucket of a stream with demand: Envoy refills
 // continuously but admits whole requests, and a bucket of one token that
 // is full when the refill passes it loses the refill until the next
-// request arrives, so at a rate near the request rate a one-token bucket
-// admits about a fifth less than its rate.
+// request arrives, so a one-token bucket admits well below its rate.
 const minTokens = 2
 
-// planFor sizes the buckets of n streams (n >= 1) on limit sp. Envoy starts a
-// token bucket full and refills it continuously, so over any stretch of one
-// window a stream admits at most its maxTokens plus its rate: the buckets
-// together hold headroom × the limit (at least minTokens each), and the
-// rates share the rest, so that full buckets across the fleet cannot
-// overshoot the window. A token_bucket rule admits its burst (capacity) at
-// once and then its rate, so there (windows up to ttl) the buckets together
-// hold the burst and the rates share the whole rate. When the limit is smaller than the streams' single
-// tokens, the rates still get half of it (docs/rlqs.md, "Bounds").
-//
-// A window longer than ttl is a budget (hour, day, month): remaining is what
-// the store says is left of it, and the rates are what lets every bucket
-// emptied plus two intervals of refill fit in it, however short that makes
-// the budget last; when that leaves nothing, the plan is spent.
+// planFor sizes the buckets of n streams (n >= 1) on limit sp. Envoy starts
+// a token bucket full and refills it continuously, so a stream admits its
+// maxTokens plus its rate in one window: the buckets together hold
+// headroom × the limit (at least minTokens each) and the rates share the
+// rest, so that full buckets across the fleet cannot overshoot the window.
+// A token_bucket rule's buckets hold its burst instead. A window longer
+// than ttl is a budget: remaining is what the store says is left, and the
+// rates let every bucket emptied plus two intervals of refill fit in it.
+// docs/rlqs.md ("Bounds") has the details.
 func planFor(sp *policy.Spec, n int, headroom float64, remaining int64, windowed bool, interval time.Duration) plan {
 	limit := int64(sp.RequestsPerUnit)
 	if limit == 0 {

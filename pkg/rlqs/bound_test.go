@@ -45,7 +45,7 @@ func (s *sizes) ShareDemand(ctx context.Context, round int64, ttl time.Duration,
 	return s.demand.ShareDemand(ctx, round, ttl, local)
 }
 
-// checkSizes fails t when a call had more than chargeChunk counters, and
+// check fails t when a call had more than chargeChunk counters, and
 // returns the hits of all Takes that charged usage.
 func (s *sizes) check(t *testing.T) (taken int) {
 	t.Helper()

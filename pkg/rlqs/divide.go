@@ -89,13 +89,11 @@ func (s *Server) demandOf(b *bucket, sp *policy.Spec) int64 {
 func floorOf(sp *policy.Spec) int64 { return max(int64(sp.RequestsPerUnit)*milli/10, 1) }
 
 // divide divides budget among fleet (subscriber -> demand or unknown). The
-// streams of unknown demand get floor each first, at most an even share of
-// the budget among all streams, so that a new stream can start before it
-// has a whole second to report; the rest is divided max-min fairly by
-// demand.
-// A round divides with the counter's allocator, which keeps the demand
-// history; a join divides the demand as it is and leaves the history to
-// the rounds, so that every replica's allocator sees the same rounds.
+// streams of unknown demand get floor each first, at most an even share,
+// so that a new stream can start before it has a whole second to report;
+// the rest is divided max-min fairly by demand. A join leaves the demand
+// history to the rounds, so that every replica's allocator sees the same
+// rounds.
 func (s *Server) divide(ks *keyState, now time.Time, budget int64, fleet map[string]int64, floor int64, join bool) map[string]int64 {
 	known := make(map[string]int64, len(fleet))
 	var fresh []string

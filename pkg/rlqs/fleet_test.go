@@ -163,7 +163,10 @@ func maxMinFair(budget float64, demand []float64) []float64 {
 	return out
 }
 
-// check asserts the done-when bounds of a run and logs the measurements.
+// check asserts the bounds of docs/rlqs.md on a run: at most 2 % over the
+// limit over the run and 10 % in the worst 10-second window, at least 90 %
+// of the limit admitted, and every Envoy's rate its max-min fair share
+// within 3 reporting intervals of the start and of the kill.
 func (f *fleetRun) check(t *testing.T, r fleetResult) {
 	t.Helper()
 	secs := len(r.admitted)

@@ -29,13 +29,11 @@ type LeaseStore interface {
 // left is sent DENY_ALL, in its first answer too.
 
 // leased reports whether the usage on ks is reserved up front
-// (Options.Leases set, a fixed window on the backend without a penalty box:
-// the lease counts on the key Take decides) rather than charged after the
-// fact. A window longer than the TTL is a budget (planFor) and is not
-// leased: its rates are already sized to what the store says remains, and
-// a store's lease assumes a window that began before the store's memory
-// did (a Redis started or restarted after midnight, for a day) is full,
-// which would deny such a budget until its window resets.
+// (Options.Leases set, a fixed window on the backend without a penalty box)
+// rather than charged after the fact. A window longer than the TTL is a
+// budget (planFor) and is not leased: a store's lease takes a window that
+// began before the store's memory did as full, which would deny a day's
+// budget after a restart until the day ends.
 func (s *Server) leased(ks *keyState) bool {
 	sp := ks.spec
 	if s.opt.Leases == nil || sp.Store == policy.StoreDurable || !algo.Leasable(sp.Limit) {
@@ -149,10 +147,8 @@ func (s *Server) reserve(ctx context.Context, op string, rs []*reservation) {
 // applyGrants fits the shares of per to what rs granted: a counter
 // granted nothing denies its buckets, one granted less than it asked for
 // scales its buckets down in proportion; a failed lease applies the
-// limit's failure_mode (closed: DENY_ALL; else the shares stand, and the
-// usage is charged after the fact). The grants become the counters'
-// reservations (ks.held, of which ks.heldNow in window ks.heldWS); join
-// adds to the round's. Under s.mu.
+// limit's failure_mode (closed: DENY_ALL; else the usage is charged after
+// the fact). The grants become the counters' reservations. Under s.mu.
 func (s *Server) applyGrants(per map[string]map[*bucket]share, rs []*reservation, join bool) {
 	all := combined(per)
 	for _, r := range rs {

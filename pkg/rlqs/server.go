@@ -24,6 +24,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/fairshare"
+	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -102,33 +103,14 @@ type Options struct {
 	Replica string
 }
 
-// FieldError is one invalid Options field, as Validate reports it.
-type FieldError struct {
-	// Field is the Options field's name.
-	Field string
-	// Value is the field's value.
-	Value any
-	// Reason is what a valid value is.
-	Reason string
-}
-
-// Error returns "rlqs: Field=Value: Reason".
-func (e *FieldError) Error() string {
-	return fmt.Sprintf("rlqs: %s=%v: %s", e.Field, e.Value, e.Reason)
-}
-
-// OptionField returns the package-qualified field name ("rlqs.Interval")
-// and the reason, for callers that name the field their own way (a flag).
-func (e *FieldError) OptionField() (field, reason string) { return "rlqs." + e.Field, e.Reason }
-
-// Validate reports every invalid field, joined, each a *FieldError: a nil
-// Store; a negative Interval, AbandonAfter or MaxBucketsPerStream; a
-// Headroom outside [0, 0.5).
-// Zero values are valid: they mean the defaults.
+// Validate reports every invalid field, joined, each a
+// *opterr.FieldError: a nil Store; a negative Interval, AbandonAfter or
+// MaxBucketsPerStream; a Headroom outside [0, 0.5). Zero values are
+// valid: they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field string, v any, reason string) {
-		errs = append(errs, &FieldError{Field: field, Value: v, Reason: reason})
+		errs = append(errs, &opterr.FieldError{Package: "rlqs", Field: field, Value: v, Reason: reason})
 	}
 	if o.Store == nil {
 		bad("Store", o.Store, "required")
@@ -426,7 +408,7 @@ const chargeChunk = 128
 // to a failing store before it is dropped (and counted in
 // ratelimitd_rlqs_usage_dropped_total{reason="store"}); maxChargeRounds
 // bounds the rounds in a row it may go uncharged for any reason, such as
-// rounds that run out of time on a starved host (storeFailed).
+// rounds that run out of time (storeFailed).
 const (
 	maxChargeTries  = 3
 	maxChargeRounds = 30

@@ -346,12 +346,10 @@ func (s *Server) record(st *stream, domain string, us []reported, now time.Time,
 
 // overBound answers the buckets of st reported past its bound
 // (Options.MaxBucketsPerStream), outside the server's lock. They are not
-// tracked, so their usage is not charged (counted as dropped), and each is
-// answered as if its budget were spent: DENY_ALL, or ALLOW_ALL when its
-// rule never denies (no rule, unlimited, shadow mode). Envoy reports every
-// bucket every interval, so the answer is renewed before its TTL ends; a
-// bucket that fits later (another one abandoned) is tracked from its next
-// report. It is counted and logged (at most once per logEvery).
+// tracked, so their usage is dropped, and each is answered as if its
+// budget were spent: DENY_ALL, or ALLOW_ALL when its rule never denies.
+// Envoy reports every bucket every interval, so the answer is renewed
+// before its TTL ends. It is counted and logged at most once per logEvery.
 func (s *Server) overBound(st *stream, over []reported, set *policy.Set) {
 	if len(over) == 0 {
 		return

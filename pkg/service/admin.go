@@ -19,14 +19,12 @@ import (
 // Resetter is optionally implemented by a Store that can delete counters
 // (the memory, Redis and memcached backends). Service.Reset uses it.
 type Resetter interface {
-	// Reset deletes the counter state of every hit: the next Take on the
-	// same Key starts from a full quota. Only Key and Limit are read
-	// (Limit for backends whose stored keys are per window: memcached
-	// deletes the counter of the window in progress). A key without state
-	// is not an error. Not atomic across hits: an error may leave some
-	// deleted; it should carry a Cause like Take's errors. A Store that
-	// wraps another returns an error wrapping errors.ErrUnsupported when
-	// the wrapped one has no Reset.
+	// Reset deletes the counter state of every hit, so that the next Take
+	// on the same Key starts from a full quota. Only Key and Limit are read;
+	// a key without state is not an error. It is not atomic across hits,
+	// and its errors should carry a Cause like Take's. A wrapping Store
+	// returns an error wrapping errors.ErrUnsupported when the wrapped one
+	// has no Reset.
 	Reset(ctx context.Context, hits []algo.Hit) error
 }
 
@@ -260,14 +258,11 @@ func unknownDomain(domain string, loaded []string) string {
 }
 
 // Explain says how the service would decide req now without consuming
-// anything: per descriptor the rule that matched, its limits with their
-// backend keys, remaining units and reset times, read from the primary
-// Store with check-only hits (algo.Hit.Cost 0, Soft), and which limits
-// would deny. The result is what a ShouldRateLimit call would see had it
-// arrived instead, but concurrent traffic may change it at any moment.
-// Errors are gRPC status errors: InvalidArgument (validateRequest),
-// NotFound for a domain the config in force lacks (naming the loaded
-// ones), Unavailable before the first config or when the Store fails (no
+// anything: per descriptor the matched rule, its limits with their backend
+// keys, remaining units and reset times (read with check-only hits from the
+// primary Store), and which limits would deny. Errors are gRPC status
+// errors: InvalidArgument, NotFound for a domain the config in force
+// lacks, Unavailable before the first config or when the Store fails (no
 // failure mode applies to an explanation).
 func (s *Service) Explain(ctx context.Context, req *rlsv3.RateLimitRequest) (*Explanation, error) {
 	sn, err := s.adminSnapshot(adminExplain, req)
@@ -339,16 +334,11 @@ func seconds(d time.Duration) float64 {
 
 // Reset deletes the counters of every applied limit of req's matched
 // descriptors (a support ticket, a good login after failed ones) on the
-// primary Store and, when it has one, the failure_mode local fallback
-// (also when the primary fails: the error is still returned).
-// who names the caller for the log line (the peer address); the line
-// gives the domain, rule, policy and backend key of each counter, never
-// a descriptor value unless Options.LogValues. Counted in
-// ratelimitd_admin_requests_total{op="reset"} and, per counter, in
+// primary Store and on the failure_mode local fallback, if any. It logs
+// each counter with who (the peer address) and counts it in
 // ratelimitd_counter_resets_total. Errors are gRPC status errors:
 // InvalidArgument, NotFound (unknown domain), Unavailable (no config,
-// Store failed), Unimplemented
-// (ErrResetUnsupported).
+// Store failed), Unimplemented (ErrResetUnsupported).
 func (s *Service) Reset(ctx context.Context, req *rlsv3.RateLimitRequest, who string) (*ResetResult, error) {
 	sn, err := s.adminSnapshot(adminReset, req)
 	if err != nil {

@@ -77,11 +77,22 @@ type vtMarshaler interface {
 	MarshalToSizedBufferVTStrict(dAtA []byte) (int, error)
 }
 
-// Marshal writes a message with its vtprotobuf code when it has one (the
-// RLS messages in a -tags vtprotobuf build: the same bytes as protobuf-go,
-// without reflection; TestVTMarshalSameBytes), else with the default
-// codec's Marshal.
+// Marshal writes a RateLimitResponse of the shapes the service builds with
+// appendResponse (wire.go: the same bytes as protobuf-go, without
+// reflection; TestEncodeResponseSameBytes), any other RateLimitResponse
+// with protobuf-go, other messages with their
+// vtprotobuf code when they have one (the RLS messages in a -tags
+// vtprotobuf build; TestVTMarshalSameBytes), else with the default codec's
+// Marshal.
 func (c *serverCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(*rlsv3.RateLimitResponse); ok {
+		if size, ok := responseSize(r); ok {
+			return marshalSized(size, func(b []byte) []byte { return appendResponse(b, r) }), nil
+		}
+		// protobuf-go, which rejects invalid UTF-8 where vtprotobuf's
+		// code would write it.
+		return c.base.Marshal(v)
+	}
 	m, ok := v.(vtMarshaler)
 	if !ok {
 		return c.base.Marshal(v)
@@ -103,22 +114,41 @@ func (c *serverCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
 }
 
-// Unmarshal is the default codec's Unmarshal, then, for a RateLimitRequest
-// that failed, the lenient decoding described on ServerCodec.
-func (c *serverCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	err := c.base.Unmarshal(data, v)
-	if err == nil {
-		return nil
+// marshalSized returns the size bytes that write appends to an empty
+// slice of that capacity: in a buffer of its own when small (grpc-go pools
+// only larger ones), else in one from grpc-go's default pool.
+func marshalSized(size int, write func([]byte) []byte) mem.BufferSlice {
+	if mem.IsBelowBufferPoolingThreshold(size) {
+		return mem.BufferSlice{mem.SliceBuffer(write(make([]byte, 0, size)))}
 	}
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(size)
+	*buf = write((*buf)[:0])
+	return mem.BufferSlice{mem.NewBuffer(buf, pool)}
+}
+
+// Unmarshal decodes a RateLimitRequest of the usual shapes with
+// decodeRequest (wire.go), and everything else with the default codec's
+// Unmarshal, then, for a RateLimitRequest that failed, the lenient
+// decoding described on ServerCodec.
+func (c *serverCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	req, ok := v.(*rlsv3.RateLimitRequest)
 	if !ok {
-		return err
+		return c.base.Unmarshal(data, v)
 	}
 	var b []byte
 	if len(data) == 1 {
 		b = data[0].ReadOnlyData() // read only; valid until Unmarshal returns
 	} else {
 		b = data.Materialize()
+	}
+	req.Reset()
+	if decodeRequest(b, req) {
+		return nil
+	}
+	err := c.base.Unmarshal(data, v)
+	if err == nil {
+		return nil
 	}
 	if !unmarshalEscaped(b, req) {
 		return err

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// TestVTMarshalSameBytes: in a -tags vtprotobuf build the codec writes the
-// service's responses with vtprotobuf's code, which must give exactly the
-// bytes of the default protobuf-go codec.
+// TestVTMarshalSameBytes: in a -tags vtprotobuf build, where the RLS
+// messages have vtprotobuf's code, the codec writes the service's
+// responses with exactly the bytes of the default protobuf-go codec.
 func TestVTMarshalSameBytes(t *testing.T) {
 	md, err := structpb.NewStruct(map[string]any{"k": "v"})
 	if err != nil {

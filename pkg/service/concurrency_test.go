@@ -210,18 +210,14 @@ func TestConcurrencyReleaseOnlyWhenAdmitted(t *testing.T) {
 }
 
 // TestConcurrencyUngatedReleaseExactLeases: with an unconditional release
-// (envoy/website.yaml with the release entry from a generic_key instead of
-// the x-ratelimitd-lease header: the form envoy/envoy_test.go
-// TestLeaseReleaseGated refuses in every shipped Envoy file), Envoy also
-// releases after its own 429. A release carries no lease identity, so the
-// service cannot tell it from a real one (docs/algorithms/concurrency.md,
-// "Why the release is gated"); what it promises is exact lease accounting,
-// which this test checks at every call against a model of the leases held:
-// a lease is granted only while fewer than 20 are held, a denied search
-// takes none, each release returns exactly one held lease, and the service
-// never holds more than 20. The searches in flight then exceed the leases
-// held by the releases sent for denied searches: that is the
-// misconfiguration's cost, not the service's, and why the release is gated.
+// (the release entry from a generic_key, the form TestLeaseReleaseGated
+// refuses in every shipped Envoy file), Envoy also releases after its own
+// 429, and the service cannot tell that release from a real one. It still
+// keeps exact lease accounting, checked at every call against a model: a
+// lease is granted only while fewer than 20 are held, a denied search takes
+// none, and each release returns exactly one held lease. The searches in
+// flight then exceed the leases held: the misconfiguration's cost, and why
+// the release is gated (docs/algorithms/concurrency.md).
 func TestConcurrencyUngatedReleaseExactLeases(t *testing.T) {
 	gated, err := os.ReadFile("../../envoy/website.yaml")
 	if err != nil {

@@ -75,15 +75,11 @@ func (sc *scratch) release() {
 }
 
 // errUndecided is ShouldRateLimit's error for a request that the Store
-// could not decide within the caller's deadline (cause "deadline": the
-// backend was answering; "timeout": it had been silent, which a frozen
-// backend and a slow one both are until the circuit opens) and that only
-// a failure_mode open would have admitted: admitting it uncounted would
-// over-admit whenever the backend is only slow, denying it would punish
-// the client for a delay, so the caller's own failure policy decides
-// (Envoy: failure_mode_deny), as envoyproxy/ratelimit lets it on a Redis
-// error. Failures the backend proves (refused, circuit open, OOM, ...)
-// get the failure modes.
+// could not decide within the caller's deadline and that only failure_mode
+// open would have admitted. Admitting it uncounted would over-admit
+// whenever the backend is only slow, and denying it would punish the client
+// for a delay, so the caller's own failure policy decides (Envoy:
+// failure_mode_deny). Failures the backend proves get the failure modes.
 var errUndecided = status.Error(codes.DeadlineExceeded, "service: not decided within the caller's deadline (backend slow or stalled); the caller's failure policy applies")
 
 // errCallerGone is ShouldRateLimit's error for a request whose caller
@@ -309,14 +305,12 @@ func applies(st *descState, sp *policy.Spec, replaced map[string]bool) bool {
 	return !st.match.Release || sp.Limit.Kind == algo.Concurrency
 }
 
-// matchDescriptor resolves request descriptor d, whose entries are
-// entries, against set into st: with a limit override
-// (RateLimitDescriptor.limit) and Options.RequestOverrides, the Match of
-// (*policy.Set).Override (an override with an invalid unit matches
-// nothing); else the config match. A Match without a Rule is not matched.
-// It then sets the descriptor's shadow mode (the rule's, never for an
-// override) and quota mode (the rule's or Options.QuotaMode). hasDomain
-// is set.HasDomain(domain): an unknown domain matches nothing.
+// matchDescriptor resolves request descriptor d (with its entries) against
+// set into st: a limit override (RateLimitDescriptor.limit, when
+// Options.RequestOverrides) through (*policy.Set).Override, else the
+// config match; a Match without a Rule is not matched. It then sets the
+// descriptor's shadow and quota modes. hasDomain is set.HasDomain(domain):
+// an unknown domain matches nothing.
 func (s *Service) matchDescriptor(st *descState, set *policy.Set, domain string, hasDomain bool, d *ratelimitv3.RateLimitDescriptor, entries []policy.Entry) {
 	if l := d.GetLimit(); l != nil && !s.opts.IgnoreRequestOverrides && hasDomain {
 		if u, err := overrideUnit(l); err == nil {

@@ -11,25 +11,15 @@ import (
 )
 
 // takeMixed decides a request whose hits are on both stores, all or
-// nothing across them, as takeAll does for one store. The fast store
-// (Options.Store) decides its hits first: it is the cheap call, and the
-// one most likely to deny (per-second and per-minute limits). Then:
-//
-//   - the fast hits denied (a hit that is not Soft denied, by the store
-//     or by failure_mode closed): the durable hits are only checked
-//     (cost 0) except the Kept ones (refunds, always_charge), so the
-//     durable store consumes what a denied request consumes;
-//   - the fast call was not decided in time (undecided) and denied
-//     nothing: the durable store is not asked, and the request is
-//     undecided (errUndecided);
-//   - else the durable hits are taken; when one that is not Soft denies
-//     (or fails closed), what the fast store consumed is refunded (see
-//     refundFast), as the Redis store reverses a Cluster slot group.
-//
-// A crash between the two calls, or a refund that fails, leaves the
-// fast hits counted: at most one request's fast hits over-counted, never
-// an admission over a limit. A durable call that is undecided keeps the
-// fast hits too (the caller's own failure policy may admit the request).
+// nothing across them. The fast store (Options.Store) decides first: it is
+// the cheaper call and the likelier to deny. When it denies, the durable
+// hits are only checked (cost 0) except the Kept ones; when it was
+// undecided and denied nothing, the durable store is not asked
+// (errUndecided); otherwise the durable hits are taken, and when one of
+// them denies, refundFast gives back what the fast store consumed. A crash
+// or failed refund between the calls over-counts at most one request's
+// fast hits; it never admits over a limit. An undecided durable call keeps
+// the fast hits too, since failure_mode may still admit the request.
 func (s *Service) takeMixed(ctx context.Context, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
 	var fast, dur []int
 	for i, sp := range specs {
@@ -113,18 +103,13 @@ func deniesRequest(hits []algo.Hit, decs []algo.Decision) bool {
 	return false
 }
 
-// refundFast returns what the fast hits fh (at idx in the request,
-// decided as fdecs and fouts) consumed, after the durable store denied
-// the request: every hit the fast store (or the failure_mode local
-// fallback) admitted with a cost and does not keep (algo.Hit.Kept) is
-// released (algo.Hit.Release, the is_negative_hits path) on the store
-// that took it. The refunds run detached from the caller's cancellation,
-// so they complete when the caller goes away; the request waits for them
-// until its context ends. A refund's decision (a check on the state
-// after it: the state before the request) replaces the hit's decision in
-// decs, as a denied request reports; a refund not answered by then keeps
-// the take's decision. Each refund is counted in
-// ratelimitd_durable_refunds_total; a failed one leaves its hits counted.
+// refundFast releases (algo.Hit.Release) what the fast hits fh consumed,
+// after the durable store denied the request: every hit the fast store or
+// the failure_mode local fallback admitted with a cost and does not keep.
+// The refunds run detached from the caller's cancellation so that they
+// complete; the request waits for them until its context ends, and a
+// refund answered by then replaces the hit's decision, as a denied request
+// reports. Each refund is counted in ratelimitd_durable_refunds_total.
 func (s *Service) refundFast(ctx context.Context, idx []int, fh []algo.Hit, fdecs []algo.Decision, fouts []outcome, decs []algo.Decision) {
 	type refund struct {
 		st    Store

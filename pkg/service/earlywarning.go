@@ -10,15 +10,12 @@ import (
 )
 
 // observeEarlyWarnings counts in ratelimitd_early_warning_total the keys
-// whose usage of a limit crossed its early warning share (Spec.EarlyWarning
-// .Used of requests_per_unit) with this request while less than Within of
-// the window had passed: a key on course to use several times its limit.
-// It reads only the decision (remaining after the hit) and the window
-// position, so it costs the store nothing. A key counts once per window:
-// only the hit that crosses the share counts. Denied requests are skipped
-// (their hits report the usage before the request, nothing was consumed),
-// except in global shadow mode where they are consumed. A sampled log line
-// (one per rule per second) names the key by a hash of its backend key.
+// whose usage crossed their limit's early warning share (Spec.EarlyWarning)
+// with this request while less than Within of the window had passed: a key
+// on course to use several times its limit. It reads only the decision and
+// the window position, so it costs the store nothing; only the crossing
+// hit counts, and denied requests (which consumed nothing) are skipped
+// except in global shadow mode. A sampled log line names the key by hash.
 func (s *Service) observeEarlyWarnings(domain string, ds []descState, hits []algo.Hit, decs []algo.Decision, outs []outcome, denied bool) {
 	if denied && !s.opts.ShadowMode {
 		return
@@ -69,14 +66,11 @@ func (s *Service) observeEarlyWarnings(domain string, ds []descState, hits []alg
 }
 
 // windowElapsed is how far into its current window an admitted hit of lim
-// was decided, and that window's length, from the store's answer (its own
-// clock): for a fixed window the window length less the time until the
-// counter resets; for a sliding window, whose state after a hit lasts until
-// the end of the next window, the two windows' lengths less that time. A
-// calendar window's length is the month's or year's (times the
-// multiplier): the window is the one holding now (the service's clock),
-// the elapsed time still comes from the store's reset time. ok is false for
-// other algorithms.
+// was decided, and that window's length, derived from the store's reset
+// time (its own clock). A sliding window's state lasts until the end of the
+// next window, so two window lengths are counted; a calendar window's
+// length is that of the month or year holding now. ok is false for
+// algorithms without windows.
 func windowElapsed(lim algo.Limit, d algo.Decision, now time.Time) (elapsed, window time.Duration, ok bool) {
 	if lim.Kind != algo.FixedWindow && lim.Kind != algo.SlidingWindow {
 		return 0, 0, false

@@ -46,10 +46,8 @@ const (
 // store of role, filling decs and outs; when that call fails, each hit's
 // failure_mode decides it (fail). undecided: the call ran out of the
 // caller's time (callerOutOfTime) and a hit other than a release was only
-// admitted by failure_mode open (see errUndecided). gone: the call failed after the
-// caller cancelled the request; nothing was decided (no failure mode, no
-// fallback, no decision metric), as nobody receives the answer (see
-// errCallerGone).
+// admitted by failure_mode open (errUndecided). gone: the call failed after
+// the caller cancelled the request, so nothing was decided (errCallerGone).
 func (s *Service) takeOn(ctx context.Context, role storeRole, hits []algo.Hit, specs []*policy.Spec, decs []algo.Decision, outs []outcome) (undecided, gone bool) {
 	var err error
 	switch {
@@ -88,14 +86,10 @@ func (s *Service) takeOn(ctx context.Context, role storeRole, hits []algo.Hit, s
 
 // callerOutOfTime reports whether a call of the store of role failed
 // because the caller's time ran out, which leaves the request undecided
-// (errUndecided). For the fast stores, cause deadline or timeout: the
-// Redis store ends a call only at the caller's budget, and the memcached
-// store's timeouts are shed as documented. For the durable store, cause
-// deadline, or a timeout that is the caller's context deadline or a
-// budget it cut short (errors.Is context.DeadlineExceeded): its own
-// --durable-timeout, well within the caller's deadline, and a circuit
-// open after a stall are store failures, which the rules' failure modes
-// decide.
+// (errUndecided). For the fast stores that is cause deadline or timeout.
+// For the durable store it is cause deadline, or a timeout that is the
+// caller's context deadline: its own --durable-timeout and an open circuit
+// are store failures, which the rules' failure modes decide.
 func callerOutOfTime(ctx context.Context, role storeRole, err error) bool {
 	switch causeOf(err) {
 	case causeDeadline:

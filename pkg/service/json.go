@@ -17,18 +17,12 @@ import (
 // (Options.MaxJSONBodyBytes), 1 MiB.
 const DefaultMaxJSONBodyBytes = 1 << 20
 
-// JSONHandler serves POST /json, the HTTP twin of ShouldRateLimit: the
-// body is a protojson RateLimitRequest (camelCase or snake_case field
-// names), the answer a protojson RateLimitResponse with Content-Type
-// application/json. Status: 200 when the overall code is OK, 429 when
-// OVER_LIMIT, 400 for an unreadable body, bad JSON or an invalid (or, with
-// Options.ReferenceAnswers, refused) request,
-// 413 for a body longer than Options.MaxJSONBodyBytes (read no further),
-// 503 before the first config, 405 for methods other than POST.
-// The response's response_headers_to_add (RateLimit-Policy, RateLimit,
-// Retry-After, ...) are also set as HTTP headers, except Content-Type: the
-// body stays the protojson response, whose rawBody field carries the
-// problem document.
+// JSONHandler serves POST /json, the HTTP twin of ShouldRateLimit: a
+// protojson RateLimitRequest in, a protojson RateLimitResponse out. Status:
+// 200 for OK, 429 for OVER_LIMIT, 400 for a bad or invalid request, 413 for
+// a body over Options.MaxJSONBodyBytes, 503 before the first config, 405
+// for other methods. The response's response_headers_to_add are also set as
+// HTTP headers, except Content-Type.
 func (s *Service) JSONHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {

@@ -7,13 +7,13 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// dynamicMetadata builds the RESPONSE_DYNAMIC_METADATA struct of
-// envoyproxy/ratelimit (docs/responses.md, "dynamic_metadata"): domain, descriptors (entries as
-// "key=value", limit override as text, hitsAddend), request hitsAddend,
-// and metadata = deep merge (first value wins) of the config metadata of
-// every matched descriptor that is not OVER_LIMIT. Request strings that
-// are not valid UTF-8 (possible only for in-process callers; the gRPC codec
-// escapes them) appear in their escaped form (InvalidUTF8Prefix + hex).
+// dynamicMetadata builds envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA
+// struct (docs/responses.md): domain, descriptors (entries as "key=value",
+// limit override as text, hitsAddend), request hitsAddend, and the deep
+// merge (first value wins) of the config metadata of every matched
+// descriptor that is not OVER_LIMIT. Request strings that are not valid
+// UTF-8 (only from in-process callers) appear escaped (InvalidUTF8Prefix +
+// hex).
 func (s *Service) dynamicMetadata(req *rlsv3.RateLimitRequest, ds []descState) *structpb.Struct {
 	descs := make([]any, len(req.GetDescriptors()))
 	for i, d := range req.GetDescriptors() {

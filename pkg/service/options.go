@@ -2,12 +2,12 @@ package service
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/telemetry/statsd"
 )
@@ -215,38 +215,16 @@ type Options struct {
 	Rand func() float64
 }
 
-// FieldError is one invalid Options field, as Validate reports it:
-// Field is the field's name ("NearLimitRatio"), Value its value and
-// Reason what a valid value is ("must be in [0, 1]").
-type FieldError struct {
-	// Field is the Options field's name.
-	Field string
-	// Value is the field's value.
-	Value any
-	// Reason is what a valid value is.
-	Reason string
-}
-
-// Error returns "service: Field=Value: Reason".
-func (e *FieldError) Error() string {
-	return fmt.Sprintf("service: %s=%v: %s", e.Field, e.Value, e.Reason)
-}
-
-// OptionField returns the package-qualified field name
-// ("service.NearLimitRatio") and the reason, for callers that name the
-// field their own way (a command-line flag).
-func (e *FieldError) OptionField() (field, reason string) { return "service." + e.Field, e.Reason }
-
-// Validate reports every invalid field, joined, each a *FieldError: a
-// nil Store; Headers beyond HeadersNone; NearLimitRatio outside [0, 1]
-// or NaN; a negative FailClosedRetryAfter; DecisionLog beyond
-// DecisionLogAll; a negative or NaN DecisionLogRate; a negative
-// MaxJSONBodyBytes or DetailedMetricCap; Counting beyond
+// Validate reports every invalid field, joined, each a
+// *opterr.FieldError: a nil Store; Headers beyond HeadersNone;
+// NearLimitRatio outside [0, 1] or NaN; a negative FailClosedRetryAfter;
+// DecisionLog beyond DecisionLogAll; a negative or NaN DecisionLogRate; a
+// negative MaxJSONBodyBytes or DetailedMetricCap; Counting beyond
 // policy.AlwaysCharge. Zero values are valid: they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field string, v any, reason string) {
-		errs = append(errs, &FieldError{Field: field, Value: v, Reason: reason})
+		errs = append(errs, &opterr.FieldError{Package: "service", Field: field, Value: v, Reason: reason})
 	}
 	if o.Store == nil {
 		bad("Store", o.Store, "required")

@@ -71,15 +71,13 @@ const MaxSaturation = time.Hour
 // saturationKey names a rule across reloads: its domain and stat key.
 type saturationKey struct{ domain, rule string }
 
-// SetSaturation marks the rule whose stat key is rule (Rule.Path, as
-// `ratelimitd validate --explain` prints it) in domain saturated for d
-// (at most MaxSaturation), or clears the mark when d <= 0: while marked,
-// requests that are not critical under its reserve are decided against
-// reserve.saturated_share instead of share, and RateLimit-Policy shows
-// them that quota. It returns the end of the mark (zero when cleared).
-// The rule must be in the config in force and have a saturated_share:
-// codes.NotFound / InvalidArgument otherwise, Unavailable before the
-// first config. A mark outlives reloads while its rule does.
+// SetSaturation marks the rule whose stat key is rule (Rule.Path) in
+// domain saturated for d (at most MaxSaturation), or clears the mark when
+// d <= 0. While marked, requests that are not critical under its reserve
+// are decided against reserve.saturated_share. It returns the end of the
+// mark (zero when cleared); the mark outlives reloads while its rule does.
+// Errors: NotFound or InvalidArgument for a rule absent or without a
+// saturated_share, Unavailable before the first config.
 func (s *Service) SetSaturation(domain, rule string, d time.Duration) (time.Time, error) {
 	sn := s.snap.Load()
 	if sn == nil {

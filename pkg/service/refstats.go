@@ -205,15 +205,12 @@ func (r *refStats) statKey(sn *snapshot, st *descState, label string) *refKeySta
 }
 
 // refHits splits the cost of one decision into envoyproxy/ratelimit's hit
-// stats (its limiter's GetResponseDescriptorStatus): used is the share of
-// capacity c in use before the request (c - Remaining for a denial, which
-// consumed nothing; c - Remaining - cost after an allowed request), nearT
-// is floor(c × near-limit ratio). An allowed request adds cost to
-// within_limit, and to near_limit the part above nearT; a denied one adds
-// to over_limit the part above c (all of it when used >= c) and to
-// near_limit the part between max(nearT, used) and c. A backend failure
-// answered open counts as within_limit, one answered closed as
-// over_limit.
+// stats as its GetResponseDescriptorStatus does: an allowed request adds
+// cost to within_limit and the part above the near-limit threshold to
+// near_limit; a denied one adds the part above capacity to over_limit and
+// the part between the threshold (or the usage before it) and capacity to
+// near_limit. A backend failure answered open counts as within_limit, one
+// answered closed as over_limit.
 func (r *refStats) refHits(sp *policy.Spec, d algo.Decision, out outcome, cost int64) (within, over, near int64) {
 	switch out {
 	case byFailedOpen:

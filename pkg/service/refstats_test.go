@@ -340,10 +340,8 @@ func TestStatsdServiceStats(t *testing.T) {
 }
 
 // The Prometheus statsd exporter mapping that Envoy Gateway deploys next
-// to envoyproxy/ratelimit (envoyproxy/gateway,
-// internal/infrastructure/kubernetes/ratelimit/statsd_conf.yaml): glob
-// patterns, first match wins, "*" one dot-separated component; anything
-// else is dropped.
+// to envoyproxy/ratelimit: glob patterns, first match wins, "*" one
+// dot-separated component; anything else is dropped.
 var envoyGatewayMappings = []struct{ match, name string }{
 	{"ratelimit.service.rate_limit.*.*.near_limit", "ratelimit_service_rate_limit_near_limit"},
 	{"ratelimit.service.rate_limit.*.*.over_limit", "ratelimit_service_rate_limit_over_limit"},

@@ -147,12 +147,11 @@ func (s *Service) CountReload(r ReloadResult, set *policy.Set) {
 }
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer. Errors are gRPC
-// status errors: InvalidArgument for a malformed request (see
-// validateRequest and the Max* bounds), Unavailable before the first
-// config, DeadlineExceeded when the Store could not decide within the
-// caller's deadline and only failure_mode open would have admitted the
-// request (see errUndecided). A backend
-// failure is never an error: the rules' failure modes decide.
+// status errors: InvalidArgument for a malformed request, Unavailable
+// before the first config, DeadlineExceeded when the Store could not
+// decide in time and only failure_mode open would have admitted the
+// request (errUndecided). A backend failure is never an error: the rules'
+// failure modes decide.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := s.opts.Now()
 	s.m.inflight.Inc()
@@ -177,7 +176,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.obs.requestRefused()
 		return nil, s.answers.noConfig()
 	}
-	if dom.label == LabelUnknownDomain { // also a domain literally named so, as before the cache
+	if dom == &s.unknown {
 		s.obs.unknownDomain(sn, req.GetDomain(), len(req.GetDescriptors()))
 	}
 	resp, err := s.decide(ctx, sn, req)

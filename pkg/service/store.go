@@ -6,70 +6,45 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// Store decides the hits of one request. This is the one statement of the
-// contract every backend meets; algotest.Reference (pkg/algo/algotest) is
-// its executable definition, and algotest.Run checks a store against both
-// the hand-derived tables and Reference (the memory, Redis standalone,
-// Redis Cluster and memcached stores run it). Implementations: the memory
-// backend (pkg/backend/memory), the Redis backend (pkg/backend/redis:
-// take.lua and its one-hit fast path take1.lua) and the memcached backend
-// (pkg/backend/memcache, fixed windows only; see AlgorithmLister and
-// docs/memcached.md for what all-or-nothing means there); and, as
-// Options.Durable for the limits with `store: durable`, the PostgreSQL
-// store (pkg/backend/postgres). The service never imports a concrete
-// backend; cmd/ratelimitd wires them in.
+// Store decides the hits of one request. This doc states what every
+// backend must do; algotest.Reference is its executable definition, and
+// algotest.Run checks a store against it (the memcached store, fixed
+// windows only, within the limits docs/memcached.md states). The service
+// never imports a concrete backend: cmd/ratelimitd wires them in.
 //
-// Input. hits are the request's hits in request order (the service builds
-// one per applied limit of each descriptor, in descriptor order). Each
-// algo.Hit names its counter by Key (opaque: a store may derive its own
-// key from it, e.g. memcached's per-window key, but never parses it),
-// its Limit (rate per Period, µs resolution), and Cost in units (0: a
-// check; at most algo.MaxCost, a larger cost is MaxCost, which every
-// limit denies), with Soft, Release and Charge as algo.Hit documents
-// them. A key without state is the zero algo.State: the full quota.
-// Hits with the same Key are applied in order, each seeing the previous
-// one's tentative state. Take must not retain hits after it returns (the
-// service reuses the slice), and must be safe for concurrent use: each
-// call is atomic with respect to every other.
+// Input. hits are the request's hits in request order. Key names a counter
+// opaquely (a store may derive its own keys from it, never parse it); Cost
+// is in units (0: a check; a cost above algo.MaxCost counts as MaxCost,
+// which every limit denies); Limit, Soft, Release and Charge are as algo.Hit
+// documents them. A key without state has its full quota. Hits with the
+// same Key apply in order, each seeing the previous one's tentative state.
+// Take must not retain hits, and each call is atomic with respect to every
+// other.
 //
-// Decisions. Each hit is applied at the store's current instant (the
-// memory and memcached stores' Options.Now, the Redis server's TIME) with
-// algo.Apply. When no hit that is not Soft is denied
-// (a check-only hit too can deny), every hit's new state is kept. When one
-// is, only the Kept hits (algo.Hit.Kept: releases, and always_charge hits
-// of every kind but concurrency) consume: they are replayed in order on
-// the states before the request and each reports the state after its own
-// hit; every other hit consumes nothing, and one that did not deny reports
-// a check (algo.Take with cost 0) on its key's replayed state (the value
-// before the request when no Kept hit shares its key); a hit that denied
-// keeps its decision. So under all_or_nothing a denied request consumes
-// nothing, and a Soft hit's denial writes nothing for it but does not
-// roll the request back.
+// Decisions. Each hit is applied with algo.Apply at the store's current
+// instant (its Options.Now, or the Redis server's TIME). When no hit that
+// is not Soft is denied, every new state is kept. Otherwise only the Kept
+// hits (algo.Hit.Kept) consume, replayed in order on the states before the
+// request; every other hit consumes nothing, and one that did not deny
+// reports a check (cost 0) on its key's replayed state. So a denied request
+// consumes nothing but its Kept hits, and a Soft hit's denial does not roll
+// the request back.
 //
-// Output. out has one element per hit (len(out) == len(hits)); on
-// success Take has written each hit's decision into it, in the same
-// order. The array is the caller's: Take writes it only before it
-// returns (never after, even when the caller's context ends first), and
-// does not keep it. On error its content is unspecified. In
-// each algo.Decision, Remaining is whole units (>= 0), RetryAfter is 0
-// when Allowed, and RetryAfter, ResetAfter and WindowAfter are exact to
-// the microsecond; FromCache is true only for a denial a store's local
-// over-limit cache answered.
+// Output. On success out (len(out) == len(hits)) holds each hit's decision
+// in order. Take writes out only before it returns and does not keep it; on
+// error its content is unspecified. Remaining is whole units (>= 0),
+// RetryAfter is 0 when Allowed, durations are exact to the microsecond, and
+// FromCache marks a denial a local over-limit cache answered.
 //
-// Errors. An error means the store could not decide the request
-// (unreachable, timeout, out of memory, read-only, circuit open, full);
-// the service then applies each rule's failure_mode, and no decision of
-// the call is used. A store never reports half a request (every hit is
-// decided or the call fails), but the counters may hold part of it for a
-// while: after a timeout the backend may have applied the request without
-// the reply arriving, and a Redis Cluster request whose slot groups partly
-// failed is reversed by a compensating refund (docs/redis.md). Errors should implement Causer, so that the cause label
-// is bounded; a context error counts as "timeout" (deadline) or
-// "canceled". The causes "deadline" (not decided within the caller's
-// deadline while the backend was answering) and "timeout" (the backend
-// was silent) mean "not decided in time": a request that only
-// failure_mode open would admit is then answered DeadlineExceeded instead
-// of being admitted uncounted.
+// Errors. An error means the store could not decide the request: the
+// service applies each rule's failure_mode and uses no decision of the
+// call. The counters may still hold part of it (the reply lost after a
+// timeout; a Redis Cluster request being reversed by a compensating
+// refund). Errors should implement Causer so that the cause label is
+// bounded; a context error counts as "timeout" or "canceled". The causes
+// "deadline" and "timeout" mean "not decided in time": a request that only
+// failure_mode open would admit is then answered DeadlineExceeded rather
+// than admitted uncounted.
 type Store interface {
 	// Take decides hits, one request, into out, as Store documents.
 	Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error
@@ -120,10 +95,8 @@ type Healther interface {
 // AlgorithmLister is optionally implemented by a Store that decides some
 // algorithms only (the memcache backend: fixed_window). cmd/ratelimitd
 // passes the list to the config loader (policy.LoadOptions.Algorithms),
-// which refuses a config with a limit of any other algorithm, at its
-// file:line, naming the backend: such a config never replaces the one in
-// force, and at startup the service does not become SERVING. A Store
-// without it decides every algorithm.
+// which then refuses a limit of any other algorithm at its file:line. A
+// Store without it decides every algorithm.
 type AlgorithmLister interface {
 	// Algorithms is the list of kinds the Store decides, in any order; a
 	// nil or empty list means none.

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 )
 
 // Options configure tracing. The zero value disables it.
@@ -45,34 +46,16 @@ type Options struct {
 	Exporter sdktrace.SpanExporter
 }
 
-// FieldError is one invalid Options field, as Validate reports it: the
-// field's name ("SampleRatio"), its value and what a valid value is
-// ("must be in [0, 1]"). Error returns "telemetry: Field=Value: Reason";
-// OptionField returns "telemetry."+Field and Reason, for callers that
-// name the field their own way (a command-line flag).
-type FieldError struct {
-	Field, Reason string // the Options field's Go name; what a valid value is
-	Value         any    // the refused value
-}
-
-// Error is described at FieldError.
-func (e *FieldError) Error() string {
-	return fmt.Sprintf("telemetry: %s=%v: %s", e.Field, e.Value, e.Reason)
-}
-
-// OptionField is described at FieldError.
-func (e *FieldError) OptionField() (field, reason string) { return "telemetry." + e.Field, e.Reason }
-
 // NeverSample is the SampleRatio that samples no root span (a sampled
 // parent from Envoy is still followed); the zero SampleRatio is the
 // default, 1.
 const NeverSample = -1.0
 
-// Validate reports a *FieldError for a SampleRatio outside [0, 1] that is
-// not NeverSample, or NaN, whether or not tracing is enabled.
+// Validate reports a *opterr.FieldError for a SampleRatio outside [0, 1]
+// that is not NeverSample, or NaN, whether or not tracing is enabled.
 func (o Options) Validate() error {
 	if !(o.SampleRatio >= 0 && o.SampleRatio <= 1) && o.SampleRatio != NeverSample {
-		return &FieldError{Field: "SampleRatio", Value: o.SampleRatio, Reason: "must be in [0, 1]"}
+		return &opterr.FieldError{Package: "telemetry", Field: "SampleRatio", Value: o.SampleRatio, Reason: "must be in [0, 1]"}
 	}
 	return nil
 }

@@ -54,6 +54,9 @@ func (r rls) ShouldRateLimit(ctx context.Context, _ *rlsv3.RateLimitRequest) (*r
 	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
 }
 
+// TestServerSpanContinuesEnvoyTraceAndBackendSpanIsChild: the server span
+// continues the trace of Envoy's traceparent, and the store's span is its
+// child.
 func TestServerSpanContinuesEnvoyTraceAndBackendSpanIsChild(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tr, err := Setup(context.Background(), Options{Enabled: true, Exporter: exp})
@@ -126,6 +129,8 @@ func TestServerSpanContinuesEnvoyTraceAndBackendSpanIsChild(t *testing.T) {
 	}
 }
 
+// TestBackendErrorRecorded: a store error passes through unchanged and
+// marks the store's span with the error and its cause.
 func TestBackendErrorRecorded(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tr, err := Setup(context.Background(), Options{Enabled: true, Exporter: exp})
@@ -153,6 +158,8 @@ func TestBackendErrorRecorded(t *testing.T) {
 	}
 }
 
+// TestDisabledIsPassThrough: with tracing off the store is not wrapped,
+// and a sample ratio above 1 is refused.
 func TestDisabledIsPassThrough(t *testing.T) {
 	tr, err := Setup(context.Background(), Options{})
 	if err != nil {
@@ -167,6 +174,8 @@ func TestDisabledIsPassThrough(t *testing.T) {
 	}
 }
 
+// TestOTLPExportReachesCollector: a store span is exported over OTLP/gRPC
+// to a real collector by Shutdown.
 func TestOTLPExportReachesCollector(t *testing.T) {
 	col := testproc.StartOTLPCollector(t)
 	tr, err := Setup(context.Background(), Options{Enabled: true, Endpoint: col.Addr(), Insecure: true})
@@ -201,8 +210,8 @@ func (r resetStore) Reset(_ context.Context, hits []algo.Hit) error {
 	return nil
 }
 
-// The traced store forwards Reset, and says ErrUnsupported for a store
-// without one.
+// TestTracedStoreForwardsReset: the traced store forwards Reset, and says
+// ErrUnsupported for a store without one.
 func TestTracedStoreForwardsReset(t *testing.T) {
 	tr, err := Setup(context.Background(), Options{Enabled: true, Exporter: tracetest.NewInMemoryExporter()})
 	if err != nil {

@@ -7,12 +7,11 @@
 // refuses calls with, and how a call's error counts (Outcome).
 package breaker
 
-// This breaker is ours rather than a library's (github.com/sony/gobreaker,
-// github.com/failsafe-go/failsafe-go) because it needs what they lack: an
-// injected clock, FailFor for timeouts next to an immediate opening on
-// proven failures, a stall-opened circuit told from a failure-opened one,
-// stragglers that count for nothing, half-open closing on one success and
-// replacing lost probes, and callbacks run outside its lock.
+// The breaker is written here rather than taken from a library
+// (sony/gobreaker, failsafe-go) because it needs an injected clock, FailFor
+// for timeouts next to an immediate opening on proven failures, stragglers
+// that count for nothing, replacement of lost probes, and callbacks run
+// outside its lock.
 
 import (
 	"context"
@@ -28,11 +27,9 @@ type breakerBucket struct {
 	firstFail     int64 // UnixNano of the bucket's first failure
 }
 
-// Breaker is a circuit breaker: it stops calls to a backend that keeps
-// failing so that no request waits on it, and probes it again after
-// OpenFor. The pure methods (Allow, Record, StateAt) take the time as an
-// argument; Do and Healthy read the breaker's clock. Safe for concurrent
-// use. The zero value is not usable; use New.
+// Breaker is the circuit breaker of one backend. Allow, Record and StateAt
+// take the time as an argument; Do, State and Healthy read the breaker's
+// clock. It is safe for concurrent use; create one with New.
 type Breaker struct {
 	opts  Options
 	errs  Errors

@@ -54,20 +54,11 @@ type Options struct {
 	// Failures consecutive failures (no success in between) open the
 	// circuit (>= 1), once they span at least FailFor.
 	Failures int
-	// FailFor is how long failures must have been observed, from the first
-	// to the latest, before either rule (Failures consecutive, or
-	// FailureRatio) opens the circuit (>= 0; 0: no minimum). A call fails
-	// one Timeout after its backend stalled, and a call pending when it
-	// answers again succeeds, so a stall of S produces failures spanning
-	// about S − Timeout: with FailFor F, stalls shorter than F + Timeout
-	// never open the circuit, and a frozen backend opens it about Timeout + F
-	// after it stopped answering. The Store raises FailFor to at least
-	// 2 × its Options.Timeout, so that a stall of 3 timeouts never opens
-	// it. It applies to stalls (Outcome Stalled) only: a run of Failures
-	// consecutive failures that includes a Failed one (refused, loading,
-	// clusterdown: the backend answered that it is not serving) opens at
-	// once, which also keeps go-redis' pool from reaching PoolSize failed
-	// dials (after which it dials only once a second, delaying recovery).
+	// FailFor is how long stalls (Outcome Stalled) must have been observed,
+	// from the first to the latest, before either rule opens the circuit
+	// (>= 0; 0: no minimum), so that a short stall, which times out every
+	// call in flight at once, does not open it. A run of Failures that
+	// includes a Failed outcome opens the circuit at once.
 	FailFor time.Duration
 	// Window is the sliding window of the failure ratio rule (>= 10 ms).
 	Window time.Duration
@@ -78,8 +69,7 @@ type Options struct {
 	// opens the circuit; in (0, 1].
 	FailureRatio float64
 	// OpenFor is how long the circuit stays open before half-open probes
-	// (> 0). With Redis back, normal answers resume within OpenFor plus
-	// go-redis' 1 s reconnect probe; with memcached back, within OpenFor.
+	// (> 0).
 	OpenFor time.Duration
 	// Probes is how many half-open probe calls may be in flight at once
 	// (>= 0; 0 means 1). Several probes keep one call that lands on a
@@ -87,19 +77,16 @@ type Options struct {
 	Probes int
 	// Disabled turns the breaker off: every call goes to the backend.
 	Disabled bool
-	// OnTransition, when not nil, is called after each state change with
-	// the new state: Open when the circuit opens (also again from
-	// half-open), HalfOpen when the first probe after OpenFor is let
-	// through, Closed when a probe succeeded. It runs on the
-	// goroutine of the call that changed the state, after the breaker's
-	// lock is released; keep it fast (a log line, a counter).
+	// OnTransition, when not nil, is called with the new state after each
+	// change: Open (also again from half-open), HalfOpen when the first
+	// probe is let through, Closed when a probe succeeded. It runs on the
+	// goroutine that changed the state, outside the breaker's lock; keep it
+	// fast (a log line, a counter).
 	OnTransition func(to State)
 	// OnReport, when not nil, is called with the reports of an outage, for
-	// its log lines: once when the circuit opens from closed, once when
-	// it closes again (with the failed probes meanwhile), and while it
-	// stays open (each failed half-open probe opens it again) at most once
-	// per ReportEvery, with the failed probes so far. Called as
-	// OnTransition is, after it.
+	// its log lines: when the circuit opens from closed, when it closes
+	// again, and at most once per ReportEvery while failed probes keep it
+	// open. It runs as OnTransition does, after it.
 	OnReport func(Report)
 	// ReportEvery is the least time between two OnReport calls of one
 	// outage that says the circuit is still open (0:

@@ -1,10 +1,8 @@
 // Package causes holds what the network backends (Redis, memcached) share
-// in telling why a call failed: the cause labels they both use, for
-// ratelimitd_backend_errors_total{cause} and the failure-mode logs, and
-// the classification of the errors below their protocols (the caller's
-// context, sockets, dialing), which is the same for both. Each backend
-// classifies its own protocol's replies first and wraps the result in its
-// own Error type.
+// in telling why a call failed: the cause labels of
+// ratelimitd_backend_errors_total{cause} and the failure-mode logs, and the
+// classification of errors below their protocols (context, sockets,
+// dialing). Each backend classifies its own protocol's replies first.
 package causes
 
 import (
@@ -75,12 +73,10 @@ func Dial(err error) bool {
 	return errors.As(err, &oe) || errors.As(err, &de)
 }
 
-// Classified is what a backend's Error type carries and embeds
-// (redis.Error, memcache.Error), so that both report a failure the same
-// way: a cause label (one of the backend's Causes), whether the error
-// suggests the backend is unreachable or not answering (an outage: it
-// feeds the circuit breaker and the backend's health), and the error it
-// classifies. The zero value has no cause and no error; use New.
+// Classified is the classification a backend's Error type embeds
+// (redis.Error, memcache.Error): a cause label, whether the error is an
+// outage (it feeds the circuit breaker and the backend's health), and the
+// error it classifies. Create one with New.
 type Classified struct {
 	backend string
 	cause   string
@@ -122,18 +118,15 @@ func Wrap[E error](err error, classify func(error) (cause string, outage bool), 
 	return wrap(cause, outage, err)
 }
 
-// Partial is a backend's error for a request whose hits it decided in
-// parts (Redis Cluster: one script call per hash slot) when some parts
-// failed and another part denied the request: the request is denied
-// whatever the failed parts would have said (all-or-nothing), so its
-// decided hits are answered and only the failed ones are a failure.
-// Decisions has one entry per hit of the request (the zero Decision for a
-// failed hit), Failed the indexes of the failed hits, ascending; Err is
-// the failed parts' error (errors.Join of them), with their causes.
+// Partial is a backend's error for a request decided in parts (Redis
+// Cluster: one script call per hash slot) when some parts failed and
+// another denied it. The request is denied whatever the failed parts would
+// have said, so the decided hits are answered and only the failed ones are
+// a failure.
 type Partial struct {
-	Decisions []algo.Decision // one per hit of the request, in order
-	Failed    []int           // indexes into Decisions of the failed hits
-	Err       error           // the failed parts' error
+	Decisions []algo.Decision // one per hit, in order; zero for a failed hit
+	Failed    []int           // indexes into Decisions of the failed hits, ascending
+	Err       error           // the failed parts' errors, joined
 }
 
 // Error returns Err's message.

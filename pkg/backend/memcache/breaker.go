@@ -6,20 +6,14 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 )
 
-// The Store's circuit breaker (pkg/backend/breaker, the Redis backend's)
-// guards a Store of one memcached server: every decision goes through it,
-// so that a frozen or black-holed memcached costs requests their budget
-// only until the circuit opens (about FailFor, 1 s, after it stopped
-// answering; refused connections open it after Failures of them in a
-// row). Only decisions open it; the health probe goes through it only
-// while it is not closed, as a half-open probe that closes it, so an idle
-// Store recovers too, and Healthy is false while it is not closed.
-//
-// With several servers the breaker stays out of the way: each key lives on
-// one server, and one circuit for all of them would give the decisions of
-// the healthy servers' keys their failure modes (failure_mode open: admitted
-// uncounted) whenever one server failed. There a dead server costs only
-// the decisions on its keys (refused at once), a frozen one their budget.
+// The Store's circuit breaker (pkg/backend/breaker) guards a Store of one
+// memcached server, so that a frozen or black-holed memcached costs
+// requests their budget only until the circuit opens (FailFor after it
+// stopped answering, or Failures refused connections in a row). Only
+// decisions open it; the health probe is its half-open probe, so an idle
+// Store recovers too. With several servers the breaker is bypassed
+// (guarded): one circuit for all would send the healthy servers' keys to
+// their failure modes whenever one server failed.
 
 // breakerErrors are memcached's errors of the Store's breaker.
 var breakerErrors = breaker.Errors{Open: ErrCircuitOpen, StalledOpen: ErrStalledOpen, Outcome: breakerOutcome}

@@ -55,9 +55,9 @@ func untilRefused(t *testing.T, s *memcache.Store, want error, before string, ma
 }
 
 // recovers moves clk past OpenFor and calls s, as a half-open probe,
-// until a call succeeds (at most 100 times: a call on a loaded host may
-// outlast the Timeout and reopen the circuit), then checks that the
-// circuit closed and the store is healthy.
+// until a call succeeds (at most 100 times: a slow call may outlast the
+// Timeout and reopen the circuit), then checks that the circuit closed and
+// the store is healthy.
 func recovers(t *testing.T, s *memcache.Store, clk *clock.Manual) {
 	t.Helper()
 	l := fixed(1000, time.Hour)
@@ -75,9 +75,9 @@ func recovers(t *testing.T, s *memcache.Store, clk *clock.Manual) {
 	}
 }
 
-// A memcached that fails opens the circuit, and calls are then refused
-// without calling memcached; once it is back a half-open probe closes the
-// circuit:
+// TestFailingMemcachedOpensCircuit: a memcached that fails opens the
+// circuit, and calls are then refused without calling memcached; once it
+// is back a half-open probe closes the circuit:
 //   - frozen (SIGSTOP, as a black-holed network): calls wait their budget
 //     and fail with cause timeout until the stalls span FailFor, then are
 //     refused with ErrStalledOpen (cause timeout: shed, never admitted
@@ -161,8 +161,8 @@ func TestSeveralServersShareNoCircuit(t *testing.T) {
 	o := memcache.DefaultOptions()
 	o.Addrs = []string{live.Addr(), dead.Addr()}
 	o.HealthInterval = 0
-	// A live server's reply is never late on purpose here: a loaded host
-	// must not turn a decided call into a timeout.
+	// A live server's reply is never late on purpose here, so a slow
+	// reply must not turn a decided call into a timeout.
 	o.Timeout = 10 * time.Second
 	s := openStore(t, o)
 	dead.Kill()

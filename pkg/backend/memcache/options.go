@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
+	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 )
 
 // Defaults of Options (DefaultOptions).
@@ -117,40 +118,15 @@ var (
 	ErrTwoServerSources = errors.New("memcache: both addresses and an SRV record are set; use one")
 )
 
-// FieldError is one invalid Options field, as Validate reports it:
-// Field is its name ("Timeout"), Label its name in the message
-// ("timeout"), Value its value and Reason what a valid value is
-// ("must be > 0").
-type FieldError struct {
-	// Field is the Options field's name ("Timeout").
-	Field string
-	// Label names the field in Error's text ("timeout").
-	Label string
-	// Value is the field's value.
-	Value any
-	// Reason is what a valid value is ("must be > 0").
-	Reason string
-}
-
-// Error returns "memcache: Label Value: Reason".
-func (e *FieldError) Error() string {
-	return fmt.Sprintf("memcache: %s %v: %s", e.Label, e.Value, e.Reason)
-}
-
-// OptionField returns the package-qualified field name
-// ("memcache.Timeout") and the reason, for callers that name the field
-// their own way (a command-line flag).
-func (e *FieldError) OptionField() (field, reason string) { return "memcache." + e.Field, e.Reason }
-
 // Validate reports every problem of o, joined: ErrNoServer or
 // ErrTwoServerSources; an address that is neither host:port nor a unix
-// socket path; a malformed SRV name; and, as *FieldError, a negative
-// SRVRefresh, LocalCacheSize or HealthInterval, or MaxIdleConns or
-// Timeout not > 0.
+// socket path; a malformed SRV name; and, as *opterr.FieldError, a
+// negative SRVRefresh, LocalCacheSize or HealthInterval, or MaxIdleConns
+// or Timeout not > 0.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field, label string, v any, reason string) {
-		errs = append(errs, &FieldError{Field: field, Label: label, Value: v, Reason: reason})
+		errs = append(errs, &opterr.FieldError{Package: "memcache", Field: field, Label: label, Value: v, Reason: reason})
 	}
 	switch {
 	case len(o.Addrs) == 0 && o.SRV == "":

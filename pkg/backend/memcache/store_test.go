@@ -21,8 +21,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 )
 
-// testTimeout is generous: the assertions are about counts, and the host
-// running the tests may be heavily loaded.
+// testTimeout is generous: the assertions are about counts, not latency.
 const testTimeout = 2 * time.Second
 
 func newStore(t testing.TB, addrs []string, now func() time.Time) *memcache.Store {
@@ -346,8 +345,8 @@ func TestWindowRolloverAndExpiry(t *testing.T) {
 	start := clk.Now().Truncate(time.Minute).UnixMicro()
 	ck := memcache.CounterKey(k, start)
 	// 50 s left in the window plus the 2 s grace, not the whole window
-	// (62 s); memcached rounds to its one-second clock, and a loaded host
-	// may take seconds between the take and the read.
+	// (62 s); memcached rounds to its one-second clock, and seconds may
+	// pass between the take and the read.
 	if exp := metaExp(t, srv, ck); exp < 35 || exp > 53 {
 		t.Fatalf("counter %s: expires in %d s, want [35, 53] s", ck, exp)
 	}
@@ -409,7 +408,7 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 
 // tickUntil runs the health probe of the store on clk (Tick), first moving
 // clk on by advance each time, until cond holds; at most 100 probes (a
-// probe on a loaded host may outlast the Timeout).
+// slow probe may outlast the Timeout).
 func tickUntil(t *testing.T, clk *clock.Manual, advance time.Duration, cond func() bool, what string) {
 	t.Helper()
 	for i := 0; !cond(); i++ {
@@ -504,8 +503,8 @@ func TestFrozenReturnsByBudget(t *testing.T) {
 		if causeOf(err) != memcache.CauseTimeout {
 			t.Fatalf("%s: err %v, want cause timeout", name, err)
 		}
-		// Returned by the budget; the slack is scheduling on a loaded
-		// host, never a socket timeout beyond it.
+		// Returned by the budget; the slack is scheduling delay, never
+		// a socket timeout beyond it.
 		if took < bound-10*time.Millisecond || took > bound+time.Second {
 			t.Fatalf("%s: returned after %v, budget %v", name, took, bound)
 		}

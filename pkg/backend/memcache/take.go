@@ -48,17 +48,14 @@ type request struct {
 }
 
 // Take decides the hits of one request (service.Store), each a
-// fixed_window limit: one atomic INCR of its window's counter per hit (ADD
-// for the window's first hit; GET for checks and costs over the limit),
-// admitted when the count is within the limit. When a hit that is not Soft
-// denies, the request's counted hits are decremented again (a compensating
-// refund), so a denied request consumes nothing. Hits on different
-// counters run in parallel, hits on one counter in order. Take returns by
-// its budget with cause CauseTimeout when memcached has not answered (what
-// the late operations counted is refunded), and at once with
-// ErrStalledOpen or ErrCircuitOpen while the breaker is open. Denials in
-// the local over-limit cache are answered without memcached
-// (overlimit.Cache.Take). Errors are *Error.
+// fixed_window limit, with one atomic INCR of its window's counter per hit
+// (ADD for the window's first hit). When a hit that is not Soft denies,
+// the request's counted hits are decremented again, so a denied request
+// consumes nothing. Hits on different counters run in parallel, hits on
+// one counter in order. Take returns by its budget with cause CauseTimeout
+// when memcached has not answered (refunding what the late operations
+// counted), and at once while the breaker is open. Denials in the local
+// over-limit cache are answered without memcached. Errors are *Error.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if len(hits) == 0 {
 		return nil

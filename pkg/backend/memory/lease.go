@@ -37,23 +37,15 @@ type reported struct{ units, at int64 }
 // errNotLeasable is the error of a Lease of a limit algo.Leasable refuses.
 var errNotLeasable = errors.New("memory: limit cannot be leased")
 
-// Lease does req: it gives back req.Return units (algo.Release) when they
-// were granted in the current window (any time for a token bucket) and
-// charges up to req.Want units (algo.Lease), both on the state Take
-// decides for req.Key, in one hold of its shard's lock; then it records
-// the subscriber's demand, drops the demands older than req.Stale and
-// lists the others. It fails only on a limit that is not leasable or when
-// ctx is done before it starts.
-//
-// A key the lease stores anew takes a slot as a new key of Take does: a
-// full store drops an expired key for it or, when none has expired, the
-// lease is charged on the sketch of its window (see the package
-// documentation), where a return credits nothing; when no sketch can be
-// made the lease grants nothing.
-//
-// A new store starts every counter from zero, as the exact limits do:
-// the leases and the store live in one process, so when the store is new
-// no lease from before it is held anywhere (algo.Lease's bornUs is 0).
+// Lease does req in one hold of the key's shard lock: it gives back
+// req.Return units when they were granted in the current window (any time
+// for a token bucket), charges up to req.Want units on the state Take
+// decides for req.Key, records the subscriber's demand and lists the
+// others' that are not older than req.Stale. On a full store a new key is
+// leased from its sketch, as Take would decide it. algo.Lease gets bornUs
+// 0: the leases and the store live in one process, so no lease predates
+// the store. It fails only on a limit that is not leasable or when ctx is
+// done.
 func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
 	if err := ctx.Err(); err != nil {
 		return algo.LeaseGrant{}, fmt.Errorf("memory: %w", err)

@@ -5,54 +5,19 @@
 // per process: replicas do not share counters (use the Redis store for
 // that).
 //
-// # Expiry
+// A key expires at algo.ExpiresAtUs of its state. Each shard orders its
+// keys by expiry in a min-heap, so expired keys are found without visiting
+// live ones: when a request touches one, when the store is full, and by
+// the background sweep (Options.SweepInterval).
 //
-// A key expires at algo.ExpiresAtUs of its state, the instant from which
-// the state is equivalent to the zero State (the window ended, the bucket
-// refilled, the log emptied). An expired key reads as absent and may be
-// dropped at any time. Each shard orders its keys by expiry in a min-heap,
-// so the expired keys are found without visiting live ones: lazily when a
-// request touches one, by eviction when the store is full, and by the
-// background sweep (Options.SweepInterval).
-//
-// # Full store
-//
-// With Options.MaxKeys set, at most MaxKeys keys are stored. A request
-// that needs a new key (one it would store that is absent or expired)
-// while the store is full drops expired keys to make room, one per key it
-// needs, earliest expiry first: from the shards it has locked, then from
-// the others. A live key (one still inside its window, or with tokens or
-// leases taken) is never dropped to make room: evicting it, as an LRU
-// cache would, resets a counter inside its window, so a flood of unique
-// keys could reset the limits of the clients the flood competes with.
-//
-// When no stored key has expired, the request is still decided, never
-// failed: its stored keys exactly, and each new key by the sketch of its
-// algorithm and window (see sketch.go), an approximate counter that never
-// under-counts a key, so a new key is never admitted beyond its limit and
-// may be denied earlier when it shares cells with busy keys. A fixed
-// window's, sliding window's or token bucket's new key is decided and
-// counted there; a sliding log's or concurrency limit's new key is denied
-// (Retry-After: until the earliest stored key expires), as the sketch
-// cannot hold timestamps or releases. A new key that gets a slot later
-// starts from its sketch estimate, so leaving the sketch frees nothing.
-// The keys already stored keep being decided exactly and at the same cost
-// while the store is full.
-//
-// # Work per call
-//
-// The work of a call does not grow with the number of stored keys: one
-// lookup per hit in an open-addressing index, O(log n) heap steps when a
-// key's expiry changes or a key is added or dropped (n: keys in its
-// shard), and, when the store is full, at most one eviction per new key
-// plus, when some key may have expired, a scan of the shards' earliest
-// expiries (at most Options.Shards atomic loads; while no key can have
-// expired, one load). A new key with no slot costs Options.SketchDepth
-// cell reads and writes, each under one of its sketch's striped locks;
-// while any sketch exists, a new key that gets a slot reads its estimate
-// first. Growing a shard past its previous peak copies its slices,
-// amortised over the keys that grew it. The sweep drops expired
-// keys a chunk at a time, releasing the shard lock between chunks.
+// With Options.MaxKeys set, a request that needs a new key on a full store
+// drops expired keys, earliest first, but never a live one: evicting a
+// counter inside its window, as an LRU cache would, would let a flood of
+// unique keys reset other clients' limits. When no key has expired, new
+// keys are decided by a sketch that never under-counts (sketch.go), and
+// the stored keys keep being decided exactly. The work of a call does not
+// grow with the number of stored keys. docs/operations.md ("In-memory
+// store") describes the behaviour for operators.
 package memory
 
 import (
@@ -216,21 +181,13 @@ type call struct {
 	evicted, scanned int64
 }
 
-// Take decides all hits of one request atomically (service.Store): the
-// shards of every hit are locked in ascending order, hits are applied in
-// request order (a repeated key sees the earlier hit's tentative state),
-// and the new states are committed only if no hit was denied, except Soft
-// hits (shadow, quota), whose denial writes nothing for that hit but does
-// not roll the request back. Otherwise only the Kept hits (releases and
-// always_charge hits, algo.Hit.Kept) are committed, replayed in order on
-// the states before the request, and every other hit that did not deny
-// reports a check (cost 0) on its key's replayed state (the state before
-// the request when no Kept hit shares its key); a hit with a penalty box
-// that denied keeps its denial count and block (algo.KeepPenalty). When
-// the request needs new keys and the store is full, it drops expired keys
-// for them or, when none has expired, decides them with the sketches (see
-// the package documentation). It fails only when ctx is done before it
-// starts.
+// Take decides all hits of one request atomically, as the Store contract
+// in the algo package doc says: the shards of every hit are locked in
+// ascending order (so concurrent requests cannot deadlock), hits are
+// applied in request order, and a denied request commits only its Kept
+// hits and penalty counts. On a full store, new keys take the slots of
+// expired ones or are decided by the sketches. It fails only when ctx is
+// done before it starts.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("memory: %w", err)

@@ -331,9 +331,10 @@ func TestMultiKeyStress(t *testing.T) {
 // TestFullStoreWorkPerCall counts the work of calls at a full store, not
 // their time: keys dropped by eviction and shards' earliest expiries read
 // (Store.Work). Whatever the number of keys: a new key with no slot
-// (decided by the sketch) costs no eviction and at most one scan of the shards (none while
-// no key can have expired), an admitted one exactly one eviction, a call on
-// a stored key neither, and the sweep visits only expired keys.
+// (decided by the sketch) costs no eviction and at most one scan of the
+// shards (none while no key can have expired), an admitted one exactly one
+// eviction, a call on a stored key neither, and the sweep visits only
+// expired keys.
 func TestFullStoreWorkPerCall(t *testing.T) {
 	const maxKeys, shards = 20_000, 64
 	c := newClock(algotest.Base)

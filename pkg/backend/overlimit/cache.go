@@ -17,29 +17,13 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/causes"
 )
 
-// Cache is the optional local over-limit cache: a bounded LRU of
-// keys known to be denied, each with the instant until which a hit of the
-// same cost (or more) is certainly denied again. Entries are answered
-// locally until that instant (the decision's RetryAfter, not the whole
-// window), so a denied client hammering a key costs no backend round trip.
-//
-// An entry is only ever created from a denial of a hit whose key occurs
-// once in its request: the key's state can only become more permissive
-// with time, and other replicas can only consume more, so the cached
-// answer can never be more permissive than the backend's would be. The exception
-// is a credit (a refund, algo.Hit.Release, or a reset): Take drops the
-// key's entry before it sends a refund, and a store that learns of other
-// replicas' credits calls Invalidate (the Redis store does, from a
-// channel every replica's refunds and resets are published on). An entry
-// holds for its limit only (a request override or a reloaded limit on the
-// same key misses). Every credit, Reset and Suspend advances a generation:
-// a denial whose backend call started before the latest one is not
-// remembered, so a credit received while the call was in flight is never
-// undone by it. While suspended (Suspend, until Resume) the cache answers
-// nothing and remembers nothing. always_charge
-// hits are never answered from the cache (they must be charged), except
-// on a fixed window (see Cacheable). A nil *Cache is a disabled cache:
-// every method is a no-op. Safe for concurrent use.
+// Cache is a bounded LRU of keys known to be denied, each until the
+// denial's RetryAfter for its limit and a cost at least as large. Until
+// then only a credit could make the backend answer differently, so Take
+// answers those hits locally, and credits (Remove, Invalidate) drop the
+// entry. A denial whose backend call overlapped a credit, Reset or Suspend
+// is not remembered. A nil *Cache is a disabled cache: every method is a
+// no-op. It is safe for concurrent use.
 type Cache struct {
 	mu     sync.Mutex
 	max    int
@@ -75,10 +59,8 @@ type cacheDecision struct {
 }
 
 // New returns a cache of at most size entries (least recently used
-// evicted first); size <= 0 returns nil (disabled). Memory grows with the
-// entries held, not with size: nothing proportional to size is allocated
-// up front, so a large bound costs nothing until denials fill it (about
-// 200 bytes per entry plus its key's length, see docs/redis.md).
+// evicted first); size <= 0 returns nil (disabled). Nothing proportional
+// to size is allocated up front: memory grows with the entries held.
 func New(size int) *Cache {
 	if size <= 0 {
 		return nil
@@ -289,23 +271,14 @@ func Cacheable(h algo.Hit) bool {
 type TakeFunc func(ctx context.Context, hits []algo.Hit, out []algo.Decision) error
 
 // Take decides the hits of one request through the cache into out
-// (len(out) == len(hits)): a release first drops its key's entry; every
-// Cacheable hit is looked up once, in request order (one counted hit or
-// miss each, as envoyproxy/ratelimit looks up every descriptor); then
-//   - when every hit is a cached denial, the request is answered locally
-//     (each decision FromCache) and take is not called;
-//   - when some are and all the others are Kept (releases, always_charge),
-//     only the others go to take: their effect does not depend on the
-//     cached denials;
-//   - otherwise take decides the whole request (a hit that is not Kept
-//     consumes only when the whole request passes, which the backend alone
-//     decides); a cached denial the backend confirms is reported FromCache.
-//
-// The denials take returns are remembered (see remember). now is the
-// clock (read once before the lookups and once after take). On a nil
-// Cache, Take is take. Errors are take's, unchanged, except that a
-// *causes.Partial of the hits sent to take is given for the whole request
-// (its decisions and failed indexes placed at the request's positions).
+// (len(out) == len(hits)). Releases drop their keys' entries and every
+// Cacheable hit is looked up once. When every hit is a cached denial, take
+// is not called; when the others are all Kept, only they go to take;
+// otherwise take decides the whole request, since a hit that is not Kept
+// consumes only when the whole request passes. The denials take returns are
+// remembered. A *causes.Partial from take is remapped to the request's
+// positions; other errors are returned unchanged. On a nil Cache, Take is
+// take.
 func (c *Cache) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision, now func() time.Time, take TakeFunc) error {
 	if c == nil || len(hits) == 0 {
 		return take(ctx, hits, out)

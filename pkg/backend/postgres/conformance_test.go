@@ -16,7 +16,7 @@ func newStore(t testing.TB, srv *pgtest.Server, db string, edit ...func(*postgre
 	t.Helper()
 	o := postgres.DefaultOptions()
 	o.URL = srv.URL(db)
-	o.Timeout = 2 * time.Second // generous, so that no decision of a healthy server on a loaded host times out
+	o.Timeout = 2 * time.Second // generous: no decision of a healthy server may time out
 	for _, e := range edit {
 		e(&o)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 )
 
-// slack is what a loaded host may add to a bound before a call
+// slack is the scheduling delay allowed past a bound before a call
 // returns.
 const slack = 300 * time.Millisecond
 
@@ -177,7 +177,7 @@ func TestStalledThenResumed(t *testing.T) {
 }
 
 // warm takes hit until a take succeeds (a fresh connection's first
-// decision on a loaded host may outlast a short Timeout), for at most 10 s.
+// decision may outlast a short Timeout), for at most 10 s.
 func warm(t *testing.T, s *postgres.Store, hit algo.Hit) {
 	t.Helper()
 	start := time.Now()

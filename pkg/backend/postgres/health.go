@@ -43,7 +43,7 @@ func (s *Store) note(err error) {
 			s.pool.Reset()
 		}
 		// Wake the probe, which may be waiting a whole HealthInterval:
-		// from now on it probes every unhealthyProbeInterval.
+		// from then on it probes every unhealthyProbeInterval.
 		s.wakeProbe()
 	}
 }

@@ -98,7 +98,7 @@ type Options struct {
 	// discards them.
 	Logger *slog.Logger
 	// Breaker configures the circuit breaker guarding every decision
-	// (see breaker.go). Default DefaultBreakerOptions.
+	// (pkg/backend/breaker). Default DefaultBreakerOptions.
 	Breaker BreakerOptions
 	// HealthInterval is the health probe's period while healthy (see
 	// Store.Healthy); 0 disables the probe.
@@ -113,12 +113,10 @@ type Options struct {
 	// for another replica's migration too); > 0.
 	ConnectTimeout time.Duration
 	// AsyncCommit sets synchronous_commit=off for the store's sessions:
-	// a decision no longer waits for its WAL to reach the disk (the
-	// fsync that dominates a decision's latency), and a crash of
-	// PostgreSQL loses the counts of the last moments (up to three
-	// times wal_writer_delay, 600 ms by default), whose requests were
-	// admitted. false (the default) waits: a count a decision returned
-	// is never lost.
+	// a decision does not wait for its WAL to reach the disk, and a
+	// crash of PostgreSQL loses the counts of the last moments (up to
+	// three times wal_writer_delay), whose requests were admitted. false
+	// (the default) waits: a count a decision returned is never lost.
 	AsyncCommit bool
 	// Clock is what the circuit breaker reads and the health probe, the
 	// connect loop and the sweeper wait on; nil is clock.System. Tests

@@ -43,14 +43,12 @@ func (s *Store) budget(ctx context.Context, start time.Time) (end time.Time, cut
 // fixed_window or sliding_window limit, in one call of ratelimitd_take:
 // one statement that locks the request's rows in key order, reads the
 // server's clock, decides all-or-nothing as algo.Apply does and writes the
-// rows that changed; Go turns each state into its decision with pkg/algo.
-// Take returns by its budget with cause CauseTimeout when PostgreSQL has
-// not answered (errors.Is context.DeadlineExceeded when the caller's
-// deadline cut the budget short); the connection is then closed and the
-// transaction rolls back unless the server committed it first. While the
-// breaker is open it returns ErrCircuitOpen or ErrStalledOpen at once, and
-// ErrNotConnected (or the schema's error) until New has reached PostgreSQL
-// and checked the schema. Errors are *Error.
+// rows that changed. Take returns by its budget with cause CauseTimeout
+// when PostgreSQL has not answered (errors.Is context.DeadlineExceeded
+// when the caller's deadline cut the budget short), closing the connection
+// so that the transaction rolls back. It fails at once while the breaker
+// is open, and with ErrNotConnected until New has reached PostgreSQL and
+// checked the schema. Errors are *Error.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if len(hits) == 0 {
 		return nil

@@ -78,17 +78,13 @@ func TestAgreement(t *testing.T) {
 }
 
 // TestAgreementCluster is TestAgreement through a 3-master Cluster: the two
-// keys of a schedule live in different slots, so every multi-key request
-// is split into slot groups and a denial in one group is compensated by a
-// refund in the others; the answers must still equal pkg/algo's step by
-// step. always_charge is drawn per key (as a rule's counting policy is),
-// so a compensated slot group never mixes kept and reversed hits on one
-// key. Two things the compensation cannot reverse are left out
-// (docs/redis.md): releases mixed with takes in one group, and the clock
-// going backwards (a take
-// drops entries expired at its instant and moves a full bucket's TAT to
-// now; a refund restores a state equivalent at that instant and after, not
-// before it).
+// keys of a schedule live in different slots, so a denial in one slot group
+// is compensated by a refund in the others, and the answers must still
+// equal pkg/algo's step by step. always_charge is drawn per key, as a
+// rule's counting policy is. Left out are the two cases compensation
+// cannot reverse (docs/redis.md): releases mixed with takes in one group,
+// and the clock going backwards (a refund restores a state equivalent at
+// the take's instant and after, not before it).
 func TestAgreementCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")

@@ -40,29 +40,20 @@ const maxWindowHits = 128
 // batcher batches the script calls of concurrent requests: each call (one
 // segment) is queued, and up to `pipelines` resident flush loops each send
 // what is queued (at most maxBatch segments, maxBatchHits hits) as one
-// script invocation deciding every segment in order (Cluster: one per
-// hash slot, all in one go-redis pipeline). Under load a request costs a
-// share of one EVALSHA and of one write and one read syscall; under light
-// load a call goes out alone at once. On standalone and Sentinel each
-// flush loop pins a pooled connection (slotConn), which keeps go-redis'
-// per-Get health check off the request path.
+// script invocation (Cluster: one per hash slot, in one pipeline). Under
+// load a request costs a share of one EVALSHA; under light load a call goes
+// out alone at once. On standalone and Sentinel each loop pins a pooled
+// connection (slotConn), which keeps go-redis' health check off the
+// request path.
 //
-// Every call has a budget (see budget): its caller's deadline less a
-// margin, or maxWait. Time spent queued counts against the budget only,
-// never against the Redis Timeout, so CPU pressure alone cannot fail a
-// live Redis. The Timeout is evidence about Redis: each Timeout a socket
-// stays stalled (see liveness) is reported to the circuit breaker
-// (overdue). A call whose budget runs out gets ErrCallTimeout while Redis
-// looks stalled and ErrDeadline otherwise; once the stall is established
-// (see establishedLocked) calls get ErrStalled, so that the rules' failure
-// modes answer within the caller's budget. While the circuit is open,
-// every pending call completes at once with its error: no request waits
-// on a dead Redis.
-//
-// One sweeper goroutine enforces the budgets without a timer per call
-// (see sweeper): a caller waits at most sweepTick past its budget. A Store
-// has one batcher per master (see master), so that a frozen or dead
-// master holds no other master's calls.
+// Every call has a budget (see budget). Time spent queued counts against
+// the budget only, never against the Redis Timeout, so CPU pressure alone
+// cannot fail a live Redis; each Timeout a socket stays stalled is reported
+// to the circuit breaker (see liveness). A call whose budget runs out gets
+// ErrCallTimeout while Redis looks stalled, ErrDeadline otherwise, and
+// ErrStalled once the stall is established; while the circuit is open every
+// pending call completes at once. One sweeper goroutine enforces the
+// budgets (see sweeper); a Store has one batcher per master (see master).
 type batcher struct {
 	client    goredis.UniversalClient
 	pipelines int
@@ -124,11 +115,8 @@ type batcher struct {
 
 // pinIdle is how long a flush loop's pinned connection may sit unused
 // before the loop gives it back to the pool and pins another, which the
-// pool checks (go-redis' health check on Get): a connection that idle may
-// have been closed meanwhile (a Redis restart, a failover, the server's
-// timeout), which a request on it would find by failing. Under steady
-// traffic a loop's flushes come closer together than that, and skip the
-// check.
+// pool health-checks: an idle connection may have been closed meanwhile (a
+// restart, a failover, the server's timeout).
 const pinIdle = 50 * time.Millisecond
 
 // slotConn is a flush loop's connection and reusable per-flush state.
@@ -313,14 +301,10 @@ func (b *batcher) do(ctx context.Context, seg segment, out []algo.Decision) (int
 
 // coveredLocked reports whether c, just queued behind busy flush loops,
 // needs no sweeper of its own: the queue fits in one flush, so the next
-// flush of any loop takes c (and arms its timer for c's budget at the
-// latest), and a busy loop's flush timer, not fired yet, wakes the
-// sweeper by c's budget should that flush not return first (a timer that
-// fired already may have found nothing pending, its sweeper parked
-// since). A request that arrives while the flush of the previous one
-// delivers (one flush loop, one request at a time) so starts no sweeper
-// ticks. b.mu is held: a timer that fires from now on wakes the sweeper
-// after c is queued.
+// flush of any loop takes c, and a busy loop's flush timer, not fired yet,
+// wakes the sweeper by c's budget should that flush not return first. So a
+// request arriving while the previous one's flush delivers starts no
+// sweeper ticks. b.mu is held.
 func (b *batcher) coveredLocked(c *scriptCall) bool {
 	if batchLen(b.queue) != len(b.queue) {
 		return false

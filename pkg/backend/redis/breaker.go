@@ -73,8 +73,7 @@ func NewBreaker(o BreakerOptions, now func() time.Time) *Breaker {
 // breakerOutcome classifies err (Classify) for the breaker: cancellations,
 // deadlines and refusals of the breaker itself are Neutral; outage errors
 // are Stalled when they are timeouts or stalls (ErrStalled) and Failed
-// otherwise; every other
-// error is a reply from a live server (Answered).
+// otherwise; every other error is a reply from a live server (Answered).
 func breakerOutcome(err error) breaker.Outcome {
 	var e *Error
 	errors.As(Classify(err), &e) // always true for err != nil

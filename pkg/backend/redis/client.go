@@ -21,27 +21,16 @@ import (
 // NewClient builds the go-redis client for o: a *goredis.Client
 // (standalone), a *goredis.ClusterClient (cluster) or a failover
 // *goredis.Client (sentinel). It validates o and reads the TLS files but
-// never contacts Redis: connections are dialed lazily (the Store's Warm and
-// health probe keep Options.MinIdleConns of them per node dialed, not go-redis:
-// the background), so the service starts while Redis is down.
+// never contacts Redis, so the service starts while Redis is down; the
+// Store's Warm and health probe keep connections dialed.
 //
-// Pipelines (the Store's batches) run on the main pool, not on go-redis'
-// separate pipeline pool: PoolSize bounds all connections to a node.
-// Standalone and Sentinel clients speak RESP2: with RESP3, go-redis
-// peeks the socket (a MSG_PEEK recvfrom) for push messages after every
-// command on a connection not returned to the pool within 5 s, which is
-// every command on a flush loop's pinned connection (see batcher); the
-// Store uses no push message.
-//
-// Every call is bounded by its context's deadline (connection-pool wait,
-// dial, TLS handshake, write and read; the Store gives each invocation the
-// latest budget of its calls) and by Options.MaxWait, and is never retried
-// by go-redis; the circuit breaker (Breaker) stops calls from waiting on a
-// Redis that stopped answering. Cluster MOVED/ASK redirections are still followed (up to
-// 3). A connection that got a READONLY reply is closed by go-redis, and
-// the Sentinel client re-resolves the master on every new connection and on
-// the sentinels' +switch-master, so no connection stays stuck on a demoted
-// master.
+// Pipelines share the main pool, so PoolSize bounds all connections to a
+// node. Standalone and Sentinel speak RESP2: the Store uses no push
+// message, and over RESP3 go-redis would peek the socket for them before
+// every command on a pinned connection. Every call is bounded by its
+// context and Options.MaxWait and never retried by go-redis (Cluster
+// redirections aside); a connection that got READONLY is closed, so none
+// stays on a demoted master.
 func NewClient(o Options) (goredis.UniversalClient, error) { return newClient(o, dialHooks{}) }
 
 // newClient is NewClient whose dialer reports to hooks (see dialHooks).
@@ -162,37 +151,22 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 
 // maxWait is the client's own bound of a command (read, write, pool wait)
 // when its context has an earlier deadline or none: Options.MaxWait, or
-// Timeout when that is longer. It also bounds each dial (TCP, TLS
-// handshake and, with Sentinel, the master's address asked of a
-// sentinel): go-redis dials a new connection detached from the call that
-// needs it and bounds the dial by its DialTimeout alone, while the call
-// waits for it within its own budget. A shorter bound would fail a call
-// whose budget still had room, when a starved host or a slow network
-// takes longer than it to dial (a call without a deadline, of budget
-// MaxWait, then failed with a timeout); a dial that outlives the call
-// that started it gives the pool a connection for the next one.
+// Timeout when that is longer. It also bounds each dial, which go-redis
+// runs detached from the call that needs it: a shorter bound would fail
+// calls whose budget still had room on a slow network, and a dial that
+// outlives its call gives the pool a connection for the next one.
 func (o Options) maxWait() time.Duration { return max(o.MaxWait, o.Timeout) }
 
 // dialer dials TCP, then TLS when cfg is set, both bounded by the caller's
-// context and by timeout. (go-redis' own TLS dialing ignores the context.)
-// A TLS connection is returned as an opaqueTLSConn (see there for why).
+// context (go-redis' own TLS dialing ignores it) and by timeout. A TLS
+// connection is returned as an opaqueTLSConn.
 //
-// A failed dial is returned as a failedConn, not as an error: go-redis'
-// pool counts dial errors over its whole life and, once they reach
-// PoolSize, answers every Get with the last dial error and redials only
-// once a second, which would keep a restarted Redis uncounted for up to a
-// second after it is back. The failedConn fails the connection's first
-// command (the HELLO or AUTH of its initialisation) with the dial error
-// (classified as for a dial: refused, timeout, auth), and go-redis
-// discards it like any broken connection. What that backoff protects a
-// server from (a reconnect storm) the circuit breaker already does: while
-// it is open no request dials, and only the health probe does. Because a
-// failedConn must never wait idle in the pool (it would fail a request
-// long after Redis is back), go-redis' own MinIdleConns is 0: nothing
-// dials ahead of use but the Store's Warm and health probe, which use each
-// connection at once. The failure is logged through SetLogger's logger.
-//
-// hooks observe the dials (see dialHooks).
+// A failed dial is returned as a failedConn that fails the connection's
+// first command, not as an error: once dial errors reach PoolSize,
+// go-redis' pool redials only once a second, which would keep a restarted
+// Redis unused for up to a second; the circuit breaker already prevents a
+// reconnect storm. So that no failedConn waits idle in the pool, go-redis'
+// MinIdleConns is 0. hooks observe the dials (see dialHooks).
 func dialer(timeout time.Duration, cfg *tls.Config, hooks dialHooks) func(context.Context, string, string) (net.Conn, error) {
 	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -273,30 +247,12 @@ func (a failedAddr) String() string  { return string(a) }
 // SyscallConn that only tells whether the server closed the socket
 // (eofOnlyConn), so go-redis treats it as an opaque transport.
 //
-// Why: over RESP3, before a command on a connection that was not put back
-// into the pool in the last 5 s (so on every new connection, starting
-// with its HELLO), go-redis looks for pending push frames by peeking the
-// socket beneath TLS (it unwraps NetConn). After a TLS 1.3 handshake that
-// socket holds the server's NewSessionTicket messages: OpenSSL, and so
-// redis-server, sends two after every handshake, even though this client
-// offers no session resumption (no ClientSessionCache; setting
-// tls.Config.SessionTicketsDisabled changes nothing on the wire) and even
-// with tls-session-caching no. Seeing readable bytes, go-redis reads for a
-// push frame with a fixed 50 ms read deadline that ignores the context;
-// crypto/tls consumes the tickets and then waits for application data
-// that never comes. With the default 10 ms Timeout the HELLO then misses
-// its deadline, go-redis discards the connection, the pool dials a new
-// one, and that one fails the same way: no call ever succeeds. (TLS 1.2
-// sends its ticket inside the handshake, so only TLS 1.3 is affected.)
-//
-// Hiding the socket removes that peek. The tickets stay in the kernel
-// buffer until the first reply is read, and crypto/tls consumes them then,
-// at no cost. Nothing else is lost: go-redis still reads RESP3 push frames
-// that precede a reply (the Store subscribes to none: no tracking, no
-// pub/sub, maintenance notifications off), and its pool health check never
-// looks beneath TLS anyway. Reading the tickets in the dialer instead
-// would cost every dial a wait or a round trip, since the server chooses
-// when and how many it sends.
+// Over RESP3 go-redis peeks the socket beneath TLS for push frames before
+// a command on a new or long-unused connection. After a TLS 1.3 handshake
+// it finds the server's session tickets there and waits out a fixed 50 ms
+// read that ignores the context, so with a short Timeout every HELLO
+// fails. Hiding the socket removes that peek; crypto/tls reads the tickets
+// with the first reply.
 type opaqueTLSConn struct {
 	net.Conn // the *tls.Conn; an interface field promotes only net.Conn's methods
 	tls      *tls.Conn
@@ -305,9 +261,9 @@ type opaqueTLSConn struct {
 
 // SyscallConn gives go-redis' socket checks (the pool's health check of an
 // idle connection, the push-frame peek) a view of the socket beneath TLS
-// that tells only whether the server closed it: eofOnlyConn. Without it, a
-// pooled TLS connection to a Redis that was restarted looked healthy until
-// a request used it and failed (failing open on a live Redis).
+// that tells only whether the server closed it (eofOnlyConn), so that a
+// pooled connection to a restarted Redis is found dead before a request
+// uses it.
 func (c *opaqueTLSConn) SyscallConn() (syscall.RawConn, error) {
 	if c.raw == nil {
 		return nil, errors.New("redis: no socket beneath this TLS connection")

@@ -31,8 +31,9 @@ func newClient(t *testing.T, o redis.Options) goredis.UniversalClient {
 	return c
 }
 
-// slow are options for correctness tests on a loaded machine: the short
-// default timeout is exercised by the failure tests.
+// slow are options for correctness tests, with timeouts that scheduling
+// delay cannot reach: the short default timeout is exercised by the
+// failure tests.
 func slow(mut func(*redis.Options)) redis.Options {
 	o := redis.DefaultOptions()
 	o.Timeout = 2 * time.Second
@@ -199,9 +200,9 @@ func TestSentinelClientFailover(t *testing.T) {
 	// Timeout bounds a call to a server that does not answer; neither fault
 	// here stalls calls (a demoted master answers READONLY, a killed one
 	// refuses), so it does not shape the failover path under test. It is
-	// generous because a call timing out on a loaded -race host, after the
-	// failover, would count as a failover error (and 50 sequential calls
-	// must all succeed at the end).
+	// generous because a call timing out after the failover would count as
+	// a failover error (and 50 sequential calls must all succeed at the
+	// end).
 	o.Timeout = 200 * time.Millisecond
 	c := newClient(t, o)
 	b := redis.NewBreaker(o.Breaker, nil)
@@ -234,7 +235,7 @@ func TestSentinelClientFailover(t *testing.T) {
 		nm := g.WaitFailover(old, 30*time.Second)
 		promoted := time.Since(start)
 		// Calls keep running; require a quiet second after the promotion
-		// (how soon it comes is logged: the sentinels' and the host's).
+		// (how soon it comes is logged).
 		quiet := waitQuiet(t, errs, time.Second, stateWithin)
 		causes, last := errs.stop()
 		t.Logf("%s: promoted %s after %v; errors %v, last error %v after the fault, quiet %v after the fault",
@@ -311,7 +312,7 @@ func TestStartupWithRedisDown(t *testing.T) {
 	start := time.Now()
 	c := newClient(t, o)
 	// NewClient dials nothing: it must not wait for Redis as Warm would
-	// (bounded by DefaultWarmup), whatever the speed of the host.
+	// (bounded by DefaultWarmup).
 	if d := time.Since(start); d >= redis.DefaultWarmup {
 		t.Fatalf("NewClient blocked %v with Redis down", d)
 	}
@@ -364,7 +365,7 @@ func TestKilledAndFrozen(t *testing.T) {
 		inject, heal func()
 		causes       []string
 	}{
-		// A call in flight at the kill may also time out on a loaded host.
+		// A call in flight at the kill may also time out.
 		{"killed", s.Kill, s.Restart, []string{redis.CauseRefused, redis.CauseTimeout, redis.CauseCircuitOpen}},
 		{"frozen", s.Stop, s.Cont, []string{redis.CauseTimeout, redis.CauseStalled, redis.CauseCircuitOpen}},
 	} {

@@ -50,15 +50,13 @@ func (g *group) denied() bool {
 
 // takeCluster decides hits on a Cluster: one script call per hash slot
 // group, all-or-nothing across groups. The group most likely to deny
-// (leadScore) goes first, alone: when it denies, the request is denied
-// and the other groups are decided as denied (modeDenied: they consume
-// nothing, so no other request ever sees them held); when it allows, the
-// others are taken in parallel and, when one of them denies or fails,
-// what the allowed groups consumed is reversed by compensating refunds.
-// It returns the groups' joined errors when some failed and none denied;
-// when some failed and another denied, the request is denied whatever the
-// failed ones would have said, and it returns a *causes.Partial with the
-// decided hits' decisions and the failed hits' indexes.
+// (leadScore) goes first, alone: when it denies, the others are decided as
+// denied (modeDenied), so they consume nothing; when it allows, the others
+// are taken in parallel, and when one denies or fails, compensating
+// refunds reverse what the allowed groups consumed. When some groups
+// failed and another denied, the request is denied regardless and the
+// error is a *causes.Partial; when some failed and none denied, it is
+// their joined errors.
 func (s *Store) takeCluster(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	start := s.clk.Now()
 	bySlot := make(map[uint32]*group, 2)
@@ -156,14 +154,11 @@ func collect(groups []*group, out []algo.Decision, errs []error) error {
 }
 
 // decideDenied decides groups, the rest of a request another group
-// denied, in modeDenied: each writes only its kept hits (releases,
-// always_charge) and reports the others as a denied request does (a check
-// on the state before it). Like compensating refunds they run in the
-// background under their own Timeout (kept hits are written even when
-// the caller has gone; Close waits for them), and decideDenied waits for
-// them until deadline or ctx's end: a group not decided by then gets
-// ErrDeadline (or its own error), so its hits get their failure modes
-// while the request stays denied.
+// denied, in modeDenied: each writes only its kept hits and reports the
+// others as a denied request does. They run in the background under their
+// own Timeout, so kept hits are written even when the caller has gone
+// (Close waits for them); decideDenied waits until deadline or ctx's end,
+// and a group not decided by then gets ErrDeadline (or its own error).
 func (s *Store) decideDenied(ctx context.Context, deadline time.Time, nowUS int64, groups []*group) {
 	type decided struct {
 		g     *group
@@ -199,15 +194,10 @@ func (s *Store) decideDenied(ctx context.Context, deadline time.Time, nowUS int6
 
 // compensate reverses every group of a denied or failed request that
 // consumed, so that the request consumes nothing. Each refund runs in the
-// background under its own Timeout (it completes even when the caller has
-// gone; Close waits for it). When the request failed, its decisions are
-// not used and compensate does not wait. When it was denied, compensate
-// waits for the refunds until deadline (the take's budget, see batcher) or
-// ctx's end, whichever is first: the refund replies are the check-only
-// decisions on the restored state (the values before the request) and
-// replace the allowed groups' decisions. A refund that has not answered by
-// then leaves those groups' take decisions (the remaining after the
-// request) and still completes in the background.
+// background under its own Timeout (Close waits for it). For a denied
+// request compensate waits until deadline or ctx's end, and each refund's
+// reply (a check on the restored state) replaces its group's decisions;
+// for a failed one it does not wait.
 func (s *Store) compensate(ctx context.Context, deadline time.Time, groups []*group, failed bool) {
 	type refunded struct {
 		g      *group

@@ -13,8 +13,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
-// crossSlotStore is a Store on g whose calls are never cut short on a
-// loaded host (every call in these bursts gets Redis' answer).
+// crossSlotStore is a Store on g whose calls are never cut short by
+// scheduling delay (every call in these bursts gets Redis' answer).
 func crossSlotStore(t *testing.T, g *redistest.ClusterGroup) *redis.Store {
 	t.Helper()
 	o := redis.DefaultOptions()
@@ -97,24 +97,19 @@ func consumed(t *testing.T, s *redis.Store, key string, l algo.Limit) int64 {
 	return l.Rate - d[0].Remaining
 }
 
-// TestClusterCrossSlotUnderAdmission measures, on a 3-master Cluster and
-// three Stores, how much of a key's free capacity a burst denies when it
-// mixes two-slot requests (a hit on A and a hit on B, two masters) with
-// requests on B alone that are enough to use all of B. A perfect limiter
-// ends every such burst with B full (whatever the order of the requests,
-// B alone asks for all of it); what B has left once every refund has run
-// is capacity that was denied to B's requests while two-slot requests
-// that A denied held it. The test asserts that this is under 10 % of B's
-// free capacity in every round, that nothing is over-admitted, and that
-// both counters end exact (each holds what its admitted requests took).
+// TestClusterCrossSlotUnderAdmission: on a 3-master Cluster with three
+// Stores, a burst mixes two-slot requests (a hit on A and one on B, on two
+// masters) with enough requests on B alone to use all of B. A perfect
+// limiter ends the burst with B full, so what B has left once every refund
+// has run was denied to B's requests while two-slot requests that A denied
+// held it. In every round that is under 10 % of B's free capacity, nothing
+// is over-admitted, and both counters end exact.
 //
-// Scenarios: A exhausted before the burst (every two-slot request is
-// denied: a perfect limiter admits all of B's requests), A with a little
-// room (the two-slot requests it admits take their part of B), both with
-// A the smaller limit, as a per-client limit next to a shared one; and A
-// the larger limit, exhausted, which the Stores learn from a first burst
-// (not measured against the bound: while a Store has not seen A deny, its
-// two-slot requests are decided on B first and hold it until A denies).
+// Scenarios, with A the smaller limit (a per-client limit next to a shared
+// one): A exhausted before the burst, and A with a little room. With A the
+// larger limit, exhausted, the Stores learn it from a first burst, which is
+// not held to the bound (until a Store has seen A deny, its two-slot
+// requests hold B until A denies).
 func TestClusterCrossSlotUnderAdmission(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster: -short")

@@ -95,20 +95,14 @@ func burst(s *redis.Store, keys []string, l algo.Limit, callers int, deadline ti
 }
 
 // TestClusterMasterKilledFrozenOthersCounted: on a 3-master Cluster
-// (cluster-require-full-coverage no, so that Redis itself keeps serving
-// the other masters' slots), one master is killed or frozen and its keys
-// keep failing (never admitted by the Store). Meanwhile every decision on
-// the two live masters' keys is Redis', right after the fault and once
-// the Store's circuit for the dead master has opened (the worst state,
-// BreakerState): with and without an Envoy-like 20 ms deadline, a burst of
-// callers > limit on each key admits exactly the limit, and no call gets
-// an outage error (circuit open, stalled, timeout). With the 20 ms
-// deadline a loaded host may leave calls undecided in time (cause
-// deadline, or timeout when no byte came back in time: shed by the service,
-// never admitted, possibly counted): then the count is
-// bounded on both sides instead. Once the master is back, the health
-// probe alone closes its circuit, the Store is healthy, and its keys are
-// counted again.
+// (cluster-require-full-coverage no), one master is killed or frozen and
+// its keys keep failing, never admitted. Meanwhile, right after the fault
+// and once the dead master's circuit has opened, a burst of callers over
+// the limit on each live master's key admits exactly the limit with no
+// outage error. With an Envoy-like 20 ms deadline, calls may also be shed
+// undecided (deadline, or timeout): then the count is bounded on both
+// sides. Once the master is back, the health probe alone closes its
+// circuit and its keys are counted again.
 func TestClusterMasterKilledFrozenOthersCounted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two 3-node clusters: -short")
@@ -197,9 +191,8 @@ func TestClusterMasterKilledFrozenOthersCounted(t *testing.T) {
 						c := got[k]
 						t.Logf("%s, %s, deadline %v, key %s (slot %d): allowed %d, denied %d, errors %v",
 							fault, phase, dl, k, redis.Slot(k), c.allowed, c.denied, c.causes)
-						// Under a 20 ms caller deadline a loaded host (a -race
-						// build next to other test packages) may not see the
-						// live master answer in time: such calls are shed
+						// Under a 20 ms caller deadline a -race build may not
+						// see the live master answer in time: such calls are shed
 						// (deadline, or timeout when no byte came back), never
 						// admitted, and count as undecided. A circuit_open or
 						// refused on a live master's key is the bug, always.

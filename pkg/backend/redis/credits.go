@@ -14,17 +14,13 @@ import (
 )
 
 // The local over-limit cache stays exact across replicas through one
-// Redis pub/sub channel (Options.CreditChannel): a charge can only make a
-// cached denial hold longer, so only a credit can make it wrong early.
-// Every refund (algo.Hit.Release), Cluster compensating refund and Reset
-// publishes the keys it credited once it has been sent; every Store
-// subscribes on its own connection and drops the keys it receives from
-// its cache. The cache answers only while the subscription is confirmed:
-// it starts suspended, and a lost, failed or silent subscription (no
-// reply to a PING within creditPingAfter) flushes and suspends it until
-// the subscription is confirmed again (see overlimit.Cache.Suspend).
-// Keys are published as Redis stores them (already hashed where
-// sensitive); a Concurrency lease is never cached and is not published.
+// Redis pub/sub channel (Options.CreditChannel): only a credit can make a
+// cached denial wrong early, so every refund, Cluster compensating refund
+// and Reset publishes the keys it credited, and every Store drops the keys
+// it receives from its cache. The cache answers only while the
+// subscription is confirmed; a lost, failed or silent one flushes and
+// suspends it (overlimit.Cache.Suspend). Keys are published as stored,
+// already hashed where sensitive.
 
 const (
 	// DefaultLocalCacheSize is ratelimitd's default --local-cache-size on

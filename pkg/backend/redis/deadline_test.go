@@ -111,12 +111,9 @@ func TestTakeWithinDeadlineRedisFrozen(t *testing.T) {
 // BenchmarkTakeRedisFrozen measures, with Redis frozen and the breaker
 // disabled, how far past its deadline a Take returns (max_overrun_ms over
 // 40 callers × 3 Takes, per deadline): no call waits for a pipeline it is
-// queued behind, so the overrun is the host's wake-up latency (about
-// 1-2 ms without -race; the old behaviour, a call waiting for the
-// pipeline ahead of it, then for its own Timeout, took 40-45 ms on a
-// 20 ms deadline). Without a deadline (budget Options.MaxWait, 1 s) and
-// with the breaker on, max_ms_no_deadline is the slowest of 20 Takes: about
-// the budget, the circuit opening after FailFor.
+// queued behind, so the overrun is only scheduling delay. Without a
+// deadline (budget Options.MaxWait) and with the breaker on,
+// max_ms_no_deadline is the slowest of 20 Takes. Figures: BENCHMARKS.md.
 func BenchmarkTakeRedisFrozen(b *testing.B) {
 	redistest.Require(b)
 	b.Run("deadline", func(b *testing.B) {

@@ -46,18 +46,13 @@ func demandKey(key string, round int64) string {
 // ShareDemand shares the demand of RLQS streams on counters among the
 // replicas (rlqs.Demand): per counter key, one script records local
 // (stream id -> demand) in a hash per round that expires after ttl, and
-// returns per stream its demand of the previous round, else of the one
-// before, else of this round (every replica dividing in a round sees the
-// same numbers). The scripts of all keys go in one pipeline (EVALSHA, then
-// EVAL for those answered NOSCRIPT). The stream ids and the counter keys
-// carry no request value. It runs under the circuit breaker (Cluster: the
-// first key's master's) and is bounded by ctx only: sharing demand is the
-// RLQS round's background work, whose budget the caller sets, and
-// Options.Timeout is the budget of one request's decision, which a pipeline
-// of many counters' scripts would not fit. Errors are classified, and no
-// key's view is returned when one failed. A call cut short by ctx fails
-// with ErrDeadline or its cancellation, which the breaker does not count:
-// the caller's budget ran out, not Redis.
+// returns per stream its demand of the previous round, else the one
+// before, else this round's, so every replica dividing in a round sees the
+// same numbers. All keys' scripts go in one pipeline under the circuit
+// breaker, bounded by ctx only: it is background work whose budget the
+// caller sets, not a request's decision. No key's view is returned when
+// one failed; a call cut short by ctx fails with ErrDeadline or its
+// cancellation, which the breaker does not count.
 func (s *Store) ShareDemand(ctx context.Context, round int64, ttl time.Duration, local map[string]map[string]int64) (map[string]map[string]int64, error) {
 	out := make(map[string]map[string]int64, len(local))
 	if len(local) == 0 {

@@ -23,7 +23,7 @@ import (
 const slowDial = 2 * redis.DefaultDialTimeout
 
 // TestSlowDialWithinBudget: a dial that takes longer than
-// --redis-dial-timeout (as on a starved host) fails no call whose budget
+// --redis-dial-timeout fails no call whose budget
 // has room for it. 32 concurrent calls without a deadline (budget
 // MaxWait, 10 s here) on a Store that has no connection yet are all
 // decided when

@@ -21,11 +21,11 @@ const (
 	// or pool timeout, before the stall is established (CauseStalled).
 	// Nothing proves a failure yet: the service sheds it.
 	CauseTimeout = causes.Timeout
-	// CauseStalled: the stall is established (its sockets to Redis have
-	// had a request unanswered, and nothing was received from it, for the
-	// breaker's FailFor; see batcher) and the call's master is still silent, or the
-	// circuit is open after that stall (ErrStalled, ErrStalledOpen). An
-	// outage, as for a dead Redis: the rules' failure modes answer.
+	// CauseStalled: the stall is established (a request unanswered and
+	// nothing received from the master for the breaker's FailFor; see
+	// batcher) and the master is still silent, or the circuit is open after
+	// that stall (ErrStalled, ErrStalledOpen). An outage, as for a dead
+	// Redis: the rules' failure modes answer.
 	CauseStalled = "stalled"
 	// CauseRefused: no usable connection (connection refused, reset,
 	// closed mid-reply, unreachable host, TLS handshake failure).

@@ -6,16 +6,12 @@ import (
 	"sync/atomic"
 )
 
-// masterWatch notices a Sentinel failover from the Store's side: in
-// Sentinel mode go-redis dials only the sentinels and the master it
-// resolved through them, so an address dialed that is not a sentinel is
-// the master, and a new one means the master changed. Each change is
-// counted (Store.MasterChanges, ratelimitd_backend_master_changes_total)
-// and logged: the hits the old master decided after its replica was
-// promoted, and those not yet replicated at the promotion, are lost unless
-// the servers run with min-replicas-to-write (the old master then refuses
-// them with NOREPLICAS, and the rules' failure modes answer instead); see
-// docs/redis-operations.md.
+// masterWatch notices a Sentinel failover from the Store's side: go-redis
+// dials only the sentinels and the master it resolved through them, so a
+// new dialed address that is not a sentinel means the master changed. Each
+// change is counted (Store.MasterChanges) and logged, since hits not yet
+// replicated at the promotion are lost unless the servers run with
+// min-replicas-to-write (see docs/redis-operations.md).
 type masterWatch struct {
 	sentinels map[string]bool
 	mu        sync.Mutex

@@ -211,16 +211,12 @@ var pathCase atomic.Int64
 // TestSegmentPathsAgree: take.lua's two decision paths, the direct one
 // (take/80_fast_segment.lua: a take of string kinds on distinct keys) and
 // the general one (take/70_segment.lua), give identical decisions, values
-// and expiries for every request the direct path decides: random
-// schedules (pinned clocks that also go back) of 1–3 hits on distinct
-// keys of mixed kinds (fixed_window, sliding_window, token_bucket, with
-// calendar windows, rate 0, checks, costs above capacity, and the soft,
-// release and always_charge flags). The same request runs on its own
-// copy of the keys through the general path, which it takes because one
-// more hit is added: a soft check of an empty sliding log (never denied,
-// writes nothing, so the other hits' decisions do not change). With
-// TestFastPathAgrees (take1.lua vs take.lua) and TestAgreement (take.lua
-// vs algotest.Reference) every Lua path is tied to the others.
+// and expiries for every request the direct path decides, over random
+// schedules of 1–3 hits of mixed kinds and flags (clocks that also go
+// back). Each request runs on its own copy of the keys through the general
+// path, forced by one more hit that changes nothing: a soft check of an
+// empty sliding log. With TestFastPathAgrees and TestAgreement every Lua
+// path is tied to the others.
 func TestSegmentPathsAgree(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()

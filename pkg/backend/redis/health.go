@@ -17,22 +17,15 @@ import (
 const DefaultHealthInterval = time.Second
 
 // healthProbe keeps Store.Healthy and Store.BreakerState current without
-// traffic. Every interval it checks whether a call succeeded within the
-// last interval; when none did, or a circuit is not closed, it sends one
-// PING (Cluster: to every master at once, each through its own breaker;
-// see probeMasters) through the breaker, as a request would be: an open
-// circuit is not called, a half-open one takes the PING as a probe, and
-// the outcome is recorded like a call's (refused opens the circuit after
-// Failures consecutive failures, timeouts once they also span FailFor).
-// A PING or warm-up that runs out of time while Redis answered (a byte
-// from its master during the probe, or no socket to it stalled: see
-// judgeProbe) is slowness, not an outage, and counts for nothing; the
-// next one gets twice the time (slow).
-// While PINGs fail and the circuit is still closed, the next one follows
-// one Timeout later instead of one interval, so that an idle Store opens
-// its circuit about as fast as a busy one. At most one PING is in flight
-// at a time, on one pooled connection (per Cluster node), in a goroutine
-// of its own: it never holds anything a request waits for.
+// traffic. Every interval in which no call succeeded, or while a circuit
+// is not closed, it sends one PING through the breaker as a request would
+// (Cluster: to every master, see probeMasters), and the outcome is
+// recorded like a call's. A PING that runs out of time while Redis
+// answered (see judgeProbe) is slowness, not an outage: it counts for
+// nothing and the next one gets twice the time. While PINGs fail and the
+// circuit is still closed, the next one follows one Timeout later, so
+// that an idle Store opens its circuit about as fast as a busy one. At
+// most one PING is in flight, in a goroutine of its own.
 type healthProbe struct {
 	interval time.Duration
 	clock    clock     // the Store's
@@ -167,15 +160,14 @@ func (s *Store) healthLoop(h *healthProbe) {
 const recoveryPoll = 100 * time.Millisecond
 
 // probeTimeout is the least time the health probe gives one PING (or a
-// warm-up, or its write) before it counts as a failure: far more than
-// Options.Timeout, because a PING from an idle instance waits behind
-// every other client's commands on a busy Redis, and a loaded host can
-// make a healthy Redis that slow; the breaker still needs Failures of
-// them in a row, and a failed probe marks the Store unhealthy at once.
+// warm-up, or its write) before it counts as a failure. It is far more
+// than Options.Timeout because a PING from an idle instance waits behind
+// every other client's commands on a busy Redis; the breaker still needs
+// Failures of them in a row.
 const probeTimeout = 250 * time.Millisecond
 
 // maxProbeSlow bounds healthProbe.slow: a warm-up probe gets at most
-// 8 × max(probeTimeout, DialTimeout) (2 s by default) on a starved host.
+// 8 × max(probeTimeout, DialTimeout).
 const maxProbeSlow = 8
 
 // needPing reports whether the probe must act now: no call succeeded

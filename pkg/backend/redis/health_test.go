@@ -22,12 +22,12 @@ import (
 const healthInterval = redis.DefaultHealthInterval
 
 // stateWithin bounds, in real time, how long a test drives the probe
-// until a state it waits for: generous, so that a slow host passes and a
-// Store that never gets there fails.
+// until a state it waits for: generous, so that scheduling delay cannot
+// fail it while a Store that never gets there does.
 const stateWithin = 20 * time.Second
 
 // newHealthStore returns a Store on o with a timeout generous enough for
-// a loaded -race host, on a clock.Manual, with its health probe every
+// a -race build, on a clock.Manual, with its health probe every
 // healthInterval.
 func newHealthStore(t *testing.T, o redis.Options) (*redis.Store, *clock.Manual) {
 	t.Helper()

@@ -19,13 +19,10 @@ const leadHintMin = time.Second
 
 // leadHints remember which keys denied lately, so that a Cluster request
 // spanning slots is first decided in the slot group most likely to deny
-// (see Store.takeCluster): when that group denies, the others consume
-// nothing. Keys share a fixed table by hash; each entry holds one key's
-// fingerprint (other bits of the hash) and the instant until which it is
-// a likely denier, so a key that shares an entry with another reads as
-// unknown, not as a denier (two keys with both equal: one pair in 2^34).
-// A wrong hint only changes which group goes first, never a decision.
-// Safe for concurrent use.
+// (see Store.takeCluster). Keys share a fixed table by hash; each entry
+// holds a fingerprint and the instant until which its key is a likely
+// denier, so a colliding key reads as unknown. A wrong hint only changes
+// which group goes first, never a decision. Safe for concurrent use.
 type leadHints struct {
 	seed    maphash.Seed
 	baseMs  int64                       // unix ms of newLeadHints

@@ -10,20 +10,14 @@ import (
 // liveness watches the Store's TCP sockets to Redis (the sentinels'
 // excluded) to answer, for the batcher, whether Redis is stalled: has a
 // request been handed to a socket at least Timeout ago with no byte of
-// reply since? A silence measured from when the batcher queued or sent a
-// request, or from when replies were parsed, cannot tell a frozen Redis
-// from a ratelimitd whose goroutines wait for a CPU (before writing the
-// request, or after the reply arrived), and calling a live Redis failed
-// would fail requests open on a healthy store. So each socket is wrapped
-// (below TLS and go-redis) by a readConn that stamps, per connection, when
-// a write returned with no reply pending, and clears the stamp when a read
-// returns bytes; and before a socket counts as stalled, the kernel's count
-// of bytes received and not read yet (FIONREAD, Linux) must be zero too.
-// Neither depends on ratelimitd being scheduled. Per connection, a Cluster
-// node that freezes stalls on its own while the others answer, and
-// stalledAt answers for one node's sockets only: each Cluster master's
-// batcher asks about its own master (see Store), so a frozen master
-// never makes the others look stalled.
+// reply since? Timing from the batcher's side cannot tell a frozen Redis
+// from ratelimitd goroutines waiting for a CPU, and calling a live Redis
+// failed would fail requests open. So each socket is wrapped (below TLS
+// and go-redis) by a readConn that stamps when a write left a reply
+// pending and clears the stamp when a read returns bytes, and a socket
+// counts as stalled only when the kernel also holds no unread bytes
+// (FIONREAD). stalledAt answers per Cluster node, so a frozen master never
+// makes the others look stalled.
 type liveness struct {
 	skip map[string]bool // addresses not to track (sentinels)
 	// timeout is Options.Timeout: a socket closed before its request had
@@ -186,12 +180,10 @@ func (c *readConn) Read(p []byte) (int, error) {
 }
 
 // Close forgets the socket and closes it; a request still pending with
-// nothing unread, that has waited at least liveness.timeout, is kept as
+// nothing unread that has waited at least liveness.timeout is kept as
 // evidence (liveness.unanswered). One that waited less was given up by
-// ratelimitd (go-redis drops a connection whose caller's deadline passed:
-// on a starved host, moments after the request was written), not left
-// unanswered by Redis, whose reply then goes unread with the socket: kept,
-// it would stay a stall until a byte arrived on another socket.
+// ratelimitd (go-redis drops a connection whose caller's deadline passed),
+// not left unanswered by Redis, so it is not kept.
 func (c *readConn) Close() error {
 	c.l.mu.Lock()
 	delete(c.l.conns, c)

@@ -9,7 +9,7 @@ import (
 // Cluster master) is stalled for its own address and for the every-socket
 // view, never for another node's; a byte from another node ends neither
 // its stall nor the evidence its closed socket left, while the
-// every-socket view (standalone, Sentinel) ends with any byte, as before.
+// every-socket view (standalone, Sentinel) ends with any byte.
 // A batcher with liveAddr follows its node only.
 func TestLivenessStallIsPerNode(t *testing.T) {
 	const timeout = 20 * time.Millisecond

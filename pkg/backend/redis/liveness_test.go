@@ -37,7 +37,7 @@ func tcpPair(t *testing.T) (client *net.TCPConn, server net.Conn) {
 func TestLivenessStallIsPerSocketAndKernelBased(t *testing.T) {
 	const timeout = 20 * time.Millisecond
 	// The stamps are read on a clock the test moves: "a timeout later" is
-	// exact, whatever the speed of the host.
+	// exact.
 	l, wait := manualLiveness()
 	b := newBatcher(nil, 1, timeout, time.Second, 0)
 	b.live = l

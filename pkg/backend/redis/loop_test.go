@@ -27,8 +27,8 @@ func goroutinesCreated(t *testing.T) uint64 {
 // resident), take no connection from the go-redis pool each (a flush loop
 // pins its own, so the pool's per-Get health check is not on the path),
 // and do not keep the sweeper ticking (it is woken only for a call that
-// may outlive its flush). The bounds leave room for a loaded host (a loop
-// descheduled right after answering makes the next call queue, which
+// may outlive its flush). The bounds leave room for scheduling delay (a
+// loop descheduled right after answering makes the next call queue, which
 // wakes the sweeper for a tick) but not for one goroutine, one pool Get
 // or a sweeper running through the whole run.
 func TestSequentialTakesStayOnTheLoop(t *testing.T) {

@@ -40,7 +40,7 @@ func evalshaUsec(b *testing.B, c *goredis.Client) (calls, usec int64) {
 // and the current one in alternation, per kind, for invocations of 1 and
 // 16 segments of 1 or 2 hits (allowed takes of cost 1 on random keys of a
 // 10,000-key pool, the server's TIME). Compare v1 and current within one
-// run: the host's load moves both.
+// run, since the machine's load moves both.
 //
 //	go test ./pkg/backend/redis/ -run '^$' -bench LuaSegment -benchtime 3000x
 func BenchmarkLuaSegment(b *testing.B) {

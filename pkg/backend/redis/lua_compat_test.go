@@ -136,8 +136,8 @@ var compatCase atomic.Int64
 // each invocation picks a script at random (old writes, new reads and the
 // reverse). Hits use the flags both versions know (release, soft), never
 // the charge flag, and a segment with a release is never denied (the one
-// behaviour that changed: a release is now kept when its request is
-// denied). After every invocation the three give identical reply lines
+// behaviour in which they differ: the current script keeps a release when
+// its request is denied). After every invocation the three give identical reply lines
 // and identical key values, and before the first refund the decisions
 // equal pkg/algo's.
 func TestLuaCrossVersion(t *testing.T) {

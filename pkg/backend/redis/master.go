@@ -13,12 +13,10 @@ import (
 )
 
 // master is the decision path of one Redis master (the standalone server,
-// the Sentinel master, or one Cluster master): its circuit breaker and
-// the batcher of the calls for its slots. Keeping them per master is what
-// lets a Cluster master that is dead or frozen cost only its own keys:
-// its failures and stalls open its circuit alone, its sockets alone look
-// stalled (liveness.stalledAt), and its invocations hold only its own
-// flush loops, while the other masters' decisions stay counted.
+// the Sentinel master, or one Cluster master): its circuit breaker and the
+// batcher of the calls for its slots. Kept per master, a dead or frozen
+// Cluster master opens only its own circuit, looks stalled alone and holds
+// only its own flush loops.
 type master struct {
 	addr    string // Cluster: "host:port" as the slot map names it; "" otherwise
 	breaker *Breaker
@@ -140,11 +138,9 @@ func establishAfter(opts Options) time.Duration {
 }
 
 // run decides hits (all in one slot on Cluster) as one segment of a
-// batched script invocation of their master's path (masterFor), under
-// that master's circuit breaker and
-// Options.Timeout (enforced by the batcher's sweeper, not by a timer per
-// call: see batcher). Errors are classified (*Error with a Cause): the
-// invocation's error, or this segment's SegmentError, or ErrCallTimeout.
+// batched invocation on their master's path (masterFor), under that
+// master's circuit breaker and Options.Timeout. Errors are classified:
+// the invocation's error, this segment's SegmentError, or ErrCallTimeout.
 func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string, hits []algo.Hit, out []algo.Decision) (int64, error) {
 	m := s.def
 	if len(hits) > 0 {

@@ -17,16 +17,12 @@ import (
 
 // Native counting: a fixed-window hit under always_charge (algo.Hit.Charge)
 // is decided without a script, as envoyproxy/ratelimit counts. Every such
-// hit is charged whether admitted or not and decides on its own, so
-// INCRBY's reply (the count after the hit) is the whole decision: the
-// count before it is the reply less the cost. Its counter lives in its own
-// key per window, the hit's key followed by ":" and the window start in
-// µs since the Unix epoch in base 36, taken from the service's clock,
-// holding a plain integer. PEXPIRE … NX (Redis >= 7) gives the key its TTL once, when
-// INCRBY created it; a server that refuses NX (Redis 6) gets PEXPIRE
-// without it on every hit (see Store.noNX). A release (a refund) credits
-// the count floored at 0 with nativeReleaseLua, the only script of this
-// path.
+// hit is charged whether admitted or not, so INCRBY's reply (the count
+// after the hit) is the whole decision. Its counter lives in its own key
+// per window (the hit's key, ":" and the window start in base-36 µs from
+// the service's clock). PEXPIRE … NX gives the key its TTL once; a server
+// that refuses NX gets PEXPIRE on every hit (see Store.noNX). A release
+// credits the count, floored at 0, with nativeReleaseLua.
 
 // nativeSkew is added to a native key's TTL beyond its window's end, so
 // that an instance whose clock is behind the key's creator's by up to

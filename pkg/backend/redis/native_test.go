@@ -33,8 +33,8 @@ func nativeStore(t testing.TB, srv *redistest.Server, g *redistest.ClusterGroup,
 	o.PoolSize = 8
 	o.Now = now
 	o.NativeCounting = true
-	// A loaded host may hold a call past the default budget (a second):
-	// the exactness tests count decisions, not latency.
+	// Scheduling delay may hold a call past the default budget: the
+	// exactness tests count decisions, not latency.
 	o.MaxWait = 20 * time.Second
 	for _, f := range set {
 		f(&o)

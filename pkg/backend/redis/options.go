@@ -15,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
+	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 )
 
 // Mode is the Redis deployment topology.
@@ -266,27 +267,7 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("redis: unknown mode %q (want standalone, cluster or sentinel)", s)
 }
 
-// FieldError is one invalid Options field, as Validate reports it:
-// Field is its name ("Timeout", "Breaker.Failures"; "URL" also for the
-// url's database in cluster mode) and Reason the sentence Error prints
-// after "redis: " ("timeout must be positive, got 0s").
-type FieldError struct {
-	// Field is the Options field's name, "Breaker.X" for a BreakerOptions
-	// field.
-	Field string
-	// Reason is the sentence after "redis: ", naming the value.
-	Reason string
-}
-
-// Error returns "redis: Reason".
-func (e *FieldError) Error() string { return "redis: " + e.Reason }
-
-// OptionField returns the package-qualified field name
-// ("redis.Timeout") and the reason, for callers that name the field
-// their own way (a command-line flag).
-func (e *FieldError) OptionField() (field, reason string) { return "redis." + e.Field, e.Reason }
-
-// Validate reports every problem of o, joined, each a *FieldError:
+// Validate reports every problem of o, joined, each a *opterr.FieldError:
 // unknown mode, unparsable URL, addrs missing or misplaced for the mode,
 // missing master name, a DB other than 0 in cluster mode, TLS settings
 // with TLS off, half a client key pair, non-positive timeouts or pool
@@ -297,7 +278,7 @@ func (e *FieldError) OptionField() (field, reason string) { return "redis." + e.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)})
+		errs = append(errs, &opterr.FieldError{Package: "redis", Sentence: true, Field: field, Reason: fmt.Sprintf(format, args...)})
 	}
 	var url *goredis.Options
 	if o.URL != "" {
@@ -402,13 +383,13 @@ func breakerFieldErrors(b BreakerOptions) []error {
 		d.Disabled = b.Disabled
 		f.set(&d)
 		if err := d.Validate(); err != nil {
-			errs = append(errs, &FieldError{Field: "Breaker." + f.name, Reason: strings.TrimPrefix(err.Error(), "redis: ")})
+			errs = append(errs, &opterr.FieldError{Package: "redis", Sentence: true, Field: "Breaker." + f.name, Reason: strings.TrimPrefix(err.Error(), "redis: ")})
 		}
 	}
 	// Whatever the fields say together (nothing today) beyond them alone.
 	if len(errs) == 0 {
 		if err := b.Validate(); err != nil {
-			errs = append(errs, &FieldError{Field: "Breaker", Reason: strings.TrimPrefix(err.Error(), "redis: ")})
+			errs = append(errs, &opterr.FieldError{Package: "redis", Sentence: true, Field: "Breaker", Reason: strings.TrimPrefix(err.Error(), "redis: ")})
 		}
 	}
 	return errs

@@ -6,15 +6,12 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// Reset deletes the state key of every hit (service.Resetter) with
-// UNLINK (with Options.WindowKeys also the keys of the current window and
-// its neighbours, and a token bucket's lean key), and its over-limit cache entry: the next Take on it starts from
-// a full quota. Standalone and Sentinel: one UNLINK for all keys; Cluster:
-// one per key (keys of one request may lie in different slots). Each call
-// runs under the circuit breaker (Cluster: the key's master's) and
-// Options.Timeout; errors are
-// classified (*Error with a Cause). Cluster calls before a failed one
-// stay done.
+// Reset deletes the state key of every hit (service.Resetter) with UNLINK,
+// with its window keys when Options.WindowKeys, and drops its over-limit
+// cache entry: the next Take on it starts from a full quota. Standalone
+// and Sentinel send one UNLINK; Cluster one per key, since keys may lie in
+// different slots, and calls before a failed one stay done. Each call runs
+// under the circuit breaker and Options.Timeout; errors are classified.
 func (s *Store) Reset(ctx context.Context, hits []algo.Hit) error {
 	if len(hits) == 0 {
 		return nil

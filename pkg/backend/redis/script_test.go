@@ -133,9 +133,8 @@ func ttlInvariant(t *testing.T, wk bool) {
 				need := nowUS + out[0].ResetAfter.Microseconds()
 				if at == -2 { // no such key (-1 would be: no expiry)
 					// A fixed window written just before its end has a TTL of
-					// a few ms: on a loaded host it can expire before this
-					// check (it did, under -race at load 5). That is only
-					// right once the server's clock has reached need.
+					// a few ms, so it can expire before this check. That is
+					// only right once the server's clock has reached need.
 					tm, err := c.Time(ctx).Result()
 					if err != nil {
 						t.Fatal(err)

@@ -18,35 +18,22 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 )
 
-// Store decides hits with the embedded script: each request (standalone,
-// Sentinel) or each hash-slot group of a request (Cluster) is one segment,
-// and the segments of concurrent requests are decided together by one
-// EVALSHA per flush (Cluster: one per hash slot). It implements
-// service.Store.
+// Store decides hits with the embedded script: each request (Cluster: each
+// hash-slot group of a request) is one segment, and the segments of
+// concurrent requests are decided together by one EVALSHA per flush. It
+// implements service.Store and is safe for concurrent use.
 //
-// On Cluster each master has its own circuit breaker, stall detection
-// and batcher (see master), chosen per slot group from go-redis' slot
-// map: a master that is dead or frozen fails (or sheds) the groups of its
-// own slots only, and every other master's keys keep being decided and
-// counted by Redis. Standalone and Sentinel have one of each (one
-// master).
-//
-// Safe for concurrent use; at most Options.Pipelines flushes are in
-// flight at a time (Cluster: per master), each on one pooled connection
-// (see batcher), and every call returns by its deadline: min(the caller's
-// context deadline, Options.Timeout after it was queued), plus scheduling
-// delay, and for the Timeout plus at most one sweeper tick
-// (min(1 ms, max(100 µs, Timeout/10))).
+// Each master has its own circuit breaker, stall detection and batcher
+// (see master), so that a dead or frozen Cluster master fails only the
+// groups of its own slots. Every call returns by min(the caller's
+// deadline, Options.Timeout after it was queued), plus scheduling delay
+// and at most one sweeper tick.
 type Store struct {
 	client goredis.UniversalClient
-	// batch runs the script: it pipelines concurrent requests (one write
-	// and one read syscall per batch instead of per request) and lets each
-	// caller go at its own deadline.
-	//
-	// batch and breaker are those of def, the Store's master path: the
-	// only one on standalone and Sentinel (one master); on Cluster the
-	// path of the keys whose master is unknown (no slot map loaded),
-	// while every master has its own (see masters).
+	// batch runs the script, pipelining concurrent requests and letting
+	// each caller go at its own deadline. batch and breaker are those of
+	// def, the master path on standalone and Sentinel; on Cluster def
+	// serves keys whose master is unknown, and every master has its own.
 	batch   *batcher
 	breaker *Breaker
 	def     *master
@@ -218,10 +205,7 @@ func (s *Store) Close() error {
 
 // CacheHits is the number of local over-limit cache lookups that found a
 // denial since the Store was created (envoyproxy/ratelimit's
-// ratelimit.localcache.hitCount; 0 when the cache is disabled). Each such
-// hit's decision is answered from the cache (algo.Decision.FromCache)
-// unless its request also needs the backend for a hit whose denial would
-// deny the others (see Take).
+// ratelimit.localcache.hitCount; 0 when the cache is disabled).
 func (s *Store) CacheHits() uint64 { return s.cache.Hits() }
 
 // CacheMisses is the number of local over-limit cache lookups that found
@@ -266,16 +250,12 @@ func (s *Store) nonce() string {
 	return string(n)
 }
 
-// Take decides all hits of one request atomically (see service.Store):
-// when the request is denied only its kept hits (algo.Hit.Kept: refunds,
-// always_charge) are written. On Cluster, hits are grouped by hash slot;
-// the group most likely to deny is decided first, then the others (in
-// parallel: denied mode when the first denied, takes otherwise); when a
-// later group denies, what the groups that allowed consumed and do not
-// keep is reversed by a compensating refund (see takeCluster, and
-// docs/redis.md for the bounded transient). A refund hit first
-// drops its key from the local over-limit cache. Errors wrap the go-redis
-// error, prefixed "redis:".
+// Take decides all hits of one request atomically (see service.Store). On
+// Cluster, hits are grouped by hash slot and the group most likely to deny
+// is decided first, then the others in parallel; when a later group
+// denies, a compensating refund reverses what the others consumed and do
+// not keep (see takeCluster). Errors wrap the go-redis error, prefixed
+// "redis:".
 func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	if len(hits) == 0 {
 		return nil
@@ -296,18 +276,12 @@ func (s *Store) take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 	return s.takeCluster(ctx, hits, out)
 }
 
-// Healthy reports whether decisions are being counted (it implements
-// service.Healther): the Store is warm (see Warm), every current master's
-// circuit is closed, and the server neither refuses the Store's
-// configuration (CauseAuth: WRONGPASS, NOPERM, an unknown database, an
-// untrusted certificate) nor refuses to write (OOM, READONLY,
-// NOREPLICAS); each refusal holds from the failed call or PING until the
-// next success. Refusals come fast from a live server, so they do not open
-// the circuit. Without traffic the health probe keeps it current (every
-// Options.HealthInterval, with a write on Options.ProbeKey when writes
-// were refused): it turns false about one interval after Redis stops
-// answering, and true again about one interval (plus OpenFor) after Redis
-// answers.
+// Healthy reports whether decisions are being counted (service.Healther):
+// the Store is warm, every current master's circuit is closed, and the
+// server does not refuse the Store's configuration (CauseAuth) or writes
+// (OOM, READONLY, NOREPLICAS); a refusal holds until the next success.
+// Without traffic the health probe keeps it current, every
+// Options.HealthInterval.
 func (s *Store) Healthy() bool {
 	return s.warmed.Load() && s.closed() && !s.refused.Load() && !s.writeRefused.Load() && !s.probeFailed.Load()
 }

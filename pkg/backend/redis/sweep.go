@@ -31,14 +31,11 @@ var ErrStalled error = newError(CauseStalled, true,
 	errors.New("redis: stalled: no reply from redis, stall established"))
 
 // ErrDeadline is the error of a call whose budget ran out while Redis was
-// answering: it was still queued, or in flight for less than
-// Options.Timeout, or Redis answered other invocations since it was sent.
-// The backend did not fail; ratelimitd could not decide within the
-// caller's deadline (CPU starvation, a burst beyond what fits in the
-// deadline). Its cause is CauseDeadline: not an outage, it never opens the
-// circuit; errors.Is context.DeadlineExceeded. Whether the hit was
-// counted is unknown to the caller (it was, if its invocation reached
-// Redis).
+// answering: ratelimitd could not decide within the caller's deadline
+// (CPU starvation, a burst beyond what fits in it), but the backend did
+// not fail. Its cause is CauseDeadline, not an outage, and it never opens
+// the circuit; errors.Is context.DeadlineExceeded. The hit may have been
+// counted.
 var ErrDeadline error = newError(CauseDeadline, false,
 	fmt.Errorf("redis: not decided within the caller's deadline: %w", context.DeadlineExceeded))
 
@@ -68,15 +65,11 @@ func (b *batcher) ctxError(err error) error {
 	return budgetError(stalled, est)
 }
 
-// sweeper, once woken (sweepWake), every tick completes the pending
-// calls (queued or in flight) whose budget has passed, reports overdue
-// invocations, and completes every pending call with ErrCircuitOpen while
-// the circuit is open; at the first tick without a pending call it parks
-// again, until the next wake: a call queued behind busy flush loops, a
-// flush still unanswered at its earliest budget or after a Timeout
-// (slotConn.timer), or the circuit opening (kickSweeper). It ends once the batcher is closed (quit)
-// while parked: close waits for the flush loops, which complete every
-// call, so a sweeper ticking then parks after them.
+// sweeper, once woken (sweepWake), every tick completes the pending calls
+// whose budget has passed, reports overdue invocations, and completes
+// every pending call with ErrCircuitOpen while the circuit is open. At the
+// first tick without a pending call it parks until the next wake
+// (kickSweeper, slotConn.timer); it ends once the batcher is closed.
 func (b *batcher) sweeper() {
 	defer b.wg.Done()
 	t := time.NewTimer(time.Hour)
@@ -150,15 +143,11 @@ func (b *batcher) stalledLocked() bool {
 }
 
 // establishedLocked reports whether the stall stalledLocked last saw is
-// established at now (ns since b.epoch): it has lasted b.establish, and
-// no byte has been received from the master (on any of its sockets)
-// for b.establish, so a socket whose last write expects no reply cannot
-// establish a stall while Redis answers the others. The silence is
-// counted from the last byte received, not from when the stall began: a
-// Redis that answered a later request and then froze (a SIGSTOP between
-// two replies) leaves its earliest request unanswered with a reply
-// received after it, and is stalled all the same. b.mu is held; call it
-// after stalledLocked.
+// established at now (ns since b.epoch): it has lasted b.establish, and no
+// byte has been received from the master on any socket for b.establish.
+// The silence counts from the last byte received, not from when the stall
+// began, so a Redis frozen between two replies is stalled all the same.
+// b.mu is held; call it after stalledLocked.
 func (b *batcher) establishedLocked(now int64) bool {
 	if b.establish <= 0 || b.stallFrom == 0 || now-b.stallFrom < int64(b.establish) {
 		return false

@@ -63,8 +63,8 @@ func (c tlsCase) start(t *testing.T) (*redistest.Server, redis.Options) {
 //   - (a) a Store with DefaultOptions becomes healthy;
 //   - (b) a Store with the breaker disabled decides 200 sequential and 200
 //     concurrent Takes with exact counts, every one succeeding or timing
-//     out (a loaded host misses the 10 ms now and then; how often is the
-//     host's), and some of each phase succeeding (without the fix: none);
+//     out (scheduling delay misses the 10 ms now and then), and some of
+//     each phase succeeding (without opaqueTLSConn: none);
 //   - (c) on at most PoolSize connections plus one per failed Take (the
 //     server's total_connections_received): connections are not
 //     discarded and redialed.
@@ -96,9 +96,9 @@ func TestStoreTLSDefaultTimeout(t *testing.T) {
 			ctl := srv.Client()
 
 			// (a) Healthy, and a Take succeeds. The first one may miss the
-			// 10 ms on a loaded host (it may dial, and EVAL compiles the
-			// script), so this retries for up to 20 s; without the fix none
-			// ever succeeds and the circuit stays open.
+			// 10 ms (it may dial, and EVAL compiles the script), so this
+			// retries for up to 20 s; without opaqueTLSConn none ever
+			// succeeds and the circuit stays open.
 			before := connectionsReceived(t, ctl) // ctl's own connection included
 			s := newStore(t, o)
 			deadline := time.Now().Add(20 * time.Second)
@@ -118,14 +118,14 @@ func TestStoreTLSDefaultTimeout(t *testing.T) {
 			t.Logf("healthy after %d attempt(s), %d dials", attempts, connectionsReceived(t, ctl)-before)
 			_ = s.Close()
 
-			// (b) Sequential, then concurrent, with the breaker disabled: a
-			// loaded host can stall a call past the 10 ms now and then,
+			// (b) Sequential, then concurrent, with the breaker disabled:
+			// scheduling delay can stall a call past the 10 ms now and then,
 			// which would open the circuit and fail the calls after it
-			// too. A Take may time out (any other error fails the test);
-			// on a quiet host none does, and some of each phase must
-			// succeed (without the fix: none; the mechanism itself is
-			// TestTLSDialerConnIsOpaque's). Counts are exact, but a
-			// timed-out Take may still have been applied by Redis.
+			// too. A Take may time out (any other error fails the test),
+			// and some of each phase must succeed (without opaqueTLSConn:
+			// none; the mechanism itself is TestTLSDialerConnIsOpaque's).
+			// Counts are exact, but a timed-out Take may still have been
+			// applied by Redis.
 			o.Breaker.Disabled = true
 			before = connectionsReceived(t, ctl)
 			s = newStore(t, o)

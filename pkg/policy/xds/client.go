@@ -88,14 +88,12 @@ func ClientTLS(certFile, keyFile, caFile, serverName string) (func() (*tls.Confi
 
 // Run subscribes to o.NodeID's RateLimitConfig resources at o.ServerURL
 // until ctx is done, and then returns ctx.Err(). A response that loads
-// (Load) goes to apply and is ACKed; one that fails goes to fail and is
-// NACKed with the last ACKed version, so the config in force stays. The
-// same rejected response sent again is NACKed without loading it, so that
-// the server waits for a new snapshot instead of looping. apply and fail
-// are policy.Watch's, called on Run's goroutine one at a time. A stream
-// that ends is opened again after a backoff and asks for the full state.
-// Connection problems are logged, not passed to fail: they say nothing
-// about the config.
+// goes to apply and is ACKed; one that fails goes to fail and is NACKed,
+// so the config in force stays (a rejected response sent again is NACKed
+// without loading it). apply and fail are called on Run's goroutine one at
+// a time. A stream that ends is reopened after a backoff; connection
+// problems are logged, not passed to fail, as they say nothing about the
+// config.
 func Run(ctx context.Context, o Options, apply func(*policy.Set, []policy.Warning), fail func(error)) error {
 	o.defaults()
 	c := &client{o: o, log: o.Logger.With("xds_server", o.ServerURL, "node_id", o.NodeID), apply: apply, fail: fail}

@@ -18,7 +18,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/policy/xds/xdstest"
 )
 
-// wait bounds every wait for an event; generous for a loaded host.
+// wait bounds every wait for an event; generous, so that only a missing
+// event, not a slow one, fails a test.
 const wait = 20 * time.Second
 
 // recorder collects what Run hands to apply and fail.

@@ -53,16 +53,11 @@ type yamlReplace struct {
 	Name string `yaml:"name"`
 }
 
-// ToYAML returns the config file equivalent of c (one YAML document):
-// domain; descriptors with key, value, rate_limit {unit, requests_per_unit,
-// unlimited, name, replaces}, nested descriptors, shadow_mode and
-// detailed_metric, every field of the RateLimitConfig proto
-// (ratelimit/config/ratelimit/v3/rls_conf.proto). Nothing is checked here:
-// an unset domain or key, unit UNKNOWN without unlimited, and the like
-// come out as the config file that policy rejects with the same message
-// (a unit UNKNOWN is left out, so that unlimited: true needs none).
-// Empty values, false booleans and empty lists are left out, as in a
-// hand-written file; requests_per_unit is written unless unlimited and 0.
+// ToYAML returns the config file equivalent of c (one YAML document),
+// carrying every field of the RateLimitConfig proto and leaving out empty
+// values as a hand-written file would. Nothing is checked here, so that a
+// bad resource is rejected by policy with the same message as the file
+// would be.
 func ToYAML(c *rlsconf.RateLimitConfig) ([]byte, error) {
 	doc := yamlConfig{Domain: c.GetDomain(), Descriptors: descriptors(c.GetDescriptors())}
 	return yaml.Marshal(&doc)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 )
 
@@ -108,36 +109,15 @@ func (o *Options) defaults() {
 	}
 }
 
-// FieldError is one invalid Options field, as Validate reports it: Field
-// is its name ("BackoffMax"), Value its value and Reason what a valid
-// value is ("must be >= BackoffInitial (10s)"; other fields are named as
-// in Options).
-type FieldError struct {
-	// Field is the Options field's name.
-	Field string
-	// Value is the field's value.
-	Value any
-	// Reason is what a valid value is.
-	Reason string
-}
-
-// Error returns "xds: Field=Value: Reason".
-func (e *FieldError) Error() string { return fmt.Sprintf("xds: %s=%v: %s", e.Field, e.Value, e.Reason) }
-
-// OptionField returns the package-qualified field name ("xds.BackoffMax")
-// and the reason, for callers that name the field their own way (a
-// command-line flag).
-func (e *FieldError) OptionField() (field, reason string) { return "xds." + e.Field, e.Reason }
-
-// Validate reports every invalid field, joined, each a *FieldError: a
-// negative ConnectRetryInterval, BackoffInitial, BackoffMax or
-// MaxRecvMsgSize, a BackoffMax below BackoffInitial (both set), and a
-// BackoffRandomFactor outside [0, 1] other than NoBackoffSpread. Zero
-// values are valid: they mean the defaults.
+// Validate reports every invalid field, joined, each a
+// *opterr.FieldError: a negative ConnectRetryInterval, BackoffInitial,
+// BackoffMax or MaxRecvMsgSize, a BackoffMax below BackoffInitial (both
+// set), and a BackoffRandomFactor outside [0, 1] other than
+// NoBackoffSpread. Zero values are valid: they mean the defaults.
 func (o Options) Validate() error {
 	var errs []error
 	bad := func(field string, v any, reason string) {
-		errs = append(errs, &FieldError{Field: field, Value: v, Reason: reason})
+		errs = append(errs, &opterr.FieldError{Package: "xds", Field: field, Value: v, Reason: reason})
 	}
 	for _, d := range []struct {
 		field string

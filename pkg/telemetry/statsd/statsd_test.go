@@ -34,6 +34,8 @@ func newClient(t *testing.T, o Options) *Client {
 	return c
 }
 
+// TestLineFormatAndDeltas: a flush sends timers, counters' changes and
+// gauges in the statsd line format; unchanged counters are not sent.
 func TestLineFormatAndDeltas(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr()})
@@ -59,6 +61,8 @@ func TestLineFormatAndDeltas(t *testing.T) {
 	}
 }
 
+// TestBatchesBelowDatagramSize: lines are batched into datagrams of at
+// most MaxDatagramBytes, none split, none lost.
 func TestBatchesBelowDatagramSize(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr(), MaxDatagramBytes: 200})
@@ -92,6 +96,8 @@ func TestBatchesBelowDatagramSize(t *testing.T) {
 	}
 }
 
+// TestSanitize: Sanitize replaces the characters that would break a
+// statsd line.
 func TestSanitize(t *testing.T) {
 	for in, want := range map[string]string{
 		"a.b":           "a.b",
@@ -105,8 +111,8 @@ func TestSanitize(t *testing.T) {
 	}
 }
 
-// A full sample queue drops timer samples without blocking and counts
-// them; counters never drop.
+// TestQueueFullDrops: a full sample queue drops timer samples without
+// blocking and counts them; counters never drop.
 func TestQueueFullDrops(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	reg := prometheus.NewRegistry()
@@ -127,7 +133,8 @@ func TestQueueFullDrops(t *testing.T) {
 	}
 }
 
-// An unwritable socket drops the datagram's lines and counts them.
+// TestUnwritableSocketDrops: an unwritable socket drops the datagram's
+// lines and counts them.
 func TestUnwritableSocketDrops(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	reg := prometheus.NewRegistry()
@@ -147,9 +154,9 @@ func TestUnwritableSocketDrops(t *testing.T) {
 	}
 }
 
-// With nobody listening, the kernel refuses later datagrams (ICMP port
-// unreachable on loopback): they are dropped and counted, and Flush
-// does not block.
+// TestNoListenerDrops: with nobody listening, the kernel refuses later
+// datagrams (ICMP port unreachable on loopback): they are dropped and
+// counted, and Flush does not block.
 func TestNoListenerDrops(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	addr := l.Addr()
@@ -167,8 +174,8 @@ func TestNoListenerDrops(t *testing.T) {
 	}
 }
 
-// A host that does not resolve is not fatal: lines are dropped until it
-// does.
+// TestUnresolvableHost: a host that does not resolve is not fatal: lines
+// are dropped until it does.
 func TestUnresolvableHost(t *testing.T) {
 	c := newClient(t, Options{Addr: "no-such-host.invalid:8125"})
 	c.Counter("a").Inc()
@@ -178,8 +185,8 @@ func TestUnresolvableHost(t *testing.T) {
 	}
 }
 
-// Run sends timer samples within about a second and counters at the flush
-// interval, and flushes on cancel.
+// TestRun: Run sends timer samples within about a second and counters at
+// the flush interval, and flushes on cancel.
 func TestRun(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr(), FlushInterval: time.Hour})
@@ -200,6 +207,8 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestOptionsValidate: New refuses an address without a port and
+// out-of-range intervals, datagram sizes and queue sizes.
 func TestOptionsValidate(t *testing.T) {
 	for _, o := range []Options{
 		{Addr: "nohostport"},
@@ -215,7 +224,8 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
-// Counter updates racing with flushes are each sent exactly once.
+// TestConcurrentAddsAndFlushes: counter updates racing with flushes are
+// each sent exactly once.
 func TestConcurrentAddsAndFlushes(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr()})
@@ -269,9 +279,9 @@ func TestConcurrentAddsAndFlushes(t *testing.T) {
 	}
 }
 
-// Tags are serialized into every name as gostats does: ".__k=v" sorted
-// by key, empty keys or values dropped, '.', ':' and '|' of a value made
-// '_'.
+// TestTagsInNames: tags are serialized into every name as gostats does:
+// ".__k=v" sorted by key, empty keys or values dropped, '.', ':' and '|' of
+// a value made '_'.
 func TestTagsInNames(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr(), Tags: map[string]string{"foo": "bar", "a": "b", "z": "", "": "x", "v": "1.2:3|4"}})
@@ -295,7 +305,8 @@ func TestTagsInNames(t *testing.T) {
 	}
 }
 
-// Start sends as Run does; stop flushes what is left before it returns.
+// TestStart: Start sends as Run does; stop flushes what is left before it
+// returns.
 func TestStart(t *testing.T) {
 	l := testproc.ListenStatsd(t)
 	c := newClient(t, Options{Addr: l.Addr(), FlushInterval: time.Hour})

@@ -1,9 +1,10 @@
 // Command floor is a grpc-go server of envoy.service.ratelimit.v3's
 // RateLimitService that makes exactly one Redis round trip per request
-// and nothing else: no policy, no batching across requests, no metrics.
-// scripts/bench-compare.sh measures it in the same run as ratelimitd and
-// the reference, as the floor of latency (and Redis work) of any service
-// that talks to Redis once per request.
+// (in batch mode, shared with the other requests in flight) and nothing
+// else: no policy, no metrics. scripts/bench-compare.sh measures it in the
+// same run as ratelimitd and the reference, as the floor of latency (and
+// Redis work) of any service that talks to Redis once per request, and in
+// batch mode as the floor of service CPU at high concurrency.
 //
 //	floor --grpc-addr 127.0.0.1:8081 --http-addr 127.0.0.1:8080 \
 //	  --redis-addr 127.0.0.1:6379 --mode lua
@@ -16,9 +17,16 @@
 //	      return the count (the fixed cost of any script-based design)
 //	pipe  INCRBY and EXPIRE per descriptor, pipelined, as
 //	      envoyproxy/ratelimit counts
+//	batch lua's EVALSHA per descriptor, but the requests in flight share
+//	      round trips: one goroutine writes the commands of every request
+//	      waiting (up to maxBatch) in one write on one connection, reads
+//	      their replies and wakes each request; the floor of service CPU
+//	      of a service that batches its Redis calls at high concurrency,
+//	      served with ratelimitd's gRPC transport options
 //
-// Every command of a request goes out in one write on one connection and
-// its replies are read back in one go: one round trip. Connections are
+// In lua and pipe modes every command of a request goes out in one write
+// on one connection and its replies are read back in one go: one round
+// trip. Connections are
 // raw RESP sockets in a free list, so no client library work (health
 // checks, pools' bookkeeping) adds to the floor.
 //
@@ -38,9 +46,11 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 )
@@ -64,6 +74,120 @@ type server struct {
 	limits map[string]limit
 	def    limit
 	free   chan *conn
+	batch  chan *job // batch mode: requests waiting for the flush loop
+}
+
+// batchServerOptions are the gRPC transport options of batch mode:
+// ratelimitd's (internal/listen's GRPC.ServerOptions), so that the floor of
+// service CPU at c=50 pays no more transport work than ratelimitd does:
+// calls on idle stream workers, fixed 1 MiB flow-control windows.
+var batchServerOptions = []grpc.ServerOption{
+	grpc.NumStreamWorkers(128),
+	grpc.InitialWindowSize(1 << 20),
+	grpc.InitialConnWindowSize(1 << 20),
+}
+
+// maxBatch bounds the requests of one flush in batch mode.
+const maxBatch = 128
+
+// job is one request's commands in batch mode, and its replies.
+type job struct {
+	cmds []byte  // RESP commands, one EVALSHA per descriptor
+	n    int     // commands (replies to read)
+	out  []int64 // counts, filled by the flush loop
+	err  error
+	done chan struct{}
+}
+
+var jobs = sync.Pool{New: func() any { return &job{done: make(chan struct{}, 1)} }}
+
+// flushLoop serves the batch channel: it takes every job waiting (up to
+// maxBatch), writes their commands in one write, reads the replies and
+// wakes each job.
+func (s *server) flushLoop() {
+	var batch []*job
+	for j := range s.batch {
+		batch = append(batch[:0], j)
+	more:
+		for len(batch) < maxBatch {
+			select {
+			case j := <-s.batch:
+				batch = append(batch, j)
+			default:
+				break more
+			}
+		}
+		c, err := s.get()
+		if err == nil {
+			_ = c.c.SetDeadline(time.Now().Add(time.Second))
+			for _, j := range batch {
+				_, _ = c.w.Write(j.cmds)
+			}
+			if err = c.w.Flush(); err != nil {
+				_ = c.c.Close()
+			}
+		}
+		if err != nil {
+			for _, j := range batch {
+				j.err = err
+				j.done <- struct{}{}
+			}
+			continue
+		}
+		for _, j := range batch {
+			j.out, j.err = j.out[:0], err
+			for i := 0; i < j.n && j.err == nil; i++ {
+				n, _, err := readReply(c.r)
+				j.out, j.err = append(j.out, n), err
+			}
+			if j.err != nil {
+				err = j.err
+			}
+			j.done <- struct{}{}
+		}
+		if err != nil {
+			_ = c.c.Close()
+			continue
+		}
+		s.put(c)
+	}
+}
+
+// appendCmd appends one RESP command to b.
+func appendCmd(b []byte, args ...string) []byte {
+	b = append(b, '*')
+	b = strconv.AppendInt(b, int64(len(args)), 10)
+	b = append(b, "\r\n"...)
+	for _, a := range args {
+		b = append(b, '$')
+		b = strconv.AppendInt(b, int64(len(a)), 10)
+		b = append(b, "\r\n"...)
+		b = append(b, a...)
+		b = append(b, "\r\n"...)
+	}
+	return b
+}
+
+// shouldRateLimitBatch is ShouldRateLimit in batch mode.
+func (s *server) shouldRateLimitBatch(req *rlsv3.RateLimitRequest, hits string, keys []string, lims []limit) (*rlsv3.RateLimitResponse, error) {
+	j := jobs.Get().(*job)
+	j.cmds, j.n = j.cmds[:0], len(keys)
+	for i, k := range keys {
+		j.cmds = appendCmd(j.cmds, "EVALSHA", s.sha, "1", k, hits, strconv.FormatInt(lims[i].period.Milliseconds(), 10))
+	}
+	s.batch <- j
+	<-j.done
+	defer jobs.Put(j)
+	if j.err != nil {
+		return nil, j.err
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	for i, n := range j.out {
+		if n > lims[i].rate {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	return resp, nil
 }
 
 // conn is one RESP connection.
@@ -158,6 +282,14 @@ func (s *server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	ds := req.GetDescriptors()
 	lims := make([]limit, len(ds))
+	if s.batch != nil {
+		now := time.Now()
+		keys := make([]string, len(ds))
+		for i, d := range ds {
+			keys[i], lims[i] = s.key(req.GetDomain(), d.GetEntries(), now)
+		}
+		return s.shouldRateLimitBatch(req, strconv.FormatInt(hits, 10), keys, lims)
+	}
 	c, err := s.get()
 	if err != nil {
 		return nil, err
@@ -170,27 +302,10 @@ func (s *server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	now := time.Now()
 	h := strconv.FormatInt(hits, 10)
 	for i, d := range ds {
-		var b strings.Builder
-		b.WriteString("floor_")
-		b.WriteString(req.GetDomain())
-		l := s.def
-		for j, e := range d.GetEntries() {
-			if j == 0 {
-				if x, ok := s.limits[e.GetKey()]; ok {
-					l = x
-				}
-			}
-			b.WriteByte('_')
-			b.WriteString(e.GetKey())
-			b.WriteByte('_')
-			b.WriteString(e.GetValue())
-		}
-		lims[i] = l
+		var key string
+		key, lims[i] = s.key(req.GetDomain(), d.GetEntries(), now)
+		l := lims[i]
 		p := int64(l.period / time.Second)
-		ws := now.Unix() - now.Unix()%p
-		b.WriteByte('_')
-		b.WriteString(strconv.FormatInt(ws, 10))
-		key := b.String()
 		if s.lua {
 			writeCmd(c.w, "EVALSHA", s.sha, "1", key, h, strconv.FormatInt(l.period.Milliseconds(), 10))
 		} else {
@@ -220,6 +335,30 @@ func (s *server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	return resp, nil
 }
 
+// key returns the counter key of a descriptor's entries and its limit.
+func (s *server) key(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, now time.Time) (string, limit) {
+	var b strings.Builder
+	b.WriteString("floor_")
+	b.WriteString(domain)
+	l := s.def
+	for j, e := range entries {
+		if j == 0 {
+			if x, ok := s.limits[e.GetKey()]; ok {
+				l = x
+			}
+		}
+		b.WriteByte('_')
+		b.WriteString(e.GetKey())
+		b.WriteByte('_')
+		b.WriteString(e.GetValue())
+	}
+	p := int64(l.period / time.Second)
+	ws := now.Unix() - now.Unix()%p
+	b.WriteByte('_')
+	b.WriteString(strconv.FormatInt(ws, 10))
+	return b.String(), l
+}
+
 // parseLimits parses "key=rate/period ...", e.g. "user=1000/1s hot=10/1h".
 func parseLimits(spec string) (map[string]limit, error) {
 	m := map[string]limit{}
@@ -245,14 +384,18 @@ func parseLimits(spec string) (map[string]limit, error) {
 // newServer returns the server for Redis at addr, loading the script in
 // lua mode.
 func newServer(addr, mode, limits string) (*server, error) {
-	if mode != "lua" && mode != "pipe" {
-		return nil, fmt.Errorf("mode %q: want lua or pipe", mode)
+	if mode != "lua" && mode != "pipe" && mode != "batch" {
+		return nil, fmt.Errorf("mode %q: want lua, pipe or batch", mode)
 	}
 	lm, err := parseLimits(limits)
 	if err != nil {
 		return nil, err
 	}
-	s := &server{addr: addr, lua: mode == "lua", limits: lm, def: limit{1000, time.Second}, free: make(chan *conn, 256)}
+	s := &server{addr: addr, lua: mode != "pipe", limits: lm, def: limit{1000, time.Second}, free: make(chan *conn, 256)}
+	if mode == "batch" {
+		s.batch = make(chan *job, maxBatch)
+		go s.flushLoop()
+	}
 	c, err := s.get()
 	if err != nil {
 		return nil, err
@@ -273,7 +416,7 @@ func main() {
 	grpcAddr := flag.String("grpc-addr", "127.0.0.1:8081", "gRPC listen address")
 	httpAddr := flag.String("http-addr", "127.0.0.1:8080", "HTTP listen address of GET /healthcheck")
 	redisAddr := flag.String("redis-addr", "127.0.0.1:6379", "Redis address")
-	mode := flag.String("mode", "lua", "lua: one EVALSHA of a minimal script; pipe: INCRBY and EXPIRE pipelined")
+	mode := flag.String("mode", "lua", "lua: one EVALSHA of a minimal script; pipe: INCRBY and EXPIRE pipelined; batch: lua's commands, the requests in flight sharing round trips")
 	limits := flag.String("limits", "user=1000/1s hot=10/1h tb=1000/1s sw=1000/1s", "fixed windows per descriptor key: key=rate/period, space-separated")
 	flag.Parse()
 	if err := run(*grpcAddr, *httpAddr, *redisAddr, *mode, *limits); err != nil {
@@ -297,7 +440,11 @@ func run(grpcAddr, httpAddr, redisAddr, mode, limits string) error {
 		_ = gl.Close()
 		return err
 	}
-	gs := grpc.NewServer()
+	var opts []grpc.ServerOption
+	if s.batch != nil {
+		opts = batchServerOptions
+	}
+	gs := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(gs, s)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "OK") })

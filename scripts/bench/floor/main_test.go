@@ -38,11 +38,11 @@ func serve(t *testing.T, mode, limits string) (rlsv3.RateLimitServiceClient, *re
 	return rlsv3.NewRateLimitServiceClient(testproc.Dial(t, l.Addr().String())), srv
 }
 
-// TestFloorCountsExactly: in both modes, many concurrent callers on one
+// TestFloorCountsExactly: in every mode, many concurrent callers on one
 // key of limit L get exactly L OK answers, the rest OVER_LIMIT, and Redis
 // holds the count of every hit.
 func TestFloorCountsExactly(t *testing.T) {
-	for _, mode := range []string{"lua", "pipe"} {
+	for _, mode := range []string{"lua", "pipe", "batch"} {
 		t.Run(mode, func(t *testing.T) {
 			const limit, callers, calls = 137, 24, 20
 			// A window of 100,000 hours: no run spans a boundary.
@@ -102,7 +102,7 @@ func TestFloorCountsExactly(t *testing.T) {
 func TestFloorBadFlags(t *testing.T) {
 	srv := redistest.Standalone(t)
 	for _, c := range []struct{ mode, limits, want string }{
-		{"batch", "", "mode"},
+		{"bulk", "", "mode"},
 		{"lua", "k=10", "key=rate/period"},
 		{"lua", "k=10/1500ms", "whole seconds"},
 		{"lua", "k=x/1s", "invalid syntax"},

@@ -23,11 +23,9 @@ type values = gostats.Store
 const flushMarker = "ratelimit.go.alloc"
 
 // statsStore is the gostats.Store the suite reads through
-// Runner.GetStatsStore. It is fed by a UDP statsd listener that receives
-// ratelimitd's statsd lines: "name:v|c" adds v to the counter name, "name:v|g"
-// sets the gauge, "name:v|ms" records a timer sample (kept nowhere). Tagged
-// names arrive serialized ("name.__k=v"), the form gostats' NewCounterWithTags
-// looks up.
+// Runner.GetStatsStore, fed by a UDP listener of ratelimitd's statsd lines:
+// counters add, gauges set, timers are dropped. Tagged names arrive
+// serialized ("name.__k=v"), the form gostats' NewCounterWithTags looks up.
 //
 // The reference's in-process counters change the moment a request is
 // handled; these change when ratelimitd's next flush arrives. So Flush waits

@@ -2,11 +2,10 @@
 // listens on a free loopback TCP port (-l 127.0.0.1 -p PORT -U 0, UDP off)
 // and is killed by t.Cleanup.
 //
-// When memcached is not installed the helpers call t.Skip, unless the
-// environment variable RATELIMITD_REQUIRE_REDIS is set (as `make test`
-// does; it requires every real server the tests use, redis-server and
-// memcached alike), in which case they fail the test: CI never skips
-// memcached tests silently. scripts/ensure-memcached.sh installs it.
+// When memcached is not installed the helpers call t.Skip, unless
+// RATELIMITD_REQUIRE_REDIS is set (as `make test` sets it, for every real
+// server the tests use), in which case they fail the test.
+// scripts/ensure-memcached.sh installs it.
 //
 // Process controls (Kill, Stop, Cont, Restart) simulate a crashed or
 // frozen memcached. The package is test support: it is imported by

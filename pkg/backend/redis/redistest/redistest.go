@@ -1,16 +1,10 @@
 // Package redistest starts real redis-server processes for tests: a
-// standalone server (optionally with requirepass, an ACL user, TLS,
-// maxmemory with noeviction, or as a replica), a Redis Cluster created with
-// `redis-cli --cluster create`, and a Sentinel deployment with a master, a
-// replica and sentinels. Every process listens on a free loopback port, keeps
-// its files in a t.TempDir and is killed by t.Cleanup.
-//
-// When redis-server is not installed the helpers call t.Skip, unless the
-// environment variable RATELIMITD_REQUIRE_REDIS is set (as `make test` does),
-// in which case they fail the test: CI never skips Redis tests silently.
-//
-// Process controls (Kill, Stop, Cont, Restart) simulate a crashed or frozen
-// Redis. The package is test support: it is imported by _test.go files only.
+// standalone server (with options), a Redis Cluster, or a Sentinel
+// deployment. Every process listens on a free loopback port, keeps its files
+// in a t.TempDir and is killed by t.Cleanup; Kill, Stop, Cont and Restart
+// simulate a crashed or frozen Redis. Without redis-server the helpers skip,
+// or fail when RATELIMITD_REQUIRE_REDIS is set, so CI never skips silently.
+// Only _test.go files import it.
 package redistest
 
 import (
@@ -91,8 +85,8 @@ func WithACLUser(user, pw string) Option {
 }
 
 // WithTLS makes the server listen with TLS only (tls-port, port 0), with a
-// certificate for 127.0.0.1 and localhost signed by a CA generated for this
-// server (see Server.TLS). Client certificates are optional.
+// certificate for 127.0.0.1, ::1 and localhost signed by a CA generated for
+// this server (see Server.TLS). Client certificates are optional.
 func WithTLS() Option { return func(c *config) { c.tls = true } }
 
 // WithTLSClientAuth is WithTLS with client certificates required

@@ -358,20 +358,12 @@ func (s *Server) ClientEnv() []string {
 	}
 }
 
-// Envoy Gateway's shape of generated configs (its xDS translator,
-// BuildRateLimitServiceConfig): one RateLimitConfig per listener, named
-// and with the domain of the listener ("<namespace>/<gateway>/<listener>");
-// one top-level descriptor per route whose key and value are the route's
-// name; under it one chain per rule of the route's global rate limit:
-// header matches as rule-<i>-match-<j> (a distinct match keys only, an
-// exact match keys and values with that name), then a CIDR match as
-// masked_remote_address with the CIDR as value and, if distinct,
-// remote_address; a rule without matches is one rule-<i>-match--1
-// key/value. The last descriptor of a chain carries the limit. A shared
-// limit (BackendTrafficPolicy with shared: true) instead has its own
-// config, domain "<policy name>-<policy namespace>", whose top-level
-// descriptor is key <policy name>, value <policy namespace>, with the
-// rules' chains under it.
+// Names in Envoy Gateway's generated configs (its xDS translator,
+// BuildRateLimitServiceConfig): one RateLimitConfig per listener, whose
+// domain is "<namespace>/<gateway>/<listener>", with one top-level
+// descriptor per route; a shared limit (BackendTrafficPolicy shared: true)
+// has its own config and domain "<policy name>-<policy namespace>".
+// EGConfigs shows the descriptor chains under them.
 const (
 	EGDomain     = "default/eg/http"
 	EGRoute      = "httproute/default/backend/rule/0/match/0/www_example_com"
