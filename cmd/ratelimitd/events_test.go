@@ -19,6 +19,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -83,6 +84,10 @@ func TestCircuitTransitionEvents(t *testing.T) {
 	}
 	o := serveopts.Defaults()
 	o.Backend, o.Redis.URL, o.Redis.Timeout = "redis", srv.URL(), time.Second
+	// The breaker and the health probe on a clock the test moves: each
+	// Tick is one run of the probe, with the time at its deadline.
+	clk := clock.NewManual()
+	o.Redis.Clock = clk
 	store, _, closeStore, err := serveopts.NewStore(o, ev)
 	if err != nil {
 		t.Fatal(err)
@@ -99,13 +104,12 @@ func TestCircuitTransitionEvents(t *testing.T) {
 	}
 	until := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 20s; transitions open=%v half_open=%v closed=%v\n%s", what, count("open"), count("half_open"), count("closed"), logs.String())
+		for i := 0; !cond(); i++ {
+			if i == 200 {
+				t.Fatalf("%s: not within %d runs of the health probe; transitions open=%v half_open=%v closed=%v\n%s", what, i, count("open"), count("half_open"), count("closed"), logs.String())
 			}
 			_ = take()
-			time.Sleep(5 * time.Millisecond)
+			clk.Tick(t)
 		}
 	}
 	if n := count("open") + count("closed") + count("half_open"); n != 0 {

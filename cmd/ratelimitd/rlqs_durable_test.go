@@ -16,6 +16,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/gcpolicy"
 	"github.com/ratelimitd/ratelimitd/internal/serveopts"
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 )
 
@@ -36,6 +37,9 @@ func TestServerRLQSDurable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The RLQS rounds on a clock the test moves: each Tick is one round.
+	clk := clock.NewManual()
+	o.RLQS.Clock = clk
 	s, err := newServer(o, gcpolicy.Policy{PercentSource: gcpolicy.SourceEnv, LimitSource: gcpolicy.SourceEnv}, nil, &testproc.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -53,10 +57,14 @@ func TestServerRLQSDurable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	answered := make(chan struct{})
 	go func() {
-		for {
+		for once := false; ; once = true {
 			if _, err := stream.Recv(); err != nil {
 				return
+			}
+			if !once {
+				close(answered)
 			}
 		}
 	}()
@@ -64,13 +72,18 @@ func TestServerRLQSDurable(t *testing.T) {
 		BucketId: &rlqspb.BucketId{Bucket: map[string]string{"plan": "acme"}}, TimeElapsed: durationpb.New(0), NumRequestsAllowed: 5}}}); err != nil {
 		t.Fatal(err)
 	}
-	// The next round charges the 5 requests to PostgreSQL.
-	deadline := time.Now().Add(20 * time.Second)
-	for pg.QueryInt(t, db, "SELECT count(*) FROM ratelimitd_counters") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no durable counter in PostgreSQL 20 s after the RLQS report: the usage went elsewhere")
+	// A bucket's first report is answered at once; the next round
+	// charges the 5 requests to PostgreSQL.
+	select {
+	case <-answered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the RLQS report not answered within 20 s")
+	}
+	for i := 0; pg.QueryInt(t, db, "SELECT count(*) FROM ratelimitd_counters") == 0; i++ {
+		if i == 3 {
+			t.Fatalf("no durable counter in PostgreSQL %d rounds after the RLQS report: the usage went elsewhere", i)
 		}
-		time.Sleep(50 * time.Millisecond)
+		clk.Tick(t)
 	}
 	resp, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(context.Background(),
 		&rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{testproc.Desc("plan", "acme")}})

@@ -55,7 +55,7 @@ var mayImport = map[string][]string{
 	"pkg/opterr":                        {}, // a leaf every option-validating package may import
 	"pkg/replay":                        {"pkg/algo", "pkg/policy", "pkg/service"},
 	"pkg/client":                        {"pkg/algo"},
-	"pkg/rlqs":                          {"pkg/algo", "pkg/policy", "pkg/fairshare", "pkg/loglimit", "pkg/opterr"},
+	"pkg/rlqs":                          {"pkg/algo", "pkg/policy", "pkg/fairshare", "pkg/loglimit", "pkg/opterr", "pkg/backend/clock"},
 	"cmd/ratelimitd/...": {
 		"cmd/ratelimitd/...",
 		"pkg/algo", "pkg/policy", "pkg/policy/xds", "pkg/service", "pkg/replay", "pkg/rlqs",

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/fairshare"
 	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
@@ -90,6 +91,9 @@ type Options struct {
 	UnknownDomain func()
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// Clock is what Run waits on between rounds (clock.System when nil);
+	// tests set a clock.Manual to run the rounds.
+	Clock bclock.Clock
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the RLQS metrics; nil disables them.
@@ -192,6 +196,9 @@ func New(opt Options) (*Server, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
+	if opt.Clock == nil {
+		opt.Clock = bclock.System{}
+	}
 	if opt.Replica == "" {
 		var b [6]byte
 		_, _ = rand.Read(b[:])
@@ -235,9 +242,11 @@ func (s *Server) SetPolicy(set *policy.Set) {
 // whole seconds, so that one late round does not expire it.
 func (s *Server) TTL() time.Duration { return wholeSeconds(2 * s.opt.Interval) }
 
-// Run runs a round every Interval until ctx is done or Shutdown.
+// Run runs a round every Interval until ctx is done or Shutdown. A
+// round that outlasts Interval is followed by the next at once, as a
+// time.Ticker would.
 func (s *Server) Run(ctx context.Context) {
-	t := time.NewTicker(s.opt.Interval)
+	t := s.opt.Clock.NewTimer(s.opt.Interval)
 	defer t.Stop()
 	for {
 		select {
@@ -245,8 +254,9 @@ func (s *Server) Run(ctx context.Context) {
 			return
 		case <-s.closed:
 			return
-		case <-t.C:
+		case at := <-t.C():
 			s.Round(ctx)
+			t.Reset(max(s.opt.Interval-s.opt.Clock.Now().Sub(at), 0))
 		}
 	}
 }

@@ -1,7 +1,8 @@
 // Package clock is the time source of the Redis, memcached and PostgreSQL
-// stores: what their circuit breakers and health probes read, so that a
-// test that moves it moves all of them together. Production uses System;
-// tests use Manual, which they move on by hand.
+// stores: what their circuit breakers read and their background loops
+// (health probes, PostgreSQL's connect loop and sweeper) wait on, so that
+// a test that moves it moves all of them together. Production uses
+// System; tests use Manual, which they move on by hand.
 package clock
 
 import "time"
@@ -10,11 +11,12 @@ import "time"
 type Clock interface {
 	// Now is the current time.
 	Now() time.Time
-	// NewTimer is the health probe loop's timer.
+	// NewTimer makes the timer a background loop (a health probe, a
+	// connect loop, a sweeper) waits on.
 	NewTimer(d time.Duration) Timer
 }
 
-// A Timer is the part of *time.Timer a store's health probe loop uses.
+// A Timer is the part of *time.Timer a store's background loop uses.
 type Timer interface {
 	// C is the channel the timer sends the time on when it fires.
 	C() <-chan time.Time

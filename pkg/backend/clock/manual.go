@@ -15,65 +15,100 @@ type TB interface {
 	Fatal(args ...any)
 }
 
-// Manual is a Clock that a test moves on by hand: a store's health probe
-// loop runs exactly one iteration per Tick, and the store's breakers (and
-// what else reads the clock) see the time Tick and Advance move to. It
-// runs on with real time as well, so that what a real server takes (a
-// call that times out, a socket left unanswered) counts as it does in
-// production. Its one timer is the probe loop's.
+// Manual is a Clock that a test moves on by hand: each Tick fires the
+// armed timer that is due first and runs one iteration of the loop that
+// waits on it (a health probe, a connect loop's retry, a sweeper),
+// whatever the speed of the host; the store's breakers (and what else
+// reads the clock) see the time Tick and Advance move to. It runs on
+// with real time as well, so that what a real server takes (a call that
+// times out, a socket left unanswered) counts as it does in production.
+// Only Tick fires a timer.
 type Manual struct {
 	off    atomic.Int64 // how far ahead of the real time it is, in ns
 	mu     sync.Mutex
-	at     time.Time     // when the armed timer fires
-	armed  time.Duration // the duration it was last armed with
-	gen    int           // times armed (NewTimer, Reset)
-	seen   int           // gen that Tick last saw
-	notify chan struct{} // a non-blocking signal: armed again
-	c      chan time.Time
+	timers map[*manualTimer]struct{} // armed: made or Reset, not fired nor stopped
+	armed  time.Duration             // the duration a timer was last armed with
+	gen    int                       // times a timer was armed (NewTimer, Reset)
+	notify chan struct{}             // a non-blocking signal: a timer was armed
 }
 
 // NewManual starts at the real time.
 func NewManual() *Manual {
 	return &Manual{
+		timers: make(map[*manualTimer]struct{}),
 		notify: make(chan struct{}, 1),
-		c:      make(chan time.Time, 1),
 	}
 }
 
 // Now is the real time moved on by Tick and Advance.
 func (m *Manual) Now() time.Time { return time.Now().Add(time.Duration(m.off.Load())) }
 
-// Advance moves the time on by d without firing the timer.
+// Advance moves the time on by d without firing any timer.
 func (m *Manual) Advance(d time.Duration) { m.off.Add(int64(d)) }
 
-// NewTimer arms the clock's timer.
+// NewTimer arms a timer of the clock.
 func (m *Manual) NewTimer(d time.Duration) Timer {
-	m.arm(d)
-	return manualTimer{m}
+	t := &manualTimer{m: m, c: make(chan time.Time, 1)}
+	t.Reset(d)
+	return t
 }
 
-func (m *Manual) arm(d time.Duration) {
+// manualTimer is one of a Manual's timers; at is guarded by m.mu.
+type manualTimer struct {
+	m  *Manual
+	at time.Time
+	c  chan time.Time
+}
+
+func (t *manualTimer) C() <-chan time.Time { return t.c }
+
+// Reset arms t to fire d after Now, dropping a time it sent but was not
+// received (as time.Timer.Reset does).
+func (t *manualTimer) Reset(d time.Duration) bool {
+	m := t.m
 	m.mu.Lock()
-	m.at, m.armed = m.Now().Add(d), d
+	_, was := m.timers[t]
+	t.drain()
+	t.at = m.Now().Add(d)
+	m.timers[t] = struct{}{}
+	m.armed = d
 	m.gen++
 	m.mu.Unlock()
 	select {
 	case m.notify <- struct{}{}:
 	default:
 	}
+	return was
 }
 
-// waitArmed waits (up to 20 s: the loop's iteration includes real calls to
-// the server, each bounded by the probe's timeout) until the loop has
-// armed its timer since Tick last looked, and returns the duration.
-func (m *Manual) waitArmed(t TB) time.Duration {
+// Stop disarms t; it reports whether t was armed.
+func (t *manualTimer) Stop() bool {
+	m := t.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, was := m.timers[t]
+	delete(m.timers, t)
+	t.drain()
+	return was
+}
+
+func (t *manualTimer) drain() {
+	select {
+	case <-t.c:
+	default:
+	}
+}
+
+// waitArmed waits (up to 20 s: a loop's iteration includes real calls to
+// the server, each bounded by a timeout) until a timer is armed after the
+// gen'th arming and returns the duration it was armed with.
+func (m *Manual) waitArmed(t TB, gen int) time.Duration {
 	t.Helper()
 	deadline := time.NewTimer(20 * time.Second)
 	defer deadline.Stop()
 	for {
 		m.mu.Lock()
-		if m.gen > m.seen {
-			m.seen = m.gen
+		if m.gen > gen {
 			d := m.armed
 			m.mu.Unlock()
 			return d
@@ -82,35 +117,42 @@ func (m *Manual) waitArmed(t TB) time.Duration {
 		select {
 		case <-m.notify:
 		case <-deadline.C:
-			t.Fatal("the health probe loop did not arm its timer within 20 s")
+			t.Fatal("no loop armed a timer of the clock within 20 s")
 		}
 	}
 }
 
-// Tick runs one iteration of the probe loop: it waits until the loop is
-// waiting on its timer, moves the time to the timer's deadline, fires it
-// and waits until the loop has armed the timer again. It returns the
-// duration the loop armed it with (its next period).
+// next is the armed timer due first, or nil, and the arming count.
+func (m *Manual) next() (*manualTimer, int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var first *manualTimer
+	for tm := range m.timers {
+		if first == nil || tm.at.Before(first.at) {
+			first = tm
+		}
+	}
+	return first, m.gen
+}
+
+// Tick runs one iteration of a loop: it waits until a timer is armed,
+// moves the time to the deadline of the one due first, fires it and waits
+// until a timer is armed again (the loop's next wait). It returns the
+// duration that timer was armed with (the loop's next period).
 func (m *Manual) Tick(t TB) time.Duration {
 	t.Helper()
-	m.mu.Lock()
-	fresh := m.gen > m.seen || m.seen == 0
-	m.mu.Unlock()
-	if fresh {
-		m.waitArmed(t)
+	tm, gen := m.next()
+	for tm == nil { // a loop between two waits; it may stop what it armed
+		m.waitArmed(t, gen)
+		tm, gen = m.next()
 	}
 	m.mu.Lock()
-	at := m.at
+	delete(m.timers, tm)
+	at := tm.at
 	m.mu.Unlock()
 	if ahead := at.Sub(m.Now()); ahead > 0 {
 		m.off.Add(int64(ahead)) // only Tick and Advance move it: the test's goroutine
 	}
-	m.c <- m.Now()
-	return m.waitArmed(t)
+	tm.c <- m.Now()
+	return m.waitArmed(t, gen)
 }
-
-type manualTimer struct{ m *Manual }
-
-func (t manualTimer) C() <-chan time.Time        { return t.m.c }
-func (t manualTimer) Reset(d time.Duration) bool { t.m.arm(d); return true }
-func (t manualTimer) Stop() bool                 { return true }

@@ -74,22 +74,23 @@ func TestManualTickRunsOneIteration(t *testing.T) {
 	}
 }
 
-// TestManualTickNewTimerEachIteration is the loop of the memcached and
-// PostgreSQL stores: a new timer per iteration, never Reset.
+// TestManualTickNewTimerEachIteration is the loop of the memcached
+// store: a new timer per iteration, never Reset.
 func TestManualTickNewTimerEachIteration(t *testing.T) {
 	c := clock.NewManual()
-	fired := make(chan time.Duration, 1)
+	type firing struct{ d, waited time.Duration }
+	fired := make(chan firing, 1)
 	done := make(chan struct{})
 	defer close(done)
-	prev := c.Now()
 	go func() {
 		for d := time.Second; ; d *= 2 {
+			armed := c.Now()
 			tm := c.NewTimer(d)
 			select {
 			case <-done:
 				return
-			case <-tm.C():
-				fired <- d
+			case at := <-tm.C():
+				fired <- firing{d, at.Sub(armed)}
 			}
 		}
 	}()
@@ -97,14 +98,62 @@ func TestManualTickNewTimerEachIteration(t *testing.T) {
 		if next := c.Tick(t); next != 2*d {
 			t.Fatalf("Tick %d returned %v, want %v", i, next, 2*d)
 		}
-		if got := <-fired; got != d {
-			t.Fatalf("Tick %d fired the timer armed with %v, want %v", i, got, d)
+		got := <-fired
+		if got.d != d {
+			t.Fatalf("Tick %d fired the timer armed with %v, want %v", i, got.d, d)
 		}
-		now := c.Now()
-		if moved := now.Sub(prev); moved < d {
-			t.Fatalf("Tick %d moved the clock on by %v, want at least %v", i, moved, d)
+		if got.waited < d {
+			t.Fatalf("Tick %d fired the timer %v after it was armed, want at least %v", i, got.waited, d)
 		}
-		prev = now
+	}
+}
+
+// TestManualTickFiresTheTimerDueFirst: with several loops on one clock
+// (a store's probe and its sweeper), each Tick fires the timer due first,
+// the others stay armed, and a stopped timer never fires.
+func TestManualTickFiresTheTimerDueFirst(t *testing.T) {
+	c := clock.NewManual()
+	done := make(chan struct{})
+	defer close(done)
+	loop := func(tm clock.Timer, d time.Duration, fired chan<- struct{}) {
+		for {
+			select {
+			case <-done:
+				return
+			case <-tm.C():
+				fired <- struct{}{}
+				tm.Reset(d)
+			}
+		}
+	}
+	start := c.Now()
+	fast, slow := make(chan struct{}, 1), make(chan struct{}, 1)
+	go loop(c.NewTimer(time.Second), time.Second, fast)
+	go loop(c.NewTimer(10*time.Second), 10*time.Second, slow)
+	stopped := c.NewTimer(time.Millisecond)
+	if !stopped.Stop() {
+		t.Fatal("Stop reported an armed timer as not armed")
+	}
+	var nfast, nslow int
+	for range 22 {
+		c.Tick(t)
+		select {
+		case <-fast:
+			nfast++
+		case <-slow:
+			nslow++
+		}
+	}
+	if nfast != 20 || nslow != 2 {
+		t.Fatalf("22 Ticks fired the 1 s timer %d times and the 10 s one %d times, want 20 and 2", nfast, nslow)
+	}
+	if moved := c.Now().Sub(start); moved < 20*time.Second || moved > 21*time.Second {
+		t.Fatalf("22 Ticks moved the clock on by %v, want 20 s and less than 21 s", moved)
+	}
+	select {
+	case <-stopped.C():
+		t.Fatal("a stopped timer fired")
+	default:
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
+	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 )
 
@@ -85,6 +86,9 @@ type Options struct {
 	// (breaker.Options.OnReport): the reports of an outage for its log
 	// lines, rate-limited.
 	OnCircuitReport func(breaker.Report)
+	// Clock is what the circuit breaker reads and the health probe waits
+	// on; nil is clock.System. Tests set a clock.Manual to drive them.
+	Clock bclock.Clock
 }
 
 // DefaultOptions are the defaults of every field; Addrs or SRV must be

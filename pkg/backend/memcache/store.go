@@ -62,7 +62,12 @@ type Store struct {
 // background every 100 ms, decisions failing with CauseRefused meanwhile;
 // the health probe runs in the background. Errors come from invalid
 // options only.
-func New(opts Options) (*Store, error) { return newWithClock(opts, bclock.System{}) }
+func New(opts Options) (*Store, error) {
+	if opts.Clock == nil {
+		return newWithClock(opts, bclock.System{})
+	}
+	return newWithClock(opts, opts.Clock)
+}
 
 // newWithClock is New on clk (see clock).
 func newWithClock(opts Options, clk clock) (*Store, error) {

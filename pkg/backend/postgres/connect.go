@@ -51,7 +51,7 @@ func (s *Store) connectLoop(first error) {
 		}
 		acancel()
 		if err == nil {
-			s.ready.Store(true)
+			s.setReady()
 			s.log.Info("durable store: PostgreSQL answered and the schema is checked; durable decisions are counted", "version", SchemaVersion)
 			return
 		}
@@ -93,4 +93,11 @@ func causeLabel(err error) string {
 		return e.Cause()
 	}
 	return CauseOther
+}
+
+// setReady marks the schema checked: Take counts decisions and the probe
+// loop starts probing.
+func (s *Store) setReady() {
+	s.ready.Store(true)
+	close(s.connected)
 }

@@ -59,11 +59,12 @@ func waitHealthy(t *testing.T, s *postgres.Store) time.Duration {
 }
 
 // newStoreOnClock is newStore on a clock the test moves: the breaker's
-// and the health probe's.
+// and the health probe's. It has no sweeper, whose timer would otherwise
+// be one to Tick too.
 func newStoreOnClock(t *testing.T, srv *pgtest.Server, db string, edit func(*postgres.Options)) (*postgres.Store, *clock.Manual) {
 	t.Helper()
 	o := postgres.DefaultOptions()
-	o.URL = srv.URL(db)
+	o.URL, o.SweepInterval = srv.URL(db), 0
 	edit(&o)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -211,17 +212,20 @@ func TestPasswordNeverShown(t *testing.T) {
 	}
 	newWith := func(url, pw string) error {
 		o := postgres.DefaultOptions()
-		o.URL, o.Password, o.Logger = url, pw, logger
+		o.URL, o.Password, o.Logger, o.SweepInterval = url, pw, logger, 0
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		s, err := postgres.New(ctx, o)
+		clk := clock.NewManual()
+		s, err := postgres.NewOnClock(ctx, o, clk)
 		if err != nil {
 			return err
 		}
 		// Unreachable: the Store starts unhealthy and retries in the
 		// background (and logs); its decisions fail.
 		defer s.Close()
-		time.Sleep(300 * time.Millisecond)
+		for range 3 { // three more attempts
+			clk.Tick(t)
+		}
 		_, err = algotest.Take(ctx, s, []algo.Hit{{Key: "pw", Limit: longWindow, Cost: 1}})
 		return err
 	}
@@ -254,13 +258,19 @@ func TestPasswordNeverShown(t *testing.T) {
 	o := postgres.DefaultOptions()
 	o.URL, o.Logger, o.SweepInterval = srv.URLNoPassword(db), logger, 10*time.Millisecond
 	o.Password = srv.Password
-	s, err := postgres.New(context.Background(), o)
+	clk := clock.NewManual()
+	s, err := postgres.NewOnClock(context.Background(), o, clk)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	srv.Kill()
-	time.Sleep(100 * time.Millisecond) // sweeps fail and log
+	for i := 0; s.SweepErrors() == 0; i++ { // sweeps fail and log
+		if i == 100 {
+			t.Fatalf("no sweep failed in %d runs of the store's loops with PostgreSQL killed", i)
+		}
+		clk.Tick(t)
+	}
 	for range 8 {
 		_, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "pw", Limit: longWindow, Cost: 1}})
 		check("take, server killed", err)

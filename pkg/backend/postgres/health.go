@@ -7,8 +7,6 @@ import (
 	"context"
 	"errors"
 	"time"
-
-	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 )
 
 // Healthy reports whether decisions are counted now: false from an
@@ -140,8 +138,10 @@ func (s *Store) probeLoop() {
 	for {
 		if !s.ready.Load() {
 			// connectLoop is trying; a probe would be a second login.
-			if !s.wait(unhealthyProbeInterval, nil) {
+			select {
+			case <-s.stop:
 				return
+			case <-s.connected:
 			}
 			continue
 		}
@@ -168,20 +168,16 @@ func (s *Store) probeLoop() {
 		} else {
 			backoff = 0
 		}
-		if !s.waitTimer(s.clk.NewTimer(d), wake) {
+		if !s.wait(d, wake) {
 			return
 		}
 	}
 }
 
-// wait waits d of the real clock, or less when wake receives (nil never
-// does); it reports false, early, when the Store is closed.
+// wait waits d of the Store's clock, or less when wake receives (nil
+// never does); it reports false, early, when the Store is closed.
 func (s *Store) wait(d time.Duration, wake <-chan struct{}) bool {
-	return s.waitTimer(bclock.System{}.NewTimer(d), wake)
-}
-
-// waitTimer is wait until t fires (the probe's timer is on s.clk).
-func (s *Store) waitTimer(t bclock.Timer, wake <-chan struct{}) bool {
+	t := s.clk.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-s.stop:

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
+	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 )
 
 // Defaults of DefaultOptions.
@@ -117,6 +118,10 @@ type Options struct {
 	// three times wal_writer_delay), whose requests were admitted. false
 	// (the default) waits: a count a decision returned is never lost.
 	AsyncCommit bool
+	// Clock is what the circuit breaker reads and the health probe, the
+	// connect loop and the sweeper wait on; nil is clock.System. Tests
+	// set a clock.Manual to drive them.
+	Clock bclock.Clock
 }
 
 // DefaultOptions are the defaults of every field but URL.

@@ -7,7 +7,8 @@ import (
 )
 
 // NewOnClock is New with c as the Store's clock: its circuit breaker and
-// health probe loop (Options.HealthInterval).
+// the timers of its health probe (Options.HealthInterval), its connect
+// loop and its sweeper (Options.SweepInterval).
 func NewOnClock(ctx context.Context, o Options, c *bclock.Manual) (*Store, error) {
 	return newWithClock(ctx, o, c)
 }

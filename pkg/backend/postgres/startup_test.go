@@ -10,25 +10,30 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres/pgtest"
 )
 
 // newDown is New on a PostgreSQL that is down: it returns at once, with
 // the Store not healthy.
-func newDown(t *testing.T, o postgres.Options) *postgres.Store {
+func newDown(t *testing.T, o postgres.Options) (*postgres.Store, *clock.Manual) {
 	t.Helper()
 	return newUnhealthy(t, o, slack)
 }
 
 // newUnhealthy is New on a PostgreSQL that answers but refuses the
-// login: it returns within bound, with the Store not healthy.
-func newUnhealthy(t *testing.T, o postgres.Options, bound time.Duration) *postgres.Store {
+// login: it returns within bound, with the Store not healthy. The Store
+// is on a clock the test moves (each Tick is one connect attempt), with
+// no sweeper, whose timer would otherwise be one to Tick too.
+func newUnhealthy(t *testing.T, o postgres.Options, bound time.Duration) (*postgres.Store, *clock.Manual) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	o.SweepInterval = 0
+	clk := clock.NewManual()
 	start := time.Now()
-	s, err := postgres.New(ctx, o)
+	s, err := postgres.NewOnClock(ctx, o, clk)
 	if err != nil {
 		t.Fatalf("New with PostgreSQL down: %v, want a Store that is not healthy", err)
 	}
@@ -39,7 +44,7 @@ func newUnhealthy(t *testing.T, o postgres.Options, bound time.Duration) *postgr
 	if s.Healthy() {
 		t.Fatal("healthy with PostgreSQL down")
 	}
-	return s
+	return s, clk
 }
 
 // TestStartWithoutPostgres: New on a PostgreSQL that is down returns a
@@ -54,7 +59,7 @@ func TestStartWithoutPostgres(t *testing.T) {
 	o := postgres.DefaultOptions()
 	o.URL = srv.URL(db)
 	o.Timeout = 2 * time.Second
-	s := newDown(t, o)
+	s, clk := newDown(t, o)
 	hit := algo.Hit{Key: "started-down", Limit: longWindow, Cost: 1}
 	const budget = 200 * time.Millisecond
 	for i := range 20 {
@@ -73,7 +78,7 @@ func TestStartWithoutPostgres(t *testing.T) {
 		t.Fatal("healthy with PostgreSQL down")
 	}
 	srv.Restart()
-	took := waitHealthy(t, s)
+	took := tickHealthy(t, s, clk)
 	t.Logf("healthy %v after PostgreSQL accepted connections", took)
 	if took > recoveryBound {
 		t.Errorf("healthy %v after PostgreSQL accepted connections, want within %v", took, recoveryBound)
@@ -104,25 +109,26 @@ func TestSchemaNewerFoundLater(t *testing.T) {
 	o.URL = srv.URL(db)
 	o.Timeout = 2 * time.Second
 	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	s := newDown(t, o)
+	s, clk := newDown(t, o)
 	srv.Restart()
 	hit := algo.Hit{Key: "newer", Limit: longWindow, Cost: 1}
-	deadline := time.Now().Add(10 * time.Second)
 	var err error
-	for {
+	for i := 0; ; i++ {
 		_, err = takeWithin(s, time.Second, hit)
 		if causeOf(err) == postgres.CauseSchema {
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after PostgreSQL came: %v, want cause %s", err, postgres.CauseSchema)
+		if i == 100 {
+			t.Fatalf("%d connect attempts after PostgreSQL came: %v, want cause %s", i, err, postgres.CauseSchema)
 		}
-		time.Sleep(20 * time.Millisecond)
+		clk.Tick(t)
 	}
 	if !errors.Is(err, postgres.ErrSchemaNewer) {
 		t.Fatalf("take on a newer schema: %v, want ErrSchemaNewer", err)
 	}
-	time.Sleep(500 * time.Millisecond) // several more attempts, none logged
+	for range 5 { // several more attempts, none logged
+		clk.Tick(t)
+	}
 	if s.Healthy() {
 		t.Fatal("healthy on a newer schema")
 	}
@@ -130,7 +136,7 @@ func TestSchemaNewerFoundLater(t *testing.T) {
 		t.Fatalf("the newer schema logged %d times, want once at error level; logs:\n%s", n, logs.String())
 	}
 	srv.Exec(t, db, "DROP TABLE ratelimitd_schema")
-	waitHealthy(t, s)
+	tickHealthy(t, s, clk)
 	if d := take(t, s, hit); !d[0].Allowed {
 		t.Fatalf("after the schema was replaced: %+v, want allowed", d[0])
 	}
@@ -163,11 +169,11 @@ func loginFailures(srv *pgtest.Server) int {
 
 // TestWrongPasswordBacksOff: with a wrong password the Store starts
 // unhealthy with cause auth and retries with a backoff from 1 s doubling:
-// over window the server sees at most the first attempt's logins (the
-// pool's connections dialed ahead and the migration), one per backoff
-// step and a margin, where a retry every 100 ms would be dozens. Once the
-// server accepts that password the Store is healthy within the backoff
-// reached.
+// over window of the Store's clock the server sees at most the first
+// attempt's logins (the pool's connections dialed ahead and the
+// migration), one per backoff step and a margin, where a retry every
+// 100 ms would be dozens. Once the server accepts that password the Store
+// is healthy at the next attempt.
 func TestWrongPasswordBacksOff(t *testing.T) {
 	srv := pgtest.Start(t)
 	db := srv.CreateDB(t)
@@ -177,12 +183,18 @@ func TestWrongPasswordBacksOff(t *testing.T) {
 	o.URL = srv.URL(db)
 	o.Password = "wrong-" + srv.Password
 	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	s := newUnhealthy(t, o, o.ConnectTimeout)
+	s, clk := newUnhealthy(t, o, o.ConnectTimeout)
 	if _, err := takeWithin(s, time.Second, algo.Hit{Key: "auth", Limit: longWindow, Cost: 1}); causeOf(err) != postgres.CauseRefused {
 		t.Fatalf("take before the login succeeded: %v, want cause %s (not connected)", err, postgres.CauseRefused)
 	}
 	const window = 3500 * time.Millisecond // backoff steps 1 s, 2 s: two retries
-	time.Sleep(window)
+	// Each Tick is one attempt; the next is due when the one before
+	// returned (the time the store's clock then shows) plus the wait it
+	// armed.
+	start := clk.Now()
+	for next := clk.Tick(t); clk.Now().Sub(start)+next <= window; {
+		next = clk.Tick(t)
+	}
 	const firstAttempt = 4 + 1 // connections dialed ahead, the migration's
 	const steps, margin = 2, 3
 	n := loginFailures(srv) - before
@@ -194,13 +206,7 @@ func TestWrongPasswordBacksOff(t *testing.T) {
 		t.Errorf("the log does not say the login was refused and what to check:\n%s", l)
 	}
 	srv.Exec(t, "postgres", "ALTER USER "+pgtest.User+" PASSWORD '"+o.Password+"'")
-	start := time.Now()
-	for !s.Healthy() {
-		if time.Since(start) > 20*time.Second {
-			t.Fatal("not healthy 20 s after the server accepted the password")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	tickHealthy(t, s, clk)
 }
 
 // TestTLSRefusedCause: sslmode=verify-full against a server without TLS
@@ -227,15 +233,9 @@ func TestMissingDatabaseStartsUnhealthy(t *testing.T) {
 	srv := pgtest.Start(t)
 	o := postgres.DefaultOptions()
 	o.URL = srv.URL("created_later")
-	s := newUnhealthy(t, o, o.ConnectTimeout)
+	s, clk := newUnhealthy(t, o, o.ConnectTimeout)
 	srv.Exec(t, "postgres", "CREATE DATABASE created_later")
-	start := time.Now()
-	for !s.Healthy() {
-		if time.Since(start) > 20*time.Second {
-			t.Fatal("not healthy 20 s after the database was created")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	tickHealthy(t, s, clk)
 	if d := take(t, s, algo.Hit{Key: "later", Limit: longWindow, Cost: 1}); !d[0].Allowed {
 		t.Fatalf("first decision: %+v, want allowed", d[0])
 	}

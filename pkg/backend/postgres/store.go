@@ -43,7 +43,7 @@ type Store struct {
 	opts    Options
 	secrets []string
 	log     *slog.Logger
-	clk     clock // the breaker's and the probe's (see clock)
+	clk     clock // the breaker's and the background loops' (see clock)
 	breaker *breaker.Breaker
 	// now, when set (tests), is the instant of every decision instead of
 	// the server's clock.
@@ -55,8 +55,9 @@ type Store struct {
 	// ready is set once the schema was checked or migrated (at New, or
 	// later by connectLoop); until then Take answers notReady's error
 	// without calling PostgreSQL.
-	ready    atomic.Bool
-	notReady atomic.Pointer[Error]
+	ready     atomic.Bool
+	connected chan struct{} // closed when ready is set
+	notReady  atomic.Pointer[Error]
 
 	// repairFailed is set while repairSchema fails (logged once).
 	repairFailed atomic.Bool
@@ -85,7 +86,10 @@ type Store struct {
 // and is logged at error level once per outage. Errors never hold the
 // password.
 func New(ctx context.Context, opt Options) (*Store, error) {
-	return newWithClock(ctx, opt, bclock.System{})
+	if opt.Clock == nil {
+		return newWithClock(ctx, opt, bclock.System{})
+	}
+	return newWithClock(ctx, opt, opt.Clock)
 }
 
 // newWithClock is New on clk (see clock).
@@ -141,13 +145,14 @@ func newWithClock(ctx context.Context, opt Options, clk clock) (*Store, error) {
 		return nil, classify(err, sec)
 	}
 	s := &Store{
-		pool:    pool,
-		opts:    opt,
-		secrets: sec,
-		log:     log,
-		clk:     clk,
-		stop:    make(chan struct{}),
-		wake:    make(chan struct{}, 1),
+		pool:      pool,
+		opts:      opt,
+		secrets:   sec,
+		log:       log,
+		clk:       clk,
+		stop:      make(chan struct{}),
+		wake:      make(chan struct{}, 1),
+		connected: make(chan struct{}),
 	}
 	b := opt.Breaker
 	b.FailFor = max(b.FailFor, 2*opt.Timeout)
@@ -166,7 +171,7 @@ func newWithClock(ctx context.Context, opt Options, clk clock) (*Store, error) {
 		s.wg.Add(1)
 		go s.connectLoop(err)
 	} else {
-		s.ready.Store(true)
+		s.setReady()
 	}
 	if opt.HealthInterval > 0 {
 		s.wg.Add(1)

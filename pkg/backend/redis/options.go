@@ -14,6 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	bclock "github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/opterr"
 )
 
@@ -222,8 +223,13 @@ type Options struct {
 	NativeCounting bool
 
 	// Now, when set (tests only), pins the script's clock instead of the
-	// server's TIME. The breaker always uses the real clock.
+	// server's TIME. The breakers read Clock.
 	Now func() time.Time
+
+	// Clock is what the circuit breakers, the health probe and the
+	// batchers read and wait on; nil is clock.System. Tests set a
+	// clock.Manual to drive them.
+	Clock bclock.Clock
 }
 
 // DefaultOptions returns standalone options for DefaultURL with the default

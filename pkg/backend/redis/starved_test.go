@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -123,7 +124,17 @@ func TestRecoveryStarvedHost(t *testing.T) {
 func starvedRecovery(t *testing.T, g *cpuCgroup, trial int) (time.Duration, uint64) {
 	t.Helper()
 	srv := redistest.Standalone(t)
-	s := defaultStore(t, srv)
+	// The default options, with the breaker and the health probe on a
+	// clock the test moves: each Tick is one probe iteration, whatever
+	// the starvation does to the timer.
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	clk := clock.NewManual()
+	s, err := redis.NewOnClock(o, clk)
+	if err != nil {
+		t.Fatalf("redis.New: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := s.Warm(ctx); err != nil {
@@ -131,8 +142,10 @@ func starvedRecovery(t *testing.T, g *cpuCgroup, trial int) (time.Duration, uint
 	}
 	srv.Kill()
 	failWithTraffic(t, s, "killed")
-	time.Sleep(time.Second) // down: probes fail (refused)
-	srv.Restart()           // answers PING
+	for range int(time.Second / redis.RecoveryPoll) { // down a second: probes fail (refused)
+		clk.Tick(t)
+	}
+	srv.Restart() // answers PING
 	answered := time.Now()
 	opened := redis.BreakerOpened(s)
 	if g != nil {
@@ -145,7 +158,7 @@ func starvedRecovery(t *testing.T, g *cpuCgroup, trial int) (time.Duration, uint
 		if time.Since(answered) > stateWithin {
 			t.Fatalf("trial %d: not healthy %v after Redis answered (circuit %s, %d openings since)", trial, stateWithin, s.BreakerState(), redis.BreakerOpened(s)-opened)
 		}
-		time.Sleep(10 * time.Millisecond)
+		clk.Tick(t)
 	}
 	took := time.Since(answered)
 	reopened := redis.BreakerOpened(s) - opened

@@ -118,7 +118,12 @@ type Store struct {
 // Redis is down. Unless Options.HealthInterval is 0 it starts the
 // background health probe (see Healthy); Close stops it. Errors come from
 // invalid options (Options.Validate) or unreadable TLS files only.
-func New(opts Options) (*Store, error) { return newWithClock(opts, bclock.System{}) }
+func New(opts Options) (*Store, error) {
+	if opts.Clock == nil {
+		return newWithClock(opts, bclock.System{})
+	}
+	return newWithClock(opts, opts.Clock)
+}
 
 // newWithClock is New on clk (see clock).
 func newWithClock(opts Options, clk clock) (*Store, error) {
