@@ -343,12 +343,14 @@ func (c *opaqueTLSConn) ConnectionState() tls.ConnectionState { return c.tls.Con
 
 // tlsConfig builds the client TLS configuration (TLS 1.2 minimum).
 // serverName "" lets each dial verify the dialed host (cluster nodes,
-// sentinels, the current master).
+// sentinels, the current master). With TLSSkipHostname (and not
+// TLSSkipVerify) crypto/tls' own verification is off and
+// verifyChainOnly does it without the name check.
 func (o Options) tlsConfig(serverName string) (*tls.Config, error) {
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         serverName,
-		InsecureSkipVerify: o.TLSSkipVerify, //nolint:gosec // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION, opt-in
+		InsecureSkipVerify: o.TLSSkipVerify || o.TLSSkipHostname, //nolint:gosec // opt-in; TLSSkipHostname still verifies the chain (verifyChainOnly)
 	}
 	if o.TLSCAFile != "" {
 		pem, err := os.ReadFile(o.TLSCAFile)
@@ -368,7 +370,37 @@ func (o Options) tlsConfig(serverName string) (*tls.Config, error) {
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
+	if o.TLSSkipHostname && !o.TLSSkipVerify {
+		roots := cfg.RootCAs
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			return verifyChainOnly(cs.PeerCertificates, roots)
+		}
+	}
 	return cfg, nil
+}
+
+// verifyChainOnly verifies the server's certificate chain as crypto/tls
+// does (roots, or the system roots when nil; the intermediates the server
+// sent; valid now for server authentication) but without checking the
+// name it was issued for. A failure is a *tls.CertificateVerificationError,
+// as crypto/tls reports its own (cause auth).
+func verifyChainOnly(certs []*x509.Certificate, roots *x509.CertPool) error {
+	if len(certs) == 0 {
+		return &tls.CertificateVerificationError{Err: errors.New("the server sent no certificate")}
+	}
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	_, err := certs[0].Verify(x509.VerifyOptions{
+		Roots:         roots,
+		Intermediates: inter,
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	if err != nil {
+		return &tls.CertificateVerificationError{UnverifiedCertificates: certs, Err: err}
+	}
+	return nil
 }
 
 // logger receives the Store's own client log lines (dial failures), like
