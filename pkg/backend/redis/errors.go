@@ -28,7 +28,8 @@ const (
 	// outage, as for a dead Redis: the rules' failure modes answer.
 	CauseStalled = "stalled"
 	// CauseRefused: no usable connection (connection refused, reset,
-	// closed mid-reply, unreachable host, TLS handshake failure).
+	// closed mid-reply, unreachable host, a unix socket path with no
+	// socket at it, TLS handshake failure).
 	CauseRefused = causes.Refused
 	// CauseOOM: Redis answered "OOM command not allowed when used memory >
 	// 'maxmemory'" (maxmemory with a noeviction policy).
