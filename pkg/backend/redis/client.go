@@ -88,6 +88,16 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			return nil, err
 		}
 	}
+	var onConnect func(context.Context, *goredis.Conn) error
+	if hooks.login != nil {
+		onConnect = hooks.login.onConnect
+		if o.Mode == Sentinel { // the sentinels take other credentials
+			hooks.ungated = map[string]bool{}
+			for _, a := range o.Addrs {
+				hooks.ungated[a] = true
+			}
+		}
+	}
 	dial := dialer(o.maxWait(), tlsCfg, hooks)
 	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 
@@ -99,6 +109,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			Username:                   base.Username,
 			Password:                   base.Password,
 			CredentialsProviderContext: creds,
+			OnConnect:                  onConnect,
 			MaxRedirects:               3,
 			MaxRetries:                 -1,
 			DialTimeout:                o.maxWait(),
@@ -123,6 +134,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			Username:                   base.Username,
 			Password:                   base.Password,
 			CredentialsProviderContext: creds,
+			OnConnect:                  onConnect,
 			DB:                         base.DB,
 			MaxRetries:                 -1,
 			DialTimeout:                o.maxWait(),
@@ -141,6 +153,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 	default:
 		base.Dialer = dial
 		base.CredentialsProviderContext = creds
+		base.OnConnect = onConnect
 		base.TLSConfig = nil // TLS is done by dial, bounded by the context
 		base.MaxRetries = -1
 		base.DialTimeout = o.maxWait()
@@ -225,6 +238,11 @@ func dialer(timeout time.Duration, cfg *tls.Config, hooks dialHooks) func(contex
 		return oc, nil
 	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if hooks.login != nil && !hooks.ungated[addr] {
+			if err := hooks.login.dial(); err != nil {
+				return failedConn{err: err, addr: addr}, nil
+			}
+		}
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			logDialFailure(ctx, addr, err)
@@ -240,10 +258,14 @@ func dialer(timeout time.Duration, cfg *tls.Config, hooks dialHooks) func(contex
 // dialHooks are the Store's observers of its client's dials: watch is told
 // every address dialed successfully (the Sentinel master watch), and wrap
 // gets every TCP socket and returns the connection to use over it (TLS
-// runs on top; see liveness). Either may be nil.
+// runs on top; see liveness). login, when set, is asked before every dial
+// but those to the ungated addresses (the sentinels) and told of every
+// connection set up (see loginGate). Any may be nil.
 type dialHooks struct {
-	watch func(addr string)
-	wrap  func(addr string, c *net.TCPConn) net.Conn
+	watch   func(addr string)
+	wrap    func(addr string, c *net.TCPConn) net.Conn
+	login   *loginGate
+	ungated map[string]bool
 }
 
 // failedConn is a connection whose dial failed with err: every read and

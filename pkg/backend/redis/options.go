@@ -82,7 +82,8 @@ type Options struct {
 	// PasswordFile, when non-empty, names a file holding the password (a
 	// mounted Kubernetes Secret key; one trailing newline is ignored). It
 	// is read again for every new connection, so a rotated secret takes
-	// effect on the next dial without a restart, and it wins over Password
+	// effect on the next dial without a restart (after a refused login,
+	// within the dial backoff: at most 30 s), and it wins over Password
 	// and the URL's password. A file that is missing or empty fails the
 	// dial (and New, which reads it once).
 	PasswordFile string
