@@ -42,10 +42,11 @@ func loginCounts(t *testing.T, srv *redistest.Server) (conns, denied int64) {
 // failed logins do not grow with its traffic, in both counting modes (the
 // script, and reference mode's INCRBY and PEXPIRE):
 //
-//   - 600 Takes from 4 goroutines each fail with cause auth (not
-//     "other"), and the server sees at most 30 connections and 60
-//     failed AUTHs for all of them (before the fix: about one connection
-//     and two failed AUTHs per batch of Takes, hundreds);
+//   - a warm-up of 1.5 s, then 600 Takes from 4 goroutines, each fail
+//     with cause auth (not "other"), and the server sees at most 30
+//     connections and 60 failed AUTHs for all of them (before the fix:
+//     one connection and two failed AUTHs per batch of Takes or warm-up
+//     connection, hundreds);
 //   - no failure is taken for an outage: the circuit never changes state
 //     (no open, no half-open probe closing it on the refusal) and the
 //     Store is not healthy;
@@ -78,6 +79,15 @@ func TestWrongPasswordLoginsBounded(t *testing.T) {
 			t.Cleanup(func() { _ = s.Close() })
 			conns0, denied0 := loginCounts(t, srv)
 
+			// The startup warm-up (--redis-warmup) retries until its time
+			// is up: it too dials only once per backoff after a refusal.
+			wctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+			err = s.Warm(wctx)
+			cancel()
+			if redis.CauseOf(err) != redis.CauseAuth {
+				t.Errorf("Warm: %v (cause %q), want auth", err, redis.CauseOf(err))
+			}
+
 			l := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
 			hit := []algo.Hit{{Key: "login-" + name, Limit: l, Cost: 1, Charge: native}}
 			const workers, per = 4, 150
@@ -102,7 +112,7 @@ func TestWrongPasswordLoginsBounded(t *testing.T) {
 			}
 			wg.Wait()
 			conns, denied := loginCounts(t, srv)
-			t.Logf("%d Takes: %d auth, %d other, %d ok; server: %d connections, %d failed AUTHs",
+			t.Logf("warm-up and %d Takes: %d auth, %d other, %d ok; server: %d connections, %d failed AUTHs",
 				workers*per, auth.Load(), other.Load(), ok.Load(), conns-conns0, denied-denied0)
 			if ok.Load() != 0 || other.Load() != 0 {
 				t.Errorf("%d succeeded and %d failed with another cause than auth (%v), want every one auth",

@@ -43,6 +43,7 @@ func (s *Store) Warm(ctx context.Context) error {
 	var said error
 	for {
 		err := s.warmOnce(ctx)
+		s.login.observe(err) // warmOnce bypasses the breakers, which report the others
 		if err != nil {
 			switch CauseOf(err) {
 			case CauseTimeout, CauseStalled, CauseDeadline, CauseCanceled, CauseRefused:
