@@ -47,8 +47,10 @@ type loginGate struct {
 
 // dial is nil when a new connection may be dialed now, else
 // ErrLoginBackoff. After a refusal one dial is let through per backoff
-// (until moves on by backoff), so that a dial whose outcome never
-// reaches the Store does not stop the next one for long.
+// (until moves on by backoff). A dial let through that did not log in
+// (no loggedIn since) doubles the backoff once, at the next one, even
+// when no call reported its refusal (a dial for the credit channel's
+// subscription, one whose caller gave up).
 func (g *loginGate) dial() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -58,6 +60,10 @@ func (g *loginGate) dial() error {
 	now := g.now()
 	if now.Before(g.until) {
 		return ErrLoginBackoff
+	}
+	if g.counted != g.gen {
+		g.backoff = min(2*g.backoff, loginBackoffMax)
+		g.counted = g.gen
 	}
 	g.until = now.Add(g.backoff)
 	g.gen++
