@@ -123,8 +123,8 @@ func TestParseServePrecedence(t *testing.T) {
 		{"redis twin beats legacy", nil, []string{"REDIS_URL", "a:1", "RATELIMITD_REDIS_URL", "redis://b:2/0"}, func(o Options) any { return o.Redis.URL }, "redis://b:2/0"},
 		{"backend flag beats legacy", []string{"--backend=memory"}, []string{"BACKEND_TYPE", "redis"}, func(o Options) any { return o.Backend }, "memory"},
 		{"redis tls files", nil, []string{"REDIS_TLS_CACERT", "ca.pem", "REDIS_TLS_CLIENT_CERT", "c.pem", "REDIS_TLS_CLIENT_KEY", "k.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"}, func(o Options) any {
-			return []any{o.Redis.TLSCAFile, o.Redis.TLSCertFile, o.Redis.TLSKeyFile, o.Redis.TLSSkipVerify}
-		}, []any{"ca.pem", "c.pem", "k.pem", true}},
+			return []any{o.Redis.TLSCAFile, o.Redis.TLSCertFile, o.Redis.TLSKeyFile, o.Redis.TLSSkipHostname, o.Redis.TLSSkipVerify}
+		}, []any{"ca.pem", "c.pem", "k.pem", true, false}},
 		{"sentinel auth", nil, []string{"REDIS_SENTINEL_AUTH", "u:p"}, func(o Options) any { return o.RedisSentinelAuth }, "u:p"},
 		{"pool size", nil, []string{"REDIS_POOL_SIZE", "42"}, func(o Options) any { return o.Redis.PoolSize }, 42},
 		{"memcache legacy", nil, []string{"BACKEND_TYPE", "memcache", "MEMCACHE_HOST_PORT", "m1:11211, m2:11211", "MEMCACHE_MAX_IDLE_CONNS", "7"},

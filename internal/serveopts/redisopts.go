@@ -25,7 +25,7 @@ func redisOptions(o Options) redis.Options {
 	// Reference mode counts always_charge fixed windows as the reference
 	// does: INCRBY and PEXPIRE, no script.
 	ro.NativeCounting = o.Reference
-	ro.TLS = ro.TLSCAFile != "" || ro.TLSCertFile != "" || ro.TLSSkipVerify
+	ro.TLS = ro.TLSCAFile != "" || ro.TLSCertFile != "" || ro.TLSSkipVerify || ro.TLSSkipHostname
 	if o.RedisSentinelAuth != "" {
 		if u, p, ok := strings.Cut(o.RedisSentinelAuth, ":"); ok {
 			ro.SentinelUsername, ro.SentinelPassword = u, p

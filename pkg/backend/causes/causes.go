@@ -39,9 +39,9 @@ const (
 // the backend's protocol: Canceled (context.Canceled, not an outage);
 // Timeout (context.DeadlineExceeded, os.ErrDeadlineExceeded, a net.Error
 // whose Timeout is true); Refused (connection refused, reset or aborted,
-// a broken pipe, an unreachable host or network, EOF mid-reply, a closed
-// connection). outage marks Timeout and Refused. ok is false when err is
-// none of these.
+// a broken pipe, an unreachable host or network, a unix socket that does
+// not exist, EOF mid-reply, a closed connection). outage marks Timeout
+// and Refused. ok is false when err is none of these.
 func Transport(err error) (cause string, outage, ok bool) {
 	switch {
 	case errors.Is(err, context.Canceled):
@@ -57,10 +57,21 @@ func Transport(err error) (cause string, outage, ok bool) {
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
 		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
+		noSocket(err):
 		return Refused, true, true
 	}
 	return "", false, false
+}
+
+// noSocket reports a connect(2) that failed with ENOENT: a unix socket
+// path with nothing at it (the server not started, or its socket
+// removed), which is the unix form of a refused connection. Only the
+// connect call counts: ENOENT from opening a file (a password file, a
+// CA bundle) is a configuration error, not an outage.
+func noSocket(err error) bool {
+	var se *os.SyscallError
+	return errors.As(err, &se) && se.Syscall == "connect" && errors.Is(se.Err, syscall.ENOENT)
 }
 
 // Dial reports whether err is a network operation or name resolution

@@ -59,7 +59,12 @@ func DefaultBreakerOptions() BreakerOptions { return breaker.DefaultOptions() }
 // (opened by failures Redis proved) or ErrStalledOpen (opened by stalls
 // alone) and reads errors with Classify (see breakerOutcome). Safe for
 // concurrent use; use NewBreaker.
-type Breaker struct{ *breaker.Breaker }
+type Breaker struct {
+	*breaker.Breaker
+	// login, when set, is told of every refused login among the
+	// outcomes recorded (see loginGate).
+	login *loginGate
+}
 
 // breakerErrors are the Redis errors of a Breaker.
 var breakerErrors = breaker.Errors{Open: ErrCircuitOpen, StalledOpen: ErrStalledOpen, Outcome: breakerOutcome}
@@ -67,17 +72,21 @@ var breakerErrors = breaker.Errors{Open: ErrCircuitOpen, StalledOpen: ErrStalled
 // NewBreaker returns a closed breaker. now is its clock for Do and Healthy
 // (nil: time.Now). o must be valid (see BreakerOptions.Validate).
 func NewBreaker(o BreakerOptions, now func() time.Time) *Breaker {
-	return &Breaker{breaker.New(o, breakerErrors, now)}
+	return &Breaker{Breaker: breaker.New(o, breakerErrors, now)}
 }
 
 // breakerOutcome classifies err (Classify) for the breaker: cancellations,
-// deadlines and refusals of the breaker itself are Neutral; outage errors
-// are Stalled when they are timeouts or stalls (ErrStalled) and Failed
-// otherwise; every other error is a reply from a live server (Answered).
+// deadlines, refusals of the breaker itself, refused logins and
+// ErrLoginBackoff are Neutral (a refused login proves the server up but
+// not that it will serve: a half-open probe must not close the circuit on
+// it); outage errors are Stalled when they are timeouts or stalls
+// (ErrStalled) and Failed otherwise; every other error is a reply from a
+// live server (Answered).
 func breakerOutcome(err error) breaker.Outcome {
 	var e *Error
 	errors.As(Classify(err), &e) // always true for err != nil
-	neutral := e.Cause() == CauseCanceled || e.Cause() == CauseCircuitOpen || e.Cause() == CauseDeadline || e == ErrStalledOpen
+	neutral := e.Cause() == CauseCanceled || e.Cause() == CauseCircuitOpen || e.Cause() == CauseDeadline || e == ErrStalledOpen ||
+		errors.Is(e, ErrLoginBackoff) || loginRefusal(e)
 	stall := e.Cause() == CauseTimeout || e.Cause() == CauseStalled
 	return breaker.OutcomeOf(e.Outage(), stall, neutral)
 }
@@ -86,11 +95,16 @@ func breakerOutcome(err error) breaker.Outcome {
 func (b *Breaker) now() time.Time { return b.Now() }
 
 // record is RecordSince: the outcome of a call that started at start.
-func (b *Breaker) record(start, now time.Time, err error) { b.RecordSince(start, now, err) }
+func (b *Breaker) record(start, now time.Time, err error) {
+	b.RecordSince(start, now, err)
+	b.login.observe(err)
+}
 
 // Do runs fn under the breaker (breaker.Breaker.Do) and returns fn's error
 // classified (an *Error with a Cause), or nil, or the refusal while the
 // circuit is open.
 func (b *Breaker) Do(ctx context.Context, timeout time.Duration, fn func(context.Context) error) error {
-	return b.Breaker.Do(ctx, timeout, func(ctx context.Context) error { return Classify(fn(ctx)) })
+	err := b.Breaker.Do(ctx, timeout, func(ctx context.Context) error { return Classify(fn(ctx)) })
+	b.login.observe(err)
+	return err
 }

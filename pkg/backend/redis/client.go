@@ -77,6 +77,16 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			return nil, err
 		}
 	}
+	var onConnect func(context.Context, *goredis.Conn) error
+	if hooks.login != nil {
+		onConnect = hooks.login.onConnect
+		if o.Mode == Sentinel { // the sentinels take other credentials
+			hooks.ungated = map[string]bool{}
+			for _, a := range o.Addrs {
+				hooks.ungated[a] = true
+			}
+		}
+	}
 	dial := dialer(o.maxWait(), tlsCfg, hooks)
 	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 
@@ -88,6 +98,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			Username:                   base.Username,
 			Password:                   base.Password,
 			CredentialsProviderContext: creds,
+			OnConnect:                  onConnect,
 			MaxRedirects:               3,
 			MaxRetries:                 -1,
 			DialTimeout:                o.maxWait(),
@@ -112,6 +123,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			Username:                   base.Username,
 			Password:                   base.Password,
 			CredentialsProviderContext: creds,
+			OnConnect:                  onConnect,
 			DB:                         base.DB,
 			MaxRetries:                 -1,
 			DialTimeout:                o.maxWait(),
@@ -130,6 +142,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 	default:
 		base.Dialer = dial
 		base.CredentialsProviderContext = creds
+		base.OnConnect = onConnect
 		base.TLSConfig = nil // TLS is done by dial, bounded by the context
 		base.MaxRetries = -1
 		base.DialTimeout = o.maxWait()
@@ -199,6 +212,11 @@ func dialer(timeout time.Duration, cfg *tls.Config, hooks dialHooks) func(contex
 		return oc, nil
 	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if hooks.login != nil && !hooks.ungated[addr] {
+			if err := hooks.login.dial(); err != nil {
+				return failedConn{err: err, addr: addr}, nil
+			}
+		}
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			logDialFailure(ctx, addr, err)
@@ -214,10 +232,14 @@ func dialer(timeout time.Duration, cfg *tls.Config, hooks dialHooks) func(contex
 // dialHooks are the Store's observers of its client's dials: watch is told
 // every address dialed successfully (the Sentinel master watch), and wrap
 // gets every TCP socket and returns the connection to use over it (TLS
-// runs on top; see liveness). Either may be nil.
+// runs on top; see liveness). login, when set, is asked before every dial
+// but those to the ungated addresses (the sentinels) and told of every
+// connection set up (see loginGate). Any may be nil.
 type dialHooks struct {
-	watch func(addr string)
-	wrap  func(addr string, c *net.TCPConn) net.Conn
+	watch   func(addr string)
+	wrap    func(addr string, c *net.TCPConn) net.Conn
+	login   *loginGate
+	ungated map[string]bool
 }
 
 // failedConn is a connection whose dial failed with err: every read and
@@ -299,12 +321,14 @@ func (c *opaqueTLSConn) ConnectionState() tls.ConnectionState { return c.tls.Con
 
 // tlsConfig builds the client TLS configuration (TLS 1.2 minimum).
 // serverName "" lets each dial verify the dialed host (cluster nodes,
-// sentinels, the current master).
+// sentinels, the current master). With TLSSkipHostname (and not
+// TLSSkipVerify) crypto/tls' own verification is off and
+// verifyChainOnly does it without the name check.
 func (o Options) tlsConfig(serverName string) (*tls.Config, error) {
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         serverName,
-		InsecureSkipVerify: o.TLSSkipVerify, //nolint:gosec // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION, opt-in
+		InsecureSkipVerify: o.TLSSkipVerify || o.TLSSkipHostname, //nolint:gosec // opt-in; TLSSkipHostname still verifies the chain (verifyChainOnly)
 	}
 	if o.TLSCAFile != "" {
 		pem, err := os.ReadFile(o.TLSCAFile)
@@ -324,7 +348,37 @@ func (o Options) tlsConfig(serverName string) (*tls.Config, error) {
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
+	if o.TLSSkipHostname && !o.TLSSkipVerify {
+		roots := cfg.RootCAs
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			return verifyChainOnly(cs.PeerCertificates, roots)
+		}
+	}
 	return cfg, nil
+}
+
+// verifyChainOnly verifies the server's certificate chain as crypto/tls
+// does (roots, or the system roots when nil; the intermediates the server
+// sent; valid now for server authentication) but without checking the
+// name it was issued for. A failure is a *tls.CertificateVerificationError,
+// as crypto/tls reports its own (cause auth).
+func verifyChainOnly(certs []*x509.Certificate, roots *x509.CertPool) error {
+	if len(certs) == 0 {
+		return &tls.CertificateVerificationError{Err: errors.New("the server sent no certificate")}
+	}
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	_, err := certs[0].Verify(x509.VerifyOptions{
+		Roots:         roots,
+		Intermediates: inter,
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	if err != nil {
+		return &tls.CertificateVerificationError{UnverifiedCertificates: certs, Err: err}
+	}
+	return nil
 }
 
 // logger receives the Store's own client log lines (dial failures), like

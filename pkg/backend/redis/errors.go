@@ -28,7 +28,8 @@ const (
 	// Redis: the rules' failure modes answer.
 	CauseStalled = "stalled"
 	// CauseRefused: no usable connection (connection refused, reset,
-	// closed mid-reply, unreachable host, TLS handshake failure).
+	// closed mid-reply, unreachable host, a unix socket path with no
+	// socket at it, TLS handshake failure).
 	CauseRefused = causes.Refused
 	// CauseOOM: Redis answered "OOM command not allowed when used memory >
 	// 'maxmemory'" (maxmemory with a noeviction policy).
@@ -50,9 +51,10 @@ const (
 	// CauseAuth: the server refused the Store's configuration:
 	// authentication or ACL permission failure (WRONGPASS, NOAUTH, NOPERM),
 	// a database index it does not have (the URL's /N beyond its
-	// `databases`), or an untrusted server certificate. A configuration
-	// error, not an outage: it does not open the circuit, but Store.Healthy
-	// is false until a call succeeds.
+	// `databases`), or an untrusted server certificate, and
+	// ErrLoginBackoff after such a refusal (see loginGate). A
+	// configuration error, not an outage: it does not open the circuit,
+	// but Store.Healthy is false until a call succeeds.
 	CauseAuth = "auth"
 	// CauseCircuitOpen: the circuit breaker is open; Redis was not called.
 	CauseCircuitOpen = causes.CircuitOpen
@@ -150,6 +152,9 @@ func classify(err error) (cause string, outage bool) {
 			return CauseOther, false
 		}
 	}
+	if errors.Is(err, ErrLoginBackoff) {
+		return CauseAuth, false
+	}
 	if c, outage, ok := causes.Transport(err); ok {
 		return c, outage
 	}
@@ -171,4 +176,24 @@ func classify(err error) (cause string, outage bool) {
 		return CauseRefused, true
 	}
 	return CauseOther, true
+}
+
+// stampUnsent gives the commands of a pipeline that failed before any was
+// sent the pipeline's error err. go-redis sets a pipeline's error on its
+// commands only when it is not a Redis reply: when getting a connection
+// failed with one (WRONGPASS or NOAUTH while setting up a new
+// connection), every command kept a nil error and a nil value, which read
+// as an unexpected reply instead of the refusal.
+func stampUnsent(cmds []goredis.Cmder, err error) {
+	if err == nil {
+		return
+	}
+	for _, c := range cmds {
+		if c.Err() != nil { // sent: each command has its own outcome
+			return
+		}
+	}
+	for _, c := range cmds {
+		c.SetErr(err)
+	}
 }

@@ -205,7 +205,7 @@ func (b *batcher) pipeline(ctx context.Context, on processor, invs []*invocation
 			_ = p.Process(ctx, inv.wait)
 		}
 	}
-	_, _ = p.Exec(ctx)
+	stampUnsent(p.Exec(ctx))
 }
 
 // ErrNotReplicated is the error of the calls of an invocation whose writes

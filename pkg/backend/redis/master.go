@@ -50,6 +50,7 @@ func (s *Store) newMaster(addr string) *master {
 		}
 	}
 	m = &master{addr: addr, breaker: NewBreaker(bo, s.clk.Now)} // Options.Now pins only the script
+	m.breaker.login = s.login
 	m.batch = newBatcher(s.client, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
 	m.batch.useClock(s.clk.Now)
 	m.batch.waitReplicas = opts.WaitReplicas

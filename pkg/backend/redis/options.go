@@ -85,7 +85,8 @@ type Options struct {
 	// PasswordFile, when non-empty, names a file holding the password (a
 	// mounted Kubernetes Secret key; one trailing newline is ignored). It
 	// is read again for every new connection, so a rotated secret takes
-	// effect on the next dial without a restart, and it wins over Password
+	// effect on the next dial without a restart (after a refused login,
+	// within the dial backoff: at most 30 s), and it wins over Password
 	// and the URL's password. A file that is missing or empty fails the
 	// dial (and New, which reads it once).
 	PasswordFile string
@@ -99,8 +100,9 @@ type Options struct {
 	// TLS forces TLS even with a redis:// URL (REDIS_TLS); rediss:// implies
 	// it. TLSCAFile is a PEM bundle of trusted CAs (empty: system roots);
 	// TLSCertFile and TLSKeyFile are a PEM client certificate and key for
-	// mutual TLS (both or neither). TLSSkipVerify disables server
-	// certificate verification (REDIS_TLS_SKIP_HOSTNAME_VERIFICATION).
+	// mutual TLS (both or neither). TLSSkipHostname skips only the check
+	// of the server's name (REDIS_TLS_SKIP_HOSTNAME_VERIFICATION);
+	// TLSSkipVerify disables server certificate verification.
 	TLS bool
 	// TLSCAFile is a PEM bundle of the CAs trusted for the server's
 	// certificate (REDIS_TLS_CACERT); empty means the system roots. Needs
@@ -111,9 +113,14 @@ type Options struct {
 	TLSCertFile string
 	// TLSKeyFile is TLSCertFile's PEM private key (REDIS_TLS_CLIENT_KEY).
 	TLSKeyFile string
+	// TLSSkipHostname accepts a server certificate that does not name the
+	// host dialed, as long as it chains to TLSCAFile (or the system roots)
+	// and is valid for server authentication: what envoyproxy/ratelimit's
+	// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION does. Needs TLS on.
+	TLSSkipHostname bool
 	// TLSSkipVerify accepts any server certificate (tls.Config
-	// InsecureSkipVerify; REDIS_TLS_SKIP_HOSTNAME_VERIFICATION). Needs TLS
-	// on; false (verify) is the zero value.
+	// InsecureSkipVerify): neither its chain nor its name is checked.
+	// Needs TLS on; false (verify) is the zero value.
 	TLSSkipVerify bool
 
 	// Timeout is how long Redis may leave a sent invocation unanswered,
@@ -319,8 +326,8 @@ func (o Options) Validate() error {
 		}
 	}
 	tlsOn := o.TLS || (url != nil && url.TLSConfig != nil)
-	if !tlsOn && (o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSSkipVerify) {
-		bad("TLS", "tls files or skip-verify given but tls is off (use rediss:// or enable tls)")
+	if !tlsOn && (o.TLSCAFile != "" || o.TLSCertFile != "" || o.TLSSkipVerify || o.TLSSkipHostname) {
+		bad("TLS", "tls files, skip-verify or skip-hostname given but tls is off (use rediss:// or enable tls)")
 	}
 	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
 		bad("TLSCertFile", "TLSCertFile and TLSKeyFile go together")

@@ -43,7 +43,10 @@ type Store struct {
 	mastersMu sync.RWMutex
 	masters   map[string]*master
 	// live watches the sockets for the batchers (nil without New).
-	live    *liveness
+	live *liveness
+	// login backs off the client's dials after a refused login (nil
+	// without New).
+	login   *loginGate
 	clk     clock   // see clock
 	opts    Options // for the batchers and breakers of new masters
 	cluster bool
@@ -131,7 +134,8 @@ func newWithClock(opts Options, clk clock) (*Store, error) {
 	live := newLiveness(opts.Addrs, opts.Mode == Sentinel)
 	live.now, live.epoch = clk.Now, clk.Now()
 	live.timeout = opts.Timeout
-	hooks := dialHooks{wrap: live.wrap}
+	login := &loginGate{now: clk.Now}
+	hooks := dialHooks{wrap: live.wrap, login: login}
 	if opts.Mode == Sentinel {
 		mw = newMasterWatch(opts.Addrs)
 		hooks.watch = mw.dialed
@@ -141,6 +145,8 @@ func newWithClock(opts Options, clk clock) (*Store, error) {
 		return nil, err
 	}
 	s := newStore(c, opts, clk)
+	s.login = login
+	s.def.breaker.login = login
 	s.sentinelMaster = mw
 	s.live = live
 	s.batch.live = live

@@ -38,14 +38,19 @@ const warmRetry = 50 * time.Millisecond
 func (s *Store) Warm(ctx context.Context) error {
 	// said is the latest error Redis itself answered (a refused AUTH, a
 	// DB index out of range): when the warm-up runs out of time it is
-	// the one to report, not the timeout that ended the last attempt.
+	// the one to report, not the timeout that ended the last attempt, nor
+	// the dial backoff that followed the refusal.
 	var said error
 	for {
 		err := s.warmOnce(ctx)
+		s.login.observe(err) // warmOnce bypasses the breakers, which report the others
 		if err != nil {
 			switch CauseOf(err) {
 			case CauseTimeout, CauseStalled, CauseDeadline, CauseCanceled, CauseRefused:
 			default:
+				if errors.Is(err, ErrLoginBackoff) {
+					break
+				}
 				said = err
 			}
 		}

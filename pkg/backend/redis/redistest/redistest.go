@@ -60,6 +60,7 @@ type config struct {
 	user, userPW  string
 	tls           bool
 	tlsClientAuth bool
+	tlsNames      []string // WithTLSServerNames
 	maxmemory     string
 	replicaOf     *Server
 	cluster       bool
@@ -88,6 +89,13 @@ func WithACLUser(user, pw string) Option {
 // certificate for 127.0.0.1, ::1 and localhost signed by a CA generated for
 // this server (see Server.TLS). Client certificates are optional.
 func WithTLS() Option { return func(c *config) { c.tls = true } }
+
+// WithTLSServerNames is WithTLS with a server certificate issued for the
+// DNS names given alone, not for 127.0.0.1, localhost or ::1: a client
+// dialing Server.Addr that checks the name refuses it.
+func WithTLSServerNames(names ...string) Option {
+	return func(c *config) { c.tls, c.tlsNames = true, names }
+}
 
 // WithTLSClientAuth is WithTLS with client certificates required
 // (tls-auth-clients yes): clients must present Server.TLS.ClientCertFile.
@@ -172,7 +180,7 @@ func newServer(t testing.TB, cfg config) *Server {
 		s.busPort = testproc.FreePort(t)
 	}
 	if cfg.tls {
-		files, err := GenerateTLS(s.dir)
+		files, err := generateTLS(s.dir, cfg.tlsNames)
 		if err != nil {
 			t.Fatalf("redistest: %v", err)
 		}

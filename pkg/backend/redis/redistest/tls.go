@@ -34,12 +34,15 @@ type TLSFiles struct {
 
 	caPool     *x509.CertPool
 	clientCert tls.Certificate
+	serverName string // the name ClientConfig verifies; "" for the dialed host
 }
 
 // ClientConfig is a client tls.Config trusting the generated CA and
-// presenting the generated client certificate (TLS 1.2 minimum).
+// presenting the generated client certificate (TLS 1.2 minimum); it
+// verifies the server certificate's first name (WithTLSServerNames).
 func (f *TLSFiles) ClientConfig() *tls.Config {
 	return &tls.Config{
+		ServerName:   f.serverName,
 		RootCAs:      f.caPool,
 		Certificates: []tls.Certificate{f.clientCert},
 		MinVersion:   tls.VersionTLS12,
@@ -76,7 +79,11 @@ func (s *Server) TLSVersion(ctx context.Context) (uint16, error) {
 
 // GenerateTLS writes ca.crt, server.crt, server.key, client.crt and
 // client.key into dir.
-func GenerateTLS(dir string) (*TLSFiles, error) {
+func GenerateTLS(dir string) (*TLSFiles, error) { return generateTLS(dir, nil) }
+
+// generateTLS is GenerateTLS with a server certificate for the DNS names
+// serverNames alone (no IP address) when serverNames is not empty.
+func generateTLS(dir string, serverNames []string) (*TLSFiles, error) {
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -107,11 +114,14 @@ func GenerateTLS(dir string) (*TLSFiles, error) {
 		ClientKeyFile:  filepath.Join(dir, "client.key"),
 		caPool:         x509.NewCertPool(),
 	}
+	if len(serverNames) > 0 {
+		f.serverName = serverNames[0]
+	}
 	f.caPool.AddCert(caCert)
 	if err := writePEM(f.CAFile, "CERTIFICATE", caDER); err != nil {
 		return nil, err
 	}
-	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage, certFile, keyFile string) error {
+	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage, certFile, keyFile string, names ...string) error {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			return fmt.Errorf("redistest: %s key: %w", cn, err)
@@ -126,6 +136,9 @@ func GenerateTLS(dir string) (*TLSFiles, error) {
 			DNSNames:     []string{"localhost"},
 			IPAddresses:  []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
 		}
+		if len(names) > 0 {
+			tmpl.DNSNames, tmpl.IPAddresses = names, nil
+		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
 		if err != nil {
 			return fmt.Errorf("redistest: %s cert: %w", cn, err)
@@ -139,7 +152,7 @@ func GenerateTLS(dir string) (*TLSFiles, error) {
 		}
 		return writePEM(keyFile, "PRIVATE KEY", keyDER)
 	}
-	if err := leaf(2, "redistest server", x509.ExtKeyUsageServerAuth, f.CertFile, f.KeyFile); err != nil {
+	if err := leaf(2, "redistest server", x509.ExtKeyUsageServerAuth, f.CertFile, f.KeyFile, serverNames...); err != nil {
 		return nil, err
 	}
 	if err := leaf(3, "redistest client", x509.ExtKeyUsageClientAuth, f.ClientCertFile, f.ClientKeyFile); err != nil {
