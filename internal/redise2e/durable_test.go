@@ -71,14 +71,15 @@ type rlsInstance struct {
 // at pgURL. stop closes its server and stores (a ratelimitd restart).
 func startRLS(t *testing.T, redisURL, pgURL string, set *policy.Set) *rlsInstance {
 	t.Helper()
-	// The Redis store gets the durable store's Timeout too: a fast call
-	// that times out may have been counted in Redis and is never
+	// The Redis store gets the durable store's bound too, as Timeout and
+	// MaxWait (which caps every call's budget): a fast call or refund
+	// that runs out of budget may have been counted in Redis and is not
 	// refunded (a release of a hit that may not have been taken could
 	// under-count), so the exact fast count needs Redis to answer every
 	// call, which 200 concurrent calls on a loaded host may not do
 	// within exactTimeout.
 	ro := standaloneOpts(redisURL)
-	ro.Timeout = durableExactTimeout
+	ro.Timeout, ro.MaxWait = durableExactTimeout, durableExactTimeout
 	rs := newStore(t, ro)
 	po := postgres.DefaultOptions()
 	po.URL = pgURL
