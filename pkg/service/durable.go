@@ -68,10 +68,22 @@ func (s *Service) takeMixed(ctx context.Context, hits []algo.Hit, specs []*polic
 	return fastUndecided || durUndecided, gone
 }
 
-// refundTimeout bounds a refund of fast hits (refundFast), which runs
+// refundTimeout bounds a refund of fast hits (refundFast), which may run
 // past its request's deadline: long enough for a store under load, short
-// enough that a dead one holds no goroutine for long.
+// enough that a dead one holds no goroutine for long. A request whose
+// deadline is later gives its refund until then: the request waits that
+// long for it anyway.
 const refundTimeout = 2 * time.Second
+
+// refundDeadline is the deadline of a refund for the request of ctx: the
+// later of ctx's deadline and refundTimeout from now.
+func refundDeadline(ctx context.Context) time.Time {
+	dl := time.Now().Add(refundTimeout)
+	if d, ok := ctx.Deadline(); ok && d.After(dl) {
+		return d
+	}
+	return dl
+}
 
 // subset returns the hits and specs at idx, with decision and outcome
 // slices of the same length.
@@ -107,7 +119,8 @@ func deniesRequest(hits []algo.Hit, decs []algo.Decision) bool {
 // after the durable store denied the request: every hit the fast store or
 // the failure_mode local fallback admitted with a cost and does not keep.
 // The refunds run detached from the caller's cancellation so that they
-// complete; the request waits for them until its context ends, and a
+// complete (until refundDeadline); the request waits for them until its
+// context ends, and a
 // refund answered by then replaces the hit's decision, as a denied request
 // reports. Each refund is counted in ratelimitd_durable_refunds_total.
 func (s *Service) refundFast(ctx context.Context, idx []int, fh []algo.Hit, fdecs []algo.Decision, fouts []outcome, decs []algo.Decision) {
@@ -146,7 +159,7 @@ func (s *Service) refundFast(ctx context.Context, idx []int, fh []algo.Hit, fdec
 			h.Release, h.Charge, h.Soft = true, false, false
 			rh[m] = h
 		}
-		detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+		detached, cancel := context.WithDeadline(context.WithoutCancel(ctx), refundDeadline(ctx))
 		go func() {
 			defer cancel()
 			res := make([]algo.Decision, len(rh))

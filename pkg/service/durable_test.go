@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/policy"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -93,6 +94,58 @@ func TestDurableDenialRefundsFastHits(t *testing.T) {
 	// the fast store.
 	if f, d := e.fast.Calls(), e.durable.Calls(); f != 4+2+1 || d != 4 {
 		t.Errorf("calls: fast %d durable %d, want 7 and 4", f, d)
+	}
+}
+
+// deadlineStore records the deadline of each refund (a Take of released
+// hits) it passes on to its store.
+type deadlineStore struct {
+	service.Store
+	mu        sync.Mutex
+	deadlines []time.Time
+}
+
+func (s *deadlineStore) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
+	if len(hits) > 0 && hits[0].Release {
+		dl, _ := ctx.Deadline()
+		s.mu.Lock()
+		s.deadlines = append(s.deadlines, dl)
+		s.mu.Unlock()
+	}
+	return s.Store.Take(ctx, hits, out)
+}
+
+// The refund of a request the durable limit denied may take as long as
+// the request's own deadline allows, not only refundTimeout: a store
+// slowed by load answers it within the time the request waits for it.
+func TestDurableRefundGetsRequestDeadline(t *testing.T) {
+	c := &clock{now: t0}
+	reg := prometheus.NewRegistry()
+	fast := &deadlineStore{Store: newStore(t, c)}
+	opts := testOptions(c, fast, reg)
+	opts.Durable, opts.Fallback = newStore(t, c), newStore(t, c)
+	svc := newService(t, opts, nil)
+	set, _, err := policy.Load(policy.LoadOptions{Durable: policy.DurableOptions{Enabled: true}}, "testdata/durable.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetPolicy(set)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	want, _ := ctx.Deadline()
+	both := req("q", d("api", "k"), d("plan", "acme"))
+	for range 3 { // the plan admits 2
+		if _, err := svc.ShouldRateLimit(ctx, both); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fast.mu.Lock()
+	defer fast.mu.Unlock()
+	if len(fast.deadlines) != 1 {
+		t.Fatalf("%d refunds, want 1", len(fast.deadlines))
+	}
+	if got := fast.deadlines[0]; !got.Equal(want) {
+		t.Errorf("refund deadline %v, want the request's %v", got, want)
 	}
 }
 
