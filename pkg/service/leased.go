@@ -85,18 +85,45 @@ func (s *Service) takeLeased(ctx context.Context, hits []algo.Hit, specs []*poli
 				refund[r] = append(refund[r], h)
 			}
 		}
-		for r, rh := range refund {
-			st := s.opts.Store
-			if storeRole(r) == roleDurable {
-				st = s.opts.Durable
-			}
-			if len(rh) == 0 || st == nil {
-				continue
-			}
-			if err := st.Take(context.WithoutCancel(ctx), rh, make([]algo.Decision, len(rh))); err != nil {
-				s.logBackendError(causeOf(err), err, "service: refund of a request a leased limit denied failed; its other limits keep the units until their window ends")
-			}
-		}
+		s.refundLeaseDenied(ctx, refund)
 	}
 	return undecided, false
+}
+
+// refundLeaseDenied gives back, in each store, the exact hits of a request a
+// leased limit denied. Each refund runs detached until refundDeadline, so a
+// cancelled request still refunds; the request waits for the refunds only
+// until its own deadline, as a stalled store must not hold it past its
+// budget. Outcomes are counted in ratelimitd_leased_refunds_total.
+func (s *Service) refundLeaseDenied(ctx context.Context, refund [2][]algo.Hit) {
+	done := make(chan struct{}, len(refund))
+	n := 0
+	for r, rh := range refund {
+		st := s.opts.Store
+		if storeRole(r) == roleDurable {
+			st = s.opts.Durable
+		}
+		if len(rh) == 0 || st == nil {
+			continue
+		}
+		n++
+		detached, cancel := context.WithDeadline(context.WithoutCancel(ctx), refundDeadline(ctx))
+		go func() {
+			defer cancel()
+			if err := st.Take(detached, rh, make([]algo.Decision, len(rh))); err != nil {
+				s.m.leasedRefunds.WithLabelValues("error").Inc()
+				s.logBackendError(causeOf(err), err, "service: refund of a request a leased limit denied failed; its other limits keep the units until their window ends")
+			} else {
+				s.m.leasedRefunds.WithLabelValues("ok").Inc()
+			}
+			done <- struct{}{}
+		}()
+	}
+	for range n {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return
+		}
+	}
 }

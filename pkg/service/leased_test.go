@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -45,6 +46,20 @@ type failingLeases struct {
 	*memory.Store
 	down, stalled atomic.Bool
 	thaw          chan struct{}
+	// refundStalled makes Take of released hits (refunds) wait like a
+	// stalled Lease.
+	refundStalled atomic.Bool
+}
+
+func (f *failingLeases) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
+	if f.refundStalled.Load() && len(hits) > 0 && hits[0].Release {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-f.thaw:
+		}
+	}
+	return f.Store.Take(ctx, hits, out)
 }
 
 func (f *failingLeases) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
@@ -255,4 +270,56 @@ func equalCodes(a, b []rlsv3.RateLimitResponse_Code) bool {
 		}
 	}
 	return true
+}
+
+// TestLeasedRefundBoundedAndMetered: the refund of the exact hits of a
+// request a leased limit denied does not hold the request past its own
+// deadline when the store stalls, and its failure is counted.
+func TestLeasedRefundBoundedAndMetered(t *testing.T) {
+	svc, st, _, reg := newLeasedMetered(t, time.Minute)
+	if got := leasedCodes(t, svc, 1, "ex2", "lz2"); got[0] != okC {
+		t.Fatalf("ex2 + lz2: %v, want OK", got)
+	}
+	if got := metricValue(t, reg, "ratelimitd_leased_refunds_total", map[string]string{"result": "ok"}); got != 0 {
+		t.Fatalf("refunds ok = %v before any denial, want 0", got)
+	}
+	// lz2 (1/minute) denies the second request: ex2's unit is refunded.
+	if got := leasedCodes(t, svc, 1, "ex2", "lz2"); got[0] != overC {
+		t.Fatalf("ex2 + lz2 again: %v, want OVER_LIMIT", got)
+	}
+	if got := metricValue(t, reg, "ratelimitd_leased_refunds_total", map[string]string{"result": "ok"}); got != 1 {
+		t.Fatalf("refunds ok = %v, want 1", got)
+	}
+	st.refundStalled.Store(true)
+	t.Cleanup(func() { close(st.thaw) })
+	answered := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		descs := req("l")
+		descs.Descriptors = append(descs.Descriptors, d("ex2", "v"), d("lz2", "v"))
+		resp, err := svc.ShouldRateLimit(ctx, descs)
+		if err == nil && resp.GetOverallCode() != overC {
+			err = fmt.Errorf("code %v, want OVER_LIMIT", resp.GetOverallCode())
+		}
+		answered <- err
+	}()
+	// The refund stalls until thaw closes (at the end of the test); the
+	// request must be answered before that.
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("with the refund stalled: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request waited for a stalled refund past its deadline")
+	}
+	// The detached refund ends at its own deadline and is counted.
+	deadline := time.Now().Add(30 * time.Second)
+	for metricValue(t, reg, "ratelimitd_leased_refunds_total", map[string]string{"result": "error"}) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled refund was not counted as an error")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

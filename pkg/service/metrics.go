@@ -49,6 +49,7 @@ type metrics struct {
 	backendErrors   *prometheus.CounterVec   // cause
 	durableErrors   *prometheus.CounterVec   // cause
 	durableRefunds  *prometheus.CounterVec   // result
+	leasedRefunds   *prometheus.CounterVec   // result
 	reloads         *prometheus.CounterVec   // result
 	configInfo      *prometheus.GaugeVec     // hash
 	inflight        prometheus.Gauge
@@ -85,6 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		backendErrors:         r.counterVec("ratelimitd_backend_errors_total", "Store.Take errors by cause (the backend's bounded cause, timeout, canceled, fallback, other).", "cause"),
 		durableErrors:         r.counterVec("ratelimitd_durable_errors_total", "Durable store (store: durable limits) Take errors by cause (the store's bounded cause, timeout, canceled, unconfigured, other); the failure modes of those limits applied.", "cause"),
 		durableRefunds:        r.counterVec("ratelimitd_durable_refunds_total", "Requests whose fast-store hits were refunded because their durable limits denied or failed closed, by result (ok; error: the refund failed and those hits stay counted until their window ends).", "result"),
+		leasedRefunds:         r.counterVec("ratelimitd_leased_refunds_total", "Requests a consistency: leased limit denied whose exact hits were refunded, by result (ok; error: the refund failed and those hits stay counted until their window ends).", "result"),
 		reloads:               r.counterVec("ratelimitd_config_reloads_total", "Config loads by result: success (a changed config put in force), unchanged (same content as the config in force, nothing applied), failure (invalid config rejected), read_error (config files could not be read), watch_error (file watcher error).", "result"),
 		configInfo:            r.gaugeVec("ratelimitd_config_info", "1 for the hash of the config in force (one series at a time).", "hash"),
 		inflight:              r.gauge("ratelimitd_inflight_requests", "ShouldRateLimit calls being answered."),

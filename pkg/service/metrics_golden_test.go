@@ -43,7 +43,7 @@ func TestMetricsGolden(t *testing.T) {
 	}
 	got := b.String()
 	golden.Check(t, filepath.Join("testdata", "metrics.golden"), []byte(got))
-	if n := strings.Count(got, "\n"); n != 23 {
-		t.Errorf("%d metrics registered, want 23", n)
+	if n := strings.Count(got, "\n"); n != 24 {
+		t.Errorf("%d metrics registered, want 24", n)
 	}
 }
