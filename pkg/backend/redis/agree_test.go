@@ -118,6 +118,7 @@ func TestAgreementClusterWindowKeys(t *testing.T) {
 	o.Addrs = g.Addrs()
 	o.Timeout = 5 * time.Second
 	o.DialTimeout = 2 * time.Second
+	o.MaxWait = stateWithin // as newClusterStore
 	o.PoolSize = 8
 	o.Now = clk.Now
 	o.WindowKeys = true
