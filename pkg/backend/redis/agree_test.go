@@ -118,6 +118,7 @@ func TestAgreementClusterWindowKeys(t *testing.T) {
 	o.Addrs = g.Addrs()
 	o.Timeout = 5 * time.Second
 	o.DialTimeout = 2 * time.Second
+	o.MaxWait = stateWithin // as newClusterStore
 	o.PoolSize = 8
 	o.Now = clk.Now
 	o.WindowKeys = true
@@ -219,5 +220,49 @@ func agree(t *testing.T, s *redis.Store, clk *pinnedClock, o agreeOpts) {
 				}
 			})
 		})
+	}
+}
+
+// TestPinnedClockKeyOutlastsRealTime: with a pinned clock, a state key
+// written a microsecond before its state empties keeps a TTL of at least
+// an hour of real time, whether a lone hit (take1.lua) or a request of
+// two (take.lua) wrote it. Redis expires keys by real time, which passes
+// between a schedule's steps (TestAgreement) however the pinned clock
+// moves: a shorter TTL lets a starved host expire a count that the next
+// step, at the same pinned instant, must still see.
+func TestPinnedClockKeyOutlastsRealTime(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1, Period: 5 * time.Second}
+	p := l.Period.Microseconds()
+	// the last microsecond of an epoch-aligned window
+	end := time.UnixMicro((epoch0.UnixMicro()/p + 1) * p)
+	clk := newPinnedClock(end.Add(-time.Microsecond))
+	s := newTestStore(t, srv, clk.Now, 0)
+	for _, keys := range [][]string{{"pinned:lone"}, {"pinned:a", "pinned:b"}} {
+		hits := make([]algo.Hit, len(keys))
+		for i, k := range keys {
+			hits[i] = algo.Hit{Key: k, Limit: l, Cost: 1}
+		}
+		written := time.Now() // the keys are written after this
+		for i, want := range []bool{true, false} {
+			d, err := algotest.Take(ctx, s, hits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d[0].Allowed != want {
+				t.Fatalf("%q take %d at the window's last microsecond: %+v, want allowed %v", keys, i, d, want)
+			}
+		}
+		for _, k := range keys {
+			ttl, err := srv.Client().PTTL(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// an hour from the write, of which some real time has passed
+			if want := time.Hour - time.Since(written); ttl < want {
+				t.Errorf("PTTL %s = %v with a pinned clock, want at least %v (an hour from the write)", k, ttl, want)
+			}
+		}
 	}
 }

@@ -20,6 +20,10 @@ func newClusterStore(t testing.TB, g *redistest.ClusterGroup, now func() time.Ti
 	o.Addrs = g.Addrs()
 	o.Timeout = 2 * time.Second
 	o.DialTimeout = 2 * time.Second
+	// A call without a deadline may wait this long (its budget) on a
+	// starved host, as newTestStore's: its first call also loads the
+	// cluster's slots and scripts. These tests check decisions.
+	o.MaxWait = stateWithin
 	o.PoolSize = 8
 	o.Now = now
 	o.WindowKeys = false // take.lua's layout, as newTestStore

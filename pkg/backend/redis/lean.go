@@ -134,8 +134,15 @@ type leanArgs struct {
 	hits  []algo.Hit // copies of the segment's hits
 	ws    []int64    // per hit its window start (sliding_window)
 	keys  []string   // KEYS: per hit leanKeys
-	slack int64      // extra TTL ms (1000 with a pinned clock)
+	slack int64      // extra TTL ms (pinnedSlackMs with a pinned clock)
 }
+
+// pinnedSlackMs is added to a key's TTL when Options.Now pins the clock
+// (tests): Redis expires keys by real time, which a pinned clock does not
+// follow, so the TTL must outlast any real time a test spends between
+// steps, however starved the host. take.lua's ttl_ms and take1.lua add
+// the same.
+const pinnedSlackMs = 3_600_000
 
 // initLean fills a.lean from sg: the keys of the windows containing at
 // (sg.nowUS when pinned, else the estimate of the server's now).
@@ -145,7 +152,7 @@ func (a *segArgs) initLean(sg *segment) {
 	if at < 0 {
 		at = sg.estUS
 	} else {
-		w.slack = 1000
+		w.slack = pinnedSlackMs
 	}
 	w.keys = make([]string, 0, 2*len(sg.hits))
 	for i := range w.hits {

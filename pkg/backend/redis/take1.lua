@@ -302,7 +302,7 @@ local function one(s)
   if ms * 1000 > us then ms = ms - 1 elseif (ms + 1) * 1000 <= us then ms = ms + 1 end
   ms = ms + 1
   if ms < 1 then ms = 1 end
-  if pinned then ms = ms + 1000 end
+  if pinned then ms = ms + 3600000 end -- pinnedSlackMs (lean.go)
   call('SET', key, nv, 'PX', format('%d', ms))
   vals[key] = nv
   return line

@@ -92,6 +92,7 @@ func TestConformanceClusterWindowKeys(t *testing.T) {
 		o.Addrs = g.Addrs()
 		o.Timeout = 2 * time.Second
 		o.DialTimeout = 2 * time.Second
+		o.MaxWait = stateWithin // as newClusterStore
 		o.PoolSize = 8
 		o.Now = now
 		o.WindowKeys = true

@@ -6,14 +6,15 @@ end
 
 -- ttl_ms turns an expiry instant into a PX value: rounded up to the ms,
 -- plus 1 ms because Redis adds PX to its command-start time in whole ms
--- (up to 1 ms before TIME). With a pinned clock (tests) a second of slack
--- keeps real time, which passes between a test's steps, from expiring a key
--- the pinned clock still needs.
+-- (up to 1 ms before TIME). A pinned clock (tests) has no relation to the
+-- real time Redis expires keys by: an hour of slack (pinnedSlackMs in
+-- lean.go) keeps the real time that passes between a test's steps, however
+-- starved the host, from expiring a key the pinned clock still needs.
 local function ttl_ms(at)
   local us = at - now
   local ms = idiv(us + 999, 1000) + 1
   if ms < 1 then ms = 1 end
-  if pinned then ms = ms + 1000 end
+  if pinned then ms = ms + 3600000 end
   return fmt(ms)
 end
 
