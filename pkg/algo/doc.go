@@ -151,6 +151,8 @@
 // they are written and report their replayed decision; every other hit
 // that was not itself denied reports a check on its key's replayed state
 // at its place (the state before the request when no Kept hit precedes
-// it on that key), and hits that denied keep their decision. Without Kept
-// hits, nothing is written (see algotest.Reference).
+// it on that key), and hits that denied keep their decision. A Penalized
+// hit (Hit.Penalized) that denied and is not Kept writes its penalty box
+// as it stood after that hit (KeepPenalty); a Soft hit writes none. Without
+// Kept or such hits, nothing is written (see algotest.Reference).
 package algo

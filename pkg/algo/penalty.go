@@ -39,10 +39,11 @@ const (
 	PenaltyBlocked
 )
 
-// penalized reports whether h's penalty box applies: h has one and is a
+// Penalized reports whether h's penalty box applies: h has one and is a
 // take that can fail its request (a Soft hit, shadow or quota mode, never
-// counts denials or blocks; a release is always allowed).
-func (h Hit) penalized() bool { return h.Penalty.On() && !h.Soft && !h.Release }
+// counts denials or blocks; a release is always allowed). Only such a hit
+// keeps its denial count and block when its request is denied.
+func (h Hit) Penalized() bool { return h.Penalty.On() && !h.Soft && !h.Release }
 
 // applyPenalty is Apply for a penalized hit at t (µs): while a block is in
 // force the hit is denied without deciding the limit (with Extend the

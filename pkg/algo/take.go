@@ -73,7 +73,7 @@ func Release(l Limit, prev State, now time.Time, n int64) (State, Decision) {
 // the Penalty.After-th denial within Penalty.Within starts a block
 // (Decision.Penalty says which).
 func Apply(prev State, h Hit, now time.Time) (State, Decision) {
-	if h.penalized() {
+	if h.Penalized() {
 		s, d, o := applyPenalty(prev, h, now.UnixMicro())
 		out := d.out()
 		out.Penalty = o

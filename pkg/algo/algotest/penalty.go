@@ -11,7 +11,8 @@ import (
 // is denied until the block's end (later with Extend), the count starts
 // again after a block, denials outside Within do not count, Soft hits
 // never count or block, releases pass a block, and a denied request
-// keeps its penalized hits' counts while its other hits roll back.
+// keeps its penalized hits' counts (a Soft hit's none) while its other
+// hits roll back.
 func penaltyTables() []Table {
 	// 2 per 10 s windows; 3 denials within 1 min block for 30 s
 	fixed := algo.Limit{Kind: algo.FixedWindow, Rate: 2, Period: 10 * sec}
@@ -119,6 +120,18 @@ func penaltyTables() []Table {
 				Want: []algo.Decision{blocked(9 * sec)}},
 			{At: 22 * sec, Hits: []algo.Hit{charge(hit("p", fixed, two)), {Key: "b", Limit: big, Cost: 1}},
 				Want: []algo.Decision{OK(1, 8*sec, 8*sec), OK(2, 38*sec, 38*sec)}},
+		}},
+		{Name: "penalty_box_soft_rollback", Steps: []Step{
+			// a denied request keeps the counts of its penalized hits only:
+			// the always_charge check's denial that denied the request is
+			// replayed (and admitted) on the state before it, and the
+			// later Soft hit on the same key keeps no count either
+			step(0, hit("k", fixed, two), OK(1, 10*sec, 10*sec)),
+			{At: 1 * sec, Hits: []algo.Hit{hit("k", fixed, two), charge(check(hit("k", fixed, two))), soft(hit("k", fixed, two))},
+				Want: []algo.Decision{OK(1, 9*sec, 9*sec), OK(1, 9*sec, 9*sec), Deny(0, 9*sec, 9*sec, 9*sec)}},
+			step(2*sec, hit("k", fixed, two), OK(0, 8*sec, 8*sec)),
+			step(3*sec, hit("k", fixed, two), Deny(0, 7*sec, 7*sec, 7*sec)), // denial 1
+			step(4*sec, hit("k", fixed, two), started(20*sec)),              // denial 2
 		}},
 	}
 }

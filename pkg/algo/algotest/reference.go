@@ -17,8 +17,10 @@ import (
 // Otherwise (a check-only hit too can deny) the request is replayed on
 // the states before it with only its Kept hits (releases and
 // always_charge hits, algo.Hit.Kept): those are applied in order and
-// report their replayed decision; a hit with a penalty box that denied
-// keeps its denial count and block (algo.KeepPenalty); the other hits that did not deny
+// report their replayed decision; a penalized hit (algo.Hit.Penalized)
+// that denied keeps its denial count and block (algo.KeepPenalty), and a
+// Soft hit keeps nothing, not even a count an earlier hit of the request
+// made; the other hits that did not deny
 // report a check (algo.Take with cost 0) on their key's replayed state at
 // their place in the request, and the hits that denied keep their
 // decision. The returned slice has one decision per hit.
@@ -57,7 +59,7 @@ func Reference(states map[string]algo.State, hits []algo.Hit, now time.Time) []a
 		case h.Kept():
 			st, out[i] = algo.Apply(st, h, now)
 			tent[h.Key] = st
-		case !out[i].Allowed && h.Penalty.On():
+		case !out[i].Allowed && h.Penalized():
 			tent[h.Key] = algo.KeepPenalty(st, after[i])
 		case out[i].Allowed:
 			_, out[i] = algo.Take(h.Limit, st, now, 0)

@@ -355,8 +355,9 @@ func (s *Store) take(c *call, hits []algo.Hit, now time.Time, out []algo.Decisio
 					kept = make(map[string]tent, len(hits))
 				}
 				kept[h.Key] = t
-			case !out[i].Allowed && h.Penalty.On():
+			case !out[i].Allowed && h.Penalized():
 				// the denial count and block of a penalized hit are kept
+				// (a Soft hit's box is only what earlier hits left)
 				t.st = algo.KeepPenalty(t.st, after[i])
 				t.limit = h.Limit
 				if kept == nil {

@@ -193,7 +193,7 @@ do
           else
             local h = hits[i]
             h.pkey, h.after, h.within, h.block, h.extend = pkey, after, within, block, FLAGS[flags] >= 16
-            -- algo.Hit.penalized: soft hits and releases ignore the box
+            -- algo.Hit.Penalized: soft hits and releases ignore the box
             h.pen = not h.soft and not h.release
           end
         end
