@@ -146,7 +146,10 @@ type Options struct {
 	//     configuration loaded" instead of Unavailable;
 	//   - a denied limit reports limit_remaining 0 (its status, and the
 	//     legacy remaining header when it is the chosen limit), where
-	//     ratelimitd reports what is left for a smaller request.
+	//     ratelimitd reports what is left for a smaller request;
+	//   - quota_mode descriptors never deny the request: when every one
+	//     is over its limit the overall code stays OK (their statuses say
+	//     OVER_LIMIT), where ratelimitd answers OVER_LIMIT.
 	// The zero value keeps ratelimitd's answers.
 	ReferenceAnswers bool
 	// NearLimitRatio in (0, 1]: an allowed decision that leaves
