@@ -59,8 +59,8 @@ func (s *server) startConfigSource() {
 
 // apply installs a freshly loaded config. It runs on the watcher's and on
 // the SIGHUP goroutine, one at a time. A load whose content is the
-// config in force's (same SourceHash) is a no-op: the policy, the
-// detailed_metric label budget and the store's over-limit cache stay,
+// config in force's (same SourceHash) is a no-op: the policy and the
+// store's over-limit cache stay,
 // it counts as result="unchanged" and logs at debug only.
 func (s *server) apply(set *policy.Set, warnings []policy.Warning) {
 	s.reloadMu.Lock()

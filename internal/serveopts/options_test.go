@@ -197,6 +197,13 @@ func TestParseServeErrors(t *testing.T) {
 		{"tls half", []string{"--grpc-tls-cert=c"}, nil, `go together`},
 		{"san without ca", []string{"--grpc-tls-cert=c", "--grpc-tls-key=k", "--grpc-tls-client-san=x"}, nil, `needs --grpc-tls-client-ca`},
 		{"bad addr", []string{"--grpc-addr=8081"}, nil, `--grpc-addr`},
+		{"empty grpc port", []string{"--grpc-addr=:"}, nil, `--grpc-addr=":": missing port`},
+		{"empty http port", []string{"--http-addr=127.0.0.1:"}, nil, `--http-addr="127.0.0.1:": missing port`},
+		{"empty debug port", []string{"--debug-addr=:"}, nil, `--debug-addr=":": missing port`},
+		{"empty metrics port", []string{"--metrics-addr=:"}, nil, `--metrics-addr=":": missing port`},
+		{"empty statsd port", []string{"--statsd-addr=localhost:"}, nil, `--statsd-addr="localhost:": missing port`},
+		{"port out of range", []string{"--grpc-addr=127.0.0.1:99999"}, nil, `--grpc-addr="127.0.0.1:99999": bad port "99999"`},
+		{"negative port", []string{"--http-addr=127.0.0.1:-1"}, nil, `--http-addr="127.0.0.1:-1": bad port`},
 		{"positional", []string{"extra"}, nil, `no arguments`},
 		{"several at once", []string{"--backend=x", "--log-level=loud"}, nil, `(?s)backend.*log-level`},
 	}

@@ -27,12 +27,22 @@ func OneOf(name, v string, allowed ...string) error {
 }
 
 // checkAddr refuses a --name that is no host:port ("" passes when optional).
+// The port must be given and be a port number (0 to 65535) or a service
+// name: net.Listen would take ":" as a random port on every interface, and
+// an out-of-range port would fail only when the listener opens.
 func checkAddr(name, v string, optional bool) error {
 	if v == "" && optional {
 		return nil
 	}
-	if _, _, err := net.SplitHostPort(v); err != nil {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil {
 		return fmt.Errorf("--%s=%q: %w", name, v, err)
+	}
+	if port == "" {
+		return fmt.Errorf("--%s=%q: missing port (is the variable that sets it empty?)", name, v)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("--%s=%q: bad port %q: want 0 to 65535", name, v, port)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package serveopts
 
 import (
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -158,5 +159,29 @@ func TestRedisTuningFlagErrors(t *testing.T) {
 	_, _, err := Parse([]string{"--redis-pipelines=-1", "--redis-breaker-probes=-1"}, env(), io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "--redis-pipelines") || !strings.Contains(err.Error(), "--redis-breaker-probes") {
 		t.Errorf("joined errors: %v", err)
+	}
+}
+
+// TestBackendTargetSentinel: in Sentinel mode the backend log line names
+// the master and the sentinels, not a URL pointing at the first sentinel,
+// and never the password.
+func TestBackendTargetSentinel(t *testing.T) {
+	o, _, err := Parse(nil, env("BACKEND_TYPE", "redis", "REDIS_TYPE", "sentinel", "REDIS_URL", "mymaster,127.0.0.1:26379,127.0.0.1:26380", "REDIS_AUTH", "s3cretpw"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs := map[string]any{}
+	kv := BackendTarget(o)
+	for i := 0; i+1 < len(kv); i += 2 {
+		attrs[kv[i].(string)] = kv[i+1]
+	}
+	if attrs["master"] != "mymaster" || attrs["sentinels"] != "127.0.0.1:26379,127.0.0.1:26380" {
+		t.Errorf("attrs %v: want master=mymaster sentinels=127.0.0.1:26379,127.0.0.1:26380", attrs)
+	}
+	if _, ok := attrs["url"]; ok {
+		t.Errorf("attrs %v: a url in Sentinel mode", attrs)
+	}
+	if s := fmt.Sprint(kv); strings.Contains(s, "s3cretpw") || strings.Contains(s, "xxxxx") {
+		t.Errorf("attrs %s: a password or its mask", s)
 	}
 }

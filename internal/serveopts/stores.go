@@ -77,12 +77,19 @@ func BackendTarget(o Options) []any {
 	if o.Backend != "redis" {
 		return []any{"type", o.Backend}
 	}
-	attrs := []any{"type", "redis", "mode", string(o.Redis.Mode), "url", redis.RedactURL(o.Redis.URL)}
-	if len(o.Redis.Addrs) > 0 {
-		attrs = append(attrs, "addrs", secrets.Redact(secrets.Address, strings.Join(o.Redis.Addrs, ",")))
-	}
-	if o.Redis.MasterName != "" {
-		attrs = append(attrs, "master", o.Redis.MasterName)
+	attrs := []any{"type", "redis", "mode", string(o.Redis.Mode)}
+	switch o.Redis.Mode {
+	case redis.Sentinel:
+		// The URL's host is not dialed in Sentinel mode (it gives only the
+		// credentials, database and TLS): name the master and the sentinels.
+		attrs = append(attrs, "master", o.Redis.MasterName, "sentinels", secrets.Redact(secrets.Address, strings.Join(o.Redis.Addrs, ",")), "tls", strings.HasPrefix(o.Redis.URL, "rediss://"))
+	case redis.Cluster:
+		attrs = append(attrs, "addrs", secrets.Redact(secrets.Address, strings.Join(o.Redis.Addrs, ",")), "tls", strings.HasPrefix(o.Redis.URL, "rediss://"))
+	default:
+		attrs = append(attrs, "url", redis.RedactURL(o.Redis.URL))
+		if len(o.Redis.Addrs) > 0 {
+			attrs = append(attrs, "addrs", secrets.Redact(secrets.Address, strings.Join(o.Redis.Addrs, ",")))
+		}
 	}
 	if o.Redis.PasswordFile != "" {
 		attrs = append(attrs, "password_file", o.Redis.PasswordFile)

@@ -73,6 +73,16 @@ func (p *parser) descriptor(m *yaml.Node) *node {
 	if n.kind == valueCIDR && p.literal {
 		n.kind = valueExact // the reference compares values as strings
 	}
+	if n.kind == valuePattern && p.literal {
+		// The reference's only wildcard is a trailing '*', a prefix match
+		// on the rest of the value taken literally ("foo*bar*" matches
+		// "foo*bar" and what follows); any other '*' is plain text.
+		if prefix, ok := strings.CutSuffix(n.value, "*"); ok {
+			n.pat = prefixPattern(prefix)
+		} else {
+			n.kind = valueExact
+		}
+	}
 	if n.kind == valueCIDR {
 		p.cidr(n, f.valueLine)
 	} else if n.kind == valueExact && !p.literal && prefixLike(n.value) {

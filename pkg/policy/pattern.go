@@ -19,6 +19,12 @@ func compilePattern(v string) pattern {
 	return pattern{segs: segs, min: n}
 }
 
+// prefixPattern matches the strings that begin with prefix, '*' in it
+// included as text.
+func prefixPattern(prefix string) pattern {
+	return pattern{segs: []string{prefix, ""}, min: len(prefix)}
+}
+
 // match reports whether s matches the pattern.
 func (p *pattern) match(s string) bool {
 	if len(s) < p.min {

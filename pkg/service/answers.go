@@ -23,6 +23,9 @@ type answerPolicy interface {
 	// remaining is the limit_remaining reported for decision d, and the
 	// legacy remaining header's value.
 	remaining(d algo.Decision) int64
+	// quotaDenies reports whether a request whose quota_mode descriptors
+	// are all over their limits is denied (OVER_LIMIT overall).
+	quotaDenies() bool
 }
 
 func newAnswerPolicy(reference bool) answerPolicy {
@@ -43,17 +46,20 @@ func (nativeAnswers) noConfig() error {
 	return status.Error(codes.Unavailable, "service: no rate limit configuration loaded")
 }
 func (nativeAnswers) remaining(d algo.Decision) int64 { return max(d.Remaining, 0) }
+func (nativeAnswers) quotaDenies() bool               { return true }
 
 // referenceAnswers are envoyproxy/ratelimit's: a descriptor with no
 // entries, or an entry with an empty key, matches nothing; an empty
 // domain or descriptor list and a call before the first config fail with
 // the reference's plain error (codes.Unknown, its message); a denied
-// limit reports limit_remaining 0.
+// limit reports limit_remaining 0; quota_mode never denies the request
+// (the violation shows only in its descriptor status and metadata).
 type referenceAnswers struct{}
 
 func (referenceAnswers) emptyRequest(msg string) error { return referenceError(msg) }
 func (referenceAnswers) emptyEntries() bool            { return true }
 func (referenceAnswers) noConfig() error               { return referenceError("no rate limit configuration loaded") }
+func (referenceAnswers) quotaDenies() bool             { return false }
 func (referenceAnswers) remaining(d algo.Decision) int64 {
 	if !d.Allowed {
 		return 0

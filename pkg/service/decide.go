@@ -338,8 +338,9 @@ func (s *Service) matchDescriptor(st *descState, set *policy.Set, domain string,
 // evaluate sets each descriptor's denied flag from decs and reports
 // whether the request as a whole is denied (docs/responses.md,
 // "overall_code"): any
-// non-shadow, non-quota descriptor denied, or at least one quota
-// descriptor with a limit and every such descriptor denied.
+// non-shadow, non-quota descriptor denied, or (not in reference mode,
+// answerPolicy.quotaDenies) at least one quota descriptor with a limit
+// and every such descriptor denied.
 func (s *Service) evaluate(ds []descState, decs []algo.Decision) bool {
 	enforced := false
 	quotaN, quotaOver := 0, 0
@@ -365,5 +366,5 @@ func (s *Service) evaluate(ds []descState, decs []algo.Decision) bool {
 			enforced = true
 		}
 	}
-	return enforced || (quotaN > 0 && quotaOver == quotaN)
+	return enforced || (s.answers.quotaDenies() && quotaN > 0 && quotaOver == quotaN)
 }

@@ -15,8 +15,6 @@ type observer interface {
 	// configLoaded is one config load or watcher event (CountReload);
 	// set is the config put in force with ReloadSuccess, else nil.
 	configLoaded(r ReloadResult, set *policy.Set)
-	// policySet is a SetPolicy: budgets per applied config start again.
-	policySet()
 	// globalShadow is a denied request that global shadow mode answered OK.
 	globalShadow()
 	// backendFailed is one failed store call of role, cause its error's.
@@ -59,12 +57,6 @@ func (o observers) configLoaded(r ReloadResult, set *policy.Set) {
 	o.prom.configLoaded(r, set)
 	if o.ref != nil {
 		o.ref.configLoaded(r, set)
-	}
-}
-
-func (o observers) policySet() {
-	if o.ref != nil {
-		o.ref.policySet()
 	}
 }
 
@@ -122,8 +114,6 @@ func (p promObserver) configLoaded(r ReloadResult, set *policy.Set) {
 		p.m.configInfo.WithLabelValues(set.Hash()).Set(1)
 	}
 }
-
-func (promObserver) policySet() {}
 
 func (p promObserver) globalShadow() { p.m.globalShadow.Inc() }
 

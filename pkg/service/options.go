@@ -70,7 +70,7 @@ const (
 	// (RFC 9457 §3.1.1; IANA HTTP Problem Types registry).
 	DefaultProblemTypeBase = "https://iana.org/assignments/http-problem-types#"
 	// DefaultDetailedMetricCap bounds the number of distinct rule label
-	// values that detailed_metric rules may create per loaded config;
+	// values that detailed_metric rules may create in the process's life;
 	// further values are counted under the label "_other".
 	DefaultDetailedMetricCap = 1000
 	// DefaultFailClosedRetryAfter is the Retry-After base of a
@@ -146,7 +146,10 @@ type Options struct {
 	//     configuration loaded" instead of Unavailable;
 	//   - a denied limit reports limit_remaining 0 (its status, and the
 	//     legacy remaining header when it is the chosen limit), where
-	//     ratelimitd reports what is left for a smaller request.
+	//     ratelimitd reports what is left for a smaller request;
+	//   - quota_mode descriptors never deny the request: when every one
+	//     is over its limit the overall code stays OK (their statuses say
+	//     OVER_LIMIT), where ratelimitd answers OVER_LIMIT.
 	// The zero value keeps ratelimitd's answers.
 	ReferenceAnswers bool
 	// NearLimitRatio in (0, 1]: an allowed decision that leaves
@@ -179,9 +182,9 @@ type Options struct {
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
 	DynamicMetadata bool
 	// DetailedMetricCap bounds the distinct rule label values that
-	// detailed_metric rules may create per loaded config; further values
-	// are counted under "_other". 0 means DefaultDetailedMetricCap;
-	// negative is invalid.
+	// detailed_metric rules may create in the process's life (reloads do
+	// not grant it again); further values are counted under "_other".
+	// 0 means DefaultDetailedMetricCap; negative is invalid.
 	DetailedMetricCap int
 	// DisableDetailedMetrics labels detailed_metric rules by Rule.Path,
 	// as other rules, instead of by their descriptor values; the zero

@@ -39,8 +39,8 @@ type refStats struct {
 	redisError        *statsd.Counter
 	serviceError      *statsd.Counter
 
-	// dyn holds the stats of keys that carry request values, bounded per
-	// applied config (replaced by SetPolicy).
+	// dyn holds the stats of keys that carry request values, bounded for
+	// the process's life (reloads keep it).
 	dyn atomic.Pointer[refDynamic]
 
 	methods sync.Map // gRPC full method → *refMethod
@@ -58,7 +58,7 @@ type refKeyStats struct {
 
 // refDynamic bounds the stat keys built from request values
 // (value_to_metric levels, request limit overrides, unknown domains) to
-// Options.DetailedMetricCap distinct keys per applied config, like the
+// Options.DetailedMetricCap distinct keys for the process's life, like the
 // detailed_metric labels of ratelimitd_decisions_total.
 type refDynamic struct {
 	cap  *labelCap
@@ -86,13 +86,8 @@ func newRefStats(c *statsd.Client, capN int, nearRatio float64) *refStats {
 		redisError:        c.Counter(refCallPrefix + "redis_error"),
 		serviceError:      c.Counter(refCallPrefix + "service_error"),
 	}
-	r.policySet()
-	return r
-}
-
-// policySet starts a new request-value key budget (SetPolicy).
-func (r *refStats) policySet() {
 	r.dyn.Store(&refDynamic{cap: newLabelCap(max(r.capN, 0))})
+	return r
 }
 
 // configLoaded counts config_load_success (success, unchanged) or

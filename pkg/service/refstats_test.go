@@ -260,7 +260,7 @@ func TestStatsdHitStats(t *testing.T) {
 }
 
 // detailed_metric and value_to_metric stat keys carry request values,
-// bounded by DetailedMetricCap per applied config; IPv4 dots become '_'
+// bounded by DetailedMetricCap for the process's life; IPv4 dots become '_'
 // as in envoyproxy/ratelimit's SanitizeStatName.
 func TestStatsdRequestValueKeys(t *testing.T) {
 	e := startRefEnv(t, nil, func(o *service.Options) { o.DetailedMetricCap = 2 })
@@ -289,11 +289,14 @@ func TestStatsdRequestValueKeys(t *testing.T) {
 	if dec := gatherValue(t, e.reg, "ratelimitd_decisions_total", map[string]string{"rule": service.LabelOther}); dec != 1 {
 		t.Errorf("Prometheus _other decisions %v, want 1", dec)
 	}
-	// A new config starts a new budget.
+	// A new config does not grant the budget again: "c" stays past the cap.
 	e.svc.SetPolicy(e.svc.Policy())
 	e.call(t, req("rl", d("client", "c")))
-	if got := e.flush(t); got[p+"rl.client_c.total_hits|c"] != 1 {
-		t.Errorf("after SetPolicy: rl.client_c.total_hits = %v, want 1", got[p+"rl.client_c.total_hits|c"])
+	if got := e.flush(t); got[p+"rl.client_c.total_hits|c"] != 0 || got[p+"rl._other.total_hits|c"] != 2 {
+		t.Errorf("after SetPolicy: rl.client_c.total_hits = %v, rl._other.total_hits = %v, want 0 and 2", got[p+"rl.client_c.total_hits|c"], got[p+"rl._other.total_hits|c"])
+	}
+	if dec := gatherValue(t, e.reg, "ratelimitd_decisions_total", map[string]string{"rule": service.LabelOther}); dec != 2 {
+		t.Errorf("after SetPolicy: Prometheus _other decisions %v, want 2", dec)
 	}
 }
 

@@ -52,11 +52,16 @@ func (s *Service) status(st *descState, decs []algo.Decision, outs []outcome, p 
 	}
 	a := reported(st, decs, outs)
 	d := decs[a.hit]
+	ds.CurrentLimit = currentLimit(a.spec, &p.limit)
+	ds.LimitRemaining = clampU32(s.answers.remaining(d))
+	if st.denied && st.quota && !st.shadow && !s.answers.quotaDenies() {
+		// The pinned reference answers an over-limit quota descriptor OK
+		// with no duration_until_reset; only its metadata tells.
+		return ds
+	}
 	if st.denied && !st.shadow {
 		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	ds.CurrentLimit = currentLimit(a.spec, &p.limit)
-	ds.LimitRemaining = clampU32(s.answers.remaining(d))
 	reset := d.ResetAfter
 	if outs[a.hit] == byFailedOpen {
 		reset = window(a.spec)

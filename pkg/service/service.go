@@ -74,14 +74,13 @@ func New(opts Options) (*Service, error) {
 
 // SetPolicy swaps the policy snapshot in force (atomically; requests in
 // flight finish on the snapshot they started with). A nil set is ignored.
-// It also resets the detailed_metric label budget.
+// The detailed_metric label budget is the process's: a new config does not
+// grant it again, so the labels stay bounded across reloads.
 func (s *Service) SetPolicy(set *policy.Set) {
 	if set == nil {
 		return
 	}
 	s.snap.Store(newSnapshot(set))
-	s.detailed.Store(newLabelCap(max(s.opts.DetailedMetricCap, 0)))
-	s.obs.policySet()
 }
 
 // Policy returns the snapshot in force, nil before the first SetPolicy.
