@@ -39,7 +39,10 @@ func TestManyBucketsShareDemand(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = store.Close() })
 	reg := prometheus.NewRegistry()
-	s, err := New(Options{Store: store, Demand: store, Leases: store, Registerer: reg, Replica: "a"})
+	// A round's budget is Interval/2: an Interval of 10 s gives the
+	// rounds (300 counters' demand and leases, one call each) a budget a
+	// loaded host meets; the per-request timeout stays 10 ms.
+	s, err := New(Options{Store: store, Demand: store, Leases: store, Registerer: reg, Replica: "a", Interval: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

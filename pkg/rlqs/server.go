@@ -101,6 +101,11 @@ type Options struct {
 	// Replica names this process in stream ids shared through Demand (a
 	// random id when empty).
 	Replica string
+
+	// joinTimeout, when not 0, replaces the constant joinTimeout: the
+	// package's tests on a real store, whose premise is that the store
+	// answers a new bucket's join, give it what a loaded host meets.
+	joinTimeout time.Duration
 }
 
 // Validate reports every invalid field, joined, each a
@@ -153,6 +158,9 @@ type Server struct {
 	logs    *loglimit.Limiter
 	// reported counts processed report messages (tests wait on it).
 	reported atomic.Int64
+	// joinTimeout bounds the store calls of a new bucket's join (the
+	// constant, or Options.joinTimeout).
+	joinTimeout time.Duration
 }
 
 // keyState is what the server keeps per counter between rounds.
@@ -212,7 +220,11 @@ func New(opt Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{opt: opt, log: log.With("component", "rlqs"), now: opt.Now, m: m, closed: make(chan struct{}),
+	join := joinTimeout
+	if opt.joinTimeout > 0 {
+		join = opt.joinTimeout
+	}
+	return &Server{opt: opt, log: log.With("component", "rlqs"), now: opt.Now, m: m, closed: make(chan struct{}), joinTimeout: join,
 		streams: map[*stream]struct{}{}, keys: map[string]*keyState{}, logs: loglimit.New(logEvery)}, nil
 }
 
