@@ -57,14 +57,16 @@ func (e *Events) OnCircuit(to redis.BreakerState) {
 // circuit opens, one when it closes, each with the half-open probes that
 // failed meanwhile, and while it stays open one line per
 // redis.DefaultBreakerReportEvery at most, rather than one per probe.
+// open_for is measured on the breaker's clock (Report.OpenFor), the one
+// its Since was read from.
 func (e *Events) OnReport(r redis.BreakerReport) {
 	switch {
 	case r.To == redis.BreakerClosed:
 		e.log.Info("backend circuit closed: a probe succeeded, calls go to the backend again",
-			"backend", e.backend, "circuit", r.To.String(), "failed_probes", r.FailedProbes, "open_for", time.Since(r.Since).Round(time.Millisecond).String())
+			"backend", e.backend, "circuit", r.To.String(), "failed_probes", r.FailedProbes, "open_for", r.OpenFor().Round(time.Millisecond).String())
 	case r.Still:
 		e.log.Warn("backend circuit still open: probes keep failing; decisions get the rules' failure modes",
-			"backend", e.backend, "circuit", r.To.String(), "failed_probes", r.FailedProbes, "open_for", time.Since(r.Since).Round(time.Millisecond).String())
+			"backend", e.backend, "circuit", r.To.String(), "failed_probes", r.FailedProbes, "open_for", r.OpenFor().Round(time.Millisecond).String())
 	default:
 		e.log.Warn("backend circuit opened: calls fail fast and decisions get the rules' failure modes until a probe succeeds", "backend", e.backend, "circuit", r.To.String())
 	}

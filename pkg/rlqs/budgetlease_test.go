@@ -109,7 +109,9 @@ descriptors:
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	r := newRig(t, cfg, store, func(o *Options) { o.Leases = store })
+	// The join's store calls get a budget a loaded host meets (see
+	// TestNewStreamOnSpentBudget).
+	r := newRig(t, cfg, store, func(o *Options) { o.Leases, o.joinTimeout, o.roundTimeout = store, 30*time.Second, 30*time.Second })
 	set := loadSet(t, cfg)
 	m, ok := set.Match("edge", []policy.Entry{{Key: "tenant", Value: "t1"}})
 	if !ok {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/ratelimitd/ratelimitd/pkg/fairshare"
@@ -178,6 +179,9 @@ func (s *Server) divideAll(now time.Time, ins map[string]*keyIn, join bool) map[
 // of its shares on several counters, and of extra.
 func (s *Server) sendShares(per map[string]map[*bucket]share, extra []*bucket) {
 	shares := combined(per)
+	// Each stream's actions are queued at once, so that its sender sends
+	// them as one response rather than as many as it happens to wake for.
+	out := map[*stream]map[string]*rlqspb.RateLimitQuotaResponse_BucketAction{}
 	send := func(b *bucket) {
 		var st *typev3.RateLimitStrategy
 		switch sh, ok := shares[b]; {
@@ -188,7 +192,10 @@ func (s *Server) sendShares(per map[string]map[*bucket]share, extra []*bucket) {
 		}
 		b.sent = st
 		s.m.count(st)
-		b.st.queue(b, assignment(b.id, st, s.TTL()))
+		if out[b.st] == nil {
+			out[b.st] = map[string]*rlqspb.RateLimitQuotaResponse_BucketAction{}
+		}
+		out[b.st][b.canon] = assignment(b.id, st, s.TTL())
 	}
 	for b := range shares {
 		send(b)
@@ -197,6 +204,9 @@ func (s *Server) sendShares(per map[string]map[*bucket]share, extra []*bucket) {
 		if _, ok := shares[b]; !ok {
 			send(b)
 		}
+	}
+	for st, actions := range out {
+		st.queueAll(actions)
 	}
 }
 

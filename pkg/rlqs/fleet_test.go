@@ -284,7 +284,10 @@ func fleetDuration() (run, kill time.Duration) {
 
 func newReplica(t testing.TB, store Store, demand Demand, clock *fakeClock, name string, set *policy.Set) *Server {
 	t.Helper()
-	o := Options{Store: store, Demand: demand, Now: clock.Now, Replica: name}
+	// The rounds and joins of the simulation's clock get real-time budgets
+	// a loaded host meets: the bounds are on the division, given a store
+	// that answers.
+	o := Options{Store: store, Demand: demand, Now: clock.Now, Replica: name, joinTimeout: 30 * time.Second, roundTimeout: 30 * time.Second}
 	if l, ok := store.(LeaseStore); ok {
 		// The memory and Redis stores lease on the counters Take decides
 		// (Redis: window keys), as cmd/ratelimitd sets them.

@@ -235,7 +235,7 @@ func (s *Server) reserveJoin(per map[string]map[*bucket]share, fresh []*bucket) 
 		return
 	}
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), min(joinTimeout, s.opt.Interval/2))
+	ctx, cancel := context.WithTimeout(context.Background(), min(s.joinTimeout, s.roundTimeout))
 	s.reserve(ctx, "reserve_join", rs)
 	cancel()
 	s.mu.Lock()

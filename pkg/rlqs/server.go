@@ -101,6 +101,13 @@ type Options struct {
 	// Replica names this process in stream ids shared through Demand (a
 	// random id when empty).
 	Replica string
+
+	// joinTimeout and roundTimeout, when not 0, replace the real-time
+	// budgets of a new bucket's join (the constant joinTimeout) and of a
+	// round (Interval/2): the package's tests on a real store, whose
+	// premise is that the store answers, give them what a loaded host
+	// meets without changing Interval.
+	joinTimeout, roundTimeout time.Duration
 }
 
 // Validate reports every invalid field, joined, each a
@@ -153,6 +160,9 @@ type Server struct {
 	logs    *loglimit.Limiter
 	// reported counts processed report messages (tests wait on it).
 	reported atomic.Int64
+	// joinTimeout bounds the store calls of a new bucket's join, and
+	// roundTimeout those of a round (see Options.joinTimeout).
+	joinTimeout, roundTimeout time.Duration
 }
 
 // keyState is what the server keeps per counter between rounds.
@@ -212,7 +222,14 @@ func New(opt Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{opt: opt, log: log.With("component", "rlqs"), now: opt.Now, m: m, closed: make(chan struct{}),
+	join, round := joinTimeout, opt.Interval/2
+	if opt.joinTimeout > 0 {
+		join = opt.joinTimeout
+	}
+	if opt.roundTimeout > 0 {
+		round = opt.roundTimeout
+	}
+	return &Server{opt: opt, log: log.With("component", "rlqs"), now: opt.Now, m: m, closed: make(chan struct{}), joinTimeout: join, roundTimeout: round,
 		streams: map[*stream]struct{}{}, keys: map[string]*keyState{}, logs: loglimit.New(logEvery)}, nil
 }
 
@@ -340,7 +357,7 @@ func (s *Server) Round(ctx context.Context) {
 	})
 	hits, specs = permute(hits, order), permute(specs, order)
 
-	ctx, cancel := context.WithTimeout(ctx, s.opt.Interval/2)
+	ctx, cancel := context.WithTimeout(ctx, s.roundTimeout)
 	defer cancel()
 	decs, failed, chargeErr := s.charge(ctx, hits, specs, "charge", "charge_durable")
 	local := make(map[string]map[string]int64, len(keys))

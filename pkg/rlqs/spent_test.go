@@ -30,7 +30,10 @@ func TestNewStreamOnSpentBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	r := newRig(t, kindsConfig, store, func(o *Options) { o.Leases = store })
+	// The join's store calls get a budget a loaded host meets: the first
+	// answer knows the spent budget when the store answers, which is what
+	// this test is about.
+	r := newRig(t, kindsConfig, store, func(o *Options) { o.Leases, o.joinTimeout, o.roundTimeout = store, 30*time.Second, 30*time.Second })
 	set := loadSet(t, kindsConfig)
 	take := func(entries []policy.Entry, cost int64) algo.Decision {
 		t.Helper()

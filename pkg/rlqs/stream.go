@@ -231,7 +231,7 @@ func (s *Server) report(st *stream, m *rlqspb.RateLimitQuotaUsageReports) {
 	s.overBound(st, over, set)
 
 	round := now.UnixNano() / int64(s.opt.Interval)
-	ctx, cancel := context.WithTimeout(context.Background(), min(joinTimeout, s.opt.Interval/2))
+	ctx, cancel := context.WithTimeout(context.Background(), min(s.joinTimeout, s.roundTimeout))
 	defer cancel()
 	local := make(map[string]map[string]int64, len(ins))
 	for k, in := range ins {

@@ -323,10 +323,10 @@ func (b *Breaker) stateLocked(now time.Time) State {
 func (b *Breaker) openLocked(now time.Time, hard bool) {
 	if b.state == Closed {
 		b.outageSince, b.failedProbes = now, 0
-		b.reportLocked(now, Report{To: Open, Since: now}, false)
+		b.reportLocked(now, Report{To: Open, Since: now, At: now}, false)
 	} else {
 		b.failedProbes++
-		b.reportLocked(now, Report{To: Open, Still: true, FailedProbes: b.failedProbes, Since: b.outageSince}, true)
+		b.reportLocked(now, Report{To: Open, Still: true, FailedProbes: b.failedProbes, Since: b.outageSince, At: now}, true)
 	}
 	b.state, b.openedAt, b.probes, b.openHard = Open, now, 0, hard
 	b.opened++
@@ -335,7 +335,7 @@ func (b *Breaker) openLocked(now time.Time, hard bool) {
 }
 
 func (b *Breaker) closeLocked(now time.Time) {
-	b.reportLocked(now, Report{To: Closed, FailedProbes: b.failedProbes, Since: b.outageSince}, false)
+	b.reportLocked(now, Report{To: Closed, FailedProbes: b.failedProbes, Since: b.outageSince, At: now}, false)
 	b.state, b.consecutive, b.probes = Closed, 0, 0
 	b.buckets = [breakerBuckets]breakerBucket{}
 	b.transitionLocked(Closed)

@@ -108,7 +108,13 @@ type Report struct {
 	FailedProbes int
 	// Since is when the circuit opened from closed.
 	Since time.Time
+	// At is when the report was made. Since and At are read from the
+	// breaker's clock (see New), which need not be the real time.
+	At time.Time
 }
+
+// OpenFor is how long the circuit has been out of closed: At - Since.
+func (r Report) OpenFor() time.Duration { return r.At.Sub(r.Since) }
 
 // DefaultOptions: open after 5 consecutive failures or >= 50% failed
 // of >= 20 calls within 1 s, timeouts only once they have lasted 1 s;

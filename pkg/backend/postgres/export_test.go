@@ -5,6 +5,10 @@ import (
 	"time"
 )
 
+// UnhealthyProbeInterval is the period of the health probe and the
+// connect loop while the Store is not healthy.
+const UnhealthyProbeInterval = unhealthyProbeInterval
+
 // SetNow makes every decision of s happen at now() instead of the
 // server's clock (the conformance tables move the time).
 func (s *Store) SetNow(now func() time.Time) { s.now = now }

@@ -22,9 +22,13 @@ import (
 // returns.
 const slack = 300 * time.Millisecond
 
-// recoveryBound is how soon after PostgreSQL accepts connections again
-// an idle Store counts decisions again.
-const recoveryBound = time.Second
+// recoveryProbes is how many runs of the health probe (or of the connect
+// loop), unhealthyProbeInterval apart on the Store's clock, an idle Store
+// takes to count decisions again once PostgreSQL accepts connections: 1 s
+// of that clock. It is a count rather than a time because the clock runs
+// on with real time too, which on a loaded host the probe's own calls
+// fill.
+const recoveryProbes = int(time.Second / postgres.UnhealthyProbeInterval)
 
 // takeWithin takes hit with a caller's deadline of budget and returns how
 // long the call took and its error.
@@ -78,23 +82,28 @@ func newStoreOnClock(t *testing.T, srv *pgtest.Server, db string, edit func(*pos
 }
 
 // tickHealthy runs the health probe of s (Tick) until s is healthy, at
-// most 100 times, and returns how far clk moved meanwhile.
-func tickHealthy(t *testing.T, s *postgres.Store, clk *clock.Manual) time.Duration {
+// most 100 times, and returns how many runs it took. A run that leaves s
+// not healthy must arm the next one UnhealthyProbeInterval later at most,
+// so that n runs are at most n such intervals of the Store's clock.
+func tickHealthy(t *testing.T, s *postgres.Store, clk *clock.Manual) int {
 	t.Helper()
-	start := clk.Now()
-	for i := 0; !s.Healthy(); i++ {
+	i := 0
+	for ; !s.Healthy(); i++ {
 		if i == 100 {
 			t.Fatalf("not healthy after %d probes since PostgreSQL came back (circuit %s)", i, s.BreakerState())
 		}
-		clk.Tick(t)
+		next := clk.Tick(t)
+		if next > postgres.UnhealthyProbeInterval && !s.Healthy() {
+			t.Fatalf("run %d left the Store not healthy and armed the next %v later, want at most %v", i+1, next, postgres.UnhealthyProbeInterval)
+		}
 	}
-	return clk.Now().Sub(start)
+	return i
 }
 
 // TestKilledThenRestarted: with PostgreSQL killed, decisions fail within
 // the caller's deadline with cause refused until the breaker opens, then
 // circuit_open at once; Healthy is false. Once it is restarted, the idle
-// Store is healthy again within recoveryBound, and the counts from before
+// Store is healthy again within recoveryProbes, and the counts from before
 // are there.
 func TestKilledThenRestarted(t *testing.T) {
 	srv := pgtest.Start(t)
@@ -123,10 +132,10 @@ func TestKilledThenRestarted(t *testing.T) {
 		t.Fatalf("healthy %v, circuit %s with PostgreSQL killed", s.Healthy(), s.BreakerState())
 	}
 	srv.Restart()
-	took := tickHealthy(t, s, clk)
-	t.Logf("healthy %v after PostgreSQL accepted connections again", took)
-	if took > recoveryBound {
-		t.Errorf("healthy %v after PostgreSQL accepted connections again, want within %v", took, recoveryBound)
+	probes := tickHealthy(t, s, clk)
+	t.Logf("healthy after %d probes since PostgreSQL accepted connections again", probes)
+	if probes > recoveryProbes {
+		t.Errorf("healthy after %d probes since PostgreSQL accepted connections again, want within %d", probes, recoveryProbes)
 	}
 	if d := take(t, s, hit); !d[0].Allowed || d[0].Remaining != longWindow.Rate-3 {
 		t.Fatalf("after recovery: %+v, want allowed with %d remaining (the 2 before the kill counted)", d[0], longWindow.Rate-3)
@@ -136,7 +145,7 @@ func TestKilledThenRestarted(t *testing.T) {
 // TestStalledThenResumed: with PostgreSQL frozen (SIGSTOP), a decision
 // returns by its caller's deadline with cause timeout; the breaker opens
 // once the stall lasts FailFor, and refuses at once (cause timeout). Once
-// resumed, the idle Store is healthy within recoveryBound.
+// resumed, the idle Store is healthy within recoveryProbes.
 func TestStalledThenResumed(t *testing.T) {
 	srv := pgtest.Start(t)
 	db := srv.CreateDB(t)
@@ -168,10 +177,10 @@ func TestStalledThenResumed(t *testing.T) {
 		t.Fatalf("breaker opened %v, healthy %v after a stall of %v", opened, s.Healthy(), time.Since(start))
 	}
 	srv.Cont()
-	took := tickHealthy(t, s, clk)
-	t.Logf("healthy %v after PostgreSQL resumed", took)
-	if took > recoveryBound {
-		t.Errorf("healthy %v after PostgreSQL resumed, want within %v", took, recoveryBound)
+	probes := tickHealthy(t, s, clk)
+	t.Logf("healthy after %d probes since PostgreSQL resumed", probes)
+	if probes > recoveryProbes {
+		t.Errorf("healthy after %d probes since PostgreSQL resumed, want within %d", probes, recoveryProbes)
 	}
 	warm(t, s, hit)
 }

@@ -51,7 +51,8 @@ func newUnhealthy(t *testing.T, o postgres.Options, bound time.Duration) (*postg
 // Store at once; its decisions fail within the caller's deadline with
 // cause refused (without calling PostgreSQL) and it is not healthy. Once
 // PostgreSQL accepts connections, the idle Store migrates the schema and
-// is healthy within recoveryBound, and decisions are counted.
+// is healthy within recoveryProbes runs of its connect loop and probe,
+// and decisions are counted.
 func TestStartWithoutPostgres(t *testing.T) {
 	srv := pgtest.Start(t)
 	db := srv.CreateDB(t)
@@ -78,10 +79,10 @@ func TestStartWithoutPostgres(t *testing.T) {
 		t.Fatal("healthy with PostgreSQL down")
 	}
 	srv.Restart()
-	took := tickHealthy(t, s, clk)
-	t.Logf("healthy %v after PostgreSQL accepted connections", took)
-	if took > recoveryBound {
-		t.Errorf("healthy %v after PostgreSQL accepted connections, want within %v", took, recoveryBound)
+	probes := tickHealthy(t, s, clk)
+	t.Logf("healthy after %d runs since PostgreSQL accepted connections", probes)
+	if probes > recoveryProbes {
+		t.Errorf("healthy after %d runs since PostgreSQL accepted connections, want within %d", probes, recoveryProbes)
 	}
 	if d := take(t, s, hit); !d[0].Allowed || d[0].Remaining != longWindow.Rate-1 {
 		t.Fatalf("first decision after PostgreSQL came: %+v, want allowed with %d remaining", d[0], longWindow.Rate-1)
