@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
@@ -322,7 +324,7 @@ func TestTracingOptions(t *testing.T) {
 
 // ignoreFromEnv compares Options without their record of which values
 // came from environment twins (Options.fromEnv).
-var ignoreFromEnv = cmpopts.IgnoreUnexported(Options{})
+var ignoreFromEnv = cmpopts.IgnoreUnexported(Options{}, rlqs.Options{})
 
 // TestLegacySentinelURLNotPrinted: a REDIS_URL refused in sentinel mode is
 // named, never quoted, since a mistaken value may hold a password.
