@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -127,7 +128,38 @@ func (s *Store) warmNode(ctx context.Context, c *goredis.Client, script bool) er
 			return fmt.Errorf("redis: SCRIPT LOAD returned %s, want %s", sha, sc.s.Hash())
 		}
 	}
+	loadFunction(ctx, c, &s.masterOf(c).fn)
 	return nil
+}
+
+// masterOf is the path of the master c is a client of.
+func (s *Store) masterOf(c *goredis.Client) *master {
+	if s.masters == nil {
+		return s.def
+	}
+	return s.masterAt(c.Options().Addr)
+}
+
+// reloadFunctions loads window1Func again on the masters that answered
+// "Function not found" (fnState.reload), each within timeout; the
+// health probe calls it every tick, so that no request waits for it.
+func (s *Store) reloadFunctions(ctx context.Context, timeout time.Duration) {
+	if !slices.ContainsFunc(s.paths(), func(m *master) bool { return m.fn.reload.Load() }) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	switch c := s.client.(type) {
+	case *goredis.ClusterClient:
+		_ = c.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			if f := &s.masterOf(c).fn; f.reload.Load() {
+				loadFunction(ctx, c, f)
+			}
+			return nil
+		})
+	case *goredis.Client:
+		loadFunction(ctx, c, &s.def.fn)
+	}
 }
 
 // errProbeSlow is the error of a health probe (PING, warm-up) that ran
