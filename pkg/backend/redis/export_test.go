@@ -34,3 +34,7 @@ func (s *Store) SweeperTicks() int64 { return s.batch.sweeps.Load() }
 // AddClientHook adds h to the Store's go-redis client: tests delay its
 // commands at a chosen moment.
 func (s *Store) AddClientHook(h goredis.Hook) { s.client.AddHook(h) }
+
+// Window1Function is the name of the function library (and function)
+// the Store loads for lone window decisions.
+var Window1Function = window1Func

@@ -107,6 +107,7 @@ func (s *Store) healthLoop(h *healthProbe) {
 			// script, fresh pools), so warm again before serving.
 			s.warmed.Store(false)
 		}
+		s.reloadFunctions(h.ctx, slow*max(s.timeout, probeTimeout))
 		if s.needPing(h) {
 			var err error
 			switch {

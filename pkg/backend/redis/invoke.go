@@ -22,6 +22,8 @@ type invocation struct {
 	native bool
 	// wait is the WAIT that follows cmd when waitReplicas > 0.
 	wait *goredis.IntCmd
+	// fcall: cmd is the FCALL of window1Func.
+	fcall bool
 }
 
 // exec sends the live calls of batch (flush loop slot) as one script
@@ -79,6 +81,7 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 	invs := b.group(ctx, sc, live)
 	b.pipeline(ctx, on, invs)
 	b.retryNX(ctx, on, invs)
+	b.retryFcall(ctx, on, invs)
 	defer b.flushed(slot, invs)
 	// NOSCRIPT: the server does not have the script (first call, SCRIPT
 	// FLUSH, restart, failover). Round 1 sends it once, as EVAL (which
@@ -145,7 +148,8 @@ func (b *batcher) groupScript(ctx context.Context, sc *slotConn, calls []*script
 		}
 	}
 	if !b.cluster && !split {
-		sc.inv = invocation{calls: calls, cmd: argsCmd(ctx, true, segmentsOf(calls))}
+		sc.inv = invocation{calls: calls}
+		sc.inv.cmd, sc.inv.fcall = b.argsFirst(ctx, segmentsOf(calls))
 		sc.invs[0] = &sc.inv
 		return sc.invs[:]
 	}
@@ -164,7 +168,9 @@ func (b *batcher) groupScript(ctx context.Context, sc *slotConn, calls []*script
 			j++
 		}
 		g := calls[i:j:j]
-		invs = append(invs, &invocation{calls: g, cmd: argsCmd(ctx, true, segmentsOf(g))})
+		inv := &invocation{calls: g}
+		inv.cmd, inv.fcall = b.argsFirst(ctx, segmentsOf(g))
+		invs = append(invs, inv)
 		i = j
 	}
 	return invs
@@ -299,6 +305,50 @@ func (b *batcher) deliver(inv *invocation) {
 		now, rest, perr := parseSegment(r, c.out)
 		r = rest
 		c.finish(now, perr)
+	}
+}
+
+// argsFirst is the first command deciding segs: the FCALL of window1Func
+// for a lone window decision once the master has it (fcall), else
+// EVALSHA.
+func (b *batcher) argsFirst(ctx context.Context, segs []*segArgs) (cmd *goredis.Cmd, fcall bool) {
+	if segs[0].win != nil && b.fn.fcall() && windowLone(segs) {
+		return argsWindowFcall(ctx, segs[0]), true
+	}
+	return argsCmd(ctx, true, segs), false
+}
+
+// retryFcall sends again, as EVALSHA of window1.lua (which exec sends as
+// EVAL on NOSCRIPT), the FCALL invocations of invs that the server
+// refused: a missing function (FUNCTION FLUSH, a restart, a failover:
+// the master is marked for a reload by the next warm-up or health tick),
+// no permission or command (the master keeps EVALSHA, logged once), or
+// OOM (a function is refused whole under OOM, while window1.lua still
+// denies a hit over the limit from a GET). None of these is a backend
+// failure: the call is decided by the script instead.
+func (b *batcher) retryFcall(ctx context.Context, on processor, invs []*invocation) {
+	var retry []*invocation
+	for _, inv := range invs {
+		if !inv.fcall {
+			continue
+		}
+		err := inv.cmd.Err()
+		switch {
+		case err == nil:
+			continue
+		case isFnMissing(err):
+			b.fn.reload.Store(true)
+		case isFnRefused(err):
+			b.fn.refuse(ctx, b.fnAddr, err)
+		case strings.HasPrefix(err.Error(), "OOM "):
+		default:
+			continue
+		}
+		inv.cmd, inv.fcall = argsCmd(ctx, true, segmentsOf(inv.calls)), false
+		retry = append(retry, inv)
+	}
+	if len(retry) > 0 {
+		b.pipeline(ctx, on, retry)
 	}
 }
 

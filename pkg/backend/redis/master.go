@@ -27,6 +27,8 @@ type master struct {
 	current atomic.Bool
 	// clock estimates the master's clock for window keys (Store.runOn).
 	clock windowClock
+	// fn is what the master has of window1Func (FCALL or EVALSHA).
+	fn fnState
 }
 
 // newMaster builds the path of the master at addr (see master).
@@ -59,6 +61,7 @@ func (s *Store) newMaster(addr string) *master {
 	m.batch.open = func() error { return m.breaker.OpenErr(m.breaker.now()) }
 	m.batch.live, m.batch.liveAddr = s.live, addr
 	m.batch.noNX = &s.noNX
+	m.batch.fn, m.batch.fnAddr = &m.fn, addr
 	m.current.Store(true)
 	m.clock.epoch = time.Now()
 	return m

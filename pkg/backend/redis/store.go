@@ -111,6 +111,8 @@ type Store struct {
 	// noNX is set once a server refused PEXPIRE's NX (Redis 6; see
 	// nativeCall): native calls then send PEXPIRE without it.
 	noNX atomic.Bool
+	// fnReloading: a reloadFunctions is running.
+	fnReloading atomic.Bool
 	// warmConns is how many connections per node Warm and the health
 	// probe keep dialed: max(Options.MinIdleConns, pipelines + 1).
 	warmConns int

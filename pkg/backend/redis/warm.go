@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,9 +23,10 @@ const warmRetry = 50 * time.Millisecond
 // on every node that takes decisions (the standalone server, the Sentinel
 // master, every Cluster master, whose slot map it loads) it dials
 // max(Options.MinIdleConns, Options.Pipelines + 1) connections (the flush
-// loops and the health probe) with a PING each, and loads both scripts
-// (take.lua and its fast path take1.lua; SCRIPT LOAD, so that the first
-// EVALSHA of either finds it). It retries every 50 ms until it succeeds or ctx
+// loops and the health probe) with a PING each, loads the scripts
+// (SCRIPT LOAD, so that the first EVALSHA of each finds it) and, where
+// the server and user allow it, window1Func's library (FUNCTION LOAD, so
+// that lone window decisions go out as FCALL). It retries every 50 ms until it succeeds or ctx
 // ends, and returns nil or the last error (classified). Warm never makes
 // Redis required: a Store that was not warmed still decides, with the
 // rules' failure modes while Redis is unreachable.
@@ -132,7 +134,47 @@ func (s *Store) warmNode(ctx context.Context, c *goredis.Client, script bool) er
 			return fmt.Errorf("redis: SCRIPT LOAD returned %s, want %s", sha, sc.s.Hash())
 		}
 	}
+	loadFunction(ctx, c, &s.masterOf(c).fn)
 	return nil
+}
+
+// masterOf is the path of the master c is a client of.
+func (s *Store) masterOf(c *goredis.Client) *master {
+	if s.masters == nil {
+		return s.def
+	}
+	return s.masterAt(c.Options().Addr)
+}
+
+// reloadFunctions loads window1Func again, in the background and within
+// timeout, on the masters that answered "Function not found" or failed
+// to load it (fnState.reload); the health probe calls it every tick, so
+// that no request waits for it and a stalled master delays no probe.
+func (s *Store) reloadFunctions(ctx context.Context, timeout time.Duration) {
+	if !slices.ContainsFunc(s.paths(), func(m *master) bool { return m.fn.reload.Load() }) ||
+		!s.fnReloading.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer s.fnReloading.Store(false)
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		s.reloadFunctionsOnce(ctx)
+	}()
+}
+
+func (s *Store) reloadFunctionsOnce(ctx context.Context) {
+	switch c := s.client.(type) {
+	case *goredis.ClusterClient:
+		_ = c.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			if f := &s.masterOf(c).fn; f.reload.Load() {
+				loadFunction(ctx, c, f)
+			}
+			return nil
+		})
+	case *goredis.Client:
+		loadFunction(ctx, c, &s.def.fn)
+	}
 }
 
 // errProbeSlow is the error of a health probe (PING, warm-up) that ran

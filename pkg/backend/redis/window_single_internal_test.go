@@ -114,7 +114,8 @@ func TestWindowSingleDecision(t *testing.T) {
 //go:embed testdata/window_prev.lua
 var windowLuaPrev string
 
-// TestWindowLoneMix: window1.lua (the Store's lone decision), window.lua
+// TestWindowLoneMix: window1.lua (the Store's lone decision, by EVAL and
+// as the FCALL of its function library), window.lua
 // (a batch's short layout) and the previous release's window.lua decide
 // takes on the same window keys in random order, as instances of two
 // releases do during a rolling upgrade, and agree with a count kept here:
@@ -173,6 +174,29 @@ func TestWindowLoneMix(t *testing.T) {
 		t.Fatalf("window script reply %v", v)
 		return 0
 	}
+	// fcall decides one hit as the Store does once the function library
+	// is loaded (FCALL of window1Func, window1.lua's body).
+	if err := c.FunctionLoadReplace(ctx, window1Library).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fcall := func(key string, cost int64) int64 {
+		outs, inv := invokeWindow([]*segment{{mode: modeTake, nowUS: now, hits: []algo.Hit{{Key: key, Limit: fw, Cost: cost}}}})
+		inv.cmd = argsWindowFcall(ctx, segmentsOf(inv.calls)[0])
+		if err := c.Process(ctx, inv.cmd); err != nil {
+			t.Fatalf("FCALL %s: %v", window1Func, err)
+		}
+		deliverWindow(inv, nil, func(*scriptCall) bool { return false })
+		<-inv.calls[0].done
+		if err := inv.calls[0].err; err != nil {
+			t.Fatalf("FCALL %s: %v", window1Func, err)
+		}
+		d := outs[0][0]
+		code := d.Remaining * 2
+		if d.Allowed {
+			code++
+		}
+		return code
+	}
 	keys := []string{"mix:a", "mix:b", "mix:c", "mix:lost"}
 	count := map[string]int64{}
 	news := 0 // hits that created their key
@@ -180,10 +204,12 @@ func TestWindowLoneMix(t *testing.T) {
 		key := keys[rng.IntN(len(keys))]
 		cost := 1 + rng.Int64N(3)
 		var code int64
-		via := rng.IntN(3)
+		via := rng.IntN(4)
 		switch via {
 		case 0:
 			code = lone(key, cost)
+		case 3:
+			code = fcall(key, cost)
 		case 1:
 			code = short(windowLua, key, cost)
 		default:

@@ -326,13 +326,17 @@ func TestWindowKeysShareInvocation(t *testing.T) {
 
 // TestWindowKeysNoTime: window-key decisions read the server's TIME only
 // in the calls that check the estimate of its clock, one per second per
-// master (and the first), not one per call.
+// master (and the first), not one per call; after Warm the others are
+// FCALLs of the function library, with no EVAL.
 func TestWindowKeysNoTime(t *testing.T) {
 	srv := redistest.Standalone(t)
 	s := windowStore(t, srv, nil)
 	c := srv.Client()
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()
+	if err := s.Warm(ctx); err != nil { // loads the function library
+		t.Fatal(err)
+	}
 	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1_000_000, Period: time.Hour}
 	// Two takes load both scripts: the first checks the clock
 	// (window.lua), the second is a lone decision (window1.lua).
@@ -354,8 +358,13 @@ func TestWindowKeysNoTime(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 	stats := commandCalls(t, c)
-	if stats["evalsha"]+stats["eval"] != n {
-		t.Fatalf("%d script calls for %d sequential requests", stats["evalsha"]+stats["eval"], n)
+	if calls := stats["evalsha"] + stats["eval"] + stats["fcall"]; calls != n {
+		t.Fatalf("%d script and function calls for %d sequential requests", calls, n)
+	}
+	// A lone decision is an FCALL; only the calls that check the clock
+	// (and read TIME) go to window.lua.
+	if stats["eval"] != 0 || stats["evalsha"] > stats["time"] {
+		t.Fatalf("commandstats %v: want FCALL for every decision that does not read TIME", stats)
 	}
 	if max := 1 + int64(elapsed/time.Second); stats["time"] > max {
 		t.Fatalf("TIME read %d times in %d decisions over %v, want at most %d (one check per second)", stats["time"], n, elapsed, max)

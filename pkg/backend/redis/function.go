@@ -1,0 +1,116 @@
+package redis
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// window1Func is the name of the Redis Function library, and of its one
+// function, that runs window1Lua: versioned by the script's SHA1, so that
+// a changed body gets a new name and binaries of two releases share a
+// server during a rolling upgrade, each calling its own.
+var window1Func = "ratelimitd_w1_" + window1Script.Hash()[:12]
+
+// window1Library is the FUNCTION LOAD source of window1Func: window1Lua
+// as the body of the registered function (KEYS and ARGV are its
+// arguments), generated from the embedded script so that one source
+// decides a lone hit whichever way it is called.
+var window1Library = "#!lua name=" + window1Func + "\n" +
+	"redis.register_function('" + window1Func + "', function(KEYS, ARGV)\n" +
+	window1Lua + "\nend)\n"
+
+var argFcall, argFuncW1 any = "fcall", window1Func
+
+// Function states of a master (fnState.state).
+const (
+	fnUnknown int32 = iota // not loaded yet: EVALSHA
+	fnLoaded               // window1Func is loaded there: FCALL
+	fnRefused              // no FUNCTION/FCALL (Redis < 7, an ACL): EVALSHA for good
+)
+
+// fnState is what a master is known to have of window1Func. A lone
+// window decision goes out as FCALL only once the library was loaded on
+// that master; reload asks the next warm-up or health tick, never a
+// request, to load it again (the server answered "Function not found":
+// FUNCTION FLUSH, a restart without persistence, a failover).
+type fnState struct {
+	state  atomic.Int32
+	reload atomic.Bool
+}
+
+// fcall reports whether lone window decisions go out as FCALL.
+func (f *fnState) fcall() bool { return f != nil && f.state.Load() == fnLoaded }
+
+// isFnRefused reports a reply meaning the server or the user cannot run
+// functions: Redis < 7 ("unknown command"), an ACL without the command
+// (NOPERM).
+func isFnRefused(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "unknown command") ||
+		strings.Contains(msg, "unknown subcommand")
+}
+
+// isFnMissing reports FCALL's reply for a function the server does not
+// have.
+func isFnMissing(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "Function not found")
+}
+
+// refuse makes f's master use EVALSHA for good, logging why once.
+func (f *fnState) refuse(ctx context.Context, addr string, err error) {
+	if f.state.Swap(fnRefused) == fnRefused {
+		return
+	}
+	if l := logger.Load(); l != nil {
+		(*l).Printf(ctx, "redis: %s: functions unavailable (%v); lone window decisions use EVALSHA", nodeName(addr), err)
+	}
+}
+
+func nodeName(addr string) string {
+	if addr == "" {
+		return "master"
+	}
+	return addr
+}
+
+// loadFunction loads window1Library on the node of c, the master whose
+// state is f (FUNCTION LOAD REPLACE: the name is this binary's own). A
+// refusal (Redis < 7, an ACL) leaves the master on EVALSHA, logged once;
+// any other failure (OOM, a timeout) leaves it as it was and asks the
+// health probe to try again. It never fails a warm-up: EVALSHA decides
+// the same.
+func loadFunction(ctx context.Context, c *goredis.Client, f *fnState) {
+	if f.state.Load() == fnRefused {
+		return
+	}
+	err := c.FunctionLoadReplace(ctx, window1Library).Err()
+	switch {
+	case err == nil:
+		f.reload.Store(false)
+		f.state.Store(fnLoaded)
+	case isFnRefused(err):
+		f.refuse(ctx, c.Options().Addr, err)
+	default:
+		f.reload.Store(true)
+	}
+}
+
+// argsWindowFcall is the FCALL of window1Func deciding the lone
+// windowDirect segment sg: window1.lua's keys and arguments.
+func argsWindowFcall(ctx context.Context, sg *segArgs) *goredis.Cmd {
+	w := sg.win
+	var cmd *goredis.Cmd
+	if w.cost[0] == 1 {
+		cmd = goredis.NewCmd(ctx, argFcall, argFuncW1, int64(1), &w.keys[0], &w.rate[0], &w.ttl)
+	} else {
+		cmd = goredis.NewCmd(ctx, argFcall, argFuncW1, int64(1), &w.keys[0], &w.rate[0], &w.ttl, &w.cost[0])
+	}
+	cmd.SetFirstKeyPos(3)
+	return cmd
+}

@@ -1,0 +1,336 @@
+package redis_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
+)
+
+// fcallStore is a warmed window-key Store on srv (o.URL set by the
+// caller when it is not srv's default user).
+func fcallStore(t *testing.T, o redis.Options) *redis.Store {
+	t.Helper()
+	o.Timeout = 5 * time.Second // exact counts, not latency
+	o.MaxWait = 10 * time.Second
+	o.WindowKeys = true
+	s := openStore(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.Warm(ctx); err != nil {
+		t.Fatalf("Warm: %v", err)
+	}
+	return s
+}
+
+// hasLibrary reports whether the node of c has the Store's library.
+func hasLibrary(t *testing.T, c *goredis.Client) bool {
+	t.Helper()
+	libs, err := c.FunctionList(context.Background(), goredis.FunctionListQuery{LibraryNamePattern: redis.Window1Function}).Result()
+	if err != nil {
+		t.Fatalf("FUNCTION LIST: %v", err)
+	}
+	return len(libs) == 1
+}
+
+// fcBurst runs n concurrent Takes of one hit on key (a fixed window of
+// rate per hour), calling mid once half of them were decided, and
+// returns how many were allowed; every Take must succeed.
+func fcBurst(t *testing.T, s *redis.Store, key string, rate int64, n int, mid func()) int {
+	t.Helper()
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: rate, Period: time.Hour}
+	ctx := context.Background()
+	var allowed, done atomic.Int64
+	var once sync.Once
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for g := range 16 {
+		wg.Go(func() {
+			for i := g; i < n; i += 16 {
+				if i == n/2 {
+					once.Do(func() { mid(); close(gate) })
+				}
+				if i > n/2 {
+					<-gate
+				}
+				d, err := algotest.Take(ctx, s, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+				if err != nil {
+					t.Errorf("take %d: %v", i, err)
+					continue
+				}
+				if d[0].Allowed {
+					allowed.Add(1)
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return int(allowed.Load())
+}
+
+// TestFcallLoaded: Warm loads the function library, and sequential lone
+// window decisions then go out as FCALL, not EVALSHA, and count exactly.
+func TestFcallLoaded(t *testing.T) {
+	srv, o := standaloneOptions(t)
+	s := fcallStore(t, o)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	if !hasLibrary(t, c) {
+		t.Fatalf("library %s not loaded by Warm", redis.Window1Function)
+	}
+	if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	if got := fcBurst(t, s, "fc:seq", 150, n, func() {}); got != 150 {
+		t.Errorf("%d of %d allowed on a 150-per-hour key, want 150", got, n)
+	}
+	stats := commandCalls(t, c)
+	if stats["fcall"] == 0 || stats["eval"] != 0 {
+		t.Errorf("commandstats %v: want FCALL for lone decisions and no EVAL", stats)
+	}
+}
+
+// TestFcallFunctionFlush: FUNCTION FLUSH in the middle of a burst loses
+// and duplicates no decision (exactly rate of n allowed, none failed):
+// the calls answered "Function not found" are decided by window1.lua
+// instead; the next warm-up loads the library again and FCALL resumes.
+func TestFcallFunctionFlush(t *testing.T) {
+	srv, o := standaloneOptions(t)
+	s := fcallStore(t, o)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	for round := range 3 {
+		key := fmt.Sprintf("fc:flush:%d", round)
+		got := fcBurst(t, s, key, 300, 500, func() {
+			if err := c.FunctionFlush(ctx).Err(); err != nil {
+				t.Error(err)
+			}
+		})
+		if got != 300 {
+			t.Errorf("round %d: %d of 500 allowed on a 300-per-hour key across FUNCTION FLUSH, want 300", round, got)
+		}
+		if err := s.Warm(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !hasLibrary(t, c) {
+			t.Fatalf("round %d: library not loaded again by Warm", round)
+		}
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := fcBurst(t, s, "fc:after", 50, 60, func() {}); got != 50 {
+		t.Errorf("after reload: %d of 60 allowed, want 50", got)
+	}
+	if stats := commandCalls(t, c); stats["fcall"] == 0 {
+		t.Errorf("commandstats %v after reload: want FCALL again", stats)
+	}
+}
+
+// TestFcallHealthReload: after FUNCTION FLUSH, the health probe (not a
+// request) loads the library again once a call found it missing.
+func TestFcallHealthReload(t *testing.T) {
+	srv, o := standaloneOptions(t)
+	o.HealthInterval = 20 * time.Millisecond
+	s := fcallStore(t, o)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	if err := c.FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := fcBurst(t, s, "fc:hr", 20, 40, func() {}); got != 20 {
+		t.Errorf("%d of 40 allowed, want 20", got)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !hasLibrary(t, c) {
+		if time.Now().After(deadline) {
+			t.Fatal("library not loaded again by the health probe")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestFcallRestart: a Redis restarted without persistence (no script,
+// no function) decides exactly at once: the first calls fall back to
+// window1.lua, and the Store loads the library again.
+func TestFcallRestart(t *testing.T) {
+	srv, o := standaloneOptions(t)
+	o.HealthInterval = 20 * time.Millisecond
+	s := fcallStore(t, o)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	if got := fcBurst(t, s, "fc:r0", 10, 20, func() {}); got != 10 {
+		t.Fatalf("before restart: %d of 20 allowed, want 10", got)
+	}
+	srv.Restart()
+	ctx := context.Background()
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
+	// The pool's connections died with the server: retry until a
+	// decision succeeds, then count exactly.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := algotest.Take(ctx, s, []algo.Hit{{Key: "fc:probe", Limit: l, Cost: 1}}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no decision after restart")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := fcBurst(t, s, "fc:r1", 100, 160, func() {}); got != 100 {
+		t.Errorf("after restart: %d of 160 allowed, want 100", got)
+	}
+	for !hasLibrary(t, c) {
+		if time.Now().After(deadline) {
+			t.Fatal("library not loaded again after restart")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestFcallACL: a user that may not load functions, and one that may
+// load but not call them, still decide exactly (window1.lua by
+// EVALSHA), and no FCALL is sent once refused.
+func TestFcallACL(t *testing.T) {
+	for _, tc := range []struct{ name, rules string }{
+		{"no function", "-function -fcall -fcall_ro"},
+		{"no fcall", "-fcall -fcall_ro"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, o := standaloneOptions(t)
+			c := srv.Client()
+			t.Cleanup(func() { _ = c.Close() })
+			ctx := context.Background()
+			args := []any{"acl", "setuser", "lim", "on", ">pw", "~*", "&*", "+@all"}
+			for _, r := range strings.Fields(tc.rules) {
+				args = append(args, r)
+			}
+			if err := c.Do(ctx, args...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			o.URL = fmt.Sprintf("redis://lim:pw@%s", srv.Addr())
+			s := fcallStore(t, o)
+			for round := range 2 {
+				key := fmt.Sprintf("fc:acl:%d", round)
+				if got := fcBurst(t, s, key, 40, 100, func() {}); got != 40 {
+					t.Errorf("round %d: %d of 100 allowed, want 40", round, got)
+				}
+			}
+			stats := commandCalls(t, c)
+			if stats["fcall"] != 0 || stats["evalsha"] == 0 {
+				t.Errorf("commandstats %v: want EVALSHA and no FCALL run", stats)
+			}
+		})
+	}
+}
+
+// TestFcallOOM: with the library loaded, under OOM a lone hit over the
+// limit is still denied (window1.lua reads the count with GET), and one
+// that would be allowed fails with cause OOM; nothing is written.
+func TestFcallOOM(t *testing.T) {
+	srv, o := standaloneOptions(t)
+	s := fcallStore(t, o)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	if !hasLibrary(t, c) {
+		t.Fatal("library not loaded")
+	}
+	ctx := context.Background()
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: time.Hour}
+	if got := fcBurst(t, s, "fc:oom", 5, 5, func() {}); got != 5 {
+		t.Fatalf("%d of 5 allowed, want 5", got)
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.StartOOM(t, srv)
+	over, errOver := algotest.Take(ctx, s, []algo.Hit{{Key: "fc:oom", Limit: l, Cost: 1}})
+	_, errNew := algotest.Take(ctx, s, []algo.Hit{{Key: "fc:oom-new", Limit: l, Cost: 1}})
+	redistest.EndOOM(t, srv)
+	if errOver != nil || over[0].Allowed || over[0].Remaining != 0 {
+		t.Errorf("over the limit under OOM: %+v %v, want a denial", over, errOver)
+	}
+	if redis.CauseOf(errNew) != redis.CauseOOM {
+		t.Errorf("an allowed hit under OOM: %v (cause %q), want OOM", errNew, redis.CauseOf(errNew))
+	}
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(info, "cmdstat_fcall:") || infoField(t, info, "cmdstat_fcall", "rejected_calls") != 2 {
+		t.Errorf("commandstats:\n%s\nwant the 2 hits under OOM sent as FCALL first (refused)", info)
+	}
+	if n, err := c.Exists(ctx, "fc:oom-new").Result(); err != nil || n != 0 {
+		t.Errorf("written under OOM: %d %v", n, err)
+	}
+}
+
+// TestFcallCluster: Warm loads the library on every Cluster master, and
+// lone decisions on keys of every master go out as FCALL and count
+// exactly.
+func TestFcallCluster(t *testing.T) {
+	redistest.Require(t)
+	g := redistest.Cluster(t, 3)
+	o := redis.DefaultOptions()
+	o.Mode, o.Addrs = redis.Cluster, g.Addrs()
+	s := fcallStore(t, o)
+	masters := 0
+	for _, n := range g.Nodes {
+		c := n.Client()
+		role, err := c.Do(context.Background(), "role").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if role[0] == "master" {
+			masters++
+			if !hasLibrary(t, c) {
+				t.Errorf("master %s has no library", n.Addr())
+			}
+			_ = c.ConfigResetStat(context.Background()).Err()
+		}
+		_ = c.Close()
+	}
+	if masters != 3 {
+		t.Fatalf("%d masters, want 3", masters)
+	}
+	for i := range 12 {
+		key := fmt.Sprintf("fc:cl:%d", i)
+		if got := fcBurst(t, s, key, 15, 25, func() {}); got != 15 {
+			t.Errorf("%s: %d of 25 allowed, want 15", key, got)
+		}
+	}
+	// Concurrent takes share flushes (window.lua); sequential ones are
+	// lone decisions, FCALLs on whichever master serves the key.
+	for _, n := range g.Nodes {
+		c := n.Client()
+		_ = c.ConfigResetStat(context.Background()).Err()
+		_ = c.Close()
+	}
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 100, Period: time.Hour}
+	for i := range 60 {
+		if _, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: fmt.Sprintf("fc:seq:%d", i%30), Limit: l, Cost: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range g.Nodes {
+		c := n.Client()
+		if stats := commandCalls(t, c); stats["incrby"] > 0 && (stats["fcall"] == 0 || stats["eval"] != 0) {
+			t.Errorf("master %s: commandstats %v, want FCALL for sequential lone decisions", n.Addr(), stats)
+		}
+		_ = c.Close()
+	}
+}
