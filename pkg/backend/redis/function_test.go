@@ -79,6 +79,25 @@ func fcBurst(t *testing.T, s *redis.Store, key string, rate int64, n int, mid fu
 	return int(allowed.Load())
 }
 
+// fcSeq runs n Takes of one hit on key (a fixed window of rate per
+// hour) one after another, each a lone decision, and returns how many
+// were allowed; every Take must succeed.
+func fcSeq(t *testing.T, s *redis.Store, key string, rate int64, n int) int {
+	t.Helper()
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: rate, Period: time.Hour}
+	allowed := 0
+	for i := range n {
+		d, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: key, Limit: l, Cost: 1}})
+		if err != nil {
+			t.Fatalf("take %d: %v", i, err)
+		}
+		if d[0].Allowed {
+			allowed++
+		}
+	}
+	return allowed
+}
+
 // TestFcallLoaded: Warm loads the function library, and sequential lone
 // window decisions then go out as FCALL, not EVALSHA, and count exactly.
 func TestFcallLoaded(t *testing.T) {
@@ -102,17 +121,7 @@ func TestFcallLoaded(t *testing.T) {
 	}
 	// One caller at a time: concurrent takes share window.lua flushes.
 	const n = 200
-	allowed := 0
-	for i := range n {
-		d, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "fc:seq", Limit: l, Cost: 1}})
-		if err != nil {
-			t.Fatalf("take %d: %v", i, err)
-		}
-		if d[0].Allowed {
-			allowed++
-		}
-	}
-	if allowed != 150 {
+	if allowed := fcSeq(t, s, "fc:seq", 150, n); allowed != 150 {
 		t.Errorf("%d of %d allowed on a 150-per-hour key, want 150", allowed, n)
 	}
 	stats := commandCalls(t, c)
@@ -151,11 +160,11 @@ func TestFcallFunctionFlush(t *testing.T) {
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got := fcBurst(t, s, "fc:after", 50, 60, func() {}); got != 50 {
+	if got := fcSeq(t, s, "fc:after", 50, 60); got != 50 {
 		t.Errorf("after reload: %d of 60 allowed, want 50", got)
 	}
-	if stats := commandCalls(t, c); stats["fcall"] == 0 {
-		t.Errorf("commandstats %v after reload: want FCALL again", stats)
+	if stats := commandCalls(t, c); stats["fcall"] != 60 || stats["evalsha"] != 0 {
+		t.Errorf("commandstats %v after reload: want 60 FCALLs (lone decisions) and no EVALSHA", stats)
 	}
 }
 
