@@ -128,19 +128,27 @@ func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, int64, err
 		ch := e.renewed
 		e.mu.Unlock()
 		wait := time.NewTimer(ls.waitBudget(ctx))
+		stalled := false
 		select {
 		case <-ch:
 			wait.Stop()
 		case <-wait.C:
+			stalled = true
+		case <-ctx.Done():
+			// A late wake-up finds both ready: the wait budget ended
+			// first, so the store is what did not answer.
+			if wait.Stop() {
+				return algo.Decision{}, 0, ctx.Err()
+			}
+			stalled = true
+		}
+		if stalled {
 			e.mu.Lock()
 			if e.renewed == ch {
 				e.stalled = true
 			}
 			e.mu.Unlock()
 			return algo.Decision{}, 0, ErrRenewalStalled
-		case <-ctx.Done():
-			wait.Stop()
-			return algo.Decision{}, 0, ctx.Err()
 		}
 	}
 }

@@ -64,8 +64,18 @@ func (e *entry) startRenew(t, lt int64) {
 	go e.renew(req)
 }
 
-// renew does req and applies the grant (see startRenew).
+// renew does req and applies the grant (see startRenew). A renewal that
+// ends after Close began gives its units back itself: Close waits for
+// renewals in flight only as long as its context allows.
 func (e *entry) renew(req algo.LeaseRequest) {
+	e.apply(req)
+	if e.ls.closed.Load() {
+		e.giveBack(context.Background())
+	}
+}
+
+// apply does req and applies the grant to e.
+func (e *entry) apply(req algo.LeaseRequest) {
 	ls := e.ls
 	ctx, cancel := context.WithTimeout(context.Background(), ls.opt.Timeout)
 	sent := ls.now()
@@ -221,7 +231,9 @@ func (e *entry) giveBack(ctx context.Context) {
 	e.ls.m.renewed("returned", 0, n)
 }
 
-// Close stops the renewals and gives back every lease's units.
+// Close stops the renewals and gives back every lease's units, waiting
+// (until ctx ends) for the renewals in flight so that their grants go
+// back too; one that ends later gives its grant back on its own.
 func (ls *Leaser) Close(ctx context.Context) error {
 	if ls.closed.Swap(true) {
 		return nil
@@ -236,6 +248,16 @@ func (ls *Leaser) Close(ctx context.Context) error {
 	ls.entries = map[string]*entry{}
 	ls.mu.Unlock()
 	for _, e := range es {
+		e.mu.Lock()
+		ch := e.renewed
+		renewing := e.renewing
+		e.mu.Unlock()
+		if renewing {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+			}
+		}
 		e.giveBack(ctx)
 	}
 	return nil
