@@ -131,6 +131,9 @@ func TestReportTargets(t *testing.T) {
 			r.SvcCPU = 15                                // 0.30× the reference, 1.5× the no-op: PASS, PASS (bound)
 			r.ScriptCalls = []int{100, 125, 80}[round-1] // 10, 8 and 12.5 decisions per call
 		})
+		// the minimal loop script's Redis time is 1.5× the reference's:
+		// above 1 too, so ours' 2.0× is FLOOR, not MISS
+		add("floorloop", "keys10k", round, func(r *benchRun) { r.RedisUS, r.ScriptCalls = 1.5, 40 })
 		add("ours", "hot", round, func(r *benchRun) { r.Rate, r.RedisUS = 400, 0.04 })
 		// the no-op server's hot-key throughput is 4.5× the reference's:
 		// below 5 too, so ours' 4.0× is FLOOR, not MISS
@@ -160,7 +163,7 @@ func TestReportTargets(t *testing.T) {
 		t.Fatalf("report.py: %v\n%s", err, out)
 	}
 	want := []struct{ label, median, verdict string }{
-		{"Redis exec/decision, fixed window, 10k keys c=50", "2.00×", "MISS"},
+		{"Redis exec/decision, fixed window, 10k keys c=50", "2.00×", "FLOOR [floorloop 1.50×]"},
 		{"Redis exec/decision, reference mode c=1", "1.10×", "MISS"},
 		{"Redis exec/decision, reference mode c=50", "", "NOT RUN"},
 		{"Redis exec/decision, native c=1", "2.30×", "PASS"},
@@ -190,6 +193,9 @@ func TestReportTargets(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "; 10.0 decisions per script call") {
 		t.Errorf("no median batch size (10.0 decisions per script call) in\n%s", out)
+	}
+	if !strings.Contains(string(out), "floorloop 100 per s") || !strings.Contains(string(out), "(25.0 decisions per script call)") {
+		t.Errorf("no floorloop medians with its batch size (25.0 decisions per script call) in\n%s", out)
 	}
 	if !strings.Contains(string(out), "| reference mode, 10k keys, c=1 | 1.00×") {
 		t.Errorf("no reference-mode row comparing refmode with the reference in\n%s", out)
