@@ -28,8 +28,13 @@
 #            read per flush of up to 128 requests, as ratelimitd's
 #            batcher): the floor of service CPU of a service that talks
 #            to Redis at c=50
+#   floorloop scripts/bench/floor --mode loop: floorbatch's round trips,
+#            but one EVALSHA of a minimal loop script (INCRBY each key,
+#            PEXPIRE it when new, return the counts) per flush: the floor
+#            of Redis' work per decision of a service that decides a batch
+#            of fixed-window hits in one script call, at c=50
 # Scenarios (SCENARIOS, default all, space-separated):
-#   keys10k  c=50, descriptor user=user-N, N uniform over 10,000 (fixed window 1000/s: almost all OK); and noop, floorbatch
+#   keys10k  c=50, descriptor user=user-N, N uniform over 10,000 (fixed window 1000/s: almost all OK); and noop, floorbatch, floorloop
 #   hot      c=50, one descriptor hot=hot-0 on 10/hour: OVER_LIMIT after the first 10; and noop
 #   c1       c=1, as keys10k; and noop, floorlua, floorpipe
 #   tb       c=50, 10,000 keys; ratelimitd token_bucket vs the reference's fixed window
@@ -86,7 +91,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 scenario() { # name -> "concurrency keys key services..."
   case "$1" in
-    keys10k) echo "50 10000 user ours ref noop floorbatch" ;;
+    keys10k) echo "50 10000 user ours ref noop floorbatch floorloop" ;;
     hot) echo "50 1 hot ours ref noop" ;;
     c1) echo "1 10000 user ours ref noop floorlua floorpipe" ;;
     tb) echo "50 10000 tb ours ref" ;;
@@ -103,7 +108,7 @@ for sc in $SCENARIOS; do
   case " $spec " in *" refmode "*) need_refmode=1 ;; esac
   case " $spec " in *" noop "*) need_noop=1 ;; esac
   case " $spec " in *" floor"*) need_floor=1 ;; esac
-  for m in lua pipe batch; do
+  for m in lua pipe batch loop; do
     case " $spec " in *" floor$m "*) case " $floor_modes " in *" $m "*) ;; *) floor_modes="$floor_modes $m" ;; esac ;; esac
   done
 done

@@ -23,6 +23,11 @@
 //	      their replies and wakes each request; the floor of service CPU
 //	      of a service that batches its Redis calls at high concurrency,
 //	      served with ratelimitd's gRPC transport options
+//	loop  batch mode's round trips, but one EVALSHA per flush (per hits
+//	      and period among its descriptors) of the minimal loop script:
+//	      INCRBY each key, PEXPIRE it when that created it, return the
+//	      counts; the floor of Redis' work per decision of any service
+//	      that decides a batch of fixed-window hits in one script call
 //
 // In lua and pipe modes every command of a request goes out in one write
 // on one connection and its replies are read back in one go: one round
@@ -59,6 +64,13 @@ import (
 // the key's TTL set on every call.
 const floorLua = "local v = redis.call('INCRBY', KEYS[1], ARGV[1]) redis.call('PEXPIRE', KEYS[1], ARGV[2]) return v"
 
+// floorLoop is the minimal script deciding many fixed-window hits in one
+// call: the counts after ARGV[1] hits on each key, the TTL ARGV[2] set
+// only on a key the call created (as scripts/callgrind-redis.sh's
+// floor-bB, plus the counts a service needs to decide).
+const floorLoop = "local r = {} for i = 1, #KEYS do local v = redis.call('INCRBY', KEYS[i], ARGV[1]) " +
+	"if v == 1 then redis.call('PEXPIRE', KEYS[i], ARGV[2]) end r[i] = v end return r"
+
 // limit is a fixed window: rate hits per period.
 type limit struct {
 	rate   int64
@@ -71,6 +83,7 @@ type server struct {
 	addr   string
 	lua    bool
 	sha    string
+	loop   string // loop mode: floorLoop's SHA1
 	limits map[string]limit
 	def    limit
 	free   chan *conn
@@ -92,9 +105,12 @@ const maxBatch = 128
 
 // job is one request's commands in batch mode, and its replies.
 type job struct {
-	cmds []byte  // RESP commands, one EVALSHA per descriptor
-	n    int     // commands (replies to read)
-	out  []int64 // counts, filled by the flush loop
+	cmds []byte   // RESP commands, one EVALSHA per descriptor
+	n    int      // commands (replies to read)
+	keys []string // loop mode: the counter keys, counted by the flush
+	hits string   // loop mode: hits per key
+	ttls []string // loop mode: each key's TTL in ms
+	out  []int64  // counts, filled by the flush loop
 	err  error
 	done chan struct{}
 }
@@ -116,6 +132,10 @@ func (s *server) flushLoop() {
 			default:
 				break more
 			}
+		}
+		if s.loop != "" {
+			s.flushLoopScript(batch)
+			continue
 		}
 		c, err := s.get()
 		if err == nil {
@@ -153,6 +173,107 @@ func (s *server) flushLoop() {
 	}
 }
 
+// loopGroup is the keys of one floorLoop call: one hits and TTL.
+type loopGroup struct {
+	hits, ttl string
+	keys      []string
+	out       []*int64 // where each key's count goes
+}
+
+// flushLoopScript decides a batch in loop mode: one EVALSHA of floorLoop
+// per hits and TTL among the batch's keys (one in the benchmark), all in
+// one write, then the counts back to each job.
+func (s *server) flushLoopScript(batch []*job) {
+	var groups []*loopGroup
+	for _, j := range batch {
+		// sized before any pointer into it is taken
+		j.out, j.err = append(j.out[:0], make([]int64, len(j.keys))...), nil
+		for i := range j.keys {
+			var g *loopGroup
+			for _, x := range groups {
+				if x.hits == j.hits && x.ttl == j.ttls[i] {
+					g = x
+					break
+				}
+			}
+			if g == nil {
+				g = &loopGroup{hits: j.hits, ttl: j.ttls[i]}
+				groups = append(groups, g)
+			}
+			g.keys = append(g.keys, j.keys[i])
+			g.out = append(g.out, &j.out[i])
+		}
+	}
+	fail := func(err error) {
+		for _, j := range batch {
+			j.err = err
+			j.done <- struct{}{}
+		}
+	}
+	c, err := s.get()
+	if err != nil {
+		fail(err)
+		return
+	}
+	_ = c.c.SetDeadline(time.Now().Add(time.Second))
+	var b []byte
+	for _, g := range groups {
+		args := append(append([]string{"EVALSHA", s.loop, strconv.Itoa(len(g.keys))}, g.keys...), g.hits, g.ttl)
+		b = appendCmd(b[:0], args...)
+		_, _ = c.w.Write(b)
+	}
+	if err = c.w.Flush(); err == nil {
+		for _, g := range groups {
+			var ns []int64
+			if ns, err = readInts(c.r); err != nil {
+				break
+			}
+			if len(ns) != len(g.out) {
+				err = fmt.Errorf("floor: %d counts for %d keys", len(ns), len(g.out))
+				break
+			}
+			for i, n := range ns {
+				*g.out[i] = n
+			}
+		}
+	}
+	if err != nil {
+		_ = c.c.Close()
+		fail(err)
+		return
+	}
+	s.put(c)
+	for _, j := range batch {
+		j.done <- struct{}{}
+	}
+}
+
+// readInts reads an array reply of integers.
+func readInts(r *bufio.Reader) ([]int64, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	line = strings.TrimSuffix(line, "\r\n")
+	if strings.HasPrefix(line, "-") {
+		return nil, errReply(line[1:])
+	}
+	if !strings.HasPrefix(line, "*") {
+		return nil, fmt.Errorf("floor: unexpected reply %q", line)
+	}
+	n, err := strconv.Atoi(line[1:])
+	if err != nil {
+		return nil, err
+	}
+	ns := make([]int64, n)
+	for i := range ns {
+		if ns[i], _, err = readReply(r); err != nil {
+			return nil, err
+		}
+	}
+	return ns, nil
+}
+
 // appendCmd appends one RESP command to b.
 func appendCmd(b []byte, args ...string) []byte {
 	b = append(b, '*')
@@ -172,8 +293,15 @@ func appendCmd(b []byte, args ...string) []byte {
 func (s *server) shouldRateLimitBatch(req *rlsv3.RateLimitRequest, hits string, keys []string, lims []limit) (*rlsv3.RateLimitResponse, error) {
 	j := jobs.Get().(*job)
 	j.cmds, j.n = j.cmds[:0], len(keys)
-	for i, k := range keys {
-		j.cmds = appendCmd(j.cmds, "EVALSHA", s.sha, "1", k, hits, strconv.FormatInt(lims[i].period.Milliseconds(), 10))
+	if s.loop != "" {
+		j.keys, j.hits, j.ttls = keys, hits, j.ttls[:0]
+		for _, l := range lims {
+			j.ttls = append(j.ttls, strconv.FormatInt(l.period.Milliseconds(), 10))
+		}
+	} else {
+		for i, k := range keys {
+			j.cmds = appendCmd(j.cmds, "EVALSHA", s.sha, "1", k, hits, strconv.FormatInt(lims[i].period.Milliseconds(), 10))
+		}
 	}
 	s.batch <- j
 	<-j.done
@@ -384,17 +512,16 @@ func parseLimits(spec string) (map[string]limit, error) {
 // newServer returns the server for Redis at addr, loading the script in
 // lua mode.
 func newServer(addr, mode, limits string) (*server, error) {
-	if mode != "lua" && mode != "pipe" && mode != "batch" {
-		return nil, fmt.Errorf("mode %q: want lua, pipe or batch", mode)
+	if mode != "lua" && mode != "pipe" && mode != "batch" && mode != "loop" {
+		return nil, fmt.Errorf("mode %q: want lua, pipe, batch or loop", mode)
 	}
 	lm, err := parseLimits(limits)
 	if err != nil {
 		return nil, err
 	}
 	s := &server{addr: addr, lua: mode != "pipe", limits: lm, def: limit{1000, time.Second}, free: make(chan *conn, 256)}
-	if mode == "batch" {
+	if mode == "batch" || mode == "loop" {
 		s.batch = make(chan *job, maxBatch)
-		go s.flushLoop()
 	}
 	c, err := s.get()
 	if err != nil {
@@ -409,6 +536,18 @@ func newServer(addr, mode, limits string) (*server, error) {
 	if _, s.sha, err = readReply(c.r); err != nil {
 		return nil, err
 	}
+	if mode == "loop" {
+		writeCmd(c.w, "SCRIPT", "LOAD", floorLoop)
+		if err := c.w.Flush(); err != nil {
+			return nil, err
+		}
+		if _, s.loop, err = readReply(c.r); err != nil {
+			return nil, err
+		}
+	}
+	if s.batch != nil {
+		go s.flushLoop()
+	}
 	return s, nil
 }
 
@@ -416,7 +555,7 @@ func main() {
 	grpcAddr := flag.String("grpc-addr", "127.0.0.1:8081", "gRPC listen address")
 	httpAddr := flag.String("http-addr", "127.0.0.1:8080", "HTTP listen address of GET /healthcheck")
 	redisAddr := flag.String("redis-addr", "127.0.0.1:6379", "Redis address")
-	mode := flag.String("mode", "lua", "lua: one EVALSHA of a minimal script; pipe: INCRBY and EXPIRE pipelined; batch: lua's commands, the requests in flight sharing round trips")
+	mode := flag.String("mode", "lua", "lua: one EVALSHA of a minimal script; pipe: INCRBY and EXPIRE pipelined; batch: lua's commands, the requests in flight sharing round trips; loop: batch's round trips, one EVALSHA of a minimal loop script per flush")
 	limits := flag.String("limits", "user=1000/1s hot=10/1h tb=1000/1s sw=1000/1s", "fixed windows per descriptor key: key=rate/period, space-separated")
 	flag.Parse()
 	if err := run(*grpcAddr, *httpAddr, *redisAddr, *mode, *limits); err != nil {

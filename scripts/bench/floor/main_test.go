@@ -42,7 +42,7 @@ func serve(t *testing.T, mode, limits string) (rlsv3.RateLimitServiceClient, *re
 // key of limit L get exactly L OK answers, the rest OVER_LIMIT, and Redis
 // holds the count of every hit.
 func TestFloorCountsExactly(t *testing.T) {
-	for _, mode := range []string{"lua", "pipe", "batch"} {
+	for _, mode := range []string{"lua", "pipe", "batch", "loop"} {
 		t.Run(mode, func(t *testing.T) {
 			const limit, callers, calls = 137, 24, 20
 			// A window of 100,000 hours: no run spans a boundary.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,6 +132,9 @@ func TestReportTargets(t *testing.T) {
 			r.SvcCPU = 15                                // 0.30× the reference, 1.5× the no-op: PASS, PASS (bound)
 			r.ScriptCalls = []int{100, 125, 80}[round-1] // 10, 8 and 12.5 decisions per call
 		})
+		// the minimal loop script's Redis time is 1.5× the reference's:
+		// above 1 too, so ours' 2.0× is FLOOR, not MISS
+		add("floorloop", "keys10k", round, func(r *benchRun) { r.RedisUS, r.ScriptCalls = 1.5, 40 })
 		add("ours", "hot", round, func(r *benchRun) { r.Rate, r.RedisUS = 400, 0.04 })
 		// the no-op server's hot-key throughput is 4.5× the reference's:
 		// below 5 too, so ours' 4.0× is FLOOR, not MISS
@@ -160,7 +164,7 @@ func TestReportTargets(t *testing.T) {
 		t.Fatalf("report.py: %v\n%s", err, out)
 	}
 	want := []struct{ label, median, verdict string }{
-		{"Redis exec/decision, fixed window, 10k keys c=50", "2.00×", "MISS"},
+		{"Redis exec/decision, fixed window, 10k keys c=50", "2.00×", "FLOOR [floorloop 1.50×]"},
 		{"Redis exec/decision, reference mode c=1", "1.10×", "MISS"},
 		{"Redis exec/decision, reference mode c=50", "", "NOT RUN"},
 		{"Redis exec/decision, native c=1", "2.30×", "PASS"},
@@ -191,7 +195,65 @@ func TestReportTargets(t *testing.T) {
 	if !strings.Contains(string(out), "; 10.0 decisions per script call") {
 		t.Errorf("no median batch size (10.0 decisions per script call) in\n%s", out)
 	}
+	if !strings.Contains(string(out), "floorloop 100 per s") || !strings.Contains(string(out), "(25.0 decisions per script call)") {
+		t.Errorf("no floorloop medians with its batch size (25.0 decisions per script call) in\n%s", out)
+	}
 	if !strings.Contains(string(out), "| reference mode, 10k keys, c=1 | 1.00×") {
 		t.Errorf("no reference-mode row comparing refmode with the reference in\n%s", out)
+	}
+}
+
+// TestReportNoopNotAFloorOfCounting: at c=50 the no-op server is shown
+// beside the service CPU and throughput targets but not judged: ours
+// missing both with floorbatch (a service that counts in Redis) missing
+// them too is FLOOR even though the no-op meets them, and MISS once
+// floorbatch meets them.
+func TestReportNoopNotAFloorOfCounting(t *testing.T) {
+	for _, c := range []struct {
+		fbCPU, fbRate float64
+		verdict       string
+	}{{37, 210, "FLOOR"}, {30, 260, "MISS"}} {
+		var runs []benchRun
+		for round := 1; round <= 3; round++ {
+			add := func(svc string, cpu, rate float64) {
+				runs = append(runs, benchRun{Svc: svc, Scenario: "keys10k", Round: round, Rate: rate, P50: 100, P99: 100,
+					SvcCPU: cpu, RedisCPU: 10, RedisUS: 1, Decisions: 1000})
+			}
+			add("ref", 100, 100)
+			add("ours", 40, 215)
+			add("noop", 29, 330)
+			add("floorbatch", c.fbCPU, c.fbRate)
+		}
+		path := filepath.Join(t.TempDir(), "runs.jsonl")
+		var b strings.Builder
+		for _, r := range runs {
+			j, err := json.Marshal(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Write(j)
+			b.WriteByte('\n')
+		}
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("python3", "-B", "../compare/report.py", path).CombinedOutput()
+		if err != nil {
+			t.Fatalf("report.py: %v\n%s", err, out)
+		}
+		for _, w := range []struct{ label, note string }{
+			{"service CPU/decision vs reference, c=50", fmt.Sprintf("[floorbatch %.2f×; noop 0.29× (no Redis)]", c.fbCPU/100)},
+			{"throughput vs reference, 10k keys c=50", fmt.Sprintf("[floorbatch %.2f×; noop 3.30× (no Redis)]", c.fbRate/100)},
+		} {
+			var line string
+			for _, l := range strings.Split(string(out), "\n") {
+				if strings.HasPrefix(strings.TrimSpace(l), w.label+" ") {
+					line = l
+				}
+			}
+			if !strings.Contains(line, "  "+c.verdict+" "+w.note) {
+				t.Errorf("target line %q: want %s %s", line, c.verdict, w.note)
+			}
+		}
 	}
 }
