@@ -3,7 +3,9 @@
 // Proc runs the servers of the test helpers (redis-server, memcached):
 // start, kill, freeze and resume, with the output in a log file and the
 // server killed when the test process dies without its cleanups
-// (KillWithParent). The rest is what any package's tests of ratelimitd
+// (KillWithParent). FreePorts picks their ports (never one twice in a
+// process), and StartRetrying starts one again on fresh ports when its
+// port was taken first. The rest is what any package's tests of ratelimitd
 // share: talking to a running server, building descriptors, reading its
 // metrics and statsd lines, and choosing quick or long variants. Running
 // the binary itself is internal/deploytest's.
