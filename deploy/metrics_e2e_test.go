@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ratelimitd/ratelimitd/internal/deploytest"
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 )
 
 func TestMain(m *testing.M) { deploytest.Main(m) }
@@ -34,13 +35,21 @@ type instance struct {
 // stops it at the end of the test.
 func serve(t *testing.T, bin, configDir string, extra ...string) instance {
 	t.Helper()
-	httpAddr := deploytest.FreeAddr(t)
-	args := append([]string{"serve", "--config", configDir, "--grpc-addr", deploytest.FreeAddr(t), "--http-addr", httpAddr, "--debug-addr", ""}, extra...)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // no RATELIMITD_* or legacy variables from the caller
-	p := deploytest.Start(t, cmd, 20*time.Second)
-	p.WaitOK(t, "http://"+httpAddr+"/healthcheck", 30*time.Second)
-	return instance{http: httpAddr, log: p.Log}
+	var in instance
+	// Fresh ports on each start: one may be taken before ratelimitd binds it.
+	err := testproc.StartRetrying("ratelimitd serve", func() error {
+		httpAddr := deploytest.FreeAddr(t)
+		args := append([]string{"serve", "--config", configDir, "--grpc-addr", deploytest.FreeAddr(t), "--http-addr", httpAddr, "--debug-addr", ""}, extra...)
+		cmd := exec.Command(bin, args...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // no RATELIMITD_* or legacy variables from the caller
+		p := deploytest.Start(t, cmd, 20*time.Second)
+		in = instance{http: httpAddr, log: p.Log}
+		return p.WaitUp(30*time.Second, deploytest.GetOK("http://"+httpAddr+"/healthcheck"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
 }
 
 // descriptor is one request descriptor for POST /json.

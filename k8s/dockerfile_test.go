@@ -6,6 +6,7 @@ import (
 	"context"
 	"debug/elf"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ratelimitd/ratelimitd/internal/deploytest"
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
 
@@ -360,15 +362,26 @@ func TestImageServesReferenceEnvironment(t *testing.T) {
 		{"/bin/ratelimit, reference environment", []string{link}, reference, "mine", "reference"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + root}
-			for k, v := range df.env {
-				env = append(env, k+"="+v)
+			var ports []string
+			var logs func() string
+			// Fresh ports on each start: one may be taken before the
+			// process binds it.
+			err := testproc.StartRetrying(tc.name, func() error {
+				env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + root}
+				for k, v := range df.env {
+					env = append(env, k+"="+v)
+				}
+				ports = deploytest.FreePorts(t, 3)
+				env = append(env, "GRPC_HOST=127.0.0.1", "GRPC_PORT="+ports[0], "HOST=127.0.0.1", "PORT="+ports[1],
+					"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+ports[2])
+				env = append(env, tc.env...)
+				var done <-chan struct{}
+				logs, done = startImageProcess(t, work, tc.argv, env)
+				return waitListening(logs, done, 30*time.Second)
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
-			ports := deploytest.FreePorts(t, 3)
-			env = append(env, "GRPC_HOST=127.0.0.1", "GRPC_PORT="+ports[0], "HOST=127.0.0.1", "PORT="+ports[1],
-				"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+ports[2])
-			env = append(env, tc.env...)
-			logs := startImageProcess(t, work, tc.argv, env)
 			cc, err := grpc.NewClient("127.0.0.1:"+ports[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				t.Fatal(err)
@@ -405,9 +418,33 @@ func TestImageServesReferenceEnvironment(t *testing.T) {
 	}
 }
 
+// waitListening waits until a ratelimitd started by startImageProcess has
+// logged its listeners (it binds them all before logging any). It returns
+// an error when the process exits first (wrapping testproc.ErrPortInUse
+// when a bind failed) or within passes.
+func waitListening(logs func() string, done <-chan struct{}, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for !strings.Contains(logs(), "listening") {
+		select {
+		case <-done:
+			if testproc.PortInUse(logs()) {
+				return fmt.Errorf("exited during startup: %w\n%s", testproc.ErrPortInUse, logs())
+			}
+			return fmt.Errorf("exited during startup:\n%s", logs())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no listeners logged within %v:\n%s", within, logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
+}
+
 // startImageProcess starts argv in dir with env and stops it (SIGTERM,
-// then SIGKILL) at cleanup; logs returns its stderr so far.
-func startImageProcess(t *testing.T, dir string, argv, env []string) (logs func() string) {
+// then SIGKILL) at cleanup; logs returns its stderr so far, and done is
+// closed once it has exited.
+func startImageProcess(t *testing.T, dir string, argv, env []string) (logs func() string, exited <-chan struct{}) {
 	t.Helper()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir, cmd.Env = dir, env
@@ -428,7 +465,7 @@ func startImageProcess(t *testing.T, dir string, argv, env []string) (logs func(
 			<-done
 		}
 	})
-	return func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
+	return func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }, done
 }
 
 type writerFunc func([]byte) (int, error)

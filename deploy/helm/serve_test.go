@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ratelimitd/ratelimitd/internal/deploytest"
+	"github.com/ratelimitd/ratelimitd/internal/testproc"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memcache/memcachetest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -184,47 +185,58 @@ func runPod(t *testing.T, r release, secrets map[string]map[string]string, hosts
 	return p
 }
 
-// startPod is runPod without the wait.
+// startPod is runPod without the wait for /healthcheck: it returns once
+// ratelimitd has bound its listeners, starting it again on fresh ports
+// when one was taken before it bound it.
 func startPod(t *testing.T, r release, secrets map[string]map[string]string, hosts map[string]string, rewrite ...func(name, val string) string) (*pod, *deploytest.Process) {
 	t.Helper()
 	bin := deploytest.Ratelimitd(t)
 	d, c := deployment(t, r)
 	mounts := layOutVolumes(t, r, d, c, secrets)
-	p := &pod{httpAddr: deploytest.FreeAddr(t)}
-	for _, a := range c.Args {
-		name, val, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
-		switch name {
-		case "grpc-addr", "metrics-addr", "debug-addr":
-			val = deploytest.FreeAddr(t)
-		case "http-addr":
-			val = p.httpAddr
-		case "redis-url":
-			u, err := url.Parse(val)
-			if err != nil {
-				t.Fatal(err)
-			}
-			addr, ok := hosts[u.Hostname()]
-			if !ok {
-				t.Fatalf("--redis-url=%s: host %s is not among %v", val, u.Hostname(), hosts)
-			}
-			u.Host = addr
-			val = u.String()
-		default:
-			for mp, dir := range mounts {
-				if rest, ok := strings.CutPrefix(val, mp); ok && (rest == "" || strings.HasPrefix(rest, "/")) {
-					val = dir + rest
+	var p *pod
+	var proc *deploytest.Process
+	err := testproc.StartRetrying("ratelimitd serve", func() error {
+		p = &pod{httpAddr: deploytest.FreeAddr(t)}
+		for _, a := range c.Args {
+			name, val, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+			switch name {
+			case "grpc-addr", "metrics-addr", "debug-addr":
+				val = deploytest.FreeAddr(t)
+			case "http-addr":
+				val = p.httpAddr
+			case "redis-url":
+				u, err := url.Parse(val)
+				if err != nil {
+					t.Fatal(err)
+				}
+				addr, ok := hosts[u.Hostname()]
+				if !ok {
+					t.Fatalf("--redis-url=%s: host %s is not among %v", val, u.Hostname(), hosts)
+				}
+				u.Host = addr
+				val = u.String()
+			default:
+				for mp, dir := range mounts {
+					if rest, ok := strings.CutPrefix(val, mp); ok && (rest == "" || strings.HasPrefix(rest, "/")) {
+						val = dir + rest
+					}
 				}
 			}
+			for _, f := range rewrite {
+				val = f(name, val)
+			}
+			p.argv = append(p.argv, "--"+name+"="+val)
 		}
-		for _, f := range rewrite {
-			val = f(name, val)
-		}
-		p.argv = append(p.argv, "--"+name+"="+val)
+		cmd := exec.Command(bin, append([]string{"serve"}, p.argv...)...)
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, literalEnv(c)...)
+		proc = deploytest.Start(t, cmd, 30*time.Second)
+		p.log = proc.Log
+		// ratelimitd binds every listener before it logs any.
+		return proc.WaitUp(60*time.Second, proc.Logged("listening"))
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, append([]string{"serve"}, p.argv...)...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, literalEnv(c)...)
-	proc := deploytest.Start(t, cmd, 30*time.Second)
-	p.log = proc.Log
 	return p, proc
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,23 +96,58 @@ func Start(t testing.TB, cmd *exec.Cmd, grace time.Duration) *Process {
 // within passes.
 func (p *Process) WaitOK(t testing.TB, url string, within time.Duration) {
 	t.Helper()
+	if err := p.WaitUp(within, GetOK(url)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// GetOK is a check for WaitUp: GET url answers 200.
+func GetOK(url string) func() error {
+	return func() error {
+		resp, err := http.Get(url) //nolint:gosec,noctx // a test's loopback URL
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+		}
+		return nil
+	}
+}
+
+// Logged is a check for WaitUp: the log has a line containing s (for
+// ratelimitd, "listening": it binds every listener before logging any).
+func (p *Process) Logged(s string) func() error {
+	return func() error {
+		if !strings.Contains(p.Log.String(), s) {
+			return fmt.Errorf("no %q in the log yet", s)
+		}
+		return nil
+	}
+}
+
+// WaitUp polls up every 100 ms until it returns nil. It returns an error
+// with the log when the process exits first (wrapping
+// testproc.ErrPortInUse when the log says a bind failed, for
+// testproc.StartRetrying), or with up's last error when within passes.
+func (p *Process) WaitUp(within time.Duration, up func() error) error {
 	deadline := time.Now().Add(within)
 	for {
-		resp, err := http.Get(url) //nolint:gosec,noctx // a test's loopback URL
+		err := up()
 		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			err = fmt.Errorf("status %d", resp.StatusCode)
+			return nil
 		}
 		select {
 		case <-p.done:
-			t.Fatalf("%q exited before GET %s answered 200:\n%s", p.cmd.Args, url, p.Log)
+			if testproc.PortInUse(p.Log.String()) {
+				return fmt.Errorf("%q exited during startup: %w\n%s", p.cmd.Args, testproc.ErrPortInUse, p.Log)
+			}
+			return fmt.Errorf("%q exited during startup (last check: %v):\n%s", p.cmd.Args, err, p.Log)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("GET %s never answered 200 within %v (last: %v):\n%s", url, within, err, p.Log)
+			return fmt.Errorf("%q not up within %v (last check: %v):\n%s", p.cmd.Args, within, err, p.Log)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -76,7 +76,8 @@ type Serve struct {
 // --log-format=json) and env (the whole environment, see CleanEnv), and
 // returns once the process has logged a "listening" record for each of
 // listeners (ScanLog). It returns an error, with the logs, when the
-// process exits first or when within passes (the process is then
+// process exits first (wrapping testproc.ErrPortInUse when it could not
+// bind a listener's port: see testproc.StartRetrying) or when within passes (the process is then
 // killed). The process is killed with the test process when that dies
 // without its cleanups (testproc.KillWithParent); the caller stops it
 // (Stop).
@@ -104,6 +105,9 @@ func StartServe(bin string, args, env, listeners []string, within time.Duration)
 		case a := <-addrs:
 			s.Addrs[a.Server] = a.Addr
 		case <-s.done:
+			if testproc.PortInUse(s.Logs()) {
+				return nil, fmt.Errorf("ratelimitd exited during startup: %w: %v\n%s", testproc.ErrPortInUse, s.err, s.LogTail(20))
+			}
 			return nil, fmt.Errorf("ratelimitd exited during startup: %v\n%s", s.err, s.Logs())
 		case <-deadline:
 			_ = s.Cmd.Process.Kill()

@@ -68,6 +68,10 @@ type startOpts struct {
 	env  []string // added to deploytest.CleanEnv
 	// legacyAddrs: the addresses come from the environment, not flags.
 	legacyAddrs bool
+	// ports, when set, is more environment, called on each start: the
+	// listener variables on fresh ports (freePort), so that a start
+	// whose process found one taken is repeated on others.
+	ports func() []string
 }
 
 // start runs `ratelimitd serve` with loopback listeners on free ports and
@@ -80,7 +84,16 @@ func start(t testing.TB, o startOpts) *proc {
 		args = append(args, "--grpc-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0", "--debug-addr=127.0.0.1:0")
 	}
 	args = append(args, o.args...)
-	s, err := deploytest.StartServe(bin, args, deploytest.CleanEnv(o.env...), []string{deploytest.GRPC, deploytest.HTTP, deploytest.Debug}, 20*time.Second)
+	env := o.env
+	var s *deploytest.Serve
+	err := testproc.StartRetrying("ratelimitd serve", func() error {
+		if o.ports != nil {
+			env = append(append([]string{}, o.env...), o.ports()...)
+		}
+		var err error
+		s, err = deploytest.StartServe(bin, args, deploytest.CleanEnv(env...), []string{deploytest.GRPC, deploytest.HTTP, deploytest.Debug}, 20*time.Second)
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +208,8 @@ func writeFile(t testing.TB, dir, name, content string) {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago.
+// freePort returns a loopback port that was free a moment ago, one no
+// other freePort of this process returns.
 func freePort(t testing.TB) string {
 	t.Helper()
 	return deploytest.FreePorts(t, 1)[0]

@@ -435,16 +435,22 @@ func TestMigrationEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, filepath.Join(cfg, "..2026_01_01"), "dup.yaml", fmt.Sprintf(oneFile, 1))
-	grpcPort, httpPort, debugPort, promPort := freePort(t), freePort(t), freePort(t), freePort(t)
-	p := start(t, startOpts{legacyAddrs: true, env: []string{
+	var grpcPort, httpPort, debugPort, promPort string
+	ports := func() []string { // fresh on each start
+		grpcPort, httpPort, debugPort, promPort = freePort(t), freePort(t), freePort(t), freePort(t)
+		return []string{
+			"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
+			"HOST=127.0.0.1", "PORT=" + httpPort,
+			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + debugPort,
+			"PROMETHEUS_ADDR=127.0.0.1:" + promPort,
+		}
+	}
+	p := start(t, startOpts{legacyAddrs: true, ports: ports, env: []string{
 		"RUNTIME_ROOT=" + filepath.Join(root, "current"),
 		"RUNTIME_SUBDIRECTORY=ratelimit",
 		"RUNTIME_WATCH_ROOT=false",
 		"RUNTIME_IGNOREDOTFILES=true",
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
-		"HOST=127.0.0.1", "PORT=" + httpPort,
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + debugPort,
-		"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=127.0.0.1:" + promPort,
+		"USE_STATSD=false", "USE_PROMETHEUS=true",
 		"LOG_LEVEL=debug", "LOG_FORMAT=json",
 		"LIMIT_RESPONSE_HEADERS_ENABLED=true",
 		"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=127.0.0.1:1", "REDIS_TIMEOUT=5ms",

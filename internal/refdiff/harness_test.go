@@ -223,12 +223,33 @@ const noConfigMessage = "no rate limit configuration loaded"
 // answers ShouldRateLimit (a request for a domain no config has, which
 // counts nothing). With failedLoad set, it is also ready when it answers
 // noConfigMessage after logging failedLoad (its first config load was
-// refused). It is stopped at cleanup.
-func startProc(t *testing.T, name string, argv, env []string, grpcPort, failedLoad string) *proc {
+// refused). It is stopped at cleanup. listen gives the listener variables
+// (GRPC_PORT first) on fresh ports each time it is called: a start whose
+// process could not bind one is repeated (testproc.StartRetrying).
+func startProc(t *testing.T, name string, argv, env []string, listen func() []string, failedLoad string) *proc {
+	t.Helper()
+	var p *proc
+	err := testproc.StartRetrying(name, func() error {
+		le := listen()
+		var err error
+		p, err = startProcOnce(t, name, argv, append(append([]string{}, env...), le...), strings.TrimPrefix(le[0], "GRPC_PORT="), failedLoad)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// startProcOnce is one start of startProc. It returns an error wrapping
+// testproc.ErrPortInUse when the process exited because a port it was
+// given was taken.
+func startProcOnce(t *testing.T, name string, argv, env []string, grpcPort, failedLoad string) (*proc, error) {
 	t.Helper()
 	p := &proc{name: name, cmd: exec.Command(argv[0], argv[1:]...), done: make(chan struct{})}
 	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
 	p.cmd.Stdout, p.cmd.Stderr = p, p
+	testproc.KillWithParent(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -254,21 +275,27 @@ func startProc(t *testing.T, name string, argv, env []string, grpcPort, failedLo
 	probe := &rlsv3.RateLimitRequest{Domain: "refdiff-probe-no-such-domain", Descriptors: []*rlcommon.RateLimitDescriptor{
 		{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "probe", Value: "x"}}},
 	}}
+	exited := func() error {
+		if testproc.PortInUse(p.Logs()) {
+			return fmt.Errorf("%s exited during startup: %w\n%s", name, testproc.ErrPortInUse, p.Logs())
+		}
+		return fmt.Errorf("%s exited during startup: %v\n%s", name, p.cmd.ProcessState, p.Logs())
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, err := p.client.ShouldRateLimit(ctx, probe)
 		cancel()
-		if err == nil {
-			return p
-		}
-		if failedLoad != "" && status.Convert(err).Message() == noConfigMessage && strings.Contains(p.Logs(), failedLoad) {
-			return p
-		}
+		ready := err == nil ||
+			failedLoad != "" && status.Convert(err).Message() == noConfigMessage && strings.Contains(p.Logs(), failedLoad)
 		select {
 		case <-p.done:
-			t.Fatalf("%s exited during startup: %v\n%s", name, p.cmd.ProcessState, p.Logs())
+			// Exited: whatever answered was not this process.
+			return nil, exited()
 		default:
+		}
+		if ready {
+			return p, nil
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s does not answer ShouldRateLimit within 60s (last error %v)\n%s", name, err, p.Logs())
@@ -293,6 +320,9 @@ type pair struct {
 	// key prefix and statsd); ourBin is ratelimitd's binary.
 	env    []string
 	ourBin string
+	// starts counts the starts of both servers (more than 2 when a
+	// port was taken).
+	starts int
 }
 
 // withEnv is base with env applied: NAME=value replaces or adds NAME, a
@@ -339,6 +369,21 @@ type pairConfig struct {
 	// each server is ready once it logged the refusal (refFailedLoad,
 	// ourFailedLoad) and answers noConfigMessage.
 	refusedConfig bool
+	// takeHTTPPort: the port picked for each server's HTTP listener on
+	// its first start is bound by the test first, as another process
+	// could between the pick and the server's bind (TestStartPairRetries).
+	takeHTTPPort bool
+}
+
+// takePort listens on 127.0.0.1:port until t ends.
+func takePort(t *testing.T, port string) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:"+port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
 }
 
 // The log lines of a refused first config load.
@@ -373,12 +418,21 @@ func startPairWith(t *testing.T, pc pairConfig) *pair {
 			p.resetHeader = v
 		}
 	}
-	listen := func(prefix string) []string {
-		ports := deploytest.FreePorts(t, 3)
-		return []string{"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + ports[0], "HOST=127.0.0.1", "PORT=" + ports[1],
-			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + ports[2], "CACHE_KEY_PREFIX=" + prefix}
+	// Each server's listeners, on ports no other server of this process
+	// is given (deploytest.FreePorts), fresh on each start.
+	listen := func(taken *net.Listener) func() []string {
+		return func() []string {
+			ports := deploytest.FreePorts(t, 3)
+			p.starts++
+			if pc.takeHTTPPort && *taken == nil {
+				*taken = takePort(t, ports[1])
+			}
+			return []string{"GRPC_PORT=" + ports[0], "GRPC_HOST=127.0.0.1", "HOST=127.0.0.1", "PORT=" + ports[1],
+				"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + ports[2]}
+		}
 	}
-	re, oe := listen("refdiff_reference_"), listen("refdiff_ratelimitd_")
+	re := []string{"CACHE_KEY_PREFIX=refdiff_reference_"}
+	oe := []string{"CACHE_KEY_PREFIX=refdiff_ratelimitd_"}
 	if refSink != nil && ourSink != nil {
 		re = append(re, statsdEnv(t, refSink)...)
 		oe = append(oe, statsdEnv(t, ourSink)...)
@@ -387,10 +441,11 @@ func startPairWith(t *testing.T, pc pairConfig) *pair {
 	if pc.refusedConfig {
 		refFailed, ourFailed = refFailedLoad, ourFailedLoad
 	}
-	p.ref = startProc(t, "reference", []string{refBin}, append(append([]string{}, common...), re...), strings.TrimPrefix(re[1], "GRPC_PORT="), refFailed)
+	var refTaken, ourTaken net.Listener
+	p.ref = startProc(t, "reference", []string{refBin}, append(append([]string{}, common...), re...), listen(&refTaken), refFailed)
 	// `ratelimitd serve` with nothing but the environment: the mode
 	// comes from the environment alone.
-	p.ours = startProc(t, "ratelimitd", []string{ourBin, "serve"}, append(append([]string{}, common...), oe...), strings.TrimPrefix(oe[1], "GRPC_PORT="), ourFailed)
+	p.ours = startProc(t, "ratelimitd", []string{ourBin, "serve"}, append(append([]string{}, common...), oe...), listen(&ourTaken), ourFailed)
 	if !strings.Contains(p.ours.Logs(), "mode=reference") {
 		t.Fatalf("ratelimitd is not in reference mode with the reference's environment:\n%s", p.ours.Logs())
 	}

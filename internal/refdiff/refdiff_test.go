@@ -288,3 +288,20 @@ func TestDifferentialDynamicMetadataGlobalShadow(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) { p.run(t, sc) })
 	}
 }
+
+// TestStartPairRetries: when the port picked for a server's HTTP listener
+// is taken before the server binds it (here by the test; in a parallel
+// run, by another process), the server exits with "address already in
+// use" and is started again on fresh ports, and the pair then answers.
+func TestStartPairRetries(t *testing.T) {
+	p := startPairWith(t, pairConfig{takeHTTPPort: true, extra: map[string]string{"refdiff.yaml": refdiffConfig}})
+	if p.starts != 4 {
+		t.Errorf("%d starts; want 4 (each server twice: the first found its HTTP port taken)", p.starts)
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "refdiff-probe-no-such-domain", Descriptors: []*rlcommon.RateLimitDescriptor{d("probe", "x")}}
+	for _, s := range []*proc{p.ref, p.ours} {
+		if a := ask(s, req); a.err != nil || a.resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Errorf("%s after its second start: %v %v; want OK", s.name, a.resp, a.err)
+		}
+	}
+}

@@ -3,22 +3,20 @@
 // Proc runs the servers of the test helpers (redis-server, memcached):
 // start, kill, freeze and resume, with the output in a log file and the
 // server killed when the test process dies without its cleanups
-// (KillWithParent). The rest is what any package's tests of ratelimitd
+// (KillWithParent). FreePorts picks their ports (never one twice in a
+// process), and StartRetrying starts one again on fresh ports when its
+// port was taken first. The rest is what any package's tests of ratelimitd
 // share: talking to a running server, building descriptors, reading its
 // metrics and statsd lines, and choosing quick or long variants. Running
 // the binary itself is internal/deploytest's.
 package testproc
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -164,12 +162,6 @@ func (f Faults) Stop() { f.p.Stop() }
 // Cont is Proc.Cont.
 func (f Faults) Cont() { f.p.Cont() }
 
-// ErrPortInUse is WaitReady's error for a process that exited during
-// startup because its port was taken (its log says "Address already in
-// use") between choosing a free port and binding it: the helpers pick
-// another port and start again.
-var ErrPortInUse = errors.New("port in use")
-
 // WaitReady polls ready every 20 ms until it returns nil, for at most
 // within. It returns ErrPortInUse (wrapped, naming what) or another error
 // naming what ("redis-server on 127.0.0.1:6379") when the process exits
@@ -182,7 +174,7 @@ func (p *Proc) WaitReady(what string, within time.Duration, ready func() error, 
 		select {
 		case <-p.Done():
 			tail := logTail()
-			if strings.Contains(tail, "Address already in use") {
+			if PortInUse(tail) {
 				return fmt.Errorf("%s: %w", what, ErrPortInUse)
 			}
 			return fmt.Errorf("%s exited during startup:\n%s", what, tail)
@@ -194,34 +186,4 @@ func (p *Proc) WaitReady(what string, within time.Duration, ready func() error, 
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("%s not ready after %v: %v\n%s", what, within, last, logTail())
-}
-
-// FreePort is a loopback TCP port that was free a moment ago (the caller
-// binds it, or retries on ErrPortInUse). It fails t when no port can be
-// had.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	return FreePorts(t, 1)[0]
-}
-
-// FreePorts is n distinct loopback TCP ports that were free a moment ago
-// (each held until all are chosen). It fails t when they cannot be had.
-func FreePorts(t testing.TB, n int) []int {
-	t.Helper()
-	out := make([]int, 0, n)
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("testproc: free port: %v", err)
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out
 }

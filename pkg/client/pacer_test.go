@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,12 +57,18 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 // returns the answer after it again, so that the test runs in synctest's
 // virtual time.
 func (u *upstream) RoundTrip(r *http.Request) (*http.Response, error) {
-	time.Sleep(u.latency)
+	skew, _ := strconv.Atoi(r.Header.Get(workerHeader))
+	time.Sleep(u.latency + time.Duration(skew)*time.Microsecond)
 	rec := httptest.NewRecorder()
 	u.ServeHTTP(rec, r)
-	time.Sleep(u.latency)
+	time.Sleep(u.latency + time.Duration(skew)*time.Microsecond)
 	return rec.Result(), nil
 }
+
+// workerHeader carries a call's worker number w: the upstream and the
+// worker's pause each take w µs longer, so that no two workers' calls
+// reach the upstream or come back at the same instant.
+const workerHeader = "X-Test-Worker"
 
 // drive runs workers that each call the upstream through the pacer every
 // interval (offering workers/interval calls per second) for d.
@@ -70,10 +77,11 @@ func drive(t *testing.T, c *http.Client, workers int, interval, d time.Duration)
 	defer cancel()
 	var full atomic.Int64
 	var wg sync.WaitGroup
-	for range workers {
+	for w := range workers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://upstream.test/", nil)
+				req.Header.Set(workerHeader, strconv.Itoa(w))
 				resp, err := c.Do(req)
 				switch {
 				case errors.Is(err, client.ErrQueueFull):
@@ -81,7 +89,7 @@ func drive(t *testing.T, c *http.Client, workers int, interval, d time.Duration)
 				case err == nil:
 					_ = resp.Body.Close()
 				}
-				time.Sleep(interval)
+				time.Sleep(interval + time.Duration(w)*time.Microsecond)
 			}
 		})
 	}

@@ -70,36 +70,55 @@ func TestBinaryServes(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	ports := testproc.FreePorts(t, 2)
-	grpcAddr, httpAddr := fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])
-	cmd := exec.Command(bin, "--grpc-addr", grpcAddr, "--http-addr", httpAddr)
-	var out testproc.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	testproc.KillWithParent(cmd)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-done
-	})
-
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get("http://" + httpAddr + "/healthcheck")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
+	var grpcAddr string
+	var cmd *exec.Cmd
+	var out *testproc.Buffer
+	var done chan error
+	// Fresh ports on each start: one may be taken before the binary binds it.
+	err := testproc.StartRetrying("noop", func() error {
+		ports := testproc.FreePorts(t, 2)
+		var httpAddr string
+		grpcAddr, httpAddr = fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])
+		cmd = exec.Command(bin, "--grpc-addr", grpcAddr, "--http-addr", httpAddr)
+		out = &testproc.Buffer{}
+		cmd.Stdout, cmd.Stderr = out, out
+		testproc.KillWithParent(cmd)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done = make(chan error, 1)
+		go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(cmd, done)
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			done <- <-done // leave the result for a later reader
+		})
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			resp, err := http.Get("http://" + httpAddr + "/healthcheck")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return nil
+				}
+				err = fmt.Errorf("status %d", resp.StatusCode)
 			}
-			err = fmt.Errorf("status %d", resp.StatusCode)
+			select {
+			case werr := <-done:
+				done <- werr
+				if testproc.PortInUse(out.String()) {
+					return fmt.Errorf("noop exited: %w\n%s", testproc.ErrPortInUse, out.String())
+				}
+				return fmt.Errorf("noop exited before /healthcheck answered: %v\n%s", werr, out.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("/healthcheck: %v\n%s", err, out.String())
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/healthcheck: %v\n%s", err, out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	c := rlsv3.NewRateLimitServiceClient(testproc.Dial(t, grpcAddr))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -80,7 +80,7 @@ func Start(t testing.TB, extra ...string) *Server {
 		if err == nil {
 			return s
 		}
-		if errors.Is(err, testproc.ErrPortInUse) && attempt < 5 {
+		if errors.Is(err, testproc.ErrPortInUse) && attempt+1 < testproc.StartAttempts {
 			s.Kill()
 			continue
 		}

@@ -141,7 +141,7 @@ func Start(t testing.TB, opts ...Option) *Server {
 		if err == nil {
 			return s
 		}
-		if errors.Is(err, testproc.ErrPortInUse) && attempt < 5 {
+		if errors.Is(err, testproc.ErrPortInUse) && attempt+1 < testproc.StartAttempts {
 			continue
 		}
 		unavailable(t, "%v", err)

@@ -157,7 +157,7 @@ func (s *Server) startFresh() {
 		if err == nil {
 			return
 		}
-		if errors.Is(err, testproc.ErrPortInUse) && attempt < 5 {
+		if errors.Is(err, testproc.ErrPortInUse) && attempt+1 < testproc.StartAttempts {
 			s.port = testproc.FreePort(s.t)
 			if s.cfg.cluster {
 				s.busPort = testproc.FreePort(s.t)
