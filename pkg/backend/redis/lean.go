@@ -143,10 +143,11 @@ type leanArgs struct {
 // steps, however starved the host. take.lua's ttl_ms, take1.lua,
 // window.lua, window1.lua (and its Function), native counting and
 // lease.lua add the same. The TTL is the only real time a pinned Store
-// uses for its keys, and with the slack it changes no answer: a key
-// whose state matters at the pinned now outlives the test, and the
-// scripts read no TIME, so the state a decision sees is the one pkg/algo
-// sees at that now.
+// uses for its keys (the scripts read no TIME then), and with the slack
+// it changes no answer: a key whose state matters at the pinned now
+// outlives the test, and a key that outlives its state changes nothing
+// either, since window and lean keys are named by their window and
+// take.lua's values carry their instant, as pkg/algo's states do.
 const pinnedSlackMs = 3_600_000
 
 // initLean fills a.lean from sg: the keys of the windows containing at
