@@ -47,12 +47,20 @@ func legalKey(k string) bool {
 	return true
 }
 
+// pinnedSlack is added to a counter's expiration (seconds) when
+// Options.Now pins the clock (tests): memcached expires counters by real
+// time, which a pinned clock does not follow, so a counter must outlast
+// any real time a test spends at one pinned instant, however starved the
+// host. The expiration is the only real time a pinned Store uses, and
+// with the slack it changes no answer.
+const pinnedSlack = 3600
+
 // expiration is the memcached exptime of a counter whose window ends at
-// endUs, seen at nowUs: the seconds left (rounded up) plus expiryGrace, as
-// an absolute Unix time (from the real clock) beyond memcached's 30-day
-// bound on relative times.
-func expiration(nowUs, endUs int64) int32 {
-	secs := (endUs-nowUs+999_999)/1_000_000 + expiryGrace
+// endUs, seen at nowUs: the seconds left (rounded up) plus expiryGrace
+// and slack, as an absolute Unix time (from the real clock) beyond
+// memcached's 30-day bound on relative times.
+func expiration(nowUs, endUs, slack int64) int32 {
+	secs := (endUs-nowUs+999_999)/1_000_000 + expiryGrace + slack
 	if secs <= maxRelativeExpiry {
 		return int32(secs)
 	}

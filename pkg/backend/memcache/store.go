@@ -32,6 +32,9 @@ type Store struct {
 	client  *gomemcache.Client
 	servers *gomemcache.ServerList
 	now     func() time.Time
+	// slack is added to a counter's expiration (seconds): pinnedSlack
+	// when Options.Now pins the clock, else 0.
+	slack   int64
 	timeout time.Duration
 
 	opts    Options
@@ -86,6 +89,8 @@ func newWithClock(opts Options, clk clock) (*Store, error) {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	} else {
+		s.slack = pinnedSlack
 	}
 	s.client = gomemcache.NewFromSelector(s.servers)
 	s.client.Timeout = opts.Timeout

@@ -332,10 +332,13 @@ func TestAllOrNothingConcurrent(t *testing.T) {
 
 // Window rollover: a new window is a new counter (pinned clock), and the
 // counter expires after its window (memcached's own expiry, read back with
-// the meta debug command).
+// the meta debug command): on the real clock, at the window's end plus
+// the grace; on a pinned clock an hour later, since memcached expires by
+// real time, which a pinned clock does not follow (a test may spend more
+// real time at one pinned instant than the window has left).
 func TestWindowRolloverAndExpiry(t *testing.T) {
 	srv := memcachetest.Start(t)
-	clk := newPinned(time.Now().Truncate(time.Minute).Add(10 * time.Second))
+	clk := newPinned(time.Date(2026, 3, 14, 15, 9, 10, 0, time.UTC))
 	s := newStore(t, []string{srv.Addr()}, clk.Now)
 	k, l := uniq(t), fixed(2, time.Minute)
 	take(t, s, algo.Hit{Key: k, Limit: l, Cost: 2})
@@ -344,22 +347,46 @@ func TestWindowRolloverAndExpiry(t *testing.T) {
 	}
 	start := clk.Now().Truncate(time.Minute).UnixMicro()
 	ck := memcache.CounterKey(k, start)
-	// 50 s left in the window plus the 2 s grace, not the whole window
-	// (62 s); memcached rounds to its one-second clock, and seconds may
-	// pass between the take and the read.
-	if exp := metaExp(t, srv, ck); exp < 35 || exp > 53 {
-		t.Fatalf("counter %s: expires in %d s, want [35, 53] s", ck, exp)
+	// 50 s left in the window, the 2 s grace and an hour; memcached
+	// rounds to its one-second clock, and seconds may pass between the
+	// take and the read.
+	if exp := metaExp(t, srv, ck); exp < 3600+35 || exp > 3600+53 {
+		t.Fatalf("counter %s on a pinned clock: expires in %d s, want [3635, 3653] s", ck, exp)
 	}
 	clk.Advance(50 * time.Second)
 	if d := take(t, s, algo.Hit{Key: k, Limit: l, Cost: 1}); !d[0].Allowed || d[0].Remaining != 1 || d[0].ResetAfter != time.Minute {
 		t.Fatalf("first hit of the next window %+v, want allowed with 1 remaining, 60s reset", d[0])
 	}
+
+	// The real clock: the window's rest plus the grace, not the whole
+	// window (62 s). A take that straddles a window's end is taken again.
+	wall := newStore(t, []string{srv.Addr()}, nil)
+	for i := 0; ; i++ {
+		if i == 3 {
+			t.Fatal("three takes straddled a window's end")
+		}
+		before := time.Now()
+		rk := k + "r" + strconv.Itoa(i)
+		take(t, wall, algo.Hit{Key: rk, Limit: l, Cost: 1})
+		after := time.Now()
+		ws, we := algo.WindowBoundsUs(l, before.UnixMicro())
+		if as, _ := algo.WindowBoundsUs(l, after.UnixMicro()); as != ws {
+			continue
+		}
+		left := int((we - before.UnixMicro() + 999_999) / 1e6)
+		ck := memcache.CounterKey(rk, ws)
+		if exp := metaExp(t, srv, ck); exp < left-int(time.Since(before)/time.Second)-2 || exp > left+3 {
+			t.Fatalf("counter %s on the real clock: expires in %d s, want about %d s (the window's rest and the grace)", ck, exp, left+2)
+		}
+		break
+	}
 	// A month-long window expires by an absolute time (beyond memcached's
 	// 30-day bound on relative times): still about the window's length.
 	ml := algo.Limit{Kind: algo.FixedWindow, Rate: 5, Period: 40 * 24 * time.Hour}
-	take(t, s, algo.Hit{Key: k + "m", Limit: ml, Cost: 1})
-	ms, me := algo.WindowBoundsUs(ml, clk.Now().UnixMicro())
-	left := int((me - clk.Now().UnixMicro()) / 1e6)
+	before := time.Now()
+	take(t, wall, algo.Hit{Key: k + "m", Limit: ml, Cost: 1})
+	ms, me := algo.WindowBoundsUs(ml, before.UnixMicro())
+	left := int((me - before.UnixMicro()) / 1e6)
 	if exp := metaExp(t, srv, memcache.CounterKey(k+"m", ms)); exp < left-30 || exp > left+5 {
 		t.Fatalf("40-day counter expires in %d s, want about %d s", exp, left)
 	}

@@ -289,7 +289,7 @@ func (s *Store) decideHit(h algo.Hit, now time.Time, nowUs int64, t *taken, out 
 		return nil
 	}
 	_, end := algo.WindowBoundsUs(l, nowUs)
-	v, err := s.incr(t.key, cost, expiration(nowUs, end))
+	v, err := s.incr(t.key, cost, expiration(nowUs, end, s.slack))
 	if err != nil {
 		return err
 	}

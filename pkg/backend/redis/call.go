@@ -49,7 +49,7 @@ func newCall(ctx context.Context, seg *segment, out []algo.Decision) *scriptCall
 	c.state.Store(callPending)
 	c.refs.Store(2)
 	if seg.native {
-		c.native = newNativeCall(seg.hits, seg.nowUS)
+		c.native = newNativeCall(seg.hits, seg.nowUS, seg.slack)
 	} else {
 		c.args.init(seg)
 	}

@@ -22,22 +22,26 @@ const leadHintMin = time.Second
 // (see Store.takeCluster). Keys share a fixed table by hash; each entry
 // holds a fingerprint and the instant until which its key is a likely
 // denier, so a colliding key reads as unknown. A wrong hint only changes
-// which group goes first, never a decision. Safe for concurrent use.
+// which group goes first (see docs/redis.md for the few decisions a
+// compensating refund cannot restore). Safe for concurrent use.
 type leadHints struct {
 	seed    maphash.Seed
-	baseMs  int64                       // unix ms of newLeadHints
+	baseMs  int64                       // unix ms of the Store's clock at newLeadHints
 	entries [leadHintSlots]atomic.Int64 // fingerprint<<untilBits | until (ms, see ms)
 }
 
 // untilBits hold an entry's instant (ms, ±34 years around baseMs); the
-// fingerprint takes the 22 bits above.
+// fingerprint takes the 22 bits above. baseMs comes from the clock the
+// hints are read with (the Store's, pinned by Options.Now in tests), so
+// a clock far from the wall clock still fits the range.
 const (
 	untilBits = 41
 	untilMask = 1<<untilBits - 1
 )
 
-func newLeadHints() *leadHints {
-	return &leadHints{seed: maphash.MakeSeed(), baseMs: time.Now().UnixMilli()}
+// newLeadHints returns empty hints read by a clock that reads now.
+func newLeadHints(now time.Time) *leadHints {
+	return &leadHints{seed: maphash.MakeSeed(), baseMs: now.UnixMilli()}
 }
 
 // ms is t in an entry's units: ms from 2^40 ms before baseMs, within
@@ -74,11 +78,14 @@ func (h *leadHints) note(hits []algo.Hit, out []algo.Decision, now time.Time) {
 }
 
 // leadScore ranks a slot group (its hits) as the first one of its
-// request: the lowest leads. A group with a key that denied lately
-// (note) comes before any other; then the group whose tightest hit fits
-// the fewest times in its limit's capacity (capacity / cost: a per-client
-// limit before a shared one). Soft hits and releases never deny a
-// request and do not count; a group of only those comes last.
+// request: the lowest leads. A group with a hit that can never be
+// admitted (cost above its limit's capacity: a rate of 0 denies
+// everything) comes first, whatever the hints say, since it denies for
+// sure and then no group is taken and compensated; then a group with a
+// key that denied lately (note); then the group whose tightest hit fits
+// the fewest times in its limit's capacity (capacity / cost: a
+// per-client limit before a shared one). Soft hits and releases never
+// deny a request and do not count; a group of only those comes last.
 func (h *leadHints) leadScore(hits []algo.Hit, now time.Time) int64 {
 	best := int64(math.MaxInt64)
 	for _, x := range hits {
@@ -86,6 +93,9 @@ func (h *leadHints) leadScore(hits []algo.Hit, now time.Time) int64 {
 			continue
 		}
 		c := capacity(x.Limit) / max(x.Cost, 1)
+		if c == 0 {
+			return math.MinInt64
+		}
 		if h.hot(x.Key, now) {
 			c -= 1 << 62 // capacities are below 2^53
 		}

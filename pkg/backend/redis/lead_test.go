@@ -12,10 +12,22 @@ import (
 // TestLeadHints: a denied hit makes its key hot until max(RetryAfter,
 // leadHintMin), and only that key: another key sharing its table entry
 // is not; a hot group leads, then the group whose tightest hit fits the
-// fewest times in its capacity; soft hits and releases do not count.
+// fewest times in its capacity; soft hits and releases do not count; a
+// group with a hit that can never be admitted leads even a hot group.
+// The clock is pinned far from the wall clock, as a test's Options.Now
+// may be: the hints read the Store's clock only.
 func TestLeadHints(t *testing.T) {
-	h := newLeadHints()
-	now := time.Now()
+	for _, now := range []time.Time{
+		time.Date(1901, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 3, 14, 15, 9, 26, 0, time.UTC),
+		time.Date(2199, 12, 31, 23, 59, 59, 0, time.UTC),
+	} {
+		t.Run(now.Format("2006"), func(t *testing.T) { testLeadHints(t, now) })
+	}
+}
+
+func testLeadHints(t *testing.T, now time.Time) {
+	h := newLeadHints(now)
 	small := algo.Limit{Kind: algo.FixedWindow, Rate: 4, Period: time.Hour}
 	big := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Hour}
 	tb := algo.Limit{Kind: algo.TokenBucket, Rate: 1000, Burst: 2, Period: time.Hour}
@@ -72,7 +84,19 @@ func TestLeadHints(t *testing.T) {
 	if got := score(algo.Hit{Key: "x", Limit: small, Cost: 1, Soft: true}, algo.Hit{Key: "y", Limit: small, Cost: 1, Release: true}); got != math.MaxInt64 {
 		t.Errorf("a group of a soft hit and a release scores %d, want last (MaxInt64)", got)
 	}
-	if score(algo.Hit{Key: "z", Limit: algo.Limit{Kind: algo.FixedWindow, Period: time.Hour}, Cost: 1}) != 0 {
-		t.Error("a rate-0 limit (denies everything) does not score 0")
+	// never admitted: a rate of 0, or a cost above the capacity
+	zero := algo.Hit{Key: "z", Limit: algo.Limit{Kind: algo.SlidingWindow, Period: time.Hour}, Cost: 1}
+	over := algo.Hit{Key: "o", Limit: tb, Cost: 3}
+	hot := algo.Hit{Key: "a", Limit: small, Cost: 1}
+	for _, never := range []algo.Hit{zero, over} {
+		if score(never) >= score(hot) {
+			t.Errorf("a group of %+v, never admitted, does not lead a hot key's group", never)
+		}
+		if got := score(hot, never); got != score(never) {
+			t.Errorf("a hot hit and %+v score %d, want that of the never-admitted hit", never, got)
+		}
+	}
+	if score(algo.Hit{Key: "z", Limit: zero.Limit, Cost: 1, Soft: true}) != math.MaxInt64 {
+		t.Error("a soft hit on a rate-0 limit counts")
 	}
 }

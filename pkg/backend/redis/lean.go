@@ -140,8 +140,14 @@ type leanArgs struct {
 // pinnedSlackMs is added to a key's TTL when Options.Now pins the clock
 // (tests): Redis expires keys by real time, which a pinned clock does not
 // follow, so the TTL must outlast any real time a test spends between
-// steps, however starved the host. take.lua's ttl_ms and take1.lua add
-// the same.
+// steps, however starved the host. take.lua's ttl_ms, take1.lua,
+// window.lua, window1.lua (and its Function), native counting and
+// lease.lua add the same. The TTL is the only real time a pinned Store
+// uses for its keys (the scripts read no TIME then), and with the slack
+// it changes no answer: a key whose state matters at the pinned now
+// outlives the test, and a key that outlives its state changes nothing
+// either, since window and lean keys are named by their window and
+// take.lua's values carry their instant, as pkg/algo's states do.
 const pinnedSlackMs = 3_600_000
 
 // initLean fills a.lean from sg: the keys of the windows containing at

@@ -86,8 +86,9 @@ type nativeCall struct {
 	exp   []*goredis.BoolCmd
 }
 
-// newNativeCall is the native call of hits at now (µs).
-func newNativeCall(hits []algo.Hit, nowUS int64) *nativeCall {
+// newNativeCall is the native call of hits at now (µs), with slack ms
+// added to each key's TTL.
+func newNativeCall(hits []algo.Hit, nowUS, slack int64) *nativeCall {
 	n := len(hits)
 	c := &nativeCall{
 		keys: make([]string, n), costs: make([]int64, n), rel: make([]bool, n),
@@ -101,7 +102,7 @@ func newNativeCall(hits []algo.Hit, nowUS int64) *nativeCall {
 		c.rel[i] = h.Release
 		c.rates[i] = h.Limit.Rate
 		c.reset[i] = we - nowUS
-		c.ttl[i] = (we-nowUS+999)/1000 + nativeSkew.Milliseconds()
+		c.ttl[i] = (we-nowUS+999)/1000 + nativeSkew.Milliseconds() + slack
 	}
 	return c
 }
@@ -310,8 +311,12 @@ func (s *Store) deniedCluster(ctx context.Context, hits []algo.Hit, out []algo.D
 // *causes.Partial; when some failed and none denied, their joined errors.
 func (s *Store) runNative(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
 	nowUS := s.clock().UnixMicro()
+	var slack int64
+	if s.now != nil {
+		slack = pinnedSlackMs
+	}
 	if !s.cluster {
-		_, err := s.runOn(ctx, s.def, segment{mode: modeTake, nowUS: nowUS, hits: hits, native: true}, out)
+		_, err := s.runOn(ctx, s.def, segment{mode: modeTake, nowUS: nowUS, hits: hits, native: true, slack: slack}, out)
 		return err
 	}
 	byMaster := map[*master]*group{}
@@ -336,7 +341,7 @@ func (s *Store) runNative(ctx context.Context, hits []algo.Hit, out []algo.Decis
 	for k, g := range groups {
 		g.out = make([]algo.Decision, len(g.hits))
 		wg.Go(func() {
-			_, g.err = s.runOn(ctx, ms[k], segment{mode: modeTake, nowUS: nowUS, hits: g.hits, native: true}, g.out)
+			_, g.err = s.runOn(ctx, ms[k], segment{mode: modeTake, nowUS: nowUS, hits: g.hits, native: true, slack: slack}, g.out)
 		})
 	}
 	wg.Wait()

@@ -114,7 +114,8 @@ func TestNativeExactness(t *testing.T) {
 		t.Fatalf("GET %s = %d, %v; want %d (every hit charged)", key, v, err, 3*perStore)
 	}
 	ttl := ctl.PTTL(ctx, key).Val()
-	want := time.Duration(we-batchEpoch.UnixMicro())*time.Microsecond + nativeSkew
+	// the window's rest, the skew and, the clock being pinned, the slack
+	want := time.Duration(we-batchEpoch.UnixMicro())*time.Microsecond + nativeSkew + pinnedSlackMs*time.Millisecond
 	if ttl <= 0 || ttl > want {
 		t.Fatalf("PTTL %s = %v, want in (0, %v]", key, ttl, want)
 	}
@@ -296,7 +297,7 @@ func TestNativeRefusedNX(t *testing.T) {
 	defer ctl.Close()
 	// A call whose PEXPIRE carries an argument every version refuses,
 	// standing for the refused NX.
-	c := newNativeCall([]algo.Hit{chargeHit("native:refused", nativeLimit, 1)}, batchEpoch.UnixMicro())
+	c := newNativeCall([]algo.Hit{chargeHit("native:refused", nativeLimit, 1)}, batchEpoch.UnixMicro(), 0)
 	p := ctl.Pipeline()
 	c.queue(ctx, p, false)
 	c.exp[0] = goredis.NewBoolCmd(ctx, "pexpire", c.keys[0], c.ttl[0], "refused")

@@ -141,8 +141,10 @@ type segment struct {
 	nonce string
 	hits  []algo.Hit
 	// native: the hits are all native (nativeHit), decided by INCRBY
-	// and PEXPIRE at nowUS, the service's clock, without a script.
+	// and PEXPIRE at nowUS, the service's clock, without a script;
+	// slack is added to their TTLs (pinnedSlackMs with a pinned clock).
 	native bool
+	slack  int64
 	// window: the hits are all windowKind and decided by window.lua on
 	// the keys of the windows containing estUS (the estimate of the
 	// server's now) or nowUS when pinned.

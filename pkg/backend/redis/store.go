@@ -184,10 +184,10 @@ func newStore(c goredis.UniversalClient, opts Options, clk clock) *Store {
 	_, s.cluster = c.(*goredis.ClusterClient)
 	if s.cluster {
 		s.masters = map[string]*master{}
-		s.hints = newLeadHints()
+		s.hints = newLeadHints(s.clock())
 	}
 	if s.windowKeys && s.hints == nil { // mixed requests take takeCluster's path
-		s.hints = newLeadHints()
+		s.hints = newLeadHints(s.clock())
 	}
 	s.def = s.newMaster("")
 	s.batch, s.breaker = s.def.batch, s.def.breaker

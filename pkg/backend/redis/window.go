@@ -114,6 +114,7 @@ type winArgs struct {
 	rate, period, ws, flags, cost []int64
 	at                            int64 // the instant (µs) the keys' windows contain
 	ttl                           int64 // the first hit's TTL (ms), sent by argsWindowDirect
+	slack                         int64 // extra TTL ms (pinnedSlackMs with a pinned clock)
 }
 
 // Window hit code bits above the flags (see window.lua): the next hit
@@ -132,8 +133,9 @@ const (
 // the window's count.
 const windowTTLSlack = 1000 // ms
 
-// windowTTL is the TTL (ms) of a window key of a period of p µs.
-func windowTTL(p int64) int64 { return (p+999)/1000 + windowTTLSlack }
+// windowTTL is the TTL (ms) of a window key of a period of p µs, plus
+// slack (see winArgs.slack).
+func windowTTL(p, slack int64) int64 { return (p+999)/1000 + windowTTLSlack + slack }
 
 // argTrust marks a window segment that counts in the windows its keys
 // name without the server's TIME (segArgs.now; argServerNow: check).
@@ -150,6 +152,8 @@ func (a *segArgs) initWindow(sg *segment) {
 	w := &a.winBuf
 	if at < 0 {
 		at = sg.estUS
+	} else {
+		w.slack = pinnedSlackMs
 	}
 	w.at = at
 	var ints []int64
@@ -190,7 +194,7 @@ func (a *segArgs) initWindow(sg *segment) {
 		w.rate[i], w.period[i], w.ws[i], w.flags[i], w.cost[i] = h.Limit.Rate, p, ws, f, algo.ClampCost(h.Cost)
 	}
 	if n > 0 {
-		w.ttl = windowTTL(w.period[0])
+		w.ttl = windowTTL(w.period[0], w.slack)
 	}
 	a.win = w
 	a.keys = w.keys
@@ -267,7 +271,7 @@ func argsWindow(ctx context.Context, sha bool, segs []*segArgs) *goredis.Cmd {
 	for _, sg := range segs {
 		w := sg.win
 		for i := range w.keys {
-			c := windowClass{w.rate[i], w.period[i], w.ws[i], windowTTL(w.period[i])}
+			c := windowClass{w.rate[i], w.period[i], w.ws[i], windowTTL(w.period[i], w.slack)}
 			id := -1
 			for j := len(classes) - 1; j >= 0; j-- {
 				if classes[j] == c {

@@ -203,7 +203,7 @@ func TestWindowOneHitAllocs(t *testing.T) {
 	}
 	key := "{allocs:user:u1}" + windowKeyVersion + strconv.FormatInt(ws, 10)
 	want := []string{"evalsha", window1Script.Hash(), "1", key,
-		strconv.FormatInt(fw.Rate, 10), strconv.FormatInt(windowTTL(fw.Period.Microseconds()), 10)}
+		strconv.FormatInt(fw.Rate, 10), strconv.FormatInt(windowTTL(fw.Period.Microseconds(), 0), 10)}
 	if got := cmdArgs(inv.cmd); !slices.Equal(got, want) {
 		t.Errorf("command %q, want %q", got, want)
 	}

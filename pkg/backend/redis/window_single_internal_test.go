@@ -72,7 +72,7 @@ func TestWindowSingleDecision(t *testing.T) {
 			}
 		}
 		pttl, err := c.PTTL(ctx, wkey).Result()
-		if err != nil || pttl <= 0 || pttl > time.Duration(windowTTL(fw.Period.Microseconds()))*time.Millisecond {
+		if err != nil || pttl <= 0 || pttl > time.Duration(windowTTL(fw.Period.Microseconds(), pinnedSlackMs))*time.Millisecond {
 			t.Errorf("cost %d: PTTL %v (%v), want within the window's TTL", cost, pttl, err)
 		}
 	}
@@ -132,7 +132,7 @@ func TestWindowLoneMix(t *testing.T) {
 	fw := algo.Limit{Kind: algo.FixedWindow, Rate: rate, Period: time.Hour}
 	now := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC).UnixMicro()
 	ws := now - now%fw.Period.Microseconds()
-	ttl := windowTTL(fw.Period.Microseconds())
+	ttl := windowTTL(fw.Period.Microseconds(), pinnedSlackMs)
 	rng := rand.New(rand.NewPCG(1, 2))
 	// lone decides one hit through the Store's path (window1.lua).
 	lone := func(key string, cost int64) int64 {
