@@ -30,7 +30,9 @@ import (
 // every command on a pinned connection. Every call is bounded by its
 // context and Options.MaxWait and never retried by go-redis (Cluster
 // redirections aside); a connection that got READONLY is closed, so none
-// stays on a demoted master.
+// stays on a demoted master. A Cluster client routes by hash slot alone and
+// never asks a node for COMMAND, so a frozen node delays only the calls
+// sent to it.
 func NewClient(o Options) (goredis.UniversalClient, error) { return newClient(o, dialHooks{}) }
 
 // newClient is NewClient whose dialer reports to hooks (see dialHooks).
@@ -112,6 +114,12 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			ConnMaxIdleTime:            -1,
 			DisableIdentity:            true,
 			MaintNotificationsConfig:   maint,
+			// go-redis' command routing policies look up every lone
+			// command's COMMAND info, fetched on first use from a random
+			// node under a lock the whole client shares: a frozen node
+			// would hold every master's decisions for a read timeout. The
+			// Store routes by slot only, which legacy routing does.
+			DisableRoutingPolicies: true,
 		}), nil
 	case Sentinel:
 		return goredis.NewFailoverClient(&goredis.FailoverOptions{
