@@ -435,8 +435,8 @@ func TestH2ServerGoesAway(t *testing.T) {
 	rlsv3.RegisterRateLimitServiceServer(g, f)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = g.Serve(lis) }()
-	go func() {
-		for f.calls.Load() < 100 {
+	go func() { // the server goes away mid-run, after 100 calls (30 s at most)
+		for deadline := time.Now().Add(30 * time.Second); f.calls.Load() < 100 && time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond)
 		}
 		g.Stop()

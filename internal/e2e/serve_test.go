@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -320,7 +321,22 @@ func TestGracefulShutdown(t *testing.T) {
 		}
 		return ""
 	})
-	time.Sleep(time.Until(signalled.Add(drain + 500*time.Millisecond))) // past the drain: only the in-flight call holds the process
+	// Past the drain the process stops its listeners: the HTTP one at
+	// once, the gRPC one once the in-flight call ends. Wait for the HTTP
+	// one to refuse connections (the process's own clock ends the drain,
+	// however late a loaded host runs it): only the in-flight call holds
+	// the process then.
+	eventually(t, drain+settleWithin, func() string {
+		c, err := net.DialTimeout("tcp", p.http, time.Second)
+		if err != nil {
+			return ""
+		}
+		_ = c.Close()
+		return "the HTTP listener still accepts connections: the drain is not over"
+	})
+	if d := time.Since(signalled); d < drain {
+		t.Errorf("the HTTP listener closed %v after SIGTERM, before the %v drain ended", d, drain)
+	}
 	select {
 	case <-exited:
 		t.Fatalf("exited before the in-flight call finished\n%s", p.Logs())

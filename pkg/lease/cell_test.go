@@ -63,9 +63,11 @@ func (x *lagged) Latest() []CellReport {
 	return out
 }
 
-// quiet waits until no renewal of ls is in flight.
-func quiet(ls *Leaser) {
-	for {
+// quiet waits until no renewal of ls is in flight (20 s at most: a
+// renewal is one call to the store).
+func quiet(t *testing.T, ls *Leaser) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
 		busy := false
 		ls.mu.RLock()
 		for _, e := range ls.entries {
@@ -76,6 +78,9 @@ func quiet(ls *Leaser) {
 		ls.mu.RUnlock()
 		if !busy {
 			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a renewal still in flight after 20 s")
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
@@ -179,7 +184,7 @@ func cellsRun(t *testing.T, srvs []*redistest.Server, delay time.Duration) {
 		if k%(ticksPerStep/2) == 0 { // the instances' renewal loop
 			for _, ls := range insts {
 				ls.renewDue()
-				quiet(ls)
+				quiet(t, ls)
 			}
 		}
 		var wg sync.WaitGroup
@@ -215,7 +220,7 @@ func cellsRun(t *testing.T, srvs []*redistest.Server, delay time.Duration) {
 		}
 		wg.Wait()
 		for _, ls := range insts {
-			quiet(ls)
+			quiet(t, ls)
 		}
 		if failures.Load() > 0 {
 			t.FailNow()

@@ -56,9 +56,55 @@ const (
 // is debounced and delivered only once two reads agree, so a half-written
 // file is never loaded. The error is non-nil only when the watcher cannot
 // be set up or ctx ends.
-func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Set, []Warning), fail func(error)) error {
-	return watch(ctx, watchConfig{opts: opts, paths: paths, apply: apply, fail: fail})
+func Watch(ctx context.Context, opts LoadOptions, paths []string, apply func(*Set, []Warning), fail func(error), wopts ...WatchOption) error {
+	c := watchConfig{opts: opts, paths: paths, apply: apply, fail: fail}
+	for _, o := range wopts {
+		o(&c)
+	}
+	return watch(ctx, c)
 }
+
+// A WatchOption changes how Watch runs.
+type WatchOption func(*watchConfig)
+
+// WatchClock makes Watch read the time and wait (the debounce, the
+// stability check, the read-error retries, the samples past a burst's
+// maximum wait) on c instead of the system clock: a test's manual clock
+// moves the watcher on without waiting for real time to pass.
+func WatchClock(c Clock) WatchOption { return func(w *watchConfig) { w.clock = c } }
+
+// A Clock tells the time and makes the timer Watch waits on. Its Timer is
+// the same interface type as the Timer of pkg/backend/clock, so that
+// clock.Manual and clock.System are Clocks (this package may not import
+// that one).
+type Clock interface {
+	// Now is the current time.
+	Now() time.Time
+	// NewTimer makes a timer that fires after d.
+	NewTimer(d time.Duration) Timer
+}
+
+// A Timer is the part of *time.Timer Watch uses.
+type Timer = interface {
+	// C is the channel the timer sends the time on when it fires.
+	C() <-chan time.Time
+	// Reset arms the timer again to fire after d, as time.Timer.Reset.
+	Reset(d time.Duration) bool
+	// Stop keeps the timer from firing, as time.Timer.Stop.
+	Stop() bool
+}
+
+// systemClock is time.Now and time.NewTimer.
+type systemClock struct{}
+
+func (systemClock) Now() time.Time                 { return time.Now() }
+func (systemClock) NewTimer(d time.Duration) Timer { return systemTimer{time.NewTimer(d)} }
+
+type systemTimer struct{ t *time.Timer }
+
+func (t systemTimer) C() <-chan time.Time        { return t.t.C }
+func (t systemTimer) Reset(d time.Duration) bool { return t.t.Reset(d) }
+func (t systemTimer) Stop() bool                 { return t.t.Stop() }
 
 // watchConfig is Watch's input plus test hooks (nil in production).
 type watchConfig struct {
@@ -66,11 +112,18 @@ type watchConfig struct {
 	paths []string
 	apply func(*Set, []Warning)
 	fail  func(error)
+	clock Clock // nil: the system clock
 
 	// onWatcher is called with the watcher before the first load.
 	onWatcher func(*fsnotify.Watcher)
-	// onEvent is called for every event received, with its verdict.
+	// onEvent is called for every event received, with its verdict,
+	// once it is handled (a relevant one has armed the timer).
 	onEvent func(ev fsnotify.Event, relevant bool)
+	// onStep is called each time the loop is about to wait again, with
+	// whether it has just handled its timer (not an event or a watcher
+	// error) and whether it has nothing scheduled: no burst pending and
+	// no read-error retry.
+	onStep func(timer, idle bool)
 }
 
 // watchLoop is the state of one Watch: the file watcher and the directories
@@ -81,10 +134,12 @@ type watchLoop struct {
 	w       *fsnotify.Watcher
 	watched map[string]bool
 	plan    *watchPlan
-	timer   *time.Timer
+	timer   Timer
 	// readErr: the last load failed with read errors only (retried).
-	readErr bool
-	retries int
+	// retrying: a retry is armed.
+	readErr  bool
+	retries  int
+	retrying bool
 
 	// A burst is the relevant events since the last delivered reload:
 	// pending from its first event (burstStart) until a reload delivers.
@@ -114,6 +169,9 @@ type snapshot struct {
 }
 
 func watch(ctx context.Context, c watchConfig) error {
+	if c.clock == nil {
+		c.clock = systemClock{}
+	}
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		(&watchLoop{c: c}).load("")
@@ -129,11 +187,15 @@ func watch(ctx context.Context, c watchConfig) error {
 	if setupErr != nil && len(w.watched) == 0 {
 		return fmt.Errorf("policy: watch: %w", setupErr)
 	}
-	w.timer = time.NewTimer(time.Hour)
+	w.timer = c.clock.NewTimer(time.Hour)
 	w.timer.Stop()
 	defer w.timer.Stop()
 	w.scheduleRetry()
-	for {
+	for timer := false; ; {
+		if c.onStep != nil {
+			c.onStep(timer, !w.pending && !w.retrying)
+		}
+		timer = false
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -148,8 +210,9 @@ func watch(ctx context.Context, c watchConfig) error {
 			}
 			c.fail(&WatchError{Err: err})
 			w.event(false)
-		case <-w.timer.C:
+		case <-w.timer.C():
 			w.onTimer()
+			timer = true
 		}
 	}
 }
@@ -161,7 +224,7 @@ func (w *watchLoop) load(probe string) (readErr, delivered bool, hash string) {
 	if probe != "" && hash != probe {
 		return false, false, hash
 	}
-	w.lastLoad = time.Now()
+	w.lastLoad = w.c.clock.Now()
 	if err != nil {
 		w.c.fail(err)
 		return IsReadError(err), true, hash
@@ -228,7 +291,8 @@ func (w *watchLoop) sync() (setupErr error) {
 // doubling, at most readRetries), or resets the count after a load
 // without read errors.
 func (w *watchLoop) scheduleRetry() {
-	if w.readErr && w.retries < readRetries {
+	w.retrying = w.readErr && w.retries < readRetries
+	if w.retrying {
 		w.timer.Reset(readRetryDelay << w.retries)
 		w.retries++
 		return
@@ -248,7 +312,7 @@ func (w *watchLoop) settle() time.Duration {
 // but no later than watchMaxWait after the burst's first; a stability
 // check past that point runs on. write marks an in-place write.
 func (w *watchLoop) event(write bool) {
-	now := time.Now()
+	now := w.c.clock.Now()
 	if !w.pending {
 		w.pending, w.burstStart, w.inPlace = true, now, false
 	}
@@ -290,11 +354,11 @@ func (w *watchLoop) onEvent(ev fsnotify.Event) {
 		delete(w.watched, name)
 		_ = w.w.Remove(name)
 	}
-	if w.c.onEvent != nil {
-		w.c.onEvent(ev, relevant)
-	}
 	if relevant {
 		w.event(ev.Has(fsnotify.Write) && !ev.Has(fsnotify.Create))
+	}
+	if w.c.onEvent != nil {
+		w.c.onEvent(ev, relevant)
 	}
 }
 
@@ -302,12 +366,13 @@ func (w *watchLoop) onEvent(ev fsnotify.Event) {
 // read of a stability check, or the reload that ends a burst when the
 // files read the same as at the first read (else the check repeats).
 func (w *watchLoop) onTimer() {
+	w.retrying = false
 	if !w.pending {
 		w.readErr, _, _, _ = w.reload("")
 		w.scheduleRetry()
 		return
 	}
-	if !w.sampling && !time.Now().Before(w.deadline()) {
+	if !w.sampling && !w.c.clock.Now().Before(w.deadline()) {
 		// Past the burst's deadline: sample until a complete version
 		// shows, instead of waiting for the files to stay unchanged.
 		w.probe, w.sampling, w.prev = "", true, nil
@@ -354,7 +419,7 @@ func (w *watchLoop) sampleFiles() {
 		w.plan = newWatchPlan(w.c.opts, w.c.paths)
 		_ = w.sync()
 	}
-	now := time.Now()
+	now := w.c.clock.Now()
 	errs := &errList{}
 	cur := &snapshot{src: readSources(w.c.opts, w.c.paths, errs), errs: errs}
 	same := w.prev != nil && cur.src.hash == w.prev.src.hash
@@ -363,7 +428,7 @@ func (w *watchLoop) sampleFiles() {
 		w.prev, w.prevSince, w.prevLast = cur, now, now
 	case same && now.Sub(w.prevSince) < w.settle():
 		w.prevLast = now
-	case !same && (grows(w.prev.src, cur.src) || len(w.prev.errs.errs) > 0 || time.Since(w.prevLast) >= watchSampleGap):
+	case !same && (grows(w.prev.src, cur.src) || len(w.prev.errs.errs) > 0 || w.c.clock.Now().Sub(w.prevLast) >= watchSampleGap):
 		// Still being written; a read that failed (a file replaced by
 		// remove and create); or reads too far apart to be sure that
 		// no state in between (the rest of the file) went unseen: not
@@ -387,7 +452,7 @@ func (w *watchLoop) sampleFiles() {
 // deliver compiles snap and delivers it as load does.
 func (w *watchLoop) deliver(snap *snapshot) {
 	s, warns, _, err := compileSources(w.c.opts, snap.src, snap.errs, "from "+strings.Join(w.c.paths, ", ")+" (no .yaml or .yml config files)")
-	w.lastLoad = time.Now()
+	w.lastLoad = w.c.clock.Now()
 	w.readErr = false
 	if err != nil {
 		w.readErr = IsReadError(err)

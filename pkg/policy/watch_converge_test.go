@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 )
 
 // versionConfig is domain v<n> with rules rules (one key, values r0 …).
@@ -121,14 +123,67 @@ func watched(t *testing.T, rules int) (string, *recorder) {
 	return p, r
 }
 
+// frozenWatched writes version 0 of a config of rules rules (versionConfig)
+// to a new file and returns its path and a watcher of it on a frozen
+// manual clock that has applied version 0.
+func frozenWatched(t *testing.T, rules int) (string, *watcher) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	write(t, p, versionConfig(0, rules))
+	clk := clock.NewManual()
+	clk.Freeze()
+	w := startWatchConfig(t, watchConfig{paths: []string{p}, clock: clk})
+	w.waitSet(t, "v0")
+	return p, w
+}
+
+// writeEvery calls write(n) with n = 1, 2, … for d of the watcher's
+// (frozen manual) clock: after each it waits until the write's events in
+// dir have reached the watcher and moves the clock on by interval. It
+// returns the last n and the time the writes ended.
+func (w *watcher) writeEvery(t *testing.T, dir string, d, interval time.Duration, write func(n int)) (int, time.Time) {
+	t.Helper()
+	n := 0
+	for start := w.clock.Now(); w.clock.Now().Sub(start) < d; {
+		n++
+		write(n)
+		w.sync(t, dir)
+		w.advance(t, interval)
+	}
+	return n, w.clock.Now()
+}
+
+// settled waits until every event in dir has reached the watcher and it
+// has nothing scheduled, and returns the Sets applied after version 0
+// (during: applied before end) and the errors failed.
+func (w *watcher) settled(t *testing.T, dir string, end time.Time) ([]applied, []error) {
+	t.Helper()
+	w.sync(t, dir)
+	w.settle(t)
+	var sets []applied
+	var errs []error
+	for _, o := range w.outcomes()[1:] {
+		if o.err != nil {
+			errs = append(errs, o.err)
+			continue
+		}
+		sets = append(sets, applied{version: setVersion(o.set), rules: len(o.set.Rules()), during: o.at.Before(end)})
+	}
+	return sets, errs
+}
+
 // TestWatchContinuousReplaceConverges: a config replaced (write-then-rename)
 // every 20 ms for 3 s has intermediate versions applied while the writes
 // go on (the maximum wait), and the last version is in force once they
-// stop; every Set applied is a complete version, in increasing order.
+// stop; every Set applied is a complete version, in increasing order. The
+// writes are 20 ms apart on the watcher's frozen manual clock.
 func TestWatchContinuousReplaceConverges(t *testing.T) {
-	p, r := watched(t, 5)
-	last := r.writeFor(3*time.Second, 20*time.Millisecond, func(n int) { replace(t, p, versionConfig(n, 5)) })
-	sets := r.waitLast(t, last)
+	p, w := frozenWatched(t, 5)
+	last, end := w.writeEvery(t, filepath.Dir(p), 3*time.Second, 20*time.Millisecond, func(n int) { replace(t, p, versionConfig(n, 5)) })
+	sets, errs := w.settled(t, filepath.Dir(p), end)
+	if len(sets) == 0 || sets[len(sets)-1].version != last || len(errs) != 0 {
+		t.Fatalf("version %d not in force once the writes stopped; applied %v, errors %v", last, sets, errs)
+	}
 	checkApplied(t, sets, 5)
 	during := 0
 	for _, a := range sets {
@@ -144,7 +199,9 @@ func TestWatchContinuousReplaceConverges(t *testing.T) {
 
 // TestWatchContinuousInPlaceConverges: a config rewritten in place
 // (truncate, write) every 20 ms for 2 s is never applied empty or partial,
-// and the last version is in force once the writes stop.
+// and the last version is in force once the writes stop. It runs on the
+// system clock, end to end: the writer's pace is the host's, and only the
+// outcome is asserted.
 func TestWatchContinuousInPlaceConverges(t *testing.T) {
 	p, r := watched(t, 20)
 	last := r.writeFor(2*time.Second, 20*time.Millisecond, func(n int) { write(t, p, versionConfig(n, 20)) })
@@ -154,15 +211,12 @@ func TestWatchContinuousInPlaceConverges(t *testing.T) {
 // TestWatchHalfWrittenNeverApplied: a file written in two halves (each
 // half a valid config: the first half of the rules) with a 20 ms pause,
 // over and over for 3 s, is never applied half, also when the maximum wait
-// forces loads during the writes. The debounce (the stability check's
-// spacing for in-place writes) is widened to 1 s here, so that the verdict
-// does not depend on how long the scheduler stretches the 20 ms pause.
+// forces loads during the writes. The pause and the writes' spacing are
+// on the watcher's frozen manual clock.
 func TestWatchHalfWrittenNeverApplied(t *testing.T) {
-	debounce, maxWait := watchDebounce, watchMaxWait
-	watchDebounce, watchMaxWait = time.Second, 2*time.Second
-	t.Cleanup(func() { watchDebounce, watchMaxWait = debounce, maxWait })
-	p, r := watched(t, 40)
-	last := r.writeFor(3*time.Second, 10*time.Millisecond, func(n int) {
+	p, w := frozenWatched(t, 40)
+	dir := filepath.Dir(p)
+	last, end := w.writeEvery(t, dir, 3*time.Second, 10*time.Millisecond, func(n int) {
 		full := versionConfig(n, 40)
 		half := versionConfig(n, 20) // a prefix of full, and a valid config
 		if !strings.HasPrefix(full, half) {
@@ -176,36 +230,33 @@ func TestWatchHalfWrittenNeverApplied(t *testing.T) {
 		if _, err := f.WriteString(half); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		w.sync(t, dir)
+		w.advance(t, 20*time.Millisecond)
 		if _, err := f.WriteString(full[len(half):]); err != nil {
 			t.Fatal(err)
 		}
 	})
-	checkApplied(t, r.waitLast(t, last), 40)
+	sets, errs := w.settled(t, dir, end)
+	if len(sets) == 0 || sets[len(sets)-1].version != last || len(errs) != 0 {
+		t.Fatalf("version %d not in force once the writes stopped; applied %v, errors %v", last, sets, errs)
+	}
+	checkApplied(t, sets, 40)
 }
 
 // TestWatchInvalidAfterWritesKeepsValid: continuous valid writes, then an
 // invalid version: the invalid one is reported and never applied, a
 // version written during the writes stays in force.
 func TestWatchInvalidAfterWritesKeepsValid(t *testing.T) {
-	p, r := watched(t, 5)
-	r.writeFor(2*time.Second, 20*time.Millisecond, func(n int) { replace(t, p, versionConfig(n, 5)) })
+	p, w := frozenWatched(t, 5)
+	_, end := w.writeEvery(t, filepath.Dir(p), 2*time.Second, 20*time.Millisecond, func(n int) { replace(t, p, versionConfig(n, 5)) })
 	replace(t, p, "domain: bad\nbogus: 1\n")
-	deadline := time.Now().Add(reloadBound)
-	for {
-		_, errs := r.snapshot()
-		if len(errs) > 0 && strings.Contains(errs[len(errs)-1].Error(), `unknown key "bogus"`) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the invalid version was not reported within %v: errors %v", reloadBound, errs)
-		}
-		time.Sleep(10 * time.Millisecond)
+	sets, errs := w.settled(t, filepath.Dir(p), end)
+	if len(errs) == 0 || !strings.Contains(errs[len(errs)-1].Error(), `unknown key "bogus"`) {
+		t.Fatalf("the invalid version was not reported: errors %v", errs)
 	}
-	sets, _ := r.snapshot()
 	checkApplied(t, sets, 5)
-	if v := sets[len(sets)-1].version; v <= 0 {
-		t.Errorf("version in force %d, want one written during the writes; applied %v", v, sets)
+	if len(sets) == 0 || sets[len(sets)-1].version <= 0 {
+		t.Errorf("no version written during the writes in force; applied %v", sets)
 	}
 }
 

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -76,20 +77,15 @@ func TestWatchMissingParentStepwise(t *testing.T) {
 	})
 	watcher := <-fsw
 	w.waitErr(t, "no such file")
-	// waitWatching waits until dir is the only directory watched.
+	// waitWatching waits until dir is the only directory watched (the
+	// loop changes its watches only while it handles an event or its
+	// timer, each followed by a step).
 	waitWatching := func(dir string) {
 		t.Helper()
-		deadline := time.Now().Add(missingDirBound)
-		for {
+		w.until(t, missingDirBound, "watching only "+dir, func() bool {
 			list := watcher.WatchList()
-			if len(list) == 1 && list[0] == dir {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("watching %v, want only %s, after %v", list, dir, missingDirBound)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return len(list) == 1 && list[0] == dir
+		})
 	}
 	waitCreate := func(name string) {
 		t.Helper()
@@ -116,21 +112,21 @@ func TestWatchMissingParentStepwise(t *testing.T) {
 	w.waitSetWithin(t, "one", missingDirBound)
 }
 
-// waitSetWithin is waitSet with its own bound.
+// waitSetWithin is waitSet with its own bound; errors (the directories
+// appear before the config) are ignored. On the manual clock it fires
+// whatever timer the loop arms (debounces, stability checks, read-error
+// retries) in turn, without waiting for the events of a change: the
+// watch moves down the new directories one reload at a time, so any
+// order of loads must end with the config in force.
 func (w *watcher) waitSetWithin(t *testing.T, want string, bound time.Duration) {
 	t.Helper()
-	deadline := time.After(bound)
-	for {
-		select {
-		case s := <-w.sets:
-			if got := s.Domains(); len(got) == 1 && got[0] == want {
-				return
-			}
-		case <-w.errs: // the directories appear before the config
-		case <-deadline:
-			t.Fatalf("no Set with domain %q within %v", want, bound)
+	w.driveWithin(t, bound, fmt.Sprintf("a Set with domain %q", want), func(s *Set, _ error) bool {
+		if s == nil {
+			return false
 		}
-	}
+		got := s.Domains()
+		return len(got) == 1 && got[0] == want
+	})
 }
 
 func mkdirAll(t *testing.T, dir string) {

@@ -1,82 +1,16 @@
 package policy
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 )
-
-// loadLog runs Watch on path and records when each Set was applied (its
-// version, as versionConfig names it) and each error reported.
-type loadLog struct {
-	mu   sync.Mutex
-	sets []timedSet
-	errs []error
-}
-
-type timedSet struct {
-	version, rules int
-	at             time.Time
-}
-
-func watchLog(t *testing.T, opts LoadOptions, path string) *loadLog {
-	t.Helper()
-	l := &loadLog{}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Watch(ctx, opts, []string{path}, func(s *Set, _ []Warning) {
-			ts := timedSet{version: -1, rules: len(s.Rules()), at: time.Now()}
-			if d := s.Domains(); len(d) == 1 && strings.HasPrefix(d[0], "v") {
-				if n, err := strconv.Atoi(d[0][1:]); err == nil {
-					ts.version = n
-				}
-			}
-			l.mu.Lock()
-			l.sets = append(l.sets, ts)
-			l.mu.Unlock()
-		}, func(err error) {
-			l.mu.Lock()
-			l.errs = append(l.errs, err)
-			l.mu.Unlock()
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != context.Canceled {
-			t.Errorf("Watch returned %v, want context.Canceled", err)
-		}
-	})
-	return l
-}
-
-func (l *loadLog) snapshot() ([]timedSet, []error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]timedSet(nil), l.sets...), append([]error(nil), l.errs...)
-}
-
-// waitFor polls until ok holds for the sets and errors recorded.
-func (l *loadLog) waitFor(t *testing.T, what string, ok func([]timedSet, []error) bool) {
-	t.Helper()
-	deadline := time.Now().Add(reloadBound)
-	for {
-		sets, errs := l.snapshot()
-		if ok(sets, errs) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v; applied %v, errors %v", what, reloadBound, sets, errs)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // writePattern is one way of changing a config: write(n, content) puts
 // content in force at the path the watcher watches.
@@ -136,54 +70,72 @@ var writePatterns = []writePattern{
 // loads in 3 s, though they come about a second apart), every Set applied
 // is a complete version in increasing order, and once the invalid last
 // write is reported the version in force was written within the last
-// second of valid writes.
+// second of valid writes. The watcher runs on a frozen manual clock that
+// the test moves by the interval after each write (once the write's
+// events have reached the watcher), so that the times are the writer's,
+// not a loaded host's.
 func TestWatchLoadsDuringContinuousWrites(t *testing.T) {
 	for _, p := range writePatterns {
 		for _, every := range []time.Duration{10 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond} {
 			t.Run(fmt.Sprintf("%s/%v", p.name, every), func(t *testing.T) {
 				t.Parallel()
 				path, opts, put := p.setup(t)
+				dir := filepath.Dir(path)
 				put(versionConfig(0, 5))
-				l := watchLog(t, opts, path)
-				l.waitFor(t, "version 0", func(s []timedSet, _ []error) bool { return len(s) > 0 && s[len(s)-1].version == 0 })
+				clk := clock.NewManual()
+				clk.Freeze()
+				w := startWatchConfig(t, watchConfig{opts: opts, paths: []string{path}, clock: clk})
+				w.waitSet(t, "v0")
 
 				var written []time.Time // written[n]: when version n was in place
-				written = append(written, time.Now())
-				start := time.Now()
-				for n := 1; time.Since(start) < 3*time.Second; n++ {
+				written = append(written, clk.Now())
+				start := clk.Now()
+				for n := 1; clk.Now().Sub(start) < 3*time.Second; n++ {
 					put(versionConfig(n, 5))
-					written = append(written, time.Now())
-					time.Sleep(every)
+					written = append(written, clk.Now())
+					w.sync(t, dir)
+					w.advance(t, every)
 				}
 				lastValid := len(written) - 1
 				put("domain: bad\nbogus: 1\n")
-				end := time.Now()
-				l.waitFor(t, "the invalid last write reported", func(_ []timedSet, errs []error) bool {
-					return len(errs) > 0 && strings.Contains(errs[len(errs)-1].Error(), `unknown key "bogus"`)
-				})
-				// A Set applied after the error would be a load of the
-				// invalid version's predecessor read late: none may follow.
-				time.Sleep(2 * watchDebounce)
-				sets, _ := l.snapshot()
+				end := clk.Now()
+				// Once every event has reached the watcher and it has
+				// nothing scheduled, no further load can come: a Set
+				// applied after the error would be a load of the invalid
+				// version's predecessor read late.
+				w.sync(t, dir)
+				w.settle(t)
 
-				during, prev, maxGap := 0, start, time.Duration(0)
-				for i, s := range sets {
-					if s.version < 0 || s.rules != 5 {
-						t.Errorf("Set %d applied is not a complete version: %+v", i, s)
+				sets := w.outcomes()[1:] // after the first load, v0
+				last := sets[len(sets)-1]
+				if last.err == nil || !strings.Contains(last.err.Error(), `unknown key "bogus"`) {
+					t.Fatalf("the last outcome is %v, want the invalid last write reported; outcomes %v", last, sets)
+				}
+				during, prev, maxGap, inForce := 0, start, time.Duration(0), 0
+				for i, o := range sets {
+					if o.err != nil {
+						if !strings.Contains(o.err.Error(), `unknown key "bogus"`) {
+							t.Errorf("outcome %d: error %v, want only the invalid last write's", i, o.err)
+						}
+						continue
 					}
-					if i > 0 && s.version < sets[i-1].version {
-						t.Errorf("Set %d applied is version %d after version %d", i, s.version, sets[i-1].version)
+					v, rules := setVersion(o.set), len(o.set.Rules())
+					if v < 0 || rules != 5 {
+						t.Errorf("Set %d applied is not a complete version: %v (%d rules)", i, o.set.Domains(), rules)
 					}
-					if s.version > 0 && s.at.Before(end) {
+					if v < inForce {
+						t.Errorf("Set %d applied is version %d after version %d", i, v, inForce)
+					}
+					inForce = v
+					if v > 0 && o.at.Before(end) {
 						during++
-						maxGap = max(maxGap, s.at.Sub(prev))
-						prev = s.at
+						maxGap = max(maxGap, o.at.Sub(prev))
+						prev = o.at
 					}
 				}
 				if during < 2 {
-					t.Errorf("%d Sets applied during 3 s of writes (%d writes), want at least 2; applied %v", during, lastValid, sets)
+					t.Errorf("%d Sets applied during 3 s of writes (%d writes), want at least 2; outcomes %v", during, lastValid, sets)
 				}
-				inForce := sets[len(sets)-1].version
 				if inForce <= 0 || inForce > lastValid {
 					t.Fatalf("version in force %d, want one of the writes 1..%d", inForce, lastValid)
 				}
@@ -194,6 +146,19 @@ func TestWatchLoadsDuringContinuousWrites(t *testing.T) {
 			})
 		}
 	}
+}
+
+// setVersion is n of a Set of one domain v<n>, or -1.
+func setVersion(s *Set) int {
+	d := s.Domains()
+	if len(d) != 1 || !strings.HasPrefix(d[0], "v") {
+		return -1
+	}
+	n, err := strconv.Atoi(d[0][1:])
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 // TestGrows: a read that extends the previous one (the same files, each

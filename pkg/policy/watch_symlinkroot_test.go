@@ -38,11 +38,13 @@ func TestWatchSymlinkedRootSwap(t *testing.T) {
 				if err := os.Rename(tmp, filepath.Join(rr, "current")); err != nil {
 					t.Fatal(err)
 				}
+				w.sync(t, rr)
 			}
 			swap("v2")
 			w.waitSet(t, "twentytwo")
 			// The watch moved to v2's tree: an edit there reloads.
 			write(t, filepath.Join(rr, "v2", "ratelimit", "config", "a.yaml"), "domain: edited\n")
+			w.sync(t, filepath.Join(rr, "v2", "ratelimit", "config"))
 			w.waitSet(t, "edited")
 			swap("v1")
 			w.waitSet(t, "eleven")

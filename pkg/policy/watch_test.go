@@ -3,9 +3,11 @@ package policy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,11 +16,22 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"go.uber.org/goleak"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
+)
+
+// clock.Manual and clock.System are Clocks: Watch's tests move the
+// first by hand.
+var (
+	_ Clock = (*clock.Manual)(nil)
+	_ Clock = clock.System{}
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// watcher runs Watch in the background and exposes its callbacks.
+// watcher runs Watch in the background and exposes its callbacks. Its
+// clock is a clock.Manual that waitSet and waitErr move on (fire) when
+// the loop has armed its timer, unless the test runs it on real time.
 type watcher struct {
 	sets    chan *Set
 	errs    chan error
@@ -26,21 +39,92 @@ type watcher struct {
 	fails   atomic.Int64 // fail calls
 	cancel  context.CancelFunc
 	done    chan error
+
+	clock *clock.Manual // nil: the system clock
+	// stepped signals (without blocking) that the loop is about to wait
+	// again; timerSteps counts those after its timer, idle is the last
+	// one's verdict (nothing scheduled), stepEvents the events handled by
+	// then. events counts the events handled, names the last of them for
+	// each base name; history is every Set applied and error failed, with
+	// the watcher's clock's time.
+	stepped    chan struct{}
+	timerSteps atomic.Int64
+	idle       atomic.Bool
+	stepEvents atomic.Int64
+	events     atomic.Int64
+	mu         sync.Mutex
+	names      map[string]int64
+	syncs      int
+	history    []outcome
 }
 
+// outcome is one call of apply (set) or fail (err) at the watcher's time.
+type outcome struct {
+	set *Set
+	err error
+	at  time.Time
+}
+
+// startWatch runs Watch on a manual clock.
 func startWatch(t *testing.T, opts LoadOptions, paths ...string) *watcher {
 	t.Helper()
 	return startWatchConfig(t, watchConfig{opts: opts, paths: paths})
 }
 
 // startWatchConfig runs watch with c's options, paths and hooks (its apply
-// and fail are the watcher's).
+// and fail are the watcher's; its onEvent and onStep are called by the
+// watcher's), on a new manual clock unless c.clock is set (a
+// *clock.Manual given there is the one drive moves).
 func startWatchConfig(t *testing.T, c watchConfig) *watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &watcher{sets: make(chan *Set, 100), errs: make(chan error, 100), cancel: cancel, done: make(chan error, 1)}
-	c.apply = func(s *Set, _ []Warning) { w.applies.Add(1); w.sets <- s }
-	c.fail = func(err error) { w.fails.Add(1); w.errs <- err }
+	w := &watcher{
+		sets: make(chan *Set, 1000), errs: make(chan error, 1000), cancel: cancel, done: make(chan error, 1),
+		stepped: make(chan struct{}, 1), names: map[string]int64{},
+	}
+	if c.clock == nil {
+		c.clock = clock.NewManual()
+	}
+	w.clock, _ = c.clock.(*clock.Manual)
+	now := c.clock.Now
+	c.apply = func(s *Set, _ []Warning) {
+		w.applies.Add(1)
+		w.mu.Lock()
+		w.history = append(w.history, outcome{set: s, at: now()})
+		w.mu.Unlock()
+		w.sets <- s
+	}
+	c.fail = func(err error) {
+		w.fails.Add(1)
+		w.mu.Lock()
+		w.history = append(w.history, outcome{err: err, at: now()})
+		w.mu.Unlock()
+		w.errs <- err
+	}
+	onEvent, onStep := c.onEvent, c.onStep
+	c.onEvent = func(ev fsnotify.Event, relevant bool) {
+		if onEvent != nil {
+			onEvent(ev, relevant)
+		}
+		n := w.events.Add(1)
+		w.mu.Lock()
+		w.names[filepath.Base(ev.Name)] = n
+		w.mu.Unlock()
+	}
+	c.onStep = func(timer, idle bool) {
+		if onStep != nil {
+			onStep(timer, idle)
+		}
+		w.idle.Store(idle)
+		w.stepEvents.Store(w.events.Load())
+		if timer {
+			w.timerSteps.Add(1)
+		}
+		select {
+		case w.stepped <- struct{}{}:
+		default:
+		}
+	}
 	go func() { w.done <- watch(ctx, c) }()
 	t.Cleanup(func() {
 		cancel()
@@ -56,42 +140,186 @@ func startWatchConfig(t *testing.T, c watchConfig) *watcher {
 // slow one, fails a test.
 const reloadBound = 10 * time.Second
 
-// waitSet waits for an applied Set whose domains are want.
-func (w *watcher) waitSet(t *testing.T, want string) *Set {
+// sync waits until every event made so far in dir, a directory the
+// watcher watches, has reached the watcher: it makes one more there (a
+// file no plan loads) and waits until the watcher has handled it and is
+// about to wait again, as inotify delivers a watcher's events in order.
+// A test calls it after a change and before it moves the clock, as real
+// time would let the debounce wait for the change's last event.
+func (w *watcher) sync(t *testing.T, dir string) {
 	t.Helper()
-	start := time.Now()
+	w.mu.Lock()
+	w.syncs++
+	name := fmt.Sprintf("sync-%d.txt", w.syncs)
+	w.mu.Unlock()
+	write(t, filepath.Join(dir, name), "")
 	deadline := time.After(reloadBound)
 	for {
+		w.mu.Lock()
+		n := w.names[name]
+		w.mu.Unlock()
+		if n > 0 && w.stepEvents.Load() >= n {
+			return
+		}
 		select {
-		case s := <-w.sets:
-			if strings.Join(s.Domains(), ",") == want {
-				t.Logf("domains %q in effect after %v", want, time.Since(start))
-				return s
-			}
-		case err := <-w.errs:
-			t.Logf("reload error (may be transient): %v", err)
+		case <-w.stepped:
 		case <-deadline:
-			t.Fatalf("no Set with domains %q within %v", want, reloadBound)
+			t.Fatalf("the event of %s did not reach the watcher within %v", name, reloadBound)
 		}
 	}
 }
 
-func (w *watcher) waitErr(t *testing.T, contains string) {
+// drive waits, up to reloadBound, until done accepts a Set applied or an
+// error failed (each is given to done in turn). On the manual clock it
+// moves the clock on whenever the loop has armed its timer: it fires the
+// timer and waits until the loop has handled it before the next one.
+func (w *watcher) drive(t *testing.T, what string, done func(*Set, error) bool) {
 	t.Helper()
-	deadline := time.After(reloadBound)
+	w.driveWithin(t, reloadBound, what, done)
+}
+
+// driveWithin is drive with its own bound.
+func (w *watcher) driveWithin(t *testing.T, bound time.Duration, what string, done func(*Set, error) bool) {
+	t.Helper()
+	deadline := time.After(bound)
 	for {
 		select {
 		case s := <-w.sets:
-			t.Fatalf("bad config applied: domains %v", s.Domains())
-		case err := <-w.errs:
-			if strings.Contains(err.Error(), contains) {
+			if done(s, nil) {
 				return
 			}
-			t.Logf("other error: %v", err)
+			continue
+		case err := <-w.errs:
+			if done(nil, err) {
+				return
+			}
+			continue
+		default:
+		}
+		if w.clock != nil {
+			w.clock.Fire()
+		}
+		select {
+		case s := <-w.sets:
+			if done(s, nil) {
+				return
+			}
+		case err := <-w.errs:
+			if done(nil, err) {
+				return
+			}
+		case <-w.stepped:
 		case <-deadline:
-			t.Fatalf("no error containing %q within %v", contains, reloadBound)
+			t.Fatalf("%s: not within %v", what, bound)
 		}
 	}
+}
+
+// until waits, up to bound, until cond holds, checking it each time the
+// loop is about to wait again; on the manual clock it fires the loop's
+// timer whenever it is armed, as drive does. Sets and errors stay queued.
+func (w *watcher) until(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(bound)
+	for !cond() {
+		if w.clock != nil {
+			w.clock.Fire()
+		}
+		select {
+		case <-w.stepped:
+		case <-deadline:
+			t.Fatalf("%s: not within %v", what, bound)
+		}
+	}
+}
+
+// advance moves the manual clock on by d: it fires, in turn, each timer
+// due by then and waits until the loop has handled it (the loop arms the
+// next one while it does), then moves the clock to the end of d. The
+// clock is frozen (clock.Manual.Freeze), so that only this moves it.
+func (w *watcher) advance(t *testing.T, d time.Duration) {
+	t.Helper()
+	end := w.clock.Now().Add(d)
+	for {
+		at, ok := w.clock.Next()
+		if !ok || at.After(end) {
+			break
+		}
+		w.fire(t)
+	}
+	if rest := end.Sub(w.clock.Now()); rest > 0 {
+		w.clock.Advance(rest)
+	}
+}
+
+// fire fires the timer due first and waits until the loop has handled it.
+func (w *watcher) fire(t *testing.T) {
+	t.Helper()
+	n := w.timerSteps.Load()
+	if !w.clock.Fire() {
+		t.Fatal("no timer of the watcher's clock armed")
+	}
+	deadline := time.After(reloadBound)
+	for w.timerSteps.Load() == n {
+		select {
+		case <-w.stepped:
+		case <-deadline:
+			t.Fatalf("the watcher did not handle its timer within %v", reloadBound)
+		}
+	}
+}
+
+// settle fires the loop's timers until it has nothing scheduled (no burst
+// pending, no read-error retry), after every event has reached it (sync).
+func (w *watcher) settle(t *testing.T) {
+	t.Helper()
+	for i := 0; !w.idle.Load(); i++ {
+		if i == 10000 {
+			t.Fatal("the watcher still has a reload scheduled after 10000 timers")
+		}
+		w.fire(t)
+	}
+}
+
+// outcomes returns every Set applied and error failed so far.
+func (w *watcher) outcomes() []outcome {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.history)
+}
+
+// waitSet waits for an applied Set whose domains are want.
+func (w *watcher) waitSet(t *testing.T, want string) *Set {
+	t.Helper()
+	var got *Set
+	w.drive(t, fmt.Sprintf("a Set with domains %q", want), func(s *Set, err error) bool {
+		if err != nil {
+			t.Logf("reload error (may be transient): %v", err)
+			return false
+		}
+		if strings.Join(s.Domains(), ",") == want {
+			got = s
+			return true
+		}
+		return false
+	})
+	return got
+}
+
+// waitErr waits for an error containing contains; a Set applied
+// meanwhile fails the test.
+func (w *watcher) waitErr(t *testing.T, contains string) {
+	t.Helper()
+	w.drive(t, fmt.Sprintf("an error containing %q", contains), func(s *Set, err error) bool {
+		if s != nil {
+			t.Fatalf("bad config applied: domains %v", s.Domains())
+		}
+		if strings.Contains(err.Error(), contains) {
+			return true
+		}
+		t.Logf("other error: %v", err)
+		return false
+	})
 }
 
 func write(t *testing.T, p, content string) {
@@ -106,15 +334,19 @@ func TestWatchWriteBadChangeKeepsLastGood(t *testing.T) {
 	w := startWatch(t, LoadOptions{}, dir)
 	w.waitSet(t, "one")
 	write(t, filepath.Join(dir, "a.yaml"), "domain: two\nbogus: 1\n")
+	w.sync(t, dir)
 	w.waitErr(t, `a.yaml:2: unknown key "bogus"`)
 	write(t, filepath.Join(dir, "a.yaml"), "domain: three\n")
+	w.sync(t, dir)
 	w.waitSet(t, "three")
 	// A new subdirectory is watched too.
 	if err := os.MkdirAll(filepath.Join(dir, "sub", "deep"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	w.sync(t, dir)
 	w.waitSet(t, "three") // the mkdir itself triggers a reload
 	write(t, filepath.Join(dir, "sub", "deep", "b.yaml"), "domain: four\n")
+	w.sync(t, filepath.Join(dir, "sub", "deep"))
 	w.waitSet(t, "four,three")
 }
 
@@ -127,6 +359,7 @@ func TestWatchRenameIntoPlace(t *testing.T) {
 	if err := os.Rename(tmp, filepath.Join(dir, "a.yaml")); err != nil {
 		t.Fatal(err)
 	}
+	w.sync(t, dir)
 	w.waitSet(t, "two")
 }
 
@@ -140,6 +373,7 @@ func TestWatchSingleFile(t *testing.T) {
 	if err := os.Rename(tmp, file); err != nil {
 		t.Fatal(err)
 	}
+	w.sync(t, dir)
 	w.waitSet(t, "two")
 }
 
@@ -147,14 +381,19 @@ func TestWatchSingleFile(t *testing.T) {
 // dir/..<ts>/file.yaml, dir/..data -> ..<ts>, dir/file.yaml ->
 // ..data/file.yaml; an update writes a new ..<ts> directory, points a
 // temporary symlink at it, renames it over ..data and removes the old one.
+// The realtime cases run Watch on the system clock, end to end: each
+// change is in force (or reported) within reloadBound.
 func TestWatchConfigMapSwap(t *testing.T) {
-	t.Run("dir", func(t *testing.T) { testWatchConfigMapSwap(t, false) })
-	t.Run("file", func(t *testing.T) { testWatchConfigMapSwap(t, true) })
+	t.Run("dir", func(t *testing.T) { testWatchConfigMapSwap(t, false, false) })
+	t.Run("file", func(t *testing.T) { testWatchConfigMapSwap(t, true, false) })
+	t.Run("realtime/dir", func(t *testing.T) { testWatchConfigMapSwap(t, false, true) })
+	t.Run("realtime/file", func(t *testing.T) { testWatchConfigMapSwap(t, true, true) })
 }
 
 // testWatchConfigMapSwap gives Watch the ConfigMap directory, or with file
-// its config.yaml (a symlink to ..data/config.yaml) directly.
-func testWatchConfigMapSwap(t *testing.T, file bool) {
+// its config.yaml (a symlink to ..data/config.yaml) directly; realtime
+// runs it on the system clock.
+func testWatchConfigMapSwap(t *testing.T, file, realtime bool) {
 	dir := t.TempDir()
 	mk := func(ts, content string) {
 		if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
@@ -173,10 +412,15 @@ func testWatchConfigMapSwap(t *testing.T, file bool) {
 	if file {
 		path = filepath.Join(dir, "config.yaml")
 	}
-	w := startWatch(t, LoadOptions{IgnoreDotFiles: true}, path)
+	c := watchConfig{opts: LoadOptions{IgnoreDotFiles: true}, paths: []string{path}}
+	if realtime {
+		c.clock = systemClock{}
+	}
+	w := startWatchConfig(t, c)
 	w.waitSet(t, "one")
 
 	swap := func(ts, content string, keepOld bool) {
+		defer w.sync(t, dir)
 		mk(ts, content)
 		tmp := filepath.Join(dir, "..data_tmp")
 		if err := os.Symlink(ts, tmp); err != nil {
@@ -213,6 +457,7 @@ func TestWatchInitialFailure(t *testing.T) {
 	w := startWatch(t, LoadOptions{}, dir)
 	w.waitErr(t, "empty domain")
 	write(t, filepath.Join(dir, "a.yaml"), "domain: ok\n")
+	w.sync(t, dir)
 	w.waitSet(t, "ok")
 }
 
@@ -319,6 +564,7 @@ func TestWatchFileIgnoresNeighbours(t *testing.T) {
 	// The change is queued after every event above, so once it is in
 	// force they have all been judged.
 	replace(t, file, "domain: two\n")
+	w.sync(t, dir)
 	w.waitSet(t, "two")
 	ev.check(t, append(ignored, "config.yaml.tmp")...)
 	if a, f := w.applies.Load(), w.fails.Load(); a != 2 || f != 0 {
@@ -345,6 +591,7 @@ func TestWatchDirLoaderRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	replace(t, filepath.Join(dir, "sub", "b.yml"), "domain: two\n")
+	w.sync(t, dir)
 	w.waitSet(t, "one,two")
 	ev.check(t, append(ignored, "readme.md", ".git", "b.yml.tmp")...)
 	if a, f := w.applies.Load(), w.fails.Load(); a != 2 || f != 0 {
@@ -359,6 +606,7 @@ func TestWatchDotFilesLoaded(t *testing.T) {
 	w := startWatch(t, LoadOptions{}, dir)
 	w.waitSet(t, "one")
 	replace(t, filepath.Join(dir, ".hidden.yaml"), "domain: hidden\n")
+	w.sync(t, dir)
 	w.waitSet(t, "hidden,one")
 }
 
@@ -394,20 +642,21 @@ func TestWatchReadErrorRetried(t *testing.T) {
 	if err := os.Remove(file); err != nil {
 		t.Fatal(err)
 	}
+	w.sync(t, dir)
 	// One event (the removal), so a second error is a retry.
 	for i := range 2 {
-		select {
-		case err := <-w.errs:
+		w.drive(t, fmt.Sprintf("read error %d of 2 (the removal and a retry)", i), func(s *Set, err error) bool {
+			if s != nil {
+				t.Fatalf("set applied without a config file: %v", s.Domains())
+			}
 			if !IsReadError(err) || !errors.Is(err, fs.ErrNotExist) {
 				t.Fatalf("error %d: %v, want a read error (not exist)", i, err)
 			}
-		case s := <-w.sets:
-			t.Fatalf("set applied without a config file: %v", s.Domains())
-		case <-time.After(reloadBound):
-			t.Fatalf("%d read errors within %v, want 2 (the removal and a retry)", i, reloadBound)
-		}
+			return true
+		})
 	}
 	replace(t, file, "domain: two\n")
+	w.sync(t, dir)
 	w.waitSet(t, "two")
 }
 
@@ -422,11 +671,43 @@ func TestWatchRelativePaths(t *testing.T) {
 	write(t, "notes.txt", "x\n")
 	write(t, filepath.Join("config", "notes.txt"), "x\n")
 	replace(t, filepath.Join("config", "a.yaml"), "domain: two\n")
+	w.sync(t, ".")
 	w.waitSet(t, "b,two")
 	replace(t, "b.yaml", "domain: c\n")
+	w.sync(t, ".")
 	w.waitSet(t, "c,two")
 	ev.check(t, "notes.txt", "a.yaml.tmp", "b.yaml.tmp")
 	if a := w.applies.Load(); a != 3 {
 		t.Errorf("%d loads applied, want 3 (first load, two changes)", a)
 	}
+}
+
+// TestWatchDebounceOnClock: the debounce and the stability check wait on
+// the clock Watch is given, not on real time: with them widened to an
+// hour, a change is in force as soon as the manual clock is moved past
+// them, and the clock has moved on by the debounce and the settle
+// (watchDebounce each, for an in-place write) at least.
+func TestWatchDebounceOnClock(t *testing.T) {
+	debounce, maxWait := watchDebounce, watchMaxWait
+	watchDebounce, watchMaxWait = time.Hour, 3*time.Hour
+	t.Cleanup(func() { watchDebounce, watchMaxWait = debounce, maxWait })
+	dir := writeFiles(t, map[string]string{"a.yaml": "domain: one\n"})
+	w := startWatch(t, LoadOptions{}, dir)
+	w.waitSet(t, "one")
+	start := w.clock.Now()
+	write(t, filepath.Join(dir, "a.yaml"), "domain: two\n")
+	w.sync(t, dir)
+	w.waitSet(t, "two")
+	if moved := w.clock.Now().Sub(start); moved < 2*time.Hour {
+		t.Errorf("the clock moved %v to deliver an in-place write, want at least the debounce and the settle (2h)", moved)
+	}
+}
+
+// String shows an outcome as the domains applied or the error, and when.
+func (o outcome) String() string {
+	at := o.at.Format("15:04:05.000")
+	if o.err != nil {
+		return fmt.Sprintf("%s error %v", at, o.err)
+	}
+	return fmt.Sprintf("%s applied %v", at, o.set.Domains())
 }

@@ -2,7 +2,9 @@
 // stores: what their circuit breakers read and their background loops
 // (health probes, PostgreSQL's connect loop and sweeper) wait on, so that
 // a test that moves it moves all of them together. Production uses
-// System; tests use Manual, which they move on by hand.
+// System; tests use Manual, which they move on by hand. The RLQS server
+// takes a Clock too, and the config watcher a policy.Clock, which a
+// Manual is (Timer is the same type in both packages).
 package clock
 
 import "time"
@@ -16,8 +18,11 @@ type Clock interface {
 	NewTimer(d time.Duration) Timer
 }
 
-// A Timer is the part of *time.Timer a store's background loop uses.
-type Timer interface {
+// A Timer is the part of *time.Timer a store's background loop uses. It
+// is an interface literal, not a defined type, so that a package that may
+// not import this one (pkg/policy, for its config watcher) can spell the
+// same type and take a Manual as its clock.
+type Timer = interface {
 	// C is the channel the timer sends the time on when it fires.
 	C() <-chan time.Time
 	// Reset arms the timer again to fire after d, as time.Timer.Reset.

@@ -25,6 +25,7 @@ type TB interface {
 // Only Tick fires a timer.
 type Manual struct {
 	off    atomic.Int64 // how far ahead of the real time it is, in ns
+	frozen atomic.Int64 // the real time Freeze stopped it at (Unix ns), or 0
 	mu     sync.Mutex
 	timers map[*manualTimer]struct{} // armed: made or Reset, not fired nor stopped
 	armed  time.Duration             // the duration a timer was last armed with
@@ -40,8 +41,33 @@ func NewManual() *Manual {
 	}
 }
 
-// Now is the real time moved on by Tick and Advance.
-func (m *Manual) Now() time.Time { return time.Now().Add(time.Duration(m.off.Load())) }
+// Now is the real time moved on by Tick, Fire and Advance (after Freeze,
+// the time Freeze stopped at, moved on by them).
+func (m *Manual) Now() time.Time {
+	base := time.Now()
+	if f := m.frozen.Load(); f != 0 {
+		base = time.Unix(0, f)
+	}
+	return base.Add(time.Duration(m.off.Load()))
+}
+
+// Freeze stops the clock running on with real time: from then on only
+// Tick, Fire and Advance move it. A test whose loop compares instants a
+// few milliseconds apart (a config watcher's samples) freezes it, so that
+// a loaded host's scheduling does not count as time passed.
+func (m *Manual) Freeze() { m.frozen.CompareAndSwap(0, time.Now().UnixNano()) }
+
+// Next is the deadline of the armed timer due first; ok is false when no
+// timer is armed.
+func (m *Manual) Next() (at time.Time, ok bool) {
+	tm, _ := m.next()
+	if tm == nil {
+		return time.Time{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return tm.at, true
+}
 
 // Advance moves the time on by d without firing any timer.
 func (m *Manual) Advance(d time.Duration) { m.off.Add(int64(d)) }
@@ -146,13 +172,33 @@ func (m *Manual) Tick(t TB) time.Duration {
 		m.waitArmed(t, gen)
 		tm, gen = m.next()
 	}
+	m.fire(tm)
+	return m.waitArmed(t, gen)
+}
+
+// fire disarms tm, moves the time to its deadline and sends on its
+// channel (empty: a timer fires once per arming, and Reset drains it).
+func (m *Manual) fire(tm *manualTimer) {
 	m.mu.Lock()
 	delete(m.timers, tm)
 	at := tm.at
 	m.mu.Unlock()
 	if ahead := at.Sub(m.Now()); ahead > 0 {
-		m.off.Add(int64(ahead)) // only Tick and Advance move it: the test's goroutine
+		m.off.Add(int64(ahead)) // only Tick, Fire and Advance move it: the test's goroutine
 	}
 	tm.c <- m.Now()
-	return m.waitArmed(t, gen)
+}
+
+// Fire moves the time to the deadline of the armed timer due first and
+// fires it, without waiting for a timer to be armed again: for a loop that
+// may go idle after it (a config watcher whose burst ends), whose test
+// learns by its own means when the loop is done. It reports false, and
+// moves nothing, when no timer is armed.
+func (m *Manual) Fire() bool {
+	tm, _ := m.next()
+	if tm == nil {
+		return false
+	}
+	m.fire(tm)
+	return true
 }

@@ -172,3 +172,79 @@ func TestSystemTimerFires(t *testing.T) {
 		t.Fatal("System.Now went back")
 	}
 }
+
+// TestManualFire: Fire with no timer armed reports false and leaves the
+// time; with timers armed it fires the one due first, moves the time to
+// its deadline and returns without waiting for a timer to be armed again.
+func TestManualFire(t *testing.T) {
+	c := clock.NewManual()
+	before := c.Now()
+	if c.Fire() {
+		t.Fatal("Fire reported a timer fired with none armed")
+	}
+	if got := c.Now().Sub(before); got >= time.Minute {
+		t.Fatalf("Fire with no timer armed moved the time by %v", got)
+	}
+	late, early := c.NewTimer(time.Hour), c.NewTimer(time.Minute)
+	if !c.Fire() {
+		t.Fatal("Fire reported no timer armed with two armed")
+	}
+	select {
+	case at := <-early.C():
+		if at.Sub(before) < time.Minute {
+			t.Fatalf("the timer armed for 1m fired %v after it was armed", at.Sub(before))
+		}
+	default:
+		t.Fatal("Fire did not fire the timer due first")
+	}
+	select {
+	case <-late.C():
+		t.Fatal("Fire fired the timer due later too")
+	default:
+	}
+	if c.Now().Sub(before) >= time.Hour {
+		t.Fatalf("Fire moved the time %v on, past the later timer's deadline", c.Now().Sub(before))
+	}
+	if !c.Fire() {
+		t.Fatal("the timer due later was not left armed")
+	}
+	<-late.C()
+	if c.Fire() {
+		t.Fatal("Fire fired a timer that had fired already")
+	}
+}
+
+// TestManualFreeze: a frozen Manual stands still while real time passes,
+// and moves only by Advance and Fire; Next tells the deadline Fire moves
+// it to.
+func TestManualFreeze(t *testing.T) {
+	c := clock.NewManual()
+	c.Freeze()
+	at := c.Now()
+	deadline := time.Now().Add(10 * time.Second)
+	for real := time.Now(); time.Since(real) < time.Millisecond; { // real time passes
+		if time.Now().After(deadline) {
+			t.Fatal("the real clock did not move")
+		}
+	}
+	if got := c.Now(); !got.Equal(at) {
+		t.Fatalf("a frozen clock moved %v with real time", got.Sub(at))
+	}
+	c.Advance(time.Second)
+	if got := c.Now().Sub(at); got != time.Second {
+		t.Fatalf("Advance(1s) moved a frozen clock %v", got)
+	}
+	if _, ok := c.Next(); ok {
+		t.Fatal("Next reported a timer with none armed")
+	}
+	tm := c.NewTimer(time.Minute)
+	next, ok := c.Next()
+	if !ok || next.Sub(at) != time.Second+time.Minute {
+		t.Fatalf("Next = %v, %v; want the timer's deadline, 1m after the time it was armed", next.Sub(at), ok)
+	}
+	c.Fire()
+	<-tm.C()
+	if got := c.Now(); !got.Equal(next) {
+		t.Fatalf("Fire moved a frozen clock to %v, want the timer's deadline %v", got.Sub(at), next.Sub(at))
+	}
+}
