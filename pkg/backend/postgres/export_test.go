@@ -20,3 +20,14 @@ func (s *Store) Setting(ctx context.Context, name string) (string, error) {
 	err := s.pool.QueryRow(ctx, "SHOW "+name).Scan(&v)
 	return v, err
 }
+
+// SetBeforeCommit makes f run before every batch's COMMIT.
+func (s *Store) SetBeforeCommit(f func()) { s.beforeCommit = f }
+
+// Reconciling is how many transactions of s whose COMMIT's reply did not
+// come are still being reconciled.
+func (s *Store) Reconciling() int64 { return s.reconciling.Load() }
+
+// Refunded is how many takes s refunded after their transaction
+// committed while their callers were answered with a timeout.
+func (s *Store) Refunded() uint64 { return s.refunded.Load() }
