@@ -162,9 +162,17 @@ func (s *Store) send(batch []*pending) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
+	// timedOut is err, or errTimeout once the batch's budget ran out
+	// (whose timer may fire before its callers' own).
+	timedOut := func(err error) error {
+		if ctx.Err() != nil {
+			return errTimeout
+		}
+		return classify(err, s.secrets)
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		fail(classify(err, s.secrets))
+		fail(timedOut(err))
 		return
 	}
 	// Released in a transaction (an error below), the connection is
@@ -198,7 +206,7 @@ func (s *Store) send(batch []*pending) {
 		err = cerr
 	}
 	if err != nil {
-		fail(classify(err, s.secrets))
+		fail(timedOut(err))
 		return
 	}
 	decs := make([][]algo.Decision, len(batch))
@@ -222,7 +230,7 @@ func (s *Store) send(batch []*pending) {
 				go s.reconcile(xid, refund)
 			}
 		}
-		fail(classify(err, s.secrets))
+		fail(timedOut(err))
 		return
 	}
 	for i, p := range batch {
