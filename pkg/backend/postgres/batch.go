@@ -170,29 +170,75 @@ func (s *Store) send(batch []*pending) {
 		}
 		return classify(err, s.secrets)
 	}
-	conn, err := s.pool.Acquire(ctx)
+	argss := make([][]any, len(batch))
+	for i, p := range batch {
+		argss[i] = p.args
+	}
+	decs := make([][]algo.Decision, len(batch))
+	var rows []takeRow
+	xid, sent, err := s.txTake(ctx, argss, rem, func(r []takeRow) error {
+		rows = r
+		for i, p := range batch {
+			decs[i] = make([]algo.Decision, len(p.hits))
+			if err := decode(p.hits, &r[i], decs[i]); err != nil {
+				return err
+			}
+		}
+		if s.beforeCommit != nil {
+			s.beforeCommit()
+		}
+		return nil
+	})
 	if err != nil {
+		if sent {
+			// The COMMIT may have been applied: find out, and refund.
+			if refund := refunds(batch, rows); len(refund) > 0 {
+				s.wg.Add(1)
+				s.reconciling.Add(1)
+				go s.reconcile(xid, refund)
+			}
+		}
+		var e *Error
+		if errors.As(err, &e) && e.Cause() == CauseOther {
+			fail(err) // a defect found by decode
+			return
+		}
 		fail(timedOut(err))
 		return
 	}
-	// Released in a transaction (an error below), the connection is
-	// closed by the pool, which rolls the transaction back.
+	for i, p := range batch {
+		p.dec = decs[i]
+	}
+}
+
+// txTake runs one takeSQL call per element of argss in one transaction:
+// BEGIN, lock_timeout for it, the calls and the transaction's id in one
+// round trip; then check on the rows, and COMMIT only if it returns nil.
+// Nothing is counted unless the COMMIT is sent: on an error before it,
+// the connection is closed (the pool closes a connection released in a
+// transaction) and PostgreSQL rolls back. sent reports an error of the
+// COMMIT that leaves its outcome unknown (no reply), xid the transaction
+// to ask about.
+func (s *Store) txTake(ctx context.Context, argss [][]any, lockWait time.Duration, check func([]takeRow) error) (xid string, sent bool, err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return "", false, err
+	}
 	defer conn.Release()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(lockTimeoutSQL, strconv.FormatInt(max(rem.Milliseconds(), 1), 10))
-	for _, p := range batch {
-		b.Queue(takeSQL, p.args...)
+	b.Queue(lockTimeoutSQL, strconv.FormatInt(max(lockWait.Milliseconds(), 1), 10))
+	for _, a := range argss {
+		b.Queue(takeSQL, a...)
 	}
 	b.Queue(xidSQL)
-	rows := make([]takeRow, len(batch))
-	var xid string
+	rows := make([]takeRow, len(argss))
 	br := conn.SendBatch(ctx, b)
 	_, err = br.Exec()
 	if err == nil {
 		_, err = br.Exec()
 	}
-	for i := range batch {
+	for i := range rows {
 		if err != nil {
 			break
 		}
@@ -206,36 +252,16 @@ func (s *Store) send(batch []*pending) {
 		err = cerr
 	}
 	if err != nil {
-		fail(timedOut(err))
-		return
+		return "", false, err
 	}
-	decs := make([][]algo.Decision, len(batch))
-	for i, p := range batch {
-		decs[i] = make([]algo.Decision, len(p.hits))
-		if err := decode(p.hits, &rows[i], decs[i]); err != nil {
-			fail(err)
-			return
-		}
-	}
-	if s.beforeCommit != nil {
-		s.beforeCommit()
+	if err := check(rows); err != nil {
+		return "", false, err
 	}
 	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
 		var pe *pgconn.PgError
-		if !errors.As(err, &pe) {
-			// The COMMIT may have been applied: find out, and refund.
-			if refund := refunds(batch, rows); len(refund) > 0 {
-				s.wg.Add(1)
-				s.reconciling.Add(1)
-				go s.reconcile(xid, refund)
-			}
-		}
-		fail(timedOut(err))
-		return
+		return xid, !errors.As(err, &pe), err
 	}
-	for i, p := range batch {
-		p.dec = decs[i]
-	}
+	return xid, false, nil
 }
 
 // xidSQL returns the batch's transaction id, whose status reconcile asks
@@ -260,59 +286,62 @@ func refunds(batch []*pending, rows []takeRow) []algo.Hit {
 
 // reconcile asks PostgreSQL, every unhealthyProbeInterval doubling up to
 // reconcileMaxWait, whether transaction xid committed; if it did, it
-// releases refund (the takes of callers told the decision failed). A
-// refund is sent once: one whose own outcome is unknown is not retried
-// (twice refunded would over-admit), and is logged, as is a status
-// PostgreSQL no longer has or a Store closed first.
+// releases refund (the takes of callers told the decision failed) in a
+// transaction of its own, reconciled the same way: a refund whose COMMIT's
+// reply does not come is sent again only once PostgreSQL says it rolled
+// back (twice refunded would over-admit). It gives up, and logs the
+// units left spent, when the Store closes first or PostgreSQL no longer
+// knows a transaction's status.
 func (s *Store) reconcile(xid string, refund []algo.Hit) {
 	defer s.wg.Done()
 	defer s.reconciling.Add(-1)
-	lost := func(why string, err error) {
-		s.log.Warn("durable store: a decision answered as failed may have been counted and was not refunded: "+why, "hits", len(refund), "err", err)
-	}
+	_, args := s.args(refund)
+	argss := [][]any{args}
+	noCheck := func([]takeRow) error { return nil }
+	refunding := false // xid is the refund's transaction
 	wait := unhealthyProbeInterval
 	for {
 		t := time.NewTimer(wait)
 		select {
 		case <-s.stop:
 			t.Stop()
-			lost("the store closed first", nil)
+			s.log.Warn("durable store: decisions answered as failed may have been counted and were not refunded: the store closed first", "hits", len(refund))
 			return
 		case <-t.C:
 		}
 		wait = min(2*wait, reconcileMaxWait)
+		if xid != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), s.opts.ConnectTimeout)
+			var status *string
+			err := s.pool.QueryRow(ctx, "SELECT pg_xact_status($1::xid8)", xid).Scan(&status)
+			cancel()
+			switch {
+			case err != nil || (status != nil && *status == "in progress"):
+				continue
+			case status == nil:
+				s.log.Warn("durable store: decisions answered as failed may have been counted and were not refunded: PostgreSQL no longer knows the transaction's status", "hits", len(refund))
+				return
+			case *status == "committed" && refunding:
+				s.refunded.Add(uint64(len(refund)))
+				s.log.Info("durable store: refunded the takes of a transaction that committed after its callers were answered with a timeout", "hits", len(refund))
+				return
+			case *status != "committed" && !refunding:
+				return // rolled back: nothing counted
+			}
+			// The decisions committed, or the refund rolled back: refund.
+			xid, refunding = "", true
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.opts.ConnectTimeout)
-		var status *string
-		err := s.pool.QueryRow(ctx, "SELECT pg_xact_status($1::xid8)", xid).Scan(&status)
+		id, sent, err := s.txTake(ctx, argss, s.opts.ConnectTimeout, noCheck)
 		cancel()
 		switch {
-		case err != nil:
-			continue
-		case status == nil:
-			lost("PostgreSQL no longer knows the transaction's status", nil)
+		case err == nil:
+			s.refunded.Add(uint64(len(refund)))
+			s.log.Info("durable store: refunded the takes of a transaction that committed after its callers were answered with a timeout", "hits", len(refund))
 			return
-		case *status == "in progress":
-			continue
-		case *status != "committed":
-			return // rolled back: nothing counted
+		case sent:
+			xid = id // ask whether the refund committed
 		}
-		ctx, cancel = context.WithTimeout(context.Background(), s.opts.ConnectTimeout)
-		defer cancel()
-		conn, err := s.pool.Acquire(ctx)
-		if err != nil {
-			cancel()
-			continue
-		}
-		_, args := s.args(refund)
-		_, err = conn.Exec(ctx, takeSQL, args...)
-		conn.Release()
-		if err != nil {
-			lost("the refund failed", classify(err, s.secrets))
-			return
-		}
-		s.refunded.Add(uint64(len(refund)))
-		s.log.Info("durable store: refunded the takes of a transaction that committed after its callers were answered with a timeout", "hits", len(refund))
-		return
 	}
 }
 
