@@ -105,7 +105,9 @@ func TestTimedOutNotCounted(t *testing.T) {
 func TestLateCommitRefunded(t *testing.T) {
 	srv := pgtest.Start(t)
 	db := srv.CreateDB(t)
-	s := newStore(t, srv, db, func(o *postgres.Options) { o.Timeout = 300 * time.Millisecond })
+	// A budget that outlasts freezing the server (the hook), so that the
+	// COMMIT is sent before the call times out.
+	s := newStore(t, srv, db, func(o *postgres.Options) { o.Timeout = 2 * time.Second })
 	for _, l := range []algo.Limit{longWindow, {Kind: algo.SlidingWindow, Rate: longWindow.Rate, Period: longWindow.Period}} {
 		hit := algo.Hit{Key: "late/" + algotest.KindName(l.Kind), Limit: l, Cost: 1}
 		take(t, s, hit)
