@@ -275,7 +275,7 @@ func refunds(batch []*pending, rows []takeRow) []algo.Hit {
 	var out []algo.Hit
 	for i, p := range batch {
 		for j, h := range p.hits {
-			if h.Release || rows[i].mode[j] != 0 || algo.ClampCost(h.Cost) <= 0 || !(rows[i].allowed[j] || h.Charge) {
+			if h.Release || rows[i].mode[j] != 0 || algo.ClampCost(h.Cost) <= 0 || (!rows[i].allowed[j] && !h.Charge) {
 				continue
 			}
 			out = append(out, algo.Hit{Key: h.Key, Limit: h.Limit, Cost: h.Cost, Release: true})
