@@ -33,8 +33,9 @@ var errQueued = newError(CauseTimeout, false, errors.New("no reply within the ca
 // batch of them is in flight; its runner sends them in batches, one at a
 // time.
 type lane struct {
-	key   string
-	queue []*pending
+	key      string
+	queue    []*pending
+	inFlight int // the size of the batch in flight
 }
 
 // pending is one call waiting in a lane. sent and gone are guarded by the
@@ -119,6 +120,7 @@ func (s *Store) run(l *lane) {
 		}
 		clear(l.queue[len(rest):])
 		l.queue = rest
+		l.inFlight = len(batch)
 		if len(batch) == 0 && len(l.queue) == 0 {
 			delete(s.lanes, l.key)
 			s.lanesMu.Unlock()

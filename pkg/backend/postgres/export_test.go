@@ -31,3 +31,15 @@ func (s *Store) Reconciling() int64 { return s.reconciling.Load() }
 // Refunded is how many takes s refunded after their transaction
 // committed while their callers were answered with a timeout.
 func (s *Store) Refunded() uint64 { return s.refunded.Load() }
+
+// InLanes is how many calls of s are in a batch in flight or queued
+// behind one.
+func (s *Store) InLanes() int {
+	s.lanesMu.Lock()
+	defer s.lanesMu.Unlock()
+	n := 0
+	for _, l := range s.lanes {
+		n += len(l.queue) + l.inFlight
+	}
+	return n
+}

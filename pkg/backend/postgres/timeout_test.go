@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
@@ -136,5 +138,65 @@ func TestLateCommitRefunded(t *testing.T) {
 	}
 	if s.Refunded() != 2 {
 		t.Errorf("%d takes refunded, want 2", s.Refunded())
+	}
+}
+
+// TestHotKeyOneWaiter: while another transaction holds a key's row, 20
+// concurrent calls of one store on that key leave one session waiting on
+// the lock in PostgreSQL (one batch), the others queued in the process;
+// once the row is released all 20 are decided and counted.
+func TestHotKeyOneWaiter(t *testing.T) {
+	srv := pgtest.Start(t)
+	db := srv.CreateDB(t)
+	s := newStore(t, srv, db, func(o *postgres.Options) { o.Timeout = 30 * time.Second })
+	hit := algo.Hit{Key: "one-waiter", Limit: longWindow, Cost: 1}
+	take(t, s, hit)
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, srv.URL(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM ratelimitd_counters WHERE key = $1 FOR UPDATE", hit.Key); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			if d, err := algotest.Take(ctx, s, []algo.Hit{hit}); err == nil && d[0].Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	waiting := func() int64 {
+		return srv.QueryInt(t, db, `SELECT count(*) FROM pg_stat_activity
+WHERE application_name = 'ratelimitd' AND wait_event_type = 'Lock'`)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for s.InLanes() < n || waiting() < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 20 s: %d calls in flight or queued, %d sessions waiting on the lock", s.InLanes(), waiting())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if w := waiting(); w != 1 {
+		t.Errorf("%d sessions of the store wait on the row lock, want 1 (the others queued in the process)", w)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if admitted.Load() != n {
+		t.Fatalf("%d of %d admitted once the row was released", admitted.Load(), n)
+	}
+	if got := srv.QueryInt(t, db, "SELECT count FROM ratelimitd_counters WHERE key = $1", hit.Key); got != n+1 {
+		t.Fatalf("the row counts %d, want %d", got, n+1)
 	}
 }
