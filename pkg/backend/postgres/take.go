@@ -47,10 +47,9 @@ func (s *Store) budget(ctx context.Context, start time.Time) (end time.Time, cut
 // are sent together in one transaction (see decide). Take returns by its
 // budget with cause CauseTimeout when PostgreSQL has not answered
 // (errors.Is context.DeadlineExceeded when the caller's deadline cut the
-// budget short), closing the connection; PostgreSQL rolls back a
-// transaction that runs past a bound kept inside the budget, so that a
-// decision answered as failed is not counted (see decide for the one
-// exception). It fails at once while the breaker
+// budget short), and a decision answered with an error is not counted:
+// its transaction is not committed, or reconciled and refunded when the
+// COMMIT's reply did not come (see send). It fails at once while the breaker
 // is open, and with ErrNotConnected until New has reached PostgreSQL and
 // checked the schema. Errors are *Error.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
