@@ -60,7 +60,26 @@ func BenchmarkDecision(b *testing.B) {
 	}
 }
 
+// BenchmarkHotKey: c concurrent decisions on one key of the durable
+// store (fsync on), as a tenant's monthly quota under load is.
+func BenchmarkHotKey(b *testing.B) {
+	srv := pgtest.Start(b, pgtest.WithFsync())
+	s := newStore(b, srv, srv.CreateDB(b), func(o *postgres.Options) { o.MaxConns = 64; o.SweepInterval = 0 })
+	day := algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 40, Period: 24 * time.Hour}
+	for _, c := range []int{1, 16, 50} {
+		b.Run("c="+strconv.Itoa(c), func(b *testing.B) {
+			benchDecisionsOn(b, s, day, c, func(string, int) string { return "bench/hot" })
+		})
+	}
+}
+
 func benchDecisions(b *testing.B, s decider, l algo.Limit, c int) {
+	benchDecisionsOn(b, s, l, c, func(g string, i int) string { return "bench/" + g + "/" + strconv.Itoa(i%64) })
+}
+
+// benchDecisionsOn runs b.N decisions of l, c at a time, goroutine g's
+// i-th on key(g, i), and reports their latency and throughput.
+func benchDecisionsOn(b *testing.B, s decider, l algo.Limit, c int, key func(g string, i int) string) {
 	var gid atomic.Int64
 	var mu sync.Mutex
 	var lat []time.Duration
@@ -69,7 +88,7 @@ func benchDecisions(b *testing.B, s decider, l algo.Limit, c int) {
 		var mine []time.Duration
 		d := make([]algo.Decision, 1)
 		for i := 0; next(); i++ {
-			hit := []algo.Hit{{Key: "bench/" + g + "/" + strconv.Itoa(i%64), Limit: l, Cost: 1}}
+			hit := []algo.Hit{{Key: key(g, i), Limit: l, Cost: 1}}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			start := time.Now()
 			err := s.Take(ctx, hit, d)

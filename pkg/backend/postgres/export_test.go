@@ -20,3 +20,26 @@ func (s *Store) Setting(ctx context.Context, name string) (string, error) {
 	err := s.pool.QueryRow(ctx, "SHOW "+name).Scan(&v)
 	return v, err
 }
+
+// SetBeforeCommit makes f run before every batch's COMMIT.
+func (s *Store) SetBeforeCommit(f func()) { s.beforeCommit = f }
+
+// Reconciling is how many transactions of s whose COMMIT's reply did not
+// come are still being reconciled.
+func (s *Store) Reconciling() int64 { return s.reconciling.Load() }
+
+// Refunded is how many takes s refunded after their transaction
+// committed while their callers were answered with a timeout.
+func (s *Store) Refunded() uint64 { return s.refunded.Load() }
+
+// InLanes is how many calls of s are in a batch in flight or queued
+// behind one.
+func (s *Store) InLanes() int {
+	s.lanesMu.Lock()
+	defer s.lanesMu.Unlock()
+	n := 0
+	for _, l := range s.lanes {
+		n += len(l.queue) + l.inFlight
+	}
+	return n
+}

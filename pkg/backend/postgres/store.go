@@ -3,9 +3,11 @@
 // fixed windows and sliding window counters (calendar months and years
 // included), one row per key in ratelimitd_counters, decided by one call
 // of the PL/pgSQL function ratelimitd_take per request (every hit of the
-// request in one statement, one transaction, with the rows locked and
-// the server's clock). See docs/postgres.md for the schema, sizing,
-// backup and failover.
+// request in one statement, with the rows locked and the server's clock),
+// the concurrent requests of a process on the same keys batched in one
+// transaction that the store commits once it has their decisions (see
+// decide). See docs/postgres.md for the schema, sizing, backup and
+// failover.
 //
 // The package imports pkg/algo and the shared backend packages
 // (breaker, causes), never pkg/service or pkg/policy: hit keys arrive
@@ -62,6 +64,18 @@ type Store struct {
 	// repairFailed is set while repairSchema fails (logged once).
 	repairFailed atomic.Bool
 
+	// lanes queue the calls on each set of keys behind its in-flight
+	// batch (see decide).
+	lanesMu sync.Mutex
+	lanes   map[string]*lane
+
+	// refunded counts the takes reconcile released (see send);
+	// reconciling is how many reconcile loops run.
+	refunded    atomic.Uint64
+	reconciling atomic.Int64
+	// beforeCommit, when set (tests), runs before a batch's COMMIT.
+	beforeCommit func()
+
 	swept       atomic.Uint64
 	sweepErrors atomic.Uint64
 
@@ -108,11 +122,10 @@ func newWithClock(ctx context.Context, opt Options, clk clock) (*Store, error) {
 	cfg.MaxConns = opt.MaxConns
 	// Session settings, set after connecting rather than as startup
 	// parameters (which a connection pooler such as PgBouncer refuses):
-	// a decision waits for a row lock at most Timeout on the server too,
-	// since its caller has given up by then (a closed connection ends
-	// the wait already; this bounds it when the close never reaches the
-	// server, where a session abandoned on a hot key's lock would wait,
-	// and count, long after); and AsyncCommit.
+	// a statement waits for a row lock at most Timeout on the server too
+	// (a batch sets its own budget for its transaction, see send), so
+	// that a session abandoned on a hot key's lock stops waiting; and
+	// AsyncCommit.
 	set := "SET lock_timeout = " + strconv.FormatInt(max(opt.Timeout.Milliseconds(), 1), 10)
 	if opt.AsyncCommit {
 		set += "; SET synchronous_commit = off"
@@ -153,6 +166,7 @@ func newWithClock(ctx context.Context, opt Options, clk clock) (*Store, error) {
 		stop:      make(chan struct{}),
 		wake:      make(chan struct{}, 1),
 		connected: make(chan struct{}),
+		lanes:     make(map[string]*lane),
 	}
 	b := opt.Breaker
 	b.FailFor = max(b.FailFor, 2*opt.Timeout)

@@ -43,10 +43,13 @@ func (s *Store) budget(ctx context.Context, start time.Time) (end time.Time, cut
 // fixed_window or sliding_window limit, in one call of ratelimitd_take:
 // one statement that locks the request's rows in key order, reads the
 // server's clock, decides all-or-nothing as algo.Apply does and writes the
-// rows that changed. Take returns by its budget with cause CauseTimeout
-// when PostgreSQL has not answered (errors.Is context.DeadlineExceeded
-// when the caller's deadline cut the budget short), closing the connection
-// so that the transaction rolls back. It fails at once while the breaker
+// rows that changed. Concurrent requests of the process on the same keys
+// are sent together in one transaction (see decide). Take returns by its
+// budget with cause CauseTimeout when PostgreSQL has not answered
+// (errors.Is context.DeadlineExceeded when the caller's deadline cut the
+// budget short), and a decision answered with an error is not counted:
+// its transaction is not committed, or reconciled and refunded when the
+// COMMIT's reply did not come (see send). It fails at once while the breaker
 // is open, and with ErrNotConnected until New has reached PostgreSQL and
 // checked the schema. Errors are *Error.
 func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
@@ -71,11 +74,12 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 		return err
 	}
 	cctx, cancel := context.WithDeadline(ctx, end)
-	err := s.call(cctx, hits, out)
+	err := s.decide(cctx, hits, out, end)
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
 			err = classify(ctx.Err(), s.secrets)
+		case errors.Is(err, errQueued):
 		case cctx.Err() != nil:
 			err = errTimeout
 		}
@@ -93,11 +97,11 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 	return err
 }
 
-// call runs ratelimitd_take for hits and writes their decisions into out.
-func (s *Store) call(ctx context.Context, hits []algo.Hit, out []algo.Decision) error {
+// args returns the distinct keys of hits, sorted (the order the function
+// locks them in), and takeSQL's arguments for them.
+func (s *Store) args(hits []algo.Hit) (keys []string, args []any) {
 	n := len(hits)
-	// Distinct keys, sorted: the order the function locks them in.
-	keys := make([]string, 0, n)
+	keys = make([]string, 0, n)
 	for _, h := range hits {
 		keys = append(keys, h.Key)
 	}
@@ -137,32 +141,35 @@ func (s *Store) call(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 		us := s.now().UnixMicro()
 		now = &us
 	}
-	var (
-		nowUs               int64
-		mode                []int32
-		stWin, stCnt, stPrv []int64
-		allowed             []bool
-	)
-	err := s.pool.QueryRow(ctx, takeSQL, now, keys, slot, kind, rate, period, cal, mult, cost, flags).
-		Scan(&nowUs, &mode, &stWin, &stCnt, &stPrv, &allowed)
-	if err != nil {
-		return classify(err, s.secrets)
+	return keys, []any{now, keys, slot, kind, rate, period, cal, mult, cost, flags}
+}
+
+// takeRow is one row of takeSQL.
+type takeRow struct {
+	nowUs               int64
+	mode                []int32
+	stWin, stCnt, stPrv []int64
+	allowed             []bool
+}
+
+// decode writes the decisions of hits from r into out.
+func decode(hits []algo.Hit, r *takeRow, out []algo.Decision) error {
+	n := len(hits)
+	if len(r.mode) != n || len(r.stWin) != n || len(r.stCnt) != n || len(r.stPrv) != n || len(r.allowed) != n {
+		return newError(CauseOther, false, fmt.Errorf("ratelimitd_take returned %d decisions for %d hits", len(r.mode), n))
 	}
-	if len(mode) != n || len(stWin) != n || len(stCnt) != n || len(stPrv) != n || len(allowed) != n {
-		return newError(CauseOther, false, fmt.Errorf("ratelimitd_take returned %d decisions for %d hits", len(mode), n))
-	}
-	t := time.UnixMicro(nowUs)
+	t := time.UnixMicro(r.nowUs)
 	for i, h := range hits {
-		st := algo.State{Time: stWin[i], Count: stCnt[i], Prev: stPrv[i]}
+		st := algo.State{Time: r.stWin[i], Count: r.stCnt[i], Prev: r.stPrv[i]}
 		var d algo.Decision
-		if mode[i] == 1 {
+		if r.mode[i] == 1 {
 			_, d = algo.Take(h.Limit, st, t, 0)
 		} else {
 			_, d = algo.Apply(st, h, t)
-			if d.Allowed != allowed[i] {
+			if d.Allowed != r.allowed[i] {
 				// The function and pkg/algo disagree: a defect, never
 				// answered as a decision.
-				return newError(CauseOther, false, fmt.Errorf("hit %d: the database decided allowed=%v, pkg/algo %v", i, allowed[i], d.Allowed))
+				return newError(CauseOther, false, fmt.Errorf("hit %d: the database decided allowed=%v, pkg/algo %v", i, r.allowed[i], d.Allowed))
 			}
 		}
 		out[i] = d
