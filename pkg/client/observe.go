@@ -29,31 +29,41 @@ type Resyncer interface {
 // passed: an overtaken response must not reopen a spent quota. Transport
 // knows, and lets a newer answer raise them at once.
 func (p *Pacer) Observe(status int, h http.Header) {
-	p.observe(0, status, h)
+	p.observe(ticket{}, status, h)
 }
 
-// observe is Observe for the call with the given ticket (0: unknown). The
-// answer to a call released after the gate was last set was produced after
-// every answer seen so far, so it replaces the gate; any other answer may
-// be older than the one the gate came from, and only lowers it.
-func (p *Pacer) observe(ticket uint64, status int, h http.Header) {
+// observe is Observe for the call with the given ticket (zero: unknown).
+// The answer to a call released after the gate was last set was produced
+// after every answer seen so far, so it replaces the gate; any other answer
+// may be older than the one the gate came from, and only lowers it.
+func (p *Pacer) observe(tk ticket, status int, h http.Header) {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.inFlight = max(p.inFlight-1, 0)
+	p.answered += tk.units
 
 	retry, hasRetry := retryAfter(h.Get("Retry-After"), now)
 	r, t, hasR := remaining(h, now)
-	fresh := ticket > p.gateSeq || p.gate < 0 || !now.Before(p.gateEnd)
+	live := p.gate >= 0 && now.Before(p.gateEnd)
+	fresh := tk.seq > p.gateSeq || !live
 	if hasR && t > 0 {
 		budget := max(r-int64(math.Floor(float64(r)*p.opt.Margin))-int64(p.inFlight), 0)
+		end := now.Add(min(t, p.opt.MaxWait))
 		switch {
 		case fresh:
-			p.gate, p.gateEnd, p.gateSeq = budget, now.Add(min(t, p.opt.MaxWait)), p.released
-			if r == 0 {
-				p.hold(now, t)
+			if tk.seq != 0 && live && p.sameWindow(r, now, t) && p.gateEnd.Before(end) {
+				end = p.gateEnd
 			}
-		case ticket == 0 && budget < p.gate:
+			p.gate, p.gateEnd, p.gateR, p.gateSeq = budget, end, r, p.released
+			p.gateMark = 0
+			if tk.seq != 0 {
+				p.gateMark = tk.mark + tk.units
+			}
+			if r == 0 {
+				p.hold(now, end.Sub(now))
+			}
+		case tk.seq == 0 && budget < p.gate:
 			p.gate = budget
 			if r == 0 {
 				p.hold(now, t)
@@ -77,6 +87,29 @@ func (p *Pacer) observe(ticket uint64, status int, h http.Header) {
 			rs.Resync(q, w, p.opt.Margin)
 		}
 	}
+}
+
+// sameWindow reports whether a fresh answer (remaining r, reset t, seen at
+// now) is from the same upstream window as the answer that last set the
+// live gate, so that the window still ends by gateEnd: t alone puts the
+// reset up to a second after it is (whole seconds, rounded up), and an
+// answer late in a per-second window, holding callers until now+t, would
+// cover the whole next window.
+//
+// The units that can have reached the upstream between the two answers
+// are at most those this pacer released and had not seen answered when the
+// gate's call went, other than that call. Had the window reset in between,
+// the new window would have counted no more than those, leaving its
+// remaining higher than the gate's less them; a remaining lower by at
+// least that many is the same window. The reset t gives must also be able
+// to fall by gateEnd. Another client of the same quota can fool the count;
+// the margin and the upstream's Retry-After cover that.
+func (p *Pacer) sameWindow(r int64, now time.Time, t time.Duration) bool {
+	if p.gateMark == 0 || p.sent < p.gateMark {
+		return false
+	}
+	between := p.sent - p.gateMark
+	return p.gateR-r >= int64(min(between, math.MaxInt64)) && r < p.gateR && p.gateEnd.After(now.Add(t-time.Second))
 }
 
 // hold keeps every caller back until now+d plus jitter, unless a later
