@@ -180,3 +180,40 @@ func TestHoldNotShortenedAcrossAReset(t *testing.T) {
 		}
 	})
 }
+
+// TestHoldBoundIsPerQuota: a bound on one quota's reset does not shorten
+// the hold on another. The first answer says quota "a" has 9 left and
+// resets within a second; the second, 900 ms later, says quota "b" is spent
+// and resets in t=1. Quota b's window may end up to a second after that
+// answer, so the next call waits that long, not just until quota a's
+// bound.
+func TestHoldBoundIsPerQuota(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var at []time.Time
+		fields := []string{`"a";r=9;t=1, "b";r=50;t=60`, `"a";r=8;t=1, "b";r=0;t=1`}
+		h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			if n := len(at); n < len(fields) {
+				w.Header().Set("RateLimit", fields[n])
+			}
+			at = append(at, time.Now())
+		})
+		p := client.New(client.Options{Limiter: client.NewLocal(1000, time.Second, 1000, 0)})
+		c := &http.Client{Transport: &client.Transport{Base: handlerTransport{h}, Pacer: p}}
+		for i := range 3 {
+			if i == 1 {
+				time.Sleep(900 * time.Millisecond)
+			}
+			resp, err := c.Get("http://upstream.test/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+		}
+		if d := at[2].Sub(at[1]); d < time.Second {
+			t.Errorf("third call %v after quota b was spent with t=1; want ≥ 1s", d)
+		}
+	})
+}

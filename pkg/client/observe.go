@@ -44,7 +44,7 @@ func (p *Pacer) observe(tk ticket, status int, h http.Header) {
 	p.answered += tk.units
 
 	retry, hasRetry := retryAfter(h.Get("Retry-After"), now)
-	r, t, hasR := remaining(h, now)
+	r, t, quota, hasR := remaining(h, now)
 	live := p.gate >= 0 && now.Before(p.gateEnd)
 	fresh := tk.seq > p.gateSeq || !live
 	if hasR && t > 0 {
@@ -52,10 +52,10 @@ func (p *Pacer) observe(tk ticket, status int, h http.Header) {
 		end := now.Add(min(t, p.opt.MaxWait))
 		switch {
 		case fresh:
-			if tk.seq != 0 && live && p.sameWindow(r, now, t) && p.gateEnd.Before(end) {
+			if tk.seq != 0 && live && quota == p.gateQuota && p.sameWindow(r, now, t) && p.gateEnd.Before(end) {
 				end = p.gateEnd
 			}
-			p.gate, p.gateEnd, p.gateR, p.gateSeq = budget, end, r, p.released
+			p.gate, p.gateEnd, p.gateR, p.gateQuota, p.gateSeq = budget, end, r, quota, p.released
 			p.gateMark = 0
 			if tk.seq != 0 {
 				p.gateMark = tk.mark + tk.units
@@ -89,12 +89,12 @@ func (p *Pacer) observe(tk ticket, status int, h http.Header) {
 	}
 }
 
-// sameWindow reports whether a fresh answer (remaining r, reset t, seen at
-// now) is from the same upstream window as the answer that last set the
-// live gate, so that the window still ends by gateEnd: t alone puts the
-// reset up to a second after it is (whole seconds, rounded up), and an
-// answer late in a per-second window, holding callers until now+t, would
-// cover the whole next window.
+// sameWindow reports whether a fresh answer of the same quota as the one
+// that last set the live gate (remaining r, reset t, seen at now) is from
+// the same upstream window, so that the window still ends by gateEnd: t
+// alone puts the reset up to a second after it is (whole seconds, rounded
+// up), and an answer late in a per-second window, holding callers until
+// now+t, would cover the whole next window.
 //
 // The units that can have reached the upstream between the two answers
 // are at most those this pacer released and had not seen answered when the
@@ -138,10 +138,11 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 	return 0, false
 }
 
-// remaining returns the tightest remaining quota and the time until more
-// becomes available, from RateLimit, or else from X-RateLimit-Remaining
-// and X-RateLimit-Reset (or their unprefixed draft names).
-func remaining(h http.Header, now time.Time) (r int64, t time.Duration, ok bool) {
+// remaining returns the tightest remaining quota, the time until more
+// becomes available and the quota's name in RateLimit, from RateLimit, or
+// else from X-RateLimit-Remaining and X-RateLimit-Reset (or their
+// unprefixed draft names; the name is then empty).
+func remaining(h http.Header, now time.Time) (r int64, t time.Duration, name string, ok bool) {
 	if vs := h.Values("RateLimit"); len(vs) > 0 {
 		if l, err := httpsfv.UnmarshalList(vs); err == nil {
 			for _, m := range l {
@@ -156,10 +157,11 @@ func remaining(h http.Header, now time.Time) (r int64, t time.Duration, ok bool)
 				ti, _ := intParam(it.Params, "t")
 				if !ok || ri < r {
 					r, t, ok = ri, time.Duration(ti)*time.Second, true
+					name = quotaName(it.Value)
 				}
 			}
 			if ok {
-				return r, t, true
+				return r, t, name, true
 			}
 		}
 	}
@@ -170,11 +172,22 @@ func remaining(h http.Header, now time.Time) (r int64, t time.Duration, ok bool)
 			continue
 		}
 		if tv > 1_000_000_000 { // an epoch time, as some APIs send
-			return rv, max(time.Unix(tv, 0).Sub(now), 0), true
+			return rv, max(time.Unix(tv, 0).Sub(now), 0), "", true
 		}
-		return rv, time.Duration(tv) * time.Second, true
+		return rv, time.Duration(tv) * time.Second, "", true
 	}
-	return 0, 0, false
+	return 0, 0, "", false
+}
+
+// quotaName returns a RateLimit item's name: a string or a token.
+func quotaName(v any) string {
+	switch n := v.(type) {
+	case string:
+		return n
+	case httpsfv.Token:
+		return string(n)
+	}
+	return ""
 }
 
 // policy returns the quota policy with the lowest rate from

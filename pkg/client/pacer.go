@@ -58,19 +58,20 @@ type Options struct {
 type Pacer struct {
 	opt Options
 
-	mu       sync.Mutex
-	queue    []chan struct{} // waiters in arrival order; queue[0] may ask the Limiter
-	inFlight int             // calls released and not yet observed
-	holdTill time.Time       // no call before this (Retry-After, spent upstream quota)
-	gate     int64           // calls left before gateEnd, by the upstream's count; -1 none
-	gateEnd  time.Time       // the upstream's window ends by then (the tightest bound its answers gave)
-	gateR    int64           // the upstream's remaining count in the answer that last set the gate
-	gateSeq  uint64          // released when the gate was last set from an answer
-	gateMark uint64          // units answered before that answer's call was released, plus its own; 0 unknown
-	released uint64          // calls released so far; a call's ticket is its number
-	sent     uint64          // units released so far (a call of cost 0 counts 1)
-	answered uint64          // units whose answers Transport has seen so far
-	reopen   chan struct{}   // signalled when an answer may reopen the gate
+	mu        sync.Mutex
+	queue     []chan struct{} // waiters in arrival order; queue[0] may ask the Limiter
+	inFlight  int             // calls released and not yet observed
+	holdTill  time.Time       // no call before this (Retry-After, spent upstream quota)
+	gate      int64           // calls left before gateEnd, by the upstream's count; -1 none
+	gateEnd   time.Time       // the upstream's window ends by then (the tightest bound its answers gave)
+	gateR     int64           // the upstream's remaining count in the answer that last set the gate
+	gateQuota string          // and the name of the quota it came from (RateLimit's item; "" for X-RateLimit-*)
+	gateSeq   uint64          // released when the gate was last set from an answer
+	gateMark  uint64          // units answered before that answer's call was released, plus its own; 0 unknown
+	released  uint64          // calls released so far; a call's ticket is its number
+	sent      uint64          // units released so far (a call of cost 0 counts 1)
+	answered  uint64          // units whose answers Transport has seen so far
+	reopen    chan struct{}   // signalled when an answer may reopen the gate
 }
 
 // ticket identifies a call released by wait, for observe: its number, its
@@ -210,9 +211,9 @@ func (p *Pacer) leave(me chan struct{}) {
 
 // Done ends a call released by Wait that got no response to Observe (a
 // transport error): it is no longer in flight.
-//
-// Such a call may still reach the upstream, so it never counts as answered.
 func (p *Pacer) Done() {
+	// The call may still reach the upstream, so it does not count as
+	// answered (see sameWindow).
 	p.mu.Lock()
 	p.inFlight = max(p.inFlight-1, 0)
 	p.mu.Unlock()
