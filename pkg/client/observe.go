@@ -2,6 +2,7 @@ package client
 
 import (
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -61,21 +62,21 @@ func (p *Pacer) observe(tk ticket, status int, h http.Header) {
 				p.gateMark = tk.mark + tk.units
 			}
 			if r == 0 {
-				p.hold(now, end.Sub(now))
+				p.hold(now, end.Sub(now), t)
 			}
 		case tk.seq == 0 && budget < p.gate:
 			p.gate = budget
 			if r == 0 {
-				p.hold(now, t)
+				p.hold(now, t, t)
 			}
 		}
 	}
 	switch {
 	case hasRetry:
-		p.hold(now, retry)
+		p.hold(now, retry, retry)
 	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
 		if !hasR || t <= 0 {
-			p.hold(now, time.Second)
+			p.hold(now, time.Second, time.Second)
 		}
 	}
 	select { // let a caller waiting on the gate look again
@@ -112,10 +113,13 @@ func (p *Pacer) sameWindow(r int64, now time.Time, t time.Duration) bool {
 	return p.gateR-r >= int64(min(between, math.MaxInt64)) && r < p.gateR && p.gateEnd.After(now.Add(t-time.Second))
 }
 
-// hold keeps every caller back until now+d plus jitter, unless a later
-// hold is already set.
-func (p *Pacer) hold(now time.Time, d time.Duration) {
-	till := now.Add(p.jittered(min(d, p.opt.MaxWait)))
+// hold keeps every caller back until now+d plus a random share, up to
+// Jitter, of spread (the wait the upstream asked for, so that paced clients
+// spread as widely however early the pacer knows the reset), unless a
+// later hold is already set.
+func (p *Pacer) hold(now time.Time, d, spread time.Duration) {
+	jitter := time.Duration(rand.Float64() * p.opt.Jitter * float64(min(spread, p.opt.MaxWait)))
+	till := now.Add(min(d, p.opt.MaxWait) + jitter)
 	if till.After(p.holdTill) {
 		p.holdTill = till
 	}

@@ -14,7 +14,6 @@ package client
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -217,11 +216,6 @@ func (p *Pacer) Done() {
 	p.mu.Lock()
 	p.inFlight = max(p.inFlight-1, 0)
 	p.mu.Unlock()
-}
-
-// jittered returns d plus a random share of it up to Jitter.
-func (p *Pacer) jittered(d time.Duration) time.Duration {
-	return d + time.Duration(rand.Float64()*p.opt.Jitter*float64(d))
 }
 
 // sleep waits d, or until wake is signalled (a nil wake never is), or until
