@@ -15,7 +15,7 @@ import (
 
 // gridAPI is a RoundTripper for an API that allows q calls per fixed
 // 1-second window, windows aligned to whole seconds, and says so in the
-// IETF RateLimit field with t the whole seconds until the window ends,
+// IETF RateLimit-Policy and RateLimit fields, with t the whole seconds until the window ends,
 // rounded up (so t=1 however little of the window is left). It answers
 // after latency each way (or as latencyHeader says), in virtual time.
 type gridAPI struct {
@@ -43,6 +43,7 @@ func (a *gridAPI) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	a.n++
 	t := int64((time.Unix(a.win+1, 0).Sub(now) + time.Second - 1) / time.Second)
+	rec.Header().Set("RateLimit-Policy", fmt.Sprintf(`"api";q=%d;w=1`, a.q))
 	rec.Header().Set("RateLimit", fmt.Sprintf(`"api";r=%d;t=%d`, max(a.q-a.n, 0), t))
 	if a.n > a.q {
 		a.rejects++
@@ -54,6 +55,14 @@ func (a *gridAPI) RoundTrip(r *http.Request) (*http.Response, error) {
 	a.mu.Unlock()
 	time.Sleep(back)
 	return rec.Result(), nil
+}
+
+// admitAll is a Limiter that admits every call, so that only the
+// upstream's fields pace them.
+type admitAll struct{}
+
+func (admitAll) Take(context.Context, time.Time, int64) (bool, time.Duration, error) {
+	return true, 0, nil
 }
 
 // latencyHeader overrides a gridAPI call's latency: "out back", each in
@@ -76,7 +85,7 @@ func TestSpentQuotaHoldEndsWithTheWindow(t *testing.T) {
 		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
 		w0 := time.Now().Unix()
 		api := &gridAPI{q: q, latency: lat, win: -1, ok: map[int64]int64{}}
-		p := client.New(client.Options{Limiter: client.NewLocal(1000, time.Second, 1000, 0)})
+		p := client.New(client.Options{Limiter: admitAll{}})
 		c := &http.Client{Transport: &client.Transport{Base: api, Pacer: p}}
 		call := func(ctx context.Context) error {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/", nil)
@@ -129,7 +138,7 @@ func TestHoldNotShortenedAcrossAReset(t *testing.T) {
 		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
 		w0 := time.Now().Unix()
 		api := &gridAPI{q: q, latency: time.Millisecond, win: -1, ok: map[int64]int64{}}
-		p := client.New(client.Options{Limiter: client.NewLocal(1000, time.Second, 1000, 0)})
+		p := client.New(client.Options{Limiter: admitAll{}})
 		c := &http.Client{Transport: &client.Transport{Base: api, Pacer: p}}
 		call := func(ctx context.Context, out, back time.Duration) error {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/", nil)
@@ -200,7 +209,7 @@ func TestHoldBoundIsPerQuota(t *testing.T) {
 			}
 			at = append(at, time.Now())
 		})
-		p := client.New(client.Options{Limiter: client.NewLocal(1000, time.Second, 1000, 0)})
+		p := client.New(client.Options{Limiter: admitAll{}})
 		c := &http.Client{Transport: &client.Transport{Base: handlerTransport{h}, Pacer: p}}
 		for i := range 3 {
 			if i == 1 {

@@ -53,7 +53,7 @@ func (p *Pacer) observe(tk ticket, status int, h http.Header) {
 		end := now.Add(min(t, p.opt.MaxWait))
 		switch {
 		case fresh:
-			if tk.seq != 0 && live && quota == p.gateQuota && p.sameWindow(r, now, t) && p.gateEnd.Before(end) {
+			if tk.seq != 0 && live && quota == p.gateQuota && p.sameWindow(r, now, t, quotaSize(h, quota)) && p.gateEnd.Before(end) {
 				end = p.gateEnd
 			}
 			p.gate, p.gateEnd, p.gateR, p.gateQuota, p.gateSeq = budget, end, r, quota, p.released
@@ -91,26 +91,48 @@ func (p *Pacer) observe(tk ticket, status int, h http.Header) {
 }
 
 // sameWindow reports whether a fresh answer of the same quota as the one
-// that last set the live gate (remaining r, reset t, seen at now) is from
-// the same upstream window, so that the window still ends by gateEnd: t
-// alone puts the reset up to a second after it is (whole seconds, rounded
-// up), and an answer late in a per-second window, holding callers until
-// now+t, would cover the whole next window.
+// that last set the live gate (remaining r, reset t, seen at now; q the
+// quota's size, 0 unknown) is from the same upstream window, so that the
+// window still ends by gateEnd: t alone puts the reset up to a second
+// after it is (whole seconds, rounded up), and an answer late in a
+// per-second window, holding callers until now+t, would cover the whole
+// next window.
 //
 // The units that can have reached the upstream between the two answers
 // are at most those this pacer released and had not seen answered when the
 // gate's call went, other than that call. Had the window reset in between,
-// the new window would have counted no more than those, leaving its
-// remaining higher than the gate's less them; a remaining lower by at
-// least that many is the same window. The reset t gives must also be able
-// to fall by gateEnd. Another client of the same quota can fool the count;
-// the margin and the upstream's Retry-After cover that.
-func (p *Pacer) sameWindow(r int64, now time.Time, t time.Duration) bool {
-	if p.gateMark == 0 || p.sent < p.gateMark {
+// the new window would have counted no more than those, leaving at least
+// its size (q, and more than gateR) less them; a lower remaining is the
+// same window. The remaining must also have fallen (an upstream whose
+// remaining refills has no window to bound), and the reset t gives must
+// be able to fall by gateEnd. Another client of the same quota can fool
+// the count; the margin and the upstream's Retry-After cover that.
+func (p *Pacer) sameWindow(r int64, now time.Time, t time.Duration, q int64) bool {
+	if p.gateMark == 0 || p.sent < p.gateMark || r >= p.gateR {
 		return false
 	}
-	between := p.sent - p.gateMark
-	return p.gateR-r >= int64(min(between, math.MaxInt64)) && r < p.gateR && p.gateEnd.After(now.Add(t-time.Second))
+	between := int64(min(p.sent-p.gateMark, math.MaxInt64/2))
+	return r+between < max(p.gateR+1, q) && p.gateEnd.After(now.Add(t-time.Second))
+}
+
+// quotaSize returns q of the RateLimit-Policy item named name, or 0.
+func quotaSize(h http.Header, name string) int64 {
+	vs := h.Values("RateLimit-Policy")
+	if name == "" || len(vs) == 0 {
+		return 0
+	}
+	l, err := httpsfv.UnmarshalList(vs)
+	if err != nil {
+		return 0
+	}
+	for _, m := range l {
+		if it, isItem := m.(httpsfv.Item); isItem && quotaName(it.Value) == name {
+			if q, ok := intParam(it.Params, "q"); ok {
+				return q
+			}
+		}
+	}
+	return 0
 }
 
 // hold keeps every caller back until now+d plus a random share, up to
