@@ -2,6 +2,7 @@ package client
 
 import (
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -29,43 +30,53 @@ type Resyncer interface {
 // passed: an overtaken response must not reopen a spent quota. Transport
 // knows, and lets a newer answer raise them at once.
 func (p *Pacer) Observe(status int, h http.Header) {
-	p.observe(0, status, h)
+	p.observe(ticket{}, status, h)
 }
 
-// observe is Observe for the call with the given ticket (0: unknown). The
-// answer to a call released after the gate was last set was produced after
-// every answer seen so far, so it replaces the gate; any other answer may
-// be older than the one the gate came from, and only lowers it.
-func (p *Pacer) observe(ticket uint64, status int, h http.Header) {
+// observe is Observe for the call with the given ticket (zero: unknown).
+// The answer to a call released after the gate was last set was produced
+// after every answer seen so far, so it replaces the gate; any other answer
+// may be older than the one the gate came from, and only lowers it.
+func (p *Pacer) observe(tk ticket, status int, h http.Header) {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.inFlight = max(p.inFlight-1, 0)
+	p.answered += tk.units
 
 	retry, hasRetry := retryAfter(h.Get("Retry-After"), now)
-	r, t, hasR := remaining(h, now)
-	fresh := ticket > p.gateSeq || p.gate < 0 || !now.Before(p.gateEnd)
+	r, t, quota, hasR := remaining(h, now)
+	live := p.gate >= 0 && now.Before(p.gateEnd)
+	fresh := tk.seq > p.gateSeq || !live
 	if hasR && t > 0 {
 		budget := max(r-int64(math.Floor(float64(r)*p.opt.Margin))-int64(p.inFlight), 0)
+		end := now.Add(min(t, p.opt.MaxWait))
 		switch {
 		case fresh:
-			p.gate, p.gateEnd, p.gateSeq = budget, now.Add(min(t, p.opt.MaxWait)), p.released
-			if r == 0 {
-				p.hold(now, t)
+			if tk.seq != 0 && live && quota == p.gateQuota && p.sameWindow(r, now, t, quotaSize(h, quota)) && p.gateEnd.Before(end) {
+				end = p.gateEnd
 			}
-		case ticket == 0 && budget < p.gate:
+			p.gate, p.gateEnd, p.gateR, p.gateQuota, p.gateSeq = budget, end, r, quota, p.released
+			p.gateMark = 0
+			if tk.seq != 0 {
+				p.gateMark = tk.mark + tk.units
+			}
+			if r == 0 {
+				p.hold(now, end.Sub(now), t)
+			}
+		case tk.seq == 0 && budget < p.gate:
 			p.gate = budget
 			if r == 0 {
-				p.hold(now, t)
+				p.hold(now, t, t)
 			}
 		}
 	}
 	switch {
 	case hasRetry:
-		p.hold(now, retry)
+		p.hold(now, retry, retry)
 	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
 		if !hasR || t <= 0 {
-			p.hold(now, time.Second)
+			p.hold(now, time.Second, time.Second)
 		}
 	}
 	select { // let a caller waiting on the gate look again
@@ -79,10 +90,58 @@ func (p *Pacer) observe(ticket uint64, status int, h http.Header) {
 	}
 }
 
-// hold keeps every caller back until now+d plus jitter, unless a later
-// hold is already set.
-func (p *Pacer) hold(now time.Time, d time.Duration) {
-	till := now.Add(p.jittered(min(d, p.opt.MaxWait)))
+// sameWindow reports whether a fresh answer of the same quota as the one
+// that last set the live gate (remaining r, reset t, seen at now; q the
+// quota's size, 0 unknown) is from the same upstream window, so that the
+// window still ends by gateEnd: t alone puts the reset up to a second
+// after it is (whole seconds, rounded up), and an answer late in a
+// per-second window, holding callers until now+t, would cover the whole
+// next window.
+//
+// The units that can have reached the upstream between the two answers
+// are at most those this pacer released and had not seen answered when the
+// gate's call went, other than that call. Had the window reset in between,
+// the new window would have counted no more than those, leaving at least
+// its size (q, and more than gateR) less them; a lower remaining is the
+// same window. The remaining must also have fallen (an upstream whose
+// remaining refills has no window to bound), and the reset t gives must
+// be able to fall by gateEnd. Another client of the same quota can fool
+// the count; the margin and the upstream's Retry-After cover that.
+func (p *Pacer) sameWindow(r int64, now time.Time, t time.Duration, q int64) bool {
+	if p.gateMark == 0 || p.sent < p.gateMark || r >= p.gateR {
+		return false
+	}
+	between := int64(min(p.sent-p.gateMark, math.MaxInt64/2))
+	return r+between < max(p.gateR+1, q) && p.gateEnd.After(now.Add(t-time.Second))
+}
+
+// quotaSize returns q of the RateLimit-Policy item named name, or 0.
+func quotaSize(h http.Header, name string) int64 {
+	vs := h.Values("RateLimit-Policy")
+	if name == "" || len(vs) == 0 {
+		return 0
+	}
+	l, err := httpsfv.UnmarshalList(vs)
+	if err != nil {
+		return 0
+	}
+	for _, m := range l {
+		if it, isItem := m.(httpsfv.Item); isItem && quotaName(it.Value) == name {
+			if q, ok := intParam(it.Params, "q"); ok {
+				return q
+			}
+		}
+	}
+	return 0
+}
+
+// hold keeps every caller back until now+d plus a random share, up to
+// Jitter, of spread (the wait the upstream asked for, so that paced clients
+// spread as widely however early the pacer knows the reset), unless a
+// later hold is already set.
+func (p *Pacer) hold(now time.Time, d, spread time.Duration) {
+	jitter := time.Duration(rand.Float64() * p.opt.Jitter * float64(min(spread, p.opt.MaxWait)))
+	till := now.Add(min(d, p.opt.MaxWait) + jitter)
 	if till.After(p.holdTill) {
 		p.holdTill = till
 	}
@@ -105,10 +164,11 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 	return 0, false
 }
 
-// remaining returns the tightest remaining quota and the time until more
-// becomes available, from RateLimit, or else from X-RateLimit-Remaining
-// and X-RateLimit-Reset (or their unprefixed draft names).
-func remaining(h http.Header, now time.Time) (r int64, t time.Duration, ok bool) {
+// remaining returns the tightest remaining quota, the time until more
+// becomes available and the quota's name in RateLimit, from RateLimit, or
+// else from X-RateLimit-Remaining and X-RateLimit-Reset (or their
+// unprefixed draft names; the name is then empty).
+func remaining(h http.Header, now time.Time) (r int64, t time.Duration, name string, ok bool) {
 	if vs := h.Values("RateLimit"); len(vs) > 0 {
 		if l, err := httpsfv.UnmarshalList(vs); err == nil {
 			for _, m := range l {
@@ -123,10 +183,11 @@ func remaining(h http.Header, now time.Time) (r int64, t time.Duration, ok bool)
 				ti, _ := intParam(it.Params, "t")
 				if !ok || ri < r {
 					r, t, ok = ri, time.Duration(ti)*time.Second, true
+					name = quotaName(it.Value)
 				}
 			}
 			if ok {
-				return r, t, true
+				return r, t, name, true
 			}
 		}
 	}
@@ -137,11 +198,22 @@ func remaining(h http.Header, now time.Time) (r int64, t time.Duration, ok bool)
 			continue
 		}
 		if tv > 1_000_000_000 { // an epoch time, as some APIs send
-			return rv, max(time.Unix(tv, 0).Sub(now), 0), true
+			return rv, max(time.Unix(tv, 0).Sub(now), 0), "", true
 		}
-		return rv, time.Duration(tv) * time.Second, true
+		return rv, time.Duration(tv) * time.Second, "", true
 	}
-	return 0, 0, false
+	return 0, 0, "", false
+}
+
+// quotaName returns a RateLimit item's name: a string or a token.
+func quotaName(v any) string {
+	switch n := v.(type) {
+	case string:
+		return n
+	case httpsfv.Token:
+		return string(n)
+	}
+	return ""
 }
 
 // policy returns the quota policy with the lowest rate from

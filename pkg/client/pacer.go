@@ -14,7 +14,6 @@ package client
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -58,15 +57,26 @@ type Options struct {
 type Pacer struct {
 	opt Options
 
-	mu       sync.Mutex
-	queue    []chan struct{} // waiters in arrival order; queue[0] may ask the Limiter
-	inFlight int             // calls released and not yet observed
-	holdTill time.Time       // no call before this (Retry-After, spent upstream quota)
-	gate     int64           // calls left before gateEnd, by the upstream's count; -1 none
-	gateEnd  time.Time
-	gateSeq  uint64        // released when the gate was last set from an answer
-	released uint64        // calls released so far; a call's ticket is its number
-	reopen   chan struct{} // signalled when an answer may reopen the gate
+	mu        sync.Mutex
+	queue     []chan struct{} // waiters in arrival order; queue[0] may ask the Limiter
+	inFlight  int             // calls released and not yet observed
+	holdTill  time.Time       // no call before this (Retry-After, spent upstream quota)
+	gate      int64           // calls left before gateEnd, by the upstream's count; -1 none
+	gateEnd   time.Time       // the upstream's window ends by then (the tightest bound its answers gave)
+	gateR     int64           // the upstream's remaining count in the answer that last set the gate
+	gateQuota string          // and the name of the quota it came from (RateLimit's item; "" for X-RateLimit-*)
+	gateSeq   uint64          // released when the gate was last set from an answer
+	gateMark  uint64          // units answered before that answer's call was released, plus its own; 0 unknown
+	released  uint64          // calls released so far; a call's ticket is its number
+	sent      uint64          // units released so far (a call of cost 0 counts 1)
+	answered  uint64          // units whose answers Transport has seen so far
+	reopen    chan struct{}   // signalled when an answer may reopen the gate
+}
+
+// ticket identifies a call released by wait, for observe: its number, its
+// units, and the units answered when it was released.
+type ticket struct {
+	seq, units, mark uint64
 }
 
 // New returns a Pacer. It panics when opt.Limiter is nil.
@@ -102,15 +112,15 @@ func (p *Pacer) Wait(ctx context.Context, cost int64) error {
 }
 
 // wait is Wait, and returns the released call's ticket for observe.
-func (p *Pacer) wait(ctx context.Context, cost int64) (uint64, error) {
+func (p *Pacer) wait(ctx context.Context, cost int64) (ticket, error) {
 	if cost < 0 {
-		return 0, ErrNegativeCost
+		return ticket{}, ErrNegativeCost
 	}
 	me := make(chan struct{}, 1)
 	p.mu.Lock()
 	if len(p.queue) >= p.opt.MaxQueue {
 		p.mu.Unlock()
-		return 0, ErrQueueFull
+		return ticket{}, ErrQueueFull
 	}
 	p.queue = append(p.queue, me)
 	if len(p.queue) == 1 {
@@ -122,12 +132,12 @@ func (p *Pacer) wait(ctx context.Context, cost int64) (uint64, error) {
 	select { // wait for our turn at the head of the queue
 	case <-me:
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return ticket{}, ctx.Err()
 	}
 	for {
-		ticket, wait, gated, err := p.try(ctx, cost)
+		tk, wait, gated, err := p.try(ctx, cost)
 		if err != nil || wait == 0 {
-			return ticket, err
+			return tk, err
 		}
 		// The gate waits for the upstream's reset, but the answer to a call
 		// in flight may reopen it sooner; a Limiter's wait is its own.
@@ -136,7 +146,7 @@ func (p *Pacer) wait(ctx context.Context, cost int64) (uint64, error) {
 			reopen = p.reopen
 		}
 		if err := sleep(ctx, min(wait, p.opt.MaxWait), reopen); err != nil {
-			return 0, err
+			return ticket{}, err
 		}
 	}
 }
@@ -145,12 +155,12 @@ func (p *Pacer) wait(ctx context.Context, cost int64) (uint64, error) {
 // in flight. It returns the call's ticket when admitted, else the wait
 // before the next try and whether the gate (rather than a hold or the
 // Limiter) asked for it.
-func (p *Pacer) try(ctx context.Context, cost int64) (uint64, time.Duration, bool, error) {
+func (p *Pacer) try(ctx context.Context, cost int64) (ticket, time.Duration, bool, error) {
 	now := time.Now()
 	p.mu.Lock()
 	if d := p.holdTill.Sub(now); d > 0 {
 		p.mu.Unlock()
-		return 0, d, false, nil
+		return ticket{}, d, false, nil
 	}
 	if p.gate >= 0 && now.Before(p.gateEnd) && p.gate < max(cost, 1) {
 		d := p.gateEnd.Sub(now)
@@ -159,26 +169,28 @@ func (p *Pacer) try(ctx context.Context, cost int64) (uint64, time.Duration, boo
 		default:
 		}
 		p.mu.Unlock()
-		return 0, d, true, nil
+		return ticket{}, d, true, nil
 	}
 	p.mu.Unlock()
 
 	ok, wait, err := p.opt.Limiter.Take(ctx, now, cost)
 	if err != nil {
-		return 0, 0, false, err
+		return ticket{}, 0, false, err
 	}
 	if !ok {
-		return 0, max(wait, time.Millisecond), false, nil
+		return ticket{}, max(wait, time.Millisecond), false, nil
 	}
 	p.mu.Lock()
 	p.inFlight++
 	p.released++
-	ticket := p.released
+	units := uint64(max(cost, 1))
+	p.sent += units
+	tk := ticket{seq: p.released, units: units, mark: p.answered}
 	if p.gate >= 0 {
 		p.gate = max(p.gate-max(cost, 1), 0)
 	}
 	p.mu.Unlock()
-	return ticket, 0, false, nil
+	return tk, 0, false, nil
 }
 
 // leave removes me from the queue and hands the head to the next waiter.
@@ -199,14 +211,11 @@ func (p *Pacer) leave(me chan struct{}) {
 // Done ends a call released by Wait that got no response to Observe (a
 // transport error): it is no longer in flight.
 func (p *Pacer) Done() {
+	// The call may still reach the upstream, so it does not count as
+	// answered (see sameWindow).
 	p.mu.Lock()
 	p.inFlight = max(p.inFlight-1, 0)
 	p.mu.Unlock()
-}
-
-// jittered returns d plus a random share of it up to Jitter.
-func (p *Pacer) jittered(d time.Duration) time.Duration {
-	return d + time.Duration(rand.Float64()*p.opt.Jitter*float64(d))
 }
 
 // sleep waits d, or until wake is signalled (a nil wake never is), or until

@@ -137,7 +137,7 @@ func TestPacingAgainstLimitingUpstream(t *testing.T) {
 // TestResyncFromHeaders configures the client with 10× the upstream's real
 // limit: the RateLimit-Policy and RateLimit fields of the first answers
 // bring it under the real limit, so that after the first window the
-// upstream answers no 429.
+// upstream answers no 429 and every window admits the resynced 90.
 func TestResyncFromHeaders(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		up := &upstream{limit: algo.Limit{Kind: algo.FixedWindow, Rate: 100, Period: time.Second}, headers: true, latency: 7 * time.Millisecond}
@@ -148,10 +148,21 @@ func TestResyncFromHeaders(t *testing.T) {
 		if got := local.Limit(); got.Rate != 90 || got.Period != time.Second {
 			t.Fatalf("after resync the bucket is %d per %v; want 90 per 1s", got.Rate, got.Period)
 		}
-		first := up.rej.Load()
+		first, from := up.rej.Load(), time.Now()
 		drive(t, c, 30, 100*time.Millisecond, 20*time.Second)
 		if n := up.rej.Load() - first; n != 0 {
 			t.Errorf("after resync the upstream answered %d × 429; want 0", n)
+		}
+		// Every whole window after the resync admits the resynced rate: a
+		// spent window's hold ends with it, so none is cut short.
+		per := map[int64]int{}
+		for _, a := range up.arrived {
+			per[a.Unix()]++
+		}
+		for s := from.Unix() + 1; s < from.Add(20*time.Second).Unix(); s++ {
+			if per[s] < 90 {
+				t.Errorf("window %d after the resync admitted %d calls; want ≥ 90", s-from.Unix(), per[s])
+			}
 		}
 		if ok := up.ok.Load(); ok < int64(0.85*100*20) {
 			t.Errorf("upstream admitted %d calls in 22 s; want ≥ %d", ok, int64(0.85*100*20))

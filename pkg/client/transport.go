@@ -23,7 +23,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Cost != nil {
 		cost = t.Cost(req)
 	}
-	ticket, err := t.Pacer.wait(req.Context(), cost)
+	tk, err := t.Pacer.wait(req.Context(), cost)
 	if err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close() // RoundTrip must close the body, even on errors
@@ -39,7 +39,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.Pacer.Done()
 		return nil, err
 	}
-	t.Pacer.observe(ticket, resp.StatusCode, resp.Header)
+	t.Pacer.observe(tk, resp.StatusCode, resp.Header)
 	return resp, nil
 }
 
