@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,7 +19,9 @@ import (
 // Cluster master opens only its own circuit, looks stalled alone and holds
 // only its own flush loops.
 type master struct {
-	addr    string // Cluster: "host:port" as the slot map names it; "" otherwise
+	addr string // Cluster: "host:port" as the slot map names it; "" otherwise
+	// name is how log lines name the master (see Store.masterName).
+	name    string
 	breaker *Breaker
 	batch   *batcher
 	// current is false from a probe that found the master no longer
@@ -51,7 +54,7 @@ func (s *Store) newMaster(addr string) *master {
 			m.batch.kickSweeper()
 		}
 	}
-	m = &master{addr: addr, breaker: NewBreaker(bo, s.clk.Now)} // Options.Now pins only the script
+	m = &master{addr: addr, name: s.masterName(addr), breaker: NewBreaker(bo, s.clk.Now)} // Options.Now pins only the script
 	m.breaker.login = s.login
 	m.batch = newBatcher(s.client, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
 	m.batch.useClock(s.clk.Now)
@@ -61,10 +64,31 @@ func (s *Store) newMaster(addr string) *master {
 	m.batch.open = func() error { return m.breaker.OpenErr(m.breaker.now()) }
 	m.batch.live, m.batch.liveAddr = s.live, addr
 	m.batch.noNX = &s.noNX
-	m.batch.fn, m.batch.fnAddr = &m.fn, addr
+	m.batch.fn, m.batch.fnName = &m.fn, m.name
 	m.current.Store(true)
 	m.clock.epoch = time.Now()
 	return m
+}
+
+// masterName is how log lines name the master of the path at addr: a
+// Cluster master's address; on Cluster the path of no master (addr "",
+// the slot map's) by the seed nodes; the Sentinel master by its name
+// (the failover watch logs its address as it changes); a standalone
+// server by its address. Addresses hold no secret (credentials are in
+// Options.URL's user info, never here).
+func (s *Store) masterName(addr string) string {
+	switch {
+	case addr != "":
+		return addr
+	case s.cluster:
+		return "cluster (seeds " + strings.Join(s.opts.Addrs, ",") + ")"
+	case s.opts.Mode == Sentinel:
+		return "sentinel master " + s.opts.MasterName
+	}
+	if c, ok := s.client.(*goredis.Client); ok {
+		return c.Options().Addr
+	}
+	return "master"
 }
 
 // masterFor is the path of the master serving key's slot (Cluster,
