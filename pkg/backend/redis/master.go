@@ -54,7 +54,16 @@ func (s *Store) newMaster(addr string) *master {
 			m.batch.kickSweeper()
 		}
 	}
-	m = &master{addr: addr, name: s.masterName(addr), breaker: NewBreaker(bo, s.clk.Now)} // Options.Now pins only the script
+	// Its reports name the master: on Cluster one master may stall or
+	// fail while the others answer.
+	name := s.masterName(addr)
+	if report := bo.OnReport; report != nil {
+		bo.OnReport = func(r BreakerReport) {
+			r.Node = name
+			report(r)
+		}
+	}
+	m = &master{addr: addr, name: name, breaker: NewBreaker(bo, s.clk.Now)} // Options.Now pins only the script
 	m.breaker.login = s.login
 	m.batch = newBatcher(s.client, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
 	m.batch.useClock(s.clk.Now)
@@ -181,7 +190,7 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.Decision) (int64, error) {
 	start := m.breaker.now()
 	if err := m.breaker.Allow(start); err != nil {
-		return 0, err
+		return 0, m.errorOf(err)
 	}
 	nowUS := seg.nowUS
 	seg.window = !seg.native && s.windowKeys && len(seg.hits) > 0 && windowKind(&seg.hits[0])
@@ -227,5 +236,32 @@ func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.De
 			s.probeFailed.Store(false)
 		}
 	}
-	return scriptNow, err
+	return scriptNow, m.errorOf(err)
+}
+
+// masterError is the error of a call on one master's path that is about
+// that master (a timeout, its stall, its open circuit, a refused
+// connection): it names the master, so that a log line of it tells
+// which one on a Cluster where the others answer. It wraps the
+// classified error: CauseOf, errors.Is and errors.As see through it.
+type masterError struct {
+	err  error
+	name string
+}
+
+func (e *masterError) Error() string { return e.err.Error() + " (master " + e.name + ")" }
+func (e *masterError) Unwrap() error { return e.err }
+
+// errorOf is err naming m (masterError) when it is an outage or a
+// refusal of m's circuit, err itself otherwise (nil, a reply of the
+// server, a deadline of the caller).
+func (m *master) errorOf(err error) error {
+	var e *Error
+	if err == nil || !errors.As(err, &e) {
+		return err
+	}
+	if !e.Outage() && e.Cause() != CauseCircuitOpen && e.Cause() != CauseStalled {
+		return err
+	}
+	return &masterError{err: err, name: m.name}
 }
