@@ -59,15 +59,32 @@ func (e *Events) OnCircuit(to redis.BreakerState) {
 // redis.DefaultBreakerReportEvery at most, rather than one per probe.
 // open_for is measured on the breaker's clock (Report.OpenFor), the one
 // its Since was read from.
+//
+// Each line names the node whose circuit it is when the backend says
+// (Report.Node: a Redis master's address, one of many on Cluster), and a
+// line of a circuit opening says why: cause (the bounded label of the
+// error that opened it; "stalled" for a request left unanswered) and
+// that error.
 func (e *Events) OnReport(r redis.BreakerReport) {
+	attrs := []any{"backend", e.backend, "circuit", r.To.String()}
+	if r.Node != "" {
+		attrs = append(attrs, "node", r.Node)
+	}
+	if r.To == redis.BreakerOpen {
+		if r.Err != nil {
+			attrs = append(attrs, "cause", redis.CauseOf(r.Err), "error", r.Err.Error())
+		} else {
+			attrs = append(attrs, "cause", redis.CauseStalled, "error", "a request unanswered, nothing received from the node")
+		}
+	}
 	switch {
 	case r.To == redis.BreakerClosed:
 		e.log.Info("backend circuit closed: a probe succeeded, calls go to the backend again",
-			"backend", e.backend, "circuit", r.To.String(), "failed_probes", r.FailedProbes, "open_for", r.OpenFor().Round(time.Millisecond).String())
+			append(attrs, "failed_probes", r.FailedProbes, "open_for", r.OpenFor().Round(time.Millisecond).String())...)
 	case r.Still:
 		e.log.Warn("backend circuit still open: probes keep failing; decisions get the rules' failure modes",
-			"backend", e.backend, "circuit", r.To.String(), "failed_probes", r.FailedProbes, "open_for", r.OpenFor().Round(time.Millisecond).String())
+			append(attrs, "failed_probes", r.FailedProbes, "open_for", r.OpenFor().Round(time.Millisecond).String())...)
 	default:
-		e.log.Warn("backend circuit opened: calls fail fast and decisions get the rules' failure modes until a probe succeeds", "backend", e.backend, "circuit", r.To.String())
+		e.log.Warn("backend circuit opened: calls fail fast and decisions get the rules' failure modes until a probe succeeds", attrs...)
 	}
 }

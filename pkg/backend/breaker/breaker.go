@@ -204,7 +204,7 @@ func (b *Breaker) RecordSince(start, now time.Time, err error) {
 		case neutral:
 		case failed:
 			if b.probes == 0 {
-				b.openLocked(now, hard)
+				b.openLocked(now, hard, err)
 			}
 		default:
 			b.closeLocked(now)
@@ -220,7 +220,7 @@ func (b *Breaker) RecordSince(start, now time.Time, err error) {
 		b.consecutive = 0
 		return
 	}
-	b.failLocked(bk, now, hard)
+	b.failLocked(bk, now, hard, err)
 }
 
 // Overdue records a stall for an invocation sent at sent that the
@@ -240,13 +240,13 @@ func (b *Breaker) Overdue(sent, now time.Time) {
 	}
 	bk := b.bucketLocked(now)
 	bk.calls++
-	b.failLocked(bk, now, false)
+	b.failLocked(bk, now, false, nil)
 }
 
-// failLocked counts one failure (hard: not a timeout) ending at now in bk
-// and opens the circuit when a rule says so. b.mu is held; the circuit is
-// closed.
-func (b *Breaker) failLocked(bk *breakerBucket, now time.Time, hard bool) {
+// failLocked counts one failure (hard: not a timeout) ending at now in bk,
+// of error err (nil: an unanswered invocation), and opens the circuit when
+// a rule says so. b.mu is held; the circuit is closed.
+func (b *Breaker) failLocked(bk *breakerBucket, now time.Time, hard bool, err error) {
 	bk.failed++
 	if bk.failed == 1 {
 		bk.firstFail = now.UnixNano()
@@ -257,13 +257,13 @@ func (b *Breaker) failLocked(bk *breakerBucket, now time.Time, hard bool) {
 	}
 	b.streakHard = b.streakHard || hard
 	if b.consecutive >= b.opts.Failures && (b.streakHard || now.Sub(b.streakStart) >= b.opts.FailFor) {
-		b.openLocked(now, b.streakHard)
+		b.openLocked(now, b.streakHard, err)
 		return
 	}
 	calls, fails, first := b.windowLocked(now)
 	if calls >= b.opts.MinCalls && float64(fails) >= b.opts.FailureRatio*float64(calls) &&
 		now.UnixNano()-first >= int64(b.opts.FailFor) {
-		b.openLocked(now, b.streakHard)
+		b.openLocked(now, b.streakHard, err)
 	}
 }
 
@@ -320,13 +320,16 @@ func (b *Breaker) stateLocked(now time.Time) State {
 	return b.state
 }
 
-func (b *Breaker) openLocked(now time.Time, hard bool) {
+// openLocked opens the circuit at now on a failure of error err (nil: an
+// unanswered invocation); hard: the failures include one the backend
+// proved. b.mu is held.
+func (b *Breaker) openLocked(now time.Time, hard bool, err error) {
 	if b.state == Closed {
 		b.outageSince, b.failedProbes = now, 0
-		b.reportLocked(now, Report{To: Open, Since: now, At: now}, false)
+		b.reportLocked(now, Report{To: Open, Since: now, At: now, Stalled: !hard, Err: err}, false)
 	} else {
 		b.failedProbes++
-		b.reportLocked(now, Report{To: Open, Still: true, FailedProbes: b.failedProbes, Since: b.outageSince, At: now}, true)
+		b.reportLocked(now, Report{To: Open, Still: true, FailedProbes: b.failedProbes, Since: b.outageSince, At: now, Stalled: !hard, Err: err}, true)
 	}
 	b.state, b.openedAt, b.probes, b.openHard = Open, now, 0, hard
 	b.opened++

@@ -136,3 +136,39 @@ func TestReportsOncePerOutage(t *testing.T) {
 		now = now.Add(time.Hour)
 	}
 }
+
+// TestReportSaysWhatOpened: the report of a circuit opening carries the
+// error of the failure that opened it (nil for an unanswered invocation,
+// Overdue) and whether stalls alone did; a failed probe's report carries
+// the probe's error.
+func TestReportSaysWhatOpened(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name    string
+		fail    func(b *breaker.Breaker, now time.Time)
+		err     error
+		stalled bool
+	}{
+		{"refused", func(b *breaker.Breaker, now time.Time) { b.Record(now, errRefused) }, errRefused, false},
+		{"timeouts", func(b *breaker.Breaker, now time.Time) { b.Record(now, errSlow) }, errSlow, true},
+		{"unanswered", func(b *breaker.Breaker, now time.Time) { b.Overdue(now.Add(-time.Second), now) }, nil, true},
+	} {
+		var reports []breaker.Report
+		o := breaker.Options{Failures: 2, Window: time.Second, MinCalls: 100, FailureRatio: 1, OpenFor: time.Second, ReportEvery: time.Nanosecond,
+			OnReport: func(r breaker.Report) { reports = append(reports, r) }}
+		b := breaker.New(o, breaker.Errors{Open: errOpen, StalledOpen: errStalled, Outcome: outcome}, nil)
+		c.fail(b, t0)
+		c.fail(b, t0)
+		if len(reports) != 1 || reports[0].To != breaker.Open || reports[0].Err != c.err || reports[0].Stalled != c.stalled {
+			t.Fatalf("%s: reports %+v, want one opening with Err %v, Stalled %v", c.name, reports, c.err, c.stalled)
+		}
+		probe := t0.Add(o.OpenFor)
+		if err := b.Allow(probe); err != nil {
+			t.Fatalf("%s: probe refused: %v", c.name, err)
+		}
+		b.Record(probe, errRefused)
+		if len(reports) != 2 || !reports[1].Still || reports[1].Err != errRefused || reports[1].Stalled {
+			t.Errorf("%s: after a refused probe, reports %+v, want a still-open one with Err %v", c.name, reports, errRefused)
+		}
+	}
+}

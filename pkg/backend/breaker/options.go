@@ -111,6 +111,18 @@ type Report struct {
 	// At is when the report was made. Since and At are read from the
 	// breaker's clock (see New), which need not be the real time.
 	At time.Time
+	// Stalled (To Open): stalls alone opened the circuit (timeouts, or an
+	// invocation left unanswered: Breaker.Overdue), no failure the
+	// backend proved.
+	Stalled bool
+	// Err (To Open) is the error of the call whose failure opened the
+	// circuit, or opened it again; nil when an unanswered invocation
+	// (Breaker.Overdue) did.
+	Err error
+	// Node names the server whose circuit this is (a Redis Cluster
+	// master's address), set by the backend that owns the breaker; ""
+	// when the backend sets none.
+	Node string
 }
 
 // OpenFor is how long the circuit has been out of closed: At - Since.

@@ -85,10 +85,10 @@ type batcher struct {
 	// noNX, when set, is true once a server refused PEXPIRE's NX (Redis
 	// 6): native calls then send PEXPIRE without it (see nativeCall).
 	noNX *atomic.Bool
-	// fn is the master's window1Func state (nil: EVALSHA only); fnAddr
-	// names the master in its log line.
+	// fn is the master's window1Func state (nil: EVALSHA only); fnName
+	// names the master in its log line (master.name).
 	fn     *fnState
-	fnAddr string
+	fnName string
 
 	// slots are the flush loops' own state (each touched by its loop
 	// only, but for its timer's callback).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -24,21 +25,43 @@ var window1Library = "#!lua name=" + window1Func + "\n" +
 
 var argFcall, argFuncW1 any = "fcall", window1Func
 
+// fnProbe names no function: FCALL of it answers NOPERM when the user may
+// not call functions and "Function not found" when it may (the ACL check
+// comes first), without running anything.
+const fnProbe = "ratelimitd_fcall_probe"
+
+// FnRetry is how long a master stays on EVALSHA after it refused
+// functions before the health probe tries them there again (FUNCTION
+// LOAD, then an FCALL of fnProbe): an ACL change or a server upgrade may
+// grant them later.
+const FnRetry = 30 * time.Second
+
 // Function states of a master (fnState.state).
 const (
 	fnUnknown int32 = iota // not loaded yet: EVALSHA
 	fnLoaded               // window1Func is loaded there: FCALL
-	fnRefused              // no FUNCTION/FCALL (Redis < 7, an ACL): EVALSHA for good
+	fnRefused              // no FUNCTION/FCALL (Redis < 7, an ACL): EVALSHA, tried again every FnRetry
 )
 
 // fnState is what a master is known to have of window1Func. A lone
 // window decision goes out as FCALL only once the library was loaded on
 // that master; reload asks the next warm-up or health tick, never a
 // request, to load it again (the server answered "Function not found":
-// FUNCTION FLUSH, a restart without persistence, a failover).
+// FUNCTION FLUSH, a restart without persistence, a failover). A refused
+// master is tried again by the health probe FnRetry after the refusal
+// or the previous try (due).
 type fnState struct {
 	state  atomic.Int32
 	reload atomic.Bool
+	// tried is when functions were last refused or tried again, in
+	// UnixNano of the Store's clock.
+	tried atomic.Int64
+}
+
+// due reports whether f's master refused functions at least FnRetry
+// before now, or was last tried again that long ago.
+func (f *fnState) due(now time.Time) bool {
+	return f.state.Load() == fnRefused && now.UnixNano()-f.tried.Load() >= int64(FnRetry)
 }
 
 // fcall reports whether lone window decisions go out as FCALL.
@@ -62,41 +85,54 @@ func isFnMissing(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "Function not found")
 }
 
-// refuse makes f's master use EVALSHA for good, logging why once.
-func (f *fnState) refuse(ctx context.Context, addr string, err error) {
+// refuse makes f's master use EVALSHA from now on, until a try FnRetry
+// later finds functions granted; it logs the change, not a refusal of a
+// master already refused.
+func (f *fnState) refuse(ctx context.Context, name string, err error, now time.Time) {
+	f.tried.Store(now.UnixNano())
 	if f.state.Swap(fnRefused) == fnRefused {
 		return
 	}
 	if l := logger.Load(); l != nil {
-		(*l).Printf(ctx, "redis: %s: functions unavailable (%v); lone window decisions use EVALSHA", nodeName(addr), err)
+		(*l).Printf(ctx, "redis: %s: functions unavailable (%v); lone window decisions use EVALSHA, functions tried again every %v",
+			name, err, FnRetry)
 	}
 }
 
-func nodeName(addr string) string {
-	if addr == "" {
-		return "master"
-	}
-	return addr
-}
-
-// loadFunction loads window1Library on the node of c, the master whose
-// state is f (FUNCTION LOAD REPLACE: the name is this binary's own). A
-// refusal (Redis < 7, an ACL) leaves the master on EVALSHA, logged once;
-// any other failure (OOM, a timeout) leaves it as it was and asks the
-// health probe to try again. It never fails a warm-up: EVALSHA decides
-// the same.
-func loadFunction(ctx context.Context, c *goredis.Client, f *fnState) {
-	if f.state.Load() == fnRefused {
-		return
+// loadFunction loads window1Library on the node of c, the master of
+// path m (FUNCTION LOAD REPLACE: the name is this binary's own), at now
+// by the Store's clock. A refusal (Redis < 7, an ACL) leaves the
+// master on EVALSHA, logged once; any other failure (OOM, a timeout)
+// leaves it as it was and asks the health probe to try again. A master
+// that refused is tried again only once due, and goes back to FCALL only
+// if the user may also call functions (an FCALL of fnProbe), logged
+// once. It never fails a warm-up: EVALSHA decides the same.
+func loadFunction(ctx context.Context, c *goredis.Client, m *master, now time.Time) {
+	f := &m.fn
+	again := f.state.Load() == fnRefused
+	if again {
+		if !f.due(now) {
+			return
+		}
+		f.tried.Store(now.UnixNano())
 	}
 	err := c.FunctionLoadReplace(ctx, window1Library).Err()
+	if err == nil && again {
+		if perr := c.Do(ctx, argFcall, fnProbe, 0).Err(); !isFnMissing(perr) {
+			err = perr
+		}
+	}
 	switch {
 	case err == nil:
 		f.reload.Store(false)
-		f.state.Store(fnLoaded)
+		if f.state.Swap(fnLoaded) == fnRefused {
+			if l := logger.Load(); l != nil {
+				(*l).Printf(ctx, "redis: %s: functions available again; lone window decisions use FCALL", m.name)
+			}
+		}
 	case isFnRefused(err):
-		f.refuse(ctx, c.Options().Addr, err)
-	default:
+		f.refuse(ctx, m.name, err, now)
+	case !again:
 		f.reload.Store(true)
 	}
 }

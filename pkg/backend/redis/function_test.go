@@ -13,6 +13,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/clock"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis/redistest"
 )
@@ -360,5 +361,165 @@ func TestFcallCluster(t *testing.T) {
 			t.Errorf("master %s: commandstats %v, want FCALL for sequential lone decisions", n.Addr(), stats)
 		}
 		_ = c.Close()
+	}
+}
+
+// logLines is a redis.Logger that keeps the lines it is given.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) Printf(_ context.Context, format string, v ...any) {
+	l.mu.Lock()
+	l.lines = append(l.lines, fmt.Sprintf(format, v...))
+	l.mu.Unlock()
+}
+
+// count is how many lines contain every one of subs.
+func (l *logLines) count(subs ...string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, line := range l.lines {
+		all := true
+		for _, s := range subs {
+			all = all && strings.Contains(line, s)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+// tickFunctions runs one health probe iteration of s on clk and waits
+// until the function load it started, if any, has ended.
+func tickFunctions(t *testing.T, s *redis.Store, clk *clock.Manual) {
+	t.Helper()
+	clk.Tick(t)
+	end := time.Now().Add(stateWithin)
+	for redis.FunctionsReloading(s) {
+		if time.Now().After(end) {
+			t.Fatalf("function load still running after %v", stateWithin)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// noperms is the server's errorstat_NOPERM count (refusals by an ACL).
+func noperms(t *testing.T, c *goredis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "errorstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return infoField(t, info, "errorstat_NOPERM", "count")
+}
+
+// TestFcallACLGranted: a master that refused functions (an ACL) stays on
+// EVALSHA while they stay refused, is tried again by the health probe
+// every FnRetry on the Store's clock, and goes back to FCALL once they
+// are granted, FnRetry after the previous try and not before; each
+// change of state is logged once, the tries that are refused again not
+// at all.
+func TestFcallACLGranted(t *testing.T) {
+	const interval = 10 * time.Second // the health probe's, on the manual clock
+	for _, tc := range []struct{ name, rules string }{
+		{"no function", "-function -fcall -fcall_ro"},
+		{"no fcall", "-fcall -fcall_ro"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, o := standaloneOptions(t)
+			c := srv.Client()
+			t.Cleanup(func() { _ = c.Close() })
+			ctx := context.Background()
+			setUser := func(rules string) {
+				t.Helper()
+				args := []any{"acl", "setuser", "lim", "on", ">pw", "~*", "&*", "+@all"}
+				for _, r := range strings.Fields(rules) {
+					args = append(args, r)
+				}
+				if err := c.Do(ctx, args...).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			setUser(tc.rules)
+			logs := &logLines{}
+			t.Cleanup(redis.CaptureLog(logs))
+
+			o.URL = fmt.Sprintf("redis://lim:pw@%s", srv.Addr())
+			o.Timeout, o.MaxWait = 5*time.Second, 10*time.Second
+			o.WindowKeys = true
+			o.HealthInterval = interval
+			clk := clock.NewManual()
+			s, err := redis.NewOnClock(o, clk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			if err := s.Warm(wctx); err != nil {
+				t.Fatalf("Warm: %v", err)
+			}
+			// The first lone decision is refused as FCALL ("no fcall") and
+			// learns the server's clock.
+			if got := fcSeq(t, s, "fc:grant:clock", 5, 5); got != 5 {
+				t.Fatalf("%d of 5 allowed, want 5", got)
+			}
+			if redis.FcallOn(s) {
+				t.Fatal("FCALL on while the ACL refuses functions")
+			}
+			// Refused again: the health probe tries once due, and the
+			// master stays on EVALSHA without a new log line.
+			refused := noperms(t, c)
+			for i := 0; noperms(t, c) == refused; i++ {
+				if time.Duration(i)*interval > redis.FnRetry+interval {
+					t.Fatalf("no try of functions within %d probe iterations of %v", i, interval)
+				}
+				tickFunctions(t, s, clk)
+			}
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if got := fcSeq(t, s, "fc:grant:refused", 20, 30); got != 20 {
+				t.Errorf("still refused: %d of 30 allowed, want 20", got)
+			}
+			if stats := commandCalls(t, c); stats["fcall"] != 0 || stats["evalsha"] != 30 {
+				t.Errorf("still refused: commandstats %v, want 30 EVALSHA and no FCALL", stats)
+			}
+
+			// Granted: not used before FnRetry after the last try (the
+			// ticks before it are not due), used after.
+			setUser("+function +fcall +fcall_ro")
+			ticks := 0
+			for ; time.Duration(ticks+1)*interval < redis.FnRetry; ticks++ {
+				tickFunctions(t, s, clk)
+				if redis.FcallOn(s) {
+					t.Fatalf("FCALL on %v after the last try, before FnRetry (%v)", time.Duration(ticks+1)*interval, redis.FnRetry)
+				}
+			}
+			tickFunctions(t, s, clk)
+			if !redis.FcallOn(s) {
+				t.Fatalf("functions granted: still on EVALSHA %v after the last try (FnRetry %v)", time.Duration(ticks+1)*interval, redis.FnRetry)
+			}
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			const n = 60
+			if got := fcSeq(t, s, "fc:grant:after", 40, n); got != 40 {
+				t.Errorf("granted: %d of %d allowed, want 40", got, n)
+			}
+			if stats := commandCalls(t, c); stats["fcall"] != n || stats["evalsha"] != 0 || stats["eval"] != 0 {
+				t.Errorf("granted: commandstats %v, want %d FCALLs (one per lone decision) and no EVAL or EVALSHA", stats, n)
+			}
+			if got := logs.count("functions unavailable", srv.Addr()); got != 1 {
+				t.Errorf("%d lines of functions unavailable naming %s, want 1: %q", got, srv.Addr(), logs.lines)
+			}
+			if got := logs.count("functions available again", srv.Addr()); got != 1 {
+				t.Errorf("%d lines of functions available again naming %s, want 1: %q", got, srv.Addr(), logs.lines)
+			}
+		})
 	}
 }

@@ -322,7 +322,8 @@ func (b *batcher) argsFirst(ctx context.Context, segs []*segArgs) (cmd *goredis.
 // EVAL on NOSCRIPT), the FCALL invocations of invs that the server
 // refused: a missing function (FUNCTION FLUSH, a restart, a failover:
 // the master is marked for a reload by the next warm-up or health tick),
-// no permission or command (the master keeps EVALSHA, logged once), or
+// no permission or command (the master keeps EVALSHA, logged once, until
+// the health probe finds functions granted, see FnRetry), or
 // OOM (a function is refused whole under OOM, while window1.lua still
 // denies a hit over the limit from a GET). None of these is a backend
 // failure: the call is decided by the script instead.
@@ -339,7 +340,7 @@ func (b *batcher) retryFcall(ctx context.Context, on processor, invs []*invocati
 		case isFnMissing(err):
 			b.fn.reload.Store(true)
 		case isFnRefused(err):
-			b.fn.refuse(ctx, b.fnAddr, err)
+			b.fn.refuse(ctx, b.fnName, err, b.now())
 		case strings.HasPrefix(err.Error(), "OOM "):
 		default:
 			continue

@@ -16,8 +16,12 @@ import (
 // and go-redis) by a readConn that stamps when a write left a reply
 // pending and clears the stamp when a read returns bytes, and a socket
 // counts as stalled only when the kernel also holds no unread bytes
-// (FIONREAD). stalledAt answers per Cluster node, so a frozen master never
-// makes the others look stalled.
+// (FIONREAD), and its read calls have taken from the kernel no byte
+// that the readConn has not counted yet (TCP_INFO): a reader goroutine
+// that got a reply from read(2) but was descheduled before it cleared
+// the stamp is a starved ratelimitd, not a silent Redis. stalledAt
+// answers per Cluster node, so a frozen master never makes the others
+// look stalled.
 type liveness struct {
 	skip map[string]bool // addresses not to track (sentinels)
 	// timeout is Options.Timeout: a socket closed before its request had
@@ -130,6 +134,9 @@ func (l *liveness) stalledAt(addr string, timeout time.Duration) (time.Time, boo
 		if n, ok := c.unread(); !ok || n > 0 {
 			continue // closed, or Redis answered and the reader is late
 		}
+		if c.readLate() {
+			continue // Redis answered and the reader has not stamped it yet
+		}
 		if since == 0 || p < since {
 			since = p
 		}
@@ -150,6 +157,9 @@ type readConn struct {
 	addr         string    // as dialed
 	node         *nodeLive // l.nodes[addr]
 	pendingSince atomic.Int64
+	// got is the number of bytes Read has returned, counted after the
+	// stamps (see readLate).
+	got atomic.Uint64
 }
 
 func (c *readConn) Write(p []byte) (int, error) {
@@ -175,8 +185,24 @@ func (c *readConn) Read(p []byte) (int, error) {
 		if c.node.unanswered.Load() != 0 {
 			c.node.unanswered.Store(0)
 		}
+		// Last: until now the kernel counts bytes read that got does
+		// not, and readLate tells the stamps above are not done.
+		c.got.Add(uint64(n))
 	}
 	return n, err
+}
+
+// readLate reports whether a read call took bytes from the kernel that
+// Read has not counted yet (got): its goroutine has a reply but has not
+// cleared pendingSince, being descheduled between read(2) and the stamps.
+// False when the kernel does not say (outside Linux).
+func (c *readConn) readLate() bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n, ok := readBytes(rc)
+	return ok && n > c.got.Load()
 }
 
 // Close forgets the socket and closes it; a request still pending with
@@ -189,7 +215,7 @@ func (c *readConn) Close() error {
 	delete(c.l.conns, c)
 	c.l.mu.Unlock()
 	if p := c.pendingSince.Load(); p != 0 && c.l.clock()-p >= int64(c.l.timeout) {
-		if n, ok := c.unread(); ok && n == 0 {
+		if n, ok := c.unread(); ok && n == 0 && !c.readLate() {
 			keepEarliest(&c.l.unanswered, p)
 			keepEarliest(&c.node.unanswered, p)
 		}

@@ -17,6 +17,25 @@ func pendingBytes(rc syscall.RawConn) (n int, ok bool) {
 	return n, ok && err == nil
 }
 
+// readBytes is the number of bytes of rc's socket that read calls have
+// taken from the kernel since it was opened: the bytes it received
+// (TCP_INFO's tcpi_bytes_received, Linux 4.1+) less those still unread;
+// ok is false when the socket is closed or the kernel does not say.
+func readBytes(rc syscall.RawConn) (n uint64, ok bool) {
+	err := rc.Control(func(fd uintptr) {
+		info, ierr := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		if ierr != nil || info.Bytes_received == 0 {
+			return
+		}
+		unread, ierr := unix.IoctlGetInt(int(fd), unix.TIOCINQ)
+		if ierr != nil || unread < 0 || uint64(unread) > info.Bytes_received {
+			return
+		}
+		n, ok = info.Bytes_received-uint64(unread), true
+	})
+	return n, ok && err == nil
+}
+
 // peerClosed reports whether the peer closed the socket fd: a
 // non-blocking MSG_PEEK reads end of stream.
 func peerClosed(fd uintptr) bool {

@@ -11,5 +11,8 @@ func pendingBytes(rc syscall.RawConn) (n int, ok bool) {
 	return 0, err == nil
 }
 
+// readBytes is unknown outside Linux (see liveness).
+func readBytes(rc syscall.RawConn) (n uint64, ok bool) { return 0, false }
+
 // peerClosed is unknown outside Linux: never closed.
 func peerClosed(uintptr) bool { return false }

@@ -163,3 +163,62 @@ func TestLivenessCloseBeforeTimeoutIsNoEvidence(t *testing.T) {
 		l.nodes["redis:6379"].unanswered.Store(0)
 	}
 }
+
+// TestLivenessReaderDescheduledIsNoStall: a reply that a read call took
+// from the kernel on a reader descheduled before it stamped it (here the
+// read(2) is done on the bare socket, without readConn.Read's stamps) ends
+// the stall as a reply waiting unread does: a CPU-starved ratelimitd is
+// not a silent Redis. A socket to a peer that never answers still stalls
+// next to it, and the late reader's socket leaves no evidence when closed.
+func TestLivenessReaderDescheduledIsNoStall(t *testing.T) {
+	const timeout = 20 * time.Millisecond
+	l, wait := manualLiveness()
+	l.timeout = timeout
+	c, srv := tcpPair(t)
+	conn := l.wrap("redis:6379", c).(*readConn)
+	if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Write([]byte("+PONG\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second) // the kernel's delivery, generous
+	for {
+		if n, ok := conn.unread(); ok && n == 7 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the reply did not arrive in the socket")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	buf := make([]byte, 16)
+	if n, err := c.Read(buf); err != nil || n != 7 {
+		t.Fatalf("read %d %v", n, err)
+	}
+	wait(10 * timeout)
+	if _, ok := l.stalledAt("redis:6379", timeout); ok && runtime.GOOS == "linux" {
+		t.Error("stalled: a reply read from the kernel by a reader not yet past its stamps counts as Redis' silence")
+	}
+
+	c2, _ := tcpPair(t)
+	silent := l.wrap("redis:6379", c2)
+	if _, err := silent.Write([]byte("PING\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	wait(timeout)
+	if _, ok := l.stalledAt("redis:6379", timeout); !ok {
+		t.Error("not stalled: a request to a peer that never answers, a timeout ago")
+	}
+	if err := silent.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l.unanswered.Store(0)
+	l.nodes["redis:6379"].unanswered.Store(0)
+	if err := conn.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.stalledAt("redis:6379", timeout); ok && runtime.GOOS == "linux" {
+		t.Error("stalled: the late reader's socket, closed, left its answered request as evidence")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,7 +19,9 @@ import (
 // Cluster master opens only its own circuit, looks stalled alone and holds
 // only its own flush loops.
 type master struct {
-	addr    string // Cluster: "host:port" as the slot map names it; "" otherwise
+	addr string // Cluster: "host:port" as the slot map names it; "" otherwise
+	// name is how log lines name the master (see Store.masterName).
+	name    string
 	breaker *Breaker
 	batch   *batcher
 	// current is false from a probe that found the master no longer
@@ -51,7 +54,16 @@ func (s *Store) newMaster(addr string) *master {
 			m.batch.kickSweeper()
 		}
 	}
-	m = &master{addr: addr, breaker: NewBreaker(bo, s.clk.Now)} // Options.Now pins only the script
+	// Its reports name the master: on Cluster one master may stall or
+	// fail while the others answer.
+	name := s.masterName(addr)
+	if report := bo.OnReport; report != nil {
+		bo.OnReport = func(r BreakerReport) {
+			r.Node = name
+			report(r)
+		}
+	}
+	m = &master{addr: addr, name: name, breaker: NewBreaker(bo, s.clk.Now)} // Options.Now pins only the script
 	m.breaker.login = s.login
 	m.batch = newBatcher(s.client, min(pipelines, max(1, opts.PoolSize)), opts.Timeout, opts.MaxWait, opts.DeadlineMargin)
 	m.batch.useClock(s.clk.Now)
@@ -61,10 +73,31 @@ func (s *Store) newMaster(addr string) *master {
 	m.batch.open = func() error { return m.breaker.OpenErr(m.breaker.now()) }
 	m.batch.live, m.batch.liveAddr = s.live, addr
 	m.batch.noNX = &s.noNX
-	m.batch.fn, m.batch.fnAddr = &m.fn, addr
+	m.batch.fn, m.batch.fnName = &m.fn, m.name
 	m.current.Store(true)
 	m.clock.epoch = time.Now()
 	return m
+}
+
+// masterName is how log lines name the master of the path at addr: a
+// Cluster master's address; on Cluster the path of no master (addr "",
+// the slot map's) by the seed nodes; the Sentinel master by its name
+// (the failover watch logs its address as it changes); a standalone
+// server by its address. Addresses hold no secret (credentials are in
+// Options.URL's user info, never here).
+func (s *Store) masterName(addr string) string {
+	switch {
+	case addr != "":
+		return addr
+	case s.cluster:
+		return "cluster (seeds " + strings.Join(s.opts.Addrs, ",") + ")"
+	case s.opts.Mode == Sentinel:
+		return "sentinel master " + s.opts.MasterName
+	}
+	if c, ok := s.client.(*goredis.Client); ok {
+		return c.Options().Addr
+	}
+	return "master"
 }
 
 // masterFor is the path of the master serving key's slot (Cluster,
@@ -157,7 +190,7 @@ func (s *Store) run(ctx context.Context, mode string, nowUS int64, nonce string,
 func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.Decision) (int64, error) {
 	start := m.breaker.now()
 	if err := m.breaker.Allow(start); err != nil {
-		return 0, err
+		return 0, m.errorOf(err)
 	}
 	nowUS := seg.nowUS
 	seg.window = !seg.native && s.windowKeys && len(seg.hits) > 0 && windowKind(&seg.hits[0])
@@ -203,5 +236,32 @@ func (s *Store) runOn(ctx context.Context, m *master, seg segment, out []algo.De
 			s.probeFailed.Store(false)
 		}
 	}
-	return scriptNow, err
+	return scriptNow, m.errorOf(err)
+}
+
+// masterError is the error of a call on one master's path that is about
+// that master (a timeout, its stall, its open circuit, a refused
+// connection): it names the master, so that a log line of it tells
+// which one on a Cluster where the others answer. It wraps the
+// classified error: CauseOf, errors.Is and errors.As see through it.
+type masterError struct {
+	err  error
+	name string
+}
+
+func (e *masterError) Error() string { return e.err.Error() + " (master " + e.name + ")" }
+func (e *masterError) Unwrap() error { return e.err }
+
+// errorOf is err naming m (masterError) when it is an outage or a
+// refusal of m's circuit, err itself otherwise (nil, a reply of the
+// server, a deadline of the caller).
+func (m *master) errorOf(err error) error {
+	var e *Error
+	if err == nil || !errors.As(err, &e) {
+		return err
+	}
+	if !e.Outage() && e.Cause() != CauseCircuitOpen && e.Cause() != CauseStalled {
+		return err
+	}
+	return &masterError{err: err, name: m.name}
 }

@@ -134,7 +134,7 @@ func (s *Store) warmNode(ctx context.Context, c *goredis.Client, script bool) er
 			return fmt.Errorf("redis: SCRIPT LOAD returned %s, want %s", sha, sc.s.Hash())
 		}
 	}
-	loadFunction(ctx, c, &s.masterOf(c).fn)
+	loadFunction(ctx, c, s.masterOf(c), s.clk.Now())
 	return nil
 }
 
@@ -148,10 +148,13 @@ func (s *Store) masterOf(c *goredis.Client) *master {
 
 // reloadFunctions loads window1Func again, in the background and within
 // timeout, on the masters that answered "Function not found" or failed
-// to load it (fnState.reload); the health probe calls it every tick, so
-// that no request waits for it and a stalled master delays no probe.
+// to load it (fnState.reload), and tries functions again on those that
+// refused them FnRetry ago (fnState.due); the health probe calls it every
+// tick, so that no request waits for it and a stalled master delays no
+// probe.
 func (s *Store) reloadFunctions(ctx context.Context, timeout time.Duration) {
-	if !slices.ContainsFunc(s.paths(), func(m *master) bool { return m.fn.reload.Load() }) ||
+	now := s.clk.Now()
+	if !slices.ContainsFunc(s.paths(), func(m *master) bool { return m.fn.reload.Load() || m.fn.due(now) }) ||
 		!s.fnReloading.CompareAndSwap(false, true) {
 		return
 	}
@@ -159,21 +162,21 @@ func (s *Store) reloadFunctions(ctx context.Context, timeout time.Duration) {
 		defer s.fnReloading.Store(false)
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		s.reloadFunctionsOnce(ctx)
+		s.reloadFunctionsOnce(ctx, now)
 	}()
 }
 
-func (s *Store) reloadFunctionsOnce(ctx context.Context) {
+func (s *Store) reloadFunctionsOnce(ctx context.Context, now time.Time) {
 	switch c := s.client.(type) {
 	case *goredis.ClusterClient:
 		_ = c.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
-			if f := &s.masterOf(c).fn; f.reload.Load() {
-				loadFunction(ctx, c, f)
+			if m := s.masterOf(c); m.fn.reload.Load() || m.fn.due(now) {
+				loadFunction(ctx, c, m, now)
 			}
 			return nil
 		})
 	case *goredis.Client:
-		loadFunction(ctx, c, &s.def.fn)
+		loadFunction(ctx, c, s.def, now)
 	}
 }
 
