@@ -198,3 +198,80 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 		}
 	}
 }
+
+// TestStalledWakeUpAfterBudget: a hit that waits for a renewal the store
+// never answers ends with ErrRenewalStalled once its wait budget has
+// passed, even when its goroutine wakes so late that the caller's
+// deadline has passed too and the select picks ctx: the store is what
+// did not answer, so the rule's failure_mode decides. Callers whose
+// deadline has passed before they ask model that late wake-up (their
+// budget is 0). A caller that cancels within its budget gets its own
+// error.
+func TestStalledWakeUpAfterBudget(t *testing.T) {
+	release := make(chan struct{})
+	var asked atomic.Int64
+	st := storeFunc(func(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
+		asked.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return algo.LeaseGrant{}, errors.New("store not answering")
+	})
+	// Renewals are bounded by an hour: none ends during the test.
+	ls, err := New(Options{Store: st, Timeout: time.Hour, Ticker: noTicks, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		close(release)
+		_ = ls.Close(context.Background())
+	})
+	lim := algo.Limit{Kind: algo.FixedWindow, Rate: 1000, Period: time.Minute}
+	const (
+		callers = 16
+		per     = 16
+	)
+	late, cancelLate := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+	defer cancelLate()
+	var stalled, callerErr, other atomic.Int64
+	var wg sync.WaitGroup
+	for g := range callers {
+		wg.Go(func() {
+			for i := range per {
+				key := "never-answered-" + strconv.Itoa(g*per+i)
+				_, f, _, err := ls.Take(late, []algo.Hit{{Key: key, Limit: lim, Cost: 1}})
+				switch {
+				case len(f) == 0:
+					other.Add(1)
+				case errors.Is(err, ErrRenewalStalled):
+					stalled.Add(1)
+				case errors.Is(err, context.DeadlineExceeded):
+					callerErr.Add(1)
+				default:
+					other.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := callerErr.Load(); n > 0 {
+		t.Errorf("%d of %d hits woken after their wait budget failed with the caller's deadline, want ErrRenewalStalled", n, callers*per)
+	}
+	if n := other.Load(); n > 0 {
+		t.Errorf("%d of %d hits neither stalled nor failed by the caller's deadline", n, callers*per)
+	}
+	if asked.Load() == 0 {
+		t.Error("no renewal reached the store")
+	}
+	t.Logf("%d hits past their wait budget: %d stalled, %d by the caller's deadline", callers*per, stalled.Load(), callerErr.Load())
+
+	// A caller that gives up within its budget (no deadline: the budget
+	// is Options.Timeout) gets its own error, not the store's.
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, f, _, err2 := ls.Take(gone, []algo.Hit{{Key: "given-up", Limit: lim, Cost: 1}})
+	if len(f) != 1 || !errors.Is(err2, context.Canceled) {
+		t.Errorf("canceled caller: failed %v, error %v; want context.Canceled", f, err2)
+	}
+}
