@@ -127,7 +127,9 @@ func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, int64, err
 		}
 		ch := e.renewed
 		e.mu.Unlock()
-		wait := time.NewTimer(ls.waitBudget(ctx))
+		budget := ls.waitBudget(ctx)
+		start := time.Now()
+		wait := time.NewTimer(budget)
 		stalled := false
 		select {
 		case <-ch:
@@ -135,9 +137,13 @@ func (e *entry) take(ctx context.Context, cost int64) (algo.Decision, int64, err
 		case <-wait.C:
 			stalled = true
 		case <-ctx.Done():
-			// A late wake-up finds both ready: the wait budget ended
-			// first, so the store is what did not answer.
-			if wait.Stop() {
+			wait.Stop()
+			// A late wake-up may find both ready and pick ctx: once
+			// the wait budget has passed, the store is what did not
+			// answer. The budget is read on the clock, not from Stop,
+			// which reports an expired timer whose tick was not yet
+			// received as stopped.
+			if time.Since(start) < budget {
 				return algo.Decision{}, 0, ctx.Err()
 			}
 			stalled = true
