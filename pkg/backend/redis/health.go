@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -23,9 +24,11 @@ const DefaultHealthInterval = time.Second
 // recorded like a call's. A PING that runs out of time while Redis
 // answered (see judgeProbe) is slowness, not an outage: it counts for
 // nothing and the next one gets twice the time. While PINGs fail and the
-// circuit is still closed, the next one follows one Timeout later, so
-// that an idle Store opens its circuit about as fast as a busy one. At
-// most one PING is in flight, in a goroutine of its own.
+// circuit is still closed, the next one follows one Timeout later (250 ms
+// after a proven outage), so that an idle Store opens its circuit about as
+// fast as a busy one. Only a proven outage (provenOutage) makes the Store
+// unhealthy before the circuit opens. At most one PING is in flight, in a
+// goroutine of its own.
 type healthProbe struct {
 	interval time.Duration
 	clock    clock     // the Store's
@@ -117,13 +120,13 @@ func (s *Store) healthLoop(h *healthProbe) {
 					s.warmed.Store(true)
 				}
 			case s.writeRefused.Load():
-				err = s.writeProbe(h.ctx)
+				err = s.writeProbe(h.ctx, slow*max(s.timeout, probeTimeout))
 			default:
 				err = s.probeMasters(h.ctx, slow*max(s.timeout, probeTimeout), false)
 				if err == nil {
 					// A PING does not prove writes count (OOM, READONLY):
 					// one decision on the probe keys does.
-					err = s.writeProbe(h.ctx)
+					err = s.writeProbe(h.ctx, slow*max(s.timeout, probeTimeout))
 				}
 			}
 			switch {
@@ -135,15 +138,21 @@ func (s *Store) healthLoop(h *healthProbe) {
 			switch {
 			case err == nil:
 				s.probeFailed.Store(false)
-			case isOutage(err):
+			case provenOutage(err):
 				s.probeFailed.Store(true)
 			}
 			if !errors.Is(err, ErrCircuitOpen) && !errors.Is(err, ErrStalledOpen) && h.ctx.Err() == nil {
 				s.noteOutcome(err, false)
 			}
 			if isOutage(err) && s.closed() {
-				// Not yet enough failures to open the circuit: confirm soon.
+				// Not yet enough failures to open the circuit: confirm
+				// soon; after a timeout at once, so that a silent Redis
+				// opens the circuit (and health follows) about FailFor
+				// after the first silent probe, as under traffic.
 				next = max(s.timeout, probeTimeout)
+				if !provenOutage(err) {
+					next = s.timeout
+				}
 			}
 		}
 		if !s.Healthy() && next > recoveryPoll {
@@ -183,10 +192,10 @@ func (s *Store) needPing(h *healthProbe) bool {
 }
 
 // writeProbe is one decision on s.probeKey (a fixed-window hit that
-// expires within a second): it succeeds only when the server counts
-// again. Its outcome is recorded like a request's (run).
-func (s *Store) writeProbe(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, probeTimeout))
+// expires within a second), within timeout: it succeeds only when the
+// server counts again. Its outcome is recorded like a request's (run).
+func (s *Store) writeProbe(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	hits, err := s.probeHits(ctx)
 	if err != nil {
@@ -243,4 +252,20 @@ var probeLimit = algo.Limit{Kind: algo.FixedWindow, Rate: 1 << 40, Period: time.
 func isOutage(err error) bool {
 	var e *Error
 	return err != nil && errors.As(err, &e) && e.Outage()
+}
+
+// provenOutage reports whether err, a probe's error, is an outage Redis
+// proved at once: a refused or lost connection, LOADING, CLUSTERDOWN, an
+// established stall. Such a probe makes the Store unhealthy before the
+// circuit opens. A timeout proves nothing yet (a starved host, a short
+// stall): it counts towards the circuit like a request's, so a silent
+// Redis makes the Store unhealthy when the circuit opens, once the
+// silence has lasted the breaker's FailFor, and a probe that was only
+// slow leaves it healthy.
+// On Cluster err joins the masters' errors: any one proven outage counts.
+func provenOutage(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return slices.ContainsFunc(j.Unwrap(), provenOutage)
+	}
+	return isOutage(err) && CauseOf(err) != CauseTimeout
 }

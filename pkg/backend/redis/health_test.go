@@ -118,17 +118,20 @@ func idleTicks(t *testing.T, s *redis.Store, clk *clock.Manual, n int) {
 
 // TestHealthProbeWithoutTraffic: with no request at all, the health and the
 // breaker state follow Redis going away (killed or frozen) and coming
-// back: the first probe after the fault makes the Store unhealthy, further
-// probes open the circuit and keep it from closing while Redis is away,
-// and once Redis answers again the probes close it.
+// back: the first probe after a kill makes the Store unhealthy (a refused
+// connection proves the outage), a frozen Redis makes it unhealthy when
+// the probes' timeouts open the circuit (silence proves nothing until it
+// has lasted FailFor), further probes keep the circuit from closing while
+// Redis is away, and once Redis answers again the probes close it.
 func TestHealthProbeWithoutTraffic(t *testing.T) {
 	redistest.Require(t)
 	for _, tc := range []struct {
 		name          string
 		fail, restore func(*redistest.Server)
+		proven        bool // the first failed probe proves the outage
 	}{
-		{"killed", (*redistest.Server).Kill, (*redistest.Server).Restart},
-		{"frozen", (*redistest.Server).Stop, (*redistest.Server).Cont},
+		{"killed", (*redistest.Server).Kill, (*redistest.Server).Restart, true},
+		{"frozen", (*redistest.Server).Stop, (*redistest.Server).Cont, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Standalone(t)
@@ -151,10 +154,12 @@ func TestHealthProbeWithoutTraffic(t *testing.T) {
 					srv.Cont()
 				}
 			})
-			// Unhealthy after the first probe that fails.
+			// Unhealthy after the first probe that fails when it proves
+			// the outage; else still healthy, with the circuit closed.
 			clk.Tick(t)
-			if s.Healthy() {
-				t.Fatalf("Redis %s: Healthy after a probe iteration (circuit %s), want unhealthy", tc.name, s.BreakerState())
+			if s.Healthy() == tc.proven || s.BreakerState() != "closed" {
+				t.Fatalf("Redis %s, one failed probe: Healthy() = %v, BreakerState() = %q; want healthy %v, closed",
+					tc.name, s.Healthy(), s.BreakerState(), !tc.proven)
 			}
 			// The circuit opens after Failures failed probes in a row
 			// (timeouts: spanning FailFor).
@@ -181,6 +186,52 @@ func TestHealthProbeWithoutTraffic(t *testing.T) {
 				t.Fatalf("Take after recovery: %v", err)
 			}
 		})
+	}
+}
+
+// silentRounds is how many times TestHealthProbeShortSilence freezes
+// Redis for one probe.
+const silentRounds = 5
+
+// TestHealthProbeShortSilence: a Redis that is silent for one probe (a
+// PING that times out with nothing received, as on a host starved of CPU)
+// and then answers again leaves the Store healthy with its circuit closed,
+// silentRounds times in a row: a probe's timeout makes the Store
+// unhealthy only once the circuit opens, as a request's would, so a short
+// stall never takes a pod out of readiness.
+func TestHealthProbeShortSilence(t *testing.T) {
+	redistest.Require(t)
+	srv := redistest.Standalone(t)
+	t.Cleanup(func() {
+		if srv.Alive() {
+			srv.Cont()
+		}
+	})
+	o := redis.DefaultOptions()
+	o.URL = srv.URL()
+	s, clk := newHealthStore(t, o)
+	idleTicks(t, s, clk, 2)
+	flaps := 0
+	for round := range silentRounds {
+		srv.Stop()
+		next := clk.Tick(t) // its PING gets no reply
+		silent := s.Healthy()
+		state := s.BreakerState()
+		srv.Cont()
+		if !silent || state != "closed" {
+			flaps++
+			t.Errorf("round %d: after one silent probe Healthy() = %v, BreakerState() = %q; want healthy, closed", round, silent, state)
+		}
+		if next > healthInterval {
+			t.Fatalf("round %d: after a silent probe the next one in %v, want at most the interval %v", round, next, healthInterval)
+		}
+		// The next probe is answered: healthy and idle again.
+		if clk.Tick(t); !inState(s, true, "closed") {
+			t.Fatalf("round %d: Redis answering again: Healthy() = %v, BreakerState() = %q", round, s.Healthy(), s.BreakerState())
+		}
+	}
+	if got := redis.BreakerOpened(s); got != 0 || flaps != 0 {
+		t.Fatalf("%d rounds of one silent probe: %d health flaps, circuit opened %d times; want none", silentRounds, flaps, got)
 	}
 }
 

@@ -96,10 +96,10 @@ type Store struct {
 	// cleared by the next decision that succeeds (a request's, or the
 	// health probe's write probe on probeKey).
 	writeRefused atomic.Bool
-	// probeFailed is set when the health probe failed with an outage
-	// error and cleared by the next success (a probe's or a decision's):
-	// an idle Store reports unhealthy within one probe interval, before
-	// enough failures opened the circuit.
+	// probeFailed is set when the health probe failed with a proven
+	// outage (provenOutage: not a timeout) and cleared by the next success
+	// (a probe's or a decision's): an idle Store reports a refused or lost
+	// connection within one probe interval, before the circuit opens.
 	probeFailed atomic.Bool
 	// warmed is set once Warm or a decision succeeded, and cleared while
 	// the circuit is open (the health probe warms again: pools, script).
