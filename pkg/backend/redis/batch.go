@@ -82,9 +82,6 @@ type batcher struct {
 	// master ("": every socket; see liveness.stalledAt).
 	live     *liveness
 	liveAddr string
-	// noNX, when set, is true once a server refused PEXPIRE's NX (Redis
-	// 6): native calls then send PEXPIRE without it (see nativeCall).
-	noNX *atomic.Bool
 	// fn is the master's window1Func state (nil: EVALSHA only); fnName
 	// names the master in its log line (master.name).
 	fn     *fnState

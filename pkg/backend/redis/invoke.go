@@ -80,7 +80,6 @@ func (b *batcher) exec(slot int, batch []*scriptCall) {
 	defer sc.timer.Stop()
 	invs := b.group(ctx, sc, live)
 	b.pipeline(ctx, on, invs)
-	b.retryNX(ctx, on, invs)
 	b.retryFcall(ctx, on, invs)
 	defer b.flushed(slot, invs)
 	// NOSCRIPT: the server does not have the script (first call, SCRIPT
@@ -197,11 +196,10 @@ func (b *batcher) pipeline(ctx context.Context, on processor, invs []*invocation
 		return
 	}
 	p := on.Pipeline()
-	noNX := b.noNX != nil && b.noNX.Load()
 	for _, inv := range invs {
 		if inv.native {
 			for _, c := range inv.calls {
-				c.native.queue(ctx, p, noNX)
+				c.native.queue(ctx, p)
 			}
 		} else {
 			_ = p.Process(ctx, inv.cmd)
@@ -357,39 +355,6 @@ func (b *batcher) retryFcall(ctx context.Context, on processor, invs []*invocati
 // or the server restarted or failed over).
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
-}
-
-// retryNX sends PEXPIRE again without NX for the native calls of invs
-// whose server refused NX (Redis 6), and makes every later native call
-// do without it.
-func (b *batcher) retryNX(ctx context.Context, on processor, invs []*invocation) {
-	var retry []*scriptCall
-	for _, inv := range invs {
-		if !inv.native {
-			continue
-		}
-		for _, c := range inv.calls {
-			if c.native.refusedNX() {
-				retry = append(retry, c)
-			}
-		}
-	}
-	if len(retry) == 0 {
-		return
-	}
-	if b.noNX != nil {
-		b.noNX.Store(true)
-	}
-	p := on.Pipeline()
-	for _, c := range retry {
-		for i, e := range c.native.exp {
-			if e.Err() != nil && isArgError(e.Err()) {
-				c.native.exp[i] = goredis.NewBoolCmd(ctx, "pexpire", c.native.keys[i], c.native.ttl[i])
-				_ = p.Process(ctx, c.native.exp[i])
-			}
-		}
-	}
-	_, _ = p.Exec(ctx)
 }
 
 // nativeTimeout is the error of a native invocation whose pipeline timed

@@ -72,7 +72,6 @@ func (s *Store) newMaster(addr string) *master {
 	m.batch.overdue = func(sent time.Time) { m.breaker.Overdue(sent, m.breaker.now()) }
 	m.batch.open = func() error { return m.breaker.OpenErr(m.breaker.now()) }
 	m.batch.live, m.batch.liveAddr = s.live, addr
-	m.batch.noNX = &s.noNX
 	m.batch.fn, m.batch.fnName = &m.fn, m.name
 	m.current.Store(true)
 	m.clock.epoch = time.Now()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -20,9 +19,11 @@ import (
 // hit is charged whether admitted or not, so INCRBY's reply (the count
 // after the hit) is the whole decision. Its counter lives in its own key
 // per window (the hit's key, ":" and the window start in base-36 µs from
-// the service's clock). PEXPIRE … NX gives the key its TTL once; a server
-// that refuses NX gets PEXPIRE on every hit (see Store.noNX). A release
-// credits the count, floored at 0, with nativeReleaseLua.
+// the service's clock). Every hit's PEXPIRE sets the key's TTL to its
+// window's end on the sender's clock (plus nativeSkew), as the reference's
+// EXPIRE does on every hit: without NX, Redis does not look the key's
+// current TTL up, and every version since 2.6 takes the command. A
+// release credits the count, floored at 0, with nativeReleaseLua.
 
 // nativeSkew is added to a native key's TTL beyond its window's end, so
 // that an instance whose clock is behind the key's creator's by up to
@@ -108,8 +109,8 @@ func newNativeCall(hits []algo.Hit, nowUS, slack int64) *nativeCall {
 }
 
 // queue appends the call's commands to p: per hit INCRBY (or the release
-// script) and PEXPIRE, with NX unless noNX.
-func (c *nativeCall) queue(ctx context.Context, p goredis.Pipeliner, noNX bool) {
+// script) and PEXPIRE.
+func (c *nativeCall) queue(ctx context.Context, p goredis.Pipeliner) {
 	c.incr = c.incr[:0]
 	c.exp = c.exp[:0]
 	for i, k := range c.keys {
@@ -119,35 +120,12 @@ func (c *nativeCall) queue(ctx context.Context, p goredis.Pipeliner, noNX bool) 
 		} else {
 			cmd = goredis.NewCmd(ctx, "incrby", k, c.costs[i])
 		}
-		var exp *goredis.BoolCmd
-		if noNX {
-			exp = goredis.NewBoolCmd(ctx, "pexpire", k, c.ttl[i])
-		} else {
-			exp = goredis.NewBoolCmd(ctx, "pexpire", k, c.ttl[i], "nx")
-		}
+		exp := goredis.NewBoolCmd(ctx, "pexpire", k, c.ttl[i])
 		_ = p.Process(ctx, cmd)
 		_ = p.Process(ctx, exp)
 		c.incr = append(c.incr, cmd)
 		c.exp = append(c.exp, exp)
 	}
-}
-
-// refusedNX reports whether the call's PEXPIREs were refused for their NX
-// argument (a server older than Redis 7).
-func (c *nativeCall) refusedNX() bool {
-	for _, e := range c.exp {
-		if err := e.Err(); err != nil && isArgError(err) {
-			return true
-		}
-	}
-	return false
-}
-
-// isArgError reports a reply refusing a command's arguments.
-func isArgError(err error) bool {
-	m := err.Error()
-	return strings.HasPrefix(m, "ERR wrong number of arguments") || strings.HasPrefix(m, "ERR syntax") ||
-		strings.HasPrefix(m, "ERR Unsupported option")
 }
 
 // decide writes the call's decisions into out from the replies, or

@@ -254,68 +254,70 @@ func TestNativeEqualsReference(t *testing.T) {
 	}
 }
 
-// TestNativeNoNX: with PEXPIRE's NX refused (a Redis 6 server, forced
-// here through the Store's switch), every hit sends PEXPIRE without NX:
-// the key still gets its TTL and the count stays exact.
-func TestNativeNoNX(t *testing.T) {
+// TestNativeExpireEveryHit: each native hit sends INCRBY and a PEXPIRE
+// of two arguments, the key and its TTL (no NX, which would make Redis
+// look the key's TTL up first), as the reference sends EXPIRE on every
+// hit; the count stays exact across Stores, one PEXPIRE per hit.
+func TestNativeExpireEveryHit(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
 	ctl := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
 	defer ctl.Close()
 	ctx := context.Background()
+	c := newNativeCall([]algo.Hit{chargeHit("native:shape", nativeLimit, 1)}, batchEpoch.UnixMicro(), 0)
+	c.queue(ctx, ctl.Pipeline())
+	if got, want := fmt.Sprint(c.exp[0].Args()), fmt.Sprint([]any{"pexpire", c.keys[0], c.ttl[0]}); got != want {
+		t.Errorf("PEXPIRE args %s, want %s", got, want)
+	}
 	clk := func() time.Time { return batchEpoch }
 	stores := []*Store{nativeStore(t, srv, nil, clk), nativeStore(t, srv, nil, clk)}
-	for _, s := range stores {
-		s.noNX.Store(true)
-	}
 	ctl.ConfigResetStat(ctx)
-	if n := chargeConcurrently(t, stores, "native:nonx", 80); n != nativeLimit.Rate {
+	if n := chargeConcurrently(t, stores, "native:every", 80); n != nativeLimit.Rate {
 		t.Fatalf("allowed %d of 160, want %d", n, nativeLimit.Rate)
 	}
 	ws, _ := algo.WindowBoundsUs(nativeLimit, batchEpoch.UnixMicro())
-	key := nativeKey("native:nonx", ws)
+	key := nativeKey("native:every", ws)
 	if ttl := ctl.PTTL(ctx, key).Val(); ttl <= 0 {
 		t.Fatalf("PTTL %s = %v, want > 0", key, ttl)
 	}
-	// The NX forms would show as errors if sent; the commands' count
-	// shows one PEXPIRE per hit.
 	info := ctl.Info(ctx, "commandstats").Val()
-	if n := commandCalls(t, info, "pexpire"); n != 160 {
-		t.Errorf("cmdstat_pexpire calls = %d, want 160", n)
+	for _, cmd := range []string{"incrby", "pexpire"} {
+		if n := commandCalls(t, info, cmd); n != 160 {
+			t.Errorf("cmdstat_%s calls = %d, want 160", cmd, n)
+		}
 	}
 }
 
-// TestNativeRefusedNX: a PEXPIRE refused for its arguments (as Redis 6
-// refuses NX) is sent again without NX in the same flush, so the key
-// gets its TTL, and the Store sends no NX afterwards.
-func TestNativeRefusedNX(t *testing.T) {
+// TestNativeExpireFromLastHit: a later hit of the window sets the key's
+// TTL from its own instant, so the key lives until the window's end (plus
+// nativeSkew and the pinned clock's slack) as the last sender sees it,
+// not as the first did.
+func TestNativeExpireFromLastHit(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Standalone(t)
-	s := nativeStore(t, srv, nil, func() time.Time { return batchEpoch })
-	ctx := context.Background()
 	ctl := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
 	defer ctl.Close()
-	// A call whose PEXPIRE carries an argument every version refuses,
-	// standing for the refused NX.
-	c := newNativeCall([]algo.Hit{chargeHit("native:refused", nativeLimit, 1)}, batchEpoch.UnixMicro(), 0)
-	p := ctl.Pipeline()
-	c.queue(ctx, p, false)
-	c.exp[0] = goredis.NewBoolCmd(ctx, "pexpire", c.keys[0], c.ttl[0], "refused")
-	_ = p.Process(ctx, c.exp[0])
-	_, _ = p.Exec(ctx)
-	if !c.refusedNX() {
-		t.Fatalf("PEXPIRE error %v not seen as refused", c.exp[0].Err())
+	ctx := context.Background()
+	ws, we := algo.WindowBoundsUs(nativeLimit, batchEpoch.UnixMicro())
+	var at atomic.Int64
+	at.Store(ws + time.Minute.Microseconds())
+	s := nativeStore(t, srv, nil, func() time.Time { return time.UnixMicro(at.Load()) })
+	take := func() {
+		t.Helper()
+		d, err := algotest.Take(ctx, s, []algo.Hit{chargeHit("native:last", nativeLimit, 1)})
+		if err != nil || !d[0].Allowed {
+			t.Fatalf("take: %+v, %v", d, err)
+		}
 	}
-	sc := &scriptCall{native: c}
-	s.batch.retryNX(ctx, s.batch.client, []*invocation{{native: true, calls: []*scriptCall{sc}}})
-	if !s.noNX.Load() {
-		t.Fatal("noNX not set after a refused NX")
-	}
-	if ttl := ctl.PTTL(ctx, c.keys[0]).Val(); ttl <= 0 {
-		t.Fatalf("PTTL = %v after the retry, want > 0", ttl)
-	}
-	out := make([]algo.Decision, 1)
-	if err := c.decide(out); err != nil || !out[0].Allowed {
-		t.Fatalf("decide: %+v, %v", out[0], err)
+	key := nativeKey("native:last", ws)
+	take()
+	first := ctl.PTTL(ctx, key).Val()
+	at.Store(we - time.Minute.Microseconds())
+	take()
+	// The second hit's TTL: a minute to the window's end, plus the skew
+	// and the slack; real time only lowers PTTL after it.
+	bound := time.Minute + nativeSkew + time.Duration(pinnedSlackMs)*time.Millisecond
+	if ttl := ctl.PTTL(ctx, key).Val(); ttl <= 0 || ttl > bound {
+		t.Fatalf("PTTL after the later hit = %v (after the first: %v), want in (0, %v]", ttl, first, bound)
 	}
 }

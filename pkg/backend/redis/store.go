@@ -108,9 +108,6 @@ type Store struct {
 	// sentinelMaster watches the Sentinel master's address (nil in other
 	// modes).
 	sentinelMaster *masterWatch
-	// noNX is set once a server refused PEXPIRE's NX (Redis 6; see
-	// nativeCall): native calls then send PEXPIRE without it.
-	noNX atomic.Bool
 	// fnReloading: a reloadFunctions is running.
 	fnReloading atomic.Bool
 	// warmConns is how many connections per node Warm and the health
