@@ -219,3 +219,75 @@ func TestClusterStorePoolWarm(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterClientFollowsRedirects: a Cluster client built by NewClient,
+// which re-sends nothing else, still follows ASK (a slot being migrated)
+// and MOVED (a slot moved since the client loaded the slot map), alone
+// and in a pipeline: the node answers them without running the call.
+func TestClusterClientFollowsRedirects(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster: -short")
+	}
+	g := redistest.Cluster(t, 3)
+	src, dst := g.Nodes[0], g.Nodes[1]
+	key := masterKeys(t, g)[src.Addr()]("redirect", 1)[0]
+	slot := int(redis.Slot(key))
+	ctx := context.Background()
+	do := func(n *redistest.Server, args ...any) any {
+		t.Helper()
+		v, err := n.Do(ctx, args...)
+		if err != nil {
+			t.Fatalf("%s: %v: %v", n.Addr(), args, err)
+		}
+		return v
+	}
+	id := func(n *redistest.Server) string { return fmt.Sprint(do(n, "CLUSTER", "MYID")) }
+	c, err := redis.NewClient(clusterOptions(g))
+	if err != nil {
+		t.Fatalf("NewClient: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.ScriptLoad(ctx, incrScript).Err(); err != nil {
+		t.Fatalf("SCRIPT LOAD: %v", err)
+	}
+	sha := goredis.NewScript(incrScript).Hash()
+	run := func(k string, want int64) {
+		t.Helper()
+		if v, err := c.EvalSha(ctx, sha, []string{k}).Int64(); err != nil || v != want {
+			t.Errorf("EVALSHA %s: %d, %v; want %d", k, v, err, want)
+		}
+		cmds, err := c.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			p.EvalSha(ctx, sha, []string{k})
+			return nil
+		})
+		if err != nil {
+			t.Errorf("pipelined EVALSHA %s: %v", k, err)
+			return
+		}
+		if v, err := cmds[0].(*goredis.Cmd).Int64(); err != nil || v != want+1 {
+			t.Errorf("pipelined EVALSHA %s: %d, %v; want %d", k, v, err, want+1)
+		}
+	}
+	run(key, 1) // loads the slot map
+
+	// ASK: the slot migrates from src to dst; a key src lacks is asked of dst.
+	do(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", id(src))
+	do(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", id(dst))
+	run("{"+key+"}:ask", 1)
+
+	// MOVED: the slot and its keys now belong to dst; the client's map
+	// still names src.
+	do(src, "MIGRATE", "127.0.0.1", dst.Port(), "", 0, 5000, "KEYS", key)
+	for _, n := range g.Nodes {
+		do(n, "CLUSTER", "SETSLOT", slot, "NODE", id(dst))
+	}
+	run(key, 3)
+
+	// The redirects happened: src answered ASK, then MOVED, to both sends.
+	info := fmt.Sprint(do(src, "INFO", "errorstats"))
+	for _, e := range []string{"ASK", "MOVED"} {
+		if n := infoField(t, info, "errorstat_"+e, "count"); n < 2 {
+			t.Errorf("%s answered %s %d times, want >= 2", src.Addr(), e, n)
+		}
+	}
+}

@@ -44,7 +44,7 @@ func (c *replyLossConn) Read(b []byte) (int, error) {
 	if _, err := c.Conn.Read(b); err != nil {
 		return 0, err
 	}
-	_ = c.Conn.Close()
+	_ = c.Close()
 	return 0, io.EOF
 }
 
