@@ -25,11 +25,13 @@ import (
 // Store's Warm and health probe keep connections dialed.
 //
 // Pipelines share the main pool, so PoolSize bounds all connections to a
-// node. Standalone and Sentinel speak RESP2: the Store uses no push
-// message, and over RESP3 go-redis would peek the socket for them before
-// every command on a pinned connection. Every call is bounded by its
-// context and Options.MaxWait and never retried by go-redis (Cluster
-// redirections aside); a connection that got READONLY is closed, so none
+// node, and the connections warmed up are those a batch uses. The client
+// speaks RESP2: the Store uses no push message, and over RESP3 go-redis
+// would peek the socket for them before every command on a pinned
+// connection. Every call is bounded by its context and Options.MaxWait and
+// never retried by go-redis: a Cluster client follows MOVED and ASK (the
+// node did not run the command) but re-sends nothing else (see
+// noRetryHook); a connection that got READONLY is closed, so none
 // stays on a demoted master. A Cluster client routes by hash slot alone and
 // never asks a node for COMMAND, so a frozen node delays only the calls
 // sent to it.
@@ -94,7 +96,7 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 
 	switch o.Mode {
 	case Cluster:
-		return goredis.NewClusterClient(&goredis.ClusterOptions{
+		cc := goredis.NewClusterClient(&goredis.ClusterOptions{
 			Addrs:                      o.Addrs,
 			Dialer:                     dial,
 			Username:                   base.Username,
@@ -112,15 +114,19 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 			PoolTimeout:                o.maxWait(),
 			MinIdleConns:               0, // the Store keeps its connections warm (see dialer)
 			ConnMaxIdleTime:            -1,
+			PipelinePoolSize:           -1, // pipelines share each node's main pool (PoolSize, PoolTimeout)
 			DisableIdentity:            true,
 			MaintNotificationsConfig:   maint,
+			Protocol:                   2, // see NewClient
 			// go-redis' command routing policies look up every lone
 			// command's COMMAND info, fetched on first use from a random
 			// node under a lock the whole client shares: a frozen node
 			// would hold every master's decisions for a read timeout. The
 			// Store routes by slot only, which legacy routing does.
 			DisableRoutingPolicies: true,
-		}), nil
+		})
+		cc.AddHook(noRetryHook{})
+		return cc, nil
 	case Sentinel:
 		return goredis.NewFailoverClient(&goredis.FailoverOptions{
 			MasterName:                 o.MasterName,
@@ -169,6 +175,48 @@ func newClient(o Options, hooks dialHooks) (goredis.UniversalClient, error) {
 		return goredis.NewClient(base), nil
 	}
 }
+
+// noRetryHook marks every command a Cluster client sends as not to be
+// retried. go-redis' Cluster layer retries, up to MaxRedirects times, a
+// command or pipeline that timed out or lost its connection, whatever
+// MaxRetries says; the node may have run it already, and a script run
+// twice counts a decision twice. Marked commands still follow MOVED and
+// ASK redirections, which the node answers without running the command.
+// Other refusals (TRYAGAIN, CLUSTERDOWN, LOADING) fail the call at once
+// and the rules' failure modes answer. A MULTI/EXEC pipeline, which the
+// Store does not send, passes unmarked: go-redis reads its replies by
+// command type.
+type noRetryHook struct{}
+
+func (noRetryHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (noRetryHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		return next(ctx, noRetryCmd{cmd})
+	}
+}
+
+func (noRetryHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "multi" {
+			return next(ctx, cmds)
+		}
+		marked := make([]goredis.Cmder, len(cmds))
+		wrapped := make([]noRetryCmd, len(cmds))
+		for i, c := range cmds {
+			wrapped[i].Cmder = c
+			marked[i] = &wrapped[i]
+		}
+		return next(ctx, marked)
+	}
+}
+
+// noRetryCmd is a command go-redis must not retry: it is the embedded
+// command (its arguments, reply and error) but for NoRetry.
+type noRetryCmd struct{ goredis.Cmder }
+
+// NoRetry is true: see noRetryHook.
+func (noRetryCmd) NoRetry() bool { return true }
 
 // maxWait is the client's own bound of a command (read, write, pool wait)
 // when its context has an earlier deadline or none: Options.MaxWait, or
