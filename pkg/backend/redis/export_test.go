@@ -35,6 +35,6 @@ func (s *Store) SweeperTicks() int64 { return s.batch.sweeps.Load() }
 // commands at a chosen moment.
 func (s *Store) AddClientHook(h goredis.Hook) { s.client.AddHook(h) }
 
-// Window1Function is the name of the function library (and function)
-// the Store loads for lone window decisions.
-var Window1Function = window1Func
+// Window1Function and Window1Lib are the names of the function the Store
+// calls for lone window decisions and of the library it loads it in.
+var Window1Function, Window1Lib = window1Func, window1Lib

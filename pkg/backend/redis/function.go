@@ -9,17 +9,24 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// window1Func is the name of the Redis Function library, and of its one
-// function, that runs window1Lua: versioned by the script's SHA1, so that
-// a changed body gets a new name and binaries of two releases share a
-// server during a rolling upgrade, each calling its own.
-var window1Func = "ratelimitd_w1_" + window1Script.Hash()[:12]
+// window1Func is the name of the Redis Function that runs window1Lua,
+// versioned by the script's SHA1 so that a changed body gets a new name
+// and binaries of two releases share a server during a rolling upgrade,
+// each calling its own. Redis hashes the name (case-folded, in 8-byte
+// blocks) twice per FCALL, for the command's flags and for the call, so
+// it is kept to 16 bytes: "rlw1" and 12 hex digits.
+var window1Func = "rlw1" + window1Script.Hash()[:12]
+
+// window1Lib is the name of window1Func's library (what FUNCTION LIST
+// shows and FUNCTION LOAD REPLACE replaces): ratelimitd's prefix and the
+// function's name, so a changed function name is a changed library too.
+var window1Lib = "ratelimitd_" + window1Func
 
 // window1Library is the FUNCTION LOAD source of window1Func: window1Lua
 // as the body of the registered function (KEYS and ARGV are its
 // arguments), generated from the embedded script so that one source
 // decides a lone hit whichever way it is called.
-var window1Library = "#!lua name=" + window1Func + "\n" +
+var window1Library = "#!lua name=" + window1Lib + "\n" +
 	"redis.register_function('" + window1Func + "', function(KEYS, ARGV)\n" +
 	window1Lua + "\nend)\n"
 

@@ -37,7 +37,7 @@ func fcallStore(t *testing.T, o redis.Options) *redis.Store {
 // hasLibrary reports whether the node of c has the Store's library.
 func hasLibrary(t *testing.T, c *goredis.Client) bool {
 	t.Helper()
-	libs, err := c.FunctionList(context.Background(), goredis.FunctionListQuery{LibraryNamePattern: redis.Window1Function}).Result()
+	libs, err := c.FunctionList(context.Background(), goredis.FunctionListQuery{LibraryNamePattern: redis.Window1Lib}).Result()
 	if err != nil {
 		t.Fatalf("FUNCTION LIST: %v", err)
 	}
@@ -107,7 +107,7 @@ func TestFcallLoaded(t *testing.T) {
 	c := srv.Client()
 	t.Cleanup(func() { _ = c.Close() })
 	if !hasLibrary(t, c) {
-		t.Fatalf("library %s not loaded by Warm", redis.Window1Function)
+		t.Fatalf("library %s not loaded by Warm", redis.Window1Lib)
 	}
 	// The first decisions learn the server's clock (window.lua reads
 	// TIME); the window keys take it from the offset afterwards.
@@ -521,5 +521,50 @@ func TestFcallACLGranted(t *testing.T) {
 				t.Errorf("%d lines of functions available again naming %s, want 1: %q", got, srv.Addr(), logs.lines)
 			}
 		})
+	}
+}
+
+// TestFcallNameShort: the function FCALL names is at most 16 bytes (Redis
+// hashes it twice per call, in 8-byte blocks), is the one function of
+// the library Warm loads, and that library's name is not the function's,
+// so a build whose function is named otherwise loads a library of its
+// own instead of replacing this one.
+func TestFcallNameShort(t *testing.T) {
+	if n := len(redis.Window1Function); n > 16 {
+		t.Errorf("function name %q is %d bytes, want at most 16", redis.Window1Function, n)
+	}
+	srv, o := standaloneOptions(t)
+	s := fcallStore(t, o)
+	c := srv.Client()
+	t.Cleanup(func() { _ = c.Close() })
+	libs, err := c.FunctionList(context.Background(), goredis.FunctionListQuery{}).Result()
+	if err != nil {
+		t.Fatalf("FUNCTION LIST: %v", err)
+	}
+	if len(libs) != 1 || len(libs[0].Functions) != 1 {
+		t.Fatalf("FUNCTION LIST after Warm: %+v, want one library of one function", libs)
+	}
+	lib, fn := libs[0].Name, libs[0].Functions[0].Name
+	if fn != redis.Window1Function || lib != redis.Window1Lib || lib == fn || !strings.HasPrefix(lib, "ratelimitd_") {
+		t.Fatalf("library %q function %q, want library %q (ratelimitd_…, not the function's name) of function %q",
+			lib, fn, redis.Window1Lib, redis.Window1Function)
+	}
+	// A decision through it (the name FCALL sends) counts.
+	l := algo.Limit{Kind: algo.FixedWindow, Rate: 6, Period: time.Hour}
+	for i := range 10 {
+		d, err := algotest.Take(context.Background(), s, []algo.Hit{{Key: "fcall-name", Limit: l, Cost: 1}})
+		if err != nil {
+			t.Fatalf("Take %d: %v", i, err)
+		}
+		if want := i < 6; d[0].Allowed != want {
+			t.Fatalf("Take %d: allowed %v, want %v", i, d[0].Allowed, want)
+		}
+	}
+	st, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO: %v", err)
+	}
+	if !strings.Contains(st, "cmdstat_fcall:") {
+		t.Fatalf("no FCALL sent:\n%s", st)
 	}
 }
