@@ -78,9 +78,23 @@ func (s *server) updateDurableHealth() {
 	if s.durableLogged.Swap(want) == want {
 		return
 	}
+	// The cause and error of the outage that made it unhealthy, or that
+	// it recovered from (the store's errors never hold the password).
+	var attrs []any
+	if hc, ok := s.durable.(healthCauser); ok {
+		if cause, err := hc.HealthCause(); err != nil {
+			attrs = append(attrs, "cause", cause, "error", err.Error())
+		}
+	}
 	if up {
-		s.log.Info("durable store healthy: durable decisions are counted")
+		s.log.Info("durable store healthy: durable decisions are counted", attrs...)
 		return
 	}
-	s.log.Warn("durable store unhealthy: durable limits get their failure modes until it answers again")
+	s.log.Warn("durable store unhealthy: durable limits get their failure modes until it answers again", attrs...)
+}
+
+// healthCauser is a durable store that says why it is, or was, not
+// healthy (postgres.Store.HealthCause).
+type healthCauser interface {
+	HealthCause() (cause string, err error)
 }

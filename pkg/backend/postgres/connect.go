@@ -61,6 +61,10 @@ func (s *Store) connectLoop(first error) {
 		d = retryAfter(err, d)
 		e := notConnected(err)
 		s.notReady.Store(e)
+		var oe *Error
+		if errors.As(err, &oe) {
+			s.lastOutage.Store(oe)
+		}
 		cause := causeLabel(err)
 		if cause == logged {
 			continue

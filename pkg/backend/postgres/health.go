@@ -9,16 +9,40 @@ import (
 	"time"
 )
 
-// Healthy reports whether decisions are counted now: false from an
-// outage error (timeout, refused, read-only, credentials refused) of a
-// decision or the probe until the next success, and while the circuit
-// breaker is not closed, and until the schema is checked (see New).
-// Implements service.Healther.
+// Healthy reports whether decisions are counted now: false from a
+// definite outage error (refused, connection lost, read-only, credentials
+// refused, schema gone) of a decision or the probe until the next
+// success, while the circuit breaker is not closed (timeouts of a whole
+// Timeout count there, as consecutive failures), and until the schema is
+// checked (see New). A caller's deadline that ran out, or a probe that
+// ran out of time while PostgreSQL was answering, says nothing of
+// PostgreSQL and changes nothing. Implements service.Healther.
 func (s *Store) Healthy() bool {
 	return s.ready.Load() && !s.unhealthy.Load() && s.breaker.Healthy()
 }
 
-// note records the outcome of a decision or probe for Healthy. A refused
+// HealthCause is the cause and the error of the latest outage the Store
+// saw (a decision's or the probe's, or the failure to connect at New):
+// why it is not healthy, or was not until it became healthy again. The
+// error never holds the password. Both are zero when none was seen.
+func (s *Store) HealthCause() (cause string, err error) {
+	if !s.ready.Load() {
+		if e := s.lastOutage.Load(); e != nil {
+			return e.Cause(), e
+		}
+		if e := s.notReady.Load(); e != nil {
+			return e.Cause(), e
+		}
+	}
+	if e := s.lastOutage.Load(); e != nil {
+		return e.Cause(), e
+	}
+	return "", nil
+}
+
+// note records the outcome of a decision or probe for Healthy. Only a
+// definite outage makes the Store unhealthy at once; a timeout is left to
+// the breaker, which opens after consecutive ones over FailFor. A refused
 // connection also drops the pool's idle connections: they point at a
 // server that is gone, and each would fail one call after it is back.
 func (s *Store) note(err error) {
@@ -35,6 +59,10 @@ func (s *Store) note(err error) {
 		s.wakeProbe()
 	}
 	if errors.As(err, &e) && e.Outage() {
+		s.lastOutage.Store(e)
+		if e.Cause() == CauseTimeout {
+			return
+		}
 		if err == errSchemaGone && !s.unhealthy.Load() {
 			s.log.Error("durable store: the schema is gone; durable limits get their failure modes until it is recreated", "err", err)
 		}
@@ -54,6 +82,12 @@ func (s *Store) wakeProbe() {
 	default:
 	}
 }
+
+// errProbeSlow is the probe's error when it ran out of time while
+// PostgreSQL answered decisions meanwhile: the host was too slow (CPU
+// starvation, a throttled pod), PostgreSQL was not gone. Neither an
+// outage nor a stall.
+var errProbeSlow = newError(CauseTimeout, false, errors.New("health probe not finished in time while PostgreSQL was answering"))
 
 // errStandby is the probe's error when the server is a standby: it
 // answers but refuses writes.
@@ -151,7 +185,18 @@ func (s *Store) probeLoop() {
 		// the server answers, so that an idle Store recovers.
 		var err error
 		if s.breaker.Healthy() {
+			at, start := s.clk.Now(), time.Now()
 			err = s.check(context.Background())
+			if errors.Is(err, errTimeout) {
+				// A probe that ran out of time while decisions were
+				// answered meanwhile is a slow (starved) host, not an
+				// outage; otherwise it counts as a stall toward the
+				// breaker, as a decision's Timeout does.
+				if s.answered.Load() >= start.UnixNano() {
+					err = errProbeSlow
+				}
+				s.breaker.RecordSince(at, s.clk.Now(), err)
+			}
 		} else {
 			err = s.breaker.Do(context.Background(), 0, s.check)
 		}

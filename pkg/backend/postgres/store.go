@@ -54,6 +54,11 @@ type Store struct {
 	// unhealthy is set by an outage error of a decision or the probe and
 	// cleared by the next success.
 	unhealthy atomic.Bool
+	// answered is when PostgreSQL last answered a decision (Unix ns of
+	// the wall clock).
+	answered atomic.Int64
+	// lastOutage is the latest outage error seen (see HealthCause).
+	lastOutage atomic.Pointer[Error]
 	// ready is set once the schema was checked or migrated (at New, or
 	// later by connectLoop); until then Take answers notReady's error
 	// without calling PostgreSQL.
@@ -181,6 +186,7 @@ func newWithClock(ctx context.Context, opt Options, clk clock) (*Store, error) {
 			return nil, err
 		}
 		s.notReady.Store(notConnected(err))
+		s.lastOutage.Store(e)
 		s.log.Warn("durable store: starting unhealthy, durable limits get their failure modes until PostgreSQL answers: "+connectAdvice(e.Cause()), "cause", e.Cause(), "err", err)
 		s.wg.Add(1)
 		go s.connectLoop(err)

@@ -86,12 +86,21 @@ func (s *Store) Take(ctx context.Context, hits []algo.Hit, out []algo.Decision) 
 	}
 	cancel()
 	rec := err
-	if errors.Is(err, errTimeout) && cut || errors.Is(err, context.DeadlineExceeded) {
+	switch {
+	case errors.Is(err, errTimeout) && cut, errors.Is(err, context.DeadlineExceeded):
+		rec = errBudgetCut
+	case errors.Is(err, errTimeout) && time.Now().Before(end):
+		// The batch ran out of the budget of another of its calls,
+		// cut by that caller's deadline, before this one's: no whole
+		// Timeout of silence either.
 		rec = errBudgetCut
 	}
+	if err == nil {
+		s.answered.Store(time.Now().UnixNano())
+	}
 	s.breaker.RecordSince(at, s.clk.Now(), rec)
-	s.note(err)
-	if errors.Is(err, errTimeout) && cut {
+	s.note(rec)
+	if errors.Is(err, errTimeout) && cut || errors.Is(err, context.DeadlineExceeded) {
 		return errBudgetCut
 	}
 	return err
