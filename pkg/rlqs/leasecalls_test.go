@@ -64,6 +64,43 @@ func (h *heldLeases) Lease(ctx context.Context, req algo.LeaseRequest) (algo.Lea
 // A lease that fails on one counter fails that counter only: the store
 // answers the other 99.
 func TestRoundLeasesOverlap(t *testing.T) {
+	leases := &heldLeases{gate: make(chan struct{})}
+	s, keys := leasedRig(t, leases, 30*time.Second)
+	const tenants = 100
+	leases.fail = keys[0]
+	leases.calls.Store(0)
+	leases.top.Store(0)
+	leases.granted.Store(0)
+	leases.hold.Store(true)
+	done := make(chan struct{})
+	go func() {
+		s.Round(context.Background())
+		close(done)
+	}()
+	// The round's calls all wait on the gate: as many as the bound allows
+	// are in flight before any returns.
+	waitFor(t, "lease calls in flight", func() bool { return leases.inFlight.Load() == maxLeaseCalls })
+	close(leases.gate)
+	<-done
+	if top := leases.top.Load(); top != maxLeaseCalls {
+		t.Errorf("at most %d lease calls in flight, want %d", top, maxLeaseCalls)
+	}
+	if n := leases.calls.Load(); n != tenants {
+		t.Errorf("%d lease calls in the round, want %d (one per counter)", n, tenants)
+	}
+	if n := testutil.ToFloat64(s.m.errors.WithLabelValues("reserve")); n != 1 {
+		t.Errorf("ratelimitd_rlqs_store_errors_total{op=\"reserve\"} = %v, want 1 (the failed counter's)", n)
+	}
+	if n := leases.granted.Load(); n != tenants-1 {
+		t.Errorf("the store answered %d lease calls, want %d (all but the failed counter's)", n, tenants-1)
+	}
+}
+
+// leasedRig is a server on a real Redis store whose leases go through
+// leases, with one stream reporting a bucket on each of 100 counters;
+// the joins are done. It returns the leased counters.
+func leasedRig(t *testing.T, leases *heldLeases, roundTimeout time.Duration) (*Server, []string) {
+	t.Helper()
 	srv := redistest.Standalone(t)
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
@@ -72,9 +109,9 @@ func TestRoundLeasesOverlap(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	leases := &heldLeases{LeaseStore: store, gate: make(chan struct{})}
+	leases.LeaseStore = store
 	s, err := New(Options{Store: store, Demand: store, Leases: leases, Registerer: prometheus.NewRegistry(), Replica: "a",
-		joinTimeout: 30 * time.Second, roundTimeout: 30 * time.Second})
+		joinTimeout: 30 * time.Second, roundTimeout: roundTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,9 +142,17 @@ func TestRoundLeasesOverlap(t *testing.T) {
 	if len(keys) != tenants {
 		t.Fatalf("%d leased counters, want %d", len(keys), tenants)
 	}
-	leases.fail = keys[0]
+	return s, keys
+}
+
+// TestRoundLeasesStalled: when every lease call of a round stalls, the
+// round ends at its budget: each of the 100 counters' leases is counted
+// as failed (made and cut off, or not made for want of time), and none
+// is granted.
+func TestRoundLeasesStalled(t *testing.T) {
+	leases := &heldLeases{gate: make(chan struct{})}
+	s, _ := leasedRig(t, leases, 300*time.Millisecond)
 	leases.calls.Store(0)
-	leases.top.Store(0)
 	leases.granted.Store(0)
 	leases.hold.Store(true)
 	done := make(chan struct{})
@@ -115,21 +160,19 @@ func TestRoundLeasesOverlap(t *testing.T) {
 		s.Round(context.Background())
 		close(done)
 	}()
-	// The round's calls all wait on the gate: as many as the bound allows
-	// are in flight before any returns.
-	waitFor(t, "lease calls in flight", func() bool { return leases.inFlight.Load() == maxLeaseCalls })
+	waitFor(t, "the round's end at its budget", func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	if n := testutil.ToFloat64(s.m.errors.WithLabelValues("reserve")); n != 100 {
+		t.Errorf("ratelimitd_rlqs_store_errors_total{op=\"reserve\"} = %v, want 100", n)
+	}
+	if n := leases.granted.Load(); n != 0 {
+		t.Errorf("%d leases answered by a stalled store, want 0", n)
+	}
 	close(leases.gate)
-	<-done
-	if top := leases.top.Load(); top != maxLeaseCalls {
-		t.Errorf("at most %d lease calls in flight, want %d", top, maxLeaseCalls)
-	}
-	if n := leases.calls.Load(); n != tenants {
-		t.Errorf("%d lease calls in the round, want %d (one per counter)", n, tenants)
-	}
-	if n := testutil.ToFloat64(s.m.errors.WithLabelValues("reserve")); n != 1 {
-		t.Errorf("ratelimitd_rlqs_store_errors_total{op=\"reserve\"} = %v, want 1 (the failed counter's)", n)
-	}
-	if n := leases.granted.Load(); n != tenants-1 {
-		t.Errorf("the store answered %d lease calls, want %d (all but the failed counter's)", n, tenants-1)
-	}
 }
