@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
@@ -120,28 +121,56 @@ func admissible(sh share, interval time.Duration) (tokens int64, refill float64)
 	return max(sh.maxTokens, 1), float64(sh.rate) / milli * interval.Seconds() / sh.window.Seconds()
 }
 
-// reserve does the lease operations of rs, one store call each, within
-// ctx; a failed one is counted under op (reserve: a round's; reserve_join:
-// a new bucket's, within joinTimeout) and left with its error.
+// maxLeaseCalls bounds a round's (or a join's) lease calls in flight at
+// once. Each counter's lease is its own atomic store call, so the calls
+// overlap freely: a round of many counters costs about its slowest call,
+// not their sum, and the bound keeps a large round from taking every
+// connection of the store's pool.
+const maxLeaseCalls = 64
+
+// reserve does the lease operations of rs, one store call each, up to
+// maxLeaseCalls at once, in the order of rs, within ctx; a failed one is
+// counted under op (reserve: a round's; reserve_join: a new bucket's,
+// within joinTimeout) and left with its error, the others go on. It
+// returns when every call it started has returned.
 func (s *Server) reserve(ctx context.Context, op string, rs []*reservation) {
 	sub := s.subscriber()
+	slots := make(chan struct{}, maxLeaseCalls)
+	var wg sync.WaitGroup
 	for _, r := range rs {
 		if r.want == 0 && r.ret == 0 {
 			continue
 		}
-		if r.err = ctx.Err(); r.err == nil {
-			var g algo.LeaseGrant
-			g, r.err = s.opt.Leases.Lease(ctx, algo.LeaseRequest{Key: r.key, Limit: r.spec.Limit, Subscriber: sub,
-				Want: r.want, Return: r.ret, ReturnWindow: r.retWS, Stale: 1})
-			if r.err == nil {
-				r.granted = g.Granted
-				r.ws, _ = algo.WindowBoundsUs(r.spec.Limit, g.Now)
+		taken := false
+		select {
+		case slots <- struct{}{}:
+			taken = true
+		case <-ctx.Done():
+		}
+		if r.err = ctx.Err(); r.err != nil {
+			// Out of budget: no call is made; a slot taken is given back.
+			if taken {
+				<-slots
 			}
-		}
-		if r.err != nil {
 			s.m.errors.WithLabelValues(op).Inc()
+			continue
 		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			g, err := s.opt.Leases.Lease(ctx, algo.LeaseRequest{Key: r.key, Limit: r.spec.Limit, Subscriber: sub,
+				Want: r.want, Return: r.ret, ReturnWindow: r.retWS, Stale: 1})
+			if err != nil {
+				r.err = err
+				s.m.errors.WithLabelValues(op).Inc()
+				return
+			}
+			r.granted = g.Granted
+			r.ws, _ = algo.WindowBoundsUs(r.spec.Limit, g.Now)
+		}()
 	}
+	wg.Wait()
 }
 
 // applyGrants fits the shares of per to what rs granted: a counter

@@ -80,11 +80,24 @@ func tagged(base string) string {
 // in a window the server is not in. The call is bounded by ctx only: a
 // lease operation runs in the background of the requests (pkg/lease
 // bounds it, and no request waits for it past its own deadline), so
-// Options.Timeout, the budget of a request's call, does not apply.
-// Errors are classified (*Error).
+// Options.Timeout, the budget of a request's call, does not apply. At
+// most half of Options.PoolSize calls are in flight at once; the others
+// wait for a turn within ctx. Errors are classified (*Error).
 func (s *Store) Lease(ctx context.Context, req algo.LeaseRequest) (algo.LeaseGrant, error) {
 	if !algo.Leasable(req.Limit) {
 		return algo.LeaseGrant{}, newError(CauseOther, false, fmt.Errorf("redis: limit kind %d cannot be leased", req.Limit.Kind))
+	}
+	// Each call takes a pooled connection of its own: many concurrent
+	// calls (an RLQS round's) wait here, within ctx, and leave the rest of
+	// the pool to the other calls, rather than queue in the pool, whose
+	// wait is bounded by the request Timeout and fails as an outage.
+	if s.leaseSlots != nil {
+		select {
+		case s.leaseSlots <- struct{}{}:
+			defer func() { <-s.leaseSlots }()
+		case <-ctx.Done():
+			return algo.LeaseGrant{}, Classify(fmt.Errorf("redis: lease not sent: %w", ctx.Err()))
+		}
 	}
 	pinned := s.nowUS()
 	at := pinned

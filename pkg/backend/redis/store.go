@@ -75,6 +75,9 @@ type Store struct {
 	// lease script's born (see lease.lua); with the server's clock the
 	// script reads it from INFO.
 	born int64
+	// leaseSlots bounds the Lease calls in flight at once to half the
+	// pool (nil without newStore: unbounded); see Lease.
+	leaseSlots chan struct{}
 
 	// hints rank a Cluster request's slot groups (see takeCluster; nil
 	// on standalone and Sentinel).
@@ -168,6 +171,7 @@ func newStore(c goredis.UniversalClient, opts Options, clk clock) *Store {
 		probeKey:    opts.ProbeKey,
 		opts:        opts,
 		windowKeys:  opts.WindowKeys,
+		leaseSlots:  make(chan struct{}, max(1, opts.PoolSize/2)),
 	}
 	if s.probeKey == "" {
 		s.probeKey = DefaultProbeKey
