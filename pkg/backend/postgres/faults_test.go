@@ -309,29 +309,14 @@ func TestLockWaitBounded(t *testing.T) {
 	hit := algo.Hit{Key: "locked", Limit: longWindow, Cost: 1}
 	warm(t, s, hit)
 	ctx := context.Background()
-	c, err := pgx.Connect(ctx, srv.URL(db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
-	tx, err := c.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM ratelimitd_counters WHERE key = $1 FOR UPDATE", hit.Key); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockRow(t, srv, db, hit.Key)
 	const budget = time.Second
 	took, err := takeWithin(s, budget, hit)
 	if causeOf(err) != postgres.CauseTimeout || took > budget+slack {
 		t.Fatalf("take on a locked row: %v after %v, want cause timeout within %v", err, took, budget)
 	}
 	// No session of the store is left waiting for the lock.
-	waiting := func() int64 {
-		return srv.QueryInt(t, db, `SELECT count(*) FROM pg_stat_activity
-WHERE application_name = 'ratelimitd' AND wait_event_type = 'Lock'`)
-	}
+	waiting := func() int64 { return lockWaiters(t, srv, db) }
 	deadline := time.Now().Add(5 * time.Second)
 	for waiting() > 0 {
 		if time.Now().After(deadline) {
@@ -345,4 +330,32 @@ WHERE application_name = 'ratelimitd' AND wait_event_type = 'Lock'`)
 	if n := srv.QueryInt(t, db, "SELECT count FROM ratelimitd_counters WHERE key = $1", hit.Key); n != 1 {
 		t.Fatalf("the row counts %d, want 1 (the abandoned decision not counted)", n)
 	}
+}
+
+// lockRow holds key's counter row locked (SELECT … FOR UPDATE) in a
+// transaction of its own, until the test rolls it back or ends.
+func lockRow(t *testing.T, srv *pgtest.Server, db, key string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, srv.URL(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(ctx) })
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM ratelimitd_counters WHERE key = $1 FOR UPDATE", key); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// lockWaiters is how many sessions of the store wait on a lock.
+func lockWaiters(t *testing.T, srv *pgtest.Server, db string) int64 {
+	t.Helper()
+	return srv.QueryInt(t, db, `SELECT count(*) FROM pg_stat_activity
+WHERE application_name = 'ratelimitd' AND wait_event_type = 'Lock'`)
 }

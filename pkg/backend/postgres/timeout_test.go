@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/postgres"
@@ -152,19 +150,7 @@ func TestHotKeyOneWaiter(t *testing.T) {
 	hit := algo.Hit{Key: "one-waiter", Limit: longWindow, Cost: 1}
 	take(t, s, hit)
 	ctx := context.Background()
-	c, err := pgx.Connect(ctx, srv.URL(db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
-	tx, err := c.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM ratelimitd_counters WHERE key = $1 FOR UPDATE", hit.Key); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockRow(t, srv, db, hit.Key)
 	const n = 20
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
@@ -175,10 +161,7 @@ func TestHotKeyOneWaiter(t *testing.T) {
 			}
 		})
 	}
-	waiting := func() int64 {
-		return srv.QueryInt(t, db, `SELECT count(*) FROM pg_stat_activity
-WHERE application_name = 'ratelimitd' AND wait_event_type = 'Lock'`)
-	}
+	waiting := func() int64 { return lockWaiters(t, srv, db) }
 	deadline := time.Now().Add(20 * time.Second)
 	for s.InLanes() < n || waiting() < 1 {
 		if time.Now().After(deadline) {

@@ -120,18 +120,7 @@ func (s *server) put(c *conn) {
 // writeCmd writes one RESP command to w. A write error sticks to w and
 // is returned by its Flush.
 func writeCmd(w *bufio.Writer, args ...string) {
-	b := make([]byte, 0, 64)
-	b = append(b, '*')
-	b = strconv.AppendInt(b, int64(len(args)), 10)
-	b = append(b, "\r\n"...)
-	for _, a := range args {
-		b = append(b, '$')
-		b = strconv.AppendInt(b, int64(len(a)), 10)
-		b = append(b, "\r\n"...)
-		b = append(b, a...)
-		b = append(b, "\r\n"...)
-	}
-	_, _ = w.Write(b)
+	_, _ = w.Write(appendCmd(make([]byte, 0, 64), args...))
 }
 
 // errReply is a Redis error reply.
