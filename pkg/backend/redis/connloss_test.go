@@ -21,12 +21,18 @@ import (
 const lossCallers = 32
 
 // lossStore is a Store on srv whose circuit openings are counted in
-// opened. The timeout is long: these tests count failures by cause, and
-// a starved host must not add timeouts to them.
+// opened.
 func lossStore(t *testing.T, srv *redistest.Server, opened *atomic.Int64) *redis.Store {
 	t.Helper()
 	o := redis.DefaultOptions()
 	o.URL = srv.URL()
+	return lossStoreOf(t, o, opened)
+}
+
+// lossStoreOf is lossStore with o. The timeout is long: these tests count
+// failures by cause, and a starved host must not add timeouts to them.
+func lossStoreOf(t *testing.T, o redis.Options, opened *atomic.Int64) *redis.Store {
+	t.Helper()
 	o.Timeout = 2 * time.Second
 	o.MaxWait = stateWithin
 	o.Breaker.OnTransition = func(to redis.BreakerState) {
@@ -102,20 +108,50 @@ func TestConnLossKeepsCircuitClosed(t *testing.T) {
 	// Whether the calls dropped together come in a run depends on the
 	// scheduling: several rounds, each with its own Store.
 	for round := range 3 {
-		t.Run(fmt.Sprint("round ", round), func(t *testing.T) { connLossRound(t, srv) })
+		t.Run(fmt.Sprint("round ", round), func(t *testing.T) {
+			var opened atomic.Int64
+			connLossRound(t, lossStore(t, srv, &opened), &opened, srv)
+		})
 	}
 }
 
-func connLossRound(t *testing.T, srv *redistest.Server) {
-	var opened atomic.Int64
-	s := lossStore(t, srv, &opened)
+// TestConnLossClusterKeepsCircuitsClosed is TestConnLossKeepsCircuitClosed
+// on a 3-master Cluster, every master's connections killed at once: no
+// master's circuit opens.
+func TestConnLossClusterKeepsCircuitsClosed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster: -short")
+	}
+	redistest.Require(t)
+	g := redistest.Cluster(t, 3)
+	o := redis.DefaultOptions()
+	o.Mode = redis.Cluster
+	o.URL = ""
+	o.Addrs = g.Addrs()
+	o.DialTimeout = 2 * time.Second
+	for round := range 2 {
+		t.Run(fmt.Sprint("round ", round), func(t *testing.T) {
+			var opened atomic.Int64
+			connLossRound(t, lossStoreOf(t, o, &opened), &opened, g.Nodes...)
+		})
+	}
+}
+
+// connLossRound runs the burst on s, kills the normal clients of srvs
+// once in its middle and checks that only calls in flight failed and that
+// no circuit opened (opened counts s' openings).
+func connLossRound(t *testing.T, s *redis.Store, opened *atomic.Int64, srvs ...*redistest.Server) {
 	var done atomic.Int64
 	killed := make(chan int64, 1)
 	go func() {
 		for done.Load() < 2000 {
 			time.Sleep(time.Millisecond)
 		}
-		killed <- killClients(t, srv)
+		var k int64
+		for _, srv := range srvs {
+			k += killClients(t, srv)
+		}
+		killed <- k
 	}()
 	failed, calls := lossLoad(s, nil, 20000/lossCallers, &done)
 	k := <-killed
