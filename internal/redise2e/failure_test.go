@@ -234,7 +234,7 @@ type outage struct {
 }
 
 var killedAndFrozen = []outage{
-	{"killed", (*redistest.Server).Kill, (*redistest.Server).Restart, []string{redis.CauseRefused, redis.CauseCircuitOpen}},
+	{"killed", (*redistest.Server).Kill, (*redistest.Server).Restart, []string{redis.CauseRefused, redis.CauseReset, redis.CauseCircuitOpen}},
 	{"frozen", (*redistest.Server).Stop, (*redistest.Server).Cont, []string{redis.CauseStalled}},
 }
 
@@ -418,7 +418,7 @@ func TestFailureModesOOMReadonlyStartup(t *testing.T) {
 		srv := redistest.Standalone(t)
 		srv.Kill() // the port stays reserved for Start
 		in := newInstance(t, standaloneOpts(srv.URL()), failureSet(t))
-		checkFailureModes(t, in, redis.CauseRefused, redis.CauseCircuitOpen, redis.CauseTimeout)
+		checkFailureModes(t, in, redis.CauseRefused, redis.CauseReset, redis.CauseCircuitOpen, redis.CauseTimeout)
 		srv.Start()
 		srv.WaitReady()
 		took := waitFor(t, stateWithin, "normal answers after Redis started", func() bool { return decided(t, in) })

@@ -45,8 +45,14 @@ type Breaker struct {
 	streakStart time.Time // when the first of the consecutive failures was recorded
 	streakHard  bool      // the consecutive failures include a non-timeout outage
 	openHard    bool      // the circuit opened on failures that include a non-timeout outage
-	buckets     [breakerBuckets]breakerBucket
-	opened      uint64 // times the circuit opened
+	// lostAt is when the latest connection loss (Dropped) was counted:
+	// a drop of a call that started before it is the same loss.
+	// losses are the losses counted since lossStart, within Window.
+	lostAt    time.Time
+	lossStart time.Time
+	losses    int
+	buckets   [breakerBuckets]breakerBucket
+	opened    uint64 // times the circuit opened
 	// halfOpened: HalfOpen was reported since the circuit last
 	// opened; pending are the transitions unlock reports.
 	halfOpened bool
@@ -189,7 +195,7 @@ func (b *Breaker) RecordSince(start, now time.Time, err error) {
 	if err != nil {
 		outcome = b.errs.Outcome(err)
 	}
-	failed, neutral, hard := outcome >= Stalled, outcome == Neutral, outcome == Failed
+	failed, neutral, hard := outcome >= Stalled, outcome == Neutral, outcome >= Failed
 	b.mu.Lock()
 	defer b.unlock()
 	st := b.stateLocked(now)
@@ -214,6 +220,10 @@ func (b *Breaker) RecordSince(start, now time.Time, err error) {
 	if st == Open || neutral {
 		return
 	}
+	if outcome == Dropped {
+		b.dropLocked(start, now, err)
+		return
+	}
 	bk := b.bucketLocked(now)
 	bk.calls++
 	if !failed {
@@ -221,6 +231,31 @@ func (b *Breaker) RecordSince(start, now time.Time, err error) {
 		return
 	}
 	b.failLocked(bk, now, hard, err)
+}
+
+// dropLocked records a call, started at start, whose connection was lost
+// at now (Dropped). Calls in flight when a loss was counted (started
+// before lostAt) were on the lost connections: they count for nothing.
+// Another loss counts as one failure that, like a stall, opens the
+// circuit only with others (a refused dial makes the run proven), and
+// Failures losses within Window open it at once. b.mu is held; the
+// circuit is closed.
+func (b *Breaker) dropLocked(start, now time.Time, err error) {
+	if start.Before(b.lostAt) {
+		return
+	}
+	b.lostAt = now
+	if b.losses == 0 || now.Sub(b.lossStart) >= b.opts.Window {
+		b.lossStart, b.losses = now, 0
+	}
+	b.losses++
+	if b.losses >= b.opts.Failures {
+		b.openLocked(now, true, err)
+		return
+	}
+	bk := b.bucketLocked(now)
+	bk.calls++
+	b.failLocked(bk, now, false, err)
 }
 
 // Overdue records a stall for an invocation sent at sent that the
@@ -339,7 +374,7 @@ func (b *Breaker) openLocked(now time.Time, hard bool, err error) {
 
 func (b *Breaker) closeLocked(now time.Time) {
 	b.reportLocked(now, Report{To: Closed, FailedProbes: b.failedProbes, Since: b.outageSince, At: now}, false)
-	b.state, b.consecutive, b.probes = Closed, 0, 0
+	b.state, b.consecutive, b.probes, b.losses = Closed, 0, 0, 0
 	b.buckets = [breakerBuckets]breakerBucket{}
 	b.transitionLocked(Closed)
 }

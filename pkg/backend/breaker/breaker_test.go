@@ -172,3 +172,66 @@ func TestReportSaysWhatOpened(t *testing.T) {
 		}
 	}
 }
+
+// TestDroppedConnection: the calls in flight when a connection loss is
+// first recorded (started before it) are one failure, however many; a
+// call started after it and dropped too is another loss, and Failures
+// losses within Window open the circuit with Errors.Open; a loss followed
+// by refused dials (a dead backend) opens it as a run of proven failures.
+func TestDroppedConnection(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	errDropped := errors.New("dropped")
+	o := breaker.Options{Failures: 5, Window: time.Second, MinCalls: 20, FailureRatio: 0.5, OpenFor: 250 * time.Millisecond, FailFor: time.Second}
+	errs := breaker.Errors{Open: errOpen, StalledOpen: errStalled, Outcome: func(err error) breaker.Outcome {
+		if err == errDropped {
+			return breaker.Dropped
+		}
+		return outcome(err)
+	}}
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+
+	t.Run("one loss, many calls in flight", func(t *testing.T) {
+		b := breaker.New(o, errs, nil)
+		// 500 calls started at 0..4 ms, all dropped at 10..14 ms.
+		for i := range 500 {
+			b.RecordSince(ms(i%5), ms(10+i%5), errDropped)
+		}
+		if got := b.Allow(ms(20)); got != nil || b.Opened() != 0 {
+			t.Fatalf("after one loss of 500 calls in flight: Allow = %v, opened %d; want closed", got, b.Opened())
+		}
+		// Four more losses of fresh calls within Window, with answers in
+		// between: the loss count opens it on the fifth, not the run.
+		for i := range 4 {
+			at := 100 * (i + 1)
+			b.Record(ms(at), nil)
+			if got := b.Allow(ms(at)); got != nil {
+				t.Fatalf("loss %d: Allow = %v, want closed", i+2, got)
+			}
+			b.RecordSince(ms(at+1), ms(at+2), errDropped)
+		}
+		if got := b.Allow(ms(500)); got != errOpen {
+			t.Fatalf("after 5 losses within Window: Allow = %v, want %v", got, errOpen)
+		}
+	})
+	t.Run("losses spread over more than Window", func(t *testing.T) {
+		b := breaker.New(o, errs, nil)
+		for i := range 20 {
+			at := 300 * i // at most 4 losses within any Window
+			b.RecordSince(ms(at), ms(at+1), errDropped)
+			b.Record(ms(at+2), nil)
+		}
+		if b.Opened() != 0 {
+			t.Errorf("a loss every 300 ms opened the circuit %d times, want never (4 within Window at most)", b.Opened())
+		}
+	})
+	t.Run("a loss then refused dials", func(t *testing.T) {
+		b := breaker.New(o, errs, nil)
+		b.RecordSince(ms(0), ms(5), errDropped)
+		for i := range 4 {
+			b.Record(ms(6+i), errRefused)
+		}
+		if got := b.Allow(ms(10)); got != errOpen {
+			t.Fatalf("a loss and 4 refused dials: Allow = %v, want %v", got, errOpen)
+		}
+	})
+}

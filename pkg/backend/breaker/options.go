@@ -194,6 +194,14 @@ const (
 	// serving). A run of Failures that includes one opens at once, and the
 	// circuit refuses calls with Errors.Open.
 	Failed
+	// Dropped: an established connection was lost mid-call (EOF, reset).
+	// The backend may still be up (an idle timeout, a proxy, an operator
+	// killed the connection), so the calls in flight when the loss was
+	// first recorded count as one failure, not as a run; a call that
+	// started after it and was dropped too is another loss. Failures
+	// losses within Window open the circuit at once (the connection cannot
+	// be kept), and it refuses calls with Errors.Open.
+	Dropped
 )
 
 // OutcomeOf is the Outcome of an error a backend classified: Neutral

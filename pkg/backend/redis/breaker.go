@@ -44,7 +44,7 @@ const (
 )
 
 // BreakerOptions configure the Store's Breaker (breaker.Options). Only
-// outage errors (Error.Outage: timeout, refused, loading, clusterdown,
+// outage errors (Error.Outage: timeout, refused, reset, loading, clusterdown,
 // unknown connection errors) count as failures; replies from a live server
 // (OOM, READONLY, auth, script errors), caller cancellations and deadlines
 // (CauseDeadline) do not.
@@ -79,7 +79,7 @@ func NewBreaker(o BreakerOptions, now func() time.Time) *Breaker {
 // deadlines, refusals of the breaker itself, refused logins and
 // ErrLoginBackoff are Neutral (a refused login proves the server up but
 // not that it will serve: a half-open probe must not close the circuit on
-// it); outage errors are Stalled when they are timeouts or stalls
+// it); a lost connection (CauseReset) is Dropped; outage errors are Stalled when they are timeouts or stalls
 // (ErrStalled) and Failed otherwise; every other error is a reply from a
 // live server (Answered).
 func breakerOutcome(err error) breaker.Outcome {
@@ -87,6 +87,9 @@ func breakerOutcome(err error) breaker.Outcome {
 	errors.As(Classify(err), &e) // always true for err != nil
 	neutral := e.Cause() == CauseCanceled || e.Cause() == CauseCircuitOpen || e.Cause() == CauseDeadline || e == ErrStalledOpen ||
 		errors.Is(e, ErrLoginBackoff) || loginRefusal(e)
+	if e.Cause() == CauseReset && !neutral {
+		return breaker.Dropped
+	}
 	stall := e.Cause() == CauseTimeout || e.Cause() == CauseStalled
 	return breaker.OutcomeOf(e.Outage(), stall, neutral)
 }

@@ -371,7 +371,7 @@ func TestKilledAndFrozen(t *testing.T) {
 		causes       []string
 	}{
 		// A call in flight at the kill may also time out.
-		{"killed", s.Kill, s.Restart, []string{redis.CauseRefused, redis.CauseTimeout, redis.CauseCircuitOpen}},
+		{"killed", s.Kill, s.Restart, []string{redis.CauseRefused, redis.CauseReset, redis.CauseTimeout, redis.CauseCircuitOpen}},
 		{"frozen", s.Stop, s.Cont, []string{redis.CauseTimeout, redis.CauseStalled, redis.CauseCircuitOpen}},
 	} {
 		t.Run(fault.name, func(t *testing.T) {

@@ -113,7 +113,7 @@ func TestClusterMasterKilledFrozenOthersCounted(t *testing.T) {
 		within  = 20 * time.Second
 	)
 	l := algo.Limit{Kind: algo.SlidingLog, Rate: limit, Period: time.Hour}
-	victimCauses := []string{redis.CauseRefused, redis.CauseTimeout, redis.CauseStalled, redis.CauseCircuitOpen, redis.CauseClusterDown, redis.CauseDeadline}
+	victimCauses := []string{redis.CauseRefused, redis.CauseReset, redis.CauseTimeout, redis.CauseStalled, redis.CauseCircuitOpen, redis.CauseClusterDown, redis.CauseDeadline}
 	for _, fault := range []string{"killed", "frozen"} {
 		t.Run(fault, func(t *testing.T) {
 			g := redistest.Cluster(t, 3, redistest.WithArgs("--cluster-require-full-coverage", "no"))

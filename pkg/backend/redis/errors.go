@@ -4,7 +4,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"io"
+	"net"
 	"strings"
+	"syscall"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -27,10 +30,16 @@ const (
 	// that stall (ErrStalled, ErrStalledOpen). An outage, as for a dead
 	// Redis: the rules' failure modes answer.
 	CauseStalled = "stalled"
-	// CauseRefused: no usable connection (connection refused, reset,
-	// closed mid-reply, unreachable host, a unix socket path with no
-	// socket at it, TLS handshake failure).
+	// CauseRefused: no usable connection (connection refused, unreachable
+	// host, a unix socket path with no socket at it, TLS handshake
+	// failure, the client closed).
 	CauseRefused = causes.Refused
+	// CauseReset: an established connection was lost mid-call (EOF,
+	// reset, broken pipe): the call's outcome is unknown. Redis may still
+	// be up (its `timeout`, client-output-buffer-limit, CLIENT KILL, a
+	// proxy), so the calls in flight on the lost connections count as one
+	// failure for the circuit breaker (breaker.Dropped).
+	CauseReset = "reset"
 	// CauseOOM: Redis answered "OOM command not allowed when used memory >
 	// 'maxmemory'" (maxmemory with a noeviction policy).
 	CauseOOM = causes.OOM
@@ -72,7 +81,7 @@ const (
 
 // Causes lists every cause label, for pre-initialising metric series.
 var Causes = []string{
-	CauseTimeout, CauseStalled, CauseRefused, CauseOOM, CauseReadonly, CauseLoading,
+	CauseTimeout, CauseStalled, CauseRefused, CauseReset, CauseOOM, CauseReadonly, CauseLoading,
 	CauseClusterDown, CauseNoScript, CauseAuth, CauseCircuitOpen,
 	CauseDeadline, CauseCanceled, CauseOther,
 }
@@ -156,6 +165,9 @@ func classify(err error) (cause string, outage bool) {
 		return CauseAuth, false
 	}
 	if c, outage, ok := causes.Transport(err); ok {
+		if c == causes.Refused && lostConn(err) {
+			return CauseReset, true
+		}
 		return c, outage
 	}
 	switch {
@@ -176,6 +188,19 @@ func classify(err error) (cause string, outage bool) {
 		return CauseRefused, true
 	}
 	return CauseOther, true
+}
+
+// lostConn reports whether err, a refused connection (causes.Transport),
+// is the loss of an established connection: EOF, a reset or a broken pipe
+// on a read or write, not a dial that failed.
+func lostConn(err error) bool {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "dial" {
+		return false
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNABORTED) ||
+		errors.Is(err, syscall.EPIPE)
 }
 
 // stampUnsent gives the commands of a pipeline that failed before any was

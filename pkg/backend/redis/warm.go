@@ -48,7 +48,7 @@ func (s *Store) Warm(ctx context.Context) error {
 		s.login.observe(err) // warmOnce bypasses the breakers, which report the others
 		if err != nil {
 			switch CauseOf(err) {
-			case CauseTimeout, CauseStalled, CauseDeadline, CauseCanceled, CauseRefused:
+			case CauseTimeout, CauseStalled, CauseDeadline, CauseCanceled, CauseRefused, CauseReset:
 			default:
 				if errors.Is(err, ErrLoginBackoff) {
 					break
