@@ -231,6 +231,19 @@ func TestFcallRestart(t *testing.T) {
 	}
 }
 
+// setACLUser makes (or changes) the user lim, password pw, allowed every
+// command and key but for rules (ACL SETUSER syntax, space-separated).
+func setACLUser(t *testing.T, c *goredis.Client, rules string) {
+	t.Helper()
+	args := []any{"acl", "setuser", "lim", "on", ">pw", "~*", "&*", "+@all"}
+	for _, r := range strings.Fields(rules) {
+		args = append(args, r)
+	}
+	if err := c.Do(context.Background(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestFcallACL: a user that may not load functions, and one that may
 // load but not call them, still decide exactly (window1.lua by
 // EVALSHA), and no FCALL is sent once refused.
@@ -243,14 +256,7 @@ func TestFcallACL(t *testing.T) {
 			srv, o := standaloneOptions(t)
 			c := srv.Client()
 			t.Cleanup(func() { _ = c.Close() })
-			ctx := context.Background()
-			args := []any{"acl", "setuser", "lim", "on", ">pw", "~*", "&*", "+@all"}
-			for _, r := range strings.Fields(tc.rules) {
-				args = append(args, r)
-			}
-			if err := c.Do(ctx, args...).Err(); err != nil {
-				t.Fatal(err)
-			}
+			setACLUser(t, c, tc.rules)
 			o.URL = fmt.Sprintf("redis://lim:pw@%s", srv.Addr())
 			s := fcallStore(t, o)
 			for round := range 2 {
@@ -434,16 +440,7 @@ func TestFcallACLGranted(t *testing.T) {
 			c := srv.Client()
 			t.Cleanup(func() { _ = c.Close() })
 			ctx := context.Background()
-			setUser := func(rules string) {
-				t.Helper()
-				args := []any{"acl", "setuser", "lim", "on", ">pw", "~*", "&*", "+@all"}
-				for _, r := range strings.Fields(rules) {
-					args = append(args, r)
-				}
-				if err := c.Do(ctx, args...).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
+			setUser := func(rules string) { t.Helper(); setACLUser(t, c, rules) }
 			setUser(tc.rules)
 			logs := &logLines{}
 			t.Cleanup(redis.CaptureLog(logs))
